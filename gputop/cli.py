@@ -1,0 +1,205 @@
+"""Command line: parses arguments and hands each subcommand to the module that owns it.
+
+Every subcommand module exposes ``run(args) -> int`` and is imported lazily, so
+``gputop snapshot`` and ``gputop report`` never load Textual, and nothing loads
+torch.  Errors meant for the user are raised as `GputopError` / `UsageError`
+and printed as one line; nothing reaches the terminal as a traceback unless
+GPUTOP_DEBUG=1 asks for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Optional, Sequence
+
+from gputop import __version__
+from gputop.errors import GputopError, UsageError
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+DEFAULT_PROFILE = "h100-sxm-8"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse prints a usage block and exits 2; we want one line and the same code."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def _pid(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id (a whole number such as 12345)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id (it must be positive)")
+    return value
+
+
+def _add_simulate(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--simulate",
+        nargs="?",
+        const=DEFAULT_PROFILE,
+        default=None,
+        metavar="PROFILE",
+        help=(
+            "read a simulated machine instead of NVML: h100-sxm-8 (default) or rtx-4090-2, "
+            "optionally with faults, e.g. h100-sxm-8+thermal=2+gpu-lost=3@10 "
+            "(see `gputop snapshot --help-faults`)"
+        ),
+    )
+
+
+def _add_pid(p: argparse.ArgumentParser, required: bool = False, help_text: Optional[str] = None) -> None:
+    p.add_argument(
+        "--pid",
+        type=_pid,
+        required=required,
+        help=help_text or "attach to this training job: the launcher (torchrun), one rank, or a plain python train.py",
+    )
+
+
+def _add_interval(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--interval", type=_positive_float, default=1.0, metavar="SECONDS", help="refresh interval (default 1)")
+    p.add_argument(
+        "--stack-interval",
+        type=_positive_float,
+        default=2.0,
+        metavar="SECONDS",
+        help="py-spy stack refresh interval while stacks are shown or a report collects (default 2)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="gputop",
+        description=(
+            "Terminal monitor for multi-GPU training. Tells a starving DataLoader, a straggling rank or "
+            "a hang (your code) from a degraded PCIe link, throttling or ECC errors (the machine)."
+        ),
+        epilog="Run `gputop demo` for a simulated 8-GPU machine driven by a real PyTorch job.",
+    )
+    parser.add_argument("--version", action="version", version=f"gputop {__version__}")
+    _add_pid(parser)
+    _add_simulate(parser)
+    _add_interval(parser)
+    parser.set_defaults(command="tui")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("tui", help="the live monitor (the default when no command is given)")
+    _add_pid(p)
+    _add_simulate(p)
+    _add_interval(p)
+
+    p = sub.add_parser("snapshot", help="take one sample and print it (a table, or --json)")
+    _add_pid(p)
+    _add_simulate(p)
+    p.add_argument("--json", action="store_true", help="print JSON (keys: host, gpus, topology, simulated[, job])")
+    p.add_argument("--help-faults", action="store_true", help="list the simulated fault switches and exit")
+
+    p = sub.add_parser("demo", help="run a real PyTorch job on a simulated 8-GPU machine and watch it")
+    p.add_argument(
+        "--scenario",
+        default="starved",
+        choices=["starved", "hiccup", "misfire", "single-gpu", "tuned"],
+        help="which idle profile the job reproduces (default starved)",
+    )
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="DataLoader num_workers per rank")
+    p.add_argument("--batch-size", type=int, default=None, metavar="N", help="samples per batch")
+    p.add_argument("--step-ms", type=_positive_float, default=None, metavar="MS", help="simulated GPU time per step")
+    p.add_argument("--gpus", type=int, default=None, metavar="N", help="number of ranks / simulated GPUs (default 8)")
+    p.add_argument("--no-tui", action="store_true", help="run headless and print a summary (for scripts)")
+    p.add_argument("--seconds", type=_positive_float, default=None, metavar="S", help="stop after S seconds")
+    _add_interval(p)
+
+    p = sub.add_parser("bench", help="can this DataLoader feed the GPUs? measure it and advise settings")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--pid", type=_pid, help="a running rank (or its launcher) to benchmark")
+    target.add_argument(
+        "--loader", metavar="MODULE:FUNCTION", help="offline: call this factory for a DataLoader and sweep it"
+    )
+    p.add_argument("--seconds", type=_positive_float, default=15.0, metavar="S", help="bound on the whole run (default 15)")
+    p.add_argument("--yes", action="store_true", help="allow the active tier: inject a small agent into the job")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    p = sub.add_parser("report", help="observe for a while and write a ticket-ready report")
+    _add_pid(p)
+    _add_simulate(p)
+    p.add_argument("--seconds", type=_positive_float, default=30.0, metavar="S", help="how long to observe (default 30)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of standard output")
+    p.add_argument("--format", choices=["md", "json"], default="md")
+    p.add_argument("--bench", action="store_true", help="include a loader benchmark (passive; active with --yes)")
+    p.add_argument("--yes", action="store_true", help="with --bench: allow injecting the benchmark agent")
+    p.add_argument("--from", dest="from_file", metavar="FILE", help="build the report from a recording instead")
+    _add_interval(p)
+
+    p = sub.add_parser("record", help="write the snapshot stream to a file (compressed, append-only)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE")
+    _add_pid(p)
+    _add_simulate(p)
+    p.add_argument("--seconds", type=_positive_float, default=None, metavar="S", help="stop after S seconds")
+    _add_interval(p)
+
+    p = sub.add_parser("replay", help="play a recording in the TUI, with pause, seek and speed")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
+
+    return parser
+
+
+# Subcommand -> module that owns it; each exposes run(args) -> int.
+COMMAND_MODULES = {
+    "tui": "gputop.tui.app",
+    "snapshot": "gputop.commands.snapshot",
+    "demo": "gputop.commands.demo",
+    "bench": "gputop.commands.bench",
+    "report": "gputop.commands.report",
+    "record": "gputop.commands.record",
+    "replay": "gputop.commands.replay",
+}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        module = importlib.import_module(COMMAND_MODULES[args.command])
+        return int(module.run(args) or EXIT_OK)
+    except UsageError as exc:
+        print(f"gputop: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except GputopError as exc:
+        print(f"gputop: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `gputop snapshot | head`: the reader left; that is not our failure.
+        sys.stderr.close()
+        return EXIT_OK
+    except Exception as exc:  # last line of defence: one line, never a traceback
+        if os.environ.get("GPUTOP_DEBUG"):
+            raise
+        print(
+            f"gputop: internal error: {type(exc).__name__}: {exc} "
+            "(set GPUTOP_DEBUG=1 for the traceback and please report it)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE

@@ -1,0 +1,59 @@
+"""Bounded history of snapshots: memory stays flat however long gputop runs."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterator, Optional
+
+from gputop.model import MachineInfo, Snapshot
+
+DEFAULT_CAPACITY = 600  # 10 minutes at the default 1 s interval
+
+
+class History:
+    """A ring buffer of snapshots plus the machine they came from.
+
+    Snapshots share unchanged sub-objects (a stack dump refreshed every 2 s is
+    referenced, not copied, by the 1 s snapshots between refreshes), so the
+    buffer's size is dominated by per-GPU numbers.
+    """
+
+    def __init__(self, machine: MachineInfo, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.machine = machine
+        self.capacity = capacity
+        self._snapshots: deque[Snapshot] = deque(maxlen=capacity)
+
+    def append(self, snapshot: Snapshot) -> None:
+        self._snapshots.append(snapshot)
+
+    def __len__(self) -> int:
+        return len(self._snapshots)
+
+    def __iter__(self) -> Iterator[Snapshot]:
+        return iter(self._snapshots)
+
+    @property
+    def latest(self) -> Optional[Snapshot]:
+        return self._snapshots[-1] if self._snapshots else None
+
+    def window(self, seconds: float) -> list[Snapshot]:
+        """Snapshots from the last `seconds` of history (by snapshot timestamp)."""
+        if not self._snapshots:
+            return []
+        cutoff = self._snapshots[-1].timestamp - seconds
+        out = [s for s in reversed(self._snapshots) if s.timestamp >= cutoff]
+        out.reverse()
+        return out
+
+    def gpu_series(self, gpu_index: int, attr: str, seconds: Optional[float] = None) -> list[Optional[float]]:
+        """One GPU field over time (None where not available or the GPU was missing)."""
+        snaps = self.window(seconds) if seconds is not None else list(self._snapshots)
+        series: list[Optional[float]] = []
+        for snap in snaps:
+            value = None
+            for gpu in snap.gpus:
+                if gpu.index == gpu_index:
+                    value = getattr(gpu, attr)
+                    break
+            series.append(value)
+        return series

@@ -1,0 +1,304 @@
+"""Plain-data snapshots: the one contract between collectors, analysis and sinks.
+
+Everything here is a frozen dataclass of numbers, strings, tuples and nested
+dataclasses, so a snapshot serialises to JSON and comes back equal
+(`to_jsonable` / `from_jsonable`).  A value NVML or /proc refused is ``None``
+("not available"); the reason, where known, sits in the owner's
+``unavailable`` mapping.  Nothing in this module touches the outside world.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+# --------------------------------------------------------------------- GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class PcieLink:
+    gen_current: Optional[int] = None
+    gen_max: Optional[int] = None
+    width_current: Optional[int] = None
+    width_max: Optional[int] = None
+    tx_bytes_per_s: Optional[float] = None
+    rx_bytes_per_s: Optional[float] = None
+
+    @property
+    def downgraded(self) -> bool:
+        """Link trained below what the card and slot support (only meaningful under load)."""
+        if None in (self.gen_current, self.gen_max, self.width_current, self.width_max):
+            return False
+        return self.gen_current < self.gen_max or self.width_current < self.width_max
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkLink:
+    link: int
+    active: bool
+    remote_bus_id: Optional[str] = None
+    remote_kind: Optional[str] = None  # "gpu" | "switch" | "ibmnpu" | None
+    tx_bytes_per_s: Optional[float] = None
+    rx_bytes_per_s: Optional[float] = None
+
+
+@dataclass(frozen=True, slots=True)
+class EccCounts:
+    volatile_corrected: Optional[int] = None
+    volatile_uncorrected: Optional[int] = None
+    aggregate_corrected: Optional[int] = None
+    aggregate_uncorrected: Optional[int] = None
+
+
+@dataclass(frozen=True, slots=True)
+class RemappedRows:
+    correctable: int = 0
+    uncorrectable: int = 0
+    pending: bool = False
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    used_memory: Optional[int] = None  # bytes; None when the driver hides it
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU at one instant. Fields NVML refused are None; `unavailable` says why."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    lost: bool = False
+    utilization_gpu: Optional[float] = None  # percent 0..100
+    utilization_memory: Optional[float] = None
+    memory_used: Optional[int] = None  # bytes
+    memory_total: Optional[int] = None
+    temperature: Optional[float] = None  # Celsius
+    power: Optional[float] = None  # watts
+    power_limit: Optional[float] = None  # watts (enforced)
+    clock_sm: Optional[int] = None  # MHz
+    clock_memory: Optional[int] = None  # MHz
+    pcie: PcieLink = field(default_factory=PcieLink)
+    nvlink: Optional[tuple[NvLinkLink, ...]] = None  # None: NVLink not available on this card
+    throttle_reasons: Optional[tuple[str, ...]] = None  # active clock-event reasons by name
+    ecc: Optional[EccCounts] = None
+    remapped_rows: Optional[RemappedRows] = None
+    processes: Optional[tuple[GpuProcess, ...]] = None
+    unavailable: dict[str, str] = field(default_factory=dict)  # field name -> reason
+
+    @property
+    def memory_fraction(self) -> Optional[float]:
+        if not self.memory_total or self.memory_used is None:
+            return None
+        return self.memory_used / self.memory_total
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """`nvidia-smi topo -m` between GPUs, plus each GPU's host affinity (read once per run)."""
+
+    matrix: tuple[tuple[str, ...], ...] = ()  # matrix[i][j]: "X", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS"
+    cpu_affinity: tuple[Optional[str], ...] = ()  # per GPU, e.g. "0-31,64-95"
+    numa_node: tuple[Optional[int], ...] = ()  # per GPU
+
+
+@dataclass(frozen=True, slots=True)
+class MachineInfo:
+    """What does not change while gputop runs: read once."""
+
+    hostname: str
+    cpu_model: str = ""
+    cpu_count: int = 0
+    driver_version: Optional[str] = None
+    cuda_version: Optional[str] = None
+    nvml_version: Optional[str] = None
+    gpu_error: Optional[str] = None  # e.g. "no NVIDIA driver found (libnvidia-ml.so.1 not loadable)"
+    gpu_count: int = 0
+    gpu_names: tuple[str, ...] = ()
+    topology: Topology = field(default_factory=Topology)
+    simulated: Optional[str] = None  # simulated profile name, None on real hardware
+
+
+# --------------------------------------------------------------------- host
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    cpu_percent: tuple[float, ...]  # one per logical core
+    core_numa: tuple[int, ...] = ()  # NUMA node of each core (0 where unknown)
+    iowait_percent: Optional[float] = None  # whole machine
+    steal_percent: Optional[float] = None
+    memory_total: int = 0
+    memory_used: int = 0
+    memory_available: int = 0
+    swap_total: int = 0
+    swap_used: int = 0
+    load_average: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+# --------------------------------------------------------------------- job
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    name: str  # /proc/PID/comm
+    cmdline: tuple[str, ...] = ()
+    state: str = "?"  # R, S, D, Z, ...
+    cpu_percent: Optional[float] = None
+    rss: Optional[int] = None
+    core: Optional[int] = None  # last core it ran on
+    create_time: float = 0.0  # identifies the process together with pid (PID reuse)
+    exited: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    name: str
+    filename: str
+    line: int
+    module: Optional[str] = None
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadStack:
+    thread_id: int
+    thread_name: Optional[str]
+    os_thread_id: Optional[int]
+    active: bool
+    owns_gil: bool
+    frames: tuple[Frame, ...]  # innermost FIRST, as py-spy gives them
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStacks:
+    pid: int
+    timestamp: float
+    threads: tuple[ThreadStack, ...] = ()
+    error: Optional[str] = None  # one line, when stacks could not be read
+
+
+@dataclass(frozen=True, slots=True)
+class Rank:
+    proc: ProcInfo
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    world_size: Optional[int] = None
+    cuda_visible_devices: Optional[str] = None
+    gpus: tuple[int, ...] = ()  # NVML indices where this process holds memory
+    workers: tuple[ProcInfo, ...] = ()
+    pin_memory_tids: tuple[int, ...] = ()
+    main_thread_state: Optional[str] = None  # see analysis.stack_classes
+
+
+@dataclass(frozen=True, slots=True)
+class JobTree:
+    root_pid: int  # what the user asked for
+    launcher: Optional[ProcInfo] = None
+    ranks: tuple[Rank, ...] = ()
+    exited: bool = False
+    warnings: tuple[str, ...] = ()  # misplacement etc., one line each
+    stacks: dict[int, ProcessStacks] = field(default_factory=dict)  # pid -> latest stacks
+    stacks_error: Optional[str] = None  # why stacks are unavailable for the whole job
+
+
+# --------------------------------------------------------------------- snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    timestamp: float
+    host: HostSample
+    gpus: tuple[GpuSample, ...] = ()
+    job: Optional[JobTree] = None
+    simulated: bool = False
+
+
+# --------------------------------------------------------------------- JSON
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses -> dicts, tuples -> lists, dict keys -> str. Properties are not included."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    return value
+
+
+_HINTS_CACHE: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = _HINTS_CACHE.get(cls)
+    if hints is None:
+        hints = typing.get_type_hints(cls)
+        _HINTS_CACHE[cls] = hints
+    return hints
+
+
+def _convert(tp: Any, data: Any) -> Any:
+    if data is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _convert(args[0], data) if len(args) == 1 else data
+    if dataclasses.is_dataclass(tp):
+        return from_jsonable(tp, data)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v) for v in data)
+        return tuple(_convert(a, v) for a, v in zip(args, data))
+    if origin is dict:
+        key_t, val_t = typing.get_args(tp)
+        return {(int(k) if key_t is int else k): _convert(val_t, v) for k, v in data.items()}
+    if tp is float and isinstance(data, int):
+        return float(data)
+    return data
+
+
+def from_jsonable(cls: type, data: dict[str, Any]) -> Any:
+    """Inverse of `to_jsonable` for the dataclasses above. Unknown keys are ignored (newer writers)."""
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+# --------------------------------------------------------------------- diagnosis
+
+SEVERITIES = ("critical", "warning", "info")
+LABEL_CODE = "your code"
+LABEL_INFRA = "infrastructure (file a ticket)"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One diagnosis finding: what, how sure, the proof, and the fix."""
+
+    id: str  # stable key: "starvation", "hiccup", "hang", "misplacement", "straggler", "cpu_bound",
+    # "pcie_downgrade", "throttle", "ecc", "nvlink_down", "gpu_lost", "healthy", ...
+    title: str
+    severity: str  # one of SEVERITIES
+    confidence: float  # 0..1
+    label: str  # LABEL_CODE or LABEL_INFRA ("" for healthy)
+    summary: str  # the one-line verdict, e.g. "Input-bound: rank 0 waits for data 62% of the time"
+    evidence: tuple[str, ...] = ()  # numbers that prove it, one per line
+    frames: tuple[str, ...] = ()  # stack frames that prove it, "name (file:line)"
+    fix: str = ""  # concrete code or settings
+    gpus: tuple[int, ...] = ()
+    pids: tuple[int, ...] = ()

@@ -1,0 +1,125 @@
+"""A shared-memory board where simulated training ranks say when "their GPU" is busy.
+
+The demo job has no GPU: each rank marks a slot busy for the simulated
+duration of a step.  The fake NVML library reads the board and turns busy time
+into utilization, memory and power, so a rank that starves for data shows a
+starving GPU.  One slot per rank (not per GPU) so ranks never write the same
+bytes; several ranks may point at one GPU (the "all ranks on cuda:0" bug).
+
+Layout: a header (magic, slot count) then fixed-size slots of
+  gpu (i32, -1 = free), pid (i32), memory bytes (i64),
+  busy_total seconds (f64, closed busy periods), busy_since (f64, 0 = idle).
+Each field is written with one aligned store, so a reader sees old or new
+values, never torn ones; a reader may briefly miss a period that is closing,
+which costs at most one sample's accuracy.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from typing import Optional
+
+MAGIC = b"GPUTOPB1"
+_HEADER = struct.Struct("<8sI4x")
+_SLOT = struct.Struct("<iiqdd")  # gpu, pid, memory, busy_total, busy_since
+
+
+class BusyBoard:
+    def __init__(self, path: str, mm: mmap.mmap, slots: int, owner: bool) -> None:
+        self.path = path
+        self._mm = mm
+        self.slots = slots
+        self._owner = owner
+
+    # ---------------------------------------------------------------- life
+    @classmethod
+    def create(cls, path: str, slots: int) -> "BusyBoard":
+        size = _HEADER.size + slots * _SLOT.size
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        _HEADER.pack_into(mm, 0, MAGIC, slots)
+        for slot in range(slots):
+            _SLOT.pack_into(mm, _HEADER.size + slot * _SLOT.size, -1, 0, 0, 0.0, 0.0)
+        return cls(path, mm, slots, owner=True)
+
+    @classmethod
+    def open(cls, path: str) -> "BusyBoard":
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        magic, slots = _HEADER.unpack_from(mm, 0)
+        if magic != MAGIC:
+            mm.close()
+            raise ValueError(f"{path} is not a gputop busy board")
+        return cls(path, mm, slots, owner=False)
+
+    def close(self) -> None:
+        self._mm.close()
+        if self._owner:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    # ---------------------------------------------------------------- writer side (a rank)
+    def _offset(self, slot: int) -> int:
+        if not 0 <= slot < self.slots:
+            raise IndexError(f"slot {slot} outside 0..{self.slots - 1}")
+        return _HEADER.size + slot * _SLOT.size
+
+    def _read(self, slot: int) -> tuple[int, int, int, float, float]:
+        return _SLOT.unpack_from(self._mm, self._offset(slot))
+
+    def _write(self, slot: int, gpu: int, pid: int, memory: int, busy_total: float, busy_since: float) -> None:
+        _SLOT.pack_into(self._mm, self._offset(slot), gpu, pid, memory, busy_total, busy_since)
+
+    def claim(self, slot: int, gpu: int, pid: int, memory_bytes: int) -> None:
+        """A rank takes `slot`, bound to simulated GPU `gpu`, holding `memory_bytes` there."""
+        self._write(slot, gpu, pid, memory_bytes, 0.0, 0.0)
+
+    def release(self, slot: int) -> None:
+        self._write(slot, -1, 0, 0, 0.0, 0.0)
+
+    def begin_busy(self, slot: int, now: Optional[float] = None) -> None:
+        gpu, pid, memory, total, since = self._read(slot)
+        if since == 0.0:
+            self._write(slot, gpu, pid, memory, total, time.monotonic() if now is None else now)
+
+    def end_busy(self, slot: int, now: Optional[float] = None) -> None:
+        gpu, pid, memory, total, since = self._read(slot)
+        if since != 0.0:
+            now = time.monotonic() if now is None else now
+            # total first, then since: a reader between the two stores counts the period twice
+            # for one sample at worst; the load model clips utilization to 100%.
+            self._write(slot, gpu, pid, memory, total + max(0.0, now - since), since)
+            self._write(slot, gpu, pid, memory, total + max(0.0, now - since), 0.0)
+
+    # ---------------------------------------------------------------- reader side (fake NVML)
+    def busy_seconds(self, gpu: int, now: Optional[float] = None) -> float:
+        """Cumulative busy seconds of every slot bound to `gpu`, open periods included."""
+        now = time.monotonic() if now is None else now
+        total = 0.0
+        for slot in range(self.slots):
+            slot_gpu, _pid, _mem, busy_total, since = self._read(slot)
+            if slot_gpu == gpu:
+                total += busy_total + (max(0.0, now - since) if since else 0.0)
+        return total
+
+    def processes(self, gpu: int) -> list[tuple[int, int]]:
+        """(pid, memory bytes) of every rank bound to `gpu`."""
+        out = []
+        for slot in range(self.slots):
+            slot_gpu, pid, memory, _total, _since = self._read(slot)
+            if slot_gpu == gpu and pid > 0:
+                out.append((pid, memory))
+        return out

@@ -1,0 +1,68 @@
+"""Shared test helpers: wait on conditions with deadlines, and start processes that are always reaped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Optional, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 20.0, interval: float = 0.05, what: str = "condition") -> T:
+    """Poll `predicate` until it returns something truthy; fail the test at the deadline.
+
+    This is a deadline on a condition, not a sleep used as synchronisation.
+    """
+    deadline = time.monotonic() + timeout
+    last_exc: Optional[BaseException] = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # the condition may not be evaluable yet (file missing, ...)
+            last_exc = exc
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_exc!r})" if last_exc else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+class Spawner:
+    """Starts child processes in their own process group and kills every group at teardown."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def __call__(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
+        kwargs.setdefault("start_new_session", True)
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+        proc = subprocess.Popen(list(argv), **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def python(self, code_or_args: Sequence[str] | str, **kwargs) -> subprocess.Popen:
+        argv = [sys.executable, "-c", code_or_args] if isinstance(code_or_args, str) else [sys.executable, *code_or_args]
+        return self(argv, **kwargs)
+
+    def reap_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+            # the group may hold grandchildren (DataLoader workers) even after the leader exited
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
