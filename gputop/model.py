@@ -67,6 +67,21 @@ class GpuProcess:
     used_memory: Optional[int] = None  # bytes; None when the driver hides it
 
 
+# Names used in `GpuSample.throttle_reasons` (NVML clock-event reasons, in bit order 0x1..0x100).
+# "gpu_idle" and "applications_clocks" are harmless; the thermal, hw_slowdown and power ones are the machine.
+THROTTLE_REASONS = (
+    "gpu_idle",
+    "applications_clocks",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal",
+    "hw_thermal",
+    "hw_power_brake",
+    "display_clocks",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     """One GPU at one instant. Fields NVML refused are None; `unavailable` says why."""
@@ -208,6 +223,7 @@ class JobTree:
     warnings: tuple[str, ...] = ()  # misplacement etc., one line each
     stacks: dict[int, ProcessStacks] = field(default_factory=dict)  # pid -> latest stacks
     stacks_error: Optional[str] = None  # why stacks are unavailable for the whole job
+    cores: tuple[int, ...] = ()  # logical cores the job's processes last ran on (heatmap marks them)
 
 
 # --------------------------------------------------------------------- snapshot

@@ -1,0 +1,692 @@
+"""GPU collector: NVML through nvidia-ml-py.  The ONLY module in gputop that imports pynvml.
+
+Every NVML refusal (NotSupported, NoPermission, FunctionNotFound, GpuIsLost, ...)
+becomes ``None`` plus ``unavailable[field] = reason`` here, at the adapter;
+nothing above this module ever sees an ``NVMLError``.  A GPU that falls off the
+bus comes back as ``lost=True`` while the others keep updating.
+
+Cost model (the TUI polls at 1 Hz and must stay cheap):
+- What cannot change while we run (names, UUIDs, bus ids, max PCIe link, NVLink
+  wiring, topology, affinity, which calls are unsupported) is read once.
+- A refusal that is permanent (NotSupported, FunctionNotFound, NoPermission) is
+  remembered per GPU and field, so an RTX card does not re-ask for ECC every second.
+- ``nvmlDeviceGetPcieThroughput`` samples the link for ~20 ms per direction, so 8
+  GPUs read one after another would take ~320 ms.  Each GPU is read by its own
+  task in a small persistent pool of daemon threads, one per GPU (ctypes drops the
+  GIL inside the driver), so a full sample costs about one GPU's time (~40 ms).  We chose this
+  over a background PCIe refresher because the refresher would have to spin the
+  same 320 ms of driver sampling continuously to stay fresh, whereas a pool only
+  works while a sample is wanted.  A GPU whose calls hang (a dying board) cannot
+  stall the refresh: after `sample_timeout_s` its previous reading is returned,
+  marked stale, and no second task is queued behind the stuck one.
+
+`GpuSample.unavailable` keys: a field name ("ecc", "nvlink", "temperature", ...) when
+the whole field is None; "pcie.gen_current"-style dotted names for one part of it;
+"nvlink.N" for link N's state; "gpu" when the whole GPU is lost or failed; "stale"
+when the values are the previous sample's because NVML did not answer in time.
+
+The simulated machine plugs in below pynvml: `use_nvml_library(fake)` makes the
+real pynvml wrappers (struct handling, two-call process lists, per-field errors,
+error classes) run against `gputop.sim.fake_nvml.FakeNvmlLibrary`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import math
+import os
+import queue
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
+
+import pynvml
+
+from gputop.errors import GputopError
+from gputop.model import (
+    THROTTLE_REASONS,
+    EccCounts,
+    GpuProcess,
+    GpuSample,
+    NvLinkLink,
+    PcieLink,
+    RemappedRows,
+    Topology,
+)
+
+# Refusals that will not change while we run: stop asking.
+PERMANENT_REASONS = frozenset({"NotSupported", "FunctionNotFound", "NoPermission"})
+DEFAULT_SAMPLE_TIMEOUT_S = 0.8
+
+# nvidia-smi topo -m labels for nvmlDeviceGetTopologyCommonAncestor
+_TOPOLOGY_LABELS = {
+    pynvml.NVML_TOPOLOGY_INTERNAL: "PIX",  # two GPUs on one board
+    pynvml.NVML_TOPOLOGY_SINGLE: "PIX",
+    pynvml.NVML_TOPOLOGY_MULTIPLE: "PXB",
+    pynvml.NVML_TOPOLOGY_HOSTBRIDGE: "PHB",
+    pynvml.NVML_TOPOLOGY_NODE: "NODE",
+    pynvml.NVML_TOPOLOGY_SYSTEM: "SYS",
+}
+_REMOTE_KINDS = {
+    pynvml.NVML_NVLINK_DEVICE_TYPE_GPU: "gpu",
+    pynvml.NVML_NVLINK_DEVICE_TYPE_IBMNPU: "ibmnpu",
+    pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH: "switch",
+}
+# bit i of the clock-event mask <-> THROTTLE_REASONS[i]
+_REASON_BITS = tuple((1 << i, name) for i, name in enumerate(THROTTLE_REASONS))
+_NVLINK_TX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+_NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+
+
+class GpuUnavailableError(GputopError):
+    """NVML could not be started; the rest of gputop still works without GPUs."""
+
+
+class NoDriverError(GpuUnavailableError):
+    """No NVIDIA driver on this machine (libnvidia-ml cannot load, or the kernel module is absent)."""
+
+
+def use_nvml_library(lib: Any) -> None:
+    """Make pynvml call `lib` instead of libnvidia-ml.so (None: load the real one on the next nvmlInit).
+
+    Leans on pynvml's private `nvmlLib` and function-pointer cache (pinned by a canary test).
+    """
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = lib
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml._nvmlLib_refcount = 0
+
+
+def reason_of(exc: Exception) -> str:
+    """NVMLError_NotSupported -> "NotSupported"; the short reason stored in `unavailable`."""
+    name = type(exc).__name__
+    if name.startswith("NVMLError_"):
+        return name[len("NVMLError_") :]
+    if isinstance(exc, pynvml.NVMLError):
+        return f"NVMLError {getattr(exc, 'value', '?')}"
+    return name
+
+
+def format_cpu_list(cpus: list[int]) -> str:
+    """[0, 1, 2, 3, 8, 10, 11] -> "0-3,8,10-11" (the kernel's cpulist format)."""
+    parts: list[str] = []
+    start = prev = None
+    for cpu in sorted(cpus):
+        if start is None:
+            start = prev = cpu
+        elif cpu == prev + 1:
+            prev = cpu
+        else:
+            parts.append(f"{start}-{prev}" if prev != start else f"{start}")
+            start = prev = cpu
+    if start is not None:
+        parts.append(f"{start}-{prev}" if prev != start else f"{start}")
+    return ",".join(parts)
+
+
+def _bits(words) -> list[int]:
+    return [w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _normalise_bus_id(bus_id: str) -> str:
+    """ "00000000:18:00.0" and "0000:18:00.0" (legacy form) name the same device."""
+    domain, _, rest = _text(bus_id).strip().lower().rpartition(":")
+    head, _, bus = domain.rpartition(":")
+    try:
+        return f"{int(head or '0', 16):08x}:{bus}:{rest}"
+    except ValueError:
+        return _text(bus_id).lower()
+
+
+class _DaemonPool:
+    """A fixed set of daemon threads running submitted calls (a minimal ThreadPoolExecutor).
+
+    concurrent.futures' workers are joined at interpreter exit, so one NVML call stuck in a dying
+    driver would stop gputop from quitting; daemon threads are simply abandoned.
+    """
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Callable, *args: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((future, fn, args))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to the caller through the future
+                future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Ask every worker to stop after its current call; never waits."""
+        for _ in self._threads:
+            self._queue.put(None)
+
+
+class _Lost(Exception):
+    """Raised inside a GPU read when NVML says the GPU is lost: abandon this GPU's sample."""
+
+
+@dataclass
+class _NvLink:
+    link: int
+    remote_bus_id: Optional[str] = None
+    remote_kind: Optional[str] = None
+    # previous cumulative reading per direction: (KiB, timestamp µs)
+    last_tx: Optional[tuple[int, int]] = None
+    last_rx: Optional[tuple[int, int]] = None
+
+
+@dataclass
+class _Gpu:
+    """What we keep per GPU between samples."""
+
+    index: int
+    handle: Any
+    uuid: str = ""
+    name: str = ""
+    pci_bus_id: str = ""
+    gen_max: Optional[int] = None
+    width_max: Optional[int] = None
+    static_unavailable: dict[str, str] = field(default_factory=dict)
+    nvlinks: Optional[list[_NvLink]] = None  # None: NVLink not available (reason in static_unavailable)
+    supported_reasons: Optional[int] = None
+    refused: dict[str, str] = field(default_factory=dict)  # field -> permanent reason
+    chosen: dict[str, Callable] = field(default_factory=dict)  # field -> the call that works (after fallback)
+    last: Optional[GpuSample] = None
+    future: Optional[concurrent.futures.Future] = None
+
+
+class _Reading:
+    """One GPU's reads for one sample: collects the reasons for what NVML refused."""
+
+    def __init__(self, gpu: _Gpu) -> None:
+        self.gpu = gpu
+        self.unavailable: dict[str, str] = dict(gpu.static_unavailable)
+
+    def get(self, key: str, fn: Callable, *args: Any, fallback: Optional[Callable] = None) -> Any:
+        """fn(handle, *args), or None with unavailable[key] set; FunctionNotFound tries `fallback` once."""
+        gpu = self.gpu
+        refused = gpu.refused.get(key)
+        if refused is not None:
+            self.unavailable[key] = refused
+            return None
+        call = gpu.chosen.get(key, fn)
+        try:
+            return call(gpu.handle, *args)
+        except pynvml.NVMLError_GpuIsLost:
+            raise _Lost() from None
+        except pynvml.NVMLError_FunctionNotFound:
+            if fallback is not None and call is not fallback:
+                gpu.chosen[key] = fallback
+                return self.get(key, fallback, *args)
+            return self._refuse(key, "FunctionNotFound")
+        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
+            return self._refuse(key, reason_of(exc))
+
+    def _refuse(self, key: str, reason: str) -> None:
+        if reason in PERMANENT_REASONS:
+            self.gpu.refused[key] = reason
+        self.unavailable[key] = reason
+        return None
+
+
+def _temperature_v(handle):
+    return pynvml.nvmlDeviceGetTemperatureV(handle, pynvml.NVML_TEMPERATURE_GPU)
+
+
+def _temperature_v1(handle):
+    return pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
+
+
+def _memory_v2(handle):
+    return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+
+
+def _memory_v1(handle):
+    # v1's `used` includes the driver's reserved memory: a little high, but still the right order
+    return pynvml.nvmlDeviceGetMemoryInfo(handle)
+
+
+# pynvml keeps one library per process. Collectors over different libraries (two simulated machines in
+# one test process, or a simulation next to the real driver) take turns: each holds this lock and puts
+# its own library back in place while it talks to NVML.
+_LIBRARY_LOCK = threading.RLock()
+
+
+class GpuCollector:
+    """Reads every GPU NVML shows."""
+
+    def __init__(self, *, library: Any = None, sample_timeout_s: float = DEFAULT_SAMPLE_TIMEOUT_S) -> None:
+        """`library`: a fake NVML library to install below pynvml (simulation); None reads the real driver."""
+        self.sample_timeout_s = sample_timeout_s
+        self._library = library
+        with _LIBRARY_LOCK:
+            if library is not None:
+                use_nvml_library(library)
+            elif pynvml.nvmlLib is not None and not isinstance(pynvml.nvmlLib, ctypes.CDLL):
+                use_nvml_library(None)  # a simulation in this process left its fake behind: load the real library
+            try:
+                self._start()
+            except GpuUnavailableError:
+                if library is not None and pynvml.nvmlLib is library:
+                    use_nvml_library(None)  # do not leave a fake installed that nothing uses
+                raise
+            self._nvml_library = pynvml.nvmlLib  # the fake, or the CDLL pynvml loaded
+        self._closed = False
+        workers = max(1, len(self._gpus))  # one per GPU: a hung GPU holds only its own worker
+        self._pool = _DaemonPool(workers, "gputop-nvml")
+        self._lock = threading.Lock()
+
+    def _start(self) -> None:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError_LibraryNotFound:
+            raise NoDriverError("no NVIDIA driver found (libnvidia-ml.so.1 is not loadable)") from None
+        except pynvml.NVMLError_DriverNotLoaded:
+            raise NoDriverError("no NVIDIA driver found (the NVIDIA kernel driver is not loaded)") from None
+        except pynvml.NVMLError as exc:
+            raise GpuUnavailableError(f"NVML failed to start ({reason_of(exc)}: {exc})") from None
+        try:
+            self._read_static()
+        except pynvml.NVMLError as exc:
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
+            raise GpuUnavailableError(f"NVML failed to list the GPUs ({reason_of(exc)}: {exc})") from None
+
+    # ------------------------------------------------------------ static, once per run
+    def _read_static(self) -> None:
+        def optional(fn, *args):
+            try:
+                return fn(*args)
+            except pynvml.NVMLError:
+                return None
+
+        self.driver_version = optional(lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
+        self.nvml_version = optional(lambda: _text(pynvml.nvmlSystemGetNVMLVersion()))
+        cuda = optional(pynvml.nvmlSystemGetCudaDriverVersion_v2)
+        if cuda is None:
+            cuda = optional(pynvml.nvmlSystemGetCudaDriverVersion)
+        self.cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
+
+        count = pynvml.nvmlDeviceGetCount()
+        self._gpus: list[_Gpu] = []
+        for index in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except pynvml.NVMLError as exc:
+                gpu = _Gpu(index=index, handle=None, name="unknown")
+                gpu.static_unavailable["gpu"] = reason_of(exc)
+                self._gpus.append(gpu)
+                continue
+            gpu = _Gpu(index=index, handle=handle)
+            try:
+                self._read_gpu_static(gpu)
+            except _Lost:
+                pass  # every sample will report it lost
+            self._gpus.append(gpu)
+        self.topology = self._read_topology()
+
+    def _read_gpu_static(self, gpu: _Gpu) -> None:
+        reading = _Reading(gpu)
+        gpu.name = _text(reading.get("name", pynvml.nvmlDeviceGetName) or "unknown")
+        gpu.uuid = _text(reading.get("uuid", pynvml.nvmlDeviceGetUUID) or "")
+        pci = reading.get("pci_bus_id", pynvml.nvmlDeviceGetPciInfo)
+        gpu.pci_bus_id = _text(pci.busId) if pci is not None else ""
+        gpu.gen_max = reading.get("pcie.gen_max", pynvml.nvmlDeviceGetMaxPcieLinkGeneration)
+        gpu.width_max = reading.get("pcie.width_max", pynvml.nvmlDeviceGetMaxPcieLinkWidth)
+        gpu.supported_reasons = reading.get(
+            "supported_throttle_reasons",
+            pynvml.nvmlDeviceGetSupportedClocksEventReasons,
+            fallback=pynvml.nvmlDeviceGetSupportedClocksThrottleReasons,
+        )
+        # NVLink wiring: which links exist (a link that answers its state, active or not) and where they go
+        links: list[_NvLink] = []
+        reason = None
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                pynvml.nvmlDeviceGetNvLinkState(gpu.handle, link)
+            except pynvml.NVMLError_GpuIsLost:
+                raise _Lost() from None
+            except pynvml.NVMLError as exc:
+                reason = reason_of(exc)
+                break
+            links.append(self._read_link_wiring(gpu, link))
+        if links:
+            gpu.nvlinks = links
+            self._read_nvlink_counters(gpu)  # prime the counters so the first sample has rates
+        else:
+            gpu.static_unavailable["nvlink"] = reason or "NotSupported"
+        # keep only the static refusals that describe fields (name/uuid problems are rare and cosmetic)
+        gpu.static_unavailable.update(
+            {k: v for k, v in reading.unavailable.items() if k.startswith("pcie.") or k == "pci_bus_id"}
+        )
+
+    @staticmethod
+    def _read_link_wiring(gpu: _Gpu, link: int) -> _NvLink:
+        entry = _NvLink(link=link)
+        try:
+            entry.remote_bus_id = _normalise_bus_id(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(gpu.handle, link).busId)
+        except pynvml.NVMLError:
+            pass  # an inactive link may not know its peer; we retry while it is active
+        try:
+            entry.remote_kind = _REMOTE_KINDS.get(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(gpu.handle, link))
+        except pynvml.NVMLError:
+            pass
+        return entry
+
+    def _read_topology(self) -> Topology:
+        n = len(self._gpus)
+        bus = [_normalise_bus_id(g.pci_bus_id) if g.pci_bus_id else None for g in self._gpus]
+        active: list[list[_NvLink]] = []
+        for gpu in self._gpus:
+            links = []
+            for link in gpu.nvlinks or ():
+                try:
+                    if pynvml.nvmlDeviceGetNvLinkState(gpu.handle, link.link) == pynvml.NVML_FEATURE_ENABLED:
+                        links.append(link)
+                except pynvml.NVMLError:
+                    pass
+            active.append(links)
+        switch_links = [sum(1 for link in links if link.remote_kind == "switch") for links in active]
+
+        def nvlinks_between(a: int, b: int) -> int:
+            # `nvidia-smi topo -m`: direct links a->b, and on NVSwitch systems (every link ends at a switch)
+            # the narrower of the two GPUs' switch link counts
+            direct = sum(1 for link in active[a] if link.remote_bus_id is not None and link.remote_bus_id == bus[b])
+            via_switch = min(switch_links[a], switch_links[b]) if switch_links[a] and switch_links[b] else 0
+            return direct + via_switch
+
+        matrix = []
+        for a in range(n):
+            row = []
+            for b in range(n):
+                if a == b:
+                    row.append("X")
+                    continue
+                links = nvlinks_between(a, b)
+                if links:
+                    row.append(f"NV{links}")
+                    continue
+                try:
+                    level = pynvml.nvmlDeviceGetTopologyCommonAncestor(self._gpus[a].handle, self._gpus[b].handle)
+                    row.append(_TOPOLOGY_LABELS.get(level, "SYS"))
+                except pynvml.NVMLError:
+                    row.append("N/A")
+            matrix.append(tuple(row))
+
+        words = max(1, math.ceil((os.cpu_count() or 1) / 64))
+        affinity: list[Optional[str]] = []
+        numa: list[Optional[int]] = []
+        for gpu in self._gpus:
+            try:
+                cpus = _bits(pynvml.nvmlDeviceGetCpuAffinity(gpu.handle, words))
+                affinity.append(format_cpu_list(cpus) if cpus else None)
+            except (pynvml.NVMLError, TypeError):
+                affinity.append(None)
+            numa.append(self._numa_node(gpu))
+        return Topology(matrix=tuple(matrix), cpu_affinity=tuple(affinity), numa_node=tuple(numa))
+
+    @staticmethod
+    def _numa_node(gpu: _Gpu) -> Optional[int]:
+        try:
+            nodes = _bits(pynvml.nvmlDeviceGetMemoryAffinity(gpu.handle, 1, pynvml.NVML_AFFINITY_SCOPE_NODE))
+            if nodes:
+                return nodes[0]
+        except (pynvml.NVMLError, TypeError):
+            pass
+        try:
+            node = pynvml.nvmlDeviceGetNumaNodeId(gpu.handle)
+            return node if node >= 0 else None
+        except (pynvml.NVMLError, TypeError):
+            return None
+
+    # ------------------------------------------------------------ properties for MachineInfo
+    @property
+    def gpu_count(self) -> int:
+        return len(self._gpus)
+
+    @property
+    def gpu_names(self) -> tuple[str, ...]:
+        return tuple(g.name for g in self._gpus)
+
+    # ------------------------------------------------------------ per sample
+    def sample(self) -> tuple[GpuSample, ...]:
+        """Read every GPU concurrently; never raises for a per-field or per-GPU failure."""
+        with _LIBRARY_LOCK, self._lock:
+            if self._closed:
+                raise GputopError("GPU collector used after close()")
+            if pynvml.nvmlLib is not self._nvml_library:
+                use_nvml_library(self._nvml_library)
+            for gpu in self._gpus:
+                if gpu.future is None or gpu.future.done():
+                    gpu.future = self._pool.submit(self._read_gpu, gpu)
+            futures = [g.future for g in self._gpus]
+            concurrent.futures.wait(futures, timeout=self.sample_timeout_s)
+            samples = []
+            for gpu, future in zip(self._gpus, futures):
+                if future.done() and future.exception() is not None:
+                    # not an NVML refusal (those are handled field by field): keep the other GPUs coming
+                    exc = future.exception()
+                    sample = self._identity(gpu, unavailable={"gpu": f"{type(exc).__name__}: {exc}"})
+                elif future.done():
+                    sample = future.result()
+                    gpu.last = sample
+                else:
+                    sample = self._stale(gpu)
+                samples.append(sample)
+            return tuple(samples)
+
+    def _stale(self, gpu: _Gpu) -> GpuSample:
+        note = f"NVML did not answer within {self.sample_timeout_s:g} s; showing the previous reading"
+        base = gpu.last or self._identity(gpu)
+        return replace(base, unavailable={**base.unavailable, "stale": note})
+
+    @staticmethod
+    def _identity(gpu: _Gpu, **fields: Any) -> GpuSample:
+        return GpuSample(index=gpu.index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id, **fields)
+
+    def _lost_sample(self, gpu: _Gpu) -> GpuSample:
+        return self._identity(gpu, lost=True, unavailable={"gpu": "GpuIsLost"})
+
+    def _read_gpu(self, gpu: _Gpu) -> GpuSample:
+        if gpu.handle is None:  # NVML would not even give us a handle (lost at start, no permission, ...)
+            reason = gpu.static_unavailable["gpu"]
+            return self._identity(gpu, lost=reason == "GpuIsLost", unavailable={"gpu": reason})
+        reading = _Reading(gpu)
+        try:
+            return self._read_fields(gpu, reading)
+        except _Lost:
+            return self._lost_sample(gpu)
+
+    def _read_fields(self, gpu: _Gpu, r: _Reading) -> GpuSample:
+        util = r.get("utilization", pynvml.nvmlDeviceGetUtilizationRates)
+        if util is None:
+            r.unavailable["utilization_gpu"] = r.unavailable["utilization_memory"] = r.unavailable.pop("utilization")
+        memory = r.get("memory", _memory_v2, fallback=_memory_v1)
+        if memory is None:
+            r.unavailable["memory_used"] = r.unavailable["memory_total"] = r.unavailable.pop("memory")
+        temperature = r.get("temperature", _temperature_v, fallback=_temperature_v1)
+        power = r.get("power", pynvml.nvmlDeviceGetPowerUsage)
+        power_limit = r.get("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit)
+        clock_sm = r.get("clock_sm", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
+        clock_memory = r.get("clock_memory", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM)
+        pcie = PcieLink(
+            gen_current=r.get("pcie.gen_current", pynvml.nvmlDeviceGetCurrPcieLinkGeneration),
+            gen_max=gpu.gen_max,
+            width_current=r.get("pcie.width_current", pynvml.nvmlDeviceGetCurrPcieLinkWidth),
+            width_max=gpu.width_max,
+            tx_bytes_per_s=self._kb_to_bytes(
+                r.get("pcie.tx_bytes_per_s", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+            ),
+            rx_bytes_per_s=self._kb_to_bytes(
+                r.get("pcie.rx_bytes_per_s", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+            ),
+        )
+        mask = r.get(
+            "throttle_reasons",
+            pynvml.nvmlDeviceGetCurrentClocksEventReasons,
+            fallback=pynvml.nvmlDeviceGetCurrentClocksThrottleReasons,
+        )
+        throttle = None
+        if mask is not None:
+            if gpu.supported_reasons is not None:
+                mask &= gpu.supported_reasons
+            throttle = tuple(name for bit, name in _REASON_BITS if mask & bit)
+        return self._identity(
+            gpu,
+            utilization_gpu=float(util.gpu) if util is not None else None,
+            utilization_memory=float(util.memory) if util is not None else None,
+            memory_used=int(memory.used) if memory is not None else None,
+            memory_total=int(memory.total) if memory is not None else None,
+            temperature=float(temperature) if temperature is not None else None,
+            power=power / 1000.0 if power is not None else None,
+            power_limit=power_limit / 1000.0 if power_limit is not None else None,
+            clock_sm=clock_sm,
+            clock_memory=clock_memory,
+            pcie=pcie,
+            nvlink=self._read_nvlink(gpu, r),
+            throttle_reasons=throttle,
+            ecc=self._read_ecc(r),
+            remapped_rows=self._read_remapped(r),
+            processes=self._read_processes(r),
+            unavailable=r.unavailable,
+        )
+
+    @staticmethod
+    def _kb_to_bytes(kb: Optional[int]) -> Optional[float]:
+        return float(kb) * 1024.0 if kb is not None else None  # NVML reports KB/s (1 KB = 1024 bytes)
+
+    def _read_ecc(self, r: _Reading) -> Optional[EccCounts]:
+        counts = {}
+        for key, error_type, counter in (
+            ("volatile_corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
+            ("volatile_uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
+            ("aggregate_corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC),
+            ("aggregate_uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC),
+        ):
+            counts[key] = r.get(f"ecc.{key}", pynvml.nvmlDeviceGetTotalEccErrors, error_type, counter)
+        if all(v is None for v in counts.values()):
+            reasons = {r.unavailable.pop(f"ecc.{key}") for key in counts}
+            r.unavailable["ecc"] = reasons.pop() if len(reasons) == 1 else "/".join(sorted(reasons))
+            return None
+        return EccCounts(**counts)
+
+    @staticmethod
+    def _read_remapped(r: _Reading) -> Optional[RemappedRows]:
+        rows = r.get("remapped_rows", pynvml.nvmlDeviceGetRemappedRows)
+        if rows is None:
+            return None
+        correctable, uncorrectable, pending, failed = rows
+        return RemappedRows(
+            correctable=int(correctable), uncorrectable=int(uncorrectable), pending=bool(pending), failed=bool(failed)
+        )
+
+    @staticmethod
+    def _read_processes(r: _Reading) -> Optional[tuple[GpuProcess, ...]]:
+        procs = r.get(
+            "processes",
+            pynvml.nvmlDeviceGetComputeRunningProcesses_v3,
+            fallback=pynvml.nvmlDeviceGetComputeRunningProcesses_v2,
+        )
+        if procs is None:
+            return None
+        return tuple(GpuProcess(pid=int(p.pid), used_memory=p.usedGpuMemory) for p in procs)
+
+    # ------------------------------------------------------------ NVLink
+    def _read_nvlink_counters(self, gpu: _Gpu) -> Optional[dict[tuple[int, int], tuple[int, int]]]:
+        """One field-values call for every link's cumulative TX/RX KiB: {(field, link): (KiB, µs)}."""
+        ids = [(fid, link.link) for link in gpu.nvlinks or () for fid in (_NVLINK_TX, _NVLINK_RX)]
+        try:
+            values = pynvml.nvmlDeviceGetFieldValues(gpu.handle, ids)
+        except pynvml.NVMLError_GpuIsLost:
+            raise _Lost() from None
+        except pynvml.NVMLError:
+            return None
+        out = {}
+        for (fid, link), value in zip(ids, values):
+            if value.nvmlReturn == pynvml.NVML_SUCCESS:
+                out[(fid, link)] = (int(value.value.ullVal), int(value.timestamp))
+        for link in gpu.nvlinks or ():
+            # remember this reading as the base of the next rate
+            link.last_tx, link.last_rx = out.get((_NVLINK_TX, link.link)), out.get((_NVLINK_RX, link.link))
+        return out
+
+    @staticmethod
+    def _rate(previous: Optional[tuple[int, int]], current: Optional[tuple[int, int]]) -> Optional[float]:
+        if previous is None or current is None:
+            return None
+        dt_us = current[1] - previous[1]
+        delta = current[0] - previous[0]
+        if dt_us <= 0 or delta < 0:  # no time passed, or the counter was reset
+            return None
+        return delta * 1024.0 / (dt_us / 1e6)
+
+    def _read_nvlink(self, gpu: _Gpu, r: _Reading) -> Optional[tuple[NvLinkLink, ...]]:
+        if gpu.nvlinks is None:
+            return None
+        states = {}
+        for link in gpu.nvlinks:
+            state = r.get(f"nvlink.{link.link}", pynvml.nvmlDeviceGetNvLinkState, link.link)
+            states[link.link] = state
+            if state and link.remote_bus_id is None:  # came up since start: learn where it goes
+                wiring = self._read_link_wiring(gpu, link.link)
+                link.remote_bus_id, link.remote_kind = wiring.remote_bus_id, wiring.remote_kind
+        previous = {link.link: (link.last_tx, link.last_rx) for link in gpu.nvlinks}
+        current = self._read_nvlink_counters(gpu)
+        if current is None:
+            r.unavailable["nvlink.throughput"] = "FieldValues refused"
+            current = {}
+        out = []
+        for link in gpu.nvlinks:
+            prev_tx, prev_rx = previous[link.link]
+            active = bool(states[link.link])
+            out.append(
+                NvLinkLink(
+                    link=link.link,
+                    active=active,
+                    remote_bus_id=link.remote_bus_id,
+                    remote_kind=link.remote_kind,
+                    tx_bytes_per_s=self._rate(prev_tx, current.get((_NVLINK_TX, link.link))) if active else None,
+                    rx_bytes_per_s=self._rate(prev_rx, current.get((_NVLINK_RX, link.link))) if active else None,
+                )
+            )
+        return tuple(out)
+
+    # ------------------------------------------------------------ life
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        # a stuck NVML call cannot be interrupted; do not wait for it
+        self._pool.shutdown()
+        with _LIBRARY_LOCK:
+            if pynvml.nvmlLib is self._nvml_library:
+                try:
+                    pynvml.nvmlShutdown()
+                except pynvml.NVMLError:
+                    pass
+                if self._library is not None:
+                    use_nvml_library(None)

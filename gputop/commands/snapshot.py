@@ -1,0 +1,180 @@
+"""`gputop snapshot`: one sample of the machine, as a readable table or as JSON.
+
+JSON keys: ``simulated`` (bool), ``machine`` (static info; ``machine.simulated``
+names the profile), ``host``, ``gpus``, ``topology`` and, with --pid, ``job``.
+Values NVML refused are null and each GPU's ``unavailable`` says why.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any, Optional, TextIO
+
+from gputop.model import GpuSample, HostSample, JobTree, MachineInfo, Snapshot, from_jsonable, to_jsonable
+from gputop.pipeline import pipeline_from_args
+
+# CPU % is a difference of two readings; this is the span it covers (long enough for real numbers,
+# short enough for a one-shot command).
+CPU_SAMPLE_INTERVAL_S = 0.3
+
+
+def run(args: Any) -> int:
+    if getattr(args, "help_faults", False):
+        from gputop.sim.profiles import faults_help
+
+        print(faults_help())
+        return 0
+    pipeline = pipeline_from_args(args)
+    try:
+        # A measurement window, not synchronisation: CPU %, NVLink rates are deltas over it.
+        threading.Event().wait(CPU_SAMPLE_INTERVAL_S)
+        snap = pipeline.poll()
+        machine = pipeline.machine
+    finally:
+        pipeline.close()
+    if getattr(args, "json", False):
+        if machine.gpu_error:
+            print(machine.gpu_error, file=sys.stderr)  # stdout stays valid JSON
+        json.dump(snapshot_json(machine, snap), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        write_table(machine, snap, sys.stdout)
+    return 0
+
+
+def snapshot_json(machine: MachineInfo, snap: Snapshot) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "simulated": snap.simulated,
+        "timestamp": snap.timestamp,
+        "machine": to_jsonable(machine),
+        "host": to_jsonable(snap.host),
+        "gpus": [to_jsonable(g) for g in snap.gpus],
+        "topology": to_jsonable(machine.topology),
+    }
+    if snap.job is not None:
+        out["job"] = to_jsonable(snap.job)
+    return out
+
+
+def snapshot_from_json(data: dict[str, Any]) -> tuple[MachineInfo, Snapshot]:
+    """The inverse of `snapshot_json` (used to replay recorded `gputop snapshot --json` output)."""
+    machine = from_jsonable(MachineInfo, data["machine"])
+    snap = Snapshot(
+        timestamp=float(data["timestamp"]),
+        host=from_jsonable(HostSample, data["host"]),
+        gpus=tuple(from_jsonable(GpuSample, g) for g in data["gpus"]),
+        job=from_jsonable(JobTree, data["job"]) if data.get("job") is not None else None,
+        simulated=bool(data["simulated"]),
+    )
+    return machine, snap
+
+
+# ---------------------------------------------------------------- table
+
+GIB = 1024**3
+
+
+def _na(value: Any, fmt: str = "{}") -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def _rate(bytes_per_s: Optional[float]) -> str:
+    if bytes_per_s is None:
+        return "n/a"
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.1f}{unit}"
+    return f"{bytes_per_s:.0f}B/s"
+
+
+def _pcie(gpu: GpuSample) -> str:
+    p = gpu.pcie
+    link = f"Gen{_na(p.gen_current)}x{_na(p.width_current)}/Gen{_na(p.gen_max)}x{_na(p.width_max)}"
+    return f"{link} rx {_rate(p.rx_bytes_per_s)} tx {_rate(p.tx_bytes_per_s)}"
+
+
+def _nvlink(gpu: GpuSample) -> str:
+    if gpu.nvlink is None:
+        return f"n/a ({gpu.unavailable.get('nvlink', 'unavailable')})"
+    active = [link for link in gpu.nvlink if link.active]
+    tx = sum(link.tx_bytes_per_s or 0.0 for link in active)
+    rx = sum(link.rx_bytes_per_s or 0.0 for link in active)
+    return f"{len(active)}/{len(gpu.nvlink)} up rx {_rate(rx)} tx {_rate(tx)}"
+
+
+def _health(gpu: GpuSample) -> str:
+    parts = []
+    if gpu.ecc is None:
+        parts.append(f"ECC n/a ({gpu.unavailable.get('ecc', 'unavailable')})")
+    else:
+        parts.append(f"ECC vol {_na(gpu.ecc.volatile_corrected)}c/{_na(gpu.ecc.volatile_uncorrected)}u")
+    rows = gpu.remapped_rows
+    if rows is None:
+        parts.append(f"remap n/a ({gpu.unavailable.get('remapped_rows', 'unavailable')})")
+    elif rows.uncorrectable or rows.pending or rows.failed:
+        state = "FAILED" if rows.failed else ("pending" if rows.pending else "done")
+        parts.append(f"remap {rows.uncorrectable} rows {state}")
+    return ", ".join(parts)
+
+
+def _gpu_lines(gpu: GpuSample) -> list[str]:
+    if gpu.lost:
+        return [f"{gpu.index:>3}  {gpu.name:<24} LOST ({gpu.unavailable.get('gpu', 'GpuIsLost')}) bus {gpu.pci_bus_id}"]
+    mem = "n/a"
+    if gpu.memory_used is not None and gpu.memory_total:
+        mem = f"{gpu.memory_used / GIB:5.1f}/{gpu.memory_total / GIB:.0f}GiB"
+    throttle = "n/a" if gpu.throttle_reasons is None else (",".join(gpu.throttle_reasons) or "none")
+    procs = "n/a" if gpu.processes is None else str(len(gpu.processes))
+    head = (
+        f"{gpu.index:>3}  {gpu.name[:24]:<24} {_na(gpu.utilization_gpu, '{:3.0f}%'):>5} {mem:>14} "
+        f"{_na(gpu.temperature, '{:.0f}C'):>4} {_na(gpu.power, '{:.0f}')}/{_na(gpu.power_limit, '{:.0f}W')} "
+        f"{_na(gpu.clock_sm, '{}MHz')} procs {procs}"
+    )
+    lines = [head, f"     PCIe {_pcie(gpu)}  NVLink {_nvlink(gpu)}", f"     throttle {throttle}; {_health(gpu)}"]
+    if "stale" in gpu.unavailable:
+        lines.append(f"     stale: {gpu.unavailable['stale']}")
+    return lines
+
+
+def write_table(machine: MachineInfo, snap: Snapshot, out: TextIO) -> None:
+    w = out.write
+    if machine.simulated:
+        w(f"SIMULATED machine: {machine.simulated}\n")
+    if machine.gpu_error:
+        w(f"{machine.gpu_error}\n")
+    else:
+        w(
+            f"driver {_na(machine.driver_version)}  CUDA {_na(machine.cuda_version)}  NVML {_na(machine.nvml_version)}"
+            f"  {machine.gpu_count} GPU(s)\n\n"
+        )
+        w(f"{'GPU':>3}  {'name':<24} {'util':>5} {'memory':>14} {'temp':>4} power       SM clock\n")
+        for gpu in snap.gpus:
+            for line in _gpu_lines(gpu):
+                w(line + "\n")
+        w("\n")
+    host = snap.host
+    w(f"host {machine.hostname}: {machine.cpu_model} ({machine.cpu_count} cores)\n")
+    cores = " ".join(f"{p:.0f}" for p in host.cpu_percent)
+    avg = sum(host.cpu_percent) / len(host.cpu_percent) if host.cpu_percent else 0.0
+    w(f"  CPU {avg:.0f}% avg; per core: {cores}\n")
+    w(f"  iowait {_na(host.iowait_percent, '{:.1f}%')}  steal {_na(host.steal_percent, '{:.1f}%')}  "
+      f"load {' '.join(f'{x:.2f}' for x in host.load_average)}\n")
+    w(f"  memory {host.memory_used / GIB:.1f}/{host.memory_total / GIB:.1f} GiB (available "
+      f"{host.memory_available / GIB:.1f})  swap {host.swap_used / GIB:.1f}/{host.swap_total / GIB:.1f} GiB\n")
+    topo = machine.topology
+    if topo.matrix:
+        w("\ntopology\n")
+        n = len(topo.matrix)
+        header = "      " + "".join(f"{'GPU' + str(i):>6}" for i in range(n)) + "  CPU affinity     NUMA"
+        w(header + "\n")
+        for i, row in enumerate(topo.matrix):
+            affinity = topo.cpu_affinity[i] if i < len(topo.cpu_affinity) else None
+            numa = topo.numa_node[i] if i < len(topo.numa_node) else None
+            w(f"{'GPU' + str(i):<6}" + "".join(f"{cell:>6}" for cell in row) + f"  {_na(affinity):<16} {_na(numa)}\n")
+    if snap.job is not None:
+        ranks = len(snap.job.ranks)
+        w(f"\njob {snap.job.root_pid}: {ranks} rank(s)" + (" (exited)" if snap.job.exited else "") + "\n")
+        for warning in snap.job.warnings:
+            w(f"  ! {warning}\n")

@@ -1,0 +1,130 @@
+"""The pipeline: collectors in, one `Snapshot` out per `poll()`.
+
+Every sink (TUI, report, recorder, `gputop snapshot`) gets its data here, real
+or simulated, so what the screen shows is what the report says.
+
+    pipeline = Pipeline(simulate="h100-sxm-8+thermal=2")   # or Pipeline() on a real machine
+    pipeline.machine      # MachineInfo, read once
+    pipeline.poll()       # Snapshot; blocking (NVML, psutil, /proc): call it from a worker thread
+    pipeline.close()
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+from gputop.collect.gpu import GpuCollector, GpuUnavailableError
+from gputop.collect.host import HostCollector, numa_layout_from_affinity
+from gputop.model import MachineInfo, Snapshot
+
+
+class Pipeline:
+    def __init__(
+        self,
+        simulate: Optional[str] = None,
+        pid: Optional[int] = None,
+        *,
+        load_model: Any = None,
+        job_collector: Any = None,
+        stack_interval: float = 2.0,
+        clock: Callable[[], float] = time.time,
+        host_collector: Any = None,
+    ) -> None:
+        """`simulate`: a spec `PROFILE[+FAULT...]` (UsageError if bad) or None for the real driver.
+
+        `clock` stamps the snapshots.  With a custom clock the simulated GPUs run on it too
+        (otherwise they run on time.monotonic, the clock `LoadModel`s use), so a test that
+        controls the clock gets deterministic GPU readings.  `host_collector` replaces the
+        psutil collector (tests that need deterministic host numbers).
+        """
+        self._clock = clock
+        self.simulated = simulate is not None
+        self.job_collector = job_collector
+        self.gpu: Optional[GpuCollector] = None
+        self.fake_library = None
+        self._closed = False
+        spec = None
+        library = None
+        if self.simulated:
+            # imported here: a real run never loads the simulator
+            from gputop.sim.fake_nvml import FakeNvmlLibrary
+            from gputop.sim.profiles import parse_spec
+            from gputop.sim.synthetic import SyntheticLoad
+
+            spec = parse_spec(simulate)  # a bad spec fails before anything is started
+            profile = spec.profile
+            load = load_model or SyntheticLoad(profile.gpu_count, profile.gpu.memory_total)
+            sim_clock = time.monotonic if clock is time.time else clock
+            library = self.fake_library = FakeNvmlLibrary(spec, load, clock=sim_clock)
+
+        self.host = host_collector if host_collector is not None else HostCollector()
+        gpu_error = None
+        try:
+            self.gpu = GpuCollector(library=library)
+        except GpuUnavailableError as exc:
+            gpu_error = str(exc)
+
+        topology = self.gpu.topology if self.gpu else None
+        if self.simulated and topology is not None and isinstance(self.host, HostCollector):
+            # the simulated GPUs' NUMA nodes are mapped onto this host's cores (see Profile.cpu_affinity);
+            # show the cores with the same layout so "rank on the GPU's NUMA node" stays consistent
+            self.host.core_numa = numa_layout_from_affinity(
+                self.host.cpu_count, topology.cpu_affinity, topology.numa_node
+            )
+        machine_kwargs: dict[str, Any] = {}
+        if topology is not None:
+            machine_kwargs["topology"] = topology
+        self.machine = MachineInfo(
+            hostname=getattr(self.host, "hostname", ""),
+            cpu_model=getattr(self.host, "cpu_model", ""),
+            cpu_count=getattr(self.host, "cpu_count", 0),
+            driver_version=self.gpu.driver_version if self.gpu else None,
+            cuda_version=self.gpu.cuda_version if self.gpu else None,
+            nvml_version=self.gpu.nvml_version if self.gpu else None,
+            gpu_error=gpu_error,
+            gpu_count=self.gpu.gpu_count if self.gpu else 0,
+            gpu_names=self.gpu.gpu_names if self.gpu else (),
+            simulated=spec.text if spec is not None else None,
+            **machine_kwargs,
+        )
+
+        if pid is not None and self.job_collector is None:
+            try:
+                from gputop.collect.job import JobCollector  # the attach side; only needed with --pid
+
+                self.job_collector = JobCollector(pid, stack_interval=stack_interval)
+            except BaseException:
+                self.close()
+                raise
+
+    def poll(self) -> Snapshot:
+        """One sample of everything. Per-field and per-GPU failures arrive as None / lost, never as exceptions."""
+        gpus = self.gpu.sample() if self.gpu is not None else ()
+        host = self.host.sample()
+        now = self._clock()
+        job = self.job_collector.collect(gpus, now) if self.job_collector is not None else None
+        return Snapshot(timestamp=now, host=host, gpus=gpus, job=job, simulated=self.simulated)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for part in (self.job_collector, self.gpu, self.host):
+            if part is not None:
+                part.close()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def pipeline_from_args(args: Any) -> Pipeline:
+    """Build the pipeline a subcommand asked for (uses args.simulate, args.pid, args.stack_interval if present)."""
+    return Pipeline(
+        simulate=getattr(args, "simulate", None),
+        pid=getattr(args, "pid", None),
+        stack_interval=getattr(args, "stack_interval", 2.0),
+    )

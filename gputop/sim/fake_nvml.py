@@ -1,0 +1,620 @@
+"""A fake NVML C library, installed *below* pynvml so the real adapter code runs against it.
+
+pynvml looks every C symbol up with ``getattr(nvmlLib, name)`` and calls it with
+ctypes arguments.  `FakeNvmlLibrary` answers those lookups with plain functions
+(pynvml sets ``restype`` on them, which a bound method would refuse), reads the
+arguments the way the C library would, writes outputs through
+``byref(x)._obj``, and returns NVML return codes as ints.  A symbol the fake does
+not serve raises AttributeError, which pynvml turns into FunctionNotFound, exactly
+as a real old driver would.
+
+This module never imports pynvml: the numbers below are the C library's ABI
+(nvml.h), which is what a fake C library has to speak.
+
+What the simulated GPUs report follows a `SimSpec` (profile + faults) and a
+`LoadModel` (utilization, memory, processes): power, temperature and clocks follow
+utilization; PCIe and NVLink traffic scale with it; the NVLink counters are
+cumulative and only ever grow.  Every reading is a function of ``clock()``, so a
+controlled clock gives deterministic readings.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from gputop.sim.load import LoadModel
+from gputop.sim.profiles import OLD_DRIVER_MISSING_SYMBOLS, SimSpec
+
+# ---------------------------------------------------------------- nvml.h constants
+SUCCESS = 0
+ERROR_UNINITIALIZED = 1
+ERROR_INVALID_ARGUMENT = 2
+ERROR_NOT_SUPPORTED = 3
+ERROR_INSUFFICIENT_SIZE = 7
+ERROR_GPU_IS_LOST = 15
+ERROR_ARGUMENT_VERSION_MISMATCH = 25
+
+_ERROR_STRINGS = {
+    SUCCESS: b"Success",
+    ERROR_UNINITIALIZED: b"Uninitialized",
+    ERROR_INVALID_ARGUMENT: b"Invalid Argument",
+    ERROR_NOT_SUPPORTED: b"Not Supported",
+    ERROR_INSUFFICIENT_SIZE: b"Insufficient Size",
+    ERROR_GPU_IS_LOST: b"GPU is lost",
+    ERROR_ARGUMENT_VERSION_MISMATCH: b"Argument version mismatch",
+}
+
+MEMORY_V2_VERSION = 0x02000028
+TEMPERATURE_V1_VERSION = 0x100000C
+TEMPERATURE_GPU = 0
+CLOCK_SM = 1
+CLOCK_MEM = 2
+PCIE_UTIL_TX_BYTES = 0
+PCIE_UTIL_RX_BYTES = 1
+MEMORY_ERROR_UNCORRECTED = 1
+VOLATILE_ECC = 0
+TOPOLOGY_SYSTEM = 50
+TOPOLOGY_LEVELS = {"PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
+NVLINK_DEVICE_TYPE_SWITCH = 0x02
+NVLINK_MAX_LINKS = 36
+FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
+FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+VALUE_NOT_AVAILABLE_ULL = 2**64 - 1
+
+REASON_GPU_IDLE = 0x1
+REASON_SW_POWER_CAP = 0x4
+REASON_HW_SLOWDOWN = 0x8
+REASON_SW_THERMAL = 0x20
+REASON_HW_THERMAL = 0x40
+SUPPORTED_REASONS = 0x1FF
+
+# Real GetPcieThroughput samples the link for about 20 ms before answering; the fake does too by
+# default so that the adapter's concurrency is exercised, not assumed.
+PCIE_THROUGHPUT_LATENCY_S = 0.02
+
+# Readings are recomputed at most this often (NVML itself refreshes on a ~1/6 s period); one
+# adapter sample makes ~20 calls per GPU and they should agree with each other.
+STATE_QUANTUM_S = 0.05
+
+IDLE_UTILIZATION = 5.0  # below this a GPU is "idle": the link drops to Gen1, GpuIdle is set
+NVLINK_DOWN_LINKS = 4
+
+
+class ManualClock:
+    """A clock that only moves when told to: pass it as `clock` for deterministic simulated readings."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = float(start)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+def _int(arg) -> int:
+    """A ctypes scalar (c_uint(3)) or a plain int -> int."""
+    return int(getattr(arg, "value", arg))
+
+
+@dataclass
+class _GpuState:
+    """One simulated GPU's readings at `time` (recomputed per quantum)."""
+
+    time: float = -math.inf
+    utilization: float = 0.0
+    memory_utilization: float = 0.0
+    memory_used: int = 0
+    temperature: int = 0
+    power_mw: int = 0
+    power_limit_mw: int = 0
+    sm_clock: int = 0
+    mem_clock: int = 0
+    pcie_gen: int = 0
+    pcie_width: int = 0
+    pcie_tx_kbps: int = 0
+    pcie_rx_kbps: int = 0
+    reasons: int = 0
+    processes: list = field(default_factory=list)
+    nvlink_tx_kib: list = field(default_factory=list)  # cumulative per link
+    nvlink_rx_kib: list = field(default_factory=list)
+
+
+class FakeNvmlLibrary:
+    """Stands in for libnvidia-ml.so: `getattr(lib, "nvmlDeviceGetName")` gives the C function."""
+
+    def __init__(
+        self,
+        spec: SimSpec,
+        load: LoadModel,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        pcie_latency_s: float = PCIE_THROUGHPUT_LATENCY_S,
+    ) -> None:
+        self.spec = spec
+        self.profile = spec.profile
+        self.faults = spec.faults
+        self.load = load
+        self.clock = clock
+        self.pcie_latency_s = pcie_latency_s
+        self.started_at = clock()
+        self._lock = threading.Lock()
+        n = self.profile.gpu_count
+        links = self.profile.gpu.nvlink_links
+        self._states = [
+            _GpuState(nvlink_tx_kib=[0.0] * links, nvlink_rx_kib=[0.0] * links) for _ in range(n)
+        ]
+        symbols = self._build_symbols()
+        if self.faults.old_driver:
+            for name in OLD_DRIVER_MISSING_SYMBOLS:
+                symbols.pop(name, None)
+        self._symbols = symbols
+
+    # pynvml asks for symbols by attribute; a missing one must be AttributeError (-> FunctionNotFound)
+    def __getattr__(self, name: str):
+        symbols = self.__dict__.get("_symbols", {})
+        if name in symbols:
+            return symbols[name]
+        raise AttributeError(f"fake NVML library has no symbol {name}")
+
+    def symbol_names(self) -> list[str]:
+        return sorted(self._symbols)
+
+    # ------------------------------------------------------------ simulation
+    def elapsed(self) -> float:
+        return self.clock() - self.started_at
+
+    def is_lost(self, gpu: int) -> bool:
+        after = self.faults.lost_after.get(gpu)
+        return after is not None and self.elapsed() >= after
+
+    def link_active(self, gpu: int, link: int) -> bool:
+        return not (gpu in self.faults.nvlink_down and link < NVLINK_DOWN_LINKS)
+
+    def state(self, gpu: int) -> _GpuState:
+        """The GPU's readings now; recomputed once per quantum, counters integrated over time."""
+        now = self.clock()
+        st = self._states[gpu]
+        if 0 <= now - st.time < STATE_QUANTUM_S:
+            return st
+        with self._lock:
+            if 0 <= now - st.time < STATE_QUANTUM_S:
+                return st
+            self._advance(gpu, st, now)
+        return st
+
+    def _advance(self, gpu: int, st: _GpuState, now: float) -> None:
+        model = self.profile.gpu
+        faults = self.faults
+        util = max(0.0, min(100.0, float(self.load.utilization(gpu, now))))
+        load = util / 100.0
+        idle = util < IDLE_UTILIZATION
+        # small fixed per-GPU differences, as real boards have
+        spread = ((gpu * 37) % 7 - 3) / 3.0  # -1..1
+
+        used = self.load.memory_used(gpu, now)
+        used = model.memory_idle_used if used is None else int(used)
+        used = max(0, min(used, model.memory_total - model.memory_reserved))
+
+        limit_w = model.power_limit_w * (0.55 if gpu in faults.power_cap else 1.0)
+        demand_w = model.power_idle_w + (model.power_limit_w * 0.93 - model.power_idle_w) * load + 4.0 * spread
+        power_w = min(demand_w, limit_w)
+        sm_clock = model.sm_clock_idle_mhz if idle else model.sm_clock_max_mhz
+        reasons = REASON_GPU_IDLE if idle else 0
+        temperature = model.temp_idle_c + (model.temp_load_c - model.temp_idle_c) * load + 2.0 * spread
+        if demand_w > limit_w:
+            reasons |= REASON_SW_POWER_CAP
+            sm_clock = int(model.sm_clock_max_mhz * (0.55 + 0.45 * limit_w / demand_w))
+        if gpu in faults.thermal:
+            temperature = 88.0 + 4.0 * load
+            reasons |= REASON_HW_SLOWDOWN | REASON_HW_THERMAL | REASON_SW_THERMAL
+            sm_clock = int(model.sm_clock_max_mhz * (0.45 if not idle else 0.3))
+            power_w = min(power_w, model.power_idle_w + (limit_w - model.power_idle_w) * 0.6 * load)
+
+        if idle:
+            gen, width = 1, model.pcie_width_max  # idle links drop their speed to save power
+        elif gpu in faults.pcie_degraded:
+            gen, width = 3, 8
+        else:
+            gen, width = model.pcie_gen_max, model.pcie_width_max
+        # traffic scales with load and with what the trained link can carry (Gen3 x8 is ~1/8 of Gen5 x16)
+        link_share = min(1.0, (2 ** (gen - 1) * width) / (2 ** (model.pcie_gen_max - 1) * model.pcie_width_max))
+        rx_kbps = int(model.pcie_rx_peak_kbps * load * min(1.0, link_share * 4))
+        tx_kbps = int(model.pcie_tx_peak_kbps * load * min(1.0, link_share * 4))
+
+        # cumulative NVLink counters: integrate the rate since the last reading
+        if st.time != -math.inf and model.nvlink_links:
+            dt = max(0.0, now - st.time)
+            rate = model.nvlink_peak_kibps * (0.15 + 0.85 * load) * dt
+            for link in range(model.nvlink_links):
+                if self.link_active(gpu, link):
+                    st.nvlink_tx_kib[link] += rate * (1.0 + 0.01 * link)
+                    st.nvlink_rx_kib[link] += rate * (0.98 + 0.01 * link)
+
+        st.utilization = util
+        st.memory_utilization = min(100.0, util * 0.45)
+        st.memory_used = used
+        st.temperature = int(round(temperature))
+        st.power_mw = int(power_w * 1000)
+        st.power_limit_mw = int(limit_w * 1000)
+        st.sm_clock = sm_clock
+        st.mem_clock = model.mem_clock_mhz
+        st.pcie_gen, st.pcie_width = gen, width
+        st.pcie_tx_kbps, st.pcie_rx_kbps = tx_kbps, rx_kbps
+        st.reasons = reasons
+        st.processes = list(self.load.processes(gpu))
+        st.time = now
+
+    def ecc_count(self, gpu: int, error_type: int, counter: int) -> int:
+        if gpu not in self.faults.ecc:
+            return 0
+        if error_type == MEMORY_ERROR_UNCORRECTED:
+            return 2
+        return 14 if counter == VOLATILE_ECC else 37
+
+    # ------------------------------------------------------------ the C functions
+    def _build_symbols(self) -> dict[str, Callable]:
+        lib = self
+        profile = self.profile
+        model = profile.gpu
+        n = profile.gpu_count
+
+        def gpu_of(handle) -> Optional[int]:
+            address = ctypes.cast(handle, ctypes.c_void_p).value
+            if not address or not 1 <= address <= n:
+                return None
+            return address - 1
+
+        def device(fn):
+            """Resolve the handle and answer GPU_IS_LOST for a lost GPU."""
+
+            def call(handle, *args):
+                gpu = gpu_of(handle)
+                if gpu is None:
+                    return ERROR_INVALID_ARGUMENT
+                if lib.is_lost(gpu):
+                    return ERROR_GPU_IS_LOST
+                return fn(gpu, *args)
+
+            call.__name__ = fn.__name__
+            return call
+
+        def write_str(buf, text: str, size) -> int:
+            data = text.encode()
+            if len(data) + 1 > _int(size):
+                return ERROR_INSUFFICIENT_SIZE
+            buf.value = data
+            return SUCCESS
+
+        # ---- system
+        def nvmlInitWithFlags(flags):
+            return SUCCESS
+
+        def nvmlInit_v2():
+            return nvmlInitWithFlags(0)
+
+        def nvmlShutdown():
+            return SUCCESS
+
+        def nvmlErrorString(result):
+            return _ERROR_STRINGS.get(_int(result), b"Unknown Error")
+
+        def nvmlSystemGetDriverVersion(buf, size):
+            return write_str(buf, profile.driver_version, size)
+
+        def nvmlSystemGetNVMLVersion(buf, size):
+            return write_str(buf, profile.nvml_version, size)
+
+        def nvmlSystemGetCudaDriverVersion(out):
+            out._obj.value = profile.cuda_version
+            return SUCCESS
+
+        def nvmlDeviceGetCount_v2(out):
+            out._obj.value = n
+            return SUCCESS
+
+        def nvmlDeviceGetHandleByIndex_v2(index, out):
+            index = _int(index)
+            if not 0 <= index < n:
+                return ERROR_INVALID_ARGUMENT
+            ctypes.c_void_p.from_buffer(out._obj).value = index + 1
+            return SUCCESS
+
+        # ---- identity
+        @device
+        def nvmlDeviceGetName(gpu, buf, size):
+            return write_str(buf, model.name, size)
+
+        @device
+        def nvmlDeviceGetUUID(gpu, buf, size):
+            # stable, profile-specific, looks like a real one
+            tag = sum(ord(c) for c in profile.name) & 0xFFFF
+            return write_str(buf, f"GPU-{tag:04x}5e1d-{gpu:04x}-4c0d-9a1e-{gpu * 7919 + tag:012x}", size)
+
+        def fill_pci(info, bus_id: str) -> None:
+            domain, bus, rest = bus_id.split(":")
+            dev = rest.split(".")[0]
+            info.busId = bus_id.encode()
+            info.busIdLegacy = f"{int(domain, 16):04x}:{bus}:{rest}".encode()
+            info.domain = int(domain, 16)
+            info.bus = int(bus, 16)
+            info.device = int(dev, 16)
+            info.pciDeviceId = 0x233010DE if model.nvlink_links else 0x268410DE
+            info.pciSubSystemId = 0x16C110DE
+
+        @device
+        def nvmlDeviceGetPciInfo_v3(gpu, out):
+            fill_pci(out._obj, profile.bus_ids[gpu])
+            return SUCCESS
+
+        # ---- readings
+        @device
+        def nvmlDeviceGetUtilizationRates(gpu, out):
+            st = lib.state(gpu)
+            out._obj.gpu = int(round(st.utilization))
+            out._obj.memory = int(round(st.memory_utilization))
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetMemoryInfo(gpu, out):
+            # v1: `used` includes the reserved memory
+            st = lib.state(gpu)
+            mem = out._obj
+            mem.total = model.memory_total
+            mem.used = st.memory_used + model.memory_reserved
+            mem.free = model.memory_total - mem.used
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetMemoryInfo_v2(gpu, out):
+            mem = out._obj
+            if mem.version != MEMORY_V2_VERSION:
+                return ERROR_ARGUMENT_VERSION_MISMATCH
+            st = lib.state(gpu)
+            mem.total = model.memory_total
+            mem.reserved = model.memory_reserved
+            mem.used = st.memory_used
+            mem.free = model.memory_total - model.memory_reserved - st.memory_used
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetTemperature(gpu, sensor, out):
+            if _int(sensor) != TEMPERATURE_GPU:
+                return ERROR_NOT_SUPPORTED
+            out._obj.value = lib.state(gpu).temperature
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetTemperatureV(gpu, out):
+            temp = out._obj
+            if temp.version != TEMPERATURE_V1_VERSION:
+                return ERROR_ARGUMENT_VERSION_MISMATCH
+            if temp.sensorType != TEMPERATURE_GPU:
+                return ERROR_NOT_SUPPORTED
+            temp.temperature = lib.state(gpu).temperature
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetPowerUsage(gpu, out):
+            out._obj.value = lib.state(gpu).power_mw
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetEnforcedPowerLimit(gpu, out):
+            out._obj.value = lib.state(gpu).power_limit_mw
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetClockInfo(gpu, clock_type, out):
+            kind = _int(clock_type)
+            st = lib.state(gpu)
+            if kind == CLOCK_SM:
+                out._obj.value = st.sm_clock
+            elif kind == CLOCK_MEM:
+                out._obj.value = st.mem_clock
+            else:
+                return ERROR_NOT_SUPPORTED
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetCurrPcieLinkGeneration(gpu, out):
+            out._obj.value = lib.state(gpu).pcie_gen
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetCurrPcieLinkWidth(gpu, out):
+            out._obj.value = lib.state(gpu).pcie_width
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetMaxPcieLinkGeneration(gpu, out):
+            out._obj.value = model.pcie_gen_max
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetMaxPcieLinkWidth(gpu, out):
+            out._obj.value = model.pcie_width_max
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetPcieThroughput(gpu, counter, out):
+            kind = _int(counter)
+            if kind not in (PCIE_UTIL_TX_BYTES, PCIE_UTIL_RX_BYTES):
+                return ERROR_INVALID_ARGUMENT
+            if lib.pcie_latency_s > 0:
+                time.sleep(lib.pcie_latency_s)  # the real call samples the link for ~20 ms
+            st = lib.state(gpu)
+            out._obj.value = st.pcie_tx_kbps if kind == PCIE_UTIL_TX_BYTES else st.pcie_rx_kbps
+            return SUCCESS
+
+        def reasons_now(gpu, out):
+            out._obj.value = lib.state(gpu).reasons
+            return SUCCESS
+
+        def reasons_supported(gpu, out):
+            out._obj.value = SUPPORTED_REASONS
+            return SUCCESS
+
+        # ---- NVLink
+        def nvlink_check(gpu, link) -> int:
+            if not model.nvlink_links:
+                return ERROR_NOT_SUPPORTED
+            if not 0 <= link < NVLINK_MAX_LINKS:
+                return ERROR_INVALID_ARGUMENT
+            if link >= model.nvlink_links:
+                return ERROR_NOT_SUPPORTED
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetNvLinkState(gpu, link, out):
+            link = _int(link)
+            ret = nvlink_check(gpu, link)
+            if ret == SUCCESS:
+                out._obj.value = 1 if lib.link_active(gpu, link) else 0
+            return ret
+
+        @device
+        def nvmlDeviceGetNvLinkRemotePciInfo_v2(gpu, link, out):
+            link = _int(link)
+            ret = nvlink_check(gpu, link)
+            if ret == SUCCESS:
+                switches = profile.switch_bus_ids
+                fill_pci(out._obj, switches[link % len(switches)])
+            return ret
+
+        @device
+        def nvmlDeviceGetNvLinkRemoteDeviceType(gpu, link, out):
+            link = _int(link)
+            ret = nvlink_check(gpu, link)
+            if ret == SUCCESS:
+                out._obj.value = NVLINK_DEVICE_TYPE_SWITCH
+            return ret
+
+        @device
+        def nvmlDeviceGetFieldValues(gpu, count, out):
+            values = out._obj
+            st = lib.state(gpu)
+            stamp = int(st.time * 1_000_000)
+            for i in range(_int(count)):
+                entry = values[i]
+                entry.timestamp = stamp
+                entry.latencyUsec = 0
+                link = entry.scopeId
+                if entry.fieldId not in (FI_DEV_NVLINK_THROUGHPUT_DATA_TX, FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
+                    entry.nvmlReturn = ERROR_NOT_SUPPORTED
+                    continue
+                ret = nvlink_check(gpu, link)
+                entry.nvmlReturn = ret
+                if ret != SUCCESS:
+                    continue
+                counters = st.nvlink_tx_kib if entry.fieldId == FI_DEV_NVLINK_THROUGHPUT_DATA_TX else st.nvlink_rx_kib
+                entry.valueType = VALUE_TYPE_UNSIGNED_LONG_LONG
+                entry.value.ullVal = int(counters[link])
+            return SUCCESS
+
+        # ---- health
+        @device
+        def nvmlDeviceGetTotalEccErrors(gpu, error_type, counter, out):
+            if not model.ecc:
+                return ERROR_NOT_SUPPORTED
+            out._obj.value = lib.ecc_count(gpu, _int(error_type), _int(counter))
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetRemappedRows(gpu, corr, unc, pending, failure):
+            if not model.row_remap:
+                return ERROR_NOT_SUPPORTED
+            bad = gpu in lib.faults.ecc
+            corr._obj.value = 0
+            unc._obj.value = 1 if bad else 0
+            pending._obj.value = 1 if bad else 0
+            failure._obj.value = 0
+            return SUCCESS
+
+        # ---- processes (the two-call protocol: ask for the count, then fill a buffer)
+        def running_processes(gpu, count, buffer):
+            procs = lib.state(gpu).processes
+            capacity = count._obj.value
+            count._obj.value = len(procs)
+            if not procs:
+                return SUCCESS
+            if buffer is None or capacity < len(procs):
+                return ERROR_INSUFFICIENT_SIZE
+            for i, (pid, used) in enumerate(procs):
+                buffer[i].pid = pid
+                buffer[i].usedGpuMemory = VALUE_NOT_AVAILABLE_ULL if used is None or used < 0 else int(used)
+                buffer[i].gpuInstanceId = 0xFFFFFFFF
+                buffer[i].computeInstanceId = 0xFFFFFFFF
+            return SUCCESS
+
+        # ---- topology and affinity
+        def nvmlDeviceGetTopologyCommonAncestor(handle1, handle2, out):
+            a, b = gpu_of(handle1), gpu_of(handle2)
+            if a is None or b is None:
+                return ERROR_INVALID_ARGUMENT
+            if lib.is_lost(a) or lib.is_lost(b):
+                return ERROR_GPU_IS_LOST
+            if a == b:
+                out._obj.value = 0  # INTERNAL
+            elif profile.numa_nodes[a] == profile.numa_nodes[b]:
+                out._obj.value = TOPOLOGY_LEVELS[profile.same_node_ancestor]
+            else:
+                out._obj.value = TOPOLOGY_SYSTEM
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetCpuAffinity(gpu, words, out):
+            words = _int(words)
+            mask = out._obj
+            for cpu in profile.cpu_affinity(gpu, lib.spec.host_cpus):
+                if cpu // 64 < words:
+                    mask[cpu // 64] |= 1 << (cpu % 64)
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetMemoryAffinity(gpu, words, out, scope):
+            node = profile.numa_nodes[gpu]
+            if node // 64 < _int(words):
+                out._obj[node // 64] |= 1 << (node % 64)
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetNumaNodeId(gpu, out):
+            out._obj.value = profile.numa_nodes[gpu]
+            return SUCCESS
+
+        scope = dict(locals())  # (a comprehension would see its own locals)
+        symbols: dict[str, Callable] = {
+            name: fn for name, fn in scope.items() if name.startswith("nvml") and callable(fn)
+        }
+        # same implementation under the old and the new name
+        symbols["nvmlDeviceGetCurrentClocksEventReasons"] = device(_named(reasons_now, "EventReasons"))
+        symbols["nvmlDeviceGetCurrentClocksThrottleReasons"] = device(_named(reasons_now, "ThrottleReasons"))
+        symbols["nvmlDeviceGetSupportedClocksEventReasons"] = device(_named(reasons_supported, "Supported"))
+        symbols["nvmlDeviceGetSupportedClocksThrottleReasons"] = device(_named(reasons_supported, "SupportedT"))
+        symbols["nvmlDeviceGetComputeRunningProcesses_v3"] = device(_named(running_processes, "v3"))
+        symbols["nvmlDeviceGetComputeRunningProcesses_v2"] = device(_named(running_processes, "v2"))
+        symbols["nvmlSystemGetCudaDriverVersion_v2"] = _copy(nvmlSystemGetCudaDriverVersion)
+        return symbols
+
+
+def _named(fn: Callable, suffix: str) -> Callable:
+    """A distinct function object per symbol: pynvml sets attributes (restype) on what it gets."""
+
+    def call(*args):
+        return fn(*args)
+
+    call.__name__ = f"{fn.__name__}_{suffix}"
+    return call
+
+
+def _copy(fn: Callable) -> Callable:
+    return _named(fn, "copy")

@@ -1,0 +1,269 @@
+"""Simulated machines: GPU profiles and the fault switches layered on them.
+
+A spec string names a profile and optional faults, joined by ``+``::
+
+    h100-sxm-8                       the default: 8x H100 SXM on NVSwitch, two NUMA nodes
+    rtx-4090-2+thermal=1             two consumer cards, GPU 1 thermally throttling
+    h100-sxm-8+gpu-lost=3@10+ecc=5   GPU 3 falls off the bus after 10 s; GPU 5 has ECC errors
+
+`parse_spec` turns the string into a `SimSpec`; the fake NVML library
+(`gputop.sim.fake_nvml`) reads it.  Nothing here imports pynvml.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from gputop.errors import UsageError
+
+MIB = 1024**2
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """What one kind of card reports. Values follow the real cards' NVML answers."""
+
+    name: str
+    memory_total: int  # bytes, as NVML reports it (a little under the marketing size)
+    memory_reserved: int  # bytes the driver keeps (memory v2 `reserved`)
+    memory_idle_used: int  # bytes used with no process (context, ECC tables)
+    power_limit_w: float  # enforced limit
+    power_idle_w: float
+    temp_idle_c: float
+    temp_load_c: float
+    sm_clock_idle_mhz: int
+    sm_clock_max_mhz: int
+    mem_clock_mhz: int
+    pcie_gen_max: int
+    pcie_width_max: int
+    pcie_rx_peak_kbps: int  # host -> GPU under full load (input batches), KB/s
+    pcie_tx_peak_kbps: int  # GPU -> host
+    nvlink_links: int  # 0: NVLink NOT_SUPPORTED
+    nvlink_peak_kibps: int  # per link and direction under full load, KiB/s
+    ecc: bool  # ECC counters supported
+    row_remap: bool  # nvmlDeviceGetRemappedRows supported
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    gpu: GpuModel
+    bus_ids: tuple[str, ...]  # one per GPU, NVML's 8-hex-digit-domain form
+    numa_nodes: tuple[int, ...]  # NUMA node of each GPU
+    switch_bus_ids: tuple[str, ...] = ()  # NVSwitches: link L of every GPU ends at switch L % len
+    same_node_ancestor: str = "NODE"  # PCIe common ancestor of two GPUs on one NUMA node
+    driver_version: str = "550.54.15"
+    cuda_version: int = 12040  # 1000*major + 10*minor
+    nvml_version: str = "12.550.54.15"
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.bus_ids)
+
+    def cpu_affinity(self, gpu: int, host_cpus: int) -> tuple[int, ...]:
+        """The host CPUs local to a GPU: the real host's cores split evenly across the profile's NUMA nodes.
+
+        Mapping onto the real host keeps "is this rank on the GPU's NUMA node?" meaningful while the
+        simulated GPUs are driven by real processes (the demo).
+        """
+        nodes = max(self.numa_nodes) + 1
+        node = self.numa_nodes[gpu]
+        per_node = max(1, host_cpus // nodes)
+        first = min(node * per_node, host_cpus - 1)
+        last = host_cpus if node == nodes - 1 else min(host_cpus, first + per_node)
+        return tuple(range(first, max(first + 1, last)))
+
+
+H100_SXM = GpuModel(
+    name="NVIDIA H100 80GB HBM3",
+    memory_total=81559 * MIB,
+    memory_reserved=530 * MIB,
+    memory_idle_used=4 * MIB,
+    power_limit_w=700.0,
+    power_idle_w=71.0,
+    temp_idle_c=31.0,
+    temp_load_c=63.0,
+    sm_clock_idle_mhz=345,
+    sm_clock_max_mhz=1980,
+    mem_clock_mhz=2619,
+    pcie_gen_max=5,
+    pcie_width_max=16,
+    pcie_rx_peak_kbps=3_200_000,
+    pcie_tx_peak_kbps=420_000,
+    nvlink_links=18,
+    nvlink_peak_kibps=9_500_000,
+    ecc=True,
+    row_remap=True,
+)
+
+RTX_4090 = GpuModel(
+    name="NVIDIA GeForce RTX 4090",
+    memory_total=24564 * MIB,
+    memory_reserved=330 * MIB,
+    memory_idle_used=250 * MIB,
+    power_limit_w=450.0,
+    power_idle_w=22.0,
+    temp_idle_c=34.0,
+    temp_load_c=68.0,
+    sm_clock_idle_mhz=210,
+    sm_clock_max_mhz=2745,
+    mem_clock_mhz=10501,
+    pcie_gen_max=4,
+    pcie_width_max=16,
+    pcie_rx_peak_kbps=2_400_000,
+    pcie_tx_peak_kbps=300_000,
+    nvlink_links=0,
+    nvlink_peak_kibps=0,
+    ecc=False,
+    row_remap=False,
+)
+
+PROFILES: dict[str, Profile] = {
+    "h100-sxm-8": Profile(
+        name="h100-sxm-8",
+        description="8x H100 SXM 80GB, NVSwitch (NV18 between every pair), two NUMA nodes with 4 GPUs each",
+        gpu=H100_SXM,
+        # a DGX H100's GPU bus ids; the first four hang off socket 0
+        bus_ids=tuple(f"00000000:{b}:00.0" for b in ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")),
+        numa_nodes=(0, 0, 0, 0, 1, 1, 1, 1),
+        switch_bus_ids=tuple(f"00000000:{b}:00.0" for b in ("05", "06", "07", "08")),
+        same_node_ancestor="NODE",
+    ),
+    "rtx-4090-2": Profile(
+        name="rtx-4090-2",
+        description="2x GeForce RTX 4090 on one host bridge: ECC, NVLink and row remapping are NOT_SUPPORTED",
+        gpu=RTX_4090,
+        bus_ids=("00000000:01:00.0", "00000000:21:00.0"),
+        numa_nodes=(0, 0),
+        same_node_ancestor="PHB",
+    ),
+}
+DEFAULT_PROFILE = "h100-sxm-8"
+
+# Symbols an old driver (before R510/R535) does not export. The adapter falls back to the v1 call
+# where one exists (memory, temperature, CUDA version, process list, throttle reasons).
+OLD_DRIVER_MISSING_SYMBOLS = (
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetTemperatureV",
+    "nvmlSystemGetCudaDriverVersion_v2",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetSupportedClocksEventReasons",
+)
+
+# name -> (argument form, help). Kept in one table so the parser and --help-faults agree.
+FAULTS: dict[str, tuple[str, str]] = {
+    "gpu-lost": ("gpu-lost=IDX@SECONDS", "GPU IDX falls off the bus SECONDS after start (every call: GPU_IS_LOST)"),
+    "old-driver": ("old-driver", "an old driver without the _v2/V symbols (the adapter falls back to v1 calls)"),
+    "pcie-degraded": ("pcie-degraded=IDX", "GPU IDX's link trains to Gen3 x8 under load (max Gen5 x16)"),
+    "thermal": ("thermal=IDX", "GPU IDX runs hot (~90 C) with HW/SW thermal slowdown and reduced SM clocks"),
+    "ecc": ("ecc=IDX", "GPU IDX reports uncorrectable volatile ECC errors and a pending row remap"),
+    "nvlink-down": ("nvlink-down=IDX", "4 of GPU IDX's NVLinks are inactive (NV14 to its peers)"),
+    "power": ("power=IDX", "GPU IDX is capped at 55% of its power limit (SW power cap, lower clocks)"),
+}
+
+
+def faults_help() -> str:
+    """The text of `gputop snapshot --help-faults`."""
+    lines = [
+        "Simulated machine: --simulate PROFILE[+FAULT...]",
+        "",
+        "Profiles:",
+    ]
+    for name, profile in PROFILES.items():
+        default = " (default)" if name == DEFAULT_PROFILE else ""
+        lines.append(f"  {name:<22} {profile.description}{default}")
+    lines += ["", "Faults (IDX is a GPU index, several may be combined):"]
+    for form, text in FAULTS.values():
+        lines.append(f"  {form:<22} {text}")
+    lines += ["", "Example: gputop snapshot --simulate h100-sxm-8+thermal=2+gpu-lost=3@10"]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Faults:
+    lost_after: dict[int, float] = field(default_factory=dict)  # gpu -> seconds after start
+    old_driver: bool = False
+    pcie_degraded: frozenset[int] = frozenset()
+    thermal: frozenset[int] = frozenset()
+    ecc: frozenset[int] = frozenset()
+    nvlink_down: frozenset[int] = frozenset()
+    power_cap: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    text: str  # the normalised spec, e.g. "h100-sxm-8+thermal=2"
+    profile: Profile
+    faults: Faults
+    host_cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+
+def _valid_forms() -> str:
+    return f"profiles: {', '.join(PROFILES)}; faults: {', '.join(f[0] for f in FAULTS.values())}"
+
+
+def _bad(message: str) -> UsageError:
+    return UsageError(f"bad --simulate spec: {message} ({_valid_forms()}; see `gputop snapshot --help-faults`)")
+
+
+def _gpu_index(value: str, fault: str, profile: Profile) -> int:
+    try:
+        index = int(value)
+    except ValueError:
+        raise _bad(f"{fault} needs a GPU index, got {value!r}") from None
+    if not 0 <= index < profile.gpu_count:
+        raise _bad(f"{fault}={index}: {profile.name} has GPUs 0..{profile.gpu_count - 1}")
+    return index
+
+
+def parse_spec(spec: str | None) -> SimSpec:
+    """`PROFILE[+FAULT...]` -> SimSpec; anything wrong raises UsageError with one line."""
+    text = (spec or DEFAULT_PROFILE).strip()
+    name, *fault_texts = text.split("+")
+    name = name.strip() or DEFAULT_PROFILE
+    profile = PROFILES.get(name)
+    if profile is None:
+        raise _bad(f"unknown profile {name!r}")
+    lost: dict[int, float] = {}
+    sets: dict[str, set[int]] = {k: set() for k in ("pcie-degraded", "thermal", "ecc", "nvlink-down", "power")}
+    old_driver = False
+    for fault_text in fault_texts:
+        fault_text = fault_text.strip()
+        key, _, value = fault_text.partition("=")
+        if key not in FAULTS:
+            raise _bad(f"unknown fault {fault_text!r}")
+        if key == "old-driver":
+            if value:
+                raise _bad("old-driver takes no value")
+            old_driver = True
+        elif key == "gpu-lost":
+            index_text, at, seconds_text = value.partition("@")
+            index = _gpu_index(index_text, key, profile)
+            try:
+                seconds = float(seconds_text) if at else float("nan")
+            except ValueError:
+                seconds = float("nan")
+            if not seconds >= 0:  # also rejects NaN
+                raise _bad(f"gpu-lost needs IDX@SECONDS (e.g. gpu-lost=3@10), got {value!r}")
+            lost[index] = seconds
+        else:
+            index = _gpu_index(value, key, profile)
+            if key == "nvlink-down" and not profile.gpu.nvlink_links:
+                raise _bad(f"{profile.name} has no NVLink, so nvlink-down does not apply")
+            if key == "ecc" and not profile.gpu.ecc:
+                raise _bad(f"{profile.name} has no ECC, so ecc does not apply")
+            sets[key].add(index)
+    faults = Faults(
+        lost_after=lost,
+        old_driver=old_driver,
+        pcie_degraded=frozenset(sets["pcie-degraded"]),
+        thermal=frozenset(sets["thermal"]),
+        ecc=frozenset(sets["ecc"]),
+        nvlink_down=frozenset(sets["nvlink-down"]),
+        power_cap=frozenset(sets["power"]),
+    )
+    normalised = "+".join([name, *(f.strip() for f in fault_texts)])
+    return SimSpec(text=normalised, profile=profile, faults=faults)

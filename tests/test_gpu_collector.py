@@ -1,0 +1,436 @@
+"""The GPU adapter (gputop.collect.gpu) over the fake NVML library, through the real pynvml wrappers."""
+
+from __future__ import annotations
+
+import collections
+import ctypes.util
+import subprocess
+import threading
+import time
+
+import pynvml
+import pytest
+
+from gputop.collect.gpu import (
+    GpuCollector,
+    NoDriverError,
+    _normalise_bus_id,
+    format_cpu_list,
+    use_nvml_library,
+)
+from gputop.model import THROTTLE_REASONS
+from gputop.sim.fake_nvml import FakeNvmlLibrary, ManualClock
+from gputop.sim.profiles import H100_SXM, parse_spec
+from tests.helpers import wait_until
+from tests.test_fake_nvml import ScriptedLoad
+
+GIB = 1024**3
+
+
+class Wrapped:
+    """A library in front of the fake: counts calls per symbol and can replace symbols."""
+
+    def __init__(self, lib, **overrides):
+        self.lib = lib
+        self.overrides = overrides
+        self.counts: collections.Counter = collections.Counter()
+
+    def __getattr__(self, name):
+        fn = self.overrides.get(name) or getattr(self.lib, name)
+
+        def counted(*args):
+            self.counts[name] += 1
+            return fn(*args)
+
+        return counted
+
+
+@pytest.fixture
+def collector():
+    """make(spec, load=..., clock=..., wrap=...) -> (GpuCollector, fake); closed at teardown."""
+    made = []
+
+    def make(spec="h100-sxm-8", load=None, clock=None, pcie_latency_s=0.0, wrap=None, **kwargs):
+        fake = FakeNvmlLibrary(
+            parse_spec(spec), load or ScriptedLoad(util=80.0), clock=clock or ManualClock(), pcie_latency_s=pcie_latency_s
+        )
+        lib = wrap(fake) if wrap else fake
+        gpu = GpuCollector(library=lib, **kwargs)
+        made.append(gpu)
+        return gpu, lib
+
+    yield make
+    for gpu in made:
+        gpu.close()
+    use_nvml_library(None)
+
+
+def test_h100_every_field(collector):
+    clock = ManualClock()
+    procs = {0: [(4242, 3 * GIB)]}
+    gpu, _ = collector("h100-sxm-8", load=ScriptedLoad(util=80.0, memory=40 * GIB, processes=procs), clock=clock)
+    assert gpu.gpu_count == 8
+    assert gpu.gpu_names == ("NVIDIA H100 80GB HBM3",) * 8
+    assert (gpu.driver_version, gpu.cuda_version, gpu.nvml_version) == ("550.54.15", "12.4", "12.550.54.15")
+    clock.advance(1.0)
+    samples = gpu.sample()
+    assert [s.index for s in samples] == list(range(8))
+    assert len({s.uuid for s in samples}) == 8
+    for s in samples:
+        assert s.unavailable == {}, s.unavailable
+        assert not s.lost
+        assert s.name == "NVIDIA H100 80GB HBM3"
+        assert s.pci_bus_id.startswith("00000000:")
+        assert s.utilization_gpu == 80.0 and s.utilization_memory == 36.0
+        assert s.memory_used == 40 * GIB and s.memory_total == H100_SXM.memory_total
+        assert 40 < s.temperature < 80
+        assert 300 < s.power < s.power_limit == 700.0
+        assert s.clock_sm == 1980 and s.clock_memory == 2619
+        assert (s.pcie.gen_current, s.pcie.gen_max, s.pcie.width_current, s.pcie.width_max) == (5, 5, 16, 16)
+        assert s.pcie.rx_bytes_per_s > s.pcie.tx_bytes_per_s > 0
+        assert len(s.nvlink) == 18 and all(link.active for link in s.nvlink)
+        assert {link.remote_kind for link in s.nvlink} == {"switch"}
+        assert all(link.tx_bytes_per_s > 0 and link.rx_bytes_per_s > 0 for link in s.nvlink)
+        assert s.throttle_reasons == ()
+        assert (s.ecc.volatile_corrected, s.ecc.volatile_uncorrected) == (0, 0)
+        assert (s.ecc.aggregate_corrected, s.ecc.aggregate_uncorrected) == (0, 0)
+        assert s.remapped_rows.pending is False and s.remapped_rows.uncorrectable == 0
+    assert [(p.pid, p.used_memory) for p in samples[0].processes] == [(4242, 3 * GIB)]
+    assert samples[1].processes == ()
+
+
+def test_topology_matrix_affinity_and_numa(collector):
+    gpu, _ = collector("h100-sxm-8")
+    topo = gpu.topology
+    assert len(topo.matrix) == 8
+    for a in range(8):
+        for b in range(8):
+            assert topo.matrix[a][b] == ("X" if a == b else "NV18")
+    assert topo.numa_node == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert topo.cpu_affinity[0] == topo.cpu_affinity[3] and all(topo.cpu_affinity)
+
+
+def test_topology_without_nvlink_uses_the_pcie_ancestor(collector):
+    gpu, _ = collector("rtx-4090-2")
+    assert gpu.topology.matrix == (("X", "PHB"), ("PHB", "X"))
+    assert gpu.topology.numa_node == (0, 0)
+
+
+def test_nvlink_down_narrows_the_topology_and_links(collector):
+    clock = ManualClock()
+    gpu, _ = collector("h100-sxm-8+nvlink-down=4", clock=clock)
+    topo = gpu.topology.matrix
+    assert topo[4][0] == topo[0][4] == "NV14"
+    assert topo[1][2] == "NV18"
+    clock.advance(1.0)
+    links = gpu.sample()[4].nvlink
+    down = [link for link in links if not link.active]
+    assert len(down) == 4
+    assert all(link.tx_bytes_per_s is None for link in down)
+    assert all(link.tx_bytes_per_s > 0 for link in links if link.active)
+
+
+def test_nvlink_rate_is_delta_over_time(collector):
+    clock = ManualClock()
+    gpu, _ = collector("h100-sxm-8", load=ScriptedLoad(util=100.0), clock=clock)
+    clock.advance(2.0)
+    link5 = gpu.sample()[0].nvlink[5]
+    expected_tx = H100_SXM.nvlink_peak_kibps * 1.0 * (1.0 + 0.01 * 5) * 1024
+    assert link5.tx_bytes_per_s == pytest.approx(expected_tx, rel=1e-3)
+    # no time passed: no rate (rather than a division by zero or a fake 0)
+    assert gpu.sample()[0].nvlink[5].tx_bytes_per_s is None
+
+
+def test_consumer_card_reports_not_available_not_zero(collector):
+    clock = ManualClock()
+    gpu, _ = collector("rtx-4090-2", clock=clock)
+    clock.advance(1.0)
+    for s in gpu.sample():
+        assert s.ecc is None and s.unavailable["ecc"] == "NotSupported"
+        assert s.nvlink is None and s.unavailable["nvlink"] == "NotSupported"
+        assert s.remapped_rows is None and s.unavailable["remapped_rows"] == "NotSupported"
+        assert s.utilization_gpu == 80.0 and s.power > 0 and s.pcie.gen_max == 4
+        assert set(s.unavailable) == {"ecc", "nvlink", "remapped_rows"}
+
+
+def test_permanent_refusals_are_not_asked_again(collector):
+    clock = ManualClock()
+    gpu, lib = collector("rtx-4090-2", clock=clock, wrap=Wrapped)
+    gpu.sample()
+    before = collections.Counter(lib.counts)
+    clock.advance(1.0)
+    gpu.sample()
+    per_sample = lib.counts - before
+    assert per_sample["nvmlDeviceGetTotalEccErrors"] == 0
+    assert per_sample["nvmlDeviceGetRemappedRows"] == 0
+    assert per_sample["nvmlDeviceGetUtilizationRates"] == 2
+
+
+def test_static_information_is_read_once(collector):
+    clock = ManualClock()
+    gpu, lib = collector("h100-sxm-8", clock=clock, wrap=Wrapped)
+    before = collections.Counter(lib.counts)
+    clock.advance(1.0)
+    gpu.sample()
+    per_sample = lib.counts - before
+    for static in (
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetPciInfo_v3",
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        "nvmlDeviceGetMaxPcieLinkWidth",
+        "nvmlDeviceGetNvLinkRemotePciInfo_v2",
+        "nvmlDeviceGetNvLinkRemoteDeviceType",
+        "nvmlDeviceGetTopologyCommonAncestor",
+        "nvmlDeviceGetCpuAffinity",
+        "nvmlDeviceGetSupportedClocksEventReasons",
+        "nvmlSystemGetDriverVersion",
+    ):
+        assert per_sample[static] == 0, static
+    assert per_sample["nvmlDeviceGetFieldValues"] == 8  # one call per GPU for all NVLink counters
+    assert per_sample["nvmlDeviceGetPcieThroughput"] == 16
+
+
+def test_no_permission_becomes_a_reason(collector):
+    def refuse(*args):
+        return pynvml.NVML_ERROR_NO_PERMISSION
+
+    gpu, lib = collector("h100-sxm-8", wrap=lambda fake: Wrapped(fake, nvmlDeviceGetComputeRunningProcesses_v3=refuse))
+    s = gpu.sample()[0]
+    assert s.processes is None and s.unavailable == {"processes": "NoPermission"}
+    assert s.utilization_gpu == 80.0
+    gpu.sample()
+    assert lib.counts["nvmlDeviceGetComputeRunningProcesses_v3"] == 8  # asked once per GPU, then remembered
+
+
+def test_transient_error_is_asked_again(collector):
+    def unknown(*args):
+        return pynvml.NVML_ERROR_UNKNOWN
+
+    gpu, lib = collector("h100-sxm-8", wrap=lambda fake: Wrapped(fake, nvmlDeviceGetPowerUsage=unknown))
+    assert gpu.sample()[3].unavailable == {"power": "Unknown"}
+    gpu.sample()
+    assert lib.counts["nvmlDeviceGetPowerUsage"] == 16
+
+
+def test_lost_gpu_is_marked_and_the_others_keep_updating(collector):
+    clock = ManualClock()
+    load = ScriptedLoad(util={i: 50.0 for i in range(8)})
+    gpu, _ = collector("h100-sxm-8+gpu-lost=3@10", load=load, clock=clock)
+    clock.advance(5.0)
+    before = gpu.sample()
+    assert not any(s.lost for s in before)
+    clock.advance(6.0)
+    for i in range(8):
+        load.util[i] = 90.0
+    after = gpu.sample()
+    lost = after[3]
+    assert lost.lost and lost.unavailable == {"gpu": "GpuIsLost"}
+    assert lost.utilization_gpu is None and lost.memory_used is None
+    assert (lost.uuid, lost.name, lost.pci_bus_id) == (before[3].uuid, before[3].name, before[3].pci_bus_id)
+    assert [s.utilization_gpu for i, s in enumerate(after) if i != 3] == [90.0] * 7
+    assert gpu.sample()[3].lost  # and it stays lost
+
+
+def test_old_driver_falls_back_to_v1_calls(collector):
+    clock = ManualClock()
+    procs = {2: [(777, GIB)]}
+    gpu, lib = collector(
+        "h100-sxm-8+old-driver+thermal=1", load=ScriptedLoad(memory=10 * GIB, processes=procs), clock=clock,
+        wrap=Wrapped,
+    )
+    assert gpu.cuda_version == "12.4"  # from nvmlSystemGetCudaDriverVersion
+    clock.advance(1.0)
+    samples = gpu.sample()
+    for s in samples:
+        assert s.unavailable == {}
+        assert s.memory_used == 10 * GIB + H100_SXM.memory_reserved  # v1 counts reserved memory as used
+        assert s.temperature is not None
+    assert "hw_thermal" in samples[1].throttle_reasons
+    assert [p.pid for p in samples[2].processes] == [777]
+    assert lib.counts["nvmlDeviceGetTemperature"] >= 8
+    assert lib.counts["nvmlDeviceGetCurrentClocksThrottleReasons"] >= 8
+    assert lib.counts["nvmlDeviceGetComputeRunningProcesses_v2"] >= 8
+
+
+@pytest.mark.parametrize(
+    "fault, check",
+    [
+        ("thermal=2", lambda s: s.temperature >= 88 and {"hw_thermal", "sw_thermal", "hw_slowdown"}
+         <= set(s.throttle_reasons) and s.clock_sm < 1200),
+        ("pcie-degraded=2", lambda s: (s.pcie.gen_current, s.pcie.width_current, s.pcie.gen_max, s.pcie.width_max)
+         == (3, 8, 5, 16) and s.pcie.downgraded),
+        ("ecc=2", lambda s: s.ecc.volatile_uncorrected > 0 and s.remapped_rows.pending),
+        ("power=2", lambda s: s.power_limit == 385.0 and "sw_power_cap" in s.throttle_reasons and s.power <= 385.0),
+    ],
+)
+def test_faults_behave_as_named(collector, fault, check):
+    clock = ManualClock()
+    gpu, _ = collector(f"h100-sxm-8+{fault}", load=ScriptedLoad(util=95.0), clock=clock)
+    clock.advance(1.0)
+    samples = gpu.sample()
+    assert check(samples[2])
+    assert not any(check(s) for i, s in enumerate(samples) if i != 2)
+
+
+def test_idle_gpus_drop_the_link_but_a_degraded_one_is_told_apart_by_load(collector):
+    clock = ManualClock()
+    load = ScriptedLoad(util={i: 0.0 for i in range(8)})
+    gpu, _ = collector("h100-sxm-8+pcie-degraded=2", load=load, clock=clock)
+    idle = gpu.sample()
+    assert all(s.pcie.gen_current == 1 and s.throttle_reasons == ("gpu_idle",) for s in idle)
+    load.util[2] = 90.0
+    clock.advance(1.0)
+    assert gpu.sample()[2].pcie.gen_current == 3
+
+
+def test_sample_reads_gpus_concurrently(collector):
+    """Each simulated PCIe throughput call blocks 20 ms like the real one: 8 GPUs x 2 in series would be 320 ms."""
+    gpu, _ = collector("h100-sxm-8", pcie_latency_s=0.02, clock=time.monotonic)
+    gpu.sample()
+    start = time.perf_counter()
+    gpu.sample()
+    elapsed = time.perf_counter() - start
+    assert elapsed < 0.2, f"sample took {elapsed:.3f}s"
+
+
+def test_a_hung_gpu_does_not_stall_the_sample(collector):
+    release = threading.Event()
+    entered = collections.Counter()
+
+    def wrap(fake):
+        real = fake.nvmlDeviceGetUtilizationRates
+
+        def hang_on_gpu5(handle, out):
+            if ctypes.cast(handle, ctypes.c_void_p).value == 6:
+                entered["gpu5"] += 1
+                release.wait(30)
+            return real(handle, out)
+
+        return Wrapped(fake, nvmlDeviceGetUtilizationRates=hang_on_gpu5)
+
+    gpu, _ = collector("h100-sxm-8", wrap=wrap, sample_timeout_s=0.3)
+    try:
+        start = time.perf_counter()
+        first = gpu.sample()
+        assert time.perf_counter() - start < 2.0
+        assert "stale" in first[5].unavailable
+        assert all("stale" not in s.unavailable for i, s in enumerate(first) if i != 5)
+        second = gpu.sample()
+        assert "stale" in second[5].unavailable
+        assert entered["gpu5"] == 1  # no second read queued behind the stuck one
+    finally:
+        release.set()
+    recovered = wait_until(lambda: (s := gpu.sample()[5]) and "stale" not in s.unavailable and s, what="GPU 5 answers")
+    assert recovered.utilization_gpu == 80.0
+
+
+def test_no_driver_message():
+    """Where libnvidia-ml cannot load (this box), nvmlInit fails and the adapter says so in one line."""
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("libnvidia-ml is present here")
+    use_nvml_library(None)
+    with pytest.raises(NoDriverError, match=r"^no NVIDIA driver found \(libnvidia-ml.so.1 is not loadable\)$"):
+        GpuCollector()
+
+
+def test_driver_not_loaded_message():
+    class KernelModuleMissing:
+        @staticmethod
+        def nvmlInitWithFlags(flags):
+            return pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+
+    with pytest.raises(NoDriverError, match=r"^no NVIDIA driver found \(the NVIDIA kernel driver is not loaded\)$"):
+        GpuCollector(library=KernelModuleMissing())
+    assert pynvml.nvmlLib is None  # a failed start does not leave the library installed
+
+
+def test_close_uninstalls_the_fake(collector):
+    gpu, fake = collector("rtx-4090-2")
+    assert pynvml.nvmlLib is fake
+    gpu.close()
+    gpu.close()
+    assert pynvml.nvmlLib is None
+
+
+def test_throttle_reason_names_follow_nvml_bits():
+    assert 1 << THROTTLE_REASONS.index("gpu_idle") == pynvml.nvmlClocksEventReasonGpuIdle
+    assert 1 << THROTTLE_REASONS.index("sw_power_cap") == pynvml.nvmlClocksEventReasonSwPowerCap
+    assert 1 << THROTTLE_REASONS.index("hw_slowdown") == pynvml.nvmlClocksEventReasonHwSlowdown
+    assert 1 << THROTTLE_REASONS.index("sw_thermal") == pynvml.nvmlClocksEventReasonSwThermalSlowdown
+    assert 1 << THROTTLE_REASONS.index("hw_thermal") == pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    assert 1 << THROTTLE_REASONS.index("hw_power_brake") == pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+    assert 1 << THROTTLE_REASONS.index("display_clocks") == pynvml.nvmlClocksEventReasonDisplayClockSetting
+
+
+def test_helpers():
+    assert format_cpu_list([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+    assert format_cpu_list([5]) == "5"
+    assert format_cpu_list([]) == ""
+    assert _normalise_bus_id("0000:18:00.0") == _normalise_bus_id("00000000:18:00.0") == "00000000:18:00.0"
+    assert _normalise_bus_id("00000000:AB:00.0") == "00000000:ab:00.0"
+
+
+def test_an_unexpected_error_on_one_gpu_spares_the_others(collector):
+    def broken(*args):
+        raise ValueError("driver returned garbage")
+
+    def wrap(fake):
+        real = fake.nvmlDeviceGetPowerUsage
+
+        def power(handle, out):
+            return broken() if ctypes.cast(handle, ctypes.c_void_p).value == 2 else real(handle, out)
+
+        return Wrapped(fake, nvmlDeviceGetPowerUsage=power)
+
+    gpu, _ = collector("h100-sxm-8", wrap=wrap)
+    samples = gpu.sample()
+    assert samples[1].unavailable == {"gpu": "ValueError: driver returned garbage"}
+    assert samples[1].power is None and samples[1].uuid
+    assert all(s.power > 0 for i, s in enumerate(samples) if i != 1)
+
+
+def test_a_hung_nvml_call_does_not_keep_the_process_alive(spawn):
+    """Readers are daemon threads: gputop can quit while a dying GPU blocks inside the driver."""
+    code = (
+        "import ctypes, threading\n"
+        "from gputop.collect.gpu import GpuCollector\n"
+        "from gputop.sim.fake_nvml import FakeNvmlLibrary\n"
+        "from gputop.sim.profiles import parse_spec\n"
+        "from gputop.sim.synthetic import SyntheticLoad\n"
+        "fake = FakeNvmlLibrary(parse_spec('rtx-4090-2'), SyntheticLoad(2, 2**34), pcie_latency_s=0)\n"
+        "class Hanging:\n"
+        "    def __getattr__(self, name):\n"
+        "        fn = getattr(fake, name)\n"
+        "        if name != 'nvmlDeviceGetUtilizationRates':\n"
+        "            return fn\n"
+        "        def hang(handle, out):\n"
+        "            if ctypes.cast(handle, ctypes.c_void_p).value == 2:\n"
+        "                threading.Event().wait()\n"
+        "            return fn(handle, out)\n"
+        "        return hang\n"
+        "gpu = GpuCollector(library=Hanging(), sample_timeout_s=0.2)\n"
+        "samples = gpu.sample()\n"
+        "print('stale' in samples[1].unavailable, samples[0].utilization_gpu is not None, flush=True)\n"
+    )
+    proc = spawn.python(code, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (0, "True True\n", "")
+
+
+def test_a_gpu_without_a_handle_is_reported_not_dropped(collector):
+    """cgroups can hide one device: NVML refuses its handle, the others still work and keep their indices."""
+
+    def wrap(fake):
+        real = fake.nvmlDeviceGetHandleByIndex_v2
+
+        def handle(index, out):
+            return pynvml.NVML_ERROR_NO_PERMISSION if index.value == 1 else real(index, out)
+
+        return Wrapped(fake, nvmlDeviceGetHandleByIndex_v2=handle)
+
+    gpu, _ = collector("rtx-4090-2", wrap=wrap)
+    visible, hidden = gpu.sample()
+    assert hidden.index == 1 and not hidden.lost and hidden.unavailable == {"gpu": "NoPermission"}
+    assert visible.index == 0 and visible.utilization_gpu == 80.0
+    assert gpu.topology.matrix == (("X", "N/A"), ("N/A", "X"))

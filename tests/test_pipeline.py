@@ -1,0 +1,220 @@
+"""Pipeline: collectors -> Snapshot, simulated and real (no driver here), as the contract in INTERFACES.md says."""
+
+from __future__ import annotations
+
+import ctypes.util
+import gc
+import statistics
+import time
+import tracemalloc
+
+import pynvml
+import pytest
+
+from gputop.cli import build_parser
+from gputop.errors import UsageError
+from gputop.model import HostSample, JobTree, Snapshot
+from gputop.pipeline import Pipeline, pipeline_from_args
+from gputop.sim.fake_nvml import ManualClock
+from tests.test_fake_nvml import ScriptedLoad
+
+no_driver_here = pytest.mark.skipif(
+    bool(ctypes.util.find_library("nvidia-ml")), reason="libnvidia-ml is present on this machine"
+)
+
+
+class FixedHost:
+    """Deterministic host numbers for tests that compare whole snapshots."""
+
+    hostname, cpu_model, cpu_count = "testbox", "Test CPU", 4
+
+    def sample(self):
+        return HostSample(cpu_percent=(10.0, 20.0, 30.0, 40.0), memory_total=100, memory_used=50)
+
+    def close(self):
+        pass
+
+
+class RecordingJobCollector:
+    def __init__(self):
+        self.calls = []
+        self.closed = False
+
+    def collect(self, gpus, now):
+        self.calls.append((gpus, now))
+        return JobTree(root_pid=1234)
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def pipelines():
+    made = []
+
+    def make(*args, **kwargs):
+        p = Pipeline(*args, **kwargs)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def test_simulated_pipeline_is_labelled(pipelines):
+    p = pipelines(simulate="h100-sxm-8+thermal=2")
+    assert p.simulated is True
+    m = p.machine
+    assert m.simulated == "h100-sxm-8+thermal=2"
+    assert (m.gpu_count, m.gpu_error) == (8, None)
+    assert m.gpu_names == ("NVIDIA H100 80GB HBM3",) * 8
+    assert m.driver_version == "550.54.15" and m.cuda_version == "12.4"
+    assert m.topology.matrix[0][1] == "NV18"
+    assert m.cpu_count >= 1 and m.hostname
+    snap = p.poll()
+    assert isinstance(snap, Snapshot) and snap.simulated is True
+    assert len(snap.gpus) == 8 and snap.job is None
+    assert len(snap.host.cpu_percent) == m.cpu_count
+    assert "hw_thermal" in snap.gpus[2].throttle_reasons
+
+
+def test_simulated_numa_layout_is_shown_on_the_host_cores(pipelines):
+    p = pipelines(simulate="h100-sxm-8")
+    snap = p.poll()
+    topo = p.machine.topology
+    for gpu in range(8):
+        first_cpu = int(topo.cpu_affinity[gpu].split(",")[0].split("-")[0])
+        assert snap.host.core_numa[first_cpu] == topo.numa_node[gpu]
+
+
+def test_bad_spec_is_a_usage_error_and_starts_nothing():
+    with pytest.raises(UsageError, match="unknown profile 'h200'.*h100-sxm-8, rtx-4090-2"):
+        Pipeline(simulate="h200")
+    with pytest.raises(UsageError, match="gpu-lost needs IDX@SECONDS"):
+        Pipeline(simulate="h100-sxm-8+gpu-lost=3")
+    with pytest.raises(UsageError, match="unknown fault 'meltdown'"):
+        Pipeline(simulate="rtx-4090-2+meltdown")
+    with pytest.raises(UsageError, match="rtx-4090-2 has no NVLink"):
+        Pipeline(simulate="rtx-4090-2+nvlink-down=0")
+    assert pynvml.nvmlLib is None
+
+
+def test_load_model_drives_the_gpus(pipelines):
+    load = ScriptedLoad(util={i: 10.0 * i for i in range(8)}, memory=5 * 1024**3, processes={6: [(31337, 1024**3)]})
+    snap = pipelines(simulate="h100-sxm-8", load_model=load).poll()
+    assert [g.utilization_gpu for g in snap.gpus] == [10.0 * i for i in range(8)]
+    assert snap.gpus[6].processes[0].pid == 31337
+    assert all(g.memory_used == 5 * 1024**3 for g in snap.gpus)
+
+
+def test_custom_clock_makes_snapshots_deterministic(pipelines):
+    def run():
+        clock = ManualClock(2000.0)
+        p = pipelines(simulate="h100-sxm-8+ecc=3", clock=clock, host_collector=FixedHost())
+        out = []
+        for _ in range(3):
+            clock.advance(1.0)
+            out.append(p.poll())
+        p.close()
+        return out
+
+    first, second = run(), run()
+    assert first == second
+    assert [s.timestamp for s in first] == [2001.0, 2002.0, 2003.0]
+    assert first[0].gpus != first[2].gpus  # the synthetic load moves with the clock
+
+
+def test_poll_of_eight_gpus_is_fast(pipelines):
+    p = pipelines(simulate="h100-sxm-8")  # PCIe throughput blocks 20 ms per call, like the real one
+    p.poll()
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        p.poll()
+        times.append(time.perf_counter() - start)
+    assert statistics.median(times) < 0.1, times
+
+
+def test_memory_stays_flat_over_many_polls(pipelines):
+    p = pipelines(simulate="h100-sxm-8+nvlink-down=1+ecc=2")
+    p.fake_library.pcie_latency_s = 0.0
+    tracemalloc.start()  # before the warm-up, so replaced objects count as freed, not as growth
+    try:
+        for _ in range(20):
+            p.poll()
+        gc.collect()
+        before = tracemalloc.take_snapshot()
+        for _ in range(100):
+            p.poll()
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    growth = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    assert growth < 16 * 1024, f"grew {growth} bytes over 100 polls"
+
+
+def test_job_collector_gets_the_gpus_and_the_time(pipelines):
+    job = RecordingJobCollector()
+    clock = ManualClock(50.0)
+    p = pipelines(simulate="rtx-4090-2", pid=1234, job_collector=job, clock=clock)
+    snap = p.poll()
+    assert snap.job == JobTree(root_pid=1234)
+    gpus, now = job.calls[0]
+    assert gpus == snap.gpus and now == 50.0 == snap.timestamp
+    p.close()
+    assert job.closed
+
+
+@no_driver_here
+def test_no_driver_leaves_everything_else_working(pipelines):
+    p = pipelines()
+    assert p.simulated is False
+    assert p.machine.gpu_error == "no NVIDIA driver found (libnvidia-ml.so.1 is not loadable)"
+    assert p.machine.gpu_count == 0 and p.machine.simulated is None
+    snap = p.poll()
+    assert snap.gpus == () and snap.simulated is False
+    assert len(snap.host.cpu_percent) == p.machine.cpu_count
+
+
+@no_driver_here
+def test_a_simulation_does_not_leak_into_a_later_real_pipeline(pipelines):
+    sim = pipelines(simulate="h100-sxm-8")
+    assert len(sim.poll().gpus) == 8
+    real = pipelines()  # the simulated one is still open
+    assert real.machine.gpu_error is not None and real.poll().gpus == ()
+    assert len(sim.poll().gpus) == 8  # and the simulation still works
+
+
+def test_two_simulated_machines_in_one_process_take_turns(pipelines):
+    big = pipelines(simulate="h100-sxm-8+thermal=1")
+    small = pipelines(simulate="rtx-4090-2")
+    for _ in range(2):
+        assert [g.name for g in big.poll().gpus] == ["NVIDIA H100 80GB HBM3"] * 8
+        small_gpus = small.poll().gpus
+        assert [g.name for g in small_gpus] == ["NVIDIA GeForce RTX 4090"] * 2
+        assert small_gpus[0].ecc is None
+    small.close()
+    assert "hw_thermal" in big.poll().gpus[1].throttle_reasons
+
+
+def test_close_is_idempotent_and_uninstalls_the_fake():
+    with Pipeline(simulate="rtx-4090-2") as p:
+        assert pynvml.nvmlLib is p.fake_library
+    p.close()
+    assert pynvml.nvmlLib is None
+
+
+def test_pipeline_from_args():
+    args = build_parser().parse_args(["snapshot", "--simulate", "rtx-4090-2+thermal=1"])
+    p = pipeline_from_args(args)
+    try:
+        assert p.machine.simulated == "rtx-4090-2+thermal=1"
+        assert p.machine.gpu_count == 2
+    finally:
+        p.close()
+    # a namespace without the optional attributes still works (replay/report build their own)
+    p = pipeline_from_args(type("Args", (), {"simulate": "h100-sxm-8"})())
+    p.close()
+    assert p.machine.gpu_count == 8

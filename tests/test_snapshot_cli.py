@@ -1,0 +1,205 @@
+"""`gputop snapshot` end to end: a real `python -m gputop` process, its stdout, stderr and exit code."""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gputop.commands.snapshot import snapshot_from_json
+from gputop.commands.snapshot import snapshot_json as cli_snapshot_json
+
+GPU_KEYS = {
+    "index", "uuid", "name", "utilization_gpu", "memory_used", "memory_total", "temperature", "power",
+    "power_limit", "pcie", "nvlink", "throttle_reasons", "ecc", "processes",
+}
+PCIE_KEYS = {"gen_current", "gen_max", "width_current", "width_max", "tx_bytes_per_s", "rx_bytes_per_s"}
+
+no_driver_here = pytest.mark.skipif(
+    bool(ctypes.util.find_library("nvidia-ml")), reason="libnvidia-ml is present on this machine"
+)
+
+
+def gputop(spawn, *args: str, code: str | None = None) -> tuple[int, str, str]:
+    argv = ["-c", code] if code else ["-m", "gputop", *args]
+    proc = spawn.python(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+def snapshot_json(spawn, spec: str) -> dict:
+    rc, out, err = gputop(spawn, "snapshot", "--simulate", spec, "--json")
+    assert rc == 0, err
+    assert err == ""
+    return json.loads(out)
+
+
+def test_default_simulation_json(spawn):
+    rc, out, err = gputop(spawn, "snapshot", "--simulate", "--json")
+    assert (rc, err) == (0, "")
+    data = json.loads(out)
+    assert {"host", "gpus", "topology", "simulated", "machine"} <= set(data)
+    assert data["simulated"] is True and data["machine"]["simulated"] == "h100-sxm-8"
+    gpus = data["gpus"]
+    assert [g["index"] for g in gpus] == list(range(8))
+    for g in gpus:
+        assert GPU_KEYS <= set(g)
+        assert all(g[key] is not None for key in GPU_KEYS), g
+        assert g["unavailable"] == {}
+        assert set(g["pcie"]) == PCIE_KEYS and None not in g["pcie"].values()
+        assert len(g["nvlink"]) == 18 and all(link["active"] for link in g["nvlink"])
+        assert all(link["tx_bytes_per_s"] > 0 for link in g["nvlink"])  # the snapshot measured a rate
+        assert set(g["ecc"]) == {"volatile_corrected", "volatile_uncorrected", "aggregate_corrected",
+                                 "aggregate_uncorrected"}
+        assert isinstance(g["processes"], list) and isinstance(g["throttle_reasons"], list)
+        assert 0 <= g["utilization_gpu"] <= 100 and 0 < g["memory_used"] < g["memory_total"]
+    matrix = data["topology"]["matrix"]
+    assert len(matrix) == 8 and all(len(row) == 8 for row in matrix)
+    for a in range(8):
+        for b in range(8):
+            assert matrix[a][b] == matrix[b][a] == ("X" if a == b else "NV18")
+    assert data["topology"]["numa_node"] == [0, 0, 0, 0, 1, 1, 1, 1]
+    host = data["host"]
+    assert len(host["cpu_percent"]) == os.cpu_count()
+    assert host["memory_total"] > host["memory_used"] > 0 and "memory_available" in host
+
+
+def test_consumer_card_says_not_available(spawn):
+    data = snapshot_json(spawn, "rtx-4090-2")
+    assert len(data["gpus"]) == 2
+    for g in data["gpus"]:
+        assert g["ecc"] is None and g["nvlink"] is None and g["remapped_rows"] is None
+        assert g["unavailable"] == {"ecc": "NotSupported", "nvlink": "NotSupported", "remapped_rows": "NotSupported"}
+        assert g["name"] == "NVIDIA GeForce RTX 4090" and g["utilization_gpu"] is not None
+    assert data["topology"]["matrix"] == [["X", "PHB"], ["PHB", "X"]]
+
+
+FAULT_CHECKS = {
+    "gpu-lost=3@0": lambda g: g["lost"] and g["unavailable"] == {"gpu": "GpuIsLost"} and g["utilization_gpu"] is None,
+    "pcie-degraded=3": lambda g: (g["pcie"]["gen_current"], g["pcie"]["width_current"],
+                                  g["pcie"]["gen_max"], g["pcie"]["width_max"]) == (3, 8, 5, 16),
+    "thermal=3": lambda g: g["temperature"] >= 88 and {"hw_thermal", "sw_thermal"} <= set(g["throttle_reasons"]),
+    "ecc=3": lambda g: g["ecc"]["volatile_uncorrected"] > 0 and g["remapped_rows"]["pending"],
+    "nvlink-down=3": lambda g: sum(not link["active"] for link in g["nvlink"]) == 4,
+    "power=3": lambda g: g["power_limit"] == 385.0 and g["power"] <= 385.0,
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULT_CHECKS))
+def test_each_fault_hits_its_gpu(spawn, fault):
+    data = snapshot_json(spawn, f"h100-sxm-8+{fault}")
+    check = FAULT_CHECKS[fault]
+    gpus = data["gpus"]
+    assert len(gpus) == 8
+    assert check(gpus[3])
+    assert not any(check(g) for g in gpus if g["index"] != 3)
+    assert not any(g["lost"] for g in gpus if g["index"] != 3)
+    if fault.startswith("nvlink-down"):
+        matrix = data["topology"]["matrix"]
+        assert matrix[3][0] == matrix[0][3] == "NV14" and matrix[1][2] == "NV18"
+
+
+def test_old_driver_still_gives_every_field(spawn):
+    data = snapshot_json(spawn, "h100-sxm-8+old-driver")
+    assert data["machine"]["cuda_version"] == "12.4"
+    for g in data["gpus"]:
+        assert g["unavailable"] == {}
+        assert all(g[key] is not None for key in GPU_KEYS)
+
+
+def test_table_output(spawn):
+    rc, out, err = gputop(spawn, "snapshot", "--simulate", "h100-sxm-8+thermal=1")
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "SIMULATED machine: h100-sxm-8+thermal=1"
+    assert sum("NVIDIA H100 80GB HBM3" in line for line in lines) == 8
+    assert any("hw_thermal" in line for line in lines)
+    assert any(line.startswith("GPU0 ") and line.count("NV18") == 7 for line in lines)
+    assert any(line.startswith("host ") for line in lines)
+
+
+@no_driver_here
+def test_no_driver_json(spawn):
+    rc, out, err = gputop(spawn, "snapshot", "--json")
+    assert rc == 0
+    assert err == "no NVIDIA driver found (libnvidia-ml.so.1 is not loadable)\n"
+    data = json.loads(out)
+    assert data["gpus"] == [] and data["simulated"] is False
+    assert data["machine"]["gpu_error"].startswith("no NVIDIA driver found (")
+    assert len(data["host"]["cpu_percent"]) == os.cpu_count() and data["host"]["memory_total"] > 0
+    assert data["topology"]["matrix"] == []
+
+
+@no_driver_here
+def test_no_driver_table(spawn):
+    rc, out, err = gputop(spawn, "snapshot")
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "no NVIDIA driver found (libnvidia-ml.so.1 is not loadable)"
+    assert any(line.strip().startswith("CPU ") for line in lines)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("bogus", "unknown profile 'bogus'"),
+        ("h100-sxm-8+thermal=99", "thermal=99: h100-sxm-8 has GPUs 0..7"),
+        ("h100-sxm-8+gpu-lost=1@soon", "gpu-lost needs IDX@SECONDS"),
+        ("rtx-4090-2+ecc=0", "rtx-4090-2 has no ECC"),
+        ("h100-sxm-8+old-driver=1", "old-driver takes no value"),
+    ],
+)
+def test_bad_spec_exits_2_with_one_line(spawn, spec, message):
+    rc, out, err = gputop(spawn, "snapshot", "--simulate", spec, "--json")
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("gputop: bad --simulate spec: ")
+    assert message in err and "h100-sxm-8, rtx-4090-2" in err and "--help-faults" in err
+
+
+def test_help_faults(spawn):
+    rc, out, err = gputop(spawn, "snapshot", "--help-faults")
+    assert (rc, err) == (0, "")
+    for form in ("gpu-lost=IDX@SECONDS", "old-driver", "pcie-degraded=IDX", "thermal=IDX", "ecc=IDX",
+                 "nvlink-down=IDX", "power=IDX", "h100-sxm-8", "rtx-4090-2"):
+        assert form in out
+
+
+def test_snapshot_loads_neither_textual_nor_torch(spawn):
+    code = (
+        "import sys, io, contextlib\n"
+        "from gputop.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    rc = main(['snapshot', '--simulate', '--json'])\n"
+        "print(rc, sorted(m for m in ('textual', 'torch') if m in sys.modules))\n"
+    )
+    rc, out, err = gputop(spawn, code=code)
+    assert (rc, out, err) == (0, "0 []\n", "")
+
+
+def test_json_output_reads_back_into_the_model(spawn):
+    data = snapshot_json(spawn, "h100-sxm-8+ecc=1+gpu-lost=2@0")
+    machine, snap = snapshot_from_json(data)
+    assert snap.simulated and machine.simulated == "h100-sxm-8+ecc=1+gpu-lost=2@0"
+    assert snap.gpus[2].lost and snap.gpus[1].ecc.volatile_uncorrected > 0
+    assert isinstance(snap.gpus[0].nvlink, tuple) and isinstance(snap.host.cpu_percent, tuple)
+    assert json.loads(json.dumps(cli_snapshot_json(machine, snap))) == data
+
+
+REAL_SNAPSHOTS = sorted((Path(__file__).parent / "fixtures" / "nvml").glob("*.json"))
+
+
+@pytest.mark.skipif(not REAL_SNAPSHOTS, reason="no `gputop snapshot --json` from a real GPU recorded yet")
+@pytest.mark.parametrize("path", REAL_SNAPSHOTS, ids=lambda p: p.name)
+def test_recorded_real_snapshot_replays_through_the_model(path):
+    data = json.loads(path.read_text())
+    machine, snap = snapshot_from_json(data)
+    assert not snap.simulated and machine.simulated is None and machine.driver_version
+    assert len(snap.gpus) == machine.gpu_count == len(machine.topology.matrix)
+    for gpu in snap.gpus:
+        assert gpu.name and gpu.uuid.startswith("GPU-") and gpu.memory_total
+        assert all(isinstance(reason, str) and reason for reason in gpu.unavailable.values())
+    assert json.loads(json.dumps(cli_snapshot_json(machine, snap))) == data
