@@ -1,0 +1,291 @@
+"""The report's content as plain data (`report_data`), and its JSON rendering (`render_json`).
+
+The Markdown report renders this same structure, so the two formats carry the same content by
+construction.  Every string goes through the redactor before it leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import platform
+import statistics
+import time
+from collections import Counter
+from typing import Any, Optional, Sequence
+
+from gputop import __version__
+from gputop.analysis.diagnosis import collect_rank_observations, mean, percentile, verdict_line
+from gputop.analysis.stack_classes import aggregate_worker_leaves, format_frame
+from gputop.history import History
+from gputop.model import Finding, GpuSample, Snapshot, to_jsonable
+from gputop.report.redact import redact_cmdline, redact_jsonable, redact_text
+
+SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 40
+TOP_MAIN_STACKS = 5
+MAX_STACK_FRAMES = 14
+
+
+def sparkline(values: Sequence[Optional[float]], lo: float, hi: float, width: int = SPARK_WIDTH) -> str:
+    """Text sparkline on a FIXED lo..hi scale (so 50/51/50 stays flat); gaps show as spaces."""
+    if not values:
+        return ""
+    # average buckets of consecutive samples down to `width` characters
+    n = len(values)
+    buckets = min(width, n)
+    out = []
+    span = (hi - lo) or 1.0
+    for b in range(buckets):
+        chunk = [v for v in values[b * n // buckets : (b + 1) * n // buckets] if v is not None]
+        if not chunk:
+            out.append(" ")
+            continue
+        frac = (sum(chunk) / len(chunk) - lo) / span
+        out.append(SPARK_BLOCKS[max(0, min(len(SPARK_BLOCKS) - 1, int(frac * len(SPARK_BLOCKS))))])
+    return "".join(out)
+
+
+def _stats(values: Sequence[Optional[float]], lo: float, hi: Optional[float]) -> Optional[dict[str, Any]]:
+    data = [v for v in values if v is not None]
+    if not data:
+        return None
+    top = hi if hi else max(data) or 1.0
+    return {
+        "mean": round(statistics.fmean(data), 2),
+        "p5": round(percentile(data, 5), 2),
+        "p95": round(percentile(data, 95), 2),
+        "max": round(max(data), 2),
+        "samples": len(data),
+        "spark": sparkline(values, lo, top),
+    }
+
+
+def _gpu_series(snaps: Sequence[Snapshot], index: int) -> list[Optional[GpuSample]]:
+    out: list[Optional[GpuSample]] = []
+    for s in snaps:
+        out.append(next((g for g in s.gpus if g.index == index and not g.lost), None))
+    return out
+
+
+def _link_total(g: Optional[GpuSample], attr: str) -> Optional[float]:
+    if g is None or g.nvlink is None:
+        return None
+    vals = [getattr(link, attr) for link in g.nvlink if getattr(link, attr) is not None]
+    return sum(vals) if vals else None
+
+
+def _gpu_stats(snaps: Sequence[Snapshot], index: int) -> dict[str, Any]:
+    series = _gpu_series(snaps, index)
+    present = [g for g in series if g is not None]
+    total = next((g.memory_total for g in reversed(present) if g.memory_total), None)
+    limit = next((g.power_limit for g in reversed(present) if g.power_limit), None)
+
+    def pick(attr: str) -> list[Optional[float]]:
+        return [getattr(g, attr) if g is not None else None for g in series]
+
+    def pcie(attr: str) -> list[Optional[float]]:
+        return [getattr(g.pcie, attr) if g is not None else None for g in series]
+
+    return {
+        "index": index,
+        "name": present[-1].name if present else None,
+        "utilization": _stats(pick("utilization_gpu"), 0.0, 100.0),
+        "memory_used": _stats(pick("memory_used"), 0.0, total),
+        "memory_total": total,
+        "power": _stats(pick("power"), 0.0, limit),
+        "power_limit": limit,
+        "pcie_rx_bytes_per_s": _stats(pcie("rx_bytes_per_s"), 0.0, None),
+        "pcie_tx_bytes_per_s": _stats(pcie("tx_bytes_per_s"), 0.0, None),
+        "nvlink_rx_bytes_per_s": _stats([_link_total(g, "rx_bytes_per_s") for g in series], 0.0, None),
+        "nvlink_tx_bytes_per_s": _stats([_link_total(g, "tx_bytes_per_s") for g in series], 0.0, None),
+    }
+
+
+def _health(snaps: Sequence[Snapshot], index: int) -> dict[str, Any]:
+    samples = [g for s in snaps for g in s.gpus if g.index == index]
+    alive = [g for g in samples if not g.lost]
+    last = alive[-1] if alive else (samples[-1] if samples else None)
+    reasons = Counter(r for g in alive for r in (g.throttle_reasons or ()))
+    temps = [g.temperature for g in alive if g.temperature is not None]
+    under_load = [g for g in alive if (g.utilization_gpu or 0) >= 30]
+    link = (under_load or alive or [None])[-1]
+    nvlink = last.nvlink if last is not None else None
+    return {
+        "index": index,
+        "name": last.name if last else None,
+        "uuid": last.uuid if last else None,
+        "pci_bus_id": last.pci_bus_id if last else None,
+        "lost": any(g.lost for g in samples),
+        "temperature_max": max(temps) if temps else None,
+        "pcie": to_jsonable(link.pcie) if link is not None else None,
+        "throttle_reasons": {r: n for r, n in reasons.most_common()},
+        "samples": len(alive),
+        "ecc": to_jsonable(last.ecc) if last is not None and last.ecc is not None else None,
+        "remapped_rows": to_jsonable(last.remapped_rows) if last is not None and last.remapped_rows is not None else None,
+        "nvlink": None if nvlink is None else {"active": sum(1 for x in nvlink if x.active), "total": len(nvlink)},
+        "unavailable": dict(last.unavailable) if last is not None else {},
+    }
+
+
+def _job(snaps: Sequence[Snapshot]) -> Optional[dict[str, Any]]:
+    job = next((s.job for s in reversed(snaps) if s.job is not None), None)
+    if job is None:
+        return None
+    obs = collect_rank_observations(snaps)
+    ranks = []
+    for r in job.ranks:
+        o = obs.get(r.proc.pid)
+        ranks.append(
+            {
+                "rank": r.rank,
+                "local_rank": r.local_rank,
+                "world_size": r.world_size,
+                "pid": r.proc.pid,
+                "gpus": list(r.gpus),
+                "cuda_visible_devices": r.cuda_visible_devices,
+                "main_thread_state": r.main_thread_state,
+                "state_fractions": {k: round(v / o.n, 3) for k, v in o.states.most_common()} if o and o.n else {},
+                "stack_dumps": o.n if o else 0,
+                "cpu_percent": r.proc.cpu_percent,
+                "rss": r.proc.rss,
+                "process_state": r.proc.state,
+                "exited": r.proc.exited,
+                "cmdline": list(redact_cmdline(r.proc.cmdline)),
+                "workers": [
+                    {"pid": w.pid, "cpu_percent": w.cpu_percent, "state": w.state, "core": w.core, "exited": w.exited} for w in r.workers
+                ],
+            }
+        )
+    launcher = job.launcher
+    return {
+        "root_pid": job.root_pid,
+        "launcher": None if launcher is None else {"pid": launcher.pid, "name": launcher.name, "cmdline": list(redact_cmdline(launcher.cmdline))},
+        "ranks": ranks,
+        "exited": job.exited,
+        "warnings": list(job.warnings),
+        "stacks_error": job.stacks_error,
+    }
+
+
+def _stacks(snaps: Sequence[Snapshot]) -> dict[str, Any]:
+    """Main threads: distinct dumps over the window grouped by stack; workers: the latest dumps' hottest frames."""
+    obs = collect_rank_observations(snaps)
+    groups: Counter = Counter()
+    who: dict[tuple, set[str]] = {}
+    state_of: dict[tuple, Optional[str]] = {}
+    frames_of: dict[tuple, tuple] = {}
+    total = 0
+    for r in obs.values():
+        for s in r.samples:
+            if not s.frames:
+                continue
+            key = s.signature
+            groups[key] += 1
+            total += 1
+            who.setdefault(key, set()).add(r.name)
+            state_of[key] = s.state
+            frames_of[key] = s.frames
+    main = [
+        {
+            "count": n,
+            "of": total,
+            "state": state_of[key],
+            "ranks": sorted(who[key]),
+            "frames": [format_frame(f) for f in reversed(frames_of[key][:MAX_STACK_FRAMES])],  # innermost last
+        }
+        for key, n in groups.most_common(TOP_MAIN_STACKS)
+    ]
+    job = next((s.job for s in reversed(snaps) if s.job is not None), None)
+    workers = []
+    if job is not None:
+        pids = [w.pid for r in job.ranks for w in r.workers]
+        if pids:
+            workers = [{"activity": text, "count": n, "total": t} for text, n, t in aggregate_worker_leaves(job.stacks, pids)]
+    return {"main_threads": main, "main_thread_dumps": total, "workers": workers}
+
+
+def _command_text(command: Optional[Sequence[str] | str]) -> Optional[str]:
+    """The gputop command line as one shell-quoted string (argv) or as given (str); redacted either way."""
+    if not command:
+        return None
+    if isinstance(command, str):
+        return redact_text(command)
+    return shlex.join(redact_cmdline(list(command)))
+
+
+def report_data(
+    history: History,
+    findings: Sequence[Finding],
+    *,
+    bench: Any = None,
+    command: Optional[Sequence[str] | str] = None,
+    generated: Optional[float] = None,
+) -> dict[str, Any]:
+    """Everything a report says, as JSON-ready data (redacted)."""
+    snaps = list(history)
+    m = history.machine
+    latest = snaps[-1] if snaps else None
+    indices = sorted({g.index for s in snaps for g in s.gpus})
+    host_cpu = [statistics.fmean(s.host.cpu_percent) for s in snaps if s.host.cpu_percent]
+    bench_part = None
+    if bench is not None:
+        to_dict = getattr(bench, "to_dict", None)
+        lines = getattr(bench, "summary_lines", None)
+        bench_part = {
+            "result": to_dict() if callable(to_dict) else (bench if isinstance(bench, dict) else None),
+            "summary": list(lines()) if callable(lines) else [],
+        }
+    data = {
+        "gputop": {"version": __version__, "command": _command_text(command), "python": platform.python_version()},
+        "generated": generated if generated is not None else time.time(),
+        "verdict": verdict_line(findings),
+        "observed": {
+            "start": snaps[0].timestamp if snaps else None,
+            "end": snaps[-1].timestamp if snaps else None,
+            "seconds": round(snaps[-1].timestamp - snaps[0].timestamp, 1) if snaps else 0.0,
+            "snapshots": len(snaps),
+            "simulated": m.simulated,
+        },
+        "machine": {
+            "hostname": m.hostname,
+            "cpu_model": m.cpu_model,
+            "cpu_count": m.cpu_count,
+            "memory_total": latest.host.memory_total if latest else None,
+            "driver_version": m.driver_version,
+            "cuda_version": m.cuda_version,
+            "nvml_version": m.nvml_version,
+            "gpu_count": m.gpu_count,
+            "gpu_names": list(m.gpu_names),
+            "gpu_error": m.gpu_error,
+            "simulated": m.simulated,
+        },
+        "topology": to_jsonable(m.topology),
+        "health": [_health(snaps, i) for i in indices],
+        "gpus": [_gpu_stats(snaps, i) for i in indices],
+        "host": {
+            "cpu_percent": _stats(host_cpu, 0.0, 100.0),
+            "cores": len(latest.host.cpu_percent) if latest else m.cpu_count,
+            "memory_used": latest.host.memory_used if latest else None,
+            "memory_total": latest.host.memory_total if latest else None,
+            "load_average": list(latest.host.load_average) if latest else None,
+            "iowait_percent": mean(s.host.iowait_percent for s in snaps),
+        },
+        "job": _job(snaps),
+        "stacks": _stacks(snaps),
+        "findings": [to_jsonable(f) for f in findings],
+        "benchmark": bench_part,
+    }
+    return redact_jsonable(data)
+
+
+def render_json(
+    history: History,
+    findings: Sequence[Finding],
+    *,
+    bench: Any = None,
+    command: Optional[Sequence[str] | str] = None,
+    generated: Optional[float] = None,
+) -> str:
+    data = report_data(history, findings, bench=bench, command=command, generated=generated)
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"

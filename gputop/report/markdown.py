@@ -1,0 +1,336 @@
+"""The ticket-ready Markdown report: GitHub/Jira tables and fenced code blocks that paste cleanly.
+
+It renders `report_data` (the same structure the JSON report prints), so both formats say the same.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Optional, Sequence
+
+from gputop.history import History
+from gputop.model import Finding
+from gputop.report.jsonreport import report_data
+from gputop.report.redact import redact_text
+
+GIB = 1 << 30
+
+
+def _cell(value: Any) -> str:
+    """A table cell: no newlines, pipes escaped, None as a dash."""
+    if value is None or value == "":
+        return "—"
+    return str(value).replace("\n", " ").replace("|", "\\|")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _fence(text: str, lang: str = "text") -> list[str]:
+    fence = "~~~" if "```" in text else "```"
+    return [f"{fence}{lang}", text.rstrip("\n"), fence, ""]
+
+
+def _code(text: Any) -> str:
+    text = str(text)
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def _gib(n: Optional[float]) -> Optional[str]:
+    return None if n is None else f"{n / GIB:.1f} GiB"
+
+
+def _rate(n: Optional[float]) -> Optional[str]:
+    if n is None:
+        return None
+    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B/s"
+
+
+def _pct(n: Optional[float]) -> Optional[str]:
+    return None if n is None else f"{n:.0f}%"
+
+
+def _when(ts: Optional[float]) -> str:
+    if ts is None:
+        return "—"
+    return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _stat_cells(st: Optional[dict[str, Any]], fmt) -> list[Optional[str]]:
+    if not st:
+        return [None, None, None]
+    return [fmt(st["mean"]), fmt(st["p5"]), fmt(st["p95"])]
+
+
+def _findings(data: dict[str, Any]) -> list[str]:
+    out = ["## Findings", ""]
+    for i, f in enumerate(data["findings"], 1):
+        label = f" · {f['label']}" if f["label"] else ""
+        out.append(f"### {i}. {f['title']}")
+        out.append("")
+        out.append(f"**{f['severity'].upper()}**{label} · confidence {100 * f['confidence']:.0f}%")
+        out.append("")
+        out.append(f"> {f['summary']}")
+        out.append("")
+        if f["evidence"]:
+            out.append("**Evidence**")
+            out.append("")
+            out += [f"- {e}" for e in f["evidence"]]
+            out.append("")
+        if f["frames"]:
+            out.append("**Stack frames** (innermost last)")
+            out.append("")
+            out += _fence("\n".join(f["frames"]))
+        if f["fix"]:
+            first, *rest = f["fix"].splitlines()
+            out.append(f"**{'Fix' if f['severity'] != 'info' else 'Next step'}:** {first}")
+            out.append("")
+            if rest:
+                out += _fence("\n".join(rest), "python" if any("(" in r for r in rest) else "text")
+    return out
+
+
+def _machine(data: dict[str, Any]) -> list[str]:
+    m = data["machine"]
+    gpus = m["gpu_names"]
+    if gpus:
+        names = sorted(set(gpus))
+        gpu_text = ", ".join(f"{gpus.count(n)} × {n}" for n in names)
+    else:
+        gpu_text = m["gpu_error"] or "none"
+    rows = [
+        ("Host", m["hostname"]),
+        ("CPU", f"{m['cpu_model'] or 'unknown'} ({m['cpu_count']} logical cores)"),
+        ("Memory", _gib(m["memory_total"])),
+        ("Driver", m["driver_version"]),
+        ("CUDA", m["cuda_version"]),
+        ("NVML", m["nvml_version"]),
+        ("GPUs", gpu_text),
+    ]
+    if m["simulated"]:
+        rows.append(("Simulated", f"yes: {m['simulated']} (no real GPU was read)"))
+    return ["## Machine", ""] + _table(["", ""], rows)
+
+
+def _topology(data: dict[str, Any]) -> list[str]:
+    topo = data["topology"]
+    matrix = topo.get("matrix") or []
+    if not matrix:
+        return []
+    n = len(matrix)
+    header = ["     "] + [f"GPU{j:<3}" for j in range(n)] + ["CPU affinity", "NUMA"]
+    lines = ["  ".join(header)]
+    aff = topo.get("cpu_affinity") or []
+    numa = topo.get("numa_node") or []
+    for i, row in enumerate(matrix):
+        cells = [f"GPU{i:<2}"] + [f"{c:<6}" for c in row]
+        cells.append(str(aff[i]) if i < len(aff) and aff[i] is not None else "n/a")
+        cells.append(str(numa[i]) if i < len(numa) and numa[i] is not None else "n/a")
+        lines.append("  ".join(cells))
+    legend = "X = self, NV# = # NVLinks, PIX/PXB = PCIe switch(es), PHB = host bridge, NODE = same NUMA node, SYS = across sockets"
+    return ["## Topology", ""] + _fence("\n".join(lines) + "\n\n" + legend)
+
+
+def _health(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for h in data["health"]:
+        p = h["pcie"] or {}
+        pcie = None
+        if p.get("gen_current") is not None:
+            pcie = f"Gen{p['gen_current']} x{p['width_current']} / Gen{p['gen_max']} x{p['width_max']}"
+        thr = ", ".join(f"{r} ({n}/{h['samples']})" for r, n in h["throttle_reasons"].items() if r not in ("gpu_idle",)) or "none"
+        ecc = h["ecc"]
+        ecc_text = None if ecc is None else f"unc {ecc['volatile_uncorrected']}/{ecc['aggregate_uncorrected']}, corr {ecc['volatile_corrected']}/{ecc['aggregate_corrected']}"
+        rr = h["remapped_rows"]
+        rr_text = None if rr is None else f"corr {rr['correctable']}, unc {rr['uncorrectable']}" + (", PENDING" if rr["pending"] else "") + (", FAILED" if rr["failed"] else "")
+        nv = h["nvlink"]
+        nv_text = None if nv is None else f"{nv['active']}/{nv['total']} active"
+        na = ", ".join(f"{k}: {v}" for k, v in h["unavailable"].items())
+        rows.append(
+            [
+                h["index"],
+                h["pci_bus_id"],
+                "LOST" if h["lost"] else "ok",
+                None if h["temperature_max"] is None else f"{h['temperature_max']:.0f} °C",
+                pcie,
+                thr,
+                ecc_text,
+                rr_text,
+                nv_text,
+                na or None,
+            ]
+        )
+    if not rows:
+        return []
+    headers = ["GPU", "Bus", "State", "Temp max", "PCIe (under load) / max", "Throttle reasons (samples)", "ECC vol/agg", "Remapped rows", "NVLink", "Not available"]
+    return ["## Health", ""] + _table(headers, rows)
+
+
+def _gpu_stats(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for g in data["gpus"]:
+        util = g["utilization"]
+        mem = g["memory_used"]
+        pw = g["power"]
+        rows.append(
+            [
+                g["index"],
+                *_stat_cells(util, _pct),
+                _code(util["spark"]) if util else None,
+                *_stat_cells(mem, _gib),
+                _gib(g["memory_total"]),
+                *_stat_cells(pw, lambda w: f"{w:.0f} W"),
+                None if g["power_limit"] is None else f"{g['power_limit']:.0f} W",
+            ]
+        )
+    if not rows:
+        return []
+    out = ["## GPU statistics", "", f"Over {data['observed']['seconds']:.0f} s ({data['observed']['snapshots']} samples); sparklines on a fixed 0–100% / 0–total scale.", ""]
+    out += _table(
+        ["GPU", "Util mean", "p5", "p95", "Utilization over time", "Mem mean", "p5", "p95", "Mem total", "Power mean", "p5", "p95", "Limit"],
+        rows,
+    )
+    io_rows = []
+    for g in data["gpus"]:
+        cells = [g["index"]]
+        for key in ("pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "nvlink_tx_bytes_per_s"):
+            st = g[key]
+            cells.append(None if not st else f"{_rate(st['mean'])} (p5 {_rate(st['p5'])}, p95 {_rate(st['p95'])})")
+        io_rows.append(cells)
+    out += _table(["GPU", "PCIe RX (to GPU) mean", "PCIe TX mean", "NVLink RX mean", "NVLink TX mean"], io_rows)
+    return out
+
+
+def _host(data: dict[str, Any]) -> list[str]:
+    h = data["host"]
+    cpu = h["cpu_percent"]
+    rows = [
+        ("CPU (all cores)", None if not cpu else f"mean {cpu['mean']:.0f}%, p95 {cpu['p95']:.0f}% over {h['cores']} cores  {_code(cpu['spark'])}"),
+        ("Memory", None if h["memory_total"] is None else f"{_gib(h['memory_used'])} of {_gib(h['memory_total'])}"),
+        ("Load average", None if not h["load_average"] else " / ".join(f"{x:.2f}" for x in h["load_average"])),
+        ("I/O wait", _pct(h["iowait_percent"])),
+    ]
+    return ["## Host", ""] + _table(["", ""], rows)
+
+
+def _job(data: dict[str, Any]) -> list[str]:
+    job = data["job"]
+    out = ["## Job", ""]
+    if job is None:
+        return out + ["No job attached (run `gputop report --pid PID` for ranks, workers and stacks).", ""]
+    if job["launcher"]:
+        out += [f"Launcher PID {job['launcher']['pid']} ({job['launcher']['name']}):", ""]
+        out += _fence(" ".join(job["launcher"]["cmdline"]) or job["launcher"]["name"], "sh")
+    rows = []
+    for r in job["ranks"]:
+        fr = r["state_fractions"]
+        wait = fr.get("waiting for data", 0.0) + fr.get("in dataset code", 0.0)
+        rows.append(
+            [
+                r["rank"],
+                r["local_rank"],
+                r["pid"],
+                ", ".join(map(str, r["gpus"])) or None,
+                r["cuda_visible_devices"],
+                r["main_thread_state"],
+                f"{100 * wait:.0f}% of {r['stack_dumps']}" if r["stack_dumps"] else None,
+                _pct(r["cpu_percent"]),
+                _gib(r["rss"]),
+                len(r["workers"]),
+                "exited" if r["exited"] else r["process_state"],
+            ]
+        )
+    out += _table(["Rank", "Local", "PID", "GPUs", "CUDA_VISIBLE_DEVICES", "Main thread (latest)", "Input wait (dumps)", "CPU", "RSS", "Workers", "State"], rows)
+    if job["ranks"]:
+        out += ["Rank command line:", ""] + _fence(" ".join(job["ranks"][0]["cmdline"]), "sh")
+    if job["warnings"]:
+        out += ["**Collector warnings**", ""] + [f"- {w}" for w in job["warnings"]] + [""]
+    if job["stacks_error"]:
+        out += [f"Stacks unavailable: {job['stacks_error']}", ""]
+    return out
+
+
+def _stacks(data: dict[str, Any]) -> list[str]:
+    st = data["stacks"]
+    if not st["main_threads"] and not st["workers"]:
+        return []
+    out = ["## Top stacks", ""]
+    if st["main_threads"]:
+        out += [f"Rank main threads, {st['main_thread_dumps']} distinct stack dumps, grouped (innermost frame last):", ""]
+        for i, g in enumerate(st["main_threads"], 1):
+            ranks = ", ".join(g["ranks"][:8]) + (" …" if len(g["ranks"]) > 8 else "")
+            out += [f"{i}. **{g['count']}/{g['of']}** dumps ({100 * g['count'] / max(1, g['of']):.0f}%), {g['state'] or 'unclassified'}: {ranks}", ""]
+            out += _fence("\n".join(g["frames"]))
+    if st["workers"]:
+        out += ["DataLoader workers (latest dump):", ""]
+        out += _table(["Activity", "Workers"], [[_code(w["activity"]), f"{w['count']}/{w['total']}"] for w in st["workers"]])
+    return out
+
+
+def _bench(data: dict[str, Any]) -> list[str]:
+    b = data["benchmark"]
+    if not b:
+        return []
+    out = ["## Loader benchmark", ""]
+    if b["summary"]:
+        out += _fence("\n".join(b["summary"]))
+    res = b["result"] or {}
+    configs = res.get("configs") or []
+    if configs:
+        out += _table(
+            ["num_workers", "prefetch_factor", "pin_memory", "batches/s"],
+            [[c.get("num_workers"), c.get("prefetch_factor"), c.get("pin_memory"), c.get("batches_per_s")] for c in configs],
+        )
+    if res.get("recommendation"):
+        out += ["Recommended:", ""] + _fence("DataLoader(dataset, ..., " + ", ".join(f"{k}={v!r}" for k, v in res["recommendation"].items()) + ")", "python")
+    return out
+
+
+def render_markdown(
+    history: History,
+    findings: Sequence[Finding],
+    *,
+    bench: Any = None,
+    command: Optional[Sequence[str] | str] = None,
+    generated: Optional[float] = None,
+) -> str:
+    data = report_data(history, findings, bench=bench, command=command, generated=generated)
+    obs = data["observed"]
+    m = data["machine"]
+    out = [
+        f"# gputop report: {m['hostname']}",
+        "",
+        f"**Verdict:** {data['verdict']}",
+        "",
+        f"Observed {obs['seconds']:.0f} s ({obs['snapshots']} samples) from {_when(obs['start'])} to {_when(obs['end'])}"
+        + (f" on a **simulated** machine ({m['simulated']})." if m["simulated"] else "."),
+        "",
+    ]
+    out += _findings(data)
+    out += _machine(data)
+    out += _topology(data)
+    out += _health(data)
+    out += _gpu_stats(data)
+    out += _host(data)
+    out += _job(data)
+    out += _stacks(data)
+    out += _bench(data)
+    cmd = data["gputop"]["command"]
+    out += ["## About this report", ""]
+    out += _table(
+        ["", ""],
+        [
+            ("gputop", data["gputop"]["version"]),
+            ("Command", _code(cmd) if cmd else None),
+            ("Python", data["gputop"]["python"]),
+            ("Generated", _when(data["generated"])),
+        ],
+    )
+    out.append("Secrets in command lines and environments are redacted.")
+    return redact_text("\n".join(out).rstrip("\n") + "\n")

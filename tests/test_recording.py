@@ -1,0 +1,193 @@
+"""Record / read / replay: round trip, a growing file, damage, disk full, and the replay controls."""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import os
+
+import pytest
+
+from gputop.analysis.stack_classes import FORWARD_BACKWARD, WAITING_FOR_DATA
+from gputop.errors import GputopError
+from gputop.recording import RecordingWriter, ReplaySource, read_recording
+from tests.history_builder import Scenario, build, cycle, eight_ranks, worker_busy_frames
+
+
+def snapshots(seconds=9):
+    sc = Scenario(
+        seconds=seconds,
+        ranks=eight_ranks(
+            state=cycle([WAITING_FOR_DATA, FORWARD_BACKWARD]),
+            workers=lambda t: (5000, 5001),
+            worker_frames=lambda t, w: worker_busy_frames(int(t)),
+        ),
+    )
+    hist = build(sc)
+    return hist.machine, list(hist)
+
+
+def record(path, machine, snaps):
+    with RecordingWriter(str(path), machine) as w:
+        for s in snaps:
+            w.write(s)
+    return path
+
+
+def test_round_trip_is_equal_and_shares_unchanged_stacks(tmp_path):
+    machine, snaps = snapshots()
+    path = record(tmp_path / "run.gtr", machine, snaps)
+    machine2, snaps2, warning = read_recording(str(path))
+    assert warning is None
+    assert machine2 == machine
+    assert snaps2 == snaps
+    # 1 s snapshots between 2 s stack refreshes reference the same dump object, as in a live History
+    assert snaps2[0].job.stacks[1000] is snaps2[1].job.stacks[1000]
+    assert snaps2[1].job.stacks[1000] is not snaps2[2].job.stacks[1000]
+
+
+def test_file_is_compressed_json_lines_that_zcat_reads(tmp_path):
+    machine, snaps = snapshots()
+    path = record(tmp_path / "run.gtr", machine, snaps)
+    with gzip.open(path, "rt") as f:
+        lines = [json.loads(line) for line in f]
+    assert lines[0]["format"] == "gputop-recording" and lines[0]["machine"]["hostname"] == "trainbox"
+    assert len(lines) == 1 + len(snaps) and "snapshot" in lines[1]
+    uncompressed = sum(len(json.dumps(line)) for line in lines)
+    assert os.path.getsize(path) < uncompressed / 3
+
+
+def test_growing_file_is_readable_while_written(tmp_path):
+    machine, snaps = snapshots()
+    path = tmp_path / "live.gtr"
+    w = RecordingWriter(str(path), machine)
+    try:
+        for s in snaps[:4]:
+            w.write(s)
+        _m, got, warning = read_recording(str(path))
+        assert got == snaps[:4] and warning is None
+        # a writer caught half-way through a member: the reader sees the whole members before it
+        member = gzip.compress(b'{"snapshot": {"timestamp": 1}}\n')
+        with open(path, "ab") as f:
+            f.write(member[: len(member) // 2])
+        _m, got, warning = read_recording(str(path))
+        assert got == snaps[:4]
+        assert "truncated" in warning and "\n" not in warning
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize("cut", [1, 7, 40])
+def test_truncated_file_replays_up_to_the_damage(tmp_path, cut):
+    machine, snaps = snapshots()
+    path = record(tmp_path / "run.gtr", machine, snaps)
+    data = path.read_bytes()
+    path.write_bytes(data[:-cut])
+    _m, got, warning = read_recording(str(path))
+    assert got == snaps[:-1]
+    assert warning.startswith(f"recording {path} is damaged (truncated") and f"the {len(snaps) - 1} snapshots" in warning
+
+
+def test_corrupt_member_in_the_middle_stops_there(tmp_path):
+    machine, snaps = snapshots()
+    path = tmp_path / "run.gtr"
+    record(path, machine, snaps[:3])
+    good = path.stat().st_size
+    record(tmp_path / "all.gtr", machine, snaps)
+    data = bytearray((tmp_path / "all.gtr").read_bytes())
+    data[good + 30 : good + 40] = b"\x00" * 10  # inside the 4th snapshot's deflate data
+    path.write_bytes(bytes(data))
+    _m, got, warning = read_recording(str(path))
+    assert got == snaps[:3]
+    assert "corrupt data at byte" in warning
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [(b"", "is empty"), (b"hello, not gzip\n", "not a gputop recording"), (gzip.compress(b'{"x": 1}\n'), "not a gputop recording")],
+)
+def test_not_a_recording_is_one_line_error(tmp_path, content, message):
+    path = tmp_path / "bad.gtr"
+    path.write_bytes(content)
+    with pytest.raises(GputopError, match=message) as exc:
+        read_recording(str(path))
+    assert "\n" not in str(exc.value)
+
+
+def test_missing_file_is_one_line_error(tmp_path):
+    with pytest.raises(GputopError, match="no recording at .*gputop record -o FILE"):
+        ReplaySource(str(tmp_path / "nope.gtr"))
+
+
+def test_disk_full_on_create_is_one_line_error():
+    machine, _snaps = snapshots(1)
+    with pytest.raises(GputopError, match=r"cannot write recording /dev/full: No space left on device \(free some disk space"):
+        RecordingWriter("/dev/full", machine)
+
+
+def test_missing_directory_is_one_line_error(tmp_path):
+    machine, _snaps = snapshots(1)
+    with pytest.raises(GputopError, match="does not exist"):
+        RecordingWriter(str(tmp_path / "no" / "such" / "x.gtr"), machine)
+
+
+def test_disk_full_mid_recording_keeps_a_replayable_prefix(tmp_path, monkeypatch):
+    machine, snaps = snapshots()
+    path = tmp_path / "run.gtr"
+    w = RecordingWriter(str(path), machine)
+    for s in snaps[:5]:
+        w.write(s)
+    real_write = os.write
+
+    def half_then_enospc(fd, data):
+        real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_enospc)
+    with pytest.raises(GputopError, match="No space left on device"):
+        w.write(snaps[5])
+    monkeypatch.undo()
+    _m, got, warning = read_recording(str(path))
+    assert got == snaps[:5] and "truncated" in warning
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_replay_position_speed_pause_seek(tmp_path):
+    machine, snaps = snapshots(20)
+    path = record(tmp_path / "run.gtr", machine, snaps)
+    clock = FakeClock()
+    src = ReplaySource(str(path), speed=2.0, clock=clock)
+    assert src.machine == machine and src.duration == 20.0 and src.interval == 1.0
+    assert src.poll() is src.snapshots[0] and src.position == 0.0
+    clock.now += 3.0  # 3 s of wall time at 2x
+    assert src.position == 6.0 and src.poll().timestamp == snaps[6].timestamp
+    assert [s.timestamp for s in src.drain()] == [s.timestamp for s in snaps[:7]]
+    src.pause()
+    clock.now += 10.0
+    assert src.position == 6.0 and src.drain() == []
+    src.resume()
+    src.set_speed(0.5)
+    clock.now += 4.0
+    assert src.position == 8.0
+    assert [s.timestamp for s in src.drain()] == [s.timestamp for s in snaps[7:9]]
+    gen = src.generation
+    src.seek(3.5)
+    assert src.generation == gen + 1 and src.position == 3.5
+    assert src.poll().timestamp == snaps[3].timestamp
+    assert len(src.history_until()) == 4
+    src.seek(1e9)
+    assert src.position == 20.0 and src.finished and src.poll().timestamp == snaps[-1].timestamp
+    src.seek(-5)
+    assert src.position == 0.0
+    src.seek_by(2.0)
+    assert src.position == 2.0
+    with pytest.raises(GputopError, match="greater than 0"):
+        src.set_speed(0)
