@@ -1,0 +1,368 @@
+"""DataLoader arithmetic: how many workers feed this step time, and the advice with its working shown.
+
+Pure functions over plain numbers and dicts.  This module imports nothing but the standard library on
+purpose: the benchmark agent (``gputop/inject/agent.py``) runs inside the training process, where gputop
+may not be installed, and loads this same file next to itself to plan its sweep, so the monitor and the
+agent cannot disagree about the arithmetic.
+
+Vocabulary (all per batch, seconds):
+- *step time*: what the training does with a batch once it has it (forward/backward/optimizer), i.e. the
+  wall time per batch spent outside ``DataLoader.__next__``;
+- *prep time*: what one producer (a worker, or the main process at ``num_workers=0``) needs to build one
+  batch;
+- *demand*: the batch rate the training would consume if it never waited, ``1 / step time``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+MARGIN = 1.25  # workers are not perfectly parallel, batches vary: ask for 25% more producing power
+NOT_BOTTLENECK_WAIT = 0.05  # TF input-pipeline analyzer: under 5% of the step waiting is "not input-bound"
+DEFAULT_PREFETCH = 2  # torch's default prefetch_factor
+PREFETCH_GAIN = 1.05  # a larger prefetch_factor must beat the default by 5% to be worth its memory
+EPOCH_RESTART_FRACTION = 0.01  # main thread >1% of its time in DataLoader.__iter__: restarts cost
+
+
+def step_time(batches_per_s: float, wait_per_batch_s: float) -> Optional[float]:
+    """Wall time per batch outside the loader: period minus wait. None when it cannot be known."""
+    if not batches_per_s or batches_per_s <= 0:
+        return None
+    return max(0.0, 1.0 / batches_per_s - max(0.0, wait_per_batch_s))
+
+
+def prep_time_from_rate(num_workers: int, batches_per_s: float) -> Optional[float]:
+    """Seconds one producer needs per batch, from a loader-only rate: n producers share the load."""
+    if not batches_per_s or batches_per_s <= 0:
+        return None
+    return max(1, num_workers) / batches_per_s
+
+
+def live_prep_time(num_workers: int, consumption: Optional[dict[str, Any]]) -> Optional[float]:
+    """Prep time per batch read off the training while it is input-bound, else None.
+
+    num_workers=0: the main process builds each batch inside ``__next__``, so the wait is the prep.
+    num_workers=n: a job that waits is consuming exactly what n workers make: prep = n / rate.
+    """
+    if not consumption or not consumption.get("batches_per_s"):
+        return None
+    if float(consumption.get("wait_fraction") or 0.0) < NOT_BOTTLENECK_WAIT:
+        return None  # the loader keeps up: the rate says nothing about what it could do
+    if num_workers == 0:
+        wait = consumption.get("wait_per_batch_s")
+        return float(wait) if wait else None
+    return num_workers / float(consumption["batches_per_s"])
+
+
+def workers_needed(prep_s: float, step_s: float, margin: float = MARGIN) -> int:
+    """Producers needed so batches are ready as fast as the step uses them: ceil(prep / step * margin)."""
+    if prep_s <= 0:
+        return 0
+    if step_s <= 0:
+        step_s = 1e-6
+    return max(1, math.ceil(prep_s / step_s * margin - 1e-9))
+
+
+MIN_CORE_SHARE = 0.02  # a worker that mostly waits on I/O still costs something: never divide by ~0
+MIN_CORE_BUDGET = 0.25  # on a saturated host, workers that barely use a CPU may still share a quarter core
+HARD_MAX_WORKERS = 32
+
+
+def core_share_per_worker(config: Optional[dict]) -> float:
+    """Fraction of a core one producer keeps busy, from a sweep configuration's CPU time per batch.
+
+    1.0 for CPU-bound decoding; near 0 for a dataset that waits on storage.  Unknown -> 1.0 (cautious).
+    """
+    if not config or not config.get("cpu_s_per_batch") or not config.get("batches_per_s"):
+        return 1.0
+    producers = max(1, int(config.get("num_workers") or 0))
+    share = float(config["cpu_s_per_batch"]) * float(config["batches_per_s"]) / producers
+    return min(1.0, max(MIN_CORE_SHARE, share))
+
+
+def worker_cap(current_workers: int, free_cores: float, ranks_on_host: int = 1, core_share: float = 1.0,
+               hard_max: int = HARD_MAX_WORKERS) -> int:
+    """The most workers a rank should get: what it has plus as many as its share of the idle cores
+    can keep busy (each worker needs `core_share` of a core), at least 1, at most `hard_max`.
+
+    Workers that mostly wait on storage cost little CPU, so even a saturated host gets a quarter core's
+    worth of them; CPU-bound ones (share 1.0) get none there.  At ``num_workers=0`` the main process
+    produces the batches itself; that work moves to the workers, so its core counts as free too.
+    """
+    core_share = max(MIN_CORE_SHARE, core_share)
+    share = max(MIN_CORE_BUDGET, max(0.0, free_cores) / max(1, ranks_on_host))
+    if current_workers == 0:
+        share += core_share  # the main process stops decoding once workers do it
+    extra = int(math.floor(share / core_share + 1e-9))
+    return max(1, min(max(hard_max, current_workers), current_workers + extra))
+
+
+def plan_worker_counts(current: int, needed: Optional[int], cap: int, limit: int = 3) -> list[int]:
+    """Worker counts to try after the current one, ascending, at most `limit`, each different from `current`.
+
+    With a known need: the needed count (capped), the cap when the need exceeds it, a midpoint and one
+    above the need (is the margin enough?).  Without one (offline: no step time): doublings up to the cap.
+    """
+    cap = max(cap, 1)
+    if not needed:
+        ladder = [n for n in (1, 2, 4, 8, 16, 32) if current < n < cap] + [cap]
+        ladder = sorted(set(n for n in ladder if n != current))
+        if len(ladder) > limit:  # keep the first rung, the cap, and evenly spaced rungs between
+            step = (len(ladder) - 1) / (limit - 1)
+            ladder = sorted({ladder[round(i * step)] for i in range(limit)})
+        return ladder
+    picks: list[int] = []
+    target = min(needed, cap)
+    picks.append(target)
+    if needed > cap:
+        picks.append(cap)
+    if target > 2:
+        picks.append(max(1, (target + max(current, 0)) // 2))  # a midpoint shows where the curve bends
+    if target < cap:
+        picks.append(min(cap, target + max(1, target // 2)))  # one above: is the margin enough?
+    chosen = sorted({p for p in picks if p != current and 0 <= p <= cap})
+    if len(chosen) > limit:
+        chosen = sorted({target, *chosen[-(limit - 1):]} if target in chosen else chosen[-limit:])[:limit]
+    return chosen
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _best_rate(configs: Sequence[dict], num_workers: int, pin_memory: Optional[bool] = None) -> Optional[dict]:
+    matching = [
+        c
+        for c in configs
+        if c.get("num_workers") == num_workers
+        and c.get("batches_per_s")
+        and (pin_memory is None or bool(c.get("pin_memory")) == pin_memory)
+    ]
+    return max(matching, key=lambda c: c["batches_per_s"]) if matching else None
+
+
+def recommend(
+    *,
+    current: dict[str, Any],
+    consumption: Optional[dict[str, Any]] = None,
+    configs: Sequence[dict[str, Any]] = (),
+    free_cores: Optional[float] = None,
+    ranks_on_host: int = 1,
+    uses_cuda: Optional[bool] = None,
+    passive: Optional[dict[str, Any]] = None,
+    margin: float = MARGIN,
+) -> dict[str, Any]:
+    """The advice: DataLoader kwargs, whether the loader is the bottleneck, and the arithmetic as lines.
+
+    current: the live loader's settings (num_workers, prefetch_factor, pin_memory, persistent_workers).
+    consumption: the training's measured rate: batches_per_s, wait_per_batch_s, wait_fraction.
+    configs: loader-only measurements [{num_workers, prefetch_factor, pin_memory, batches_per_s}].
+    passive: py-spy fractions (wait_fraction, epoch_restart_fraction) when consumption is missing.
+    Returns {"kwargs", "bottleneck", "verdict", "lines", "workers_needed", "worker_cap"}.
+    """
+    lines: list[str] = []
+    n_now = int(current.get("num_workers") or 0)
+    prefetch_now = current.get("prefetch_factor") or (DEFAULT_PREFETCH if n_now > 0 else None)
+    pin_now = bool(current.get("pin_memory"))
+    persistent_now = bool(current.get("persistent_workers"))
+    kwargs: dict[str, Any] = {"num_workers": n_now}
+    if n_now > 0:
+        kwargs["prefetch_factor"] = prefetch_now
+        kwargs["persistent_workers"] = persistent_now
+    kwargs["pin_memory"] = pin_now
+
+    wait_fraction = None
+    step_s = None
+    if consumption and consumption.get("batches_per_s"):
+        rate = float(consumption["batches_per_s"])
+        wait_b = float(consumption.get("wait_per_batch_s") or 0.0)
+        wait_fraction = float(consumption.get("wait_fraction") or 0.0)
+        step_s = step_time(rate, wait_b)
+        lines.append(
+            f"training: {rate:.2f} batches/s, waiting {_fmt_s(wait_b)} per batch ({wait_fraction:.0%} of the time)"
+        )
+        lines.append(f"step time outside the loader = 1/{rate:.2f} − {_fmt_s(wait_b)} = {_fmt_s(step_s)}")
+    elif passive and passive.get("wait_fraction") is not None:
+        wait_fraction = float(passive["wait_fraction"])
+        lines.append(f"training waits for data {wait_fraction:.0%} of the time (py-spy samples)")
+
+    baseline = _best_rate(configs, n_now, pin_now) or _best_rate(configs, n_now)
+    core_share = core_share_per_worker(baseline)
+    cap = worker_cap(n_now, free_cores, ranks_on_host, core_share) if free_cores is not None else None
+    result: dict[str, Any] = {"kwargs": kwargs, "bottleneck": None, "verdict": "", "lines": lines,
+                              "workers_needed": None, "worker_cap": cap}
+
+    if wait_fraction is None:
+        result["verdict"] = "not enough data to advise: no batches were seen during the measurement"
+        return result
+
+    if wait_fraction < NOT_BOTTLENECK_WAIT:
+        result["bottleneck"] = False
+        result["verdict"] = (
+            f"your loader is not the bottleneck: the training waits for data {wait_fraction:.1%} of the time "
+            f"(under {NOT_BOTTLENECK_WAIT:.0%}); keep these settings"
+        )
+        if uses_cuda and not pin_now:
+            kwargs["pin_memory"] = True
+            lines.append("pin_memory=True: batches go to the GPU, pinned pages copy faster and asynchronously")
+        return result
+    result["bottleneck"] = True
+
+    # Prep time per batch for one producer: the loader-only run of the current settings is the best
+    # witness; without one, at num_workers=0 the wait *is* the prep (the main process builds the batch).
+    # Prep time per batch for one producer.  The training itself is the best witness while it waits
+    # for data: at num_workers=0 its wait *is* the prep, and with workers that cannot keep up its rate
+    # *is* theirs.  That was measured before the sweep, so the sweep's own CPU use cannot skew it; the
+    # loader-alone run of the same settings is shown next to it as a cross-check.
+    prep_s = live_prep_time(n_now, consumption)
+    if prep_s is not None:
+        how = ("the wait at num_workers=0" if n_now == 0 else
+               f"{n_now} workers ÷ {float(consumption['batches_per_s']):.2f} batches/s (the workers are the limit)")
+        lines.append(f"prep time per batch = {how} = {_fmt_s(prep_s)}")
+        if baseline:
+            lines.append(
+                f"  cross-check, loader alone with these settings: {baseline['batches_per_s']:.2f} batches/s → "
+                f"{_fmt_s(prep_time_from_rate(n_now, baseline['batches_per_s']))} per batch"
+            )
+    elif baseline:
+        prep_s = prep_time_from_rate(n_now, baseline["batches_per_s"])
+        lines.append(
+            f"prep time per batch = max(1, {n_now} workers) ÷ {baseline['batches_per_s']:.2f} batches/s "
+            f"(loader alone, current settings) = {_fmt_s(prep_s)}"
+        )
+
+    if prep_s is None or step_s is None:
+        result["verdict"] = (
+            f"input-bound: the training waits for data {wait_fraction:.0%} of the time; "
+            "run the active benchmark (--yes) for the worker count that fixes it"
+        )
+        if n_now == 0:
+            kwargs.update(num_workers=max(2, min(cap or 2, 4)), prefetch_factor=DEFAULT_PREFETCH, persistent_workers=True)
+            lines.append("num_workers=0 builds every batch on the training thread: move it to workers")
+        return result
+
+    needed = workers_needed(prep_s, step_s, margin)
+    result["workers_needed"] = needed
+    lines.append(f"workers needed ≈ {_fmt_s(prep_s)} ÷ {_fmt_s(step_s)} × {margin:g} margin → {needed}")
+    chosen = needed
+    if cap is not None:
+        lines.append(
+            f"cap: {n_now} current + {max(0.0, free_cores):.1f} idle cores"
+            + (f" ÷ {ranks_on_host} ranks" if ranks_on_host > 1 else "")
+            + (" + the main process's decoding share (num_workers=0)" if n_now == 0 else "")
+            + (f" ÷ {core_share:.2f} core per worker (measured CPU time)" if core_share < 1.0 else "")
+            + f" → at most {cap} workers"
+        )
+        if needed > cap:
+            chosen = cap
+
+    # Let measurements overrule the estimate: the smallest measured count that meets demand wins.
+    demand = 1.0 / step_s if step_s > 0 else float("inf")
+    meeting = sorted(
+        {int(c["num_workers"]) for c in configs if c.get("batches_per_s") and c["batches_per_s"] >= demand * 1.05}
+    )
+    if meeting and meeting[0] <= chosen and (cap is None or meeting[0] <= cap):
+        if meeting[0] < chosen:
+            lines.append(
+                f"measured: num_workers={meeting[0]} already gives "
+                f"{_best_rate(configs, meeting[0])['batches_per_s']:.1f} batches/s ≥ {demand:.1f} needed (1/step)"
+            )
+        chosen = meeting[0]
+    measured = _best_rate(configs, chosen)
+    if measured:
+        verdict_rate = measured["batches_per_s"]
+        ok = verdict_rate >= demand
+        lines.append(
+            f"measured: num_workers={chosen} gives {verdict_rate:.1f} batches/s "
+            f"{'≥' if ok else '<'} {demand:.1f} needed"
+        )
+
+    kwargs["num_workers"] = chosen
+    if chosen > 0:
+        kwargs["prefetch_factor"] = max(prefetch_now or DEFAULT_PREFETCH, DEFAULT_PREFETCH)
+        better = [
+            c for c in configs
+            if c.get("num_workers") == chosen and (c.get("prefetch_factor") or 0) > kwargs["prefetch_factor"]
+            and measured and c.get("batches_per_s", 0) > measured["batches_per_s"] * PREFETCH_GAIN
+        ]
+        if better:
+            kwargs["prefetch_factor"] = max(c["prefetch_factor"] for c in better)
+            lines.append(f"prefetch_factor={kwargs['prefetch_factor']} measured >{PREFETCH_GAIN - 1:.0%} faster than the default")
+        restarts = (passive or {}).get("epoch_restart_fraction") or 0.0
+        restarts_seen = bool((consumption or {}).get("epoch_restarts")) or restarts > EPOCH_RESTART_FRACTION
+        if persistent_now or n_now == 0 or restarts_seen:
+            kwargs["persistent_workers"] = True
+            if restarts_seen and not persistent_now:
+                lines.append(
+                    f"persistent_workers=True: epoch restarts re-fork the workers "
+                    f"({restarts:.0%} of the main thread's time in DataLoader.__iter__)"
+                )
+        else:
+            kwargs["persistent_workers"] = persistent_now
+    if uses_cuda:
+        kwargs["pin_memory"] = True
+        if not pin_now:
+            lines.append("pin_memory=True: batches go to the GPU; pinned pages copy faster and asynchronously")
+
+    if chosen < needed:
+        expected = chosen / prep_s
+        result["verdict"] = (
+            f"input-bound: needs ~{needed} workers but only {chosen} fit the idle cores; expect "
+            f"~{expected:.1f} of {demand:.1f} batches/s — make each batch cheaper (cache decoded data, "
+            "smaller images) or give the job more cores"
+        )
+    elif chosen == n_now:
+        result["verdict"] = (
+            f"the training waits for data {wait_fraction:.0%} of the time although num_workers={n_now} "
+            "should keep up; look at the hottest worker frames and at CPU contention"
+        )
+    else:
+        result["verdict"] = (
+            f"input-bound: the training waits for data {wait_fraction:.0%} of the time; "
+            f"set num_workers={chosen} (now {n_now})"
+        )
+    return result
+
+
+def recommend_offline(*, current: dict[str, Any], configs: Sequence[dict[str, Any]], cap: Optional[int] = None,
+                      within: float = 0.9, reason: Optional[str] = None) -> dict[str, Any]:
+    """Advice without a training job (``--loader``): the fewest workers within 10% of the best rate seen.
+
+    There is no step time to compare with, so the loader cannot be called a bottleneck or not; the
+    lines say what each producer costs so the user can divide by their own step time.
+    """
+    n_now = int(current.get("num_workers") or 0)
+    kwargs: dict[str, Any] = {"num_workers": n_now, "pin_memory": bool(current.get("pin_memory"))}
+    lines: list[str] = []
+    rated = [c for c in configs if c.get("batches_per_s")]
+    result: dict[str, Any] = {"kwargs": kwargs, "bottleneck": None, "lines": lines, "workers_needed": None,
+                              "worker_cap": cap, "verdict": reason or "no configuration produced a batch; nothing to advise"}
+    if not rated:
+        return result
+    best = max(rated, key=lambda c: c["batches_per_s"])
+    enough = min((c for c in rated if c["batches_per_s"] >= best["batches_per_s"] * within),
+                 key=lambda c: (c["num_workers"], c.get("prefetch_factor") or 0))
+    base = _best_rate(rated, n_now)
+    if base:
+        prep_s = prep_time_from_rate(n_now, base["batches_per_s"])
+        lines.append(
+            f"prep time per batch = max(1, {n_now}) ÷ {base['batches_per_s']:.2f} batches/s = {_fmt_s(prep_s)}; "
+            f"workers needed ≈ {_fmt_s(prep_s)} ÷ your step time × {MARGIN:g}"
+        )
+    lines.append(f"best: num_workers={best['num_workers']} at {best['batches_per_s']:.1f} batches/s")
+    kwargs["num_workers"] = enough["num_workers"]
+    if enough["num_workers"] > 0:
+        kwargs["prefetch_factor"] = enough.get("prefetch_factor") or DEFAULT_PREFETCH
+        kwargs["persistent_workers"] = True
+    result["verdict"] = (
+        f"the loader alone makes {enough['batches_per_s']:.1f} batches/s with num_workers={enough['num_workers']} "
+        f"(within {1 - within:.0%} of the best, {best['batches_per_s']:.1f}); compare with 1 ÷ your step time"
+    )
+    return result
+
+
+def format_kwargs(kwargs: dict[str, Any]) -> str:
+    """``DataLoader(..., num_workers=6, prefetch_factor=2, persistent_workers=True, pin_memory=True)``."""
+    inner = ", ".join(f"{key}={value!r}" for key, value in kwargs.items())
+    return f"DataLoader(..., {inner})"

@@ -1,0 +1,326 @@
+"""Start the benchmark agent inside a live Python process, and the private directory it answers in.
+
+What gets injected is one expression that only starts a daemon thread and returns (injected code runs on
+the target's main thread and blocks its training while it runs).  It binds no names, because hypno runs
+it with ``PyRun_SimpleString`` in the job's ``__main__`` namespace.  The thread executes the agent file
+from the run directory.
+
+- Python 3.14+: ``sys.remote_exec(pid, path)`` (PEP 768), run by the target's own interpreter
+  (``/proc/PID/exe``) because the caller must be the same major.minor version.
+- Python 3.10-3.13: hypno's injection library, patched with our code, loaded with pyinjector.  hypno's own
+  ``inject_py`` always writes the library into the host's temp directory; a target in another mount
+  namespace (a container) cannot open that path, so the library is written into the run directory,
+  which lives under the target's root (``/proc/PID/root/tmp/...``), and injected by its in-target path.
+
+The run directory sits in ``/tmp/gputop-bench-<uid>/`` as the target sees it: mode 0700, owned by us.
+Anything there owned by someone else (or a group/world-writable directory) is refused, since that
+person could feed us results or swap the agent file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from gputop.errors import GputopError
+
+AGENT_FILES = ("inject/agent.py", "analysis/loader_math.py")  # relative to the gputop package
+MIN_PYTHON = (3, 10)
+REMOTE_EXEC_PYTHON = (3, 14)
+VERSION_TIMEOUT = 5.0
+INJECT_TIMEOUT = 10.0
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+_VERSION_RE = re.compile(r"^Python v(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Target:
+    pid: int
+    uid: int
+    python: tuple[int, int, int]
+    root: str  # the target's filesystem root as we see it: /proc/PID/root
+    foreign_root: bool  # True when the target sees another filesystem (a container)
+
+    @property
+    def python_text(self) -> str:
+        return ".".join(str(p) for p in self.python)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    host_path: str  # where gputop reads and writes it
+    target_path: str  # the same directory as the target sees it
+
+
+# --------------------------------------------------------------------------------------- the target
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def python_version(pid: int) -> tuple[int, int, int]:
+    """The target's Python version, read by py-spy (works for static and shared builds alike)."""
+    from gputop.collect.stacks import PY_SPY_INSTALL_HINT, classify_failure, find_py_spy
+
+    py_spy = find_py_spy()
+    if py_spy is None:
+        raise GputopError(f"py-spy not found; {PY_SPY_INSTALL_HINT}")
+    try:
+        proc = subprocess.run(
+            [py_spy, "dump", "--pid", str(pid), "--nonblocking"],
+            capture_output=True, text=True, timeout=VERSION_TIMEOUT, stdin=subprocess.DEVNULL,
+            env=dict(os.environ, RUST_BACKTRACE="0"),
+        )
+    except subprocess.TimeoutExpired:
+        raise GputopError(f"py-spy took over {VERSION_TIMEOUT:g}s to read PID {pid}; try again") from None
+    match = _VERSION_RE.search(proc.stdout)
+    if match is None:
+        raise GputopError(f"cannot benchmark PID {pid}: {classify_failure(pid, proc.stderr or proc.stdout)}")
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+def inspect_target(pid: int) -> Target:
+    """Checks before anything is injected: alive, same user, a supported Python. One-line refusals."""
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except FileNotFoundError:
+        raise GputopError(f"no process with PID {pid}; check the PID with `ps` or run `gputop` to find the job") from None
+    our_uid = os.geteuid()
+    if uid != our_uid:
+        raise GputopError(
+            f"PID {pid} belongs to {_user(uid)} but gputop runs as {_user(our_uid)}; run `gputop bench` as "
+            f"{_user(uid)} (the agent must answer into that user's private directory)"
+        )
+    version = python_version(pid)
+    if version[:2] < MIN_PYTHON:
+        raise GputopError(
+            f"PID {pid} runs Python {'.'.join(map(str, version))}; the active benchmark needs Python 3.10 or newer "
+            "(the passive numbers above still apply)"
+        )
+    root = f"/proc/{pid}/root"
+    try:
+        ours, theirs = os.stat("/"), os.stat(root)
+        foreign = (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino)
+    except PermissionError:
+        raise GputopError(f"cannot read {root} (permission denied); run gputop as the job's user or with sudo") from None
+    return Target(pid=pid, uid=uid, python=version, root=root, foreign_root=foreign)
+
+
+# ---------------------------------------------------------------------------- the private directory
+
+
+def _refuse_foreign(path: str, st: os.stat_result, what: str) -> None:
+    uid = os.geteuid()
+    if st.st_uid != uid:
+        raise GputopError(
+            f"{what} {path} is owned by {_user(st.st_uid)}, not you ({_user(uid)}): someone else could plant "
+            "results or code there; remove it (as root) and run again"
+        )
+
+
+def secure_directory(path: str) -> None:
+    """Create `path` 0700 if missing; refuse a symlink, another owner, or group/world access."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        raise GputopError(f"cannot create {path}: its parent does not exist in the target's filesystem") from None
+    except PermissionError:
+        raise GputopError(f"cannot create {path}: permission denied") from None
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise GputopError(f"{path} is not a plain directory (a symlink or file is in its place); remove it and run again")
+    _refuse_foreign(path, st, "results directory")
+    if st.st_mode & 0o077:
+        raise GputopError(
+            f"results directory {path} is open to other users (mode {stat.S_IMODE(st.st_mode):o}); "
+            f"`chmod 700 {path}` or remove it, then run again"
+        )
+    check_owned_entries(path)
+
+
+def check_owned_entries(path: str) -> None:
+    """Refuse when anything directly inside `path` belongs to another user."""
+    with os.scandir(path) as entries:
+        for entry in entries:
+            _refuse_foreign(entry.path, entry.stat(follow_symlinks=False), "file")
+
+
+def read_private_json(run_dir: str, name: str) -> Optional[dict]:
+    """A JSON file the agent wrote, after checking it is ours and a plain file. None when absent."""
+    path = os.path.join(run_dir, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise GputopError(f"cannot read {path}: {exc.strerror}") from None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        _refuse_foreign(path, st, "result file")
+        if not stat.S_ISREG(st.st_mode):
+            raise GputopError(f"{path} is not a plain file; remove it and run again")
+        try:
+            return json.load(f)
+        except ValueError:
+            return None  # being written (the agent writes atomically, so only a stray file gets here)
+
+
+def default_results_root(target: Target) -> tuple[str, str]:
+    """(host path, target path) of the per-user base directory in the target's /tmp."""
+    name = f"gputop-bench-{os.geteuid()}"
+    return os.path.join(target.root, "tmp", name), f"/tmp/{name}"
+
+
+def prepare_run_dir(target: Target, config: dict, results_root: Optional[tuple[str, str]] = None) -> RunDir:
+    """A fresh 0700 run directory holding the agent, loader_math and the config."""
+    host_root, target_root = results_root or default_results_root(target)
+    secure_directory(host_root)
+    remove_stale_runs(host_root)
+    host_path = tempfile.mkdtemp(prefix="run-", dir=host_root)  # mkdtemp creates it 0700
+    run = RunDir(host_path=host_path, target_path=os.path.join(target_root, os.path.basename(host_path)))
+    _populate(run, config)
+    return run
+
+
+def prepare_local_run_dir(config: dict, base: Optional[str] = None) -> RunDir:
+    """The same, in this machine's /tmp, for the offline benchmark's helper process."""
+    base = base or os.path.join(tempfile.gettempdir(), f"gputop-bench-{os.geteuid()}")
+    secure_directory(base)
+    remove_stale_runs(base)
+    host_path = tempfile.mkdtemp(prefix="offline-", dir=base)
+    run = RunDir(host_path=host_path, target_path=host_path)
+    _populate(run, config)
+    return run
+
+
+def _populate(run: RunDir, config: dict) -> None:
+    for rel in AGENT_FILES:
+        _write_private(os.path.join(run.host_path, os.path.basename(rel)), (_PACKAGE_DIR / rel).read_bytes())
+    _write_private(os.path.join(run.host_path, "config.json"), json.dumps(config).encode())
+
+
+def write_run_file(run: RunDir, name: str, data: dict) -> None:
+    """A new JSON file for the agent (plan.json); never overwrites, never follows a symlink."""
+    _write_private(os.path.join(run.host_path, name), json.dumps(data).encode())
+
+
+def _write_private(path: str, data: bytes, mode: int = 0o600) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def remove_run_dir(run: RunDir) -> None:
+    shutil.rmtree(run.host_path, ignore_errors=True)
+
+
+STALE_RUN_S = 600.0  # every run is bounded far below this; older run directories were abandoned
+
+
+def remove_stale_runs(base: str) -> None:
+    """Remove run directories an interrupted gputop left behind (ours only: `secure_directory` checked)."""
+    now = time.time()
+    with os.scandir(base) as entries:
+        for entry in entries:
+            if entry.name.startswith(("run-", "offline-")) and entry.is_dir(follow_symlinks=False):
+                if now - entry.stat(follow_symlinks=False).st_mtime > STALE_RUN_S:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------- injecting
+
+
+def bootstrap_code(agent_target_path: str) -> str:
+    """One expression: start a daemon thread that executes the agent file; binds no names in __main__."""
+    path = json.dumps(agent_target_path)
+    return (
+        "__import__('threading').Thread(target=lambda p: exec(compile(open(p).read(), p, 'exec'), "
+        "{'__name__': '__gputop_agent__', '__file__': p}), "
+        f"args=({path},), name='gputop-bench-agent', daemon=True).start()"
+    )
+
+
+def inject_agent(target: Target, run: RunDir) -> None:
+    """Start the agent thread in the target; raises GputopError with one line when it cannot."""
+    agent_path = os.path.join(run.target_path, "agent.py")
+    code = bootstrap_code(agent_path)
+    if target.python[:2] >= REMOTE_EXEC_PYTHON:
+        _remote_exec(target, run, code)
+    else:
+        _pyinjector(target, run, code)
+
+
+def _remote_exec(target: Target, run: RunDir, code: str) -> None:
+    _write_private(os.path.join(run.host_path, "bootstrap.py"), (code + "\n").encode())
+    script = os.path.join(run.target_path, "bootstrap.py")
+    interpreter = f"/proc/{target.pid}/exe"  # same major.minor as the target, as PEP 768 requires
+    try:
+        proc = subprocess.run(
+            [interpreter, "-I", "-c", f"import sys; sys.remote_exec({target.pid}, {script!r})"],
+            capture_output=True, text=True, timeout=INJECT_TIMEOUT, stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise GputopError(f"could not run the target's Python for sys.remote_exec: {exc}") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        hint = ""
+        if "disable" in last.lower() or "remote debug" in last.lower():
+            hint = " (the job runs with PYTHON_DISABLE_REMOTE_DEBUG or -X disable_remote_debug)"
+        elif "ermission" in last or "not permitted" in last:
+            from gputop.collect.stacks import diagnose_permission
+
+            hint = f" ({diagnose_permission(target.pid)})"
+        raise GputopError(f"sys.remote_exec into PID {target.pid} failed: {last}{hint}")
+
+
+def _pyinjector(target: Target, run: RunDir, code: str) -> None:
+    try:
+        from hypno.api import INJECTION_LIB_PATH, MAGIC
+        from pyinjector import InjectorError, inject
+    except ImportError:
+        raise GputopError(
+            "the active benchmark needs hypno and pyinjector for Python < 3.14: `pip install 'gputop[inject]'`"
+        ) from None
+    library = INJECTION_LIB_PATH.read_bytes()
+    magic_at = library.find(MAGIC)
+    size_end = library.find(b"\0", magic_at + len(MAGIC))
+    max_size = int(library[magic_at + len(MAGIC) : size_end])
+    payload = code.encode()
+    if magic_at < 1 or len(payload) > max_size:
+        raise GputopError("internal error: the bootstrap does not fit hypno's injection library")
+    # hypno's layout: the code buffer starts one byte before its magic marker; write code + NUL there.
+    patched = library[: magic_at - 1] + payload + b"\0" + library[magic_at - 1 + len(payload) + 1 :]
+    name = "inject" + INJECTION_LIB_PATH.suffix
+    _write_private(os.path.join(run.host_path, name), patched, mode=0o700)
+    try:
+        inject(target.pid, os.path.join(run.target_path, name), uninject=True)
+    except InjectorError as exc:
+        text = " ".join(str(exc).split())
+        if "PTRACE" in text or "not permitted" in text or "ermission" in text:
+            from gputop.collect.stacks import diagnose_permission
+
+            raise GputopError(diagnose_permission(target.pid).replace("reading PID", "injecting into PID")) from None
+        raise GputopError(f"injecting into PID {target.pid} failed: {text[:200]}") from None
+    finally:
+        try:
+            os.unlink(os.path.join(run.host_path, name))
+        except OSError:
+            pass
