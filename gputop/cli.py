@@ -17,12 +17,12 @@ from typing import Optional, Sequence
 
 from gputop import __version__
 from gputop.errors import GputopError, UsageError
+from gputop.sim.profiles import DEFAULT_PROFILE
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
-DEFAULT_PROFILE = "h100-sxm-8"
 
 
 class _Parser(argparse.ArgumentParser):
