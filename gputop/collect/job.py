@@ -1,0 +1,813 @@
+"""Find a training job's processes from any of its PIDs, and keep them up to date.
+
+From the PID the user gives (the torchrun launcher, one rank, a DataLoader worker or a plain
+``python train.py``) we find the launcher, every rank and every rank's DataLoader workers, each
+collect: workers without ``persistent_workers`` respawn every epoch, and with ``forkserver`` they
+are grandchildren of the rank.  Everything here reads /proc (through psutil) and is cheap; py-spy
+runs only in `JobCollector`'s background thread, and `collect()` hands over its latest result.
+
+A process is identified by (pid, create_time) throughout, so a new process that inherits an old
+PID is never taken for the job.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Optional
+
+import psutil
+
+from gputop.analysis.stack_classes import classify_main_thread
+from gputop.collect import stacks as stacks_mod
+from gputop.errors import GputopError
+from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, to_jsonable
+
+WORKER_COMM = "pt_data_worker"  # torch sets it in the DataLoader worker loop
+PIN_THREAD_COMM = "pt_data_pin"  # torch names the pin-memory thread so
+
+# Launchers recognised by command line; any other parent whose children carry LOCAL_RANK while it does
+# not is taken for a launcher too (mpirun-style wrappers, custom launch scripts).
+_LAUNCHER_MODULES = (
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "deepspeed.launcher.launch",
+    "deepspeed.launcher.runner",
+)
+_LAUNCHER_PROGRAMS = ("torchrun", "deepspeed", "accelerate")
+_LAUNCHER_COMMS = ("pt_elastic",)  # torch.distributed.run renames its main thread so
+# multiprocessing's own helper processes: part of a rank, never a rank or a worker themselves.
+_HELPER_MARKERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker")
+
+# psutil status names -> the letters of /proc/PID/stat and ps(1)
+_STATE_LETTERS = {
+    "running": "R",
+    "sleeping": "S",
+    "disk-sleep": "D",
+    "stopped": "T",
+    "tracing-stop": "t",
+    "zombie": "Z",
+    "dead": "X",
+    "idle": "I",
+    "parked": "P",
+    "wake-kill": "K",
+    "waking": "W",
+}
+
+ProcKey = tuple[int, float]  # (pid, create_time)
+
+
+# ----------------------------------------------------------------- /proc helpers
+
+
+def children_pids(pid: int) -> list[int]:
+    """Direct children, from /proc/PID/task/*/children (no scan of all of /proc)."""
+    kids: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    found_file = False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found_file = True
+                kids.extend(int(x) for x in f.read().split())
+        except OSError:
+            continue
+    if not found_file:  # kernel without CONFIG_PROC_CHILDREN
+        try:
+            return [c.pid for c in psutil.Process(pid).children()]
+        except psutil.Error:
+            return []
+    return kids
+
+
+def _read_thread_comm(pid: int, tid: int) -> Optional[str]:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/comm", "rb") as f:
+            return f.read().rstrip(b"\n").decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def read_environ(pid: int) -> Optional[dict[str, str]]:
+    """The process's initial environment, or None where we may not read it (another user, no root)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def _int_or_none(text: Optional[str]) -> Optional[int]:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+# ----------------------------------------------------------------- process table
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The few fields of /proc/PID/stat that identify a process and place it in the tree."""
+
+    comm: str
+    state: str
+    ppid: int
+    start_ticks: int  # start time in clock ticks since boot: with the PID, names one process for good
+
+
+def read_stat(pid: int) -> Optional[ProcStat]:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # comm sits in parentheses and may itself hold spaces or ')': split at the last ')'
+    left, right = raw.find(b"("), raw.rfind(b")")
+    fields = raw[right + 2 :].split()
+    try:
+        return ProcStat(raw[left + 1 : right].decode("utf-8", "replace"), fields[0].decode(), int(fields[1]), int(fields[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+@dataclass
+class _Tracked:
+    """What we remember about one (pid, create_time): static facts read once, and the psutil handle
+    whose cpu_percent() needs the previous call's times."""
+
+    proc: psutil.Process
+    key: ProcKey
+    start_ticks: int
+    cmdline: tuple[str, ...]
+    env: Optional[dict[str, str]]
+    comm: str = ""
+    ppid: int = 0
+    cpu_primed: bool = False
+    last: Optional[ProcInfo] = None
+
+
+class ProcessTable:
+    """psutil.Process objects kept between collects, keyed by (pid, create_time).
+
+    Each scan (one collect) starts with `begin_scan()`; within it a PID's /proc/PID/stat is read once.
+    """
+
+    def __init__(self) -> None:
+        self._by_pid: dict[int, _Tracked] = {}
+        self._seen: set[int] = set()  # PIDs looked up since the last prune()
+        self._checked: set[int] = set()  # PIDs whose stat was read in this scan
+        self._children: dict[int, list[int]] = {}  # children lists read in this scan
+        self._thread_names: dict[int, dict[int, tuple[Optional[str], bool]]] = {}  # pid -> tid -> (comm, settled)
+        self._lock = threading.Lock()
+
+    def begin_scan(self) -> None:
+        with self._lock:
+            self._checked = set()
+            self._children = {}
+
+    def get(self, pid: int) -> Optional[_Tracked]:
+        """The live process behind `pid` (a new one if the PID was reused), or None if it is gone."""
+        with self._lock:
+            self._seen.add(pid)
+            tracked = self._by_pid.get(pid)
+            if tracked is not None and pid in self._checked:
+                return tracked
+            stat = read_stat(pid)
+            if stat is None or stat.state in ("Z", "X"):  # gone, or a zombie waiting to be reaped
+                self._by_pid.pop(pid, None)
+                return None
+            self._checked.add(pid)
+            if tracked is not None and tracked.start_ticks == stat.start_ticks:
+                tracked.comm, tracked.ppid = stat.comm, stat.ppid
+                return tracked
+            # first sight, or the PID now belongs to a newer process: start afresh
+            try:
+                proc = psutil.Process(pid)
+                key = (pid, proc.create_time())
+                try:
+                    cmdline = tuple(proc.cmdline())
+                except (psutil.AccessDenied, psutil.ZombieProcess):
+                    cmdline = ()
+            except psutil.Error:
+                self._by_pid.pop(pid, None)
+                return None
+            tracked = _Tracked(
+                proc=proc, key=key, start_ticks=stat.start_ticks, cmdline=cmdline, env=read_environ(pid),
+                comm=stat.comm, ppid=stat.ppid,
+            )
+            self._by_pid[pid] = tracked
+            return tracked
+
+    def children(self, pid: int) -> list[int]:
+        """Direct children of `pid`, read once per scan."""
+        with self._lock:
+            kids = self._children.get(pid)
+        if kids is None:
+            kids = children_pids(pid)
+            with self._lock:
+                self._children[pid] = kids
+        return kids
+
+    def threads_named(self, pid: int, comm: str) -> tuple[int, ...]:
+        """TIDs of `pid`'s threads called `comm`.  A thread's name is read when it is first seen and once
+        more a scan later (a thread names itself just after it starts), not on every scan."""
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            return ()
+        with self._lock:
+            known = self._thread_names.setdefault(pid, {})
+            stale = [t for t in known if t not in tids]
+            for tid in stale:
+                del known[tid]
+            todo = [t for t in tids if t not in known or not known[t][1]]
+        for tid in todo:
+            name = _read_thread_comm(pid, tid)
+            with self._lock:
+                settled = tid in known  # second reading: keep it from now on
+                known[tid] = (name, settled)
+        target = comm
+        with self._lock:
+            return tuple(sorted(t for t, (name, _) in known.items() if name == target))
+
+    def is_current(self, tracked: _Tracked) -> bool:
+        """Is this exact process (not a successor on its PID) still alive?"""
+        current = self.get(tracked.key[0])
+        return current is not None and current.key == tracked.key
+
+    def info(self, tracked: _Tracked) -> ProcInfo:
+        """A fresh ProcInfo (state, CPU %, RSS, last core); marks it exited if it is gone."""
+        proc = tracked.proc
+        try:
+            with proc.oneshot():  # one read of /proc/PID/stat serves all but RSS
+                status = proc.status()
+                name = proc.name()
+                ppid = proc.ppid()
+                cpu = proc.cpu_percent(interval=None)
+                try:
+                    rss: Optional[int] = proc.memory_info().rss
+                except psutil.AccessDenied:
+                    rss = None
+                try:
+                    core: Optional[int] = proc.cpu_num()
+                except (psutil.AccessDenied, AttributeError):
+                    core = None
+        except psutil.NoSuchProcess:
+            return self.mark_exited(tracked)
+        except psutil.AccessDenied:
+            status, name, ppid, cpu, rss, core = "?", tracked.comm or "?", tracked.ppid, None, None, None
+        # psutil's first cpu_percent() has nothing to compare with and says 0.0: report "not yet known".
+        cpu_percent = cpu if tracked.cpu_primed else None
+        tracked.cpu_primed = True
+        info = ProcInfo(
+            pid=tracked.key[0],
+            ppid=ppid,
+            name=name,
+            cmdline=tracked.cmdline,
+            state=_STATE_LETTERS.get(status, status[:1].upper() if status else "?"),
+            cpu_percent=cpu_percent,
+            rss=rss,
+            core=core,
+            create_time=tracked.key[1],
+            exited=status == psutil.STATUS_ZOMBIE,
+        )
+        tracked.last = info
+        return info
+
+    def mark_exited(self, tracked: _Tracked) -> ProcInfo:
+        last = tracked.last or ProcInfo(pid=tracked.key[0], ppid=0, name="?", cmdline=tracked.cmdline, create_time=tracked.key[1])
+        tracked.last = replace(last, exited=True, state="X", cpu_percent=None)
+        return tracked.last
+
+    def prune(self) -> None:
+        """Forget processes not looked up since the last prune (exited workers of past epochs, ...)."""
+        with self._lock:
+            for pid in [p for p in self._by_pid if p not in self._seen]:
+                del self._by_pid[pid]
+            for pid in [p for p in self._thread_names if p not in self._seen]:
+                del self._thread_names[pid]
+            self._seen = set()
+
+
+# ----------------------------------------------------------------- roles
+
+
+def _cmdline_text(tracked: _Tracked) -> str:
+    return " ".join(tracked.cmdline)
+
+
+def is_helper(tracked: _Tracked) -> bool:
+    """multiprocessing's forkserver / resource tracker: plumbing inside a rank."""
+    text = _cmdline_text(tracked)
+    return any(marker in text for marker in _HELPER_MARKERS)
+
+
+def is_worker(tracked: _Tracked) -> bool:
+    return tracked.comm == WORKER_COMM
+
+
+def has_rank_env(tracked: _Tracked) -> bool:
+    return tracked.env is not None and ("LOCAL_RANK" in tracked.env or "RANK" in tracked.env)
+
+
+def is_mp_child(parent: _Tracked, child: _Tracked) -> bool:
+    """Started by Python multiprocessing: a spawn/forkserver child runs `spawn_main`; a forked one keeps
+    its parent's command line (a shell running `python train.py` is neither)."""
+    return "spawn_main" in _cmdline_text(child) or (bool(child.cmdline) and child.cmdline == parent.cmdline)
+
+
+def is_named_launcher(tracked: _Tracked) -> bool:
+    if tracked.comm in _LAUNCHER_COMMS:
+        return True
+    argv = tracked.cmdline
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) in _LAUNCHER_PROGRAMS:
+        return True
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "-m" and argv[i + 1] in _LAUNCHER_MODULES:
+            return True
+    # `python /path/to/torchrun ...` (console script run through an interpreter)
+    return len(argv) > 1 and os.path.basename(argv[1]) in _LAUNCHER_PROGRAMS
+
+
+# ----------------------------------------------------------------- tree building
+
+
+@dataclass
+class _Structure:
+    launcher: Optional[_Tracked]
+    ranks: list[_Tracked]
+
+
+class JobScanner:
+    """Builds JobTrees from /proc; keeps its ProcessTable so CPU % deltas work between scans."""
+
+    def __init__(self, table: Optional[ProcessTable] = None) -> None:
+        self.table = table or ProcessTable()
+
+    # ---- structure
+
+    def _is_launcher(self, tracked: _Tracked, gpu_pids: frozenset[int] = frozenset()) -> bool:
+        """torchrun & co by name; any parent of processes carrying RANK/LOCAL_RANK that carries none itself;
+        and a `torch.multiprocessing.spawn` parent: its spawned/forked children hold GPUs or run DataLoaders."""
+        if is_named_launcher(tracked):
+            return True
+        if has_rank_env(tracked) or tracked.key[0] in gpu_pids:
+            return False  # itself a rank
+        for child_pid in self.table.children(tracked.key[0]):
+            child = self.table.get(child_pid)
+            if child is None or is_helper(child) or is_worker(child):
+                continue
+            if has_rank_env(child):
+                return True
+            if is_mp_child(tracked, child) and (child.key[0] in gpu_pids or self.workers_of(child)):
+                return True
+        return False
+
+    def owning_rank(self, tracked: _Tracked) -> _Tracked:
+        """Climb from a DataLoader worker or multiprocessing helper to the rank process it serves."""
+        current = tracked
+        for _ in range(8):  # worker -> forkserver -> rank is the deepest; bound the walk anyway
+            if not (is_worker(current) or is_helper(current)):
+                return current
+            parent = self.table.get(current.ppid)
+            if parent is None or parent.key[0] <= 1:
+                return current
+            current = parent
+        return current
+
+    def structure(self, root: _Tracked, gpu_pids: frozenset[int] = frozenset()) -> _Structure:
+        """Launcher and ranks of the job `root` belongs to (root may be any of its processes)."""
+        start = self.owning_rank(root)
+        if self._is_launcher(start, gpu_pids):
+            return _Structure(start, self.ranks_of_launcher(start))
+        parent = self.table.get(start.ppid) if start.ppid > 1 else None
+        if parent is not None and self._is_launcher(parent, gpu_pids):
+            return _Structure(parent, self.ranks_of_launcher(parent))
+        if start.key[0] not in gpu_pids and not self.workers_of(start):
+            # `bash run.sh` that runs torchrun: the job is the launcher below the PID we were given
+            for child_pid in self.table.children(start.key[0]):
+                child = self.table.get(child_pid)
+                if child is not None and self._is_launcher(child, gpu_pids):
+                    return _Structure(child, self.ranks_of_launcher(child))
+        return _Structure(None, [start])
+
+    def ranks_of_launcher(self, launcher: _Tracked) -> list[_Tracked]:
+        ranks = []
+        for pid in self.table.children(launcher.key[0]):
+            child = self.table.get(pid)
+            if child is not None and not is_helper(child) and not is_worker(child):
+                ranks.append(child)
+        return sorted(ranks, key=_rank_sort_key)
+
+    def workers_of(self, rank: _Tracked) -> list[_Tracked]:
+        """DataLoader workers anywhere below the rank (children with fork/spawn, grandchildren with forkserver)."""
+        workers = []
+        pending = list(self.table.children(rank.key[0]))
+        seen = {rank.key[0]}
+        while pending:
+            pid = pending.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            child = self.table.get(pid)
+            if child is None:
+                continue
+            if is_worker(child):
+                workers.append(child)
+            elif is_helper(child):
+                pending.extend(self.table.children(pid))  # through the forkserver, not into other programs
+        return sorted(workers, key=lambda t: t.key)
+
+    # ---- one tree
+
+    def build(self, root_pid: int, structure: _Structure, gpus: tuple[GpuSample, ...]) -> JobTree:
+        """A JobTree with fresh process figures (no stacks)."""
+        gpus_by_pid = gpus_of_pids(gpus)
+        launcher_info = self.table.info(structure.launcher) if structure.launcher else None
+        ranks = []
+        for rank in structure.ranks:
+            env = rank.env or {}
+            workers = tuple(self.table.info(w) for w in self.workers_of(rank))
+            ranks.append(
+                Rank(
+                    proc=self.table.info(rank),
+                    rank=_int_or_none(env.get("RANK")),
+                    local_rank=_int_or_none(env.get("LOCAL_RANK")),
+                    world_size=_int_or_none(env.get("WORLD_SIZE")),
+                    cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+                    gpus=gpus_by_pid.get(rank.key[0], ()),
+                    workers=workers,
+                    pin_memory_tids=self.table.threads_named(rank.key[0], PIN_THREAD_COMM),
+                )
+            )
+        ranks_t = tuple(ranks)
+        return JobTree(
+            root_pid=root_pid,
+            launcher=launcher_info,
+            ranks=ranks_t,
+            warnings=misplacement_warnings(ranks_t, gpus),
+            cores=job_cores(launcher_info, ranks_t),
+        )
+
+
+def _rank_sort_key(tracked: _Tracked) -> tuple:
+    env = tracked.env or {}
+    rank = _int_or_none(env.get("RANK"))
+    return (rank is None, rank if rank is not None else 0, tracked.key)
+
+
+def tree_pids(tree: JobTree) -> list[int]:
+    """Every process of the job: launcher, ranks, workers."""
+    pids = [tree.launcher.pid] if tree.launcher else []
+    for rank in tree.ranks:
+        pids.append(rank.proc.pid)
+        pids.extend(w.pid for w in rank.workers)
+    return pids
+
+
+def job_cores(launcher: Optional[ProcInfo], ranks: Iterable[Rank]) -> tuple[int, ...]:
+    """Cores the job's live processes last ran on."""
+    cores = set()
+    procs = [launcher] if launcher else []
+    for rank in ranks:
+        procs.append(rank.proc)
+        procs.extend(rank.workers)
+    for proc in procs:
+        if proc.core is not None and not proc.exited:
+            cores.add(proc.core)
+    return tuple(sorted(cores))
+
+
+# ----------------------------------------------------------------- GPUs
+
+
+def gpus_of_pids(gpus: Iterable[GpuSample]) -> dict[int, tuple[int, ...]]:
+    """pid -> NVML indices of the GPUs where NVML lists it (holds a context / memory)."""
+    found: dict[int, set[int]] = {}
+    for gpu in gpus:
+        if gpu.lost or not gpu.processes:
+            continue
+        for gp in gpu.processes:
+            found.setdefault(gp.pid, set()).add(gpu.index)
+    return {pid: tuple(sorted(idx)) for pid, idx in found.items()}
+
+
+def _rank_label(rank: Rank) -> str:
+    return f"rank {rank.rank} (PID {rank.proc.pid})" if rank.rank is not None else f"PID {rank.proc.pid}"
+
+
+def _gpu_list(indices: Iterable[int]) -> str:
+    return ", ".join(str(i) for i in sorted(indices))
+
+
+SET_DEVICE_FIX = "call torch.cuda.set_device(local_rank) (or use f'cuda:{local_rank}') before any CUDA work"
+
+
+def misplacement_warnings(ranks: tuple[Rank, ...], gpus: tuple[GpuSample, ...]) -> tuple[str, ...]:
+    """Ranks sharing a GPU, one rank on several GPUs, and the "all ranks on GPU 0" bug: one line each."""
+    warnings: list[str] = []
+    placed = [r for r in ranks if r.gpus]
+    if not placed:
+        return ()
+    by_gpu: dict[int, list[Rank]] = {}
+    for rank in placed:
+        for index in rank.gpus:
+            by_gpu.setdefault(index, []).append(rank)
+    visible_gpus = len([g for g in gpus if not g.lost])
+    shared = {index: rs for index, rs in by_gpu.items() if len(rs) > 1}
+    everyone_on_one = len(placed) > 1 and len(by_gpu) == 1
+    if everyone_on_one:
+        (index,) = by_gpu
+        idle = visible_gpus - 1
+        warnings.append(
+            f"all {len(placed)} ranks run on GPU {index}"
+            + (f" while {idle} other GPU{'s' if idle != 1 else ''} sit idle" if idle > 0 else "")
+            + f": {SET_DEVICE_FIX}"
+        )
+    else:
+        for index in sorted(shared):
+            names = ", ".join(_rank_label(r) for r in shared[index])
+            warnings.append(f"GPU {index} is shared by {len(shared[index])} ranks ({names}): {SET_DEVICE_FIX}")
+    for rank in placed:
+        if len(rank.gpus) > 1:
+            warnings.append(
+                f"{_rank_label(rank)} holds memory on GPUs {_gpu_list(rank.gpus)}: a stray CUDA context "
+                f"(usually cuda:0 touched before set_device); {SET_DEVICE_FIX}"
+            )
+    return tuple(warnings)
+
+
+# ----------------------------------------------------------------- the collector
+
+
+def _no_process_error(pid: int) -> GputopError:
+    return GputopError(f"no process with PID {pid} (it may have exited; check with `ps -p {pid}`)")
+
+
+class JobCollector:
+    """Attached to one job.  `collect()` is cheap (/proc via psutil); py-spy runs in a background thread
+    every `stack_interval` seconds while `stacks_wanted` is True, and `collect()` returns its latest result.
+    """
+
+    def __init__(
+        self,
+        pid: int,
+        *,
+        stack_interval: float = 2.0,
+        stacks_enabled: bool = True,
+        stacks_wanted: bool = True,
+        dump: Callable[[list[int]], dict[int, ProcessStacks]] = stacks_mod.dump_stacks,
+    ) -> None:
+        """Attach to the job `pid` belongs to.  `stacks_enabled=False`: never run py-spy (no thread);
+        `stacks_wanted`: the initial state of the switch; `dump`: the stack reader (py-spy by default)."""
+        if pid <= 0:
+            raise GputopError(f"{pid} is not a process id (it must be positive)")
+        self.pid = pid
+        self.stack_interval = stack_interval
+        self._scanner = JobScanner()
+        root = self._scanner.table.get(pid)
+        if root is None:
+            raise _no_process_error(pid)
+        self._root_key: ProcKey = root.key
+        self._dump = dump
+        self._lock = threading.Lock()
+        self._stacks: dict[int, ProcessStacks] = {}
+        self._stacks_error: Optional[str] = None
+        self._last_tree: Optional[JobTree] = None
+        self._exited = False
+        self._stack_pids: list[int] = []
+        self._gpu_pids: frozenset[int] = frozenset()  # PIDs on a GPU at the last collect
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._dumped = threading.Event()  # set after the first stack refresh finished
+        self._stacks_wanted = stacks_wanted
+        self._stacks_enabled = stacks_enabled
+        self.collect(())  # learn the job's PIDs before the first dump
+        self._thread: Optional[threading.Thread] = None
+        if stacks_enabled:
+            self._thread = threading.Thread(target=self._stack_loop, name="gputop-stacks", daemon=True)
+            self._thread.start()
+
+    # ---- stacks switch
+
+    @property
+    def stacks_wanted(self) -> bool:
+        return self._stacks_wanted
+
+    @stacks_wanted.setter
+    def stacks_wanted(self, value: bool) -> None:
+        was = self._stacks_wanted
+        self._stacks_wanted = bool(value)
+        if value and not was:
+            self._wake.set()  # the panel just opened: refresh now, not at the next tick
+
+    @property
+    def root_key(self) -> ProcKey:
+        """(pid, create_time) of the process we attached to."""
+        return self._root_key
+
+    @property
+    def exited(self) -> bool:
+        return self._exited
+
+    # ---- collect
+
+    def collect(self, gpus: tuple[GpuSample, ...] = (), now: Optional[float] = None) -> JobTree:
+        """The job as it is now, with the latest stacks.  Never raises for the job's own troubles."""
+        if self._exited:
+            return self._exited_tree()
+        self._scanner.table.begin_scan()
+        root = self._scanner.table.get(self.pid)
+        if root is None or root.key != self._root_key:  # gone, or the PID now names another process
+            return self._exited_tree()
+        gpus = tuple(gpus)
+        self._gpu_pids = frozenset(gpus_of_pids(gpus))
+        structure = self._scanner.structure(root, self._gpu_pids)
+        tree = self._scanner.build(self.pid, structure, gpus)
+        pids = tree_pids(tree)
+        self._scanner.table.prune()
+        with self._lock:
+            self._stack_pids = pids
+            stacks = {pid: self._stacks[pid] for pid in pids if pid in self._stacks}
+            stacks_error = self._stacks_error
+        tree = replace(
+            tree,
+            ranks=tuple(replace(r, main_thread_state=_state_of(stacks.get(r.proc.pid))) for r in tree.ranks),
+            stacks=stacks,
+            stacks_error=stacks_error,
+        )
+        self._last_tree = tree
+        return tree
+
+    def _exited_tree(self) -> JobTree:
+        """The last tree, marked exited, with the last stacks kept."""
+        self._exited = True
+        self._dumped.set()  # nothing more will come: don't keep wait_for_stacks() waiting
+        last = self._last_tree or JobTree(root_pid=self.pid)
+        if last.exited:
+            return last
+        table = self._scanner.table
+
+        def gone(info: ProcInfo) -> ProcInfo:
+            tracked = table.get(info.pid) if info.pid != self.pid else None  # the root is gone by now
+            if tracked is not None and tracked.key == (info.pid, info.create_time):
+                return table.info(tracked)  # still running (a launcher outliving the rank we attached to)
+            return replace(info, exited=True, state="X", cpu_percent=None)
+
+        with self._lock:
+            stacks = dict(self._stacks)
+        tree = replace(
+            last,
+            exited=True,
+            launcher=gone(last.launcher) if last.launcher else None,
+            ranks=tuple(
+                replace(r, proc=gone(r.proc), workers=tuple(replace(w, exited=True, state="X", cpu_percent=None) for w in r.workers))
+                for r in last.ranks
+            ),
+            stacks={pid: s for pid, s in stacks.items() if pid in set(tree_pids(last))},
+            cores=(),
+        )
+        self._last_tree = tree
+        return tree
+
+    # ---- background stacks
+
+    def refresh_stacks(self) -> None:
+        """One dump of every job PID (the background thread calls this; tests and reports may too)."""
+        if self._exited:
+            return
+        # Re-read the PIDs now rather than use the last collect's: workers without persistent_workers
+        # are replaced every epoch, and a dump of last epoch's workers is wasted.
+        pids = self._current_pids()
+        with self._lock:
+            if pids is None:
+                pids = list(self._stack_pids)
+            else:
+                self._stack_pids = pids
+        if not pids:
+            return
+        fresh = self._dump(pids)
+        with self._lock:
+            for pid, new in fresh.items():
+                old = self._stacks.get(pid)
+                if new.error and old is not None and old.error is None and not stacks_mod.process_alive(pid):
+                    continue  # it exited while we dumped: keep what it last did
+                self._stacks[pid] = new
+            live = set(self._stack_pids) | set(fresh)
+            for pid in [p for p in self._stacks if p not in live]:
+                del self._stacks[pid]
+            self._stacks_error = _whole_job_error(fresh)
+        self._dumped.set()
+
+    def wait_for_stacks(self, timeout: float = 5.0) -> bool:
+        """Block until the background thread has finished a refresh (for one-shot `snapshot --json`)."""
+        if not self._stacks_enabled:
+            return False
+        self.stacks_wanted = True
+        return self._dumped.wait(timeout)
+
+    def _current_pids(self) -> Optional[list[int]]:
+        """The job's PIDs from /proc without refreshing any figures (None if the root is gone)."""
+        self._scanner.table.begin_scan()
+        root = self._scanner.table.get(self.pid)
+        if root is None or root.key != self._root_key:
+            return None
+        structure = self._scanner.structure(root, self._gpu_pids)
+        pids = [structure.launcher.key[0]] if structure.launcher else []
+        for rank in structure.ranks:
+            pids.append(rank.key[0])
+            pids.extend(w.key[0] for w in self._scanner.workers_of(rank))
+        return pids
+
+    def _stack_loop(self) -> None:
+        while not self._closed.is_set():
+            if self._stacks_wanted and not self._exited:
+                started = time.monotonic()
+                try:
+                    self.refresh_stacks()
+                except Exception as exc:  # never let the thread die; say why stacks stopped
+                    with self._lock:
+                        self._stacks_error = f"stack refresh failed: {type(exc).__name__}: {exc}"
+                wait = max(0.0, self.stack_interval - (time.monotonic() - started))
+            else:
+                wait = None  # sleep until stacks are wanted again (or close)
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            # A dump in flight ends by itself within its timeout; don't hold up the caller's exit for it.
+            self._thread.join(timeout=1.0)
+
+
+def _state_of(stacks: Optional[ProcessStacks]) -> Optional[str]:
+    if stacks is None or stacks.error is not None:
+        return None
+    return classify_main_thread(stacks)
+
+
+def _whole_job_error(fresh: dict[int, ProcessStacks]) -> Optional[str]:
+    """When every dump failed the same way (py-spy missing, permission), say it once for the job."""
+    errors = {s.error for s in fresh.values()}
+    if len(errors) == 1 and None not in errors:
+        (error,) = errors
+        return error
+    return None
+
+
+def job_json(tree: JobTree) -> dict:
+    """The `job` key of `gputop snapshot --json` in the issue's shape: each rank has ``pid``, ``rank``,
+    ``local_rank``, ``gpus``, ``workers`` (PIDs) and ``main_thread_state``; the full worker details move
+    to ``worker_procs`` and the rank's own to ``proc``; ``stacks`` maps PID -> threads -> frames
+    (``name``, ``filename``, ``line``, innermost first)."""
+    out = to_jsonable(tree)
+    for rank_json, rank in zip(out["ranks"], tree.ranks):
+        rank_json["pid"] = rank.proc.pid
+        rank_json["worker_procs"] = rank_json["workers"]
+        rank_json["workers"] = [w.pid for w in rank.workers]
+    return out
+
+
+# ----------------------------------------------------------------- no --pid: all jobs on the GPUs
+
+_DISCOVERY_SCANNER = JobScanner()
+_DISCOVERY_LOCK = threading.Lock()
+
+
+def discover_jobs(gpus: tuple[GpuSample, ...]) -> list[JobTree]:
+    """The machine's GPU processes grouped into jobs (one per launcher, or per lone process), no stacks.
+
+    Jobs come sorted by their first GPU.  CPU % fills in from the second call on (psutil needs two readings).
+    """
+    with _DISCOVERY_LOCK:
+        scanner = _DISCOVERY_SCANNER
+        scanner.table.begin_scan()
+        jobs: dict[ProcKey, tuple[int, _Structure]] = {}
+        gpu_pids = frozenset(gpus_of_pids(gpus))
+        for pid in sorted(gpu_pids):
+            tracked = scanner.table.get(pid)
+            if tracked is None:
+                continue
+            structure = scanner.structure(tracked, gpu_pids)
+            anchor = structure.launcher or structure.ranks[0]
+            jobs.setdefault(anchor.key, (anchor.key[0], structure))
+        trees = [scanner.build(root_pid, structure, tuple(gpus)) for root_pid, structure in jobs.values()]
+        scanner.table.prune()
+    return sorted(trees, key=lambda t: (min((g for r in t.ranks for g in r.gpus), default=1 << 30), t.root_pid))
