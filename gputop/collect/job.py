@@ -23,7 +23,7 @@ import psutil
 from gputop.analysis.stack_classes import classify_main_thread
 from gputop.collect import stacks as stacks_mod
 from gputop.errors import GputopError
-from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, to_jsonable
+from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
 
 WORKER_COMM = "pt_data_worker"  # torch sets it in the DataLoader worker loop
 PIN_THREAD_COMM = "pt_data_pin"  # torch names the pin-memory thread so
@@ -783,6 +783,18 @@ def job_json(tree: JobTree) -> dict:
         rank_json["worker_procs"] = rank_json["workers"]
         rank_json["workers"] = [w.pid for w in rank.workers]
     return out
+
+
+def job_from_json(data: dict) -> JobTree:
+    """The inverse of `job_json`: restores each rank's full worker records from ``worker_procs``."""
+    data = dict(data)
+    ranks = []
+    for rank_json in data.get("ranks", []):
+        rank_json = {k: v for k, v in rank_json.items() if k not in ("pid", "workers")}
+        rank_json["workers"] = rank_json.pop("worker_procs", [])
+        ranks.append(rank_json)
+    data["ranks"] = ranks
+    return from_jsonable(JobTree, data)
 
 
 # ----------------------------------------------------------------- no --pid: all jobs on the GPUs

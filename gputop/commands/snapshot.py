@@ -18,6 +18,7 @@ from gputop.pipeline import pipeline_from_args
 # CPU % is a difference of two readings; this is the span it covers (long enough for real numbers,
 # short enough for a one-shot command).
 CPU_SAMPLE_INTERVAL_S = 0.3
+STACKS_WAIT_S = 5.0  # bound on waiting for the first py-spy round with --pid
 
 
 def run(args: Any) -> int:
@@ -30,6 +31,9 @@ def run(args: Any) -> int:
     try:
         # A measurement window, not synchronisation: CPU %, NVLink rates are deltas over it.
         threading.Event().wait(CPU_SAMPLE_INTERVAL_S)
+        if pipeline.job_collector is not None:
+            # stacks come from a background py-spy round; one snapshot should carry them
+            pipeline.job_collector.wait_for_stacks(STACKS_WAIT_S)
         snap = pipeline.poll()
         machine = pipeline.machine
     finally:
@@ -54,8 +58,16 @@ def snapshot_json(machine: MachineInfo, snap: Snapshot) -> dict[str, Any]:
         "topology": to_jsonable(machine.topology),
     }
     if snap.job is not None:
-        out["job"] = to_jsonable(snap.job)
+        from gputop.collect.job import job_json
+
+        out["job"] = job_json(snap.job)
     return out
+
+
+def _job_from_json(data: dict[str, Any]) -> JobTree:
+    from gputop.collect.job import job_from_json
+
+    return job_from_json(data)
 
 
 def snapshot_from_json(data: dict[str, Any]) -> tuple[MachineInfo, Snapshot]:
@@ -65,7 +77,7 @@ def snapshot_from_json(data: dict[str, Any]) -> tuple[MachineInfo, Snapshot]:
         timestamp=float(data["timestamp"]),
         host=from_jsonable(HostSample, data["host"]),
         gpus=tuple(from_jsonable(GpuSample, g) for g in data["gpus"]),
-        job=from_jsonable(JobTree, data["job"]) if data.get("job") is not None else None,
+        job=_job_from_json(data["job"]) if data.get("job") is not None else None,
         simulated=bool(data["simulated"]),
     )
     return machine, snap
