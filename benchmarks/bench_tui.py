@@ -1,0 +1,303 @@
+"""TUI overhead: gputop --simulate against nvitop on the same simulated NVML, in real pseudo-terminals.
+
+Both monitors run at the same time (so machine noise hits both), each in its own
+pty of 120x40 with a 1 s refresh and 8 simulated H100s.  For each we measure:
+
+- first frame: seconds from spawn until the terminal has received the GPU model name
+  (the first screen with GPU data on it);
+- CPU: % of one core over the steady-state window (utime + stime of the process, all threads);
+- bytes/s written to the terminal over the same window;
+- RSS at the end of the window (and the peak, VmHWM).
+
+nvitop reads pynvml, so a small wrapper installs the project's fake library below
+pynvml before nvitop starts (the same fake `gputop --simulate` uses).
+
+    python benchmarks/bench_tui.py [--seconds 30] [--warmup 5] [--no-nvitop] [--json]
+
+Bars (issue 3): CPU <= 1.5 %, <= 5 KB/s, first frame <= 0.6 s, RSS <= 80 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import select
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import termios
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+COLUMNS, ROWS = 120, 40
+# Text each tool prints only once GPU readings are on screen (gputop's card titles, nvitop's memory column).
+FIRST_FRAME_MARKERS = {"gputop": b"GPU0", "nvitop": b"GiB / ", "collector only": b"\x00never"}
+BARS = {"cpu_percent": 1.5, "bytes_per_s": 5 * 1024, "first_frame_s": 0.6, "rss_mib": 80.0}
+
+# The collection alone, as gputop's TUI does it (one poll a second), to show what the screen itself costs.
+COLLECTOR_ONLY = r"""
+import sys, time
+from gputop.pipeline import Pipeline
+pipeline = Pipeline(simulate=sys.argv[1])
+next_at = time.monotonic()
+while True:
+    pipeline.poll()
+    next_at += 1.0
+    time.sleep(max(0.0, next_at - time.monotonic()))
+"""
+
+NVITOP_WRAPPER = r"""
+import sys, time
+from gputop.collect.gpu import use_nvml_library
+from gputop.sim.fake_nvml import FakeNvmlLibrary
+from gputop.sim.profiles import parse_spec
+from gputop.sim.synthetic import SyntheticLoad
+
+# nvitop asks for symbols our fake does not serve (encoder/decoder utilization, ...): answer them as
+# a driver without the feature does, NVML_ERROR_NOT_SUPPORTED, instead of FunctionNotFound log spam.
+class NotSupportedElsewhere:
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        try:
+            return getattr(self._inner, name)
+        except AttributeError:
+            def not_supported(*args):
+                return 3  # NVML_ERROR_NOT_SUPPORTED
+            return not_supported
+
+
+spec = parse_spec(sys.argv[1])
+load = SyntheticLoad(spec.profile.gpu_count, spec.profile.gpu.memory_total)
+use_nvml_library(NotSupportedElsewhere(FakeNvmlLibrary(spec, load, clock=time.monotonic)))
+from nvitop.cli import main
+sys.argv = ["nvitop", *sys.argv[2:]]
+sys.exit(main())
+"""
+
+
+@dataclass
+class Result:
+    name: str
+    first_frame_s: Optional[float] = None
+    cpu_percent: Optional[float] = None
+    bytes_per_s: Optional[float] = None
+    rss_mib: Optional[float] = None
+    peak_rss_mib: Optional[float] = None
+    first_frame_all: Optional[list[float]] = None  # every start, for the spread
+    error: Optional[str] = None
+
+
+class PtyProcess:
+    """A command on the slave side of a fresh pty of a fixed size; we read everything it writes."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
+        self.master = master
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True, close_fds=True
+        )
+        os.close(slave)
+        os.set_blocking(master, False)
+        self.total_bytes = 0
+        self.first_frame: Optional[float] = None
+        self._tail = b""
+        self.output_head = b""
+        self.marker = FIRST_FRAME_MARKERS[name]
+
+    def pump(self) -> None:
+        """Read what is waiting (non-blocking)."""
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except BlockingIOError:
+                return
+            except OSError:  # EIO: the child closed the terminal
+                return
+            if not chunk:
+                return
+            self.total_bytes += len(chunk)
+            if len(self.output_head) < 4096:
+                self.output_head += chunk[:4096]
+            if self.first_frame is None:
+                window = self._tail + chunk
+                if self.marker in window:
+                    self.first_frame = time.monotonic() - self.started
+                self._tail = window[-len(self.marker) :]
+
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.proc.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14, 15)
+
+    def rss_mib(self) -> tuple[float, float]:
+        values = {}
+        with open(f"/proc/{self.proc.pid}/status") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    values[key] = int(rest.split()[0]) / 1024
+        return values.get("VmRSS", 0.0), values.get("VmHWM", 0.0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.write(self.master, b"q")
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        os.close(self.master)
+
+
+def pump_until(procs: list[PtyProcess], deadline: float) -> None:
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        fds = [p.master for p in procs]
+        select.select(fds, [], [], min(remaining, 0.5))
+        for p in procs:
+            p.pump()
+
+
+def _commands(profile: str, with_nvitop: bool) -> list[tuple[str, list[str]]]:
+    commands = [("gputop", [sys.executable, "-m", "gputop", "tui", "--simulate", profile, "--interval", "1"])]
+    if with_nvitop:
+        commands.append(("nvitop", [sys.executable, "-c", NVITOP_WRAPPER, profile, "--interval", "1"]))
+    return commands
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, TERM="xterm-256color", COLUMNS=str(COLUMNS), LINES=str(ROWS), LANG="C.UTF-8")
+    for name in ("NO_COLOR", "TEXTUAL", "COLORTERM"):
+        env.pop(name, None)
+    return env
+
+
+def measure_first_frames(commands: list[tuple[str, list[str]]], repeats: int) -> dict[str, list[float]]:
+    """Start each tool alone (alternating, `repeats` times) and time its first frame with GPU data."""
+    times: dict[str, list[float]] = {name: [] for name, _ in commands}
+    for _ in range(repeats):
+        for name, argv in commands:
+            proc = PtyProcess(name, argv, _env())
+            try:
+                deadline = time.monotonic() + 10
+                while proc.first_frame is None and time.monotonic() < deadline and proc.proc.poll() is None:
+                    pump_until([proc], min(deadline, time.monotonic() + 0.02))
+                if proc.first_frame is not None:
+                    times[name].append(proc.first_frame)
+            finally:
+                proc.stop()
+    return times
+
+
+def run(seconds: float, warmup: float, with_nvitop: bool, profile: str, repeats: int = 3) -> list[Result]:
+    commands = _commands(profile, with_nvitop)
+    first = measure_first_frames(commands, repeats)
+    # steady state: every tool at once, so load from anything else on the machine hits all of them
+    steady = commands + [("collector only", [sys.executable, "-c", COLLECTOR_ONLY, profile])]
+    procs = [PtyProcess(name, argv, _env()) for name, argv in steady]
+    results = {p.name: Result(p.name) for p in procs}
+    try:
+        pump_until(procs, time.monotonic() + warmup)
+        for p in procs:
+            if p.proc.poll() is not None:
+                results[p.name].error = f"exited early ({p.proc.returncode}): {p.output_head[-300:]!r}"
+        live = [p for p in procs if p.proc.poll() is None]
+        cpu0 = {p.name: p.cpu_seconds() for p in live}
+        bytes0 = {p.name: p.total_bytes for p in live}
+        t0 = time.monotonic()
+        pump_until(live, t0 + seconds)
+        elapsed = time.monotonic() - t0
+        for p in live:
+            r = results[p.name]
+            r.cpu_percent = 100.0 * (p.cpu_seconds() - cpu0[p.name]) / elapsed
+            r.bytes_per_s = (p.total_bytes - bytes0[p.name]) / elapsed
+            r.rss_mib, r.peak_rss_mib = p.rss_mib()
+    finally:
+        for p in procs:
+            p.stop()
+    for name, values in first.items():
+        if values:
+            results[name].first_frame_s = statistics.median(values)
+            results[name].first_frame_all = [round(v, 3) for v in values]
+    return list(results.values())
+
+
+def _fmt(value: Optional[float], spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def print_table(results: list[Result]) -> None:
+    by_name = {r.name: r for r in results}
+    g, n = by_name.get("gputop"), by_name.get("nvitop")
+    rows = [
+        ("CPU, % of one core", "cpu_percent", ".2f"),
+        ("to the terminal, B/s", "bytes_per_s", ".0f"),
+        ("first frame, s", "first_frame_s", ".2f"),
+        ("RSS, MiB", "rss_mib", ".1f"),
+    ]
+    print(f"{'metric':24} {'gputop':>10} {'nvitop':>10} {'ratio':>7} {'bar':>8} {'ok':>4}")
+    for label, key, spec in rows:
+        gv = getattr(g, key) if g else None
+        nv = getattr(n, key) if n else None
+        ratio = f"{gv / nv:.2f}" if gv is not None and nv else "n/a"
+        bar = BARS[key]
+        ok = "yes" if gv is not None and gv <= bar else "NO"
+        print(f"{label:24} {_fmt(gv, spec):>10} {_fmt(nv, spec):>10} {ratio:>7} {bar:>8g} {ok:>4}")
+    c = by_name.get("collector only")
+    if c is not None and c.cpu_percent is not None and g is not None and g.cpu_percent is not None:
+        print(
+            f"of gputop's CPU, collection alone (simulated NVML + psutil, 1 poll/s) is {c.cpu_percent:.2f}%; "
+            f"the screen is the other {g.cpu_percent - c.cpu_percent:.2f}%"
+        )
+    for r in results:
+        if r.first_frame_all:
+            print(f"{r.name} first frames (s): {r.first_frame_all}  (median shown)")
+        if r.error:
+            print(f"{r.name}: {r.error}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=30.0, help="steady-state window (default 30)")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds before the window starts (default 5)")
+    parser.add_argument("--profile", default="h100-sxm-8")
+    parser.add_argument("--no-nvitop", action="store_true", help="measure gputop only")
+    parser.add_argument("--repeats", type=int, default=3, help="first-frame starts per tool (default 3)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with_nvitop = not args.no_nvitop
+    if with_nvitop:
+        try:
+            import nvitop  # noqa: F401
+        except ImportError:
+            print("nvitop is not installed (pip install nvitop); measuring gputop alone", file=sys.stderr)
+            with_nvitop = False
+    results = run(args.seconds, args.warmup, with_nvitop, args.profile, args.repeats)
+    if args.json:
+        print(json.dumps([asdict(r) for r in results], indent=2))
+    else:
+        print(f"{COLUMNS}x{ROWS} pty, 1 s refresh, --simulate {args.profile}, {args.seconds:g} s window after {args.warmup:g} s")
+        print_table(results)
+    gputop = next(r for r in results if r.name == "gputop")
+    ok = all(getattr(gputop, k) is not None and getattr(gputop, k) <= v for k, v in BARS.items())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,688 @@
+"""The live Textual monitor: GPU grid, CPU heatmap, job tree with stacks, verdict line.
+
+Collection runs on one long-lived daemon thread that polls, waits for the
+interval, and posts each snapshot to the app as a message: polls never overlap,
+a slow NVML or py-spy call never blocks keys or drawing, and quitting never
+waits for a hung driver call.  Drawing is done by line widgets that repaint only
+the cells that changed (see `canvas.py`), which keeps the bytes sent over SSH
+and the CPU used per refresh small.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.message import Message
+
+from gputop.errors import GputopError
+from gputop.history import History
+from gputop.model import Finding, JobTree, Snapshot
+from gputop.tui import partial_updates
+from gputop.tui.look import key_display
+from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
+from gputop.tui.widgets.gpu_grid import GpuGrid
+from gputop.tui.widgets.job_panel import JobPanel, JobRow, gpu_process_rows, job_rows
+from gputop.tui.widgets.stacks import StacksPanel
+from gputop.tui.widgets.status import HeaderLine, KeyBar, VerdictLine, verdict_severity
+
+W = TypeVar("W")
+
+partial_updates.install()  # write only the changed cells (see partial_updates.py)
+
+MIN_SIZE = (60, 16)  # below this: the "terminal too small" screen
+COMPACT_BELOW = (100, 30)  # below either: one line per GPU, stacks on demand
+INTERVAL_STEPS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
+DIAGNOSE_EVERY = 3.0  # seconds between verdict updates
+SEEK_STEP = 10.0  # replay seek, seconds
+COLLECTOR_STOP_TIMEOUT = 3.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    findings: Optional[list[Finding]]
+    line: str
+
+
+class SnapshotReady(Message):
+    def __init__(self, snapshots: list[Snapshot], discovered: Optional[list[JobTree]], reset: bool = False) -> None:
+        super().__init__()
+        self.snapshots = snapshots
+        self.discovered = discovered
+        self.reset = reset  # start the history over (a replay was sought)
+
+
+class PollFailed(Message):
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+class Diagnosed(Message):
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__()
+        self.verdict = verdict
+
+
+def _default_diagnose(history: History, bench: Any) -> tuple[list[Finding], str]:
+    from gputop.analysis.diagnosis import diagnose, verdict_line
+
+    findings = diagnose(history, bench)
+    return findings, verdict_line(findings)
+
+
+class GputopApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "gputop"
+    ENABLE_COMMAND_PALETTE = False
+
+    BINDINGS = [
+        Binding("q", "quit", "Quit", priority=True, id="quit"),
+        Binding("ctrl+c", "quit", "Quit", priority=True, show=False, id="quit.ctrl_c"),
+        Binding("question_mark,h,f1", "help", "Help", id="help"),
+        Binding("p", "pause", "Pause", id="pause"),
+        Binding("plus,equals_sign", "interval(-1)", "Faster refresh", show=False, id="interval.faster"),
+        Binding("minus,underscore", "interval(1)", "Slower refresh", show=False, id="interval.slower"),
+        Binding("T", "topology", "Topology", id="topology"),
+        Binding("f", "findings", "Findings", id="findings"),
+        Binding("b", "bench", "Bench loader", id="bench"),
+        Binding("r", "report", "Report", id="report"),
+        Binding("s", "screenshot", "Screenshot", id="screenshot"),
+        Binding("tab", "app.focus_next", "Next panel", show=False, id="focus.next"),
+        Binding("shift+tab", "app.focus_previous", "Previous panel", show=False, id="focus.previous"),
+        Binding("escape", "close_stacks", "Back to the job list", show=False, id="stacks.close"),
+        # replay only (hidden and disabled without `controls`, see check_action)
+        Binding("space", "pause", "Pause replay", id="replay.pause"),
+        Binding("left", "seek(-1)", "Seek back 10 s", id="replay.back"),
+        Binding("right", "seek(1)", "Seek forward 10 s", id="replay.forward"),
+        Binding("less_than_sign", "speed(0.5)", "Slower replay", id="replay.slower"),
+        Binding("greater_than_sign", "speed(2.0)", "Faster replay", id="replay.faster"),
+    ]
+    REPLAY_ACTIONS = ("seek", "speed")
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        interval: float = 1.0,
+        subtitle: Optional[str] = None,
+        controls: Any = None,
+        diagnose: Optional[Callable[[History, Any], tuple[list[Finding], str]]] = None,
+        screenshot_dir: Optional[str] = None,
+        report_dir: Optional[str] = None,
+        history_capacity: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.machine = source.machine
+        self.interval = interval
+        self.sub_title = subtitle or ""
+        self.controls = controls
+        self.replay_speed = float(getattr(controls, "speed", 1.0) or 1.0)
+        self._diagnose = diagnose or _default_diagnose
+        self.screenshot_dir = screenshot_dir
+        self.report_dir = report_dir
+        self.history = History(self.machine, capacity=history_capacity or 600)
+        self.discovered: Optional[list[JobTree]] = None
+        self.paused = False
+        self.verdict: Optional[Verdict] = None
+        self.last_bench: Any = None
+        self.snapshots_seen = 0
+        self.diagnoses_done = 0
+        self.poll_error: Optional[str] = None
+        self._compact = False
+        self._compact_stacks = False
+        self._diagnosing = False
+        self._last_diagnose = 0.0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._collector: Optional[threading.Thread] = None
+        self.collector_stopped = threading.Event()
+        self._mounted = threading.Event()
+        self._replay_generation = getattr(source, "generation", None)
+        self._first_verdict_asked = False
+        self._too_small: Any = None  # screens.TooSmallScreen while shown
+        self._bench_screen: Any = None  # screens.BenchScreen while the dialog is open
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> Optional[bool]:
+        if action in self.REPLAY_ACTIONS and self.controls is None:
+            return False
+        return True
+
+    def key_hints(self) -> list[tuple[str, str]]:
+        return [(key_display(b.key.split(",")[0]), b.description) for b in self.global_bindings() if b.show]
+
+    def global_bindings(self) -> list[Binding]:
+        """The app's bindings as the help screen lists them (replay keys only when replaying)."""
+        replay_ids = {"replay.pause", "replay.back", "replay.forward", "replay.slower", "replay.faster"}
+        return [b for b in self.BINDINGS if self.controls is not None or b.id not in replay_ids]
+
+    # ------------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        yield HeaderLine(self.machine, id="header")
+        yield VerdictLine(id="verdict")
+        yield GpuGrid(id="gpus")
+        yield CpuHeatmap(id="cpu")
+        with Horizontal(id="bottom"):
+            yield JobPanel(id="jobs")
+            yield StacksPanel(id="stacks")
+        yield KeyBar(self.key_hints(), id="keys")
+
+    def on_mount(self) -> None:
+        self._apply_size(self.size.width, self.size.height)
+        self._header().set_state(interval=self.interval, paused=self.paused, replay=self._replay_tag())
+        self._header().subtitle = self.sub_title
+        self._main(JobPanel).focus()
+        self.start_collecting()
+        self._mounted.set()
+        self.set_interval(DIAGNOSE_EVERY, self._diagnose_soon)
+
+    def start_collecting(self) -> None:
+        """Start the collector thread (idempotent). `run_app` calls it before the UI starts, so the first
+        poll runs while Textual sets up the screen; snapshots are posted only once the app is mounted."""
+        if self._collector is None:
+            self._collector = threading.Thread(target=self._collect_loop, name="gputop-collect", daemon=True)
+            self._collector.start()
+
+    def on_unmount(self) -> None:
+        self._stop_collector()
+        self._mounted.clear()
+
+    def on_resize(self, event) -> None:  # noqa: ANN001
+        self._apply_size(event.size.width, event.size.height)
+
+    def _apply_size(self, width: int, height: int) -> None:
+        too_small = width < MIN_SIZE[0] or height < MIN_SIZE[1]
+        if too_small:
+            from gputop.tui.screens import TooSmallScreen
+
+            if self._too_small is None:
+                self._too_small = TooSmallScreen(MIN_SIZE)
+                self.push_screen(self._too_small)
+            elif self._too_small.is_mounted:
+                self._too_small.show(width, height)
+            return
+        if self._too_small is not None:
+            screen, self._too_small = self._too_small, None
+            if screen in self.screen_stack:
+                if self.screen is screen:
+                    self.pop_screen()
+                else:
+                    self.screen_stack  # pragma: no cover - another screen on top; leave it
+            self.call_after_refresh(self._render_all)
+        compact = width < COMPACT_BELOW[0] or height < COMPACT_BELOW[1]
+        if compact != self._compact:
+            self._compact = compact
+            self._compact_stacks = False
+            self._main(GpuGrid).set_compact(compact)
+            self._update_panel_visibility()
+
+    def _update_panel_visibility(self) -> None:
+        jobs, stacks = self._main(JobPanel), self._main(StacksPanel)
+        stacks.set_class(self._compact, "full-width")
+        if self._compact:
+            jobs.display = not self._compact_stacks
+            stacks.display = self._compact_stacks
+            if self._compact_stacks:
+                stacks.focus()
+            else:
+                jobs.focus()
+        else:
+            jobs.display = stacks.display = True
+        self._set_stacks_wanted()
+
+    def _set_stacks_wanted(self) -> None:
+        collector = getattr(self.source, "job_collector", None)
+        if collector is not None and hasattr(collector, "stacks_wanted"):
+            collector.stacks_wanted = bool(self._main(StacksPanel).display)
+
+    def _main(self, widget_type: type[W]) -> W:
+        """A widget of the main screen, even while a dialog or the too-small screen is on top."""
+        return self.screen_stack[0].query_one(widget_type)
+
+    def _header(self) -> HeaderLine:
+        return self._main(HeaderLine)
+
+    # ------------------------------------------------------------------ collection (off the event loop)
+    def _collect_loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    snapshots, reset = self._next_snapshots()
+                    discovered = self._discover(snapshots[-1]) if snapshots else None
+                except GputopError as exc:
+                    if not self._stop.is_set():
+                        self.post_message(PollFailed(str(exc)))
+                except Exception as exc:  # a collector bug must not kill the monitor
+                    if not self._stop.is_set():
+                        self.post_message(PollFailed(f"{type(exc).__name__}: {exc}"))
+                else:
+                    while not self._mounted.wait(0.05):
+                        if self._stop.is_set():
+                            return
+                    if self._stop.is_set():
+                        break
+                    if snapshots or reset:
+                        self.post_message(SnapshotReady(snapshots, discovered, reset))
+                remaining = self.interval - (time.monotonic() - started)
+                if remaining > 0:
+                    self._wake.wait(remaining)
+                self._wake.clear()
+        finally:
+            self.collector_stopped.set()
+
+    def _next_snapshots(self) -> tuple[list[Snapshot], bool]:
+        """New snapshots since the last call, and whether the history must start over (a replay seek).
+
+        A replay source (`drain`/`history_until`/`generation`, see recording.ReplaySource) hands over
+        every snapshot passed, so a fast replay keeps a complete history; anything else is polled."""
+        source = self.source
+        if hasattr(source, "drain") and hasattr(source, "generation"):
+            generation = source.generation
+            if generation != self._replay_generation:
+                self._replay_generation = generation
+                return list(source.history_until()), True
+            return list(source.drain()), False
+        return [source.poll()], False
+
+    def _discover(self, snapshot: Snapshot) -> Optional[list[JobTree]]:
+        """Group the machine's GPU processes into jobs when no job is attached (attach engineer's code)."""
+        if snapshot.job is not None or not any(g.processes for g in snapshot.gpus):
+            return None
+        try:
+            from gputop.collect.job import discover_jobs
+        except ImportError:
+            return None
+        return discover_jobs(snapshot.gpus)
+
+    def _stop_collector(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def wait_for_collector(self, timeout: float = COLLECTOR_STOP_TIMEOUT) -> bool:
+        return self.collector_stopped.wait(timeout)
+
+    # ------------------------------------------------------------------ snapshot -> screen
+    def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        if message.reset:
+            self.history = History(self.machine, capacity=self.history.capacity)
+        for snapshot in message.snapshots:
+            latest = self.history.latest
+            if latest is not None and snapshot.timestamp <= latest.timestamp:
+                continue  # the same sample again (a paused replay, a stalled source): keep time moving forward
+            self.history.append(snapshot)
+        self.discovered = message.discovered
+        self.snapshots_seen += len(message.snapshots)
+        if self.poll_error:
+            self.poll_error = None
+        if not self._first_verdict_asked and len(self.history):
+            self._first_verdict_asked = True
+            # first verdict soon, but after the first frame is on screen
+            self.set_timer(0.5, lambda: self._diagnose_soon(force=True))
+        self._render_all()
+
+    def on_poll_failed(self, message: PollFailed) -> None:
+        if self._stop.is_set():
+            return  # the source was closed under a poll on the way out
+        if message.error != self.poll_error:
+            self.poll_error = message.error
+            self.notify(message.error, title="collection failed", severity="error", timeout=6)
+
+    def _main_visible(self) -> bool:
+        return self.screen is self.screen_stack[0] if self.screen_stack else False
+
+    def _render_all(self) -> None:
+        # Skip UI work while paused or while another screen covers the main one.
+        if self.paused or not self._main_visible():
+            return
+        snapshot = self.history.latest
+        if snapshot is None:
+            return
+        snapshots = self.history.window(self._spark_window())
+        job = snapshot.job
+        self._main(GpuGrid).update_data(snapshots, self.interval, gpu_users(snapshot), self.machine.gpu_error)
+        self._main(CpuHeatmap).update_data(snapshot.host, job_cores(job))
+        panel = self._main(JobPanel)
+        title, hint, rows, warnings = self._job_rows(snapshot)
+        panel.update_data(title, hint, rows, warnings)
+        self._main(StacksPanel).update_data(job, panel.selected, snapshot.timestamp)
+        if self.controls is not None:
+            self._header().set_state(interval=self.interval, paused=self.paused, replay=self._replay_tag())
+
+    def _spark_window(self) -> float:
+        # The widest sparkline spans at most ~ width seconds-per-cell x cells; 10 minutes is a safe bound.
+        return max(180.0, self.interval * 200)
+
+    def _job_rows(self, snapshot: Snapshot) -> tuple[str, str, list[JobRow], Sequence[str]]:
+        job = snapshot.job
+        if job is not None:
+            name = job.launcher.name if job.launcher is not None else "job"
+            workers = sum(len(r.workers) for r in job.ranks)
+            title = f"JOB {name} {job.root_pid} · {len(job.ranks)} ranks · {workers} workers"
+            if job.exited:
+                title += " · EXITED"
+            hint = "Enter: stacks" if self._compact else ""
+            return title, hint, job_rows(job), job.warnings
+        if self.discovered:
+            rows = [row for tree in self.discovered for row in job_rows(tree, job_root=tree.root_pid)]
+            return f"GPU JOBS ({len(self.discovered)})", "Enter attaches", rows, ()
+        return "GPU PROCESSES", "Enter attaches", gpu_process_rows(snapshot), ()
+
+    def on_job_panel_selected(self, message: JobPanel.Selected) -> None:
+        snapshot = self.history.latest
+        self._main(StacksPanel).update_data(
+            snapshot.job if snapshot else None, message.row, snapshot.timestamp if snapshot else 0.0
+        )
+
+    def on_job_panel_chosen(self, message: JobPanel.Chosen) -> None:
+        snapshot = self.history.latest
+        if snapshot is not None and snapshot.job is not None:
+            if self._compact:
+                self._compact_stacks = True
+                self._update_panel_visibility()
+            return
+        target = message.row.job_root or message.row.pid
+        self._attach_job(target)
+
+    def action_close_stacks(self) -> None:
+        if self._compact and self._compact_stacks:
+            self._compact_stacks = False
+            self._update_panel_visibility()
+
+    @work(thread=True, group="attach", exclusive=True)
+    def _attach_job(self, pid: int) -> None:
+        attach = getattr(self.source, "attach", None)
+        if attach is None:
+            self.call_from_thread(
+                self.notify, f"this view cannot attach; run gputop --pid {pid}", severity="warning", timeout=6
+            )
+            return
+        try:
+            attach(pid)
+        except GputopError as exc:
+            self.call_from_thread(self.notify, str(exc), title="attach failed", severity="error", timeout=8)
+            return
+        self.call_from_thread(self.notify, f"attached to PID {pid}", timeout=3)
+        self.call_from_thread(self._set_stacks_wanted)
+
+    # ------------------------------------------------------------------ diagnosis (thread, every few seconds)
+    def _diagnose_soon(self, force: bool = False) -> None:
+        if self._diagnosing or not len(self.history) or (self.paused and not force):
+            return
+        self._diagnosing = True
+        self._run_diagnosis(self._history_copy(), self.last_bench)
+
+    def _history_copy(self) -> History:
+        """A History of its own for a worker thread: the app keeps appending to the live one."""
+        copy = History(self.history.machine, capacity=self.history.capacity)
+        for snapshot in self.history:  # references only: snapshots are frozen
+            copy.append(snapshot)
+        return copy
+
+    @work(thread=True, group="diagnose")
+    def _run_diagnosis(self, history: History, bench: Any) -> None:
+        try:
+            findings, line = self._diagnose(history, bench)
+            verdict = Verdict(list(findings), line)
+        except ImportError:
+            verdict = Verdict(None, "Verdict: diagnosis is not available in this build")
+        except Exception as exc:  # a diagnosis bug must not take the monitor down
+            verdict = Verdict(None, f"Verdict: diagnosis failed ({type(exc).__name__}: {exc})")
+        self.post_message(Diagnosed(verdict))
+
+    def on_diagnosed(self, message: Diagnosed) -> None:
+        self._diagnosing = False
+        if self._stop.is_set() or not self.screen_stack:
+            return  # shutting down
+        self.diagnoses_done += 1
+        self.verdict = message.verdict
+        findings = message.verdict.findings or []
+        extra = max(0, len([f for f in findings if f.id != "healthy"]) - 1)
+        self._main(VerdictLine).set_verdict(message.verdict.line, verdict_severity(findings), extra)
+
+    # ------------------------------------------------------------------ actions
+    async def action_quit(self) -> None:
+        self._stop_collector()
+        self.exit(0)
+
+    def action_help(self) -> None:
+        from gputop.tui.screens import BenchScreen, HelpScreen
+
+        if isinstance(self.screen, HelpScreen):
+            return
+        sections = [
+            ("Global", self.global_bindings()),
+            ("Job panel", JobPanel.BINDINGS),
+            ("Stacks panel", StacksPanel.BINDINGS),
+            ("Benchmark dialog", BenchScreen.BINDINGS),
+        ]
+        self.push_screen(HelpScreen(sections))
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        if self.controls is not None:
+            (self.controls.pause if self.paused else self.controls.resume)()
+        self._header().set_state(interval=self.interval, paused=self.paused, replay=self._replay_tag())
+        if not self.paused:
+            self._render_all()
+
+    def action_interval(self, direction: int) -> None:
+        steps = INTERVAL_STEPS
+        current = min(range(len(steps)), key=lambda i: abs(steps[i] - self.interval))
+        new = steps[max(0, min(len(steps) - 1, current + direction))]
+        if new != self.interval:
+            self.interval = new
+            self._wake.set()  # start the new cadence now
+            self._header().set_state(interval=self.interval, paused=self.paused, replay=self._replay_tag())
+            self.notify(f"refresh every {new:g} s", timeout=2)
+
+    def action_topology(self) -> None:
+        from gputop.tui.screens import TopologyScreen
+
+        if not isinstance(self.screen, TopologyScreen):
+            self.push_screen(TopologyScreen(self.machine, self.history.latest))
+
+    def action_findings(self) -> None:
+        from gputop.tui.screens import FindingsScreen
+
+        if not isinstance(self.screen, FindingsScreen):
+            verdict = self.verdict
+            self.push_screen(FindingsScreen(verdict.findings if verdict else None, verdict.line if verdict else ""))
+
+    def action_screenshot(self) -> None:
+        directory = self.screenshot_dir or os.getcwd()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        filename = f"gputop-{self.machine.hostname}-{stamp}.svg"
+        try:
+            path = self.save_screenshot(filename=filename, path=directory)
+        except OSError as exc:
+            self.notify(f"could not save the screenshot in {directory}: {exc.strerror or exc}", severity="error")
+            return
+        self.notify(f"saved {path}", title="screenshot", timeout=5)
+
+    # --- replay
+    def _replay_tag(self) -> Optional[str]:
+        controls = self.controls
+        if controls is None:
+            return None
+        position = getattr(controls, "position", None)
+        duration = getattr(controls, "duration", None)
+        tag = "REPLAY"
+        if position is not None and duration is not None:
+            tag += f" {_mmss(position)}/{_mmss(duration)}"
+        if self.replay_speed != 1.0:
+            tag += f" ×{self.replay_speed:g}"
+        return tag
+
+    def action_seek(self, direction: int) -> None:
+        if self.controls is None:
+            return
+        position = getattr(self.controls, "position", 0.0) or 0.0
+        self.controls.seek(max(0.0, position + direction * SEEK_STEP))
+        if not hasattr(self.source, "generation"):
+            self.history = History(self.machine, capacity=self.history.capacity)  # keep the series in time order
+        self._wake.set()
+
+    def action_speed(self, factor: float) -> None:
+        if self.controls is None:
+            return
+        self.replay_speed = max(0.125, min(64.0, self.replay_speed * factor))
+        self.controls.set_speed(self.replay_speed)
+        self._header().set_state(interval=self.interval, paused=self.paused, replay=self._replay_tag())
+
+    # --- benchmark (issue 6)
+    def _bench_target(self) -> Optional[tuple[int, str]]:
+        snapshot = self.history.latest
+        row = self._main(JobPanel).selected
+        job = snapshot.job if snapshot else None
+        if row is not None and row.kind == "rank":
+            return row.pid, row.label.lstrip("├└│ ")
+        if job is not None and job.ranks:
+            rank = min(job.ranks, key=lambda r: (r.rank if r.rank is not None else 1 << 30))
+            name = f"rank {rank.rank}" if rank.rank is not None else "main process"
+            return rank.proc.pid, f"{name} {rank.proc.pid}"
+        if row is not None:
+            return row.pid, row.label
+        return None
+
+    def action_bench(self) -> None:
+        target = self._bench_target()
+        if target is None:
+            self.notify("attach to a training job first (gputop --pid PID, or Enter on a process)", severity="warning")
+            return
+        pid, label = target
+        from gputop.tui.screens import BenchScreen
+
+        self._bench_screen = BenchScreen(pid, label, self._start_bench)
+        self.push_screen(self._bench_screen)
+
+    def _start_bench(self, pid: int, allow_inject: bool) -> None:
+        self._run_bench(pid, allow_inject)
+
+    @work(thread=True, group="bench", exclusive=True)
+    def _run_bench(self, pid: int, allow_inject: bool) -> None:
+        screen = self._bench_screen
+
+        def progress(fraction: float, message: str) -> None:
+            if screen is not None:
+                self.call_from_thread(screen.show_progress, fraction, message)
+
+        try:
+            from gputop.bench import run_benchmark
+
+            result = run_benchmark(pid, seconds=15.0, allow_inject=allow_inject, progress=progress)
+        except ImportError:
+            self.call_from_thread(self._bench_done, None, "the loader benchmark is not available in this build")
+        except GputopError as exc:
+            self.call_from_thread(self._bench_done, None, str(exc))
+        except Exception as exc:
+            self.call_from_thread(self._bench_done, None, f"benchmark failed: {type(exc).__name__}: {exc}")
+        else:
+            self.call_from_thread(self._bench_done, result, None)
+
+    def _bench_done(self, result: Any, error: Optional[str]) -> None:
+        screen = self._bench_screen
+        if result is not None:
+            self.last_bench = result
+            self._diagnose_soon(force=True)
+        lines = list(result.summary_lines()) if result is not None else []
+        if screen is not None and screen.is_mounted:
+            screen.show_result(lines, error)
+        elif error:
+            self.notify(error, title="benchmark", severity="error", timeout=8)
+        else:
+            self.notify(lines[0] if lines else "benchmark done", title="benchmark", timeout=8)
+
+    # --- report (issue 7)
+    def action_report(self) -> None:
+        if not len(self.history):
+            self.notify("nothing observed yet", severity="warning")
+            return
+        copy = self._history_copy()
+        self.notify("writing the report…", timeout=2)
+        self._write_report(copy, self.last_bench)
+
+    @work(thread=True, group="report", exclusive=True)
+    def _write_report(self, history: History, bench: Any) -> None:
+        try:
+            from gputop.report.markdown import render_markdown
+            from gputop.report.writer import write_report
+
+            findings, _ = self._diagnose(history, bench)
+            text = render_markdown(history, findings, bench=bench, command="gputop (TUI, key r)")
+            directory = Path(self.report_dir or os.getcwd())
+            path = directory / f"gputop-report-{self.machine.hostname}-{time.strftime('%Y%m%d-%H%M%S')}.md"
+            write_report(path, text)
+        except ImportError:
+            self.call_from_thread(self.notify, "reports are not available in this build", severity="error")
+        except (GputopError, OSError) as exc:
+            self.call_from_thread(self.notify, str(exc), title="report not written", severity="error", timeout=8)
+        else:
+            self.call_from_thread(self.notify, f"wrote {path}", title="report", timeout=8)
+
+
+# ------------------------------------------------------------------ helpers (pure)
+def gpu_users(snapshot: Snapshot) -> dict[int, str]:
+    """GPU index -> who uses it: 'r0 1234' from the job's ranks, else 'pid 1234' (+N more) from NVML."""
+    users: dict[int, str] = {}
+    job = snapshot.job
+    if job is not None:
+        for rank in job.ranks:
+            for gpu in rank.gpus:
+                label = f"r{rank.rank} {rank.proc.pid}" if rank.rank is not None else f"pid {rank.proc.pid}"
+                users[gpu] = label if gpu not in users else users[gpu].split(" ")[0] + "+…"
+    for gpu in snapshot.gpus:
+        if gpu.index in users or not gpu.processes:
+            continue
+        pids = [p.pid for p in gpu.processes]
+        users[gpu.index] = f"pid {pids[0]}" + (f" +{len(pids) - 1}" if len(pids) > 1 else "")
+    return users
+
+
+def job_cores(job: Optional[JobTree]) -> frozenset[int]:
+    if job is None:
+        return frozenset()
+    cores = set()
+    for rank in job.ranks:
+        if rank.proc.core is not None and not rank.proc.exited:
+            cores.add(rank.proc.core)
+        for worker in rank.workers:
+            if worker.core is not None and not worker.exited:
+                cores.add(worker.core)
+    return frozenset(cores)
+
+
+def _mmss(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 60:02d}:{seconds % 60:02d}"
+
+
+# ------------------------------------------------------------------ entry points
+def run_app(source: Any, *, interval: float = 1.0, subtitle: Optional[str] = None, controls: Any = None) -> int:
+    """Run the TUI on `source` (.machine, .poll(), .close()) until the user quits; closes the source."""
+    app = GputopApp(source, interval=interval, subtitle=subtitle, controls=controls)
+    app.start_collecting()
+    try:
+        app.run()
+    finally:
+        # Close the source only once the collector has left poll(): closing NVML under a running call can crash.
+        if app.collector_stopped.is_set() or app.wait_for_collector():
+            source.close()
+    return int(app.return_code or 0)
+
+
+def run(args) -> int:  # noqa: ANN001
+    """The `tui` command: gputop [--pid PID] [--simulate [PROFILE]] [--interval S]."""
+    from gputop.pipeline import pipeline_from_args
+
+    source = pipeline_from_args(args)
+    return run_app(source, interval=getattr(args, "interval", 1.0) or 1.0)

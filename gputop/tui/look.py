@@ -1,0 +1,173 @@
+"""Colours, glyphs and number formats shared by the TUI widgets.
+
+Every state is told by a symbol or a word as well as by colour, so the screen
+reads the same under NO_COLOR (Textual turns colour off there) and on a
+monochrome terminal.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from rich.style import Style
+
+# ------------------------------------------------------------------ styles (cached objects: LineBuilder merges by identity)
+PLAIN = Style()
+DIM = Style(color="grey50")
+BOLD = Style(bold=True)
+LABEL = Style(color="grey62")
+ACCENT = Style(color="#5fafd7")
+ACCENT_BOLD = Style(color="#5fafd7", bold=True)
+GOOD = Style(color="#5fd75f")
+GOOD_BOLD = Style(color="#5fd75f", bold=True)
+WARN = Style(color="#d7af00")
+WARN_BOLD = Style(color="#d7af00", bold=True)
+BAD = Style(color="#ff5f5f")
+BAD_BOLD = Style(color="#ff5f5f", bold=True)
+SELECTED = Style(reverse=True)
+JOB_CORE = Style(underline=True, bold=True)
+BAR_EMPTY = Style(color="grey30")
+SPARK = Style(color="#5fafd7")
+KEY = Style(color="#ffaf00", bold=True)
+SECTION = Style(bgcolor="#303a44")  # section title bars (the base under their text)
+
+# ------------------------------------------------------------------ glyphs
+SPARK_LEVELS = " ▁▂▃▄▅▆▇█"
+BAR_FULL = "█"
+BAR_EMPTY_CH = "░"
+
+# state -> (symbol, word, style)
+STATE_BUSY = ("●", "BUSY", GOOD_BOLD)
+STATE_LOW = ("◐", "LOW", ACCENT_BOLD)
+STATE_IDLE = ("○", "IDLE", DIM)
+STATE_WARN = ("▲", "WARN", WARN_BOLD)
+STATE_FAULT = ("✖", "FAULT", BAD_BOLD)
+STATE_LOST = ("✖", "LOST", BAD_BOLD)
+
+BUSY_AT = 50.0  # utilization % at or above which a GPU counts as busy
+IDLE_BELOW = 5.0  # and below which it counts as idle
+LOAD_FOR_PCIE_CHECK = 20.0  # idle GPUs drop their PCIe link on purpose: only flag a downgrade under load
+
+
+def load_style(percent: Optional[float]) -> Style:
+    """Green → yellow → red as a core or GPU fills up; grey when idle."""
+    if percent is None:
+        return DIM
+    if percent < IDLE_BELOW:
+        return DIM
+    if percent < 60:
+        return GOOD
+    if percent < 85:
+        return WARN
+    return BAD
+
+
+def _level_index(percent: float) -> int:
+    if percent <= 0:
+        return 0
+    return min(8, max(1, int(percent / 12.5 + 0.5)))  # nearest level; any load above 0 shows
+
+
+# per whole percent: the level glyph (a lookup, since a 128-core heatmap asks 128 times a second)
+_LEVEL_BY_PERCENT = tuple(SPARK_LEVELS[_level_index(p)] for p in range(101))
+
+
+def level_char(percent: Optional[float]) -> str:
+    """One of ' ▁▂▃▄▅▆▇█' on a fixed 0..100 scale (any load above 0 shows at least ▁); '·' when unknown."""
+    if percent is None or percent < 0:
+        return "·"
+    if percent <= 0:
+        return SPARK_LEVELS[0]
+    if percent < 1:
+        return SPARK_LEVELS[1]
+    return _LEVEL_BY_PERCENT[min(100, int(percent + 0.5))]
+
+
+# ------------------------------------------------------------------ numbers
+def fmt_bytes(value: Optional[float], unit_suffix: str = "") -> str:
+    """1536 -> '1.5K'; GiB-based (binary) like nvidia-smi's MiB."""
+    if value is None:
+        return "n/a"
+    value = float(value)
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(value) < 1024 or unit == "T":
+            if unit == "B":
+                return f"{value:.0f}{unit}{unit_suffix}"
+            return (f"{value:.1f}" if value < 100 else f"{value:.0f}") + unit + unit_suffix
+        value /= 1024
+    return "n/a"  # pragma: no cover
+
+
+def fmt_rate(value: Optional[float]) -> str:
+    """Bytes per second, short: '1.2G', '340M', '0'."""
+    if value is None:
+        return "n/a"
+    if value < 1:
+        return "0"
+    return fmt_bytes(value)
+
+
+def fmt_gib_pair(used: Optional[int], total: Optional[int]) -> str:
+    if used is None or total is None:
+        return "n/a"
+    gib = 1024**3
+    total_g = total / gib
+    used_g = used / gib
+    if total_g >= 10:
+        return f"{used_g:.0f}/{total_g:.0f}G"
+    return f"{used_g:.1f}/{total_g:.1f}G"
+
+
+def fmt_pct(value: Optional[float], width: int = 3) -> str:
+    if value is None:
+        return "n/a".rjust(width) + " "
+    return f"{value:{width}.0f}%"
+
+
+def bar(fraction: Optional[float], width: int) -> tuple[str, str]:
+    """(filled, empty) text of a horizontal bar `width` cells wide."""
+    if width <= 0:
+        return "", ""
+    if fraction is None:
+        return "", "·" * width
+    filled = int(round(max(0.0, min(1.0, fraction)) * width))
+    return BAR_FULL * filled, BAR_EMPTY_CH * (width - filled)
+
+
+def ellipsize(text: str, width: int) -> str:
+    if width <= 0:
+        return ""
+    if len(text) <= width:
+        return text
+    if width == 1:
+        return "…"
+    return text[: width - 1] + "…"
+
+
+# ------------------------------------------------------------------ key names for help and the key bar
+_KEY_NAMES = {
+    "question_mark": "?",
+    "plus": "+",
+    "equals_sign": "=",
+    "minus": "-",
+    "underscore": "_",
+    "less_than_sign": "<",
+    "greater_than_sign": ">",
+    "escape": "Esc",
+    "enter": "Enter",
+    "tab": "Tab",
+    "shift+tab": "Shift+Tab",
+    "space": "Space",
+    "left": "←",
+    "right": "→",
+    "up": "↑",
+    "down": "↓",
+    "pageup": "PgUp",
+    "pagedown": "PgDn",
+    "f1": "F1",
+    "ctrl+c": "Ctrl+C",
+}
+
+
+def key_display(keys: str) -> str:
+    return " ".join(_KEY_NAMES.get(k.strip(), k.strip()) for k in keys.split(","))

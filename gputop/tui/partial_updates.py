@@ -1,0 +1,88 @@
+"""Make Textual write only the changed cells of a partial update, not the line up to them.
+
+Textual 8.2's `ChopsUpdate.render_segments` crops each changed span *from the left edge of
+the widget* to the span's end, so a one-digit change at column 100 of a full-width widget
+rewrites 100 cells, and a line with four changes rewrites its start four times.  For a
+monitor that updates numbers all over a wide screen every second over SSH, that is most
+of what it sends (measured: 2.6 KB/s -> see benchmarks/bench_tui.py for the figure after).
+
+`install()` replaces that method with one that crops each span to [x1, x2).  It checks the
+replacement against Textual's own output on a probe first (the same cells must reach the
+terminal), and leaves Textual alone if its internals are not what this was written for.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.control import Control
+from rich.segment import Segment
+from textual.strip import Strip
+
+_installed = False
+
+
+def _render_segments(self, console: Console) -> str:
+    sequences: list[str] = []
+    append = sequences.append
+    move_to = Control.move_to
+    chops = self.chops
+    chop_ends = self.chop_ends
+    last_y = self.spans[-1][0]
+    for y, x1, x2 in self.spans:
+        line = chops[y]
+        ends = chop_ends[y]
+        for end, (x, strip) in zip(ends, line.items()):
+            if strip is None or x >= x2 or end <= x1:
+                continue
+            start, stop = max(x, x1), min(end, x2)
+            if start > x or stop < end:
+                strip = strip.crop(start - x, stop - x)
+            append(move_to(start, y).segment.text)
+            append(strip.render(console))
+        if y != last_y:
+            append("\n")
+    return "".join(sequences)
+
+
+def _screen_after(updates: str, width: int) -> str:
+    """Apply a one-line update string (cursor moves + plain text) to a blank line; return the line."""
+    import re
+
+    cells = [" "] * width
+    for match in re.finditer(r"\x1b\[(\d+);(\d+)H([^\x1b\n]*)", updates):
+        col = int(match.group(2)) - 1
+        for ch in match.group(3):
+            cells[col] = ch
+            col += 1
+    return "".join(cells)
+
+
+def _probe_ok(chops_update_cls) -> bool:
+    """The fixed method puts the same characters in the changed cells as Textual's own."""
+    strip = Strip([Segment("aaaaa"), Segment("bbbbb"), Segment("ccccc"), Segment("ddddd")])
+    spans = [(0, 11, 13), (0, 16, 18)]
+    console = Console(color_system=None, width=40)
+    try:
+        theirs = chops_update_cls([{0: strip}], spans, [[20]]).render_segments(console)
+        ours = _render_segments(chops_update_cls([{0: strip}], spans, [[20]]), console)
+    except Exception:
+        return False
+    screen_theirs, screen_ours = _screen_after(theirs, 20), _screen_after(ours, 20)
+    changed = [x for _, x1, x2 in spans for x in range(x1, x2)]
+    return all(screen_theirs[x] == screen_ours[x] for x in changed) and len(ours) < len(theirs)
+
+
+def install() -> bool:
+    """Patch once; True when the fixed method is in use."""
+    global _installed
+    if _installed:
+        return True
+    try:
+        from textual._compositor import ChopsUpdate
+    except ImportError:  # pragma: no cover - Textual moved it
+        return False
+    if not hasattr(ChopsUpdate, "render_segments") or not _probe_ok(ChopsUpdate):
+        return False
+    ChopsUpdate.render_segments = _render_segments
+    _installed = True
+    return True

@@ -1,0 +1,277 @@
+"""Screens over the main view: help, topology, findings, the loader benchmark, and "too small"."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional, Sequence
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import ProgressBar, Static
+
+from gputop.model import Finding, MachineInfo, Snapshot
+from gputop.tui import look
+from gputop.tui.look import key_display
+from gputop.tui.widgets.gpu_grid import pcie_flagged
+
+class _Modal(ModalScreen):
+    BINDINGS = [Binding("escape", "app.pop_screen", "Close", id="modal.close")]
+
+    DEFAULT_CSS = """
+    _Modal { align: center middle; }
+    _Modal > .dialog {
+        width: 96%; max-width: 120; height: auto; max-height: 94%;
+        border: round $accent; background: $surface; padding: 0 1;
+    }
+    _Modal > VerticalScroll.dialog { height: 94%; }
+    #affinity { margin-top: 1; }
+    _Modal > #topology, _Modal > #findings { height: auto; }
+    """
+
+
+class HelpScreen(_Modal):
+    """Generated from the bindings (every binding has an id and a description)."""
+
+    BINDINGS = [
+        Binding("escape,q,question_mark,h,f1", "app.pop_screen", "Close", id="help.close"),
+    ]
+
+    def __init__(self, sections: Sequence[tuple[str, Iterable[Binding]]]) -> None:
+        super().__init__()
+        self.sections = sections
+
+    def compose(self) -> ComposeResult:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column()
+        for title, bindings in self.sections:
+            rows = [(key_display(b.key), b.description) for b in bindings if b.description]
+            if not rows:
+                continue
+            table.add_row(Text(title, style="bold underline"), "")
+            seen = set()
+            for key, description in rows:
+                if (key, description) in seen:
+                    continue
+                seen.add((key, description))
+                table.add_row(key, description)
+        footer = Text(
+            "Cards: ● BUSY ≥50%  ◐ LOW  ○ IDLE <5%  ▲ WARN (throttle, PCIe below max, NVLink down)  ✖ FAULT/LOST. "
+            "Sparklines are fixed 0–100%. CPU cells ▁..█ = load; underlined = cores running the job.",
+            style="dim",
+        )
+        with VerticalScroll(classes="dialog", id="help"):
+            yield Static(Text("gputop keys", style="bold"))
+            yield Static(table)
+            yield Static(footer)
+
+
+# link class -> style (the label itself says the class, so NO_COLOR loses nothing)
+def link_style(label: str):
+    if label == "X":
+        return look.DIM
+    if label.startswith("NV"):
+        return look.GOOD_BOLD
+    if label in ("PIX", "PXB"):
+        return look.ACCENT
+    if label in ("PHB", "NODE"):
+        return look.WARN
+    if label == "SYS":
+        return look.BAD
+    return look.PLAIN
+
+
+TOPOLOGY_LEGEND = "NV#: NVLink ×#  PIX/PXB: PCIe switch  PHB: host bridge  NODE: same NUMA node  SYS: across NUMA (slowest)"
+
+
+def topology_matrix(machine: MachineInfo) -> Table:
+    """`nvidia-smi topo -m` between GPUs, each cell coloured by its link class."""
+    matrix = machine.topology.matrix
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
+    table.add_column("")
+    for j in range(len(matrix)):
+        table.add_column(f"GPU{j}", justify="center", no_wrap=True)
+    for i, row in enumerate(matrix):
+        table.add_row(Text(f"GPU{i}", style="bold"), *(Text(label, style=link_style(label)) for label in row))
+    return table
+
+
+def affinity_table(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Table:
+    """Per GPU: the CPUs and NUMA node close to it, and its PCIe link now against its maximum."""
+    topo = machine.topology
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
+    table.add_column("", no_wrap=True, min_width=5)
+    for name in ("CPU affinity", "NUMA", "PCIe now / max"):
+        table.add_column(name, no_wrap=True)
+    gpus = {g.index: g for g in snapshot.gpus} if snapshot else {}
+    for i in range(len(topo.matrix)):
+        affinity = topo.cpu_affinity[i] if i < len(topo.cpu_affinity) else None
+        numa = topo.numa_node[i] if i < len(topo.numa_node) else None
+        gpu = gpus.get(i)
+        pcie = Text("n/a", style="dim")
+        if gpu is not None and gpu.lost:
+            pcie = Text("LOST", style=look.BAD_BOLD)
+        elif gpu is not None and gpu.pcie.gen_current is not None:
+            link = gpu.pcie
+            text = f"Gen{link.gen_current} x{link.width_current} / Gen{link.gen_max} x{link.width_max}"
+            if link.downgraded:
+                text += " ▼ under load!" if pcie_flagged(gpu) else " (idle: normal)"
+            pcie = Text(text, style=look.WARN_BOLD if pcie_flagged(gpu) else "")
+        table.add_row(Text(f"GPU{i}", style="bold"), affinity or "n/a", "n/a" if numa is None else str(numa), pcie)
+    return table
+
+
+class TopologyScreen(_Modal):
+    BINDINGS = [Binding("escape,q,T", "app.pop_screen", "Close", id="topology.close")]
+
+    def __init__(self, machine: MachineInfo, snapshot: Optional[Snapshot]) -> None:
+        super().__init__()
+        self.machine = machine
+        self.snapshot = snapshot
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog", id="topology"):
+            yield Static(Text("Topology (nvidia-smi topo -m)", style="bold"))
+            if not self.machine.topology.matrix:
+                reason = self.machine.gpu_error or "NVML gave no topology for these GPUs"
+                yield Static(Text(reason, style=look.WARN))
+            else:
+                yield Static(topology_matrix(self.machine))
+                yield Static(Text(TOPOLOGY_LEGEND, style="dim"))
+                yield Static(affinity_table(self.machine, self.snapshot), id="affinity")
+
+
+class FindingsScreen(_Modal):
+    BINDINGS = [Binding("escape,q,f", "app.pop_screen", "Close", id="findings.close")]
+
+    def __init__(self, findings: Optional[Sequence[Finding]], note: str = "") -> None:
+        super().__init__()
+        self.findings = findings
+        self.note = note
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog", id="findings"):
+            yield Static(Text("Findings: is it your code or the machine?", style="bold"))
+            if not self.findings:
+                yield Static(Text(self.note or "No diagnosis yet: it runs every few seconds.", style="dim"))
+            for finding in self.findings or ():
+                yield Static(finding_text(finding))
+
+
+def finding_text(finding: Finding) -> Text:
+    symbol, style = {
+        "critical": ("✖", look.BAD_BOLD),
+        "warning": ("▲", look.WARN_BOLD),
+    }.get(finding.severity, ("●", look.GOOD_BOLD))
+    if finding.id == "healthy":
+        symbol, style = "●", look.GOOD_BOLD
+    text = Text()
+    text.append(f"\n{symbol} {finding.title}", style=style)
+    text.append(f"  [{finding.severity}, {finding.confidence:.0%} sure", style="dim")
+    text.append(f"; {finding.label}]" if finding.label else "]", style="dim")
+    text.append(f"\n  {finding.summary}")
+    for line in finding.evidence:
+        text.append(f"\n   • {line}")
+    for frame in finding.frames:
+        text.append(f"\n   ↳ {frame}", style=look.ACCENT)
+    if finding.fix:
+        text.append("\n  Fix: ", style="bold")
+        text.append(finding.fix)
+    return text
+
+
+class BenchScreen(_Modal):
+    """Confirm the tier, show progress, then the result (the run lives in an app worker)."""
+
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Close", id="bench.close"),
+        Binding("enter", "start(False)", "Passive benchmark (nothing injected)", id="bench.passive"),
+        Binding("a", "start(True)", "Passive + active (injects an agent)", id="bench.active"),
+    ]
+
+    DEFAULT_CSS = """
+    BenchScreen ProgressBar { margin: 1 0; }
+    """
+
+    def __init__(self, pid: int, label: str, start: Callable[[int, bool], None]) -> None:
+        super().__init__()
+        self.pid = pid
+        self.label = label
+        self._start = start
+        self.started = False
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog", id="bench"):
+            yield Static(Text(f"Loader benchmark: {self.label}", style="bold"))
+            yield Static(
+                Text.assemble(
+                    ("Enter", "bold"),
+                    "  passive: samples the rank's main thread with py-spy (nothing injected, never paused)\n",
+                    ("a", "bold"),
+                    "      passive + active: injects a small agent that times the live loader and sweeps\n"
+                    "         num_workers / prefetch / pin_memory on a NEW loader (bounded to 15 s)\n",
+                    ("Esc", "bold"),
+                    "    cancel",
+                ),
+                id="bench-body",
+            )
+            yield ProgressBar(total=1.0, show_eta=False, id="bench-progress")
+            yield Static("", id="bench-status")
+
+    def on_mount(self) -> None:
+        self.query_one(ProgressBar).display = False
+
+    def action_start(self, allow_inject: bool) -> None:
+        if self.started:
+            return
+        self.started = True
+        self.query_one("#bench-body", Static).update(
+            Text("running: " + ("passive + active (agent injected)" if allow_inject else "passive only"), style="bold")
+        )
+        self.query_one(ProgressBar).display = True
+        self._start(self.pid, allow_inject)
+
+    def show_progress(self, fraction: float, message: str) -> None:
+        self.query_one(ProgressBar).update(progress=max(0.0, min(1.0, fraction)))
+        self.query_one("#bench-status", Static).update(Text(message, style="dim"))
+
+    def show_result(self, lines: Sequence[str], error: Optional[str] = None) -> None:
+        self.query_one(ProgressBar).display = False
+        body = self.query_one("#bench-body", Static)
+        if error:
+            body.update(Text(error, style=look.BAD_BOLD))
+        else:
+            body.update(Text("\n".join(lines)))
+        self.query_one("#bench-status", Static).update(Text("Esc closes · r writes a report with this result", style="dim"))
+
+
+class TooSmallScreen(Screen):
+    """btop-style: say what size is needed instead of drawing a broken layout."""
+
+    BINDINGS = [Binding("q", "app.quit", "Quit", id="toosmall.quit")]
+
+    DEFAULT_CSS = """
+    TooSmallScreen { align: center middle; background: $background; }
+    TooSmallScreen Static { width: auto; height: auto; color: $foreground; background: $background; }
+    """
+
+    def __init__(self, need: tuple[int, int]) -> None:
+        super().__init__()
+        self.need = need
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="too-small")
+
+    def on_mount(self) -> None:
+        self.show(self.app.size.width, self.app.size.height)
+
+    def show(self, width: int, height: int) -> None:
+        need_w, need_h = self.need
+        text = Text(justify="center")
+        text.append("terminal too small\n", style="bold")
+        text.append(f"{width}×{height}, need {need_w}×{need_h}\n")
+        text.append("q quits", style="dim")
+        self.query_one("#too-small", Static).update(text)

@@ -1,0 +1,444 @@
+"""The GPU grid: one card per GPU, or one line per GPU on small terminals.
+
+One widget draws every card (no widget per GPU), and `LineCanvas` repaints only
+the cells that changed, so a second's update is a few sparkline cells and
+numbers, not the whole grid.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional, Sequence
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.strip import Strip
+
+from gputop.model import GpuSample, Snapshot
+from gputop.tui import look
+from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas
+
+_GAP = Segment(" ", PLAIN)
+MIN_CARD_WIDTH = 30
+CARD_LINES = 7
+MIN_SPARK_SECONDS = 60  # the sparkline always spans at least this much history
+
+# Clock-event reasons that mean the GPU is being slowed by the machine (not by being idle or by app clocks).
+_SLOWDOWN_WORDS = ("thermal", "hwslowdown", "hw_slowdown", "powerbrake", "power_brake")
+_SHORT_REASON = {
+    "swpowercap": "PwrCap",
+    "sw_power_cap": "PwrCap",
+    "hwslowdown": "HwSlow",
+    "hw_slowdown": "HwSlow",
+    "swthermal": "SwTherm",
+    "sw_thermal": "SwTherm",
+    "hwthermal": "HwTherm",
+    "hw_thermal": "HwTherm",
+    "hwpowerbrake": "PwrBrake",
+    "hw_power_brake": "PwrBrake",
+    "syncboost": "SyncBoost",
+    "sync_boost": "SyncBoost",
+    "applicationsclocks": "AppClk",
+    "appclocks": "AppClk",
+    "app_clocks": "AppClk",
+}
+_HARMLESS_REASONS = ("gpuidle", "gpu_idle", "idle")
+
+
+def _reason_key(name: str) -> str:
+    return name.replace(" ", "").lower()
+
+
+def active_throttles(gpu: GpuSample) -> list[str]:
+    """Short names of the clock-event reasons worth showing (GPU-idle is not a problem)."""
+    out = []
+    for name in gpu.throttle_reasons or ():
+        key = _reason_key(name)
+        if key in _HARMLESS_REASONS:
+            continue
+        out.append(_SHORT_REASON.get(key, name))
+    return out
+
+
+def _is_slowdown(gpu: GpuSample) -> bool:
+    return any(word in _reason_key(name) for name in gpu.throttle_reasons or () for word in _SLOWDOWN_WORDS)
+
+
+def health_problems(gpu: GpuSample) -> tuple[list[str], list[str]]:
+    """(faults, warnings) as short words; faults are things to file a ticket about."""
+    faults: list[str] = []
+    warnings: list[str] = []
+    if gpu.lost:
+        return ["LOST"], []
+    ecc = gpu.ecc
+    if ecc is not None:
+        if (ecc.volatile_uncorrected or 0) > 0:
+            faults.append(f"ECC {ecc.volatile_uncorrected} uncorr")
+        elif (ecc.volatile_corrected or 0) > 0:
+            warnings.append(f"ECC {ecc.volatile_corrected} corr")
+    rows = gpu.remapped_rows
+    if rows is not None:
+        if rows.failed:
+            faults.append("remap FAILED")
+        elif rows.pending:
+            warnings.append("remap pending")
+        elif rows.uncorrectable:
+            warnings.append(f"remap {rows.uncorrectable}")
+    if _is_slowdown(gpu):
+        warnings.append("throttled")
+    if pcie_flagged(gpu):
+        warnings.append("PCIe down")
+    if gpu.nvlink:
+        inactive = sum(1 for link in gpu.nvlink if not link.active)
+        if inactive and inactive < len(gpu.nvlink):
+            warnings.append(f"NVLink {inactive} down")
+    return faults, warnings
+
+
+def pcie_flagged(gpu: GpuSample) -> bool:
+    """Current link below max while the GPU works (idle GPUs drop the link speed on purpose)."""
+    return gpu.pcie.downgraded and (gpu.utilization_gpu or 0) >= look.LOAD_FOR_PCIE_CHECK
+
+
+def gpu_state(gpu: GpuSample) -> tuple[str, str, Style]:
+    """(symbol, word, style): LOST, FAULT, WARN, BUSY, LOW or IDLE."""
+    if gpu.lost:
+        return look.STATE_LOST
+    faults, warnings = health_problems(gpu)
+    if faults:
+        return look.STATE_FAULT
+    if warnings:
+        return look.STATE_WARN
+    util = gpu.utilization_gpu
+    if util is None:
+        return look.STATE_IDLE if not gpu.processes else look.STATE_LOW
+    if util >= look.BUSY_AT:
+        return look.STATE_BUSY
+    if util >= look.IDLE_BELOW:
+        return look.STATE_LOW
+    return look.STATE_IDLE
+
+
+def util_style(util: Optional[float]) -> Style:
+    """For a training GPU busy is good: green when busy, plain when partly used, dim when idle."""
+    if util is None or util < look.IDLE_BELOW:
+        return look.DIM
+    return look.GOOD if util >= look.BUSY_AT else look.PLAIN
+
+
+def pcie_text(gpu: GpuSample) -> str:
+    link = gpu.pcie
+    if link.gen_current is None or link.width_current is None:
+        return "n/a"
+    return f"Gen{link.gen_current} x{link.width_current}"
+
+
+def short_name(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'H100 80GB HBM3'."""
+    for prefix in ("NVIDIA ", "Tesla ", "GeForce "):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name
+
+
+def spark_seconds_per_cell(cells: int, interval: float) -> float:
+    """Seconds each sparkline cell covers so that the line spans at least a minute."""
+    if cells <= 0:
+        return 1.0
+    return max(float(math.ceil(MIN_SPARK_SECONDS / cells)), interval)
+
+
+def utilization_buckets(
+    snapshots: Sequence[Snapshot], gpu_indices: Iterable[int], cells: int, seconds_per_cell: float
+) -> dict[int, list[Optional[float]]]:
+    """Per GPU, the mean utilization in each of the last `cells` time buckets, oldest first.
+
+    Buckets are aligned to absolute time (timestamp // seconds_per_cell), so older cells
+    never change as new samples arrive: only the newest cell is repainted.
+    ``None``: no sample in that bucket; ``-1.0``: samples, but the value was not available.
+    """
+    indices = list(gpu_indices)
+    out: dict[int, list[Optional[float]]] = {i: [None] * cells for i in indices}
+    if not snapshots or cells <= 0:
+        return out
+    last_bucket = int(snapshots[-1].timestamp // seconds_per_cell)
+    first_bucket = last_bucket - cells + 1
+    sums: dict[int, list[float]] = {i: [0.0] * cells for i in indices}
+    counts: dict[int, list[int]] = {i: [0] * cells for i in indices}
+    seen: dict[int, list[bool]] = {i: [False] * cells for i in indices}
+    for snap in reversed(snapshots):
+        bucket = int(snap.timestamp // seconds_per_cell)
+        if bucket < first_bucket:
+            break
+        slot = bucket - first_bucket
+        for gpu in snap.gpus:
+            if gpu.index not in sums:
+                continue
+            seen[gpu.index][slot] = True
+            if gpu.utilization_gpu is not None and not gpu.lost:
+                sums[gpu.index][slot] += gpu.utilization_gpu
+                counts[gpu.index][slot] += 1
+    for i in indices:
+        row = out[i]
+        for slot in range(cells):
+            if counts[i][slot]:
+                row[slot] = sums[i][slot] / counts[i][slot]
+            elif seen[i][slot]:
+                row[slot] = -1.0
+    return out
+
+
+def lost_since(snapshots: Sequence[Snapshot], gpu_index: int) -> Optional[float]:
+    """Seconds since the GPU was last seen answering (None when it was never seen working)."""
+    if not snapshots:
+        return None
+    for snap in reversed(snapshots):
+        for gpu in snap.gpus:
+            if gpu.index == gpu_index and not gpu.lost:
+                return snapshots[-1].timestamp - snap.timestamp
+    return None
+
+
+def spark_text(values: Sequence[Optional[float]]) -> str:
+    chars = []
+    for value in values:
+        if value is None:
+            chars.append(" ")
+        elif value < 0:
+            chars.append("·")
+        else:
+            chars.append(look.level_char(value))
+    return "".join(chars)
+
+
+class GpuGrid(LineCanvas):
+    """Cards (wide terminals) or one line per GPU (compact)."""
+
+    DEFAULT_CSS = """
+    GpuGrid { height: auto; }
+    """
+
+    def __init__(self, *, id: Optional[str] = None) -> None:
+        super().__init__(id=id)
+        self.snapshots: Sequence[Snapshot] = ()
+        self.interval = 1.0
+        self.gpu_users: dict[int, str] = {}  # GPU index -> "r0 1234"
+        self.compact = False
+        self.gpu_count = 0
+        self.message: Optional[str] = None  # e.g. no driver
+
+    # ------------------------------------------------------------------ data
+    def update_data(
+        self,
+        snapshots: Sequence[Snapshot],
+        interval: float,
+        gpu_users: dict[int, str],
+        message: Optional[str] = None,
+    ) -> None:
+        count = len(snapshots[-1].gpus) if snapshots else 0
+        relayout = count != self.gpu_count or (message is None) != (self.message is None)
+        self.snapshots = snapshots
+        self.interval = interval
+        self.gpu_users = gpu_users
+        self.message = message
+        self.gpu_count = count
+        if relayout:
+            self.refresh(layout=True)
+        self.redraw()
+
+    def set_compact(self, compact: bool) -> None:
+        if compact != self.compact:
+            self.compact = compact
+            self._drawn_width = -1
+            self.refresh(layout=True)
+            self.redraw()
+
+    # ------------------------------------------------------------------ geometry
+    def _columns(self, width: int) -> int:
+        n = max(1, self.gpu_count)
+        cols = max(1, min(n, width // MIN_CARD_WIDTH))
+        rows = math.ceil(n / cols)
+        return math.ceil(n / rows)  # balance: 8 GPUs in 5 columns -> 4+4
+
+    def wanted_height(self, width: int) -> int:
+        if self.gpu_count == 0:
+            return 1
+        if self.compact:
+            return self.gpu_count + 1
+        cols = self._columns(width)
+        rows = math.ceil(self.gpu_count / cols)
+        return rows * CARD_LINES + (rows - 1)
+
+    # ------------------------------------------------------------------ drawing
+    def build(self, width: int, height: int) -> list[Strip]:
+        if not self.snapshots or not self.snapshots[-1].gpus:
+            text = self.message or "waiting for the first sample…"
+            return [LineBuilder().add(" " + text, look.WARN if self.message else look.DIM).strip(width)]
+        gpus = self.snapshots[-1].gpus
+        if self.compact:
+            return self._build_compact(gpus, width)
+        return self._build_cards(gpus, width)
+
+    def _build_cards(self, gpus: Sequence[GpuSample], width: int) -> list[Strip]:
+        cols = self._columns(width)
+        card_width = width // cols
+        inner = card_width - 1  # one column of gap between cards
+        spark_cells = max(1, inner - 5)
+        per_cell = spark_seconds_per_cell(spark_cells, self.interval)
+        buckets = utilization_buckets(self.snapshots, [g.index for g in gpus], spark_cells, per_cell)
+        lines: list[Strip] = []
+        for row_start in range(0, len(gpus), cols):
+            row = gpus[row_start : row_start + cols]
+            cards = [self._card(gpu, inner, buckets[gpu.index], per_cell) for gpu in row]
+            tail = width - card_width * len(row)
+            for y in range(CARD_LINES):
+                segments: list[Segment] = []
+                for card in cards:
+                    segments.extend(card[y].segments(inner))
+                    segments.append(_GAP)
+                if tail > 0:
+                    segments.append(Segment(" " * tail, PLAIN))
+                lines.append(Strip(segments, width))
+            if row_start + cols < len(gpus):
+                lines.append(Strip.blank(width, PLAIN))
+        return lines
+
+    def _card(self, gpu: GpuSample, w: int, spark: list[Optional[float]], per_cell: float) -> list[LineBuilder]:
+        symbol, word, state_style = gpu_state(gpu)
+        lines = [LineBuilder() for _ in range(CARD_LINES)]
+        head = lines[0]
+        head.add(f"{symbol} GPU{gpu.index} {word:<5}", state_style)
+        user = self.gpu_users.get(gpu.index, "")
+        name_room = w - head.length - 1 - (len(user) + 1 if user else 0)
+        head.add(" " + look.ellipsize(short_name(gpu.name), max(0, name_room)), look.LABEL)
+        if user:
+            head.right(user, w, look.ACCENT)
+        head.pad(w)
+
+        util = gpu.utilization_gpu
+        text = spark_text(spark)
+        lines[1].add(text, look.DIM if gpu.lost else look.SPARK)
+        lines[1].add(" " + ("LOST" if gpu.lost else look.fmt_pct(util)), look.BAD_BOLD if gpu.lost else util_style(util))
+
+        if gpu.lost:
+            lines[2].add(look.ellipsize("not answering: fell off the bus", w), look.BAD)
+            lines[3].add(look.ellipsize("or was reset; check dmesg (Xid 79)", w), look.BAD)
+            since = lost_since(self.snapshots, gpu.index)
+            if since is not None:
+                lines[5].add(look.ellipsize(f"lost for {since:.0f} s", w), look.BAD_BOLD)
+            lines[6].add(look.ellipsize("last utilization kept above", w), look.DIM)
+            for line in lines:
+                line.pad(w)
+            return lines
+
+        mem_text = " " + look.fmt_gib_pair(gpu.memory_used, gpu.memory_total)
+        filled, empty = look.bar(gpu.memory_fraction, max(1, w - 4 - len(mem_text)))
+        lines[2].add("MEM ", look.LABEL).add(filled, look.ACCENT).add(empty, look.BAR_EMPTY).add(mem_text)
+
+        l3 = lines[3]
+        temp = gpu.temperature
+        temp_style = look.PLAIN if temp is None or temp < 75 else look.WARN if temp < 85 else look.BAD
+        l3.add("n/a" if temp is None else f"{temp:.0f}°C", temp_style)
+        if gpu.power is not None:
+            power = f"  {gpu.power:.0f}"
+            power += f"/{gpu.power_limit:.0f}W" if gpu.power_limit else "W"
+            near_cap = gpu.power_limit and gpu.power >= 0.97 * gpu.power_limit
+            l3.add(power, look.WARN if near_cap else look.PLAIN)
+        else:
+            l3.add("  n/a W", look.DIM)
+        if gpu.clock_sm is not None and l3.length + 10 <= w:
+            l3.add(f"  {gpu.clock_sm}MHz", look.PLAIN)
+
+        l4 = lines[4]
+        l4.add("PCIe ", look.LABEL)
+        if pcie_flagged(gpu):
+            l4.add(pcie_text(gpu) + "!", look.WARN_BOLD)
+        else:
+            l4.add(pcie_text(gpu))
+        l4.add(f" ↑{look.fmt_rate(gpu.pcie.tx_bytes_per_s)} ↓{look.fmt_rate(gpu.pcie.rx_bytes_per_s)}", look.PLAIN)
+
+        l5 = lines[5]
+        l5.add("NVL  ", look.LABEL)
+        if gpu.nvlink:
+            active = sum(1 for link in gpu.nvlink if link.active)
+            l5.add(f"{active}/{len(gpu.nvlink)}", look.PLAIN if active == len(gpu.nvlink) else look.WARN_BOLD)
+            tx = sum(link.tx_bytes_per_s or 0 for link in gpu.nvlink)
+            rx = sum(link.rx_bytes_per_s or 0 for link in gpu.nvlink)
+            l5.add(f" ↑{look.fmt_rate(tx)} ↓{look.fmt_rate(rx)}")
+        else:
+            l5.add("n/a", look.DIM)
+
+        l6 = lines[6]
+        faults, warnings = health_problems(gpu)
+        throttles = active_throttles(gpu)
+        l6.add("thr ", look.LABEL)
+        if throttles:
+            l6.add(",".join(throttles), look.WARN if _is_slowdown(gpu) else look.PLAIN)
+        else:
+            l6.add("none" if gpu.throttle_reasons is not None else "n/a", look.DIM)
+        health = [p for p in faults + warnings if p not in ("throttled", "PCIe down")]
+        if health:
+            l6.right(" " + ",".join(health), w, look.BAD_BOLD if faults else look.WARN)
+        elif gpu.ecc is None and gpu.remapped_rows is None:
+            l6.right("ECC n/a", w, look.DIM)
+        else:
+            l6.right("ECC ok", w, look.GOOD)
+        for line in lines:
+            line.pad(w)
+        return lines
+
+    def _build_compact(self, gpus: Sequence[GpuSample], width: int) -> list[Strip]:
+        # fixed columns: state(10) util(5) mem(8) temp(5) power(6) pcie(7) health(8) user(rest)
+        show_power = width >= 70
+        show_pcie = width >= 78
+        show_user = width >= 64 and bool(self.gpu_users)
+        user_width = min(12, max((len(u) for u in self.gpu_users.values()), default=0)) + 1
+        fixed = 10 + 5 + 8 + 5 + (6 if show_power else 0) + (7 if show_pcie else 0) + 9 + (user_width if show_user else 0)
+        spark_cells = max(4, width - fixed - 1)
+        per_cell = spark_seconds_per_cell(spark_cells, self.interval)
+        buckets = utilization_buckets(self.snapshots, [g.index for g in gpus], spark_cells, per_cell)
+        head = LineBuilder()
+        head.add(" GPU state ", look.LABEL).add(f"util, last {per_cell * spark_cells:.0f}s".ljust(spark_cells), look.LABEL)
+        head.add("    %     mem temp", look.LABEL)
+        if show_power:
+            head.add(" power", look.LABEL)
+        if show_pcie:
+            head.add("  PCIe ", look.LABEL)
+        head.add(" health  ", look.LABEL)
+        if show_user:
+            head.add(" user", look.LABEL)
+        lines = [head.strip(width)]
+        for gpu in gpus:
+            symbol, word, state_style = gpu_state(gpu)
+            line = LineBuilder()
+            line.add(f"{symbol}{gpu.index:>2} {word:<5} ", state_style)
+            line.add(spark_text(buckets[gpu.index]), look.DIM if gpu.lost else look.SPARK)
+            if gpu.lost:
+                line.add("  GPU not answering (fell off the bus?)", look.BAD_BOLD)
+                lines.append(line.strip(width))
+                continue
+            line.add(" " + look.fmt_pct(gpu.utilization_gpu), util_style(gpu.utilization_gpu))
+            line.add(look.fmt_gib_pair(gpu.memory_used, gpu.memory_total).rjust(8))
+            temp = gpu.temperature
+            line.add(("n/a" if temp is None else f"{temp:.0f}°C").rjust(5),
+                     look.PLAIN if temp is None or temp < 75 else look.WARN if temp < 85 else look.BAD)
+            if show_power:
+                line.add(("n/a" if gpu.power is None else f"{gpu.power:.0f}W").rjust(6))
+            if show_pcie:
+                link = gpu.pcie
+                text = "n/a" if link.gen_current is None else f"G{link.gen_current}x{link.width_current}"
+                if pcie_flagged(gpu):
+                    line.add((text + "!").rjust(7), look.WARN_BOLD)
+                else:
+                    line.add(text.rjust(7))
+            faults, warnings = health_problems(gpu)
+            throttles = active_throttles(gpu) if _is_slowdown(gpu) else []
+            problem = (faults + [t for t in throttles] + [w for w in warnings if w != "throttled"])
+            if problem:
+                line.add(" " + look.ellipsize(problem[0], 8).ljust(8), look.BAD_BOLD if faults else look.WARN_BOLD)
+            else:
+                line.add(" ok      ", look.GOOD)
+            if show_user:
+                line.add(" " + look.ellipsize(self.gpu_users.get(gpu.index, ""), user_width - 1), look.ACCENT)
+            lines.append(line.strip(width))
+        return lines

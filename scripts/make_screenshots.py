@@ -1,0 +1,166 @@
+"""Write screenshots/*.svg (and *.png where rsvg-convert or cairosvg is installed) from the app itself.
+
+The app runs headless on the simulated machine (`--simulate h100-sxm-8`: 8 H100s on NVSwitch) with a
+clock that only moves one second per poll, so every run draws the same pictures.  The host side
+is simulated as well, as the 128-core, two-NUMA-node box such GPUs sit in: with this machine's own
+CPUs the pictures would change from one machine to the next.
+
+    python scripts/make_screenshots.py [--out screenshots] [--seconds 90]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+HOST_CORES = 128
+GIB = 1024**3
+
+
+class SimulatedHost:
+    """A deterministic stand-in for the psutil host collector: 128 cores on two NUMA nodes."""
+
+    hostname = "dgx-sim-01"
+    cpu_model = "AMD EPYC 7742 64-Core Processor"
+    cpu_count = HOST_CORES
+
+    def __init__(self) -> None:
+        self.tick = 0
+
+    def sample(self):
+        from gputop.model import HostSample
+
+        self.tick += 1
+        percents = []
+        for core in range(HOST_CORES):
+            # eight busy input-pipeline cores per NUMA node, the rest lightly loaded
+            busy = core % 64 < 8
+            wobble = ((core * 37 + self.tick * 11) % 17) - 8
+            percents.append(float(max(0, min(100, (92 if busy else 9) + wobble))))
+        return HostSample(
+            cpu_percent=tuple(percents),
+            core_numa=tuple(0 if c < HOST_CORES // 2 else 1 for c in range(HOST_CORES)),
+            iowait_percent=0.8,
+            steal_percent=0.0,
+            memory_total=1024 * GIB,
+            memory_used=318 * GIB,
+            memory_available=690 * GIB,
+            swap_total=8 * GIB,
+            swap_used=0,
+            load_average=(17.2, 16.8, 15.9),
+        )
+
+    def close(self) -> None:
+        pass
+
+
+class SteppedSource:
+    """The pipeline, with its clock advanced one second per poll; blocks after `count` polls."""
+
+    def __init__(self, pipeline, clock, count: int) -> None:
+        self.pipeline = pipeline
+        self.machine = pipeline.machine
+        self.clock = clock
+        self.count = count
+        self.polls = 0
+        self._closed = threading.Event()
+
+    def poll(self):
+        if self.polls >= self.count:
+            self._closed.wait()
+            from gputop.errors import GputopError
+
+            raise GputopError("closed")
+        self.clock.advance(1.0)
+        self.polls += 1
+        return self.pipeline.poll()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.pipeline.close()
+
+
+def build_source(seconds: int, profile: str) -> SteppedSource:
+    # The simulated GPUs' CPU affinity is laid out over the host's CPUs: make it the simulated host's.
+    os.cpu_count = lambda: HOST_CORES  # type: ignore[assignment]  # this script's process only
+    from gputop.pipeline import Pipeline
+    from gputop.sim.fake_nvml import ManualClock
+
+    clock = ManualClock(start=1_700_000_000.0)
+    pipeline = Pipeline(simulate=profile, clock=clock, host_collector=SimulatedHost())
+    return SteppedSource(pipeline, clock, seconds)
+
+
+async def shoot(out: Path, name: str, size: tuple[int, int], keys: list[str], seconds: int, profile: str) -> Path:
+    from gputop.tui.app import GputopApp
+
+    source = build_source(seconds, profile)
+    app = GputopApp(source, interval=0.001)
+    try:
+        async with app.run_test(size=size) as pilot:
+            while not (source.polls >= source.count and app.snapshots_seen >= source.count and app.diagnoses_done >= 1):
+                await pilot.pause(0.05)
+            # the header shows the interval the user would run with, not the script's fast-forward
+            app.interval = 1.0
+            app.query_one("#header").set_state(interval=1.0, paused=False)
+            for key in keys:
+                await pilot.press(key)
+            await pilot.pause()
+            svg = app.export_screenshot(title=f"gputop — {name}")
+    finally:
+        source.close()
+    # rsvg drops leading no-break spaces of a text run unless whitespace is preserved
+    svg = svg.replace("<svg ", '<svg xml:space="preserve" ', 1)
+    path = out / f"{name}.svg"
+    path.write_text(svg, encoding="utf-8")
+    return path
+
+
+def to_png(svg: Path) -> Optional[Path]:
+    png = svg.with_suffix(".png")
+    if shutil.which("rsvg-convert"):
+        subprocess.run(["rsvg-convert", str(svg), "-o", str(png)], check=True)
+        return png
+    try:
+        import cairosvg  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    cairosvg.svg2png(url=str(svg), write_to=str(png))
+    return png
+
+
+SHOTS = [
+    ("main-160x48", (160, 48), []),
+    ("main-80x24", (80, 24), []),
+    ("topology", (120, 40), ["T"]),
+    ("help", (120, 40), ["question_mark"]),
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "screenshots"), help="output directory (default screenshots/)")
+    parser.add_argument("--seconds", type=int, default=90, help="simulated seconds before each picture (default 90)")
+    parser.add_argument("--profile", default="h100-sxm-8", help="simulated machine (default h100-sxm-8)")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, size, keys in SHOTS:
+        svg = asyncio.run(shoot(out, name, size, keys, args.seconds, args.profile))
+        png = to_png(svg)
+        print(f"wrote {svg}" + (f" and {png.name}" if png else " (no PNG converter: install librsvg2-bin or cairosvg)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

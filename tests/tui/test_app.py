@@ -1,0 +1,489 @@
+"""Behaviour of the TUI with Pilot: keys, collection off the event loop, layouts, job panel, modals."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from pathlib import Path
+
+import pytest
+from rich.style import Style
+from textual.strip import Strip
+
+from gputop.errors import GputopError
+from gputop.model import Snapshot
+from gputop.tui import look
+from gputop.tui.app import GputopApp, gpu_users, job_cores
+from gputop.tui.canvas import LineBuilder, _changed_span
+from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
+from gputop.tui.widgets.gpu_grid import GpuGrid, spark_seconds_per_cell, spark_text, utilization_buckets
+from gputop.tui.widgets.job_panel import JobPanel
+from gputop.tui.widgets.stacks import StacksPanel
+from tests.tui.conftest import build_app, settle, wait_for
+from tests.tui.fakes import T0, ScriptedSource, make_gpu, make_host, make_job, make_machine, make_snapshots
+
+
+def screen_text(app: GputopApp) -> str:
+    return "\n".join(
+        line for widget in (GpuGrid, CpuHeatmap, JobPanel, StacksPanel) for line in app.query_one(widget).lines_text
+    )
+
+
+# ------------------------------------------------------------------ keys and lifecycle
+@pytest.mark.parametrize("key", ["q", "ctrl+c"])
+async def test_quit_keys_exit(key, close_sources):
+    app, source = build_app(10)
+    close_sources(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        await pilot.press(key)
+        await wait_for(pilot, lambda: not app.is_running, "the app to exit")
+    assert app.return_code == 0
+
+
+class HungSource:
+    """poll() never returns until closed: a hung NVML call."""
+
+    def __init__(self) -> None:
+        self.machine = make_machine()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def poll(self) -> Snapshot:
+        self.calls += 1
+        self.release.wait()
+        raise GputopError("closed")
+
+    def close(self) -> None:
+        self.release.set()
+
+
+async def test_hung_poll_never_freezes_keys_or_quit():
+    source = HungSource()
+    app = GputopApp(source, interval=0.01, diagnose=lambda h, b: ([], "ok"))
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: source.calls == 1, "the first poll to start")
+            await pilot.press("question_mark")
+            await wait_for(pilot, lambda: type(app.screen).__name__ == "HelpScreen", "help to open")
+            await pilot.press("escape")
+            await pilot.press("p")
+            assert app.paused
+            assert "waiting for the first sample" in app.query_one(GpuGrid).lines_text[0]
+            await pilot.press("q")
+            await wait_for(pilot, lambda: not app.is_running, "the app to exit")
+        assert source.calls == 1  # one poll in flight, none piled up behind it
+    finally:
+        source.close()
+
+
+class CountingSource(ScriptedSource):
+    """Records how many polls run at once."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.active = 0
+        self.max_active = 0
+        self._lock = threading.Lock()
+
+    def poll(self) -> Snapshot:
+        with self._lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            return super().poll()
+        finally:
+            with self._lock:
+                self.active -= 1
+
+
+async def test_polls_never_overlap(close_sources):
+    source = CountingSource(make_machine(), make_snapshots(40))
+    close_sources(source)
+    app = GputopApp(source, interval=0.0001, diagnose=lambda h, b: ([], "ok"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+    assert source.max_active == 1
+    assert len(app.history) == 40
+
+
+async def test_interval_keys_step_through_the_presets(close_sources):
+    app, source = build_app(5)
+    close_sources(source)
+    app.interval = 1.0
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        await pilot.press("plus")
+        assert app.interval == 0.5
+        await pilot.press("minus", "minus")
+        assert app.interval == 2.0
+        assert "⟳ 2s" in app.query_one("#header").lines_text[0]
+
+
+async def test_pause_freezes_the_screen_and_says_so(close_sources):
+    snapshots = make_snapshots(30)
+    gate = threading.Event()
+
+    class GatedSource(ScriptedSource):
+        def poll(self):
+            if self.polls == 20:
+                gate.wait()  # the test lets the rest through only once paused
+            return super().poll()
+
+    source = GatedSource(make_machine(), snapshots)
+    close_sources(source)
+    app = GputopApp(source, interval=0.001, diagnose=lambda h, b: ([], "ok"))
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.snapshots_seen == 20, "20 snapshots")
+            await pilot.press("p")
+            frozen = app.query_one(GpuGrid).lines_text
+            assert "PAUSED" in app.query_one("#header").lines_text[0]
+            gate.set()
+            await settle(pilot, app, source, diagnosis=False)
+            assert app.query_one(GpuGrid).lines_text == frozen  # data kept coming; the screen did not move
+            assert len(app.history) == 30
+            await pilot.press("p")
+            await pilot.pause()
+            assert "PAUSED" not in app.query_one("#header").lines_text[0]
+            assert app.query_one(GpuGrid).lines_text != frozen
+    finally:
+        gate.set()
+
+
+# ------------------------------------------------------------------ layouts
+async def test_eight_cards_and_128_cores_fit_at_120x40(close_sources):
+    app, source = build_app(70, with_job=True)
+    close_sources(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        grid, heat = app.query_one(GpuGrid), app.query_one(CpuHeatmap)
+        assert not grid.compact
+        text = "\n".join(grid.lines_text)
+        for i in range(8):
+            assert f"GPU{i} " in text
+        assert grid.region.bottom <= 40 and grid.region.height == grid.wanted_height(120)
+        assert heat.region.bottom <= 40 - 5  # room is left for the job panel and the key bar
+        cells = "".join(heat.lines_text[1:])
+        assert sum(cells.count(ch) for ch in look.SPARK_LEVELS[1:] + "_") == 128
+        assert "N0" in cells and "N1" in cells
+        for strip in grid._lines + heat._lines:
+            assert strip.cell_length == 120  # the fast line path assumes one-cell glyphs: check it
+
+
+async def test_compact_layout_below_100_columns(close_sources):
+    app, source = build_app(30)
+    close_sources(source)
+    async with app.run_test(size=(99, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        grid = app.query_one(GpuGrid)
+        assert grid.compact
+        assert len(grid.lines_text) == 1 + 8  # a heading and one line per GPU
+        assert "BUSY" in grid.lines_text[1] and "IDLE" in grid.lines_text[7]
+        await pilot.resize_terminal(130, 40)
+        await pilot.pause()
+        assert not grid.compact
+        await pilot.resize_terminal(130, 29)
+        await pilot.pause()
+        assert grid.compact
+
+
+async def test_too_small_screen_and_back(close_sources):
+    app, source = build_app(20)
+    close_sources(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        await pilot.resize_terminal(20, 5)
+        await pilot.pause()
+        assert type(app.screen).__name__ == "TooSmallScreen"
+        assert "need 60×16" in str(app.screen.query_one("#too-small").render())
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        assert type(app.screen).__name__ == "Screen"
+        assert "GPU0" in "\n".join(app.query_one(GpuGrid).lines_text)
+        await pilot.resize_terminal(40, 10)
+        await pilot.pause()
+        await pilot.press("q")
+        await wait_for(pilot, lambda: not app.is_running, "q to quit from the too-small screen")
+
+
+async def test_states_read_without_colour(close_sources, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    app, source = build_app(90, lose_gpu=(3, 80))
+    close_sources(source)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        assert app.no_color
+        text = "\n".join(app.query_one(GpuGrid).lines_text)
+        for words in ("● GPU0 BUSY", "✖ GPU3 LOST", "✖ GPU5 FAULT", "○ GPU6 IDLE", "▲ GPU7 WARN"):
+            assert words in text
+        assert "Gen4 x8!" in text  # the downgraded link is flagged by a mark, not only by colour
+        for strip in app.query_one(GpuGrid)._lines:
+            assert all(style.color is None and style.bgcolor is None for _, style, _ in strip if style)
+
+
+async def test_gpu_lost_mid_run_is_shown_as_lost(close_sources):
+    app, source = build_app(90, lose_gpu=(3, 80))
+    close_sources(source)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        line = app.query_one(GpuGrid).lines_text[4]
+        assert "LOST" in line and "not answering" in line
+
+
+# ------------------------------------------------------------------ job panel and stacks
+async def test_job_tree_rows_and_stacks_innermost_last(close_sources):
+    app, source = build_app(20, with_job=True)
+    close_sources(source)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        panel = app.query_one(JobPanel)
+        kinds = [row.kind for row in panel.rows]
+        assert kinds[:4] == ["launcher", "rank", "worker", "worker"]
+        assert panel.rows[1].gpus == "GPU0" and panel.rows[1].note == "waiting for data"
+        assert app.query_one(CpuHeatmap).job_cores == job_cores(source._snapshots[-1].job)
+        stacks = "\n".join(app.query_one(StacksPanel).lines_text)
+        assert "rank 6" in stacks and "collective/barrier" in stacks  # launcher: per-rank states
+        await pilot.press("j")
+        await pilot.pause()
+        assert panel.selected_pid == 1001
+        lines = app.query_one(StacksPanel).lines_text
+        frames = [line.strip() for line in lines if "py:" in line]
+        assert frames[0].startswith("<module>") and frames[-1].startswith("→ _pin_memory_loop")
+        main_frames = frames[: frames.index(next(f for f in frames if f.startswith("→"))) + 1]
+        assert main_frames[-1].startswith("→ select")  # innermost last, marked
+        assert any("2/2 workers in" in line for line in lines)
+
+
+async def test_exited_rank_shows_exited_and_keeps_last_stacks(close_sources):
+    machine = make_machine()
+    snaps = make_snapshots(10, with_job=True)
+    last = snaps[-1]
+    exited_job = make_job(10, exited_pids=(1001,))
+    snaps.append(Snapshot(timestamp=T0 + 10, host=last.host, gpus=last.gpus, job=exited_job, simulated=True))
+    source = ScriptedSource(machine, snaps)
+    close_sources(source)
+    app = GputopApp(source, interval=0.001, diagnose=lambda h, b: ([], "ok"))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        await pilot.press("j")
+        await pilot.pause()
+        lines = app.query_one(StacksPanel).lines_text
+        assert "exited" in lines[0] and "last stacks" in lines[0]
+        assert any("select" in line for line in lines)
+        row = next(line for line in app.query_one(JobPanel).lines_text if "rank 0" in line)
+        assert "exited" in row
+
+
+async def test_enter_attaches_to_the_selected_process(close_sources):
+    app, source = build_app(5)
+    close_sources(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        panel = app.query_one(JobPanel)
+        assert panel.rows and panel.rows[0].pid == 1001
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: source.attached == [1001], "attach(1001)")
+
+
+async def test_attach_failure_is_one_line_notification(close_sources):
+    app, source = build_app(5)
+    close_sources(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        app._attach_job(4242)
+        await wait_for(pilot, lambda: any("4242" in n.message for n in app._notifications), "the error")
+        assert app.is_running
+
+
+async def test_compact_enter_shows_stacks_and_sets_stacks_wanted(close_sources):
+    app, source = build_app(10, with_job=True)
+    close_sources(source)
+    source.job_collector = types.SimpleNamespace(stacks_wanted=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        stacks = app.query_one(StacksPanel)
+        assert not stacks.display and source.job_collector.stacks_wanted is False
+        await pilot.press("j", "enter")
+        await pilot.pause()
+        assert stacks.display and source.job_collector.stacks_wanted is True
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not stacks.display and source.job_collector.stacks_wanted is False
+
+
+# ------------------------------------------------------------------ actions
+async def test_screenshot_key_writes_svg(close_sources, tmp_path):
+    app, source = build_app(5, tmp_path=tmp_path)
+    close_sources(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        await pilot.press("s")
+        await wait_for(pilot, lambda: list(tmp_path.glob("*.svg")), "the screenshot file")
+    svg = next(tmp_path.glob("*.svg"))
+    assert "GPU0" in svg.read_text() and svg.name.startswith("gputop-dgx-test-01-")
+
+
+async def test_findings_screen_shows_evidence(close_sources):
+    app, source = build_app(10)
+    close_sources(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source)
+        assert "Input-bound: rank 0" in app.query_one("#verdict").lines_text[0]
+        await pilot.press("f")
+        await pilot.pause()
+        text = "\n".join(str(w.render()) for w in app.screen.query("Static"))
+        assert "GPU utilization mean 41% over 90 s" in text and "num_workers=12" in text
+
+
+async def test_bench_modal_confirms_tier_and_shows_result(close_sources, monkeypatch):
+    calls = []
+
+    class FakeResult:
+        def summary_lines(self):
+            return ["consumption 12.2 batches/s, waiting for data 49%", "recommendation: num_workers=8"]
+
+    def run_benchmark(pid, *, seconds, allow_inject, progress):
+        calls.append((pid, seconds, allow_inject))
+        progress(0.5, "sampling the main thread")
+        return FakeResult()
+
+    monkeypatch.setitem(sys.modules, "gputop.bench", types.SimpleNamespace(run_benchmark=run_benchmark))
+    app, source = build_app(10, with_job=True)
+    close_sources(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        await pilot.press("b")
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "BenchScreen", "the bench dialog")
+        assert calls == []  # nothing runs before the user picks a tier
+        await pilot.press("a")
+        await wait_for(pilot, lambda: app.last_bench is not None, "the benchmark result")
+        await pilot.pause()
+        body = str(app.screen.query_one("#bench-body").render())
+        assert "num_workers=8" in body
+    assert calls == [(1001, 15.0, True)]  # rank 0 of the attached job, active tier confirmed
+
+
+async def test_report_key_writes_a_report(close_sources, tmp_path):
+    pytest.importorskip("gputop.report.markdown")
+    pytest.importorskip("gputop.report.writer")
+    app, source = build_app(10, tmp_path=tmp_path)
+    close_sources(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        await pilot.press("r")
+        await wait_for(pilot, lambda: list(tmp_path.glob("gputop-report-*.md")), "the report file", timeout=30)
+    text = next(tmp_path.glob("gputop-report-*.md")).read_text()
+    assert "GPUs starved by the input pipeline" in text
+
+
+class FakeControls:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.position = 30.0
+        self.duration = 100.0
+
+    def pause(self):
+        self.calls.append(("pause",))
+
+    def resume(self):
+        self.calls.append(("resume",))
+
+    def seek(self, seconds):
+        self.calls.append(("seek", seconds))
+
+    def set_speed(self, speed):
+        self.calls.append(("speed", speed))
+
+
+async def test_replay_keys_drive_the_controls(close_sources):
+    controls = FakeControls()
+    app, source = build_app(5, controls=controls)
+    close_sources(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        assert "REPLAY 00:30/01:40" in app.query_one("#header").lines_text[0]
+        await pilot.press("space", "right", "left", "greater_than_sign", "space")
+        await pilot.pause()
+    assert controls.calls == [("pause",), ("seek", 40.0), ("seek", 20.0), ("speed", 2.0), ("resume",)]
+
+
+async def test_replay_keys_are_off_without_controls(close_sources):
+    app, source = build_app(5)
+    close_sources(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        assert all(b.id not in ("replay.back", "replay.forward") for b in app.global_bindings())
+        await pilot.press("right")
+        assert app.replay_speed == 1.0
+
+
+# ------------------------------------------------------------------ pure parts
+def test_sparkline_scale_is_fixed_0_to_100():
+    assert spark_text([50.0, 51.0, 50.0]) == "▄▄▄"  # the stock Sparkline would draw these full height
+    assert spark_text([0.0, 100.0, None, -1.0]) == " █ ·"
+
+
+def test_sparkline_spans_at_least_a_minute():
+    for cells in (4, 24, 29, 34, 60, 120):
+        assert spark_seconds_per_cell(cells, 1.0) * cells >= 60
+    assert spark_seconds_per_cell(24, 5.0) == 5.0
+
+
+def test_buckets_are_aligned_to_time_so_old_cells_never_change():
+    snaps = make_snapshots(40, gpus=2, cores=4)
+    before = utilization_buckets(snaps[:39], [0, 1], 10, 3.0)
+    after = utilization_buckets(snaps, [0, 1], 10, 3.0)
+    # T0 + 39 opens no new bucket (39 // 3 == 13 == 38 // 3): only the newest cell may change
+    assert before[0][:-1] == after[0][:-1]
+
+
+def test_changed_span_covers_only_the_changed_cells():
+    bold = Style(bold=True)  # the widgets reuse cached Style objects, and the diff compares them by identity
+    a = LineBuilder().add("GPU0 ", bold).add("97%  62/80G").strip(20)
+    b = LineBuilder().add("GPU0 ", bold).add("98%  62/80G").strip(20)
+    assert _changed_span(a, b) == (6, 7)
+    assert _changed_span(a, a) is None
+    c = LineBuilder().add("GPU0 ", Style(bold=True, color="red")).add("97%  62/80G").strip(20)
+    assert _changed_span(a, c) == (0, 5)  # a style change repaints those cells too
+
+
+def test_gpu_users_prefers_ranks_over_raw_pids():
+    snap = make_snapshots(1, with_job=True)[0]
+    users = gpu_users(snap)
+    assert users[0] == "r0 1001"
+    plain = make_snapshots(1)[0]
+    assert gpu_users(plain)[0] == "pid 1001" and 6 not in gpu_users(plain)
+
+
+def test_changed_spans_skip_long_unchanged_runs():
+    from gputop.tui.canvas import _changed_spans
+
+    a = LineBuilder().add("97%" + " " * 30 + "62/80G").strip(40)
+    b = LineBuilder().add("98%" + " " * 30 + "63/80G").strip(40)
+    assert _changed_spans(a, b) == [(1, 2), (34, 35)]  # two small repaints, not the 34 cells between
+
+
+async def test_replay_of_a_real_recording_keeps_every_sample_and_restarts_after_seek(tmp_path):
+    """The record/replay engineer's ReplaySource, on a recording written by RecordingWriter."""
+    from gputop.recording import RecordingWriter, ReplaySource
+    from gputop.sim.fake_nvml import ManualClock
+
+    machine = make_machine()
+    path = str(tmp_path / "run.gputop")
+    writer = RecordingWriter(path, machine)
+    for snap in make_snapshots(120, gpus=8, cores=16):
+        writer.write(snap)
+    writer.close()
+    clock = ManualClock(start=0.0)
+    source = ReplaySource(path, speed=4.0, clock=clock)
+    app = GputopApp(source, interval=0.01, controls=source, diagnose=lambda h, b: ([], "ok"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        clock.advance(10.0)  # 40 s of recording at 4x
+        await wait_for(pilot, lambda: len(app.history) == 41, "every sample of the first 40 s")
+        assert [s.timestamp for s in app.history] == [T0 + i for i in range(41)]
+        await pilot.press("left")  # back 10 s: the history starts over at 30 s
+        await wait_for(pilot, lambda: app.history.latest and app.history.latest.timestamp == T0 + 30, "the seek")
+        assert len(app.history) == 31
+        await wait_for(pilot, lambda: "REPLAY 00:30/01:59 ×4" in app.query_one("#header").lines_text[0], "the header")

@@ -1,0 +1,67 @@
+"""End to end in a real pseudo-terminal: `gputop tui --simulate` draws the grid and quits on q."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import struct
+import sys
+import termios
+import time
+
+from rich.text import Text
+
+from gputop.model import MachineInfo, Topology
+from gputop.tui import look
+from gputop.tui.screens import link_style, topology_matrix
+
+
+def _read_until(master: int, needle: bytes, timeout: float) -> bytes:
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while needle not in buf:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"timed out waiting for {needle!r}; got {buf[-400:]!r}"
+        ready, _, _ = select.select([master], [], [], min(remaining, 0.5))
+        if ready:
+            try:
+                buf += os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+    return buf
+
+
+def test_simulated_tui_in_a_pty_draws_and_quits(spawn):
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = dict(os.environ, TERM="xterm-256color", LANG="C.UTF-8")
+    env.pop("NO_COLOR", None)
+    proc = spawn([sys.executable, "-m", "gputop", "tui", "--simulate", "h100-sxm-8"], stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    try:
+        screen = _read_until(master, b"GPU7", timeout=60)
+        assert b"SIMULATED" in screen
+        os.write(master, b"q")
+        deadline = time.monotonic() + 20
+        while proc.poll() is None and time.monotonic() < deadline:
+            select.select([master], [], [], 0.2)
+            try:
+                os.read(master, 65536)
+            except OSError:
+                pass
+        assert proc.returncode == 0
+    finally:
+        os.close(master)
+
+
+def test_topology_cells_are_coloured_by_link_class():
+    labels = ["X", "NV4", "PIX", "PXB", "PHB", "NODE", "SYS"]
+    styles = {label: link_style(label) for label in labels}
+    assert styles["NV4"] is look.GOOD_BOLD and styles["SYS"] is look.BAD and styles["X"] is look.DIM
+    assert styles["PIX"] is styles["PXB"] is look.ACCENT and styles["PHB"] is styles["NODE"] is look.WARN
+    matrix = (("X", "NV4", "SYS"), ("NV4", "X", "PHB"), ("SYS", "PHB", "X"))
+    machine = MachineInfo(hostname="h", topology=Topology(matrix=matrix, cpu_affinity=("0-7",) * 3, numa_node=(0, 0, 1)))
+    table = topology_matrix(machine)
+    cells = [cell for column in table.columns[1:] for cell in column._cells]
+    assert all(isinstance(cell, Text) and cell.style is link_style(cell.plain) for cell in cells)
