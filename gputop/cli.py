@@ -180,7 +180,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
-        module = importlib.import_module(COMMAND_MODULES[args.command])
+        # `gputop --simulate` (no subcommand): the subparsers leave command=None
+        module = importlib.import_module(COMMAND_MODULES[args.command or "tui"])
         return int(module.run(args) or EXIT_OK)
     except UsageError as exc:
         print(f"gputop: {exc}", file=sys.stderr)

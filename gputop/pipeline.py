@@ -39,6 +39,7 @@ class Pipeline:
         psutil collector (tests that need deterministic host numbers).
         """
         self._clock = clock
+        self._stack_interval = stack_interval
         self.simulated = simulate is not None
         self.job_collector = job_collector
         self.gpu: Optional[GpuCollector] = None
@@ -91,19 +92,30 @@ class Pipeline:
 
         if pid is not None and self.job_collector is None:
             try:
-                from gputop.collect.job import JobCollector  # the attach side; only needed with --pid
-
-                self.job_collector = JobCollector(pid, stack_interval=stack_interval)
+                self.attach(pid)
             except BaseException:
                 self.close()
                 raise
+
+    def attach(self, pid: int) -> None:
+        """Follow the job behind `pid` from the next poll on (also Enter on a process in the TUI).
+
+        Raises GputopError when there is no such process; the previous job, if any, stays attached then.
+        """
+        from gputop.collect.job import JobCollector  # the attach side; only needed with a PID
+
+        new = JobCollector(pid, stack_interval=self._stack_interval)
+        old, self.job_collector = self.job_collector, new  # one assignment: poll() sees old or new
+        if old is not None:
+            old.close()
 
     def poll(self) -> Snapshot:
         """One sample of everything. Per-field and per-GPU failures arrive as None / lost, never as exceptions."""
         gpus = self.gpu.sample() if self.gpu is not None else ()
         host = self.host.sample()
         now = self._clock()
-        job = self.job_collector.collect(gpus, now) if self.job_collector is not None else None
+        job_collector = self.job_collector  # read once: attach() may swap it from another thread
+        job = job_collector.collect(gpus, now) if job_collector is not None else None
         return Snapshot(timestamp=now, host=host, gpus=gpus, job=job, simulated=self.simulated)
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ import pynvml
 import pytest
 
 from gputop.cli import build_parser
-from gputop.errors import UsageError
+from gputop.errors import GputopError, UsageError
 from gputop.model import HostSample, JobTree, Snapshot
 from gputop.pipeline import Pipeline, pipeline_from_args
 from gputop.sim.fake_nvml import ManualClock
@@ -218,3 +218,14 @@ def test_pipeline_from_args():
     p = pipeline_from_args(type("Args", (), {"simulate": "h100-sxm-8"})())
     p.close()
     assert p.machine.gpu_count == 8
+
+
+def test_attach_follows_a_new_job_and_keeps_the_old_one_on_a_bad_pid(pipelines, spawn):
+    p = pipelines(simulate="rtx-4090-2")
+    assert p.poll().job is None
+    child = spawn.python("import time\nwhile True: time.sleep(0.1)")
+    p.attach(child.pid)
+    assert p.poll().job.root_pid == child.pid
+    with pytest.raises(GputopError, match="no process with PID"):
+        p.attach(2**22 + 12345)  # above pid_max on default kernels: never a live process
+    assert p.poll().job.root_pid == child.pid
