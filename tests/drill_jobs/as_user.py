@@ -1,0 +1,44 @@
+"""Run gputop's command line as another user: ``python as_user.py USER [--executable PATH] gputop-args...``.
+
+The interpreter and its packages live under root's 0700 home on the test machine, so another user
+could not even start Python there.  This starts as root, imports what the commands need, then drops
+to USER for good and runs `gputop.cli.main` — from then on it is gputop running as USER.  Root only.
+
+``--executable PATH`` sets sys.executable to PATH, a link to this interpreter in a directory USER can
+read: as if gputop were installed in a virtualenv of USER's (gputop looks for py-spy next to it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pwd
+import sys
+
+PRELOAD = (
+    "gputop.cli", "gputop.commands.snapshot", "gputop.commands.bench", "gputop.bench", "gputop.inject.injector",
+    "gputop.pipeline", "gputop.collect.gpu", "gputop.collect.host", "gputop.collect.job", "gputop.collect.stacks",
+    "gputop.collect.sampler", "gputop.analysis.stack_classes", "gputop.analysis.loader_math", "gputop.model",
+    "pynvml", "psutil", "json", "concurrent.futures", "concurrent.futures.thread", "subprocess", "tempfile",
+    "shutil", "statistics", "encodings.idna", "gputop.commands.record", "gputop.commands.report",
+    "gputop.recording", "gputop.history", "gputop.errors", "gzip", "zlib", "bisect", "errno", "pwd", "grp",
+)
+
+
+def main() -> int:
+    user, argv = sys.argv[1], sys.argv[2:]
+    if argv[:1] == ["--executable"]:
+        sys.executable, argv = argv[1], argv[2:]
+    for name in PRELOAD:
+        importlib.import_module(name)
+    entry = pwd.getpwnam(user)
+    os.setgroups([])
+    os.setresgid(entry.pw_gid, entry.pw_gid, entry.pw_gid)
+    os.setresuid(entry.pw_uid, entry.pw_uid, entry.pw_uid)
+    from gputop.cli import main as gputop_main
+
+    return gputop_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
