@@ -1,0 +1,191 @@
+"""`gputop demo`: a real PyTorch job on a simulated 8-GPU machine, watched by gputop.
+
+Starts the demo job (`gputop.sim.demo_launcher.DemoJob`), builds a simulated pipeline
+whose GPUs are driven by the job's busy board, and runs the TUI on it; with `--no-tui`
+it prints one line of per-GPU utilization per interval and a summary instead.  Every
+process the demo started is stopped on `q`, ctrl+c and SIGTERM/SIGHUP; if gputop is
+killed outright, the job's parent-death signals take it down (see `demo_launcher`).
+gputop never imports torch: the job runs in other processes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, TextIO
+
+from gputop.errors import GputopError
+
+# The simulated machine. Its 8 GPUs bound --gpus; with fewer ranks the remaining GPUs sit idle.
+DEMO_PROFILE = "h100-sxm-8"
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass
+class DemoSummary:
+    """What a headless run saw once every rank was training."""
+
+    startup_s: float  # from start until every rank took a step
+    seconds: float = 0.0  # observed after that
+    samples: list[tuple[Optional[float], ...]] = field(default_factory=list)  # per interval, per GPU, percent
+    steps_per_s: tuple[float, ...] = ()  # per rank
+
+    def mean_util(self) -> list[Optional[float]]:
+        if not self.samples:
+            return []
+        means: list[Optional[float]] = []
+        for gpu in range(len(self.samples[0])):
+            values = [row[gpu] for row in self.samples if gpu < len(row) and row[gpu] is not None]
+            means.append(sum(values) / len(values) if values else None)
+        return means
+
+
+def _check_demo_dependencies() -> None:
+    missing = [name for name, module in (("PyTorch", "torch"), ("Pillow", "PIL")) if not importlib.util.find_spec(module)]
+    if missing:
+        raise GputopError(
+            f"the demo runs a real training job and needs {' and '.join(missing)}: pip install 'gputop[demo]'"
+        )
+
+
+def _format_util(value: Optional[float]) -> str:
+    return "  --" if value is None else f"{value:4.0f}"
+
+
+class _SignalScope:
+    """While active, SIGTERM and SIGHUP end the demo the way ctrl+c does (KeyboardInterrupt in the main thread)."""
+
+    def __enter__(self) -> "_SignalScope":
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in _STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._interrupt)
+        return self
+
+    @staticmethod
+    def _interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def observe(
+    job: Any,
+    source: Any,
+    *,
+    interval: float,
+    seconds: Optional[float],
+    out: TextIO,
+    stop: Optional[threading.Event] = None,
+) -> DemoSummary:
+    """Headless: wait for the ranks, then poll `source` each interval and print per-GPU utilization.
+
+    Runs `seconds` (None: until KeyboardInterrupt or `stop`) after every rank took its first step; the
+    job's startup (importing torch, rendezvous) is not part of the observation.
+    """
+    stop = stop or threading.Event()
+    print(f"waiting for {job.config.ranks} ranks to start (importing torch, rendezvous)...", file=out, flush=True)
+    summary = DemoSummary(startup_s=job.wait_until_training())
+    gpus = source.machine.gpu_count
+    print(
+        f"ranks training after {summary.startup_s:.1f} s; GPU utilization % every {interval:g} s\n"
+        f"{'t':>6}  " + "".join(f"{'GPU' + str(i):>6}" for i in range(gpus)) + "  steps/s",
+        file=out,
+        flush=True,
+    )
+    source.poll()  # the first reading only sets the baseline of the utilization window
+    started = last = time.monotonic()
+    counts_start = counts_last = job.step_counts()
+    try:
+        while not stop.wait(interval):
+            snapshot = source.poll()
+            now = time.monotonic()
+            counts = job.step_counts()
+            row = tuple(g.utilization_gpu if not g.lost else None for g in snapshot.gpus)
+            summary.samples.append(row)
+            rate = sum(counts) - sum(counts_last)
+            per_rank = rate / max(1, len(counts)) / max(1e-9, now - last)
+            print(
+                f"{now - started:5.1f}s  " + "".join(f"{_format_util(u):>6}" for u in row) + f"  {per_rank:7.2f}",
+                file=out,
+                flush=True,
+            )
+            last, counts_last = now, counts
+            failure = job.failure()
+            if failure:
+                raise GputopError(failure)
+            if seconds is not None and now - started >= seconds:
+                break
+    except KeyboardInterrupt:
+        pass  # ctrl+c / SIGTERM: end the observation and report what was seen
+    summary.seconds = time.monotonic() - started
+    counts_end = job.step_counts()
+    summary.steps_per_s = tuple((b - a) / max(1e-9, summary.seconds) for a, b in zip(counts_start, counts_end))
+    return summary
+
+
+def print_summary(summary: DemoSummary, out: TextIO) -> None:
+    means = summary.mean_util()
+    print(f"summary over {summary.seconds:.1f} s (after a {summary.startup_s:.1f} s start):", file=out)
+    print("  GPU         " + "".join(f"{i:>6}" for i in range(len(means))), file=out)
+    print("  mean util % " + "".join(f"{'--' if m is None else f'{m:.0f}':>6}" for m in means), file=out)
+    print("  rank        " + "".join(f"{r:>6}" for r in range(len(summary.steps_per_s))), file=out)
+    print("  steps/s     " + "".join(f"{s:>6.2f}" for s in summary.steps_per_s), file=out, flush=True)
+
+
+def run(args: Any) -> int:
+    _check_demo_dependencies()
+    from gputop.pipeline import Pipeline
+    from gputop.sim.demo_launcher import DemoJob
+
+    scenario = args.scenario
+    job = DemoJob(
+        scenario, workers=args.workers, batch_size=args.batch_size, step_ms=args.step_ms, gpus=args.gpus
+    )  # bad overrides fail here, with nothing started
+    out = sys.stdout
+    with _SignalScope(), job:
+        try:
+            launcher_pid = job.start()
+            pipeline = Pipeline(
+                simulate=DEMO_PROFILE,
+                pid=launcher_pid,
+                load_model=job.load_model(),
+                stack_interval=getattr(args, "stack_interval", 2.0),
+            )
+        except KeyboardInterrupt:
+            return 130
+        if not args.no_tui:
+            from gputop.tui.app import run_app  # the core never loads Textual unless the TUI is wanted
+
+            if args.seconds is not None:
+                # ends the TUI the way SIGTERM does (see _SignalScope), from outside its event loop
+                timer = threading.Timer(args.seconds, signal.raise_signal, (signal.SIGTERM,))
+                timer.daemon = True
+                timer.start()
+            try:
+                code = run_app(pipeline, interval=args.interval, subtitle=f"demo: {scenario}")
+            except KeyboardInterrupt:
+                code = 0
+            failure = job.failure()
+            if failure:
+                raise GputopError(failure)
+            return code
+        try:
+            print(
+                f"gputop demo: {scenario} ({job.config.describe()}); launcher PID {launcher_pid}",
+                file=out,
+                flush=True,
+            )
+            summary = observe(job, pipeline, interval=args.interval, seconds=args.seconds, out=out)
+        except KeyboardInterrupt:
+            return 0  # stopped before the ranks were training: nothing to summarise
+        finally:
+            pipeline.close()
+        print_summary(summary, out)
+        return 0

@@ -1,0 +1,412 @@
+"""The demo's training job: one rank of a real PyTorch data-parallel training run on simulated GPUs.
+
+`gputop.sim.demo_launcher` starts one of these per rank, the way torchrun does (RANK,
+LOCAL_RANK, WORLD_SIZE and CUDA_VISIBLE_DEVICES in the environment).  Everything is real
+except the GPU:
+
+* **Data.**  A map-style `Dataset` over JPEGs generated in memory at start (fixed seed).
+  `__getitem__` decodes one with Pillow, crops, flips and resizes it to 32x32: real CPU
+  work.  The JPEG bytes reach Pillow through a pipe, delivered after a simulated
+  network-storage latency (`SimulatedStorage`), so the reader blocks in a C read()
+  inside Pillow's `Image.open`, as on a real NFS mount.  On a machine with few cores the
+  sample cost is mostly that latency, so 8 ranks stay within the cores (see
+  `gputop.sim.scenarios`); with many cores it is mostly decoding.  A real
+  `DataLoader` with the scenario's settings feeds the rank; its workers open a "shard
+  index" when they start (500 ms), which is what makes non-persistent workers hiccup at
+  every epoch.
+* **Model.**  A tiny CNN runs its forward and backward on the CPU (about a millisecond).
+  In the middle of it sits `SimulatedKernels`, an autograd function whose forward and
+  backward *sleep* for the step's simulated GPU time (1/3 forward, 2/3 backward), with the
+  rank's slot on the busy board marked busy around each sleep.  The fake NVML turns busy
+  time into utilization, so a rank that waits for data shows an idle GPU.  Ranks that land
+  on the same GPU take turns (a file lock per GPU), as kernels of several processes share
+  one card: each gets a fraction of it.
+* **Distributed.**  torch.distributed with the gloo backend (rendezvous through a file,
+  sockets on loopback).  Gradients are averaged with one `all_reduce` per step, outside
+  the busy period: gloo runs on the CPU, so a rank waiting for the others in the
+  collective leaves its GPU idle.  Measured on the 2-core box with 8 ranks: rendezvous
+  0.1-0.9 s, an all_reduce of this model's gradients ~20 ms (mostly waiting for the other
+  ranks to be scheduled), ~4 ms of CPU per rank and step, so at 5 steps/s the collectives
+  of all 8 ranks cost ~15% of one core.  That is light enough, and it buys the real
+  coupling of DDP: a rank that stalls holds up the others, which wait in `all_reduce`
+  (the misfire scenario's hang spreads exactly like a real one).
+* **Determinism.**  Given `--seed`, the batches and losses do not depend on timing: images,
+  augmentation (seeded per sample index), sampler order (`DistributedSampler` with
+  `set_epoch`), model init, and the DataLoader's generator are all seeded, and nothing
+  draws from the global RNG after the model is built.  `--loss-log PATH` writes
+  `epoch step loss` lines (loss as repr, bit-exact): rank 0 only, or every rank when PATH
+  contains `{rank}`.  `--max-steps N` ends the run after N steps.
+
+Run it standalone for one rank: `python -m gputop.sim.demo_job --board B --counters C
+--rendezvous R --scenario tuned ...` (see `DemoConfig`); normally `DemoJob` does all this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fcntl
+import functools
+import heapq
+import io
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import warnings
+from typing import BinaryIO, Optional
+
+import torch
+import torch.distributed as dist
+from PIL import Image, ImageDraw
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+from gputop.sim.busy_board import BusyBoard
+from gputop.sim.demo_launcher import StepCounters, die_with_parent, set_parent_death_signal
+from gputop.sim.scenarios import (
+    MEMORY_PER_RANK,
+    MODEL_SIDE,
+    RANK0_EXTRA_MEMORY,
+    DemoConfig,
+    resolve,
+)
+
+JPEG_COUNT = 64  # distinct images; samples cycle through them with different crops
+CLASSES = 10
+COLLECTIVE_TIMEOUT = datetime.timedelta(hours=24)  # a hung demo stays hung while someone looks at it
+FORWARD_SHARE = 1.0 / 3.0  # of the step's GPU time; backward takes the rest
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def make_jpegs(count: int, side: int, seed: int) -> tuple[list[bytes], list[int]]:
+    """`count` deterministic JPEGs (coloured discs over noise; the colour depends on the class)."""
+    blobs, labels = [], []
+    for i in range(count):
+        rng = random.Random(seed * 1_000_003 + i)
+        label = i % CLASSES
+        image = Image.new("RGB", (side, side), tuple(rng.randrange(256) for _ in range(3)))
+        draw = ImageDraw.Draw(image)
+        for _ in range(6):
+            x, y, r = rng.randrange(side), rng.randrange(side), rng.randrange(side // 8, side // 3)
+            colour = ((label * 25 + rng.randrange(40)) % 256, rng.randrange(256), (255 - label * 25) % 256)
+            draw.ellipse((x - r, y - r, x + r, y + r), fill=colour)
+        noise = Image.frombytes("L", (side, side), rng.randbytes(side * side)).convert("RGB")
+        image = Image.blend(image, noise, 0.15)
+        out = io.BytesIO()
+        image.save(out, "JPEG", quality=90)
+        blobs.append(out.getvalue())
+        labels.append(label)
+    return blobs, labels
+
+
+def _wait_for_storage(seconds: float) -> None:
+    """Metadata on its way from network storage (simulated latency)."""
+    time.sleep(seconds)
+
+
+class SimulatedStorage:
+    """Network storage for the dataset: a file's bytes arrive after its latency, through a pipe.
+
+    The reader blocks inside a plain C read(), as on a real NFS or FUSE mount, so in a stack dump
+    the waiting frame is the caller's own (Pillow's `Image.open`), not a sleep of ours.  One
+    delivery thread per process serves every pending read (a DataLoader worker gets its own after
+    the fork).  A read marked `hang` never gets its bytes: the misfire.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # the parent's thread and lock stay behind
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: list[tuple[float, int, bytes]] = []  # heap of (due, write fd, data)
+        self._thread: Optional[threading.Thread] = None
+        self._never_answered: list[int] = []  # write ends kept open and never written
+
+    def open(self, data: bytes, delay_s: float, hang: bool = False) -> BinaryIO:
+        read_fd, write_fd = os.pipe()
+        with self._cond:
+            if hang:
+                self._never_answered.append(write_fd)
+            else:
+                heapq.heappush(self._pending, (time.monotonic() + delay_s, write_fd, data))
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._deliver_forever, name="storage", daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+        return open(read_fd, "rb")
+
+    def _deliver_forever(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending or self._pending[0][0] > time.monotonic():
+                    self._cond.wait(self._pending[0][0] - time.monotonic() if self._pending else None)
+                _due, write_fd, data = heapq.heappop(self._pending)
+            with open(write_fd, "wb") as pipe:  # closing it is the reader's end of file
+                pipe.write(data)
+
+
+STORAGE = SimulatedStorage()
+
+
+class JpegDataset(Dataset):
+    """Map-style: sample i = JPEG (i mod count), decoded, randomly cropped and flipped, resized to 32x32."""
+
+    def __init__(
+        self,
+        blobs: list[bytes],
+        labels: list[int],
+        length: int,
+        storage_ms: float,
+        seed: int,
+        hang_index: Optional[int] = None,
+    ) -> None:
+        self.blobs = blobs
+        self.labels = labels
+        self.length = length
+        self.seed = seed
+        self.hang_index = hang_index
+        mean_size = sum(len(b) for b in blobs) / len(blobs)
+        self.seconds_per_byte = storage_ms / 1000.0 / mean_size  # bigger files take longer to arrive
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        which = index % len(self.blobs)
+        rng = random.Random(self.seed * 1_000_003 + index)  # per sample, so workers and timing do not matter
+        blob = self.blobs[which]
+        with STORAGE.open(blob, len(blob) * self.seconds_per_byte, hang=index == self.hang_index) as stream:
+            image = Image.open(stream)  # a pipe cannot seek, so Pillow reads every byte here: waits for storage
+        with image:
+            image = image.convert("RGB")  # decodes
+            side = image.width
+            crop = int(side * rng.uniform(0.6, 1.0))
+            left, top = rng.randrange(side - crop + 1), rng.randrange(side - crop + 1)
+            image = image.resize(
+                (MODEL_SIDE, MODEL_SIDE), Image.Resampling.BILINEAR, box=(left, top, left + crop, top + crop)
+            )
+            if rng.random() < 0.5:
+                image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+        tensor = pixels.view(MODEL_SIDE, MODEL_SIDE, 3).permute(2, 0, 1).float().div_(255.0).sub_(0.5)
+        return tensor, self.labels[which]
+
+
+def _open_shard_index(seconds: float, worker_id: int) -> None:
+    """worker_init_fn: each worker reads the shard index from storage when it starts (every epoch unless
+    persistent_workers) and dies with its rank even if the rank is SIGKILLed."""
+    set_parent_death_signal(signal.SIGKILL)
+    _wait_for_storage(seconds)
+
+
+def build_loader(
+    config: DemoConfig, rank: int = 0, world: int = 1, *, hang_index: Optional[int] = None
+) -> tuple[DataLoader, DistributedSampler]:
+    blobs, labels = make_jpegs(JPEG_COUNT, config.image_side, config.seed)
+    dataset = JpegDataset(
+        blobs,
+        labels,
+        length=config.batches_per_epoch * config.batch_size * world,
+        storage_ms=config.storage_ms,
+        seed=config.seed,
+        hang_index=hang_index,
+    )
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=config.seed, drop_last=True)
+    kwargs: dict = {}
+    if config.num_workers:
+        kwargs = dict(
+            prefetch_factor=config.prefetch_factor,
+            persistent_workers=config.persistent_workers,
+            worker_init_fn=functools.partial(_open_shard_index, config.worker_init_ms / 1000.0),
+        )
+    loader = DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        sampler=sampler,
+        num_workers=config.num_workers,
+        pin_memory=config.pin_memory,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(config.seed),  # never the global RNG
+        **kwargs,
+    )
+    return loader, sampler
+
+
+def offline_loader() -> DataLoader:
+    """A factory for `gputop bench --loader gputop.sim.demo_job:offline_loader`: the starved scenario's loader."""
+    loader, _sampler = build_loader(resolve("starved", gpus=1))
+    return loader
+
+
+# ----------------------------------------------------------------------------- the simulated GPU
+
+
+class SimulatedGpu:
+    """This rank's GPU: kernels are sleeps marked busy on the board; ranks sharing a GPU take turns."""
+
+    def __init__(self, board: BusyBoard, slot: int, index: int, lock_path: str) -> None:
+        self.board = board
+        self.slot = slot
+        self.index = index
+        self._lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def run_kernels(self, seconds: float) -> None:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)  # the GPU runs one process's kernels at a time
+        try:
+            self.board.begin_busy(self.slot)
+            try:
+                time.sleep(seconds)
+            finally:
+                self.board.end_busy(self.slot)
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+
+class SimulatedKernels(torch.autograd.Function):
+    """Identity on the activations whose forward and backward spend the step's simulated GPU time."""
+
+    @staticmethod
+    def forward(ctx, activations, gpu: SimulatedGpu, forward_s: float, backward_s: float):  # type: ignore[override]
+        ctx.gpu = gpu
+        ctx.backward_s = backward_s
+        gpu.run_kernels(forward_s)
+        return activations.view_as(activations)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        ctx.gpu.run_kernels(ctx.backward_s)
+        return grad, None, None, None
+
+
+class TinyConvNet(nn.Module):
+    def __init__(self, gpu: Optional[SimulatedGpu], step_ms: float) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.head = nn.Linear(16, CLASSES)
+        self.gpu = gpu
+        self.forward_s = step_ms / 1000.0 * FORWARD_SHARE
+        self.backward_s = step_ms / 1000.0 - self.forward_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.conv1(x))
+        if self.gpu is not None:
+            x = SimulatedKernels.apply(x, self.gpu, self.forward_s, self.backward_s)
+        x = torch.relu(self.conv2(x))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def _average_gradients(params: list[nn.Parameter], world: int) -> None:
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)  # sum over ranks; the ring order is fixed, so the result is deterministic
+    flat.div_(world)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset : offset + n].view_as(p))
+        offset += n
+
+
+def _visible_gpu() -> int:
+    """The simulated GPU behind `cuda` (= cuda:0): the first of CUDA_VISIBLE_DEVICES, or GPU 0 if unset."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(visible) if visible.isdigit() else 0
+
+
+def _loss_log(config: DemoConfig, rank: int):
+    if not config.loss_log:
+        return None
+    if "{rank}" in config.loss_log:
+        return open(config.loss_log.format(rank=rank), "w", buffering=1)
+    return open(config.loss_log, "w", buffering=1) if rank == 0 else None
+
+
+def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: str) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    warnings.filterwarnings("ignore", message=".*pin_memory.*")  # no accelerator here: pinning is a no-op
+    # torch counts cores; our workers mostly wait on (simulated) storage, so more workers than cores is right
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
+
+    board = BusyBoard.open(board_path)
+    counters = StepCounters.open(counters_path)
+    gpu = SimulatedGpu(board, slot=rank, index=_visible_gpu(), lock_path=f"{board_path}.gpu{_visible_gpu()}.lock")
+
+    torch.manual_seed(config.seed)  # the same initial weights on every rank, as DDP's broadcast would give
+    model = TinyConvNet(gpu, config.step_ms)
+    params = [p for p in model.parameters()]
+    optimizer = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    memory = MEMORY_PER_RANK + (RANK0_EXTRA_MEMORY if rank == 0 else 0)
+    board.claim(rank, gpu.index, os.getpid(), memory)  # "model.to(device)": the GPU now holds our memory
+
+    if world > 1:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
+        )
+    hang_index = None
+    loader, sampler = build_loader(config, rank, world)
+    if config.hang_rank == rank:
+        sampler.set_epoch(0)
+        order = list(sampler)
+        hang_index = order[min(len(order) - 1, config.hang_after_batches * config.batch_size)]
+        loader.dataset.hang_index = hang_index
+    print(
+        f"rank {rank}/{world} pid {os.getpid()}: simulated GPU {gpu.index}, {config.describe()}"
+        + (f"; sample {hang_index} will hang" if hang_index is not None else ""),
+        flush=True,
+    )
+
+    log = _loss_log(config, rank)
+    loss_fn = nn.CrossEntropyLoss()
+    step = 0
+    try:
+        epoch = 0
+        while True:
+            sampler.set_epoch(epoch)
+            for images, labels in loader:
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(model(images), labels)
+                loss.backward()
+                if world > 1:
+                    _average_gradients(params, world)
+                optimizer.step()
+                step += 1
+                counters.set(rank, step)
+                if log is not None:
+                    log.write(f"{epoch} {step} {loss.item()!r}\n")
+                if config.max_steps is not None and step >= config.max_steps:
+                    return 0
+            epoch += 1
+    finally:
+        if log is not None:
+            log.close()
+        board.release(rank)  # the process is done with its GPU
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    die_with_parent(signal.SIGKILL)  # the launcher died: so do we (and our workers with us)
+    parser = argparse.ArgumentParser(prog="python -m gputop.sim.demo_job", description="one rank of the gputop demo")
+    parser.add_argument("--board", required=True, help="the busy board file (made by DemoJob)")
+    parser.add_argument("--counters", required=True, help="the step-counter file (made by DemoJob)")
+    parser.add_argument("--rendezvous", required=True, help="a file for torch.distributed's FileStore")
+    DemoConfig.add_arguments(parser)
+    args = parser.parse_args(argv)
+    return train(DemoConfig.from_namespace(args), args.board, args.counters, args.rendezvous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""The demo's scenarios: which DataLoader settings reproduce which idle-GPU profile.
+
+Every scenario runs the same training job over the same dataset (in-memory JPEGs,
+decoded and resized with Pillow); only the loader settings and one deliberate bug
+differ, so `gputop demo --scenario starved --workers 3` turns the starved job into
+the tuned one and the utilization line rises.
+
+The arithmetic that sizes the job (see `resolve`):
+
+* A simulated GPU step takes ``step_ms`` (default 200 ms).  Preparing one batch
+  costs ``PREP_TO_STEP`` (2x) the step, so with ``num_workers=0`` the GPU is busy
+  about 1/3 of the time: continuous starvation.
+* Workers needed = prep time per batch / step time = 2; the tuned scenario takes
+  ``WORKER_MARGIN`` (1.5x) on top: 3 workers, prefetch 4, pinned memory, persistent.
+* Per-sample preparation is real Pillow work (decode a JPEG, crop, resize) plus,
+  where the machine has too few cores for the decoding alone, simulated storage
+  latency (the JPEG bytes arrive from a slow network filesystem while Pillow reads
+  them).  The decoding may use ``DATA_CPU_SHARE`` (30%) of the cores when every
+  rank runs flat out, so 8 ranks on a 2-core box stay responsive: the JPEGs are
+  small (~160 px) and storage latency makes up the rest of the cost.  On a box
+  with many cores the JPEGs grow (up to 512 px) and the latency shrinks toward 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import MISSING, dataclass, fields, replace
+from typing import Optional
+
+from gputop.errors import UsageError
+
+DEFAULT_RANKS = 8
+MAX_RANKS = 8  # the simulated machine (h100-sxm-8) has 8 GPUs
+MAX_WORKERS = 32
+DEFAULT_STEP_MS = 200.0  # a ResNet-50-sized step on an H100
+DEFAULT_BATCH = 16
+PREP_TO_STEP = 2.0  # preparing a batch costs twice the GPU step: "heavy decoding"
+WORKER_MARGIN = 1.5  # tuned workers = needed x margin, so jitter does not starve the GPU
+DATA_CPU_SHARE = 0.3  # share of the cores the input pipeline may burn with every GPU at 100%
+MODEL_SIDE = 32  # the network sees 32x32 crops
+
+# Pillow decode + crop + resize to 32 px, measured on the 2-core dev box (Pillow 11, libjpeg-turbo):
+# about 0.3 ms fixed plus 25 ns per source pixel (128 px: 0.5 ms, 256 px: 1.6 ms, 512 px: 6.7 ms).
+DECODE_FIXED_MS = 0.3
+DECODE_NS_PER_PIXEL = 25.0
+MIN_IMAGE_SIDE = 96
+MAX_IMAGE_SIDE = 512
+
+MEMORY_PER_RANK = int(9.5 * 1024**3)  # ResNet-50 with AMP at batch 256: ~9.5 GiB; 8 of them fit one H100
+RANK0_EXTRA_MEMORY = 384 * 1024**2  # rank 0 keeps a little more (logging, eval buffers)
+
+LONG_EPOCH_BATCHES = 10_000  # "no epoch boundary in sight"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str  # one line: what the user should see
+    num_workers: Optional[int]  # None: the tuned count from the arithmetic
+    prefetch_factor: Optional[int]  # None: torch's default (2) with workers
+    pin_memory: bool
+    persistent_workers: bool
+    batches_per_epoch: int
+    hang: bool = False  # one rank's worker blocks forever on one sample
+    ranks_on_gpu0: bool = False  # the launcher does not bind ranks to GPUs and the script uses `cuda`
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "starved",
+            "num_workers=0: each rank decodes its own JPEGs between steps; GPUs ~1/3 busy",
+            num_workers=0,
+            prefetch_factor=None,
+            pin_memory=False,
+            persistent_workers=False,
+            batches_per_epoch=LONG_EPOCH_BATCHES,
+        ),
+        Scenario(
+            "hiccup",
+            "enough workers on average, but short epochs restart them (no persistent_workers): saw-tooth",
+            num_workers=None,
+            prefetch_factor=None,
+            pin_memory=False,
+            persistent_workers=False,
+            batches_per_epoch=20,
+        ),
+        Scenario(
+            "misfire",
+            "a tuned job until one rank's DataLoader worker blocks forever on a storage read: memory held, 0% util",
+            num_workers=None,
+            prefetch_factor=4,
+            pin_memory=True,
+            persistent_workers=True,
+            batches_per_epoch=LONG_EPOCH_BATCHES,
+            hang=True,
+        ),
+        Scenario(
+            "single-gpu",
+            "every rank lands on GPU 0 (no per-rank device): one card busy, the others idle",
+            num_workers=None,
+            prefetch_factor=4,
+            pin_memory=True,
+            persistent_workers=True,
+            batches_per_epoch=LONG_EPOCH_BATCHES,
+            ranks_on_gpu0=True,
+        ),
+        Scenario(
+            "tuned",
+            "enough workers, prefetch, pinned memory, persistent workers: GPUs busy",
+            num_workers=None,
+            prefetch_factor=4,
+            pin_memory=True,
+            persistent_workers=True,
+            batches_per_epoch=LONG_EPOCH_BATCHES,
+        ),
+    )
+}
+DEFAULT_SCENARIO = "starved"
+
+
+_FIELD_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "Optional[int]": int, "Optional[str]": str}
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Everything a rank needs, fully resolved; it travels to the ranks as command-line flags."""
+
+    scenario: str
+    ranks: int
+    batch_size: int
+    step_ms: float
+    num_workers: int
+    prefetch_factor: Optional[int]
+    pin_memory: bool
+    persistent_workers: bool
+    batches_per_epoch: int
+    image_side: int  # px of the stored JPEGs
+    storage_ms: float  # simulated storage latency per (average-sized) sample
+    worker_init_ms: float  # a worker opens the shard index when it starts (every epoch without persistence)
+    hang_rank: Optional[int]  # the misfire rank
+    hang_after_batches: int
+    ranks_on_gpu0: bool
+    seed: int = 0
+    max_steps: Optional[int] = None
+    loss_log: Optional[str] = None
+
+    @property
+    def prep_ms_per_batch(self) -> float:
+        return self.batch_size * (decode_ms(self.image_side) + self.storage_ms)
+
+    @property
+    def workers_needed(self) -> float:
+        """The benchmark's rule: workers needed = prep time per batch / step time."""
+        return self.prep_ms_per_batch / self.step_ms
+
+    def to_argv(self) -> list[str]:
+        """Flags for `python -m gputop.sim.demo_job` (readable in `ps`, like a real train.py's)."""
+        argv: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                if value:
+                    argv.append(flag)
+            elif value is not None:
+                argv += [flag, str(value)]
+        return argv
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """The flags `to_argv` writes, for the rank's parser."""
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            kind = _FIELD_TYPES[str(f.type)]
+            if kind is bool:
+                parser.add_argument(flag, action="store_true")
+            else:
+                optional = "Optional" in str(f.type)
+                required = f.default is MISSING and not optional
+                default = f.default if f.default is not MISSING else None
+                parser.add_argument(flag, type=kind, required=required, default=default)
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace) -> "DemoConfig":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+    def describe(self) -> str:
+        loader = f"num_workers={self.num_workers}"
+        if self.num_workers:
+            loader += f", prefetch_factor={self.prefetch_factor or 2}"
+            loader += f", pin_memory={self.pin_memory}, persistent_workers={self.persistent_workers}"
+        return (
+            f"{self.ranks} ranks, batch {self.batch_size}, step {self.step_ms:g} ms, {loader}; "
+            f"prep {self.prep_ms_per_batch:.0f} ms/batch -> {self.workers_needed:.1f} workers needed per rank"
+        )
+
+
+def decode_ms(side: int) -> float:
+    """Nominal CPU cost of decoding + resizing one `side` x `side` JPEG (see the constants above)."""
+    return DECODE_FIXED_MS + DECODE_NS_PER_PIXEL * side * side / 1e6
+
+
+def image_side_for(cpu_count: int, ranks: int) -> int:
+    """The largest JPEG whose decoding keeps the input pipeline within DATA_CPU_SHARE of the cores."""
+    cores_per_rank = DATA_CPU_SHARE * cpu_count / ranks
+    budget_ms = cores_per_rank * DEFAULT_STEP_MS / DEFAULT_BATCH  # CPU per sample at full speed
+    budget_ms = min(budget_ms, PREP_TO_STEP * DEFAULT_STEP_MS / DEFAULT_BATCH)
+    side = math.sqrt(max(0.0, budget_ms - DECODE_FIXED_MS) * 1e6 / DECODE_NS_PER_PIXEL)
+    side = int(side // 32 * 32)
+    return max(MIN_IMAGE_SIDE, min(MAX_IMAGE_SIDE, side))
+
+
+def _check_range(flag: str, value: Optional[float], low: float, high: float, what: str) -> None:
+    if value is not None and not low <= value <= high:
+        raise UsageError(f"{flag} {value:g} is out of range: {what}")
+
+
+def resolve(
+    scenario: str = DEFAULT_SCENARIO,
+    *,
+    workers: Optional[int] = None,
+    batch_size: Optional[int] = None,
+    step_ms: Optional[float] = None,
+    gpus: Optional[int] = None,
+    cpu_count: Optional[int] = None,
+    seed: int = 0,
+    max_steps: Optional[int] = None,
+    loss_log: Optional[str] = None,
+) -> DemoConfig:
+    """The scenario's settings with the user's overrides, sized for this machine's cores."""
+    if scenario not in SCENARIOS:
+        raise UsageError(f"unknown demo scenario {scenario!r} (choose one of: {', '.join(SCENARIOS)})")
+    _check_range("--gpus", gpus, 1, MAX_RANKS, f"the simulated machine has 1 to {MAX_RANKS} GPUs")
+    _check_range("--workers", workers, 0, MAX_WORKERS, f"use 0 to {MAX_WORKERS} DataLoader workers per rank")
+    _check_range("--batch-size", batch_size, 1, 1024, "use 1 to 1024 samples per batch")
+    _check_range("--step-ms", step_ms, 1, 60_000, "use 1 ms to 60 s of simulated GPU time per step")
+    if max_steps is not None and max_steps < 1:
+        raise UsageError(f"max steps must be at least 1 (got {max_steps})")
+    spec = SCENARIOS[scenario]
+    ranks = gpus or DEFAULT_RANKS
+    cpus = cpu_count or os.cpu_count() or 1
+    side = image_side_for(cpus, ranks)
+    # the dataset's cost is fixed by the defaults; --batch-size and --step-ms change the ratio, as they would
+    storage_ms = max(0.0, PREP_TO_STEP * DEFAULT_STEP_MS / DEFAULT_BATCH - decode_ms(side))
+    config = DemoConfig(
+        scenario=scenario,
+        ranks=ranks,
+        batch_size=batch_size or DEFAULT_BATCH,
+        step_ms=float(step_ms or DEFAULT_STEP_MS),
+        num_workers=0,
+        prefetch_factor=None,
+        pin_memory=spec.pin_memory,
+        persistent_workers=spec.persistent_workers,
+        batches_per_epoch=spec.batches_per_epoch,
+        image_side=side,
+        storage_ms=round(storage_ms, 3),
+        worker_init_ms=500.0,
+        hang_rank=ranks // 2 if spec.hang else None,
+        hang_after_batches=25,
+        ranks_on_gpu0=spec.ranks_on_gpu0,
+        seed=seed,
+        max_steps=max_steps,
+        loss_log=loss_log,
+    )
+    if workers is not None:
+        num_workers = workers
+    elif spec.num_workers is not None:
+        num_workers = spec.num_workers
+    else:
+        num_workers = min(MAX_WORKERS, max(1, math.ceil(config.workers_needed * WORKER_MARGIN)))
+    return replace(
+        config,
+        num_workers=num_workers,
+        prefetch_factor=spec.prefetch_factor if num_workers else None,
+        pin_memory=spec.pin_memory,
+        persistent_workers=spec.persistent_workers and num_workers > 0,
+    )

@@ -1,0 +1,403 @@
+"""`gputop demo`: each scenario's simulated utilization, its stacks, and that nothing outlives the demo.
+
+Every test runs the real demo job (torch ranks, gloo, DataLoader workers decoding JPEGs with
+Pillow) and reads the simulated GPUs through the real pipeline: pynvml over the fake library,
+driven by the job's busy board.  The ranks take a while to import torch on a shared 2-core
+box, so startup waits are long; the observations themselves are a few seconds each.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from gputop import cli
+from gputop.analysis.stack_classes import (
+    COLLECTIVE,
+    IN_DATASET,
+    WAITING_FOR_DATA,
+    classify_main_thread,
+)
+from gputop.collect.stacks import dump_stacks
+from gputop.commands import demo as demo_command
+from gputop.commands.demo import DEMO_PROFILE, observe
+from gputop.pipeline import Pipeline
+from gputop.sim import scenarios
+from gputop.sim.demo_launcher import DemoJob
+from tests.helpers import wait_until
+
+STARTUP_S = 240.0  # ranks import torch (~2 s of CPU each) on 2 cores that other tests share
+GIB = 1024**3
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def descendants(pid: int) -> list[int]:
+    try:
+        return [pid] + [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def rank_pids(job: DemoJob) -> list[int]:
+    """Rank processes in rank order (the launcher's children; each carries RANK in its environment)."""
+    ranks = {}
+    for child in psutil.Process(job.launcher_pid).children():
+        rank = child.environ().get("RANK")
+        if rank is not None:
+            ranks[int(rank)] = child.pid
+    return [ranks[r] for r in sorted(ranks)]
+
+
+def worker_pids(rank_pid: int) -> set[int]:
+    return {c.pid for c in psutil.Process(rank_pid).children() if c.name() == "pt_data_worker"}
+
+
+def main_thread_frames(pid: int) -> tuple[str, list[str]]:
+    stacks = dump_stacks([pid])[pid]
+    main = next((t for t in stacks.threads if t.thread_name == "MainThread"), None)
+    return classify_main_thread(stacks), [f.name for f in main.frames] if main else []
+
+
+def wait_until_training(job: DemoJob) -> None:
+    def training() -> bool:
+        assert job.failure() is None, job.failure()
+        counts = job.step_counts()
+        return bool(counts) and min(counts) > 0
+
+    wait_until(training, timeout=STARTUP_S, interval=0.2, what="every demo rank to finish a step")
+
+
+@pytest.fixture
+def demo():
+    """Start DemoJobs with a pipeline on them; whatever a test leaves running is stopped at teardown."""
+    started: list[tuple[DemoJob, Pipeline]] = []
+
+    def start(scenario: str, **kwargs) -> tuple[DemoJob, Pipeline]:
+        job = DemoJob(scenario, **kwargs)
+        launcher = job.start()
+        pipeline = Pipeline(simulate=DEMO_PROFILE, pid=launcher, load_model=job.load_model())
+        started.append((job, pipeline))
+        return job, pipeline
+
+    yield start
+    for job, pipeline in started:
+        pipeline.close()
+        job.stop()
+
+
+def stop_and_check_nothing_left(job: DemoJob, pipeline: Pipeline) -> None:
+    """Stop the job; every process it had (launcher, ranks, workers) is gone, and so is its directory."""
+    pids = descendants(job.launcher_pid)
+    assert len(pids) > job.config.ranks  # launcher + ranks (+ workers): we are checking real processes
+    pipeline.close()
+    job.stop()
+    assert [p for p in pids if alive(p)] == []
+    assert not os.path.exists(job.directory)
+    job.stop()  # a second stop is harmless
+
+
+def observe_quietly(job: DemoJob, pipeline: Pipeline, seconds: float, interval: float = 0.5):
+    out = io.StringIO()
+    summary = observe(job, pipeline, interval=interval, seconds=seconds, out=out)
+    assert summary.samples, out.getvalue()
+    return summary
+
+
+def column(summary, gpu: int) -> list[float]:
+    return [row[gpu] for row in summary.samples]
+
+
+def dips(values: list[float], high: float = 70.0, low: float = 35.0) -> int:
+    """Falls from >= high to <= low: one per tooth of a saw-tooth."""
+    count, state = 0, None
+    for v in values:
+        if v >= high:
+            state = "high"
+        elif v <= low and state == "high":
+            count, state = count + 1, "low"
+    return count
+
+
+# ----------------------------------------------------------------------------- the scenario arithmetic
+
+
+def test_scenarios_size_the_loader_by_the_arithmetic():
+    starved = scenarios.resolve("starved", cpu_count=2)
+    tuned = scenarios.resolve("tuned", cpu_count=2)
+    assert starved.num_workers == 0 and starved.ranks == 8
+    # the dataset costs PREP_TO_STEP steps per batch: num_workers=0 leaves the GPU busy ~1/3 of the time
+    assert starved.prep_ms_per_batch == pytest.approx(scenarios.PREP_TO_STEP * starved.step_ms, rel=0.01)
+    assert tuned.num_workers >= tuned.workers_needed * scenarios.WORKER_MARGIN
+    assert (tuned.prefetch_factor, tuned.pin_memory, tuned.persistent_workers) == (4, True, True)
+    # 8 ranks decoding flat out stay within the CPU share, on 2 cores and on 64
+    for cpus in (2, 64):
+        config = scenarios.resolve("tuned", cpu_count=cpus)
+        cores = config.ranks * config.batch_size * scenarios.decode_ms(config.image_side) / config.step_ms
+        assert cores <= scenarios.DATA_CPU_SHARE * cpus
+    assert scenarios.image_side_for(2, 8) < scenarios.image_side_for(64, 8)
+    # overrides win, and workers=0 drops the settings that need workers
+    custom = scenarios.resolve("tuned", workers=0, batch_size=8, step_ms=50, gpus=3)
+    assert (custom.num_workers, custom.prefetch_factor, custom.persistent_workers) == (0, None, False)
+    assert (custom.batch_size, custom.step_ms, custom.ranks) == (8, 50.0, 3)
+    assert scenarios.resolve("misfire", gpus=2).hang_rank == 1
+    assert scenarios.resolve("single-gpu").ranks_on_gpu0
+
+
+def test_config_round_trips_through_the_rank_command_line():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    scenarios.DemoConfig.add_arguments(parser)
+    for name in scenarios.SCENARIOS:
+        config = scenarios.resolve(name, gpus=3, max_steps=7, loss_log="/tmp/l{rank}")
+        assert scenarios.DemoConfig.from_namespace(parser.parse_args(config.to_argv())) == config
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["demo", "--gpus", "9"], "--gpus 9 is out of range: the simulated machine has 1 to 8 GPUs"),
+        (["demo", "--workers", "-1"], "--workers -1 is out of range"),
+        (["demo", "--batch-size", "0"], "--batch-size 0 is out of range"),
+    ],
+)
+def test_bad_overrides_are_one_line_usage_errors(argv, message, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_missing_torch_says_how_to_install_it(monkeypatch, capsys):
+    real_find_spec = demo_command.importlib.util.find_spec
+    monkeypatch.setattr(
+        demo_command.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a)
+    )
+    assert cli.main(["demo", "--no-tui", "--seconds", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "pip install 'gputop[demo]'" in err and err.count("\n") == 1
+
+
+def test_the_monitor_side_never_imports_torch():
+    code = (
+        "import sys, gputop.commands.demo, gputop.sim.demo_launcher, gputop.sim.scenarios; "
+        "print(sorted(m for m in ('torch', 'textual', 'PIL') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+# ----------------------------------------------------------------------------- the scenarios, live
+
+
+def test_starved_keeps_the_gpus_mostly_idle_while_ranks_decode(demo):
+    job, pipeline = demo("starved", gpus=2)
+    summary = observe_quietly(job, pipeline, seconds=8)
+    means = summary.mean_util()
+    assert all(5 < means[g] < 50 for g in (0, 1)), means
+    assert all(means[g] == 0 for g in range(2, 8)), means  # GPUs without a rank stay idle
+    # num_workers=0: the rank's main thread runs the dataset itself (Pillow decoding, storage reads)
+    rank0 = rank_pids(job)[0]
+    state, frames = wait_until(
+        lambda: (lambda r: r if r[0] == IN_DATASET else None)(main_thread_frames(rank0)),
+        timeout=30,
+        what="rank 0's main thread inside the dataset",
+    )
+    assert "JpegDataset.__getitem__" in frames
+    stop_and_check_nothing_left(job, pipeline)
+
+
+def test_tuned_keeps_the_gpus_busy(demo):
+    job, pipeline = demo("tuned", gpus=2)
+    summary = observe_quietly(job, pipeline, seconds=8)
+    means = summary.mean_util()
+    assert all(means[g] > 65 for g in (0, 1)), means
+    assert all(rate > 2.5 for rate in summary.steps_per_s), summary.steps_per_s  # ~4.4 at 200 ms steps
+    snapshot = pipeline.poll()
+    for gpu, pid in zip((0, 1), rank_pids(job)):
+        assert [p.pid for p in snapshot.gpus[gpu].processes] == [pid]  # rank r holds memory on GPU r
+    assert all(len(worker_pids(pid)) == job.config.num_workers for pid in rank_pids(job))
+    stop_and_check_nothing_left(job, pipeline)
+
+
+def test_hiccup_is_a_saw_tooth_with_workers_restarting_each_epoch(demo):
+    job, pipeline = demo("hiccup", gpus=2)
+    wait_until_training(job)
+    rank0 = rank_pids(job)[0]
+    first_workers = wait_until(lambda: worker_pids(rank0), timeout=30, what="rank 0's workers")
+    summary = observe_quietly(job, pipeline, seconds=18)
+    util = column(summary, 0)
+    assert max(util) >= 75 and min(util) <= 30, util
+    assert dips(util) >= 2, util  # an epoch is ~20 steps plus a ~1 s restart: a dip every ~6 s
+    assert worker_pids(rank0).isdisjoint(first_workers)  # new workers: the epoch restarted them
+    stop_and_check_nothing_left(job, pipeline)
+
+
+def test_misfire_holds_memory_at_zero_util_with_the_stuck_frame_visible(demo):
+    job, pipeline = demo("misfire", gpus=2)
+    wait_until_training(job)
+    healthy, stuck = rank_pids(job)
+    assert job.config.hang_rank == 1
+
+    wait_until(
+        lambda: all(pipeline.poll().gpus[g].utilization_gpu == 0 for g in (0, 1)),
+        timeout=90,
+        interval=0.5,
+        what="both GPUs at 0% utilization",
+    )
+
+    def workers_in_image_open() -> dict[int, list[str]]:
+        """Rank 1's workers whose main thread waits inside Pillow's Image.open (reading the JPEG's bytes)."""
+        found = {}
+        for pid, stacks in dump_stacks(worker_pids(stuck)).items():
+            for thread in stacks.threads:
+                names = [f.name for f in thread.frames]
+                if names and names[0] == "open" and thread.frames[0].filename.endswith("PIL/Image.py"):
+                    found[pid] = names
+        return found
+
+    first = wait_until(workers_in_image_open, timeout=30, what="a worker of rank 1 stuck reading a JPEG")
+    assert len(first) == 1  # one sample hangs; the other workers finished their prefetch and idle
+    (stuck_pid, frames), = first.items()
+    assert "JpegDataset.__getitem__" in frames
+    summary = observe_quietly(job, pipeline, seconds=3)
+    assert all(row[0] == 0 and row[1] == 0 for row in summary.samples), summary.samples
+    assert summary.steps_per_s == (0.0, 0.0)
+    assert list(workers_in_image_open()) == [stuck_pid]  # still the same worker, still in the same read
+    snapshot = pipeline.poll()
+    for gpu in (0, 1):
+        assert snapshot.gpus[gpu].memory_used > 9 * GIB  # memory held: the processes are alive
+    # the stuck rank waits for its batch; the other waits for it in the gradient all_reduce
+    wait_until(lambda: main_thread_frames(stuck)[0] == WAITING_FOR_DATA, timeout=30, what="rank 1 waiting")
+    wait_until(lambda: main_thread_frames(healthy)[0] == COLLECTIVE, timeout=30, what="rank 0 in all_reduce")
+    stop_and_check_nothing_left(job, pipeline)
+
+
+def test_single_gpu_puts_every_rank_on_gpu0(demo):
+    job, pipeline = demo("single-gpu", gpus=3)
+    summary = observe_quietly(job, pipeline, seconds=8)
+    means = summary.mean_util()
+    assert means[0] > 80, means
+    assert max(max(column(summary, g)) for g in range(1, 8)) == 0, summary.samples
+    gpu0 = pipeline.poll().gpus[0]
+    assert sorted(p.pid for p in gpu0.processes) == sorted(rank_pids(job))
+    assert gpu0.memory_used >= 3 * scenarios.MEMORY_PER_RANK
+    # three ranks share one GPU's time: each gets about a third of a tuned rank's steps
+    assert all(rate < 2.5 for rate in summary.steps_per_s), summary.steps_per_s
+    assert all("CUDA_VISIBLE_DEVICES" not in psutil.Process(p).environ() for p in rank_pids(job))
+    stop_and_check_nothing_left(job, pipeline)
+
+
+def test_losses_are_identical_whatever_the_loader_timing(tmp_path):
+    """Fixed seed: the same batches and bit-identical losses with 0 workers (serial) or 3 (parallel)."""
+    logs = {}
+    for workers in (0, 3):
+        template = str(tmp_path / f"w{workers}-loss-{{rank}}.txt")
+        with DemoJob("tuned", workers=workers, gpus=2, step_ms=5, max_steps=12, loss_log=template, seed=3) as job:
+            job.start()
+            wait_until(lambda: job.returncode is not None, timeout=STARTUP_S, what="the job to finish 12 steps")
+            assert job.returncode == 0, job.log_tail()
+        logs[workers] = [open(template.format(rank=r)).read() for r in (0, 1)]
+    assert logs[0] == logs[3]
+    lines = logs[0][0].splitlines()
+    assert len(lines) == 12 and lines[0].startswith("0 1 ")
+    assert logs[0][0] != logs[0][1]  # the ranks see different data
+
+
+# ----------------------------------------------------------------------------- nothing left behind
+
+
+def test_sigkill_of_the_parent_leaves_no_orphans(spawn):
+    parent_code = textwrap.dedent(
+        """
+        import sys, threading
+        from gputop.sim.demo_launcher import DemoJob
+        job = DemoJob("tuned", gpus=2)
+        print(job.start(), job.directory, flush=True)
+        threading.Event().wait()
+        """
+    )
+    parent = spawn.python(parent_code, stdout=subprocess.PIPE, text=True)
+    launcher_text, directory = parent.stdout.readline().split()
+    launcher = int(launcher_text)
+    expected = 1 + 2 + 2 * scenarios.resolve("tuned", gpus=2).num_workers
+    pids = wait_until(
+        lambda: (lambda p: p if len(p) >= expected else None)(descendants(launcher)),
+        timeout=STARTUP_S,
+        what="the launcher, 2 ranks and their workers",
+    )
+    try:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        wait_until(lambda: not [p for p in pids if alive(p)], timeout=30, what="every demo process to die")
+        wait_until(lambda: not os.path.exists(directory), timeout=10, what="the board directory to go")
+    finally:
+        for pid in pids:  # only on failure: they are ours (the test started them)
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _start_cli(spawn, tmp_path, *args):
+    out_path = tmp_path / "out.txt"
+    with open(out_path, "w") as out:  # the child keeps its own copy of the descriptor
+        proc = spawn([sys.executable, "-m", "gputop", "demo", "--no-tui", "--gpus", "2", *args], stdout=out, stderr=out)
+    return proc, out_path
+
+
+def test_cli_headless_runs_for_the_given_seconds(spawn, tmp_path):
+    proc, out_path = _start_cli(spawn, tmp_path, "--scenario", "tuned", "--seconds", "3", "--interval", "0.5")
+    assert proc.wait(timeout=STARTUP_S + 30) == 0, out_path.read_text()
+    text = out_path.read_text()
+    launcher = int(re.search(r"launcher PID (\d+)", text).group(1))
+    assert "summary over" in text and re.search(r"steps/s +\d+\.\d\d +\d+\.\d\d", text), text
+    means = [int(x) for x in re.search(r"mean util % +(.*)", text).group(1).split()]
+    assert len(means) == 8 and all(m > 50 for m in means[:2]) and means[2:] == [0] * 6, text
+    assert not alive(launcher)
+
+
+def test_cli_headless_stops_everything_on_sigterm(spawn, tmp_path):
+    proc, out_path = _start_cli(spawn, tmp_path, "--scenario", "starved", "--interval", "0.5")
+    wait_until(lambda: "ranks training" in out_path.read_text(), timeout=STARTUP_S, what="the ranks to train")
+    wait_until(lambda: re.search(r"^\s+1\.\ds", out_path.read_text(), re.M), timeout=20, what="two samples")
+    launcher = int(re.search(r"launcher PID (\d+)", out_path.read_text()).group(1))
+    pids = descendants(launcher)
+    assert len(pids) == 3  # launcher + 2 ranks (num_workers=0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert "summary over" in out_path.read_text()
+    assert [p for p in pids if alive(p)] == []
+
+
+def test_a_crashed_rank_ends_the_demo_with_one_line(spawn, tmp_path):
+    """torchrun's rule: one rank dies, the launcher stops the others; gputop says so in one line, exit 1."""
+    proc, out_path = _start_cli(spawn, tmp_path, "--scenario", "starved", "--interval", "0.5")
+    wait_until(lambda: "ranks training" in out_path.read_text(), timeout=STARTUP_S, what="the ranks to train")
+    launcher = int(re.search(r"launcher PID (\d+)", out_path.read_text()).group(1))
+    pids = descendants(launcher)
+    rank1 = next(c.pid for c in psutil.Process(launcher).children() if c.environ().get("RANK") == "1")
+    os.kill(rank1, signal.SIGKILL)
+    assert proc.wait(timeout=30) == 1
+    error = out_path.read_text().splitlines()[-1]
+    assert error.startswith("gputop: the demo job exited with code 137: demo launcher: rank 1 was killed by signal 9")
+    log = re.search(r"\(full log: (\S+)\)$", error).group(1)
+    try:
+        assert "rank 1 was killed" in open(log).read()
+    finally:
+        os.unlink(log)
+    assert [p for p in pids if alive(p)] == []
