@@ -707,3 +707,13 @@ def test_first_seconds_say_collecting_not_healthy():
     findings = diagnose(build(sc))
     assert findings[0].id == "collecting" and findings[0].summary.startswith("Collecting stacks: 3/5 dumps per rank so far")
     assert "not input-bound" not in verdict_line(findings)
+
+
+def test_worker_advice_follows_the_loader_arithmetic():
+    # 80% of the time in dataset code with num_workers=0: prep/step = 0.8/0.2 = 4, ×1.25 margin → 5 workers
+    top = diagnose(build(starved(0)))[0]
+    assert "raise num_workers to 5" in top.fix and "num_workers=5" in top.fix
+    assert "0.80 ÷ 0.20 × 1.25 → 5" in top.fix
+    # 2 workers keep the rank waiting 80% of the time: each needs 2 cycles a batch, the step 0.2 → 2/0.2×1.25 = 12.5
+    top = diagnose(build(starved(2)))[0]
+    assert "raise num_workers to 13" in top.fix and "2.00 ÷ 0.20 × 1.25 → 13" in top.fix

@@ -49,6 +49,8 @@ from gputop.analysis.stack_classes import (
     main_thread,
     own_frames,
 )
+from gputop.analysis.loader_math import MARGIN as LOADER_MARGIN
+from gputop.analysis.loader_math import workers_needed
 from gputop.history import History
 from gputop.model import (
     LABEL_CODE,
@@ -556,12 +558,26 @@ def _confidence(n_samples: int, full_at: int, margin: float = 1.0) -> float:
 # ----------------------------------------------------------------- starvation
 
 
-def _suggested_workers(ctx: Context, ranks: Sequence[RankObs]) -> int:
-    """Workers per rank a box can afford: the article's 1/2..2/3 of the cores, shared by the ranks."""
-    n_ranks = max(1, len(ctx.ranks))
-    budget = max(1, (ctx.cores() * 2) // 3 // n_ranks)
+def _suggested_workers(ctx: Context, ranks: Sequence[RankObs], input_fraction: float) -> tuple[int, str]:
+    """Workers per rank from the loader arithmetic, and that arithmetic as one line.
+
+    With a share `f` of the wall time spent on input, one step's GPU work takes (1 - f) of a cycle.
+    With num_workers=0 the rank prepares a batch itself in f of it; with n workers that keep the rank
+    waiting, each worker needs n cycles per batch.  Workers needed ≈ prep time ÷ step time × margin
+    (`loader_math.workers_needed`, the same rule `gputop bench` applies to measured times).
+    """
     current = max((len(r.worker_sets[-1][1]) if r.worker_sets else 0) for r in ranks) if ranks else 0
-    return max(2, min(16, max(budget, current * 2 if current else 2)))
+    step = max(1.0 - input_fraction, 0.05)  # a job that only ever waits still steps now and then
+    prep = input_fraction if current == 0 else float(current)
+    needed = max(current + 1, workers_needed(prep, step))
+    arithmetic = (
+        f"# workers needed ≈ prep ÷ step × {LOADER_MARGIN:g} = {prep:.2f} ÷ {step:.2f} × {LOADER_MARGIN:g}"
+        f" → {needed} (prep and step as shares of a {'step' if current == 0 else 'batch'} cycle,"
+        f" from the {_pct(input_fraction)} input share)\n"
+        f"# cap: if the workers are CPU-bound, {max(1, len(ctx.ranks))} rank(s) × num_workers must fit the"
+        f" {ctx.cores()} cores; `gputop bench` measures prep, step and CPU per worker"
+    )
+    return needed, arithmetic
 
 
 def _loader_code(kwargs: dict[str, Any]) -> str:
@@ -658,9 +674,12 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
         kwargs = rec
         action = "apply the benchmark's loader settings"
     else:
-        kwargs = {"num_workers": _suggested_workers(ctx, measured or ranks), "prefetch_factor": 4, "pin_memory": True, "persistent_workers": True}
-        action = f"raise num_workers to {kwargs['num_workers']}, prefetch, pin memory"
+        workers, arithmetic = _suggested_workers(ctx, measured or ranks, job_fraction)
+        kwargs = {"num_workers": workers, "prefetch_factor": 4, "pin_memory": True, "persistent_workers": True}
+        action = f"raise num_workers to {workers}, prefetch, pin memory"
     fix_lines = [action, _loader_code(kwargs)]
+    if not rec:
+        fix_lines.append(arithmetic)
     if in_dataset:
         fix_lines.insert(1, "# num_workers=0: the training process decodes every batch itself")
     if cpu_bound:
