@@ -5,7 +5,10 @@ clock that only moves one second per poll, so every run draws the same pictures.
 is simulated as well, as the 128-core, two-NUMA-node box such GPUs sit in: with this machine's own
 CPUs the pictures would change from one machine to the next.
 
-    python scripts/make_screenshots.py [--out screenshots] [--seconds 90]
+    python scripts/make_screenshots.py [--out screenshots] [--seconds 90] [--no-demo]
+
+The demo pictures (`demo-starved`, `demo-tuned`) come from `gputop demo`'s real PyTorch job on this
+machine, so they differ a little from run to run: they are taken once the verdict has settled.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 HOST_CORES = 128
+MACHINE_CORES = os.cpu_count() or 1  # before build_source() pretends to have HOST_CORES: the demo job runs here
 GIB = 1024**3
 
 
@@ -116,14 +120,63 @@ async def shoot(out: Path, name: str, size: tuple[int, int], keys: list[str], se
             for key in keys:
                 await pilot.press(key)
             await pilot.pause()
-            svg = app.export_screenshot(title=f"gputop — {name}")
+            return _save_svg(app, out, name)
     finally:
         source.close()
+
+
+def _save_svg(app, out: Path, name: str) -> Path:
+    svg = app.export_screenshot(title=f"gputop — {name}")
     # rsvg drops leading no-break spaces of a text run unless whitespace is preserved
     svg = svg.replace("<svg ", '<svg xml:space="preserve" ', 1)
     path = out / f"{name}.svg"
     path.write_text(svg, encoding="utf-8")
     return path
+
+
+DEMO_SETTLE_S = 40.0  # seconds of training the diagnosis watches before the picture (it needs ~5 dumps)
+DEMO_DEADLINE_S = 600.0  # starting 8 ranks of torch on a loaded 2-core box can take minutes
+
+
+async def shoot_demo(out: Path, scenario: str, expected_finding: str) -> Path:
+    """The real demo job at 160×48, rank 0 selected so its stack shows, once the verdict names `expected_finding`."""
+    from gputop.pipeline import Pipeline
+    from gputop.sim.demo_launcher import DemoJob
+
+    with DemoJob(scenario, cpu_count=MACHINE_CORES) as job:
+        pipeline = Pipeline(simulate="h100-sxm-8", pid=job.start(), load_model=job.load_model())
+        try:
+            job.wait_until_training()
+            return await _shoot_running_demo(out, pipeline, scenario, expected_finding)
+        finally:
+            pipeline.close()
+
+
+async def _shoot_running_demo(out: Path, pipeline, scenario: str, expected_finding: str) -> Path:
+    import time
+
+    from gputop.tui.app import GputopApp
+
+    name = f"demo-{scenario}"
+    trained_from = time.monotonic()
+    app = GputopApp(pipeline, interval=1.0, subtitle=f"demo: {scenario}")
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.press("j")  # from the launcher to rank 0: its stack fills the right panel
+        deadline = trained_from + DEMO_DEADLINE_S
+        while True:
+            findings = app.verdict.findings if app.verdict is not None else None
+            settled = time.monotonic() - trained_from >= DEMO_SETTLE_S
+            if settled and findings and findings[0].id == expected_finding:
+                break
+            if time.monotonic() > deadline:
+                got = findings[0].id if findings else None
+                raise SystemExit(f"{name}: the verdict never became {expected_finding!r} (last: {got!r})")
+            await pilot.pause(0.5)
+        await pilot.pause()
+        return _save_svg(app, out, name)
+
+
+DEMO_SHOTS = [("starved", "starvation"), ("tuned", "healthy")]
 
 
 def to_png(svg: Path) -> Optional[Path]:
@@ -152,11 +205,18 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "screenshots"), help="output directory (default screenshots/)")
     parser.add_argument("--seconds", type=int, default=90, help="simulated seconds before each picture (default 90)")
     parser.add_argument("--profile", default="h100-sxm-8", help="simulated machine (default h100-sxm-8)")
+    parser.add_argument("--no-demo", action="store_true", help="skip the pictures of the real demo job")
+    parser.add_argument("--only-demo", action="store_true", help="only the pictures of the real demo job")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, size, keys in SHOTS:
-        svg = asyncio.run(shoot(out, name, size, keys, args.seconds, args.profile))
+    shots = [] if args.only_demo else [
+        lambda n=name, sz=size, k=keys: shoot(out, n, sz, k, args.seconds, args.profile) for name, size, keys in SHOTS
+    ]
+    if not args.no_demo:
+        shots += [lambda s=scenario, f=finding: shoot_demo(out, s, f) for scenario, finding in DEMO_SHOTS]
+    for make in shots:
+        svg = asyncio.run(make())
         png = to_png(svg)
         print(f"wrote {svg}" + (f" and {png.name}" if png else " (no PNG converter: install librsvg2-bin or cairosvg)"))
     return 0

@@ -710,10 +710,13 @@ def test_first_seconds_say_collecting_not_healthy():
 
 
 def test_worker_advice_follows_the_loader_arithmetic():
-    # 80% of the time in dataset code with num_workers=0: prep/step = 0.8/0.2 = 4, ×1.25 margin → 5 workers
-    top = diagnose(build(starved(0)))[0]
+    # no GPU data: 80% of the dumps in dataset code with num_workers=0 → prep/step = 0.8/0.2 = 4, ×1.25 → 5
+    top = diagnose(build(starved(0, gpu_error=NO_DRIVER)))[0]
     assert "raise num_workers to 5" in top.fix and "num_workers=5" in top.fix
-    assert "0.80 ÷ 0.20 × 1.25 → 5" in top.fix
-    # 2 workers keep the rank waiting 80% of the time: each needs 2 cycles a batch, the step 0.2 → 2/0.2×1.25 = 12.5
+    assert "0.80 ÷ 0.20 × 1.25 → 5" in top.fix and "80% input share of the stack dumps" in top.fix
+    # with GPU data the GPUs' idle share (85%) bounds the input share from above: 0.85/0.15 × 1.25 → 8
+    top = diagnose(build(starved(0)))[0]
+    assert "raise num_workers to 8" in top.fix and "0.85 ÷ 0.15 × 1.25 → 8" in top.fix and "85% idle share" in top.fix
+    # 2 workers keep the rank waiting: each needs 2 cycles a batch against a 0.15 step → 2/0.15 × 1.25 → 17
     top = diagnose(build(starved(2)))[0]
-    assert "raise num_workers to 13" in top.fix and "2.00 ÷ 0.20 × 1.25 → 13" in top.fix
+    assert "raise num_workers to 17" in top.fix and "2.00 ÷ 0.15 × 1.25 → 17" in top.fix

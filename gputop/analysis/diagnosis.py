@@ -558,7 +558,9 @@ def _confidence(n_samples: int, full_at: int, margin: float = 1.0) -> float:
 # ----------------------------------------------------------------- starvation
 
 
-def _suggested_workers(ctx: Context, ranks: Sequence[RankObs], input_fraction: float) -> tuple[int, str]:
+def _suggested_workers(
+    ctx: Context, ranks: Sequence[RankObs], input_fraction: float, gpu_mean: Optional[float]
+) -> tuple[int, str]:
     """Workers per rank from the loader arithmetic, and that arithmetic as one line.
 
     With a share `f` of the wall time spent on input, one step's GPU work takes (1 - f) of a cycle.
@@ -567,13 +569,19 @@ def _suggested_workers(ctx: Context, ranks: Sequence[RankObs], input_fraction: f
     (`loader_math.workers_needed`, the same rule `gputop bench` applies to measured times).
     """
     current = max((len(r.worker_sets[-1][1]) if r.worker_sets else 0) for r in ranks) if ranks else 0
+    source = f"the {_pct(input_fraction)} input share of the stack dumps"
+    if gpu_mean is not None and 1.0 - gpu_mean / 100.0 > input_fraction:
+        # The GPUs' idle share bounds the input share from above and is measured every second, where the
+        # 2 s dumps undercount a rank that is rarely caught mid-read: size for what the GPUs lose.
+        input_fraction = 1.0 - gpu_mean / 100.0
+        source = f"the GPUs' {_pct(input_fraction)} idle share"
     step = max(1.0 - input_fraction, 0.05)  # a job that only ever waits still steps now and then
     prep = input_fraction if current == 0 else float(current)
     needed = max(current + 1, workers_needed(prep, step))
     arithmetic = (
         f"# workers needed ≈ prep ÷ step × {LOADER_MARGIN:g} = {prep:.2f} ÷ {step:.2f} × {LOADER_MARGIN:g}"
         f" → {needed} (prep and step as shares of a {'step' if current == 0 else 'batch'} cycle,"
-        f" from the {_pct(input_fraction)} input share)\n"
+        f" from {source})\n"
         f"# cap: if the workers are CPU-bound, {max(1, len(ctx.ranks))} rank(s) × num_workers must fit the"
         f" {ctx.cores()} cores; `gputop bench` measures prep, step and CPU per worker"
     )
@@ -674,7 +682,7 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
         kwargs = rec
         action = "apply the benchmark's loader settings"
     else:
-        workers, arithmetic = _suggested_workers(ctx, measured or ranks, job_fraction)
+        workers, arithmetic = _suggested_workers(ctx, measured or ranks, job_fraction, gpu_mean)
         kwargs = {"num_workers": workers, "prefetch_factor": 4, "pin_memory": True, "persistent_workers": True}
         action = f"raise num_workers to {workers}, prefetch, pin memory"
     fix_lines = [action, _loader_code(kwargs)]
