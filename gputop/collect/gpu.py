@@ -10,6 +10,12 @@ Cost model (the TUI polls at 1 Hz and must stay cheap):
   wiring, topology, affinity, which calls are unsupported) is read once.
 - A refusal that is permanent (NotSupported, FunctionNotFound, NoPermission) is
   remembered per GPU and field, so an RTX card does not re-ask for ECC every second.
+- What changes rarely and only by an event that persists (NVLink link up/down, ECC
+  counters, remapped rows) is re-read every `SLOW_FIELDS_PERIOD_S` seconds, not every
+  poll; every sample still carries the latest reading (see `_SlowFields`).
+- The NVLink counters come back as an array of NVML structs; they are read through a
+  plain ctypes view of the same memory (`_FieldValueView`), not attribute by attribute
+  through pynvml's Python-level struct hooks.
 - ``nvmlDeviceGetPcieThroughput`` samples the link for ~20 ms per direction, so 8
   GPUs read one after another would take ~320 ms.  Each GPU is read by its own
   task in a small persistent pool of daemon threads, one per GPU (ctypes drops the
@@ -19,6 +25,13 @@ Cost model (the TUI polls at 1 Hz and must stay cheap):
   works while a sample is wanted.  A GPU whose calls hang (a dying board) cannot
   stall the refresh: after `sample_timeout_s` its previous reading is returned,
   marked stale, and no second task is queued behind the stuck one.
+- Only the two PCIe throughput calls need that parallelism.  Each task makes them
+  first, then takes a "turn" (a lock) for its ~20 other short calls, so the GPUs'
+  Python work runs one after another instead of eight threads fighting over the GIL
+  (with the real library every ctypes call releases the GIL, so contending threads
+  hand it over at each call: that contention cost more CPU than the reads).  The turn
+  is only waited for `TURN_WAIT_S`, and not at all while a GPU is stuck, so a GPU that
+  hangs while holding it cannot stall the others.
 
 `GpuSample.unavailable` keys: a field name ("ecc", "nvlink", "temperature", ...) when
 the whole field is None; "pcie.gen_current"-style dotted names for one part of it;
@@ -38,6 +51,7 @@ import math
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
@@ -58,6 +72,14 @@ from gputop.model import (
 # Refusals that will not change while we run: stop asking.
 PERMANENT_REASONS = frozenset({"NotSupported", "FunctionNotFound", "NoPermission"})
 DEFAULT_SAMPLE_TIMEOUT_S = 0.8
+# NVLink link state, ECC counters and remapped rows are re-read this often rather than every poll
+# (18 links x 8 GPUs alone is 144 NVML calls a poll).  This is safe because each changes only through
+# an event that then persists: a link that fails training stays down until the GPU is reset, and ECC
+# counters and row remaps only ever grow (volatile ones reset only with the driver).  So a change shows
+# at most this late and is never missed; the NVLink traffic counters are still read every poll.
+SLOW_FIELDS_PERIOD_S = 5.0
+# How long a GPU's reader waits for its turn before reading anyway (the holder may be hung in the driver).
+TURN_WAIT_S = 0.1
 
 # nvidia-smi topo -m labels for nvmlDeviceGetTopologyCommonAncestor
 _TOPOLOGY_LABELS = {
@@ -129,6 +151,19 @@ def _bits(words) -> list[int]:
     return [w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1]
 
 
+class _FieldValueView(ctypes.Structure):
+    """pynvml's `c_nvmlFieldValue_t` layout (copied from it, so identical by construction) as a plain ctypes
+    struct: reading 36 entries a GPU through pynvml's per-attribute `__getattribute__` hook cost more than
+    every other NVML call of the sample together.  The hook only decodes bytes, and these fields hold none."""
+
+    _fields_ = pynvml.c_nvmlFieldValue_t._fields_
+
+
+def _field_values_view(values: Any) -> Any:
+    """The array pynvml.nvmlDeviceGetFieldValues returned, seen through `_FieldValueView` (same memory)."""
+    return (_FieldValueView * len(values)).from_buffer(values)
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -197,6 +232,18 @@ class _NvLink:
 
 
 @dataclass
+class _SlowFields:
+    """Readings re-read every SLOW_FIELDS_PERIOD_S (see there), with the refusals seen when they were read."""
+
+    due: float = -math.inf  # time.monotonic() of the next read
+    link_states: dict[int, Any] = field(default_factory=dict)  # link -> nvmlDeviceGetNvLinkState (None: refused)
+    link_unavailable: dict[str, str] = field(default_factory=dict)  # "nvlink.N" -> reason
+    ecc: Optional[EccCounts] = None
+    remapped_rows: Optional[RemappedRows] = None
+    health_unavailable: dict[str, str] = field(default_factory=dict)  # "ecc"/"ecc.*"/"remapped_rows" -> reason
+
+
+@dataclass
 class _Gpu:
     """What we keep per GPU between samples."""
 
@@ -209,11 +256,13 @@ class _Gpu:
     width_max: Optional[int] = None
     static_unavailable: dict[str, str] = field(default_factory=dict)
     nvlinks: Optional[list[_NvLink]] = None  # None: NVLink not available (reason in static_unavailable)
+    nvlink_field_ids: Optional[list[tuple[int, int]]] = None  # the (field, link) pairs asked every sample
     supported_reasons: Optional[int] = None
     refused: dict[str, str] = field(default_factory=dict)  # field -> permanent reason
     chosen: dict[str, Callable] = field(default_factory=dict)  # field -> the call that works (after fallback)
     last: Optional[GpuSample] = None
     future: Optional[concurrent.futures.Future] = None
+    slow: _SlowFields = field(default_factory=_SlowFields)
 
 
 class _Reading:
@@ -296,6 +345,7 @@ class GpuCollector:
         workers = max(1, len(self._gpus))  # one per GPU: a hung GPU holds only its own worker
         self._pool = _DaemonPool(workers, "gputop-nvml")
         self._lock = threading.Lock()
+        self._turn = threading.Lock()  # see the module docstring: one GPU's short calls at a time
 
     def _start(self) -> None:
         try:
@@ -479,9 +529,11 @@ class GpuCollector:
                 raise GputopError("GPU collector used after close()")
             if pynvml.nvmlLib is not self._nvml_library:
                 use_nvml_library(self._nvml_library)
+            # while a GPU is stuck in the driver it may hold the turn: then nobody waits for it
+            take_turns = all(gpu.future is None or gpu.future.done() for gpu in self._gpus)
             for gpu in self._gpus:
                 if gpu.future is None or gpu.future.done():
-                    gpu.future = self._pool.submit(self._read_gpu, gpu)
+                    gpu.future = self._pool.submit(self._read_gpu, gpu, take_turns)
             futures = [g.future for g in self._gpus]
             concurrent.futures.wait(futures, timeout=self.sample_timeout_s)
             samples = []
@@ -510,17 +562,31 @@ class GpuCollector:
     def _lost_sample(self, gpu: _Gpu) -> GpuSample:
         return self._identity(gpu, lost=True, unavailable={"gpu": "GpuIsLost"})
 
-    def _read_gpu(self, gpu: _Gpu) -> GpuSample:
+    def _read_gpu(self, gpu: _Gpu, take_turns: bool = False) -> GpuSample:
         if gpu.handle is None:  # NVML would not even give us a handle (lost at start, no permission, ...)
             reason = gpu.static_unavailable["gpu"]
             return self._identity(gpu, lost=reason == "GpuIsLost", unavailable={"gpu": reason})
-        reading = _Reading(gpu)
         try:
-            return self._read_fields(gpu, reading)
+            # the blocking calls first, concurrently with the other GPUs' (see the module docstring)
+            throughput = _Reading(gpu)
+            throughput.unavailable.clear()
+            tx = throughput.get("pcie.tx_bytes_per_s", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+            rx = throughput.get("pcie.rx_bytes_per_s", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+            has_turn = take_turns and self._turn.acquire(timeout=TURN_WAIT_S)
+            try:
+                return self._read_fields(gpu, _Reading(gpu), (tx, rx, throughput.unavailable))
+            finally:
+                if has_turn:
+                    self._turn.release()
         except _Lost:
             return self._lost_sample(gpu)
 
-    def _read_fields(self, gpu: _Gpu, r: _Reading) -> GpuSample:
+    def _read_fields(
+        self, gpu: _Gpu, r: _Reading, throughput: tuple[Optional[int], Optional[int], dict[str, str]]
+    ) -> GpuSample:
+        """Every reading but PCIe throughput, which `throughput` brings: (TX KB/s, RX KB/s, refusals)."""
+        now = time.monotonic()
+        refresh_slow = now >= gpu.slow.due
         util = r.get("utilization", pynvml.nvmlDeviceGetUtilizationRates)
         if util is None:
             r.unavailable["utilization_gpu"] = r.unavailable["utilization_memory"] = r.unavailable.pop("utilization")
@@ -532,18 +598,16 @@ class GpuCollector:
         power_limit = r.get("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit)
         clock_sm = r.get("clock_sm", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
         clock_memory = r.get("clock_memory", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM)
+        tx_kb, rx_kb, throughput_unavailable = throughput
         pcie = PcieLink(
             gen_current=r.get("pcie.gen_current", pynvml.nvmlDeviceGetCurrPcieLinkGeneration),
             gen_max=gpu.gen_max,
             width_current=r.get("pcie.width_current", pynvml.nvmlDeviceGetCurrPcieLinkWidth),
             width_max=gpu.width_max,
-            tx_bytes_per_s=self._kb_to_bytes(
-                r.get("pcie.tx_bytes_per_s", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_TX_BYTES)
-            ),
-            rx_bytes_per_s=self._kb_to_bytes(
-                r.get("pcie.rx_bytes_per_s", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_RX_BYTES)
-            ),
+            tx_bytes_per_s=self._kb_to_bytes(tx_kb),
+            rx_bytes_per_s=self._kb_to_bytes(rx_kb),
         )
+        r.unavailable.update(throughput_unavailable)  # where they were listed when read in this order
         mask = r.get(
             "throttle_reasons",
             pynvml.nvmlDeviceGetCurrentClocksEventReasons,
@@ -554,7 +618,7 @@ class GpuCollector:
             if gpu.supported_reasons is not None:
                 mask &= gpu.supported_reasons
             throttle = tuple(name for bit, name in _REASON_BITS if mask & bit)
-        return self._identity(
+        sample = self._identity(
             gpu,
             utilization_gpu=float(util.gpu) if util is not None else None,
             utilization_memory=float(util.memory) if util is not None else None,
@@ -566,17 +630,31 @@ class GpuCollector:
             clock_sm=clock_sm,
             clock_memory=clock_memory,
             pcie=pcie,
-            nvlink=self._read_nvlink(gpu, r),
+            nvlink=self._read_nvlink(gpu, r, refresh_slow),
             throttle_reasons=throttle,
-            ecc=self._read_ecc(r),
-            remapped_rows=self._read_remapped(r),
+            **self._read_health(gpu, r, refresh_slow),
             processes=self._read_processes(r),
             unavailable=r.unavailable,
         )
+        if refresh_slow:  # only once everything read without the GPU being lost
+            gpu.slow.due = now + SLOW_FIELDS_PERIOD_S
+        return sample
 
     @staticmethod
     def _kb_to_bytes(kb: Optional[int]) -> Optional[float]:
         return float(kb) * 1024.0 if kb is not None else None  # NVML reports KB/s (1 KB = 1024 bytes)
+
+    def _read_health(self, gpu: _Gpu, r: _Reading, refresh: bool) -> dict[str, Any]:
+        """ECC counters and remapped rows: read when `refresh`, else the latest reading (see SLOW_FIELDS_PERIOD_S)."""
+        slow = gpu.slow
+        if refresh:
+            before = set(r.unavailable)
+            slow.ecc = self._read_ecc(r)
+            slow.remapped_rows = self._read_remapped(r)
+            slow.health_unavailable = {k: v for k, v in r.unavailable.items() if k not in before}
+        else:
+            r.unavailable.update(slow.health_unavailable)
+        return {"ecc": slow.ecc, "remapped_rows": slow.remapped_rows}
 
     def _read_ecc(self, r: _Reading) -> Optional[EccCounts]:
         counts = {}
@@ -615,22 +693,28 @@ class GpuCollector:
         return tuple(GpuProcess(pid=int(p.pid), used_memory=p.usedGpuMemory) for p in procs)
 
     # ------------------------------------------------------------ NVLink
-    def _read_nvlink_counters(self, gpu: _Gpu) -> Optional[dict[tuple[int, int], tuple[int, int]]]:
-        """One field-values call for every link's cumulative TX/RX KiB: {(field, link): (KiB, µs)}."""
-        ids = [(fid, link.link) for link in gpu.nvlinks or () for fid in (_NVLINK_TX, _NVLINK_RX)]
+    def _read_nvlink_counters(self, gpu: _Gpu) -> Optional[list[tuple[Optional[tuple[int, int]], ...]]]:
+        """One field-values call for every link's cumulative TX/RX KiB: per link of `gpu.nvlinks`, in order,
+        (TX, RX) as (KiB, µs) or None where NVML refused that entry; None when NVML refused the call.
+        Each reading is also kept on the link as the base of the next rate."""
+        links = gpu.nvlinks or ()
+        ids = gpu.nvlink_field_ids
+        if ids is None or len(ids) != 2 * len(links):
+            ids = gpu.nvlink_field_ids = [(fid, link.link) for link in links for fid in (_NVLINK_TX, _NVLINK_RX)]
         try:
             values = pynvml.nvmlDeviceGetFieldValues(gpu.handle, ids)
         except pynvml.NVMLError_GpuIsLost:
             raise _Lost() from None
         except pynvml.NVMLError:
             return None
-        out = {}
-        for (fid, link), value in zip(ids, values):
-            if value.nvmlReturn == pynvml.NVML_SUCCESS:
-                out[(fid, link)] = (int(value.value.ullVal), int(value.timestamp))
-        for link in gpu.nvlinks or ():
-            # remember this reading as the base of the next rate
-            link.last_tx, link.last_rx = out.get((_NVLINK_TX, link.link)), out.get((_NVLINK_RX, link.link))
+        readings = [
+            (value.value.ullVal, value.timestamp) if value.nvmlReturn == pynvml.NVML_SUCCESS else None
+            for value in _field_values_view(values)
+        ]
+        out = []
+        for i, link in enumerate(links):
+            link.last_tx, link.last_rx = pair = readings[2 * i], readings[2 * i + 1]
+            out.append(pair)
         return out
 
     @staticmethod
@@ -643,24 +727,32 @@ class GpuCollector:
             return None
         return delta * 1024.0 / (dt_us / 1e6)
 
-    def _read_nvlink(self, gpu: _Gpu, r: _Reading) -> Optional[tuple[NvLinkLink, ...]]:
+    def _read_nvlink(self, gpu: _Gpu, r: _Reading, refresh_states: bool) -> Optional[tuple[NvLinkLink, ...]]:
         if gpu.nvlinks is None:
             return None
-        states = {}
-        for link in gpu.nvlinks:
-            state = r.get(f"nvlink.{link.link}", pynvml.nvmlDeviceGetNvLinkState, link.link)
-            states[link.link] = state
-            if state and link.remote_bus_id is None:  # came up since start: learn where it goes
-                wiring = self._read_link_wiring(gpu, link.link)
-                link.remote_bus_id, link.remote_kind = wiring.remote_bus_id, wiring.remote_kind
-        previous = {link.link: (link.last_tx, link.last_rx) for link in gpu.nvlinks}
+        slow = gpu.slow
+        if refresh_states:  # link up/down: see SLOW_FIELDS_PERIOD_S
+            before = set(r.unavailable)
+            states = {}
+            for link in gpu.nvlinks:
+                state = r.get(f"nvlink.{link.link}", pynvml.nvmlDeviceGetNvLinkState, link.link)
+                states[link.link] = state
+                if state and link.remote_bus_id is None:  # came up since start: learn where it goes
+                    wiring = self._read_link_wiring(gpu, link.link)
+                    link.remote_bus_id, link.remote_kind = wiring.remote_bus_id, wiring.remote_kind
+            slow.link_states = states
+            slow.link_unavailable = {k: v for k, v in r.unavailable.items() if k not in before}
+        else:
+            states = slow.link_states
+            r.unavailable.update(slow.link_unavailable)
+        previous = [(link.last_tx, link.last_rx) for link in gpu.nvlinks]
         current = self._read_nvlink_counters(gpu)
         if current is None:
             r.unavailable["nvlink.throughput"] = "FieldValues refused"
-            current = {}
+            current = [(None, None)] * len(gpu.nvlinks)
+        rate = self._rate
         out = []
-        for link in gpu.nvlinks:
-            prev_tx, prev_rx = previous[link.link]
+        for link, (prev_tx, prev_rx), (tx, rx) in zip(gpu.nvlinks, previous, current):
             active = bool(states[link.link])
             out.append(
                 NvLinkLink(
@@ -668,8 +760,8 @@ class GpuCollector:
                     active=active,
                     remote_bus_id=link.remote_bus_id,
                     remote_kind=link.remote_kind,
-                    tx_bytes_per_s=self._rate(prev_tx, current.get((_NVLINK_TX, link.link))) if active else None,
-                    rx_bytes_per_s=self._rate(prev_rx, current.get((_NVLINK_RX, link.link))) if active else None,
+                    tx_bytes_per_s=rate(prev_tx, tx) if active else None,
+                    rx_bytes_per_s=rate(prev_rx, rx) if active else None,
                 )
             )
         return tuple(out)

@@ -105,6 +105,47 @@ def _int(arg) -> int:
     return int(getattr(arg, "value", arg))
 
 
+class _Value(ctypes.Union):
+    """nvml.h `nvmlValue_t`."""
+
+    _fields_ = [
+        ("dVal", ctypes.c_double),
+        ("uiVal", ctypes.c_uint),
+        ("ulVal", ctypes.c_ulong),
+        ("ullVal", ctypes.c_ulonglong),
+        ("sllVal", ctypes.c_longlong),
+        ("siVal", ctypes.c_int),
+        ("usVal", ctypes.c_ushort),
+    ]
+
+
+class _FieldValue(ctypes.Structure):
+    """nvml.h `nvmlFieldValue_t`, as the C library sees the caller's buffer.
+
+    The fake reads and writes the caller's array through this plain layout, as the C library does,
+    rather than through pynvml's Python-level struct class (whose per-attribute hooks made the
+    NVLink counters the costliest call of a simulated sample).
+    """
+
+    _fields_ = [
+        ("fieldId", ctypes.c_uint32),
+        ("scopeId", ctypes.c_uint32),
+        ("timestamp", ctypes.c_int64),
+        ("latencyUsec", ctypes.c_int64),
+        ("valueType", ctypes.c_uint),  # enum nvmlValueType_t
+        ("nvmlReturn", ctypes.c_uint),  # enum nvmlReturn_t
+        ("value", _Value),
+    ]
+
+
+def _address(handle) -> Optional[int]:
+    """A device handle (pynvml's pointer, a c_void_p, or an int) -> the address it holds."""
+    try:
+        return ctypes.c_void_p.from_buffer(handle).value  # a pointer-sized ctypes object: read its bytes
+    except TypeError:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+
+
 @dataclass
 class _GpuState:
     """One simulated GPU's readings at `time` (recomputed per quantum)."""
@@ -173,6 +214,8 @@ class FakeNvmlLibrary:
         return self.clock() - self.started_at
 
     def is_lost(self, gpu: int) -> bool:
+        if not self.faults.lost_after:  # asked on every call: skip the clock when no GPU is ever lost
+            return False
         after = self.faults.lost_after.get(gpu)
         return after is not None and self.elapsed() >= after
 
@@ -268,7 +311,7 @@ class FakeNvmlLibrary:
         n = profile.gpu_count
 
         def gpu_of(handle) -> Optional[int]:
-            address = ctypes.cast(handle, ctypes.c_void_p).value
+            address = _address(handle)
             if not address or not 1 <= address <= n:
                 return None
             return address - 1
@@ -500,22 +543,29 @@ class FakeNvmlLibrary:
 
         @device
         def nvmlDeviceGetFieldValues(gpu, count, out):
-            values = out._obj
+            count = _int(count)
+            if count <= 0:
+                return SUCCESS
+            # the caller's array, read and written as plain nvmlFieldValue_t memory (see _FieldValue)
+            values = (_FieldValue * count).from_address(ctypes.addressof(out._obj))
             st = lib.state(gpu)
             stamp = int(st.time * 1_000_000)
-            for i in range(_int(count)):
-                entry = values[i]
+            for entry in values:
                 entry.timestamp = stamp
                 entry.latencyUsec = 0
-                link = entry.scopeId
-                if entry.fieldId not in (FI_DEV_NVLINK_THROUGHPUT_DATA_TX, FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
+                field_id = entry.fieldId
+                if field_id == FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
+                    counters = st.nvlink_tx_kib
+                elif field_id == FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
+                    counters = st.nvlink_rx_kib
+                else:
                     entry.nvmlReturn = ERROR_NOT_SUPPORTED
                     continue
+                link = entry.scopeId
                 ret = nvlink_check(gpu, link)
                 entry.nvmlReturn = ret
                 if ret != SUCCESS:
                     continue
-                counters = st.nvlink_tx_kib if entry.fieldId == FI_DEV_NVLINK_THROUGHPUT_DATA_TX else st.nvlink_rx_kib
                 entry.valueType = VALUE_TYPE_UNSIGNED_LONG_LONG
                 entry.value.ullVal = int(counters[link])
             return SUCCESS

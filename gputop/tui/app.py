@@ -151,6 +151,7 @@ class GputopApp(App):
         self._first_verdict_asked = False
         self._too_small: Any = None  # screens.TooSmallScreen while shown
         self._bench_screen: Any = None  # screens.BenchScreen while the dialog is open
+        self._main_widgets: dict[type, tuple[Any, Any]] = {}  # widget type -> (main screen, widget); see _main
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> Optional[bool]:
         if action in self.REPLAY_ACTIONS and self.controls is None:
@@ -245,8 +246,15 @@ class GputopApp(App):
             collector.stacks_wanted = bool(self._main(StacksPanel).display)
 
     def _main(self, widget_type: type[W]) -> W:
-        """A widget of the main screen, even while a dialog or the too-small screen is on top."""
-        return self.screen_stack[0].query_one(widget_type)
+        """A widget of the main screen, even while a dialog or the too-small screen is on top.
+
+        Looked up once per type (each frame asks ~5 times, and a DOM query walks the screen): the main
+        screen's widgets are composed once and never replaced."""
+        screen = self.screen_stack[0]
+        found = self._main_widgets.get(widget_type)
+        if found is None or found[0] is not screen:
+            found = self._main_widgets[widget_type] = (screen, screen.query_one(widget_type))
+        return found[1]
 
     def _header(self) -> HeaderLine:
         return self._main(HeaderLine)
