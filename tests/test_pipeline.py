@@ -16,6 +16,7 @@ from gputop.errors import GputopError, UsageError
 from gputop.model import HostSample, JobTree, Snapshot
 from gputop.pipeline import Pipeline, pipeline_from_args
 from gputop.sim.fake_nvml import ManualClock
+from tests.helpers import wait_until
 from tests.test_fake_nvml import ScriptedLoad
 
 no_driver_here = pytest.mark.skipif(
@@ -139,16 +140,21 @@ def test_poll_of_eight_gpus_is_fast(pipelines):
 def test_memory_stays_flat_over_many_polls(pipelines):
     p = pipelines(simulate="h100-sxm-8+nvlink-down=1+ecc=2")
     p.fake_library.pcie_latency_s = 0.0
+
+    def settled_snapshot():
+        # a read that overran the sample timeout under load still holds its allocations: let it finish
+        wait_until(lambda: all(g.future is None or g.future.done() for g in p.gpu._gpus), what="GPU reads to finish")
+        gc.collect()
+        return tracemalloc.take_snapshot()
+
     tracemalloc.start()  # before the warm-up, so replaced objects count as freed, not as growth
     try:
         for _ in range(20):
             p.poll()
-        gc.collect()
-        before = tracemalloc.take_snapshot()
+        before = settled_snapshot()
         for _ in range(100):
             p.poll()
-        gc.collect()
-        after = tracemalloc.take_snapshot()
+        after = settled_snapshot()
     finally:
         tracemalloc.stop()
     growth = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
