@@ -15,7 +15,13 @@ Why this shape:
 
 A stack dump is refreshed every ~2 s but every 1 s snapshot references it; a line lists the PIDs whose
 dump is the same object as in the previous line under ``stacks_unchanged`` instead of repeating them,
-and the reader restores them (shared, as in the live `History`).
+and the reader restores them (shared, as in the live `History`).  Every `KEYFRAME_EVERY`-th line repeats
+all dumps, so a reader can start decoding near any point (seek) without reading from the beginning.
+
+Reading never holds the whole recording: `RecordingIndex` keeps each snapshot's place in the file
+(a few bytes each) and decodes the range asked for; `ReplaySource` plays through it, and `report
+--from` decodes only the window it reports on.  `read_recording` (everything as a list) is for short
+recordings and tests.
 """
 
 from __future__ import annotations
@@ -25,11 +31,14 @@ import errno
 import gzip
 import json
 import os
+import re
 import statistics
 import threading
 import time
 import zlib
-from typing import Any, Callable, Optional
+from array import array
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable, Iterator, Optional
 
 from gputop import __version__
 from gputop.errors import GputopError
@@ -87,8 +96,9 @@ class RecordingWriter:
         job = snapshot.job
         if job is not None and job.stacks:
             fresh = {}
+            keyframe = self.count % KEYFRAME_EVERY == 0  # every dump in full: a reader can start here
             for pid, stacks in job.stacks.items():
-                if self._last_stacks.get(pid) is stacks or self._last_stacks.get(pid) == stacks:
+                if not keyframe and (self._last_stacks.get(pid) is stacks or self._last_stacks.get(pid) == stacks):
                     unchanged.append(pid)
                 else:
                     fresh[str(pid)] = to_jsonable(stacks)
@@ -117,87 +127,262 @@ class RecordingWriter:
         self.close()
 
 
-_READ_CHUNK = 8192  # a snapshot member is a few KB: small chunks keep `unused_data` copies small
+_READ_CHUNK = 65536  # bytes read from the file at a time
+_FEED_CHUNK = 8192  # bytes fed to zlib at a time: a snapshot member is a few KB, `unused_data` copies stay small
+# A snapshot member begins {"snapshot":{"timestamp":T: the index reads T without parsing the whole line.
+_TIMESTAMP = re.compile(rb'\{"snapshot":\{"timestamp":(-?[0-9][0-9.eE+-]*)[,}]')
+_UNCHANGED = b',"stacks_unchanged":['
+# The writer repeats every stack dump in full every KEYFRAME_EVERY snapshots (a "keyframe": a line with no
+# stacks_unchanged), so a reader can start decoding anywhere by going back at most that many lines.
+KEYFRAME_EVERY = 60
+# A replay hands out at most this many decoded snapshots at once (~80 KB each on 8 GPUs): the TUI's history
+# keeps no more.  `report --from` passes its own limit to `read_recording_tail`.
+DEFAULT_WINDOW = 600
 
 
-def _members(data: bytes) -> tuple[list[bytes], Optional[str]]:
-    """Split the file into decompressed JSON lines, stopping at the first damage (returned as a reason)."""
-    lines: list[bytes] = []
-    view = memoryview(data)
-    pos = 0
-    while pos < len(data):
-        if bytes(view[pos : pos + 2]) != _GZIP_MAGIC:
-            return lines, f"corrupt data at byte {pos}"
+def _iter_members(f: BinaryIO, start: int, damage: list[str]) -> Iterator[tuple[int, bytes]]:
+    """(offset, decompressed bytes) of each whole gzip member from `start`, reading the file in chunks.
+
+    Stops at the first damage, appending the reason to `damage`: a member cut short (the file is
+    truncated, or still being written) or bytes that are not a gzip member."""
+    f.seek(start)
+    buf = b""
+    buf_offset = start  # file offset of buf[0]
+    pos = 0  # where the next member starts in buf
+    while True:
+        if len(buf) - pos < 2:
+            buf, buf_offset, pos = buf[pos:] + f.read(_READ_CHUNK), buf_offset + pos, 0
+            if not buf:
+                return
+            if len(buf) < 2:
+                damage.append(f"truncated at byte {buf_offset + len(buf)}")
+                return
+        member = buf_offset + pos
+        if buf[pos : pos + 2] != _GZIP_MAGIC:
+            damage.append(f"corrupt data at byte {member}")
+            return
         d = zlib.decompressobj(wbits=31)
         parts: list[bytes] = []
-        cur = pos
         try:
-            while not d.eof and cur < len(data):
-                chunk = view[cur : cur + _READ_CHUNK]
-                parts.append(d.decompress(chunk))
-                cur += len(chunk)
+            while not d.eof:
+                if pos >= len(buf):
+                    buf, buf_offset, pos = f.read(_READ_CHUNK), buf_offset + len(buf), 0
+                    if not buf:
+                        # a member cut short: the file is truncated, or still being written
+                        damage.append(f"truncated at byte {buf_offset}")
+                        return
+                piece = buf[pos : pos + _FEED_CHUNK]
+                parts.append(d.decompress(piece))
+                pos += len(piece)
         except zlib.error as exc:
-            return lines, f"corrupt data at byte {pos} ({exc})"
-        if not d.eof:
-            # a member cut short: the file is truncated, or still being written
-            return lines, f"truncated at byte {len(data)}"
-        lines.extend(line for line in b"".join(parts).split(b"\n") if line.strip())
-        pos = cur - len(d.unused_data)
-    return lines, None
+            damage.append(f"corrupt data at byte {member} ({exc})")
+            return
+        pos -= len(d.unused_data)  # the next member starts right after this one's trailer
+        yield member, b"".join(parts)
+
+
+def _lines(data: bytes) -> list[bytes]:
+    return [line for line in data.split(b"\n") if line.strip()]
+
+
+def _open_error(path: str, exc: OSError) -> GputopError:
+    if isinstance(exc, FileNotFoundError):
+        return GputopError(f"no recording at {path} (check the path; record one with `gputop record -o FILE`)")
+    if isinstance(exc, IsADirectoryError):
+        return GputopError(f"{path} is a directory, not a recording")
+    return GputopError(f"cannot read recording {path}: {exc.strerror or exc}")
+
+
+class _Unreadable(Exception):
+    """A line the index accepted that does not decode to a snapshot (reported like other damage)."""
+
+
+class RecordingIndex:
+    """Where each snapshot of a recording is, and decoding of any range of them with bounded memory.
+
+    Opening scans the file once (decompression only, no JSON decoding of the snapshots) and keeps three
+    numbers per snapshot: its member's offset, its line in the member, its timestamp; and which lines
+    are keyframes.  A 24 h recording at 1 Hz indexes in ~1 MB, where its decoded snapshots take GBs.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            self._file: Optional[BinaryIO] = open(path, "rb")
+        except OSError as exc:
+            raise _open_error(path, exc) from None
+        try:
+            self._scan()
+        except BaseException:
+            self.close()
+            raise
+
+    def _scan(self) -> None:
+        assert self._file is not None
+        damage: list[str] = []
+        members = _iter_members(self._file, 0, damage)
+        header_member = next(members, None)
+        header_lines = _lines(header_member[1]) if header_member is not None else []
+        if not header_lines:
+            size = os.fstat(self._file.fileno()).st_size
+            what = "is empty" if not size else "is not a gputop recording (no readable header)"
+            raise GputopError(f"{self.path} {what}; record one with `gputop record -o FILE`")
+        try:
+            header = json.loads(header_lines[0])
+        except ValueError:
+            header = None
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise GputopError(f"{self.path} is not a gputop recording (no gputop header); record one with `gputop record -o FILE`")
+        if header.get("version", 0) > VERSION:
+            raise GputopError(f"{self.path} is a version {header.get('version')} recording; this gputop reads version {VERSION} (upgrade gputop)")
+        self.machine = from_jsonable(MachineInfo, header["machine"])
+        self._offsets = array("q")
+        self._line_numbers = array("l")
+        self.timestamps = array("d")
+        self._keyframes = array("q")  # indices of the lines that need no earlier line for their stacks
+        self._damage: Optional[str] = None
+
+        def add(offset: int, line_number: int, line: bytes) -> bool:
+            timestamp = _timestamp(line)
+            if timestamp is None:
+                self._damage = f"unreadable record {len(self) + 2}"
+                return False
+            # JSON escapes quotes inside strings, so this key followed by a list only appears as the record's
+            # own key; a false match would only cost an earlier start, never a wrong stack
+            if _UNCHANGED not in line:
+                self._keyframes.append(len(self))
+            self._offsets.append(offset)
+            self._line_numbers.append(line_number)
+            self.timestamps.append(timestamp)
+            return True
+
+        ok = all(add(header_member[0], n, line) for n, line in enumerate(header_lines[1:], start=1))
+        if ok:
+            for offset, data in members:
+                if not all(add(offset, n, line) for n, line in enumerate(_lines(data))):
+                    break
+        self._damage = self._damage or (damage[0] if damage else None)
+        self._cached_member: tuple[int, list[bytes]] = (-1, [])
+
+    def __len__(self) -> int:
+        return len(self.timestamps)
+
+    def warning(self, readable: Optional[int] = None) -> Optional[str]:
+        """The one-line damage warning (None for an intact file); `readable`: snapshots before the damage."""
+        if self._damage is None:
+            return None
+        n = len(self) if readable is None else readable
+        span = f"{self.timestamps[n - 1] - self.timestamps[0]:.0f} s" if n > 1 else "0 s"
+        return f"recording {self.path} is damaged ({self._damage}); replaying the {n} snapshots ({span}) before it"
+
+    def index_at(self, timestamp: float) -> int:
+        """Number of snapshots at or before `timestamp`."""
+        return bisect.bisect_right(self.timestamps, timestamp)
+
+    def _line(self, i: int) -> bytes:
+        offset = self._offsets[i]
+        if self._cached_member[0] != offset:
+            assert self._file is not None, "the recording is closed"
+            damage: list[str] = []
+            member = next(_iter_members(self._file, offset, damage), None)
+            if member is None:  # the file changed under us (rewritten, truncated) since it was indexed
+                raise _Unreadable(f"record {i + 2} is gone ({damage[0] if damage else 'end of file'})")
+            self._cached_member = (offset, _lines(member[1]))
+        return self._cached_member[1][self._line_numbers[i]]
+
+    def snapshots(self, start: int, stop: int) -> Iterator[Snapshot]:
+        """Decode snapshots start..stop-1.  Stack dumps unchanged from the previous line are restored
+        (shared objects, as in the live History) by decoding from the keyframe at or before `start`.
+        Raises `_Unreadable` at a line that does not decode."""
+        stop = min(stop, len(self))
+        if start >= stop:
+            return
+        k = bisect.bisect_right(self._keyframes, start) - 1
+        first = self._keyframes[k] if k >= 0 else 0
+        last_stacks: dict[int, ProcessStacks] = {}
+        for i in range(first, stop):
+            try:
+                record = json.loads(self._line(i))
+                data = record["snapshot"]
+                job = data.get("job")
+                if job is None:
+                    last_stacks = {}
+                else:
+                    stacks = {pid: last_stacks[pid] for pid in record.get("stacks_unchanged", ()) if pid in last_stacks}
+                    stacks.update((int(pid), from_jsonable(ProcessStacks, s)) for pid, s in (job.get("stacks") or {}).items())
+                    last_stacks = stacks
+                if i < start:
+                    continue  # decoded only for its stacks
+                if job is not None:
+                    job["stacks"] = {}
+                snap = from_jsonable(Snapshot, data)
+                if snap.job is not None:
+                    snap.job.stacks.update(last_stacks)  # the dict was built for this snapshot: filling it is safe
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise _Unreadable(f"unreadable record {i + 2} ({type(exc).__name__})") from None
+            yield snap
+
+    def close(self) -> None:
+        f, self._file = getattr(self, "_file", None), None
+        if f is not None:
+            f.close()
+
+    def __enter__(self) -> "RecordingIndex":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _timestamp(line: bytes) -> Optional[float]:
+    match = _TIMESTAMP.match(line)
+    try:
+        if match is not None:
+            return float(match.group(1))
+        value = json.loads(line)["snapshot"]["timestamp"]  # written by something other than RecordingWriter
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def read_recording(path: str) -> tuple[MachineInfo, list[Snapshot], Optional[str]]:
-    """(machine, snapshots, warning). Damage ends the list with a one-line warning; no header is an error."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise GputopError(f"no recording at {path} (check the path; record one with `gputop record -o FILE`)") from None
-    except IsADirectoryError:
-        raise GputopError(f"{path} is a directory, not a recording") from None
-    except OSError as exc:
-        raise GputopError(f"cannot read recording {path}: {exc.strerror or exc}") from None
-    lines, damage = _members(data)
-    if not lines:
-        what = "is empty" if not data else "is not a gputop recording (no readable header)"
-        raise GputopError(f"{path} {what}; record one with `gputop record -o FILE`")
-    try:
-        header = json.loads(lines[0])
-    except ValueError:
-        header = None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise GputopError(f"{path} is not a gputop recording (no gputop header); record one with `gputop record -o FILE`")
-    if header.get("version", 0) > VERSION:
-        raise GputopError(f"{path} is a version {header.get('version')} recording; this gputop reads version {VERSION} (upgrade gputop)")
-    machine = from_jsonable(MachineInfo, header["machine"])
-    snapshots: list[Snapshot] = []
-    last_stacks: dict[int, ProcessStacks] = {}
-    for i, raw in enumerate(lines[1:], start=2):
+    """(machine, snapshots, warning). Damage ends the list with a one-line warning; no header is an error.
+
+    This holds every snapshot in memory (~80 KB each on 8 GPUs): for long recordings use
+    `RecordingIndex` (or `ReplaySource`), which decode only the range asked for."""
+    with RecordingIndex(path) as index:
+        snapshots: list[Snapshot] = []
         try:
-            record = json.loads(raw)
-            data = record["snapshot"]
-            job = data.get("job")
-            fresh_stacks = {}
-            if job is not None:
-                fresh_stacks = {int(pid): from_jsonable(ProcessStacks, s) for pid, s in (job.get("stacks") or {}).items()}
-                job["stacks"] = {}
-            snap = from_jsonable(Snapshot, data)
-            if snap.job is not None:
-                stacks = {pid: last_stacks[pid] for pid in record.get("stacks_unchanged", ()) if pid in last_stacks}
-                stacks.update(fresh_stacks)
-                snap.job.stacks.update(stacks)  # the dict was built for this snapshot: filling it is safe
-                last_stacks = stacks
-            else:
-                last_stacks = {}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            damage = damage or f"unreadable record {i} ({type(exc).__name__})"
-            break
-        snapshots.append(snap)
-    warning = None
-    if damage:
-        span = f"{snapshots[-1].timestamp - snapshots[0].timestamp:.0f} s" if len(snapshots) > 1 else "0 s"
-        warning = f"recording {path} is damaged ({damage}); replaying the {len(snapshots)} snapshots ({span}) before it"
-    return machine, snapshots, warning
+            snapshots.extend(index.snapshots(0, len(index)))
+        except _Unreadable as exc:
+            index._damage = str(exc)
+        return index.machine, snapshots, index.warning(len(snapshots))
+
+
+@dataclass(frozen=True)
+class RecordingSpan:
+    """What a whole recording covers (readable part), next to the window a report decoded from it."""
+
+    snapshots: int
+    start: float
+    end: float
+
+
+def read_recording_tail(path: str, limit: int = DEFAULT_WINDOW) -> tuple[MachineInfo, list[Snapshot], Optional[str], RecordingSpan]:
+    """(machine, the last `limit` snapshots, warning, span of the whole recording), in bounded memory.
+
+    Only the tail is decoded (from the keyframe before it); the rest of the file is only indexed."""
+    with RecordingIndex(path) as index:
+        n = len(index)
+        snapshots: list[Snapshot] = []
+        if n:
+            try:
+                snapshots.extend(index.snapshots(max(0, n - limit), n))
+            except _Unreadable as exc:
+                index._damage = str(exc)
+                n = max(0, n - limit) + len(snapshots)
+        span = RecordingSpan(n, index.timestamps[0], index.timestamps[n - 1]) if n else RecordingSpan(0, 0.0, 0.0)
+        return index.machine, snapshots, index.warning(n), span
 
 
 class ReplaySource:
@@ -207,23 +392,36 @@ class ReplaySource:
     `poll()` returns the latest snapshot at or before the current position.  `drain()` returns every
     snapshot passed since the previous `drain()` (a TUI that wants a complete history at speed > 1), and
     `generation` changes on every seek so a consumer knows to rebuild its history from `history_until()`.
+
+    Memory stays bounded however long the recording: the file is indexed (`RecordingIndex`), snapshots
+    are decoded as they are played, and `drain()` / `history_until()` hand out at most `window` of them
+    (the TUI's history keeps no more anyway).
     """
 
-    def __init__(self, path: str, speed: float = 1.0, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: str, speed: float = 1.0, *, clock: Callable[[], float] = time.monotonic,
+                 window: int = DEFAULT_WINDOW) -> None:
         self.path = path
-        self.machine, self.snapshots, self.warning = read_recording(path)
-        if not self.snapshots:
+        self._index = RecordingIndex(path)
+        if not len(self._index):
+            self._index.close()
             raise GputopError(f"{path} holds no snapshots (the recording stopped before its first sample)")
+        self.machine = self._index.machine
+        self.warning = self._index.warning()
+        self.window = max(1, window)
         self._clock = clock
         self._lock = threading.Lock()
-        self._times = [s.timestamp - self.snapshots[0].timestamp for s in self.snapshots]
+        t0 = self._index.timestamps[0]
+        self._times = array("d", (t - t0 for t in self._index.timestamps))
         self._speed = self._check_speed(speed)
         self._anchor_wall = clock()
         self._anchor_pos = 0.0
         self._paused = False
         self._drained = 0  # index of the next snapshot drain() hands out
         self.generation = 0
-        gaps = [b - a for a, b in zip(self._times, self._times[1:]) if b > a]
+        self._stream: Optional[Iterator[Snapshot]] = None  # decoding onwards from _stream_at, stacks restored
+        self._stream_at = 0
+        self._last: Optional[tuple[int, Snapshot]] = None  # the latest snapshot handed out, and its index
+        gaps = [b - a for a, b in zip(self._times[:3601], self._times[1:3601]) if b > a]
         self.interval = statistics.median(gaps) if gaps else 1.0
 
     @staticmethod
@@ -300,23 +498,49 @@ class ReplaySource:
         """Number of snapshots at or before `pos` (at least 1: the first is shown at 0)."""
         return max(1, bisect.bisect_right(self._times, pos + 1e-9))
 
+    def _decoded(self, start: int, stop: int) -> list[Snapshot]:
+        """Snapshots start..stop-1, decoding on from where the previous call stopped when it can."""
+        out: list[Snapshot] = []
+        i = start
+        if self._last is not None and self._last[0] == i and i < stop:
+            out.append(self._last[1])  # the one poll() just returned: the same object again
+            i += 1
+        if i < stop:
+            if self._stream is None or not self._stream_at <= i <= self._stream_at + KEYFRAME_EVERY:
+                self._stream, self._stream_at = self._index.snapshots(i, len(self._index)), i
+            try:
+                while self._stream_at < stop:
+                    snap = next(self._stream)
+                    if self._stream_at >= i:
+                        out.append(snap)
+                    self._stream_at += 1
+            except _Unreadable as exc:
+                self._stream = None
+                raise GputopError(f"recording {self.path} is damaged ({exc}); replay stops there") from None
+        if out:
+            self._last = (stop - 1, out[-1])
+        return out
+
     def poll(self) -> Snapshot:
         with self._lock:
-            return self.snapshots[self._index_at(self._position_locked()) - 1]
+            end = self._index_at(self._position_locked())
+            return self._decoded(end - 1, end)[0]
 
     def drain(self) -> list[Snapshot]:
         with self._lock:
             end = self._index_at(self._position_locked())
-            out = self.snapshots[self._drained : end]
+            out = self._decoded(max(self._drained, end - self.window), end)
             self._drained = max(self._drained, end)
             return out
 
     def history_until(self) -> list[Snapshot]:
-        """Every snapshot up to the current position (rebuild a history after a seek)."""
+        """The snapshots up to the current position, the latest `window` of them (rebuild a history after a seek)."""
         with self._lock:
             end = self._index_at(self._position_locked())
             self._drained = end
-            return self.snapshots[:end]
+            return self._decoded(max(0, end - self.window), end)
 
     def close(self) -> None:
-        pass
+        with self._lock:
+            self._stream = None
+            self._index.close()

@@ -166,7 +166,7 @@ def test_replay_position_speed_pause_seek(tmp_path):
     clock = FakeClock()
     src = ReplaySource(str(path), speed=2.0, clock=clock)
     assert src.machine == machine and src.duration == 20.0 and src.interval == 1.0
-    assert src.poll() is src.snapshots[0] and src.position == 0.0
+    assert src.poll() == snaps[0] and src.poll() is src.poll() and src.position == 0.0
     clock.now += 3.0  # 3 s of wall time at 2x
     assert src.position == 6.0 and src.poll().timestamp == snaps[6].timestamp
     assert [s.timestamp for s in src.drain()] == [s.timestamp for s in snaps[:7]]
@@ -191,3 +191,140 @@ def test_replay_position_speed_pause_seek(tmp_path):
     assert src.position == 2.0
     with pytest.raises(GputopError, match="greater than 0"):
         src.set_speed(0)
+
+
+# ---------------------------------------------------------------- bounded reading: index, keyframes, windows
+
+
+def still_snapshots(seconds):
+    """A job whose stack dumps are never refreshed (the collector keeps an idle process's last dump):
+    every line after the first says "stacks unchanged" for every PID."""
+    import dataclasses
+
+    machine, snaps = snapshots(seconds)
+    kept = snaps[0].job.stacks
+    return machine, [dataclasses.replace(s, job=dataclasses.replace(s.job, stacks=dict(kept))) for s in snaps]
+
+
+@pytest.mark.parametrize("keyframe_every", [60, 10**9], ids=["keyframes", "no-keyframes (older files)"])
+def test_any_range_decodes_with_its_stacks(tmp_path, monkeypatch, keyframe_every):
+    import gputop.recording as recording
+
+    monkeypatch.setattr(recording, "KEYFRAME_EVERY", keyframe_every)
+    machine, snaps = still_snapshots(150)
+    path = record(tmp_path / "still.gtr", machine, snaps)
+    with recording.RecordingIndex(str(path)) as index:
+        assert len(index) == len(snaps) and list(index.timestamps) == [s.timestamp for s in snaps]
+        assert list(index._keyframes) == ([0, 60, 120] if keyframe_every == 60 else [0])
+        for start in (0, 1, 59, 60, 61, 119, 130, 148):
+            got = list(index.snapshots(start, start + 3))
+            assert got == snaps[start : start + 3], start
+            assert got[0].job.stacks[1000].threads  # restored from the line that carried the dump in full
+            assert got[1].job.stacks[1000] is got[2].job.stacks[1000]  # shared, as in a live History
+
+
+def test_keyframes_repeat_every_dump_and_nothing_else(tmp_path):
+    machine, snaps = still_snapshots(130)
+    path = record(tmp_path / "still.gtr", machine, snaps)
+    with gzip.open(path, "rt") as f:
+        lines = [json.loads(line) for line in f][1:]
+    assert [i for i, line in enumerate(lines) if "stacks_unchanged" not in line] == [0, 60, 120]
+    assert len(lines[60]["snapshot"]["job"]["stacks"]) == len(snaps[60].job.stacks) and lines[61]["snapshot"]["job"]["stacks"] == {}
+
+
+def _retained_bytes(make):
+    """Bytes still allocated (tracemalloc) while the object `make()` returns is alive."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = make()
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    del kept
+    return retained
+
+
+def test_replay_memory_does_not_grow_with_the_recording(tmp_path):
+    from gputop.recording import RecordingIndex
+
+    machine, snaps = snapshots(120)
+    short = record(tmp_path / "short.gtr", machine, snaps[:40])
+    long = record(tmp_path / "long.gtr", machine, snaps)
+
+    def played(path, last):
+        src = ReplaySource(str(path), window=10, clock=FakeClock())
+        src.seek(1e9)
+        assert len(src.history_until()) == 10 and src.poll() == last
+        return src
+
+    played(short, snaps[39]).close()  # first calls fill caches (imports, regexes): not what is measured
+    index_growth = _retained_bytes(lambda: RecordingIndex(str(long))) - _retained_bytes(lambda: RecordingIndex(str(short)))
+    replay = _retained_bytes(lambda: played(long, snaps[-1]))
+    held = _retained_bytes(lambda: read_recording(str(long)))
+    print(f"index: +{index_growth} B for 80 more snapshots; replay of 121 snapshots keeps {replay} B; read_recording {held} B")
+    # the index costs a few dozen bytes per snapshot; a replay keeps about one decoded snapshot and one
+    # member of the file, whatever the length; read_recording holds all of them
+    assert index_growth < 80 * 64, index_growth
+    assert replay < held / 20, (replay, held)
+
+
+def test_replay_hands_out_at_most_its_window(tmp_path):
+    machine, snaps = snapshots(100)
+    path = record(tmp_path / "run.gtr", machine, snaps)
+    clock = FakeClock()
+    src = ReplaySource(str(path), speed=10.0, clock=clock, window=12)
+    clock.now += 1.0  # 10 s of recording in one step: all fit
+    assert src.drain() == snaps[:11]
+    clock.now += 5.0  # 50 s more: the last 12 of them (a history keeps no more)
+    assert src.drain() == snaps[49:61]
+    src.seek(30)
+    history = src.history_until()
+    assert history == snaps[19:31] and src.poll() is history[-1]
+    src.close()
+
+
+def test_report_from_reads_only_the_tail_and_says_which_span(tmp_path):
+    from gputop.commands.report import history_from_recording
+    from gputop.report.jsonreport import render_json
+    from gputop.report.markdown import render_markdown
+
+    machine, snaps = snapshots(100)
+    path = record(tmp_path / "run.gtr", machine, snaps)
+    hist, rec = history_from_recording(str(path), limit=30)
+    assert list(hist) == snaps[-30:]
+    assert rec == {"file": str(path), "snapshots": 101, "start": snaps[0].timestamp, "end": snaps[-1].timestamp,
+                   "seconds": 100.0, "window_limit": 30, "whole": False}
+    md = render_markdown(hist, [], recording=rec)
+    assert f"Read from the recording `{path}`, which spans 100 s (101 samples)" in md
+    assert "This report covers its last 30 samples only (at most 30, to bound memory)" in md
+    assert json.loads(render_json(hist, [], recording=rec))["recording"]["whole"] is False
+    hist, rec = history_from_recording(str(path), limit=1000)
+    assert list(hist) == snaps and rec["whole"] is True
+    assert f"Read from the recording `{path}`: all of it." in render_markdown(hist, [], recording=rec)
+
+
+def test_record_keeps_a_tiny_history_however_long_it_runs(tmp_path, monkeypatch, capsys):
+    from gputop.cli import build_parser
+    from gputop.commands import record as record_cmd
+
+    histories = []
+    real_observe = record_cmd.observe
+
+    def observe(*args, **kwargs):
+        histories.append(real_observe(*args, **kwargs))
+        return histories[-1]
+
+    monkeypatch.setattr(record_cmd, "observe", observe)
+    out = tmp_path / "sim.gtr"
+    args = build_parser().parse_args(["record", "-o", str(out), "--simulate", "--seconds", "1.5", "--interval", "0.1"])
+    assert record_cmd.run(args) == 0
+    _m, snaps, _w = read_recording(str(out))
+    assert len(snaps) >= 8 and len(histories[0]) == record_cmd.RECORD_HISTORY == histories[0].capacity
+    span = snaps[-1].timestamp - snaps[0].timestamp
+    assert f"recorded {len(snaps)} snapshots ({span:.0f} s)" in capsys.readouterr().err

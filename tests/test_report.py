@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 
@@ -327,6 +328,62 @@ def test_unwritable_targets_are_one_line_errors(path, message):
     with pytest.raises(GputopError) as exc:
         write_report(path, "x")
     assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_device_is_written_in_place_and_a_full_one_is_a_one_line_error():
+    before = os.stat("/dev/full")
+    with pytest.raises(GputopError) as exc:
+        write_report("/dev/full", "report\n")
+    assert str(exc.value) == ("cannot write report to /dev/full: No space left on device "
+                              "(the disk is full; free some space or write elsewhere with -o)")
+    after = os.stat("/dev/full")
+    assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+    write_report("/dev/null", "report\n")  # a device that takes it: written, still the device
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_a_fifo_is_written_in_place(tmp_path):
+    import threading
+
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    try:
+        write_report(str(fifo), "# report · ▁█\n")
+    finally:
+        reader.join(timeout=30)
+    assert got == ["# report · ▁█\n".encode()] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert os.listdir(tmp_path) == ["report.fifo"]  # no temp file beside it
+
+
+@pytest.mark.parametrize("redirect", ["truncate", "append"])
+def test_dev_stdout_writes_to_the_callers_stdout_and_keeps_the_link(spawn, tmp_path, redirect):
+    out = tmp_path / "out.md"
+    out.write_text("earlier line\n")
+    link = os.readlink("/dev/stdout")
+    with open(out, "w" if redirect == "truncate" else "a") as stdout:
+        proc = spawn([sys.executable, "-c", "from gputop.report.writer import write_report; write_report('/dev/stdout', '# report ·\\n')"],
+                     stdout=stdout, stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.read_text() == ("" if redirect == "truncate" else "earlier line\n") + "# report ·\n"
+    assert os.path.islink("/dev/stdout") and os.readlink("/dev/stdout") == link
+
+
+def test_report_is_utf8_under_an_ascii_locale(spawn):
+    """LANG=C without PEP 538 coercion or UTF-8 mode: Python's stdout is ASCII, the report still prints."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONIOENCODING", "PYTHONUTF8") and not k.startswith("LC_")}
+    env.update(LANG="C", LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
+    check = spawn([sys.executable, "-c", "import sys; print(sys.stdout.encoding)"], stdout=subprocess.PIPE, env=env)
+    assert check.communicate(timeout=30)[0].strip().lower() in (b"ascii", b"ansi_x3.4-1968")  # the setting bites
+    for args, expect in ((["report", "--simulate", "--seconds", "1", "--interval", "0.5"], "· confidence"),
+                         (["snapshot", "--simulate"], "h100-sxm-8")):
+        proc = spawn([sys.executable, "-m", "gputop", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and b"Traceback" not in err, err
+        assert expect in out.decode("utf-8")
 
 
 # ---------------------------------------------------------------- the commands, as a user runs them

@@ -6,9 +6,13 @@ import sys
 from typing import Any
 
 from gputop.commands.report import Progress, make_pipeline, observe
+from gputop.model import Snapshot
 from gputop.recording import RecordingWriter
 
 UNBOUNDED_SECONDS = 365 * 24 * 3600.0  # "until Ctrl-C"
+# Every snapshot goes to the file as it is taken; the recorder itself keeps only the latest few, so its
+# memory stays flat however long it runs (a history sized to --seconds would grow without bound).
+RECORD_HISTORY = 2
 
 
 def run(args: Any) -> int:
@@ -19,10 +23,17 @@ def run(args: Any) -> int:
             progress = Progress(sys.stderr, f"recording {args.output}") if args.seconds else None
             if not args.seconds:
                 print(f"gputop: recording to {args.output}; Ctrl-C stops", file=sys.stderr)
-            history = observe(pipeline, seconds, args.interval, on_snapshot=writer.write, progress=progress)
+            first: list[float] = []
+
+            def on_snapshot(snap: Snapshot) -> None:
+                writer.write(snap)
+                if not first:
+                    first.append(snap.timestamp)
+
+            history = observe(pipeline, seconds, args.interval, on_snapshot=on_snapshot, progress=progress, capacity=RECORD_HISTORY)
             count = writer.count
     finally:
         pipeline.close()
-    span = history.latest.timestamp - next(iter(history)).timestamp if len(history) else 0.0
+    span = history.latest.timestamp - first[0] if first and history.latest is not None else 0.0
     print(f"gputop: recorded {count} snapshots ({span:.0f} s) to {args.output}; replay with `gputop replay {args.output}`", file=sys.stderr)
     return 0

@@ -21,6 +21,9 @@ BAR_WIDTH = 30
 # aim for 10 over the observation, but never dump faster than every 0.5 s.
 REPORT_STACK_DUMPS = 10
 FASTEST_STACK_INTERVAL_S = 0.5
+# `report --from` decodes at most this many snapshots, the latest (20 min at 1 Hz, ~100 MB on 8 GPUs):
+# a day-long recording must not need GBs to report on.  The report states the span it covers.
+REPORT_FROM_WINDOW = 1200
 
 
 class Progress:
@@ -67,14 +70,18 @@ def observe(
     *,
     on_snapshot: Optional[Callable[[Snapshot], None]] = None,
     progress: Optional[Progress] = None,
+    capacity: Optional[int] = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> History:
     """Poll `source` every `interval` s for `seconds` s (one sample at the start and one at the end).
 
+    The history keeps every sample (a report needs them all), or the last `capacity` when given (a
+    recording streams its samples to `on_snapshot` and must not hold them: memory stays flat).
     Ctrl-C ends the observation early and keeps what was collected.
     """
-    history = History(source.machine, capacity=int(seconds / interval) + 16)
+    history = History(source.machine, capacity=capacity or int(seconds / interval) + 16)
+    samples = 0
     start = clock()
     deadline = start + seconds
     next_tick = start
@@ -82,6 +89,7 @@ def observe(
         while True:
             snap = source.poll()
             history.append(snap)
+            samples += 1
             if on_snapshot is not None:
                 on_snapshot(snap)
             now = clock()
@@ -92,19 +100,23 @@ def observe(
             next_tick += interval
             sleep(max(0.0, min(next_tick, deadline) - now))
     except KeyboardInterrupt:
-        if not len(history):
+        if not samples:
             raise
-        print(f"\ngputop: interrupted after {len(history)} samples", file=sys.stderr)
+        print(f"\ngputop: interrupted after {samples} samples", file=sys.stderr)
     finally:
         if progress is not None:
             progress.done()
     return history
 
 
-def history_from_recording(path: str) -> History:
-    from gputop.recording import read_recording
+def history_from_recording(path: str, limit: int = REPORT_FROM_WINDOW) -> tuple[History, dict[str, Any]]:
+    """The last `limit` snapshots of a recording as a history, and what the whole recording spans.
 
-    machine, snapshots, warning = read_recording(path)
+    Only that window is decoded, so a day-long recording reports in bounded memory; the report says
+    which part of the recording its statistics, stacks and findings rest on."""
+    from gputop.recording import read_recording_tail
+
+    machine, snapshots, warning, span = read_recording_tail(path, limit)
     if warning:
         print(f"gputop: warning: {warning}", file=sys.stderr)
     if not snapshots:
@@ -112,7 +124,16 @@ def history_from_recording(path: str) -> History:
     history = History(machine, capacity=len(snapshots))
     for snap in snapshots:
         history.append(snap)
-    return history
+    recording = {
+        "file": path,
+        "snapshots": span.snapshots,
+        "start": span.start,
+        "end": span.end,
+        "seconds": round(span.end - span.start, 1),
+        "window_limit": limit,
+        "whole": len(snapshots) == span.snapshots,
+    }
+    return history, recording
 
 
 def run_bench(args: Any) -> Any:
@@ -127,24 +148,25 @@ def run_bench(args: Any) -> Any:
         progress.done()
 
 
-def render(history: History, findings: list, fmt: str, bench: Any, command: list[str]) -> str:
+def render(history: History, findings: list, fmt: str, bench: Any, command: list[str], recording: Optional[dict[str, Any]] = None) -> str:
     if fmt == "json":
         from gputop.report.jsonreport import render_json
 
-        return render_json(history, findings, bench=bench, command=command)
+        return render_json(history, findings, bench=bench, command=command, recording=recording)
     from gputop.report.markdown import render_markdown
 
-    return render_markdown(history, findings, bench=bench, command=command)
+    return render_markdown(history, findings, bench=bench, command=command, recording=recording)
 
 
 def run(args: Any) -> int:
     command = ["gputop", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["gputop", "report"]
+    recording = None
     if args.from_file:
         if args.bench:
             raise UsageError("--bench needs a live job; it cannot be combined with --from")
         if args.pid or args.simulate:
             raise UsageError("--from reads a recording; drop --pid and --simulate")
-        history = history_from_recording(args.from_file)
+        history, recording = history_from_recording(args.from_file)
     else:
         if args.bench and not args.pid:
             raise UsageError("--bench needs --pid PID (the training job to benchmark)")
@@ -158,13 +180,14 @@ def run(args: Any) -> int:
             pipeline.close()
     bench = run_bench(args) if args.bench else None
     findings = diagnose(history, bench, window=None)  # the report covers everything it observed
-    text = render(history, findings, args.format, bench, command)
+    text = render(history, findings, args.format, bench, command, recording)
     if args.output:
         from gputop.report.writer import write_report
 
         write_report(args.output, text)
         print(f"gputop: wrote {args.output}: {verdict_line(findings)}", file=sys.stderr)
     else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        from gputop.report.writer import write_stdout
+
+        write_stdout(text)  # UTF-8 bytes: an ASCII locale must not fail on '·', sparklines or paths
     return 0

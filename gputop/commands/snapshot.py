@@ -7,6 +7,7 @@ Values NVML refused are null and each GPU's ``unavailable`` says why.
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import threading
@@ -44,7 +45,11 @@ def run(args: Any) -> int:
         json.dump(snapshot_json(machine, snap), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        write_table(machine, snap, sys.stdout)
+        from gputop.report.writer import write_stdout
+
+        table = io.StringIO()
+        write_table(machine, snap, table)
+        write_stdout(table.getvalue())  # UTF-8 bytes: thread names, GPU names, paths under an ASCII locale
     return 0
 
 

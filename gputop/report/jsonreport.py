@@ -221,8 +221,11 @@ def report_data(
     bench: Any = None,
     command: Optional[Sequence[str] | str] = None,
     generated: Optional[float] = None,
+    recording: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
-    """Everything a report says, as JSON-ready data (redacted)."""
+    """Everything a report says, as JSON-ready data (redacted).
+
+    `recording` (report --from): what the whole recording spans; `observed` is the part reported on."""
     snaps = list(history)
     m = history.machine
     latest = snaps[-1] if snaps else None
@@ -275,6 +278,7 @@ def report_data(
         "stacks": _stacks(snaps),
         "findings": [to_jsonable(f) for f in findings],
         "benchmark": bench_part,
+        "recording": dict(recording) if recording is not None else None,
     }
     return redact_jsonable(data)
 
@@ -286,6 +290,7 @@ def render_json(
     bench: Any = None,
     command: Optional[Sequence[str] | str] = None,
     generated: Optional[float] = None,
+    recording: Optional[dict[str, Any]] = None,
 ) -> str:
-    data = report_data(history, findings, bench=bench, command=command, generated=generated)
+    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording)
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"

@@ -273,6 +273,21 @@ def _stacks(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def _recording(data: dict[str, Any]) -> list[str]:
+    rec = data.get("recording")
+    if not rec:
+        return []
+    whole = f"{rec['seconds']:.0f} s ({rec['snapshots']} samples) from {_when(rec['start'])} to {_when(rec['end'])}"
+    if rec["whole"]:
+        return [f"Read from the recording {_code(rec['file'])}: all of it.", ""]
+    return [
+        f"Read from the recording {_code(rec['file'])}, which spans {whole}. This report covers its last "
+        f"{data['observed']['snapshots']} samples only (at most {rec['window_limit']}, to bound memory): the statistics, "
+        "stacks and findings below rest on that span.",
+        "",
+    ]
+
+
 def _bench(data: dict[str, Any]) -> list[str]:
     b = data["benchmark"]
     if not b:
@@ -299,8 +314,9 @@ def render_markdown(
     bench: Any = None,
     command: Optional[Sequence[str] | str] = None,
     generated: Optional[float] = None,
+    recording: Optional[dict[str, Any]] = None,
 ) -> str:
-    data = report_data(history, findings, bench=bench, command=command, generated=generated)
+    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording)
     obs = data["observed"]
     m = data["machine"]
     out = [
@@ -312,6 +328,7 @@ def render_markdown(
         + (f" on a **simulated** machine ({m['simulated']})." if m["simulated"] else "."),
         "",
     ]
+    out += _recording(data)
     out += _findings(data)
     out += _machine(data)
     out += _topology(data)

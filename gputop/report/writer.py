@@ -2,13 +2,22 @@
 
 A full disk or an unwritable directory leaves no half-written report behind (and an existing report at
 the path untouched); the user gets one line saying what went wrong and what to do.
+
+A target that is not a regular file (a device such as ``/dev/full``, a FIFO, a terminal) or names a file
+descriptor (``-o /dev/stdout``) is written in place: renaming over it would replace the device node (or
+the /dev/stdout symlink) with a regular file.  Reports are UTF-8 whatever the
+locale (`encode_text`), on stdout too (`write_stdout`).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
+import stat
+import sys
 import tempfile
+from typing import Optional
 
 from gputop.errors import GputopError
 
@@ -35,17 +44,94 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def encode_text(text: str) -> bytes:
+    """`text` as UTF-8 bytes, whatever the locale.
+
+    Under an ASCII locale psutil decodes non-ASCII bytes from /proc (command lines, paths) to lone
+    surrogates; surrogateescape turns them back into the original bytes, which is what the user typed.
+    """
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that is not an escaped byte: show it, never fail on it
+        return text.encode("utf-8", "backslashreplace")
+
+
+def write_stdout(text: str) -> None:
+    """Write `text` to stdout as UTF-8 bytes: an ASCII locale (LANG=C) must not fail on '·' or a path."""
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # stdout replaced by a text-only stream (an embedding app, a test's StringIO)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    sys.stdout.flush()  # anything already written as text goes first
+    buffer.write(encode_text(text))
+    buffer.flush()
+
+
+_FD_LINK = re.compile(r"/(proc/(self|\d+)|dev)/fd/\d+")
+
+
+def _is_fd_alias(target: str) -> bool:
+    """`target` is (a symlink to) an open file descriptor's name: /dev/stdout, /dev/fd/3, /proc/self/fd/1."""
+    path = target
+    for _ in range(8):  # a symlink chain; /dev/stdout -> /proc/self/fd/1 is two hops at most in practice
+        if _FD_LINK.fullmatch(path):
+            return True
+        if not os.path.islink(path):
+            return False
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return False
+
+
+def _in_place_flags(target: str) -> Optional[int]:
+    """Open flags to write `target` in place, or None to replace it atomically.
+
+    An existing non-regular file (a device such as /dev/full, a FIFO, a terminal) has no content to keep
+    and must not be replaced by a regular file.  A descriptor's name (``-o /dev/stdout``) is the
+    caller's redirection: append to what the shell opened (it truncated it already, or asked for >>).
+    """
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return None  # not there yet (or unreachable): the atomic path creates it or reports the error
+    if _is_fd_alias(target):
+        return os.O_WRONLY | os.O_APPEND | os.O_NOCTTY
+    if not stat.S_ISREG(mode):
+        return os.O_WRONLY | os.O_NOCTTY
+    return None
+
+
+def _write_in_place(path: str, target: str, flags: int, data: bytes) -> None:
+    try:
+        fd = os.open(target, flags)
+    except OSError as exc:
+        raise _error(path, exc) from None
+    try:
+        _write_all(fd, data)
+    except OSError as exc:
+        raise _error(path, exc) from None
+    finally:
+        os.close(fd)
+
+
 def write_report(path: str, text: str) -> None:
-    """Replace `path` with `text` (UTF-8) all at once, or raise GputopError and leave `path` as it was."""
+    """Replace `path` with `text` (UTF-8) all at once, or raise GputopError and leave `path` as it was.
+
+    A device, FIFO or /dev/stdout is written in place instead (it has no "as it was" to keep)."""
     target = os.path.abspath(path)
     if os.path.isdir(target):
         raise GputopError(f"cannot write report to {path}: it is a directory (give a file name with -o)")
+    data = encode_text(text)
+    flags = _in_place_flags(target)
+    if flags is not None:
+        _write_in_place(path, target, flags, data)
+        return
     directory = os.path.dirname(target)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
         try:
-            _write_all(fd, text.encode("utf-8"))
+            _write_all(fd, data)
             os.fsync(fd)
             umask = os.umask(0)
             os.umask(umask)
