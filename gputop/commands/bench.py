@@ -11,6 +11,7 @@ import json
 import sys
 
 from gputop.bench import run_benchmark, run_offline_benchmark
+from gputop.report.writer import write_stdout
 
 
 class _StderrProgress:
@@ -44,7 +45,7 @@ def run(args) -> int:
     finally:
         progress.close()
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        write_stdout(json.dumps(result.to_dict(), indent=2) + "\n")
     else:
-        print("\n".join(result.summary_lines()))
+        write_stdout("\n".join(result.summary_lines()) + "\n")  # UTF-8 even under LANG=C
     return 0
