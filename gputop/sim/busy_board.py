@@ -27,6 +27,25 @@ _HEADER = struct.Struct("<8sI4x")
 _SLOT = struct.Struct("<iiqdd")  # gpu, pid, memory, busy_total, busy_since
 
 
+def create_shared_file(path: str, size: int) -> mmap.mmap:
+    """A new file of `size` zero bytes, private to this user (0600), mapped shared for other processes."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def open_shared_file(path: str) -> mmap.mmap:
+    """Map an existing shared file (made by `create_shared_file` in another process) whole."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
 class BusyBoard:
     def __init__(self, path: str, mm: mmap.mmap, slots: int, owner: bool) -> None:
         self.path = path
@@ -37,13 +56,7 @@ class BusyBoard:
     # ---------------------------------------------------------------- life
     @classmethod
     def create(cls, path: str, slots: int) -> "BusyBoard":
-        size = _HEADER.size + slots * _SLOT.size
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        mm = create_shared_file(path, _HEADER.size + slots * _SLOT.size)
         _HEADER.pack_into(mm, 0, MAGIC, slots)
         for slot in range(slots):
             _SLOT.pack_into(mm, _HEADER.size + slot * _SLOT.size, -1, 0, 0, 0.0, 0.0)
@@ -51,12 +64,7 @@ class BusyBoard:
 
     @classmethod
     def open(cls, path: str) -> "BusyBoard":
-        fd = os.open(path, os.O_RDWR)
-        try:
-            size = os.fstat(fd).st_size
-            mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        mm = open_shared_file(path)
         magic, slots = _HEADER.unpack_from(mm, 0)
         if magic != MAGIC:
             mm.close()

@@ -43,7 +43,7 @@ import time
 from typing import Optional
 
 from gputop.errors import GputopError
-from gputop.sim.busy_board import BusyBoard
+from gputop.sim.busy_board import BusyBoard, create_shared_file, open_shared_file
 from gputop.sim.load import BusyBoardLoad
 from gputop.sim.scenarios import DemoConfig, resolve
 
@@ -104,23 +104,13 @@ class StepCounters:
 
     @classmethod
     def create(cls, path: str, slots: int) -> "StepCounters":
-        size = cls._HEADER.size + slots * cls._SLOT.size
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        mm = create_shared_file(path, cls._HEADER.size + slots * cls._SLOT.size)
         cls._HEADER.pack_into(mm, 0, cls.MAGIC, slots)
         return cls(path, mm, slots)
 
     @classmethod
     def open(cls, path: str) -> "StepCounters":
-        fd = os.open(path, os.O_RDWR)
-        try:
-            mm = mmap.mmap(fd, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
+        mm = open_shared_file(path)
         magic, slots = cls._HEADER.unpack_from(mm, 0)
         if magic != cls.MAGIC:
             mm.close()
