@@ -32,16 +32,6 @@ def read_steps(path: Path) -> int:
     return int(text) if text else 0
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise SystemExit(f"bench_attach_overhead: timed out after {timeout:.0f}s waiting for {what}")
-
-
 def steps_per_s(progress: Path, seconds: float) -> float:
     t0, s0 = time.monotonic(), read_steps(progress)
     time.sleep(seconds)  # the measurement window itself

@@ -27,22 +27,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import wait_for  # noqa: E402  (benchmarks/common.py)
 
 from gputop.collect.job import JobCollector  # noqa: E402
 from gputop.collect.stacks import dump_stacks, find_py_spy  # noqa: E402
 
 TRAIN_LOOP = REPO / "tests" / "jobs" / "train_loop.py"
 GOAL_MS = 150.0
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise SystemExit(f"bench_stacks: timed out after {timeout:.0f}s waiting for {what}")
 
 
 def timed_ms(fn) -> tuple[float, object]:
