@@ -31,6 +31,8 @@ from typing import Any, Callable, Optional
 import psutil
 
 from gputop.analysis import loader_math
+from gputop.collect.job import read_stat
+from gputop.collect.stacks import process_alive
 from gputop.collect.sampler import PassiveResult, PassiveSampler
 from gputop.errors import GputopError, UsageError
 from gputop.inject import injector
@@ -269,6 +271,7 @@ def run_benchmark(
     deadline = started + seconds
     _report(progress, 0.0, f"finding the training process of PID {pid}")
     rank_pid, workers, ranks_on_host, target_text = resolve_rank(pid)
+    job = _JobIdentity.of(rank_pid)
     notes: list[str] = []
     target = None
     run = None
@@ -316,6 +319,7 @@ def run_benchmark(
         sampler.stop()
         if run is not None:
             _abandon(run)
+            injector.remove_run_dir(run)
         raise
     free_cores = passive.idle_cores
     if run is None:
@@ -326,9 +330,9 @@ def run_benchmark(
     sweep_seconds = max(0.5, deadline - time.monotonic() - RESERVE_S + 0.5)
     plan = {"free_cores": free_cores or 0.0, "ranks_on_host": ranks_on_host, "sweep_seconds": sweep_seconds,
             "hard_max_workers": _hard_max_workers(passive.cpu_count)}
-    injector.write_run_file(run, "plan.json", plan)
-    agent = _wait_for_agent(run, deadline + ANSWER_GRACE_S, progress)
     try:
+        injector.write_run_file(run, "plan.json", plan)
+        agent = _wait_for_agent(run, deadline + ANSWER_GRACE_S, progress, job)
         result = _combine(started, target_text, rank_pid, passive, agent, notes, ranks_on_host, free_cores)
     finally:
         injector.remove_run_dir(run)
@@ -356,13 +360,35 @@ def _finish_passive(started, target_text, rank_pid, passive, n_workers, notes, r
     )
 
 
-def _wait_for_agent(run: injector.RunDir, hard_deadline: float, progress: Optional[Progress]) -> Optional[dict]:
-    """Poll the run directory for result.json, relaying the agent's progress; None at the deadline."""
+@dataclass(frozen=True)
+class _JobIdentity:
+    """The measured rank as (PID, start time): a new process reusing the PID is not the job."""
+
+    pid: int
+    start_ticks: Optional[int]
+
+    @classmethod
+    def of(cls, pid: int) -> "_JobIdentity":
+        stat = read_stat(pid)
+        return cls(pid, stat.start_ticks if stat is not None else None)
+
+    def alive(self) -> bool:
+        stat = read_stat(self.pid)
+        return stat is not None and stat.start_ticks == self.start_ticks and process_alive(self.pid)
+
+
+def _wait_for_agent(run: injector.RunDir, hard_deadline: float, progress: Optional[Progress],
+                    job: Optional[_JobIdentity] = None) -> Optional[dict]:
+    """Poll the run directory for result.json, relaying the agent's progress; None at the deadline.
+    Raises GputopError at once when the job dies (its agent died with it: nothing will answer)."""
     while True:
         result = injector.read_private_json(run.host_path, "result.json")
         if result is not None:
             return result
         state = injector.read_private_json(run.host_path, "progress.json") or {}
+        if job is not None and not job.alive():
+            _abandon(run, state)  # a sweep copy in its own process group outlives the job: end it
+            raise GputopError(f"the job exited during the benchmark (PID {job.pid} is gone); nothing more to measure")
         if time.monotonic() >= hard_deadline:
             _abandon(run, state)
             return None

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -295,3 +296,54 @@ def test_the_monitor_side_imports_neither_torch_nor_textual():
             "print(sorted(m for m in ('torch', 'textual') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+# ------------------------------------------------------------------------------- the job dies mid-run
+
+
+def _target(pid: int, root: str, foreign: bool):
+    from gputop.inject.injector import Target
+
+    return Target(pid=pid, uid=os.geteuid(), python=tuple(sys.version_info[:3]), root=root, foreign_root=foreign)
+
+
+def test_run_directory_of_a_same_root_job_is_plain_tmp():
+    from gputop.inject.injector import default_results_root
+
+    base = f"/tmp/gputop-bench-{os.geteuid()}"
+    assert default_results_root(_target(os.getpid(), f"/proc/{os.getpid()}/root", False)) == (base, base)
+    assert default_results_root(_target(42, "/proc/42/root", True)) == (f"/proc/42/root{base}", base)
+
+
+def test_run_directory_in_a_container_root_is_removed_after_that_root_vanished(tmp_path):
+    """/proc/JOBPID/root disappears with the job; the run directory under it must still go."""
+    from gputop.inject import injector
+
+    root = tmp_path / "container-root"
+    (root / "tmp").mkdir(parents=True)
+    run = injector.prepare_run_dir(_target(os.getpid(), str(root), True), {"x": 1})
+    base = Path(run.host_path).parent
+    assert base == root / "tmp" / f"gputop-bench-{os.geteuid()}" and (Path(run.host_path) / "agent.py").exists()
+    gone = tmp_path / "moved"
+    root.rename(gone)  # the path gputop knew it by is gone, as /proc/PID/root is once the job died
+    injector.remove_run_dir(run)
+    assert list((gone / "tmp" / base.name).iterdir()) == []
+
+
+def test_waiting_for_the_agent_stops_at_once_when_the_job_dies(spawn, tmp_path):
+    from gputop import bench
+    from gputop.inject import injector
+
+    job = _sleeping_python(spawn)
+    identity = bench._JobIdentity.of(job.pid)
+    run = injector.prepare_local_run_dir({}, str(tmp_path / "results"))
+    try:
+        job.kill()
+        job.wait(timeout=10)
+        started = time.monotonic()
+        with pytest.raises(GputopError) as info:
+            bench._wait_for_agent(run, time.monotonic() + 30, None, identity)
+        assert time.monotonic() - started < 2.0
+        assert str(info.value).startswith("the job exited during the benchmark") and "\n" not in str(info.value)
+    finally:
+        injector.remove_run_dir(run)

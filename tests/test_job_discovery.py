@@ -21,7 +21,9 @@ from gputop.collect import job as jobmod
 from gputop.collect.job import JobCollector, discover_jobs, misplacement_warnings
 from gputop.collect.stacks import find_py_spy
 from gputop.errors import GputopError
-from gputop.model import GpuProcess, GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
+from gputop.model import (
+    Frame, GpuProcess, GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, ThreadStack, from_jsonable, to_jsonable,
+)
 from tests.helpers import Spawner, wait_until
 
 TRAIN_LOOP = Path(__file__).parent / "jobs" / "train_loop.py"
@@ -494,7 +496,9 @@ def test_stacks_follow_the_switch_and_stop_on_close(spawn, collectors):
     collector.stack_interval = 3600.0
     collector.stacks_wanted = True  # the panel opens: refresh at once, not at the next tick
     assert dump.done.wait(5.0) and dump.calls >= 1
-    assert collector.collect().stacks[proc.pid].error == "counted"
+    # the dump has run; its result lands in the collector a moment later
+    stacks = wait_until(lambda: collector.collect().stacks.get(proc.pid), timeout=DEADLINE, what="the counted stacks")
+    assert stacks.error == "counted"
 
     thread = collector._thread
     collector.close()
@@ -509,3 +513,107 @@ def test_no_stack_thread_when_stacks_are_disabled(spawn, collectors):
     assert collector._thread is None
     assert collector.wait_for_stacks(0.01) is False
     assert dump.calls == 0 and collector.collect().stacks == {}
+
+
+# ----------------------------------------------------------------- which stacks each round reads
+
+
+def _proc(pid: int, cpu_ticks: int = 0) -> jobmod._Tracked:
+    return jobmod._Tracked(proc=None, key=(pid, 0.0), start_ticks=0, cmdline=(), env={}, cpu_ticks=cpu_ticks)
+
+
+def _stacks_of(pids, frame: str = "f") -> dict[int, ProcessStacks]:
+    thread = ThreadStack(thread_id=1, thread_name="MainThread", os_thread_id=1, active=True, owns_gil=False,
+                         frames=(Frame(name=frame, filename="x.py", line=1),))
+    return {pid: ProcessStacks(pid=pid, timestamp=0.0, threads=(thread,)) for pid in pids}
+
+
+def test_schedule_dumps_ranks_every_round_and_workers_in_turns():
+    schedule = jobmod.StackSchedule()
+    ranks = [_proc(1), _proc(2)]
+    workers = [_proc(100 + i) for i in range(6)]
+    counts = {t.key[0]: 0 for t in ranks + workers}
+    for round_ in range(13):
+        for t in workers:
+            t.cpu_ticks += 50  # busy workers
+        chosen = schedule.plan(ranks, workers)
+        assert chosen[:2] == ranks
+        if round_ == 0:
+            assert chosen == ranks + workers  # the first round shows everything
+        else:
+            assert len(chosen) == 2 + 2  # a third of the six workers
+        for t in chosen:
+            counts[t.key[0]] += 1
+        schedule.done(chosen, _stacks_of([t.key[0] for t in chosen], frame=f"f{round_}"))
+    assert counts[1] == counts[2] == 13
+    assert all(counts[t.key[0]] == 5 for t in workers), counts  # round 0, then every third round: evenly
+
+
+def test_schedule_serves_new_workers_first_and_lets_still_ones_wait():
+    schedule = jobmod.StackSchedule()
+    rank = [_proc(1)]
+    still, busy = _proc(100), _proc(101)
+    schedule.done(schedule.plan(rank, [still, busy]), _stacks_of([1, 100, 101]))  # round 0: all
+    schedule.done(schedule.plan(rank, [still, busy]), _stacks_of([1]))
+    # a new worker (an epoch started) goes first
+    new = _proc(102)
+    busy.cpu_ticks += 100
+    chosen = schedule.plan(rank, [still, busy, new])
+    assert chosen == rank + [new]
+    schedule.done(chosen, _stacks_of([1, 102]))
+    dumped_still = []
+    for round_ in range(3, 20):
+        busy.cpu_ticks += 100
+        new.cpu_ticks += 100
+        chosen = schedule.plan(rank, [still, busy, new])
+        dumped_still += [round_] if still in chosen else []
+        # `still` used no CPU: from its second identical dump on it waits IDLE_EVERY_ROUNDS rounds
+        schedule.done(chosen, _stacks_of([t.key[0] for t in chosen]))
+    gaps = [b - a for a, b in zip(dumped_still, dumped_still[1:])]
+    assert gaps and all(g >= jobmod.IDLE_EVERY_ROUNDS for g in gaps[1:]), dumped_still
+    assert all(g <= jobmod.IDLE_EVERY_ROUNDS + 1 for g in gaps), dumped_still  # ... but it is not forgotten
+    # a full round (the panel reopened) dumps everyone again
+    assert schedule.plan(rank, [still, busy, new], full=True) == rank + [still, busy, new]
+
+
+@needs_py_spy
+def test_collector_reads_every_rank_each_round_and_workers_in_turns(spawn, tmp_path, collectors):
+    pid, _ = start_train_loop(spawn, tmp_path, "--workers", "2", "--persistent", "--samples", "100000")
+    dumped: list[list[int]] = []
+
+    def counting_dump(pids):
+        dumped.append(list(pids))
+        return jobmod.stacks_mod.dump_stacks(pids)
+
+    collector = JobCollector(pid, stacks_enabled=False, dump=counting_dump)
+    collectors(collector)
+    wait_until(lambda: len(collector.collect().ranks[0].workers) == 2, timeout=DEADLINE, what="2 workers")
+    workers = [w.pid for w in collector.collect().ranks[0].workers]
+    for _ in range(4):
+        collector.refresh_stacks()
+    assert dumped[0] == [pid] + workers  # the first round: everything
+    # then the rank every round, and one of the two workers (a third, rounded up) with it
+    assert all(round_[0] == pid for round_ in dumped) and all(len(r) <= 2 for r in dumped[1:]), dumped
+    assert {p for r in dumped[1:] for p in r[1:]} == set(workers), dumped
+    tree = collector.collect()
+    assert all(tree.stacks[p].error is None and tree.stacks[p].threads for p in [pid] + workers)
+    collector.refresh_stacks(full=True)
+    assert dumped[-1] == [pid] + workers
+
+
+# ----------------------------------------------------------------- command lines under an ASCII locale
+
+
+def test_cmdline_is_utf8_whatever_the_locale(spawn, tmp_path):
+    """LANG=C without UTF-8 coercion: psutil would decode /proc/PID/cmdline as ASCII (lone surrogates)."""
+    arg = str(tmp_path / "данные обучения" / "обучение.py")
+    proc = spawn.python(["-c", "import time; time.sleep(60)", arg])
+    wait_until(lambda: arg.encode() in Path(f"/proc/{proc.pid}/cmdline").read_bytes(), what="the child to exec")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONUTF8", "PYTHONIOENCODING"))}
+    env.update(LANG="C", LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
+    code = f"from gputop.collect.job import ProcessTable; print(ascii(ProcessTable().get({proc.pid}).cmdline))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                          cwd=Path(jobmod.__file__).resolve().parent.parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ascii((sys.executable, "-c", "import time; time.sleep(60)", arg))
+    assert jobmod.read_cmdline(proc.pid)[-1] == arg

@@ -265,3 +265,74 @@ def test_real_permission_denied_without_cap_sys_ptrace(spawn, tmp_path):
     ).stdout.strip()
     assert out.startswith(f"permission denied reading PID {proc.pid}'s stacks: gputop runs as root but")
     assert "dropped CAP_SYS_PTRACE" in out and "--cap-add SYS_PTRACE" in out
+
+
+# ----------------------------------------------------------------- py-spy killed, the job dying under it
+
+
+@needs_py_spy
+def test_py_spy_killed_by_a_signal_is_retried(spawn, tmp_path):
+    proc, _ = start_spinner(spawn, tmp_path)
+    count = tmp_path / "calls"
+    # killed like the OOM killer would on its first run, then a real py-spy
+    fake = fake_py_spy(tmp_path, f'echo x >> {count}\nif [ $(wc -l < {count}) -lt 2 ]; then kill -9 $$; fi\nexec "$REAL" "$@"')
+    stacks = st.dump_stacks([proc.pid], py_spy=fake)[proc.pid]
+    assert stacks.error is None and main_thread(stacks).frames[0].name == "spin_here"
+    assert len(count.read_text().split()) == 2
+
+
+def test_py_spy_killed_every_time_says_by_which_signal(tmp_path):
+    count = tmp_path / "calls"
+    fake = fake_py_spy(tmp_path, f"echo x >> {count}; kill -9 $$")
+    error = st.dump_stacks([os.getpid()], py_spy=fake, attempts=3)[os.getpid()].error
+    assert error == "py-spy was killed by signal 9 (SIGKILL)"
+    assert len(count.read_text().split()) == 3
+
+
+def test_a_process_the_kernel_is_tearing_down_counts_as_exited(monkeypatch):
+    """SIGKILLed: its memory and /proc/PID/exe go a moment before /proc shows a zombie, and py-spy fails in
+    that moment.  The kernel's PF_EXITING flag (set first) makes it 'exited', not 'not a Python process'."""
+    from gputop.collect import job as jobmod
+
+    me = jobmod.read_stat(os.getpid())
+    assert me is not None and not me.flags & st.PF_EXITING and me.cpu_ticks >= 0
+    assert st.process_alive(os.getpid())
+    exiting = jobmod.ProcStat(comm="python", state="R", ppid=1, start_ticks=me.start_ticks, flags=me.flags | st.PF_EXITING)
+    monkeypatch.setattr(jobmod, "read_stat", lambda pid: exiting)
+    assert not st.process_alive(12345)
+    for stderr in ("Error: Failed to get process executable name. Check that the process is running.\n",
+                   "Error: No such process (os error 3)\n"):
+        assert st.classify_failure(12345, stderr) == "process 12345 has exited"
+
+
+def test_zombie_counts_as_exited(spawn):
+    proc = spawn(["true"])
+    wait_until(lambda: open(f"/proc/{proc.pid}/stat").read().split(") ")[1][0] == "Z", what="an unreaped zombie")
+    assert not st.process_alive(proc.pid)
+    assert st.classify_failure(proc.pid, "Error: Failed to get process executable name\n") == f"process {proc.pid} has exited"
+
+
+def test_find_py_spy_when_the_interpreter_directory_cannot_be_read(tmp_path):
+    """gputop run as a user who cannot search the interpreter's directory (root's 0700 home): fall back to PATH."""
+    private = tmp_path / "private"
+    (private / "bin").mkdir(parents=True)
+    private.chmod(0o700)
+    code = (
+        "import os, sys, pwd\n"
+        "from gputop.collect import stacks\n"
+        "if os.geteuid() == 0:\n"
+        "    nobody = pwd.getpwnam('nobody')\n"
+        "    os.setgid(nobody.pw_gid); os.setuid(nobody.pw_uid)\n"
+        f"sys.executable = {str(private / 'bin' / 'python')!r}\n"
+        "os.environ['PATH'] = '/nonexistent'\n"
+        "print(stacks.find_py_spy())\n"
+    )
+    if os.geteuid() != 0:
+        private.chmod(0o000)  # we cannot search it either
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                              cwd=Path(st.__file__).resolve().parent.parent.parent)
+    finally:
+        private.chmod(0o700)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.strip() == "None"

@@ -12,6 +12,7 @@ PID is never taken for the job.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -93,19 +94,44 @@ def _read_thread_comm(pid: int, tid: int) -> Optional[str]:
         return None
 
 
-def read_environ(pid: int) -> Optional[dict[str, str]]:
-    """The process's initial environment, or None where we may not read it (another user, no root)."""
+def _read_nul_separated(pid: int, name: str) -> Optional[list[bytes]]:
+    """/proc/PID/<name> (cmdline, environ) split at its NULs, or None where we may not read it.
+
+    Read as bytes and decoded by the caller as UTF-8: the locale's encoding (ASCII under LANG=C) would
+    turn every non-ASCII path into lone surrogates."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
             raw = f.read()
     except OSError:
         return None
+    if raw.endswith(b"\0"):
+        raw = raw[:-1]
+    return raw.split(b"\0") if raw else []
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def read_environ(pid: int) -> Optional[dict[str, str]]:
+    """The process's initial environment, or None where we may not read it (another user, no root)."""
+    items = _read_nul_separated(pid, "environ")
+    if items is None:
+        return None
     env = {}
-    for item in raw.split(b"\0"):
+    for item in items:
         key, sep, value = item.partition(b"=")
         if sep:
-            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+            env[_text(key)] = _text(value)
     return env
+
+
+def read_cmdline(pid: int) -> tuple[str, ...]:
+    """The command line (empty for zombies, kernel threads and processes we may not read)."""
+    items = _read_nul_separated(pid, "cmdline") or []
+    if len(items) == 1 and b" " in items[0]:  # a process that rewrote its title (setproctitle) as one string
+        items = items[0].split(b" ")
+    return tuple(_text(item) for item in items)
 
 
 def _int_or_none(text: Optional[str]) -> Optional[int]:
@@ -126,6 +152,8 @@ class ProcStat:
     state: str
     ppid: int
     start_ticks: int  # start time in clock ticks since boot: with the PID, names one process for good
+    flags: int = 0  # the kernel's PF_* bits (PF_EXITING: being torn down, not yet a zombie)
+    cpu_ticks: int = 0  # user + system time of all its threads, in clock ticks
 
 
 def read_stat(pid: int) -> Optional[ProcStat]:
@@ -138,7 +166,10 @@ def read_stat(pid: int) -> Optional[ProcStat]:
     left, right = raw.find(b"("), raw.rfind(b")")
     fields = raw[right + 2 :].split()
     try:
-        return ProcStat(raw[left + 1 : right].decode("utf-8", "replace"), fields[0].decode(), int(fields[1]), int(fields[19]))
+        return ProcStat(
+            comm=raw[left + 1 : right].decode("utf-8", "replace"), state=fields[0].decode(), ppid=int(fields[1]),
+            start_ticks=int(fields[19]), flags=int(fields[6]), cpu_ticks=int(fields[11]) + int(fields[12]),
+        )
     except (IndexError, ValueError):
         return None
 
@@ -155,6 +186,7 @@ class _Tracked:
     env: Optional[dict[str, str]]
     comm: str = ""
     ppid: int = 0
+    cpu_ticks: int = 0  # CPU time at the last stat read (decides whose stacks may have changed)
     cpu_primed: bool = False
     last: Optional[ProcInfo] = None
 
@@ -191,22 +223,18 @@ class ProcessTable:
                 return None
             self._checked.add(pid)
             if tracked is not None and tracked.start_ticks == stat.start_ticks:
-                tracked.comm, tracked.ppid = stat.comm, stat.ppid
+                tracked.comm, tracked.ppid, tracked.cpu_ticks = stat.comm, stat.ppid, stat.cpu_ticks
                 return tracked
             # first sight, or the PID now belongs to a newer process: start afresh
             try:
                 proc = psutil.Process(pid)
                 key = (pid, proc.create_time())
-                try:
-                    cmdline = tuple(proc.cmdline())
-                except (psutil.AccessDenied, psutil.ZombieProcess):
-                    cmdline = ()
             except psutil.Error:
                 self._by_pid.pop(pid, None)
                 return None
             tracked = _Tracked(
-                proc=proc, key=key, start_ticks=stat.start_ticks, cmdline=cmdline, env=read_environ(pid),
-                comm=stat.comm, ppid=stat.ppid,
+                proc=proc, key=key, start_ticks=stat.start_ticks, cmdline=read_cmdline(pid), env=read_environ(pid),
+                comm=stat.comm, ppid=stat.ppid, cpu_ticks=stat.cpu_ticks,
             )
             self._by_pid[pid] = tracked
             return tracked
@@ -552,6 +580,69 @@ def misplacement_warnings(ranks: tuple[Rank, ...], gpus: tuple[GpuSample, ...]) 
     return tuple(warnings)
 
 
+# ----------------------------------------------------------------- which stacks to read each round
+
+# py-spy costs ~15 ms of CPU per dump (mostly reading libpython's symbols), so dumping every process of
+# a job of 8 ranks x 3 epoch-restarting workers every 2 s kept a fifth of a core busy.  The ranks' main
+# threads carry the diagnosis (waiting for data, forward/backward, collective) and are dumped every
+# round; DataLoader workers and the launcher take turns, and one that used no CPU since a dump that
+# showed no change waits longer still (yet not forever: a worker hung in dataset code is a finding).
+OTHERS_EVERY_ROUNDS = 3  # workers and the launcher: each dumped about once in this many rounds
+IDLE_EVERY_ROUNDS = 5  # ... at most this rarely when it sat still (no CPU, unchanged stacks)
+IDLE_CPU_TICKS = 1  # "no CPU": at most one clock tick (10 ms) since its last dump
+
+
+@dataclass
+class _DumpRecord:
+    round: int  # the round of its last dump
+    cpu_ticks: int  # its CPU time at that dump
+    threads: Optional[tuple]  # the threads that dump found (None: it failed)
+    unchanged: bool  # that dump found the same threads as the one before
+
+
+class StackSchedule:
+    """Chooses the processes each stack round dumps: every rank, plus the workers' and launcher's turn."""
+
+    def __init__(self) -> None:
+        self.round = 0
+        self._records: dict[ProcKey, _DumpRecord] = {}
+
+    def plan(self, ranks: list[_Tracked], others: list[_Tracked], *, full: bool = False) -> list[_Tracked]:
+        """Ranks always; of `others` (workers, launcher) a third, never-dumped ones first, then the
+        longest-waiting; one that sat still is skipped until IDLE_EVERY_ROUNDS passed.  `full`: all."""
+        live = {t.key for t in ranks} | {t.key for t in others}
+        for key in [k for k in self._records if k not in live]:
+            del self._records[key]
+        if full or self.round == 0:
+            return ranks + others
+        queue = []
+        for tracked in others:
+            record = self._records.get(tracked.key)
+            if record is None:
+                queue.append((0, 0, tracked))  # a new worker (an epoch started): show it soon
+                continue
+            age = self.round - record.round
+            sat_still = record.unchanged and tracked.cpu_ticks - record.cpu_ticks <= IDLE_CPU_TICKS
+            if sat_still and age < IDLE_EVERY_ROUNDS:
+                continue  # nothing it ran could have moved its stack: the last one still holds
+            queue.append((1, -age, tracked))
+        queue.sort(key=lambda item: item[:2])
+        turn = -(-len(others) // OTHERS_EVERY_ROUNDS)
+        return ranks + [tracked for *_, tracked in queue[:turn]]
+
+    def done(self, dumped: list[_Tracked], fresh: dict[int, ProcessStacks]) -> None:
+        """Remember what this round found; the next round is one later."""
+        for tracked in dumped:
+            stacks = fresh.get(tracked.key[0])
+            if stacks is None:
+                continue
+            before = self._records.get(tracked.key)
+            threads = stacks.threads if stacks.error is None else None
+            unchanged = threads is not None and before is not None and before.threads == threads
+            self._records[tracked.key] = _DumpRecord(self.round, tracked.cpu_ticks, threads, unchanged)
+        self.round += 1
+
+
 # ----------------------------------------------------------------- the collector
 
 
@@ -571,10 +662,11 @@ class JobCollector:
         stack_interval: float = 2.0,
         stacks_enabled: bool = True,
         stacks_wanted: bool = True,
-        dump: Callable[[list[int]], dict[int, ProcessStacks]] = stacks_mod.dump_stacks,
+        dump: Optional[Callable[[list[int]], dict[int, ProcessStacks]]] = None,
     ) -> None:
         """Attach to the job `pid` belongs to.  `stacks_enabled=False`: never run py-spy (no thread);
-        `stacks_wanted`: the initial state of the switch; `dump`: the stack reader (py-spy by default)."""
+        `stacks_wanted`: the initial state of the switch; `dump`: the stack reader (default: py-spy, a
+        few at a time: each dump is CPU work, and on a small machine the job needs the cores)."""
         if pid <= 0:
             raise GputopError(f"{pid} is not a process id (it must be positive)")
         self.pid = pid
@@ -584,7 +676,9 @@ class JobCollector:
         if root is None:
             raise _no_process_error(pid)
         self._root_key: ProcKey = root.key
-        self._dump = dump
+        self._root_start_ticks = root.start_ticks
+        self._dump = dump or functools.partial(stacks_mod.dump_stacks, max_parallel=stacks_mod.background_parallelism())
+        self._schedule = StackSchedule()
         self._lock = threading.Lock()
         self._stacks: dict[int, ProcessStacks] = {}
         self._stacks_error: Optional[str] = None
@@ -687,31 +781,36 @@ class JobCollector:
 
     # ---- background stacks
 
-    def refresh_stacks(self) -> None:
-        """One dump of every job PID (the background thread calls this; tests and reports may too)."""
+    def refresh_stacks(self, *, full: bool = False) -> None:
+        """One stack round: every rank, and the workers and launcher whose turn it is (`full`: every
+        process).  The background thread calls this; tests and reports may too."""
         if self._exited:
             return
         # Re-read the PIDs now rather than use the last collect's: workers without persistent_workers
         # are replaced every epoch, and a dump of last epoch's workers is wasted.
-        pids = self._current_pids()
-        with self._lock:
-            if pids is None:
-                pids = list(self._stack_pids)
-            else:
-                self._stack_pids = pids
-        if not pids:
+        found = self._current_processes()
+        if found is None:  # the job is gone: nothing to dump, and the last stacks stay as they are
+            self._dumped.set()
             return
-        fresh = self._dump(pids)
+        ranks, others = found
+        chosen = self._schedule.plan(ranks, others, full=full)
+        with self._lock:
+            self._stack_pids = [t.key[0] for t in ranks + others]
+        pids = [t.key[0] for t in chosen]
+        fresh = self._dump(pids) if pids else {}
+        job_gone = not self._root_alive()
         with self._lock:
             for pid, new in fresh.items():
                 old = self._stacks.get(pid)
-                if new.error and old is not None and old.error is None and not stacks_mod.process_alive(pid):
-                    continue  # it exited while we dumped: keep what it last did
+                if new.error and old is not None and old.error is None and (job_gone or not stacks_mod.process_alive(pid)):
+                    continue  # it (or the whole job) died while we dumped: keep what it last did
                 self._stacks[pid] = new
             live = set(self._stack_pids) | set(fresh)
             for pid in [p for p in self._stacks if p not in live]:
                 del self._stacks[pid]
-            self._stacks_error = _whole_job_error(fresh)
+            if fresh and not job_gone:
+                self._stacks_error = _whole_job_error(fresh)
+        self._schedule.done(chosen, fresh)
         self._dumped.set()
 
     def wait_for_stacks(self, timeout: float = 5.0) -> bool:
@@ -721,31 +820,38 @@ class JobCollector:
         self.stacks_wanted = True
         return self._dumped.wait(timeout)
 
-    def _current_pids(self) -> Optional[list[int]]:
-        """The job's PIDs from /proc without refreshing any figures (None if the root is gone)."""
+    def _current_processes(self) -> Optional[tuple[list[_Tracked], list[_Tracked]]]:
+        """(ranks, launcher and workers) from /proc without refreshing any figures; None if the root is gone."""
         self._scanner.table.begin_scan()
         root = self._scanner.table.get(self.pid)
         if root is None or root.key != self._root_key:
             return None
         structure = self._scanner.structure(root, self._gpu_pids)
-        pids = [structure.launcher.key[0]] if structure.launcher else []
+        others = [structure.launcher] if structure.launcher else []
         for rank in structure.ranks:
-            pids.append(rank.key[0])
-            pids.extend(w.key[0] for w in self._scanner.workers_of(rank))
-        return pids
+            others.extend(self._scanner.workers_of(rank))
+        return list(structure.ranks), others
+
+    def _root_alive(self) -> bool:
+        """The process we attached to is still the same, live one (read straight from /proc/PID/stat)."""
+        stat = read_stat(self.pid)
+        return stat is not None and stat.start_ticks == self._root_start_ticks and stacks_mod.process_alive(self.pid)
 
     def _stack_loop(self) -> None:
+        resumed = True  # the first round, and the first after the stacks panel reopens, show every process
         while not self._closed.is_set():
             if self._stacks_wanted and not self._exited:
                 started = time.monotonic()
                 try:
-                    self.refresh_stacks()
+                    self.refresh_stacks(full=resumed)
+                    resumed = False
                 except Exception as exc:  # never let the thread die; say why stacks stopped
                     with self._lock:
                         self._stacks_error = f"stack refresh failed: {type(exc).__name__}: {exc}"
                 wait = max(0.0, self.stack_interval - (time.monotonic() - started))
             else:
                 wait = None  # sleep until stacks are wanted again (or close)
+                resumed = True
             self._wake.wait(wait)
             self._wake.clear()
 

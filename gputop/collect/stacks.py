@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -19,8 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
-
-import psutil
 
 from gputop.model import Frame, ProcessStacks, ThreadStack
 
@@ -56,8 +55,11 @@ PY_SPY_INSTALL_HINT = "install it with `pip install py-spy` (into the same envir
 def find_py_spy() -> Optional[str]:
     """py-spy next to this interpreter first (the venv gputop was installed into), then PATH."""
     beside = Path(sys.executable).parent / "py-spy"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
+    try:
+        if beside.is_file() and os.access(beside, os.X_OK):
+            return str(beside)
+    except OSError:  # the interpreter's directory may not be searchable by us (PermissionError): use PATH
+        pass
     return shutil.which("py-spy")
 
 
@@ -210,14 +212,20 @@ def diagnose_permission(pid: int) -> str:
     return permission_advice(pid, PtraceFacts.read(pid))
 
 
+PF_EXITING = 0x4  # /proc/PID/stat flags: set as the kernel starts tearing the process down (before the zombie)
+
+
 def process_alive(pid: int) -> bool:
-    """Running (or sleeping...) rather than gone or a zombie; a process we may not inspect counts as alive."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:
-        return os.path.exists(f"/proc/{pid}")
+    """Running (or sleeping...) rather than gone, exiting or a zombie.
+
+    A SIGKILLed process loses its memory and /proc/PID/exe a moment before /proc shows it as a zombie;
+    py-spy fails in that moment ("No such process", "Failed to get process executable name").  The
+    kernel marks the process PF_EXITING before either, so it counts as gone here from then on.
+    """
+    from gputop.collect.job import read_stat  # job imports this module at load time
+
+    stat = read_stat(pid)  # /proc/PID/stat is readable for every process, whoever owns it
+    return stat is not None and stat.state not in ("Z", "X") and not stat.flags & PF_EXITING
 
 
 def _has_executable(pid: int) -> bool:
@@ -232,7 +240,8 @@ def _has_executable(pid: int) -> bool:
 
 
 def classify_failure(pid: int, stderr: str) -> str:
-    """py-spy's stderr -> one line saying what happened and what to do."""
+    """py-spy's stderr -> one line saying what happened and what to do.  Call it after py-spy failed: a
+    process that died meanwhile is reported as exited whatever py-spy made of its disappearing memory."""
     detail = _py_spy_error_line(stderr)
     if not process_alive(pid):
         return f"process {pid} has exited"
@@ -243,6 +252,13 @@ def classify_failure(pid: int, stderr: str) -> str:
     if "Unsupported version of Python" in stderr:
         return f"py-spy cannot read this Python ({detail}); upgrade it: `pip install -U py-spy`"
     return f"py-spy failed: {detail}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
 
 
 def _is_transient(stderr: str) -> bool:
@@ -277,6 +293,11 @@ def dump_one(pid: int, *, py_spy: str, timeout: float = DEFAULT_TIMEOUT, attempt
             except (ValueError, TypeError, AttributeError) as exc:  # truncated/garbled JSON: treat as torn
                 last_error = f"py-spy output unreadable ({exc})"
                 continue
+        if not process_alive(pid):  # the target died under py-spy: no retry can help
+            return ProcessStacks(pid=pid, timestamp=started, error=f"process {pid} has exited")
+        if result.returncode < 0:  # py-spy itself was killed (OOM killer, an admin): try again
+            last_error = f"py-spy was killed by signal {-result.returncode} ({_signal_name(-result.returncode)})"
+            continue
         if _is_transient(stderr):
             last_error = f"py-spy kept failing: {_py_spy_error_line(stderr)}"
             continue
@@ -289,6 +310,12 @@ def _usable_cpus() -> int:
         return len(os.sched_getaffinity(0))  # a container's cpuset, not the host's count
     except (AttributeError, OSError):
         return os.cpu_count() or 2
+
+
+def background_parallelism() -> int:
+    """py-spy processes a background refresh runs at once: a quarter of the usable CPUs, at least one,
+    so that on a small machine the job keeps most cores while gputop reads its stacks."""
+    return max(1, _usable_cpus() // 4)
 
 
 def dump_stacks(

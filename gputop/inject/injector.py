@@ -13,6 +13,10 @@ from the run directory.
   which lives under the target's root (``/proc/PID/root/tmp/...``), and injected by its in-target path.
 
 The run directory sits in ``/tmp/gputop-bench-<uid>/`` as the target sees it: mode 0700, owned by us.
+When the target shares our root it is addressed as plain ``/tmp/...``; only a container's is reached
+through ``/proc/PID/root``, a path that vanishes with the process, so for those we hold the base
+directory open and remove the run directory through that descriptor (a job killed mid-run leaves
+nothing behind either way).
 Anything there owned by someone else (or a group/world-writable directory) is refused, since that
 person could feed us results or swap the agent file.
 """
@@ -60,6 +64,7 @@ class Target:
 class RunDir:
     host_path: str  # where gputop reads and writes it
     target_path: str  # the same directory as the target sees it
+    base_fd: Optional[int] = None  # the open base directory, when host_path dies with the target (a container)
 
 
 # --------------------------------------------------------------------------------------- the target
@@ -184,9 +189,12 @@ def read_private_json(run_dir: str, name: str) -> Optional[dict]:
 
 
 def default_results_root(target: Target) -> tuple[str, str]:
-    """(host path, target path) of the per-user base directory in the target's /tmp."""
-    name = f"gputop-bench-{os.geteuid()}"
-    return os.path.join(target.root, "tmp", name), f"/tmp/{name}"
+    """(host path, target path) of the per-user base directory in the target's /tmp: the same plain
+    path when the target shares our root, else reached through /proc/PID/root."""
+    target_root = f"/tmp/gputop-bench-{os.geteuid()}"
+    if not target.foreign_root:
+        return target_root, target_root
+    return os.path.join(target.root, target_root.lstrip("/")), target_root
 
 
 def prepare_run_dir(target: Target, config: dict, results_root: Optional[tuple[str, str]] = None) -> RunDir:
@@ -194,9 +202,16 @@ def prepare_run_dir(target: Target, config: dict, results_root: Optional[tuple[s
     host_root, target_root = results_root or default_results_root(target)
     secure_directory(host_root)
     remove_stale_runs(host_root)
+    base_fd = None
+    if target.foreign_root:  # /proc/PID/root/... vanishes with the job; the descriptor does not
+        base_fd = os.open(host_root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     host_path = tempfile.mkdtemp(prefix="run-", dir=host_root)  # mkdtemp creates it 0700
-    run = RunDir(host_path=host_path, target_path=os.path.join(target_root, os.path.basename(host_path)))
-    _populate(run, config)
+    run = RunDir(host_path=host_path, target_path=os.path.join(target_root, os.path.basename(host_path)), base_fd=base_fd)
+    try:
+        _populate(run, config)
+    except BaseException:
+        remove_run_dir(run)
+        raise
     return run
 
 
@@ -229,7 +244,17 @@ def _write_private(path: str, data: bytes, mode: int = 0o600) -> None:
 
 
 def remove_run_dir(run: RunDir) -> None:
-    shutil.rmtree(run.host_path, ignore_errors=True)
+    """Remove the run directory, also once the target (and its /proc/PID/root) is gone."""
+    if run.base_fd is None:
+        shutil.rmtree(run.host_path, ignore_errors=True)
+        return
+    try:
+        shutil.rmtree(os.path.basename(run.host_path), dir_fd=run.base_fd, ignore_errors=True)
+    finally:
+        try:
+            os.close(run.base_fd)
+        except OSError:  # closed by an earlier call
+            pass
 
 
 STALE_RUN_S = 600.0  # every run is bounded far below this; older run directories were abandoned
