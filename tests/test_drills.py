@@ -207,17 +207,10 @@ def fill(directory: Path) -> None:
     (directory / "probe").unlink()
 
 
-SNAPSHOT_DOES_NOT_WAIT = (
-    "known bug: gputop/commands/snapshot.py polls 0.3 s after attaching and never calls "
-    "JobCollector.wait_for_stacks(), so `snapshot --pid --json` has no stacks unless py-spy finished first"
-)
-
-
 def snapshot_stacks(data: dict, pid: int) -> dict:
-    """The stacks of `pid` in `gputop snapshot --json` output."""
+    """The stacks of `pid` in `gputop snapshot --json` output (snapshot waits for the first py-spy round)."""
     stacks = data["job"]["stacks"].get(str(pid))
-    if stacks is None:
-        pytest.xfail(SNAPSHOT_DOES_NOT_WAIT)
+    assert stacks is not None, f"no stacks for {pid} in the snapshot: {sorted(data['job']['stacks'])}"
     return stacks
 
 
@@ -317,14 +310,7 @@ def test_job_sigkilled_during_a_stack_refresh_keeps_last_stacks(spawn, tmp_path)
     assert not [p for p in live_children(os.getpid()) if p.name() == "py-spy"], "no py-spy left running"
     job.proc.wait(timeout=10)
     wait_until(lambda: no_group_left(job.pid), timeout=20, what="the job's workers to be gone")
-    if kept.error is not None:
-        pytest.xfail(
-            f"known bug: the last stacks were replaced by {kept.error!r}. py-spy fails on a dying process (no "
-            "/proc/PID/exe, ESRCH) before /proc shows it as a zombie, so stacks.process_alive() still says alive: "
-            "classify_failure() calls it 'not a Python process' and JobCollector.refresh_stacks() overwrites the "
-            "good stacks; fix: treat py-spy's 'No such process' / 'Failed to get process executable name' as gone, "
-            "and keep the previous stacks whenever the refresh ends with the job's root gone"
-        )
+    assert kept.error is None, f"the last good stacks were replaced by {kept.error!r}"
     assert kept.threads, "stacks from before the kill are kept"
 
 
@@ -760,8 +746,6 @@ def non_ascii_job(spawn, tmp_path):
 def test_non_utf8_locale_non_ascii_paths_and_thread_names(spawn, tmp_path, non_ascii_job, strict_ascii):
     job = non_ascii_job
     env = c_locale_env(strict_ascii)
-    known_bugs = []  # checked to the end; a known bug in another part makes the test xfail with its reason
-
     rec = tmp_path / "запись.gputop"
     ran = gputop(spawn, "record", "--pid", str(job.pid), "-o", str(rec), "--seconds", "3", "--interval", "0.5", env=env)
     assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
@@ -776,16 +760,9 @@ def test_non_utf8_locale_non_ascii_paths_and_thread_names(spawn, tmp_path, non_a
     assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
     data = json.loads(ran.out)
     cmdline = " ".join(data["job"]["ranks"][0]["proc"]["cmdline"])
-    if strict_ascii and "\udcd0" in cmdline:
-        known_bugs.append("gputop/collect/job.py takes cmdlines from psutil, which decodes /proc with the locale's "
-                          "encoding: under an ASCII locale non-ASCII paths become lone surrogates (\\udcd0...)")
-    else:
-        assert "данные обучения/обучение.py" in cmdline, cmdline
-    threads = data["job"]["stacks"].get(str(job.pid), {}).get("threads")
-    if threads is None:
-        known_bugs.append(SNAPSHOT_DOES_NOT_WAIT)
-    else:
-        assert THREAD_NAME in [t["thread_name"] for t in threads]
+    assert "данные обучения/обучение.py" in cmdline, cmdline
+    threads = snapshot_stacks(data, job.pid)["threads"]
+    assert THREAD_NAME in [t["thread_name"] for t in threads]
 
     report = gputop(spawn, "report", "--pid", str(job.pid), "--seconds", "2", "--interval", "0.5", env=env)
     assert "Traceback" not in report.err, report.err
@@ -793,8 +770,6 @@ def test_non_utf8_locale_non_ascii_paths_and_thread_names(spawn, tmp_path, non_a
     assert report.rc == 0 and report.out.startswith("#") and f"{job.pid}" in report.out, report.err
     assert "·" in report.out and "данные обучения/обучение.py" in report.out, report.out[-3000:]
     job.assert_trains()
-    if known_bugs:
-        pytest.xfail("known bugs: " + " | ".join(known_bugs))
 
 
 # ----------------------------------------------------------------------------- other users
