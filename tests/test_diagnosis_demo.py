@@ -59,23 +59,35 @@ def _top_is(obs: DemoObserver, finding_id: str, min_polls: int = 0) -> bool:
     return len(obs.history) >= min_polls and findings[0].id == finding_id
 
 
+def _verdict_is(obs: DemoObserver, finding_id: str, words: str, severities: tuple[str, ...]) -> bool:
+    top = obs.step()[0]
+    return top.id == finding_id and words in top.summary and top.severity in severities
+
+
 @pytest.mark.parametrize(
-    "scenario,finding_id,words",
+    "scenario,finding_id,words,severities",
     [
-        ("starved", "starvation", "Input-bound (highly)"),
-        ("hiccup", "hiccup", "epoch-boundary worker restarts"),
-        ("misfire", "hang", "a DataLoader worker is stuck in dataset code"),
-        ("single-gpu", "misplacement", f"{RANKS} ranks share GPU 0; 7 of 8 GPUs idle"),
+        ("starved", "starvation", "Input-bound (highly)", ("critical",)),
+        # the demo's saw-tooth loses ~20% of the GPUs' time on a 2-core box: right at the line between a
+        # warning and a critical finding, so either is a right verdict; what it is and why must be right
+        ("hiccup", "hiccup", "epoch-boundary worker restarts", ("critical", "warning")),
+        ("misfire", "hang", "a DataLoader worker is stuck in dataset code", ("critical",)),
+        ("single-gpu", "misplacement", f"{RANKS} ranks share GPU 0; 7 of 8 GPUs idle", ("critical",)),
     ],
 )
-def test_demo_scenario_gets_its_verdict(demo, scenario, finding_id, words):
+def test_demo_scenario_gets_its_verdict(demo, scenario, finding_id, words, severities):
     obs = demo(scenario)
     started = time.monotonic()
-    wait_until(lambda: _top_is(obs, finding_id), timeout=VERDICT_DEADLINE_S, interval=1.0, what=f"{scenario}: {finding_id} verdict")
+    # the whole verdict (finding, cause and stuck frame) within the deadline, not just its headline
+    wait_until(
+        lambda: _verdict_is(obs, finding_id, words, severities),
+        timeout=VERDICT_DEADLINE_S,
+        interval=1.0,
+        what=f"{scenario}: {finding_id} verdict naming {words!r}",
+    )
     assert time.monotonic() - started <= VERDICT_DEADLINE_S + 5
-    top = obs.findings[0]
-    assert top.severity == "critical" and words in top.summary, verdict_line(obs.findings)
-    assert [f.id for f in severe(obs.findings)] == [finding_id], [(f.id, f.summary) for f in severe(obs.findings)]
+    others = [(f.id, f.summary) for f in severe(obs.findings) if f is not obs.findings[0]]
+    assert not others, others  # nothing else scores as severe
 
 
 def test_demo_tuned_is_healthy_not_input_bound(demo):

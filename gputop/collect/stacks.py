@@ -313,9 +313,10 @@ def _usable_cpus() -> int:
 
 
 def background_parallelism() -> int:
-    """py-spy processes a background refresh runs at once: a quarter of the usable CPUs, at least one,
-    so that on a small machine the job keeps most cores while gputop reads its stacks."""
-    return max(1, _usable_cpus() // 4)
+    """py-spy processes a background refresh runs at once: a quarter of the usable CPUs, so that on a big
+    machine the job keeps most cores, but at least two, so that one py-spy stuck until its timeout does not
+    hold up every other process's stacks (a round of N dumps would take N timeouts)."""
+    return max(2, _usable_cpus() // 4)
 
 
 def dump_stacks(
