@@ -13,8 +13,9 @@ terminal), and leaves Textual alone if its internals are not what this was writt
 
 from __future__ import annotations
 
+from rich.cells import cell_len
+from rich.color import ColorSystem
 from rich.console import Console
-from rich.control import Control
 from rich.segment import Segment
 from textual.strip import Strip
 
@@ -22,9 +23,13 @@ _installed = False
 
 
 def _render_segments(self, console: Console) -> str:
+    # Renders each span's cells straight from the chop's segments: no cropped Strip objects
+    # (each Strip allocates seven caches) and no rich Control objects for the cursor moves; the
+    # output is byte-for-byte what cropping the strips and rendering them would give.
     sequences: list[str] = []
     append = sequences.append
-    move_to = Control.move_to
+    render_style = Strip.render_style
+    color_system = console._color_system or ColorSystem.TRUECOLOR
     chops = self.chops
     chop_ends = self.chop_ends
     last_y = self.spans[-1][0]
@@ -35,10 +40,28 @@ def _render_segments(self, console: Console) -> str:
             if strip is None or x >= x2 or end <= x1:
                 continue
             start, stop = max(x, x1), min(end, x2)
-            if start > x or stop < end:
-                strip = strip.crop(start - x, stop - x)
-            append(move_to(start, y).segment.text)
-            append(strip.render(console))
+            append(f"\x1b[{y + 1};{start + 1}H")
+            strip_end = x + strip.cell_length
+            whole_tail = stop >= strip_end  # like Strip.crop: to the end means every remaining segment
+            stop = min(stop, strip_end)
+            pos = x
+            for segment in strip:
+                text, style, _ = segment
+                seg_end = pos + cell_len(text)
+                if seg_end <= start:
+                    pos = seg_end
+                    continue
+                if pos < start or seg_end > stop:
+                    if pos < start:
+                        segment = segment.split_cells(start - pos)[1]
+                        pos = start
+                    if seg_end > stop:
+                        segment = segment.split_cells(stop - pos)[0]
+                    text, style = segment.text, segment.style
+                append(text if style is None else render_style(style, text, color_system))
+                if seg_end >= stop and not whole_tail:
+                    break
+                pos = seg_end
         if y != last_y:
             append("\n")
     return "".join(sequences)
