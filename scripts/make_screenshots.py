@@ -135,11 +135,16 @@ def _save_svg(app, out: Path, name: str) -> Path:
 
 
 DEMO_SETTLE_S = 40.0  # seconds of training the diagnosis watches before the picture (it needs ~5 dumps)
-DEMO_DEADLINE_S = 600.0  # starting 8 ranks of torch on a loaded 2-core box can take minutes
+DEMO_DEADLINE_S = 600.0
+PANEL_CATCH_UP_S = 0.3  # the stacks panel redraws on the snapshot that carried the wanted state  # starting 8 ranks of torch on a loaded 2-core box can take minutes
 
 
-async def shoot_demo(out: Path, scenario: str, expected_finding: str) -> Path:
-    """The real demo job at 160×48, rank 0 selected so its stack shows, once the verdict names `expected_finding`."""
+async def shoot_demo(out: Path, scenario: str, expected_finding: str, rank_state: Optional[str]) -> Path:
+    """The real demo job at 160×48 once the verdict names `expected_finding`.
+
+    With `rank_state`, rank 0 is selected and the picture waits until its stack shows that state (the
+    stack that proves the verdict); without, the launcher stays selected: every rank's state and the
+    aggregate of the workers' stacks."""
     from gputop.pipeline import Pipeline
     from gputop.sim.demo_launcher import DemoJob
 
@@ -147,12 +152,14 @@ async def shoot_demo(out: Path, scenario: str, expected_finding: str) -> Path:
         pipeline = Pipeline(simulate="h100-sxm-8", pid=job.start(), load_model=job.load_model())
         try:
             job.wait_until_training()
-            return await _shoot_running_demo(out, pipeline, scenario, expected_finding)
+            return await _shoot_running_demo(out, pipeline, scenario, expected_finding, rank_state)
         finally:
             pipeline.close()
 
 
-async def _shoot_running_demo(out: Path, pipeline, scenario: str, expected_finding: str) -> Path:
+async def _shoot_running_demo(
+    out: Path, pipeline, scenario: str, expected_finding: str, rank_state: Optional[str]
+) -> Path:
     import time
 
     from gputop.tui.app import GputopApp
@@ -161,7 +168,6 @@ async def _shoot_running_demo(out: Path, pipeline, scenario: str, expected_findi
     trained_from = time.monotonic()
     app = GputopApp(pipeline, interval=1.0, subtitle=f"demo: {scenario}")
     async with app.run_test(size=(160, 48)) as pilot:
-        await pilot.press("j")  # from the launcher to rank 0: its stack fills the right panel
         deadline = trained_from + DEMO_DEADLINE_S
         while True:
             findings = app.verdict.findings if app.verdict is not None else None
@@ -172,11 +178,21 @@ async def _shoot_running_demo(out: Path, pipeline, scenario: str, expected_findi
                 got = findings[0].id if findings else None
                 raise SystemExit(f"{name}: the verdict never became {expected_finding!r} (last: {got!r})")
             await pilot.pause(0.5)
-        await pilot.pause()
+        if rank_state is not None:
+            await pilot.press("j")  # from the launcher to rank 0 (the tree is filled by now): its stack shows
+            while _rank0_state(app) != rank_state and time.monotonic() < deadline:
+                await pilot.pause(0.2)
+            await pilot.pause(PANEL_CATCH_UP_S)
         return _save_svg(app, out, name)
 
 
-DEMO_SHOTS = [("starved", "starvation"), ("tuned", "healthy")]
+def _rank0_state(app) -> Optional[str]:
+    latest = app.history.latest
+    ranks = latest.job.ranks if latest is not None and latest.job is not None else ()
+    return ranks[0].main_thread_state if ranks else None
+
+
+DEMO_SHOTS = [("starved", "starvation", "in dataset code"), ("tuned", "healthy", None)]
 
 
 def to_png(svg: Path) -> Optional[Path]:
@@ -214,7 +230,7 @@ def main() -> int:
         lambda n=name, sz=size, k=keys: shoot(out, n, sz, k, args.seconds, args.profile) for name, size, keys in SHOTS
     ]
     if not args.no_demo:
-        shots += [lambda s=scenario, f=finding: shoot_demo(out, s, f) for scenario, finding in DEMO_SHOTS]
+        shots += [lambda s=scenario, f=finding, r=state: shoot_demo(out, s, f, r) for scenario, finding, state in DEMO_SHOTS]
     for make in shots:
         svg = asyncio.run(make())
         png = to_png(svg)
