@@ -578,6 +578,7 @@ def test_py_spy_hangs_tui_keeps_drawing_and_answering_keys(spawn, tmp_path):
     from gputop.pipeline import Pipeline
     from gputop.tui.app import GputopApp
     from gputop.tui.screens import HelpScreen
+    from tests.tui.conftest import wait_for
 
     job = start_job(spawn, tmp_path, "--workers", "1")
     fake = install_fake_py_spy(tmp_path / "fakebin", "hang")
@@ -588,19 +589,13 @@ def test_py_spy_hangs_tui_keeps_drawing_and_answering_keys(spawn, tmp_path):
 
     async def drill() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
-            async def until(cond, what):
-                deadline = time.monotonic() + 20
-                while not cond():
-                    assert time.monotonic() < deadline, f"timed out waiting for {what}"
-                    await pilot.pause(0.05)
-
-            await until(lambda: app.snapshots_seen >= 3, "snapshots while py-spy hangs")
+            await wait_for(pilot, lambda: app.snapshots_seen >= 3, "snapshots while py-spy hangs")
             seen = app.snapshots_seen
             await pilot.press("question_mark")
-            await until(lambda: isinstance(app.screen, HelpScreen), "the help screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
             await pilot.press("escape")
-            await until(lambda: not isinstance(app.screen, HelpScreen), "help to close")
-            await until(lambda: app.snapshots_seen > seen + 2, "more snapshots")
+            await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen), "help to close")
+            await wait_for(pilot, lambda: app.snapshots_seen > seen + 2, "more snapshots")
             t0 = time.monotonic()
             await pilot.press("q")
         assert time.monotonic() - t0 < 5
@@ -683,6 +678,7 @@ def test_tui_resized_to_20x5_and_back(tmp_path):
     from gputop.pipeline import Pipeline
     from gputop.tui.app import GputopApp
     from gputop.tui.screens import TooSmallScreen
+    from tests.tui.conftest import wait_for
     from gputop.tui.widgets.gpu_grid import GpuGrid
 
     pipeline = Pipeline(simulate="h100-sxm-8")
@@ -690,25 +686,19 @@ def test_tui_resized_to_20x5_and_back(tmp_path):
 
     async def drill() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
-            async def until(cond, what):
-                deadline = time.monotonic() + 20
-                while not cond():
-                    assert time.monotonic() < deadline, f"timed out waiting for {what}"
-                    await pilot.pause(0.05)
-
-            await until(lambda: app.snapshots_seen >= 2, "the first snapshots")
+            await wait_for(pilot, lambda: app.snapshots_seen >= 2, "the first snapshots")
             await pilot.resize_terminal(20, 5)
-            await until(lambda: isinstance(app.screen, TooSmallScreen), "the too-small screen")
+            await wait_for(pilot, lambda: isinstance(app.screen, TooSmallScreen), "the too-small screen")
             text = str(app.screen.query_one("#too-small").render())
             assert "terminal too small" in text and "20×5" in text
             seen = app.snapshots_seen
             await pilot.resize_terminal(120, 40)
-            await until(lambda: not isinstance(app.screen, TooSmallScreen), "the main screen back")
-            await until(lambda: app.snapshots_seen > seen + 2, "snapshots after the resize")
+            await wait_for(pilot, lambda: not isinstance(app.screen, TooSmallScreen), "the main screen back")
+            await wait_for(pilot, lambda: app.snapshots_seen > seen + 2, "snapshots after the resize")
             grid = app.query_one(GpuGrid)
             assert grid.region.width > 0 and grid.region.height > 0
             await pilot.resize_terminal(20, 5)
-            await until(lambda: isinstance(app.screen, TooSmallScreen), "the too-small screen again")
+            await wait_for(pilot, lambda: isinstance(app.screen, TooSmallScreen), "the too-small screen again")
             await pilot.press("q")  # q quits from the too-small screen too
         assert app.return_code in (0, None)
 
