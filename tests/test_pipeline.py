@@ -147,18 +147,26 @@ def test_memory_stays_flat_over_many_polls(pipelines):
         gc.collect()
         return tracemalloc.take_snapshot()
 
+    # A leak grows the heap in every block of polls. The noise does not: NVLink counters are ints that
+    # get bigger, a cache dict resizes once, and the CI box under load shifts what is in flight.  So the
+    # smallest block's growth is the per-poll leak times 100: a leak of ~300 bytes a poll fails (tried),
+    # far less than keeping one GPU's sample would cost.
     tracemalloc.start()  # before the warm-up, so replaced objects count as freed, not as growth
     try:
         for _ in range(20):
             p.poll()
-        before = settled_snapshot()
-        for _ in range(100):
-            p.poll()
-        after = settled_snapshot()
+        snapshots = [settled_snapshot()]
+        for _ in range(3):
+            for _ in range(100):
+                p.poll()
+            snapshots.append(settled_snapshot())
     finally:
         tracemalloc.stop()
-    growth = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-    assert growth < 16 * 1024, f"grew {growth} bytes over 100 polls"
+    block_growths = [
+        sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+        for before, after in zip(snapshots, snapshots[1:])
+    ]
+    assert min(block_growths) < 16 * 1024, f"grew in every block of 100 polls: {block_growths} bytes"
 
 
 def test_job_collector_gets_the_gpus_and_the_time(pipelines):
