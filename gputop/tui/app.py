@@ -11,6 +11,8 @@ and the CPU used per refresh small.
 from __future__ import annotations
 
 import os
+import select
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ INTERVAL_STEPS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 DIAGNOSE_EVERY = 3.0  # seconds between verdict updates
 SEEK_STEP = 10.0  # replay seek, seconds
 COLLECTOR_STOP_TIMEOUT = 3.0
+HANGUP_CHECK_EVERY = 1.0  # seconds between checks that the terminal is still there
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,8 @@ class GputopApp(App):
         self.start_collecting()
         self._mounted.set()
         self.set_interval(DIAGNOSE_EVERY, self._diagnose_soon)
+        if not self.is_headless and _stdin_fd() is not None and os.isatty(_stdin_fd()):
+            self.set_interval(HANGUP_CHECK_EVERY, self._exit_if_terminal_gone)
 
     def start_collecting(self) -> None:
         """Start the collector thread (idempotent). `run_app` calls it before the UI starts, so the first
@@ -457,6 +462,14 @@ class GputopApp(App):
         extra = max(0, len([f for f in findings if f.id != "healthy"]) - 1)
         self._main(VerdictLine).set_verdict(message.verdict.line, verdict_severity(findings), extra)
 
+    def _exit_if_terminal_gone(self) -> None:
+        # With SIGHUP ignored (`nohup`, some multiplexers and job wrappers) nothing stops us when the ssh
+        # session or the window goes away, and Textual's input thread then spins on end-of-file at ~80% of
+        # a core, for good, on a machine people pay for by the hour.  So notice the hang-up ourselves.
+        if terminal_hung_up():
+            self._stop_collector()
+            self.exit(1, message="gputop: the terminal went away (hang-up); exiting")
+
     # ------------------------------------------------------------------ actions
     async def action_quit(self) -> None:
         self._stop_collector()
@@ -672,6 +685,24 @@ def job_cores(job: Optional[JobTree]) -> frozenset[int]:
 def _mmss(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 60:02d}:{seconds % 60:02d}"
+
+
+def _stdin_fd() -> Optional[int]:
+    try:
+        return sys.__stdin__.fileno()
+    except (AttributeError, ValueError, OSError):  # no stdin at all
+        return None
+
+
+def terminal_hung_up(fd: Optional[int] = None) -> bool:
+    """True once the terminal on `fd` (default: stdin) has hung up; never reads from it.  (A hung-up
+    terminal is no longer a tty to isatty(), so ask this only of one that was.)"""
+    fd = _stdin_fd() if fd is None else fd
+    if fd is None:
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # no events asked for: poll still reports POLLHUP/POLLERR/POLLNVAL
+    return any(events & (select.POLLHUP | select.POLLNVAL) for _fd, events in poller.poll(0))
 
 
 # ------------------------------------------------------------------ entry points

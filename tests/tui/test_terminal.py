@@ -55,6 +55,25 @@ def test_simulated_tui_in_a_pty_draws_and_quits(spawn):
         os.close(master)
 
 
+def test_gputop_exits_when_its_terminal_goes_away_with_sighup_ignored(spawn):
+    # Started from its own session it gets no SIGHUP when the terminal closes (as under `nohup`): before the
+    # fix it stayed up with Textual's input thread spinning on end-of-file.
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = dict(os.environ, TERM="xterm-256color", LANG="C.UTF-8")
+    ignore_hup_then_run = (
+        "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+        "os.execv(sys.executable, [sys.executable, '-m', 'gputop', 'tui', '--simulate', 'h100-sxm-8'])"
+    )
+    proc = spawn([sys.executable, "-c", ignore_hup_then_run], stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    try:
+        _read_until(master, b"GPU7", timeout=60)
+    finally:
+        os.close(master)  # the terminal goes away
+    assert proc.wait(timeout=20) == 1
+
+
 def test_topology_cells_are_coloured_by_link_class():
     labels = ["X", "NV4", "PIX", "PXB", "PHB", "NODE", "SYS"]
     styles = {label: link_style(label) for label in labels}
