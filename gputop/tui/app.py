@@ -708,6 +708,9 @@ def terminal_hung_up(fd: Optional[int] = None) -> bool:
 # ------------------------------------------------------------------ entry points
 def run_app(source: Any, *, interval: float = 1.0, subtitle: Optional[str] = None, controls: Any = None) -> int:
     """Run the TUI on `source` (.machine, .poll(), .close()) until the user quits; closes the source."""
+    from gputop.tui.glyph_fallback import fit_glyphs_to
+
+    fit_glyphs_to(sys.__stderr__)  # Textual draws on stderr
     app = GputopApp(source, interval=interval, subtitle=subtitle, controls=controls)
     app.start_collecting()
     try:

@@ -10,10 +10,12 @@ import sys
 import termios
 import time
 
+from rich.cells import cell_len
 from rich.text import Text
 
 from gputop.model import MachineInfo, Topology
 from gputop.tui import look
+from gputop.tui.glyph_fallback import ERRORS_NAME, stand_in
 from gputop.tui.screens import link_style, topology_matrix
 
 
@@ -72,6 +74,35 @@ def test_gputop_exits_when_its_terminal_goes_away_with_sighup_ignored(spawn):
     finally:
         os.close(master)  # the terminal goes away
     assert proc.wait(timeout=20) == 1
+
+
+def test_an_ascii_terminal_gets_ascii_glyphs_in_every_column(spawn):
+    # LANG=C without PEP 538 coercion or UTF-8 mode: stderr, which Textual draws on, really is ASCII.
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = dict(os.environ, TERM="xterm-256color", LANG="C", LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
+    proc = spawn([sys.executable, "-m", "gputop", "tui", "--simulate", "h100-sxm-8"], stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    try:
+        screen = _read_until(master, b"GPU7", timeout=60)
+        screen += _read_until(master, b"avg", timeout=30)  # the CPU heatmap: drawn with level glyphs
+        os.write(master, b"q")
+        assert proc.wait(timeout=20) == 0
+    finally:
+        os.close(master)
+    assert screen.isascii() and b"\\u2" not in screen, screen[-400:]  # no "\u2583" escapes shifting columns
+    assert b"SIMULATED" in screen
+
+
+def test_glyph_stand_ins_are_ascii_and_as_wide_as_the_glyph():
+    glyphs = set(look.SPARK_LEVELS + look.BAR_FULL + look.BAR_EMPTY_CH + "·…°←→↑↓├└│─┌┐╭╮╰╯━┃▔▏▕≥–")
+    glyphs |= {state[0] for state in (look.STATE_BUSY, look.STATE_LOW, look.STATE_IDLE, look.STATE_WARN, look.STATE_FAULT)}
+    glyphs |= set("данные数据é\u0301")  # a job's own path: Cyrillic, CJK (two cells), a combining accent
+    for glyph in glyphs:
+        ascii_text = stand_in(glyph)
+        assert ascii_text.isascii() and cell_len(ascii_text) == cell_len(glyph), (glyph, ascii_text)
+    assert "".join(stand_in(c) for c in look.SPARK_LEVELS) == " .:-=+*#@"  # the ramp keeps its order
+    assert "├ rank 0 │ 数\n└ rank 1".encode("ascii", errors=ERRORS_NAME) == b"| rank 0 | ??\n` rank 1"
 
 
 def test_topology_cells_are_coloured_by_link_class():
