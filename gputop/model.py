@@ -54,6 +54,14 @@ class EccCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class XidEvent:
+    """An XID the driver reported for a GPU (NVML's critical-XID event), as gputop received it."""
+
+    timestamp: float  # when gputop took it from the driver's queue (NVML gives no time)
+    code: int
+
+
+@dataclass(frozen=True, slots=True)
 class RemappedRows:
     correctable: int = 0
     uncorrectable: int = 0
@@ -106,6 +114,8 @@ class GpuSample:
     ecc: Optional[EccCounts] = None
     remapped_rows: Optional[RemappedRows] = None
     processes: Optional[tuple[GpuProcess, ...]] = None
+    # XIDs seen since gputop started (the newest XID_EVENTS_KEPT); None: NVML cannot report them here
+    xids: Optional[tuple[XidEvent, ...]] = None
     unavailable: dict[str, str] = field(default_factory=dict)  # field name -> reason
 
     @property

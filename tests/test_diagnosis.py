@@ -24,7 +24,7 @@ from gputop.analysis.stack_classes import (
     WAITING_FOR_DATA,
 )
 from gputop.history import History
-from gputop.model import LABEL_CODE, LABEL_INFRA, EccCounts, NvLinkLink, PcieLink, RemappedRows
+from gputop.model import LABEL_CODE, LABEL_INFRA, EccCounts, NvLinkLink, PcieLink, RemappedRows, XidEvent
 from tests.history_builder import (
     WORKER_IDLE_FRAMES,
     WORKER_STUCK_FRAMES,
@@ -591,6 +591,24 @@ def test_inactive_nvlink_links():
     assert "2 of 18" in f.evidence[0] and f.label == LABEL_INFRA
 
 
+def test_xids_split_into_the_hardwares_and_the_codes():
+    hardware, kernel = XidEvent(1_800_000_000.0, 79), XidEvent(1_800_000_030.0, 31)
+    # every sample carries the XIDs seen so far: one event each, however many samples repeat it
+    findings = infra(lambda g, t: {"xids": (hardware,)} if g == 3 else ({"xids": (kernel,)} if g == 1 and t >= 30 else {}))
+    infra_xid, code_xid = by_id(findings, "xid"), by_id(findings, "xid_code")
+    assert infra_xid.label == LABEL_INFRA and infra_xid.severity == "critical" and infra_xid.gpus == (3,)
+    assert infra_xid.summary == "XID 79 on GPU 3: GPU has fallen off the bus"
+    assert infra_xid.evidence[0] == "GPU 3: XID 79 at 08:00:00 UTC: GPU has fallen off the bus"
+    assert len(infra_xid.evidence) == 2 and "dmesg" in infra_xid.evidence[1]
+    assert code_xid.label == LABEL_CODE and code_xid.gpus == (1,) and "illegal address" in code_xid.summary
+    assert "compute-sanitizer" in code_xid.fix
+
+
+def test_an_unknown_xid_is_the_hardwares_with_its_code_in_the_ticket():
+    f = by_id(infra(lambda g, t: {"xids": (XidEvent(100.0, 999),)} if g == 0 else {}), "xid")
+    assert f.label == LABEL_INFRA and f.severity == "warning" and "XID 999" in f.summary and "catalogue" in f.fix
+
+
 def test_lost_gpu_is_critical_infrastructure():
     findings = infra(lambda g, t: {"lost": True} if (g == 3 and t > 30) else {})
     top = findings[0]
@@ -651,6 +669,7 @@ def test_simulated_healthy_machine_has_no_problem():
         ("power=4", "power_cap", 4),
         ("ecc=5", "ecc", 5),
         ("gpu-lost=6@20", "gpu_lost", 6),
+        ("xid=7:48@10", "xid", 7),
     ],
 )
 def test_each_simulated_fault_gets_its_infrastructure_finding(fault, finding_id, gpu):

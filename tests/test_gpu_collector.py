@@ -434,3 +434,42 @@ def test_a_gpu_without_a_handle_is_reported_not_dropped(collector):
     assert hidden.index == 1 and not hidden.lost and hidden.unavailable == {"gpu": "NoPermission"}
     assert visible.index == 0 and visible.utilization_gpu == 80.0
     assert gpu.topology.matrix == (("X", "N/A"), ("N/A", "X"))
+
+
+def test_xids_arrive_once_on_their_gpu_when_due(collector):
+    clock = ManualClock()
+    gpu, _ = collector("h100-sxm-8+xid=3:79+xid=1:31@10+xid=1:13@20", clock=clock)
+    first = gpu.sample()
+    assert [s.xids for s in first] == [()] * 3 + [first[3].xids] + [()] * 4
+    assert [e.code for e in first[3].xids] == [79]
+    clock.advance(15.0)
+    second = gpu.sample()
+    assert second[3].xids == first[3].xids  # kept, not delivered twice
+    assert [e.code for e in second[1].xids] == [31]
+    clock.advance(10.0)
+    assert [e.code for e in gpu.sample()[1].xids] == [31, 13]  # oldest first
+    assert all("xids" not in s.unavailable for s in second)
+
+
+def test_xids_refused_become_a_reason(collector):
+    def not_supported(*args):
+        return pynvml.NVML_ERROR_NOT_SUPPORTED
+
+    gpu, _ = collector("rtx-4090-2+xid=0:79", wrap=lambda fake: Wrapped(fake, nvmlDeviceRegisterEvents=not_supported))
+    s = gpu.sample()[0]
+    assert s.xids is None and s.unavailable["xids"] == "NotSupported"
+    assert s.utilization_gpu == 80.0
+
+
+def test_a_failing_event_read_keeps_the_xids_seen(collector):
+    failing = {"on": False}
+
+    def wait(*args):
+        return pynvml.NVML_ERROR_UNKNOWN if failing["on"] else fake_wait(*args)
+
+    gpu, lib = collector("h100-sxm-8+xid=0:48", wrap=lambda fake: Wrapped(fake, nvmlEventSetWait_v2=wait))
+    fake_wait = lib.lib.nvmlEventSetWait_v2
+    assert [e.code for e in gpu.sample()[0].xids] == [48]
+    failing["on"] = True
+    s = gpu.sample()[0]
+    assert [e.code for e in s.xids] == [48] and s.unavailable["xids.read"] == "Unknown"

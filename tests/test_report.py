@@ -201,6 +201,21 @@ def test_json_carries_the_same_content(starved):
     assert data["stacks"]["main_threads"][0]["state"] == WAITING_FOR_DATA
 
 
+def test_xids_in_the_health_table_and_the_json():
+    from tests.test_diagnosis import simulated_history
+
+    hist = simulated_history("h100-sxm-8+xid=1:79@5+xid=1:48@10", seconds=15)
+    findings = diagnose(hist)
+    data = json.loads(render_json(hist, findings))
+    xids = data["health"][1]["xids"]
+    assert [(x["code"], x["label"]) for x in xids] == [(79, "infrastructure (file a ticket)"), (48, "infrastructure (file a ticket)")]
+    assert xids[0]["timestamp"] < xids[1]["timestamp"] and data["health"][0]["xids"] == []
+    md = render_markdown(hist, findings)
+    row = next(line for line in md.splitlines() if line.startswith("| 1 | 00000000:2A:00.0 |"))
+    assert "79 (GPU has fallen off the bus), 48 (double-bit ECC error (uncorrectable memory error))" in row
+    assert findings[0].id == "xid" and findings[0].summary == "XIDs 79, 48 on GPU 1"
+
+
 # ---------------------------------------------------------------- redaction
 
 

@@ -86,6 +86,7 @@ FAULT_CHECKS = {
     "ecc=3": lambda g: g["ecc"]["volatile_uncorrected"] > 0 and g["remapped_rows"]["pending"],
     "nvlink-down=3": lambda g: sum(not link["active"] for link in g["nvlink"]) == 4,
     "power=3": lambda g: g["power_limit"] == 385.0 and g["power"] <= 385.0,
+    "xid=3:79": lambda g: [x["code"] for x in g["xids"]] == [79],
 }
 
 
@@ -112,10 +113,11 @@ def test_old_driver_still_gives_every_field(spawn):
 
 
 def test_table_output(spawn):
-    rc, out, err = gputop(spawn, "snapshot", "--simulate", "h100-sxm-8+thermal=1")
+    rc, out, err = gputop(spawn, "snapshot", "--simulate", "h100-sxm-8+thermal=1+xid=2:48")
     assert (rc, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0] == "SIMULATED machine: h100-sxm-8+thermal=1"
+    assert lines[0] == "SIMULATED machine: h100-sxm-8+thermal=1+xid=2:48"
+    assert sum("XID 48" in line for line in lines) == 1
     assert sum("NVIDIA H100 80GB HBM3" in line for line in lines) == 8
     assert any("hw_thermal" in line for line in lines)
     assert any(line.startswith("GPU0 ") and line.count("NV18") == 7 for line in lines)
@@ -151,6 +153,7 @@ def test_no_driver_table(spawn):
         ("h100-sxm-8+gpu-lost=1@soon", "gpu-lost needs IDX@SECONDS"),
         ("rtx-4090-2+ecc=0", "rtx-4090-2 has no ECC"),
         ("h100-sxm-8+old-driver=1", "old-driver takes no value"),
+        ("h100-sxm-8+xid=3", "xid needs IDX:CODE[@SECONDS]"),
     ],
 )
 def test_bad_spec_exits_2_with_one_line(spawn, spec, message):

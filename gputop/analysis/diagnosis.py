@@ -15,7 +15,7 @@ the seed article ("8 GPUs, 7 idle"):
 * straggler rank         -> one rank waits for data while the others wait in a collective
 * CPU-bound input        -> workers pinned at 100% with the cores saturated; more workers than cores
 * memory pressure        -> memory nearly full (OOM / fragmentation row of the table)
-* infrastructure         -> PCIe link below max under load, throttling, ECC / remapped rows,
+* infrastructure         -> PCIe link below max under load, throttling, ECC / remapped rows, XIDs,
                             inactive NVLink links, a lost GPU
 * healthy                -> said plainly; never invent a problem
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
@@ -51,6 +52,7 @@ from gputop.analysis.stack_classes import (
 )
 from gputop.analysis.loader_math import MARGIN as LOADER_MARGIN
 from gputop.analysis.loader_math import workers_needed
+from gputop.analysis.xids import XidMeaning, meaning_of
 from gputop.history import History
 from gputop.model import (
     LABEL_CODE,
@@ -1573,7 +1575,8 @@ def _throttle_kind(reason: str) -> Optional[tuple[str, str]]:
 
 
 def check_infrastructure(ctx: Context) -> list[Finding]:
-    return check_lost_gpu(ctx) + check_pcie(ctx) + check_throttle(ctx) + check_ecc(ctx) + check_nvlink(ctx)
+    return (check_lost_gpu(ctx) + check_pcie(ctx) + check_throttle(ctx) + check_ecc(ctx) + check_nvlink(ctx)
+            + check_xids(ctx))
 
 
 def _infra(id: str, title: str, severity: str, summary: str, evidence: Sequence[str], fix: str, gpus: Sequence[int], confidence: float) -> Finding:
@@ -1806,6 +1809,35 @@ def check_nvlink(ctx: Context) -> list[Finding]:
             0.85,
         )
     ]
+
+
+def check_xids(ctx: Context) -> list[Finding]:
+    """XIDs the driver reported: the hardware's go in a ticket, the ones a bad kernel causes go to the code."""
+    seen: dict[tuple[int, float, int], XidMeaning] = {}
+    for o in ctx.gpus.values():
+        for sample in o.samples:
+            for event in sample.xids or ():
+                seen[(o.index, event.timestamp, event.code)] = meaning_of(event.code)
+    findings = []
+    for label in (LABEL_INFRA, LABEL_CODE):
+        events = sorted((key, m) for key, m in seen.items() if m.label == label)
+        if not events:
+            continue
+        gpus = sorted({gpu for (gpu, _t, _c), _m in events})
+        codes = list(dict.fromkeys(code for (_g, _t, code), _m in events))
+        first = events[0][1]
+        summary = (f"XID {first.code} on GPU {gpus[0]}: {first.meaning}" if len(events) == 1 else
+                   f"XIDs {', '.join(map(str, codes))} on {', '.join(f'GPU {g}' for g in gpus)}")
+        evidence = [f"GPU {gpu}: XID {code} at {time.strftime('%H:%M:%S UTC', time.gmtime(t))}: {m.meaning}"
+                    for (gpu, t, code), m in events]
+        evidence.append("the driver's own lines: dmesg -T | grep -i xid")
+        fix = "\n".join(dict.fromkeys(m.action for _key, m in events))
+        severity = "critical" if any(m.severity == "critical" for _key, m in events) else "warning"
+        title = "GPU errors reported by the driver (XID)" if label == LABEL_INFRA else "GPU faults caused by the job (XID)"
+        findings.append(Finding(id="xid" if label == LABEL_INFRA else "xid_code", title=title, severity=severity,
+                                confidence=0.95, label=label, summary=summary, evidence=tuple(evidence), fix=fix,
+                                gpus=tuple(gpus)))
+    return findings
 
 
 # ----------------------------------------------------------------- healthy

@@ -52,6 +52,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
@@ -67,6 +68,7 @@ from gputop.model import (
     PcieLink,
     RemappedRows,
     Topology,
+    XidEvent,
 )
 
 # Refusals that will not change while we run: stop asking.
@@ -78,6 +80,8 @@ DEFAULT_SAMPLE_TIMEOUT_S = 0.8
 # counters and row remaps only ever grow (volatile ones reset only with the driver).  So a change shows
 # at most this late and is never missed; the NVLink traffic counters are still read every poll.
 SLOW_FIELDS_PERIOD_S = 5.0
+# XIDs a sample carries per GPU (the newest; they are rare, and the first one usually tells the story).
+XID_EVENTS_KEPT = 16
 # How long a GPU's reader waits for its turn before reading anyway (the holder may be hung in the driver).
 TURN_WAIT_S = 0.1
 
@@ -263,6 +267,8 @@ class _Gpu:
     last: Optional[GpuSample] = None
     future: Optional[concurrent.futures.Future] = None
     slow: _SlowFields = field(default_factory=_SlowFields)
+    xid_events: Any = None  # this GPU's own NVML event set (None: XIDs unavailable, reason in static_unavailable)
+    xids: deque = field(default_factory=lambda: deque(maxlen=XID_EVENTS_KEPT))
 
 
 class _Reading:
@@ -428,10 +434,50 @@ class GpuCollector:
             self._read_nvlink_counters(gpu)  # prime the counters so the first sample has rates
         else:
             gpu.static_unavailable["nvlink"] = reason or "NotSupported"
+        self._watch_xids(gpu)
         # keep only the static refusals that describe fields (name/uuid problems are rare and cosmetic)
         gpu.static_unavailable.update(
             {k: v for k, v in reading.unavailable.items() if k.startswith("pcie.") or k == "pci_bus_id"}
         )
+
+    @staticmethod
+    def _watch_xids(gpu: _Gpu) -> None:
+        """Give the GPU an event set of its own for critical XIDs.  One set per GPU, not one for all:
+        each GPU's reader drains its own set, so a GPU hung in the driver holds up nobody else's XIDs."""
+        try:
+            events = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as exc:
+            gpu.static_unavailable["xids"] = reason_of(exc)
+            return
+        try:
+            pynvml.nvmlDeviceRegisterEvents(gpu.handle, pynvml.nvmlEventTypeXidCriticalError, events)
+        except pynvml.NVMLError as exc:
+            gpu.static_unavailable["xids"] = reason_of(exc)
+            try:
+                pynvml.nvmlEventSetFree(events)
+            except pynvml.NVMLError:
+                pass
+            return
+        gpu.xid_events = events
+
+    @staticmethod
+    def _read_xids(gpu: _Gpu, r: _Reading) -> Optional[tuple[XidEvent, ...]]:
+        """Take what the driver queued since the last sample (never waits) and return the newest kept."""
+        if gpu.xid_events is None:
+            return None
+        while True:
+            try:
+                event = pynvml.nvmlEventSetWait_v2(gpu.xid_events, 0)
+            except pynvml.NVMLError_Timeout:
+                break  # the queue is empty
+            except pynvml.NVMLError_GpuIsLost:
+                raise _Lost() from None
+            except pynvml.NVMLError as exc:
+                r.unavailable["xids.read"] = reason_of(exc)  # keep what we have; ask again next sample
+                break
+            if event.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                gpu.xids.append(XidEvent(timestamp=time.time(), code=int(event.eventData)))
+        return tuple(gpu.xids)
 
     @staticmethod
     def _read_link_wiring(gpu: _Gpu, link: int) -> _NvLink:
@@ -634,6 +680,7 @@ class GpuCollector:
             throttle_reasons=throttle,
             **self._read_health(gpu, r, refresh_slow),
             processes=self._read_processes(r),
+            xids=self._read_xids(gpu, r),
             unavailable=r.unavailable,
         )
         if refresh_slow:  # only once everything read without the GPU being lost
@@ -776,6 +823,12 @@ class GpuCollector:
         self._pool.shutdown()
         with _LIBRARY_LOCK:
             if pynvml.nvmlLib is self._nvml_library:
+                for gpu in self._gpus:
+                    if gpu.xid_events is not None and (gpu.future is None or gpu.future.done()):
+                        try:
+                            pynvml.nvmlEventSetFree(gpu.xid_events)
+                        except pynvml.NVMLError:
+                            pass
                 try:
                     pynvml.nvmlShutdown()
                 except pynvml.NVMLError:

@@ -133,6 +133,10 @@ def _health(gpu: GpuSample) -> str:
     elif rows.uncorrectable or rows.pending or rows.failed:
         state = "FAILED" if rows.failed else ("pending" if rows.pending else "done")
         parts.append(f"remap {rows.uncorrectable} rows {state}")
+    if gpu.xids is None:
+        parts.append(f"XID n/a ({gpu.unavailable.get('xids', 'unavailable')})")
+    elif gpu.xids:
+        parts.append("XID " + ",".join(str(code) for code in dict.fromkeys(e.code for e in gpu.xids)))
     return ", ".join(parts)
 
 

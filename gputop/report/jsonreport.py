@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 from gputop import __version__
 from gputop.analysis.diagnosis import collect_rank_observations, mean, percentile, verdict_line
 from gputop.analysis.stack_classes import aggregate_worker_leaves, format_frame
+from gputop.analysis.xids import meaning_of
 from gputop.history import History
 from gputop.model import Finding, GpuSample, Snapshot, to_jsonable
 from gputop.report.redact import redact_cmdline, redact_jsonable, redact_text
@@ -124,8 +125,18 @@ def _health(snaps: Sequence[Snapshot], index: int) -> dict[str, Any]:
         "ecc": to_jsonable(last.ecc) if last is not None and last.ecc is not None else None,
         "remapped_rows": to_jsonable(last.remapped_rows) if last is not None and last.remapped_rows is not None else None,
         "nvlink": None if nvlink is None else {"active": sum(1 for x in nvlink if x.active), "total": len(nvlink)},
+        "xids": _xids(alive),
         "unavailable": dict(last.unavailable) if last is not None else {},
     }
+
+
+def _xids(samples: Sequence[GpuSample]) -> Optional[list[dict[str, Any]]]:
+    """Every XID the samples carry, oldest first, with what it means; None when NVML could not report them."""
+    if samples and all(g.xids is None for g in samples):
+        return None
+    events = sorted({(e.timestamp, e.code) for g in samples for e in g.xids or ()})
+    return [{"code": code, "timestamp": t, "meaning": meaning_of(code).meaning, "label": meaning_of(code).label}
+            for t, code in events]
 
 
 def _job(snaps: Sequence[Snapshot]) -> Optional[dict[str, Any]]:

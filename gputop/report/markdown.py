@@ -151,6 +151,8 @@ def _health(data: dict[str, Any]) -> list[str]:
         rr_text = None if rr is None else f"corr {rr['correctable']}, unc {rr['uncorrectable']}" + (", PENDING" if rr["pending"] else "") + (", FAILED" if rr["failed"] else "")
         nv = h["nvlink"]
         nv_text = None if nv is None else f"{nv['active']}/{nv['total']} active"
+        xids = h.get("xids")
+        xid_text = None if xids is None else (", ".join(f"{x['code']} ({x['meaning']})" for x in xids) or "none")
         na = ", ".join(f"{k}: {v}" for k, v in h["unavailable"].items())
         rows.append(
             [
@@ -162,13 +164,14 @@ def _health(data: dict[str, Any]) -> list[str]:
                 thr,
                 ecc_text,
                 rr_text,
+                xid_text,
                 nv_text,
                 na or None,
             ]
         )
     if not rows:
         return []
-    headers = ["GPU", "Bus", "State", "Temp max", "PCIe (under load) / max", "Throttle reasons (samples)", "ECC vol/agg", "Remapped rows", "NVLink", "Not available"]
+    headers = ["GPU", "Bus", "State", "Temp max", "PCIe (under load) / max", "Throttle reasons (samples)", "ECC vol/agg", "Remapped rows", "XIDs", "NVLink", "Not available"]
     return ["## Health", ""] + _table(headers, rows)
 
 

@@ -36,6 +36,7 @@ ERROR_UNINITIALIZED = 1
 ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_INSUFFICIENT_SIZE = 7
+ERROR_TIMEOUT = 10
 ERROR_GPU_IS_LOST = 15
 ERROR_ARGUMENT_VERSION_MISMATCH = 25
 
@@ -45,6 +46,7 @@ _ERROR_STRINGS = {
     ERROR_INVALID_ARGUMENT: b"Invalid Argument",
     ERROR_NOT_SUPPORTED: b"Not Supported",
     ERROR_INSUFFICIENT_SIZE: b"Insufficient Size",
+    ERROR_TIMEOUT: b"Timeout",
     ERROR_GPU_IS_LOST: b"GPU is lost",
     ERROR_ARGUMENT_VERSION_MISMATCH: b"Argument version mismatch",
 }
@@ -66,6 +68,8 @@ FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
 VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 VALUE_NOT_AVAILABLE_ULL = 2**64 - 1
+EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
+EVENT_TYPES_SUPPORTED = 0x1F  # ECC single/double bit, P-state, XID, clock
 
 REASON_GPU_IDLE = 0x1
 REASON_SW_POWER_CAP = 0x4
@@ -147,6 +151,12 @@ def _address(handle) -> Optional[int]:
 
 
 @dataclass
+class _EventSet:
+    registered: dict[int, int] = field(default_factory=dict)  # gpu -> event type mask
+    delivered: set[int] = field(default_factory=set)  # indices into Faults.xids already handed out
+
+
+@dataclass
 class _GpuState:
     """One simulated GPU's readings at `time` (recomputed per quantum)."""
 
@@ -188,6 +198,7 @@ class FakeNvmlLibrary:
         self.pcie_latency_s = pcie_latency_s
         self.started_at = clock()
         self._lock = threading.Lock()
+        self._event_sets: dict[int, _EventSet] = {}
         n = self.profile.gpu_count
         links = self.profile.gpu.nvlink_links
         self._states = [
@@ -588,6 +599,48 @@ class FakeNvmlLibrary:
             pending._obj.value = 1 if bad else 0
             failure._obj.value = 0
             return SUCCESS
+
+        # ---- events: the XID fault queues its XID once in every event set registered for that GPU
+        def nvmlEventSetCreate(out):
+            with lib._lock:
+                lib._event_sets[len(lib._event_sets) + 1] = _EventSet()
+                ctypes.c_void_p.from_buffer(out._obj).value = len(lib._event_sets)
+            return SUCCESS
+
+        def event_set(handle) -> Optional[_EventSet]:
+            return lib._event_sets.get(_address(handle) or 0)
+
+        @device
+        def nvmlDeviceGetSupportedEventTypes(gpu, out):
+            out._obj.value = EVENT_TYPES_SUPPORTED
+            return SUCCESS
+
+        @device
+        def nvmlDeviceRegisterEvents(gpu, types, handle):
+            events = event_set(handle)
+            if events is None:
+                return ERROR_INVALID_ARGUMENT
+            events.registered[gpu] = events.registered.get(gpu, 0) | _int(types)
+            return SUCCESS
+
+        def nvmlEventSetWait_v2(handle, data, timeout_ms):
+            events = event_set(handle)
+            if events is None:
+                return ERROR_INVALID_ARGUMENT
+            elapsed = lib.elapsed()
+            for number, (gpu, code, at) in enumerate(lib.faults.xids):
+                due = elapsed >= at and events.registered.get(gpu, 0) & EVENT_TYPE_XID_CRITICAL_ERROR
+                if due and number not in events.delivered:
+                    events.delivered.add(number)
+                    out = data._obj  # c_nvmlEventData_t: the device handle is its first field
+                    ctypes.c_void_p.from_buffer(out).value = gpu + 1
+                    out.eventType, out.eventData = EVENT_TYPE_XID_CRITICAL_ERROR, code
+                    return SUCCESS
+            return ERROR_TIMEOUT  # gputop only ever asks without waiting (timeout 0)
+
+        def nvmlEventSetFree(handle):
+            with lib._lock:
+                return SUCCESS if lib._event_sets.pop(_address(handle) or 0, None) is not None else ERROR_INVALID_ARGUMENT
 
         # ---- processes (the two-call protocol: ask for the count, then fill a buffer)
         def running_processes(gpu, count, buffer):

@@ -162,6 +162,7 @@ FAULTS: dict[str, tuple[str, str]] = {
     "ecc": ("ecc=IDX", "GPU IDX reports uncorrectable volatile ECC errors and a pending row remap"),
     "nvlink-down": ("nvlink-down=IDX", "4 of GPU IDX's NVLinks are inactive (NV14 to its peers)"),
     "power": ("power=IDX", "GPU IDX is capped at 55% of its power limit (SW power cap, lower clocks)"),
+    "xid": ("xid=IDX:CODE[@SECONDS]", "the driver reports XID CODE on GPU IDX (SECONDS after start, default 0)"),
 }
 
 
@@ -191,6 +192,7 @@ class Faults:
     ecc: frozenset[int] = frozenset()
     nvlink_down: frozenset[int] = frozenset()
     power_cap: frozenset[int] = frozenset()
+    xids: tuple[tuple[int, int, float], ...] = ()  # (gpu, XID code, seconds after start)
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,21 @@ def _gpu_index(value: str, fault: str, profile: Profile) -> int:
     return index
 
 
+def _xid(value: str, profile: Profile) -> tuple[int, int, float]:
+    """`IDX:CODE[@SECONDS]` -> (gpu, code, seconds)."""
+    where, at, seconds_text = value.partition("@")
+    index_text, colon, code_text = where.partition(":")
+    index = _gpu_index(index_text, "xid", profile)
+    try:
+        code = int(code_text) if colon else -1
+        seconds = float(seconds_text) if at else 0.0
+    except ValueError:
+        code, seconds = -1, float("nan")
+    if code <= 0 or not seconds >= 0:
+        raise _bad(f"xid needs IDX:CODE[@SECONDS] (e.g. xid=3:79@10), got {value!r}")
+    return index, code, seconds
+
+
 def parse_spec(spec: str | None) -> SimSpec:
     """`PROFILE[+FAULT...]` -> SimSpec; anything wrong raises UsageError with one line."""
     text = (spec or DEFAULT_PROFILE).strip()
@@ -230,6 +247,7 @@ def parse_spec(spec: str | None) -> SimSpec:
     lost: dict[int, float] = {}
     sets: dict[str, set[int]] = {k: set() for k in ("pcie-degraded", "thermal", "ecc", "nvlink-down", "power")}
     old_driver = False
+    xids: list[tuple[int, int, float]] = []
     for fault_text in fault_texts:
         fault_text = fault_text.strip()
         key, _, value = fault_text.partition("=")
@@ -249,6 +267,8 @@ def parse_spec(spec: str | None) -> SimSpec:
             if not seconds >= 0:  # also rejects NaN
                 raise _bad(f"gpu-lost needs IDX@SECONDS (e.g. gpu-lost=3@10), got {value!r}")
             lost[index] = seconds
+        elif key == "xid":
+            xids.append(_xid(value, profile))
         else:
             index = _gpu_index(value, key, profile)
             if key == "nvlink-down" and not profile.gpu.nvlink_links:
@@ -264,6 +284,7 @@ def parse_spec(spec: str | None) -> SimSpec:
         ecc=frozenset(sets["ecc"]),
         nvlink_down=frozenset(sets["nvlink-down"]),
         power_cap=frozenset(sets["power"]),
+        xids=tuple(xids),
     )
     normalised = "+".join([name, *(f.strip() for f in fault_texts)])
     return SimSpec(text=normalised, profile=profile, faults=faults)

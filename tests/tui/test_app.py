@@ -232,6 +232,26 @@ async def test_gpu_lost_mid_run_is_shown_as_lost(close_sources):
         assert "LOST" in line and "not answering" in line
 
 
+async def test_xids_show_on_their_cards_and_in_the_verdict():
+    from gputop.pipeline import Pipeline
+
+    source = Pipeline(simulate="h100-sxm-8+xid=2:79+xid=4:31")
+    app = GputopApp(source, interval=0.1)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.verdict is not None and app.snapshots_seen >= 2, "a verdict")
+            cards = app.query_one(GpuGrid).lines_text
+            fault_line = next(line for line in cards if "XID 79" in line)
+            assert fault_line.index("XID 79") > 60  # GPU2's card: the third of four columns
+            assert any("XID 31" in line for line in cards) and sum("XID" in line for line in cards) == 2
+            assert app.verdict.line.startswith("XID 79 on GPU 2: GPU has fallen off the bus")
+            assert {f.id for f in app.verdict.findings} >= {"xid", "xid_code"}
+            await pilot.press("q")
+    finally:
+        app.wait_for_collector()
+        source.close()
+
+
 # ------------------------------------------------------------------ job panel and stacks
 async def test_job_tree_rows_and_stacks_innermost_last(close_sources):
     app, source = build_app(20, with_job=True)

@@ -14,7 +14,8 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
 
-from gputop.model import GpuSample, Snapshot
+from gputop.analysis.xids import meaning_of
+from gputop.model import LABEL_INFRA, GpuSample, Snapshot
 from gputop.tui import look
 from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas
 
@@ -84,6 +85,9 @@ def health_problems(gpu: GpuSample) -> tuple[list[str], list[str]]:
             warnings.append("remap pending")
         elif rows.uncorrectable:
             warnings.append(f"remap {rows.uncorrectable}")
+    for code in dict.fromkeys(event.code for event in reversed(gpu.xids or ())):  # newest first, once each
+        meaning = meaning_of(code)
+        (faults if meaning.label == LABEL_INFRA and meaning.severity == "critical" else warnings).append(f"XID {code}")
     if _is_slowdown(gpu):
         warnings.append("throttled")
     if pcie_flagged(gpu):
