@@ -208,11 +208,13 @@ def to_png(svg: Path) -> Optional[Path]:
     return png
 
 
-SHOTS = [
-    ("main-160x48", (160, 48), []),
-    ("main-80x24", (80, 24), []),
-    ("topology", (120, 40), ["T"]),
-    ("help", (120, 40), ["question_mark"]),
+SHOTS = [  # (name, size, keys, faults added to --profile)
+    ("main-160x48", (160, 48), [], ""),
+    ("main-80x24", (80, 24), [], ""),
+    ("topology", (120, 40), ["T"], ""),
+    ("help", (120, 40), ["question_mark"], ""),
+    # the infrastructure side: a GPU that throttles on heat, a link trained down, an XID, ECC errors
+    ("infra-faults", (160, 48), [], "+thermal=2+pcie-degraded=5+xid=3:79@30+ecc=6"),
 ]
 
 
@@ -227,7 +229,8 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shots = [] if args.only_demo else [
-        lambda n=name, sz=size, k=keys: shoot(out, n, sz, k, args.seconds, args.profile) for name, size, keys in SHOTS
+        lambda n=name, sz=size, k=keys, f=faults: shoot(out, n, sz, k, args.seconds, args.profile + f)
+        for name, size, keys, faults in SHOTS
     ]
     if not args.no_demo:
         shots += [lambda s=scenario, f=finding, r=state: shoot_demo(out, s, f, r) for scenario, finding, state in DEMO_SHOTS]

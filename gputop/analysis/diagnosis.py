@@ -526,8 +526,9 @@ def diagnose(history: History, bench: Any = None, *, window: Optional[float] = D
     return findings
 
 
-def verdict_line(findings: Sequence[Finding]) -> str:
-    """The always-visible one-liner: the top finding and its first action, plus how many more need a look."""
+def verdict_line(findings: Sequence[Finding], *, count_more: bool = True) -> str:
+    """The always-visible one-liner: the top finding and its first action, plus how many more need a look
+    (`count_more=False`: without that count, for a screen that shows it itself)."""
     if not findings:
         return "No verdict yet"
     top = findings[0]
@@ -536,7 +537,7 @@ def verdict_line(findings: Sequence[Finding]) -> str:
     if action and top.severity != "info":
         line += f" → {action}"
     more = sum(1 for f in findings[1:] if f.severity in ("critical", "warning"))
-    if more:
+    if more and count_more:
         line += f" (+{more} more)"
     return line
 

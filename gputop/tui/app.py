@@ -79,7 +79,7 @@ def _default_diagnose(history: History, bench: Any) -> tuple[list[Finding], str]
     from gputop.analysis.diagnosis import diagnose, verdict_line
 
     findings = diagnose(history, bench)
-    return findings, verdict_line(findings)
+    return findings, verdict_line(findings, count_more=False)  # the verdict line adds "+N more (f)" itself
 
 
 class GputopApp(App):

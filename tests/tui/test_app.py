@@ -245,6 +245,7 @@ async def test_xids_show_on_their_cards_and_in_the_verdict():
             assert fault_line.index("XID 79") > 60  # GPU2's card: the third of four columns
             assert any("XID 31" in line for line in cards) and sum("XID" in line for line in cards) == 2
             assert app.verdict.line.startswith("XID 79 on GPU 2: GPU has fallen off the bus")
+            assert "more" not in app.verdict.line  # the verdict widget says "+N more (f)" itself, once
             assert {f.id for f in app.verdict.findings} >= {"xid", "xid_code"}
             await pilot.press("q")
     finally:
