@@ -33,9 +33,14 @@ Cost model (the TUI polls at 1 Hz and must stay cheap):
   is only waited for `TURN_WAIT_S`, and not at all while a GPU is stuck, so a GPU that
   hangs while holding it cannot stall the others.
 
+- XIDs arrive as NVML events.  Each GPU has an event set of its own, and its reader drains it
+  without waiting (timeout 0) once per sample, so XIDs cost one call per GPU per sample and a GPU
+  hung in the driver delays nobody else's.
+
 `GpuSample.unavailable` keys: a field name ("ecc", "nvlink", "temperature", ...) when
 the whole field is None; "pcie.gen_current"-style dotted names for one part of it;
-"nvlink.N" for link N's state; "gpu" when the whole GPU is lost or failed; "stale"
+"nvlink.N" for link N's state; "xids.read" when draining the XID events failed this time (the
+XIDs already seen are kept); "gpu" when the whole GPU is lost or failed; "stale"
 when the values are the previous sample's because NVML did not answer in time.
 
 The simulated machine plugs in below pynvml: `use_nvml_library(fake)` makes the
@@ -82,6 +87,7 @@ DEFAULT_SAMPLE_TIMEOUT_S = 0.8
 SLOW_FIELDS_PERIOD_S = 5.0
 # XIDs a sample carries per GPU (the newest; they are rare, and the first one usually tells the story).
 XID_EVENTS_KEPT = 16
+XID_EVENTS_PER_SAMPLE = 64  # taken from the driver's queue per sample at most; the rest wait for the next
 # How long a GPU's reader waits for its turn before reading anyway (the holder may be hung in the driver).
 TURN_WAIT_S = 0.1
 
@@ -465,7 +471,7 @@ class GpuCollector:
         """Take what the driver queued since the last sample (never waits) and return the newest kept."""
         if gpu.xid_events is None:
             return None
-        while True:
+        for _ in range(XID_EVENTS_PER_SAMPLE):  # an XID storm must not keep one sample reading forever
             try:
                 event = pynvml.nvmlEventSetWait_v2(gpu.xid_events, 0)
             except pynvml.NVMLError_Timeout:
