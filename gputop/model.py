@@ -10,10 +10,11 @@ dataclasses, so a snapshot serialises to JSON and comes back equal
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 # --------------------------------------------------------------------- GPUs
 
@@ -262,47 +263,64 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-_HINTS_CACHE: dict[type, dict[str, Any]] = {}
+# JSON -> dataclasses.  A converter is built once per type from its annotations and then reused: reading
+# the annotations again for every value (typing.get_origin/get_args per field) made a snapshot with the
+# job's stacks cost tens of milliseconds, most of `replay`'s and `report --from`'s time.
+Converter = Callable[[Any], Any]
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    hints = _HINTS_CACHE.get(cls)
-    if hints is None:
-        hints = typing.get_type_hints(cls)
-        _HINTS_CACHE[cls] = hints
-    return hints
+def _keep(data: Any) -> Any:
+    return data
 
 
-def _convert(tp: Any, data: Any) -> Any:
-    if data is None:
-        return None
+def _to_float(data: Any) -> Any:
+    return float(data) if isinstance(data, int) else data  # JSON writes 1.0 as 1
+
+
+@functools.lru_cache(maxsize=None)
+def _converter(tp: Any) -> Converter:
+    """A function turning JSON data (or None) into a value of type `tp`."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _convert(args[0], data) if len(args) == 1 else data
+        return _converter(args[0]) if len(args) == 1 else _keep
     if dataclasses.is_dataclass(tp):
-        return from_jsonable(tp, data)
+        return _dataclass_converter(tp)
     if origin is tuple:
         args = typing.get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_convert(args[0], v) for v in data)
-        return tuple(_convert(a, v) for a, v in zip(args, data))
+            item = _converter(args[0])
+            return lambda data: None if data is None else tuple(map(item, data))
+        items = tuple(_converter(a) for a in args)
+        return lambda data: None if data is None else tuple(c(v) for c, v in zip(items, data))
     if origin is dict:
-        key_t, val_t = typing.get_args(tp)
-        return {(int(k) if key_t is int else k): _convert(val_t, v) for k, v in data.items()}
-    if tp is float and isinstance(data, int):
-        return float(data)
-    return data
+        key_type, value_type = typing.get_args(tp)
+        value = _converter(value_type)
+        if key_type is int:
+            return lambda data: None if data is None else {int(k): value(v) for k, v in data.items()}
+        return lambda data: None if data is None else {k: value(v) for k, v in data.items()}
+    if tp is float:
+        return _to_float
+    return _keep
+
+
+def _dataclass_converter(cls: type) -> Converter:
+    resolved: list[tuple[tuple[str, Converter], ...]] = []  # on first use, so a type may refer to itself
+
+    def convert(data: Any) -> Any:
+        if data is None:
+            return None
+        if not resolved:  # two threads may both get here: they append equal tuples, and [0] is used
+            hints = typing.get_type_hints(cls)
+            resolved.append(tuple((f.name, _converter(hints[f.name])) for f in dataclasses.fields(cls)))
+        return cls(**{name: conv(data[name]) for name, conv in resolved[0] if name in data})
+
+    return convert
 
 
 def from_jsonable(cls: type, data: dict[str, Any]) -> Any:
     """Inverse of `to_jsonable` for the dataclasses above. Unknown keys are ignored (newer writers)."""
-    hints = _hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _convert(hints[f.name], data[f.name])
-    return cls(**kwargs)
+    return _converter(cls)(data)
 
 
 # --------------------------------------------------------------------- diagnosis
