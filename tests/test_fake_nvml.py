@@ -323,3 +323,28 @@ def test_handles_are_pointers_the_fake_can_resolve(nvml):
     bogus = ctypes.cast(ctypes.c_void_p(99), pynvml.c_nvmlDevice_t)
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         pynvml.nvmlDeviceGetName(bogus)
+
+
+def test_xid_reaches_every_event_set_registered_for_its_gpu_once(nvml):
+    clock = ManualClock()
+    nvml("h100-sxm-8+xid=2:74@5", clock=clock)
+    gpu2 = pynvml.nvmlDeviceGetHandleByIndex(2)
+    first, second, other = pynvml.nvmlEventSetCreate(), pynvml.nvmlEventSetCreate(), pynvml.nvmlEventSetCreate()
+    for events in (first, second):
+        pynvml.nvmlDeviceRegisterEvents(gpu2, pynvml.nvmlEventTypeXidCriticalError, events)
+    pynvml.nvmlDeviceRegisterEvents(pynvml.nvmlDeviceGetHandleByIndex(3), pynvml.nvmlEventTypeXidCriticalError, other)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(first, 0)  # not due yet
+    clock.advance(5.0)
+    pynvml.nvmlEventSetFree(other)
+    fresh = pynvml.nvmlEventSetCreate()  # a new set gets a new handle, never a freed one's
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlEventSetWait_v2(other, 0)
+    for events in (first, second):
+        data = pynvml.nvmlEventSetWait_v2(events, 0)
+        assert (data.eventType, data.eventData) == (pynvml.nvmlEventTypeXidCriticalError, 74)
+        assert ctypes.cast(data.device, ctypes.c_void_p).value == ctypes.cast(gpu2, ctypes.c_void_p).value
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlEventSetWait_v2(events, 0)  # delivered once
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(fresh, 0)  # registered for nothing

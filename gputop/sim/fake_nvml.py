@@ -21,6 +21,7 @@ controlled clock gives deterministic readings.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import threading
 import time
@@ -199,6 +200,7 @@ class FakeNvmlLibrary:
         self.started_at = clock()
         self._lock = threading.Lock()
         self._event_sets: dict[int, _EventSet] = {}
+        self._event_set_numbers = itertools.count(1)
         n = self.profile.gpu_count
         links = self.profile.gpu.nvlink_links
         self._states = [
@@ -603,8 +605,9 @@ class FakeNvmlLibrary:
         # ---- events: the XID fault queues its XID once in every event set registered for that GPU
         def nvmlEventSetCreate(out):
             with lib._lock:
-                lib._event_sets[len(lib._event_sets) + 1] = _EventSet()
-                ctypes.c_void_p.from_buffer(out._obj).value = len(lib._event_sets)
+                number = next(lib._event_set_numbers)  # never reused, as a freed set's handle must stay dead
+                lib._event_sets[number] = _EventSet()
+            ctypes.c_void_p.from_buffer(out._obj).value = number
             return SUCCESS
 
         def event_set(handle) -> Optional[_EventSet]:
