@@ -178,7 +178,7 @@ def faults_help() -> str:
         lines.append(f"  {name:<22} {profile.description}{default}")
     lines += ["", "Faults (IDX is a GPU index, several may be combined):"]
     for form, text in FAULTS.values():
-        lines.append(f"  {form:<22} {text}")
+        lines.append(f"  {form:<24} {text}")
     lines += ["", "Example: gputop snapshot --simulate h100-sxm-8+thermal=2+gpu-lost=3@10"]
     return "\n".join(lines)
 
