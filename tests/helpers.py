@@ -7,7 +7,8 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Optional, Sequence, TypeVar
+from pathlib import Path
+from typing import Callable, NamedTuple, Optional, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -66,3 +67,20 @@ class Spawner:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+class Ran(NamedTuple):
+    """What a gputop command did: its exit status and output (decoded as UTF-8, whatever the locale)."""
+
+    rc: int
+    out: str
+    err: str
+
+
+def run_gputop(spawn, *args: str, env: Optional[dict] = None, timeout: float = 90, python: str = sys.executable,
+               cwd: Optional[Path] = None) -> Ran:
+    """`python -m gputop ARGS` as a child of the `spawn` fixture (so it is reaped), run to the end."""
+    proc = spawn([python, "-m", "gputop", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                 cwd=str(cwd) if cwd else None)
+    out, err = proc.communicate(timeout=timeout)
+    return Ran(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))

@@ -36,7 +36,8 @@ from gputop.collect import stacks as stacks_mod
 from gputop.collect.job import JobCollector
 from gputop.errors import GputopError
 from gputop.recording import ReplaySource, read_recording
-from tests.helpers import wait_until
+from tests.helpers import Ran, wait_until
+from tests.helpers import run_gputop as gputop
 
 REPO = Path(__file__).resolve().parent.parent
 DRILL_JOBS = Path(__file__).resolve().parent / "drill_jobs"
@@ -92,21 +93,6 @@ def start_job(spawn, tmp_path: Path, *args: str, name: str = "job", script: Path
     wait_until(lambda: ready.exists() or proc.poll() is not None, timeout=90, what=f"{name}'s first step")
     assert proc.poll() is None, f"{name} died on start:\n{job.log()}"
     return job
-
-
-@dataclass
-class Ran:
-    rc: int
-    out: str
-    err: str
-
-
-def gputop(spawn, *args: str, env: Optional[dict] = None, timeout: float = 90, python: str = sys.executable,
-           cwd: Optional[Path] = None) -> Ran:
-    proc = spawn([python, "-m", "gputop", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                 cwd=str(cwd) if cwd else None)
-    out, err = proc.communicate(timeout=timeout)
-    return Ran(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
 
 def start_gputop(spawn, *args: str, env: Optional[dict] = None) -> subprocess.Popen:

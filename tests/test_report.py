@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import re
@@ -17,12 +18,14 @@ from gputop.analysis.diagnosis import diagnose, verdict_line
 from gputop.analysis.stack_classes import FORWARD_BACKWARD, WAITING_FOR_DATA
 from gputop.errors import GputopError
 from gputop.model import ProcInfo
-from gputop.recording import RecordingWriter, read_recording
+from gputop.recording import read_recording
 from gputop.report.jsonreport import render_json, sparkline
 from gputop.report.markdown import render_markdown
 from gputop.report.redact import REDACTED, is_secret_name, redact_cmdline, redact_env, redact_text
 from gputop.report.writer import write_report
+from tests.helpers import run_gputop
 from tests.history_builder import RankSpec, Scenario, build, cycle, worker_busy_frames
+from tests.test_recording import record
 
 SECRETS = [
     "sk-proj-abcdefghijklmnopqrstuvwx",
@@ -404,18 +407,13 @@ def test_report_is_utf8_under_an_ascii_locale(spawn):
 # ---------------------------------------------------------------- the commands, as a user runs them
 
 
-def gputop(spawn, *args, timeout=60):
-    proc = spawn([sys.executable, "-m", "gputop", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
+gputop = functools.partial(run_gputop, timeout=60)
 
 
 def test_report_from_a_recording(spawn, tmp_path, starved):
     hist, findings = starved
     rec = tmp_path / "run.gtr"
-    with RecordingWriter(str(rec), hist.machine) as w:
-        for snap in hist:
-            w.write(snap)
+    record(rec, hist.machine, hist)
     out_md = tmp_path / "out" / "report.md"
     out_md.parent.mkdir()
     rc, out, err = gputop(spawn, "report", "--from", str(rec), "-o", str(out_md))
@@ -430,9 +428,7 @@ def test_report_from_a_recording(spawn, tmp_path, starved):
 def test_report_from_a_truncated_recording_warns_and_reports(spawn, tmp_path, starved):
     hist, _ = starved
     rec = tmp_path / "run.gtr"
-    with RecordingWriter(str(rec), hist.machine) as w:
-        for snap in hist:
-            w.write(snap)
+    record(rec, hist.machine, hist)
     rec.write_bytes(rec.read_bytes()[:-5])
     rc, out, err = gputop(spawn, "report", "--from", str(rec))
     assert rc == 0 and out.startswith("# gputop report: trainbox")
@@ -522,9 +518,7 @@ def test_replay_command_hands_the_recording_to_the_tui(tmp_path, monkeypatch, st
 
     hist, _ = starved
     path = tmp_path / "run.gtr"
-    with RecordingWriter(str(path), hist.machine) as w:
-        for snap in hist:
-            w.write(snap)
+    record(path, hist.machine, hist)
     calls = {}
 
     def fake_run_app(source, **kwargs):

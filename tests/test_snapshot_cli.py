@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes.util
+import functools
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 
 from gputop.commands.snapshot import snapshot_from_json
 from gputop.commands.snapshot import snapshot_json as cli_snapshot_json
+from tests.helpers import run_gputop
 
 GPU_KEYS = {
     "index", "uuid", "name", "utilization_gpu", "memory_used", "memory_total", "temperature", "power",
@@ -24,11 +26,7 @@ no_driver_here = pytest.mark.skipif(
 )
 
 
-def gputop(spawn, *args: str, code: str | None = None) -> tuple[int, str, str]:
-    argv = ["-c", code] if code else ["-m", "gputop", *args]
-    proc = spawn.python(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, err
+gputop = functools.partial(run_gputop, timeout=120)
 
 
 def snapshot_json(spawn, spec: str) -> dict:
@@ -179,8 +177,8 @@ def test_snapshot_loads_neither_textual_nor_torch(spawn):
         "    rc = main(['snapshot', '--simulate', '--json'])\n"
         "print(rc, sorted(m for m in ('textual', 'torch') if m in sys.modules))\n"
     )
-    rc, out, err = gputop(spawn, code=code)
-    assert (rc, out, err) == (0, "0 []\n", "")
+    proc = spawn.python(code, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.communicate(timeout=120) == ("0 []\n", "") and proc.returncode == 0
 
 
 def test_json_output_reads_back_into_the_model(spawn):
