@@ -52,7 +52,7 @@ from gputop.analysis.stack_classes import (
 )
 from gputop.analysis.loader_math import MARGIN as LOADER_MARGIN
 from gputop.analysis.loader_math import workers_needed
-from gputop.analysis.xids import XidMeaning, meaning_of
+from gputop.analysis.xids import XidMeaning, distinct_xids, meaning_of
 from gputop.history import History
 from gputop.model import (
     LABEL_CODE,
@@ -1816,9 +1816,8 @@ def check_xids(ctx: Context) -> list[Finding]:
     """XIDs the driver reported: the hardware's go in a ticket, the ones a bad kernel causes go to the code."""
     seen: dict[tuple[int, float, int], XidMeaning] = {}
     for o in ctx.gpus.values():
-        for sample in o.samples:
-            for event in sample.xids or ():
-                seen[(o.index, event.timestamp, event.code)] = meaning_of(event.code)
+        for event in distinct_xids(o.samples):
+            seen[(o.index, event.timestamp, event.code)] = meaning_of(event.code)
     findings = []
     for label in (LABEL_INFRA, LABEL_CODE):
         events = sorted((key, m) for key, m in seen.items() if m.label == label)

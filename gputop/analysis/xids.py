@@ -10,8 +10,9 @@ treated as the hardware's until someone shows otherwise, since the ticket then c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
-from gputop.model import LABEL_CODE, LABEL_INFRA
+from gputop.model import LABEL_CODE, LABEL_INFRA, GpuSample, XidEvent
 
 
 @dataclass(frozen=True)
@@ -67,3 +68,8 @@ def meaning_of(code: int) -> XidMeaning:
         return known
     return _infra(code, "not in gputop's table", "warning",
                   "look it up in NVIDIA's XID catalogue and file a ticket with the `dmesg` lines")
+
+
+def distinct_xids(samples: Iterable[GpuSample]) -> list[XidEvent]:
+    """Each XID the samples carry, once (every sample repeats the ones seen so far), oldest first."""
+    return sorted({event for sample in samples for event in sample.xids or ()}, key=lambda e: (e.timestamp, e.code))

@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 from gputop import __version__
 from gputop.analysis.diagnosis import collect_rank_observations, mean, percentile, verdict_line
 from gputop.analysis.stack_classes import aggregate_worker_leaves, format_frame
-from gputop.analysis.xids import meaning_of
+from gputop.analysis.xids import distinct_xids, meaning_of
 from gputop.history import History
 from gputop.model import Finding, GpuSample, Snapshot, to_jsonable
 from gputop.report.redact import redact_cmdline, redact_jsonable, redact_text
@@ -134,9 +134,11 @@ def _xids(samples: Sequence[GpuSample]) -> Optional[list[dict[str, Any]]]:
     """Every XID the samples carry, oldest first, with what it means; None when NVML could not report them."""
     if samples and all(g.xids is None for g in samples):
         return None
-    events = sorted({(e.timestamp, e.code) for g in samples for e in g.xids or ()})
-    return [{"code": code, "timestamp": t, "meaning": meaning_of(code).meaning, "label": meaning_of(code).label}
-            for t, code in events]
+    out = []
+    for event in distinct_xids(samples):
+        meaning = meaning_of(event.code)
+        out.append({"code": event.code, "timestamp": event.timestamp, "meaning": meaning.meaning, "label": meaning.label})
+    return out
 
 
 def _job(snaps: Sequence[Snapshot]) -> Optional[dict[str, Any]]:

@@ -188,7 +188,8 @@ class GputopApp(App):
         self.start_collecting()
         self._mounted.set()
         self.set_interval(DIAGNOSE_EVERY, self._diagnose_soon)
-        if not self.is_headless and _stdin_fd() is not None and os.isatty(_stdin_fd()):
+        stdin = _stdin_fd()
+        if not self.is_headless and stdin is not None and os.isatty(stdin):
             self.set_interval(HANGUP_CHECK_EVERY, self._exit_if_terminal_gone)
 
     def start_collecting(self) -> None:
@@ -694,10 +695,10 @@ def _stdin_fd() -> Optional[int]:
         return None
 
 
-def terminal_hung_up(fd: Optional[int] = None) -> bool:
-    """True once the terminal on `fd` (default: stdin) has hung up; never reads from it.  (A hung-up
-    terminal is no longer a tty to isatty(), so ask this only of one that was.)"""
-    fd = _stdin_fd() if fd is None else fd
+def terminal_hung_up() -> bool:
+    """True once the terminal on stdin has hung up; never reads from it.  (A hung-up terminal is no
+    longer a tty to isatty(), so ask this only of one that was.)"""
+    fd = _stdin_fd()
     if fd is None:
         return False
     poller = select.poll()
