@@ -6,6 +6,7 @@ import fcntl
 import os
 import select
 import struct
+import subprocess
 import sys
 import termios
 import time
@@ -34,24 +35,40 @@ def _read_until(master: int, needle: bytes, timeout: float) -> bytes:
     return buf
 
 
-def test_simulated_tui_in_a_pty_draws_and_quits(spawn):
+TUI_ARGV = [sys.executable, "-m", "gputop", "tui", "--simulate", "h100-sxm-8"]
+
+
+def _start_in_pty(spawn, argv: list[str], env: dict) -> tuple[subprocess.Popen, int]:
+    """`argv` on a fresh 120x40 pseudo-terminal: (the process, the terminal's master side)."""
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = spawn(argv, stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    return proc, master
+
+
+def _quit(master: int, proc: subprocess.Popen, timeout: float = 20) -> bytes:
+    """Press q and read the terminal until the process ends (an unread terminal would block its writes)."""
+    os.write(master, b"q")
+    out = b""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        select.select([master], [], [], 0.2)
+        try:
+            out += os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            pass
+    return out
+
+
+def test_simulated_tui_in_a_pty_draws_and_quits(spawn):
     env = dict(os.environ, TERM="xterm-256color", LANG="C.UTF-8")
     env.pop("NO_COLOR", None)
-    proc = spawn([sys.executable, "-m", "gputop", "tui", "--simulate", "h100-sxm-8"], stdin=slave, stdout=slave, stderr=slave, env=env)
-    os.close(slave)
+    proc, master = _start_in_pty(spawn, TUI_ARGV, env)
     try:
         screen = _read_until(master, b"GPU7", timeout=60)
         assert b"SIMULATED" in screen
-        os.write(master, b"q")
-        deadline = time.monotonic() + 20
-        while proc.poll() is None and time.monotonic() < deadline:
-            select.select([master], [], [], 0.2)
-            try:
-                os.read(master, 65536)
-            except OSError:
-                pass
+        _quit(master, proc)
         assert proc.returncode == 0
     finally:
         os.close(master)
@@ -60,15 +77,12 @@ def test_simulated_tui_in_a_pty_draws_and_quits(spawn):
 def test_gputop_exits_when_its_terminal_goes_away_with_sighup_ignored(spawn):
     # Started from its own session it gets no SIGHUP when the terminal closes (as under `nohup`): before the
     # fix it stayed up with Textual's input thread spinning on end-of-file.
-    master, slave = os.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     env = dict(os.environ, TERM="xterm-256color", LANG="C.UTF-8")
     ignore_hup_then_run = (
         "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
         "os.execv(sys.executable, [sys.executable, '-m', 'gputop', 'tui', '--simulate', 'h100-sxm-8'])"
     )
-    proc = spawn([sys.executable, "-c", ignore_hup_then_run], stdin=slave, stdout=slave, stderr=slave, env=env)
-    os.close(slave)
+    proc, master = _start_in_pty(spawn, [sys.executable, "-c", ignore_hup_then_run], env)
     try:
         _read_until(master, b"GPU7", timeout=60)
     finally:
@@ -78,16 +92,13 @@ def test_gputop_exits_when_its_terminal_goes_away_with_sighup_ignored(spawn):
 
 def test_an_ascii_terminal_gets_ascii_glyphs_in_every_column(spawn):
     # LANG=C without PEP 538 coercion or UTF-8 mode: stderr, which Textual draws on, really is ASCII.
-    master, slave = os.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     env = dict(os.environ, TERM="xterm-256color", LANG="C", LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
-    proc = spawn([sys.executable, "-m", "gputop", "tui", "--simulate", "h100-sxm-8"], stdin=slave, stdout=slave, stderr=slave, env=env)
-    os.close(slave)
+    proc, master = _start_in_pty(spawn, TUI_ARGV, env)
     try:
         screen = _read_until(master, b"GPU7", timeout=60)
         screen += _read_until(master, b"avg", timeout=30)  # the CPU heatmap: drawn with level glyphs
-        os.write(master, b"q")
-        assert proc.wait(timeout=20) == 0
+        screen += _quit(master, proc)
+        assert proc.returncode == 0
     finally:
         os.close(master)
     assert screen.isascii() and b"\\u2" not in screen, screen[-400:]  # no "\u2583" escapes shifting columns
