@@ -205,11 +205,38 @@ class ThreadStack:
 
 
 @dataclass(frozen=True, slots=True)
+class ThreadProgress:
+    """Counters that move while a thread makes progress and stand still while it is blocked.
+
+    Equal py-spy stacks cannot tell a thread looping on a slow read from one parked forever on a lock;
+    these counters can (a thread in `time.sleep(0.02)` gains ~50 voluntary switches a second, one in
+    `Event().wait()` gains none).  Read from /proc/PID/task/TID/{status,stat} right after the dump.
+    """
+
+    tid: int
+    voluntary_switches: int
+    involuntary_switches: int
+    cpu_ticks: int  # utime + stime of the thread, in clock ticks (USER_HZ, normally 100/s)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessProgress:
+    """Whole-process progress counters read beside a stack dump (see ThreadProgress)."""
+
+    cpu_seconds: float  # utime + stime of the whole process
+    io_read_chars: Optional[int] = None  # /proc/PID/io rchar (None where unreadable)
+    io_write_chars: Optional[int] = None  # /proc/PID/io wchar
+    threads: tuple[ThreadProgress, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessStacks:
     pid: int
     timestamp: float
     threads: tuple[ThreadStack, ...] = ()
     error: Optional[str] = None  # one line, when stacks could not be read
+    progress: Optional[ProcessProgress] = None  # counters read right after this dump
+    native: bool = False  # taken with `py-spy dump --native` (a short pause): frames include C/C++ ones
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +253,16 @@ class Rank:
 
 
 @dataclass(frozen=True, slots=True)
+class Misplacement:
+    """One rank-to-GPU placement problem, decided once by the collector (analysis and TUI read it)."""
+
+    kind: str  # "all_on_one_gpu", "shared_gpu", "several_gpus" (a stray context), ...
+    pids: tuple[int, ...]  # the ranks involved
+    gpus: tuple[int, ...]  # NVML indices involved
+    message: str  # one line for people, ends with the fix
+
+
+@dataclass(frozen=True, slots=True)
 class JobTree:
     root_pid: int  # what the user asked for
     launcher: Optional[ProcInfo] = None
@@ -235,6 +272,9 @@ class JobTree:
     stacks: dict[int, ProcessStacks] = field(default_factory=dict)  # pid -> latest stacks
     stacks_error: Optional[str] = None  # why stacks are unavailable for the whole job
     cores: tuple[int, ...] = ()  # logical cores the job's processes last ran on (heatmap marks them)
+    misplacements: tuple[Misplacement, ...] = ()  # structured form of the placement warnings
+    cpu_limit: Optional[float] = None  # cores the job may use: its cgroup's cpu.max / cpuset (None: the host's)
+    memory_limit: Optional[int] = None  # bytes: its cgroup's memory.max (None: no limit below the host's)
 
 
 # --------------------------------------------------------------------- snapshot
