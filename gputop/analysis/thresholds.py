@@ -54,8 +54,7 @@ THROTTLE_MIN_FRACTION = 0.2
 POWER_LIMIT_LOWERED = 0.9
 # Memory >= 95% of the card for half the window: the next larger batch or shape OOMs (article 5.3, OOM row).
 MEMORY_NEARLY_FULL = 0.95
-# Rank misplacement without --pid: the busy GPU mean and the idle GPUs' mean.
-MISPLACED_BUSY_UTILIZATION = 50.0
+# Machine view (no --pid): a GPU under 5% with no process is idle; with a process and above it, in use.
 MISPLACED_IDLE_UTILIZATION = 5.0
 
 # The window diagnose() looks at by default: long enough for ~60 stack dumps and three cycles of a 40 s hiccup,
