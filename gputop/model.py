@@ -387,6 +387,9 @@ class JobTree:
     misplacements: tuple[Misplacement, ...] = ()  # structured form of the placement warnings
     cpu_limit: Optional[float] = None  # cores the job may use: its cgroup's cpu.max / cpuset (None: the host's)
     memory_limit: Optional[int] = None  # bytes: its cgroup's memory.max (None: no limit below the host's)
+    # pid -> the one `py-spy dump --native` (native=True) taken when that process's main thread had been
+    # frozen NATIVE_AFTER_S with its counters still; kept while the freeze lasts, dropped when it moves
+    native_stacks: dict[int, ProcessStacks] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------- snapshot
