@@ -126,8 +126,9 @@ def _when(ts: Optional[float]) -> str:
     return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _unsupported(details: Sequence[GpuDetails], key: str) -> str:
-    reasons = sorted({d.unavailable.get(key, "not available") for d in details})
+def _unsupported(items: Sequence[GpuDetails | GpuSample], key: str) -> str:
+    """Why NVML gave none of `key` on these GPUs (their `unavailable` reasons, joined)."""
+    reasons = sorted({d.unavailable.get(key, "not available") for d in items})
     return "/".join(reasons)
 
 
@@ -388,7 +389,7 @@ def check_ecc_errors(inp: CheckInput) -> Optional[CheckResult]:
     expected = "0 volatile uncorrectable errors"
     known = [g for g in gpus if g.ecc is not None and g.ecc.volatile_uncorrected is not None]
     if not known:
-        return CheckResult("memory.ecc", title, SKIP, f"not available ({'/'.join(sorted({g.unavailable.get('ecc', 'n/a') for g in gpus}))})", expected)
+        return CheckResult("memory.ecc", title, SKIP, f"not available ({_unsupported(gpus, 'ecc')})", expected)
     bad = [g for g in known if g.ecc.volatile_uncorrected]
     if bad:
         return CheckResult("memory.ecc", title, FAIL,
@@ -406,7 +407,7 @@ def check_remap(inp: CheckInput) -> Optional[CheckResult]:
     known = [g for g in gpus if g.remapped_rows is not None]
     if not known:
         return CheckResult("memory.remap", title, SKIP,
-                           f"not available ({'/'.join(sorted({g.unavailable.get('remapped_rows', 'n/a') for g in gpus}))})", expected)
+                           f"not available ({_unsupported(gpus, 'remapped_rows')})", expected)
     bad = [g for g in known if g.remapped_rows.pending or g.remapped_rows.failed]
     if bad:
         parts = []
