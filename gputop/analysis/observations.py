@@ -81,12 +81,21 @@ def is_python_frame(frame: Frame) -> bool:
     return frame.filename.endswith(".py") or frame.filename.startswith("<")
 
 
+def native_frames(stacks: Optional[ProcessStacks]) -> tuple[str, ...]:
+    """The C/C++ frame names of a native dump's main thread, innermost first (() for none or a failed one)."""
+    if stacks is None or stacks.error or not stacks.threads:
+        return ()
+    main = main_thread(stacks)
+    # unresolved frames (a bare address) name nothing
+    return tuple(f.name for f in (main.frames if main else ()) if not is_python_frame(f) and not f.name.startswith("0x"))
+
+
 def stack_sample(stacks: ProcessStacks, thread: Optional[ThreadStack], state: Optional[str], frames: Sequence[Frame]) -> StackSample:
     """One dump of one thread.  A native dump's C frames are kept apart, so it compares equal to the plain
     dumps around it when the Python stack has not moved."""
     native: tuple[str, ...] = ()
     if stacks.native:
-        native = tuple(f.name for f in frames if not is_python_frame(f))
+        native = tuple(f.name for f in frames if not is_python_frame(f) and not f.name.startswith("0x"))
         frames = tuple(f for f in frames if is_python_frame(f))
     return StackSample(
         stacks.timestamp,
@@ -106,6 +115,7 @@ class WorkerObs:
     cpu: list[float] = field(default_factory=list)
     last: Optional[ProcInfo] = None
     last_stacks: Optional[ProcessStacks] = None
+    native: tuple[str, ...] = ()  # C/C++ frames of its latest `py-spy dump --native` (a freeze), innermost first
 
 
 @dataclass
@@ -122,6 +132,7 @@ class RankObs:
     workers: dict[int, WorkerObs] = field(default_factory=dict)
     last: Optional[ProcInfo] = None
     stacks_error: Optional[str] = None
+    native: tuple[str, ...] = ()  # C/C++ frames of its latest `py-spy dump --native` (a freeze), innermost first
 
     @property
     def name(self) -> str:
@@ -178,6 +189,7 @@ def collect_rank_observations(snaps: Sequence[Snapshot]) -> dict[int, RankObs]:
             if r.proc.cpu_percent is not None and not r.proc.exited:
                 obs.cpu.append(r.proc.cpu_percent)
             obs.worker_sets.append((snap.timestamp, frozenset(w.pid for w in r.workers)))
+            obs.native = native_frames(job.native_stacks.get(pid))  # the latest: dropped when the freeze ends
             stacks = job.stacks.get(pid)
             if stacks is not None and stacks.error:
                 obs.stacks_error = stacks.error
@@ -193,6 +205,7 @@ def collect_rank_observations(snaps: Sequence[Snapshot]) -> dict[int, RankObs]:
                 if wobs is None:
                     wobs = obs.workers[w.pid] = WorkerObs(w.pid)
                 wobs.last = w
+                wobs.native = native_frames(job.native_stacks.get(w.pid))
                 if w.cpu_percent is not None and not w.exited:
                     wobs.cpu.append(w.cpu_percent)
                 ws = job.stacks.get(w.pid)

@@ -74,47 +74,65 @@ def _spin_evidence(o: GpuObs, secs: float) -> str:
 
 @dataclass
 class FrozenRun:
-    """The dumps at the end of the window that all show the same stack, and what the counters did meanwhile."""
+    """The dumps at the end of the window that all show the same stack, and what the counters did meanwhile.
 
-    seconds: float
+    A slow but live thread shows the same stack in every dump (a worker blocked 20 ms per sample in the
+    same read), so the stack's span alone says little; what counts is the trailing part of it over which
+    the counters stood still (`still_*`)."""
+
+    seconds: float  # span of the identical stacks
     count: int
     first: StackSample
     last: StackSample
-    moved: Optional[Movement]  # None: the dumps carry no counters (an older collector or recording)
+    still: Optional[bool]  # True: counters stood still over the last `still_seconds`; False: they moved
+    # between the last two dumps (alive); None: the dumps carry no counters (older collector or recording)
+    still_seconds: float = 0.0
+    still_count: int = 0
+    moved: Optional[Movement] = None  # the counters over the still part (or the last two dumps when alive)
 
-    def still(self, *, cpu_counts: bool = True, io_counts: bool = True) -> Optional[bool]:
-        """True: the counters stood still; False: they moved (alive); None: no counters to tell."""
-        if self.moved is None:
-            return None
-        return not self.moved.alive(cpu_counts=cpu_counts, io_counts=io_counts)
-
-    def long_enough(self, still: Optional[bool]) -> bool:
+    def long_enough(self) -> bool:
         """Frozen long enough to be a hang: HANG_MIN_SECONDS on stacks alone, less when the counters agree."""
-        if still is False or self.count < 2:
-            return False
-        return self.seconds >= (HANG_STILL_MIN_SECONDS if still else HANG_MIN_SECONDS)
+        if self.still is None:
+            return self.count >= 2 and self.seconds >= HANG_MIN_SECONDS
+        return bool(self.still) and self.still_count >= 2 and self.still_seconds >= HANG_STILL_MIN_SECONDS
+
+    @property
+    def stuck_seconds(self) -> float:
+        return self.still_seconds if self.still else self.seconds
 
 
-def frozen_run(pid: int, samples: Sequence[StackSample]) -> Optional[FrozenRun]:
+def frozen_run(pid: int, samples: Sequence[StackSample], *, cpu_counts: bool = True, io_counts: bool = True) -> Optional[FrozenRun]:
+    """`cpu_counts` / `io_counts`: whether CPU time / I/O bytes are evidence of life (see Movement.alive)."""
     if not samples:
         return None
     last = samples[-1]
-    first = last
-    count = 0
+    run: list[StackSample] = []
     for s in reversed(samples):
         if s.signature != last.signature or s.state != last.state:
             break
-        first = s
-        count += 1
-    return FrozenRun(last.timestamp - first.timestamp, count, first, last, movement(pid, first, last))
+        run.append(s)
+    run.reverse()
+    out = FrozenRun(last.timestamp - run[0].timestamp, len(run), run[0], last, None)
+    if last.progress is None or len(run) < 2:
+        return out
+    # the earliest dump from which on nothing moved
+    for i, s in enumerate(run[:-1]):
+        moved = movement(pid, s, last)
+        if moved is not None and not moved.alive(cpu_counts=cpu_counts, io_counts=io_counts):
+            out.still, out.still_seconds, out.still_count, out.moved = True, moved.seconds, len(run) - i, moved
+            return out
+    out.still, out.moved = False, movement(pid, run[-2], last)
+    return out
 
 
 def _counters_text(run: FrozenRun) -> str:
-    return f"; counters still: {run.moved.describe()}" if run.moved is not None else ""
+    return f"; counters still: {run.moved.describe()}" if run.still and run.moved is not None else ""
 
 
-def _native_text(run: FrozenRun) -> Optional[str]:
-    native = next((s.native for s in (run.last, run.first) if s.native), ())
+def _native_text(run: FrozenRun, native: Sequence[str] = ()) -> Optional[str]:
+    """The C/C++ frames under the frozen Python ones: the collector's one native dump of the freeze, or a
+    native dump among the run's own."""
+    native = tuple(native) or next((s.native for s in (run.last, run.first) if s.native), ())
     if not native:
         return None
     return "native stack (py-spy --native): " + " ← ".join(native[:4])
@@ -142,7 +160,7 @@ def stuck_worker(rank: RankObs) -> Optional[StuckWorker]:
             return StuckWorker(w, f"DataLoader worker PID {w.pid} of {rank.name} is dead (state {w.last.state}, exited={w.last.exited})", ())
     for w in rank.workers.values():
         run = frozen_run(w.pid, w.samples)
-        if run is None or not _in_dataset_code(run.last.frames) or not run.long_enough(run.still()):
+        if run is None or not _in_dataset_code(run.last.frames) or not run.long_enough():
             continue
         cpu = mean(w.cpu[-5:])
         cpu_txt = f", CPU {cpu:.0f}%" if cpu is not None else ""
@@ -208,29 +226,37 @@ def _rank_hang(ctx: Context, rank: RankObs) -> Optional[_Hung]:
         if stuck is None:
             return None  # a starving rank also waits; it hangs only if a worker is dead or frozen in dataset code
         # the worker's evidence carries the hang; the main thread needs only to have waited as long
-        need = HANG_STILL_MIN_SECONDS if stuck.run is None or stuck.run.still() else HANG_MIN_SECONDS
-        if run.count < 2 or run.seconds < min(need, stuck.run.seconds if stuck.run else need):
+        need = min(HANG_MIN_SECONDS, stuck.run.stuck_seconds if stuck.run is not None else HANG_STILL_MIN_SECONDS)
+        if run.count < 2 or run.seconds < need:
             return None
+        stuck_secs = run.seconds
     elif state == IN_DATASET:
-        if not run.long_enough(run.still()):
+        if not run.long_enough():
             return None
+        stuck_secs = run.stuck_seconds
     else:
-        # a host parked at a sync: CUDA spin-waits, so its CPU is no evidence of life; a GPU that spins
-        # (a collective waiting for a peer) outweighs the thread's wake-ups.
+        # a host parked at a sync: CUDA spin-waits, so its CPU is no evidence of life (nor is other threads'
+        # I/O); a GPU that spins (a collective waiting for a peer) outweighs the thread's wake-ups.
         spinning = spin_secs is not None and spin_secs >= HANG_STILL_MIN_SECONDS
-        still = True if spinning else run.still(cpu_counts=False, io_counts=False)
-        if not (at_sync or spinning) or not run.long_enough(still):
-            return None
-    need = HANG_STILL_MIN_SECONDS if run.moved is not None else HANG_MIN_SECONDS
-    gpu_idle = idle_secs is not None and idle_secs >= min(need, run.seconds)
-    gpu_spin = spin_secs is not None and spin_secs >= min(need, run.seconds)
+        run = frozen_run(rank.pid, rank.samples, cpu_counts=False, io_counts=False) or run
+        if spinning:
+            if run.count < 2 or run.seconds < HANG_STILL_MIN_SECONDS:
+                return None
+            stuck_secs = run.seconds
+        else:
+            if not at_sync or not run.long_enough():
+                return None
+            stuck_secs = run.stuck_seconds
+    need = HANG_STILL_MIN_SECONDS if run.still is not None else HANG_MIN_SECONDS
+    gpu_idle = idle_secs is not None and idle_secs >= min(need, stuck_secs)
+    gpu_spin = spin_secs is not None and spin_secs >= min(need, stuck_secs)
     if gpus and not (gpu_idle or gpu_spin):
         return None  # the GPU computes: the job moves on the device while the host waits
     evidence = [f"{rank.label}: main thread {state} in {run.count} consecutive dumps over {run.seconds:.0f} s, same frame{_counters_text(run)}"]
     cpu = mean(rank.cpu[-5:])
     if cpu is not None:
         evidence.append(f"{rank.name} CPU {cpu:.0f}%" + (" (CUDA spin-waits at a sync)" if gpu_spin and cpu >= 50 else ""))
-    native = _native_text(run)
+    native = _native_text(run, rank.native)
     if native:
         evidence.append(native)
     for o in gpus:
@@ -244,7 +270,7 @@ def _rank_hang(ctx: Context, rank: RankObs) -> Optional[_Hung]:
     if stuck is not None:
         evidence.append(stuck.what)
         if stuck.run is not None:
-            wnative = _native_text(stuck.run)
+            wnative = _native_text(stuck.run, stuck.worker.native)
             if wnative:
                 evidence.append(f"worker {wnative}")
         frames = stuck.frames or frames
@@ -279,16 +305,16 @@ def _rank_hang(ctx: Context, rank: RankObs) -> Optional[_Hung]:
         id="hang",
         title="Silent misfire: the job is stuck",
         severity="critical",
-        confidence=confidence_from(run.count, 6, run.seconds / (2 * HANG_MIN_SECONDS) if run.moved is None else 1.0),
+        confidence=confidence_from(run.count, 6, stuck_secs / (2 * HANG_MIN_SECONDS) if run.still is None else 1.0),
         label=LABEL_CODE,
-        summary=f"Hang: {rank.name} stuck for {run.seconds:.0f} s: {where}" + (f"; GPU {held[0].index} holds memory at 0%" if held else ""),
+        summary=f"Hang: {rank.name} stuck for {stuck_secs:.0f} s: {where}" + (f"; GPU {held[0].index} holds memory at 0%" if held else ""),
         evidence=tuple(evidence),
         frames=frames,
         fix=fix,
         gpus=tuple(o.index for o in gpus),
         pids=(rank.pid,),
     )
-    return _Hung(finding, rank, run.seconds, waiter=state == COLLECTIVE or (gpu_spin and state not in (WAITING_FOR_DATA, IN_DATASET)), state=state)
+    return _Hung(finding, rank, stuck_secs, waiter=state == COLLECTIVE or (gpu_spin and state not in (WAITING_FOR_DATA, IN_DATASET)), state=state)
 
 
 def _odd_one_out(ctx: Context, waiting: Sequence[_Hung]) -> Optional[tuple[RankObs, str, tuple[str, ...]]]:
