@@ -83,7 +83,7 @@ class AttachedJobs:
     """The jobs behind the PIDs given with --pid, each with its stacks (raises GputopError for a PID that is not there)."""
 
     def __init__(self, pids: Sequence[int], *, stack_interval: float = 2.0, log: Callable[[str], None] = print) -> None:
-        from gputop.collect.job import JobCollector
+        from gputop.collect.job_tree import JobCollector
 
         self.collectors: list[Any] = []
         self._log = log
@@ -120,7 +120,7 @@ class DiscoveredJobs:
         self._collectors: dict[int, Any] = {}  # the job's anchor PID (launcher or lone rank) -> its collector
 
     def collect(self, gpus: tuple[GpuSample, ...], now: float) -> list[JobTree]:
-        from gputop.collect.job import JobCollector, discover_jobs
+        from gputop.collect.job_tree import JobCollector, discover_jobs
 
         anchors = [tree.launcher.pid if tree.launcher else tree.root_pid for tree in discover_jobs(gpus)]
         for pid in set(self._collectors) - set(anchors):
