@@ -15,7 +15,9 @@ from collections import Counter
 from typing import Any, Optional, Sequence
 
 from gputop import __version__
-from gputop.analysis.diagnosis import collect_rank_observations, mean, percentile, verdict_line
+from gputop.analysis.diagnosis import verdict_line
+from gputop.analysis.numbers import mean, percentile
+from gputop.analysis.observations import collect_rank_observations
 from gputop.analysis.stack_classes import aggregate_worker_leaves, format_frame
 from gputop.analysis.xids import distinct_xids, meaning_of
 from gputop.history import History
