@@ -32,10 +32,14 @@ from gputop.analysis.stack_classes import (
     FORWARD_BACKWARD,
     IDLE_OTHER,
     IN_DATASET,
+    INPUT_WAIT_STATES,
     OPTIMIZER_STEP,
     WAITING_FOR_DATA,
+    WAITING_FOR_RANK0_DATA,
     main_thread,
 )
+from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S, PCIE_LOAD_UTILIZATION
+from gputop.collect.stack_schedule import main_thread_counters
 from gputop.collect.stacks import error_reason
 from gputop.errors import GputopError
 from gputop.history import History
@@ -46,21 +50,17 @@ RANK_STATES = ("compute", "data_wait", "in_dataset", "collective", "sync", "opti
 STATE_OF_CLASS = {
     FORWARD_BACKWARD: "compute",
     WAITING_FOR_DATA: "data_wait",
+    WAITING_FOR_RANK0_DATA: "data_wait",  # Accelerate's dispatcher: rank 0 loads, the others wait for its batch
     IN_DATASET: "in_dataset",
     COLLECTIVE: "collective",
     EXPLICIT_SYNC: "sync",
     OPTIMIZER_STEP: "optimizer",
     IDLE_OTHER: "idle",
 }
-# The training loop is held up by its input in both: waiting for the workers, or loading the batch itself.
-INPUT_CLASSES = (WAITING_FOR_DATA, IN_DATASET)
 VERDICTS = ("healthy", "code", "infrastructure", "unknown")
 FINDING_LABELS = {LABEL_CODE: "code", LABEL_INFRA: "infrastructure"}
 
 DATA_WAIT_WINDOW_S = 60.0  # gputop_rank_data_wait_ratio: the share of the main-thread dumps of the last minute
-DIAGNOSIS_WINDOW_S = 120.0  # the findings and the verdict look this far back (the TUI's window)
-# The generation of an idle link drops to save power, so it is judged under load only (as the diagnosis does).
-PCIE_LOAD_UTILIZATION = 30.0
 # The findings and verdict when no job runs on the GPUs: the GPUs as a whole (a job label is a PID, so
 # it cannot collide).
 MACHINE_JOB = "machine"
@@ -167,21 +167,18 @@ def rank_label(rank: Rank, position: int) -> str:
 
 def _main_thread_moved(before: ProcessStacks, after: ProcessStacks, cpu_percent: Optional[float]) -> bool:
     """Did the main thread move between two dumps?  Equal stacks alone do not say it stood still: a loop
-    waiting for data shows the same frames in every dump.  So its counters decide where the collector
-    read them (a waiting thread is woken by each batch; a parked one gains no voluntary switches), and
-    the process's CPU use where it did not."""
+    waiting for data shows the same frames in every dump.  Its progress counters decide, as they decide
+    a freeze for the collector (a thread woken by each batch gains voluntary switches; a parked one
+    does not); where a dump has none (an older recording), the process's CPU use does."""
     a, b = main_thread(before), main_thread(after)
     if a is None or b is None:
         return False
     if a.frames != b.frames:
         return True
-    if before.progress is None or after.progress is None:
+    counters_before, counters_after = main_thread_counters(before), main_thread_counters(after)
+    if counters_before is None or counters_after is None:
         return cpu_percent is not None and cpu_percent >= PROGRESS_CPU_PERCENT
-    if before.progress.io_read_chars != after.progress.io_read_chars:
-        return True
-    counters = {t.tid: t.voluntary_switches for t in before.progress.threads}
-    tid = b.os_thread_id if b.os_thread_id is not None else after.pid
-    return any(t.tid == tid and counters.get(t.tid) not in (None, t.voluntary_switches) for t in after.progress.threads)
+    return counters_before != counters_after
 
 
 def verdict_of(findings: Sequence[Finding]) -> str:
@@ -204,7 +201,7 @@ def pcie_degraded_now(gpu: GpuSample) -> Optional[bool]:
         return True
     if link.gen_current is None or link.gen_max is None:
         return None
-    if (gpu.utilization_gpu or 0.0) < PCIE_LOAD_UTILIZATION:
+    if (gpu.utilization_gpu or 0.0) < PCIE_LOAD_UTILIZATION:  # the diagnosis' bar for "under load"
         return None
     return link.gen_current < link.gen_max
 
@@ -422,7 +419,7 @@ class Exporter:
                 for name in RANK_STATES:
                     state.add_metric([job, label, name, h], 1.0 if name == current else 0.0)
                 if track.dumps:
-                    waits = sum(1 for _t, cls in track.dumps if cls in INPUT_CLASSES)
+                    waits = sum(1 for _t, cls in track.dumps if cls in INPUT_WAIT_STATES)
                     wait_ratio.add_metric([job, label, h], waits / len(track.dumps))
                 if track.last_progress is not None:
                     progress.add_metric([job, label, h], track.last_progress)

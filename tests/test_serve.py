@@ -369,6 +369,29 @@ def test_a_finding_reads_zero_once_it_cleared_and_the_verdict_follows():
     ]
 
 
+def test_progress_follows_the_main_threads_counters_when_its_stack_stays_the_same():
+    """Identical stacks: a loop woken by each batch (voluntary switches) moves; a thread parked at a CUDA
+    sync spinning a core does not (CPU time is not progress when the counters are there)."""
+    from gputop.model import ProcessProgress, ThreadProgress
+
+    def dump(t: float, switches: int, cpu_ticks: int) -> ProcessStacks:
+        stacks = hb.stacks_of(1000, hb.STATE_FRAMES[WAITING_FOR_DATA], hb.T0 + t)
+        return replace(stacks, progress=ProcessProgress(cpu_seconds=cpu_ticks / 100, io_read_chars=0, io_write_chars=0,
+                                                        threads=(ThreadProgress(1000, switches, 0, cpu_ticks),)))
+
+    def last_progress(dumps: list[ProcessStacks], cpu: float) -> float:
+        scenario = hb.Scenario(seconds=len(dumps) - 1, ranks=[hb.RankSpec(pid=1000, rank=0, gpus=(0,), state=lambda t: WAITING_FOR_DATA, cpu=lambda t: cpu)])
+        history = hb.build(scenario)
+        source = HistorySource(history)
+        source.snaps = [replace(s, job=replace(s.job, stacks={1000: d})) for s, d in zip(history, dumps)]
+        exporter = Exporter(source, HistoryJobs(source), interval=1.0, diagnose=lambda h: [], log=lambda line: None)
+        run_cycles(exporter, source)
+        return one(parse(scrape_text(exporter)), "gputop_rank_last_progress_timestamp_seconds", rank="0") - hb.T0
+
+    assert last_progress([dump(t, 10 * t, 5 * t) for t in range(6)], cpu=5.0) == 5  # woken each batch
+    assert last_progress([dump(t, 10 if t < 3 else 30, 100 * t) for t in range(6)], cpu=100.0) == 3  # spinning since t=3
+
+
 def test_refused_stacks_become_a_counter_and_one_log_line():
     refused = "permission denied reading PID 1000's stacks: run gputop as the job's user, or with sudo"
 
@@ -401,6 +424,52 @@ def test_error_reasons_match_the_messages_the_stack_reader_writes():
     assert error_reason("py-spy not found (looked next to /x and on PATH); install it") == "py_spy_missing"
     assert error_reason("py-spy kept failing: Failed to copy PyFrameObject") == "torn_read"
     assert error_reason("something new") == "other"
+
+
+# ----------------------------------------------------------------- the files in contrib/
+
+CONTRIB = REPO / "contrib"
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (it comes with Debian's prometheus package, which .ci/run installs)")
+def test_alert_rules_pass_their_promtool_unit_tests():
+    """Hang (no progress 10 min while the GPU holds memory), input-bound 10 min, degraded link: each fires
+    for the series it should and stays quiet for the others (contrib/prometheus/gputop-alerts.test.yml)."""
+    result = subprocess.run([PROMTOOL, "test", "rules", str(CONTRIB / "prometheus" / "gputop-alerts.test.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    check = subprocess.run([PROMTOOL, "check", "config", str(CONTRIB / "prometheus" / "prometheus.yml")],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads((CONTRIB / "grafana" / "gputop.json").read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def test_the_dashboard_reads_only_metrics_gputop_or_dcgm_exporter_export():
+    import re
+
+    exported = set(METRIC_LABELS) | {"gputop_xid_events_total", "gputop_pyspy_errors_total"}
+    queries = dashboard_queries()
+    names = {name for expr in queries for name in re.findall(r"\b((?:gputop|DCGM_FI)_[A-Za-z_]+)", expr)}
+    assert {n for n in names if n.startswith("gputop_")} <= exported
+    assert {"gputop_rank_data_wait_ratio", "gputop_rank_state", "gputop_verdict", "gputop_finding"} <= names
+    assert any(n.startswith("DCGM_FI_") for n in names)  # beside dcgm-exporter's
+    for expr in queries:  # joins go through dcgm-exporter's labels
+        if "DCGM_FI_" in expr and "gputop_" in expr:
+            assert "on (Hostname, gpu)" in expr, expr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_the_systemd_unit_verifies(tmp_path):
+    unit = tmp_path / "gputop-serve.service"
+    gputop = shutil.which("gputop") or sys.executable
+    unit.write_text((CONTRIB / "systemd" / "gputop-serve.service").read_text().replace("/usr/local/bin/gputop", gputop))
+    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "gputop-serve.service" not in result.stderr, result.stderr
 
 
 # ----------------------------------------------------------------- listening
@@ -568,6 +637,9 @@ def test_prometheus_scrapes_serve_next_to_an_input_bound_job(spawn, tmp_path):
     assert degraded == {str(g): (1.0 if g == 3 else 0.0) for g in range(8)}
     # the rule file's input-bound expression finds this job
     assert query("max by (Hostname, job, rank) (gputop_rank_data_wait_ratio) > 0.6")
+    # every dashboard query runs (there is no dcgm-exporter here: those return nothing, but parse)
+    for expr in dashboard_queries():
+        query(expr.replace("$Hostname", ".*").replace("$job", ".*"))
 
     serve.send_signal(signal.SIGTERM)  # systemd's stop: a clean exit, no traceback
     _out, err = serve.communicate(timeout=30)
