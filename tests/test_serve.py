@@ -9,10 +9,7 @@ over the fake library), and read the metrics back over a real HTTP server.  The 
 from __future__ import annotations
 
 import contextlib
-import gc
-import io
 import json
-import os
 import shutil
 import signal
 import socket
@@ -20,12 +17,11 @@ import statistics
 import subprocess
 import sys
 import time
-import tracemalloc
 import urllib.parse
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -39,7 +35,7 @@ from gputop.errors import UsageError
 from gputop.exporter import DATA_WAIT_WINDOW_S, RANK_STATES, DiscoveredJobs, Exporter
 from gputop.model import LABEL_CODE, LABEL_INFRA, Finding, ProcessStacks, XidEvent
 from tests import history_builder as hb
-from tests.helpers import wait_until
+from tests.helpers import heap_growth_per_block, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_LOOP = REPO / "tests" / "jobs" / "train_loop.py"
@@ -553,25 +549,9 @@ def test_memory_stays_flat_over_many_cycles_in_compressed_time():
     histories fill their diagnosis window in 32 cycles).  Two ranks keep the diagnosis cheap on 2 cores."""
     exporter, source = exporter_over(input_bound(seconds=4 * 360, ranks=2, interval=4.0))
 
-    def settled_snapshot():
-        gc.collect()
-        return tracemalloc.take_snapshot()
-
     # Warm up until the histories hold a full window (they then replace, not grow), then compare three
-    # blocks of 100 cycles: a leak grows every block, noise does not (see test_pipeline's memory test).
-    tracemalloc.start()
-    try:
-        run_cycles(exporter, source, exporter._capacity + 5)
-        snapshots = [settled_snapshot()]
-        for _ in range(3):
-            run_cycles(exporter, source, 100)
-            snapshots.append(settled_snapshot())
-    finally:
-        tracemalloc.stop()
-    growths = [
-        sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-        for before, after in zip(snapshots, snapshots[1:])
-    ]
+    # blocks of 100 cycles: a leak grows every block, noise does not.
+    growths = heap_growth_per_block(exporter.cycle, warmup=exporter._capacity + 5)
     # Measured: 1.0-1.3 KB a block here; a history that never dropped a snapshot (~100 bytes a cycle)
     # grew ~9 KB a block (tried).
     assert min(growths) < 5 * 1024, f"grew in every block of 100 cycles: {growths} bytes"
