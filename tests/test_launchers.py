@@ -119,9 +119,13 @@ def test_torch_multiprocessing_spawn_numbers_ranks_in_start_order(spawn, tmp_pat
 
 
 @pytest.mark.slow
-def test_slurm_step_stand_in(spawn, tmp_path):
-    records = start(spawn, tmp_path, [sys.executable, str(LAUNCHERS / "slurmstepd"), "2", sys.executable, str(STUB)], 2)
-    check_every_pid_finds_the_whole_job(records, _by_variable(records, "SLURM_PROCID"), "slurmstepd", 2)
+@pytest.mark.parametrize(("program", "rank_variable", "launcher_name"), [
+    ("slurmstepd", "SLURM_PROCID", "slurmstepd"),  # srun's tasks on a node are slurmstepd's children
+    ("mpiexec.hydra", "PMI_RANK", "hydra_pmi_proxy"),  # MPICH: mpiexec.hydra -> hydra_pmi_proxy -> ranks
+])
+def test_slurm_and_mpich_stand_ins(spawn, tmp_path, program, rank_variable, launcher_name):
+    records = start(spawn, tmp_path, [sys.executable, str(LAUNCHERS / program), "2", sys.executable, str(STUB)], 2)
+    check_every_pid_finds_the_whole_job(records, _by_variable(records, rank_variable), launcher_name, 2)
 
 
 @pytest.mark.slow
@@ -132,12 +136,6 @@ def test_open_mpi_mpirun(spawn, tmp_path):
         sys.executable, str(STUB),
     ], 2, OMPI_MCA_plm_rsh_agent="")
     check_every_pid_finds_the_whole_job(records, _by_variable(records, "OMPI_COMM_WORLD_RANK"), None, 2)
-
-
-@pytest.mark.slow
-def test_mpich_hydra_stand_in(spawn, tmp_path):
-    records = start(spawn, tmp_path, [sys.executable, str(LAUNCHERS / "mpiexec.hydra"), "2", sys.executable, str(STUB)], 2)
-    check_every_pid_finds_the_whole_job(records, _by_variable(records, "PMI_RANK"), "hydra_pmi_proxy", 2)
 
 
 @pytest.mark.slow
