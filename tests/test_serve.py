@@ -411,6 +411,34 @@ def test_refused_stacks_become_a_counter_and_one_log_line():
     assert values(samples, "gputop_rank_data_wait_ratio") == {}
 
 
+def test_a_failed_cycle_is_logged_once_and_the_collector_goes_on():
+    import threading
+
+    stop = threading.Event()
+
+    class FlakySource(HistorySource):
+        failures = 0
+
+        def poll(self):
+            if self.i == 2 and self.failures < 3:  # the driver fails three polls in a row
+                self.failures += 1
+                raise OSError("NVML went away")
+            if self.i == len(self.snaps) - 1:
+                stop.set()  # the last snapshot: the loop ends after this cycle
+            return super().poll()
+
+    source = FlakySource(hb.build(input_bound(seconds=6, ranks=1)))
+    logged: list[str] = []
+    exporter = Exporter(source, HistoryJobs(source), interval=0.001, log=logged.append)
+    thread = threading.Thread(target=exporter.run, args=(stop,))
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and source.failures == 3
+    assert logged == ["collection failed: OSError: NVML went away (serving the last values; retrying)"]
+    assert exporter.cycles == len(source.snaps) == 7
+    assert one(parse(scrape_text(exporter)), "gputop_rank_data_wait_ratio", rank="0") > 0
+
+
 def test_error_reasons_match_the_messages_the_stack_reader_writes():
     advice = permission_advice(1234, PtraceFacts(our_uid=1000, target_uid=0, has_cap_sys_ptrace=False, ptrace_scope=1, in_container=False))
     assert error_reason(advice) == "permission"
