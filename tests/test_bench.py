@@ -19,8 +19,9 @@ import pytest
 from gputop.bench import BenchResult, run_benchmark
 from gputop.collect.stacks import dump_stacks
 from gputop.errors import GputopError
-from tests.bench_jobs.harness import REPO, children, start_job, thread_ids, truth
-from tests.helpers import wait_until
+from tests.harness.processes import children, thread_ids
+from tests.harness.train_jobs import REPO, start_job, truth
+from tests.harness.processes import wait_until
 
 PREP_S = 0.060
 STEP_S = 0.030

@@ -11,7 +11,7 @@ import pytest
 from gputop.bench import resolve_rank, run_benchmark
 from gputop.collect.sampler import sample_passive
 from gputop.sim.demo_launcher import DemoJob
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 RANKS = 2  # keeps 2 shared cores usable; the arithmetic per rank is the same as with 8
 

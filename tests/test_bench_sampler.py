@@ -8,7 +8,7 @@ import pytest
 
 from gputop.analysis.stack_classes import IN_DATASET, WAITING_FOR_DATA
 from gputop.collect.sampler import PassiveSampler, analyze, parse_raw
-from tests.bench_jobs.harness import start_job, truth
+from tests.harness.train_jobs import start_job, truth
 
 CMD = 'process 100:"python train.py"'
 WORKER = 'process 100:"python train.py";process 200:"python train.py"'

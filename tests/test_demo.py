@@ -32,7 +32,7 @@ from gputop.commands.demo import DEMO_PROFILE, observe
 from gputop.pipeline import Pipeline
 from gputop.sim import scenarios
 from gputop.sim.demo_launcher import DemoJob
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 STARTUP_S = 240.0  # ranks import torch (~2 s of CPU each) on 2 cores that other tests share
 GIB = 1024**3

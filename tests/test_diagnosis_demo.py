@@ -11,7 +11,7 @@ from gputop.analysis.diagnosis import diagnose, severe, verdict_line
 from gputop.history import History
 from gputop.pipeline import Pipeline
 from gputop.sim.demo_launcher import DemoJob
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 VERDICT_DEADLINE_S = 30.0
 RANKS = 4  # 4 ranks start faster on a small box than 8; the profiles are the same

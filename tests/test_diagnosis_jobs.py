@@ -14,7 +14,7 @@ import pytest
 from gputop.analysis.diagnosis import diagnose, severe, verdict_line
 from gputop.history import History
 from gputop.pipeline import Pipeline
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 JOB = os.path.join(os.path.dirname(__file__), "diagnosis_job.py")
 VERDICT_DEADLINE_S = 30.0

@@ -36,8 +36,8 @@ from gputop.collect import stacks as stacks_mod
 from gputop.collect.job import JobCollector
 from gputop.errors import GputopError
 from gputop.recording import ReplaySource, read_recording
-from tests.helpers import Ran, wait_until
-from tests.helpers import run_gputop as gputop
+from tests.harness.processes import Ran, wait_until
+from tests.harness.processes import run_gputop as gputop
 
 REPO = Path(__file__).resolve().parent.parent
 DRILL_JOBS = Path(__file__).resolve().parent / "drill_jobs"
@@ -564,7 +564,7 @@ def test_py_spy_hangs_tui_keeps_drawing_and_answering_keys(spawn, tmp_path):
     from gputop.pipeline import Pipeline
     from gputop.tui.app import GputopApp
     from gputop.tui.screens import HelpScreen
-    from tests.tui.conftest import wait_for
+    from tests.harness.tui import wait_for
 
     job = start_job(spawn, tmp_path, "--workers", "1")
     fake = install_fake_py_spy(tmp_path / "fakebin", "hang")
@@ -664,7 +664,7 @@ def test_tui_resized_to_20x5_and_back(tmp_path):
     from gputop.pipeline import Pipeline
     from gputop.tui.app import GputopApp
     from gputop.tui.screens import TooSmallScreen
-    from tests.tui.conftest import wait_for
+    from tests.harness.tui import wait_for
     from gputop.tui.widgets.gpu_grid import GpuGrid
 
     pipeline = Pipeline(simulate="h100-sxm-8")

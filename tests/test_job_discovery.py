@@ -24,7 +24,7 @@ from gputop.errors import GputopError
 from gputop.model import (
     Frame, GpuProcess, GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, ThreadStack, from_jsonable, to_jsonable,
 )
-from tests.helpers import Spawner, wait_until
+from tests.harness.processes import Spawner, wait_until
 
 TRAIN_LOOP = Path(__file__).parent / "jobs" / "train_loop.py"
 needs_py_spy = pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")

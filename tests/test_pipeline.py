@@ -16,8 +16,8 @@ from gputop.errors import GputopError, UsageError
 from gputop.model import HostSample, JobTree, Snapshot
 from gputop.pipeline import Pipeline, pipeline_from_args
 from gputop.sim.fake_nvml import ManualClock
-from tests.helpers import wait_until
-from tests.test_fake_nvml import ScriptedLoad
+from tests.harness.processes import wait_until
+from tests.harness.nvml import ScriptedLoad
 
 no_driver_here = pytest.mark.skipif(
     bool(ctypes.util.find_library("nvidia-ml")), reason="libnvidia-ml is present on this machine"

@@ -14,7 +14,7 @@ import pytest
 
 from gputop.analysis.stack_classes import main_thread
 from gputop.collect import stacks as st
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 PY_SPY = st.find_py_spy()
 needs_py_spy = pytest.mark.skipif(PY_SPY is None, reason="py-spy is not installed")
