@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
+from gputop.collect.procfs import process_alive, read_status_field
 from gputop.model import Frame, ProcessStacks, ThreadStack
 
 DEFAULT_TIMEOUT = 3.0  # seconds for all attempts on one PID; a healthy dump takes ~12 ms
@@ -104,19 +105,8 @@ def _py_spy_error_line(stderr: str) -> str:
     return lines[0] if lines else "no output"
 
 
-def _read_status_field(pid: int | str, key: str) -> Optional[str]:
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
-
-
 def has_cap_sys_ptrace(pid: int | str = "self") -> bool:
-    cap = _read_status_field(pid, "CapEff")
+    cap = read_status_field(pid, "CapEff")
     try:
         return bool(int(cap or "0", 16) >> CAP_SYS_PTRACE & 1)
     except ValueError:
@@ -210,22 +200,6 @@ def permission_advice(pid: int, facts: PtraceFacts) -> str:
 
 def diagnose_permission(pid: int) -> str:
     return permission_advice(pid, PtraceFacts.read(pid))
-
-
-PF_EXITING = 0x4  # /proc/PID/stat flags: set as the kernel starts tearing the process down (before the zombie)
-
-
-def process_alive(pid: int) -> bool:
-    """Running (or sleeping...) rather than gone, exiting or a zombie.
-
-    A SIGKILLed process loses its memory and /proc/PID/exe a moment before /proc shows it as a zombie;
-    py-spy fails in that moment ("No such process", "Failed to get process executable name").  The
-    kernel marks the process PF_EXITING before either, so it counts as gone here from then on.
-    """
-    from gputop.collect.job import read_stat  # job imports this module at load time
-
-    stat = read_stat(pid)  # /proc/PID/stat is readable for every process, whoever owns it
-    return stat is not None and stat.state not in ("Z", "X") and not stat.flags & PF_EXITING
 
 
 def _has_executable(pid: int) -> bool:
