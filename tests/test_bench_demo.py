@@ -23,6 +23,7 @@ def _steps_per_s(job: DemoJob, sample) -> tuple[float, object]:
     return min(b - a for a, b in zip(before, after)) / (t1 - t0), value
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_recommended_workers_remove_the_wait_on_the_starved_demo(tmp_path):
     root = str(tmp_path / "results")

@@ -64,6 +64,7 @@ def _verdict_is(obs: DemoObserver, finding_id: str, words: str, severities: tupl
     return top.id == finding_id and words in top.summary and top.severity in severities
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scenario,finding_id,words,severities",
     [
@@ -90,6 +91,7 @@ def test_demo_scenario_gets_its_verdict(demo, scenario, finding_id, words, sever
     assert not others, others  # nothing else scores as severe
 
 
+@pytest.mark.slow
 def test_demo_tuned_is_healthy_not_input_bound(demo):
     obs = demo("tuned")
     # healthy needs enough stack dumps to say "not input-bound" (collecting until then)

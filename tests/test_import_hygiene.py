@@ -64,7 +64,13 @@ def test_every_command_is_covered():
     assert not missing, f"add {sorted(missing)} to HEADLESS (or INTERACTIVE) in this test"
 
 
-@pytest.mark.parametrize("command", sorted(HEADLESS))
+# bench samples a process with py-spy for seconds: the slow lane
+SLOW_COMMANDS = {"bench"}
+
+
+@pytest.mark.parametrize(
+    "command", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_COMMANDS else c for c in sorted(HEADLESS)]
+)
 def test_headless_command_loads_neither_textual_nor_torch(command, spawn, tmp_path):
     args, ok_codes = HEADLESS[command]
     pid = spawn.python(BUSY_PYTHON).pid if any("{pid}" in a for a in args) else 0

@@ -137,6 +137,7 @@ def test_poll_of_eight_gpus_is_fast(pipelines):
     assert statistics.median(times) < 0.1, times
 
 
+@pytest.mark.slow
 def test_memory_stays_flat_over_many_polls(pipelines):
     p = pipelines(simulate="h100-sxm-8+nvlink-down=1+ecc=2")
     p.fake_library.pcie_latency_s = 0.0

@@ -243,6 +243,7 @@ def _retained_bytes(make):
     return retained
 
 
+@pytest.mark.slow
 def test_replay_memory_does_not_grow_with_the_recording(tmp_path):
     from gputop.recording import RecordingIndex
 
