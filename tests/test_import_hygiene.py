@@ -8,8 +8,11 @@ HEADLESS, or `test_every_command_is_covered` fails.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
+from typing import Optional
 
 import pytest
 
@@ -17,9 +20,12 @@ from gputop.cli import COMMAND_MODULES
 from tests.harness.train_jobs import REPO
 
 # After main() returns: the exit code and every top-level package that was imported, as JSON in argv[1].
+# A command that runs until a signal (serve) is sent SIGTERM after STOP_AFTER_S seconds.
 PROBE = """
-import json, sys
+import json, os, signal, sys, threading
 from gputop.cli import main
+if os.environ.get("STOP_AFTER_S"):
+    threading.Timer(float(os.environ["STOP_AFTER_S"]), os.kill, (os.getpid(), signal.SIGTERM)).start()
 rc = main(sys.argv[2:])
 with open(sys.argv[1], "w") as out:
     json.dump({"rc": rc, "modules": sorted({m.split(".")[0] for m in sys.modules})}, out)
@@ -37,19 +43,30 @@ HEADLESS = {
     "record": (["--simulate", "--seconds", "2", "--interval", "0.5", "-o", "{tmp}/run.gtr"], {0}),
     # a busy loop is no training job: bench samples it with py-spy, then says why it cannot advise (1)
     "bench": (["--pid", "{pid}", "--seconds", "3", "--json"], {0, 1}),
+    # 1: a check failed on this box (no GPU, a container): the command still ran every check
+    "check": (["--simulate", "--seconds", "1"], {0, 1}),
+    "serve": (["--simulate", "--interval", "0.5", "--listen", "127.0.0.1:{port}"], {0}),
 }
+STOP_AFTER_S = {"serve": 3.0}
 # Commands that are the UI itself, or run a torch job as a child (the monitor side still never imports torch).
 INTERACTIVE = {"tui", "demo", "replay"}
 
 
-def probe(spawn, tmp_path, argv: list[str], timeout: float = 120) -> dict:
+def probe(spawn, tmp_path, argv: list[str], timeout: float = 120, stop_after: Optional[float] = None) -> dict:
     out_file = tmp_path / "probe.json"
+    env = {**os.environ, **({"STOP_AFTER_S": str(stop_after)} if stop_after else {})}
     proc = spawn([sys.executable, "-c", PROBE, str(out_file), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                 cwd=REPO)
+                 cwd=REPO, env=env)
     _, err = proc.communicate(timeout=timeout)
     stderr = err.decode("utf-8", "replace")
     assert out_file.exists(), f"gputop {' '.join(argv)} did not return from main(): rc={proc.returncode} {stderr[-2000:]}"
     return {**json.loads(out_file.read_text()), "stderr": stderr}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def imported_by(spawn, module: str) -> set[str]:
@@ -74,8 +91,8 @@ SLOW_COMMANDS = {"bench"}
 def test_headless_command_loads_neither_textual_nor_torch(command, spawn, tmp_path):
     args, ok_codes = HEADLESS[command]
     pid = spawn.python(BUSY_PYTHON).pid if any("{pid}" in a for a in args) else 0
-    argv = [command, *(a.format(tmp=tmp_path, pid=pid) for a in args)]
-    result = probe(spawn, tmp_path, argv)
+    argv = [command, *(a.format(tmp=tmp_path, pid=pid, port=free_port()) for a in args)]
+    result = probe(spawn, tmp_path, argv, stop_after=STOP_AFTER_S.get(command))
     assert result["rc"] in ok_codes, f"gputop {' '.join(argv)} exited {result['rc']}: {result['stderr'][-2000:]}"
     assert "internal error" not in result["stderr"]
     loaded = set(result["modules"])

@@ -19,7 +19,7 @@ import pytest
 from gputop.analysis import stack_classes as sc
 from gputop.collect import job_tree as jobmod
 from gputop.collect import procfs, stack_schedule
-from gputop.collect.job_tree import JobCollector, discover_jobs, misplacement_warnings
+from gputop.collect.job_tree import JobCollector, discover_jobs, find_misplacements
 from gputop.collect.stacks import find_py_spy
 from gputop.errors import GputopError
 from gputop.model import (
@@ -340,6 +340,7 @@ def test_discover_jobs_groups_gpu_processes_by_launcher(torchrun_job, spawn):
 
     # the classic bug: every rank on cuda:0 while the other GPUs idle
     jobs = discover_jobs((gpu(0, r0, r1), gpu(1), gpu(2), gpu(3)))
+    assert [(m.kind, m.pids) for m in jobs[0].misplacements] == [("all_on_one_gpu", (r0, r1))]
     assert jobs[0].warnings == (
         "all 2 ranks run on GPU 0 while 3 other GPUs sit idle: call torch.cuda.set_device(local_rank) "
         "(or use f'cuda:{local_rank}') before any CUDA work",
@@ -358,15 +359,20 @@ def _rank(pid: int, rank: int, gpus: tuple[int, ...]) -> Rank:
 def test_misplacement_shared_gpu_and_stray_context():
     gpus = tuple(gpu(i) for i in range(4))
     ranks = (_rank(10, 0, (0,)), _rank(11, 1, (1,)), _rank(12, 2, (1,)), _rank(13, 3, (0, 3)))
-    warnings = misplacement_warnings(ranks, gpus)
-    assert warnings == (
+    found = find_misplacements(ranks, gpus)
+    assert [(m.kind, m.pids, m.gpus) for m in found] == [
+        ("shared_gpu", (10, 13), (0,)), ("shared_gpu", (11, 12), (1,)), ("several_gpus", (13,), (0, 3)),
+    ]
+    assert tuple(m.message for m in found) == (
         "GPU 0 is shared by 2 ranks (rank 0 (PID 10), rank 3 (PID 13)): " + jobmod.SET_DEVICE_FIX,
         "GPU 1 is shared by 2 ranks (rank 1 (PID 11), rank 2 (PID 12)): " + jobmod.SET_DEVICE_FIX,
         "rank 3 (PID 13) holds memory on GPUs 0, 3: a stray CUDA context (usually cuda:0 touched before "
         "set_device); " + jobmod.SET_DEVICE_FIX,
     )
-    assert misplacement_warnings((_rank(10, 0, (0,)), _rank(11, 1, (1,))), gpus) == ()
-    assert misplacement_warnings((_rank(10, 0, ()),), gpus) == ()  # no GPU processes known: nothing to say
+    everyone = find_misplacements((_rank(10, 0, (0,)), _rank(11, 1, (0,))), gpus)
+    assert [(m.kind, m.pids, m.gpus) for m in everyone] == [("all_on_one_gpu", (10, 11), (0,))]
+    assert find_misplacements((_rank(10, 0, (0,)), _rank(11, 1, (1,))), gpus) == ()
+    assert find_misplacements((_rank(10, 0, ()),), gpus) == ()  # no GPU processes known: nothing to say
 
 
 # ----------------------------------------------------------------- faults

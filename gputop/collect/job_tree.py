@@ -19,12 +19,15 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Optional
 
-from gputop.analysis.stack_classes import classify_main_thread
+import psutil
+
+from gputop.analysis.stack_classes import classify_main_thread, main_thread
 from gputop.collect import stacks as stacks_mod
+from gputop.collect.cgroup import job_limits
 from gputop.collect.procfs import ProcessTable, ProcKey, Tracked, int_or_none, process_alive, read_stat
-from gputop.collect.stack_schedule import StackSchedule
+from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSchedule
 from gputop.errors import GputopError
-from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
+from gputop.model import GpuSample, JobTree, Misplacement, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
 
 WORKER_COMM = "pt_data_worker"  # torch sets it in the DataLoader worker loop
 PIN_THREAD_COMM = "pt_data_pin"  # torch names the pin-memory thread so
@@ -197,13 +200,23 @@ class JobScanner:
                 )
             )
         ranks_t = tuple(ranks)
+        misplacements = find_misplacements(ranks_t, gpus)
+        limits = job_limits((r.key[0] for r in structure.ranks), host_memory=_host_memory())
         return JobTree(
             root_pid=root_pid,
             launcher=launcher_info,
             ranks=ranks_t,
-            warnings=misplacement_warnings(ranks_t, gpus),
+            warnings=tuple(m.message for m in misplacements),
             cores=job_cores(launcher_info, ranks_t),
+            misplacements=misplacements,
+            cpu_limit=limits.cpu,
+            memory_limit=limits.memory,
         )
+
+
+@functools.lru_cache(maxsize=1)
+def _host_memory() -> int:
+    return psutil.virtual_memory().total
 
 
 def _rank_sort_key(tracked: Tracked) -> tuple:
@@ -259,9 +272,10 @@ def _gpu_list(indices: Iterable[int]) -> str:
 SET_DEVICE_FIX = "call torch.cuda.set_device(local_rank) (or use f'cuda:{local_rank}') before any CUDA work"
 
 
-def misplacement_warnings(ranks: tuple[Rank, ...], gpus: tuple[GpuSample, ...]) -> tuple[str, ...]:
-    """Ranks sharing a GPU, one rank on several GPUs, and the "all ranks on GPU 0" bug: one line each."""
-    warnings: list[str] = []
+def find_misplacements(ranks: tuple[Rank, ...], gpus: tuple[GpuSample, ...]) -> tuple[Misplacement, ...]:
+    """Ranks sharing a GPU, one rank on several GPUs, and the "all ranks on GPU 0" bug, each with its
+    ranks, GPUs and one line for people."""
+    found: list[Misplacement] = []
     placed = [r for r in ranks if r.gpus]
     if not placed:
         return ()
@@ -275,22 +289,25 @@ def misplacement_warnings(ranks: tuple[Rank, ...], gpus: tuple[GpuSample, ...]) 
     if everyone_on_one:
         (index,) = by_gpu
         idle = visible_gpus - 1
-        warnings.append(
+        message = (
             f"all {len(placed)} ranks run on GPU {index}"
             + (f" while {idle} other GPU{'s' if idle != 1 else ''} sit idle" if idle > 0 else "")
             + f": {SET_DEVICE_FIX}"
         )
+        found.append(Misplacement("all_on_one_gpu", tuple(r.proc.pid for r in placed), (index,), message))
     else:
         for index in sorted(shared):
             names = ", ".join(_rank_label(r) for r in shared[index])
-            warnings.append(f"GPU {index} is shared by {len(shared[index])} ranks ({names}): {SET_DEVICE_FIX}")
+            message = f"GPU {index} is shared by {len(shared[index])} ranks ({names}): {SET_DEVICE_FIX}"
+            found.append(Misplacement("shared_gpu", tuple(r.proc.pid for r in shared[index]), (index,), message))
     for rank in placed:
         if len(rank.gpus) > 1:
-            warnings.append(
+            message = (
                 f"{_rank_label(rank)} holds memory on GPUs {_gpu_list(rank.gpus)}: a stray CUDA context "
                 f"(usually cuda:0 touched before set_device); {SET_DEVICE_FIX}"
             )
-    return tuple(warnings)
+            found.append(Misplacement("several_gpus", (rank.proc.pid,), tuple(rank.gpus), message))
+    return tuple(found)
 
 
 # ----------------------------------------------------------------- the collector
@@ -313,10 +330,14 @@ class JobCollector:
         stacks_enabled: bool = True,
         stacks_wanted: bool = True,
         dump: Optional[Callable[[list[int]], dict[int, ProcessStacks]]] = None,
+        native_dump: Optional[Callable[[int], ProcessStacks]] = stacks_mod.dump_native,
+        native_after: float = NATIVE_AFTER_S,
     ) -> None:
         """Attach to the job `pid` belongs to.  `stacks_enabled=False`: never run py-spy (no thread);
         `stacks_wanted`: the initial state of the switch; `dump`: the stack reader (default: py-spy, a
-        few at a time: each dump is CPU work, and on a small machine the job needs the cores)."""
+        few at a time: each dump is CPU work, and on a small machine the job needs the cores);
+        `native_dump`: what takes the one native dump of a process frozen for `native_after` seconds
+        (None: never pause a process)."""
         if pid <= 0:
             raise GputopError(f"{pid} is not a process id (it must be positive)")
         self.pid = pid
@@ -329,8 +350,11 @@ class JobCollector:
         self._root_start_ticks = root.start_ticks
         self._dump = dump or functools.partial(stacks_mod.dump_stacks, max_parallel=stacks_mod.background_parallelism())
         self._schedule = StackSchedule()
+        self._native_dump = native_dump
+        self._freezes = FreezeWatch(native_after)
         self._lock = threading.Lock()
         self._stacks: dict[int, ProcessStacks] = {}
+        self._native: dict[int, ProcessStacks] = {}  # pid -> the native dump of its freeze, while it lasts
         self._stacks_error: Optional[str] = None
         self._last_tree: Optional[JobTree] = None
         self._exited = False
@@ -388,11 +412,13 @@ class JobCollector:
         with self._lock:
             self._stack_pids = pids
             stacks = {pid: self._stacks[pid] for pid in pids if pid in self._stacks}
+            native = {pid: self._native[pid] for pid in pids if pid in self._native}
             stacks_error = self._stacks_error
         tree = replace(
             tree,
             ranks=tuple(replace(r, main_thread_state=_state_of(stacks.get(r.proc.pid))) for r in tree.ranks),
             stacks=stacks,
+            native_stacks=native,
             stacks_error=stacks_error,
         )
         self._last_tree = tree
@@ -415,6 +441,8 @@ class JobCollector:
 
         with self._lock:
             stacks = dict(self._stacks)
+            native = dict(self._native)
+        pids = set(tree_pids(last))
         tree = replace(
             last,
             exited=True,
@@ -423,7 +451,8 @@ class JobCollector:
                 replace(r, proc=gone(r.proc), workers=tuple(replace(w, exited=True, state="X", cpu_percent=None) for w in r.workers))
                 for r in last.ranks
             ),
-            stacks={pid: s for pid, s in stacks.items() if pid in set(tree_pids(last))},
+            stacks={pid: s for pid, s in stacks.items() if pid in pids},
+            native_stacks={pid: s for pid, s in native.items() if pid in pids},
             cores=(),
         )
         self._last_tree = tree
@@ -458,10 +487,39 @@ class JobCollector:
             live = set(self._stack_pids) | set(fresh)
             for pid in [p for p in self._stacks if p not in live]:
                 del self._stacks[pid]
+            for pid in [p for p in self._native if p not in live]:
+                del self._native[pid]
             if fresh and not job_gone:
                 self._stacks_error = _whole_job_error(fresh)
         self._schedule.done(chosen, fresh)
+        if not job_gone:
+            self._watch_freezes(ranks + others, chosen, fresh)
         self._dumped.set()
+
+    def _watch_freezes(self, live: list[Tracked], dumped: list[Tracked], fresh: dict[int, ProcessStacks]) -> None:
+        """One native dump for each process whose main thread froze for `native_after` seconds; it stays in
+        the tree until the process moves again."""
+        self._freezes.forget_except({t.key for t in live})
+        due = []
+        for tracked in dumped:
+            stacks = fresh.get(tracked.key[0])
+            if stacks is None:
+                continue
+            thread = main_thread(stacks)
+            if self._freezes.observe(tracked.key, stacks, thread.frames if thread else None):
+                due.append(tracked)
+            elif not self._freezes.frozen(tracked.key):
+                with self._lock:
+                    self._native.pop(tracked.key[0], None)
+        if self._native_dump is None:
+            return
+        for tracked in due:
+            if self._closed.is_set() or not self._scanner.table.is_current(tracked):
+                continue
+            native = self._native_dump(tracked.key[0])
+            self._freezes.taken(tracked.key, native)
+            with self._lock:
+                self._native[tracked.key[0]] = native
 
     def wait_for_stacks(self, timeout: float = 5.0) -> bool:
         """Block until the background thread has finished a refresh (for one-shot `snapshot --json`)."""

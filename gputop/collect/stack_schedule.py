@@ -69,3 +69,71 @@ class StackSchedule:
             unchanged = threads is not None and before is not None and before.threads == threads
             self._records[tracked.key] = _DumpRecord(self.round, tracked.cpu_ticks, threads, unchanged)
         self.round += 1
+
+
+# ----------------------------------------------------------------- when to take a native dump
+
+# A main thread whose Python stack has not changed for this long, while its progress counters stood
+# still, gets one `py-spy dump --native` (a short pause) to name the C frame it waits in:
+# cudaStreamSynchronize, an NCCL kernel wait, a futex.
+NATIVE_AFTER_S = 10.0
+
+
+@dataclass
+class _Freeze:
+    frames: tuple  # the main thread's frames when the freeze began
+    since: float  # timestamp of the first dump that showed them
+    counters: tuple  # (main thread's voluntary switches, I/O read chars, I/O write chars) then
+    native_taken: bool = False
+
+
+def main_thread_counters(stacks: ProcessStacks) -> Optional[tuple]:
+    progress = stacks.progress
+    if progress is None:
+        return None
+    main = next((t for t in progress.threads if t.tid == stacks.pid), None)  # Linux: the main thread's TID is the PID
+    return (main.voluntary_switches if main else None, progress.io_read_chars, progress.io_write_chars)
+
+
+class FreezeWatch:
+    """Follows each process's main thread across regular dumps and says when one is due its single
+    native dump: the same Python frames for `after` seconds, and no voluntary context switch of the main
+    thread and no I/O in that time (a thread that sleeps, polls or reads between identical dumps is slow,
+    not stuck).  CPU time is not asked to stand still: CUDA spin-waits at a sync by default, so a rank
+    stuck in `.item()` behind a hung collective burns a core."""
+
+    def __init__(self, after: float = NATIVE_AFTER_S) -> None:
+        self.after = after
+        self._freezes: dict[ProcKey, _Freeze] = {}
+
+    def observe(self, key: ProcKey, stacks: ProcessStacks, main_frames: Optional[tuple]) -> bool:
+        """Take in a fresh regular dump of the process `key`; True when it is due its native dump now."""
+        counters = main_thread_counters(stacks)
+        if stacks.error is not None or main_frames is None or counters is None:
+            self._freezes.pop(key, None)
+            return False
+        freeze = self._freezes.get(key)
+        if freeze is None or freeze.frames != main_frames or freeze.counters != counters:
+            self._freezes[key] = _Freeze(main_frames, stacks.timestamp, counters)
+            return False
+        return not freeze.native_taken and stacks.timestamp - freeze.since >= self.after
+
+    def taken(self, key: ProcKey, native: ProcessStacks) -> None:
+        """The native dump was taken.  Its pause (ptrace) itself costs the target context switches, so the
+        freeze goes on from the counters read right after it: one native dump per freeze, not one per 10 s."""
+        freeze = self._freezes.get(key)
+        if freeze is None:
+            return
+        freeze.native_taken = True
+        counters = main_thread_counters(native)
+        if counters is not None:
+            freeze.counters = counters
+
+    def frozen(self, key: ProcKey) -> bool:
+        """Has this process's native dump been taken in a freeze that still lasts?"""
+        freeze = self._freezes.get(key)
+        return freeze is not None and freeze.native_taken
+
+    def forget_except(self, live: set[ProcKey]) -> None:
+        for key in [k for k in self._freezes if k not in live]:
+            del self._freezes[key]

@@ -23,6 +23,7 @@ PRELOAD = (
     "pynvml", "psutil", "json", "concurrent.futures", "concurrent.futures.thread", "subprocess", "tempfile",
     "shutil", "statistics", "encodings.idna", "gputop.commands.record", "gputop.commands.report",
     "gputop.recording", "gputop.history", "gputop.errors", "gzip", "zlib", "bisect", "errno", "pwd", "grp",
+    "gputop.commands.check", "gputop.collect.sysfs", "gputop.analysis.machine_check", "gputop.report.writer",
 )
 
 

@@ -6,7 +6,12 @@ import time
 from typing import Callable, Optional
 
 from gputop.tui.app import GputopApp
-from tests.harness.histories import ScriptedSource, fixed_diagnose, make_machine, make_snapshots
+from tests.harness.histories import (
+    ScriptedSource,
+    fixed_diagnose,
+    make_machine,
+    make_snapshots,
+)
 
 
 async def wait_for(pilot, condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
