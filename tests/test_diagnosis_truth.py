@@ -4,7 +4,7 @@ told from slow progress by counters, hangs that began before gputop attached, an
 from __future__ import annotations
 
 from gputop.analysis.diagnosis import diagnose, severe, verdict_line
-from tests.history_builder import Scenario, build
+from tests.harness.histories import Scenario, build
 
 
 def ids(findings):
@@ -45,7 +45,7 @@ def test_all_gpus_busy_without_pid_stays_healthy():
 # ---------------------------------------------------------------- hang = no progress, told by counters
 
 from gputop.analysis.stack_classes import EXPLICIT_SYNC, IN_DATASET, WAITING_FOR_DATA  # noqa: E402
-from tests.history_builder import (  # noqa: E402
+from tests.harness.histories import (  # noqa: E402
     WORKER_IDLE_FRAMES,
     WORKER_STUCK_FRAMES,
     RankSpec,

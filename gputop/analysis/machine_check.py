@@ -22,7 +22,9 @@ from gputop.analysis.xids import meaning_of
 from gputop.collect.sysfs import xid_bus_id  # a pure string helper (the module reads files only when asked)
 from gputop.model import (
     LABEL_CODE,
+    LABEL_INFRA,
     AllReduceResult,
+    Finding,
     GpuDetails,
     GpuSample,
     HostReadings,
@@ -35,6 +37,7 @@ STATUSES = (FAIL, WARN, PASS, SKIP)
 EXIT_HEALTHY = 0
 EXIT_INFRA = 3
 EXIT_CONFIG = 4
+LABEL_CONFIG = "configuration (the machine's settings)"
 
 # A GPU counts as under load at or above this utilization: idle links downtrain (Gen1) to save power,
 # so the PCIe link is only judged in samples like these (FACTS.md: flag current < max only under load).
@@ -120,7 +123,7 @@ def _window(inp: CheckInput) -> str:
     return f"{inp.seconds:.0f} s"
 
 
-def _when(ts: Optional[float]) -> str:
+def utc_time(ts: Optional[float]) -> str:
     if ts is None:
         return "time unknown"
     return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -481,14 +484,14 @@ def check_xids(inp: CheckInput) -> CheckResult:
         who = f"GPU {gpu}" if gpu is not None else "a GPU NVML does not list"
         first.setdefault((gpu, code), (when, source))
         counts[(gpu, code)] += 1
-        evidence.append(f"{_when(when)}  {who}  XID {code}: {meaning.meaning} [{source}]")
+        evidence.append(f"{utc_time(when)}  {who}  XID {code}: {meaning.meaning} [{source}]")
         if gpu is not None:
             gpus.add(gpu)
     parts = []
     for (gpu, code), (when, source) in first.items():
         who = f"GPU {gpu}" if gpu is not None else "a GPU NVML does not list"
         times = f" ×{counts[(gpu, code)]}, first" if counts[(gpu, code)] > 1 else ""
-        parts.append(f"{who}: XID {code} ({meaning_of(code).meaning}){times} at {_when(when)} from the {source.split(',')[0]}")
+        parts.append(f"{who}: XID {code} ({meaning_of(code).meaning}){times} at {utc_time(when)} from the {source.split(',')[0]}")
     value = "; ".join(parts)
     return CheckResult("xid", title, status, value, expected, gpus=tuple(sorted(gpus)), evidence=tuple(evidence))
 
@@ -777,3 +780,45 @@ def report_jsonable(report: CheckReport) -> dict:
         "next_commands": [{"command": c, "why": w} for c, w in NEXT_COMMANDS],
         "advice": CAPTURE_BEFORE_RESET,
     }
+
+
+# ------------------------------------------------------------------ into the report's findings
+
+# check id -> the diagnosis finding ids that already say the same from the snapshots (no second finding then)
+_SAID_BY_DIAGNOSIS = {
+    "gpus": ("gpu_lost",),
+    "pcie.link": ("pcie_downgrade",),
+    "clocks.events": ("throttle",),
+    "memory.ecc": ("ecc",),
+    "memory.remap": ("ecc",),
+    "nvlink.state": ("nvlink_down",),
+    "xid": ("xid", "xid_code"),
+}
+
+
+def with_machine_findings(findings: Sequence[Finding], report: CheckReport) -> list[Finding]:
+    """The diagnosis' findings plus one per failing or warning check that the diagnosis did not already make,
+    so a report's verdict agrees with its "For the infra team" section."""
+    from gputop.analysis.diagnosis import SEVERITY_ORDER
+
+    have = {f.id for f in findings}
+    added = [
+        Finding(
+            id=f"check.{r.id}",
+            title=r.title,
+            severity="critical" if r.status == FAIL else "warning",
+            confidence=0.9,
+            label=LABEL_INFRA if r.status == FAIL else LABEL_CONFIG,
+            summary=f"{r.title}: {r.value}",
+            evidence=(f"expected {r.expected}", *r.evidence),
+            fix="File a ticket with the \"For the infra team\" section of this report (see there for what to run next)."
+            if r.status == FAIL else "Make the GPUs' settings match (see the value); `gputop check` exits 0 once they do.",
+            gpus=r.gpus,
+        )
+        for r in report.results
+        if r.status in (FAIL, WARN) and not have & set(_SAID_BY_DIAGNOSIS.get(r.id, ()))
+    ]
+    if not added:
+        return list(findings)
+    kept = [f for f in findings if f.id != "healthy"]
+    return sorted(added + kept, key=lambda f: SEVERITY_ORDER.get(f.severity, 9))

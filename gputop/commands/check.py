@@ -49,25 +49,58 @@ class HostSource:
             self._tree.close()
 
 
+class Evidence:
+    """The start and the end of a check's window around any poll loop (`gputop check`, `gputop report`):
+    GPU details and the kernel's side read at `start`, again at `finish`, checked with the snapshots between."""
+
+    def __init__(self, pipeline: Any, host_root: Optional[str] = None) -> None:
+        self.pipeline = pipeline
+        self.host = HostSource(pipeline, host_root)
+        gpu = pipeline.gpu
+        self.before = gpu.details() if gpu is not None else ()
+        self.bus_ids = [d.pci_bus_id for d in self.before if d.pci_bus_id]
+        self.host_before = self.host.read(self.bus_ids)
+
+    def finish(self, snapshots: Any, load: Optional[LoadOutcome] = None, window: float = 0.0) -> CheckReport:
+        gpu = self.pipeline.gpu
+        after = gpu.details() if gpu is not None else ()
+        host_after = self.host.read(self.bus_ids)
+        snaps = tuple(snapshots)
+        seconds = snaps[-1].timestamp - snaps[0].timestamp if len(snaps) > 1 else 0.0
+        return build_report(
+            CheckInput(
+                machine=self.pipeline.machine,
+                snapshots=snaps,
+                before=self.before,
+                after=after,
+                host_before=self.host_before,
+                host_after=host_after,
+                seconds=max(seconds, window),
+                load=load,
+            )
+        )
+
+    def close(self) -> None:
+        self.host.close()
+
+
 def collect(args: Any, *, started: Optional[float] = None) -> CheckReport:
     """Run the window and the checks (also what the TUI's hotkey runs, in a worker thread)."""
     from gputop.pipeline import Pipeline
 
     started = time.monotonic() if started is None else started
     pipeline = Pipeline(simulate=getattr(args, "simulate", None))
-    host = HostSource(pipeline, getattr(args, "host_root", None))
     try:
-        return _collect(args, pipeline, host, started)
+        evidence = Evidence(pipeline, getattr(args, "host_root", None))
+        try:
+            return _collect(args, pipeline, evidence, started)
+        finally:
+            evidence.close()
     finally:
-        host.close()
         pipeline.close()
 
 
-def _collect(args: Any, pipeline: Any, host: HostSource, started: float) -> CheckReport:
-    gpu = pipeline.gpu
-    before = gpu.details() if gpu is not None else ()
-    bus_ids = [d.pci_bus_id for d in before if d.pci_bus_id]
-    host_before = host.read(bus_ids)
+def _collect(args: Any, pipeline: Any, evidence: Evidence, started: float) -> CheckReport:
     load_run = None
     if getattr(args, "load", False):
         from gputop.collect.gpu_load import start_load
@@ -80,23 +113,8 @@ def _collect(args: Any, pipeline: Any, host: HostSource, started: float) -> Chec
         window = max(0.0, args.seconds - FINISH_S - (time.monotonic() - started))
     progress = Progress(sys.stderr, "checking") if getattr(args, "progress", True) else None
     history = observe(pipeline, window, min(POLL_INTERVAL_S, max(window, 0.05)), progress=progress)
-    load: Optional[LoadOutcome] = load_run.finish() if load_run is not None else None
-    after = gpu.details() if gpu is not None else ()
-    host_after = host.read(bus_ids)
-    snaps = tuple(history)
-    seconds = snaps[-1].timestamp - snaps[0].timestamp if len(snaps) > 1 else window
-    return build_report(
-        CheckInput(
-            machine=pipeline.machine,
-            snapshots=snaps,
-            before=before,
-            after=after,
-            host_before=host_before,
-            host_after=host_after,
-            seconds=max(seconds, window),
-            load=load,
-        )
-    )
+    load = load_run.finish() if load_run is not None else None
+    return evidence.finish(history, load, window)
 
 
 def write_text(report: CheckReport, out: Any) -> None:

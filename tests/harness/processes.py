@@ -1,4 +1,4 @@
-"""Shared test helpers: wait on conditions with deadlines, and start processes that are always reaped."""
+"""Processes in tests: wait on conditions with deadlines, start processes that are always reaped, look into /proc."""
 
 from __future__ import annotations
 
@@ -84,3 +84,17 @@ def run_gputop(spawn, *args: str, env: Optional[dict] = None, timeout: float = 9
                  cwd=str(cwd) if cwd else None)
     out, err = proc.communicate(timeout=timeout)
     return Ran(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+
+def children(pid: int) -> set[int]:
+    kids: set[int] = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            kids |= {int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()}
+        except OSError:
+            continue
+    return kids
+
+
+def thread_ids(pid: int) -> set[int]:
+    return {int(tid) for tid in os.listdir(f"/proc/{pid}/task")}
