@@ -43,6 +43,8 @@ import re
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Optional, Sequence
 
+from gputop.analysis.thresholds import TRACE_SHORT_KERNEL_US
+
 PHASES = ("data", "forward", "backward", "comm", "optimizer", "sync", "other")
 
 DATA_PREFIX = "enumerate(DataLoader)#"
@@ -54,6 +56,8 @@ SYNC_NAMES = frozenset({
     "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize",
     "aten::item", "aten::_local_scalar_dense",
 })
+# One per sync: `.item()` runs aten::item -> aten::_local_scalar_dense -> (on CUDA) cudaMemcpyAsync + sync.
+SYNC_COUNTED = frozenset(SYNC_NAMES - {"aten::item"})
 _COLLECTIVE_RE = re.compile(
     r"^(c10d::(all_?reduce|all_?gather|reduce_scatter|broadcast|reduce|barrier|all_to_all|alltoall|send|recv|"
     r"_allgather|_reduce_scatter|scatter|gather)|record_param_comms$|nccl:|gloo:|ProcessGroupNCCL|ProcessGroupGloo)",
@@ -62,7 +66,7 @@ NCCL_KERNEL_RE = re.compile(r"^nccl.*Kernel")  # HTA's is_comm_kernel
 _NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")  # HTA's compute test, negated
 _MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-GEMM_RE = re.compile(r"gemm|cutlass|matmul|cublas|xmma|_mma|hmma|sm\d+_xmma", re.IGNORECASE)
+GEMM_RE = re.compile(r"(?<!fb)gemm|cutlass|matmul|cublas|xmma|_mma|hmma|sm\d+_xmma", re.IGNORECASE)
 FP32_GEMM_RE = re.compile(r"sgemm|s1688|s16816|fp32|f32f32|tf32|_s_|float", re.IGNORECASE)
 HALF_GEMM_RE = re.compile(r"h1688|h16816|hgemm|bf16|fp16|f16|half|bfloat|_h_|i8816|e4m3|e5m2", re.IGNORECASE)
 TOP_OPS = 10
@@ -266,8 +270,7 @@ def summarize_trace(data: dict[str, Any], *, trace_file: Optional[str] = None) -
         "steps_per_s": round(n_steps / (wall / 1e6), 3) if wall > 0 and n_steps else None,
         "main_thread_events": len(main),
         "top_ops": top_ops(main),
-        "syncs_per_step": round(sum(1 for e in main if e.get("name") in SYNC_NAMES and e.get("cat") != "cpu_op"
-                                    or e.get("name") == "aten::_local_scalar_dense") / n_steps, 2) if n_steps else None,
+        "syncs_per_step": round(sum(1 for e in main if e.get("name") in SYNC_COUNTED) / n_steps, 2) if n_steps else None,
         "sync_sites": sync_sites(main),
         "backend": dist.get("backend"),
         "world_size": dist.get("world_size"),
@@ -335,10 +338,11 @@ def gpu_summary(device: Sequence[dict[str, Any]], data: dict[str, Any]) -> dict[
         "non_compute": round((busy - total(compute)) / span, 4) if span else 0.0,
         "comm": round(total(comm) / span, 4) if span else 0.0,
         "comm_overlap": round(total(intersect(comm, compute)) / total(comm), 4) if comm else None,
+        "exposed_comm": round(total(subtract(comm, compute)) / span, 4) if span else 0.0,  # NCCL not hidden by compute
         "memory": round(total(merge(_span(e) for e in device if _MEMORY_RE.match(str(e.get("name", ""))))) / span, 4) if span else 0.0,
         "kernels": len(kernels),
         "median_kernel_us": durations[len(durations) // 2] if durations else None,
-        "short_kernel_share": round(sum(1 for d in durations if d < 10.0) / len(durations), 4) if durations else None,
+        "short_kernel_share": round(sum(1 for d in durations if d < TRACE_SHORT_KERNEL_US) / len(durations), 4) if durations else None,
         "gemm_time_s": round(sum(float(e["dur"]) for e in gemms) / 1e6, 6),
         "fp32_gemm_time_s": round(sum(float(e["dur"]) for e in fp32) / 1e6, 6),
         "compute_capability": max(majors) if majors else None,

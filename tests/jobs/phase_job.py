@@ -6,7 +6,7 @@ backward), ``--optimizer-ms`` spun inside the optimizer's ``step``, then a gloo 
 gradients (``--comm-floats`` extra floats make it heavy).  Spinning, not sleeping: the time is spent
 on the thread the way real compute is.
 
-The job writes its own truth: every step appends one JSON line to ``--log`` with ``time.time()`` at the
+The job writes its own truth: every step appends one JSON line to ``--step-log`` with ``time.time()`` at the
 start and end of each phase, so a test can compute the true share of any window.  It also writes
 each step's loss (bit-exact hex).  ``--ready-file`` gets the PID after the first step.
 ``--profile-self S`` (exploration only) profiles its own main loop.
@@ -77,7 +77,7 @@ def main() -> None:
     p.add_argument("--optimizer-ms", type=float, default=10.0)
     p.add_argument("--comm-floats", type=int, default=0)
     p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: run until killed)")
-    p.add_argument("--log", default=None)
+    p.add_argument("--step-log", default=None)
     p.add_argument("--ready-file", default=None)
     args = p.parse_args()
     torch.manual_seed(1234)
@@ -90,7 +90,7 @@ def main() -> None:
     optimizer = SlowSGD(model.parameters(), lr=0.01, ms=args.optimizer_ms)
     loader = DataLoader(SlowData(args.data_ms), batch_size=1, num_workers=0)
     extra = torch.ones(args.comm_floats) if args.comm_floats else None
-    log = open(f"{args.log}.{rank}", "a", buffering=1) if args.log else None
+    log = open(f"{args.step_log}.{rank}", "a", buffering=1) if args.step_log else None
     step = 0
     it = iter(loader)
     while True:
