@@ -112,16 +112,9 @@ def _report(progress: Optional[Progress], fraction: float, message: str) -> None
 
 def job_ranks(pid: int) -> tuple[list[tuple[int, Optional[int]]], str]:
     """[(pid, rank)] of every training process of the job that `pid` belongs to, and a label."""
-    from gputop.collect.job_tree import JobCollector
+    from gputop.bench import training_job
 
-    collector = JobCollector(pid, stacks_enabled=False)
-    try:
-        tree = collector.collect(())
-    finally:
-        collector.close()
-    if not tree.ranks:
-        raise GputopError(f"PID {pid} has no training process under it; pass a rank's or the launcher's PID")
-    ranks = [(r.proc.pid, r.rank) for r in tree.ranks]
+    ranks = [(r.proc.pid, r.rank) for r in training_job(pid).ranks]
     label = f"PID {pid}" + (f" ({len(ranks)} ranks)" if len(ranks) > 1 else "")
     return ranks, label
 

@@ -18,7 +18,7 @@ import pytest
 
 from gputop.analysis import trace_summary
 from gputop.inject import trace_agent
-from tests.helpers import run_gputop, wait_until
+from tests.harness.processes import run_gputop, wait_until
 
 JOB = str(Path(__file__).parent / "jobs" / "phase_job.py")
 PHASE_TOLERANCE = 0.05  # the bar

@@ -38,7 +38,7 @@ from typing import Optional
 from gputop.errors import GputopError
 
 AGENT_FILES = ("inject/agent.py", "analysis/loader_math.py")  # relative to the gputop package
-TRACE_AGENT_FILES = ("inject/trace_agent.py",)
+TRACE_AGENT_FILES = ("inject/trace_agent.py", "inject/agent.py")
 MIN_PYTHON = (3, 10)
 REMOTE_EXEC_PYTHON = (3, 14)
 VERSION_TIMEOUT = 5.0

@@ -1,7 +1,7 @@
 """The trace agent: runs INSIDE a training process and records one bounded torch.profiler (Kineto) window.
 
-Self-contained on purpose (the target may not have gputop installed): it imports only the standard library
-and the torch the job already imported.  gputop copies it into a private run directory in the target's
+Self-contained on purpose (the target may not have gputop installed): it imports only the standard library,
+the torch the job already imported, and the benchmark agent (``agent.py``) that gputop copies next to it.  gputop copies it into a private run directory in the target's
 filesystem view, writes ``config.json`` there and injects a one-liner that starts a daemon thread
 executing this file (`gputop.inject.injector.bootstrap_code`).  It answers with ``trace.json`` (the Chrome
 trace) and ``result.json``; ``progress.json`` while it runs.
@@ -35,30 +35,18 @@ MEMORY_KEYS = ("num_alloc_retries", "num_ooms", "reserved_bytes.all.current", "a
                "inactive_split_bytes.all.current", "inactive_split.all.current", "active_bytes.all.peak")
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:300]
+def _sibling(name: str) -> dict:
+    """Execute a module shipped next to this file (the benchmark agent) into a fresh namespace."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    namespace = {"__name__": "gputop_agent_" + name.split(".")[0], "__file__": path}
+    with open(path) as f:
+        exec(compile(f.read(), path, "exec"), namespace)
+    return namespace
 
 
-class RunDir:
-    """The private run directory: atomic JSON writes, files created 0600."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def write_json(self, name: str, data: dict) -> None:
-        final = os.path.join(self.path, name)
-        tmp = f"{final}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, final)
-
-    def progress(self, fraction: float, message: str) -> None:
-        try:
-            self.write_json("progress.json", {"fraction": round(fraction, 3), "message": message, "time": time.time()})
-        except OSError:
-            pass
+_base = _sibling("agent.py")  # the private run directory's atomic writes and one-line errors, shared
+RunDir = _base["RunDir"]
+_one_line = _base["_one_line"]
 
 
 def optimizer_module(torch_mod):
