@@ -181,6 +181,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE")
     p.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
 
+    p = sub.add_parser("serve", help="an OpenMetrics endpoint for Prometheus (job-level signals beside dcgm-exporter)")
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:9401",
+        metavar="HOST:PORT",
+        help="address to serve /metrics on (default 127.0.0.1:9401, loopback only; 0.0.0.0:PORT must be asked for)",
+    )
+    p.add_argument(
+        "--pid",
+        type=_pid,
+        nargs="+",
+        action="extend",
+        metavar="PID",
+        help="export these jobs only (a launcher, a rank or a plain python train.py); default: every job on the GPUs",
+    )
+    _add_simulate(p)
+    _add_interval(p)
+    p.add_argument(
+        "--dcgm-fields",
+        action="store_true",
+        help="also export utilization, memory, power, temperature and SM clock (for machines without dcgm-exporter)",
+    )
+
     return parser
 
 
@@ -194,6 +217,7 @@ COMMAND_MODULES = {
     "check": "gputop.commands.check",
     "record": "gputop.commands.record",
     "replay": "gputop.commands.replay",
+    "serve": "gputop.commands.serve",
 }
 
 

@@ -2,6 +2,9 @@
 
 The JSON under tests/fixtures/pyspy/ is verbatim `py-spy dump --json --nonblocking` output of
 tests/jobs/train_loop.py, a torchrun gloo job and a small Adam loop (see the fixture names).
+tests/fixtures/pyspy/py310 ... py313/ hold the same scenes and more (DDP, Accelerate's dispatcher, a
+printed tensor, datasets with plain class names), captured by tests/jobs/capture_pyspy_fixtures.py
+with real torch 2.13 on each Python version.
 """
 
 from __future__ import annotations
@@ -426,3 +429,74 @@ def test_a_collective_outside_the_dispatcher_stays_a_collective():
                      Frame("reduce", f"{SITE}/accelerate/utils/operations.py", 800),
                      Frame("train", "/home/u/train.py", 41))
     assert sc.classify_thread(thread) == sc.COLLECTIVE
+
+
+# ----------------------------------------------------------------- the same scenes on Python 3.10-3.13
+
+VERSIONS = ("py310", "py311", "py312", "py313")
+# scene -> (main-thread state, a DataLoader worker by role?, the dataset frame's function or None)
+SCENES = {
+    "main_waiting_for_data": (sc.WAITING_FOR_DATA, False, None),
+    "worker_in_getitem": (sc.IN_DATASET, True, "__getitem__"),
+    "worker_idle": (sc.IDLE_OTHER, True, None),
+    "main_idle_sleep": (sc.IDLE_OTHER, False, None),
+    "main_single_process_getitem": (sc.IN_DATASET, False, "__getitem__"),
+    "main_backward": (sc.FORWARD_BACKWARD, False, None),
+    "main_forward": (sc.FORWARD_BACKWARD, False, None),
+    "main_optimizer_step": (sc.OPTIMIZER_STEP, False, None),
+    "main_print_tensor": (sc.EXPLICIT_SYNC, False, None),
+    "main_in_unnamed_dataset": (sc.IN_DATASET, False, "__getitem__"),  # class Images(Dataset)
+    "worker_in_iterable_dataset": (sc.IN_DATASET, True, "__iter__"),  # class Shards(IterableDataset)
+    "rank_all_reduce": (sc.COLLECTIVE, False, None),
+    "rank_barrier": (sc.COLLECTIVE, False, None),
+    "launcher_torchrun": (sc.IDLE_OTHER, False, None),
+    "rank_ddp_backward": (sc.FORWARD_BACKWARD, False, None),
+    "rank_dispatcher_broadcast": (sc.WAITING_FOR_RANK0_DATA, False, None),
+    "rank0_dispatcher_fetching": (sc.IN_DATASET, False, "__iter__"),
+}
+
+
+def _reading(version: str, scene: str) -> tuple:
+    """What gputop reads from one captured dump: state, worker role, dataset frame, worker activity kind."""
+    stacks = load(f"{version}/{scene}.json")
+    main = sc.main_thread(stacks)
+    dataset = sc.dataset_frame(sc.own_frames(main))
+    activity = sc.worker_activity(main) if sc.runs_worker_loop(stacks) else None
+    return (
+        sc.classify_main_thread(stacks, read_source=False),
+        sc.runs_worker_loop(stacks),
+        sc.function_name(dataset) if dataset is not None else None,
+        activity if activity in (None, sc.WORKER_IDLE, sc.WORKER_SENDING) else "in " + sc.function_name(dataset),
+    )
+
+
+def test_every_version_has_every_scene():
+    for version in VERSIONS:
+        assert sorted(p.stem for p in (FIXTURES / version).glob("*.json")) == sorted(SCENES), version
+
+
+@pytest.mark.parametrize("scene", sorted(SCENES))
+def test_python_310_to_313_classify_identically(scene):
+    readings = {version: _reading(version, scene) for version in VERSIONS}
+    state, is_worker, dataset = SCENES[scene]
+    assert readings["py311"][:3] == (state, is_worker, dataset)
+    assert readings == {version: readings["py311"] for version in VERSIONS}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_main_thread_is_found_on_every_version(version):
+    # the main thread runs the script's <module>; helper threads (queue feeders, gloo, autograd) never do
+    for scene in SCENES:
+        stacks = load(f"{version}/{scene}.json")
+        main = sc.main_thread(stacks)
+        assert any(sc.function_name(f) == "<module>" for f in main.frames), (version, scene)
+
+
+def test_py310_dumps_have_bare_names_and_311_qualified():
+    # the reason matching goes by file + function: the same frame as py-spy prints it per version
+    def next_frame(version):
+        main = sc.main_thread(load(f"{version}/main_waiting_for_data.json"))
+        return next(f.name for f in main.frames if sc.is_waiting_for_data_frame(f))
+
+    assert next_frame("py310") == "__next__"
+    assert [next_frame(v) for v in VERSIONS[1:]] == ["_BaseDataLoaderIter.__next__"] * 3

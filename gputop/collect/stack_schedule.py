@@ -87,7 +87,7 @@ class _Freeze:
     native_taken: bool = False
 
 
-def _main_thread_counters(stacks: ProcessStacks) -> Optional[tuple]:
+def main_thread_counters(stacks: ProcessStacks) -> Optional[tuple]:
     progress = stacks.progress
     if progress is None:
         return None
@@ -108,7 +108,7 @@ class FreezeWatch:
 
     def observe(self, key: ProcKey, stacks: ProcessStacks, main_frames: Optional[tuple]) -> bool:
         """Take in a fresh regular dump of the process `key`; True when it is due its native dump now."""
-        counters = _main_thread_counters(stacks)
+        counters = main_thread_counters(stacks)
         if stacks.error is not None or main_frames is None or counters is None:
             self._freezes.pop(key, None)
             return False
@@ -125,7 +125,7 @@ class FreezeWatch:
         if freeze is None:
             return
         freeze.native_taken = True
-        counters = _main_thread_counters(native)
+        counters = main_thread_counters(native)
         if counters is not None:
             freeze.counters = counters
 

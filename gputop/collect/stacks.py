@@ -233,6 +233,32 @@ def classify_failure(pid: int, stderr: str) -> str:
     return f"py-spy failed: {detail}"
 
 
+# ProcessStacks.error -> a short, bounded reason (a metric label), matched on the beginnings of the
+# messages this module writes; keep the two in step.
+_ERROR_REASONS = (
+    ("permission denied", "permission"),
+    ("process ", "exited"),  # "process N has exited"
+    ("not a python process", "not_python"),
+    ("py-spy cannot read this python", "unsupported_python"),
+    ("py-spy took longer", "timeout"),
+    ("py-spy not found", "py_spy_missing"),
+    ("cannot run py-spy", "py_spy_missing"),
+    ("py-spy kept failing", "torn_read"),
+    ("py-spy output unreadable", "torn_read"),
+    ("py-spy was killed", "killed"),
+)
+
+
+def error_reason(error: str) -> str:
+    """The kind of a dump failure, one of a few fixed words: "permission", "exited", "not_python",
+    "unsupported_python", "timeout", "py_spy_missing", "torn_read", "killed" or "other"."""
+    text = error.lower()
+    for prefix, reason in _ERROR_REASONS:
+        if text.startswith(prefix):
+            return reason
+    return "other"
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name

@@ -322,7 +322,8 @@ def _pyinjector(target: Target, run: RunDir, code: str) -> None:
         from pyinjector import InjectorError, inject
     except ImportError:
         raise GputopError(
-            "the active benchmark needs hypno and pyinjector for Python < 3.14: `pip install 'gputop[inject]'`"
+            "the active benchmark needs hypno and pyinjector for Python < 3.14 (gputop installs both by default on "
+            "Linux): `pip install hypno pyinjector`"
         ) from None
     library = INJECTION_LIB_PATH.read_bytes()
     magic_at = library.find(MAGIC)
