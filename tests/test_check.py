@@ -30,7 +30,8 @@ from gputop.pipeline import Pipeline
 from gputop.sim.fake_nvml import ManualClock
 from gputop.sim.fake_sysfs import FakeHostTree
 from gputop.sim.profiles import INFRA_FAULTS, faults_help
-from tests.helpers import run_gputop, simulated_check_input
+from tests.harness.machine_check import simulated_check_input
+from tests.harness.processes import run_gputop
 
 FIXTURES = Path(__file__).parent / "fixtures" / "host"
 AS_USER = Path(__file__).parent / "drill_jobs" / "as_user.py"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gputop.collect.job_tree import JobCollector, identity_from_env, script_and_args
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 JOBS = Path(__file__).parent / "jobs"
 STUB = JOBS / "rank_stub.py"

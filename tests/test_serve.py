@@ -1,7 +1,7 @@
 """`gputop serve`: the metrics it exports, how it listens, and that it stays small and fast.
 
 Most tests feed the real `Exporter` (the real diagnosis, the real prometheus_client formatting) from
-hand-built histories (tests/history_builder.py) or from the simulated machine (the real pynvml wrappers
+hand-built histories (tests/harness/histories.py) or from the simulated machine (the real pynvml wrappers
 over the fake library), and read the metrics back over a real HTTP server.  The end-to-end tests
 (marked slow) run `gputop serve` next to a real training job and a real Prometheus.
 """
@@ -34,8 +34,9 @@ from gputop.commands.serve import DEFAULT_LISTEN, is_loopback, parse_listen, sta
 from gputop.errors import UsageError
 from gputop.exporter import DATA_WAIT_WINDOW_S, RANK_STATES, DiscoveredJobs, Exporter
 from gputop.model import LABEL_CODE, LABEL_INFRA, Finding, ProcessStacks, XidEvent
-from tests import history_builder as hb
-from tests.helpers import heap_growth_per_block, wait_until
+from tests.harness import histories as hb
+from tests.harness.memory import heap_growth_per_block
+from tests.harness.processes import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_LOOP = REPO / "tests" / "jobs" / "train_loop.py"

@@ -7,7 +7,7 @@ from gputop.pipeline import Pipeline
 from gputop.tui.app import GputopApp
 from gputop.tui.check_screen import CheckScreen
 from gputop.tui.widgets.gpu_grid import GpuGrid
-from tests.tui.conftest import build_app, settle, wait_for
+from tests.harness.tui import build_app, settle, wait_for
 
 
 async def test_check_key_runs_the_check_on_the_live_machine():

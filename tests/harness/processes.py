@@ -1,14 +1,12 @@
-"""Shared test helpers: wait on conditions with deadlines, and start processes that are always reaped."""
+"""Processes in tests: wait on conditions with deadlines, start processes that are always reaped, look into /proc."""
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
 import subprocess
 import sys
 import time
-import tracemalloc
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Sequence, TypeVar
 
@@ -88,68 +86,15 @@ def run_gputop(spawn, *args: str, env: Optional[dict] = None, timeout: float = 9
     return Ran(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
 
-def heap_growth_per_block(step: Callable[[], object], *, warmup: int, blocks: int = 3, per_block: int = 100,
-                          settle: Optional[Callable[[], object]] = None) -> list[int]:
-    """Call `step` `warmup` times, then `blocks` blocks of `per_block` times; the traced heap's growth in
-    bytes over each block.  A leak grows the heap in every block; noise (a dict resizing once, what is in
-    flight at the moment of the snapshot) does not, so memory tests assert on the smallest block.
-    `settle` runs before each snapshot (e.g. wait for reads in flight)."""
-
-    def snapshot() -> tracemalloc.Snapshot:
-        if settle is not None:
-            settle()
-        gc.collect()
-        return tracemalloc.take_snapshot()
-
-    tracemalloc.start()  # before the warm-up, so replaced objects count as freed, not as growth
-    try:
-        for _ in range(warmup):
-            step()
-        snapshots = [snapshot()]
-        for _ in range(blocks):
-            for _ in range(per_block):
-                step()
-            snapshots.append(snapshot())
-    finally:
-        tracemalloc.stop()
-    return [
-        sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-        for before, after in zip(snapshots, snapshots[1:])
-    ]
+def children(pid: int) -> set[int]:
+    kids: set[int] = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            kids |= {int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()}
+        except OSError:
+            continue
+    return kids
 
 
-def simulated_check_input(spec: str = "h100-sxm-8", seconds: float = 5.0):
-    """What `gputop check` collects on a simulated machine, on a clock the caller never waits for: GPU details
-    and the fake kernel tree read, two polls `seconds` apart on a ManualClock, read again (a CheckInput)."""
-    from gputop.analysis.machine_check import CheckInput
-    from gputop.pipeline import Pipeline
-    from gputop.sim.fake_nvml import ManualClock
-    from gputop.sim.fake_sysfs import FakeHostTree
-
-    clock = ManualClock()
-    pipeline = Pipeline(simulate=spec, clock=clock)
-    tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
-    try:
-        before = pipeline.gpu.details()
-        bus = [d.pci_bus_id for d in before]
-        host_before = tree.read(bus)
-        snaps = [pipeline.poll()]
-        clock.advance(seconds)
-        snaps.append(pipeline.poll())
-        return CheckInput(pipeline.machine, tuple(snaps), before, pipeline.gpu.details(), host_before, tree.read(bus), seconds)
-    finally:
-        tree.close()
-        pipeline.close()
-
-
-def scripted_check(spec: str):
-    """A TUI machine check (GputopApp.machine_check) that answers at once with what `gputop check` found on the
-    simulated machine `spec` (see simulated_check_input)."""
-    from gputop.analysis.machine_check import build_report
-
-    report = build_report(simulated_check_input(spec))
-
-    def machine_check(source, since, stop, seconds):  # noqa: ANN001 - the app's machine_check signature
-        return report
-
-    return machine_check
+def thread_ids(pid: int) -> set[int]:
+    return {int(tid) for tid in os.listdir(f"/proc/{pid}/task")}
