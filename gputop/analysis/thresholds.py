@@ -84,3 +84,16 @@ EVIDENCE_RANKS = 4  # per-rank / per-GPU evidence lines shown before "… N more
 # z of the one-sided lower bound on an input fraction: ~84% confidence.  One waiting dump in 19 (5.3%) is
 # not evidence of a 5% wait; 24 in 240 (10%) is.
 WILSON_Z = 1.0
+# Trace findings (`gputop trace`, gputop/analysis/checks/trace.py):
+# the article's rule: communication > 30% of the step means gradient accumulation, overlap, a topology check.
+TRACE_COMM_HEAVY = 0.30
+# AMP: at least half of the GEMM kernel time in fp32 on a GPU with tensor cores (compute capability >= 7).
+TRACE_FP32_GEMM_SHARE = 0.5
+# Launch-bound: most kernels shorter than a launch costs the host (~5-10 us), while the GPU idles >= 30%.
+TRACE_SHORT_KERNEL_US = 10.0
+TRACE_SHORT_KERNEL_SHARE = 0.5
+TRACE_LAUNCH_BOUND_IDLE = 0.3
+# Syncs every step count when they also cost >= 2% of wall time (a lone .item() at 1 us is not worth a finding).
+TRACE_SYNC_SHARE = 0.02
+# Fragmentation: >= 30% of the reserved bytes sit in inactive split blocks (torch.cuda.memory_stats).
+TRACE_FRAGMENTED_SHARE = 0.3
