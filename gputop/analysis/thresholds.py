@@ -79,8 +79,29 @@ DIAGNOSIS_WINDOW_S = 120.0
 # The longest hiccup period searched for (an epoch of a small dataset; longer is not a "hiccup").
 HICCUP_MAX_PERIOD_S = 60.0
 
+# Worker advice (analysis/advice.py): a producer in __getitem__ under half a core waits on I/O (sleeps in a
+# read); above it, it computes.  I/O-bound workers may outnumber the cores, but each forked worker holds
+# its own RSS: they get at most half the memory the job may still take, and never more than 32 per rank
+# (loader_math.HARD_MAX_WORKERS, the ceiling `gputop bench` sweeps to).
+IO_BOUND_CPU_PERCENT = 50.0
+IO_MEMORY_SHARE = 0.5
+MAX_IO_WORKERS = 32
+
 EVIDENCE_RANKS = 4  # per-rank / per-GPU evidence lines shown before "… N more"
 
 # z of the one-sided lower bound on an input fraction: ~84% confidence.  One waiting dump in 19 (5.3%) is
 # not evidence of a 5% wait; 24 in 240 (10%) is.
 WILSON_Z = 1.0
+# Trace findings (`gputop trace`, gputop/analysis/checks/trace.py):
+# the article's rule: communication > 30% of the step means gradient accumulation, overlap, a topology check.
+TRACE_COMM_HEAVY = 0.30
+# AMP: at least half of the GEMM kernel time in fp32 on a GPU with tensor cores (compute capability >= 7).
+TRACE_FP32_GEMM_SHARE = 0.5
+# Launch-bound: most kernels shorter than a launch costs the host (~5-10 us), while the GPU idles >= 30%.
+TRACE_SHORT_KERNEL_US = 10.0
+TRACE_SHORT_KERNEL_SHARE = 0.5
+TRACE_LAUNCH_BOUND_IDLE = 0.3
+# Syncs every step count when they also cost >= 2% of wall time (a lone .item() at 1 us is not worth a finding).
+TRACE_SYNC_SHARE = 0.02
+# Fragmentation: >= 30% of the reserved bytes sit in inactive split blocks (torch.cuda.memory_stats).
+TRACE_FRAGMENTED_SHARE = 0.3
