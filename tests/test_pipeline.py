@@ -14,8 +14,9 @@ from gputop.errors import GputopError, UsageError
 from gputop.model import HostSample, JobTree, Snapshot
 from gputop.pipeline import Pipeline, pipeline_from_args
 from gputop.sim.fake_nvml import ManualClock
-from tests.helpers import heap_growth_per_block, wait_until
-from tests.test_fake_nvml import ScriptedLoad
+from tests.harness.memory import heap_growth_per_block
+from tests.harness.nvml import ScriptedLoad
+from tests.harness.processes import wait_until
 
 no_driver_here = pytest.mark.skipif(
     bool(ctypes.util.find_library("nvidia-ml")), reason="libnvidia-ml is present on this machine"
@@ -135,6 +136,7 @@ def test_poll_of_eight_gpus_is_fast(pipelines):
     assert statistics.median(times) < 0.1, times
 
 
+@pytest.mark.slow
 def test_memory_stays_flat_over_many_polls(pipelines):
     p = pipelines(simulate="h100-sxm-8+nvlink-down=1+ecc=2")
     p.fake_library.pcie_latency_s = 0.0
