@@ -19,8 +19,8 @@ import pytest
 
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.stack_classes import WAITING_FOR_RANK0_DATA
-from tests.helpers import wait_until
-from tests.test_diagnosis_jobs import STACK_INTERVAL_S, VERDICT_DEADLINE_S, Observer, dumps_of
+from tests.harness.attach import STACK_INTERVAL_S, VERDICT_DEADLINE_S, Observer, dumps_of
+from tests.harness.processes import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -82,20 +82,6 @@ def job(spawn, tmp_path):
     yield start
     for j in started:
         j.kill_ranks()
-
-
-@pytest.fixture
-def observe():
-    observers: list[Observer] = []
-
-    def make(pid: int) -> Observer:
-        obs = Observer(pid)
-        observers.append(obs)
-        return obs
-
-    yield make
-    for obs in observers:
-        obs.close()
 
 
 def severe_ids(obs: Observer) -> list[str]:
