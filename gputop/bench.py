@@ -192,8 +192,8 @@ def _report(progress: Optional[Progress], fraction: float, message: str) -> None
             pass
 
 
-def resolve_rank(pid: int) -> tuple[int, tuple[int, ...], int, str]:
-    """(rank pid, its worker pids, ranks on this host, target text) from any PID of the job."""
+def training_job(pid: int):
+    """The job tree (no stacks) of the job `pid` belongs to; GputopError when it has no training process."""
     from gputop.collect.job_tree import JobCollector
 
     collector = JobCollector(pid, stacks_enabled=False)
@@ -203,6 +203,12 @@ def resolve_rank(pid: int) -> tuple[int, tuple[int, ...], int, str]:
         collector.close()
     if not tree.ranks:
         raise GputopError(f"PID {pid} has no training process under it; pass a rank's or the launcher's PID")
+    return tree
+
+
+def resolve_rank(pid: int) -> tuple[int, tuple[int, ...], int, str]:
+    """(rank pid, its worker pids, ranks on this host, target text) from any PID of the job."""
+    tree = training_job(pid)
     rank = tree.ranks[0]
     rank_pid = rank.proc.pid
     workers = tuple(w.pid for w in rank.workers)

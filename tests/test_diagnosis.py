@@ -418,7 +418,8 @@ def test_several_processes_on_one_busy_gpu_without_pid():
         attach=False,
     )
     top = diagnose(build(sc))[0]
-    assert top.id == "misplacement" and "4 processes share GPU 0" in top.summary
+    assert top.id == "misplacement" and top.summary.startswith("7 of 8 GPUs idle while a job uses 1")
+    assert any("4 processes share GPU 0" in e for e in top.evidence)
 
 
 def test_single_gpu_single_process_job_is_not_misplacement():

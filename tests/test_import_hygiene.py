@@ -46,6 +46,8 @@ HEADLESS = {
     # 1: a check failed on this box (no GPU, a container): the command still ran every check
     "check": (["--simulate", "--seconds", "1"], {0, 1}),
     "serve": (["--simulate", "--interval", "0.5", "--listen", "127.0.0.1:{port}"], {0}),
+    # summarising a trace file needs no torch (the agent, inside the job, is the only part that does)
+    "trace": (["--from", "{repo}/tests/fixtures/traces/hta_alexnet_a100.json.gz", "--json"], {0}),
 }
 STOP_AFTER_S = {"serve": 3.0}
 # Commands that are the UI itself, or run a torch job as a child (the monitor side still never imports torch).
@@ -91,7 +93,7 @@ SLOW_COMMANDS = {"bench"}
 def test_headless_command_loads_neither_textual_nor_torch(command, spawn, tmp_path):
     args, ok_codes = HEADLESS[command]
     pid = spawn.python(BUSY_PYTHON).pid if any("{pid}" in a for a in args) else 0
-    argv = [command, *(a.format(tmp=tmp_path, pid=pid, port=free_port()) for a in args)]
+    argv = [command, *(a.format(tmp=tmp_path, pid=pid, port=free_port(), repo=REPO) for a in args)]
     result = probe(spawn, tmp_path, argv, stop_after=STOP_AFTER_S.get(command))
     assert result["rc"] in ok_codes, f"gputop {' '.join(argv)} exited {result['rc']}: {result['stderr'][-2000:]}"
     assert "internal error" not in result["stderr"]

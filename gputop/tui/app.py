@@ -30,6 +30,7 @@ from gputop.history import History
 from gputop.model import Finding, JobTree, Snapshot
 from gputop.source import Attachable, Batch, PollLoop, Seekable, Source
 from gputop.tui import partial_updates
+from gputop.tui.check_screen import CHECK_SECONDS, run_machine_check
 from gputop.tui.look import key_display
 from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
 from gputop.tui.widgets.gpu_grid import GpuGrid
@@ -85,6 +86,8 @@ def _default_diagnose(history: History, bench: Any) -> tuple[list[Finding], str]
 class GputopApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "gputop"
+    check_seconds: float = CHECK_SECONDS  # the machine check's window (key c)
+    machine_check = staticmethod(run_machine_check)  # tests put a scripted check here
     ENABLE_COMMAND_PALETTE = False
 
     BINDINGS = [
@@ -98,6 +101,7 @@ class GputopApp(App):
         Binding("f", "findings", "Findings", id="findings"),
         Binding("b", "bench", "Bench loader", id="bench"),
         Binding("r", "report", "Report", id="report"),
+        Binding("c", "check", "Machine check", id="check"),
         Binding("s", "screenshot", "Screenshot", id="screenshot"),
         Binding("tab", "app.focus_next", "Next panel", show=False, id="focus.next"),
         Binding("shift+tab", "app.focus_previous", "Previous panel", show=False, id="focus.previous"),
@@ -138,6 +142,7 @@ class GputopApp(App):
         self.paused = False
         self.verdict: Optional[Verdict] = None
         self.last_bench: Any = None
+        self.last_check: Any = None  # the latest machine check (key c): its report and the cards' marks
         self.snapshots_seen = 0
         self.diagnoses_done = 0
         self.poll_error: Optional[str] = None
@@ -584,6 +589,49 @@ class GputopApp(App):
         else:
             self.notify(lines[0] if lines else "benchmark done", title="benchmark", timeout=8)
 
+    # --- machine check (issue 16): `gputop check` over the live source, in a worker
+    def action_check(self) -> None:
+        from gputop.tui.check_screen import CheckScreen
+
+        if isinstance(self.screen, CheckScreen):
+            return
+        self._check_screen = CheckScreen(self.check_seconds)
+        self.push_screen(self._check_screen)
+        self._run_check()
+
+    def _snapshots_since(self, timestamp: float) -> list[Snapshot]:
+        return [s for s in self.history if s.timestamp >= timestamp]
+
+    @work(thread=True, group="check", exclusive=True)
+    def _run_check(self) -> None:
+        def since(timestamp: float) -> list[Snapshot]:
+            return self.call_from_thread(self._snapshots_since, timestamp)
+
+        try:
+            report = self.machine_check(self.source, since, self._stop, self.check_seconds)
+        except GputopError as exc:
+            self.call_from_thread(self._check_done, None, str(exc))
+        except Exception as exc:  # a check bug must not take the monitor down
+            self.call_from_thread(self._check_done, None, f"the machine check failed: {type(exc).__name__}: {exc}")
+        else:
+            self.call_from_thread(self._check_done, report, None)
+
+    def _check_done(self, report: Any, error: Optional[str]) -> None:
+        from gputop.tui.check_screen import card_marks
+
+        screen = getattr(self, "_check_screen", None)
+        if report is not None:
+            self.last_check = report
+            grid = self._main(GpuGrid)
+            grid.check_marks = card_marks(report)
+            grid.redraw()
+        if screen is not None and not screen.closed:  # (it may not be mounted yet: it shows what it got on mount)
+            screen.show_report(report) if report is not None else screen.show_error(error or "")
+        elif error:
+            self.notify(error, title="machine check", severity="error", timeout=8)
+        else:
+            self.notify(report.summary, title="machine check", timeout=8)
+
     # --- report (issue 7)
     def action_report(self) -> None:
         if not len(self.history):
@@ -600,7 +648,7 @@ class GputopApp(App):
             from gputop.report.writer import write_report
 
             findings, _ = self._diagnose(history, bench)
-            text = render_markdown(history, findings, bench=bench, command="gputop (TUI, key r)")
+            text = render_markdown(history, findings, bench=bench, command="gputop (TUI, key r)", infra=self.last_check)
             directory = Path(self.report_dir or os.getcwd())
             path = directory / f"gputop-report-{self.machine.hostname}-{time.strftime('%Y%m%d-%H%M%S')}.md"
             write_report(path, text)

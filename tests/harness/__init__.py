@@ -7,4 +7,5 @@
 - `nvml`: `ScriptedLoad`, a fake-NVML load model whose answers the test sets.
 - `train_jobs`: start the loader-benchmark training job and read its own step log (the truth).
 - `tui`: build a `GputopApp` over a scripted source, and wait (on conditions) until it has drawn.
+- `machine_check`: what `gputop check` collects on the simulated machine, without waiting; a scripted TUI check.
 """

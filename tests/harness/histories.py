@@ -41,11 +41,13 @@ from gputop.model import (
     MachineInfo,
     NvLinkLink,
     PcieLink,
+    ProcessProgress,
     ProcessStacks,
     ProcInfo,
     Rank,
     RemappedRows,
     Snapshot,
+    ThreadProgress,
     ThreadStack,
     Topology,
 )
@@ -134,11 +136,26 @@ WORKER_STUCK_FRAMES = [
 ]
 
 
-def stacks_of(pid: int, frames: Sequence[Frame], timestamp: float, active: bool = True) -> ProcessStacks:
+def stacks_of(
+    pid: int, frames: Sequence[Frame], timestamp: float, active: bool = True, progress: Optional[ProcessProgress] = None
+) -> ProcessStacks:
     return ProcessStacks(
         pid=pid,
         timestamp=timestamp,
         threads=(ThreadStack(pid, "MainThread", pid, active, active, tuple(frames)),),
+        progress=progress,
+    )
+
+
+def progress_of(pid: int, t: float, *, switches_per_s: float = 0.0, cpu_share: float = 0.0, io_per_s: float = 0.0) -> ProcessProgress:
+    """The counters a process shows at time t when it wakes `switches_per_s` times a second, keeps `cpu_share`
+    of a core busy and moves `io_per_s` bytes a second (all 0: blocked)."""
+    ticks = int(t * cpu_share * 100)
+    return ProcessProgress(
+        cpu_seconds=ticks / 100,
+        io_read_chars=int(t * io_per_s),
+        io_write_chars=0,
+        threads=(ThreadProgress(pid, int(t * switches_per_s), 0, ticks),),
     )
 
 
@@ -173,6 +190,8 @@ class RankSpec:
     worker_cpu: Callable[[float, int], float] = lambda t, w: 50.0
     worker_state: Callable[[float, int], str] = lambda t, w: "S"
     exited: Callable[[float], bool] = lambda t: False
+    progress: Optional[Callable[[float], ProcessProgress]] = None  # counters beside each main dump
+    worker_progress: Optional[Callable[[float, int], ProcessProgress]] = None  # ... beside each worker dump
 
 
 @dataclass
@@ -237,7 +256,8 @@ def build(sc: Scenario) -> History:
             key = (spec.pid, dump_t)
             if key not in dumps:
                 frames = spec.frames(dump_t) if spec.frames else STATE_FRAMES[state]
-                dumps[key] = stacks_of(spec.pid, frames, T0 + dump_t, active=state not in (WAITING_FOR_DATA, COLLECTIVE))
+                progress = spec.progress(dump_t) if spec.progress else None
+                dumps[key] = stacks_of(spec.pid, frames, T0 + dump_t, active=state not in (WAITING_FOR_DATA, COLLECTIVE), progress=progress)
             stacks[spec.pid] = dumps[key]
             workers = []
             for w in spec.workers(t):
@@ -248,7 +268,8 @@ def build(sc: Scenario) -> History:
                 wkey = (w, dump_t)
                 if wkey not in dumps:
                     wf = spec.worker_frames(dump_t, w)
-                    dumps[wkey] = stacks_of(w, wf, T0 + dump_t) if wf is not None else None
+                    wp = spec.worker_progress(dump_t, w) if spec.worker_progress else None
+                    dumps[wkey] = stacks_of(w, wf, T0 + dump_t, progress=wp) if wf is not None else None
                 if dumps[wkey] is not None:
                     stacks[w] = dumps[wkey]
             ranks.append(
