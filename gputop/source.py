@@ -114,6 +114,11 @@ class PollLoop:
     def stopped(self) -> bool:
         return self._stop.is_set()
 
+    @property
+    def stop_event(self) -> threading.Event:
+        """Set once the loop is stopped: work that runs beside the loop (a timed check) waits on it."""
+        return self._stop
+
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()

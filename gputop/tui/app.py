@@ -608,7 +608,7 @@ class GputopApp(App):
             return self.call_from_thread(self._snapshots_since, timestamp)
 
         try:
-            report = self.machine_check(self.source, since, self._stop, self.check_seconds)
+            report = self.machine_check(self.source, since, self._poll_loop.stop_event, self.check_seconds)
         except GputopError as exc:
             self.call_from_thread(self._check_done, None, str(exc))
         except Exception as exc:  # a check bug must not take the monitor down
