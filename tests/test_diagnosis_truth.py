@@ -46,6 +46,7 @@ def test_all_gpus_busy_without_pid_stays_healthy():
 
 from gputop.analysis.stack_classes import EXPLICIT_SYNC, IN_DATASET, WAITING_FOR_DATA  # noqa: E402
 from tests.harness.histories import (  # noqa: E402
+    STATE_FRAMES,
     WORKER_IDLE_FRAMES,
     WORKER_STUCK_FRAMES,
     RankSpec,
@@ -191,3 +192,98 @@ def test_spinning_gpus_without_pid_are_a_silent_misfire():
     )
     findings = diagnose(build(sc))
     assert findings[0].id == "hang" and "spin" in findings[0].summary
+
+
+# ---------------------------------------------------------------- advice never above its cap
+
+import re  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.harness.histories import GIB  # noqa: E402
+
+def _printed_worker_counts(findings) -> list[int]:
+    out = []
+    for f in findings:
+        for text in (f.summary, f.fix, *f.evidence):
+            for line in text.splitlines():
+                for m in re.finditer(r"num_workers(?:=| to | ≤ )(\d+)|at most (\d+) per rank|→ (\d+) \(prep", line):
+                    out.append(int(next(g for g in m.groups() if g)))
+    return out
+
+
+@pytest.mark.parametrize("n_ranks", [1, 4])
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("worker_cpu", [8.0, 97.0])  # sleeping in __getitem__ (I/O), or computing
+@pytest.mark.parametrize("cpu_limit,memory_limit", [(None, None), (2.0, None), (None, 3 * GIB)])
+def test_no_advice_in_any_finding_exceeds_its_cap(n_ranks, workers, worker_cpu, cpu_limit, memory_limit):
+    """Starved jobs of every shape: each worker count any finding prints stays within the cap: CPU-bound
+    producers share the job's cores among the ranks; I/O-bound ones are bounded by memory and 32."""
+    ranks = [
+        RankSpec(
+            pid=1000 + i, rank=i, gpus=(i,), state=lambda t: WAITING_FOR_DATA if workers else IN_DATASET,
+            workers=(lambda t, b=2000 + 10 * i: tuple(range(b, b + workers))),
+            worker_frames=lambda t, w: worker_busy_frames(int(t) + w),
+            cpu=lambda t: worker_cpu if not workers else 5.0, worker_cpu=lambda t, w: worker_cpu,
+        )
+        for i in range(n_ranks)
+    ]
+    sc = Scenario(seconds=40, cores=16, util=lambda g, t: 3.0 if g < n_ranks else 0.0, ranks=ranks,
+                  cpu_limit=cpu_limit, memory_limit=memory_limit, host_cpu=lambda c, t: 60.0)
+    findings = diagnose(build(sc))
+    assert any(f.id == "starvation" and f.severity == "critical" for f in findings)
+    cores = min(cpu_limit or 16, 16)
+    if worker_cpu >= 50:
+        cap = max(1, int(cores // n_ranks))
+    else:
+        rss = (200 << 20) if workers else (2 << 30)  # a fork starts as big as its rank
+        used = n_ranks * ((2 << 30) + workers * (200 << 20))
+        free = min(44 * GIB, (memory_limit - used) if memory_limit else 44 * GIB)
+        cap = min(32, max(1, int(free * 0.5 / rss / n_ranks)))
+    printed = _printed_worker_counts(findings)
+    assert printed, [f.fix for f in findings]
+    assert max(printed) <= cap, (printed, cap)
+
+
+# ---------------------------------------------------------------- sync in the loop; one rank evaluating
+
+from gputop.analysis.stack_classes import COLLECTIVE, FORWARD_BACKWARD, IDLE_OTHER  # noqa: E402
+from gputop.model import Frame  # noqa: E402
+
+
+def test_sync_every_step_is_your_code_naming_the_line(tmp_path):
+    train = tmp_path / "train.py"
+    train.write_text("\n" * 56 + "        running_loss += loss.item()  # every step\n" + "\n" * 40)
+    frames = [Frame("train", str(train), 57), Frame("<module>", str(train), 90)]
+    ranks = [
+        RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=lambda t: EXPLICIT_SYNC if int(t) % 4 else FORWARD_BACKWARD,
+                 frames=lambda t: frames if int(t) % 4 else STATE_FRAMES[FORWARD_BACKWARD],
+                 progress=lambda t, p=1000 + i: progress_of(p, t, switches_per_s=40, cpu_share=0.5))
+        for i in range(2)
+    ]
+    sc = Scenario(seconds=40, gpu_count=2, util=lambda g, t: 50.0 + (8 if int(t) % 2 else -8), ranks=ranks,
+                  gpu_extra=lambda g, t: {"power": 380.0, "power_limit": 700.0})
+    findings = diagnose(build(sc))
+    top = findings[0]
+    assert top.id == "sync_bound" and top.title == "Your code: a sync in the loop"
+    assert "`loss.item()` at train.py:57 is a host-device sync" in top.summary
+    assert "hang" not in ids(findings) and "healthy" not in ids(findings)
+
+
+def test_rank0_evaluating_while_the_others_wait_in_a_barrier_is_healthy_not_a_straggler_or_hang():
+    def rank0_frames(t):
+        return [Frame("evaluate", "/job/train.py", 300 + int(t) % 7), Frame("train", "/job/train.py", 120), *STATE_FRAMES[IDLE_OTHER][-1:]]
+
+    ranks = [RankSpec(pid=1000, rank=0, gpus=(0,), state=lambda t: FORWARD_BACKWARD, frames=rank0_frames,
+                      progress=lambda t: progress_of(1000, t, switches_per_s=30, cpu_share=0.6))]
+    ranks += [
+        RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=lambda t: COLLECTIVE,
+                 progress=lambda t, p=1000 + i: progress_of(p, t))
+        for i in range(1, 8)
+    ]
+    sc = Scenario(seconds=30, util=lambda g, t: 100.0 if g else 97.0, ranks=ranks,
+                  gpu_extra=lambda g, t: {"power": 140.0 if g else 600.0, "power_limit": 700.0})
+    findings = diagnose(build(sc))
+    assert findings[0].id == "healthy", [(f.id, f.summary) for f in findings]
+    assert not {"hang", "straggler"} & set(ids(findings))
+    assert "rank_wait" in ids(findings)

@@ -120,7 +120,7 @@ def gpu_list(indices: Iterable[int]) -> str:
 
 
 def _window(inp: CheckInput) -> str:
-    return f"{inp.seconds:.0f} s"
+    return f"{inp.seconds:.0f} s" if inp.seconds >= 9.5 else f"{inp.seconds:.1f} s"
 
 
 def utc_time(ts: Optional[float]) -> str:

@@ -59,6 +59,9 @@ COLLAPSE_LOW = 0.25
 HICCUP_MAX_GAP_CV = 0.5
 # Epoch-boundary worker restarts explain a period when restarts repeat at that period within 35%.
 PERIOD_MATCH_TOLERANCE = 0.35
+# Sync-bound: a rank caught at a host-device sync (.item(), .cpu(), synchronize()) in 30% of its dumps while
+# its GPUs are under BUSY_UTILIZATION: host and device take turns instead of overlapping.
+SYNC_BOUND_FRACTION = 0.3
 # Straggler: one rank input-bound (TF "highly") while the others are not (TF "not input-bound") and spend at
 # least half their time in a collective / backward waiting for it.
 STRAGGLER_OTHERS_SYNC_MIN = 0.5
@@ -78,6 +81,14 @@ MISPLACED_IDLE_UTILIZATION = 5.0
 DIAGNOSIS_WINDOW_S = 120.0
 # The longest hiccup period searched for (an epoch of a small dataset; longer is not a "hiccup").
 HICCUP_MAX_PERIOD_S = 60.0
+
+# Worker advice (analysis/advice.py): a producer in __getitem__ under half a core waits on I/O (sleeps in a
+# read); above it, it computes.  I/O-bound workers may outnumber the cores, but each forked worker holds
+# its own RSS: they get at most half the memory the job may still take, and never more than 32 per rank
+# (loader_math.HARD_MAX_WORKERS, the ceiling `gputop bench` sweeps to).
+IO_BOUND_CPU_PERCENT = 50.0
+IO_MEMORY_SHARE = 0.5
+MAX_IO_WORKERS = 32
 
 EVIDENCE_RANKS = 4  # per-rank / per-GPU evidence lines shown before "… N more"
 

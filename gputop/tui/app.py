@@ -597,18 +597,20 @@ class GputopApp(App):
             return
         self._check_screen = CheckScreen(self.check_seconds)
         self.push_screen(self._check_screen)
-        self._run_check()
+        latest = self.history.latest
+        # the window: the latest snapshot and every one the collector takes while the check runs
+        self._run_check(latest.timestamp if latest is not None else float("-inf"))
 
     def _snapshots_since(self, timestamp: float) -> list[Snapshot]:
         return [s for s in self.history if s.timestamp >= timestamp]
 
     @work(thread=True, group="check", exclusive=True)
-    def _run_check(self) -> None:
-        def since(timestamp: float) -> list[Snapshot]:
-            return self.call_from_thread(self._snapshots_since, timestamp)
+    def _run_check(self, start: float) -> None:
+        def window() -> list[Snapshot]:
+            return self.call_from_thread(self._snapshots_since, start)
 
         try:
-            report = self.machine_check(self.source, since, self._poll_loop.stop_event, self.check_seconds)
+            report = self.machine_check(self.source, window, self._poll_loop.stop_event, self.check_seconds)
         except GputopError as exc:
             self.call_from_thread(self._check_done, None, str(exc))
         except Exception as exc:  # a check bug must not take the monitor down
