@@ -111,6 +111,6 @@ def test_the_core_imports_without_textual_or_torch(module, spawn):
 
 
 def test_the_monitor_never_imports_torch(spawn):
-    loaded = imported_by(spawn, COMMAND_MODULES["tui"])
+    loaded = imported_by(spawn, "gputop.tui.app")
     assert "textual" in loaded  # the probe really loaded the UI
     assert "torch" not in loaded

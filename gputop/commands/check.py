@@ -17,7 +17,7 @@ import time
 from typing import Any, Optional
 
 from gputop.analysis.machine_check import CheckInput, CheckReport, LoadOutcome, build_report, report_jsonable
-from gputop.commands.report import Progress, observe
+from gputop.commands.observing import Progress, observe
 from gputop.model import HostReadings
 
 # What the end of the window needs (the last details, the kernel log, printing): the observation stops
