@@ -406,6 +406,9 @@ class Snapshot:
     gpus: tuple[GpuSample, ...] = ()
     job: Optional[JobTree] = None
     simulated: bool = False
+    # With no job attached: the machine's GPU processes grouped into jobs (launcher -> ranks -> workers,
+    # no stacks), so what the screen offers to attach to is in recordings and reports too.
+    jobs: tuple[JobTree, ...] = ()
 
 
 # --------------------------------------------------------------------- JSON
