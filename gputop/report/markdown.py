@@ -5,13 +5,13 @@ It renders `report_data` (the same structure the JSON report prints), so both fo
 
 from __future__ import annotations
 
-import datetime
 from typing import Any, Optional, Sequence
 
 from gputop.history import History
 from gputop.model import Finding
 from gputop.report.jsonreport import report_data
 from gputop.report.redact import redact_text
+from gputop.units import utc_time
 
 GIB = 1 << 30
 
@@ -57,9 +57,7 @@ def _pct(n: Optional[float]) -> Optional[str]:
 
 
 def _when(ts: Optional[float]) -> str:
-    if ts is None:
-        return "—"
-    return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return utc_time(ts, missing="—")
 
 
 def _stat_cells(st: Optional[dict[str, Any]], fmt) -> list[Optional[str]]:
