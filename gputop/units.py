@@ -8,6 +8,7 @@ to its own placeholder with None).
 
 from __future__ import annotations
 
+import datetime
 from typing import Optional
 
 GIB = 1 << 30
@@ -92,3 +93,10 @@ def mmss(seconds: float) -> str:
 def na(value: object, template: str = "{}", missing: str = NA) -> str:
     """`template` filled with `value`, or `missing`."""
     return missing if value is None else template.format(value)
+
+
+def utc_time(timestamp: Optional[float], missing: str = "time unknown") -> str:
+    """A time.time() value as "2026-12-01 00:44:03 UTC" (tickets are read in other time zones)."""
+    if timestamp is None:
+        return missing
+    return datetime.datetime.fromtimestamp(timestamp, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

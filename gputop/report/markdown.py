@@ -5,7 +5,6 @@ It renders `report_data` (the same structure the JSON report prints), so both fo
 
 from __future__ import annotations
 
-import datetime
 from typing import Any, Optional, Sequence
 
 from gputop import units
@@ -13,6 +12,7 @@ from gputop.history import History
 from gputop.model import Finding
 from gputop.report.jsonreport import report_data
 from gputop.report.redact import redact_text
+from gputop.units import utc_time
 
 
 
@@ -40,9 +40,7 @@ def _code(text: Any) -> str:
 
 
 def _when(ts: Optional[float]) -> str:
-    if ts is None:
-        return "—"
-    return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return utc_time(ts, missing="—")
 
 
 def _stat_cells(st: Optional[dict[str, Any]], fmt) -> list[Optional[str]]:

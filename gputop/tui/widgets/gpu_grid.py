@@ -447,6 +447,10 @@ class GpuGrid(LineCanvas):
             faults, warnings = health_problems(gpu)
             throttles = active_throttles(gpu) if _is_slowdown(gpu) else []
             problem = (faults + [t for t in throttles] + [w for w in warnings if w != "throttled"])
+            mark = self.check_marks.get(gpu.index)
+            if mark is not None and (mark[1] or not faults):  # the machine check's word, unless a worse fault shows
+                problem = [mark[0].removeprefix("chk ")] + problem
+                faults = faults + [mark[0]] if mark[1] else faults
             if problem:
                 line.add(" " + look.ellipsize(problem[0], 8).ljust(8), look.BAD_BOLD if faults else look.WARN_BOLD)
             else:
