@@ -191,3 +191,54 @@ def test_spinning_gpus_without_pid_are_a_silent_misfire():
     )
     findings = diagnose(build(sc))
     assert findings[0].id == "hang" and "spin" in findings[0].summary
+
+
+# ---------------------------------------------------------------- advice never above its cap
+
+import re  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.harness.histories import GIB  # noqa: E402
+
+def _printed_worker_counts(findings) -> list[int]:
+    out = []
+    for f in findings:
+        for text in (f.summary, f.fix, *f.evidence):
+            for line in text.splitlines():
+                for m in re.finditer(r"num_workers(?:=| to | ≤ )(\d+)|at most (\d+) per rank|→ (\d+) \(prep", line):
+                    out.append(int(next(g for g in m.groups() if g)))
+    return out
+
+
+@pytest.mark.parametrize("n_ranks", [1, 4])
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("worker_cpu", [8.0, 97.0])  # sleeping in __getitem__ (I/O), or computing
+@pytest.mark.parametrize("cpu_limit,memory_limit", [(None, None), (2.0, None), (None, 3 * GIB)])
+def test_no_advice_in_any_finding_exceeds_its_cap(n_ranks, workers, worker_cpu, cpu_limit, memory_limit):
+    """Starved jobs of every shape: each worker count any finding prints stays within the cap: CPU-bound
+    producers share the job's cores among the ranks; I/O-bound ones are bounded by memory and 32."""
+    ranks = [
+        RankSpec(
+            pid=1000 + i, rank=i, gpus=(i,), state=lambda t: WAITING_FOR_DATA if workers else IN_DATASET,
+            workers=(lambda t, b=2000 + 10 * i: tuple(range(b, b + workers))),
+            worker_frames=lambda t, w: worker_busy_frames(int(t) + w),
+            cpu=lambda t: worker_cpu if not workers else 5.0, worker_cpu=lambda t, w: worker_cpu,
+        )
+        for i in range(n_ranks)
+    ]
+    sc = Scenario(seconds=40, cores=16, util=lambda g, t: 3.0 if g < n_ranks else 0.0, ranks=ranks,
+                  cpu_limit=cpu_limit, memory_limit=memory_limit, host_cpu=lambda c, t: 60.0)
+    findings = diagnose(build(sc))
+    assert any(f.id == "starvation" and f.severity == "critical" for f in findings)
+    cores = min(cpu_limit or 16, 16)
+    if worker_cpu >= 50:
+        cap = max(1, int(cores // n_ranks))
+    else:
+        rss = (200 << 20) if workers else (2 << 30)  # a fork starts as big as its rank
+        used = n_ranks * ((2 << 30) + workers * (200 << 20))
+        free = min(44 * GIB, (memory_limit - used) if memory_limit else 44 * GIB)
+        cap = min(32, max(1, int(free * 0.5 / rss / n_ranks)))
+    printed = _printed_worker_counts(findings)
+    assert printed, [f.fix for f in findings]
+    assert max(printed) <= cap, (printed, cap)

@@ -17,7 +17,7 @@ from gputop.analysis.stack_classes import (
 )
 from gputop.analysis.thresholds import HELD_MEMORY_BYTES, LIVE_CPU_SHARE, LIVE_SWITCHES_PER_S, USER_HZ
 from gputop.history import History
-from gputop.model import Frame, GpuSample, ProcessProgress, ProcessStacks, ProcInfo, Snapshot, ThreadStack
+from gputop.model import Frame, GpuSample, JobTree, ProcessProgress, ProcessStacks, ProcInfo, Snapshot, ThreadStack
 
 # frames of a main thread starting an epoch's workers (no persistent_workers)
 EPOCH_START_FRAME_NAMES = ("DataLoader.__iter__", "_MultiProcessingDataLoaderIter.__init__", "_get_iterator")
@@ -314,6 +314,28 @@ class Context:
     def cores(self) -> int:
         latest = self.snaps[-1].host.cpu_percent if self.snaps else ()
         return len(latest) or self.history.machine.cpu_count or 1
+
+    @property
+    def job(self) -> Optional[JobTree]:
+        """The latest job tree in the window (None when no job is attached)."""
+        return next((s.job for s in reversed(self.snaps) if s.job is not None), None)
+
+    def job_cores(self) -> float:
+        """Cores the job may use: its cgroup's cpu.max / cpuset as the collector read it, else the host's."""
+        job = self.job
+        if job is not None and job.cpu_limit:
+            return min(float(job.cpu_limit), float(self.cores()))
+        return float(self.cores())
+
+    def memory_free(self) -> Optional[int]:
+        """Bytes the job may still take: the host's available memory, less when its cgroup limit is nearer."""
+        free: Optional[int] = (self.snaps[-1].host.memory_available or None) if self.snaps else None
+        job = self.job
+        if job is not None and job.memory_limit:
+            used = sum(p.rss or 0 for r in job.ranks for p in (r.proc, *r.workers))
+            left = max(0, job.memory_limit - used)
+            free = left if free is None else min(free, left)
+        return free
 
 
 def bench_dict(bench: Any) -> Optional[dict[str, Any]]:

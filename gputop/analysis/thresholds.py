@@ -79,6 +79,14 @@ DIAGNOSIS_WINDOW_S = 120.0
 # The longest hiccup period searched for (an epoch of a small dataset; longer is not a "hiccup").
 HICCUP_MAX_PERIOD_S = 60.0
 
+# Worker advice (analysis/advice.py): a producer in __getitem__ under half a core waits on I/O (sleeps in a
+# read); above it, it computes.  I/O-bound workers may outnumber the cores, but each forked worker holds
+# its own RSS: they get at most half the memory the job may still take, and never more than 32 per rank
+# (loader_math.HARD_MAX_WORKERS, the ceiling `gputop bench` sweeps to).
+IO_BOUND_CPU_PERCENT = 50.0
+IO_MEMORY_SHARE = 0.5
+MAX_IO_WORKERS = 32
+
 EVIDENCE_RANKS = 4  # per-rank / per-GPU evidence lines shown before "… N more"
 
 # z of the one-sided lower bound on an input fraction: ~84% confidence.  One waiting dump in 19 (5.3%) is

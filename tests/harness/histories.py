@@ -39,6 +39,7 @@ from gputop.model import (
     HostSample,
     JobTree,
     MachineInfo,
+    Misplacement,
     NvLinkLink,
     PcieLink,
     ProcessProgress,
@@ -209,6 +210,9 @@ class Scenario:
     host_cpu: Callable[[int, float], float] = lambda c, t: 40.0
     ranks: list[RankSpec] = field(default_factory=list)
     warnings: tuple[str, ...] = ()
+    misplacements: tuple[Misplacement, ...] = ()
+    cpu_limit: Optional[float] = None  # the job's cgroup cores (JobTree.cpu_limit)
+    memory_limit: Optional[int] = None  # bytes (JobTree.memory_limit)
     attach: bool = True  # build JobTrees (ranks) at all
 
 
@@ -287,7 +291,8 @@ def build(sc: Scenario) -> History:
                 )
             )
         job = (
-            JobTree(root_pid=100, launcher=ProcInfo(100, 1, "torchrun", ("torchrun", "--nproc_per_node=8", "train.py")), ranks=tuple(ranks), warnings=sc.warnings, stacks=stacks)
+            JobTree(root_pid=100, launcher=ProcInfo(100, 1, "torchrun", ("torchrun", "--nproc_per_node=8", "train.py")), ranks=tuple(ranks), warnings=sc.warnings, stacks=stacks,
+                    misplacements=sc.misplacements, cpu_limit=sc.cpu_limit, memory_limit=sc.memory_limit)
             if sc.attach and sc.ranks
             else None
         )

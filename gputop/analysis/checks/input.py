@@ -108,9 +108,12 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
         kwargs = rec
         action = "apply the benchmark's loader settings"
     else:
-        workers, arithmetic = suggested_workers(ctx, measured or ranks, job_fraction, gpu_mean)
-        kwargs = {"num_workers": workers, "prefetch_factor": 4, "pin_memory": True, "persistent_workers": True}
-        action = f"raise num_workers to {workers}, prefetch, pin memory"
+        advice = suggested_workers(ctx, measured or ranks, job_fraction, gpu_mean)
+        arithmetic = advice.arithmetic
+        kwargs = {"num_workers": advice.workers, "prefetch_factor": 4, "pin_memory": True, "persistent_workers": True}
+        action = f"raise num_workers to {advice.workers}, prefetch, pin memory"
+        if advice.capped and advice.bound == "cpu":
+            action += "; make each sample cheaper too (the cores cap the workers)"
     fix_lines = [action, loader_code(kwargs)]
     if not rec:
         fix_lines.append(arithmetic)
