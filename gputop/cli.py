@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Subcommand -> module that owns it; each exposes run(args) -> int.
 COMMAND_MODULES = {
-    "tui": "gputop.tui.app",
+    "tui": "gputop.commands.tui",
     "snapshot": "gputop.commands.snapshot",
     "demo": "gputop.commands.demo",
     "bench": "gputop.commands.bench",

@@ -408,3 +408,18 @@ def test_an_old_driver_without_the_new_symbols():
     assert d[0].clock_event_ns == {}
     inp_results = mc.check_pcie_replay(mc.CheckInput(pipeline.machine, (), d, d, HostReadings(0.0), HostReadings(0.0), 1.0))
     assert inp_results.status == mc.SKIP and "FunctionNotFound" in inp_results.value
+
+
+def test_a_board_on_other_firmware_is_a_warning():
+    inp = simulated_check_input()
+    after = tuple(replace(d, vbios="96.00.61.00.01") if d.index == 6 else d for d in inp.after)
+    check = result(mc.run_checks(replace(inp, after=after)), "vbios")
+    assert check.status == mc.WARN and check.gpus == (6,)
+    assert check.value == "GPU 6: 96.00.61.00.01 where the others run 96.00.99.00.01"
+
+
+def test_no_nvlink_lines_on_a_pcie_machine():
+    results = mc.run_checks(simulated_check_input("rtx-4090-2"))
+    assert result(results, "nvlink.state").status == mc.SKIP
+    assert "nvlink.errors" not in {r.id for r in results}  # the link-state line already says there is none
+    assert mc.exit_code(results) == mc.EXIT_HEALTHY

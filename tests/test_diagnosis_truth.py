@@ -46,6 +46,7 @@ def test_all_gpus_busy_without_pid_stays_healthy():
 
 from gputop.analysis.stack_classes import EXPLICIT_SYNC, IN_DATASET, WAITING_FOR_DATA  # noqa: E402
 from tests.harness.histories import (  # noqa: E402
+    STATE_FRAMES,
     WORKER_IDLE_FRAMES,
     WORKER_STUCK_FRAMES,
     RankSpec,
@@ -242,3 +243,47 @@ def test_no_advice_in_any_finding_exceeds_its_cap(n_ranks, workers, worker_cpu, 
     printed = _printed_worker_counts(findings)
     assert printed, [f.fix for f in findings]
     assert max(printed) <= cap, (printed, cap)
+
+
+# ---------------------------------------------------------------- sync in the loop; one rank evaluating
+
+from gputop.analysis.stack_classes import COLLECTIVE, FORWARD_BACKWARD, IDLE_OTHER  # noqa: E402
+from gputop.model import Frame  # noqa: E402
+
+
+def test_sync_every_step_is_your_code_naming_the_line(tmp_path):
+    train = tmp_path / "train.py"
+    train.write_text("\n" * 56 + "        running_loss += loss.item()  # every step\n" + "\n" * 40)
+    frames = [Frame("train", str(train), 57), Frame("<module>", str(train), 90)]
+    ranks = [
+        RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=lambda t: EXPLICIT_SYNC if int(t) % 4 else FORWARD_BACKWARD,
+                 frames=lambda t: frames if int(t) % 4 else STATE_FRAMES[FORWARD_BACKWARD],
+                 progress=lambda t, p=1000 + i: progress_of(p, t, switches_per_s=40, cpu_share=0.5))
+        for i in range(2)
+    ]
+    sc = Scenario(seconds=40, gpu_count=2, util=lambda g, t: 50.0 + (8 if int(t) % 2 else -8), ranks=ranks,
+                  gpu_extra=lambda g, t: {"power": 380.0, "power_limit": 700.0})
+    findings = diagnose(build(sc))
+    top = findings[0]
+    assert top.id == "sync_bound" and top.title == "Your code: a sync in the loop"
+    assert "`loss.item()` at train.py:57 is a host-device sync" in top.summary
+    assert "hang" not in ids(findings) and "healthy" not in ids(findings)
+
+
+def test_rank0_evaluating_while_the_others_wait_in_a_barrier_is_healthy_not_a_straggler_or_hang():
+    def rank0_frames(t):
+        return [Frame("evaluate", "/job/train.py", 300 + int(t) % 7), Frame("train", "/job/train.py", 120), *STATE_FRAMES[IDLE_OTHER][-1:]]
+
+    ranks = [RankSpec(pid=1000, rank=0, gpus=(0,), state=lambda t: FORWARD_BACKWARD, frames=rank0_frames,
+                      progress=lambda t: progress_of(1000, t, switches_per_s=30, cpu_share=0.6))]
+    ranks += [
+        RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=lambda t: COLLECTIVE,
+                 progress=lambda t, p=1000 + i: progress_of(p, t))
+        for i in range(1, 8)
+    ]
+    sc = Scenario(seconds=30, util=lambda g, t: 100.0 if g else 97.0, ranks=ranks,
+                  gpu_extra=lambda g, t: {"power": 140.0 if g else 600.0, "power_limit": 700.0})
+    findings = diagnose(build(sc))
+    assert findings[0].id == "healthy", [(f.id, f.summary) for f in findings]
+    assert not {"hang", "straggler"} & set(ids(findings))
+    assert "rank_wait" in ids(findings)

@@ -19,7 +19,8 @@ import pytest
 from gputop.analysis import stack_classes as sc
 from gputop.collect import job_tree as jobmod
 from gputop.collect import procfs, stack_schedule
-from gputop.collect.job_tree import JobCollector, discover_jobs, find_misplacements
+from gputop.collect.job_tree import JobCollector, discover_jobs
+from gputop.collect.placement import SET_DEVICE_FIX, find_misplacements
 from gputop.collect.stacks import find_py_spy
 from gputop.errors import GputopError
 from gputop.model import (
@@ -364,10 +365,10 @@ def test_misplacement_shared_gpu_and_stray_context():
         ("shared_gpu", (10, 13), (0,)), ("shared_gpu", (11, 12), (1,)), ("several_gpus", (13,), (0, 3)),
     ]
     assert tuple(m.message for m in found) == (
-        "GPU 0 is shared by 2 ranks (rank 0 (PID 10), rank 3 (PID 13)): " + jobmod.SET_DEVICE_FIX,
-        "GPU 1 is shared by 2 ranks (rank 1 (PID 11), rank 2 (PID 12)): " + jobmod.SET_DEVICE_FIX,
+        "GPU 0 is shared by 2 ranks (rank 0 (PID 10), rank 3 (PID 13)): " + SET_DEVICE_FIX,
+        "GPU 1 is shared by 2 ranks (rank 1 (PID 11), rank 2 (PID 12)): " + SET_DEVICE_FIX,
         "rank 3 (PID 13) holds memory on GPUs 0, 3: a stray CUDA context (usually cuda:0 touched before "
-        "set_device); " + jobmod.SET_DEVICE_FIX,
+        "set_device); " + SET_DEVICE_FIX,
     )
     everyone = find_misplacements((_rank(10, 0, (0,)), _rank(11, 1, (0,))), gpus)
     assert [(m.kind, m.pids, m.gpus) for m in everyone] == [("all_on_one_gpu", (10, 11), (0,))]

@@ -227,3 +227,17 @@ def test_attach_follows_a_new_job_and_keeps_the_old_one_on_a_bad_pid(pipelines, 
     with pytest.raises(GputopError, match="no process with PID"):
         p.attach(2**22 + 12345)  # above pid_max on default kernels: never a live process
     assert p.poll().job.root_pid == child.pid
+
+
+def test_gpu_processes_are_grouped_into_jobs_in_the_snapshot_until_a_job_is_attached(pipelines, spawn):
+    # a real process stands behind the fake GPU's process list, so /proc discovery finds it
+    proc = spawn.python("import time; time.sleep(60)")
+    load = ScriptedLoad(processes={2: [(proc.pid, 1 << 30)]})
+    p = pipelines(simulate="h100-sxm-8", load_model=load)
+    snap = p.poll()
+    assert snap.job is None
+    assert [[r.proc.pid for r in tree.ranks] for tree in snap.jobs] == [[proc.pid]]
+    assert snap.jobs[0].ranks[0].gpus == (2,)
+    p.attach(proc.pid)
+    attached = p.poll()
+    assert attached.job is not None and attached.jobs == ()  # the attached job replaces the list

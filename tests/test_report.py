@@ -483,7 +483,7 @@ class TickClock:
 def test_observe_polls_every_interval_with_a_progress_bar_on_a_terminal():
     import io
 
-    from gputop.commands.report import Progress, observe
+    from gputop.commands.observing import Progress, observe
     from gputop.model import HostSample, Snapshot
     from tests.harness.histories import machine as test_machine
 

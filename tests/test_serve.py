@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import socket
@@ -649,6 +650,52 @@ def test_without_pid_every_gpu_process_is_a_job_followed_with_its_stacks(spawn):
         assert set(jobs._collectors) == {first.pid} and set(exporter._histories) == {str(first.pid)}
     finally:
         jobs.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches to another user: run as root")
+def test_serve_as_another_user_counts_and_says_the_refusal(spawn, tmp_path):
+    """gputop serve run by `nobody` next to root's job: the /proc side is exported, the stacks are refused,
+    and the refusal is a counter plus one log line with the fix, never a crash."""
+    import tempfile
+
+    job = spawn.python([str(TRAIN_LOOP), "--workers", "1", "--samples", "100000", "--ready-file", str(tmp_path / "ready")])
+    wait_until(lambda: (tmp_path / f"ready.{job.pid}").exists(), timeout=120, what="the training job's first batch")
+    world = Path(tempfile.mkdtemp(prefix="gputop-serve-", dir="/tmp"))  # pytest's tmp_path is root's 0700
+    try:
+        world.chmod(0o755)
+        bindir = world / "bin"
+        bindir.mkdir(mode=0o755)
+        py_spy = bindir / "py-spy"  # beside the interpreter gputop believes it runs from, readable by nobody
+        shutil.copyfile(shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"), py_spy)
+        py_spy.chmod(0o755)
+        (bindir / "python").symlink_to(os.path.realpath(sys.executable))
+        port = free_port()
+        serve = spawn([sys.executable, str(REPO / "tests" / "drill_jobs" / "as_user.py"), "nobody", "--executable",
+                       str(bindir / "python"), "serve", "--pid", str(job.pid), "--listen", f"127.0.0.1:{port}",
+                       "--stack-interval", "0.5"],
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(world),
+                      env=dict(os.environ, HOME=str(world)))
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def refusals() -> float:
+            if serve.poll() is not None:
+                raise AssertionError(f"gputop serve exited {serve.returncode}: {serve.stderr.read()}")
+            return one(parse(get(url)), "gputop_pyspy_errors_total", reason="permission")
+
+        assert wait_until(lambda: refusals() >= 3, timeout=60, what="refused dumps counted")
+        samples = parse(get(url))
+        assert one(samples, "gputop_dataloader_workers", job=str(job.pid), rank="0") == 1  # /proc still works
+        assert sum(values(samples, "gputop_rank_state").values()) == 0  # no stacks, no state
+        serve.send_signal(signal.SIGTERM)
+        _out, err = serve.communicate(timeout=30)
+    finally:
+        shutil.rmtree(world, ignore_errors=True)
+    assert serve.returncode == 0 and "Traceback" not in err, err
+    denied = (f"permission denied reading PID {job.pid}'s stacks: it belongs to root and gputop runs as nobody; "
+              "run gputop as root, or with sudo")
+    assert err.count("cannot read stacks") == 1, err
+    assert f"gputop serve: job {job.pid}: cannot read stacks: {denied} (counted in gputop_pyspy_errors_total)\n" in err
 
 
 @pytest.mark.slow

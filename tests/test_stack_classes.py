@@ -284,6 +284,16 @@ def test_worker_is_recognised_by_role_not_by_name():
     assert not sc.runs_worker_loop(None)
 
 
+def test_torchdata_stateful_worker_is_a_worker_in_dataset_code():
+    # a real StatefulDataLoader worker (tests/jobs/framework_job.py torchdata): /proc/PID/comm is
+    # "python", not pt_data_worker, so only its role gives it away
+    stacks = load("worker_torchdata_stateful.json")
+    worker = sc.main_thread(stacks)
+    assert sc.runs_worker_loop(stacks)
+    assert sc.dataset_frame(sc.own_frames(worker)).name == "Samples.__getitem__"
+    assert sc.worker_activity(worker) == "slow_sample (framework_job.py)"
+
+
 def test_main_thread_without_name_or_native_id_is_the_last_listed():
     # py-spy on a 3.10 target may give neither thread name nor native id; it lists the newest thread first
     stacks = load("main_waiting_for_data.json", pid=7251)

@@ -59,6 +59,9 @@ COLLAPSE_LOW = 0.25
 HICCUP_MAX_GAP_CV = 0.5
 # Epoch-boundary worker restarts explain a period when restarts repeat at that period within 35%.
 PERIOD_MATCH_TOLERANCE = 0.35
+# Sync-bound: a rank caught at a host-device sync (.item(), .cpu(), synchronize()) in 30% of its dumps while
+# its GPUs are under BUSY_UTILIZATION: host and device take turns instead of overlapping.
+SYNC_BOUND_FRACTION = 0.3
 # Straggler: one rank input-bound (TF "highly") while the others are not (TF "not input-bound") and spend at
 # least half their time in a collective / backward waiting for it.
 STRAGGLER_OTHERS_SYNC_MIN = 0.5

@@ -24,7 +24,8 @@ import psutil
 from gputop.analysis.stack_classes import classify_main_thread, main_thread
 from gputop.collect import stacks as stacks_mod
 from gputop.collect.cgroup import job_limits
-from gputop.collect.procfs import ProcessTable, ProcKey, Tracked, int_or_none, process_alive, read_stat
+from gputop.collect.placement import find_misplacements, gpus_of_pids, place_ranks
+from gputop.collect.procfs import ProcessTable, ProcKey, Tracked, int_or_none, process_alive, read_ns_pids, read_stat
 from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSchedule
 from gputop.errors import GputopError
 from gputop.model import GpuSample, JobTree, Misplacement, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
@@ -206,6 +207,17 @@ class JobScanner:
             if "LOCAL_RANK" in rank_env_keys(child) and script_and_args(child.cmdline) == program
         ]
 
+    def _parent(self, tracked: Tracked) -> Optional[Tracked]:
+        """The parent, if it may be part of the job.  PID 1 is the machine's init on a host, but in a
+        container it is often the launcher itself (torchrun or a Python script as the entrypoint)."""
+        if tracked.ppid < 1:
+            return None
+        parent = self.table.get(tracked.ppid)
+        if parent is None or tracked.ppid > 1:
+            return parent
+        python = os.path.basename(parent.cmdline[0]).startswith("python") if parent.cmdline else False
+        return parent if python or is_named_launcher(parent) else None
+
     def owning_rank(self, tracked: Tracked) -> Tracked:
         """Climb from a DataLoader worker or multiprocessing helper to the rank process it serves."""
         current = tracked
@@ -221,7 +233,7 @@ class JobScanner:
     def structure(self, root: Tracked, gpu_pids: frozenset[int] = frozenset()) -> _Structure:
         """Launcher and ranks of the job `root` belongs to (root may be any of its processes)."""
         start = self.owning_rank(root)
-        parent = self.table.get(start.ppid) if start.ppid > 1 else None
+        parent = self._parent(start)
         for rank_zero in (start, parent):
             others = self._self_launched(rank_zero)
             if others:
@@ -291,12 +303,14 @@ class JobScanner:
 
     def build(self, root_pid: int, structure: _Structure, gpus: tuple[GpuSample, ...]) -> JobTree:
         """A JobTree with fresh process figures (no stacks)."""
-        gpus_by_pid = gpus_of_pids(gpus)
         launcher_info = self.table.info(structure.launcher) if structure.launcher else None
+        identities = {t.key: structure.identities.get(t.key) or identity_from_env(t.env) for t in structure.ranks}
+        placement = place_ranks(((t, identities[t.key].local_rank) for t in structure.ranks), gpus)
         ranks = []
         for rank in structure.ranks:
             env = rank.env or {}
-            identity = structure.identities.get(rank.key) or identity_from_env(env)
+            identity = identities[rank.key]
+            on_gpus, mapping = placement[rank.key]
             workers = tuple(self.table.info(w) for w in self.workers_of(rank))
             ranks.append(
                 Rank(
@@ -305,7 +319,8 @@ class JobScanner:
                     local_rank=identity.local_rank,
                     world_size=identity.world_size,
                     cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
-                    gpus=gpus_by_pid.get(rank.key[0], ()),
+                    gpus=on_gpus,
+                    gpu_mapping=mapping,
                     workers=workers,
                     pin_memory_tids=self.table.threads_named(rank.key[0], PIN_THREAD_COMM),
                 )
@@ -355,69 +370,6 @@ def job_cores(launcher: Optional[ProcInfo], ranks: Iterable[Rank]) -> tuple[int,
         if proc.core is not None and not proc.exited:
             cores.add(proc.core)
     return tuple(sorted(cores))
-
-
-# ----------------------------------------------------------------- GPUs
-
-
-def gpus_of_pids(gpus: Iterable[GpuSample]) -> dict[int, tuple[int, ...]]:
-    """pid -> NVML indices of the GPUs where NVML lists it (holds a context / memory)."""
-    found: dict[int, set[int]] = {}
-    for gpu in gpus:
-        if gpu.lost or not gpu.processes:
-            continue
-        for gp in gpu.processes:
-            found.setdefault(gp.pid, set()).add(gpu.index)
-    return {pid: tuple(sorted(idx)) for pid, idx in found.items()}
-
-
-def _rank_label(rank: Rank) -> str:
-    return f"rank {rank.rank} (PID {rank.proc.pid})" if rank.rank is not None else f"PID {rank.proc.pid}"
-
-
-def _gpu_list(indices: Iterable[int]) -> str:
-    return ", ".join(str(i) for i in sorted(indices))
-
-
-SET_DEVICE_FIX = "call torch.cuda.set_device(local_rank) (or use f'cuda:{local_rank}') before any CUDA work"
-
-
-def find_misplacements(ranks: tuple[Rank, ...], gpus: tuple[GpuSample, ...]) -> tuple[Misplacement, ...]:
-    """Ranks sharing a GPU, one rank on several GPUs, and the "all ranks on GPU 0" bug, each with its
-    ranks, GPUs and one line for people."""
-    found: list[Misplacement] = []
-    placed = [r for r in ranks if r.gpus]
-    if not placed:
-        return ()
-    by_gpu: dict[int, list[Rank]] = {}
-    for rank in placed:
-        for index in rank.gpus:
-            by_gpu.setdefault(index, []).append(rank)
-    visible_gpus = len([g for g in gpus if not g.lost])
-    shared = {index: rs for index, rs in by_gpu.items() if len(rs) > 1}
-    everyone_on_one = len(placed) > 1 and len(by_gpu) == 1
-    if everyone_on_one:
-        (index,) = by_gpu
-        idle = visible_gpus - 1
-        message = (
-            f"all {len(placed)} ranks run on GPU {index}"
-            + (f" while {idle} other GPU{'s' if idle != 1 else ''} sit idle" if idle > 0 else "")
-            + f": {SET_DEVICE_FIX}"
-        )
-        found.append(Misplacement("all_on_one_gpu", tuple(r.proc.pid for r in placed), (index,), message))
-    else:
-        for index in sorted(shared):
-            names = ", ".join(_rank_label(r) for r in shared[index])
-            message = f"GPU {index} is shared by {len(shared[index])} ranks ({names}): {SET_DEVICE_FIX}"
-            found.append(Misplacement("shared_gpu", tuple(r.proc.pid for r in shared[index]), (index,), message))
-    for rank in placed:
-        if len(rank.gpus) > 1:
-            message = (
-                f"{_rank_label(rank)} holds memory on GPUs {_gpu_list(rank.gpus)}: a stray CUDA context "
-                f"(usually cuda:0 touched before set_device); {SET_DEVICE_FIX}"
-            )
-            found.append(Misplacement("several_gpus", (rank.proc.pid,), tuple(rank.gpus), message))
-    return tuple(found)
 
 
 # ----------------------------------------------------------------- the collector
@@ -737,7 +689,10 @@ def discover_jobs(gpus: tuple[GpuSample, ...]) -> list[JobTree]:
         scanner.table.begin_scan()
         jobs: dict[ProcKey, tuple[int, _Structure]] = {}
         gpu_pids = frozenset(gpus_of_pids(gpus))
-        for pid in sorted(gpu_pids):
+        seeds = [pid for pid in gpu_pids if scanner.table.get(pid) is not None]
+        if gpu_pids and not seeds:  # none of NVML's PIDs is ours: we run in a PID namespace (a container)
+            seeds = _container_seeds(scanner, gpu_pids)
+        for pid in sorted(set(seeds)):
             tracked = scanner.table.get(pid)
             if tracked is None:
                 continue
@@ -745,5 +700,26 @@ def discover_jobs(gpus: tuple[GpuSample, ...]) -> list[JobTree]:
             anchor = structure.launcher or structure.ranks[0]
             jobs.setdefault(anchor.key, (anchor.key[0], structure))
         trees = [scanner.build(root_pid, structure, tuple(gpus)) for root_pid, structure in jobs.values()]
+        trees = [t for t in trees if any(r.gpus for r in t.ranks)]
         scanner.table.prune()
     return sorted(trees, key=lambda t: (min((g for r in t.ranks for g in r.gpus), default=1 << 30), t.root_pid))
+
+
+def _container_seeds(scanner: JobScanner, gpu_pids: frozenset[int]) -> list[int]:
+    """Processes here that may stand behind NVML PIDs from another PID namespace: those whose NSpid line
+    shows one of them, and those started with a rank variable or CUDA_VISIBLE_DEVICES (their GPU is then
+    inferred, see placement).  One pass over /proc, only while none of NVML's PIDs is ours."""
+    seeds = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if set(read_ns_pids(pid)[1:]) & gpu_pids:
+            seeds.append(pid)
+            continue
+        tracked = scanner.table.get(pid)
+        if tracked is not None and not is_worker(tracked) and (
+            has_rank_env(tracked) or "CUDA_VISIBLE_DEVICES" in (tracked.env or {})
+        ):
+            seeds.append(pid)
+    return seeds

@@ -9,7 +9,6 @@ warning check also marks the GPU cards it names (`card_marks`).
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Callable, Optional, Sequence
 
 from rich.text import Text
@@ -56,19 +55,18 @@ _CARD_WORDS = {
 
 
 def run_machine_check(
-    source: Any, snapshots_since: Callable[[float], Sequence[Snapshot]], stop: threading.Event, seconds: float = CHECK_SECONDS
+    source: Any, window: Callable[[], Sequence[Snapshot]], stop: threading.Event, seconds: float = CHECK_SECONDS
 ) -> CheckReport:
     """The check over a live pipeline: details and kernel readings at the start and the end of `seconds`,
-    judged with the snapshots the app's collector took in between."""
+    judged with the snapshots of the window (`window()`: the app's latest at the start and those since)."""
     if not hasattr(source, "gpu") or not hasattr(source, "fake_library"):
         raise GputopError("the machine check reads the live machine; a replay has no NVML or kernel log to read")
     from gputop.commands.check import Evidence
 
     evidence = Evidence(source)
     try:
-        start = time.time()
         stop.wait(seconds)  # the app's collector keeps polling meanwhile: a window, not synchronisation
-        return evidence.finish(snapshots_since(start), window=seconds)
+        return evidence.finish(window(), window=seconds)
     finally:
         evidence.close()
 

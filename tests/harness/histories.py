@@ -521,7 +521,8 @@ def make_snapshots(
 
 
 class ScriptedSource:
-    """A source that returns a fixed list of snapshots, then blocks until closed."""
+    """A source (Source and Attachable, see gputop/source.py) that returns a fixed list of snapshots, then
+    blocks until closed."""
 
     def __init__(self, machine: MachineInfo, snapshots: Sequence[Snapshot]) -> None:
         self.machine = machine
@@ -529,6 +530,7 @@ class ScriptedSource:
         self.polls = 0
         self.closed = threading.Event()
         self.attached: list[int] = []
+        self.stacks_wanted: Optional[bool] = None  # what the app last asked for (want_stacks)
 
     def poll(self) -> Snapshot:
         if self.polls < len(self._snapshots):
@@ -546,6 +548,9 @@ class ScriptedSource:
         if pid == 4242:
             raise GputopError("no process with PID 4242 (it exited?)")
         self.attached.append(pid)
+
+    def want_stacks(self, wanted: bool) -> None:
+        self.stacks_wanted = wanted
 
     def close(self) -> None:
         self.closed.set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import types
@@ -306,6 +307,21 @@ async def test_enter_attaches_to_the_selected_process(close_sources):
         await wait_for(pilot, lambda: source.attached == [1001], "attach(1001)")
 
 
+async def test_jobs_discovered_by_the_source_are_listed_and_enter_attaches_their_launcher(close_sources):
+    # the app discovers nothing itself: the jobs it lists are the ones the snapshot carries
+    snaps = [dataclasses.replace(snap, jobs=(make_job(tick),)) for tick, snap in enumerate(make_snapshots(5))]
+    source = ScriptedSource(make_machine(), snaps)
+    close_sources(source)
+    app, _ = build_app(source=source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        panel = app.query_one(JobPanel)
+        assert panel.title == "GPU JOBS (1)"
+        assert [row.pid for row in panel.rows][:2] == [1000, 1001]  # the launcher, then its ranks
+        await pilot.press("j", "enter")  # on rank 0: Enter attaches the whole job, by its launcher
+        await wait_for(pilot, lambda: source.attached == [1000], "attach(1000)")
+
+
 async def test_attach_failure_is_one_line_notification(close_sources):
     app, source = build_app(5)
     close_sources(source)
@@ -319,17 +335,16 @@ async def test_attach_failure_is_one_line_notification(close_sources):
 async def test_compact_enter_shows_stacks_and_sets_stacks_wanted(close_sources):
     app, source = build_app(10, with_job=True)
     close_sources(source)
-    source.job_collector = types.SimpleNamespace(stacks_wanted=None)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
         stacks = app.query_one(StacksPanel)
-        assert not stacks.display and source.job_collector.stacks_wanted is False
+        assert not stacks.display and source.stacks_wanted is False
         await pilot.press("j", "enter")
         await pilot.pause()
-        assert stacks.display and source.job_collector.stacks_wanted is True
+        assert stacks.display and source.stacks_wanted is True
         await pilot.press("escape")
         await pilot.pause()
-        assert not stacks.display and source.job_collector.stacks_wanted is False
+        assert not stacks.display and source.stacks_wanted is False
 
 
 # ------------------------------------------------------------------ actions

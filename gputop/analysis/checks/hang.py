@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from gputop.analysis.checks.sync import describe_sync
 from gputop.analysis.numbers import confidence_from, gib, mean
 from gputop.analysis.observations import (
     WAIT_FRAMES,
@@ -259,6 +260,9 @@ def _rank_hang(ctx: Context, rank: RankObs) -> Optional[_Hung]:
     native = _native_text(run, rank.native)
     if native:
         evidence.append(native)
+    synced = describe_sync(rank) if state == EXPLICIT_SYNC else None
+    if synced is not None:
+        evidence.append(f"its host is parked at a sync: {synced[1]}")
     for o in gpus:
         if gpu_spin:
             evidence.append(_spin_evidence(o, trailing_spin_seconds(o)))
@@ -295,7 +299,9 @@ def _rank_hang(ctx: Context, rank: RankObs) -> Optional[_Hung]:
             "\nDistributedSampler(..., drop_last=True)  # every rank runs the same number of steps"
         )
     else:
-        where = "it waits in an explicit sync (torch.cuda.synchronize / .item())"
+        where = "it waits in an explicit sync (torch.cuda.synchronize / .item())" if synced is None else (
+            f"it waits at a sync for GPU work that never finishes ({synced[1]})"
+        )
         fix = (
             "the host waits for GPU work that never finishes: check the last kernel/collective before it\n"
             "CUDA_LAUNCH_BLOCKING=1 python train.py  # pinpoints the kernel (debug runs only)"
@@ -315,6 +321,14 @@ def _rank_hang(ctx: Context, rank: RankObs) -> Optional[_Hung]:
         pids=(rank.pid,),
     )
     return _Hung(finding, rank, stuck_secs, waiter=state == COLLECTIVE or (gpu_spin and state not in (WAITING_FOR_DATA, IN_DATASET)), state=state)
+
+
+def makes_progress(rank: RankObs) -> bool:
+    """Its main thread moved between its last two dumps: another stack, or counters that moved."""
+    if len(rank.samples) < 2:
+        return False
+    run = frozen_run(rank.pid, rank.samples)
+    return run is not None and (run.count < 2 or run.still is False)
 
 
 def _odd_one_out(ctx: Context, waiting: Sequence[_Hung]) -> Optional[tuple[RankObs, str, tuple[str, ...]]]:
@@ -351,6 +365,9 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
     pids = tuple(p for h in waiting for p in h.finding.pids)
     spinning = [line for h in waiting for line in h.finding.evidence if "spinning" in line]
     how = "wait for it in a collective" + (" (their GPUs spin at ~100%, low power)" if spinning else "")
+    parked = next((line for h in waiting for line in h.finding.evidence if line.startswith("its host is parked at a sync")), None)
+    if parked:
+        spinning.insert(0, "the waiting ranks' hosts are" + parked.removeprefix("its host is"))
     if culprits:
         first = culprits[0].finding
         fix = first.fix if NCCL_FIX in first.fix else first.fix + "\n" + NCCL_FIX
@@ -371,6 +388,29 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
     odd = _odd_one_out(ctx, waiting)
     exited = [r for r in ctx.ranks.values() if r.last is not None and r.last.exited]
     fix = first.fix
+    if odd is not None and makes_progress(odd[0]) and "waits for data" not in odd[1]:
+        # One rank works (an evaluation, a checkpoint, logging) while the others wait for it in a barrier or
+        # collective: a wait, not a hang, as long as that rank moves.
+        rank, what, odd_frames = odd
+        return [
+            Finding(
+                id="rank_wait",
+                title="Ranks wait for one busy rank",
+                severity="info",
+                confidence=0.6,
+                label=LABEL_CODE,
+                summary=f"{len(waiting)} rank(s) wait {longest:.0f} s in a collective while {rank.name} works ({rank.samples[-1].state})",
+                evidence=(what, f"{rank.label} makes progress (its stack or counters moved between its last dumps)")
+                + first.evidence[:1],
+                frames=odd_frames,
+                fix=(
+                    "nothing is stuck: rank-0-only work (evaluation, checkpointing) holds the others for its duration\n"
+                    "# to use that time: evaluate on every rank with a DistributedSampler, or save checkpoints asynchronously"
+                ),
+                gpus=gpus,
+                pids=(rank.pid,) + pids,
+            )
+        ]
     if odd is not None:
         rank, what, odd_frames = odd
         evidence += (what,)

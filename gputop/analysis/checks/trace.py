@@ -18,8 +18,13 @@ from typing import Any, Sequence
 
 from gputop.analysis.numbers import gib
 from gputop.analysis.thresholds import (
-    TRACE_COMM_HEAVY, TRACE_FP32_GEMM_SHARE, TRACE_FRAGMENTED_SHARE, TRACE_LAUNCH_BOUND_IDLE,
-    TRACE_SHORT_KERNEL_SHARE, TRACE_SHORT_KERNEL_US, TRACE_SYNC_SHARE,
+    TRACE_COMM_HEAVY,
+    TRACE_FP32_GEMM_SHARE,
+    TRACE_FRAGMENTED_SHARE,
+    TRACE_LAUNCH_BOUND_IDLE,
+    TRACE_SHORT_KERNEL_SHARE,
+    TRACE_SHORT_KERNEL_US,
+    TRACE_SYNC_SHARE,
 )
 from gputop.model import LABEL_CODE, Finding
 
