@@ -16,8 +16,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import ProgressBar, Static
 
 from gputop.errors import GputopError
-from gputop.tui import look
-from gputop.tui.screens import _Modal
+from gputop.tui.screens import BenchScreen
 
 TRACE_SECONDS = 5.0
 
@@ -32,24 +31,17 @@ def trace_target(job: Any) -> Optional[tuple[int, str]]:
     return rank.proc.pid, f"PID {rank.proc.pid}" + (f", {len(job.ranks)} ranks" if len(job.ranks) > 1 else "")
 
 
-class TraceScreen(_Modal):
-    """Ask, show progress, then the per-rank phase table and the findings."""
+class TraceScreen(BenchScreen):
+    """Ask, show progress, then the per-rank phase table and the findings (the benchmark dialog's layout
+    and progress display, with its own question)."""
 
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Close (a running trace goes on)", id="trace.close"),
         Binding("y", "start", "Inject the trace agent and profile", id="trace.start"),
     ]
 
-    DEFAULT_CSS = """
-    TraceScreen ProgressBar { margin: 1 0; }
-    """
-
     def __init__(self, pid: int, label: str, start: Callable[[int], None]) -> None:
-        super().__init__()
-        self.pid = pid
-        self.label = label
-        self._start = start
-        self.started = False
+        super().__init__(pid, label, lambda p, _inject: start(p))
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="dialog", id="trace"):
@@ -62,31 +54,18 @@ class TraceScreen(_Modal):
                     ("Esc", "bold"),
                     "  cancel",
                 ),
-                id="trace-body",
+                id="bench-body",
             )
-            yield ProgressBar(total=1.0, show_eta=False, id="trace-progress")
-            yield Static("", id="trace-status")
+            yield ProgressBar(total=1.0, show_eta=False, id="bench-progress")
+            yield Static("", id="bench-status")
 
-    def on_mount(self) -> None:
-        self.query_one(ProgressBar).display = False
-
-    def action_start(self) -> None:
-        if self.started:
-            return
-        self.started = True
-        self.query_one("#trace-body", Static).update(Text("running: trace agent injected", style="bold"))
-        self.query_one(ProgressBar).display = True
-        self._start(self.pid)
-
-    def show_progress(self, fraction: float, message: str) -> None:
-        self.query_one(ProgressBar).update(progress=max(0.0, min(1.0, fraction)))
-        self.query_one("#trace-status", Static).update(Text(message, style="dim"))
+    def action_start(self, allow_inject: bool = True) -> None:
+        super().action_start(True)
+        self.query_one("#bench-body", Static).update(Text("running: trace agent injected into every rank", style="bold"))
 
     def show_result(self, lines: Sequence[str], error: Optional[str] = None) -> None:
-        self.query_one(ProgressBar).display = False
-        body = self.query_one("#trace-body", Static)
-        body.update(Text(error, style=look.BAD_BOLD) if error else Text("\n".join(lines)))
-        self.query_one("#trace-status", Static).update(Text("Esc closes · f shows the findings", style="dim"))
+        super().show_result(lines, error)
+        self.query_one("#bench-status", Static).update(Text("Esc closes · f shows the findings", style="dim"))
 
 
 def start_trace(app: Any) -> None:

@@ -36,7 +36,7 @@ async def test_trace_key_asks_then_traces_the_job_and_adds_its_finding(close_sou
         await pilot.press("y")
         await wait_for(pilot, lambda: app.last_trace is not None, "the trace")
         assert calls == [(app.screen.pid, 5.0)]
-        body = str(app.screen.query_one("#trace-body").render())
+        body = str(app.screen.query_one("#bench-body").render())
         assert "comm" in body and "41%" in body and "Communication takes 41%" in body
         await pilot.press("escape")
         await wait_for(pilot, lambda: app.verdict is not None and any(f.id == "trace_communication"
