@@ -25,6 +25,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.message import Message
 
+from gputop import units
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, JobTree, Snapshot
@@ -515,7 +516,7 @@ class GputopApp(App):
         duration = getattr(controls, "duration", None)
         tag = "REPLAY"
         if position is not None and duration is not None:
-            tag += f" {_mmss(position)}/{_mmss(duration)}"
+            tag += f" {units.mmss(position)}/{units.mmss(duration)}"
         if self.replay_speed != 1.0:
             tag += f" ×{self.replay_speed:g}"
         return tag
@@ -707,11 +708,6 @@ def job_cores(job: Optional[JobTree]) -> frozenset[int]:
             if worker.core is not None and not worker.exited:
                 cores.add(worker.core)
     return frozenset(cores)
-
-
-def _mmss(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    return f"{seconds // 60:02d}:{seconds % 60:02d}"
 
 
 def _stdin_fd() -> Optional[int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from gputop.analysis.numbers import gib
+from gputop.units import gib
 from gputop.analysis.thresholds import (
     TRACE_COMM_HEAVY,
     TRACE_FP32_GEMM_SHARE,
