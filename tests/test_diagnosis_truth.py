@@ -327,3 +327,18 @@ def test_epoch_hiccups_with_a_period_of_minutes_are_found():
     assert "every 150 s" in hiccup.summary
     two_minutes = build(Scenario(seconds=119, util=saw_tooth(150.0, 125.0), ranks=sc.ranks))
     assert "hiccup" not in ids(diagnose(two_minutes))
+
+
+# ---------------------------------------------------------------- placement decided once, by the collector
+
+from gputop.model import Misplacement  # noqa: E402
+
+
+def test_structured_misplacement_is_read_not_string_matched():
+    shared = Misplacement("shared_gpu", (1002, 1003), (2,), "GPU 2 is shared by 2 ranks (rank 2, rank 3): call set_device")
+    ranks = [RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=cycle([FORWARD_BACKWARD, OPTIMIZER_STEP])) for i in range(4)]
+    sc = Scenario(seconds=30, gpu_count=4, util=lambda g, t: 92.0, ranks=ranks, misplacements=(shared,),
+                  warnings=("words the analysis must not parse",))
+    f = next(f for f in diagnose(build(sc)) if f.id == "misplacement")
+    assert f.summary.startswith("GPU 2 is shared by 2 ranks") and f.pids == (1002, 1003) and f.gpus == (2,)
+    assert "collector: words the analysis must not parse" not in f.evidence

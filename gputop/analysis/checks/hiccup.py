@@ -6,7 +6,8 @@ import statistics
 from typing import Optional, Sequence
 
 from gputop.analysis.advice import STACKS_HINT
-from gputop.analysis.numbers import mean, pct, percentile
+from gputop.analysis.numbers import mean, percentile
+from gputop.units import fraction as pct
 from gputop.analysis.observations import (
     EPOCH_START_FRAME_NAMES,
     WAIT_FRAMES,

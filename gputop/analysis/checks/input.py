@@ -6,7 +6,8 @@ from typing import Optional, Sequence
 
 from gputop.analysis.advice import STACKS_HINT, loader_code, suggested_workers
 from gputop.analysis.checks.hang import WORKER_TIMEOUT_FIX, stuck_worker
-from gputop.analysis.numbers import confidence_from, gib, mean, pct, wilson_lower
+from gputop.analysis.numbers import confidence_from, mean, wilson_lower
+from gputop.units import fraction as pct, gib
 from gputop.analysis.observations import (
     WAIT_FRAMES,
     Context,

@@ -16,6 +16,7 @@ from textual.strip import Strip
 
 from gputop.analysis.xids import meaning_of
 from gputop.model import LABEL_INFRA, GpuSample, Snapshot
+from gputop import units
 from gputop.tui import look
 from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas
 
@@ -324,7 +325,7 @@ class GpuGrid(LineCanvas):
         util = gpu.utilization_gpu
         text = spark_text(spark)
         lines[1].add(text, look.DIM if gpu.lost else look.SPARK)
-        lines[1].add(" " + ("LOST" if gpu.lost else look.fmt_pct(util)), look.BAD_BOLD if gpu.lost else util_style(util))
+        lines[1].add(" " + ("LOST" if gpu.lost else units.percent_cell(util)), look.BAD_BOLD if gpu.lost else util_style(util))
 
         if gpu.lost:
             lines[2].add(look.ellipsize("not answering: fell off the bus", w), look.BAD)
@@ -337,7 +338,7 @@ class GpuGrid(LineCanvas):
                 line.pad(w)
             return lines
 
-        mem_text = " " + look.fmt_gib_pair(gpu.memory_used, gpu.memory_total)
+        mem_text = " " + units.gib_pair(gpu.memory_used, gpu.memory_total)
         filled, empty = look.bar(gpu.memory_fraction, max(1, w - 4 - len(mem_text)))
         lines[2].add("MEM ", look.LABEL).add(filled, look.ACCENT).add(empty, look.BAR_EMPTY).add(mem_text)
 
@@ -361,7 +362,7 @@ class GpuGrid(LineCanvas):
             l4.add(pcie_text(gpu) + "!", look.WARN_BOLD)
         else:
             l4.add(pcie_text(gpu))
-        l4.add(f" ↑{look.fmt_rate(gpu.pcie.tx_bytes_per_s)} ↓{look.fmt_rate(gpu.pcie.rx_bytes_per_s)}", look.PLAIN)
+        l4.add(f" ↑{units.short_rate(gpu.pcie.tx_bytes_per_s)} ↓{units.short_rate(gpu.pcie.rx_bytes_per_s)}", look.PLAIN)
 
         l5 = lines[5]
         l5.add("NVL  ", look.LABEL)
@@ -370,7 +371,7 @@ class GpuGrid(LineCanvas):
             l5.add(f"{active}/{len(gpu.nvlink)}", look.PLAIN if active == len(gpu.nvlink) else look.WARN_BOLD)
             tx = sum(link.tx_bytes_per_s or 0 for link in gpu.nvlink)
             rx = sum(link.rx_bytes_per_s or 0 for link in gpu.nvlink)
-            l5.add(f" ↑{look.fmt_rate(tx)} ↓{look.fmt_rate(rx)}")
+            l5.add(f" ↑{units.short_rate(tx)} ↓{units.short_rate(rx)}")
         else:
             l5.add("n/a", look.DIM)
 
@@ -429,8 +430,8 @@ class GpuGrid(LineCanvas):
                 line.add("  GPU not answering (fell off the bus?)", look.BAD_BOLD)
                 lines.append(line.strip(width))
                 continue
-            line.add(" " + look.fmt_pct(gpu.utilization_gpu), util_style(gpu.utilization_gpu))
-            line.add(look.fmt_gib_pair(gpu.memory_used, gpu.memory_total).rjust(8))
+            line.add(" " + units.percent_cell(gpu.utilization_gpu), util_style(gpu.utilization_gpu))
+            line.add(units.gib_pair(gpu.memory_used, gpu.memory_total).rjust(8))
             temp = gpu.temperature
             line.add(("n/a" if temp is None else f"{temp:.0f}°C").rjust(5),
                      look.PLAIN if temp is None or temp < 75 else look.WARN if temp < 85 else look.BAD)
