@@ -310,6 +310,23 @@ def _recording(data: dict[str, Any]) -> list[str]:
     ]
 
 
+def _trace(data: dict[str, Any]) -> list[str]:
+    t = data.get("trace")
+    if not t:
+        return []
+    out = ["## Trace (torch.profiler, every rank)", ""]
+    ranks = t["result"].get("ranks") or []
+    if ranks:
+        phases = ("data", "forward", "backward", "comm", "optimizer", "sync", "other")
+        out += _table(
+            ["rank", "pid", *phases, "steps/s", "trace file"],
+            [[r.get("rank"), r.get("pid"), *(f"{100 * (r.get('phases') or {}).get(p, 0.0):.0f}%" for p in phases),
+              r.get("steps_per_s"), _code(r["trace_file"]) if r.get("trace_file") else None] for r in ranks],
+        )
+    out += _fence("\n".join(t["summary"]))
+    return out
+
+
 def _bench(data: dict[str, Any]) -> list[str]:
     b = data["benchmark"]
     if not b:
@@ -338,8 +355,10 @@ def render_markdown(
     generated: Optional[float] = None,
     recording: Optional[dict[str, Any]] = None,
     infra: Any = None,
+    trace: Any = None,
 ) -> str:
-    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra)
+    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra,
+                       trace=trace)
     obs = data["observed"]
     m = data["machine"]
     out = [
@@ -362,6 +381,7 @@ def render_markdown(
     out += _job(data)
     out += _stacks(data)
     out += _bench(data)
+    out += _trace(data)
     cmd = data["gputop"]["command"]
     out += ["## About this report", ""]
     out += _table(
