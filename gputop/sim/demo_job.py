@@ -14,22 +14,24 @@ except the GPU:
   `DataLoader` with the scenario's settings feeds the rank; its workers open a "shard
   index" when they start (500 ms), which is what makes non-persistent workers hiccup at
   every epoch.
-* **Model.**  A tiny CNN runs its forward and backward on the CPU (about a millisecond).
-  In the middle of it sits `SimulatedKernels`, an autograd function whose forward and
-  backward *sleep* for the step's simulated GPU time (1/3 forward, 2/3 backward), with the
-  rank's slot on the busy board marked busy around each sleep.  The fake NVML turns busy
-  time into utilization, so a rank that waits for data shows an idle GPU.  Ranks that land
-  on the same GPU take turns (a file lock per GPU), as kernels of several processes share
-  one card: each gets a fraction of it.
-* **Distributed.**  torch.distributed with the gloo backend (rendezvous through a file,
-  sockets on loopback).  Gradients are averaged with one `all_reduce` per step, outside
-  the busy period: gloo runs on the CPU, so a rank waiting for the others in the
-  collective leaves its GPU idle.  Measured on the 2-core box with 8 ranks: rendezvous
-  0.1-0.9 s, an all_reduce of this model's gradients ~20 ms (mostly waiting for the other
-  ranks to be scheduled), ~4 ms of CPU per rank and step, so at 5 steps/s the collectives
-  of all 8 ranks cost ~15% of one core.  That is light enough, and it buys the real
-  coupling of DDP: a rank that stalls holds up the others, which wait in `all_reduce`
-  (the misfire scenario's hang spreads exactly like a real one).
+* **Model.**  A tiny CNN runs its forward and backward on the CPU (about a millisecond), "on the
+  GPU" of `gputop.sim.cuda`: `SimulatedKernels`, an autograd function in its middle, *launches* the
+  step's simulated GPU time on the rank's stream (1/3 in forward, 2/3 in backward) and returns at
+  once; a device thread runs the stream and marks the rank's slot on the busy board busy meanwhile.
+  The model's output is a `DeviceTensor`, so `loss.item()` is a sync that waits for the stream, as
+  with CUDA.  The fake NVML turns busy time into utilization, so a rank that waits for data shows an
+  idle GPU.  Ranks that land on the same GPU take turns (a file lock per GPU), as kernels of several
+  processes share one card: each gets a fraction of it.
+* **Distributed.**  torch.distributed with the gloo backend (rendezvous through a file, sockets on
+  loopback).  With `--backend gloo` gradients are averaged with one blocking `all_reduce` per step,
+  after a `synchronize()` (gloo reads host memory): a rank waiting for the others in the collective
+  leaves its GPU idle.  Measured on the 2-core box with 8 ranks: rendezvous 0.1-0.9 s, an all_reduce
+  of this model's gradients ~20 ms (mostly waiting for the other ranks to be scheduled), ~4 ms of CPU
+  per rank and step, so at 5 steps/s the collectives of all 8 ranks cost ~15% of one core.  It buys
+  the real coupling of DDP: a rank that stalls holds up the others, which wait in `all_reduce` (the
+  misfire scenario's hang spreads exactly like a real one).  With `--backend nccl`
+  (`gputop.sim.nccl`) the all-reduce is a kernel launched from backward's hooks, as DDP does: the
+  host goes on to `loss.item()`, and the GPU spins at low power until every rank's kernel arrived.
 * **Determinism.**  Given `--seed`, the batches and losses do not depend on timing: images,
   augmentation (seeded per sample index), sampler order (`DistributedSampler` with
   `set_epoch`), model init, and the DataLoader's generator are all seeded, and nothing
