@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import wait_for  # noqa: E402  (benchmarks/common.py)
 
-from gputop.collect.job import JobCollector  # noqa: E402
+from gputop.collect.job_tree import JobCollector  # noqa: E402
 from gputop.collect.stacks import dump_stacks, find_py_spy  # noqa: E402
 
 TRAIN_LOOP = REPO / "tests" / "jobs" / "train_loop.py"

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 import psutil
 
 from gputop.analysis import loader_math
-from gputop.collect.job import read_stat
+from gputop.collect.procfs import read_stat
 from gputop.collect.stacks import process_alive
 from gputop.collect.sampler import PassiveResult, PassiveSampler
 from gputop.errors import GputopError, UsageError
@@ -194,7 +194,7 @@ def _report(progress: Optional[Progress], fraction: float, message: str) -> None
 
 def resolve_rank(pid: int) -> tuple[int, tuple[int, ...], int, str]:
     """(rank pid, its worker pids, ranks on this host, target text) from any PID of the job."""
-    from gputop.collect.job import JobCollector
+    from gputop.collect.job_tree import JobCollector
 
     collector = JobCollector(pid, stacks_enabled=False)
     try:

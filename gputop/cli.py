@@ -157,6 +157,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="from_file", metavar="FILE", help="build the report from a recording instead")
     _add_interval(p)
 
+    p = sub.add_parser(
+        "check",
+        help="quick health check before an infra ticket: one line per check; exit 0 healthy, 3 infra, 4 config",
+        description=(
+            "Checks the machine without disturbing it: PCIe link and error counters, AER, NVLink, topology, "
+            "GPU/NIC NUMA affinity, ECC, remaps, retired pages, XIDs (NVML and the kernel log), modes, clocks. "
+            "Exit status: 0 healthy, 3 an infrastructure problem, 4 a configuration warning, 1 gputop failed, 2 bad usage."
+        ),
+    )
+    _add_simulate(p)
+    p.add_argument("--json", action="store_true", help="print every check with its status as JSON")
+    p.add_argument("--seconds", type=_positive_float, default=10.0, metavar="S", help="how long the check takes (default 10)")
+    p.add_argument(
+        "--load",
+        action="store_true",
+        help="only on idle GPUs: run a short load so the links train up, and with torch a short all-reduce "
+        "whose bus bandwidth is compared with the topology's (adds up to ~60 s; needs a real GPU)",
+    )
+    p.add_argument("--host-root", default=None, help=argparse.SUPPRESS)  # tests: read /sys, /proc and /dev/kmsg under here
+
     p = sub.add_parser("record", help="write the snapshot stream to a file (compressed, append-only)")
     p.add_argument("-o", "--output", required=True, metavar="FILE")
     _add_pid(p)
@@ -168,6 +188,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE")
     p.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
 
+    p = sub.add_parser("serve", help="an OpenMetrics endpoint for Prometheus (job-level signals beside dcgm-exporter)")
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:9401",
+        metavar="HOST:PORT",
+        help="address to serve /metrics on (default 127.0.0.1:9401, loopback only; 0.0.0.0:PORT must be asked for)",
+    )
+    p.add_argument(
+        "--pid",
+        type=_pid,
+        nargs="+",
+        action="extend",
+        metavar="PID",
+        help="export these jobs only (a launcher, a rank or a plain python train.py); default: every job on the GPUs",
+    )
+    _add_simulate(p)
+    _add_interval(p)
+    p.add_argument(
+        "--dcgm-fields",
+        action="store_true",
+        help="also export utilization, memory, power, temperature and SM clock (for machines without dcgm-exporter)",
+    )
+
     return parser
 
 
@@ -178,8 +221,10 @@ COMMAND_MODULES = {
     "demo": "gputop.commands.demo",
     "bench": "gputop.commands.bench",
     "report": "gputop.commands.report",
+    "check": "gputop.commands.check",
     "record": "gputop.commands.record",
     "replay": "gputop.commands.replay",
+    "serve": "gputop.commands.serve",
 }
 
 

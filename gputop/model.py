@@ -152,6 +152,118 @@ class MachineInfo:
     simulated: Optional[str] = None  # simulated profile name, None on real hardware
 
 
+@dataclass(frozen=True, slots=True)
+class NvLinkErrors:
+    """One NVLink's error counters (NVML's DL counters; they count since the driver loaded or were reset)."""
+
+    link: int
+    crc_flit: Optional[int] = None  # flow-control CRC errors
+    crc_data: Optional[int] = None  # data CRC errors
+    replay: Optional[int] = None  # packets re-sent after an error
+    recovery: Optional[int] = None  # link retrains: each one stalls the link
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDetails:
+    """What an infra ticket asks about one GPU: identity, modes and error counters.
+
+    Read on demand (`gputop check`, the report), not every poll: none of it changes in a second,
+    and the per-link NVLink counters alone are ~70 NVML calls a GPU.  None: NVML refused
+    (`unavailable` says why)."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    timestamp: float = 0.0  # time.time() of the reading
+    lost: bool = False
+    serial: Optional[str] = None
+    vbios: Optional[str] = None
+    board_part_number: Optional[str] = None
+    persistence_mode: Optional[bool] = None
+    ecc_mode: Optional[bool] = None  # current
+    ecc_mode_pending: Optional[bool] = None  # what the next reset switches to
+    app_clock_sm: Optional[int] = None  # MHz: the applications clock set now
+    app_clock_sm_default: Optional[int] = None  # MHz: the board's default applications clock
+    app_clock_memory: Optional[int] = None
+    app_clock_memory_default: Optional[int] = None
+    pcie_replays: Optional[int] = None  # PCIe replay counter (link-level retransmissions)
+    nvlink_errors: Optional[tuple[NvLinkErrors, ...]] = None  # per link that exists
+    retired_pages_single_bit: Optional[int] = None  # pages retired for repeated single-bit ECC errors
+    retired_pages_double_bit: Optional[int] = None  # pages retired for a double-bit ECC error
+    retired_pages_pending: Optional[bool] = None  # a retirement waits for the next reset
+    # clock-event reason -> nanoseconds the clocks were held back for it, cumulative (nvmlDeviceGetViolationStatus)
+    clock_event_ns: dict[str, int] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AerCounts:
+    """A PCI device's AER counters from sysfs (aer_dev_correctable/fatal/nonfatal), since boot."""
+
+    correctable: Optional[int] = None  # TOTAL_ERR_COR
+    nonfatal: Optional[int] = None  # TOTAL_ERR_NONFATAL
+    fatal: Optional[int] = None  # TOTAL_ERR_FATAL
+    nonzero: dict[str, int] = field(default_factory=dict)  # the named counters that are not 0 ("RxErr": 3, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class NicInfo:
+    """A network or InfiniBand device backed by a PCI function, and the NUMA node it hangs off."""
+
+    name: str  # "ib0", "mlx5_0", "eth0"
+    numa_node: Optional[int]  # None: the kernel does not know (-1), e.g. a single-node machine
+    pci_bus_id: Optional[str] = None
+
+
+@dataclass(frozen=True, slots=True)
+class KernelXid:
+    """An `NVRM: Xid (PCI:...): CODE, ...` line from the kernel log."""
+
+    code: int
+    pci: str  # "0000:5d:00" as the driver prints it (no function number), lower case
+    timestamp: Optional[float]  # time.time() scale; None when the log gave no time
+    text: str  # the message after "NVRM: "
+
+
+@dataclass(frozen=True, slots=True)
+class HostReadings:
+    """What `gputop check` reads from the kernel besides NVML: sysfs and the kernel log.
+
+    A source that could not be read is None (or missing) and has one line in `unreadable`."""
+
+    timestamp: float
+    kernel: Optional[str] = None  # uname -r
+    driver_module: Optional[str] = None  # /sys/module/nvidia/version: the loaded kernel module
+    aer: dict[str, Optional[AerCounts]] = field(default_factory=dict)  # GPU bus id (NVML form) -> counters
+    nics: Optional[tuple[NicInfo, ...]] = None
+    kernel_xids: Optional[tuple[KernelXid, ...]] = None  # None: the kernel log could not be read
+    kernel_log_records: int = 0  # how many records were read from it
+    unreadable: tuple[str, ...] = ()  # one line per source that could not be read, saying why
+
+
+@dataclass(frozen=True, slots=True)
+class AllReduceResult:
+    """`gputop check --load`: a short all-reduce across every GPU, measured as nccl-tests measures it."""
+
+    gpus: int
+    bytes: int  # per GPU
+    seconds: float  # per all-reduce, averaged over the timed iterations
+    iterations: int
+
+    @property
+    def algbw(self) -> float:
+        """bytes/s: the buffer size over the time, as nccl-tests' `algbw`."""
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def busbw(self) -> float:
+        """bytes/s each GPU's links carried: algbw x 2(n-1)/n for an all-reduce (nccl-tests PERFORMANCE.md),
+        comparable with the link speed whatever the GPU count."""
+        n = self.gpus
+        return self.algbw * 2 * (n - 1) / n if n > 1 else 0.0
+
+
 # --------------------------------------------------------------------- host
 
 
@@ -275,6 +387,9 @@ class JobTree:
     misplacements: tuple[Misplacement, ...] = ()  # structured form of the placement warnings
     cpu_limit: Optional[float] = None  # cores the job may use: its cgroup's cpu.max / cpuset (None: the host's)
     memory_limit: Optional[int] = None  # bytes: its cgroup's memory.max (None: no limit below the host's)
+    # pid -> the one `py-spy dump --native` (native=True) taken when that process's main thread had been
+    # frozen NATIVE_AFTER_S with its counters still; kept while the freeze lasts, dropped when it moves
+    native_stacks: dict[int, ProcessStacks] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------- snapshot

@@ -102,7 +102,7 @@ class Pipeline:
 
         Raises GputopError when there is no such process; the previous job, if any, stays attached then.
         """
-        from gputop.collect.job import JobCollector  # the attach side; only needed with a PID
+        from gputop.collect.job_tree import JobCollector  # the attach side; only needed with a PID
 
         new = JobCollector(pid, stack_interval=self._stack_interval)
         old, self.job_collector = self.job_collector, new  # one assignment: poll() sees old or new

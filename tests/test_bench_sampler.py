@@ -89,7 +89,7 @@ def test_real_job_wait_fraction_and_worker_cpu(spawn, tmp_path):
     # 2 workers, 80 ms of sleep per batch each -> 25 batches/s supply; 20 ms step -> ~50% waiting.
     job = start_job(spawn, tmp_path, "passive", "--workers", "2", "--prep-ms", "80", "--step-ms", "20",
                     "--persistent")
-    from gputop.collect.job import children_pids
+    from gputop.collect.procfs import children_pids
 
     workers = children_pids(job.pid)
     assert len(workers) == 2

@@ -33,7 +33,7 @@ import psutil
 import pytest
 
 from gputop.collect import stacks as stacks_mod
-from gputop.collect.job import JobCollector
+from gputop.collect.job_tree import JobCollector
 from gputop.errors import GputopError
 from gputop.recording import ReplaySource, read_recording
 from tests.helpers import Ran, wait_until

@@ -17,8 +17,9 @@ import psutil
 import pytest
 
 from gputop.analysis import stack_classes as sc
-from gputop.collect import job as jobmod
-from gputop.collect.job import JobCollector, discover_jobs, misplacement_warnings
+from gputop.collect import job_tree as jobmod
+from gputop.collect import procfs, stack_schedule
+from gputop.collect.job_tree import JobCollector, discover_jobs, find_misplacements
 from gputop.collect.stacks import find_py_spy
 from gputop.errors import GputopError
 from gputop.model import (
@@ -200,8 +201,8 @@ def test_multiprocessing_spawn_parent_is_the_launcher(spawn, tmp_path, collector
         assert all(r.proc.ppid == parent.pid and r.workers[0].ppid == r.proc.pid for r in tree.ranks)
 
 
-def _tracked(pid: int, cmdline: tuple[str, ...]) -> jobmod._Tracked:
-    return jobmod._Tracked(proc=None, key=(pid, 0.0), start_ticks=0, cmdline=cmdline, env={})
+def _tracked(pid: int, cmdline: tuple[str, ...]) -> procfs.Tracked:
+    return procfs.Tracked(proc=None, key=(pid, 0.0), start_ticks=0, cmdline=cmdline, env={})
 
 
 def test_multiprocessing_children_are_told_from_programs_a_shell_runs():
@@ -316,7 +317,7 @@ def test_attach_via_the_shell_that_started_torchrun(torchrun_job, collectors):
 def test_discover_jobs_groups_gpu_processes_by_launcher(torchrun_job, spawn):
     launcher_pid, rank_pids = torchrun_job.launcher, torchrun_job.ranks
     lone = spawn.python("import time\nwhile True: time.sleep(1)")
-    r0, r1 = sorted(rank_pids, key=lambda p: int(jobmod.read_environ(p)["RANK"]))
+    r0, r1 = sorted(rank_pids, key=lambda p: int(procfs.read_environ(p)["RANK"]))
     gpus = (gpu(0, r0), gpu(1, r1), gpu(2, lone.pid), gpu(3))
     jobs = discover_jobs(gpus)
     assert [(j.launcher.pid if j.launcher else None, [r.proc.pid for r in j.ranks]) for j in jobs] == [
@@ -330,6 +331,7 @@ def test_discover_jobs_groups_gpu_processes_by_launcher(torchrun_job, spawn):
 
     # the classic bug: every rank on cuda:0 while the other GPUs idle
     jobs = discover_jobs((gpu(0, r0, r1), gpu(1), gpu(2), gpu(3)))
+    assert [(m.kind, m.pids) for m in jobs[0].misplacements] == [("all_on_one_gpu", (r0, r1))]
     assert jobs[0].warnings == (
         "all 2 ranks run on GPU 0 while 3 other GPUs sit idle: call torch.cuda.set_device(local_rank) "
         "(or use f'cuda:{local_rank}') before any CUDA work",
@@ -348,15 +350,20 @@ def _rank(pid: int, rank: int, gpus: tuple[int, ...]) -> Rank:
 def test_misplacement_shared_gpu_and_stray_context():
     gpus = tuple(gpu(i) for i in range(4))
     ranks = (_rank(10, 0, (0,)), _rank(11, 1, (1,)), _rank(12, 2, (1,)), _rank(13, 3, (0, 3)))
-    warnings = misplacement_warnings(ranks, gpus)
-    assert warnings == (
+    found = find_misplacements(ranks, gpus)
+    assert [(m.kind, m.pids, m.gpus) for m in found] == [
+        ("shared_gpu", (10, 13), (0,)), ("shared_gpu", (11, 12), (1,)), ("several_gpus", (13,), (0, 3)),
+    ]
+    assert tuple(m.message for m in found) == (
         "GPU 0 is shared by 2 ranks (rank 0 (PID 10), rank 3 (PID 13)): " + jobmod.SET_DEVICE_FIX,
         "GPU 1 is shared by 2 ranks (rank 1 (PID 11), rank 2 (PID 12)): " + jobmod.SET_DEVICE_FIX,
         "rank 3 (PID 13) holds memory on GPUs 0, 3: a stray CUDA context (usually cuda:0 touched before "
         "set_device); " + jobmod.SET_DEVICE_FIX,
     )
-    assert misplacement_warnings((_rank(10, 0, (0,)), _rank(11, 1, (1,))), gpus) == ()
-    assert misplacement_warnings((_rank(10, 0, ()),), gpus) == ()  # no GPU processes known: nothing to say
+    everyone = find_misplacements((_rank(10, 0, (0,)), _rank(11, 1, (0,))), gpus)
+    assert [(m.kind, m.pids, m.gpus) for m in everyone] == [("all_on_one_gpu", (10, 11), (0,))]
+    assert find_misplacements((_rank(10, 0, (0,)), _rank(11, 1, (1,))), gpus) == ()
+    assert find_misplacements((_rank(10, 0, ()),), gpus) == ()  # no GPU processes known: nothing to say
 
 
 # ----------------------------------------------------------------- faults
@@ -426,7 +433,7 @@ def test_stat_parsing_survives_odd_process_names(spawn, tmp_path):
     )
     proc = spawn.python(code)
     wait_until(ready.exists, timeout=DEADLINE, what="the process to rename itself")
-    stat = jobmod.read_stat(proc.pid)
+    stat = procfs.read_stat(proc.pid)
     assert stat.comm == odd.encode()[:15].decode("utf-8", "replace")  # the kernel keeps 15 bytes
     assert stat.ppid == os.getpid() and stat.state in ("R", "S")
     assert stat.start_ticks > 0
@@ -452,7 +459,7 @@ def test_pid_reuse_is_not_taken_for_the_job(spawn, collectors):
     tree = collector.collect()
     assert tree.exited and tree.ranks[0].proc.exited
 
-    table = jobmod.ProcessTable()
+    table = procfs.ProcessTable()
     tracked = table.get(proc.pid)
     # an older process remembered under the same PID: started 60 s (6000 ticks at 100 Hz) earlier
     older = dataclasses.replace(
@@ -518,8 +525,8 @@ def test_no_stack_thread_when_stacks_are_disabled(spawn, collectors):
 # ----------------------------------------------------------------- which stacks each round reads
 
 
-def _proc(pid: int, cpu_ticks: int = 0) -> jobmod._Tracked:
-    return jobmod._Tracked(proc=None, key=(pid, 0.0), start_ticks=0, cmdline=(), env={}, cpu_ticks=cpu_ticks)
+def _proc(pid: int, cpu_ticks: int = 0) -> procfs.Tracked:
+    return procfs.Tracked(proc=None, key=(pid, 0.0), start_ticks=0, cmdline=(), env={}, cpu_ticks=cpu_ticks)
 
 
 def _stacks_of(pids, frame: str = "f") -> dict[int, ProcessStacks]:
@@ -529,7 +536,7 @@ def _stacks_of(pids, frame: str = "f") -> dict[int, ProcessStacks]:
 
 
 def test_schedule_dumps_ranks_every_round_and_workers_in_turns():
-    schedule = jobmod.StackSchedule()
+    schedule = stack_schedule.StackSchedule()
     ranks = [_proc(1), _proc(2)]
     workers = [_proc(100 + i) for i in range(6)]
     counts = {t.key[0]: 0 for t in ranks + workers}
@@ -550,7 +557,7 @@ def test_schedule_dumps_ranks_every_round_and_workers_in_turns():
 
 
 def test_schedule_serves_new_workers_first_and_lets_still_ones_wait():
-    schedule = jobmod.StackSchedule()
+    schedule = stack_schedule.StackSchedule()
     rank = [_proc(1)]
     still, busy = _proc(100), _proc(101)
     schedule.done(schedule.plan(rank, [still, busy]), _stacks_of([1, 100, 101]))  # round 0: all
@@ -570,8 +577,8 @@ def test_schedule_serves_new_workers_first_and_lets_still_ones_wait():
         # `still` used no CPU: from its second identical dump on it waits IDLE_EVERY_ROUNDS rounds
         schedule.done(chosen, _stacks_of([t.key[0] for t in chosen]))
     gaps = [b - a for a, b in zip(dumped_still, dumped_still[1:])]
-    assert gaps and all(g >= jobmod.IDLE_EVERY_ROUNDS for g in gaps[1:]), dumped_still
-    assert all(g <= jobmod.IDLE_EVERY_ROUNDS + 1 for g in gaps), dumped_still  # ... but it is not forgotten
+    assert gaps and all(g >= stack_schedule.IDLE_EVERY_ROUNDS for g in gaps[1:]), dumped_still
+    assert all(g <= stack_schedule.IDLE_EVERY_ROUNDS + 1 for g in gaps), dumped_still  # ... but it is not forgotten
     # a full round (the panel reopened) dumps everyone again
     assert schedule.plan(rank, [still, busy, new], full=True) == rank + [still, busy, new]
 
@@ -611,9 +618,9 @@ def test_cmdline_is_utf8_whatever_the_locale(spawn, tmp_path):
     wait_until(lambda: arg.encode() in Path(f"/proc/{proc.pid}/cmdline").read_bytes(), what="the child to exec")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONUTF8", "PYTHONIOENCODING"))}
     env.update(LANG="C", LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
-    code = f"from gputop.collect.job import ProcessTable; print(ascii(ProcessTable().get({proc.pid}).cmdline))"
+    code = f"from gputop.collect.procfs import ProcessTable; print(ascii(ProcessTable().get({proc.pid}).cmdline))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
-                          cwd=Path(jobmod.__file__).resolve().parent.parent.parent)
+                          cwd=Path(procfs.__file__).resolve().parent.parent.parent)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ascii((sys.executable, "-c", "import time; time.sleep(60)", arg))
-    assert jobmod.read_cmdline(proc.pid)[-1] == arg
+    assert procfs.read_cmdline(proc.pid)[-1] == arg

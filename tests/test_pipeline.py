@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import ctypes.util
-import gc
 import statistics
 import time
-import tracemalloc
 
 import pynvml
 import pytest
@@ -16,7 +14,7 @@ from gputop.errors import GputopError, UsageError
 from gputop.model import HostSample, JobTree, Snapshot
 from gputop.pipeline import Pipeline, pipeline_from_args
 from gputop.sim.fake_nvml import ManualClock
-from tests.helpers import wait_until
+from tests.helpers import heap_growth_per_block, wait_until
 from tests.test_fake_nvml import ScriptedLoad
 
 no_driver_here = pytest.mark.skipif(
@@ -141,31 +139,15 @@ def test_memory_stays_flat_over_many_polls(pipelines):
     p = pipelines(simulate="h100-sxm-8+nvlink-down=1+ecc=2")
     p.fake_library.pcie_latency_s = 0.0
 
-    def settled_snapshot():
+    def settle():
         # a read that overran the sample timeout under load still holds its allocations: let it finish
         wait_until(lambda: all(g.future is None or g.future.done() for g in p.gpu._gpus), what="GPU reads to finish")
-        gc.collect()
-        return tracemalloc.take_snapshot()
 
     # A leak grows the heap in every block of polls. The noise does not: NVLink counters are ints that
     # get bigger, a cache dict resizes once, and the CI box under load shifts what is in flight.  So the
     # smallest block's growth is the per-poll leak times 100: a leak of ~300 bytes a poll fails (tried),
     # far less than keeping one GPU's sample would cost.
-    tracemalloc.start()  # before the warm-up, so replaced objects count as freed, not as growth
-    try:
-        for _ in range(20):
-            p.poll()
-        snapshots = [settled_snapshot()]
-        for _ in range(3):
-            for _ in range(100):
-                p.poll()
-            snapshots.append(settled_snapshot())
-    finally:
-        tracemalloc.stop()
-    block_growths = [
-        sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-        for before, after in zip(snapshots, snapshots[1:])
-    ]
+    block_growths = heap_growth_per_block(p.poll, warmup=20, settle=settle)
     assert min(block_growths) < 16 * 1024, f"grew in every block of 100 polls: {block_growths} bytes"
 
 

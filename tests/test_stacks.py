@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gputop.analysis.stack_classes import main_thread
+from gputop.collect import procfs
 from gputop.collect import stacks as st
 from tests.helpers import wait_until
 
@@ -249,7 +250,7 @@ def test_capability_and_ptrace_scope_readers(tmp_path):
     scope.write_text("1\n")
     assert st.read_ptrace_scope(str(scope)) == 1
     assert st.read_ptrace_scope(str(tmp_path / "missing")) is None
-    cap_eff = int(st._read_status_field("self", "CapEff"), 16)
+    cap_eff = int(procfs.read_status_field("self", "CapEff"), 16)
     assert st.has_cap_sys_ptrace() == bool(cap_eff & (1 << 19))
 
 
@@ -292,13 +293,13 @@ def test_py_spy_killed_every_time_says_by_which_signal(tmp_path):
 def test_a_process_the_kernel_is_tearing_down_counts_as_exited(monkeypatch):
     """SIGKILLed: its memory and /proc/PID/exe go a moment before /proc shows a zombie, and py-spy fails in
     that moment.  The kernel's PF_EXITING flag (set first) makes it 'exited', not 'not a Python process'."""
-    from gputop.collect import job as jobmod
+    from gputop.collect import procfs
 
-    me = jobmod.read_stat(os.getpid())
-    assert me is not None and not me.flags & st.PF_EXITING and me.cpu_ticks >= 0
+    me = procfs.read_stat(os.getpid())
+    assert me is not None and not me.flags & procfs.PF_EXITING and me.cpu_ticks >= 0
     assert st.process_alive(os.getpid())
-    exiting = jobmod.ProcStat(comm="python", state="R", ppid=1, start_ticks=me.start_ticks, flags=me.flags | st.PF_EXITING)
-    monkeypatch.setattr(jobmod, "read_stat", lambda pid: exiting)
+    exiting = procfs.ProcStat(comm="python", state="R", ppid=1, start_ticks=me.start_ticks, flags=me.flags | procfs.PF_EXITING)
+    monkeypatch.setattr(procfs, "read_stat", lambda pid: exiting)
     assert not st.process_alive(12345)
     for stderr in ("Error: Failed to get process executable name. Check that the process is running.\n",
                    "Error: No such process (os error 3)\n"):

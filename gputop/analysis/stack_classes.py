@@ -2,13 +2,20 @@
 
 The state labels are a contract: the TUI, diagnosis and report all use them.
 Stacks are py-spy's (`gputop.collect.stacks`): frames innermost FIRST.
+
+Frames are matched by file path plus function, never by py-spy's qualified name alone: py-spy 0.4.3
+prints ``_BaseDataLoaderIter.__next__`` for a Python 3.11+ target but a bare ``__next__`` for 3.10, and
+dataset classes are called anything (torchvision's ``CIFAR10``, ``ImageFolder``).  Dataset code is
+what the DataLoader's fetcher (``torch/utils/data/_utils/fetch.py``) calls, whatever its name.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from collections import Counter
-from typing import Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from gputop.model import Frame, ProcessStacks, ThreadStack
 
@@ -17,7 +24,11 @@ IN_DATASET = "in dataset code"
 FORWARD_BACKWARD = "forward/backward"
 OPTIMIZER_STEP = "optimizer step"
 COLLECTIVE = "collective/barrier"
-EXPLICIT_SYNC = "explicit sync"
+EXPLICIT_SYNC = "explicit sync"  # parked at a host-device sync: .item(), .cpu(), torch.cuda.synchronize() ...
+# Accelerate's DataLoaderDispatcher (the default for an IterableDataset): rank 0 iterates the DataLoader
+# and broadcasts each batch, the other ranks wait in that broadcast.  Those ranks wait on rank 0's
+# *input pipeline*: the job is input-bound, no rank straggles.
+WAITING_FOR_RANK0_DATA = "waiting for data from rank 0"
 IDLE_OTHER = "idle/other"
 
 MAIN_THREAD_STATES = (
@@ -27,13 +38,14 @@ MAIN_THREAD_STATES = (
     OPTIMIZER_STEP,
     COLLECTIVE,
     EXPLICIT_SYNC,
+    WAITING_FOR_RANK0_DATA,
     IDLE_OTHER,
 )
+# The states in which a rank's time goes to the input pipeline: its own loader's, or rank 0's.
+INPUT_WAIT_STATES = (WAITING_FOR_DATA, IN_DATASET, WAITING_FOR_RANK0_DATA)
 
 
 # ----------------------------------------------------------------- helpers over py-spy stacks
-# Frames are innermost FIRST (as py-spy gives them).  Matching uses py-spy's qualified frame names
-# ("Class.method") and path fragments, because py-spy leaves `module` empty for most frames.
 
 _LIB_ROOT = re.compile(r".*/(?:site-packages|dist-packages|lib/python\d+\.\d+)/")
 
@@ -54,7 +66,12 @@ def format_frame(frame: Frame) -> str:
 
 
 def main_thread(stacks: Optional[ProcessStacks]) -> Optional[ThreadStack]:
-    """The thread Python calls MainThread; failing that the one whose OS id is the PID (Linux main thread)."""
+    """The process's main thread.
+
+    By name (MainThread) where py-spy gives one; else the thread whose OS id is the PID (the Linux main
+    thread); else the last one listed: for a Python 3.10 target py-spy 0.4.3 gives neither name nor
+    native id, and it lists threads newest first, so the main thread comes last.
+    """
     if stacks is None or not stacks.threads:
         return None
     for thread in stacks.threads:
@@ -63,37 +80,161 @@ def main_thread(stacks: Optional[ProcessStacks]) -> Optional[ThreadStack]:
     for thread in stacks.threads:
         if thread.os_thread_id == stacks.pid:
             return thread
-    return stacks.threads[-1]  # py-spy lists the main thread last
+    return stacks.threads[-1]
 
 
 def _path(frame: Frame) -> str:
     return frame.filename.replace("\\", "/")
 
 
-def _last_name(frame: Frame) -> str:
+def function_name(frame: Frame) -> str:
+    """The bare function name: ``__next__`` whether py-spy printed ``_BaseDataLoaderIter.__next__`` (3.11+)
+    or ``__next__`` (3.10)."""
     return frame.name.rsplit(".", 1)[-1]
 
 
-def _is_single_process_fetch(frame: Frame) -> bool:
-    return frame.name.startswith("_SingleProcessDataLoaderIter.")
+def _at(frame: Frame, path_suffixes: Sequence[str], functions: Optional[Sequence[str]] = None) -> bool:
+    """The frame runs in a file ending with one of `path_suffixes` (and, if given, one of `functions`)."""
+    return _path(frame).endswith(tuple(path_suffixes)) and (functions is None or function_name(frame) in functions)
 
 
-def _is_user_dataset(frame: Frame) -> bool:
-    # `SlowDataset.__getitem__`, `ImageFolderDataset.__iter__`: Dataset code called straight from a loop.
-    cls, _, method = frame.name.rpartition(".")
-    return method in ("__getitem__", "__getitems__") and "Dataset" in cls and "DataLoader" not in cls
+def is_library(frame: Frame) -> bool:
+    """Installed code (site-packages, the standard library) or a frozen/generated module, not the user's."""
+    path = _path(frame)
+    return path.startswith("<") or _LIB_ROOT.match(path) is not None
 
 
-def _is_waiting_for_data(frame: Frame) -> bool:
-    # `__next__` blocks on the workers' result queue; `DataLoader.__iter__` blocks while an epoch's
-    # workers start (non-persistent workers): both are the training loop waiting on its input pipeline.
-    return frame.name in ("_BaseDataLoaderIter.__next__", "DataLoader.__iter__")
+_DATALOADER_FILES = (
+    "torch/utils/data/dataloader.py",
+    "torchdata/stateful_dataloader/stateful_dataloader.py",  # StatefulDataLoader's iterators wrap torch's
+)
+_FETCH_FILE = ("torch/utils/data/_utils/fetch.py",)
+_WORKER_FILES = ("torch/utils/data/_utils/worker.py", "torchdata/stateful_dataloader/worker.py")
+_COLLATE_FILE = ("torch/utils/data/_utils/collate.py",)
+_DATASET_FUNCTIONS = ("__getitem__", "__getitems__", "__iter__", "__next__")
+# Datasets in libraries, called straight from a loop without a DataLoader (files, not class names).
+_LIBRARY_DATASET_DIRS = ("torchvision/datasets/", "datasets/arrow_dataset.py", "torch/utils/data/dataset.py")
 
 
-def _is_sync(frame: Frame) -> bool:
-    # torch.cuda.synchronize(), Event.synchronize(), Stream.synchronize(); `.item()` and `.cpu()` sync
-    # inside C++ and never show in a Python stack.
-    return _last_name(frame) == "synchronize"
+def is_waiting_for_data_frame(frame: Frame) -> bool:
+    """The training loop waiting on its input pipeline: a DataLoader iterator's ``__next__`` (blocked on
+    the workers' result queue), or ``DataLoader.__iter__`` while an epoch's workers start
+    (non-persistent workers)."""
+    return _at(frame, _DATALOADER_FILES, ("__next__", "__iter__"))
+
+
+def is_fetch_frame(frame: Frame) -> bool:
+    """The DataLoader's fetcher: it calls the dataset (and collate) for one batch."""
+    return _at(frame, _FETCH_FILE)
+
+
+def is_worker_loop_frame(frame: Frame) -> bool:
+    """A DataLoader worker's loop (torch's, or torchdata's StatefulDataLoader's)."""
+    return _at(frame, _WORKER_FILES, ("_worker_loop",))
+
+
+def runs_worker_loop(stacks: Optional[ProcessStacks]) -> bool:
+    """The process is a DataLoader worker, by its role: its main thread runs the worker loop.
+
+    For discovery when the process name is not ``pt_data_worker`` (torchdata's StatefulDataLoader, a
+    worker that renamed itself, a platform without prctl names)."""
+    thread = main_thread(stacks)
+    return thread is not None and any(is_worker_loop_frame(f) for f in thread.frames)
+
+
+def dataset_frame(frames: Sequence[Frame]) -> Optional[Frame]:
+    """The dataset's own frame on this stack (innermost first): what the fetcher called
+    (``__getitem__``, ``__getitems__``, an IterableDataset's ``__iter__``/``__next__``), whatever the class
+    is called; else a library dataset or a user-file ``__getitem__`` called without a DataLoader.
+    None while the fetcher is collating, or when no dataset code is running."""
+    for i, frame in enumerate(frames):
+        if is_fetch_frame(frame):
+            # frames[i - 1] is what the fetcher called; on 3.10/3.11 a list comprehension in fetch.py
+            # sits between (3.12 inlines it), so take the innermost fetch.py frame's callee.
+            callee = frames[i - 1] if i > 0 else None
+            if callee is None or _at(callee, _COLLATE_FILE):
+                return None
+            return callee
+    for frame in frames:
+        if function_name(frame) in ("__getitem__", "__getitems__") and (
+            not is_library(frame) or any(d in _path(frame) for d in _LIBRARY_DATASET_DIRS)
+        ):
+            return frame
+    return None
+
+
+def in_dataset_code(frames: Sequence[Frame]) -> bool:
+    """The stack runs the input pipeline's own work: the fetcher (dataset and collate) or a dataset."""
+    return any(is_fetch_frame(f) for f in frames) or dataset_frame(frames) is not None
+
+
+# ----------------------------------------------------------------- host-device syncs
+
+# CUDA is asynchronous: the host blocks at a sync.  `.item()`, `.cpu()`, `.tolist()` are C calls, so the
+# innermost Python frame is the user's line that made them; these patterns are read off that line.
+_SYNC_CALL = re.compile(r"\.(?P<method>item|cpu|tolist|numpy)\(\s*\)|(?P<sync>\bsynchronize)\(")
+_SYNC_FUNCTIONS = ("synchronize", "item", "tolist")  # torch.cuda.synchronize, Event/Stream.synchronize, a Python-level .item()
+_TENSOR_TO_TEXT = ("torch/_tensor_str.py",)  # printing a tensor copies it to the host
+
+
+def read_source_line(filename: str, line: int, pid: Optional[int] = None) -> Optional[str]:
+    """The text of `filename`:`line`, or None where it cannot be read.
+
+    With `pid`, the file is looked up first through ``/proc/PID/root`` (the target may run in another
+    mount namespace: a container)."""
+    if line <= 0 or filename.startswith("<"):
+        return None
+    candidates = ([f"/proc/{pid}/root{filename}"] if pid is not None and filename.startswith("/") else []) + [filename]
+    for path in candidates:
+        text = _line_of(path, line)
+        if text is not None:
+            return text
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _line_of(path: str, line: int) -> Optional[str]:
+    try:
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if number == line:
+                    return raw.decode("utf-8", "replace").strip()
+                if number > 100_000:
+                    break
+    except OSError:
+        return None
+    return None
+
+
+SourceReader = Callable[[Frame], Optional[str]]
+
+
+class SyncPoint(NamedTuple):
+    frame: Frame  # the user's frame (innermost user frame) that made the sync
+    call: str  # what syncs: ".item()", ".cpu()", ".tolist()", ".numpy()", "synchronize()", "print(tensor)"
+
+
+def sync_point(frames: Sequence[Frame], read_line: Optional[SourceReader] = None) -> Optional[SyncPoint]:
+    """Where this stack is parked at a host-device sync, if it is.
+
+    * a frame of torch.cuda.synchronize / Event.synchronize / Stream.synchronize, or a Python-level
+      ``item``/``tolist`` (a simulated tensor's), or torch formatting a tensor as text;
+    * or, when the innermost frame is user code, its source line calling ``.item()``, ``.cpu()``,
+      ``.tolist()``, ``.numpy()`` or ``synchronize`` (real torch runs those in C, so no frame of theirs shows).
+    The returned frame is the user's frame that made the call (the line to fix)."""
+    for i, frame in enumerate(frames):
+        synced = function_name(frame) in _SYNC_FUNCTIONS and not _at(frame, _DATALOADER_FILES)
+        if synced or _at(frame, _TENSOR_TO_TEXT):
+            caller = next((f for f in frames[i + 1 :] if not is_library(f)), frame)
+            return SyncPoint(caller, f".{function_name(frame)}()" if synced else "print(tensor)")
+    if read_line is not None and frames and not is_library(frames[0]):
+        match = _SYNC_CALL.search(read_line(frames[0]) or "")
+        if match:
+            return SyncPoint(frames[0], f".{match['method']}()" if match["method"] else "synchronize()")
+    return None
+
+
+# ----------------------------------------------------------------- frame classes
 
 
 def _is_collective(frame: Frame) -> bool:
@@ -101,13 +242,12 @@ def _is_collective(frame: Frame) -> bool:
     return (
         path.endswith("torch/distributed/distributed_c10d.py")
         or "torch/distributed/_functional_collectives" in path
-        or _last_name(frame) in ("barrier", "monitored_barrier")
+        or function_name(frame) in ("barrier", "monitored_barrier")
     )
 
 
 def _is_optimizer(frame: Frame) -> bool:
-    path = _path(frame)
-    return "torch/optim/" in path or frame.name.startswith("Optimizer.") or "_use_grad" in frame.name
+    return "torch/optim/" in _path(frame)
 
 
 def _is_forward_backward(frame: Frame) -> bool:
@@ -115,15 +255,19 @@ def _is_forward_backward(frame: Frame) -> bool:
     # forward/backward.
     return (
         "torch/autograd/" in _path(frame)
-        or frame.name in ("Tensor.backward", "Module._call_impl", "Module._wrapped_call_impl")
-        or _last_name(frame) in ("forward", "backward")
+        or _at(frame, ("torch/nn/modules/module.py",), ("_call_impl", "_wrapped_call_impl"))
+        or _at(frame, ("torch/_tensor.py",), ("backward",))
+        or function_name(frame) in ("forward", "backward")
     )
 
 
-# innermost match wins: a synchronize inside forward is "explicit sync", an all_gather inside an
-# FSDP forward is "collective", a backward inside an optimizer closure is "forward/backward".
+def _is_dispatcher(frame: Frame) -> bool:
+    return _at(frame, ("accelerate/data_loader.py",))
+
+
+# innermost match wins: a collective inside an FSDP forward is "collective", a backward inside an
+# optimizer closure is "forward/backward".
 _FRAME_CLASSES = (
-    (EXPLICIT_SYNC, _is_sync),
     (COLLECTIVE, _is_collective),
     (OPTIMIZER_STEP, _is_optimizer),
     (FORWARD_BACKWARD, _is_forward_backward),
@@ -134,23 +278,31 @@ def own_frames(thread: ThreadStack) -> tuple[Frame, ...]:
     """The frames this process ran itself: a forked child's stack still shows the parent's frames below
     ``BaseProcess._bootstrap`` (a worker "inside" ``DataLoader.__iter__``); those are cut off."""
     for i, frame in enumerate(thread.frames):
-        if frame.name == "BaseProcess._bootstrap" and "multiprocessing/" in _path(frame):
+        if _at(frame, ("multiprocessing/process.py",), ("_bootstrap",)):
             return thread.frames[: i + 1]
     return thread.frames
 
 
-def classify_thread(thread: Optional[ThreadStack]) -> str:
+def classify_thread(thread: Optional[ThreadStack], read_line: Optional[SourceReader] = None) -> str:
+    """One of MAIN_THREAD_STATES for this thread's stack.
+
+    `read_line(frame)` gives a frame's source text; with it, a user line calling ``.item()`` (and the
+    like) at the top of the stack reads as a host-device sync."""
     if thread is None or not thread.frames:
         return IDLE_OTHER
     frames = own_frames(thread)
     # The input pipeline is decided on the whole stack, not the innermost frame: the innermost frames
     # of a waiting main thread are queue/selector plumbing.
-    if any(_is_single_process_fetch(f) for f in frames):
-        return IN_DATASET  # num_workers=0: the main thread itself runs Dataset.__getitem__
-    if any(_is_waiting_for_data(f) for f in frames):
+    if any(is_fetch_frame(f) for f in frames):
+        return IN_DATASET  # num_workers=0: the main thread itself runs the dataset and collate
+    if any(is_waiting_for_data_frame(f) for f in frames):
         return WAITING_FOR_DATA
-    if any(_is_user_dataset(f) for f in frames):
+    if any(_is_dispatcher(f) for f in frames) and any(_is_collective(f) for f in frames):
+        return WAITING_FOR_RANK0_DATA
+    if dataset_frame(frames) is not None:
         return IN_DATASET
+    if sync_point(frames, read_line) is not None:
+        return EXPLICIT_SYNC
     for frame in frames:
         for label, matches in _FRAME_CLASSES:
             if matches(frame):
@@ -158,9 +310,16 @@ def classify_thread(thread: Optional[ThreadStack]) -> str:
     return IDLE_OTHER
 
 
-def classify_main_thread(stacks: Optional[ProcessStacks]) -> str:
-    """One of MAIN_THREAD_STATES for a rank's main thread (IDLE_OTHER when there is no stack)."""
-    return classify_thread(main_thread(stacks))
+def classify_main_thread(stacks: Optional[ProcessStacks], *, read_source: bool = True) -> str:
+    """One of MAIN_THREAD_STATES for a rank's main thread (IDLE_OTHER when there is no stack).
+
+    With `read_source`, the innermost user line is read from the process's files (through
+    /proc/PID/root) to see a host-device sync; without, only frames decide."""
+    reader: Optional[SourceReader] = None
+    if read_source and stacks is not None:
+        pid = stacks.pid
+        reader = lambda frame: read_source_line(frame.filename, frame.line, pid)  # noqa: E731
+    return classify_thread(main_thread(stacks), reader)
 
 
 # ----------------------------------------------------------------- worker aggregation
@@ -185,10 +344,6 @@ def _is_plumbing(frame: Frame) -> bool:
     return path.startswith("<") or any(p in path for p in _PLUMBING_PATHS)
 
 
-def _is_worker_loop(frame: Frame) -> bool:
-    return frame.name == "_worker_loop" and "torch/utils/data/_utils/worker.py" in _path(frame)
-
-
 def worker_activity(thread: Optional[ThreadStack]) -> str:
     """What one DataLoader worker's main thread is doing, as a line-free key (counts aggregate by function)."""
     if thread is None or not thread.frames:
@@ -196,10 +351,10 @@ def worker_activity(thread: Optional[ThreadStack]) -> str:
     for i, frame in enumerate(thread.frames):
         if _is_plumbing(frame):
             continue
-        if _is_worker_loop(frame):
+        if is_worker_loop_frame(frame):
             # Only queue plumbing above the loop itself: blocked on index_queue.get(), or handing a
             # finished batch to data_queue.put().
-            if any(_last_name(f) == "put" for f in thread.frames[:i]):
+            if any(function_name(f) == "put" for f in thread.frames[:i]):
                 return WORKER_SENDING
             return WORKER_IDLE
         return f"{frame.name} ({short_path(frame.filename)})"

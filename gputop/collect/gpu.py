@@ -67,8 +67,10 @@ from gputop.errors import GputopError
 from gputop.model import (
     THROTTLE_REASONS,
     EccCounts,
+    GpuDetails,
     GpuProcess,
     GpuSample,
+    NvLinkErrors,
     NvLinkLink,
     PcieLink,
     RemappedRows,
@@ -109,6 +111,28 @@ _REMOTE_KINDS = {
 _REASON_BITS = tuple((1 << i, name) for i, name in enumerate(THROTTLE_REASONS))
 _NVLINK_TX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
 _NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+
+
+_RETIRED_SINGLE_BIT = pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+_RETIRED_DOUBLE_BIT = pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+# NvLinkErrors field -> NVML's DL error counter
+_NVLINK_ERROR_COUNTERS = (
+    ("crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+    ("crc_data", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
+    ("replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
+    ("recovery", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+)
+# GpuDetails.clock_event_ns key -> NVML performance policy whose violation time it is
+_VIOLATION_POLICIES = (
+    ("power", pynvml.NVML_PERF_POLICY_POWER),
+    ("thermal", pynvml.NVML_PERF_POLICY_THERMAL),
+    ("sync_boost", pynvml.NVML_PERF_POLICY_SYNC_BOOST),
+    ("board_limit", pynvml.NVML_PERF_POLICY_BOARD_LIMIT),
+    ("low_utilization", pynvml.NVML_PERF_POLICY_LOW_UTILIZATION),
+    ("reliability", pynvml.NVML_PERF_POLICY_RELIABILITY),
+    ("applications_clocks", pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS),
+    ("base_clocks", pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS),
+)
 
 
 class GpuUnavailableError(GputopError):
@@ -176,6 +200,10 @@ def _field_values_view(values: Any) -> Any:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _optional_text(value: Any) -> Optional[str]:
+    return None if value is None else _text(value).strip()
 
 
 def _normalise_bus_id(bus_id: str) -> str:
@@ -818,6 +846,83 @@ class GpuCollector:
                 )
             )
         return tuple(out)
+
+    # ------------------------------------------------------------ details for `gputop check` and the report
+    def details(self) -> tuple[GpuDetails, ...]:
+        """Identity, modes and error counters of every GPU (see `GpuDetails`), read now, one GPU after another.
+
+        Not part of `sample()`: a check or a report asks for it at the start and at the end of its window.
+        Refusals become None plus `unavailable[field]`, as everywhere in this adapter."""
+        with _LIBRARY_LOCK, self._lock:
+            if self._closed:
+                raise GputopError("GPU collector used after close()")
+            if pynvml.nvmlLib is not self._nvml_library:
+                use_nvml_library(self._nvml_library)
+            return tuple(self._read_details(gpu) for gpu in self._gpus)
+
+    def _read_details(self, gpu: _Gpu) -> GpuDetails:
+        identity = dict(index=gpu.index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id, timestamp=time.time())
+        if gpu.handle is None:
+            reason = gpu.static_unavailable["gpu"]
+            return GpuDetails(**identity, lost=reason == "GpuIsLost", unavailable={"gpu": reason})
+        r = _Reading(gpu)
+        r.unavailable.clear()  # only what these reads refused
+        try:
+            ecc_mode = r.get("ecc_mode", pynvml.nvmlDeviceGetEccMode)
+            persistence = r.get("persistence_mode", pynvml.nvmlDeviceGetPersistenceMode)
+            single = r.get("retired_pages", pynvml.nvmlDeviceGetRetiredPages, _RETIRED_SINGLE_BIT)
+            double = r.get("retired_pages", pynvml.nvmlDeviceGetRetiredPages, _RETIRED_DOUBLE_BIT)
+            pending = r.get("retired_pages_pending", pynvml.nvmlDeviceGetRetiredPagesPendingStatus)
+            return GpuDetails(
+                **identity,
+                serial=_optional_text(r.get("serial", pynvml.nvmlDeviceGetSerial)),
+                vbios=_optional_text(r.get("vbios", pynvml.nvmlDeviceGetVbiosVersion)),
+                board_part_number=_optional_text(r.get("board_part_number", pynvml.nvmlDeviceGetBoardPartNumber)),
+                persistence_mode=None if persistence is None else persistence == pynvml.NVML_FEATURE_ENABLED,
+                ecc_mode=None if ecc_mode is None else ecc_mode[0] == pynvml.NVML_FEATURE_ENABLED,
+                ecc_mode_pending=None if ecc_mode is None else ecc_mode[1] == pynvml.NVML_FEATURE_ENABLED,
+                app_clock_sm=r.get("app_clock_sm", pynvml.nvmlDeviceGetApplicationsClock, pynvml.NVML_CLOCK_SM),
+                app_clock_sm_default=r.get(
+                    "app_clock_sm_default", pynvml.nvmlDeviceGetDefaultApplicationsClock, pynvml.NVML_CLOCK_SM
+                ),
+                app_clock_memory=r.get("app_clock_memory", pynvml.nvmlDeviceGetApplicationsClock, pynvml.NVML_CLOCK_MEM),
+                app_clock_memory_default=r.get(
+                    "app_clock_memory_default", pynvml.nvmlDeviceGetDefaultApplicationsClock, pynvml.NVML_CLOCK_MEM
+                ),
+                pcie_replays=r.get("pcie_replays", pynvml.nvmlDeviceGetPcieReplayCounter),
+                nvlink_errors=self._read_nvlink_errors(gpu, r),
+                retired_pages_single_bit=None if single is None else len(single),
+                retired_pages_double_bit=None if double is None else len(double),
+                retired_pages_pending=None if pending is None else bool(pending),
+                clock_event_ns=self._read_clock_events(r),
+                unavailable=r.unavailable,
+            )
+        except _Lost:
+            return GpuDetails(**identity, lost=True, unavailable={"gpu": "GpuIsLost"})
+
+    @staticmethod
+    def _read_nvlink_errors(gpu: _Gpu, r: _Reading) -> Optional[tuple[NvLinkErrors, ...]]:
+        if gpu.nvlinks is None:
+            r.unavailable["nvlink_errors"] = gpu.static_unavailable.get("nvlink", "NotSupported")
+            return None
+        out = []
+        for link in gpu.nvlinks:
+            counts = {
+                name: r.get(f"nvlink_errors.{name}", pynvml.nvmlDeviceGetNvLinkErrorCounter, link.link, counter)
+                for name, counter in _NVLINK_ERROR_COUNTERS
+            }
+            out.append(NvLinkErrors(link=link.link, **counts))
+        return tuple(out)
+
+    @staticmethod
+    def _read_clock_events(r: _Reading) -> dict[str, int]:
+        """Cumulative ns the clocks were held back, per reason NVML tracks (reasons it refuses are left out)."""
+        out = {}
+        for name, policy in _VIOLATION_POLICIES:
+            status = r.get(f"clock_event_ns.{name}", pynvml.nvmlDeviceGetViolationStatus, policy)
+            if status is not None:
+                out[name] = int(status.violationTime)
+        return out
 
     # ------------------------------------------------------------ life
     def close(self) -> None:

@@ -1,4 +1,5 @@
-"""Python stacks of live processes, read with py-spy without ever pausing them.
+"""Python stacks of live processes, read with py-spy without pausing them (but for one native dump of a
+process frozen for 10 s, see `dump_native`).
 
 One ``py-spy dump --pid N --json --nonblocking`` per PID, all PIDs at once: py-spy cannot give JSON
 for a process tree (``--subprocesses`` with ``--json`` prints only the parent, py-spy issue 601), and
@@ -17,10 +18,11 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Optional
 
+from gputop.collect.procfs import process_alive, read_progress, read_status_field
 from gputop.model import Frame, ProcessStacks, ThreadStack
 
 DEFAULT_TIMEOUT = 3.0  # seconds for all attempts on one PID; a healthy dump takes ~12 ms
@@ -61,6 +63,10 @@ def find_py_spy() -> Optional[str]:
     except OSError:  # the interpreter's directory may not be searchable by us (PermissionError): use PATH
         pass
     return shutil.which("py-spy")
+
+
+def _py_spy_missing() -> str:
+    return f"py-spy not found (looked next to {sys.executable} and on PATH); {PY_SPY_INSTALL_HINT}"
 
 
 # ----------------------------------------------------------------- parsing
@@ -104,19 +110,8 @@ def _py_spy_error_line(stderr: str) -> str:
     return lines[0] if lines else "no output"
 
 
-def _read_status_field(pid: int | str, key: str) -> Optional[str]:
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
-
-
 def has_cap_sys_ptrace(pid: int | str = "self") -> bool:
-    cap = _read_status_field(pid, "CapEff")
+    cap = read_status_field(pid, "CapEff")
     try:
         return bool(int(cap or "0", 16) >> CAP_SYS_PTRACE & 1)
     except ValueError:
@@ -212,22 +207,6 @@ def diagnose_permission(pid: int) -> str:
     return permission_advice(pid, PtraceFacts.read(pid))
 
 
-PF_EXITING = 0x4  # /proc/PID/stat flags: set as the kernel starts tearing the process down (before the zombie)
-
-
-def process_alive(pid: int) -> bool:
-    """Running (or sleeping...) rather than gone, exiting or a zombie.
-
-    A SIGKILLed process loses its memory and /proc/PID/exe a moment before /proc shows it as a zombie;
-    py-spy fails in that moment ("No such process", "Failed to get process executable name").  The
-    kernel marks the process PF_EXITING before either, so it counts as gone here from then on.
-    """
-    from gputop.collect.job import read_stat  # job imports this module at load time
-
-    stat = read_stat(pid)  # /proc/PID/stat is readable for every process, whoever owns it
-    return stat is not None and stat.state not in ("Z", "X") and not stat.flags & PF_EXITING
-
-
 def _has_executable(pid: int) -> bool:
     """False for kernel threads, which have no /proc/PID/exe (and so nothing py-spy could read)."""
     try:
@@ -254,6 +233,32 @@ def classify_failure(pid: int, stderr: str) -> str:
     return f"py-spy failed: {detail}"
 
 
+# ProcessStacks.error -> a short, bounded reason (a metric label), matched on the beginnings of the
+# messages this module writes; keep the two in step.
+_ERROR_REASONS = (
+    ("permission denied", "permission"),
+    ("process ", "exited"),  # "process N has exited"
+    ("not a python process", "not_python"),
+    ("py-spy cannot read this python", "unsupported_python"),
+    ("py-spy took longer", "timeout"),
+    ("py-spy not found", "py_spy_missing"),
+    ("cannot run py-spy", "py_spy_missing"),
+    ("py-spy kept failing", "torn_read"),
+    ("py-spy output unreadable", "torn_read"),
+    ("py-spy was killed", "killed"),
+)
+
+
+def error_reason(error: str) -> str:
+    """The kind of a dump failure, one of a few fixed words: "permission", "exited", "not_python",
+    "unsupported_python", "timeout", "py_spy_missing", "torn_read", "killed" or "other"."""
+    text = error.lower()
+    for prefix, reason in _ERROR_REASONS:
+        if text.startswith(prefix):
+            return reason
+    return "other"
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -268,14 +273,20 @@ def _is_transient(stderr: str) -> bool:
 # ----------------------------------------------------------------- dumping
 
 
-def dump_one(pid: int, *, py_spy: str, timeout: float = DEFAULT_TIMEOUT, attempts: int = DEFAULT_ATTEMPTS) -> ProcessStacks:
-    """Dump one PID, retrying torn reads, within `timeout` seconds in all."""
+def dump_one(
+    pid: int, *, py_spy: str, timeout: float = DEFAULT_TIMEOUT, attempts: int = DEFAULT_ATTEMPTS, native: bool = False,
+) -> ProcessStacks:
+    """Dump one PID, retrying torn reads, within `timeout` seconds in all; the process's progress counters
+    are read right after a dump that worked.
+
+    `native`: ``py-spy dump --native`` (C/C++ frames too), which pauses the target while it unwinds (it
+    cannot be combined with ``--nonblocking``): one attempt only, for a process that is not moving anyway."""
     deadline = time.monotonic() + timeout
     env = dict(os.environ, RUST_BACKTRACE="0")  # one error line, not a Rust backtrace
-    # --nonblocking: never stop the target, not even for a moment.
-    argv = [py_spy, "dump", "--pid", str(pid), "--json", "--nonblocking"]
+    # --nonblocking: never stop the target, not even for a moment (except the one native dump asked for).
+    argv = [py_spy, "dump", "--pid", str(pid), "--json", "--native" if native else "--nonblocking"]
     last_error = "py-spy gave no output"
-    for _attempt in range(max(1, attempts)):
+    for _attempt in range(1 if native else max(1, attempts)):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
@@ -283,26 +294,35 @@ def dump_one(pid: int, *, py_spy: str, timeout: float = DEFAULT_TIMEOUT, attempt
         try:
             result = subprocess.run(argv, capture_output=True, timeout=remaining, env=env, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            return ProcessStacks(pid=pid, timestamp=started, error=f"py-spy took longer than {timeout:g}s on PID {pid}; will retry")
+            return ProcessStacks(pid=pid, timestamp=started, native=native, error=f"py-spy took longer than {timeout:g}s on PID {pid}; will retry")
         except OSError as exc:
-            return ProcessStacks(pid=pid, timestamp=started, error=f"cannot run py-spy ({py_spy}): {exc.strerror}; {PY_SPY_INSTALL_HINT}")
+            return ProcessStacks(pid=pid, timestamp=started, native=native, error=f"cannot run py-spy ({py_spy}): {exc.strerror}; {PY_SPY_INSTALL_HINT}")
         stderr = result.stderr.decode("utf-8", errors="replace")
         if result.returncode == 0:
             try:
-                return parse_dump(pid, result.stdout, started)
+                stacks = parse_dump(pid, result.stdout, started)
             except (ValueError, TypeError, AttributeError) as exc:  # truncated/garbled JSON: treat as torn
                 last_error = f"py-spy output unreadable ({exc})"
                 continue
+            return replace(stacks, progress=read_progress(pid), native=native)
         if not process_alive(pid):  # the target died under py-spy: no retry can help
-            return ProcessStacks(pid=pid, timestamp=started, error=f"process {pid} has exited")
+            return ProcessStacks(pid=pid, timestamp=started, native=native, error=f"process {pid} has exited")
         if result.returncode < 0:  # py-spy itself was killed (OOM killer, an admin): try again
             last_error = f"py-spy was killed by signal {-result.returncode} ({_signal_name(-result.returncode)})"
             continue
         if _is_transient(stderr):
             last_error = f"py-spy kept failing: {_py_spy_error_line(stderr)}"
             continue
-        return ProcessStacks(pid=pid, timestamp=started, error=classify_failure(pid, stderr))
-    return ProcessStacks(pid=pid, timestamp=time.time(), error=last_error)
+        return ProcessStacks(pid=pid, timestamp=started, native=native, error=classify_failure(pid, stderr))
+    return ProcessStacks(pid=pid, timestamp=time.time(), native=native, error=last_error)
+
+
+def dump_native(pid: int, *, py_spy: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> ProcessStacks:
+    """One ``py-spy dump --native`` of `pid` (pauses it for the unwind, typically well under a second)."""
+    py_spy = py_spy or find_py_spy()
+    if py_spy is None:
+        return ProcessStacks(pid=pid, timestamp=time.time(), native=True, error=_py_spy_missing())
+    return dump_one(pid, py_spy=py_spy, timeout=timeout, native=True)
 
 
 def _usable_cpus() -> int:
@@ -341,8 +361,7 @@ def dump_stacks(
     py_spy = py_spy or find_py_spy()
     if py_spy is None:
         now = time.time()
-        error = f"py-spy not found (looked next to {sys.executable} and on PATH); {PY_SPY_INSTALL_HINT}"
-        return {pid: ProcessStacks(pid=pid, timestamp=now, error=error) for pid in pids}
+        return {pid: ProcessStacks(pid=pid, timestamp=now, error=_py_spy_missing()) for pid in pids}
 
     def one(pid: int) -> ProcessStacks:
         return dump_one(pid, py_spy=py_spy, timeout=timeout, attempts=attempts)

@@ -148,19 +148,21 @@ def run_bench(args: Any) -> Any:
         progress.done()
 
 
-def render(history: History, findings: list, fmt: str, bench: Any, command: list[str], recording: Optional[dict[str, Any]] = None) -> str:
+def render(history: History, findings: list, fmt: str, bench: Any, command: list[str], recording: Optional[dict[str, Any]] = None,
+           infra: Any = None) -> str:
     if fmt == "json":
         from gputop.report.jsonreport import render_json
 
-        return render_json(history, findings, bench=bench, command=command, recording=recording)
+        return render_json(history, findings, bench=bench, command=command, recording=recording, infra=infra)
     from gputop.report.markdown import render_markdown
 
-    return render_markdown(history, findings, bench=bench, command=command, recording=recording)
+    return render_markdown(history, findings, bench=bench, command=command, recording=recording, infra=infra)
 
 
 def run(args: Any) -> int:
     command = ["gputop", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["gputop", "report"]
     recording = None
+    infra = None  # a report from a recording has no NVML details or kernel readings
     if args.from_file:
         if args.bench:
             raise UsageError("--bench needs a live job; it cannot be combined with --from")
@@ -175,12 +177,23 @@ def run(args: Any) -> int:
         args.stack_interval = min(getattr(args, "stack_interval", 2.0), max(FASTEST_STACK_INTERVAL_S, args.seconds / REPORT_STACK_DUMPS))
         pipeline = make_pipeline(args)
         try:
-            history = observe(pipeline, args.seconds, args.interval, progress=Progress(sys.stderr, "observing"))
+            from gputop.commands.check import Evidence  # `gputop check` over the same window: the infra section
+
+            evidence = Evidence(pipeline)
+            try:
+                history = observe(pipeline, args.seconds, args.interval, progress=Progress(sys.stderr, "observing"))
+                infra = evidence.finish(history)
+            finally:
+                evidence.close()
         finally:
             pipeline.close()
     bench = run_bench(args) if args.bench else None
     findings = diagnose(history, bench, window=None)  # the report covers everything it observed
-    text = render(history, findings, args.format, bench, command, recording)
+    if infra is not None:
+        from gputop.analysis.machine_check import with_machine_findings
+
+        findings = with_machine_findings(findings, infra)
+    text = render(history, findings, args.format, bench, command, recording, infra)
     if args.output:
         from gputop.report.writer import write_report
 

@@ -15,11 +15,14 @@ from collections import Counter
 from typing import Any, Optional, Sequence
 
 from gputop import __version__
-from gputop.analysis.diagnosis import collect_rank_observations, mean, percentile, verdict_line
+from gputop.analysis.diagnosis import verdict_line
+from gputop.analysis.numbers import mean, percentile
+from gputop.analysis.observations import collect_rank_observations
 from gputop.analysis.stack_classes import aggregate_worker_leaves, format_frame
 from gputop.analysis.xids import distinct_xids, meaning_of
 from gputop.history import History
 from gputop.model import Finding, GpuSample, Snapshot, to_jsonable
+from gputop.report.infra import infra_data
 from gputop.report.redact import redact_cmdline, redact_jsonable, redact_text
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
@@ -235,8 +238,12 @@ def report_data(
     command: Optional[Sequence[str] | str] = None,
     generated: Optional[float] = None,
     recording: Optional[dict[str, Any]] = None,
+    infra: Any = None,
 ) -> dict[str, Any]:
     """Everything a report says, as JSON-ready data (redacted).
+
+    `infra`: `gputop check`'s CheckReport over the report's window (live reports); the "For the infra
+    team" section falls back to the snapshots and the findings without it.
 
     `recording` (report --from): what the whole recording spans; `observed` is the part reported on."""
     snaps = list(history)
@@ -292,6 +299,7 @@ def report_data(
         "findings": [to_jsonable(f) for f in findings],
         "benchmark": bench_part,
         "recording": dict(recording) if recording is not None else None,
+        "infra": infra_data(history, findings, infra),
     }
     return redact_jsonable(data)
 
@@ -304,6 +312,7 @@ def render_json(
     command: Optional[Sequence[str] | str] = None,
     generated: Optional[float] = None,
     recording: Optional[dict[str, Any]] = None,
+    infra: Any = None,
 ) -> str:
-    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording)
+    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra)
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"

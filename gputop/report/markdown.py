@@ -96,6 +96,44 @@ def _findings(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def _infra_team(data: dict[str, Any]) -> list[str]:
+    """The ticket text (see `report.infra`): identity, failing checks, XIDs, next commands, the reset advice."""
+    infra = data["infra"]
+    m = infra["machine"]
+    out = ["## For the infra team", ""]
+    versions = [("Host", m["hostname"]), ("Kernel", m["kernel"]), ("Driver", m["driver"] if not m["driver_module"] or m["driver_module"] == m["driver"]
+                else f"{m['driver']} (kernel module {m['driver_module']})"), ("CUDA", m["cuda"]), ("NVML", m["nvml"])]
+    if m["gpu_error"]:
+        versions.append(("GPUs", m["gpu_error"]))
+    out += _table(["", ""], versions)
+    if infra["gpus"]:
+        out += _table(
+            ["GPU", "Name", "Serial", "VBIOS", "Board part", "PCI bus", "UUID"],
+            [[g["index"], g["name"], g["serial"], g["vbios"], g["board_part_number"], g["pci_bus_id"],
+              "LOST" if g["lost"] else g["uuid"]] for g in infra["gpus"]],
+        )
+    if infra["summary"]:
+        out += [f"`gputop check` over this report's window: **{infra['summary']}**.", ""]
+    if infra["failing"]:
+        out += ["**Failing checks**", ""]
+        out += [f"- **{c['status'].upper()}** {c['title']}: {c['value']}" + (f" (expected {c['expected']})" if c["expected"] else "")
+                for c in infra["failing"]]
+        out.append("")
+    elif infra["source"] == "checks":
+        out += ["No check failed.", ""]
+    unreadable = next((c["evidence"] for c in infra["checks"] if c["id"] == "sources"), [])
+    if unreadable:
+        out += ["**Not readable here**", ""] + [f"- {line}" for line in unreadable] + [""]
+    out += ["**XIDs**", ""]
+    out += _fence("\n".join(infra["xids"])) if infra["xids"] else ["None seen.", ""]
+    if infra["missing"]:
+        out += [f"_Missing:_ {infra['missing']}.", ""]
+    out += ["**What the infra team will ask for next**", ""]
+    out += _fence("\n".join(f"{c['command']:<28} # {c['why']}" for c in infra["next_commands"]), "sh")
+    out += [f"> {infra['advice']}", ""]
+    return out
+
+
 def _machine(data: dict[str, Any]) -> list[str]:
     m = data["machine"]
     gpus = m["gpu_names"]
@@ -318,8 +356,9 @@ def render_markdown(
     command: Optional[Sequence[str] | str] = None,
     generated: Optional[float] = None,
     recording: Optional[dict[str, Any]] = None,
+    infra: Any = None,
 ) -> str:
-    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording)
+    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra)
     obs = data["observed"]
     m = data["machine"]
     out = [
@@ -333,6 +372,7 @@ def render_markdown(
     ]
     out += _recording(data)
     out += _findings(data)
+    out += _infra_team(data)
     out += _machine(data)
     out += _topology(data)
     out += _health(data)

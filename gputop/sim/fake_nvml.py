@@ -64,7 +64,12 @@ MEMORY_ERROR_UNCORRECTED = 1
 VOLATILE_ECC = 0
 TOPOLOGY_SYSTEM = 50
 TOPOLOGY_LEVELS = {"PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
+NVLINK_DEVICE_TYPE_GPU = 0x00
 NVLINK_DEVICE_TYPE_SWITCH = 0x02
+NVLINK_ERROR_DL_CRC_FLIT = 2
+PAGE_RETIREMENT_DOUBLE_BIT = 1
+PERF_POLICY_POWER = 0
+PERF_POLICY_THERMAL = 1
 NVLINK_MAX_LINKS = 36
 FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
@@ -711,7 +716,143 @@ class FakeNvmlLibrary:
         symbols["nvmlDeviceGetComputeRunningProcesses_v3"] = device(_named(running_processes, "v3"))
         symbols["nvmlDeviceGetComputeRunningProcesses_v2"] = device(_named(running_processes, "v2"))
         symbols["nvmlSystemGetCudaDriverVersion_v2"] = _copy(nvmlSystemGetCudaDriverVersion)
+        symbols.update(lib._infra_symbols(symbols, device=device, write_str=write_str, nvlink_check=nvlink_check))
         return symbols
+
+    # ------------------------------------------------------------ what `gputop check` reads (issue 16)
+    def _infra_symbols(
+        self, symbols: dict[str, Callable], *, device: Callable, write_str: Callable, nvlink_check: Callable
+    ) -> dict[str, Callable]:
+        """Identity, modes and error counters, and the INFRA_FAULTS (`profiles.InfraFaults`) that change them.
+
+        A data-centre card (one with ECC) answers everything; a GeForce card refuses serial, part number,
+        ECC mode and applications clocks, as the real ones do.  The faulty counters climb with time."""
+        lib = self
+        model = self.profile.gpu
+        infra = self.faults.infra
+        datacentre = model.ecc
+
+        def climbing(base: float, per_s: float) -> int:
+            return int(base + per_s * max(0.0, lib.elapsed()))
+
+        @device
+        def nvmlDeviceGetSerial(gpu, buf, size):
+            if not datacentre:
+                return ERROR_NOT_SUPPORTED
+            return write_str(buf, f"165492200{gpu:04d}", size)
+
+        @device
+        def nvmlDeviceGetVbiosVersion(gpu, buf, size):
+            return write_str(buf, "96.00.99.00.01" if datacentre else "95.02.18.80.5F", size)
+
+        @device
+        def nvmlDeviceGetBoardPartNumber(gpu, buf, size):
+            if not datacentre:
+                return ERROR_NOT_SUPPORTED
+            return write_str(buf, "692-2G520-0200-000", size)
+
+        @device
+        def nvmlDeviceGetPersistenceMode(gpu, out):
+            out._obj.value = 1
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetEccMode(gpu, current, pending):
+            if not datacentre:
+                return ERROR_NOT_SUPPORTED
+            current._obj.value = pending._obj.value = 1
+            return SUCCESS
+
+        def applications_clock(gpu, clock_type, out):
+            if not datacentre:
+                return ERROR_NOT_SUPPORTED
+            kind = _int(clock_type)
+            if kind not in (CLOCK_SM, CLOCK_MEM):
+                return ERROR_NOT_SUPPORTED
+            out._obj.value = model.sm_clock_max_mhz if kind == CLOCK_SM else model.mem_clock_mhz
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetPcieReplayCounter(gpu, out):
+            out._obj.value = climbing(3, 40) if gpu in infra.pcie_replay else 0
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetNvLinkErrorCounter(gpu, link, counter, out):
+            link = _int(link)
+            ret = nvlink_check(gpu, link)
+            if ret == SUCCESS:
+                faulty = (gpu, link) in infra.nvlink_crc and _int(counter) == NVLINK_ERROR_DL_CRC_FLIT
+                out._obj.value = climbing(12, 25) if faulty else 0
+            return ret
+
+        @device
+        def nvmlDeviceGetRetiredPages(gpu, cause, count, addresses):
+            if not datacentre:
+                return ERROR_NOT_SUPPORTED
+            pages = [0x3F2A1000] if gpu in infra.retired_page and _int(cause) == PAGE_RETIREMENT_DOUBLE_BIT else []
+            capacity = count._obj.value
+            count._obj.value = len(pages)
+            if pages and (addresses is None or capacity < len(pages)):
+                return ERROR_INSUFFICIENT_SIZE
+            for i, address in enumerate(pages):
+                addresses[i] = address
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetRetiredPagesPendingStatus(gpu, out):
+            if not datacentre:
+                return ERROR_NOT_SUPPORTED
+            out._obj.value = 1 if gpu in infra.retired_page else 0
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetViolationStatus(gpu, policy, out):
+            policy = _int(policy)
+            share = 0.0  # of the time since start that the clocks were held back for this reason
+            if policy == PERF_POLICY_THERMAL and gpu in lib.faults.thermal:
+                share = 0.6
+            elif policy == PERF_POLICY_POWER and gpu in lib.faults.power_cap:
+                share = 0.8
+            out._obj.referenceTime = int(lib.clock() * 1e9)
+            out._obj.violationTime = int(share * max(0.0, lib.elapsed()) * 1e9)
+            return SUCCESS
+
+        # topology=IDX: the GPU's links come up but end nowhere NVML can name, so it meets its peers only
+        # through the host bridge (what a GPU left out of the NVSwitch fabric looks like)
+        remote_type, remote_pci = symbols["nvmlDeviceGetNvLinkRemoteDeviceType"], symbols["nvmlDeviceGetNvLinkRemotePciInfo_v2"]
+        common_ancestor = symbols["nvmlDeviceGetTopologyCommonAncestor"]
+
+        def odd_gpu(handle) -> bool:
+            return (_address(handle) or 0) - 1 in infra.topology
+
+        @device
+        def remote_type_odd(gpu, link, out):
+            ret = nvlink_check(gpu, _int(link))
+            if ret == SUCCESS:
+                out._obj.value = NVLINK_DEVICE_TYPE_GPU
+            return ret
+
+        @device
+        def remote_pci_odd(gpu, link, out):
+            return ERROR_NOT_SUPPORTED
+
+        def nvmlDeviceGetNvLinkRemoteDeviceType(handle, link, out):
+            return (remote_type_odd if odd_gpu(handle) else remote_type)(handle, link, out)
+
+        def nvmlDeviceGetNvLinkRemotePciInfo_v2(handle, link, out):
+            return (remote_pci_odd if odd_gpu(handle) else remote_pci)(handle, link, out)
+
+        def nvmlDeviceGetTopologyCommonAncestor(handle1, handle2, out):
+            ret = common_ancestor(handle1, handle2, out)
+            if ret == SUCCESS and (odd_gpu(handle1) or odd_gpu(handle2)) and _address(handle1) != _address(handle2):
+                out._obj.value = TOPOLOGY_LEVELS["PHB"]
+            return ret
+
+        out = {name: fn for name, fn in locals().items() if name.startswith("nvml") and callable(fn)}
+        out["nvmlDeviceGetApplicationsClock"] = device(_named(applications_clock, "applications"))
+        out["nvmlDeviceGetDefaultApplicationsClock"] = device(_named(applications_clock, "default"))
+        return out
 
 
 def _named(fn: Callable, suffix: str) -> Callable:

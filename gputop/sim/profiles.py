@@ -13,7 +13,7 @@ A spec string names a profile and optional faults, joined by ``+``::
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gputop.errors import UsageError
 
@@ -165,6 +165,17 @@ FAULTS: dict[str, tuple[str, str]] = {
     "xid": ("xid=IDX:CODE[@SECONDS]", "the driver reports XID CODE on GPU IDX (SECONDS after start, default 0)"),
 }
 
+# The faults `gputop check` looks for (each makes it exit 3 with one failing line); see `_parse_infra_fault`.
+INFRA_FAULTS: dict[str, tuple[str, str]] = {
+    "pcie-replay": ("pcie-replay=IDX", "GPU IDX's PCIe replay counter climbs (~40 a second): a marginal link"),
+    "aer": ("aer=IDX", "GPU IDX's PCI device logs AER correctable errors (sysfs aer_dev_correctable, climbing)"),
+    "nvlink-crc": ("nvlink-crc=IDX[:LINK]", "NVLink LINK (default 0) of GPU IDX counts CRC errors (climbing)"),
+    "retired-page": ("retired-page=IDX", "GPU IDX retired a page for a double-bit ECC error; it waits for a reset"),
+    "topology": ("topology=IDX", "GPU IDX's NVLinks miss the NVSwitches: it reads PHB where its peers read NV18"),
+    "kernel-xid": ("kernel-xid=IDX:CODE", "the kernel log holds `NVRM: Xid` CODE for GPU IDX (NVML's events do not)"),
+}
+FAULTS.update(INFRA_FAULTS)
+
 
 def faults_help() -> str:
     """The text of `gputop snapshot --help-faults`."""
@@ -184,6 +195,18 @@ def faults_help() -> str:
 
 
 @dataclass(frozen=True)
+class InfraFaults:
+    """The INFRA_FAULTS switches (see there)."""
+
+    pcie_replay: frozenset[int] = frozenset()
+    aer: frozenset[int] = frozenset()
+    nvlink_crc: frozenset[tuple[int, int]] = frozenset()  # (gpu, link)
+    retired_page: frozenset[int] = frozenset()
+    topology: frozenset[int] = frozenset()
+    kernel_xids: tuple[tuple[int, int], ...] = ()  # (gpu, XID code)
+
+
+@dataclass(frozen=True)
 class Faults:
     lost_after: dict[int, float] = field(default_factory=dict)  # gpu -> seconds after start
     old_driver: bool = False
@@ -193,6 +216,7 @@ class Faults:
     nvlink_down: frozenset[int] = frozenset()
     power_cap: frozenset[int] = frozenset()
     xids: tuple[tuple[int, int, float], ...] = ()  # (gpu, XID code, seconds after start)
+    infra: InfraFaults = field(default_factory=InfraFaults)
 
 
 @dataclass(frozen=True)
@@ -236,6 +260,36 @@ def _xid(value: str, profile: Profile) -> tuple[int, int, float]:
     return index, code, seconds
 
 
+def _parse_infra_fault(faults: InfraFaults, key: str, value: str, profile: Profile) -> InfraFaults:
+    """One INFRA_FAULTS switch added to `faults`."""
+    if key == "nvlink-crc":
+        index_text, colon, link_text = value.partition(":")
+        index = _gpu_index(index_text, key, profile)
+        if not profile.gpu.nvlink_links:
+            raise _bad(f"{profile.name} has no NVLink, so nvlink-crc does not apply")
+        try:
+            link = int(link_text) if colon else 0
+        except ValueError:
+            link = -1
+        if not 0 <= link < profile.gpu.nvlink_links:
+            raise _bad(f"nvlink-crc needs IDX[:LINK] with LINK 0..{profile.gpu.nvlink_links - 1}, got {value!r}")
+        return replace(faults, nvlink_crc=faults.nvlink_crc | {(index, link)})
+    if key == "kernel-xid":
+        index_text, colon, code_text = value.partition(":")
+        index = _gpu_index(index_text, key, profile)
+        code = int(code_text) if colon and code_text.isdigit() else 0
+        if code <= 0:
+            raise _bad(f"kernel-xid needs IDX:CODE (e.g. kernel-xid=3:79), got {value!r}")
+        return replace(faults, kernel_xids=(*faults.kernel_xids, (index, code)))
+    index = _gpu_index(value, key, profile)
+    if key == "topology" and not profile.gpu.nvlink_links:
+        raise _bad(f"{profile.name} has no NVLink, so topology does not apply")
+    if key == "retired-page" and not profile.gpu.ecc:
+        raise _bad(f"{profile.name} has no ECC, so retired-page does not apply")
+    name = key.replace("-", "_")
+    return replace(faults, **{name: getattr(faults, name) | {index}})
+
+
 def parse_spec(spec: str | None) -> SimSpec:
     """`PROFILE[+FAULT...]` -> SimSpec; anything wrong raises UsageError with one line."""
     text = (spec or DEFAULT_PROFILE).strip()
@@ -248,12 +302,15 @@ def parse_spec(spec: str | None) -> SimSpec:
     sets: dict[str, set[int]] = {k: set() for k in ("pcie-degraded", "thermal", "ecc", "nvlink-down", "power")}
     old_driver = False
     xids: list[tuple[int, int, float]] = []
+    infra = InfraFaults()
     for fault_text in fault_texts:
         fault_text = fault_text.strip()
         key, _, value = fault_text.partition("=")
         if key not in FAULTS:
             raise _bad(f"unknown fault {fault_text!r}")
-        if key == "old-driver":
+        if key in INFRA_FAULTS:
+            infra = _parse_infra_fault(infra, key, value, profile)
+        elif key == "old-driver":
             if value:
                 raise _bad("old-driver takes no value")
             old_driver = True
@@ -285,6 +342,7 @@ def parse_spec(spec: str | None) -> SimSpec:
         nvlink_down=frozenset(sets["nvlink-down"]),
         power_cap=frozenset(sets["power"]),
         xids=tuple(xids),
+        infra=infra,
     )
     normalised = "+".join([name, *(f.strip() for f in fault_texts)])
     return SimSpec(text=normalised, profile=profile, faults=faults)

@@ -313,7 +313,7 @@ class GputopApp(App):
         if snapshot.job is not None or not any(g.processes for g in snapshot.gpus):
             return None
         try:
-            from gputop.collect.job import discover_jobs
+            from gputop.collect.job_tree import discover_jobs
         except ImportError:
             return None
         return discover_jobs(snapshot.gpus)

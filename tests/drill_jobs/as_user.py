@@ -17,11 +17,13 @@ import sys
 
 PRELOAD = (
     "gputop.cli", "gputop.commands.snapshot", "gputop.commands.bench", "gputop.bench", "gputop.inject.injector",
-    "gputop.pipeline", "gputop.collect.gpu", "gputop.collect.host", "gputop.collect.job", "gputop.collect.stacks",
+    "gputop.pipeline", "gputop.collect.gpu", "gputop.collect.host", "gputop.collect.job_tree", "gputop.collect.procfs",
+    "gputop.collect.stack_schedule", "gputop.collect.stacks",
     "gputop.collect.sampler", "gputop.analysis.stack_classes", "gputop.analysis.loader_math", "gputop.model",
     "pynvml", "psutil", "json", "concurrent.futures", "concurrent.futures.thread", "subprocess", "tempfile",
     "shutil", "statistics", "encodings.idna", "gputop.commands.record", "gputop.commands.report",
     "gputop.recording", "gputop.history", "gputop.errors", "gzip", "zlib", "bisect", "errno", "pwd", "grp",
+    "gputop.commands.check", "gputop.collect.sysfs", "gputop.analysis.machine_check", "gputop.report.writer",
 )
 
 

@@ -1,4 +1,4 @@
-"""Find a training job's processes from any of its PIDs, and keep them up to date.
+"""Find a training job's processes from any of its PIDs (launcher, ranks, DataLoader workers), and keep them up to date.
 
 From the PID the user gives (the torchrun launcher, one rank, a DataLoader worker or a plain
 ``python train.py``) we find the launcher, every rank and every rank's DataLoader workers, each
@@ -21,10 +21,13 @@ from typing import Callable, Iterable, Optional
 
 import psutil
 
-from gputop.analysis.stack_classes import classify_main_thread
+from gputop.analysis.stack_classes import classify_main_thread, main_thread
 from gputop.collect import stacks as stacks_mod
+from gputop.collect.cgroup import job_limits
+from gputop.collect.procfs import ProcessTable, ProcKey, Tracked, int_or_none, process_alive, read_stat
+from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSchedule
 from gputop.errors import GputopError
-from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
+from gputop.model import GpuSample, JobTree, Misplacement, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
 
 WORKER_COMM = "pt_data_worker"  # torch sets it in the DataLoader worker loop
 PIN_THREAD_COMM = "pt_data_pin"  # torch names the pin-memory thread so
@@ -42,322 +45,35 @@ _LAUNCHER_COMMS = ("pt_elastic",)  # torch.distributed.run renames its main thre
 # multiprocessing's own helper processes: part of a rank, never a rank or a worker themselves.
 _HELPER_MARKERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker")
 
-# psutil status names -> the letters of /proc/PID/stat and ps(1)
-_STATE_LETTERS = {
-    "running": "R",
-    "sleeping": "S",
-    "disk-sleep": "D",
-    "stopped": "T",
-    "tracing-stop": "t",
-    "zombie": "Z",
-    "dead": "X",
-    "idle": "I",
-    "parked": "P",
-    "wake-kill": "K",
-    "waking": "W",
-}
-
-ProcKey = tuple[int, float]  # (pid, create_time)
-
-
-# ----------------------------------------------------------------- /proc helpers
-
-
-def children_pids(pid: int) -> list[int]:
-    """Direct children, from /proc/PID/task/*/children (no scan of all of /proc)."""
-    kids: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return kids
-    found_file = False
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                found_file = True
-                kids.extend(int(x) for x in f.read().split())
-        except OSError:
-            continue
-    if not found_file:  # kernel without CONFIG_PROC_CHILDREN
-        try:
-            return [c.pid for c in psutil.Process(pid).children()]
-        except psutil.Error:
-            return []
-    return kids
-
-
-def _read_thread_comm(pid: int, tid: int) -> Optional[str]:
-    try:
-        with open(f"/proc/{pid}/task/{tid}/comm", "rb") as f:
-            return f.read().rstrip(b"\n").decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
-def _read_nul_separated(pid: int, name: str) -> Optional[list[bytes]]:
-    """/proc/PID/<name> (cmdline, environ) split at its NULs, or None where we may not read it.
-
-    Read as bytes and decoded by the caller as UTF-8: the locale's encoding (ASCII under LANG=C) would
-    turn every non-ASCII path into lone surrogates."""
-    try:
-        with open(f"/proc/{pid}/{name}", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    if raw.endswith(b"\0"):
-        raw = raw[:-1]
-    return raw.split(b"\0") if raw else []
-
-
-def _text(raw: bytes) -> str:
-    return raw.decode("utf-8", "replace")
-
-
-def read_environ(pid: int) -> Optional[dict[str, str]]:
-    """The process's initial environment, or None where we may not read it (another user, no root)."""
-    items = _read_nul_separated(pid, "environ")
-    if items is None:
-        return None
-    env = {}
-    for item in items:
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[_text(key)] = _text(value)
-    return env
-
-
-def read_cmdline(pid: int) -> tuple[str, ...]:
-    """The command line (empty for zombies, kernel threads and processes we may not read)."""
-    items = _read_nul_separated(pid, "cmdline") or []
-    if len(items) == 1 and b" " in items[0]:  # a process that rewrote its title (setproctitle) as one string
-        items = items[0].split(b" ")
-    return tuple(_text(item) for item in items)
-
-
-def _int_or_none(text: Optional[str]) -> Optional[int]:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
-
-
-# ----------------------------------------------------------------- process table
-
-
-@dataclass(frozen=True)
-class ProcStat:
-    """The few fields of /proc/PID/stat that identify a process and place it in the tree."""
-
-    comm: str
-    state: str
-    ppid: int
-    start_ticks: int  # start time in clock ticks since boot: with the PID, names one process for good
-    flags: int = 0  # the kernel's PF_* bits (PF_EXITING: being torn down, not yet a zombie)
-    cpu_ticks: int = 0  # user + system time of all its threads, in clock ticks
-
-
-def read_stat(pid: int) -> Optional[ProcStat]:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    # comm sits in parentheses and may itself hold spaces or ')': split at the last ')'
-    left, right = raw.find(b"("), raw.rfind(b")")
-    fields = raw[right + 2 :].split()
-    try:
-        return ProcStat(
-            comm=raw[left + 1 : right].decode("utf-8", "replace"), state=fields[0].decode(), ppid=int(fields[1]),
-            start_ticks=int(fields[19]), flags=int(fields[6]), cpu_ticks=int(fields[11]) + int(fields[12]),
-        )
-    except (IndexError, ValueError):
-        return None
-
-
-@dataclass
-class _Tracked:
-    """What we remember about one (pid, create_time): static facts read once, and the psutil handle
-    whose cpu_percent() needs the previous call's times."""
-
-    proc: psutil.Process
-    key: ProcKey
-    start_ticks: int
-    cmdline: tuple[str, ...]
-    env: Optional[dict[str, str]]
-    comm: str = ""
-    ppid: int = 0
-    cpu_ticks: int = 0  # CPU time at the last stat read (decides whose stacks may have changed)
-    cpu_primed: bool = False
-    last: Optional[ProcInfo] = None
-
-
-class ProcessTable:
-    """psutil.Process objects kept between collects, keyed by (pid, create_time).
-
-    Each scan (one collect) starts with `begin_scan()`; within it a PID's /proc/PID/stat is read once.
-    """
-
-    def __init__(self) -> None:
-        self._by_pid: dict[int, _Tracked] = {}
-        self._seen: set[int] = set()  # PIDs looked up since the last prune()
-        self._checked: set[int] = set()  # PIDs whose stat was read in this scan
-        self._children: dict[int, list[int]] = {}  # children lists read in this scan
-        self._thread_names: dict[int, dict[int, tuple[Optional[str], bool]]] = {}  # pid -> tid -> (comm, settled)
-        self._lock = threading.Lock()
-
-    def begin_scan(self) -> None:
-        with self._lock:
-            self._checked = set()
-            self._children = {}
-
-    def get(self, pid: int) -> Optional[_Tracked]:
-        """The live process behind `pid` (a new one if the PID was reused), or None if it is gone."""
-        with self._lock:
-            self._seen.add(pid)
-            tracked = self._by_pid.get(pid)
-            if tracked is not None and pid in self._checked:
-                return tracked
-            stat = read_stat(pid)
-            if stat is None or stat.state in ("Z", "X"):  # gone, or a zombie waiting to be reaped
-                self._by_pid.pop(pid, None)
-                return None
-            self._checked.add(pid)
-            if tracked is not None and tracked.start_ticks == stat.start_ticks:
-                tracked.comm, tracked.ppid, tracked.cpu_ticks = stat.comm, stat.ppid, stat.cpu_ticks
-                return tracked
-            # first sight, or the PID now belongs to a newer process: start afresh
-            try:
-                proc = psutil.Process(pid)
-                key = (pid, proc.create_time())
-            except psutil.Error:
-                self._by_pid.pop(pid, None)
-                return None
-            tracked = _Tracked(
-                proc=proc, key=key, start_ticks=stat.start_ticks, cmdline=read_cmdline(pid), env=read_environ(pid),
-                comm=stat.comm, ppid=stat.ppid, cpu_ticks=stat.cpu_ticks,
-            )
-            self._by_pid[pid] = tracked
-            return tracked
-
-    def children(self, pid: int) -> list[int]:
-        """Direct children of `pid`, read once per scan."""
-        with self._lock:
-            kids = self._children.get(pid)
-        if kids is None:
-            kids = children_pids(pid)
-            with self._lock:
-                self._children[pid] = kids
-        return kids
-
-    def threads_named(self, pid: int, comm: str) -> tuple[int, ...]:
-        """TIDs of `pid`'s threads called `comm`.  A thread's name is read when it is first seen and once
-        more a scan later (a thread names itself just after it starts), not on every scan."""
-        try:
-            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-        except OSError:
-            return ()
-        with self._lock:
-            known = self._thread_names.setdefault(pid, {})
-            stale = [t for t in known if t not in tids]
-            for tid in stale:
-                del known[tid]
-            todo = [t for t in tids if t not in known or not known[t][1]]
-        for tid in todo:
-            name = _read_thread_comm(pid, tid)
-            with self._lock:
-                settled = tid in known  # second reading: keep it from now on
-                known[tid] = (name, settled)
-        target = comm
-        with self._lock:
-            return tuple(sorted(t for t, (name, _) in known.items() if name == target))
-
-    def is_current(self, tracked: _Tracked) -> bool:
-        """Is this exact process (not a successor on its PID) still alive?"""
-        current = self.get(tracked.key[0])
-        return current is not None and current.key == tracked.key
-
-    def info(self, tracked: _Tracked) -> ProcInfo:
-        """A fresh ProcInfo (state, CPU %, RSS, last core); marks it exited if it is gone."""
-        proc = tracked.proc
-        try:
-            with proc.oneshot():  # one read of /proc/PID/stat serves all but RSS
-                status = proc.status()
-                name = proc.name()
-                ppid = proc.ppid()
-                cpu = proc.cpu_percent(interval=None)
-                try:
-                    rss: Optional[int] = proc.memory_info().rss
-                except psutil.AccessDenied:
-                    rss = None
-                try:
-                    core: Optional[int] = proc.cpu_num()
-                except (psutil.AccessDenied, AttributeError):
-                    core = None
-        except psutil.NoSuchProcess:
-            return self.mark_exited(tracked)
-        except psutil.AccessDenied:
-            status, name, ppid, cpu, rss, core = "?", tracked.comm or "?", tracked.ppid, None, None, None
-        # psutil's first cpu_percent() has nothing to compare with and says 0.0: report "not yet known".
-        cpu_percent = cpu if tracked.cpu_primed else None
-        tracked.cpu_primed = True
-        info = ProcInfo(
-            pid=tracked.key[0],
-            ppid=ppid,
-            name=name,
-            cmdline=tracked.cmdline,
-            state=_STATE_LETTERS.get(status, status[:1].upper() if status else "?"),
-            cpu_percent=cpu_percent,
-            rss=rss,
-            core=core,
-            create_time=tracked.key[1],
-            exited=status == psutil.STATUS_ZOMBIE,
-        )
-        tracked.last = info
-        return info
-
-    def mark_exited(self, tracked: _Tracked) -> ProcInfo:
-        last = tracked.last or ProcInfo(pid=tracked.key[0], ppid=0, name="?", cmdline=tracked.cmdline, create_time=tracked.key[1])
-        tracked.last = replace(last, exited=True, state="X", cpu_percent=None)
-        return tracked.last
-
-    def prune(self) -> None:
-        """Forget processes not looked up since the last prune (exited workers of past epochs, ...)."""
-        with self._lock:
-            for pid in [p for p in self._by_pid if p not in self._seen]:
-                del self._by_pid[pid]
-            for pid in [p for p in self._thread_names if p not in self._seen]:
-                del self._thread_names[pid]
-            self._seen = set()
-
 
 # ----------------------------------------------------------------- roles
 
 
-def _cmdline_text(tracked: _Tracked) -> str:
+def _cmdline_text(tracked: Tracked) -> str:
     return " ".join(tracked.cmdline)
 
 
-def is_helper(tracked: _Tracked) -> bool:
+def is_helper(tracked: Tracked) -> bool:
     """multiprocessing's forkserver / resource tracker: plumbing inside a rank."""
     text = _cmdline_text(tracked)
     return any(marker in text for marker in _HELPER_MARKERS)
 
 
-def is_worker(tracked: _Tracked) -> bool:
+def is_worker(tracked: Tracked) -> bool:
     return tracked.comm == WORKER_COMM
 
 
-def has_rank_env(tracked: _Tracked) -> bool:
+def has_rank_env(tracked: Tracked) -> bool:
     return tracked.env is not None and ("LOCAL_RANK" in tracked.env or "RANK" in tracked.env)
 
 
-def is_mp_child(parent: _Tracked, child: _Tracked) -> bool:
+def is_mp_child(parent: Tracked, child: Tracked) -> bool:
     """Started by Python multiprocessing: a spawn/forkserver child runs `spawn_main`; a forked one keeps
     its parent's command line (a shell running `python train.py` is neither)."""
     return "spawn_main" in _cmdline_text(child) or (bool(child.cmdline) and child.cmdline == parent.cmdline)
 
 
-def is_named_launcher(tracked: _Tracked) -> bool:
+def is_named_launcher(tracked: Tracked) -> bool:
     if tracked.comm in _LAUNCHER_COMMS:
         return True
     argv = tracked.cmdline
@@ -377,8 +93,8 @@ def is_named_launcher(tracked: _Tracked) -> bool:
 
 @dataclass
 class _Structure:
-    launcher: Optional[_Tracked]
-    ranks: list[_Tracked]
+    launcher: Optional[Tracked]
+    ranks: list[Tracked]
 
 
 class JobScanner:
@@ -389,7 +105,7 @@ class JobScanner:
 
     # ---- structure
 
-    def _is_launcher(self, tracked: _Tracked, gpu_pids: frozenset[int] = frozenset()) -> bool:
+    def _is_launcher(self, tracked: Tracked, gpu_pids: frozenset[int] = frozenset()) -> bool:
         """torchrun & co by name; any parent of processes carrying RANK/LOCAL_RANK that carries none itself;
         and a `torch.multiprocessing.spawn` parent: its spawned/forked children hold GPUs or run DataLoaders."""
         if is_named_launcher(tracked):
@@ -406,7 +122,7 @@ class JobScanner:
                 return True
         return False
 
-    def owning_rank(self, tracked: _Tracked) -> _Tracked:
+    def owning_rank(self, tracked: Tracked) -> Tracked:
         """Climb from a DataLoader worker or multiprocessing helper to the rank process it serves."""
         current = tracked
         for _ in range(8):  # worker -> forkserver -> rank is the deepest; bound the walk anyway
@@ -418,7 +134,7 @@ class JobScanner:
             current = parent
         return current
 
-    def structure(self, root: _Tracked, gpu_pids: frozenset[int] = frozenset()) -> _Structure:
+    def structure(self, root: Tracked, gpu_pids: frozenset[int] = frozenset()) -> _Structure:
         """Launcher and ranks of the job `root` belongs to (root may be any of its processes)."""
         start = self.owning_rank(root)
         if self._is_launcher(start, gpu_pids):
@@ -434,7 +150,7 @@ class JobScanner:
                     return _Structure(child, self.ranks_of_launcher(child))
         return _Structure(None, [start])
 
-    def ranks_of_launcher(self, launcher: _Tracked) -> list[_Tracked]:
+    def ranks_of_launcher(self, launcher: Tracked) -> list[Tracked]:
         ranks = []
         for pid in self.table.children(launcher.key[0]):
             child = self.table.get(pid)
@@ -442,7 +158,7 @@ class JobScanner:
                 ranks.append(child)
         return sorted(ranks, key=_rank_sort_key)
 
-    def workers_of(self, rank: _Tracked) -> list[_Tracked]:
+    def workers_of(self, rank: Tracked) -> list[Tracked]:
         """DataLoader workers anywhere below the rank (children with fork/spawn, grandchildren with forkserver)."""
         workers = []
         pending = list(self.table.children(rank.key[0]))
@@ -474,9 +190,9 @@ class JobScanner:
             ranks.append(
                 Rank(
                     proc=self.table.info(rank),
-                    rank=_int_or_none(env.get("RANK")),
-                    local_rank=_int_or_none(env.get("LOCAL_RANK")),
-                    world_size=_int_or_none(env.get("WORLD_SIZE")),
+                    rank=int_or_none(env.get("RANK")),
+                    local_rank=int_or_none(env.get("LOCAL_RANK")),
+                    world_size=int_or_none(env.get("WORLD_SIZE")),
                     cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
                     gpus=gpus_by_pid.get(rank.key[0], ()),
                     workers=workers,
@@ -484,18 +200,28 @@ class JobScanner:
                 )
             )
         ranks_t = tuple(ranks)
+        misplacements = find_misplacements(ranks_t, gpus)
+        limits = job_limits((r.key[0] for r in structure.ranks), host_memory=_host_memory())
         return JobTree(
             root_pid=root_pid,
             launcher=launcher_info,
             ranks=ranks_t,
-            warnings=misplacement_warnings(ranks_t, gpus),
+            warnings=tuple(m.message for m in misplacements),
             cores=job_cores(launcher_info, ranks_t),
+            misplacements=misplacements,
+            cpu_limit=limits.cpu,
+            memory_limit=limits.memory,
         )
 
 
-def _rank_sort_key(tracked: _Tracked) -> tuple:
+@functools.lru_cache(maxsize=1)
+def _host_memory() -> int:
+    return psutil.virtual_memory().total
+
+
+def _rank_sort_key(tracked: Tracked) -> tuple:
     env = tracked.env or {}
-    rank = _int_or_none(env.get("RANK"))
+    rank = int_or_none(env.get("RANK"))
     return (rank is None, rank if rank is not None else 0, tracked.key)
 
 
@@ -546,9 +272,10 @@ def _gpu_list(indices: Iterable[int]) -> str:
 SET_DEVICE_FIX = "call torch.cuda.set_device(local_rank) (or use f'cuda:{local_rank}') before any CUDA work"
 
 
-def misplacement_warnings(ranks: tuple[Rank, ...], gpus: tuple[GpuSample, ...]) -> tuple[str, ...]:
-    """Ranks sharing a GPU, one rank on several GPUs, and the "all ranks on GPU 0" bug: one line each."""
-    warnings: list[str] = []
+def find_misplacements(ranks: tuple[Rank, ...], gpus: tuple[GpuSample, ...]) -> tuple[Misplacement, ...]:
+    """Ranks sharing a GPU, one rank on several GPUs, and the "all ranks on GPU 0" bug, each with its
+    ranks, GPUs and one line for people."""
+    found: list[Misplacement] = []
     placed = [r for r in ranks if r.gpus]
     if not placed:
         return ()
@@ -562,85 +289,25 @@ def misplacement_warnings(ranks: tuple[Rank, ...], gpus: tuple[GpuSample, ...]) 
     if everyone_on_one:
         (index,) = by_gpu
         idle = visible_gpus - 1
-        warnings.append(
+        message = (
             f"all {len(placed)} ranks run on GPU {index}"
             + (f" while {idle} other GPU{'s' if idle != 1 else ''} sit idle" if idle > 0 else "")
             + f": {SET_DEVICE_FIX}"
         )
+        found.append(Misplacement("all_on_one_gpu", tuple(r.proc.pid for r in placed), (index,), message))
     else:
         for index in sorted(shared):
             names = ", ".join(_rank_label(r) for r in shared[index])
-            warnings.append(f"GPU {index} is shared by {len(shared[index])} ranks ({names}): {SET_DEVICE_FIX}")
+            message = f"GPU {index} is shared by {len(shared[index])} ranks ({names}): {SET_DEVICE_FIX}"
+            found.append(Misplacement("shared_gpu", tuple(r.proc.pid for r in shared[index]), (index,), message))
     for rank in placed:
         if len(rank.gpus) > 1:
-            warnings.append(
+            message = (
                 f"{_rank_label(rank)} holds memory on GPUs {_gpu_list(rank.gpus)}: a stray CUDA context "
                 f"(usually cuda:0 touched before set_device); {SET_DEVICE_FIX}"
             )
-    return tuple(warnings)
-
-
-# ----------------------------------------------------------------- which stacks to read each round
-
-# py-spy costs ~15 ms of CPU per dump (mostly reading libpython's symbols), so dumping every process of
-# a job of 8 ranks x 3 epoch-restarting workers every 2 s kept a fifth of a core busy.  The ranks' main
-# threads carry the diagnosis (waiting for data, forward/backward, collective) and are dumped every
-# round; DataLoader workers and the launcher take turns, and one that used no CPU since a dump that
-# showed no change waits longer still (yet not forever: a worker hung in dataset code is a finding).
-OTHERS_EVERY_ROUNDS = 3  # workers and the launcher: each dumped about once in this many rounds
-IDLE_EVERY_ROUNDS = 5  # ... at most this rarely when it sat still (no CPU, unchanged stacks)
-IDLE_CPU_TICKS = 1  # "no CPU": at most one clock tick (10 ms) since its last dump
-
-
-@dataclass
-class _DumpRecord:
-    round: int  # the round of its last dump
-    cpu_ticks: int  # its CPU time at that dump
-    threads: Optional[tuple]  # the threads that dump found (None: it failed)
-    unchanged: bool  # that dump found the same threads as the one before
-
-
-class StackSchedule:
-    """Chooses the processes each stack round dumps: every rank, plus the workers' and launcher's turn."""
-
-    def __init__(self) -> None:
-        self.round = 0
-        self._records: dict[ProcKey, _DumpRecord] = {}
-
-    def plan(self, ranks: list[_Tracked], others: list[_Tracked], *, full: bool = False) -> list[_Tracked]:
-        """Ranks always; of `others` (workers, launcher) a third, never-dumped ones first, then the
-        longest-waiting; one that sat still is skipped until IDLE_EVERY_ROUNDS passed.  `full`: all."""
-        live = {t.key for t in ranks} | {t.key for t in others}
-        for key in [k for k in self._records if k not in live]:
-            del self._records[key]
-        if full or self.round == 0:
-            return ranks + others
-        queue = []
-        for tracked in others:
-            record = self._records.get(tracked.key)
-            if record is None:
-                queue.append((0, 0, tracked))  # a new worker (an epoch started): show it soon
-                continue
-            age = self.round - record.round
-            sat_still = record.unchanged and tracked.cpu_ticks - record.cpu_ticks <= IDLE_CPU_TICKS
-            if sat_still and age < IDLE_EVERY_ROUNDS:
-                continue  # nothing it ran could have moved its stack: the last one still holds
-            queue.append((1, -age, tracked))
-        queue.sort(key=lambda item: item[:2])
-        turn = -(-len(others) // OTHERS_EVERY_ROUNDS)
-        return ranks + [tracked for *_, tracked in queue[:turn]]
-
-    def done(self, dumped: list[_Tracked], fresh: dict[int, ProcessStacks]) -> None:
-        """Remember what this round found; the next round is one later."""
-        for tracked in dumped:
-            stacks = fresh.get(tracked.key[0])
-            if stacks is None:
-                continue
-            before = self._records.get(tracked.key)
-            threads = stacks.threads if stacks.error is None else None
-            unchanged = threads is not None and before is not None and before.threads == threads
-            self._records[tracked.key] = _DumpRecord(self.round, tracked.cpu_ticks, threads, unchanged)
-        self.round += 1
+            found.append(Misplacement("several_gpus", (rank.proc.pid,), tuple(rank.gpus), message))
+    return tuple(found)
 
 
 # ----------------------------------------------------------------- the collector
@@ -663,10 +330,14 @@ class JobCollector:
         stacks_enabled: bool = True,
         stacks_wanted: bool = True,
         dump: Optional[Callable[[list[int]], dict[int, ProcessStacks]]] = None,
+        native_dump: Optional[Callable[[int], ProcessStacks]] = stacks_mod.dump_native,
+        native_after: float = NATIVE_AFTER_S,
     ) -> None:
         """Attach to the job `pid` belongs to.  `stacks_enabled=False`: never run py-spy (no thread);
         `stacks_wanted`: the initial state of the switch; `dump`: the stack reader (default: py-spy, a
-        few at a time: each dump is CPU work, and on a small machine the job needs the cores)."""
+        few at a time: each dump is CPU work, and on a small machine the job needs the cores);
+        `native_dump`: what takes the one native dump of a process frozen for `native_after` seconds
+        (None: never pause a process)."""
         if pid <= 0:
             raise GputopError(f"{pid} is not a process id (it must be positive)")
         self.pid = pid
@@ -679,8 +350,11 @@ class JobCollector:
         self._root_start_ticks = root.start_ticks
         self._dump = dump or functools.partial(stacks_mod.dump_stacks, max_parallel=stacks_mod.background_parallelism())
         self._schedule = StackSchedule()
+        self._native_dump = native_dump
+        self._freezes = FreezeWatch(native_after)
         self._lock = threading.Lock()
         self._stacks: dict[int, ProcessStacks] = {}
+        self._native: dict[int, ProcessStacks] = {}  # pid -> the native dump of its freeze, while it lasts
         self._stacks_error: Optional[str] = None
         self._last_tree: Optional[JobTree] = None
         self._exited = False
@@ -738,11 +412,13 @@ class JobCollector:
         with self._lock:
             self._stack_pids = pids
             stacks = {pid: self._stacks[pid] for pid in pids if pid in self._stacks}
+            native = {pid: self._native[pid] for pid in pids if pid in self._native}
             stacks_error = self._stacks_error
         tree = replace(
             tree,
             ranks=tuple(replace(r, main_thread_state=_state_of(stacks.get(r.proc.pid))) for r in tree.ranks),
             stacks=stacks,
+            native_stacks=native,
             stacks_error=stacks_error,
         )
         self._last_tree = tree
@@ -765,6 +441,8 @@ class JobCollector:
 
         with self._lock:
             stacks = dict(self._stacks)
+            native = dict(self._native)
+        pids = set(tree_pids(last))
         tree = replace(
             last,
             exited=True,
@@ -773,7 +451,8 @@ class JobCollector:
                 replace(r, proc=gone(r.proc), workers=tuple(replace(w, exited=True, state="X", cpu_percent=None) for w in r.workers))
                 for r in last.ranks
             ),
-            stacks={pid: s for pid, s in stacks.items() if pid in set(tree_pids(last))},
+            stacks={pid: s for pid, s in stacks.items() if pid in pids},
+            native_stacks={pid: s for pid, s in native.items() if pid in pids},
             cores=(),
         )
         self._last_tree = tree
@@ -802,16 +481,45 @@ class JobCollector:
         with self._lock:
             for pid, new in fresh.items():
                 old = self._stacks.get(pid)
-                if new.error and old is not None and old.error is None and (job_gone or not stacks_mod.process_alive(pid)):
+                if new.error and old is not None and old.error is None and (job_gone or not process_alive(pid)):
                     continue  # it (or the whole job) died while we dumped: keep what it last did
                 self._stacks[pid] = new
             live = set(self._stack_pids) | set(fresh)
             for pid in [p for p in self._stacks if p not in live]:
                 del self._stacks[pid]
+            for pid in [p for p in self._native if p not in live]:
+                del self._native[pid]
             if fresh and not job_gone:
                 self._stacks_error = _whole_job_error(fresh)
         self._schedule.done(chosen, fresh)
+        if not job_gone:
+            self._watch_freezes(ranks + others, chosen, fresh)
         self._dumped.set()
+
+    def _watch_freezes(self, live: list[Tracked], dumped: list[Tracked], fresh: dict[int, ProcessStacks]) -> None:
+        """One native dump for each process whose main thread froze for `native_after` seconds; it stays in
+        the tree until the process moves again."""
+        self._freezes.forget_except({t.key for t in live})
+        due = []
+        for tracked in dumped:
+            stacks = fresh.get(tracked.key[0])
+            if stacks is None:
+                continue
+            thread = main_thread(stacks)
+            if self._freezes.observe(tracked.key, stacks, thread.frames if thread else None):
+                due.append(tracked)
+            elif not self._freezes.frozen(tracked.key):
+                with self._lock:
+                    self._native.pop(tracked.key[0], None)
+        if self._native_dump is None:
+            return
+        for tracked in due:
+            if self._closed.is_set() or not self._scanner.table.is_current(tracked):
+                continue
+            native = self._native_dump(tracked.key[0])
+            self._freezes.taken(tracked.key, native)
+            with self._lock:
+                self._native[tracked.key[0]] = native
 
     def wait_for_stacks(self, timeout: float = 5.0) -> bool:
         """Block until the background thread has finished a refresh (for one-shot `snapshot --json`)."""
@@ -820,7 +528,7 @@ class JobCollector:
         self.stacks_wanted = True
         return self._dumped.wait(timeout)
 
-    def _current_processes(self) -> Optional[tuple[list[_Tracked], list[_Tracked]]]:
+    def _current_processes(self) -> Optional[tuple[list[Tracked], list[Tracked]]]:
         """(ranks, launcher and workers) from /proc without refreshing any figures; None if the root is gone."""
         self._scanner.table.begin_scan()
         root = self._scanner.table.get(self.pid)
@@ -835,7 +543,7 @@ class JobCollector:
     def _root_alive(self) -> bool:
         """The process we attached to is still the same, live one (read straight from /proc/PID/stat)."""
         stat = read_stat(self.pid)
-        return stat is not None and stat.start_ticks == self._root_start_ticks and stacks_mod.process_alive(self.pid)
+        return stat is not None and stat.start_ticks == self._root_start_ticks and process_alive(self.pid)
 
     def _stack_loop(self) -> None:
         resumed = True  # the first round, and the first after the stacks panel reopens, show every process

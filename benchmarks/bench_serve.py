@@ -1,0 +1,142 @@
+"""`gputop serve`: how long a Prometheus scrape takes, side by side with the collection cycle behind it.
+
+    python benchmarks/bench_serve.py [--seconds 30] [--quick]
+
+Runs the real exporter in this process, as `gputop serve --simulate h100-sxm-8 --pid P` does: the
+simulated 8-GPU machine, a real training job attached (tests/jobs/train_loop.py, 2 DataLoader workers,
+py-spy stacks every 2 s), the collector thread cycling every second, and prometheus_client's HTTP
+server on loopback.  Meanwhile it scrapes /metrics (OpenMetrics) ten times a second and records each
+scrape's wall time, and it records each collection cycle's wall time.  A scrape only formats the last
+cycle's values, so it should cost a small fraction of a cycle, whatever NVML, /proc or py-spy cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common import REPO, emit_figure, machine_line, print_table  # noqa: E402
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=30.0, help="how long to scrape (default 30)")
+    parser.add_argument("--quick", action="store_true", help="a 10 s pass")
+    args = parser.parse_args()
+    seconds = 10.0 if args.quick else args.seconds
+
+    from prometheus_client import CollectorRegistry
+
+    from gputop.commands.serve import start_server
+    from gputop.exporter import AttachedJobs, Exporter
+    from gputop.pipeline import Pipeline
+
+    ready = Path(tempfile.mkdtemp(prefix="gputop-bench-serve-")) / "ready"
+    job = subprocess.Popen(
+        [sys.executable, str(Path(REPO) / "tests" / "jobs" / "train_loop.py"), "--workers", "2", "--samples", "100000",
+         "--ready-file", str(ready)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+    )
+    pipeline = exporter = server = None
+    stop = threading.Event()
+    try:
+        deadline = time.monotonic() + 120
+        while not Path(f"{ready}.{job.pid}").exists():
+            if time.monotonic() > deadline or job.poll() is not None:
+                print("the training job did not start", file=sys.stderr)
+                return 1
+            time.sleep(0.1)
+        pipeline = Pipeline(simulate="h100-sxm-8")
+        exporter = Exporter(pipeline, AttachedJobs([job.pid], log=lambda line: None), interval=1.0, log=print)
+        exporter.cycle()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(exporter)
+        server = start_server("127.0.0.1", 0, registry)
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        cycles: list[float] = []
+        collector = threading.Thread(target=exporter.run, args=(stop,), daemon=True)
+        collector.start()
+
+        def scrape() -> bytes:
+            request = urllib.request.Request(url, headers={"Accept": OPENMETRICS})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.read()
+
+        # wait until the job's ranks are in the metrics (the first stack dumps have come back)
+        while b"gputop_rank_data_wait_ratio{" not in scrape():
+            if time.monotonic() > deadline:
+                print("no rank metrics after 120 s", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+        scrapes: list[float] = []
+        seen_cycle = exporter.cycles
+        body = b""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            started = time.perf_counter()
+            body = scrape()
+            scrapes.append(time.perf_counter() - started)
+            if exporter.cycles != seen_cycle and exporter.last_cycle_seconds is not None:
+                seen_cycle = exporter.cycles
+                cycles.append(exporter.last_cycle_seconds)
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if exporter is not None:
+            exporter.jobs.close()
+        if pipeline is not None:
+            pipeline.close()
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        job.wait(timeout=10)
+
+    scrape_ms = statistics.median(scrapes) * 1000
+    cycle_ms = statistics.median(cycles) * 1000 if cycles else float("nan")
+    samples = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
+    print(machine_line())
+    print_table(
+        ["what", "n", "median ms", "p95 ms"],
+        [
+            ["scrape: HTTP GET /metrics (OpenMetrics)", len(scrapes), f"{scrape_ms:.2f}", f"{percentile(scrapes, 0.95) * 1000:.2f}"],
+            ["collection cycle (poll, job, diagnosis, families)", len(cycles), f"{cycle_ms:.1f}",
+             f"{percentile(cycles, 0.95) * 1000:.1f}" if cycles else "-"],
+        ],
+    )
+    print(f"body: {len(body)} bytes, {samples} samples; a scrape costs {scrape_ms / cycle_ms:.3f} of a cycle")
+    emit_figure(
+        "`gputop serve`: one scrape of /metrics (8 simulated GPUs + a real 1-rank job attached), median wall time",
+        "< 50 ms",
+        f"**{scrape_ms:.1f} ms** (p95 {percentile(scrapes, 0.95) * 1000:.1f} ms, {len(scrapes)} scrapes); the collection "
+        f"cycle behind it {cycle_ms:.0f} ms, so a scrape costs {scrape_ms / cycle_ms:.2f} of one",
+        "python benchmarks/bench_serve.py",
+        met=scrape_ms < 50,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""CPU-bound input: pinned loader processes on saturated cores, more workers than cores."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Optional
+
+from gputop.analysis.numbers import confidence_from
+from gputop.analysis.observations import Context, RankObs, WorkerObs
+from gputop.analysis.stack_classes import IN_DATASET
+from gputop.analysis.thresholds import CORES_SATURATED_PERCENT, PROCESS_PINNED_PERCENT
+from gputop.model import LABEL_CODE, Finding
+
+
+@dataclass
+class CpuFacts:
+    """What the CPU numbers say about the input pipeline's producers."""
+
+    cores: int
+    host_cpu: Optional[float]  # median of the all-core mean, percent
+    samples: int
+    n_workers: int
+    pinned_workers: list[WorkerObs]
+    pinned_ranks: list[RankObs]  # num_workers=0 ranks decoding on their main thread at ~100%
+
+    @property
+    def saturated(self) -> bool:
+        return self.host_cpu is not None and self.host_cpu >= CORES_SATURATED_PERCENT and bool(self.pinned_workers or self.pinned_ranks)
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.n_workers > self.cores
+
+
+def cpu_facts(ctx: Context) -> CpuFacts:
+    host_means = [statistics.fmean(s.host.cpu_percent) for s in ctx.snaps if s.host.cpu_percent]
+    current: set[int] = set()
+    for r in ctx.ranks.values():
+        if r.worker_sets:
+            current |= r.worker_sets[-1][1]
+    pinned = [
+        w
+        for r in ctx.ranks.values()
+        for p, w in r.workers.items()
+        if p in current and w.cpu and statistics.median(w.cpu) >= PROCESS_PINNED_PERCENT
+    ]
+    pinned_ranks = [
+        r
+        for r in ctx.ranks.values()
+        if r.cpu
+        and statistics.median(r.cpu) >= PROCESS_PINNED_PERCENT
+        and r.states[IN_DATASET] > 0
+        and not (r.worker_sets and r.worker_sets[-1][1])
+    ]
+    return CpuFacts(
+        cores=ctx.cores(),
+        host_cpu=statistics.median(host_means) if host_means else None,
+        samples=len(host_means),
+        n_workers=len(current),
+        pinned_workers=pinned,
+        pinned_ranks=pinned_ranks,
+    )
+
+
+def check_cpu_bound(ctx: Context, facts: CpuFacts, *, input_bound: bool) -> list[Finding]:
+    """Producers pinned with every core busy, or more workers than cores.
+
+    It is a problem (warning) only while the job is input-bound: a saturated CPU that keeps the GPUs fed
+    costs nothing, and oversubscribed workers that mostly wait on storage are merely noted (info).
+    """
+    if not (facts.saturated or facts.oversubscribed):
+        return []
+    evidence: list[str] = []
+    if facts.saturated:
+        evidence.append(f"host CPU: median {facts.host_cpu:.0f}% over {facts.cores} cores for {ctx.duration:.0f} s")
+        if facts.pinned_workers:
+            evidence.append(f"{len(facts.pinned_workers)}/{facts.n_workers} DataLoader workers at ≥{PROCESS_PINNED_PERCENT:.0f}% of a core")
+        if facts.pinned_ranks:
+            evidence.append(f"{len(facts.pinned_ranks)} rank(s) decode on their main thread at ≥{PROCESS_PINNED_PERCENT:.0f}% (num_workers=0)")
+    if facts.oversubscribed:
+        evidence.append(f"{facts.n_workers} DataLoader workers on {facts.cores} cores ({facts.n_workers / facts.cores:.1f} per core)")
+    if facts.saturated:
+        summary = f"CPU-bound input: cores {facts.host_cpu:.0f}% busy, {len(facts.pinned_workers) or len(facts.pinned_ranks)} loader process(es) pinned at 100%"
+    else:
+        summary = f"CPU oversubscribed: {facts.n_workers} DataLoader workers on {facts.cores} cores"
+    if not input_bound:
+        evidence.append("the GPUs are not waiting for input, so this costs nothing now")
+    n_ranks = max(1, len(ctx.ranks))
+    budget = max(1, (facts.cores * 2) // 3 // n_ranks)
+    return [
+        Finding(
+            id="cpu_bound",
+            title="CPU-bound input: the cores cannot preprocess fast enough" if facts.saturated else "More DataLoader workers than cores",
+            severity="warning" if input_bound else "info",
+            confidence=confidence_from(facts.samples, 15, 1.0 if facts.saturated else 0.6),
+            label=LABEL_CODE,
+            summary=summary,
+            evidence=tuple(evidence),
+            fix=(
+                f"make each sample cheaper, and keep num_workers ≤ {budget} per rank ({facts.cores} cores, {n_ranks} rank(s))\n"
+                f"DataLoader(..., num_workers={budget}, persistent_workers=True)\n"
+                "# cache decoded/resized samples once; pack small files (WebDataset); decode on the GPU (NVIDIA DALI)"
+            ),
+            pids=tuple(w.pid for w in facts.pinned_workers) + tuple(r.pid for r in facts.pinned_ranks),
+        )
+    ]

@@ -1,0 +1,185 @@
+"""Input pipeline: continuous starvation, and low utilization when no job is attached."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from gputop.analysis.advice import STACKS_HINT, loader_code, suggested_workers
+from gputop.analysis.numbers import confidence_from, gib, mean, pct, wilson_lower
+from gputop.analysis.observations import (
+    WAIT_FRAMES,
+    Context,
+    RankObs,
+    bench_recommendation,
+    bench_wait_fraction,
+    dataset_frames,
+    frames_from,
+)
+from gputop.analysis.stack_classes import (
+    IN_DATASET,
+    WAITING_FOR_DATA,
+    WORKER_IDLE,
+    WORKER_NO_STACK,
+    aggregate_worker_leaves,
+)
+from gputop.analysis.thresholds import (
+    BUSY_UTILIZATION,
+    EVIDENCE_RANKS,
+    HANG_UTILIZATION_MAX,
+    INPUT_BOUND_HIGH,
+    INPUT_BOUND_MODERATE,
+    LOW_UTILIZATION,
+    MIN_STACK_SAMPLES,
+)
+from gputop.model import LABEL_CODE, Finding
+
+
+def pooled_input_fraction(ranks: Sequence[RankObs]) -> tuple[float, float]:
+    """(fraction, lower bound) of all these ranks' dumps spent in the input pipeline, pooled across ranks."""
+    n = sum(r.n for r in ranks)
+    hits = sum(r.states[WAITING_FOR_DATA] + r.states[IN_DATASET] for r in ranks)
+    return (hits / n if n else 0.0), wilson_lower(hits, n)
+
+
+def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound: bool = False) -> list[Finding]:
+    ranks = [r for r in ctx.ranks.values() if r.pid not in exclude and r.n >= 1]
+    bench_wait, bench_how = bench_wait_fraction(ctx.bench)
+    gpu_mean = mean(o.mean_util for o in ctx.focus_gpus()) if ctx.have_gpu_data else None
+
+    measured = [r for r in ranks if r.n >= MIN_STACK_SAMPLES]
+    if not measured and bench_wait is None:
+        return []
+
+    evidence: list[str] = []
+    frames: tuple[str, ...] = ()
+    if measured:
+        job_fraction, job_low = pooled_input_fraction(measured)
+        worst = max(measured, key=lambda r: r.input_fraction)
+        for r in sorted(measured, key=lambda r: -r.input_fraction)[:EVIDENCE_RANKS]:
+            counts = r.states
+            evidence.append(
+                f"{r.label}: input {pct(r.input_fraction)} of {r.n} stack dumps "
+                f"(waiting for data {counts[WAITING_FOR_DATA]}, in dataset code {counts[IN_DATASET]})"
+            )
+        if len(measured) > EVIDENCE_RANKS:
+            evidence.append(f"… {len(measured) - EVIDENCE_RANKS} more rank(s)")
+        evidence.append(
+            f"all {len(measured)} rank(s): input {pct(job_fraction)} of {sum(r.n for r in measured)} dumps "
+            f"(at least {pct(job_low)} at ~84% confidence)"
+        )
+        n_samples = sum(r.n for r in measured)
+    else:
+        job_fraction = job_low = bench_wait or 0.0
+        worst = None
+        n_samples = 0
+    if bench_wait is not None:
+        # the benchmark samples at 100 Hz (or times every batch): more precise than 2 s dumps
+        evidence.insert(0, f"benchmark: data wait {pct(bench_wait)} of wall time, measured by {bench_how}")
+        job_fraction = job_low = bench_wait
+        n_samples = max(n_samples, 100)
+
+    if job_fraction < INPUT_BOUND_MODERATE or job_low < INPUT_BOUND_MODERATE:
+        return []  # not input-bound, or too few dumps to tell 5% from noise
+    if gpu_mean is not None:
+        evidence.append(f"GPU utilization of the job's GPUs: mean {gpu_mean:.0f}%")
+
+    level = "highly" if job_fraction >= INPUT_BOUND_HIGH else "moderately"
+    severity = "critical" if level == "highly" else "warning"
+    if gpu_mean is not None and gpu_mean >= BUSY_UTILIZATION:
+        # CUDA runs ahead of the host: a host wait while the GPUs stay busy is overlapped, not lost.
+        severity = "info"
+        evidence.append(f"the GPUs stay busy (≥{BUSY_UTILIZATION:.0f}%), so the host-side wait overlaps GPU work")
+
+    who = worst.name if worst is not None else "the benchmarked rank"
+    shown = worst.input_fraction if worst is not None else job_fraction
+    in_dataset = worst is not None and worst.states[IN_DATASET] > worst.states[WAITING_FOR_DATA]
+    if worst is not None:
+        sample = next((s for s in reversed(worst.samples) if s.state in (WAITING_FOR_DATA, IN_DATASET) and s.frames), None)
+        if sample is not None:
+            frames = dataset_frames(sample.frames) if sample.state == IN_DATASET else frames_from(sample.frames, WAIT_FRAMES)
+        hot = hot_worker_frames(worst)
+        if hot:
+            frames = frames + hot[1]
+            evidence.append(hot[0])
+
+    rec = bench_recommendation(ctx.bench)
+    if rec:
+        kwargs = rec
+        action = "apply the benchmark's loader settings"
+    else:
+        workers, arithmetic = suggested_workers(ctx, measured or ranks, job_fraction, gpu_mean)
+        kwargs = {"num_workers": workers, "prefetch_factor": 4, "pin_memory": True, "persistent_workers": True}
+        action = f"raise num_workers to {workers}, prefetch, pin memory"
+    fix_lines = [action, loader_code(kwargs)]
+    if not rec:
+        fix_lines.append(arithmetic)
+    if in_dataset:
+        fix_lines.insert(1, "# num_workers=0: the training process decodes every batch itself")
+    if cpu_bound:
+        action = "make preprocessing cheaper (the cores are already saturated)"
+        fix_lines = [
+            action,
+            "# more workers cannot help while every core is busy:",
+            "# cache decoded/resized samples once (tensors in RAM or on local disk), pack files (WebDataset),",
+            "# or decode on the GPU (NVIDIA DALI); keep num_workers <= free cores",
+        ]
+    if in_dataset:
+        summary = f"Input-bound ({level}): {who} spends {pct(shown)} of its time in dataset code (num_workers=0)"
+    else:
+        summary = f"Input-bound ({level}): {who} waits for data {pct(shown)} of the time"
+    if severity == "info":
+        summary = f"Host waits for data {pct(shown)} of the time, but the GPUs stay busy"
+    margin = (job_fraction - INPUT_BOUND_MODERATE) / (INPUT_BOUND_HIGH - INPUT_BOUND_MODERATE)
+    return [
+        Finding(
+            id="starvation",
+            title="Continuous starvation: the DataLoader cannot feed the GPUs",
+            severity=severity,
+            confidence=confidence_from(n_samples, 15, margin),
+            label=LABEL_CODE,
+            summary=summary,
+            evidence=tuple(evidence),
+            frames=frames,
+            fix="\n".join(fix_lines),
+            gpus=tuple(sorted({g for r in measured for g in r.gpus})),
+            pids=tuple(r.pid for r in measured if r.input_fraction >= INPUT_BOUND_MODERATE),
+        )
+    ]
+
+
+def hot_worker_frames(rank: RankObs) -> Optional[tuple[str, tuple[str, ...]]]:
+    """The hottest activity across this rank's current workers: ("2/2 workers of rank 0 in X", (X,))."""
+    current = rank.worker_sets[-1][1] if rank.worker_sets else frozenset()
+    stacks = {p: w.last_stacks for p, w in rank.workers.items() if p in current and w.last_stacks is not None}
+    if not stacks:
+        return None
+    for text, count, total in aggregate_worker_leaves(stacks, sorted(current)):
+        if text not in (WORKER_IDLE, WORKER_NO_STACK):
+            return f"{count}/{total} workers of {rank.name} in {text}", (text,)
+    return None
+
+
+def check_low_utilization(ctx: Context, *, exclude_gpus: set[int] = frozenset()) -> list[Finding]:
+    """GPU data only (no job attached): say the utilization is low and how to learn why - never guess the cause."""
+    if not ctx.have_gpu_data or len(ctx.snaps) < MIN_STACK_SAMPLES:
+        return []
+    busy_candidates = [
+        o for o in ctx.focus_gpus() if o.index not in exclude_gpus and (o.process_pids or any(o.holds_memory(m) for m in o.memory))
+    ]
+    low = [o for o in busy_candidates if o.mean_util is not None and HANG_UTILIZATION_MAX < o.mean_util < LOW_UTILIZATION]
+    if not low:
+        return []
+    evidence = tuple(f"GPU {o.index}: mean utilization {o.mean_util:.0f}%, memory {gib(o.memory[-1])} held" for o in low)
+    return [
+        Finding(
+            id="low_utilization",
+            title="Low GPU utilization (cause needs the job's stacks)",
+            severity="warning",
+            confidence=0.5,
+            label=LABEL_CODE,
+            summary=f"GPU utilization is low ({', '.join(f'GPU {o.index} {o.mean_util:.0f}%' for o in low[:4])})",
+            evidence=evidence,
+            fix=f"{STACKS_HINT}\n# it tells a starving DataLoader from a collective wait or a sync",
+            gpus=tuple(o.index for o in low),
+        )
+    ]

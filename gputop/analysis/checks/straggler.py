@@ -1,0 +1,70 @@
+"""Straggler rank: one rank's input holds back the others."""
+
+from __future__ import annotations
+
+from gputop.analysis.checks.input import hot_worker_frames
+from gputop.analysis.numbers import confidence_from, mean, pct
+from gputop.analysis.observations import WAIT_FRAMES, Context, frames_from, outer_frames
+from gputop.analysis.stack_classes import COLLECTIVE, EXPLICIT_SYNC, FORWARD_BACKWARD, IN_DATASET, WAITING_FOR_DATA
+from gputop.analysis.thresholds import (
+    INPUT_BOUND_HIGH,
+    INPUT_BOUND_MODERATE,
+    MIN_STACK_SAMPLES,
+    STRAGGLER_OTHERS_SYNC_MIN,
+)
+from gputop.model import LABEL_CODE, Finding
+
+_SYNC_STATES = (COLLECTIVE, FORWARD_BACKWARD, EXPLICIT_SYNC)
+
+
+def check_straggler(ctx: Context, *, exclude: set[int] = frozenset()) -> list[Finding]:
+    ranks = [r for r in ctx.ranks.values() if r.pid not in exclude and r.n >= MIN_STACK_SAMPLES]
+    if len(ranks) < 2:
+        return []
+    slow = [r for r in ranks if r.input_fraction >= INPUT_BOUND_HIGH]
+    fast = [r for r in ranks if r.input_fraction < INPUT_BOUND_MODERATE]
+    if not slow or len(slow) > len(ranks) // 2 or len(slow) + len(fast) != len(ranks):
+        return []
+    others_sync = mean(r.fraction(*_SYNC_STATES) for r in fast) or 0.0
+    if others_sync < STRAGGLER_OTHERS_SYNC_MIN:
+        return []
+    worst = max(slow, key=lambda r: r.input_fraction)
+    others_coll = mean(r.fraction(COLLECTIVE) for r in fast) or 0.0
+    sample = next((s for s in reversed(worst.samples) if s.state in (WAITING_FOR_DATA, IN_DATASET) and s.frames), None)
+    other_sample = next(
+        (s for state in _SYNC_STATES for r in fast for s in reversed(r.samples) if s.state == state and s.frames), None
+    )
+    frames: tuple[str, ...] = ()
+    if sample is not None:
+        frames += frames_from(sample.frames, WAIT_FRAMES)
+    if other_sample is not None:
+        frames += outer_frames(other_sample.frames, 2)
+    evidence = [
+        f"{r.label}: waits for data {pct(r.input_fraction)} of {r.n} dumps" for r in slow
+    ] + [
+        f"the other {len(fast)} ranks: input {pct(mean(r.input_fraction for r in fast) or 0)}, in collective/backward/sync {pct(others_sync)} "
+        f"(collective alone {pct(others_coll)})"
+    ]
+    hot = hot_worker_frames(worst)
+    if hot:
+        evidence.append(hot[0])
+    return [
+        Finding(
+            id="straggler",
+            title="Straggler rank: one rank's loader holds back the others",
+            severity="warning",
+            confidence=confidence_from(min(r.n for r in ranks), 15, (worst.input_fraction - INPUT_BOUND_MODERATE) / INPUT_BOUND_HIGH),
+            label=LABEL_CODE,
+            summary=f"Straggler: {worst.name} waits for data {pct(worst.input_fraction)} of the time while "
+            f"{len(fast)} other ranks wait for it",
+            evidence=tuple(evidence),
+            frames=frames,
+            fix=(
+                f"look at what is different on {worst.name}: its shard, its workers, its CPU cores\n"
+                "# uneven shards: DistributedSampler(dataset, shuffle=True, drop_last=True)\n"
+                "# slow samples on one shard: cache/pre-decode them; give every rank the same num_workers"
+            ),
+            gpus=tuple(sorted(worst.gpus)),
+            pids=tuple(r.pid for r in slow),
+        )
+    ]

@@ -1,0 +1,824 @@
+"""`gputop check`: pure checks of one machine, each one line: what it looked at, the value, the expectation, a status.
+
+The inputs are what the collectors read over a short window (`CheckInput`): the snapshots, the GPU
+details (identity, modes, error counters) at the start and at the end, and the kernel's side (sysfs, the
+kernel log) at the start and at the end.  Counters are judged by what they did *while we watched*: a
+count since boot says little, a count that climbs in 10 s is a live fault.
+
+Expectations come from the machine itself: the link's own maximum, the other GPUs' NVLink count and
+topology row, the NUMA nodes the GPUs hang off, the modes the other GPUs run in, the board's default
+clocks.  Statuses: pass, warn (a configuration to look at: exit 4), fail (an infrastructure problem:
+exit 3), skip (could not be checked here; the line says why; never changes the exit code).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional, Sequence
+
+from gputop.analysis.xids import meaning_of
+from gputop.collect.sysfs import xid_bus_id  # a pure string helper (the module reads files only when asked)
+from gputop.model import (
+    LABEL_CODE,
+    LABEL_INFRA,
+    AllReduceResult,
+    Finding,
+    GpuDetails,
+    GpuSample,
+    HostReadings,
+    MachineInfo,
+    Snapshot,
+)
+
+PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
+STATUSES = (FAIL, WARN, PASS, SKIP)
+EXIT_HEALTHY = 0
+EXIT_INFRA = 3
+EXIT_CONFIG = 4
+LABEL_CONFIG = "configuration (the machine's settings)"
+
+# A GPU counts as under load at or above this utilization: idle links downtrain (Gen1) to save power,
+# so the PCIe link is only judged in samples like these (FACTS.md: flag current < max only under load).
+LOAD_UTILIZATION = 30.0
+# Share of the window a thermal / reliability / board-limit slowdown may hold the clocks before it fails.
+SLOWDOWN_SHARE = 0.01
+# --load: measured all-reduce busbw against what the links carry.  nccl-tests on an 8x H100 NVSwitch
+# node reach ~370 GB/s (~0.8 of 18 x 25 GB/s) without NVLS; a short run with one buffer size gets less,
+# so below 0.6 of the links' rate is worth a look and below 0.4 is a fault.
+BUSBW_WARN_SHARE = 0.6
+BUSBW_FAIL_SHARE = 0.4
+# GB/s one NVLink carries each way, by GPU generation (NVIDIA's NVLink specs: NVLink 2-4 25 GB/s, 5: 50 GB/s)
+NVLINK_GBPS = (("B200", 50.0), ("B100", 50.0), ("GB200", 50.0))
+NVLINK_GBPS_DEFAULT = 25.0
+# GB/s one PCIe lane carries each way after encoding, by generation
+PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+
+NEXT_COMMANDS = (
+    ("sudo nvidia-bug-report.sh", "the full driver log bundle NVIDIA support asks for (needs root)"),
+    ("dcgmi diag -r 2", "DCGM's medium diagnostic (a few minutes, needs the GPUs idle)"),
+    ("nvidia-smi -q", "every counter NVML has, per GPU"),
+)
+CAPTURE_BEFORE_RESET = (
+    "Capture this before any reset or reboot: a GPU reset clears the volatile ECC counters, "
+    "and a reboot clears the kernel log that holds the XIDs."
+)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    id: str  # stable key, e.g. "pcie.replay"
+    title: str  # what it looked at, e.g. "PCIe replay counter"
+    status: str  # PASS / WARN / FAIL / SKIP
+    value: str  # what was found, with numbers
+    expected: str  # what the machine itself says it should be
+    gpus: tuple[int, ...] = ()  # the GPUs the warning or failure is about
+    evidence: tuple[str, ...] = ()  # more lines for the report and --json
+
+    def line(self) -> str:
+        """One line for a terminal or a log: STATUS  title: value (expected: ...)."""
+        return f"{self.status.upper():<4}  {self.title}: {self.value}; expected {self.expected}"
+
+
+@dataclass(frozen=True)
+class LoadOutcome:
+    """What `--load` did: the all-reduce result, or why it did not run."""
+
+    skipped: Optional[str] = None
+    allreduce: Optional[AllReduceResult] = None
+    allreduce_skipped: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class CheckInput:
+    machine: MachineInfo
+    snapshots: tuple[Snapshot, ...]
+    before: tuple[GpuDetails, ...]  # details at the start of the window
+    after: tuple[GpuDetails, ...]  # and at its end
+    host_before: HostReadings
+    host_after: HostReadings
+    seconds: float  # how long the window was
+    load: Optional[LoadOutcome] = None  # None: --load not asked for
+
+    @property
+    def gpus(self) -> tuple[GpuSample, ...]:
+        return self.snapshots[-1].gpus if self.snapshots else ()
+
+    def pairs(self) -> list[tuple[GpuDetails, GpuDetails]]:
+        """(start, end) details per GPU that answered both times."""
+        start = {d.index: d for d in self.before if not d.lost}
+        return [(start[d.index], d) for d in self.after if not d.lost and d.index in start]
+
+
+# ------------------------------------------------------------------ formatting helpers
+
+
+def gpu_list(indices: Iterable[int]) -> str:
+    items = sorted(set(indices))
+    return ("GPU " if len(items) == 1 else "GPUs ") + ", ".join(map(str, items))
+
+
+def _window(inp: CheckInput) -> str:
+    return f"{inp.seconds:.0f} s"
+
+
+def utc_time(ts: Optional[float]) -> str:
+    if ts is None:
+        return "time unknown"
+    return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _unsupported(items: Sequence[GpuDetails | GpuSample], key: str) -> str:
+    """Why NVML gave none of `key` on these GPUs (their `unavailable` reasons, joined)."""
+    reasons = sorted({d.unavailable.get(key, "not available") for d in items})
+    return "/".join(reasons)
+
+
+def _counter_check(
+    inp: CheckInput, check_id: str, title: str, read: Callable[[GpuDetails], Optional[int]], key: str, expected: str, what: str
+) -> CheckResult:
+    """A counter per GPU that must not climb while we watch (its total since the driver loaded is shown)."""
+    pairs = [(a, b, read(a), read(b)) for a, b in inp.pairs()]
+    known = [(a, b, x, y) for a, b, x, y in pairs if x is not None and y is not None]
+    if not known:
+        return CheckResult(check_id, title, SKIP, f"not available ({_unsupported(inp.after, key)})", expected)
+    rising = [(b.index, y - x, y) for _, b, x, y in known if y > x]
+    if rising:
+        value = "; ".join(f"GPU {i}: +{d} {what} in {_window(inp)} (now {total})" for i, d, total in rising)
+        return CheckResult(check_id, title, FAIL, value, expected, gpus=tuple(i for i, _, _ in rising))
+    standing = [(b.index, y) for _, b, _, y in known if y]
+    value = f"none on {len(known)} GPUs in {_window(inp)}"
+    if standing:
+        value += "; since the driver loaded: " + ", ".join(f"GPU {i}: {n}" for i, n in standing)
+    return CheckResult(check_id, title, PASS, value, expected)
+
+
+# ------------------------------------------------------------------ the checks
+
+
+def check_driver(inp: CheckInput) -> CheckResult:
+    m = inp.machine
+    title = "NVIDIA driver"
+    expected = "the kernel module and the NVML library at one version"
+    if m.gpu_error:
+        return CheckResult("driver", title, SKIP, f"{m.gpu_error}: the GPU checks are skipped", "a driver on a GPU machine")
+    module = inp.host_after.driver_module
+    value = f"{m.driver_version or 'unknown'} (CUDA {m.cuda_version or 'unknown'}, NVML {m.nvml_version or 'unknown'})"
+    if module is None:
+        return CheckResult("driver", title, PASS, value + "; kernel module version not readable", expected)
+    if m.driver_version and module != m.driver_version:
+        return CheckResult(
+            "driver", title, FAIL,
+            f"kernel module {module} but library {m.driver_version}: the driver was upgraded without a reboot",
+            expected, gpus=tuple(g.index for g in inp.gpus),
+        )
+    return CheckResult("driver", title, PASS, value + f"; kernel module {module}", expected)
+
+
+def check_gpus_answer(inp: CheckInput) -> Optional[CheckResult]:
+    if inp.machine.gpu_error:
+        return None
+    lost = sorted({g.index for s in inp.snapshots for g in s.gpus if g.lost} | {d.index for d in inp.after if d.lost})
+    total = inp.machine.gpu_count
+    expected = "every GPU NVML lists answers"
+    if lost:
+        return CheckResult("gpus", "GPUs answering", FAIL, f"{gpu_list(lost)} lost (GpuIsLost), {total - len(lost)} of {total} answer",
+                           expected, gpus=tuple(lost))
+    return CheckResult("gpus", "GPUs answering", PASS, f"{total} of {total} ({', '.join(sorted(set(inp.machine.gpu_names)))})", expected)
+
+
+def check_models(inp: CheckInput) -> Optional[CheckResult]:
+    """One model and one VBIOS across the GPUs: a board left on old firmware behaves differently."""
+    if len(inp.after) < 2:
+        return None
+    expected = "the same VBIOS on every GPU of a model"
+    by_model: dict[str, Counter] = {}
+    for d in inp.after:
+        if d.vbios:
+            by_model.setdefault(d.name, Counter())[d.vbios] += 1
+    if not by_model:
+        return CheckResult("vbios", "VBIOS", SKIP, f"not available ({_unsupported(inp.after, 'vbios')})", expected)
+    odd = []
+    for name, versions in by_model.items():
+        if len(versions) > 1:
+            common = versions.most_common(1)[0][0]
+            odd += [d for d in inp.after if d.name == name and d.vbios and d.vbios != common]
+    if odd:
+        value = "; ".join(f"GPU {d.index}: {d.vbios}" for d in odd) + f" where the others run {common}"
+        return CheckResult("vbios", "VBIOS", WARN, value, expected, gpus=tuple(d.index for d in odd))
+    return CheckResult("vbios", "VBIOS", PASS, "; ".join(f"{', '.join(v)} on {sum(v.values())} × {n}" for n, v in by_model.items()), expected)
+
+
+def check_pcie_link(inp: CheckInput) -> Optional[CheckResult]:
+    if not inp.gpus:
+        return None
+    title = "PCIe link under load"
+    expected = "each GPU at its own maximum gen and width while busy"
+    loaded: dict[int, GpuSample] = {}
+    for snap in inp.snapshots:
+        for g in snap.gpus:
+            if not g.lost and (g.utilization_gpu or 0.0) >= LOAD_UTILIZATION and g.pcie.gen_current is not None:
+                loaded[g.index] = g  # the latest busy sample
+    idle = sorted({g.index for g in inp.gpus if not g.lost} - set(loaded))
+    if not loaded:
+        return CheckResult("pcie.link", title, SKIP,
+                           f"every GPU idle in {_window(inp)}: idle links downtrain to save power (run with --load, or while a job runs)",
+                           expected)
+    down = [g for g in loaded.values() if g.pcie.downgraded]
+    note = f" ({gpu_list(idle)} idle: not judged, idle links downtrain)" if idle else ""
+    if down:
+        value = "; ".join(
+            f"GPU {g.index}: Gen{g.pcie.gen_current} x{g.pcie.width_current} of Gen{g.pcie.gen_max} x{g.pcie.width_max}"
+            for g in sorted(down, key=lambda g: g.index)
+        )
+        return CheckResult("pcie.link", title, FAIL, value + note, expected, gpus=tuple(sorted(g.index for g in down)))
+    links = Counter(f"Gen{g.pcie.gen_current} x{g.pcie.width_current}" for g in loaded.values())
+    return CheckResult("pcie.link", title, PASS, ", ".join(f"{n} GPUs at {k}" for k, n in links.items()) + note, expected)
+
+
+def check_pcie_replay(inp: CheckInput) -> Optional[CheckResult]:
+    if not inp.after:
+        return None
+    return _counter_check(inp, "pcie.replay", "PCIe replay counter", lambda d: d.pcie_replays, "pcie_replays",
+                          "no replays while we watch, each is a packet sent again", "replays")
+
+
+def check_pcie_aer(inp: CheckInput) -> Optional[CheckResult]:
+    if not inp.gpus:
+        return None
+    title = "PCIe AER errors (sysfs)"
+    expected = "no fatal or non-fatal errors, no correctable ones while we watch"
+    failing, notes = [], []
+    seen = 0
+    for g in inp.gpus:
+        a, b = inp.host_before.aer.get(g.pci_bus_id), inp.host_after.aer.get(g.pci_bus_id)
+        if b is None:
+            continue
+        seen += 1
+        uncorrected = (b.fatal or 0) + (b.nonfatal or 0)
+        grown = (b.correctable or 0) - (a.correctable or 0 if a is not None else 0)
+        named = ", ".join(f"{k} {v}" for k, v in b.nonzero.items())
+        if uncorrected:
+            failing.append((g.index, f"GPU {g.index}: {b.fatal or 0} fatal, {b.nonfatal or 0} non-fatal ({named})"))
+        elif grown > 0:
+            failing.append((g.index, f"GPU {g.index}: +{grown} correctable in {_window(inp)} (now {b.correctable}: {named})"))
+        elif b.correctable:
+            notes.append(f"GPU {g.index}: {b.correctable} correctable since boot")
+    if not seen:
+        return CheckResult("pcie.aer", title, SKIP,
+                           "no aer_dev_* files under the GPUs' PCI devices (a kernel without AER reporting, or a port without AER)",
+                           expected)
+    if failing:
+        return CheckResult("pcie.aer", title, FAIL, "; ".join(t for _, t in failing), expected, gpus=tuple(i for i, _ in failing))
+    return CheckResult("pcie.aer", title, PASS, f"none on {seen} GPUs in {_window(inp)}" + ("; " + ", ".join(notes) if notes else ""), expected)
+
+
+def check_nvlink_state(inp: CheckInput) -> Optional[CheckResult]:
+    gpus = [g for g in inp.gpus if not g.lost]
+    if not gpus:
+        return None
+    title = "NVLink links up"
+    with_links = [g for g in gpus if g.nvlink]
+    if not with_links:
+        reason = sorted({g.unavailable.get("nvlink", "not available") for g in gpus})
+        return CheckResult("nvlink.state", title, SKIP, f"no NVLink on these GPUs ({'/'.join(reason)})", "every link up")
+    total = Counter(len(g.nvlink) for g in with_links).most_common(1)[0][0]
+    expected = f"all {total} links up on every GPU, the same count on each"
+    down = []
+    for g in with_links:
+        active = sum(1 for link in g.nvlink if link.active)
+        if active < total:
+            links = [link.link for link in g.nvlink if not link.active]
+            down.append((g.index, f"GPU {g.index}: {active} of {total} up (down: {', '.join(map(str, links))})"))
+    if down:
+        return CheckResult("nvlink.state", title, FAIL, "; ".join(t for _, t in down), expected, gpus=tuple(i for i, _ in down))
+    return CheckResult("nvlink.state", title, PASS, f"{total} of {total} up on {len(with_links)} GPUs", expected)
+
+
+def check_nvlink_errors(inp: CheckInput) -> Optional[CheckResult]:
+    pairs = [(a, b) for a, b in inp.pairs() if a.nvlink_errors is not None and b.nvlink_errors is not None]
+    title = "NVLink error counters"
+    expected = "no CRC, replay or recovery errors while we watch"
+    if not pairs:
+        if not inp.after or all(d.nvlink_errors is None and "nvlink_errors" in d.unavailable for d in inp.after if not d.lost) and not any(
+            g.nvlink for g in inp.gpus
+        ):
+            return None  # no NVLink at all: the link-state line already says so
+        return CheckResult("nvlink.errors", title, SKIP, f"not available ({_unsupported(inp.after, 'nvlink_errors')})", expected)
+    failing, standing = [], []
+    for a, b in pairs:
+        start = {e.link: e for e in a.nvlink_errors}
+        for e in b.nvlink_errors:
+            s = start.get(e.link)
+            for name, label in (("crc_flit", "CRC (flit)"), ("crc_data", "CRC (data)"), ("replay", "replay"), ("recovery", "recovery")):
+                now, then = getattr(e, name), getattr(s, name) if s is not None else None
+                if now is None:
+                    continue
+                if then is not None and now > then:
+                    failing.append((b.index, f"GPU {b.index} link {e.link}: {label} +{now - then} in {_window(inp)} (now {now})"))
+                elif now:
+                    standing.append(f"GPU {b.index} link {e.link}: {label} {now}")
+    if failing:
+        return CheckResult("nvlink.errors", title, FAIL, "; ".join(t for _, t in failing), expected,
+                           gpus=tuple(sorted({i for i, _ in failing})))
+    value = f"none on {len(pairs)} GPUs in {_window(inp)}"
+    if standing:
+        value += "; since the driver loaded: " + ", ".join(standing[:6]) + (" …" if len(standing) > 6 else "")
+    return CheckResult("nvlink.errors", title, PASS, value, expected)
+
+
+def _describe_row(signature: tuple[tuple[str, int], ...]) -> str:
+    return ", ".join(f"{label}×{n}" for label, n in signature)
+
+
+def check_topology(inp: CheckInput) -> Optional[CheckResult]:
+    """Each GPU's `topo -m` row against its peers': one GPU reading PHB where the others read NV18 is a finding.
+
+    Lost GPUs are left out (the GPUs line already fails them; NVML cannot say how they connect)."""
+    lost = {g.index for g in inp.gpus if g.lost}
+    matrix = inp.machine.topology.matrix
+    present = [i for i in range(len(matrix)) if i not in lost]
+    if len(present) < 2:
+        return None
+    title = "Topology (topo -m rows)"
+    rows = {i: Counter(matrix[i][j] for j in present if j != i) for i in present}
+    signature = {i: tuple(sorted(c.items())) for i, c in rows.items()}
+    common, count = Counter(signature.values()).most_common(1)[0]
+    expected = "every GPU's row like its peers'"
+    odd = [i for i in present if signature[i] != common]
+    if not odd:
+        return CheckResult("topology", title, PASS, f"{len(present)} GPUs alike: {_describe_row(common)}", expected)
+    if count == 1 and len(present) > 2:
+        return CheckResult("topology", title, WARN, "no two GPUs see their peers alike", expected, gpus=tuple(present))
+    # what the other GPUs read to each other
+    others = [i for i in present if i not in odd]
+    between = Counter(matrix[i][j] for i in others for j in others if i != j)
+    usual = between.most_common(1)[0][0] if between else "?"
+    failing = [(i, f"GPU {i} reads {_describe_row(signature[i])} where the other GPUs read {usual} to each other") for i in odd]
+    # a GPU left out of the NVLink fabric (or with links down) is a fault; PCIe-only rows that differ are a layout to look at
+    status = FAIL if usual.startswith("NV") else WARN
+    return CheckResult("topology", title, status, "; ".join(t for _, t in failing), expected, gpus=tuple(odd))
+
+
+def check_nic_numa(inp: CheckInput) -> CheckResult:
+    title = "GPU/NIC NUMA affinity"
+    expected = "a NIC on every NUMA node that holds GPUs, so RDMA traffic stays on its socket"
+    nics = inp.host_after.nics
+    if nics is None:
+        return CheckResult("numa.nic", title, SKIP, "NICs not readable (see the sources line)", expected)
+    placed = [n for n in nics if n.numa_node is not None]
+    gpu_nodes = {node for node in inp.machine.topology.numa_node if node is not None}
+    if not placed:
+        names = ", ".join(n.name for n in nics) or "none"
+        return CheckResult("numa.nic", title, SKIP, f"no NIC reports a NUMA node (NICs: {names}; a virtual NIC or a one-node machine)", expected)
+    nic_nodes = {n.numa_node for n in placed}
+    if not gpu_nodes:
+        return CheckResult("numa.nic", title, SKIP, f"NICs on node(s) {', '.join(map(str, sorted(nic_nodes)))}; the GPUs' NUMA nodes are unknown", expected)
+    missing = sorted(gpu_nodes - nic_nodes)
+    by_node = ", ".join(f"node {k}: {', '.join(n.name for n in placed if n.numa_node == k)}" for k in sorted(nic_nodes))
+    if missing:
+        affected = tuple(i for i, node in enumerate(inp.machine.topology.numa_node) if node in missing)
+        return CheckResult("numa.nic", title, WARN, f"no NIC on node {', '.join(map(str, missing))} where {gpu_list(affected)} sit (NICs: {by_node})",
+                           expected, gpus=affected)
+    return CheckResult("numa.nic", title, PASS, f"GPUs on node(s) {', '.join(map(str, sorted(gpu_nodes)))}; NICs {by_node}", expected)
+
+
+def check_ecc_errors(inp: CheckInput) -> Optional[CheckResult]:
+    gpus = [g for g in inp.gpus if not g.lost]
+    if not gpus:
+        return None
+    title = "Uncorrectable ECC errors"
+    expected = "0 volatile uncorrectable errors"
+    known = [g for g in gpus if g.ecc is not None and g.ecc.volatile_uncorrected is not None]
+    if not known:
+        return CheckResult("memory.ecc", title, SKIP, f"not available ({_unsupported(gpus, 'ecc')})", expected)
+    bad = [g for g in known if g.ecc.volatile_uncorrected]
+    if bad:
+        return CheckResult("memory.ecc", title, FAIL,
+                           "; ".join(f"GPU {g.index}: {g.ecc.volatile_uncorrected} since the last reset ({g.ecc.aggregate_uncorrected} lifetime)" for g in bad),
+                           expected, gpus=tuple(g.index for g in bad))
+    return CheckResult("memory.ecc", title, PASS, f"none on {len(known)} GPUs", expected)
+
+
+def check_remap(inp: CheckInput) -> Optional[CheckResult]:
+    gpus = [g for g in inp.gpus if not g.lost]
+    if not gpus:
+        return None
+    title = "Row remapping"
+    expected = "no remap pending or failed"
+    known = [g for g in gpus if g.remapped_rows is not None]
+    if not known:
+        return CheckResult("memory.remap", title, SKIP,
+                           f"not available ({_unsupported(gpus, 'remapped_rows')})", expected)
+    bad = [g for g in known if g.remapped_rows.pending or g.remapped_rows.failed]
+    if bad:
+        parts = []
+        for g in bad:
+            r = g.remapped_rows
+            state = "FAILED (no spare rows left: RMA)" if r.failed else "pending (a GPU reset applies it)"
+            parts.append(f"GPU {g.index}: remap {state}, {r.uncorrectable} uncorrectable + {r.correctable} correctable rows")
+        return CheckResult("memory.remap", title, FAIL, "; ".join(parts), expected, gpus=tuple(g.index for g in bad))
+    return CheckResult("memory.remap", title, PASS, f"none pending on {len(known)} GPUs", expected)
+
+
+def check_retired_pages(inp: CheckInput) -> Optional[CheckResult]:
+    details = [d for d in inp.after if not d.lost]
+    if not details:
+        return None
+    title = "Retired pages"
+    expected = "no page retirement pending"
+    known = [d for d in details if d.retired_pages_pending is not None]
+    if not known:
+        return CheckResult("memory.retired_pages", title, SKIP,
+                           f"not available ({_unsupported(details, 'retired_pages_pending')})", expected)
+    pending = [d for d in known if d.retired_pages_pending]
+    if pending:
+        value = "; ".join(
+            f"GPU {d.index}: retirement pending, {d.retired_pages_double_bit or 0} page(s) for double-bit, "
+            f"{d.retired_pages_single_bit or 0} for single-bit errors" for d in pending
+        )
+        return CheckResult("memory.retired_pages", title, FAIL, value, expected, gpus=tuple(d.index for d in pending))
+    retired = [d for d in known if (d.retired_pages_double_bit or 0) + (d.retired_pages_single_bit or 0)]
+    value = f"none pending on {len(known)} GPUs"
+    if retired:
+        value += "; retired so far: " + ", ".join(f"GPU {d.index}: {(d.retired_pages_double_bit or 0) + (d.retired_pages_single_bit or 0)}" for d in retired)
+    return CheckResult("memory.retired_pages", title, PASS, value, expected)
+
+
+def xid_events(inp: CheckInput) -> list[tuple[Optional[int], int, Optional[float], str]]:
+    """Every XID seen, as (GPU index or None, code, time, source): NVML's events in the window, then the kernel log's."""
+    out: list[tuple[Optional[int], int, Optional[float], str]] = []
+    seen = set()
+    for snap in inp.snapshots:
+        for g in snap.gpus:
+            for e in g.xids or ():
+                if (g.index, e.code, e.timestamp) not in seen:
+                    seen.add((g.index, e.code, e.timestamp))
+                    out.append((g.index, e.code, e.timestamp, "NVML event"))
+    by_pci = {xid_bus_id(g.pci_bus_id): g.index for g in inp.gpus if g.pci_bus_id}
+    for x in inp.host_after.kernel_xids or ():
+        out.append((by_pci.get(x.pci), x.code, x.timestamp, f"kernel log, PCI {x.pci}"))
+    return out
+
+
+def check_xids(inp: CheckInput) -> CheckResult:
+    title = "XIDs"
+    readable = inp.host_after.kernel_xids is not None
+    where = "NVML's events and the kernel log" if readable else "NVML's events (the kernel log was not readable)"
+    expected = "no XIDs"
+    events = xid_events(inp)
+    if not events:
+        value = f"none in {where}"
+        if readable:
+            value += f" ({inp.host_after.kernel_log_records} kernel log records)"
+        return CheckResult("xid", title, PASS, value, expected)
+    first: dict[tuple[Optional[int], int], tuple[Optional[float], str]] = {}
+    counts: Counter = Counter()
+    evidence, gpus = [], set()
+    status = WARN
+    for gpu, code, when, source in events:
+        meaning = meaning_of(code)
+        if meaning.label != LABEL_CODE:
+            status = FAIL
+        who = f"GPU {gpu}" if gpu is not None else "a GPU NVML does not list"
+        first.setdefault((gpu, code), (when, source))
+        counts[(gpu, code)] += 1
+        evidence.append(f"{utc_time(when)}  {who}  XID {code}: {meaning.meaning} [{source}]")
+        if gpu is not None:
+            gpus.add(gpu)
+    parts = []
+    for (gpu, code), (when, source) in first.items():
+        who = f"GPU {gpu}" if gpu is not None else "a GPU NVML does not list"
+        times = f" ×{counts[(gpu, code)]}, first" if counts[(gpu, code)] > 1 else ""
+        parts.append(f"{who}: XID {code} ({meaning_of(code).meaning}){times} at {utc_time(when)} from the {source.split(',')[0]}")
+    value = "; ".join(parts)
+    return CheckResult("xid", title, status, value, expected, gpus=tuple(sorted(gpus)), evidence=tuple(evidence))
+
+
+def _same_mode(inp: CheckInput, check_id: str, title: str, read: Callable[[GpuDetails], Optional[bool]], key: str,
+               extra: Callable[[GpuDetails], Optional[str]] = lambda d: None) -> Optional[CheckResult]:
+    details = [d for d in inp.after if not d.lost]
+    if not details:
+        return None
+    expected = "the same on every GPU"
+    known = [d for d in details if read(d) is not None]
+    if not known:
+        return CheckResult(check_id, title, SKIP, f"not available ({_unsupported(details, key)})", expected)
+    modes = Counter(read(d) for d in known)
+    notes = [(d.index, extra(d)) for d in known if extra(d)]
+    if len(modes) > 1:
+        common = modes.most_common(1)[0][0]
+        odd = [d for d in known if read(d) != common]
+        value = (f"{gpu_list(d.index for d in odd)} {'enabled' if not common else 'disabled'} where "
+                 f"{len(known) - len(odd)} others are {'enabled' if common else 'disabled'}")
+        return CheckResult(check_id, title, WARN, value, expected, gpus=tuple(d.index for d in odd))
+    if notes:
+        return CheckResult(check_id, title, WARN, "; ".join(n for _, n in notes), expected + ", no change waiting for a reset",
+                           gpus=tuple(i for i, _ in notes))
+    state = "enabled" if next(iter(modes)) else "disabled"
+    return CheckResult(check_id, title, PASS, f"{state} on all {len(known)} GPUs", expected)
+
+
+def check_persistence(inp: CheckInput) -> Optional[CheckResult]:
+    return _same_mode(inp, "persistence", "Persistence mode", lambda d: d.persistence_mode, "persistence_mode")
+
+
+def check_ecc_mode(inp: CheckInput) -> Optional[CheckResult]:
+    def pending_change(d: GpuDetails) -> Optional[str]:
+        if d.ecc_mode is not None and d.ecc_mode_pending is not None and d.ecc_mode != d.ecc_mode_pending:
+            return f"GPU {d.index}: ECC {'on' if d.ecc_mode else 'off'} now, {'on' if d.ecc_mode_pending else 'off'} after the next reset"
+        return None
+
+    return _same_mode(inp, "ecc.mode", "ECC mode", lambda d: d.ecc_mode, "ecc_mode", pending_change)
+
+
+def check_app_clocks(inp: CheckInput) -> Optional[CheckResult]:
+    details = [d for d in inp.after if not d.lost]
+    if not details:
+        return None
+    title = "Applications clocks"
+    expected = "the board's default applications clocks, since a lower setting holds the GPU back"
+    known = [d for d in details if d.app_clock_sm is not None and d.app_clock_sm_default is not None]
+    if not known:
+        return CheckResult("clocks.applications", title, SKIP, f"not available ({_unsupported(details, 'app_clock_sm')})", expected)
+    low = [d for d in known if d.app_clock_sm < d.app_clock_sm_default
+           or (d.app_clock_memory is not None and d.app_clock_memory_default is not None and d.app_clock_memory < d.app_clock_memory_default)]
+    if low:
+        value = "; ".join(f"GPU {d.index}: SM {d.app_clock_sm} of {d.app_clock_sm_default} MHz, memory {d.app_clock_memory} of "
+                          f"{d.app_clock_memory_default} MHz (`nvidia-smi -rac` resets it)" for d in low)
+        return CheckResult("clocks.applications", title, WARN, value, expected, gpus=tuple(d.index for d in low))
+    sm = Counter(d.app_clock_sm for d in known)
+    return CheckResult("clocks.applications", title, PASS, ", ".join(f"SM {k} MHz on {n} GPUs" for k, n in sm.items()) + " (the default)", expected)
+
+
+# clock-event reasons (nvmlDeviceGetViolationStatus) that mean the machine, not the job, held the clocks
+_SLOWDOWNS = ("thermal", "reliability", "board_limit")
+# sampled reasons (GpuSample.throttle_reasons) that are the hardware's own slowdowns
+_HW_REASONS = ("hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal")
+
+
+def check_clock_events(inp: CheckInput) -> Optional[CheckResult]:
+    pairs = inp.pairs()
+    if not pairs and not inp.gpus:
+        return None
+    title = "Clock-event reasons"
+    expected = f"no thermal, reliability or board-limit slowdown for more than {SLOWDOWN_SHARE:.0%} of the window"
+    window_ns = max(1.0, inp.seconds * 1e9)
+    failing, notes = [], []
+    for a, b in pairs:
+        held = {k: b.clock_event_ns[k] - a.clock_event_ns.get(k, 0) for k in b.clock_event_ns if k in a.clock_event_ns}
+        bad = {k: v for k, v in held.items() if k in _SLOWDOWNS and v > SLOWDOWN_SHARE * window_ns}
+        if bad:
+            failing.append((b.index, f"GPU {b.index}: " + ", ".join(f"{k} {v / 1e9:.1f} s" for k, v in bad.items()) + f" of {_window(inp)}"))
+        elif held.get("power", 0) > SLOWDOWN_SHARE * window_ns:
+            notes.append(f"GPU {b.index}: power cap {held['power'] / 1e9:.1f} s")
+    sampled = Counter((g.index, r) for s in inp.snapshots for g in s.gpus for r in g.throttle_reasons or () if r in _HW_REASONS)
+    for (index, reason), n in sorted(sampled.items()):
+        if index not in {i for i, _ in failing}:
+            failing.append((index, f"GPU {index}: {reason} in {n} of {len(inp.snapshots)} samples"))
+    if failing:
+        return CheckResult("clocks.events", title, FAIL, "; ".join(t for _, t in failing), expected, gpus=tuple(sorted({i for i, _ in failing})))
+    if not pairs or not any(b.clock_event_ns for _, b in pairs):
+        return CheckResult("clocks.events", title, PASS, f"no hardware slowdown sampled in {_window(inp)} (durations not available)", expected)
+    value = f"none on {len(pairs)} GPUs in {_window(inp)}" + ("; " + ", ".join(notes) if notes else "")
+    return CheckResult("clocks.events", title, PASS, value, expected)
+
+
+def check_sources(inp: CheckInput) -> Optional[CheckResult]:
+    """One line for every source that could not be read (never fatal: the checks that need it say skip)."""
+    lines = list(dict.fromkeys(inp.host_before.unreadable + inp.host_after.unreadable))
+    if not lines:
+        return None
+    return CheckResult("sources", "Unreadable sources", SKIP, "; ".join(lines), "every source readable", evidence=tuple(lines))
+
+
+# ------------------------------------------------------------------ --load
+
+
+def nvlink_gbps(gpu_name: str) -> float:
+    for marker, rate in NVLINK_GBPS:
+        if marker in gpu_name:
+            return rate
+    return NVLINK_GBPS_DEFAULT
+
+
+def expected_busbw(machine: MachineInfo, gpus: Sequence[GpuSample]) -> Optional[tuple[float, str]]:
+    """(bytes/s, how it was derived) an all-reduce's busbw can reach on this topology: the slowest GPU's links.
+
+    NVLink between every pair: that GPU's NVLink count x the per-link rate.  Otherwise the slowest PCIe
+    link at its maximum gen and width (traffic goes through the host)."""
+    matrix = machine.topology.matrix
+    if len(matrix) < 2:
+        return None
+    nv_counts = []
+    for i, row in enumerate(matrix):
+        links = [int(cell[2:]) for j, cell in enumerate(row) if j != i and cell.startswith("NV") and cell[2:].isdigit()]
+        nv_counts.append(min(links) if len(links) == len(row) - 1 else 0)
+    if all(nv_counts):
+        rate = nvlink_gbps(machine.gpu_names[0] if machine.gpu_names else "")
+        links = min(nv_counts)
+        return links * rate * 1e9, f"NV{links} × {rate:.0f} GB/s per link"
+    lanes = [(g.pcie.gen_max, g.pcie.width_max) for g in gpus if g.pcie.gen_max and g.pcie.width_max]
+    if not lanes:
+        return None
+    gen, width = min(lanes, key=lambda gw: PCIE_LANE_GBPS.get(gw[0], 0.25) * gw[1])
+    return PCIE_LANE_GBPS.get(gen, 0.25) * width * 1e9, f"PCIe Gen{gen} x{width} (no NVLink between every pair)"
+
+
+def check_allreduce(inp: CheckInput) -> Optional[CheckResult]:
+    if inp.load is None:
+        return None
+    title = "All-reduce bus bandwidth (--load)"
+    expected = "busbw near what the topology's links carry"
+    if inp.load.skipped:
+        return CheckResult("load.allreduce", title, SKIP, f"--load skipped: {inp.load.skipped}", expected)
+    result = inp.load.allreduce
+    if result is None:
+        return CheckResult("load.allreduce", title, SKIP, f"all-reduce skipped: {inp.load.allreduce_skipped or 'not run'}", expected)
+    target = expected_busbw(inp.machine, inp.gpus)
+    measured = (f"busbw {result.busbw / 1e9:.1f} GB/s (algbw {result.algbw / 1e9:.1f} GB/s, {result.bytes / 2**20:.0f} MiB "
+                f"× {result.iterations} on {result.gpus} GPUs)")
+    if target is None:
+        return CheckResult("load.allreduce", title, PASS, measured + "; no topology to compare with", expected)
+    rate, how = target
+    share = result.busbw / rate
+    expected = f"≥ {BUSBW_WARN_SHARE:.0%} of {rate / 1e9:.0f} GB/s ({how})"
+    status = PASS if share >= BUSBW_WARN_SHARE else WARN if share >= BUSBW_FAIL_SHARE else FAIL
+    gpus = tuple(g.index for g in inp.gpus) if status != PASS else ()
+    return CheckResult("load.allreduce", title, status, f"{measured}: {share:.0%} of the links' rate", expected, gpus=gpus)
+
+
+# ------------------------------------------------------------------ running them
+
+CHECKS: tuple[Callable[[CheckInput], Optional[CheckResult]], ...] = (
+    check_driver,
+    check_gpus_answer,
+    check_models,
+    check_pcie_link,
+    check_pcie_replay,
+    check_pcie_aer,
+    check_nvlink_state,
+    check_nvlink_errors,
+    check_topology,
+    check_nic_numa,
+    check_ecc_errors,
+    check_remap,
+    check_retired_pages,
+    check_xids,
+    check_persistence,
+    check_ecc_mode,
+    check_app_clocks,
+    check_clock_events,
+    check_allreduce,
+    check_sources,
+)
+
+
+def run_checks(inp: CheckInput) -> list[CheckResult]:
+    return [result for check in CHECKS if (result := check(inp)) is not None]
+
+
+def exit_code(results: Sequence[CheckResult]) -> int:
+    statuses = {r.status for r in results}
+    if FAIL in statuses:
+        return EXIT_INFRA
+    if WARN in statuses:
+        return EXIT_CONFIG
+    return EXIT_HEALTHY
+
+
+def summary_line(results: Sequence[CheckResult]) -> str:
+    counts = Counter(r.status for r in results)
+    verdict = {EXIT_INFRA: "infrastructure problem found", EXIT_CONFIG: "configuration to look at", EXIT_HEALTHY: "healthy"}
+    parts = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])
+    return f"{verdict[exit_code(results)]} ({parts})"
+
+
+def failing_gpus(results: Sequence[CheckResult]) -> dict[int, list[CheckResult]]:
+    """GPU index -> the failing or warning checks that name it (the TUI marks those cards)."""
+    out: dict[int, list[CheckResult]] = {}
+    for r in results:
+        if r.status in (FAIL, WARN):
+            for i in r.gpus:
+                out.setdefault(i, []).append(r)
+    return out
+
+
+def identity(inp: CheckInput) -> list[dict]:
+    """Per GPU: what the ticket identifies it by."""
+    return [
+        {
+            "index": d.index,
+            "name": d.name,
+            "uuid": d.uuid,
+            "serial": d.serial,
+            "vbios": d.vbios,
+            "board_part_number": d.board_part_number,
+            "pci_bus_id": d.pci_bus_id,
+            "lost": d.lost,
+        }
+        for d in inp.after
+    ]
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Everything `gputop check` found, for the terminal, --json, the report's infra section and the TUI."""
+
+    results: tuple[CheckResult, ...]
+    seconds: float
+    identity: tuple[dict, ...] = ()
+    machine: dict = field(default_factory=dict)  # hostname, kernel, driver, CUDA, NVML
+    xids: tuple[str, ...] = ()  # one line per XID with its time
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.results)
+
+    @property
+    def summary(self) -> str:
+        return summary_line(self.results)
+
+
+def build_report(inp: CheckInput) -> CheckReport:
+    results = tuple(run_checks(inp))
+    xid_lines = next((r.evidence for r in results if r.id == "xid"), ())
+    m = inp.machine
+    return CheckReport(
+        results=results,
+        seconds=inp.seconds,
+        identity=tuple(identity(inp)),
+        machine={
+            "hostname": m.hostname,
+            "kernel": inp.host_after.kernel,
+            "driver": m.driver_version,
+            "driver_module": inp.host_after.driver_module,
+            "cuda": m.cuda_version,
+            "nvml": m.nvml_version,
+            "simulated": m.simulated,
+            "gpu_error": m.gpu_error,
+        },
+        xids=tuple(xid_lines),
+    )
+
+
+def report_jsonable(report: CheckReport) -> dict:
+    return {
+        "status": {EXIT_INFRA: "fail", EXIT_CONFIG: "warn", EXIT_HEALTHY: "pass"}[report.exit_code],
+        "exit_code": report.exit_code,
+        "summary": report.summary,
+        "seconds": report.seconds,
+        "machine": dict(report.machine),
+        "gpus": [dict(g) for g in report.identity],
+        "checks": [
+            {"id": r.id, "title": r.title, "status": r.status, "value": r.value, "expected": r.expected,
+             "gpus": list(r.gpus), "evidence": list(r.evidence), "line": r.line()}
+            for r in report.results
+        ],
+        "xids": list(report.xids),
+        "next_commands": [{"command": c, "why": w} for c, w in NEXT_COMMANDS],
+        "advice": CAPTURE_BEFORE_RESET,
+    }
+
+
+# ------------------------------------------------------------------ into the report's findings
+
+# check id -> the diagnosis finding ids that already say the same from the snapshots (no second finding then)
+_SAID_BY_DIAGNOSIS = {
+    "gpus": ("gpu_lost",),
+    "pcie.link": ("pcie_downgrade",),
+    "clocks.events": ("throttle",),
+    "memory.ecc": ("ecc",),
+    "memory.remap": ("ecc",),
+    "nvlink.state": ("nvlink_down",),
+    "xid": ("xid", "xid_code"),
+}
+
+
+def with_machine_findings(findings: Sequence[Finding], report: CheckReport) -> list[Finding]:
+    """The diagnosis' findings plus one per failing or warning check that the diagnosis did not already make,
+    so a report's verdict agrees with its "For the infra team" section."""
+    from gputop.analysis.diagnosis import SEVERITY_ORDER
+
+    have = {f.id for f in findings}
+    added = [
+        Finding(
+            id=f"check.{r.id}",
+            title=r.title,
+            severity="critical" if r.status == FAIL else "warning",
+            confidence=0.9,
+            label=LABEL_INFRA if r.status == FAIL else LABEL_CONFIG,
+            summary=f"{r.title}: {r.value}",
+            evidence=(f"expected {r.expected}", *r.evidence),
+            fix="File a ticket with the \"For the infra team\" section of this report (see there for what to run next)."
+            if r.status == FAIL else "Make the GPUs' settings match (see the value); `gputop check` exits 0 once they do.",
+            gpus=r.gpus,
+        )
+        for r in report.results
+        if r.status in (FAIL, WARN) and not have & set(_SAID_BY_DIAGNOSIS.get(r.id, ()))
+    ]
+    if not added:
+        return list(findings)
+    kept = [f for f in findings if f.id != "healthy"]
+    return sorted(added + kept, key=lambda f: SEVERITY_ORDER.get(f.severity, 9))

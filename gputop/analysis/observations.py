@@ -1,0 +1,315 @@
+"""What the window says, built once from History: per-rank and per-GPU series, and the Context every check reads."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from gputop.analysis.numbers import mean
+from gputop.analysis.stack_classes import (
+    IN_DATASET,
+    WAITING_FOR_DATA,
+    classify_main_thread,
+    format_frame,
+    main_thread,
+    own_frames,
+)
+from gputop.analysis.thresholds import HELD_MEMORY_BYTES
+from gputop.history import History
+from gputop.model import Frame, GpuSample, ProcessStacks, ProcInfo, Snapshot
+
+# frames of a main thread starting an epoch's workers (no persistent_workers)
+EPOCH_START_FRAME_NAMES = ("DataLoader.__iter__", "_MultiProcessingDataLoaderIter.__init__", "_get_iterator")
+
+
+def frames_signature(frames: Sequence[Frame]) -> tuple[Frame, ...]:
+    """Frames compare by name, file and line: two dumps with equal signatures stand at the same place."""
+    return tuple(frames)
+
+
+def has_frame(frames: Sequence[Frame], names: Sequence[str]) -> bool:
+    return any(f.name in names or f.name.endswith(tuple("." + n for n in names)) for f in frames)
+
+
+def frames_from(frames: Sequence[Frame], names: Sequence[str], outer: int = 2) -> tuple[str, ...]:
+    """The innermost frame named in `names` plus `outer` callers, innermost last; the innermost few if none.
+
+    A waiting main thread's innermost frames are queue/selector plumbing: the informative part is
+    `_BaseDataLoaderIter.__next__` and the training-loop line that called it.
+    """
+    frames = list(frames)
+    for i, f in enumerate(frames):
+        if f.name in names:
+            return tuple(format_frame(x) for x in reversed(frames[i : i + 1 + outer]))
+    return outer_frames(frames, outer + 1)
+
+
+WAIT_FRAMES = ("_BaseDataLoaderIter.__next__", "DataLoader.__iter__")
+
+
+def outer_frames(frames: Sequence[Frame], limit: int = 4) -> tuple[str, ...]:
+    """The innermost `limit` frames as text, innermost LAST (traceback order)."""
+    return tuple(format_frame(f) for f in reversed(list(frames)[:limit]))
+
+
+def dataset_frames(frames: Sequence[Frame], limit: int = 4) -> tuple[str, ...]:
+    """The frames from the dataset entry point inwards (innermost last); the innermost few when none."""
+    frames = list(frames)
+    for i, f in enumerate(frames):
+        if f.name.split(".")[-1] in ("__getitem__", "__getitems__", "__iter__", "__next__") and "torch/utils/data" not in f.filename:
+            return tuple(format_frame(x) for x in reversed(frames[max(0, i + 1 - limit) : i + 1]))
+    return outer_frames(frames, limit)
+
+
+# ----------------------------------------------------------------- per-rank observations
+
+
+@dataclass
+class StackSample:
+    timestamp: float
+    state: Optional[str]
+    signature: tuple = ()
+    frames: tuple[Frame, ...] = ()
+    active: bool = True
+
+
+@dataclass
+class WorkerObs:
+    pid: int
+    samples: list[StackSample] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    last: Optional[ProcInfo] = None
+    last_stacks: Optional[ProcessStacks] = None
+
+
+@dataclass
+class RankObs:
+    """Everything the window says about one rank process."""
+
+    pid: int
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    gpus: set[int] = field(default_factory=set)
+    samples: list[StackSample] = field(default_factory=list)  # one per distinct main-thread dump
+    cpu: list[float] = field(default_factory=list)
+    worker_sets: list[tuple[float, frozenset[int]]] = field(default_factory=list)
+    workers: dict[int, WorkerObs] = field(default_factory=dict)
+    last: Optional[ProcInfo] = None
+    stacks_error: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else f"PID {self.pid}"
+
+    @property
+    def label(self) -> str:
+        """"rank 3 (PID 1003)", or "PID 1003" for a process without a RANK."""
+        return f"rank {self.rank} (PID {self.pid})" if self.rank is not None else f"PID {self.pid}"
+
+    @property
+    def states(self) -> Counter:
+        return Counter(s.state for s in self.samples if s.state)
+
+    def fraction(self, *states: str) -> float:
+        n = len([s for s in self.samples if s.state])
+        if not n:
+            return 0.0
+        counts = self.states
+        return sum(counts[s] for s in states) / n
+
+    @property
+    def input_fraction(self) -> float:
+        """Share of dumps in the input pipeline: waiting for workers, or running dataset code itself."""
+        return self.fraction(WAITING_FOR_DATA, IN_DATASET)
+
+    @property
+    def n(self) -> int:
+        return len([s for s in self.samples if s.state])
+
+
+def _state_of(rank_state: Optional[str], stacks: Optional[ProcessStacks]) -> Optional[str]:
+    """The collector's classification of this dump; classify it here when a recording lacks it."""
+    return rank_state or (classify_main_thread(stacks) if stacks is not None else None)
+
+
+def collect_rank_observations(snaps: Sequence[Snapshot]) -> dict[int, RankObs]:
+    """Per rank pid: its main-thread state per DISTINCT stack dump (a dump refreshed every 2 s appears in
+    several 1 s snapshots; it is counted once), its CPU, its workers over time and theirs stacks."""
+    ranks: dict[int, RankObs] = {}
+    for snap in snaps:
+        job = snap.job
+        if job is None:
+            continue
+        for r in job.ranks:
+            pid = r.proc.pid
+            obs = ranks.get(pid)
+            if obs is None:
+                obs = ranks[pid] = RankObs(pid=pid)
+            obs.rank = r.rank if r.rank is not None else obs.rank
+            obs.local_rank = r.local_rank if r.local_rank is not None else obs.local_rank
+            obs.gpus.update(r.gpus)
+            obs.last = r.proc
+            if r.proc.cpu_percent is not None and not r.proc.exited:
+                obs.cpu.append(r.proc.cpu_percent)
+            obs.worker_sets.append((snap.timestamp, frozenset(w.pid for w in r.workers)))
+            stacks = job.stacks.get(pid)
+            if stacks is not None and stacks.error:
+                obs.stacks_error = stacks.error
+            if stacks is not None and not stacks.error and stacks.threads:
+                if not obs.samples or stacks.timestamp > obs.samples[-1].timestamp:
+                    main = main_thread(stacks)
+                    frames = main.frames if main else ()
+                    obs.samples.append(
+                        StackSample(
+                            stacks.timestamp,
+                            _state_of(r.main_thread_state, stacks),
+                            frames_signature(frames),
+                            frames,
+                            main.active if main else True,
+                        )
+                    )
+            elif stacks is None and r.main_thread_state:
+                # a state without a dump (collector that classifies in place): one sample per snapshot
+                obs.samples.append(StackSample(snap.timestamp, r.main_thread_state))
+            for w in r.workers:
+                wobs = obs.workers.get(w.pid)
+                if wobs is None:
+                    wobs = obs.workers[w.pid] = WorkerObs(w.pid)
+                wobs.last = w
+                if w.cpu_percent is not None and not w.exited:
+                    wobs.cpu.append(w.cpu_percent)
+                ws = job.stacks.get(w.pid)
+                if ws is not None and not ws.error and ws.threads:
+                    if not wobs.samples or ws.timestamp > wobs.samples[-1].timestamp:
+                        wm = main_thread(ws)
+                        wf = own_frames(wm) if wm else ()
+                        wobs.last_stacks = ws
+                        wobs.samples.append(StackSample(ws.timestamp, None, frames_signature(wf), wf, wm.active if wm else True))
+    return ranks
+
+
+# ----------------------------------------------------------------- per-GPU series
+
+
+@dataclass
+class GpuObs:
+    index: int
+    name: str = ""
+    util: list[Optional[float]] = field(default_factory=list)
+    memory: list[Optional[int]] = field(default_factory=list)
+    memory_total: Optional[int] = None
+    timestamps: list[float] = field(default_factory=list)
+    samples: list[GpuSample] = field(default_factory=list)
+    lost_at: Optional[float] = None
+    missing_after: Optional[float] = None
+
+    @property
+    def util_values(self) -> list[float]:
+        return [u for u in self.util if u is not None]
+
+    @property
+    def mean_util(self) -> Optional[float]:
+        return mean(self.util)
+
+    def holds_memory(self, used: Optional[int]) -> bool:
+        if used is None:
+            return False
+        return used >= HELD_MEMORY_BYTES
+
+    @property
+    def process_pids(self) -> set[int]:
+        pids: set[int] = set()
+        for s in self.samples:
+            for p in s.processes or ():
+                pids.add(p.pid)
+        return pids
+
+
+def collect_gpu_observations(snaps: Sequence[Snapshot]) -> dict[int, GpuObs]:
+    gpus: dict[int, GpuObs] = {}
+    for snap in snaps:
+        present = set()
+        for g in snap.gpus:
+            obs = gpus.get(g.index)
+            if obs is None:
+                obs = gpus[g.index] = GpuObs(g.index, g.name)
+            present.add(g.index)
+            obs.timestamps.append(snap.timestamp)
+            obs.samples.append(g)
+            if g.lost:
+                if obs.lost_at is None:
+                    obs.lost_at = snap.timestamp
+                obs.util.append(None)
+                obs.memory.append(None)
+                continue
+            obs.util.append(g.utilization_gpu)
+            obs.memory.append(g.memory_used)
+            if g.memory_total:
+                obs.memory_total = g.memory_total
+        for index, obs in gpus.items():
+            if index not in present and obs.missing_after is None:
+                obs.missing_after = snap.timestamp
+    return gpus
+
+
+# ----------------------------------------------------------------- the context all checks share
+
+
+@dataclass
+class Context:
+    history: History
+    snaps: list[Snapshot]
+    ranks: dict[int, RankObs]
+    gpus: dict[int, GpuObs]
+    bench: Optional[dict[str, Any]]
+    duration: float
+    interval: float
+
+    @property
+    def job_gpus(self) -> list[int]:
+        used = sorted({g for r in self.ranks.values() for g in r.gpus})
+        return [g for g in used if g in self.gpus]
+
+    @property
+    def have_gpu_data(self) -> bool:
+        return any(o.util_values for o in self.gpus.values())
+
+    def focus_gpus(self) -> list[GpuObs]:
+        """GPUs the diagnosis is about: the job's, else those holding memory or processes, else all."""
+        if self.job_gpus:
+            return [self.gpus[i] for i in self.job_gpus]
+        used = [o for o in self.gpus.values() if o.process_pids or any(o.holds_memory(m) for m in o.memory)]
+        return used or list(self.gpus.values())
+
+    def cores(self) -> int:
+        latest = self.snaps[-1].host.cpu_percent if self.snaps else ()
+        return len(latest) or self.history.machine.cpu_count or 1
+
+
+def bench_dict(bench: Any) -> Optional[dict[str, Any]]:
+    if bench is None:
+        return None
+    if isinstance(bench, dict):
+        return bench
+    to_dict = getattr(bench, "to_dict", None)
+    return to_dict() if callable(to_dict) else None
+
+
+def bench_wait_fraction(bench: Optional[dict[str, Any]]) -> tuple[Optional[float], str]:
+    """The benchmark's measured data-wait fraction (active consumption first: it times every batch)."""
+    if not bench:
+        return None, ""
+    for key, what in (("consumption", "timed __next__ (active benchmark)"), ("passive", "py-spy record at 100 Hz (passive benchmark)")):
+        part = bench.get(key) or {}
+        value = part.get("wait_fraction") if isinstance(part, dict) else None
+        if isinstance(value, (int, float)):
+            return float(value), what
+    return None, ""
+
+
+def bench_recommendation(bench: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    if not bench:
+        return None
+    rec = bench.get("recommendation")
+    return rec if isinstance(rec, dict) and rec else None

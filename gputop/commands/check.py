@@ -1,0 +1,141 @@
+"""`gputop check`: the quick health check before an infra ticket, and the evidence the ticket needs.
+
+    gputop check [--json] [--seconds 10] [--simulate SPEC] [--load]
+
+It reads the GPUs' identity, modes and error counters and the kernel's side (AER counters, NIC NUMA
+nodes, XIDs in the kernel log) at the start and at the end of a short window, samples the GPUs through
+it, and prints one line per check (`gputop.analysis.machine_check`).  Exit status: 0 healthy, 3 an
+infrastructure problem, 4 a configuration warning, 1 gputop itself failed, 2 bad usage.
+Non-intrusive unless `--load` asks for a short load and all-reduce on idle GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Optional
+
+from gputop.analysis.machine_check import CheckInput, CheckReport, LoadOutcome, build_report, report_jsonable
+from gputop.commands.report import Progress, observe
+from gputop.model import HostReadings
+
+# What the end of the window needs (the last details, the kernel log, printing): the observation stops
+# this much before --seconds so the whole command fits in it.
+FINISH_S = 0.7
+POLL_INTERVAL_S = 1.0
+
+
+class HostSource:
+    """The kernel's side of the machine: the real /sys and kernel log, or the simulated machine's tree."""
+
+    def __init__(self, pipeline: Any, root: Optional[str]) -> None:
+        self._tree = None
+        if pipeline.fake_library is not None and root is None:
+            from gputop.sim.fake_sysfs import FakeHostTree
+
+            self._tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
+            self._read = self._tree.read
+        else:
+            from gputop.collect.sysfs import HostReader
+
+            self._read = HostReader(root or "/").read
+
+    def read(self, bus_ids: list[str]) -> HostReadings:
+        return self._read(bus_ids)
+
+    def close(self) -> None:
+        if self._tree is not None:
+            self._tree.close()
+
+
+class Evidence:
+    """The start and the end of a check's window around any poll loop (`gputop check`, `gputop report`):
+    GPU details and the kernel's side read at `start`, again at `finish`, checked with the snapshots between."""
+
+    def __init__(self, pipeline: Any, host_root: Optional[str] = None) -> None:
+        self.pipeline = pipeline
+        self.host = HostSource(pipeline, host_root)
+        gpu = pipeline.gpu
+        self.before = gpu.details() if gpu is not None else ()
+        self.bus_ids = [d.pci_bus_id for d in self.before if d.pci_bus_id]
+        self.host_before = self.host.read(self.bus_ids)
+
+    def finish(self, snapshots: Any, load: Optional[LoadOutcome] = None, window: float = 0.0) -> CheckReport:
+        gpu = self.pipeline.gpu
+        after = gpu.details() if gpu is not None else ()
+        host_after = self.host.read(self.bus_ids)
+        snaps = tuple(snapshots)
+        seconds = snaps[-1].timestamp - snaps[0].timestamp if len(snaps) > 1 else 0.0
+        return build_report(
+            CheckInput(
+                machine=self.pipeline.machine,
+                snapshots=snaps,
+                before=self.before,
+                after=after,
+                host_before=self.host_before,
+                host_after=host_after,
+                seconds=max(seconds, window),
+                load=load,
+            )
+        )
+
+    def close(self) -> None:
+        self.host.close()
+
+
+def collect(args: Any, *, started: Optional[float] = None) -> CheckReport:
+    """Run the window and the checks (also what the TUI's hotkey runs, in a worker thread)."""
+    from gputop.pipeline import Pipeline
+
+    started = time.monotonic() if started is None else started
+    pipeline = Pipeline(simulate=getattr(args, "simulate", None))
+    try:
+        evidence = Evidence(pipeline, getattr(args, "host_root", None))
+        try:
+            return _collect(args, pipeline, evidence, started)
+        finally:
+            evidence.close()
+    finally:
+        pipeline.close()
+
+
+def _collect(args: Any, pipeline: Any, evidence: Evidence, started: float) -> CheckReport:
+    load_run = None
+    if getattr(args, "load", False):
+        from gputop.collect.gpu_load import start_load
+
+        load_run = start_load(pipeline, args.seconds)
+        load_run.wait_started()
+    if load_run is not None and load_run.proc is not None:
+        window = args.seconds  # the load job runs this long: watch all of it (the 10 s bound does not hold with --load)
+    else:
+        window = max(0.0, args.seconds - FINISH_S - (time.monotonic() - started))
+    progress = Progress(sys.stderr, "checking") if getattr(args, "progress", True) else None
+    history = observe(pipeline, window, min(POLL_INTERVAL_S, max(window, 0.05)), progress=progress)
+    load = load_run.finish() if load_run is not None else None
+    return evidence.finish(history, load, window)
+
+
+def write_text(report: CheckReport, out: Any) -> None:
+    for result in report.results:
+        out.write(result.line() + "\n")
+    out.write(f"\n{report.summary}; exit status {report.exit_code}\n")
+
+
+def run(args: Any) -> int:
+    started = time.monotonic()
+    args.progress = not args.json
+    report = collect(args, started=started)
+    if args.json:
+        json.dump(report_jsonable(report), sys.stdout, indent=2, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        import io
+
+        from gputop.report.writer import write_stdout
+
+        text = io.StringIO()
+        write_text(report, text)
+        write_stdout(text.getvalue())
+    return report.exit_code

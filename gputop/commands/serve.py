@@ -1,0 +1,123 @@
+"""`gputop serve [--listen 127.0.0.1:9401] [--pid PID ...] [--simulate [SPEC]] [--interval S]`: an
+OpenMetrics endpoint for Prometheus, next to dcgm-exporter.  Headless: it never imports Textual.
+
+It binds to loopback unless another address is asked for.  Collection runs in a background thread
+(`gputop.exporter.Exporter`); a scrape gets the last cycle's values.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import signal
+import sys
+import threading
+from typing import Any, Optional
+
+from gputop.errors import GputopError, UsageError
+
+DEFAULT_LISTEN = "127.0.0.1:9401"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """"HOST:PORT" (IPv6 as "[::1]:PORT") -> (host, port); UsageError saying what is wrong otherwise."""
+    host, sep, port_text = text.rpartition(":")
+    example = f"e.g. --listen {DEFAULT_LISTEN}"
+    if not sep or not host:
+        raise UsageError(f"--listen {text!r} is not HOST:PORT ({example})")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise UsageError(f"--listen {text!r}: write an IPv6 address in brackets, e.g. [::1]:9401")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise UsageError(f"--listen {text!r}: port {port_text!r} is not a number ({example})") from None
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--listen {text!r}: port {port} is outside 1-65535 ({example})")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def start_server(host: str, port: int, registry: Any) -> Any:
+    """prometheus_client's HTTP server on host:port; GputopError (one line) when it cannot bind."""
+    from prometheus_client import start_http_server
+
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise GputopError(f"{where} is already in use (another gputop serve?); choose another port with --listen HOST:PORT") from None
+        if exc.errno == errno.EACCES:
+            raise GputopError(f"not allowed to listen on {where} (ports below 1024 need root); choose a port above 1024") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise GputopError(f"cannot listen on {where}: no interface of this machine has that address") from None
+        # socket.gaierror (an OSError) for a host name that does not resolve
+        raise GputopError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+    return server
+
+
+def run(args: Any) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from gputop.exporter import AttachedJobs, DiscoveredJobs, Exporter
+    from gputop.pipeline import Pipeline
+
+    host, port = parse_listen(args.listen)
+    log = _log
+    pipeline = Pipeline(simulate=args.simulate, stack_interval=args.stack_interval)
+    jobs: Optional[Any] = None
+    server = None
+    stop = threading.Event()
+    try:
+        jobs = AttachedJobs(args.pid, stack_interval=args.stack_interval, log=log) if args.pid else DiscoveredJobs(stack_interval=args.stack_interval)
+        exporter = Exporter(pipeline, jobs, interval=args.interval, dcgm_fields=args.dcgm_fields, log=log)
+        exporter.cycle()  # the first scrape already has values, and a broken machine fails here, not later
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(exporter)
+        server = start_server(host, port, registry)
+        if pipeline.machine.gpu_error:
+            log(f"no GPU readings: {pipeline.machine.gpu_error}; job metrics are still served")
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        what = f"the job(s) of PID {', '.join(map(str, args.pid))}" if args.pid else "every job on the GPUs"
+        log(f"serving metrics for {what} on http://{shown}/metrics (Ctrl-C stops)")
+        if not is_loopback(host):
+            log(f"listening beyond loopback: anyone who can reach {shown} can read these metrics")
+        thread = threading.Thread(target=exporter.run, args=(stop,), name="gputop-serve-collect", daemon=True)
+        thread.start()
+        _wait_for_signal(stop)
+        thread.join(timeout=max(5.0, 2 * args.interval))
+    finally:
+        stop.set()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if jobs is not None:
+            jobs.close()
+        pipeline.close()
+    return 0
+
+
+def _log(line: str) -> None:
+    print(f"gputop serve: {line}", file=sys.stderr, flush=True)
+
+
+def _wait_for_signal(stop: threading.Event) -> None:
+    """Until SIGTERM (systemd's stop) or SIGINT (Ctrl-C) sets `stop`."""
+
+    def handle(_signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    while not stop.wait(1.0):
+        pass

@@ -1,0 +1,502 @@
+"""`gputop serve`'s metrics: the job-level signals (what each rank does, DataLoader wait, the verdict) and
+the GPU facts dcgm-exporter lacks (PCIe link state, clock-event reasons, XIDs), as Prometheus metrics.
+
+A background thread calls `Exporter.cycle()` every interval: it polls the pipeline, follows the jobs,
+runs the diagnosis and builds every metric family once.  A scrape (`Exporter.collect()`, called by
+prometheus_client's HTTP handler) only hands over the families of the last cycle, so it costs the
+formatting and nothing else, however slow NVML, /proc or py-spy are.
+
+Label rules (bounded cardinality, nothing private):
+- dcgm-exporter's names, so PromQL joins work: ``gpu`` (the NVML index), ``UUID``, ``Hostname``;
+  every gputop metric carries ``Hostname``.
+- ``job`` is the PID of the job's launcher (torchrun, or the lone training process); ``rank`` is the
+  process's RANK.  No stack, command line or environment value, and no worker PID, is ever a label.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+
+from gputop import __version__
+from gputop.analysis.stack_classes import (
+    COLLECTIVE,
+    EXPLICIT_SYNC,
+    FORWARD_BACKWARD,
+    IDLE_OTHER,
+    IN_DATASET,
+    INPUT_WAIT_STATES,
+    OPTIMIZER_STEP,
+    WAITING_FOR_DATA,
+    WAITING_FOR_RANK0_DATA,
+    main_thread,
+)
+from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S, PCIE_LOAD_UTILIZATION
+from gputop.collect.stack_schedule import main_thread_counters
+from gputop.collect.stacks import error_reason
+from gputop.errors import GputopError
+from gputop.history import History
+from gputop.model import LABEL_CODE, LABEL_INFRA, THROTTLE_REASONS, Finding, GpuSample, JobTree, ProcessStacks, Rank, Snapshot
+
+# gputop_rank_state's states, and the stack classes they come from ("hung" comes from the hang finding)
+RANK_STATES = ("compute", "data_wait", "in_dataset", "collective", "sync", "optimizer", "idle", "hung")
+STATE_OF_CLASS = {
+    FORWARD_BACKWARD: "compute",
+    WAITING_FOR_DATA: "data_wait",
+    WAITING_FOR_RANK0_DATA: "data_wait",  # Accelerate's dispatcher: rank 0 loads, the others wait for its batch
+    IN_DATASET: "in_dataset",
+    COLLECTIVE: "collective",
+    EXPLICIT_SYNC: "sync",
+    OPTIMIZER_STEP: "optimizer",
+    IDLE_OTHER: "idle",
+}
+VERDICTS = ("healthy", "code", "infrastructure", "unknown")
+FINDING_LABELS = {LABEL_CODE: "code", LABEL_INFRA: "infrastructure"}
+
+DATA_WAIT_WINDOW_S = 60.0  # gputop_rank_data_wait_ratio: the share of the main-thread dumps of the last minute
+# The findings and verdict when no job runs on the GPUs: the GPUs as a whole (a job label is a PID, so
+# it cannot collide).
+MACHINE_JOB = "machine"
+# A main thread whose counters show nothing else still moved if its process used this much CPU.
+PROGRESS_CPU_PERCENT = 1.0
+
+
+class JobSource(Protocol):
+    """The jobs to export: `AttachedJobs` (--pid) or `DiscoveredJobs` (every GPU process)."""
+
+    def collect(self, gpus: tuple[GpuSample, ...], now: float) -> list[JobTree]: ...
+
+    def close(self) -> None: ...
+
+
+# ----------------------------------------------------------------- which jobs
+
+
+class AttachedJobs:
+    """The jobs behind the PIDs given with --pid, each with its stacks (raises GputopError for a PID that is not there)."""
+
+    def __init__(self, pids: Sequence[int], *, stack_interval: float = 2.0, log: Callable[[str], None] = print) -> None:
+        from gputop.collect.job_tree import JobCollector
+
+        self.collectors: list[Any] = []
+        self._log = log
+        self._said_exited: set[int] = set()
+        try:
+            for pid in dict.fromkeys(pids):
+                self.collectors.append(JobCollector(pid, stack_interval=stack_interval))
+        except BaseException:
+            self.close()
+            raise
+
+    def collect(self, gpus: tuple[GpuSample, ...], now: float) -> list[JobTree]:
+        trees = []
+        for collector in self.collectors:
+            tree = collector.collect(gpus, now)
+            if tree.exited:
+                if collector.pid not in self._said_exited:
+                    self._said_exited.add(collector.pid)
+                    self._log(f"job of PID {collector.pid} has exited; its metrics are no longer exported")
+                continue
+            trees.append(tree)
+        return trees
+
+    def close(self) -> None:
+        for collector in self.collectors:
+            collector.close()
+
+
+class DiscoveredJobs:
+    """Every GPU process grouped into jobs (as the machine view groups them), each followed with its stacks."""
+
+    def __init__(self, *, stack_interval: float = 2.0) -> None:
+        self.stack_interval = stack_interval
+        self._collectors: dict[int, Any] = {}  # the job's anchor PID (launcher or lone rank) -> its collector
+
+    def collect(self, gpus: tuple[GpuSample, ...], now: float) -> list[JobTree]:
+        from gputop.collect.job_tree import JobCollector, discover_jobs
+
+        anchors = [tree.launcher.pid if tree.launcher else tree.root_pid for tree in discover_jobs(gpus)]
+        for pid in set(self._collectors) - set(anchors):
+            self._collectors.pop(pid).close()
+        trees = []
+        for pid in anchors:
+            collector = self._collectors.get(pid)
+            if collector is None:
+                try:
+                    collector = self._collectors[pid] = JobCollector(pid, stack_interval=self.stack_interval)
+                except GputopError:  # it exited between the scan and the attach
+                    continue
+            tree = collector.collect(gpus, now)
+            if not tree.exited:
+                trees.append(tree)
+        return trees
+
+    def close(self) -> None:
+        for collector in self._collectors.values():
+            collector.close()
+        self._collectors.clear()
+
+
+# ----------------------------------------------------------------- per-rank bookkeeping
+
+
+@dataclass
+class _RankTrack:
+    """What one rank's successive stack dumps say over time."""
+
+    dumps: deque = field(default_factory=deque)  # (dump timestamp, stack class) of distinct dumps
+    last_dump: Optional[ProcessStacks] = None
+    last_progress: Optional[float] = None
+
+
+def job_label(tree: JobTree) -> str:
+    return str(tree.launcher.pid if tree.launcher else tree.root_pid)
+
+
+def rank_label(rank: Rank, position: int) -> str:
+    """RANK from the environment; a process without one is numbered by its place in the job."""
+    return str(rank.rank if rank.rank is not None else position)
+
+
+def _main_thread_moved(before: ProcessStacks, after: ProcessStacks, cpu_percent: Optional[float]) -> bool:
+    """Did the main thread move between two dumps?  Equal stacks alone do not say it stood still: a loop
+    waiting for data shows the same frames in every dump.  Its progress counters decide, as they decide
+    a freeze for the collector (a thread woken by each batch gains voluntary switches; a parked one
+    does not); where a dump has none (an older recording), the process's CPU use does."""
+    a, b = main_thread(before), main_thread(after)
+    if a is None or b is None:
+        return False
+    if a.frames != b.frames:
+        return True
+    counters_before, counters_after = main_thread_counters(before), main_thread_counters(after)
+    if counters_before is None or counters_after is None:
+        return cpu_percent is not None and cpu_percent >= PROGRESS_CPU_PERCENT
+    return counters_before != counters_after
+
+
+def verdict_of(findings: Sequence[Finding]) -> str:
+    """healthy / code / infrastructure / unknown, from the diagnosis' top finding."""
+    if not findings:
+        return "unknown"
+    top = findings[0]
+    if top.severity in ("critical", "warning"):
+        return FINDING_LABELS.get(top.label, "unknown")
+    return "healthy" if top.id == "healthy" else "unknown"
+
+
+def pcie_degraded_now(gpu: GpuSample) -> Optional[bool]:
+    """True/False when this sample can tell (the width never drops to save power; the generation
+    does, so it counts only under load); None when the GPU is idle and the width is fine."""
+    link = gpu.pcie
+    if None in (link.width_current, link.width_max):
+        return None
+    if link.width_current < link.width_max:
+        return True
+    if link.gen_current is None or link.gen_max is None:
+        return None
+    if (gpu.utilization_gpu or 0.0) < PCIE_LOAD_UTILIZATION:  # the diagnosis' bar for "under load"
+        return None
+    return link.gen_current < link.gen_max
+
+
+# ----------------------------------------------------------------- the exporter
+
+
+class Exporter:
+    """Collects in `cycle()` (a background thread), serves the last cycle's metrics in `collect()`.
+
+    `diagnose` is `gputop.analysis.diagnosis.diagnose` unless a test gives another.  `dcgm_fields`
+    also exports utilization, memory, power, temperature and SM clock (off by default: dcgm-exporter
+    has them).
+    """
+
+    def __init__(
+        self,
+        pipeline: Any,
+        jobs: JobSource,
+        *,
+        interval: float = 1.0,
+        dcgm_fields: bool = False,
+        diagnose: Optional[Callable[[History], list[Finding]]] = None,
+        log: Callable[[str], None] = lambda line: print(f"gputop serve: {line}", file=sys.stderr, flush=True),
+    ) -> None:
+        if diagnose is None:
+            from gputop.analysis.diagnosis import diagnose as diagnose_history
+
+            diagnose = diagnose_history
+        self.pipeline = pipeline
+        self.jobs = jobs
+        self.interval = interval
+        self.dcgm_fields = dcgm_fields
+        self._diagnose = diagnose
+        self._log = log
+        self.hostname = pipeline.machine.hostname
+        self._capacity = int(math.ceil(max(DIAGNOSIS_WINDOW_S, DATA_WAIT_WINDOW_S) / interval)) + 2
+        self._histories: dict[str, History] = {}
+        self._ranks: dict[tuple[str, int], _RankTrack] = {}
+        self._findings_seen: dict[str, set[tuple[str, str, str]]] = {}
+        self._pcie_degraded: dict[int, bool] = {}
+        self._xids_seen: dict[int, frozenset] = {}
+        self._xid_counts: Counter[tuple[str, str, str]] = Counter()
+        self._dump_seen: dict[int, float] = {}  # pid -> timestamp of the last dump counted (ok or failed)
+        self._pyspy_errors: Counter[str] = Counter()
+        self._said: set[tuple[str, str]] = set()  # (job, reason) already logged
+        self._families: list[Metric] = self._static_families()
+        self.cycles = 0
+        self.last_cycle_seconds: Optional[float] = None
+
+    # ---- the prometheus_client collector protocol
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)  # one reference read: the collector thread swaps in a new list whole
+
+    def describe(self) -> list[Metric]:
+        return []  # registering must not run a scrape
+
+    # ---- the collector thread
+
+    def run(self, stop: threading.Event) -> None:
+        """Cycle every `interval` seconds until `stop` is set; a failed cycle is logged, never fatal."""
+        said_failure: Optional[str] = None
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.cycle()
+                said_failure = None
+            except Exception as exc:  # keep serving the last good values; say why once per kind
+                text = f"{type(exc).__name__}: {exc}"
+                if text != said_failure:
+                    self._log(f"collection failed: {text} (serving the last values; retrying)")
+                    said_failure = text
+            stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def cycle(self) -> None:
+        started = time.perf_counter()
+        snap: Snapshot = self.pipeline.poll()
+        trees = self.jobs.collect(snap.gpus, snap.timestamp)
+        families = self._static_families()
+        families += self._gpu_families(snap.gpus)
+        families += self._job_families(snap, trees)
+        families.append(self._pyspy_family())
+        self._families = families
+        self.cycles += 1
+        self.last_cycle_seconds = time.perf_counter() - started
+
+    # ---- families
+
+    def _static_families(self) -> list[Metric]:
+        build = InfoMetricFamily("gputop_build", "gputop's version")
+        build.add_metric([], {"version": __version__, "Hostname": self.hostname})
+        return [build]
+
+    def _gpu_families(self, gpus: Iterable[GpuSample]) -> list[Metric]:
+        gpu_labels = ["gpu", "UUID", "Hostname"]
+        xids = CounterMetricFamily("gputop_xid_events", "XID errors the driver reported since gputop started", labels=gpu_labels + ["xid"])
+        degraded = GaugeMetricFamily(
+            "gputop_gpu_pcie_link_degraded", "1 when the PCIe link runs below its maximum under load", labels=gpu_labels
+        )
+        generation = GaugeMetricFamily("gputop_gpu_pcie_link_generation", "PCIe link generation", labels=gpu_labels + ["kind"])
+        width = GaugeMetricFamily("gputop_gpu_pcie_link_width", "PCIe link width (lanes)", labels=gpu_labels + ["kind"])
+        clock_events = GaugeMetricFamily(
+            "gputop_gpu_clock_event_active", "1 while this clock-event (throttle) reason is active", labels=gpu_labels + ["reason"]
+        )
+        readings = {
+            "utilization_gpu": GaugeMetricFamily("gputop_gpu_utilization_percent", "GPU utilization", labels=gpu_labels),
+            "memory_used": GaugeMetricFamily("gputop_gpu_memory_used_bytes", "GPU memory used", labels=gpu_labels),
+            "memory_total": GaugeMetricFamily("gputop_gpu_memory_total_bytes", "GPU memory in all", labels=gpu_labels),
+            "power": GaugeMetricFamily("gputop_gpu_power_watts", "GPU power draw", labels=gpu_labels),
+            "temperature": GaugeMetricFamily("gputop_gpu_temperature_celsius", "GPU temperature", labels=gpu_labels),
+            "clock_sm": GaugeMetricFamily("gputop_gpu_sm_clock_megahertz", "GPU SM clock", labels=gpu_labels),
+        }
+        for gpu in gpus:
+            labels = [str(gpu.index), gpu.uuid, self.hostname]
+            seen = self._xids_seen.get(gpu.index, frozenset())
+            now_held = frozenset(gpu.xids or ())
+            for event in now_held - seen:  # the collector keeps the newest few: count each one once
+                self._xid_counts[(str(gpu.index), gpu.uuid, str(event.code))] += 1
+            if gpu.xids is not None:
+                self._xids_seen[gpu.index] = now_held
+            if gpu.lost:
+                continue
+            verdict = pcie_degraded_now(gpu)
+            if verdict is not None:
+                self._pcie_degraded[gpu.index] = verdict
+            if gpu.pcie.width_current is not None:
+                degraded.add_metric(labels, 1.0 if self._pcie_degraded.get(gpu.index, False) else 0.0)
+            for kind, gen, lanes in (
+                ("current", gpu.pcie.gen_current, gpu.pcie.width_current),
+                ("max", gpu.pcie.gen_max, gpu.pcie.width_max),
+            ):
+                if gen is not None:
+                    generation.add_metric(labels + [kind], gen)
+                if lanes is not None:
+                    width.add_metric(labels + [kind], lanes)
+            if gpu.throttle_reasons is not None:
+                active = set(gpu.throttle_reasons)
+                for reason in THROTTLE_REASONS:
+                    clock_events.add_metric(labels + [reason], 1.0 if reason in active else 0.0)
+            if self.dcgm_fields:
+                for attr, family in readings.items():
+                    value = getattr(gpu, attr)
+                    if value is not None:
+                        family.add_metric(labels, value)
+        for (gpu_index, uuid, code), count in sorted(self._xid_counts.items()):
+            xids.add_metric([gpu_index, uuid, self.hostname, code], count)
+        families: list[Metric] = [xids, degraded, generation, width, clock_events]
+        if self.dcgm_fields:
+            families += readings.values()
+        return families
+
+    def _job_families(self, snap: Snapshot, trees: list[JobTree]) -> list[Metric]:
+        h = self.hostname
+        job_info = InfoMetricFamily("gputop_job", "one training job (a launcher and its ranks)")
+        rank_info = InfoMetricFamily("gputop_rank", "one rank process and its GPU")
+        state = GaugeMetricFamily(
+            "gputop_rank_state", "1 for what the rank's main thread does now, 0 for the other states",
+            labels=["job", "rank", "state", "Hostname"],
+        )
+        wait_ratio = GaugeMetricFamily(
+            "gputop_rank_data_wait_ratio",
+            f"share of the rank's main-thread dumps of the last {DATA_WAIT_WINDOW_S:.0f} s that waited for data or loaded it",
+            labels=["job", "rank", "Hostname"],
+        )
+        workers = GaugeMetricFamily("gputop_dataloader_workers", "live DataLoader worker processes of the rank", labels=["job", "rank", "Hostname"])
+        progress = GaugeMetricFamily(
+            "gputop_rank_last_progress_timestamp_seconds",
+            "when the rank's main thread was last seen to move (Unix time)",
+            labels=["job", "rank", "Hostname"],
+        )
+        finding = GaugeMetricFamily(
+            "gputop_finding", "1 while the diagnosis reports this finding, 0 after it cleared",
+            labels=["job", "kind", "severity", "label", "Hostname"],
+        )
+        verdict = GaugeMetricFamily("gputop_verdict", "1 for the job's verdict now", labels=["job", "verdict", "Hostname"])
+
+        gpu_by_index = {g.index: g for g in snap.gpus}
+        live_jobs: set[str] = set()
+        live_ranks: set[tuple[str, int]] = set()
+        live_pids: set[int] = set()
+        for tree in trees:
+            job = job_label(tree)
+            live_jobs.add(job)
+            history = self._history(job)
+            history.append(replace(snap, job=tree))
+            findings = self._diagnose(history)
+            hung = {pid for f in findings if f.id == "hang" for pid in f.pids}
+            world = max((r.world_size for r in tree.ranks if r.world_size), default=len(tree.ranks))
+            job_info.add_metric([], {
+                "job": job,
+                "launcher_pid": str(tree.launcher.pid) if tree.launcher else "",
+                "world_size": str(world),
+                "Hostname": h,
+            })
+            self._count_pyspy_errors(job, tree)
+            live_pids.update(tree.stacks)
+            for position, rank in enumerate(tree.ranks):
+                pid = rank.proc.pid
+                label = rank_label(rank, position)
+                live_ranks.add((job, pid))
+                for index in rank.gpus or (None,):
+                    gpu = gpu_by_index.get(index) if index is not None else None
+                    rank_info.add_metric([], {
+                        "job": job,
+                        "rank": label,
+                        "local_rank": "" if rank.local_rank is None else str(rank.local_rank),
+                        "pid": str(pid),
+                        "gpu": "" if index is None else str(index),
+                        "UUID": gpu.uuid if gpu is not None else "",
+                        "Hostname": h,
+                    })
+                track = self._track(job, rank, tree.stacks.get(pid), snap.timestamp, pid in hung)
+                current = "hung" if pid in hung else STATE_OF_CLASS.get(rank.main_thread_state or "")
+                for name in RANK_STATES:
+                    state.add_metric([job, label, name, h], 1.0 if name == current else 0.0)
+                if track.dumps:
+                    waits = sum(1 for _t, cls in track.dumps if cls in INPUT_WAIT_STATES)
+                    wait_ratio.add_metric([job, label, h], waits / len(track.dumps))
+                if track.last_progress is not None:
+                    progress.add_metric([job, label, h], track.last_progress)
+                workers.add_metric([job, label, h], sum(1 for w in rank.workers if not w.exited))
+            self._add_findings(finding, verdict, job, findings)
+        if not trees:
+            job = MACHINE_JOB
+            live_jobs.add(job)
+            history = self._history(job)
+            history.append(replace(snap, job=None))
+            self._add_findings(finding, verdict, job, self._diagnose(history))
+        self._forget(live_jobs, live_ranks, live_pids)
+        return [job_info, rank_info, state, wait_ratio, workers, progress, finding, verdict]
+
+    def _history(self, job: str) -> History:
+        history = self._histories.get(job)
+        if history is None:
+            history = self._histories[job] = History(self.pipeline.machine, capacity=self._capacity)
+        return history
+
+    def _track(self, job: str, rank: Rank, stacks: Optional[ProcessStacks], now: float, hung: bool) -> _RankTrack:
+        """Fold the rank's newest dump (and the collector's class of it) into its window and its last progress."""
+        key = (job, rank.proc.pid)
+        track = self._ranks.get(key)
+        if track is None:
+            track = self._ranks[key] = _RankTrack()
+        fresh = (
+            stacks is not None and stacks.error is None and stacks.threads and rank.main_thread_state is not None
+            and (track.last_dump is None or stacks.timestamp > track.last_dump.timestamp)
+        )
+        if fresh:
+            track.dumps.append((stacks.timestamp, rank.main_thread_state))
+            moved = track.last_dump is not None and _main_thread_moved(track.last_dump, stacks, rank.proc.cpu_percent)
+            if track.last_dump is None or (moved and not hung):
+                track.last_progress = stacks.timestamp
+            track.last_dump = stacks
+        while track.dumps and track.dumps[0][0] < now - DATA_WAIT_WINDOW_S:
+            track.dumps.popleft()
+        return track
+
+    def _add_findings(self, finding: GaugeMetricFamily, verdict: GaugeMetricFamily, job: str, findings: list[Finding]) -> None:
+        active = {
+            (f.id, f.severity, FINDING_LABELS[f.label]) for f in findings if f.label in FINDING_LABELS
+        }
+        seen = self._findings_seen.setdefault(job, set())
+        seen |= active
+        for kind, severity, label in sorted(seen):
+            finding.add_metric([job, kind, severity, label, self.hostname], 1.0 if (kind, severity, label) in active else 0.0)
+        now = verdict_of(findings)
+        for name in VERDICTS:
+            verdict.add_metric([job, name, self.hostname], 1.0 if name == now else 0.0)
+
+    def _count_pyspy_errors(self, job: str, tree: JobTree) -> None:
+        for pid, stacks in tree.stacks.items():
+            if self._dump_seen.get(pid, -math.inf) >= stacks.timestamp:
+                continue
+            self._dump_seen[pid] = stacks.timestamp
+            if stacks.error is None:
+                continue
+            reason = error_reason(stacks.error)
+            self._pyspy_errors[reason] += 1
+            if (job, reason) not in self._said and reason != "exited":
+                self._said.add((job, reason))  # once per job and kind; the counter carries the rest
+                self._log(f"job {job}: cannot read stacks: {stacks.error} (counted in gputop_pyspy_errors_total)")
+
+    def _pyspy_family(self) -> CounterMetricFamily:
+        family = CounterMetricFamily("gputop_pyspy_errors", "py-spy stack dumps that failed, by reason", labels=["reason", "Hostname"])
+        for reason, count in sorted(self._pyspy_errors.items()):
+            family.add_metric([reason, self.hostname], count)
+        return family
+
+    def _forget(self, jobs: set[str], ranks: set[tuple[str, int]], pids: set[int]) -> None:
+        """Drop what belongs to jobs, ranks and processes that are gone: memory stays flat."""
+        for job in [j for j in self._histories if j not in jobs]:
+            del self._histories[job]
+            self._findings_seen.pop(job, None)
+        for key in [k for k in self._ranks if k not in ranks]:
+            del self._ranks[key]
+        for pid in [p for p in self._dump_seen if p not in pids]:
+            del self._dump_seen[pid]

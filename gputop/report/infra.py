@@ -1,0 +1,66 @@
+"""The report's "For the infra team" section as data: the ticket text an infra team asks for.
+
+Identity (host, kernel, driver, CUDA; per GPU its serial, VBIOS, board part number, bus id, UUID), the
+failing checks with their numbers, the XIDs with their times, the commands the team will ask for next, and
+the advice to capture it all before any reset.  A live report runs `gputop check`'s checks over its own
+window (`commands.check.Evidence`); a report from a recording has no NVML details or kernel readings, so
+the section is built from what the snapshots carry and says what is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from gputop.analysis.machine_check import (
+    CAPTURE_BEFORE_RESET,
+    FAIL,
+    NEXT_COMMANDS,
+    WARN,
+    CheckReport,
+    report_jsonable,
+    utc_time,
+)
+from gputop.analysis.xids import distinct_xids, meaning_of
+from gputop.history import History
+from gputop.model import LABEL_INFRA, Finding
+
+
+def infra_data(history: History, findings: Sequence[Finding], check: Optional[CheckReport]) -> dict[str, Any]:
+    if check is not None:
+        data = report_jsonable(check)
+        data["source"] = "checks"
+        data["failing"] = [c for c in data["checks"] if c["status"] in (FAIL, WARN)]
+        data["missing"] = None
+        return data
+    snaps = list(history)
+    latest = snaps[-1] if snaps else None
+    m = history.machine
+    gpus = [
+        {"index": g.index, "name": g.name, "uuid": g.uuid, "serial": None, "vbios": None, "board_part_number": None,
+         "pci_bus_id": g.pci_bus_id, "lost": g.lost}
+        for g in (latest.gpus if latest else ())
+    ]
+    xids = []
+    for index in sorted({g.index for s in snaps for g in s.gpus}):
+        for event in distinct_xids(g for s in snaps for g in s.gpus if g.index == index):
+            xids.append(f"{utc_time(event.timestamp)}  GPU {index}  XID {event.code}: {meaning_of(event.code).meaning} [NVML event]")
+    failing = [
+        {"id": f.id, "title": f.title, "status": FAIL if f.severity == "critical" else WARN, "value": f.summary,
+         "expected": "", "gpus": list(f.gpus), "evidence": list(f.evidence), "line": f.summary}
+        for f in findings if f.label == LABEL_INFRA
+    ]
+    return {
+        "source": "findings",
+        "machine": {"hostname": m.hostname, "kernel": None, "driver": m.driver_version, "driver_module": None,
+                    "cuda": m.cuda_version, "nvml": m.nvml_version, "simulated": m.simulated, "gpu_error": m.gpu_error},
+        "gpus": gpus,
+        "failing": failing,
+        "checks": [],
+        "summary": None,
+        "xids": xids,
+        "next_commands": [{"command": c, "why": w} for c, w in NEXT_COMMANDS],
+        "advice": CAPTURE_BEFORE_RESET,
+        "missing": ("serials, VBIOS, error counters and the kernel log were not read for this report (it was built "
+                    "from a recording): run `gputop check` on the machine itself and attach its output"),
+    }
+

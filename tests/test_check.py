@@ -1,0 +1,427 @@
+"""`gputop check` (issue 16): the checks, their exit codes, the simulated faults, the kernel's sources.
+
+Every "Done when" line of the issue is a test here:
+- `gputop check --simulate` exits 0                      -> test_check_simulate_exits_0
+- each new simulated fault exits 3 with one failing line  -> test_each_infra_fault_fails_one_line
+- `--json` lists every check with its status             -> test_json_lists_every_check
+- the report carries "For the infra team"                 -> tests/test_check_report.py
+- no-GPU box: host checks, exit 0, "no NVIDIA driver"     -> test_no_driver_box_runs_host_checks
+- unreadable sources are reported, not fatal              -> test_unreadable_kernel_log_*
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gputop import cli
+from gputop.analysis import machine_check as mc
+from gputop.collect.gpu import use_nvml_library
+from gputop.collect.sysfs import HostReader, _xids_from_dmesg
+from gputop.model import AllReduceResult, HostReadings, NicInfo
+from gputop.pipeline import Pipeline
+from gputop.sim.fake_nvml import ManualClock
+from gputop.sim.fake_sysfs import FakeHostTree
+from gputop.sim.profiles import INFRA_FAULTS, faults_help
+from tests.helpers import run_gputop
+
+FIXTURES = Path(__file__).parent / "fixtures" / "host"
+AS_USER = Path(__file__).parent / "drill_jobs" / "as_user.py"
+
+# each new fault -> (the check that must fail, the GPU it names, a number the line must carry)
+INFRA_FAULT_CASES = {
+    "pcie-replay=1": ("pcie.replay", 1, r"\+\d+ replays"),
+    "aer=2": ("pcie.aer", 2, r"\+\d+ correctable"),
+    "nvlink-crc=3:5": ("nvlink.errors", 3, r"link 5: CRC \(flit\) \+\d+"),
+    "retired-page=4": ("memory.retired_pages", 4, r"1 page\(s\) for double-bit"),
+    "topology=5": ("topology", 5, r"PHB×7 where the other GPUs read NV18"),
+    "kernel-xid=6:79": ("xid", 6, r"XID 79 \(GPU has fallen off the bus\) at 20\d\d-"),
+}
+
+
+def check_cli(capsys, *args: str) -> tuple[int, str]:
+    rc = cli.main(["check", *args])
+    return rc, capsys.readouterr().out
+
+
+def simulated_input(spec: str = "h100-sxm-8", seconds: float = 5.0) -> mc.CheckInput:
+    """What `gputop check` collects on a simulated machine, on a clock the test moves (no waiting)."""
+    clock = ManualClock()
+    pipeline = Pipeline(simulate=spec, clock=clock)
+    tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
+    try:
+        before = pipeline.gpu.details()
+        bus = [d.pci_bus_id for d in before]
+        host_before = tree.read(bus)
+        snaps = [pipeline.poll()]
+        clock.advance(seconds)
+        snaps.append(pipeline.poll())
+        return mc.CheckInput(pipeline.machine, tuple(snaps), before, pipeline.gpu.details(), host_before, tree.read(bus), seconds)
+    finally:
+        tree.close()
+        pipeline.close()
+
+
+def result(results, check_id):
+    return next(r for r in results if r.id == check_id)
+
+
+# ---------------------------------------------------------------- Done when
+
+
+def test_check_simulate_exits_0(spawn):
+    ran = run_gputop(spawn, "check", "--simulate", "--seconds", "2")
+    assert ran.rc == 0, ran
+    lines = [line for line in ran.out.splitlines() if line.strip()]
+    statuses = [line.split()[0] for line in lines[:-1]]
+    assert set(statuses) <= {"PASS", "SKIP"} and statuses.count("PASS") >= 15, ran.out
+    assert lines[-1].startswith("healthy") and "exit status 0" in lines[-1]
+
+
+@pytest.mark.parametrize("fault", sorted(INFRA_FAULT_CASES))
+def test_each_infra_fault_fails_one_line(capsys, fault):
+    check_id, gpu, number = INFRA_FAULT_CASES[fault]
+    # 2 s: a window of about a second, so even a loaded box sees the slowest counter (AER, 10/s) climb
+    rc, out = check_cli(capsys, "--simulate", f"h100-sxm-8+{fault}", "--seconds", "2", "--json")
+    data = json.loads(out)
+    assert rc == mc.EXIT_INFRA and data["exit_code"] == mc.EXIT_INFRA, out
+    failing = [c for c in data["checks"] if c["status"] == mc.FAIL]
+    assert [c["id"] for c in failing] == [check_id], out
+    line = failing[0]["line"]  # what the terminal prints for it (write_text prints `line` of every check)
+    assert line.startswith("FAIL") and gpu in failing[0]["gpus"]
+    assert re.search(rf"\bGPU {gpu}\b", line) and re.search(number, line), line
+
+
+def test_every_new_fault_is_listed_in_help_faults(spawn):
+    ran = run_gputop(spawn, "snapshot", "--help-faults")
+    assert ran.rc == 0
+    for form, _ in INFRA_FAULTS.values():
+        assert form in ran.out and form in faults_help()
+
+
+def test_json_lists_every_check(capsys):
+    rc, out = check_cli(capsys, "--simulate", "--seconds", "1.2", "--json")
+    data = json.loads(out)
+    assert rc == 0 and data["exit_code"] == 0 and data["status"] == "pass"
+    ids = [c["id"] for c in data["checks"]]
+    assert ids == [
+        "driver", "gpus", "vbios", "pcie.link", "pcie.replay", "pcie.aer", "nvlink.state", "nvlink.errors", "topology",
+        "numa.nic", "memory.ecc", "memory.remap", "memory.retired_pages", "xid", "persistence", "ecc.mode",
+        "clocks.applications", "clocks.events",
+    ]
+    for check in data["checks"]:
+        assert check["status"] in mc.STATUSES and check["value"] and check["expected"]
+        assert check["line"].startswith(check["status"].upper())
+    assert [g["serial"] for g in data["gpus"]] == [f"165492200{i:04d}" for i in range(8)]
+    assert data["machine"]["kernel"] and data["machine"]["driver_module"] == data["machine"]["driver"]
+    assert any("dcgmi diag -r 2" in c["command"] for c in data["next_commands"])
+
+
+def test_no_driver_box_runs_host_checks(spawn):
+    if Path("/proc/driver/nvidia").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    ran = run_gputop(spawn, "check", "--seconds", "1")
+    assert ran.rc == 0, ran
+    first = ran.out.splitlines()[0]
+    assert first.startswith("SKIP  NVIDIA driver: no NVIDIA driver found")
+    # the host's own checks still ran: the kernel log was searched for XIDs, the NICs were looked at
+    assert re.search(r"^(PASS|FAIL|WARN)  XIDs: ", ran.out, re.M) or "kernel log (XIDs)" in ran.out
+    assert re.search(r"^\w+  GPU/NIC NUMA affinity: ", ran.out, re.M)
+
+
+def test_unreadable_kernel_log_is_one_line_not_fatal(tmp_path):
+    root = tmp_path / "host"
+    shutil.copytree(FIXTURES / "two_gpus", root, symlinks=True)
+    (root / "dev" / "kmsg").unlink()
+    (root / "dev" / "kmsg").mkdir()  # something open() cannot read, even as root
+    readings = HostReader(root).read(["00000000:18:00.0"])
+    assert readings.kernel_xids is None
+    assert len(readings.unreadable) == 1 and "kernel log (XIDs)" in readings.unreadable[0]
+    assert "Is a directory" in readings.unreadable[0]
+    assert readings.aer["00000000:18:00.0"].correctable == 4  # the other sources were still read
+    inp = replace(simulated_input(seconds=1.0), host_after=readings)
+    results = mc.run_checks(inp)
+    sources = result(results, "sources")
+    assert sources.status == mc.SKIP and "kernel log (XIDs)" in sources.value
+    assert result(results, "xid").value.startswith("none in NVML's events (the kernel log was not readable)")
+
+
+@pytest.mark.slow
+def test_unreadable_kernel_log_under_dmesg_restrict(spawn):
+    """The real case: an ordinary user under kernel.dmesg_restrict=1 cannot open /dev/kmsg."""
+    if os.geteuid() != 0 or Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() != "1":
+        pytest.skip("needs root (to become another user) and kernel.dmesg_restrict = 1")
+    ran = run_gputop(spawn, "check", "--seconds", "1", python=sys.executable)  # as root: readable
+    assert "kernel log (XIDs)" not in ran.out
+    proc = spawn([sys.executable, str(AS_USER), "nobody", "check", "--seconds", "1"], stdout=-1, stderr=-1)
+    out, err = proc.communicate(timeout=60)
+    out = out.decode()
+    assert proc.returncode == 0, (out, err)
+    line = next(line for line in out.splitlines() if "Unreadable sources" in line)
+    assert "/dev/kmsg" in line and "dmesg_restrict" in line
+
+
+# ---------------------------------------------------------------- exit codes and usage
+
+
+def test_configuration_warning_exits_4():
+    inp = simulated_input()
+    low = tuple(replace(d, app_clock_sm=1200) if d.index == 2 else d for d in inp.after)
+    results = mc.run_checks(replace(inp, after=low))
+    clocks = result(results, "clocks.applications")
+    assert clocks.status == mc.WARN and clocks.gpus == (2,) and "SM 1200 of 1980 MHz" in clocks.value
+    assert mc.exit_code(results) == mc.EXIT_CONFIG
+
+
+def test_persistence_and_ecc_mode_must_match():
+    inp = simulated_input()
+    after = tuple(replace(d, persistence_mode=False) if d.index == 7 else d for d in inp.after)
+    after = tuple(replace(d, ecc_mode_pending=False) if d.index == 1 else d for d in after)
+    results = mc.run_checks(replace(inp, after=after))
+    persistence = result(results, "persistence")
+    assert persistence.status == mc.WARN and persistence.gpus == (7,) and "7 others are enabled" in persistence.value
+    ecc = result(results, "ecc.mode")
+    assert ecc.status == mc.WARN and "GPU 1: ECC on now, off after the next reset" in ecc.value
+
+
+def test_fail_outranks_warn():
+    inp = simulated_input("h100-sxm-8+pcie-replay=0")
+    low = tuple(replace(d, app_clock_sm=1200) for d in inp.after)
+    assert mc.exit_code(mc.run_checks(replace(inp, after=low))) == mc.EXIT_INFRA
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--seconds", "0"], "must be greater than 0"),
+        (["--simulate", "h100-sxm-8+aer=9"], "aer=9: h100-sxm-8 has GPUs 0..7"),
+        (["--simulate", "h100-sxm-8+nvlink-crc=1:40"], "nvlink-crc needs IDX[:LINK]"),
+        (["--simulate", "rtx-4090-2+topology=0"], "has no NVLink"),
+        (["--simulate", "h100-sxm-8+kernel-xid=1"], "kernel-xid needs IDX:CODE"),
+    ],
+)
+def test_bad_usage_exits_2(capsys, args, message):
+    assert cli.main(["check", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- the checks' judgement
+
+
+def test_idle_links_are_not_judged():
+    inp = simulated_input("h100-sxm-8+pcie-degraded=3")
+    idle = tuple(replace(s, gpus=tuple(replace(g, utilization_gpu=0.0) for g in s.gpus)) for s in inp.snapshots)
+    link = result(mc.run_checks(replace(inp, snapshots=idle)), "pcie.link")
+    assert link.status == mc.SKIP and "idle links downtrain" in link.value
+    assert result(mc.run_checks(inp), "pcie.link").status == mc.FAIL  # the same machine under load
+
+
+def test_counts_since_boot_are_shown_but_only_climbing_counts_fail():
+    inp = simulated_input("h100-sxm-8+pcie-replay=1")
+    steady = tuple(replace(d, pcie_replays=d.pcie_replays) for d in inp.after)
+    replay = result(mc.run_checks(replace(inp, before=steady, after=steady)), "pcie.replay")
+    assert replay.status == mc.PASS and "GPU 1: 203" in replay.value  # 3 + 40/s x 5 s, standing still
+
+
+def test_aer_uncorrectable_fails_from_fixture_counters():
+    inp = simulated_input("h100-sxm-8")
+    fixture = HostReader(FIXTURES / "two_gpus").read(["00000000:18:00.0"])
+    aer = {**inp.host_after.aer, "00000000:18:00.0": fixture.aer["00000000:18:00.0"]}
+    check = result(mc.run_checks(replace(inp, host_after=replace(inp.host_after, aer=aer))), "pcie.aer")
+    assert check.status == mc.FAIL and check.gpus == (0,)
+    assert "GPU 0: 0 fatal, 1 non-fatal (BadTLP 3, BadDLLP 1, CmpltTO 1)" in check.value
+
+
+def test_nic_numa_affinity_from_the_machine():
+    inp = simulated_input()
+    assert result(mc.run_checks(inp), "numa.nic").status == mc.PASS
+    only_node0 = tuple(n for n in inp.host_after.nics if n.numa_node == 0)
+    check = result(mc.run_checks(replace(inp, host_after=replace(inp.host_after, nics=only_node0))), "numa.nic")
+    assert check.status == mc.WARN and check.gpus == (4, 5, 6, 7) and "no NIC on node 1" in check.value
+    virtual = (NicInfo("eth0", None),)
+    check = result(mc.run_checks(replace(inp, host_after=replace(inp.host_after, nics=virtual))), "numa.nic")
+    assert check.status == mc.SKIP
+
+
+def test_driver_module_mismatch_fails():
+    inp = simulated_input()
+    check = result(mc.run_checks(replace(inp, host_after=replace(inp.host_after, driver_module="535.129.03"))), "driver")
+    assert check.status == mc.FAIL and "kernel module 535.129.03 but library 550.54.15" in check.value
+
+
+def test_xid_of_the_code_is_a_warning_and_kernel_xids_map_to_gpus():
+    inp = simulated_input("rtx-4090-2")
+    fixture = HostReader(FIXTURES / "two_gpus").read([])
+    code_xid = tuple(x for x in fixture.kernel_xids if x.code == 13)  # PCI 0000:2a:00 -> nobody on this profile
+    check = result(mc.run_checks(replace(inp, host_after=replace(inp.host_after, kernel_xids=code_xid))), "xid")
+    assert check.status == mc.WARN and "a GPU NVML does not list: XID 13" in check.value
+    assert check.evidence[0].startswith("2025-12-01 01:00:00 UTC")  # btime 1764547200 + 3600 s
+
+
+# ---------------------------------------------------------------- --load
+
+
+def test_load_is_skipped_on_a_simulated_machine(capsys):
+    rc, out = check_cli(capsys, "--simulate", "--seconds", "1.2", "--load")
+    assert rc == 0
+    line = next(line for line in out.splitlines() if "All-reduce" in line)
+    assert line.startswith("SKIP") and "needs a real GPU" in line
+
+
+def test_busbw_arithmetic_follows_nccl_tests():
+    r = AllReduceResult(gpus=8, bytes=256 * 2**20, seconds=0.001, iterations=20)
+    assert r.algbw == pytest.approx(256 * 2**20 / 0.001)
+    assert r.busbw == pytest.approx(r.algbw * 2 * 7 / 8)
+    assert AllReduceResult(gpus=1, bytes=1, seconds=1.0, iterations=1).busbw == 0.0
+    inp = simulated_input()
+    rate, how = mc.expected_busbw(inp.machine, inp.gpus)
+    assert rate == pytest.approx(18 * 25e9) and how.startswith("NV18")
+    pcie = simulated_input("rtx-4090-2")
+    rate, how = mc.expected_busbw(pcie.machine, pcie.gpus)
+    assert rate == pytest.approx(1.969e9 * 16) and "PCIe Gen4 x16" in how
+
+
+@pytest.mark.parametrize("busbw_gbps, status", [(380.0, mc.PASS), (200.0, mc.WARN), (90.0, mc.FAIL)])
+def test_allreduce_compared_with_the_topology(busbw_gbps, status):
+    inp = simulated_input()
+    seconds = 2**28 * 2 * 7 / 8 / (busbw_gbps * 1e9)  # the time that gives this busbw for 256 MiB on 8 GPUs
+    load = mc.LoadOutcome(allreduce=AllReduceResult(gpus=8, bytes=2**28, seconds=seconds, iterations=20))
+    check = result(mc.run_checks(replace(inp, load=load)), "load.allreduce")
+    assert check.status == status and f"busbw {busbw_gbps:.1f} GB/s" in check.value, check.value
+
+
+def test_load_job_result_parsing():
+    from gputop.collect.gpu_load import outcome_from_job
+
+    ok = outcome_from_job(["LOADING", '{"allreduce": {"gpus": 8, "bytes": 1024, "seconds": 0.5, "iterations": 3}}'], 0)
+    assert ok.allreduce == AllReduceResult(gpus=8, bytes=1024, seconds=0.5, iterations=3)
+    one = outcome_from_job(['{"allreduce_skipped": "one GPU: there is nothing to reduce across"}'], 0)
+    assert one.allreduce is None and one.allreduce_skipped.startswith("one GPU")
+    crashed = outcome_from_job([], 1, "Traceback ...\nRuntimeError: CUDA error: out of memory\n")
+    assert crashed.skipped == "the load job failed: RuntimeError: CUDA error: out of memory"
+
+
+@pytest.mark.slow
+def test_load_job_on_a_cpu_torch_says_why(spawn):
+    pytest.importorskip("torch")
+    proc = spawn([sys.executable, "-m", "gputop.collect.gpu_load_job", "--seconds", "0.1"], stdout=-1, stderr=-1)
+    out, _ = proc.communicate(timeout=120)
+    from gputop.collect.gpu_load import outcome_from_job
+
+    outcome = outcome_from_job(out.decode().splitlines(), proc.returncode)
+    assert outcome.skipped == "torch sees no CUDA device (a CPU build of torch?)"
+
+
+# ---------------------------------------------------------------- the kernel's sources (fixture roots)
+
+
+def test_host_reader_on_fixture_root():
+    r = HostReader(FIXTURES / "two_gpus").read(["00000000:18:00.0", "00000000:2A:00.0"])
+    assert r.kernel == "5.15.0-105-generic" and r.driver_module == "550.54.15"
+    assert r.aer["00000000:18:00.0"].correctable == 4 and r.aer["00000000:18:00.0"].nonfatal == 1
+    assert r.aer["00000000:2A:00.0"] is None  # no aer_dev_* files: not exposed, not an error
+    # ib0 and mlx5_0 are one PCI function; eth0 has no NUMA node; lo has no device
+    assert [(n.name, n.numa_node) for n in r.nics] == [("mlx5_0", 0), ("eth0", None)]
+    assert [(x.code, x.pci) for x in r.kernel_xids] == [(79, "0000:18:00"), (13, "0000:2a:00")]
+    assert r.kernel_xids[0].timestamp == pytest.approx(1764547200 + 12.004)
+    assert r.kernel_log_records == 5  # the continuation lines belong to their record
+    assert r.unreadable == ()
+
+
+def test_dmesg_lines_parse_like_kmsg():
+    lines = ["[   12.004000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+             "[   13.000000] nvidia-modeset: Loading"]
+    (xid,) = _xids_from_dmesg(lines, 1000.0)
+    assert (xid.code, xid.pci, xid.timestamp) == (79, "0000:18:00", pytest.approx(1012.004))
+
+
+def test_fake_host_tree_counters_climb_on_the_fake_clock():
+    clock = ManualClock()
+    pipeline = Pipeline(simulate="h100-sxm-8+aer=2", clock=clock)
+    tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
+    try:
+        bus = pipeline.machine.topology and [d.pci_bus_id for d in pipeline.gpu.details()]
+        first = tree.read(bus).aer[bus[2]].correctable
+        clock.advance(3)
+        assert tree.read(bus).aer[bus[2]].correctable == first + 30
+        assert tree.read(bus).aer[bus[0]].correctable == 0
+    finally:
+        tree.close()
+        pipeline.close()
+    assert not tree.root.exists()
+
+
+# ---------------------------------------------------------------- the real pynvml wrappers over the fake
+
+
+def test_details_through_the_real_pynvml_wrappers():
+    clock = ManualClock()
+    pipeline = Pipeline(simulate="h100-sxm-8+nvlink-crc=3:5+retired-page=4+thermal=6+pcie-replay=1", clock=clock)
+    try:
+        first = pipeline.gpu.details()
+        clock.advance(2)
+        d = pipeline.gpu.details()
+    finally:
+        pipeline.close()
+    assert [g.serial for g in d] == [f"165492200{i:04d}" for i in range(8)]
+    assert {g.vbios for g in d} == {"96.00.99.00.01"} and {g.board_part_number for g in d} == {"692-2G520-0200-000"}
+    assert all(g.persistence_mode and g.ecc_mode and g.ecc_mode_pending for g in d)
+    assert (d[0].app_clock_sm, d[0].app_clock_sm_default, d[0].app_clock_memory) == (1980, 1980, 2619)
+    assert d[1].pcie_replays - first[1].pcie_replays == 80 and d[0].pcie_replays == 0
+    crc = {(g.index, e.link): e.crc_flit for g in d for e in g.nvlink_errors if e.crc_flit}
+    assert crc == {(3, 5): 12 + 25 * 2}
+    assert len(d[0].nvlink_errors) == 18 and d[0].nvlink_errors[0].recovery == 0
+    assert (d[4].retired_pages_double_bit, d[4].retired_pages_single_bit, d[4].retired_pages_pending) == (1, 0, True)
+    assert d[6].clock_event_ns["thermal"] == pytest.approx(0.6 * 2e9) and d[0].clock_event_ns["thermal"] == 0
+    assert set(d[0].clock_event_ns) >= {"power", "thermal", "reliability", "board_limit"}
+    assert all(not g.unavailable for g in d)
+
+
+def test_refusals_become_not_available_with_the_reason():
+    pipeline = Pipeline(simulate="rtx-4090-2")
+    try:
+        d = pipeline.gpu.details()
+    finally:
+        pipeline.close()
+    g = d[0]
+    assert (g.serial, g.ecc_mode, g.app_clock_sm, g.nvlink_errors, g.retired_pages_pending) == (None,) * 5
+    assert g.unavailable["serial"] == "NotSupported" and g.unavailable["ecc_mode"] == "NotSupported"
+    assert g.unavailable["nvlink_errors"] == "NotSupported"
+    assert g.vbios == "95.02.18.80.5F" and g.persistence_mode is True and g.pcie_replays == 0
+
+
+def test_details_of_a_lost_gpu():
+    clock = ManualClock()
+    pipeline = Pipeline(simulate="h100-sxm-8+gpu-lost=2@1", clock=clock)
+    try:
+        clock.advance(2)
+        d = pipeline.gpu.details()
+    finally:
+        pipeline.close()
+    assert d[2].lost and d[2].unavailable == {"gpu": "GpuIsLost"} and d[2].serial is None
+    assert not d[3].lost and d[3].serial
+
+
+def test_an_old_driver_without_the_new_symbols():
+    """A symbol the library lacks is FunctionNotFound at the adapter, never an exception above it."""
+    pipeline = Pipeline(simulate="h100-sxm-8")
+    lib = pipeline.fake_library
+    try:
+        for name in ("nvmlDeviceGetViolationStatus", "nvmlDeviceGetPcieReplayCounter"):
+            lib._symbols.pop(name)
+        use_nvml_library(lib)
+        d = pipeline.gpu.details()
+    finally:
+        pipeline.close()
+    assert d[0].pcie_replays is None and d[0].unavailable["pcie_replays"] == "FunctionNotFound"
+    assert d[0].clock_event_ns == {}
+    inp_results = mc.check_pcie_replay(mc.CheckInput(pipeline.machine, (), d, d, HostReadings(0.0), HostReadings(0.0), 1.0))
+    assert inp_results.status == mc.SKIP and "FunctionNotFound" in inp_results.value
