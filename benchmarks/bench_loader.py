@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gputop.bench import run_benchmark  # noqa: E402
-from tests.bench_jobs.harness import JOB, Job, truth  # noqa: E402
+from tests.harness.train_jobs import JOB, Job, truth  # noqa: E402
 
 JOBS = [  # (num_workers, prep ms per batch, step ms)
     (0, 60, 30),

@@ -31,9 +31,10 @@ from typing import Any, Callable, Optional
 import psutil
 
 from gputop.analysis import loader_math
+from gputop.collect import cgroup
 from gputop.collect.procfs import read_stat
-from gputop.collect.stacks import process_alive
 from gputop.collect.sampler import PassiveResult, PassiveSampler
+from gputop.collect.stacks import process_alive
 from gputop.errors import GputopError, UsageError
 from gputop.inject import injector
 
@@ -192,8 +193,8 @@ def _report(progress: Optional[Progress], fraction: float, message: str) -> None
             pass
 
 
-def resolve_rank(pid: int) -> tuple[int, tuple[int, ...], int, str]:
-    """(rank pid, its worker pids, ranks on this host, target text) from any PID of the job."""
+def training_job(pid: int):
+    """The job tree (no stacks) of the job `pid` belongs to; GputopError when it has no training process."""
     from gputop.collect.job_tree import JobCollector
 
     collector = JobCollector(pid, stacks_enabled=False)
@@ -203,6 +204,12 @@ def resolve_rank(pid: int) -> tuple[int, tuple[int, ...], int, str]:
         collector.close()
     if not tree.ranks:
         raise GputopError(f"PID {pid} has no training process under it; pass a rank's or the launcher's PID")
+    return tree
+
+
+def resolve_rank(pid: int) -> tuple[int, tuple[int, ...], int, str]:
+    """(rank pid, its worker pids, ranks on this host, target text) from any PID of the job."""
+    tree = training_job(pid)
     rank = tree.ranks[0]
     rank_pid = rank.proc.pid
     workers = tuple(w.pid for w in rank.workers)
@@ -220,6 +227,31 @@ def _passive_dict(passive: Optional[PassiveResult]) -> dict[str, Any]:
 def _hard_max_workers(cpu_count: Optional[int]) -> int:
     """Even workers that mostly wait on storage stop paying off at some point: 4 per core, at most 32."""
     return min(loader_math.HARD_MAX_WORKERS, 4 * max(1, cpu_count or os.cpu_count() or 1))
+
+
+def _passive_worker_limit(rank_pid: int, passive: PassiveResult) -> tuple[int, str]:
+    """The most workers per rank the passive advice may name, and why: the stated maximum (4 per core the
+    rank may use, at most 32), and the job's free memory (its cgroup's memory.max when lower) over one
+    process's RSS (a new worker is forked from the rank: it may grow to the rank's size)."""
+    limits = cgroup.read_limits(rank_pid)
+    cores = passive.cpu_count
+    if limits.cpu:
+        cores = min(cores or limits.cpu, max(1, int(limits.cpu)))
+    hard = _hard_max_workers(cores)
+    why = f"cap: {hard} workers (4 per core of the {cores or os.cpu_count()} the job may use, at most {loader_math.HARD_MAX_WORKERS})"
+    try:
+        rank = psutil.Process(rank_pid)
+        sizes = [rank.memory_info().rss] + [c.memory_info().rss for c in rank.children()]
+        rss = max(sizes)
+        free = psutil.virtual_memory().available
+        if limits.memory:
+            free = min(free, max(0, limits.memory - sum(sizes)))
+    except (psutil.Error, OSError):
+        return hard, why
+    by_memory = max(1, int(free * 0.5 // max(rss, 1)))
+    if by_memory < hard:
+        return by_memory, f"cap: {by_memory} workers (half of {free / (1 << 30):.1f} GiB free ÷ {rss / (1 << 30):.2f} GiB per process)"
+    return hard, why
 
 
 def _contention_notes(free_cores: Optional[float], configs, consumption, during) -> tuple[bool, list[str]]:
@@ -344,12 +376,21 @@ def _finish_passive(started, target_text, rank_pid, passive, n_workers, notes, r
                     progress) -> BenchResult:
     if passive.error and not passive.main_samples:
         raise GputopError(f"cannot sample PID {rank_pid}: {passive.error}")
+    max_workers, why = _passive_worker_limit(rank_pid, passive)
     advice = loader_math.recommend(
         current={"num_workers": n_workers},
-        passive={"wait_fraction": passive.wait_fraction, "epoch_restart_fraction": passive.epoch_restart_fraction},
+        passive={
+            "wait_fraction": passive.wait_fraction,
+            "dataset_fraction": passive.dataset_fraction,
+            "epoch_restart_fraction": passive.epoch_restart_fraction,
+            "worker_busy": [{"pid": pid, "busy": share} for pid, share in passive.worker_busy],
+        },
         free_cores=free_cores,
         ranks_on_host=ranks_on_host,
+        max_workers=max_workers,
     )
+    if advice.get("bottleneck"):
+        advice["lines"].append(why)
     if not any(n.startswith("active tier not run") for n in notes):
         notes.append("passive only: run with --yes (or confirm in the TUI) for consumption, settings and the sweep")
     _report(progress, 1.0, "done")

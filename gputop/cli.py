@@ -146,6 +146,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="allow the active tier: inject a small agent into the job")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
+    p = sub.add_parser("trace", help="profile every rank of a live job for a few seconds: where each step's time goes")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--pid", type=_pid, help="the job: its launcher or any rank (every rank is traced)")
+    target.add_argument("--from", dest="from_file", metavar="FILE", nargs="+",
+                        help="summarise existing torch.profiler Chrome traces (files or a directory)")
+    window = p.add_mutually_exclusive_group()
+    window.add_argument("--seconds", type=_positive_float, default=None, metavar="S",
+                        help="length of the profiled window, at most 10 (default 5)")
+    window.add_argument("--steps", type=int, default=None, metavar="N",
+                        help="profile N optimizer steps instead (bounded by 10 s)")
+    p.add_argument("-o", "--output", metavar="DIR", help="where the per-rank traces go (default ./gputop-trace-TIME)")
+    p.add_argument("--with-stack", action="store_true",
+                   help="record Python stacks too (names the line of each sync; slows the job during the window)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
     p = sub.add_parser("report", help="observe for a while and write a ticket-ready report")
     _add_pid(p)
     _add_simulate(p)
@@ -216,10 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Subcommand -> module that owns it; each exposes run(args) -> int.
 COMMAND_MODULES = {
-    "tui": "gputop.tui.app",
+    "tui": "gputop.commands.tui",
     "snapshot": "gputop.commands.snapshot",
     "demo": "gputop.commands.demo",
     "bench": "gputop.commands.bench",
+    "trace": "gputop.commands.trace",
     "report": "gputop.commands.report",
     "check": "gputop.commands.check",
     "record": "gputop.commands.record",

@@ -122,7 +122,7 @@ class DiscoveredJobs:
     def collect(self, gpus: tuple[GpuSample, ...], now: float) -> list[JobTree]:
         from gputop.collect.job_tree import JobCollector, discover_jobs
 
-        anchors = [tree.launcher.pid if tree.launcher else tree.root_pid for tree in discover_jobs(gpus)]
+        anchors = [job_anchor(tree) for tree in discover_jobs(gpus)]
         for pid in set(self._collectors) - set(anchors):
             self._collectors.pop(pid).close()
         trees = []
@@ -134,7 +134,9 @@ class DiscoveredJobs:
                 except GputopError:  # it exited between the scan and the attach
                     continue
             tree = collector.collect(gpus, now)
-            if not tree.exited:
+            if tree.exited:  # gone, or its PID already names another process: attach afresh next time
+                self._collectors.pop(pid).close()
+            else:
                 trees.append(tree)
         return trees
 
@@ -156,8 +158,13 @@ class _RankTrack:
     last_progress: Optional[float] = None
 
 
+def job_anchor(tree: JobTree) -> int:
+    """The PID that names a job: its launcher's, or the lone training process's."""
+    return tree.launcher.pid if tree.launcher else tree.root_pid
+
+
 def job_label(tree: JobTree) -> str:
-    return str(tree.launcher.pid if tree.launcher else tree.root_pid)
+    return str(job_anchor(tree))
 
 
 def rank_label(rank: Rank, position: int) -> str:

@@ -359,6 +359,10 @@ class Rank:
     world_size: Optional[int] = None
     cuda_visible_devices: Optional[str] = None
     gpus: tuple[int, ...] = ()  # NVML indices where this process holds memory
+    # how `gpus` was matched: "nvml" (NVML's PID is this process), "nspid" (NVML's PID is its PID in
+    # another namespace, from /proc/PID/status NSpid), "inferred" (NVML's PIDs are not visible here, e.g.
+    # in a container: from CUDA_VISIBLE_DEVICES + LOCAL_RANK); None: on no GPU
+    gpu_mapping: Optional[str] = None
     workers: tuple[ProcInfo, ...] = ()
     pin_memory_tids: tuple[int, ...] = ()
     main_thread_state: Optional[str] = None  # see analysis.stack_classes
@@ -402,6 +406,9 @@ class Snapshot:
     gpus: tuple[GpuSample, ...] = ()
     job: Optional[JobTree] = None
     simulated: bool = False
+    # With no job attached: the machine's GPU processes grouped into jobs (launcher -> ranks -> workers,
+    # no stacks), so what the screen offers to attach to is in recordings and reports too.
+    jobs: tuple[JobTree, ...] = ()
 
 
 # --------------------------------------------------------------------- JSON

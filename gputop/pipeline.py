@@ -1,4 +1,4 @@
-"""The pipeline: collectors in, one `Snapshot` out per `poll()`.
+"""The pipeline: collectors in, one `Snapshot` out per `poll()`; the live `Source` (see source.py).
 
 Every sink (TUI, report, recorder, `gputop snapshot`) gets its data here, real
 or simulated, so what the screen shows is what the report says.
@@ -6,6 +6,7 @@ or simulated, so what the screen shows is what the report says.
     pipeline = Pipeline(simulate="h100-sxm-8+thermal=2")   # or Pipeline() on a real machine
     pipeline.machine      # MachineInfo, read once
     pipeline.poll()       # Snapshot; blocking (NVML, psutil, /proc): call it from a worker thread
+    pipeline.attach(pid)  # follow a job (Attachable); until then poll() groups GPU processes into jobs
     pipeline.close()
 """
 
@@ -16,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from gputop.collect.gpu import GpuCollector, GpuUnavailableError
 from gputop.collect.host import HostCollector, numa_layout_from_affinity
-from gputop.model import MachineInfo, Snapshot
+from gputop.model import JobTree, MachineInfo, Snapshot
 
 
 class Pipeline:
@@ -42,6 +43,7 @@ class Pipeline:
         self._stack_interval = stack_interval
         self.simulated = simulate is not None
         self.job_collector = job_collector
+        self._stacks_wanted = True
         self.gpu: Optional[GpuCollector] = None
         self.fake_library = None
         self._closed = False
@@ -104,10 +106,17 @@ class Pipeline:
         """
         from gputop.collect.job_tree import JobCollector  # the attach side; only needed with a PID
 
-        new = JobCollector(pid, stack_interval=self._stack_interval)
+        new = JobCollector(pid, stack_interval=self._stack_interval, stacks_wanted=self._stacks_wanted)
         old, self.job_collector = self.job_collector, new  # one assignment: poll() sees old or new
         if old is not None:
             old.close()
+
+    def want_stacks(self, wanted: bool) -> None:
+        """Dump the attached job's stacks only while they are shown or kept (also for a job attached later)."""
+        self._stacks_wanted = wanted
+        collector = self.job_collector
+        if collector is not None:
+            collector.stacks_wanted = wanted
 
     def poll(self) -> Snapshot:
         """One sample of everything. Per-field and per-GPU failures arrive as None / lost, never as exceptions."""
@@ -116,7 +125,12 @@ class Pipeline:
         now = self._clock()
         job_collector = self.job_collector  # read once: attach() may swap it from another thread
         job = job_collector.collect(gpus, now) if job_collector is not None else None
-        return Snapshot(timestamp=now, host=host, gpus=gpus, job=job, simulated=self.simulated)
+        jobs: tuple[JobTree, ...] = ()
+        if job_collector is None and any(g.processes for g in gpus):
+            from gputop.collect.job_tree import discover_jobs  # /proc only: no py-spy, no stacks
+
+            jobs = tuple(discover_jobs(gpus))
+        return Snapshot(timestamp=now, host=host, gpus=gpus, job=job, simulated=self.simulated, jobs=jobs)
 
     def close(self) -> None:
         if self._closed:

@@ -93,6 +93,15 @@ class SteppedSource:
         self._closed.set()
         self.pipeline.close()
 
+    # the machine check (key c) reads the live pipeline's NVML and its simulated kernel tree
+    @property
+    def gpu(self):
+        return self.pipeline.gpu
+
+    @property
+    def fake_library(self):
+        return self.pipeline.fake_library
+
 
 def build_source(seconds: int, profile: str) -> SteppedSource:
     # The simulated GPUs' CPU affinity is laid out over the host's CPUs: make it the simulated host's.
@@ -117,8 +126,11 @@ async def shoot(out: Path, name: str, size: tuple[int, int], keys: list[str], se
             # the header shows the interval the user would run with, not the script's fast-forward
             app.interval = 1.0
             app.query_one("#header").set_state(interval=1.0, paused=False)
+            app.check_seconds = 0.5  # the stepped source stands still after its last poll: nothing to wait for
             for key in keys:
                 await pilot.press(key)
+            while "c" in keys and app.last_check is None:
+                await pilot.pause(0.05)
             await pilot.pause()
             return _save_svg(app, out, name)
     finally:
@@ -215,6 +227,8 @@ SHOTS = [  # (name, size, keys, faults added to --profile)
     ("help", (120, 40), ["question_mark"], ""),
     # the infrastructure side: a GPU that throttles on heat, a link trained down, an XID, ECC errors
     ("infra-faults", (160, 48), [], "+thermal=2+pcie-degraded=5+xid=3:79@30+ecc=6"),
+    # the machine check (key c): a GPU out of the NVLink fabric, a pending page retirement, an XID only the kernel log has
+    ("check", (160, 48), ["c"], "+topology=5+retired-page=4+kernel-xid=6:79"),
 ]
 
 

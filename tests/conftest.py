@@ -1,6 +1,6 @@
 import pytest
 
-from tests.helpers import Spawner
+from tests.harness.processes import Spawner
 
 
 @pytest.fixture

@@ -19,8 +19,9 @@ import pytest
 from gputop.bench import BenchResult, run_benchmark
 from gputop.collect.stacks import dump_stacks
 from gputop.errors import GputopError
-from tests.bench_jobs.harness import REPO, children, start_job, thread_ids, truth
-from tests.helpers import wait_until
+from tests.harness.processes import children, thread_ids
+from tests.harness.train_jobs import REPO, start_job, truth
+from tests.harness.processes import wait_until
 
 PREP_S = 0.060
 STEP_S = 0.030
@@ -34,6 +35,7 @@ def _gputop(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 # ------------------------------------------------------------------------------------ accuracy
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_active_benchmark_matches_the_truth_and_its_advice_removes_the_wait(spawn, tmp_path):
     job = start_job(spawn, tmp_path, "starved", "--workers", "0", "--prep-ms", str(PREP_S * 1000),
@@ -97,6 +99,7 @@ def _main_thread_frames(pid: int) -> list[str]:
     return [f.name for f in main[0].frames] if main else []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("loader_args", [("--workers", "2", "--persistent"), ("--workers", "0")],
                          ids=["persistent-workers", "no-workers"])
@@ -147,6 +150,7 @@ def test_training_is_bit_identical_with_a_benchmark_in_the_middle(spawn, tmp_pat
 # ------------------------------------------------------------------------------------ refusals
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_iterable_dataset_gets_a_reason_not_a_sweep(spawn, tmp_path):
     job = start_job(spawn, tmp_path, "stream", "--iterable", "--prep-ms", "20", "--step-ms", "10")
@@ -160,11 +164,13 @@ def test_iterable_dataset_gets_a_reason_not_a_sweep(spawn, tmp_path):
     wait_until(lambda: thread_ids(job.pid) <= threads_before, timeout=10, what="the agent thread to end")
 
 
+@pytest.mark.slow
 def test_nonexistent_pid_is_one_line():
     with pytest.raises(GputopError, match=r"no process with PID 4194000"):
         run_benchmark(4194000, seconds=5, allow_inject=True)
 
 
+@pytest.mark.slow
 def test_not_python_is_refused(spawn):
     proc = spawn(["sleep", "30"])
     with pytest.raises(GputopError, match="not a Python process"):
@@ -179,6 +185,7 @@ def _sleeping_python(spawn, python=sys.executable):
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plant", ["dir", "file", "mode"])
 def test_results_directory_owned_by_someone_else_is_refused(spawn, tmp_path, plant):
     target = _sleeping_python(spawn)
@@ -198,6 +205,7 @@ def test_results_directory_owned_by_someone_else_is_refused(spawn, tmp_path, pla
         run_benchmark(target.pid, seconds=5, allow_inject=True, results_root=(str(base), str(base)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", ["3.9", "3.10"])
 def test_other_pythons(spawn, tmp_path, version):
     """3.9: refused with a reason, passive still runs. 3.10: injected across versions (no torch there)."""
@@ -217,6 +225,7 @@ def test_other_pythons(spawn, tmp_path, version):
     assert result.passive["main_samples"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_launcher_pid_benchmarks_its_rank(spawn, tmp_path):
     log = tmp_path / "rank.log"
@@ -258,6 +267,7 @@ def test_bench_result_round_trips_and_summarises():
 # ------------------------------------------------------------------------------------ offline
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_offline_loader_sweep(tmp_path):
     done = subprocess.run(
@@ -273,6 +283,7 @@ def test_offline_loader_sweep(tmp_path):
     assert result["recommendation"]["num_workers"] == best  # sleeping workers scale: the most is the fastest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "spec, code, message",
     [
@@ -291,6 +302,7 @@ def test_offline_refusals_are_one_line(spec, code, message):
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_the_monitor_side_imports_neither_torch_nor_textual():
     code = ("import sys, gputop.bench, gputop.commands.bench, gputop.inject.injector, gputop.collect.sampler; "
             "print(sorted(m for m in ('torch', 'textual') if m in sys.modules))")
@@ -330,6 +342,7 @@ def test_run_directory_in_a_container_root_is_removed_after_that_root_vanished(t
     assert list((gone / "tmp" / base.name).iterdir()) == []
 
 
+@pytest.mark.slow
 def test_waiting_for_the_agent_stops_at_once_when_the_job_dies(spawn, tmp_path):
     from gputop import bench
     from gputop.inject import injector

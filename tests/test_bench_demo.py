@@ -11,7 +11,7 @@ import pytest
 from gputop.bench import resolve_rank, run_benchmark
 from gputop.collect.sampler import sample_passive
 from gputop.sim.demo_launcher import DemoJob
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 RANKS = 2  # keeps 2 shared cores usable; the arithmetic per rank is the same as with 8
 
@@ -23,6 +23,7 @@ def _steps_per_s(job: DemoJob, sample) -> tuple[float, object]:
     return min(b - a for a, b in zip(before, after)) / (t1 - t0), value
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_recommended_workers_remove_the_wait_on_the_starved_demo(tmp_path):
     root = str(tmp_path / "results")

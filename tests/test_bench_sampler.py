@@ -8,7 +8,7 @@ import pytest
 
 from gputop.analysis.stack_classes import IN_DATASET, WAITING_FOR_DATA
 from gputop.collect.sampler import PassiveSampler, analyze, parse_raw
-from tests.bench_jobs.harness import start_job, truth
+from tests.harness.train_jobs import start_job, truth
 
 CMD = 'process 100:"python train.py"'
 WORKER = 'process 100:"python train.py";process 200:"python train.py"'
@@ -84,6 +84,7 @@ def test_analyze_num_workers_zero_counts_dataset_time_as_wait():
     assert found["wait_fraction"] == pytest.approx(0.4)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_real_job_wait_fraction_and_worker_cpu(spawn, tmp_path):
     # 2 workers, 80 ms of sleep per batch each -> 25 batches/s supply; 20 ms step -> ~50% waiting.
@@ -109,6 +110,7 @@ def test_real_job_wait_fraction_and_worker_cpu(spawn, tmp_path):
     assert result.idle_cores is not None and result.cpu_count >= 1
 
 
+@pytest.mark.slow
 def test_sampler_reports_a_non_python_process(spawn):
     proc = spawn(["sleep", "30"])
     sampler = PassiveSampler(proc.pid, (), seconds=1)

@@ -30,7 +30,8 @@ from gputop.pipeline import Pipeline
 from gputop.sim.fake_nvml import ManualClock
 from gputop.sim.fake_sysfs import FakeHostTree
 from gputop.sim.profiles import INFRA_FAULTS, faults_help
-from tests.helpers import run_gputop
+from tests.harness.machine_check import simulated_check_input
+from tests.harness.processes import run_gputop
 
 FIXTURES = Path(__file__).parent / "fixtures" / "host"
 AS_USER = Path(__file__).parent / "drill_jobs" / "as_user.py"
@@ -49,24 +50,6 @@ INFRA_FAULT_CASES = {
 def check_cli(capsys, *args: str) -> tuple[int, str]:
     rc = cli.main(["check", *args])
     return rc, capsys.readouterr().out
-
-
-def simulated_input(spec: str = "h100-sxm-8", seconds: float = 5.0) -> mc.CheckInput:
-    """What `gputop check` collects on a simulated machine, on a clock the test moves (no waiting)."""
-    clock = ManualClock()
-    pipeline = Pipeline(simulate=spec, clock=clock)
-    tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
-    try:
-        before = pipeline.gpu.details()
-        bus = [d.pci_bus_id for d in before]
-        host_before = tree.read(bus)
-        snaps = [pipeline.poll()]
-        clock.advance(seconds)
-        snaps.append(pipeline.poll())
-        return mc.CheckInput(pipeline.machine, tuple(snaps), before, pipeline.gpu.details(), host_before, tree.read(bus), seconds)
-    finally:
-        tree.close()
-        pipeline.close()
 
 
 def result(results, check_id):
@@ -146,7 +129,7 @@ def test_unreadable_kernel_log_is_one_line_not_fatal(tmp_path):
     assert len(readings.unreadable) == 1 and "kernel log (XIDs)" in readings.unreadable[0]
     assert "Is a directory" in readings.unreadable[0]
     assert readings.aer["00000000:18:00.0"].correctable == 4  # the other sources were still read
-    inp = replace(simulated_input(seconds=1.0), host_after=readings)
+    inp = replace(simulated_check_input(seconds=1.0), host_after=readings)
     results = mc.run_checks(inp)
     sources = result(results, "sources")
     assert sources.status == mc.SKIP and "kernel log (XIDs)" in sources.value
@@ -172,7 +155,7 @@ def test_unreadable_kernel_log_under_dmesg_restrict(spawn):
 
 
 def test_configuration_warning_exits_4():
-    inp = simulated_input()
+    inp = simulated_check_input()
     low = tuple(replace(d, app_clock_sm=1200) if d.index == 2 else d for d in inp.after)
     results = mc.run_checks(replace(inp, after=low))
     clocks = result(results, "clocks.applications")
@@ -181,7 +164,7 @@ def test_configuration_warning_exits_4():
 
 
 def test_persistence_and_ecc_mode_must_match():
-    inp = simulated_input()
+    inp = simulated_check_input()
     after = tuple(replace(d, persistence_mode=False) if d.index == 7 else d for d in inp.after)
     after = tuple(replace(d, ecc_mode_pending=False) if d.index == 1 else d for d in after)
     results = mc.run_checks(replace(inp, after=after))
@@ -192,7 +175,7 @@ def test_persistence_and_ecc_mode_must_match():
 
 
 def test_fail_outranks_warn():
-    inp = simulated_input("h100-sxm-8+pcie-replay=0")
+    inp = simulated_check_input("h100-sxm-8+pcie-replay=0")
     low = tuple(replace(d, app_clock_sm=1200) for d in inp.after)
     assert mc.exit_code(mc.run_checks(replace(inp, after=low))) == mc.EXIT_INFRA
 
@@ -217,7 +200,7 @@ def test_bad_usage_exits_2(capsys, args, message):
 
 
 def test_idle_links_are_not_judged():
-    inp = simulated_input("h100-sxm-8+pcie-degraded=3")
+    inp = simulated_check_input("h100-sxm-8+pcie-degraded=3")
     idle = tuple(replace(s, gpus=tuple(replace(g, utilization_gpu=0.0) for g in s.gpus)) for s in inp.snapshots)
     link = result(mc.run_checks(replace(inp, snapshots=idle)), "pcie.link")
     assert link.status == mc.SKIP and "idle links downtrain" in link.value
@@ -225,14 +208,14 @@ def test_idle_links_are_not_judged():
 
 
 def test_counts_since_boot_are_shown_but_only_climbing_counts_fail():
-    inp = simulated_input("h100-sxm-8+pcie-replay=1")
+    inp = simulated_check_input("h100-sxm-8+pcie-replay=1")
     steady = tuple(replace(d, pcie_replays=d.pcie_replays) for d in inp.after)
     replay = result(mc.run_checks(replace(inp, before=steady, after=steady)), "pcie.replay")
     assert replay.status == mc.PASS and "GPU 1: 203" in replay.value  # 3 + 40/s x 5 s, standing still
 
 
 def test_aer_uncorrectable_fails_from_fixture_counters():
-    inp = simulated_input("h100-sxm-8")
+    inp = simulated_check_input("h100-sxm-8")
     fixture = HostReader(FIXTURES / "two_gpus").read(["00000000:18:00.0"])
     aer = {**inp.host_after.aer, "00000000:18:00.0": fixture.aer["00000000:18:00.0"]}
     check = result(mc.run_checks(replace(inp, host_after=replace(inp.host_after, aer=aer))), "pcie.aer")
@@ -241,7 +224,7 @@ def test_aer_uncorrectable_fails_from_fixture_counters():
 
 
 def test_nic_numa_affinity_from_the_machine():
-    inp = simulated_input()
+    inp = simulated_check_input()
     assert result(mc.run_checks(inp), "numa.nic").status == mc.PASS
     only_node0 = tuple(n for n in inp.host_after.nics if n.numa_node == 0)
     check = result(mc.run_checks(replace(inp, host_after=replace(inp.host_after, nics=only_node0))), "numa.nic")
@@ -252,13 +235,13 @@ def test_nic_numa_affinity_from_the_machine():
 
 
 def test_driver_module_mismatch_fails():
-    inp = simulated_input()
+    inp = simulated_check_input()
     check = result(mc.run_checks(replace(inp, host_after=replace(inp.host_after, driver_module="535.129.03"))), "driver")
     assert check.status == mc.FAIL and "kernel module 535.129.03 but library 550.54.15" in check.value
 
 
 def test_xid_of_the_code_is_a_warning_and_kernel_xids_map_to_gpus():
-    inp = simulated_input("rtx-4090-2")
+    inp = simulated_check_input("rtx-4090-2")
     fixture = HostReader(FIXTURES / "two_gpus").read([])
     code_xid = tuple(x for x in fixture.kernel_xids if x.code == 13)  # PCI 0000:2a:00 -> nobody on this profile
     check = result(mc.run_checks(replace(inp, host_after=replace(inp.host_after, kernel_xids=code_xid))), "xid")
@@ -281,17 +264,17 @@ def test_busbw_arithmetic_follows_nccl_tests():
     assert r.algbw == pytest.approx(256 * 2**20 / 0.001)
     assert r.busbw == pytest.approx(r.algbw * 2 * 7 / 8)
     assert AllReduceResult(gpus=1, bytes=1, seconds=1.0, iterations=1).busbw == 0.0
-    inp = simulated_input()
+    inp = simulated_check_input()
     rate, how = mc.expected_busbw(inp.machine, inp.gpus)
     assert rate == pytest.approx(18 * 25e9) and how.startswith("NV18")
-    pcie = simulated_input("rtx-4090-2")
+    pcie = simulated_check_input("rtx-4090-2")
     rate, how = mc.expected_busbw(pcie.machine, pcie.gpus)
     assert rate == pytest.approx(1.969e9 * 16) and "PCIe Gen4 x16" in how
 
 
 @pytest.mark.parametrize("busbw_gbps, status", [(380.0, mc.PASS), (200.0, mc.WARN), (90.0, mc.FAIL)])
 def test_allreduce_compared_with_the_topology(busbw_gbps, status):
-    inp = simulated_input()
+    inp = simulated_check_input()
     seconds = 2**28 * 2 * 7 / 8 / (busbw_gbps * 1e9)  # the time that gives this busbw for 256 MiB on 8 GPUs
     load = mc.LoadOutcome(allreduce=AllReduceResult(gpus=8, bytes=2**28, seconds=seconds, iterations=20))
     check = result(mc.run_checks(replace(inp, load=load)), "load.allreduce")
@@ -425,3 +408,18 @@ def test_an_old_driver_without_the_new_symbols():
     assert d[0].clock_event_ns == {}
     inp_results = mc.check_pcie_replay(mc.CheckInput(pipeline.machine, (), d, d, HostReadings(0.0), HostReadings(0.0), 1.0))
     assert inp_results.status == mc.SKIP and "FunctionNotFound" in inp_results.value
+
+
+def test_a_board_on_other_firmware_is_a_warning():
+    inp = simulated_check_input()
+    after = tuple(replace(d, vbios="96.00.61.00.01") if d.index == 6 else d for d in inp.after)
+    check = result(mc.run_checks(replace(inp, after=after)), "vbios")
+    assert check.status == mc.WARN and check.gpus == (6,)
+    assert check.value == "GPU 6: 96.00.61.00.01 where the others run 96.00.99.00.01"
+
+
+def test_no_nvlink_lines_on_a_pcie_machine():
+    results = mc.run_checks(simulated_check_input("rtx-4090-2"))
+    assert result(results, "nvlink.state").status == mc.SKIP
+    assert "nvlink.errors" not in {r.id for r in results}  # the link-state line already says there is none
+    assert mc.exit_code(results) == mc.EXIT_HEALTHY

@@ -28,7 +28,7 @@ def test_live_report_carries_the_infra_section(capsys):
     assert "| Kernel | 6.8.0-49-generic |" in infra and "| Driver | 550.54.15 |" in infra
     assert "| 3 | NVIDIA H100 80GB HBM3 | 1654922000003 | 96.00.99.00.01 | 692-2G520-0200-000 | 00000000:5D:00.0 |" in infra
     # the failing checks, with their numbers
-    assert re.search(r"- \*\*FAIL\*\* NVLink error counters: GPU 1 link 2: CRC \(flit\) \+\d+ in \d s", infra)
+    assert re.search(r"- \*\*FAIL\*\* NVLink error counters: GPU 1 link 2: CRC \(flit\) \+\d+ in \d\.\d s", infra)
     assert "- **FAIL** XIDs: GPU 3: XID 79 (GPU has fallen off the bus)" in infra
     # the XIDs with their times, the next commands, the reset advice
     assert re.search(r"20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC  GPU 3  XID 79: GPU has fallen off the bus \[kernel log, PCI 0000:5d:00\]", infra)

@@ -3,13 +3,13 @@
 import subprocess
 import sys
 
-import gputop.tui.app
+import gputop.commands.tui
 from gputop.cli import main
 
 
 def test_options_without_a_subcommand_run_the_tui(monkeypatch):
     seen = []
-    monkeypatch.setattr(gputop.tui.app, "run", lambda args: seen.append((args.simulate, args.interval)) or 0)
+    monkeypatch.setattr(gputop.commands.tui, "run", lambda args: seen.append((args.simulate, args.interval)) or 0)
     assert main(["--simulate", "--interval", "2"]) == 0
     assert seen == [("h100-sxm-8", 2.0)]
 

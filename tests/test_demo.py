@@ -32,7 +32,7 @@ from gputop.commands.demo import DEMO_PROFILE, observe
 from gputop.pipeline import Pipeline
 from gputop.sim import scenarios
 from gputop.sim.demo_launcher import DemoJob
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 STARTUP_S = 240.0  # ranks import torch (~2 s of CPU each) on 2 cores that other tests share
 GIB = 1024**3
@@ -194,6 +194,7 @@ def test_missing_torch_says_how_to_install_it(monkeypatch, capsys):
     assert "pip install 'gputop[demo]'" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_the_monitor_side_never_imports_torch():
     code = (
         "import sys, gputop.commands.demo, gputop.sim.demo_launcher, gputop.sim.scenarios; "
@@ -206,6 +207,7 @@ def test_the_monitor_side_never_imports_torch():
 # ----------------------------------------------------------------------------- the scenarios, live
 
 
+@pytest.mark.slow
 def test_starved_keeps_the_gpus_mostly_idle_while_ranks_decode(demo):
     job, pipeline = demo("starved", gpus=2)
     summary = observe_quietly(job, pipeline, seconds=8)
@@ -223,6 +225,7 @@ def test_starved_keeps_the_gpus_mostly_idle_while_ranks_decode(demo):
     stop_and_check_nothing_left(job, pipeline)
 
 
+@pytest.mark.slow
 def test_tuned_keeps_the_gpus_busy(demo):
     job, pipeline = demo("tuned", gpus=2)
     summary = observe_quietly(job, pipeline, seconds=8)
@@ -236,6 +239,7 @@ def test_tuned_keeps_the_gpus_busy(demo):
     stop_and_check_nothing_left(job, pipeline)
 
 
+@pytest.mark.slow
 def test_hiccup_is_a_saw_tooth_with_workers_restarting_each_epoch(demo):
     job, pipeline = demo("hiccup", gpus=2)
     wait_until_training(job)
@@ -249,6 +253,7 @@ def test_hiccup_is_a_saw_tooth_with_workers_restarting_each_epoch(demo):
     stop_and_check_nothing_left(job, pipeline)
 
 
+@pytest.mark.slow
 def test_misfire_holds_memory_at_zero_util_with_the_stuck_frame_visible(demo):
     job, pipeline = demo("misfire", gpus=2)
     wait_until_training(job)
@@ -289,6 +294,7 @@ def test_misfire_holds_memory_at_zero_util_with_the_stuck_frame_visible(demo):
     stop_and_check_nothing_left(job, pipeline)
 
 
+@pytest.mark.slow
 def test_single_gpu_puts_every_rank_on_gpu0(demo):
     job, pipeline = demo("single-gpu", gpus=3)
     summary = observe_quietly(job, pipeline, seconds=8)
@@ -304,6 +310,7 @@ def test_single_gpu_puts_every_rank_on_gpu0(demo):
     stop_and_check_nothing_left(job, pipeline)
 
 
+@pytest.mark.slow
 def test_losses_are_identical_whatever_the_loader_timing(tmp_path):
     """Fixed seed: the same batches and bit-identical losses with 0 workers (serial) or 3 (parallel)."""
     logs = {}
@@ -323,6 +330,7 @@ def test_losses_are_identical_whatever_the_loader_timing(tmp_path):
 # ----------------------------------------------------------------------------- nothing left behind
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_parent_leaves_no_orphans(spawn):
     parent_code = textwrap.dedent(
         """
@@ -360,6 +368,7 @@ def _start_cli(spawn, tmp_path, *args):
     return proc, out_path
 
 
+@pytest.mark.slow
 def test_cli_headless_runs_for_the_given_seconds(spawn, tmp_path):
     proc, out_path = _start_cli(spawn, tmp_path, "--scenario", "tuned", "--seconds", "3", "--interval", "0.5")
     assert proc.wait(timeout=STARTUP_S + 30) == 0, out_path.read_text()
@@ -371,6 +380,7 @@ def test_cli_headless_runs_for_the_given_seconds(spawn, tmp_path):
     assert not alive(launcher)
 
 
+@pytest.mark.slow
 def test_cli_headless_stops_everything_on_sigterm(spawn, tmp_path):
     proc, out_path = _start_cli(spawn, tmp_path, "--scenario", "starved", "--interval", "0.5")
     wait_until(lambda: "ranks training" in out_path.read_text(), timeout=STARTUP_S, what="the ranks to train")
@@ -384,6 +394,7 @@ def test_cli_headless_stops_everything_on_sigterm(spawn, tmp_path):
     assert [p for p in pids if alive(p)] == []
 
 
+@pytest.mark.slow
 def test_a_crashed_rank_ends_the_demo_with_one_line(spawn, tmp_path):
     """torchrun's rule: one rank dies, the launcher stops the others; gputop says so in one line, exit 1."""
     proc, out_path = _start_cli(spawn, tmp_path, "--scenario", "starved", "--interval", "0.5")

@@ -21,7 +21,7 @@ from gputop.commands.demo import DEMO_PROFILE, observe
 from gputop.pipeline import Pipeline
 from gputop.sim.busy_board import BusyBoard
 from gputop.sim.demo_launcher import DemoJob
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 STARTUP_S = 240.0
 

@@ -25,7 +25,7 @@ from gputop.analysis.stack_classes import (
 )
 from gputop.history import History
 from gputop.model import LABEL_CODE, LABEL_INFRA, EccCounts, NvLinkLink, PcieLink, RemappedRows, XidEvent
-from tests.history_builder import (
+from tests.harness.histories import (
     WORKER_IDLE_FRAMES,
     WORKER_STUCK_FRAMES,
     RankSpec,
@@ -35,6 +35,7 @@ from tests.history_builder import (
     eight_ranks,
     machine,
     saw_tooth,
+    simulated_history,
     worker_busy_frames,
 )
 
@@ -417,7 +418,8 @@ def test_several_processes_on_one_busy_gpu_without_pid():
         attach=False,
     )
     top = diagnose(build(sc))[0]
-    assert top.id == "misplacement" and "4 processes share GPU 0" in top.summary
+    assert top.id == "misplacement" and top.summary.startswith("7 of 8 GPUs idle while a job uses 1")
+    assert any("4 processes share GPU 0" in e for e in top.evidence)
 
 
 def test_single_gpu_single_process_job_is_not_misplacement():
@@ -632,28 +634,6 @@ def test_input_bound_threshold_constant_is_tf_profiler_scale():
 # ---------------------------------------------------------------- the simulated machine (real adapter over the fake NVML)
 
 
-class ManualClock:
-    def __init__(self, start=1_700_000_000.0):
-        self.now = start
-
-    def __call__(self):
-        return self.now
-
-
-def simulated_history(spec: str, seconds: int = 60) -> History:
-    """Poll a simulated machine once per (fake) second: the real pynvml wrappers over the fake library."""
-    from gputop.pipeline import Pipeline
-
-    clock = ManualClock()
-    with Pipeline(simulate=spec, clock=clock) as pipeline:
-        pipeline.fake_library.pcie_latency_s = 0.0  # the fake's 20 ms PCIe sampling sleep is not under test
-        hist = History(pipeline.machine, capacity=seconds + 1)
-        for _ in range(seconds + 1):
-            hist.append(pipeline.poll())
-            clock.now += 1.0
-    return hist
-
-
 def test_simulated_healthy_machine_has_no_problem():
     findings = diagnose(simulated_history("h100-sxm-8"))
     assert findings[0].id == "healthy", [(f.id, f.summary) for f in findings]
@@ -736,6 +716,8 @@ def test_worker_advice_follows_the_loader_arithmetic():
     # with GPU data the GPUs' idle share (85%) bounds the input share from above: 0.85/0.15 × 1.25 → 8
     top = diagnose(build(starved(0)))[0]
     assert "raise num_workers to 8" in top.fix and "0.85 ÷ 0.15 × 1.25 → 8" in top.fix and "85% idle share" in top.fix
-    # 2 workers keep the rank waiting: each needs 2 cycles a batch against a 0.15 step → 2/0.15 × 1.25 → 17
+    # 2 workers keep the rank waiting: each needs 2 cycles a batch against a 0.15 step → 2/0.15 × 1.25 → 17,
+    # but CPU-bound workers (70% of a core) of 8 ranks share 64 cores: the cap is 8, and 17 is never printed
     top = diagnose(build(starved(2)))[0]
-    assert "raise num_workers to 17" in top.fix and "2.00 ÷ 0.15 × 1.25 → 17" in top.fix
+    assert "raise num_workers to 8" in top.fix and "2.00 ÷ 0.15 × 1.25 → more than the cap, so 8" in top.fix
+    assert "64 cores (the host) ÷ 8 rank(s) → at most 8 per rank" in top.fix and "17" not in top.fix

@@ -13,7 +13,7 @@ from gputop.history import History
 from gputop.model import LABEL_CODE
 from gputop.pipeline import Pipeline
 from gputop.sim.demo_launcher import DemoJob
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 VERDICT_DEADLINE_S = 30.0
 RANKS = 4  # 4 ranks start faster on a small box than 8; the profiles are the same
@@ -66,6 +66,7 @@ def _verdict_is(obs: DemoObserver, finding_id: str, words: str, severities: tupl
     return top.id == finding_id and words in top.summary and top.severity in severities
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scenario,finding_id,words,severities",
     [
@@ -92,6 +93,7 @@ def test_demo_scenario_gets_its_verdict(demo, scenario, finding_id, words, sever
     assert not others, others  # nothing else scores as severe
 
 
+@pytest.mark.slow
 def test_demo_tuned_is_healthy_not_input_bound(demo):
     obs = demo("tuned")
     # healthy needs enough stack dumps to say "not input-bound" (collecting until then)

@@ -14,7 +14,7 @@ import pytest
 from gputop.analysis.diagnosis import diagnose, severe, verdict_line
 from gputop.history import History
 from gputop.pipeline import Pipeline
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 JOB = os.path.join(os.path.dirname(__file__), "diagnosis_job.py")
 VERDICT_DEADLINE_S = 30.0
@@ -65,6 +65,7 @@ def dumps_of(obs, pid):
     return len({s.job.stacks[pid].timestamp for s in snaps if s.job and pid in s.job.stacks and not s.job.stacks[pid].error})
 
 
+@pytest.mark.slow
 def test_no_gpu_here(observe, spawn, tmp_path):
     # the premise of this module: no driver, so everything below rests on stacks and CPU only
     proc = start_job(spawn, tmp_path, "compute")
@@ -74,6 +75,7 @@ def test_no_gpu_here(observe, spawn, tmp_path):
     assert obs.step() and not obs.history.latest.gpus
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,words", [("starved", "waits for data"), ("starved0", "in dataset code")])
 def test_starved_job_is_input_bound(observe, spawn, tmp_path, mode, words):
     proc = start_job(spawn, tmp_path, mode)
@@ -86,6 +88,7 @@ def test_starved_job_is_input_bound(observe, spawn, tmp_path, mode, words):
     assert [f.id for f in severe(obs.findings)] == ["starvation"], verdict_line(obs.findings)
 
 
+@pytest.mark.slow
 def test_hung_worker_is_a_hang_with_its_frame(observe, spawn, tmp_path):
     proc = start_job(spawn, tmp_path, "hang")
     obs = observe(proc.pid)
@@ -97,6 +100,7 @@ def test_hung_worker_is_a_hang_with_its_frame(observe, spawn, tmp_path):
     assert [f.id for f in severe(obs.findings)] == ["hang"]
 
 
+@pytest.mark.slow
 def test_compute_bound_job_is_healthy_not_input_bound(observe, spawn, tmp_path):
     proc = start_job(spawn, tmp_path, "compute")
     obs = observe(proc.pid)

@@ -36,8 +36,8 @@ from gputop.collect import stacks as stacks_mod
 from gputop.collect.job_tree import JobCollector
 from gputop.errors import GputopError
 from gputop.recording import ReplaySource, read_recording
-from tests.helpers import Ran, wait_until
-from tests.helpers import run_gputop as gputop
+from tests.harness.processes import Ran, wait_until
+from tests.harness.processes import run_gputop as gputop
 
 REPO = Path(__file__).resolve().parent.parent
 DRILL_JOBS = Path(__file__).resolve().parent / "drill_jobs"
@@ -222,6 +222,7 @@ def has_nvidia_driver() -> bool:
 # ----------------------------------------------------------------------------- SIGKILL while attached
 
 
+@pytest.mark.slow
 def test_job_sigkilled_while_recording_is_shown_exited_and_nothing_is_left(spawn, tmp_path):
     job = start_job(spawn, tmp_path, "--workers", "2")
     rec_path = tmp_path / "attach.gputop"
@@ -256,6 +257,7 @@ def test_job_sigkilled_while_recording_is_shown_exited_and_nothing_is_left(spawn
     assert_one_line_error(ran, 1, f"gputop: no process with PID {job.pid} (it may have exited; check with `ps -p {job.pid}`)")
 
 
+@pytest.mark.slow
 def test_job_sigkilled_during_a_stack_refresh_keeps_last_stacks(spawn, tmp_path):
     job = start_job(spawn, tmp_path, "--workers", "2")
     armed = threading.Event()
@@ -300,6 +302,7 @@ def test_job_sigkilled_during_a_stack_refresh_keeps_last_stacks(spawn, tmp_path)
     assert kept.threads, "stacks from before the kill are kept"
 
 
+@pytest.mark.slow
 def test_job_sigkilled_during_an_active_benchmark(spawn, tmp_path):
     job = start_job(spawn, tmp_path, "--workers", "2", "--getitem-ms", "30")
     bench = start_gputop(spawn, "bench", "--pid", str(job.pid), "--yes", "--seconds", "12", "--json")
@@ -346,6 +349,7 @@ def _live_workers(snap) -> list[int]:
     return [w.pid for w in snap.job.ranks[0].workers if not w.exited]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("job_survives", [True, False], ids=["job-restarts-loader", "job-fails"])
 def test_dataloader_worker_dies_while_recording(spawn, tmp_path, job_survives):
     job = start_job(spawn, tmp_path, "--workers", "2", *(["--survive-worker-death"] if job_survives else []))
@@ -405,6 +409,7 @@ def test_gpu_lost_mid_run_pipeline_keeps_polling_and_diagnosis_names_it():
     assert lost and lost[0].gpus == (3,) and "infrastructure" in lost[0].label.lower()
 
 
+@pytest.mark.slow
 def test_gpu_lost_mid_run_report_command(spawn, tmp_path):
     out = tmp_path / "lost.json"
     ran = gputop(spawn, "report", "--simulate", "h100-sxm-8+gpu-lost=3@1", "--seconds", "3", "--interval", "0.5",
@@ -454,6 +459,7 @@ def test_nvml_init_fails_collector_raises_one_line():
     assert str(failed.value) == "no NVIDIA driver found (the NVIDIA kernel driver is not loaded)"
 
 
+@pytest.mark.slow
 def test_nvml_init_fails_pipeline_still_samples_host_and_job(spawn, tmp_path, monkeypatch):
     import gputop.sim.fake_nvml as fake_nvml
     from gputop.pipeline import Pipeline
@@ -467,6 +473,7 @@ def test_nvml_init_fails_pipeline_still_samples_host_and_job(spawn, tmp_path, mo
     job.assert_trains()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(has_nvidia_driver(), reason="this machine has an NVIDIA driver: the no-driver path cannot run")
 def test_no_driver_snapshot_and_record_work_without_gpus(spawn, tmp_path):
     ran = gputop(spawn, "snapshot", "--json")
@@ -484,6 +491,7 @@ def test_no_driver_snapshot_and_record_work_without_gpus(spawn, tmp_path):
 # ----------------------------------------------------------------------------- py-spy hangs or dies
 
 
+@pytest.mark.slow
 def test_py_spy_hangs_collect_stays_fast_and_hung_py_spy_is_killed(spawn, tmp_path, monkeypatch):
     job = start_job(spawn, tmp_path, "--workers", "2")
     fake = install_fake_py_spy(tmp_path / "fakebin", "hang")
@@ -516,6 +524,7 @@ def test_py_spy_hangs_collect_stays_fast_and_hung_py_spy_is_killed(spawn, tmp_pa
     job.assert_trains()
 
 
+@pytest.mark.slow
 def test_py_spy_hangs_record_and_snapshot_commands_end_in_bounded_time(spawn, tmp_path):
     job = start_job(spawn, tmp_path, "--workers", "1")
     bindir = tmp_path / "venv" / "bin"
@@ -548,6 +557,7 @@ def test_py_spy_hangs_record_and_snapshot_commands_end_in_bounded_time(spawn, tm
     assert stacks["error"] == f"py-spy took longer than 3s on PID {job.pid}; will retry"
 
 
+@pytest.mark.slow
 def test_py_spy_killed_gives_one_line_error(spawn, tmp_path):
     job = start_job(spawn, tmp_path, "--workers", "0")
     fake = install_fake_py_spy(tmp_path / "fakebin", "killed")
@@ -560,11 +570,12 @@ def test_py_spy_killed_gives_one_line_error(spawn, tmp_path):
     assert result.error == "py-spy was killed by signal 9 (SIGKILL)", result.error
 
 
+@pytest.mark.slow
 def test_py_spy_hangs_tui_keeps_drawing_and_answering_keys(spawn, tmp_path):
     from gputop.pipeline import Pipeline
     from gputop.tui.app import GputopApp
     from gputop.tui.screens import HelpScreen
-    from tests.tui.conftest import wait_for
+    from tests.harness.tui import wait_for
 
     job = start_job(spawn, tmp_path, "--workers", "1")
     fake = install_fake_py_spy(tmp_path / "fakebin", "hang")
@@ -596,12 +607,14 @@ def test_py_spy_hangs_tui_keeps_drawing_and_answering_keys(spawn, tmp_path):
 # ----------------------------------------------------------------------------- disk full / unwritable
 
 
+@pytest.mark.slow
 def test_record_to_dev_full_one_line(spawn, tmp_path):
     ran = gputop(spawn, "record", "--simulate", "-o", "/dev/full", "--seconds", "2")
     assert_one_line_error(ran, 1, "gputop: cannot write recording /dev/full: No space left on device "
                                   "(free some disk space or record to another disk)")
 
 
+@pytest.mark.slow
 @needs_root
 def test_disk_fills_while_recording_partial_recording_replays(spawn, tmp_path):
     with mounted_tmpfs(tmp_path / "small", 48) as small:
@@ -620,6 +633,7 @@ def test_disk_fills_while_recording_partial_recording_replays(spawn, tmp_path):
             assert report.err.splitlines()[0] == f"gputop: warning: {warning}"
 
 
+@pytest.mark.slow
 @needs_root
 def test_unwritable_directory_record_and_report_refuse_in_one_line(spawn, tmp_path):
     with mounted_tmpfs(tmp_path / "ro", 64, readonly=True) as ro:
@@ -632,6 +646,7 @@ def test_unwritable_directory_record_and_report_refuse_in_one_line(spawn, tmp_pa
         assert os.listdir(ro) == []
 
 
+@pytest.mark.slow
 @needs_root
 def test_report_on_a_full_disk_leaves_the_old_report_and_no_temp_file(spawn, tmp_path):
     with mounted_tmpfs(tmp_path / "full", 256) as full:
@@ -644,6 +659,7 @@ def test_report_on_a_full_disk_leaves_the_old_report_and_no_temp_file(spawn, tmp
         assert set(os.listdir(full)) <= {"filler", "r.md"}, "no temp file left behind"
 
 
+@pytest.mark.slow
 @needs_root
 def test_report_onto_a_full_device_node_keeps_the_device(spawn, tmp_path):
     device = tmp_path / "full"
@@ -664,7 +680,7 @@ def test_tui_resized_to_20x5_and_back(tmp_path):
     from gputop.pipeline import Pipeline
     from gputop.tui.app import GputopApp
     from gputop.tui.screens import TooSmallScreen
-    from tests.tui.conftest import wait_for
+    from tests.harness.tui import wait_for
     from gputop.tui.widgets.gpu_grid import GpuGrid
 
     pipeline = Pipeline(simulate="h100-sxm-8")
@@ -718,6 +734,7 @@ def non_ascii_job(spawn, tmp_path):
                      state_dir=home)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strict_ascii", [False, True], ids=["LANG=C", "LANG=C-no-coercion"])
 def test_non_utf8_locale_non_ascii_paths_and_thread_names(spawn, tmp_path, non_ascii_job, strict_ascii):
     job = non_ascii_job
@@ -777,6 +794,7 @@ def py_spy_for_everyone(directory: Path) -> Path:
     return target
 
 
+@pytest.mark.slow
 @needs_root
 def test_root_gputop_reads_another_users_job(spawn, tmp_path, world_dir):
     job = start_job(spawn, tmp_path, "--workers", "1", "--become", NOBODY, state_dir=world_dir)
@@ -791,6 +809,7 @@ def test_root_gputop_reads_another_users_job(spawn, tmp_path, world_dir):
     job.assert_trains()
 
 
+@pytest.mark.slow
 @needs_root
 def test_gputop_as_another_user_is_refused_with_the_reason(spawn, tmp_path, world_dir):
     job = start_job(spawn, tmp_path, "--workers", "1")  # a root job
@@ -823,6 +842,7 @@ def test_gputop_as_another_user_is_refused_with_the_reason(spawn, tmp_path, worl
     assert snapshot_stacks(json.loads(ran.out), job.pid)["error"] == denied
 
 
+@pytest.mark.slow
 @needs_root
 @pytest.mark.parametrize("plant", ["directory", "file", "open-mode"])
 def test_results_directory_owned_by_someone_else_is_refused(spawn, tmp_path, plant):

@@ -11,24 +11,7 @@ import pytest
 from gputop.collect.gpu import use_nvml_library
 from gputop.sim.fake_nvml import FakeNvmlLibrary, ManualClock
 from gputop.sim.profiles import OLD_DRIVER_MISSING_SYMBOLS, parse_spec
-
-
-class ScriptedLoad:
-    """A LoadModel whose answers the test sets directly."""
-
-    def __init__(self, util=50.0, memory=None, processes=None):
-        self.util = util  # float, or dict gpu -> float
-        self.memory = memory
-        self.procs = processes or {}
-
-    def utilization(self, gpu, now):
-        return self.util[gpu] if isinstance(self.util, dict) else self.util
-
-    def memory_used(self, gpu, now):
-        return self.memory
-
-    def processes(self, gpu):
-        return list(self.procs.get(gpu, []))
+from tests.harness.nvml import ScriptedLoad
 
 
 @pytest.fixture

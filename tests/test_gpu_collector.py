@@ -21,8 +21,8 @@ from gputop.collect.gpu import (
 from gputop.model import THROTTLE_REASONS
 from gputop.sim.fake_nvml import FakeNvmlLibrary, ManualClock
 from gputop.sim.profiles import H100_SXM, parse_spec
-from tests.helpers import wait_until
-from tests.test_fake_nvml import ScriptedLoad
+from tests.harness.processes import wait_until
+from tests.harness.nvml import ScriptedLoad
 
 GIB = 1024**3
 

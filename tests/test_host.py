@@ -14,7 +14,7 @@ from gputop.collect.host import (
     read_core_numa,
     read_cpu_model,
 )
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 
 def test_parse_cpu_list():

@@ -19,13 +19,14 @@ import pytest
 from gputop.analysis import stack_classes as sc
 from gputop.collect import job_tree as jobmod
 from gputop.collect import procfs, stack_schedule
-from gputop.collect.job_tree import JobCollector, discover_jobs, find_misplacements
+from gputop.collect.job_tree import JobCollector, discover_jobs
+from gputop.collect.placement import SET_DEVICE_FIX, find_misplacements
 from gputop.collect.stacks import find_py_spy
 from gputop.errors import GputopError
 from gputop.model import (
     Frame, GpuProcess, GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, ThreadStack, from_jsonable, to_jsonable,
 )
-from tests.helpers import Spawner, wait_until
+from tests.harness.processes import Spawner, wait_until
 
 TRAIN_LOOP = Path(__file__).parent / "jobs" / "train_loop.py"
 needs_py_spy = pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")
@@ -86,6 +87,7 @@ def collectors():
 # ----------------------------------------------------------------- one rank, DataLoader workers
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_single_rank_with_workers_tree_and_stacks(spawn, tmp_path, collectors):
     pid, pin_tid = start_train_loop(
@@ -146,6 +148,7 @@ def test_single_rank_with_workers_tree_and_stacks(spawn, tmp_path, collectors):
     assert set(frame) >= {"name", "filename", "line"}
 
 
+@pytest.mark.slow
 def test_workers_that_respawn_every_epoch_are_followed(spawn, tmp_path, collectors):
     # no persistent_workers and tiny epochs: the DataLoader starts new worker processes every epoch
     pid, _ = start_train_loop(spawn, tmp_path, "--workers", "2", "--samples", "8", "--getitem-ms", "5")
@@ -164,6 +167,7 @@ def test_workers_that_respawn_every_epoch_are_followed(spawn, tmp_path, collecto
     wait_until(two_generations, timeout=60, interval=0.02, what="a second generation of workers")
 
 
+@pytest.mark.slow
 def test_forkserver_workers_are_found_as_grandchildren(spawn, tmp_path, collectors):
     pid, _ = start_train_loop(
         spawn, tmp_path, "--workers", "2", "--persistent", "--samples", "100000", "--start-method", "forkserver"
@@ -183,6 +187,7 @@ def test_forkserver_workers_are_found_as_grandchildren(spawn, tmp_path, collecto
     assert [r.proc.pid for r in via_worker.collect().ranks] == [pid]
 
 
+@pytest.mark.slow
 def test_multiprocessing_spawn_parent_is_the_launcher(spawn, tmp_path, collectors):
     # torch.multiprocessing.start_processes with fork: the cheap variant of mp.spawn on a busy box
     # (spawn's children re-import torch); the spawn_main flavour is checked in the unit test below.
@@ -205,6 +210,7 @@ def _tracked(pid: int, cmdline: tuple[str, ...]) -> procfs.Tracked:
     return procfs.Tracked(proc=None, key=(pid, 0.0), start_ticks=0, cmdline=cmdline, env={})
 
 
+@pytest.mark.slow
 def test_multiprocessing_children_are_told_from_programs_a_shell_runs():
     parent = _tracked(10, ("python", "train.py"))
     spawned = _tracked(11, ("python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, "
@@ -273,6 +279,7 @@ def _with_workers(collector: JobCollector) -> JobTree:
     )
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_torchrun_attach_via_launcher(torchrun_job, collectors):
     launcher_pid, rank_pids = torchrun_job.launcher, torchrun_job.ranks
@@ -291,6 +298,7 @@ def test_torchrun_attach_via_launcher(torchrun_job, collectors):
     assert all(r.main_thread_state in sc.MAIN_THREAD_STATES for r in tree.ranks)
 
 
+@pytest.mark.slow
 def test_torchrun_attach_via_a_rank_and_via_a_worker(torchrun_job, collectors):
     launcher_pid, rank_pids = torchrun_job.launcher, torchrun_job.ranks
     rank1 = max(rank_pids)
@@ -306,6 +314,7 @@ def test_torchrun_attach_via_a_rank_and_via_a_worker(torchrun_job, collectors):
     _assert_torchrun_tree(_with_workers(via_worker), launcher_pid, rank_pids)
 
 
+@pytest.mark.slow
 def test_attach_via_the_shell_that_started_torchrun(torchrun_job, collectors):
     collector = JobCollector(torchrun_job.shell, stacks_enabled=False)
     collectors(collector)
@@ -314,6 +323,7 @@ def test_attach_via_the_shell_that_started_torchrun(torchrun_job, collectors):
     _assert_torchrun_tree(tree, torchrun_job.launcher, torchrun_job.ranks)
 
 
+@pytest.mark.slow
 def test_discover_jobs_groups_gpu_processes_by_launcher(torchrun_job, spawn):
     launcher_pid, rank_pids = torchrun_job.launcher, torchrun_job.ranks
     lone = spawn.python("import time\nwhile True: time.sleep(1)")
@@ -355,10 +365,10 @@ def test_misplacement_shared_gpu_and_stray_context():
         ("shared_gpu", (10, 13), (0,)), ("shared_gpu", (11, 12), (1,)), ("several_gpus", (13,), (0, 3)),
     ]
     assert tuple(m.message for m in found) == (
-        "GPU 0 is shared by 2 ranks (rank 0 (PID 10), rank 3 (PID 13)): " + jobmod.SET_DEVICE_FIX,
-        "GPU 1 is shared by 2 ranks (rank 1 (PID 11), rank 2 (PID 12)): " + jobmod.SET_DEVICE_FIX,
+        "GPU 0 is shared by 2 ranks (rank 0 (PID 10), rank 3 (PID 13)): " + SET_DEVICE_FIX,
+        "GPU 1 is shared by 2 ranks (rank 1 (PID 11), rank 2 (PID 12)): " + SET_DEVICE_FIX,
         "rank 3 (PID 13) holds memory on GPUs 0, 3: a stray CUDA context (usually cuda:0 touched before "
-        "set_device); " + jobmod.SET_DEVICE_FIX,
+        "set_device); " + SET_DEVICE_FIX,
     )
     everyone = find_misplacements((_rank(10, 0, (0,)), _rank(11, 1, (0,))), gpus)
     assert [(m.kind, m.pids, m.gpus) for m in everyone] == [("all_on_one_gpu", (10, 11), (0,))]
@@ -369,6 +379,7 @@ def test_misplacement_shared_gpu_and_stray_context():
 # ----------------------------------------------------------------- faults
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_non_python_process_has_stacks_na_and_everything_else(spawn, collectors):
     sleeper = spawn(["sleep", "600"])
@@ -385,6 +396,7 @@ def test_non_python_process_has_stacks_na_and_everything_else(spawn, collectors)
     assert tree.stacks_error == tree.stacks[sleeper.pid].error
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_process_exiting_while_attached_keeps_last_stacks(spawn, collectors):
     proc = spawn.python(SPIN_UNTIL_KILLED)
@@ -406,6 +418,7 @@ def test_process_exiting_while_attached_keeps_last_stacks(spawn, collectors):
     assert collector.collect() == tree and collector.exited
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_dump_racing_the_exit_does_not_replace_good_stacks(spawn, collectors):
     proc = spawn.python(SPIN_UNTIL_KILLED)
@@ -424,6 +437,7 @@ def test_dump_racing_the_exit_does_not_replace_good_stacks(spawn, collectors):
     assert tree.exited and tree.stacks[proc.pid] == good
 
 
+@pytest.mark.slow
 def test_stat_parsing_survives_odd_process_names(spawn, tmp_path):
     ready = tmp_path / "renamed"
     odd = "a) b (c) é"  # comm may hold spaces and parentheses; stat's fields follow the LAST ')'
@@ -439,6 +453,7 @@ def test_stat_parsing_survives_odd_process_names(spawn, tmp_path):
     assert stat.start_ticks > 0
 
 
+@pytest.mark.slow
 def test_nonexistent_pid_is_one_line_error():
     pid = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
     with pytest.raises(GputopError) as info:
@@ -448,6 +463,7 @@ def test_nonexistent_pid_is_one_line_error():
         JobCollector(0)
 
 
+@pytest.mark.slow
 def test_pid_reuse_is_not_taken_for_the_job(spawn, collectors):
     proc = spawn.python("import time\nwhile True: time.sleep(1)")
     collector = JobCollector(proc.pid, stacks_enabled=False)
@@ -492,6 +508,7 @@ class CountingDump:
         return {pid: ProcessStacks(pid=pid, timestamp=0.0, error="counted") for pid in pids}
 
 
+@pytest.mark.slow
 def test_stacks_follow_the_switch_and_stop_on_close(spawn, collectors):
     proc = spawn.python("import time\nwhile True: time.sleep(1)")
     dump = CountingDump()
@@ -512,6 +529,7 @@ def test_stacks_follow_the_switch_and_stop_on_close(spawn, collectors):
     wait_until(lambda: not thread.is_alive(), timeout=DEADLINE, what="the stack thread to end")
 
 
+@pytest.mark.slow
 def test_no_stack_thread_when_stacks_are_disabled(spawn, collectors):
     proc = spawn.python("import time\nwhile True: time.sleep(1)")
     dump = CountingDump()
@@ -583,6 +601,7 @@ def test_schedule_serves_new_workers_first_and_lets_still_ones_wait():
     assert schedule.plan(rank, [still, busy, new], full=True) == rank + [still, busy, new]
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_collector_reads_every_rank_each_round_and_workers_in_turns(spawn, tmp_path, collectors):
     pid, _ = start_train_loop(spawn, tmp_path, "--workers", "2", "--persistent", "--samples", "100000")
@@ -611,6 +630,7 @@ def test_collector_reads_every_rank_each_round_and_workers_in_turns(spawn, tmp_p
 # ----------------------------------------------------------------- command lines under an ASCII locale
 
 
+@pytest.mark.slow
 def test_cmdline_is_utf8_whatever_the_locale(spawn, tmp_path):
     """LANG=C without UTF-8 coercion: psutil would decode /proc/PID/cmdline as ASCII (lone surrogates)."""
     arg = str(tmp_path / "данные обучения" / "обучение.py")

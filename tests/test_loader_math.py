@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,39 @@ def test_recommend_starved_loader_shows_the_arithmetic():
 def test_recommend_caps_by_idle_cores_and_says_so():
     advice = lm.recommend(**_starved_inputs(free_cores=3.0))
     assert advice["kwargs"]["num_workers"] == 4  # 3 idle cores + the core the main process decodes on
-    assert "only 4 fit the idle cores" in advice["verdict"]
+    assert "more workers than the 4 that fit the idle cores" in advice["verdict"]
+    # the need (7) is above the cap: it is never printed as a count to set
+    assert advice["workers_needed"] == 4 and "→ more than the cap of 4" in "\n".join(advice["lines"])
+
+
+def test_passive_tier_advises_more_io_bound_workers_from_shares():
+    # one worker that sleeps in __getitem__ (5% of a core) while the rank waits 85% of the time
+    advice = lm.recommend(current={"num_workers": 1}, free_cores=1.5, max_workers=8,
+                          passive={"wait_fraction": 0.85, "worker_busy": [{"pid": 1, "busy": 0.05}]})
+    assert advice["bottleneck"] is True and advice["kwargs"]["num_workers"] == 8  # 1/0.15×1.25 → 9, cap 8
+    assert "I/O-bound" in "\n".join(advice["lines"])
+    # the same wait with CPU-bound workers on a busy host: no more workers fit, none are advised
+    advice = lm.recommend(current={"num_workers": 2}, free_cores=0.1, max_workers=8,
+                          passive={"wait_fraction": 0.85, "worker_busy": [{"pid": 1, "busy": 0.97}, {"pid": 2, "busy": 0.98}]})
+    assert advice["kwargs"]["num_workers"] == 2 and "no more workers fit" in advice["verdict"]
+
+
+@pytest.mark.parametrize("free_cores", [0.0, 0.5, 3.0, 40.0])
+@pytest.mark.parametrize("max_workers", [None, 2, 8])
+@pytest.mark.parametrize("busy", [0.02, 0.4, 1.0])
+@pytest.mark.parametrize("n_now", [0, 1, 4])
+def test_no_advice_exceeds_its_cap(free_cores, max_workers, busy, n_now):
+    passive = {"wait_fraction": 0.97, "dataset_fraction": 0.97 if n_now == 0 else 0.0,
+               "worker_busy": [{"pid": i, "busy": busy} for i in range(n_now)]}
+    for kwargs in ({"passive": passive}, _starved_inputs(free_cores=free_cores)):
+        kwargs = dict(kwargs, current=dict(kwargs.get("current") or {"num_workers": n_now}), free_cores=free_cores, max_workers=max_workers)
+        advice = lm.recommend(**kwargs)
+        cap = advice["worker_cap"]
+        assert cap is not None and advice["kwargs"]["num_workers"] <= max(cap, kwargs["current"]["num_workers"])
+        if max_workers is not None:
+            assert advice["kwargs"]["num_workers"] <= max(max_workers, kwargs["current"]["num_workers"])
+        printed = [int(n) for n in re.findall(r"(?:num_workers=|→ (?:at most )?|needs ~?)(\d+)(?![\d.]| ms)", advice["verdict"] + "\n".join(advice["lines"]))]
+        assert all(n <= max(cap, kwargs["current"]["num_workers"]) for n in printed), (printed, cap, advice)
 
 
 def test_recommend_takes_the_smallest_measured_count_that_keeps_up():

@@ -14,8 +14,9 @@ from gputop.errors import GputopError, UsageError
 from gputop.model import HostSample, JobTree, Snapshot
 from gputop.pipeline import Pipeline, pipeline_from_args
 from gputop.sim.fake_nvml import ManualClock
-from tests.helpers import heap_growth_per_block, wait_until
-from tests.test_fake_nvml import ScriptedLoad
+from tests.harness.memory import heap_growth_per_block
+from tests.harness.nvml import ScriptedLoad
+from tests.harness.processes import wait_until
 
 no_driver_here = pytest.mark.skipif(
     bool(ctypes.util.find_library("nvidia-ml")), reason="libnvidia-ml is present on this machine"
@@ -135,6 +136,7 @@ def test_poll_of_eight_gpus_is_fast(pipelines):
     assert statistics.median(times) < 0.1, times
 
 
+@pytest.mark.slow
 def test_memory_stays_flat_over_many_polls(pipelines):
     p = pipelines(simulate="h100-sxm-8+nvlink-down=1+ecc=2")
     p.fake_library.pcie_latency_s = 0.0
@@ -225,3 +227,17 @@ def test_attach_follows_a_new_job_and_keeps_the_old_one_on_a_bad_pid(pipelines, 
     with pytest.raises(GputopError, match="no process with PID"):
         p.attach(2**22 + 12345)  # above pid_max on default kernels: never a live process
     assert p.poll().job.root_pid == child.pid
+
+
+def test_gpu_processes_are_grouped_into_jobs_in_the_snapshot_until_a_job_is_attached(pipelines, spawn):
+    # a real process stands behind the fake GPU's process list, so /proc discovery finds it
+    proc = spawn.python("import time; time.sleep(60)")
+    load = ScriptedLoad(processes={2: [(proc.pid, 1 << 30)]})
+    p = pipelines(simulate="h100-sxm-8", load_model=load)
+    snap = p.poll()
+    assert snap.job is None
+    assert [[r.proc.pid for r in tree.ranks] for tree in snap.jobs] == [[proc.pid]]
+    assert snap.jobs[0].ranks[0].gpus == (2,)
+    p.attach(proc.pid)
+    attached = p.poll()
+    assert attached.job is not None and attached.jobs == ()  # the attached job replaces the list

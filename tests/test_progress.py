@@ -11,7 +11,7 @@ from gputop.collect.job_tree import JobCollector
 from gputop.collect.procfs import read_progress
 from gputop.collect.stack_schedule import FreezeWatch
 from gputop.model import Frame, ProcessProgress, ProcessStacks, ThreadProgress, ThreadStack
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 needs_py_spy = pytest.mark.skipif(stacks_mod.find_py_spy() is None, reason="py-spy is not installed")
 DEADLINE = 60

@@ -12,7 +12,7 @@ import pytest
 from gputop.analysis.stack_classes import FORWARD_BACKWARD, WAITING_FOR_DATA
 from gputop.errors import GputopError
 from gputop.recording import RecordingWriter, ReplaySource, read_recording
-from tests.history_builder import Scenario, build, cycle, eight_ranks, worker_busy_frames
+from tests.harness.histories import Scenario, build, cycle, eight_ranks, record, worker_busy_frames
 
 
 def snapshots(seconds=9):
@@ -26,13 +26,6 @@ def snapshots(seconds=9):
     )
     hist = build(sc)
     return hist.machine, list(hist)
-
-
-def record(path, machine, snaps):
-    with RecordingWriter(str(path), machine) as w:
-        for s in snaps:
-            w.write(s)
-    return path
 
 
 def test_round_trip_is_equal_and_shares_unchanged_stacks(tmp_path):
@@ -250,6 +243,7 @@ def _retained_bytes(make):
     return retained
 
 
+@pytest.mark.slow
 def test_replay_memory_does_not_grow_with_the_recording(tmp_path):
     from gputop.recording import RecordingIndex
 

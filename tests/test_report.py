@@ -23,9 +23,9 @@ from gputop.report.jsonreport import render_json, sparkline
 from gputop.report.markdown import render_markdown
 from gputop.report.redact import REDACTED, is_secret_name, redact_cmdline, redact_env, redact_text
 from gputop.report.writer import write_report
-from tests.helpers import run_gputop
-from tests.history_builder import RankSpec, Scenario, build, cycle, worker_busy_frames
-from tests.test_recording import record
+from tests.harness.processes import run_gputop
+from tests.harness.histories import RankSpec, Scenario, build, cycle, worker_busy_frames
+from tests.harness.histories import record
 
 SECRETS = [
     "sk-proj-abcdefghijklmnopqrstuvwx",
@@ -205,7 +205,7 @@ def test_json_carries_the_same_content(starved):
 
 
 def test_xids_in_the_health_table_and_the_json():
-    from tests.test_diagnosis import simulated_history
+    from tests.harness.histories import simulated_history
 
     hist = simulated_history("h100-sxm-8+xid=1:79@5+xid=1:48@10", seconds=15)
     findings = diagnose(hist)
@@ -483,9 +483,9 @@ class TickClock:
 def test_observe_polls_every_interval_with_a_progress_bar_on_a_terminal():
     import io
 
-    from gputop.commands.report import Progress, observe
+    from gputop.commands.observing import Progress, observe
     from gputop.model import HostSample, Snapshot
-    from tests.history_builder import machine as test_machine
+    from tests.harness.histories import machine as test_machine
 
     clock = TickClock()
 

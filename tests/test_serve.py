@@ -1,7 +1,7 @@
 """`gputop serve`: the metrics it exports, how it listens, and that it stays small and fast.
 
 Most tests feed the real `Exporter` (the real diagnosis, the real prometheus_client formatting) from
-hand-built histories (tests/history_builder.py) or from the simulated machine (the real pynvml wrappers
+hand-built histories (tests/harness/histories.py) or from the simulated machine (the real pynvml wrappers
 over the fake library), and read the metrics back over a real HTTP server.  The end-to-end tests
 (marked slow) run `gputop serve` next to a real training job and a real Prometheus.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import socket
@@ -34,8 +35,9 @@ from gputop.commands.serve import DEFAULT_LISTEN, is_loopback, parse_listen, sta
 from gputop.errors import UsageError
 from gputop.exporter import DATA_WAIT_WINDOW_S, RANK_STATES, DiscoveredJobs, Exporter
 from gputop.model import LABEL_CODE, LABEL_INFRA, Finding, ProcessStacks, XidEvent
-from tests import history_builder as hb
-from tests.helpers import heap_growth_per_block, wait_until
+from tests.harness import histories as hb
+from tests.harness.memory import heap_growth_per_block
+from tests.harness.processes import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_LOOP = REPO / "tests" / "jobs" / "train_loop.py"
@@ -411,6 +413,34 @@ def test_refused_stacks_become_a_counter_and_one_log_line():
     assert values(samples, "gputop_rank_data_wait_ratio") == {}
 
 
+def test_a_failed_cycle_is_logged_once_and_the_collector_goes_on():
+    import threading
+
+    stop = threading.Event()
+
+    class FlakySource(HistorySource):
+        failures = 0
+
+        def poll(self):
+            if self.i == 2 and self.failures < 3:  # the driver fails three polls in a row
+                self.failures += 1
+                raise OSError("NVML went away")
+            if self.i == len(self.snaps) - 1:
+                stop.set()  # the last snapshot: the loop ends after this cycle
+            return super().poll()
+
+    source = FlakySource(hb.build(input_bound(seconds=6, ranks=1)))
+    logged: list[str] = []
+    exporter = Exporter(source, HistoryJobs(source), interval=0.001, log=logged.append)
+    thread = threading.Thread(target=exporter.run, args=(stop,))
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and source.failures == 3
+    assert logged == ["collection failed: OSError: NVML went away (serving the last values; retrying)"]
+    assert exporter.cycles == len(source.snaps) == 7
+    assert one(parse(scrape_text(exporter)), "gputop_rank_data_wait_ratio", rank="0") > 0
+
+
 def test_error_reasons_match_the_messages_the_stack_reader_writes():
     advice = permission_advice(1234, PtraceFacts(our_uid=1000, target_uid=0, has_cap_sys_ptrace=False, ptrace_scope=1, in_container=False))
     assert error_reason(advice) == "permission"
@@ -620,6 +650,52 @@ def test_without_pid_every_gpu_process_is_a_job_followed_with_its_stacks(spawn):
         assert set(jobs._collectors) == {first.pid} and set(exporter._histories) == {str(first.pid)}
     finally:
         jobs.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches to another user: run as root")
+def test_serve_as_another_user_counts_and_says_the_refusal(spawn, tmp_path):
+    """gputop serve run by `nobody` next to root's job: the /proc side is exported, the stacks are refused,
+    and the refusal is a counter plus one log line with the fix, never a crash."""
+    import tempfile
+
+    job = spawn.python([str(TRAIN_LOOP), "--workers", "1", "--samples", "100000", "--ready-file", str(tmp_path / "ready")])
+    wait_until(lambda: (tmp_path / f"ready.{job.pid}").exists(), timeout=120, what="the training job's first batch")
+    world = Path(tempfile.mkdtemp(prefix="gputop-serve-", dir="/tmp"))  # pytest's tmp_path is root's 0700
+    try:
+        world.chmod(0o755)
+        bindir = world / "bin"
+        bindir.mkdir(mode=0o755)
+        py_spy = bindir / "py-spy"  # beside the interpreter gputop believes it runs from, readable by nobody
+        shutil.copyfile(shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"), py_spy)
+        py_spy.chmod(0o755)
+        (bindir / "python").symlink_to(os.path.realpath(sys.executable))
+        port = free_port()
+        serve = spawn([sys.executable, str(REPO / "tests" / "drill_jobs" / "as_user.py"), "nobody", "--executable",
+                       str(bindir / "python"), "serve", "--pid", str(job.pid), "--listen", f"127.0.0.1:{port}",
+                       "--stack-interval", "0.5"],
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(world),
+                      env=dict(os.environ, HOME=str(world)))
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def refusals() -> float:
+            if serve.poll() is not None:
+                raise AssertionError(f"gputop serve exited {serve.returncode}: {serve.stderr.read()}")
+            return one(parse(get(url)), "gputop_pyspy_errors_total", reason="permission")
+
+        assert wait_until(lambda: refusals() >= 3, timeout=60, what="refused dumps counted")
+        samples = parse(get(url))
+        assert one(samples, "gputop_dataloader_workers", job=str(job.pid), rank="0") == 1  # /proc still works
+        assert sum(values(samples, "gputop_rank_state").values()) == 0  # no stacks, no state
+        serve.send_signal(signal.SIGTERM)
+        _out, err = serve.communicate(timeout=30)
+    finally:
+        shutil.rmtree(world, ignore_errors=True)
+    assert serve.returncode == 0 and "Traceback" not in err, err
+    denied = (f"permission denied reading PID {job.pid}'s stacks: it belongs to root and gputop runs as nobody; "
+              "run gputop as root, or with sudo")
+    assert err.count("cannot read stacks") == 1, err
+    assert f"gputop serve: job {job.pid}: cannot read stacks: {denied} (counted in gputop_pyspy_errors_total)\n" in err
 
 
 @pytest.mark.slow

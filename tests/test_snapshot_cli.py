@@ -13,7 +13,7 @@ import pytest
 
 from gputop.commands.snapshot import snapshot_from_json
 from gputop.commands.snapshot import snapshot_json as cli_snapshot_json
-from tests.helpers import run_gputop
+from tests.harness.processes import run_gputop
 
 GPU_KEYS = {
     "index", "uuid", "name", "utilization_gpu", "memory_used", "memory_total", "temperature", "power",

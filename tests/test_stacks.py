@@ -15,7 +15,7 @@ import pytest
 from gputop.analysis.stack_classes import main_thread
 from gputop.collect import procfs
 from gputop.collect import stacks as st
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
 PY_SPY = st.find_py_spy()
 needs_py_spy = pytest.mark.skipif(PY_SPY is None, reason="py-spy is not installed")
@@ -53,6 +53,7 @@ def fake_py_spy(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_dump_of_a_live_python_process(spawn, tmp_path):
     proc, script = start_spinner(spawn, tmp_path)
@@ -68,6 +69,7 @@ def test_dump_of_a_live_python_process(spawn, tmp_path):
     assert main.frames[0].line == 6
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_non_ascii_paths_and_thread_names_survive(spawn, tmp_path):
     proc, script = start_spinner(
@@ -81,6 +83,7 @@ def test_non_ascii_paths_and_thread_names_survive(spawn, tmp_path):
     assert frame.filename == str(script)
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_many_pids_in_one_call_each_get_their_own_result(spawn, tmp_path):
     procs = [start_spinner(spawn, tmp_path / str(i), func=f"spin_{i}")[0] for i in range(3)]
@@ -93,6 +96,7 @@ def test_many_pids_in_one_call_each_get_their_own_result(spawn, tmp_path):
     assert result[sleeper.pid].error.startswith("not a Python process")
 
 
+@pytest.mark.slow
 def test_parallel_dumps_are_bounded(tmp_path):
     log = tmp_path / "log"
     # each fake dump logs its start and end around a short pause: the log shows how many overlapped
@@ -108,6 +112,7 @@ def test_parallel_dumps_are_bounded(tmp_path):
     assert peak == 2
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_not_python_gives_one_line_saying_so(spawn):
     sleeper = spawn(["sleep", "60"])
@@ -118,6 +123,7 @@ def test_not_python_gives_one_line_saying_so(spawn):
     assert "\n" not in error
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_kernel_thread_is_not_python():
     kthreadd = 2  # Linux's kernel thread parent: no executable at all
@@ -127,6 +133,7 @@ def test_kernel_thread_is_not_python():
     assert st.dump_stacks([kthreadd])[kthreadd].error.startswith("not a Python process")
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_gone_process_is_reported_as_exited():
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
@@ -134,6 +141,7 @@ def test_gone_process_is_reported_as_exited():
     assert error == f"process {pid_max + 1} has exited"
 
 
+@pytest.mark.slow
 def test_py_spy_missing_says_how_to_install(monkeypatch):
     monkeypatch.setattr(st, "find_py_spy", lambda: None)
     error = st.dump_stacks([os.getpid()])[os.getpid()].error
@@ -141,12 +149,14 @@ def test_py_spy_missing_says_how_to_install(monkeypatch):
     assert "pip install py-spy" in error
 
 
+@pytest.mark.slow
 def test_py_spy_path_that_cannot_run(tmp_path):
     error = st.dump_stacks([os.getpid()], py_spy=str(tmp_path / "nope"))[os.getpid()].error
     assert error.startswith("cannot run py-spy")
     assert "pip install py-spy" in error
 
 
+@pytest.mark.slow
 def test_find_py_spy_prefers_the_one_next_to_the_interpreter(monkeypatch, tmp_path):
     beside = tmp_path / "bin"
     beside.mkdir()
@@ -159,6 +169,7 @@ def test_find_py_spy_prefers_the_one_next_to_the_interpreter(monkeypatch, tmp_pa
     assert st.find_py_spy() is None
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_transient_torn_read_is_retried(spawn, tmp_path):
     proc, _ = start_spinner(spawn, tmp_path)
@@ -180,12 +191,14 @@ exec "$REAL" "$@\"""",
     assert len(count.read_text().split()) == 2
 
 
+@pytest.mark.slow
 def test_persistent_torn_reads_end_in_one_line(tmp_path):
     fake = fake_py_spy(tmp_path, 'echo "Error: Failed to copy PyFrameObject" >&2; exit 1')
     error = st.dump_stacks([os.getpid()], py_spy=fake, attempts=3)[os.getpid()].error
     assert error == "py-spy kept failing: Failed to copy PyFrameObject"
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_target_is_never_paused(spawn, tmp_path):
     proc, _ = start_spinner(spawn, tmp_path)
@@ -195,6 +208,7 @@ def test_target_is_never_paused(spawn, tmp_path):
     assert argv_log.read_text().split() == ["dump", "--pid", str(proc.pid), "--json", "--nonblocking"]
 
 
+@pytest.mark.slow
 def test_hung_py_spy_is_bounded_by_the_timeout(tmp_path):
     fake = fake_py_spy(tmp_path, "exec sleep 30")
     started = time.monotonic()
@@ -203,6 +217,7 @@ def test_hung_py_spy_is_bounded_by_the_timeout(tmp_path):
     assert error.startswith("py-spy took longer than 0.5s")
 
 
+@pytest.mark.slow
 def test_unsupported_python_version(tmp_path):
     fake = fake_py_spy(tmp_path, 'echo "Error: Unsupported version of Python: 3.99.0" >&2; exit 1')
     error = st.dump_stacks([os.getpid()], py_spy=fake)[os.getpid()].error
@@ -210,6 +225,7 @@ def test_unsupported_python_version(tmp_path):
     assert "pip install -U py-spy" in error
 
 
+@pytest.mark.slow
 def test_garbled_output_is_not_a_crash(tmp_path):
     fake = fake_py_spy(tmp_path, "echo '[{\"pid\": 1, \"frames\": ['")
     error = st.dump_stacks([os.getpid()], py_spy=fake, attempts=2)[os.getpid()].error
@@ -254,6 +270,7 @@ def test_capability_and_ptrace_scope_readers(tmp_path):
     assert st.has_cap_sys_ptrace() == bool(cap_eff & (1 << 19))
 
 
+@pytest.mark.slow
 @needs_py_spy
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to drop a capability")
 def test_real_permission_denied_without_cap_sys_ptrace(spawn, tmp_path):
@@ -271,6 +288,7 @@ def test_real_permission_denied_without_cap_sys_ptrace(spawn, tmp_path):
 # ----------------------------------------------------------------- py-spy killed, the job dying under it
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_py_spy_killed_by_a_signal_is_retried(spawn, tmp_path):
     proc, _ = start_spinner(spawn, tmp_path)
@@ -282,6 +300,7 @@ def test_py_spy_killed_by_a_signal_is_retried(spawn, tmp_path):
     assert len(count.read_text().split()) == 2
 
 
+@pytest.mark.slow
 def test_py_spy_killed_every_time_says_by_which_signal(tmp_path):
     count = tmp_path / "calls"
     fake = fake_py_spy(tmp_path, f"echo x >> {count}; kill -9 $$")
@@ -306,6 +325,7 @@ def test_a_process_the_kernel_is_tearing_down_counts_as_exited(monkeypatch):
         assert st.classify_failure(12345, stderr) == "process 12345 has exited"
 
 
+@pytest.mark.slow
 def test_zombie_counts_as_exited(spawn):
     proc = spawn(["true"])
     wait_until(lambda: open(f"/proc/{proc.pid}/stat").read().split(") ")[1][0] == "Z", what="an unreaped zombie")
@@ -313,6 +333,7 @@ def test_zombie_counts_as_exited(spawn):
     assert st.classify_failure(proc.pid, "Error: Failed to get process executable name\n") == f"process {proc.pid} has exited"
 
 
+@pytest.mark.slow
 def test_find_py_spy_when_the_interpreter_directory_cannot_be_read(tmp_path):
     """gputop run as a user who cannot search the interpreter's directory (root's 0700 home): fall back to PATH."""
     private = tmp_path / "private"

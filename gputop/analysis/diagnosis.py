@@ -42,6 +42,7 @@ from gputop.analysis.checks.input import check_low_utilization, check_starvation
 from gputop.analysis.checks.memory import check_memory_pressure
 from gputop.analysis.checks.placement import check_misplacement
 from gputop.analysis.checks.straggler import check_straggler
+from gputop.analysis.checks.sync import check_sync_bound
 from gputop.analysis.numbers import mean, percentile
 from gputop.analysis.observations import Context, bench_dict, collect_gpu_observations, collect_rank_observations
 from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S, HANG_MIN_SECONDS, INPUT_BOUND_HIGH
@@ -144,6 +145,7 @@ def _job_findings(ctx: Context) -> list[Finding]:
         f.id in ("starvation", "hiccup", "straggler") and f.severity in ("critical", "warning") for f in findings
     )
     findings += check_cpu_bound(ctx, facts, input_bound=input_bound)
+    findings += check_sync_bound(ctx, exclude=hung_pids)
     return findings
 
 

@@ -152,13 +152,16 @@ def recommend(
     uses_cuda: Optional[bool] = None,
     passive: Optional[dict[str, Any]] = None,
     margin: float = MARGIN,
+    max_workers: Optional[int] = None,
 ) -> dict[str, Any]:
     """The advice: DataLoader kwargs, whether the loader is the bottleneck, and the arithmetic as lines.
 
     current: the live loader's settings (num_workers, prefetch_factor, pin_memory, persistent_workers).
     consumption: the training's measured rate: batches_per_s, wait_per_batch_s, wait_fraction.
     configs: loader-only measurements [{num_workers, prefetch_factor, pin_memory, batches_per_s}].
-    passive: py-spy fractions (wait_fraction, epoch_restart_fraction) when consumption is missing.
+    passive: py-spy fractions (wait_fraction, dataset_fraction, epoch_restart_fraction) and the workers' CPU
+    shares (worker_busy: [{pid, busy}]) when consumption is missing: the advice is then sized from shares.
+    max_workers: a cap from outside the cores (free memory, the stated maximum); no count above it is advised.
     Returns {"kwargs", "bottleneck", "verdict", "lines", "workers_needed", "worker_cap"}.
     """
     lines: list[str] = []
@@ -189,7 +192,13 @@ def recommend(
 
     baseline = _best_rate(configs, n_now, pin_now) or _best_rate(configs, n_now)
     core_share = core_share_per_worker(baseline)
+    busy = [float(w["busy"]) for w in (passive or {}).get("worker_busy") or () if w.get("busy") is not None]
+    if baseline is None and busy:
+        # no sweep: the workers' measured CPU share says whether they compute or wait on I/O
+        core_share = min(1.0, max(MIN_CORE_SHARE, sum(busy) / len(busy)))
     cap = worker_cap(n_now, free_cores, ranks_on_host, core_share) if free_cores is not None else None
+    if max_workers is not None:
+        cap = max(0, min(cap if cap is not None else max_workers, max(max_workers, 0)))
     result: dict[str, Any] = {"kwargs": kwargs, "bottleneck": None, "verdict": "", "lines": lines,
                               "workers_needed": None, "worker_cap": cap}
 
@@ -232,6 +241,9 @@ def recommend(
             f"(loader alone, current settings) = {_fmt_s(prep_s)}"
         )
 
+    if (prep_s is None or step_s is None) and consumption is None and passive:
+        _passive_estimate(result, n_now, wait_fraction, passive, cap, core_share, margin)
+        return result
     if prep_s is None or step_s is None:
         result["verdict"] = (
             f"input-bound: the training waits for data {wait_fraction:.0%} of the time; "
@@ -243,8 +255,11 @@ def recommend(
         return result
 
     needed = workers_needed(prep_s, step_s, margin)
-    result["workers_needed"] = needed
-    lines.append(f"workers needed ≈ {_fmt_s(prep_s)} ÷ {_fmt_s(step_s)} × {margin:g} margin → {needed}")
+    result["workers_needed"] = needed if cap is None else min(needed, cap)
+    lines.append(
+        f"workers needed ≈ {_fmt_s(prep_s)} ÷ {_fmt_s(step_s)} × {margin:g} margin → "
+        + (f"{needed}" if cap is None or needed <= cap else f"more than the cap of {cap}")
+    )
     chosen = needed
     if cap is not None:
         lines.append(
@@ -308,7 +323,7 @@ def recommend(
     if chosen < needed:
         expected = chosen / prep_s
         result["verdict"] = (
-            f"input-bound: needs ~{needed} workers but only {chosen} fit the idle cores; expect "
+            f"input-bound: needs more workers than the {chosen} that fit the idle cores and memory; expect "
             f"~{expected:.1f} of {demand:.1f} batches/s — make each batch cheaper (cache decoded data, "
             "smaller images) or give the job more cores"
         )
@@ -323,6 +338,46 @@ def recommend(
             f"set num_workers={chosen} (now {n_now})"
         )
     return result
+
+
+def _passive_estimate(result: dict[str, Any], n_now: int, wait_fraction: float, passive: dict[str, Any],
+                      cap: Optional[int], core_share: float, margin: float) -> None:
+    """Advice from py-spy shares alone (no timed batches): the rank waits `w` of the time.
+
+    With n workers keeping it waiting, each needs n batch cycles per batch against a step of (1 - w) of
+    a cycle; at num_workers=0 the rank's own dataset share is the prep.  Workers that sleep in
+    `__getitem__` (little CPU: I/O-bound) may outnumber the cores, which the cap allows through
+    `core_share`; CPU-bound ones are held to the idle cores."""
+    lines = result["lines"]
+    kwargs = result["kwargs"]
+    step = max(1.0 - wait_fraction, 0.05)
+    if n_now > 0:
+        prep = float(n_now)
+        how = f"{n_now} worker(s) ÷ a {step:.2f} step share"
+    else:
+        prep = float(passive.get("dataset_fraction") or wait_fraction)
+        how = f"the rank's {prep:.0%} in dataset code ÷ a {step:.2f} step share"
+    needed = max(n_now + 1, workers_needed(prep, step, margin))
+    limit = cap if cap is not None else HARD_MAX_WORKERS
+    chosen = min(needed, limit)
+    result["workers_needed"] = chosen
+    kind = "I/O-bound (they sleep in the dataset)" if core_share < 0.5 else "CPU-bound"
+    lines.append(f"workers use {core_share:.0%} of a core each: {kind}")
+    lines.append(
+        f"passive estimate: workers needed ≈ {how} × {margin:g} → "
+        + (f"{needed}" if needed <= limit else f"more than the cap of {limit}")
+    )
+    if chosen <= n_now:
+        result["verdict"] = (
+            f"input-bound: the training waits for data {wait_fraction:.0%} of the time and no more workers fit "
+            f"(cap {limit}); make each batch cheaper, or run the active benchmark (--yes)"
+        )
+        return
+    kwargs.update(num_workers=chosen, prefetch_factor=DEFAULT_PREFETCH, persistent_workers=True)
+    result["verdict"] = (
+        f"input-bound: the training waits for data {wait_fraction:.0%} of the time; set num_workers={chosen} "
+        f"(now {n_now}); the active benchmark (--yes) measures it"
+    )
 
 
 def recommend_offline(*, current: dict[str, Any], configs: Sequence[dict[str, Any]], cap: Optional[int] = None,

@@ -120,7 +120,7 @@ def gpu_list(indices: Iterable[int]) -> str:
 
 
 def _window(inp: CheckInput) -> str:
-    return f"{inp.seconds:.0f} s"
+    return f"{inp.seconds:.0f} s" if inp.seconds >= 9.5 else f"{inp.seconds:.1f} s"
 
 
 def utc_time(ts: Optional[float]) -> str:
@@ -199,14 +199,14 @@ def check_models(inp: CheckInput) -> Optional[CheckResult]:
             by_model.setdefault(d.name, Counter())[d.vbios] += 1
     if not by_model:
         return CheckResult("vbios", "VBIOS", SKIP, f"not available ({_unsupported(inp.after, 'vbios')})", expected)
-    odd = []
+    odd = []  # (GPU, its VBIOS, what the others of its model run)
     for name, versions in by_model.items():
         if len(versions) > 1:
             common = versions.most_common(1)[0][0]
-            odd += [d for d in inp.after if d.name == name and d.vbios and d.vbios != common]
+            odd += [(d.index, d.vbios, common) for d in inp.after if d.name == name and d.vbios and d.vbios != common]
     if odd:
-        value = "; ".join(f"GPU {d.index}: {d.vbios}" for d in odd) + f" where the others run {common}"
-        return CheckResult("vbios", "VBIOS", WARN, value, expected, gpus=tuple(d.index for d in odd))
+        value = "; ".join(f"GPU {i}: {mine} where the others run {common}" for i, mine, common in odd)
+        return CheckResult("vbios", "VBIOS", WARN, value, expected, gpus=tuple(i for i, _, _ in odd))
     return CheckResult("vbios", "VBIOS", PASS, "; ".join(f"{', '.join(v)} on {sum(v.values())} × {n}" for n, v in by_model.items()), expected)
 
 
@@ -301,10 +301,8 @@ def check_nvlink_errors(inp: CheckInput) -> Optional[CheckResult]:
     title = "NVLink error counters"
     expected = "no CRC, replay or recovery errors while we watch"
     if not pairs:
-        if not inp.after or all(d.nvlink_errors is None and "nvlink_errors" in d.unavailable for d in inp.after if not d.lost) and not any(
-            g.nvlink for g in inp.gpus
-        ):
-            return None  # no NVLink at all: the link-state line already says so
+        if not any(g.nvlink for g in inp.gpus):
+            return None  # no NVLink at all (or no GPU): the link-state line already says so
         return CheckResult("nvlink.errors", title, SKIP, f"not available ({_unsupported(inp.after, 'nvlink_errors')})", expected)
     failing, standing = [], []
     for a, b in pairs:

@@ -15,9 +15,9 @@ from gputop.analysis.stack_classes import (
     main_thread,
     own_frames,
 )
-from gputop.analysis.thresholds import HELD_MEMORY_BYTES
+from gputop.analysis.thresholds import HELD_MEMORY_BYTES, LIVE_CPU_SHARE, LIVE_SWITCHES_PER_S, USER_HZ
 from gputop.history import History
-from gputop.model import Frame, GpuSample, ProcessStacks, ProcInfo, Snapshot
+from gputop.model import Frame, GpuSample, JobTree, ProcessProgress, ProcessStacks, ProcInfo, Snapshot, ThreadStack
 
 # frames of a main thread starting an epoch's workers (no persistent_workers)
 EPOCH_START_FRAME_NAMES = ("DataLoader.__iter__", "_MultiProcessingDataLoaderIter.__init__", "_get_iterator")
@@ -70,8 +70,42 @@ class StackSample:
     timestamp: float
     state: Optional[str]
     signature: tuple = ()
-    frames: tuple[Frame, ...] = ()
+    frames: tuple[Frame, ...] = ()  # Python frames only, innermost first (a native dump's C frames: `native`)
     active: bool = True
+    progress: Optional[ProcessProgress] = None  # the process's counters read right after this dump
+    native: tuple[str, ...] = ()  # C/C++ frame names of a `py-spy dump --native`, innermost first
+
+
+def is_python_frame(frame: Frame) -> bool:
+    """py-spy's Python frames name a .py file (or `<frozen …>` / `<string>`); native ones a library or C file."""
+    return frame.filename.endswith(".py") or frame.filename.startswith("<")
+
+
+def native_frames(stacks: Optional[ProcessStacks]) -> tuple[str, ...]:
+    """The C/C++ frame names of a native dump's main thread, innermost first (() for none or a failed one)."""
+    if stacks is None or stacks.error or not stacks.threads:
+        return ()
+    main = main_thread(stacks)
+    # unresolved frames (a bare address) name nothing
+    return tuple(f.name for f in (main.frames if main else ()) if not is_python_frame(f) and not f.name.startswith("0x"))
+
+
+def stack_sample(stacks: ProcessStacks, thread: Optional[ThreadStack], state: Optional[str], frames: Sequence[Frame]) -> StackSample:
+    """One dump of one thread.  A native dump's C frames are kept apart, so it compares equal to the plain
+    dumps around it when the Python stack has not moved."""
+    native: tuple[str, ...] = ()
+    if stacks.native:
+        native = tuple(f.name for f in frames if not is_python_frame(f) and not f.name.startswith("0x"))
+        frames = tuple(f for f in frames if is_python_frame(f))
+    return StackSample(
+        stacks.timestamp,
+        state,
+        frames_signature(frames),
+        tuple(frames),
+        thread.active if thread else True,
+        stacks.progress,
+        native,
+    )
 
 
 @dataclass
@@ -81,6 +115,7 @@ class WorkerObs:
     cpu: list[float] = field(default_factory=list)
     last: Optional[ProcInfo] = None
     last_stacks: Optional[ProcessStacks] = None
+    native: tuple[str, ...] = ()  # C/C++ frames of its latest `py-spy dump --native` (a freeze), innermost first
 
 
 @dataclass
@@ -97,6 +132,7 @@ class RankObs:
     workers: dict[int, WorkerObs] = field(default_factory=dict)
     last: Optional[ProcInfo] = None
     stacks_error: Optional[str] = None
+    native: tuple[str, ...] = ()  # C/C++ frames of its latest `py-spy dump --native` (a freeze), innermost first
 
     @property
     def name(self) -> str:
@@ -153,22 +189,14 @@ def collect_rank_observations(snaps: Sequence[Snapshot]) -> dict[int, RankObs]:
             if r.proc.cpu_percent is not None and not r.proc.exited:
                 obs.cpu.append(r.proc.cpu_percent)
             obs.worker_sets.append((snap.timestamp, frozenset(w.pid for w in r.workers)))
+            obs.native = native_frames(job.native_stacks.get(pid))  # the latest: dropped when the freeze ends
             stacks = job.stacks.get(pid)
             if stacks is not None and stacks.error:
                 obs.stacks_error = stacks.error
             if stacks is not None and not stacks.error and stacks.threads:
                 if not obs.samples or stacks.timestamp > obs.samples[-1].timestamp:
                     main = main_thread(stacks)
-                    frames = main.frames if main else ()
-                    obs.samples.append(
-                        StackSample(
-                            stacks.timestamp,
-                            _state_of(r.main_thread_state, stacks),
-                            frames_signature(frames),
-                            frames,
-                            main.active if main else True,
-                        )
-                    )
+                    obs.samples.append(stack_sample(stacks, main, _state_of(r.main_thread_state, stacks), main.frames if main else ()))
             elif stacks is None and r.main_thread_state:
                 # a state without a dump (collector that classifies in place): one sample per snapshot
                 obs.samples.append(StackSample(snap.timestamp, r.main_thread_state))
@@ -177,6 +205,7 @@ def collect_rank_observations(snaps: Sequence[Snapshot]) -> dict[int, RankObs]:
                 if wobs is None:
                     wobs = obs.workers[w.pid] = WorkerObs(w.pid)
                 wobs.last = w
+                wobs.native = native_frames(job.native_stacks.get(w.pid))
                 if w.cpu_percent is not None and not w.exited:
                     wobs.cpu.append(w.cpu_percent)
                 ws = job.stacks.get(w.pid)
@@ -185,7 +214,7 @@ def collect_rank_observations(snaps: Sequence[Snapshot]) -> dict[int, RankObs]:
                         wm = main_thread(ws)
                         wf = own_frames(wm) if wm else ()
                         wobs.last_stacks = ws
-                        wobs.samples.append(StackSample(ws.timestamp, None, frames_signature(wf), wf, wm.active if wm else True))
+                        wobs.samples.append(stack_sample(ws, wm, None, wf))
     return ranks
 
 
@@ -286,6 +315,28 @@ class Context:
         latest = self.snaps[-1].host.cpu_percent if self.snaps else ()
         return len(latest) or self.history.machine.cpu_count or 1
 
+    @property
+    def job(self) -> Optional[JobTree]:
+        """The latest job tree in the window (None when no job is attached)."""
+        return next((s.job for s in reversed(self.snaps) if s.job is not None), None)
+
+    def job_cores(self) -> float:
+        """Cores the job may use: its cgroup's cpu.max / cpuset as the collector read it, else the host's."""
+        job = self.job
+        if job is not None and job.cpu_limit:
+            return min(float(job.cpu_limit), float(self.cores()))
+        return float(self.cores())
+
+    def memory_free(self) -> Optional[int]:
+        """Bytes the job may still take: the host's available memory, less when its cgroup limit is nearer."""
+        free: Optional[int] = (self.snaps[-1].host.memory_available or None) if self.snaps else None
+        job = self.job
+        if job is not None and job.memory_limit:
+            used = sum(p.rss or 0 for r in job.ranks for p in (r.proc, *r.workers))
+            left = max(0, job.memory_limit - used)
+            free = left if free is None else min(free, left)
+        return free
+
 
 def bench_dict(bench: Any) -> Optional[dict[str, Any]]:
     if bench is None:
@@ -313,3 +364,59 @@ def bench_recommendation(bench: Optional[dict[str, Any]]) -> Optional[dict[str, 
         return None
     rec = bench.get("recommendation")
     return rec if isinstance(rec, dict) and rec else None
+
+
+# ----------------------------------------------------------------- progress between dumps
+
+
+@dataclass(frozen=True)
+class Movement:
+    """What a process's counters did between two of its dumps (ProcessProgress read beside each)."""
+
+    seconds: float
+    switches: Optional[int]  # voluntary context switches of its main thread (tid == pid); None: not read
+    thread_cpu_s: Optional[float]  # CPU time of that thread
+    cpu_s: float  # CPU time of the whole process
+    io_chars: Optional[int]  # bytes read + written (rchar + wchar, pipes included); None: unreadable
+
+    def alive(self, *, cpu_counts: bool = True, io_counts: bool = True) -> bool:
+        """Evidence of life: the thread woke (LIVE_SWITCHES_PER_S), used CPU (LIVE_CPU_SHARE) or moved bytes.
+
+        `cpu_counts=False` for a host parked at a CUDA sync: CUDA spin-waits by default, so CPU burns there
+        while nothing progresses.  `io_counts=False` where other threads' I/O would speak for this one."""
+        secs = max(self.seconds, 1e-6)
+        if self.switches is not None and self.switches / secs >= LIVE_SWITCHES_PER_S:
+            return True
+        cpu = self.thread_cpu_s if self.thread_cpu_s is not None else self.cpu_s
+        if cpu_counts and cpu / secs >= LIVE_CPU_SHARE:
+            return True
+        return bool(io_counts and self.io_chars)
+
+    def describe(self) -> str:
+        parts = []
+        if self.switches is not None:
+            parts.append(f"{self.switches} voluntary context switch{'es' if self.switches != 1 else ''}")
+        cpu = self.thread_cpu_s if self.thread_cpu_s is not None else self.cpu_s
+        parts.append(f"CPU +{cpu:.2f} s")
+        if self.io_chars is not None:
+            parts.append(f"I/O +{self.io_chars} B")
+        return f"{', '.join(parts)} in {self.seconds:.0f} s"
+
+
+def movement(pid: int, first: StackSample, last: StackSample) -> Optional[Movement]:
+    """The counters' change from `first` to `last` (None unless both dumps carry them)."""
+    a, b = first.progress, last.progress
+    if a is None or b is None or last.timestamp <= first.timestamp:
+        return None
+    ta = next((t for t in a.threads if t.tid == pid), None)
+    tb = next((t for t in b.threads if t.tid == pid), None)
+    io = None
+    if None not in (a.io_read_chars, a.io_write_chars, b.io_read_chars, b.io_write_chars):
+        io = max(0, (b.io_read_chars - a.io_read_chars) + (b.io_write_chars - a.io_write_chars))
+    return Movement(
+        seconds=last.timestamp - first.timestamp,
+        switches=max(0, tb.voluntary_switches - ta.voluntary_switches) if ta and tb else None,
+        thread_cpu_s=max(0, tb.cpu_ticks - ta.cpu_ticks) / USER_HZ if ta and tb else None,
+        cpu_s=max(0.0, b.cpu_seconds - a.cpu_seconds),
+        io_chars=io,
+    )

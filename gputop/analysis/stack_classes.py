@@ -12,7 +12,6 @@ what the DataLoader's fetcher (``torch/utils/data/_utils/fetch.py``) calls, what
 from __future__ import annotations
 
 import functools
-import os
 import re
 from collections import Counter
 from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence

@@ -16,6 +16,22 @@ MIN_STACK_SAMPLES = 5
 # A hang must last this long: far longer than any one step of a sane job, yet short enough to name the
 # stuck frame within the 30 s the issue allows for a verdict.
 HANG_MIN_SECONDS = 10.0
+# ... or this long when the progress counters read beside each dump stood still too (no voluntary context
+# switch of the thread, no CPU, no I/O): a live thread, however slow, moves them within a second or two
+# (FACTS.md: a thread looping on a 20 ms sleep gained 99 switches in 2 s; one blocked on a lock, 0).  Short
+# enough that a hang which began before gputop attached shows in a 12 s report.
+HANG_STILL_MIN_SECONDS = 5.0
+# Evidence of life between two dumps: the thread woke at least once a second (a DataLoader main thread
+# blocked on a dead worker polls its queue every 5 s: 0.2/s), or it used 5% of a core, or the process read or
+# wrote anything (/proc/PID/io rchar/wchar count pipes too, so a worker handing over a batch moves them).
+LIVE_SWITCHES_PER_S = 1.0
+LIVE_CPU_SHARE = 0.05
+# /proc reports CPU time in USER_HZ ticks, 100 a second on Linux whatever the kernel's HZ.
+USER_HZ = 100
+# A NCCL collective waiting for a missing peer spins: ~100% utilization at a small share of the power limit
+# (NVIDIA/nccl issues 968, 257, 238: ~100-150 W on a 700 W board), where a compute kernel at 100% draws most of it.
+SPIN_UTILIZATION_MIN = 90.0
+SPIN_POWER_MAX_SHARE = 0.4
 # NVML reports whole percents and an idle GPU reads 0; 1% allows for a driver housekeeping blip.
 HANG_UTILIZATION_MAX = 1.0
 # "Memory held": more than a bare CUDA context (~0.3-0.5 GiB per process).
@@ -43,6 +59,9 @@ COLLAPSE_LOW = 0.25
 HICCUP_MAX_GAP_CV = 0.5
 # Epoch-boundary worker restarts explain a period when restarts repeat at that period within 35%.
 PERIOD_MATCH_TOLERANCE = 0.35
+# Sync-bound: a rank caught at a host-device sync (.item(), .cpu(), synchronize()) in 30% of its dumps while
+# its GPUs are under BUSY_UTILIZATION: host and device take turns instead of overlapping.
+SYNC_BOUND_FRACTION = 0.3
 # Straggler: one rank input-bound (TF "highly") while the others are not (TF "not input-bound") and spend at
 # least half their time in a collective / backward waiting for it.
 STRAGGLER_OTHERS_SYNC_MIN = 0.5
@@ -54,8 +73,7 @@ THROTTLE_MIN_FRACTION = 0.2
 POWER_LIMIT_LOWERED = 0.9
 # Memory >= 95% of the card for half the window: the next larger batch or shape OOMs (article 5.3, OOM row).
 MEMORY_NEARLY_FULL = 0.95
-# Rank misplacement without --pid: the busy GPU mean and the idle GPUs' mean.
-MISPLACED_BUSY_UTILIZATION = 50.0
+# Machine view (no --pid): a GPU under 5% with no process is idle; with a process and above it, in use.
 MISPLACED_IDLE_UTILIZATION = 5.0
 
 # The window diagnose() looks at by default: long enough for ~60 stack dumps and three cycles of a 40 s hiccup,
@@ -64,8 +82,29 @@ DIAGNOSIS_WINDOW_S = 120.0
 # The longest hiccup period searched for (an epoch of a small dataset; longer is not a "hiccup").
 HICCUP_MAX_PERIOD_S = 60.0
 
+# Worker advice (analysis/advice.py): a producer in __getitem__ under half a core waits on I/O (sleeps in a
+# read); above it, it computes.  I/O-bound workers may outnumber the cores, but each forked worker holds
+# its own RSS: they get at most half the memory the job may still take, and never more than 32 per rank
+# (loader_math.HARD_MAX_WORKERS, the ceiling `gputop bench` sweeps to).
+IO_BOUND_CPU_PERCENT = 50.0
+IO_MEMORY_SHARE = 0.5
+MAX_IO_WORKERS = 32
+
 EVIDENCE_RANKS = 4  # per-rank / per-GPU evidence lines shown before "… N more"
 
 # z of the one-sided lower bound on an input fraction: ~84% confidence.  One waiting dump in 19 (5.3%) is
 # not evidence of a 5% wait; 24 in 240 (10%) is.
 WILSON_Z = 1.0
+# Trace findings (`gputop trace`, gputop/analysis/checks/trace.py):
+# the article's rule: communication > 30% of the step means gradient accumulation, overlap, a topology check.
+TRACE_COMM_HEAVY = 0.30
+# AMP: at least half of the GEMM kernel time in fp32 on a GPU with tensor cores (compute capability >= 7).
+TRACE_FP32_GEMM_SHARE = 0.5
+# Launch-bound: most kernels shorter than a launch costs the host (~5-10 us), while the GPU idles >= 30%.
+TRACE_SHORT_KERNEL_US = 10.0
+TRACE_SHORT_KERNEL_SHARE = 0.5
+TRACE_LAUNCH_BOUND_IDLE = 0.3
+# Syncs every step count when they also cost >= 2% of wall time (a lone .item() at 1 us is not worth a finding).
+TRACE_SYNC_SHARE = 0.02
+# Fragmentation: >= 30% of the reserved bytes sit in inactive split blocks (torch.cuda.memory_stats).
+TRACE_FRAGMENTED_SHARE = 0.3

@@ -143,12 +143,19 @@ class NoDriverError(GpuUnavailableError):
     """No NVIDIA driver on this machine (libnvidia-ml cannot load, or the kernel module is absent)."""
 
 
+# The fake library gputop itself last put below pynvml (None: none).  Only that one is ever taken out
+# again: a library someone else set up (a shim, another tool's test double, a site hook) is used as it is.
+_installed_by_gputop: Any = None
+
+
 def use_nvml_library(lib: Any) -> None:
     """Make pynvml call `lib` instead of libnvidia-ml.so (None: load the real one on the next nvmlInit).
 
     Leans on pynvml's private `nvmlLib` and function-pointer cache (pinned by a canary test).
     """
+    global _installed_by_gputop
     with pynvml.libLoadLock:
+        _installed_by_gputop = lib
         pynvml.nvmlLib = lib
         pynvml._nvmlGetFunctionPointer_cache.clear()
         pynvml._nvmlLib_refcount = 0
@@ -372,7 +379,7 @@ class GpuCollector:
         with _LIBRARY_LOCK:
             if library is not None:
                 use_nvml_library(library)
-            elif pynvml.nvmlLib is not None and not isinstance(pynvml.nvmlLib, ctypes.CDLL):
+            elif pynvml.nvmlLib is not None and pynvml.nvmlLib is _installed_by_gputop:
                 use_nvml_library(None)  # a simulation in this process left its fake behind: load the real library
             try:
                 self._start()

@@ -24,7 +24,8 @@ import psutil
 from gputop.analysis.stack_classes import classify_main_thread, main_thread
 from gputop.collect import stacks as stacks_mod
 from gputop.collect.cgroup import job_limits
-from gputop.collect.procfs import ProcessTable, ProcKey, Tracked, int_or_none, process_alive, read_stat
+from gputop.collect.placement import find_misplacements, gpus_of_pids, place_ranks
+from gputop.collect.procfs import ProcessTable, ProcKey, Tracked, int_or_none, process_alive, read_ns_pids, read_stat
 from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSchedule
 from gputop.errors import GputopError
 from gputop.model import GpuSample, JobTree, Misplacement, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
@@ -32,16 +33,28 @@ from gputop.model import GpuSample, JobTree, Misplacement, ProcessStacks, ProcIn
 WORKER_COMM = "pt_data_worker"  # torch sets it in the DataLoader worker loop
 PIN_THREAD_COMM = "pt_data_pin"  # torch names the pin-memory thread so
 
-# Launchers recognised by command line; any other parent whose children carry LOCAL_RANK while it does
-# not is taken for a launcher too (mpirun-style wrappers, custom launch scripts).
+# Launchers recognised by command line (argv[0] or the script an interpreter runs) or by comm; any other
+# parent whose children carry a rank it does not is taken for a launcher too (custom launch scripts).
 _LAUNCHER_MODULES = (
     "torch.distributed.run",
     "torch.distributed.launch",
     "deepspeed.launcher.launch",
     "deepspeed.launcher.runner",
 )
-_LAUNCHER_PROGRAMS = ("torchrun", "deepspeed", "accelerate")
-_LAUNCHER_COMMS = ("pt_elastic",)  # torch.distributed.run renames its main thread so
+_LAUNCHER_PROGRAMS = (
+    "torchrun", "deepspeed", "accelerate",
+    "srun", "slurmstepd",  # Slurm: the tasks of a step are children of slurmstepd on each node
+    "mpirun", "mpiexec", "mpiexec.hydra", "orterun", "prterun", "orted", "prted", "hydra_pmi_proxy",
+)
+_LAUNCHER_COMMS = ("pt_elastic", "slurmstepd")  # torch.distributed.run renames its main thread so
+
+# Where launchers put a process's place in the job, most specific first: torchrun/Accelerate/DeepSpeed/
+# Lightning set RANK/LOCAL_RANK (Lightning only LOCAL_RANK and NODE_RANK), srun SLURM_*, Open MPI
+# OMPI_COMM_WORLD_*, MPICH/Intel MPI (hydra) PMI_* and MPI_LOCALRANKID.  Read from /proc/PID/environ,
+# the environment the process started with.
+RANK_KEYS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+LOCAL_RANK_KEYS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+WORLD_SIZE_KEYS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 # multiprocessing's own helper processes: part of a rank, never a rank or a worker themselves.
 _HELPER_MARKERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker")
 
@@ -63,8 +76,56 @@ def is_worker(tracked: Tracked) -> bool:
     return tracked.comm == WORKER_COMM
 
 
+def rank_env_keys(tracked: Tracked) -> frozenset[str]:
+    """The rank variables this process started with (see RANK_KEYS, LOCAL_RANK_KEYS)."""
+    env = tracked.env or {}
+    return frozenset(key for key in RANK_KEYS + LOCAL_RANK_KEYS if key in env)
+
+
 def has_rank_env(tracked: Tracked) -> bool:
-    return tracked.env is not None and ("LOCAL_RANK" in tracked.env or "RANK" in tracked.env)
+    return bool(rank_env_keys(tracked))
+
+
+def _first_int(env: dict[str, str], keys: tuple[str, ...]) -> Optional[int]:
+    for key in keys:
+        value = int_or_none(env.get(key))
+        if value is not None:
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    world_size: Optional[int] = None
+
+
+def identity_from_env(env: Optional[dict[str, str]], ranks_here: int = 1) -> RankIdentity:
+    """Rank, local rank and world size from a launcher's variables.  Lightning's children carry only
+    LOCAL_RANK and NODE_RANK: their global rank is NODE_RANK x (ranks on this node) + LOCAL_RANK."""
+    env = env or {}
+    rank = _first_int(env, RANK_KEYS)
+    local_rank = _first_int(env, LOCAL_RANK_KEYS)
+    node_rank = int_or_none(env.get("NODE_RANK"))
+    if rank is None and local_rank is not None and node_rank is not None:
+        rank = node_rank * ranks_here + local_rank
+    return RankIdentity(rank, local_rank, _first_int(env, WORLD_SIZE_KEYS))
+
+
+def script_and_args(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """What a Python command line runs, with the interpreter and its own flags left out and the script
+    by its base name: `python -u train.py --lr 1` and `/venv/bin/python3 /abs/train.py --lr 1` agree."""
+    args = list(argv[1:])
+    while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
+        flag = args.pop(0)
+        if flag in ("-X", "-W") and args:  # flags that take a separate value
+            args.pop(0)
+    if not args:
+        return ()
+    if args[0] in ("-m", "-c"):
+        return tuple(args)
+    return (os.path.basename(args[0]), *args[1:])
 
 
 def is_mp_child(parent: Tracked, child: Tracked) -> bool:
@@ -74,6 +135,7 @@ def is_mp_child(parent: Tracked, child: Tracked) -> bool:
 
 
 def is_named_launcher(tracked: Tracked) -> bool:
+    """torchrun, accelerate, deepspeed, srun/slurmstepd, mpirun/mpiexec and their daemons, by name."""
     if tracked.comm in _LAUNCHER_COMMS:
         return True
     argv = tracked.cmdline
@@ -95,6 +157,7 @@ def is_named_launcher(tracked: Tracked) -> bool:
 class _Structure:
     launcher: Optional[Tracked]
     ranks: list[Tracked]
+    identities: dict[ProcKey, RankIdentity]
 
 
 class JobScanner:
@@ -105,22 +168,55 @@ class JobScanner:
 
     # ---- structure
 
+    def _children(self, tracked: Tracked) -> list[Tracked]:
+        """Live children that may be ranks or launchers (not DataLoader workers, not multiprocessing helpers)."""
+        kids = []
+        for pid in self.table.children(tracked.key[0]):
+            child = self.table.get(pid)
+            if child is not None and not is_helper(child) and not is_worker(child):
+                kids.append(child)
+        return kids
+
     def _is_launcher(self, tracked: Tracked, gpu_pids: frozenset[int] = frozenset()) -> bool:
-        """torchrun & co by name; any parent of processes carrying RANK/LOCAL_RANK that carries none itself;
-        and a `torch.multiprocessing.spawn` parent: its spawned/forked children hold GPUs or run DataLoaders."""
+        """torchrun & co by name; any parent of processes carrying a rank variable that it does not carry
+        itself; and a `torch.multiprocessing.spawn` parent: its spawned/forked children hold GPUs or run
+        DataLoaders."""
         if is_named_launcher(tracked):
             return True
-        if has_rank_env(tracked) or tracked.key[0] in gpu_pids:
+        if tracked.key[0] in gpu_pids:
             return False  # itself a rank
-        for child_pid in self.table.children(tracked.key[0]):
-            child = self.table.get(child_pid)
-            if child is None or is_helper(child) or is_worker(child):
-                continue
-            if has_rank_env(child):
+        own_keys = rank_env_keys(tracked)
+        for child in self._children(tracked):
+            if rank_env_keys(child) - own_keys:
                 return True
-            if is_mp_child(tracked, child) and (child.key[0] in gpu_pids or self.workers_of(child)):
+            if not own_keys and is_mp_child(tracked, child) and (child.key[0] in gpu_pids or self.workers_of(child)):
                 return True
         return False
+
+    def _self_launched(self, tracked: Optional[Tracked]) -> list[Tracked]:
+        """Lightning's subprocess launcher: rank 0 is the user's own process, and it starts ranks 1.. as
+        children running the same command with LOCAL_RANK set.  Those children, or [] if `tracked` is
+        not such a rank 0."""
+        if tracked is None or is_named_launcher(tracked) or has_rank_env(tracked):
+            return []
+        program = script_and_args(tracked.cmdline)
+        if not program:
+            return []
+        return [
+            child for child in self._children(tracked)
+            if "LOCAL_RANK" in rank_env_keys(child) and script_and_args(child.cmdline) == program
+        ]
+
+    def _parent(self, tracked: Tracked) -> Optional[Tracked]:
+        """The parent, if it may be part of the job.  PID 1 is the machine's init on a host, but in a
+        container it is often the launcher itself (torchrun or a Python script as the entrypoint)."""
+        if tracked.ppid < 1:
+            return None
+        parent = self.table.get(tracked.ppid)
+        if parent is None or tracked.ppid > 1:
+            return parent
+        python = os.path.basename(parent.cmdline[0]).startswith("python") if parent.cmdline else False
+        return parent if python or is_named_launcher(parent) else None
 
     def owning_rank(self, tracked: Tracked) -> Tracked:
         """Climb from a DataLoader worker or multiprocessing helper to the rank process it serves."""
@@ -137,26 +233,52 @@ class JobScanner:
     def structure(self, root: Tracked, gpu_pids: frozenset[int] = frozenset()) -> _Structure:
         """Launcher and ranks of the job `root` belongs to (root may be any of its processes)."""
         start = self.owning_rank(root)
+        parent = self._parent(start)
+        for rank_zero in (start, parent):
+            others = self._self_launched(rank_zero)
+            if others:
+                return self._self_launched_structure(rank_zero, others)
         if self._is_launcher(start, gpu_pids):
-            return _Structure(start, self.ranks_of_launcher(start))
-        parent = self.table.get(start.ppid) if start.ppid > 1 else None
+            return self._launcher_structure(start, gpu_pids)
         if parent is not None and self._is_launcher(parent, gpu_pids):
-            return _Structure(parent, self.ranks_of_launcher(parent))
+            return self._launcher_structure(parent, gpu_pids)
         if start.key[0] not in gpu_pids and not self.workers_of(start):
             # `bash run.sh` that runs torchrun: the job is the launcher below the PID we were given
-            for child_pid in self.table.children(start.key[0]):
-                child = self.table.get(child_pid)
-                if child is not None and self._is_launcher(child, gpu_pids):
-                    return _Structure(child, self.ranks_of_launcher(child))
-        return _Structure(None, [start])
+            for child in self._children(start):
+                if self._is_launcher(child, gpu_pids):
+                    return self._launcher_structure(child, gpu_pids)
+        return _Structure(None, [start], {start.key: identity_from_env(start.env)})
 
-    def ranks_of_launcher(self, launcher: Tracked) -> list[Tracked]:
-        ranks = []
-        for pid in self.table.children(launcher.key[0]):
-            child = self.table.get(pid)
-            if child is not None and not is_helper(child) and not is_worker(child):
-                ranks.append(child)
-        return sorted(ranks, key=_rank_sort_key)
+    def _self_launched_structure(self, rank_zero: Tracked, others: list[Tracked]) -> _Structure:
+        """Rank 0 started with no rank variables; it is local rank 0 of the node its children name."""
+        ranks_here = len(others) + 1
+        identities = {child.key: identity_from_env(child.env, ranks_here) for child in others}
+        child_env = others[0].env or {}
+        zero_env = {"LOCAL_RANK": "0", **{k: child_env[k] for k in ("NODE_RANK", "WORLD_SIZE") if k in child_env}}
+        identities[rank_zero.key] = identity_from_env(zero_env, ranks_here)
+        ranks = sorted([rank_zero, *others], key=lambda t: _identity_sort_key(identities[t.key], t))
+        return _Structure(None, ranks, identities)
+
+    def _launcher_structure(self, launcher: Tracked, gpu_pids: frozenset[int]) -> _Structure:
+        """The ranks below `launcher`, through launchers it starts in turn (deepspeed's runner starts
+        deepspeed.launcher.launch, mpiexec starts hydra_pmi_proxy): the launcher reported is the one
+        right above the ranks."""
+        for _ in range(4):
+            kids = self._children(launcher)
+            inner = [k for k in kids if not has_rank_env(k) and self._is_launcher(k, gpu_pids)]
+            if len(inner) == 1 and len(kids) == 1:
+                launcher = inner[0]
+                continue
+            break
+        ranks = self._children(launcher)
+        identities = {t.key: identity_from_env(t.env, len(ranks)) for t in ranks}
+        if len(ranks) > 1 and all(i == RankIdentity() for i in identities.values()):
+            # torch.multiprocessing.spawn passes the rank as an argument, not in the environment; it starts
+            # rank 0, 1, ... in order, so the start order numbers them.
+            by_start = sorted(ranks, key=lambda t: (t.start_ticks, t.key))
+            identities = {t.key: RankIdentity(i, i, len(ranks)) for i, t in enumerate(by_start)}
+        ranks.sort(key=lambda t: _identity_sort_key(identities[t.key], t))
+        return _Structure(launcher, ranks, identities)
 
     def workers_of(self, rank: Tracked) -> list[Tracked]:
         """DataLoader workers anywhere below the rank (children with fork/spawn, grandchildren with forkserver)."""
@@ -181,20 +303,24 @@ class JobScanner:
 
     def build(self, root_pid: int, structure: _Structure, gpus: tuple[GpuSample, ...]) -> JobTree:
         """A JobTree with fresh process figures (no stacks)."""
-        gpus_by_pid = gpus_of_pids(gpus)
         launcher_info = self.table.info(structure.launcher) if structure.launcher else None
+        identities = {t.key: structure.identities.get(t.key) or identity_from_env(t.env) for t in structure.ranks}
+        placement = place_ranks(((t, identities[t.key].local_rank) for t in structure.ranks), gpus)
         ranks = []
         for rank in structure.ranks:
             env = rank.env or {}
+            identity = identities[rank.key]
+            on_gpus, mapping = placement[rank.key]
             workers = tuple(self.table.info(w) for w in self.workers_of(rank))
             ranks.append(
                 Rank(
                     proc=self.table.info(rank),
-                    rank=int_or_none(env.get("RANK")),
-                    local_rank=int_or_none(env.get("LOCAL_RANK")),
-                    world_size=int_or_none(env.get("WORLD_SIZE")),
+                    rank=identity.rank,
+                    local_rank=identity.local_rank,
+                    world_size=identity.world_size,
                     cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
-                    gpus=gpus_by_pid.get(rank.key[0], ()),
+                    gpus=on_gpus,
+                    gpu_mapping=mapping,
                     workers=workers,
                     pin_memory_tids=self.table.threads_named(rank.key[0], PIN_THREAD_COMM),
                 )
@@ -219,10 +345,9 @@ def _host_memory() -> int:
     return psutil.virtual_memory().total
 
 
-def _rank_sort_key(tracked: Tracked) -> tuple:
-    env = tracked.env or {}
-    rank = int_or_none(env.get("RANK"))
-    return (rank is None, rank if rank is not None else 0, tracked.key)
+def _identity_sort_key(identity: RankIdentity, tracked: Tracked) -> tuple:
+    number = identity.rank if identity.rank is not None else identity.local_rank
+    return (number is None, number if number is not None else 0, tracked.key)
 
 
 def tree_pids(tree: JobTree) -> list[int]:
@@ -245,69 +370,6 @@ def job_cores(launcher: Optional[ProcInfo], ranks: Iterable[Rank]) -> tuple[int,
         if proc.core is not None and not proc.exited:
             cores.add(proc.core)
     return tuple(sorted(cores))
-
-
-# ----------------------------------------------------------------- GPUs
-
-
-def gpus_of_pids(gpus: Iterable[GpuSample]) -> dict[int, tuple[int, ...]]:
-    """pid -> NVML indices of the GPUs where NVML lists it (holds a context / memory)."""
-    found: dict[int, set[int]] = {}
-    for gpu in gpus:
-        if gpu.lost or not gpu.processes:
-            continue
-        for gp in gpu.processes:
-            found.setdefault(gp.pid, set()).add(gpu.index)
-    return {pid: tuple(sorted(idx)) for pid, idx in found.items()}
-
-
-def _rank_label(rank: Rank) -> str:
-    return f"rank {rank.rank} (PID {rank.proc.pid})" if rank.rank is not None else f"PID {rank.proc.pid}"
-
-
-def _gpu_list(indices: Iterable[int]) -> str:
-    return ", ".join(str(i) for i in sorted(indices))
-
-
-SET_DEVICE_FIX = "call torch.cuda.set_device(local_rank) (or use f'cuda:{local_rank}') before any CUDA work"
-
-
-def find_misplacements(ranks: tuple[Rank, ...], gpus: tuple[GpuSample, ...]) -> tuple[Misplacement, ...]:
-    """Ranks sharing a GPU, one rank on several GPUs, and the "all ranks on GPU 0" bug, each with its
-    ranks, GPUs and one line for people."""
-    found: list[Misplacement] = []
-    placed = [r for r in ranks if r.gpus]
-    if not placed:
-        return ()
-    by_gpu: dict[int, list[Rank]] = {}
-    for rank in placed:
-        for index in rank.gpus:
-            by_gpu.setdefault(index, []).append(rank)
-    visible_gpus = len([g for g in gpus if not g.lost])
-    shared = {index: rs for index, rs in by_gpu.items() if len(rs) > 1}
-    everyone_on_one = len(placed) > 1 and len(by_gpu) == 1
-    if everyone_on_one:
-        (index,) = by_gpu
-        idle = visible_gpus - 1
-        message = (
-            f"all {len(placed)} ranks run on GPU {index}"
-            + (f" while {idle} other GPU{'s' if idle != 1 else ''} sit idle" if idle > 0 else "")
-            + f": {SET_DEVICE_FIX}"
-        )
-        found.append(Misplacement("all_on_one_gpu", tuple(r.proc.pid for r in placed), (index,), message))
-    else:
-        for index in sorted(shared):
-            names = ", ".join(_rank_label(r) for r in shared[index])
-            message = f"GPU {index} is shared by {len(shared[index])} ranks ({names}): {SET_DEVICE_FIX}"
-            found.append(Misplacement("shared_gpu", tuple(r.proc.pid for r in shared[index]), (index,), message))
-    for rank in placed:
-        if len(rank.gpus) > 1:
-            message = (
-                f"{_rank_label(rank)} holds memory on GPUs {_gpu_list(rank.gpus)}: a stray CUDA context "
-                f"(usually cuda:0 touched before set_device); {SET_DEVICE_FIX}"
-            )
-            found.append(Misplacement("several_gpus", (rank.proc.pid,), tuple(rank.gpus), message))
-    return tuple(found)
 
 
 # ----------------------------------------------------------------- the collector
@@ -627,7 +689,10 @@ def discover_jobs(gpus: tuple[GpuSample, ...]) -> list[JobTree]:
         scanner.table.begin_scan()
         jobs: dict[ProcKey, tuple[int, _Structure]] = {}
         gpu_pids = frozenset(gpus_of_pids(gpus))
-        for pid in sorted(gpu_pids):
+        seeds = [pid for pid in gpu_pids if scanner.table.get(pid) is not None]
+        if gpu_pids and not seeds:  # none of NVML's PIDs is ours: we run in a PID namespace (a container)
+            seeds = _container_seeds(scanner, gpu_pids)
+        for pid in sorted(set(seeds)):
             tracked = scanner.table.get(pid)
             if tracked is None:
                 continue
@@ -635,5 +700,26 @@ def discover_jobs(gpus: tuple[GpuSample, ...]) -> list[JobTree]:
             anchor = structure.launcher or structure.ranks[0]
             jobs.setdefault(anchor.key, (anchor.key[0], structure))
         trees = [scanner.build(root_pid, structure, tuple(gpus)) for root_pid, structure in jobs.values()]
+        trees = [t for t in trees if any(r.gpus for r in t.ranks)]
         scanner.table.prune()
     return sorted(trees, key=lambda t: (min((g for r in t.ranks for g in r.gpus), default=1 << 30), t.root_pid))
+
+
+def _container_seeds(scanner: JobScanner, gpu_pids: frozenset[int]) -> list[int]:
+    """Processes here that may stand behind NVML PIDs from another PID namespace: those whose NSpid line
+    shows one of them, and those started with a rank variable or CUDA_VISIBLE_DEVICES (their GPU is then
+    inferred, see placement).  One pass over /proc, only while none of NVML's PIDs is ours."""
+    seeds = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if set(read_ns_pids(pid)[1:]) & gpu_pids:
+            seeds.append(pid)
+            continue
+        tracked = scanner.table.get(pid)
+        if tracked is not None and not is_worker(tracked) and (
+            has_rank_env(tracked) or "CUDA_VISIBLE_DEVICES" in (tracked.env or {})
+        ):
+            seeds.append(pid)
+    return seeds

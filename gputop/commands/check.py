@@ -17,13 +17,14 @@ import time
 from typing import Any, Optional
 
 from gputop.analysis.machine_check import CheckInput, CheckReport, LoadOutcome, build_report, report_jsonable
-from gputop.commands.report import Progress, observe
+from gputop.commands.observing import Progress, observe
 from gputop.model import HostReadings
 
 # What the end of the window needs (the last details, the kernel log, printing): the observation stops
 # this much before --seconds so the whole command fits in it.
 FINISH_S = 0.7
 POLL_INTERVAL_S = 1.0
+MIN_WINDOW_S = 1.0
 
 
 class HostSource:
@@ -110,7 +111,8 @@ def _collect(args: Any, pipeline: Any, evidence: Evidence, started: float) -> Ch
     if load_run is not None and load_run.proc is not None:
         window = args.seconds  # the load job runs this long: watch all of it (the 10 s bound does not hold with --load)
     else:
-        window = max(0.0, args.seconds - FINISH_S - (time.monotonic() - started))
+        # at least MIN_WINDOW_S even when the start ate the budget: counters need time to climb
+        window = max(min(MIN_WINDOW_S, args.seconds), args.seconds - FINISH_S - (time.monotonic() - started))
     progress = Progress(sys.stderr, "checking") if getattr(args, "progress", True) else None
     history = observe(pipeline, window, min(POLL_INTERVAL_S, max(window, 0.05)), progress=progress)
     load = load_run.finish() if load_run is not None else None
@@ -124,7 +126,10 @@ def write_text(report: CheckReport, out: Any) -> None:
 
 
 def run(args: Any) -> int:
-    started = time.monotonic()
+    # the 10 s bound counts from the process's start: Python and the imports take ~1-2 s of it on a busy box
+    import psutil
+
+    started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
     args.progress = not args.json
     report = collect(args, started=started)
     if args.json:

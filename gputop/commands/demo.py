@@ -86,14 +86,14 @@ def observe(
     interval: float,
     seconds: Optional[float],
     out: TextIO,
-    stop: Optional[threading.Event] = None,
 ) -> DemoSummary:
     """Headless: wait for the ranks, then poll `source` each interval and print per-GPU utilization.
 
-    Runs `seconds` (None: until KeyboardInterrupt or `stop`) after every rank took its first step; the
-    job's startup (importing torch, rendezvous) is not part of the observation.
+    Runs `seconds` (None: until KeyboardInterrupt) after every rank took its first step; the job's
+    startup (importing torch, rendezvous) is not part of the observation.
     """
-    stop = stop or threading.Event()
+    from gputop.source import Batch, PollLoop
+
     print(f"waiting for {job.config.ranks} ranks to start (importing torch, rendezvous)...", file=out, flush=True)
     summary = DemoSummary(startup_s=job.wait_until_training())
     gpus = source.machine.gpu_count
@@ -104,33 +104,40 @@ def observe(
         flush=True,
     )
     history = History(source.machine)
-    history.append(source.poll())  # the first reading also sets the baseline of the utilization window
-    started = last = time.monotonic()
+    loop = PollLoop(source, interval, seconds=seconds)
     counts_start = counts_last = job.step_counts()
+    last = time.monotonic()
+    baseline = True
+
+    def show(batch: Batch) -> None:
+        nonlocal counts_last, last, baseline
+        for taken in batch.snapshots:
+            history.append(taken)
+        if baseline:  # the first reading only sets the baseline of the utilization window
+            baseline = False
+            return
+        snapshot = batch.snapshots[-1]
+        now = time.monotonic()
+        counts = job.step_counts()
+        row = tuple(g.utilization_gpu if not g.lost else None for g in snapshot.gpus)
+        summary.samples.append(row)
+        rate = sum(counts) - sum(counts_last)
+        per_rank = rate / max(1, len(counts)) / max(1e-9, now - last)
+        print(
+            f"{loop.elapsed():5.1f}s  " + "".join(f"{_format_util(u):>6}" for u in row) + f"  {per_rank:7.2f}",
+            file=out,
+            flush=True,
+        )
+        last, counts_last = now, counts
+        failure = job.failure()
+        if failure:
+            raise GputopError(failure)
+
     try:
-        while not stop.wait(interval):
-            snapshot = source.poll()
-            history.append(snapshot)
-            now = time.monotonic()
-            counts = job.step_counts()
-            row = tuple(g.utilization_gpu if not g.lost else None for g in snapshot.gpus)
-            summary.samples.append(row)
-            rate = sum(counts) - sum(counts_last)
-            per_rank = rate / max(1, len(counts)) / max(1e-9, now - last)
-            print(
-                f"{now - started:5.1f}s  " + "".join(f"{_format_util(u):>6}" for u in row) + f"  {per_rank:7.2f}",
-                file=out,
-                flush=True,
-            )
-            last, counts_last = now, counts
-            failure = job.failure()
-            if failure:
-                raise GputopError(failure)
-            if seconds is not None and now - started >= seconds:
-                break
+        loop.run(show)
     except KeyboardInterrupt:
         pass  # ctrl+c / SIGTERM: end the observation and report what was seen
-    summary.seconds = time.monotonic() - started
+    summary.seconds = loop.elapsed()
     counts_end = job.step_counts()
     summary.steps_per_s = tuple((b - a) / max(1e-9, summary.seconds) for a, b in zip(counts_start, counts_end))
     summary.findings = diagnose(history)

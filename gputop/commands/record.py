@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from gputop.commands.report import Progress, make_pipeline, observe
+from gputop.commands.observing import Progress, live_source, observe
 from gputop.model import Snapshot
 from gputop.recording import RecordingWriter
 
@@ -16,7 +16,7 @@ RECORD_HISTORY = 2
 
 
 def run(args: Any) -> int:
-    pipeline = make_pipeline(args)
+    pipeline = live_source(args)
     try:
         with RecordingWriter(args.output, pipeline.machine) as writer:
             seconds = args.seconds or UNBOUNDED_SECONDS

@@ -7,16 +7,14 @@
 from __future__ import annotations
 
 import sys
-import time
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Optional
 
 from gputop.analysis.diagnosis import diagnose, verdict_line
+from gputop.commands.observing import Progress, live_source, observe
 from gputop.errors import GputopError, UsageError
 from gputop.history import History
-from gputop.model import Snapshot
 
 BENCH_SECONDS = 15.0  # the benchmark's own bound (issue 6: the active run is <= 15 s)
-BAR_WIDTH = 30
 # A short report still needs enough stack dumps to judge the input pipeline (diagnosis needs 5 per rank):
 # aim for 10 over the observation, but never dump faster than every 0.5 s.
 REPORT_STACK_DUMPS = 10
@@ -24,89 +22,6 @@ FASTEST_STACK_INTERVAL_S = 0.5
 # `report --from` decodes at most this many snapshots, the latest (20 min at 1 Hz, ~100 MB on 8 GPUs):
 # a day-long recording must not need GBs to report on.  The report states the span it covers.
 REPORT_FROM_WINDOW = 1200
-
-
-class Progress:
-    """A one-line progress bar on a terminal; silent when the stream is not a terminal (pipes, CI logs)."""
-
-    def __init__(self, stream: TextIO, what: str) -> None:
-        self.stream = stream
-        self.what = what
-        self.enabled = bool(getattr(stream, "isatty", lambda: False)())
-        self._shown = False
-
-    def update(self, fraction: float, message: str = "") -> None:
-        if not self.enabled:
-            return
-        fraction = max(0.0, min(1.0, fraction))
-        filled = int(round(fraction * BAR_WIDTH))
-        bar = "█" * filled + "░" * (BAR_WIDTH - filled)
-        self.stream.write(f"\r{self.what} {bar} {100 * fraction:3.0f}% {message}\x1b[K")
-        self.stream.flush()
-        self._shown = True
-
-    def done(self) -> None:
-        if self._shown:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-            self._shown = False
-
-
-def make_pipeline(args: Any) -> Any:
-    """The live pipeline; with --pid, stacks are collected the whole time (a report needs them)."""
-    from gputop.pipeline import pipeline_from_args  # lazy: a --from report needs no collectors
-
-    pipeline = pipeline_from_args(args)
-    collector = getattr(pipeline, "job_collector", None)
-    if collector is not None:
-        collector.stacks_wanted = True
-    return pipeline
-
-
-def observe(
-    source: Any,
-    seconds: float,
-    interval: float,
-    *,
-    on_snapshot: Optional[Callable[[Snapshot], None]] = None,
-    progress: Optional[Progress] = None,
-    capacity: Optional[int] = None,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> History:
-    """Poll `source` every `interval` s for `seconds` s (one sample at the start and one at the end).
-
-    The history keeps every sample (a report needs them all), or the last `capacity` when given (a
-    recording streams its samples to `on_snapshot` and must not hold them: memory stays flat).
-    Ctrl-C ends the observation early and keeps what was collected.
-    """
-    history = History(source.machine, capacity=capacity or int(seconds / interval) + 16)
-    samples = 0
-    start = clock()
-    deadline = start + seconds
-    next_tick = start
-    try:
-        while True:
-            snap = source.poll()
-            history.append(snap)
-            samples += 1
-            if on_snapshot is not None:
-                on_snapshot(snap)
-            now = clock()
-            if progress is not None:
-                progress.update((now - start) / seconds, f"{now - start:.0f}/{seconds:.0f} s")
-            if now >= deadline:
-                break
-            next_tick += interval
-            sleep(max(0.0, min(next_tick, deadline) - now))
-    except KeyboardInterrupt:
-        if not samples:
-            raise
-        print(f"\ngputop: interrupted after {samples} samples", file=sys.stderr)
-    finally:
-        if progress is not None:
-            progress.done()
-    return history
 
 
 def history_from_recording(path: str, limit: int = REPORT_FROM_WINDOW) -> tuple[History, dict[str, Any]]:
@@ -175,7 +90,7 @@ def run(args: Any) -> int:
         if args.yes and not args.bench:
             raise UsageError("--yes only applies with --bench")
         args.stack_interval = min(getattr(args, "stack_interval", 2.0), max(FASTEST_STACK_INTERVAL_S, args.seconds / REPORT_STACK_DUMPS))
-        pipeline = make_pipeline(args)
+        pipeline = live_source(args)
         try:
             from gputop.commands.check import Evidence  # `gputop check` over the same window: the infra section
 

@@ -38,6 +38,7 @@ from typing import Optional
 from gputop.errors import GputopError
 
 AGENT_FILES = ("inject/agent.py", "analysis/loader_math.py")  # relative to the gputop package
+TRACE_AGENT_FILES = ("inject/trace_agent.py", "inject/agent.py")
 MIN_PYTHON = (3, 10)
 REMOTE_EXEC_PYTHON = (3, 14)
 VERSION_TIMEOUT = 5.0
@@ -197,8 +198,9 @@ def default_results_root(target: Target) -> tuple[str, str]:
     return os.path.join(target.root, target_root.lstrip("/")), target_root
 
 
-def prepare_run_dir(target: Target, config: dict, results_root: Optional[tuple[str, str]] = None) -> RunDir:
-    """A fresh 0700 run directory holding the agent, loader_math and the config."""
+def prepare_run_dir(target: Target, config: dict, results_root: Optional[tuple[str, str]] = None,
+                    files: tuple[str, ...] = AGENT_FILES) -> RunDir:
+    """A fresh 0700 run directory holding the agent's `files` (the benchmark's by default) and the config."""
     host_root, target_root = results_root or default_results_root(target)
     secure_directory(host_root)
     remove_stale_runs(host_root)
@@ -208,7 +210,7 @@ def prepare_run_dir(target: Target, config: dict, results_root: Optional[tuple[s
     host_path = tempfile.mkdtemp(prefix="run-", dir=host_root)  # mkdtemp creates it 0700
     run = RunDir(host_path=host_path, target_path=os.path.join(target_root, os.path.basename(host_path)), base_fd=base_fd)
     try:
-        _populate(run, config)
+        _populate(run, config, files)
     except BaseException:
         remove_run_dir(run)
         raise
@@ -226,8 +228,8 @@ def prepare_local_run_dir(config: dict, base: Optional[str] = None) -> RunDir:
     return run
 
 
-def _populate(run: RunDir, config: dict) -> None:
-    for rel in AGENT_FILES:
+def _populate(run: RunDir, config: dict, files: tuple[str, ...] = AGENT_FILES) -> None:
+    for rel in files:
         _write_private(os.path.join(run.host_path, os.path.basename(rel)), (_PACKAGE_DIR / rel).read_bytes())
     _write_private(os.path.join(run.host_path, "config.json"), json.dumps(config).encode())
 
@@ -273,20 +275,26 @@ def remove_stale_runs(base: str) -> None:
 # ------------------------------------------------------------------------------------- injecting
 
 
-def bootstrap_code(agent_target_path: str) -> str:
-    """One expression: start a daemon thread that executes the agent file; binds no names in __main__."""
+def bootstrap_code(agent_target_path: str, thread_name: str = "gputop-bench-agent") -> str:
+    """One expression: start a daemon thread that executes the agent file; binds no names in __main__.
+
+    The agent's namespace gets ``__gputop_started__``, an Event set once ``start()`` has returned, i.e.
+    once the job's main thread is about to leave the injected code.  The trace agent waits for it before
+    it enables the profiler: enabling it while the main thread still sat in ``Thread.start`` deadlocked
+    (seen here with torch 2.13 when the main thread had used the profiler before).
+    """
     path = json.dumps(agent_target_path)
     return (
-        "__import__('threading').Thread(target=lambda p: exec(compile(open(p).read(), p, 'exec'), "
-        "{'__name__': '__gputop_agent__', '__file__': p}), "
-        f"args=({path},), name='gputop-bench-agent', daemon=True).start()"
+        "(lambda th: (lambda e: (lambda t: (t.start(), e.set()))(th.Thread(target=lambda p: exec(compile(open(p).read(), "
+        "p, 'exec'), {'__name__': '__gputop_agent__', '__file__': p, '__gputop_started__': e}), "
+        f"args=({path},), name={json.dumps(thread_name)}, daemon=True)))(th.Event()))(__import__('threading'))"
     )
 
 
-def inject_agent(target: Target, run: RunDir) -> None:
+def inject_agent(target: Target, run: RunDir, agent_file: str = "agent.py", thread_name: str = "gputop-bench-agent") -> None:
     """Start the agent thread in the target; raises GputopError with one line when it cannot."""
-    agent_path = os.path.join(run.target_path, "agent.py")
-    code = bootstrap_code(agent_path)
+    agent_path = os.path.join(run.target_path, agent_file)
+    code = bootstrap_code(agent_path, thread_name)
     if target.python[:2] >= REMOTE_EXEC_PYTHON:
         _remote_exec(target, run, code)
     else:
@@ -322,7 +330,8 @@ def _pyinjector(target: Target, run: RunDir, code: str) -> None:
         from pyinjector import InjectorError, inject
     except ImportError:
         raise GputopError(
-            "the active benchmark needs hypno and pyinjector for Python < 3.14: `pip install 'gputop[inject]'`"
+            "the active benchmark needs hypno and pyinjector for Python < 3.14 (gputop installs both by default on "
+            "Linux): `pip install hypno pyinjector`"
         ) from None
     library = INJECTION_LIB_PATH.read_bytes()
     magic_at = library.find(MAGIC)

@@ -1,7 +1,7 @@
 """The live Textual monitor: GPU grid, CPU heatmap, job tree with stacks, verdict line.
 
-Collection runs on one long-lived daemon thread that polls, waits for the
-interval, and posts each snapshot to the app as a message: polls never overlap,
+Collection runs the one poll loop (`source.PollLoop`) on a long-lived daemon thread,
+which posts each snapshot to the app as a message: polls never overlap,
 a slow NVML or py-spy call never blocks keys or drawing, and quitting never
 waits for a hung driver call.  Drawing is done by line widgets that repaint only
 the cells that changed (see `canvas.py`), which keeps the bytes sent over SSH
@@ -28,7 +28,9 @@ from textual.message import Message
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, JobTree, Snapshot
+from gputop.source import Attachable, Batch, PollLoop, Seekable, Source
 from gputop.tui import partial_updates
+from gputop.tui.check_screen import CHECK_SECONDS, run_machine_check
 from gputop.tui.look import key_display
 from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
 from gputop.tui.widgets.gpu_grid import GpuGrid
@@ -56,10 +58,9 @@ class Verdict:
 
 
 class SnapshotReady(Message):
-    def __init__(self, snapshots: list[Snapshot], discovered: Optional[list[JobTree]], reset: bool = False) -> None:
+    def __init__(self, snapshots: list[Snapshot], reset: bool = False) -> None:
         super().__init__()
         self.snapshots = snapshots
-        self.discovered = discovered
         self.reset = reset  # start the history over (a replay was sought)
 
 
@@ -85,6 +86,8 @@ def _default_diagnose(history: History, bench: Any) -> tuple[list[Finding], str]
 class GputopApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "gputop"
+    check_seconds: float = CHECK_SECONDS  # the machine check's window (key c)
+    machine_check = staticmethod(run_machine_check)  # tests put a scripted check here
     ENABLE_COMMAND_PALETTE = False
 
     BINDINGS = [
@@ -98,6 +101,7 @@ class GputopApp(App):
         Binding("f", "findings", "Findings", id="findings"),
         Binding("b", "bench", "Bench loader", id="bench"),
         Binding("r", "report", "Report", id="report"),
+        Binding("c", "check", "Machine check", id="check"),
         Binding("s", "screenshot", "Screenshot", id="screenshot"),
         Binding("tab", "app.focus_next", "Next panel", show=False, id="focus.next"),
         Binding("shift+tab", "app.focus_previous", "Previous panel", show=False, id="focus.previous"),
@@ -113,7 +117,7 @@ class GputopApp(App):
 
     def __init__(
         self,
-        source: Any,
+        source: Source,
         *,
         interval: float = 1.0,
         subtitle: Optional[str] = None,
@@ -128,16 +132,17 @@ class GputopApp(App):
         self.machine = source.machine
         self.interval = interval
         self.sub_title = subtitle or ""
-        self.controls = controls
+        # replay controls: the source's own when it is a recording (tests may hand in others)
+        self.controls = controls if controls is not None else (source if isinstance(source, Seekable) else None)
         self.replay_speed = float(getattr(controls, "speed", 1.0) or 1.0)
         self._diagnose = diagnose or _default_diagnose
         self.screenshot_dir = screenshot_dir
         self.report_dir = report_dir
         self.history = History(self.machine, capacity=history_capacity or 600)
-        self.discovered: Optional[list[JobTree]] = None
         self.paused = False
         self.verdict: Optional[Verdict] = None
         self.last_bench: Any = None
+        self.last_check: Any = None  # the latest machine check (key c): its report and the cards' marks
         self.snapshots_seen = 0
         self.diagnoses_done = 0
         self.poll_error: Optional[str] = None
@@ -145,12 +150,10 @@ class GputopApp(App):
         self._compact_stacks = False
         self._diagnosing = False
         self._last_diagnose = 0.0
-        self._stop = threading.Event()
-        self._wake = threading.Event()
+        self._poll_loop = PollLoop(source, interval, on_error=self._poll_failed)
         self._collector: Optional[threading.Thread] = None
         self.collector_stopped = threading.Event()
         self._mounted = threading.Event()
-        self._replay_generation = getattr(source, "generation", None)
         self._first_verdict_asked = False
         self._too_small: Any = None  # screens.TooSmallScreen while shown
         self._bench_screen: Any = None  # screens.BenchScreen while the dialog is open
@@ -196,7 +199,7 @@ class GputopApp(App):
         """Start the collector thread (idempotent). `run_app` calls it before the UI starts, so the first
         poll runs while Textual sets up the screen; snapshots are posted only once the app is mounted."""
         if self._collector is None:
-            self._collector = threading.Thread(target=self._collect_loop, name="gputop-collect", daemon=True)
+            self._collector = threading.Thread(target=self._collect, name="gputop-collect", daemon=True)
             self._collector.start()
 
     def on_unmount(self) -> None:
@@ -247,9 +250,8 @@ class GputopApp(App):
         self._set_stacks_wanted()
 
     def _set_stacks_wanted(self) -> None:
-        collector = getattr(self.source, "job_collector", None)
-        if collector is not None and hasattr(collector, "stacks_wanted"):
-            collector.stacks_wanted = bool(self._main(StacksPanel).display)
+        if isinstance(self.source, Attachable):
+            self.source.want_stacks(bool(self._main(StacksPanel).display))
 
     def _main(self, widget_type: type[W]) -> W:
         """A widget of the main screen, even while a dialog or the too-small screen is on top.
@@ -266,61 +268,26 @@ class GputopApp(App):
         return self._main(HeaderLine)
 
     # ------------------------------------------------------------------ collection (off the event loop)
-    def _collect_loop(self) -> None:
+    def _collect(self) -> None:
         try:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                try:
-                    snapshots, reset = self._next_snapshots()
-                    discovered = self._discover(snapshots[-1]) if snapshots else None
-                except GputopError as exc:
-                    if not self._stop.is_set():
-                        self.post_message(PollFailed(str(exc)))
-                except Exception as exc:  # a collector bug must not kill the monitor
-                    if not self._stop.is_set():
-                        self.post_message(PollFailed(f"{type(exc).__name__}: {exc}"))
-                else:
-                    while not self._mounted.wait(0.05):
-                        if self._stop.is_set():
-                            return
-                    if self._stop.is_set():
-                        break
-                    if snapshots or reset:
-                        self.post_message(SnapshotReady(snapshots, discovered, reset))
-                remaining = self.interval - (time.monotonic() - started)
-                if remaining > 0:
-                    self._wake.wait(remaining)
-                self._wake.clear()
+            self._poll_loop.run(self._post_batch)
         finally:
             self.collector_stopped.set()
 
-    def _next_snapshots(self) -> tuple[list[Snapshot], bool]:
-        """New snapshots since the last call, and whether the history must start over (a replay seek).
+    def _post_batch(self, batch: Batch) -> None:
+        # snapshots go to the app only once it is mounted (the first poll runs while Textual starts)
+        while not self._mounted.wait(0.05):
+            if self._poll_loop.stopped:
+                return
+        if not self._poll_loop.stopped:
+            self.post_message(SnapshotReady(batch.snapshots, batch.reset))
 
-        A replay source (`drain`/`history_until`/`generation`, see recording.ReplaySource) hands over
-        every snapshot passed, so a fast replay keeps a complete history; anything else is polled."""
-        source = self.source
-        if hasattr(source, "drain") and hasattr(source, "generation"):
-            generation = source.generation
-            if generation != self._replay_generation:
-                self._replay_generation = generation
-                return list(source.history_until()), True
-            return list(source.drain()), False
-        return [source.poll()], False
-
-    def _discover(self, snapshot: Snapshot) -> Optional[list[JobTree]]:
-        """Group the machine's GPU processes into jobs when no job is attached (attach engineer's code)."""
-        if snapshot.job is not None or not any(g.processes for g in snapshot.gpus):
-            return None
-        try:
-            from gputop.collect.job_tree import discover_jobs
-        except ImportError:
-            return None
-        return discover_jobs(snapshot.gpus)
+    def _poll_failed(self, exc: Exception) -> None:
+        # a collector bug must not kill the monitor: say it, and poll again on the next tick
+        self.post_message(PollFailed(str(exc) if isinstance(exc, GputopError) else f"{type(exc).__name__}: {exc}"))
 
     def _stop_collector(self) -> None:
-        self._stop.set()
-        self._wake.set()
+        self._poll_loop.stop()
 
     def wait_for_collector(self, timeout: float = COLLECTOR_STOP_TIMEOUT) -> bool:
         return self.collector_stopped.wait(timeout)
@@ -334,7 +301,6 @@ class GputopApp(App):
             if latest is not None and snapshot.timestamp <= latest.timestamp:
                 continue  # the same sample again (a paused replay, a stalled source): keep time moving forward
             self.history.append(snapshot)
-        self.discovered = message.discovered
         self.snapshots_seen += len(message.snapshots)
         if self.poll_error:
             self.poll_error = None
@@ -345,7 +311,7 @@ class GputopApp(App):
         self._render_all()
 
     def on_poll_failed(self, message: PollFailed) -> None:
-        if self._stop.is_set():
+        if self._poll_loop.stopped:
             return  # the source was closed under a poll on the way out
         if message.error != self.poll_error:
             self.poll_error = message.error
@@ -386,9 +352,9 @@ class GputopApp(App):
                 title += " · EXITED"
             hint = "Enter: stacks" if self._compact else ""
             return title, hint, job_rows(job), job.warnings
-        if self.discovered:
-            rows = [row for tree in self.discovered for row in job_rows(tree, job_root=tree.root_pid)]
-            return f"GPU JOBS ({len(self.discovered)})", "Enter attaches", rows, ()
+        if snapshot.jobs:
+            rows = [row for tree in snapshot.jobs for row in job_rows(tree, job_root=tree.root_pid)]
+            return f"GPU JOBS ({len(snapshot.jobs)})", "Enter attaches", rows, ()
         return "GPU PROCESSES", "Enter attaches", gpu_process_rows(snapshot), ()
 
     def on_job_panel_selected(self, message: JobPanel.Selected) -> None:
@@ -414,14 +380,13 @@ class GputopApp(App):
 
     @work(thread=True, group="attach", exclusive=True)
     def _attach_job(self, pid: int) -> None:
-        attach = getattr(self.source, "attach", None)
-        if attach is None:
+        if not isinstance(self.source, Attachable):
             self.call_from_thread(
                 self.notify, f"this view cannot attach; run gputop --pid {pid}", severity="warning", timeout=6
             )
             return
         try:
-            attach(pid)
+            self.source.attach(pid)
         except GputopError as exc:
             self.call_from_thread(self.notify, str(exc), title="attach failed", severity="error", timeout=8)
             return
@@ -455,7 +420,7 @@ class GputopApp(App):
 
     def on_diagnosed(self, message: Diagnosed) -> None:
         self._diagnosing = False
-        if self._stop.is_set() or not self.screen_stack:
+        if self._poll_loop.stopped or not self.screen_stack:
             return  # shutting down
         self.diagnoses_done += 1
         self.verdict = message.verdict
@@ -502,8 +467,8 @@ class GputopApp(App):
         current = min(range(len(steps)), key=lambda i: abs(steps[i] - self.interval))
         new = steps[max(0, min(len(steps) - 1, current + direction))]
         if new != self.interval:
-            self.interval = new
-            self._wake.set()  # start the new cadence now
+            self.interval = self._poll_loop.interval = new
+            self._poll_loop.wake()  # start the new cadence now
             self._header().set_state(interval=self.interval, paused=self.paused, replay=self._replay_tag())
             self.notify(f"refresh every {new:g} s", timeout=2)
 
@@ -550,9 +515,9 @@ class GputopApp(App):
             return
         position = getattr(self.controls, "position", 0.0) or 0.0
         self.controls.seek(max(0.0, position + direction * SEEK_STEP))
-        if not hasattr(self.source, "generation"):
+        if not isinstance(self.source, Seekable):
             self.history = History(self.machine, capacity=self.history.capacity)  # keep the series in time order
-        self._wake.set()
+        self._poll_loop.wake()
 
     def action_speed(self, factor: float) -> None:
         if self.controls is None:
@@ -624,6 +589,51 @@ class GputopApp(App):
         else:
             self.notify(lines[0] if lines else "benchmark done", title="benchmark", timeout=8)
 
+    # --- machine check (issue 16): `gputop check` over the live source, in a worker
+    def action_check(self) -> None:
+        from gputop.tui.check_screen import CheckScreen
+
+        if isinstance(self.screen, CheckScreen):
+            return
+        self._check_screen = CheckScreen(self.check_seconds)
+        self.push_screen(self._check_screen)
+        latest = self.history.latest
+        # the window: the latest snapshot and every one the collector takes while the check runs
+        self._run_check(latest.timestamp if latest is not None else float("-inf"))
+
+    def _snapshots_since(self, timestamp: float) -> list[Snapshot]:
+        return [s for s in self.history if s.timestamp >= timestamp]
+
+    @work(thread=True, group="check", exclusive=True)
+    def _run_check(self, start: float) -> None:
+        def window() -> list[Snapshot]:
+            return self.call_from_thread(self._snapshots_since, start)
+
+        try:
+            report = self.machine_check(self.source, window, self._poll_loop.stop_event, self.check_seconds)
+        except GputopError as exc:
+            self.call_from_thread(self._check_done, None, str(exc))
+        except Exception as exc:  # a check bug must not take the monitor down
+            self.call_from_thread(self._check_done, None, f"the machine check failed: {type(exc).__name__}: {exc}")
+        else:
+            self.call_from_thread(self._check_done, report, None)
+
+    def _check_done(self, report: Any, error: Optional[str]) -> None:
+        from gputop.tui.check_screen import card_marks
+
+        screen = getattr(self, "_check_screen", None)
+        if report is not None:
+            self.last_check = report
+            grid = self._main(GpuGrid)
+            grid.check_marks = card_marks(report)
+            grid.redraw()
+        if screen is not None and not screen.closed:  # (it may not be mounted yet: it shows what it got on mount)
+            screen.show_report(report) if report is not None else screen.show_error(error or "")
+        elif error:
+            self.notify(error, title="machine check", severity="error", timeout=8)
+        else:
+            self.notify(report.summary, title="machine check", timeout=8)
+
     # --- report (issue 7)
     def action_report(self) -> None:
         if not len(self.history):
@@ -640,7 +650,7 @@ class GputopApp(App):
             from gputop.report.writer import write_report
 
             findings, _ = self._diagnose(history, bench)
-            text = render_markdown(history, findings, bench=bench, command="gputop (TUI, key r)")
+            text = render_markdown(history, findings, bench=bench, command="gputop (TUI, key r)", infra=self.last_check)
             directory = Path(self.report_dir or os.getcwd())
             path = directory / f"gputop-report-{self.machine.hostname}-{time.strftime('%Y%m%d-%H%M%S')}.md"
             write_report(path, text)
@@ -721,11 +731,3 @@ def run_app(source: Any, *, interval: float = 1.0, subtitle: Optional[str] = Non
         if app.collector_stopped.is_set() or app.wait_for_collector():
             source.close()
     return int(app.return_code or 0)
-
-
-def run(args) -> int:  # noqa: ANN001
-    """The `tui` command: gputop [--pid PID] [--simulate [PROFILE]] [--interval S]."""
-    from gputop.pipeline import pipeline_from_args
-
-    source = pipeline_from_args(args)
-    return run_app(source, interval=getattr(args, "interval", 1.0) or 1.0)

@@ -24,6 +24,9 @@ PRELOAD = (
     "shutil", "statistics", "encodings.idna", "gputop.commands.record", "gputop.commands.report",
     "gputop.recording", "gputop.history", "gputop.errors", "gzip", "zlib", "bisect", "errno", "pwd", "grp",
     "gputop.commands.check", "gputop.collect.sysfs", "gputop.analysis.machine_check", "gputop.report.writer",
+    "gputop.commands.serve", "gputop.exporter", "gputop.analysis.diagnosis", "prometheus_client",
+    "prometheus_client.exposition", "prometheus_client.openmetrics.exposition", "prometheus_client.parser",
+    "encodings.ascii", "encodings.latin_1", "gputop.collect.cgroup",
 )
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import types
-from pathlib import Path
 
 import pytest
 from rich.style import Style
-from textual.strip import Strip
 
 from gputop.errors import GputopError
 from gputop.model import Snapshot
@@ -20,8 +19,8 @@ from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
 from gputop.tui.widgets.gpu_grid import GpuGrid, spark_seconds_per_cell, spark_text, utilization_buckets
 from gputop.tui.widgets.job_panel import JobPanel
 from gputop.tui.widgets.stacks import StacksPanel
-from tests.tui.conftest import build_app, settle, wait_for
-from tests.tui.fakes import T0, ScriptedSource, make_gpu, make_host, make_job, make_machine, make_snapshots
+from tests.harness.tui import build_app, settle, wait_for
+from tests.harness.histories import SCREEN_T0, ScriptedSource, make_job, make_machine, make_snapshots
 
 
 def screen_text(app: GputopApp) -> str:
@@ -282,7 +281,7 @@ async def test_exited_rank_shows_exited_and_keeps_last_stacks(close_sources):
     snaps = make_snapshots(10, with_job=True)
     last = snaps[-1]
     exited_job = make_job(10, exited_pids=(1001,))
-    snaps.append(Snapshot(timestamp=T0 + 10, host=last.host, gpus=last.gpus, job=exited_job, simulated=True))
+    snaps.append(Snapshot(timestamp=SCREEN_T0 + 10, host=last.host, gpus=last.gpus, job=exited_job, simulated=True))
     source = ScriptedSource(machine, snaps)
     close_sources(source)
     app = GputopApp(source, interval=0.001, diagnose=lambda h, b: ([], "ok"))
@@ -308,6 +307,21 @@ async def test_enter_attaches_to_the_selected_process(close_sources):
         await wait_for(pilot, lambda: source.attached == [1001], "attach(1001)")
 
 
+async def test_jobs_discovered_by_the_source_are_listed_and_enter_attaches_their_launcher(close_sources):
+    # the app discovers nothing itself: the jobs it lists are the ones the snapshot carries
+    snaps = [dataclasses.replace(snap, jobs=(make_job(tick),)) for tick, snap in enumerate(make_snapshots(5))]
+    source = ScriptedSource(make_machine(), snaps)
+    close_sources(source)
+    app, _ = build_app(source=source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        panel = app.query_one(JobPanel)
+        assert panel.title == "GPU JOBS (1)"
+        assert [row.pid for row in panel.rows][:2] == [1000, 1001]  # the launcher, then its ranks
+        await pilot.press("j", "enter")  # on rank 0: Enter attaches the whole job, by its launcher
+        await wait_for(pilot, lambda: source.attached == [1000], "attach(1000)")
+
+
 async def test_attach_failure_is_one_line_notification(close_sources):
     app, source = build_app(5)
     close_sources(source)
@@ -321,17 +335,16 @@ async def test_attach_failure_is_one_line_notification(close_sources):
 async def test_compact_enter_shows_stacks_and_sets_stacks_wanted(close_sources):
     app, source = build_app(10, with_job=True)
     close_sources(source)
-    source.job_collector = types.SimpleNamespace(stacks_wanted=None)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
         stacks = app.query_one(StacksPanel)
-        assert not stacks.display and source.job_collector.stacks_wanted is False
+        assert not stacks.display and source.stacks_wanted is False
         await pilot.press("j", "enter")
         await pilot.pause()
-        assert stacks.display and source.job_collector.stacks_wanted is True
+        assert stacks.display and source.stacks_wanted is True
         await pilot.press("escape")
         await pilot.pause()
-        assert not stacks.display and source.job_collector.stacks_wanted is False
+        assert not stacks.display and source.stacks_wanted is False
 
 
 # ------------------------------------------------------------------ actions
@@ -456,7 +469,7 @@ def test_buckets_are_aligned_to_time_so_old_cells_never_change():
     snaps = make_snapshots(40, gpus=2, cores=4)
     before = utilization_buckets(snaps[:39], [0, 1], 10, 3.0)
     after = utilization_buckets(snaps, [0, 1], 10, 3.0)
-    # T0 + 39 opens no new bucket (39 // 3 == 13 == 38 // 3): only the newest cell may change
+    # SCREEN_T0 + 39 opens no new bucket (39 // 3 == 13 == 38 // 3): only the newest cell may change
     assert before[0][:-1] == after[0][:-1]
 
 
@@ -503,8 +516,8 @@ async def test_replay_of_a_real_recording_keeps_every_sample_and_restarts_after_
     async with app.run_test(size=(120, 40)) as pilot:
         clock.advance(10.0)  # 40 s of recording at 4x
         await wait_for(pilot, lambda: len(app.history) == 41, "every sample of the first 40 s")
-        assert [s.timestamp for s in app.history] == [T0 + i for i in range(41)]
+        assert [s.timestamp for s in app.history] == [SCREEN_T0 + i for i in range(41)]
         await pilot.press("left")  # back 10 s: the history starts over at 30 s
-        await wait_for(pilot, lambda: app.history.latest and app.history.latest.timestamp == T0 + 30, "the seek")
+        await wait_for(pilot, lambda: app.history.latest and app.history.latest.timestamp == SCREEN_T0 + 30, "the seek")
         assert len(app.history) == 31
         await wait_for(pilot, lambda: "REPLAY 00:30/01:59 ×4" in app.query_one("#header").lines_text[0], "the header")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tui.conftest import build_app, settle, wait_for
+from tests.harness.tui import build_app, settle, wait_for
 
 SIZES = [(80, 24), (160, 48)]
 

@@ -6,6 +6,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional
 
+from gputop.analysis.advice import producer_bound, worker_cap
 from gputop.analysis.numbers import confidence_from
 from gputop.analysis.observations import Context, RankObs, WorkerObs
 from gputop.analysis.stack_classes import IN_DATASET
@@ -17,7 +18,7 @@ from gputop.model import LABEL_CODE, Finding
 class CpuFacts:
     """What the CPU numbers say about the input pipeline's producers."""
 
-    cores: int
+    cores: float  # the job may use (its cgroup's cpu.max / cpuset, else the host's)
     host_cpu: Optional[float]  # median of the all-core mean, percent
     samples: int
     n_workers: int
@@ -54,7 +55,7 @@ def cpu_facts(ctx: Context) -> CpuFacts:
         and not (r.worker_sets and r.worker_sets[-1][1])
     ]
     return CpuFacts(
-        cores=ctx.cores(),
+        cores=ctx.job_cores(),
         host_cpu=statistics.median(host_means) if host_means else None,
         samples=len(host_means),
         n_workers=len(current),
@@ -73,21 +74,26 @@ def check_cpu_bound(ctx: Context, facts: CpuFacts, *, input_bound: bool) -> list
         return []
     evidence: list[str] = []
     if facts.saturated:
-        evidence.append(f"host CPU: median {facts.host_cpu:.0f}% over {facts.cores} cores for {ctx.duration:.0f} s")
+        evidence.append(f"host CPU: median {facts.host_cpu:.0f}% over {facts.cores:g} cores for {ctx.duration:.0f} s")
         if facts.pinned_workers:
             evidence.append(f"{len(facts.pinned_workers)}/{facts.n_workers} DataLoader workers at ≥{PROCESS_PINNED_PERCENT:.0f}% of a core")
         if facts.pinned_ranks:
             evidence.append(f"{len(facts.pinned_ranks)} rank(s) decode on their main thread at ≥{PROCESS_PINNED_PERCENT:.0f}% (num_workers=0)")
     if facts.oversubscribed:
-        evidence.append(f"{facts.n_workers} DataLoader workers on {facts.cores} cores ({facts.n_workers / facts.cores:.1f} per core)")
+        evidence.append(f"{facts.n_workers} DataLoader workers on {facts.cores:g} cores ({facts.n_workers / facts.cores:.1f} per core)")
     if facts.saturated:
         summary = f"CPU-bound input: cores {facts.host_cpu:.0f}% busy, {len(facts.pinned_workers) or len(facts.pinned_ranks)} loader process(es) pinned at 100%"
     else:
-        summary = f"CPU oversubscribed: {facts.n_workers} DataLoader workers on {facts.cores} cores"
+        summary = f"CPU oversubscribed: {facts.n_workers} DataLoader workers on {facts.cores:g} cores"
     if not input_bound:
         evidence.append("the GPUs are not waiting for input, so this costs nothing now")
-    n_ranks = max(1, len(ctx.ranks))
-    budget = max(1, (facts.cores * 2) // 3 // n_ranks)
+    ranks = list(ctx.ranks.values())
+    bound = "cpu" if facts.saturated else producer_bound(ranks)[0]
+    cap, cap_why = worker_cap(ctx, ranks, bound)
+    if bound == "cpu":
+        first = f"make each sample cheaper, and keep num_workers ≤ {cap} per rank ({cap_why})"
+    else:
+        first = f"the workers wait on I/O, so more of them than cores costs little; keep num_workers ≤ {cap} per rank ({cap_why})"
     return [
         Finding(
             id="cpu_bound",
@@ -98,8 +104,8 @@ def check_cpu_bound(ctx: Context, facts: CpuFacts, *, input_bound: bool) -> list
             summary=summary,
             evidence=tuple(evidence),
             fix=(
-                f"make each sample cheaper, and keep num_workers ≤ {budget} per rank ({facts.cores} cores, {n_ranks} rank(s))\n"
-                f"DataLoader(..., num_workers={budget}, persistent_workers=True)\n"
+                f"{first}\n"
+                f"DataLoader(..., num_workers={cap}, persistent_workers=True)\n"
                 "# cache decoded/resized samples once; pack small files (WebDataset); decode on the GPU (NVIDIA DALI)"
             ),
             pids=tuple(w.pid for w in facts.pinned_workers) + tuple(r.pid for r in facts.pinned_ranks),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from gputop.analysis.advice import STACKS_HINT, loader_code, suggested_workers
+from gputop.analysis.checks.hang import WORKER_TIMEOUT_FIX, stuck_worker
 from gputop.analysis.numbers import confidence_from, gib, mean, pct, wilson_lower
 from gputop.analysis.observations import (
     WAIT_FRAMES,
@@ -107,9 +108,12 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
         kwargs = rec
         action = "apply the benchmark's loader settings"
     else:
-        workers, arithmetic = suggested_workers(ctx, measured or ranks, job_fraction, gpu_mean)
-        kwargs = {"num_workers": workers, "prefetch_factor": 4, "pin_memory": True, "persistent_workers": True}
-        action = f"raise num_workers to {workers}, prefetch, pin memory"
+        advice = suggested_workers(ctx, measured or ranks, job_fraction, gpu_mean)
+        arithmetic = advice.arithmetic
+        kwargs = {"num_workers": advice.workers, "prefetch_factor": 4, "pin_memory": True, "persistent_workers": True}
+        action = f"raise num_workers to {advice.workers}, prefetch, pin memory"
+        if advice.capped and advice.bound == "cpu":
+            action += "; make each sample cheaper too (the cores cap the workers)"
     fix_lines = [action, loader_code(kwargs)]
     if not rec:
         fix_lines.append(arithmetic)
@@ -129,6 +133,16 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
         summary = f"Input-bound ({level}): {who} waits for data {pct(shown)} of the time"
     if severity == "info":
         summary = f"Host waits for data {pct(shown)} of the time, but the GPUs stay busy"
+    stuck = next((s for s in (stuck_worker(r) for r in ctx.ranks.values()) if s is not None), None)
+    if stuck is not None:
+        # The wait is the stuck (or dead) worker's, not a lack of throughput: more workers would not help.
+        severity = "info"
+        summary = f"{who} waits for data {pct(shown)} of the time because a DataLoader worker is stuck or dead"
+        evidence.append(stuck.what)
+        fix_lines = [
+            "fix the stuck worker first (see the hang finding); more workers would not help",
+            WORKER_TIMEOUT_FIX,
+        ]
     margin = (job_fraction - INPUT_BOUND_MODERATE) / (INPUT_BOUND_HIGH - INPUT_BOUND_MODERATE)
     return [
         Finding(

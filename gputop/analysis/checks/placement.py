@@ -6,7 +6,7 @@ from collections import Counter
 
 from gputop.analysis.numbers import mean
 from gputop.analysis.observations import Context
-from gputop.analysis.thresholds import MISPLACED_BUSY_UTILIZATION, MISPLACED_IDLE_UTILIZATION
+from gputop.analysis.thresholds import MISPLACED_IDLE_UTILIZATION
 from gputop.model import LABEL_CODE, Finding
 
 
@@ -79,36 +79,7 @@ def check_misplacement(ctx: Context) -> list[Finding]:
                 )
             )
     if not findings and not ranks and n_gpus >= 2 and ctx.have_gpu_data:
-        # no job attached: several processes on one busy GPU while the others hold nothing
-        busy = [o for o in ctx.gpus.values() if (o.mean_util or 0) >= MISPLACED_BUSY_UTILIZATION and len(o.process_pids) >= 2]
-        idle = [
-            o
-            for o in ctx.gpus.values()
-            if (o.mean_util or 0) < MISPLACED_IDLE_UTILIZATION and not o.process_pids and o.lost_at is None
-        ]
-        if len(busy) == 1 and len(idle) >= 2:
-            o = busy[0]
-            findings.append(
-                Finding(
-                    id="misplacement",
-                    title="Rank misplacement: several processes share one GPU",
-                    severity="critical",
-                    confidence=0.7,
-                    label=LABEL_CODE,
-                    summary=f"{len(o.process_pids)} processes share GPU {o.index}; {len(idle)} of {n_gpus} GPUs idle",
-                    evidence=(
-                        f"GPU {o.index}: mean utilization {o.mean_util:.0f}%, PIDs {', '.join(map(str, sorted(o.process_pids)))}",
-                        f"idle GPUs with no process: {', '.join(str(i.index) for i in idle)}",
-                    ),
-                    fix=(
-                        "bind each rank to its own GPU before any CUDA call\n"
-                        "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n"
-                        "# launch one process per GPU: torchrun --nproc_per_node=NUM_GPUS train.py"
-                    ),
-                    gpus=(o.index,),
-                    pids=tuple(sorted(o.process_pids)),
-                )
-            )
+        findings += _idle_beside_busy(ctx, n_gpus)
     if not findings and warnings and any("GPU" in w for w in warnings):
         findings.append(
             Finding(
@@ -123,3 +94,48 @@ def check_misplacement(ctx: Context) -> list[Finding]:
             )
         )
     return findings
+
+
+def _idle_beside_busy(ctx: Context, n_gpus: int) -> list[Finding]:
+    """No job attached: most GPUs idle next to busy ones ("8 GPUs, 7 idle" seen from the machine).
+
+    The machine view cannot see the ranks, so it names the processes on the busy GPU(s) and the two usual
+    causes, and sends the user to `--pid`.  A mean over the busy GPU alone would call this healthy.
+    """
+    busy = [o for o in ctx.gpus.values() if o.lost_at is None and o.process_pids and (o.mean_util or 0) >= MISPLACED_IDLE_UTILIZATION]
+    idle = [o for o in ctx.gpus.values() if o.lost_at is None and not o.process_pids and (o.mean_util or 0) < MISPLACED_IDLE_UTILIZATION]
+    if not busy or 2 * len(idle) < n_gpus:
+        return []
+    pids = sorted({p for o in busy for p in o.process_pids})
+    crowded = [o for o in busy if len(o.process_pids) >= 2]
+    where = "; ".join(f"GPU {o.index}: PID {', '.join(map(str, sorted(o.process_pids)))}" for o in busy[:4])
+    if crowded:
+        cause = f"{len(crowded[0].process_pids)} processes share GPU {crowded[0].index}: every rank on one GPU (no torch.cuda.set_device(local_rank))"
+    elif len(pids) == 1:
+        cause = "one process: DDP was not launched (python train.py instead of torchrun --nproc_per_node=N), or every rank sits on one GPU"
+    else:
+        cause = "a job of fewer processes than GPUs: DDP not launched on all GPUs, or ranks crowded on a few GPUs"
+    evidence = [
+        f"GPU {o.index}: mean utilization {o.mean_util:.0f}%, PID(s) {', '.join(map(str, sorted(o.process_pids)))}" for o in busy[:4]
+    ]
+    evidence.append(f"idle GPUs (no process, < {MISPLACED_IDLE_UTILIZATION:.0f}%): {', '.join(str(o.index) for o in idle)}")
+    evidence.append(f"likely cause: {cause}")
+    first = pids[0]
+    return [
+        Finding(
+            id="idle_gpus" if not crowded else "misplacement",
+            title="Most GPUs idle while a job uses few" if not crowded else "Rank misplacement: several processes share one GPU",
+            severity="critical" if crowded else "warning",
+            confidence=0.7,
+            label=LABEL_CODE,
+            summary=f"{len(idle)} of {n_gpus} GPUs idle while a job uses {len(busy)} ({where})",
+            evidence=tuple(evidence),
+            fix=(
+                f"attach with `--pid {first}` to see why: gputop --pid {first}\n"
+                "# one process per GPU: torchrun --nproc_per_node=NUM_GPUS train.py\n"
+                "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))  # before any CUDA call, in every rank"
+            ),
+            gpus=tuple(o.index for o in busy),
+            pids=tuple(pids),
+        )
+    ]

@@ -230,6 +230,8 @@ class GpuGrid(LineCanvas):
         self.compact = False
         self.gpu_count = 0
         self.message: Optional[str] = None  # e.g. no driver
+        # GPU index -> (words, is a failure): what the latest machine check (key c) found on that GPU
+        self.check_marks: dict[int, tuple[str, bool]] = {}
 
     # ------------------------------------------------------------------ data
     def update_data(
@@ -381,6 +383,12 @@ class GpuGrid(LineCanvas):
         else:
             l6.add("none" if gpu.throttle_reasons is not None else "n/a", look.DIM)
         health = [p for p in faults + warnings if p not in ("throttled", "PCIe down")]
+        mark = self.check_marks.get(gpu.index)
+        if mark is not None:
+            health.append(mark[0])
+            faults = faults + [mark[0]] if mark[1] else faults
+            if len(",".join(health)) + 2 > w - l6.length:
+                health = [mark[0]]  # no room for all: the machine check's word is the one to keep
         if health:
             l6.right(" " + ",".join(health), w, look.BAD_BOLD if faults else look.WARN)
         elif gpu.ecc is None and gpu.remapped_rows is None:

@@ -1,14 +1,12 @@
-"""Shared test helpers: wait on conditions with deadlines, and start processes that are always reaped."""
+"""Processes in tests: wait on conditions with deadlines, start processes that are always reaped, look into /proc."""
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
 import subprocess
 import sys
 import time
-import tracemalloc
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Sequence, TypeVar
 
@@ -88,31 +86,15 @@ def run_gputop(spawn, *args: str, env: Optional[dict] = None, timeout: float = 9
     return Ran(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
 
-def heap_growth_per_block(step: Callable[[], object], *, warmup: int, blocks: int = 3, per_block: int = 100,
-                          settle: Optional[Callable[[], object]] = None) -> list[int]:
-    """Call `step` `warmup` times, then `blocks` blocks of `per_block` times; the traced heap's growth in
-    bytes over each block.  A leak grows the heap in every block; noise (a dict resizing once, what is in
-    flight at the moment of the snapshot) does not, so memory tests assert on the smallest block.
-    `settle` runs before each snapshot (e.g. wait for reads in flight)."""
+def children(pid: int) -> set[int]:
+    kids: set[int] = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            kids |= {int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()}
+        except OSError:
+            continue
+    return kids
 
-    def snapshot() -> tracemalloc.Snapshot:
-        if settle is not None:
-            settle()
-        gc.collect()
-        return tracemalloc.take_snapshot()
 
-    tracemalloc.start()  # before the warm-up, so replaced objects count as freed, not as growth
-    try:
-        for _ in range(warmup):
-            step()
-        snapshots = [snapshot()]
-        for _ in range(blocks):
-            for _ in range(per_block):
-                step()
-            snapshots.append(snapshot())
-    finally:
-        tracemalloc.stop()
-    return [
-        sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-        for before, after in zip(snapshots, snapshots[1:])
-    ]
+def thread_ids(pid: int) -> set[int]:
+    return {int(tid) for tid in os.listdir(f"/proc/{pid}/task")}

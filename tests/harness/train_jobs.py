@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from tests.helpers import wait_until
+from tests.harness.processes import wait_until
 
-JOB = str(Path(__file__).with_name("train_job.py"))
 REPO = str(Path(__file__).resolve().parents[2])
+JOB = str(Path(REPO) / "tests" / "bench_jobs" / "train_job.py")
 
 
 @dataclass(frozen=True)
@@ -67,17 +66,3 @@ def truth(steps: list[Step], t0: float, t1: float) -> Optional[dict]:
     waits = sum(s.wait_s for s in inside[1:])  # the waits that happened inside the span
     return {"batches_per_s": (len(inside) - 1) / span, "wait_fraction": waits / span,
             "wait_per_batch_s": waits / (len(inside) - 1)}
-
-
-def children(pid: int) -> set[int]:
-    kids: set[int] = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            kids |= {int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()}
-        except OSError:
-            continue
-    return kids
-
-
-def thread_ids(pid: int) -> set[int]:
-    return {int(tid) for tid in os.listdir(f"/proc/{pid}/task")}

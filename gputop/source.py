@@ -1,0 +1,171 @@
+"""Where snapshots come from, written down once: the contracts, and the one loop that polls them.
+
+A `Source` gives snapshots; the live `Pipeline` and a recording's `ReplaySource` are the two the
+commands use (tests add scripted ones). Some sources can do more, and say so by the protocol they
+follow, not by attributes a consumer probes for:
+
+    Source      .machine, .poll() -> Snapshot, .close()          every source
+    Attachable  .attach(pid), .want_stacks(wanted)               the live pipeline (follow a job)
+    Seekable    .pause() .resume() .seek(t) .set_speed(x), .position .duration .speed .paused,
+                .generation, .drain(), .history_until()          a recording being replayed
+
+`PollLoop` is the only poll loop: the TUI's collector thread, `report`, `record` and `demo --no-tui`
+all run it. It polls, hands the batch over, and waits for the next tick; polls never overlap, a
+slow poll delays the next tick instead of piling up, and `stop()` / `wake()` take effect at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
+
+from gputop.model import MachineInfo, Snapshot
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Snapshots, one per `poll()`; `poll()` blocks (NVML, /proc, a file), so call it off any UI thread."""
+
+    machine: MachineInfo
+
+    def poll(self) -> Snapshot: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Attachable(Protocol):
+    """A live source that can follow a training job."""
+
+    def attach(self, pid: int) -> None:
+        """Follow the job behind `pid` from the next poll on; GputopError (and the old job kept) if it cannot."""
+
+    def want_stacks(self, wanted: bool) -> None:
+        """Dump the job's stacks only while someone shows or keeps them (py-spy costs the job a little)."""
+
+
+@runtime_checkable
+class Seekable(Protocol):
+    """A recording played back: its own clock, which the reader can pause, seek and speed up."""
+
+    position: float
+    duration: float
+    speed: float
+    paused: bool
+    generation: int  # changes on every seek: a reader rebuilds its history from history_until()
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def seek(self, position: float) -> None: ...
+
+    def set_speed(self, speed: float) -> None: ...
+
+    def drain(self) -> Sequence[Snapshot]:
+        """Every snapshot passed since the previous drain (a fast replay keeps a complete history)."""
+
+    def history_until(self) -> Sequence[Snapshot]:
+        """The snapshots up to the current position (at most the source's window)."""
+
+
+class Batch(NamedTuple):
+    """What one tick of the loop produced."""
+
+    snapshots: list[Snapshot]
+    reset: bool = False  # a replay was sought: the reader starts its history over
+
+
+class PollLoop:
+    """Poll `source` every `interval` seconds until `stop()`, or until `seconds` have passed.
+
+    `run(deliver)` polls at once, then on every tick (one more sample at the deadline, so a bounded
+    run covers all of it). A Seekable source hands over every snapshot its clock passed; any other
+    is polled once a tick. A poll that raises ends the loop, unless `on_error` takes the exception
+    (the TUI shows it and keeps going). `interval` may be changed while it runs; `wake()` starts the
+    next tick now (a new interval, a seek).
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        interval: float,
+        *,
+        seconds: Optional[float] = None,
+        on_error: Optional[Callable[[Exception], None]] = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Optional[Callable[[float], None]] = None,
+    ) -> None:
+        """`clock` and `sleep` replace the monotonic clock and the wait between ticks (tests that run
+        a loop on a fake clock); with `sleep`, `wake()` and `stop()` act after the current wait."""
+        self.source = source
+        self.interval = interval
+        self.seconds = seconds
+        self.on_error = on_error
+        self._clock = clock
+        self._sleep = sleep
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._generation = source.generation if isinstance(source, Seekable) else None
+        self.started: Optional[float] = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def stop_event(self) -> threading.Event:
+        """Set once the loop is stopped: work that runs beside the loop (a timed check) waits on it."""
+        return self._stop
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def elapsed(self) -> float:
+        return 0.0 if self.started is None else self._clock() - self.started
+
+    def next_batch(self) -> Batch:
+        source = self.source
+        if isinstance(source, Seekable):
+            generation = source.generation
+            if generation != self._generation:
+                self._generation = generation
+                return Batch(list(source.history_until()), reset=True)
+            return Batch(list(source.drain()))
+        return Batch([source.poll()])
+
+    def run(self, deliver: Callable[[Batch], None]) -> None:
+        start = self.started = self._clock()
+        deadline = None if self.seconds is None else start + self.seconds
+        next_tick = start
+        while not self._stop.is_set():
+            try:
+                batch = self.next_batch()
+            except Exception as exc:
+                if self._stop.is_set():
+                    return  # the source was closed under a poll on the way out
+                if self.on_error is None:
+                    raise
+                self.on_error(exc)
+            else:
+                if batch.snapshots or batch.reset:
+                    deliver(batch)
+            now = self._clock()
+            if deadline is not None and now >= deadline:
+                return
+            # the next tick on the cadence; after a poll slower than the interval, now (never a burst)
+            next_tick = max(next_tick + self.interval, now)
+            wait = (next_tick if deadline is None else min(next_tick, deadline)) - now
+            if wait > 0 and self._sleep is not None:
+                self._sleep(wait)
+                woken = self._wake.is_set()
+            else:
+                woken = wait <= 0 or self._wake.wait(wait)
+            if woken:
+                self._wake.clear()  # woken (new interval, a seek): the cadence starts over from here
+                next_tick = self._clock()

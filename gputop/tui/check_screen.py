@@ -1,0 +1,145 @@
+"""The TUI's machine check (key `c`): `gputop check` over the live source, its lines in a screen.
+
+The check runs in a worker thread (`run_machine_check`): it reads the GPU details and the kernel's side
+now, lets the app's own collector keep polling for a few seconds, reads them again and judges the
+snapshots the app took in between (`commands.check.Evidence`), so nothing is polled twice.  A failing or
+warning check also marks the GPU cards it names (`card_marks`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from gputop.analysis.machine_check import FAIL, PASS, SKIP, WARN, CheckReport, CheckResult, failing_gpus
+from gputop.errors import GputopError
+from gputop.model import Snapshot
+from gputop.tui import look
+from gputop.tui.screens import _Modal
+
+CHECK_SECONDS = 5.0  # the window the TUI's check watches (the command's default is 10 s)
+
+_STATUS_LOOK = {
+    FAIL: ("✖", look.BAD_BOLD),
+    WARN: ("▲", look.WARN_BOLD),
+    PASS: ("●", look.GOOD),
+    SKIP: ("○", look.DIM),
+}
+# check id -> the few words a GPU card has room for
+_CARD_WORDS = {
+    "pcie.link": "PCIe link",
+    "pcie.replay": "PCIe replay",
+    "pcie.aer": "AER",
+    "nvlink.state": "NVLink",
+    "nvlink.errors": "NVL err",
+    "topology": "topology",
+    "numa.nic": "NIC NUMA",
+    "memory.ecc": "ECC",
+    "memory.remap": "remap",
+    "memory.retired_pages": "retired pg",
+    "xid": "XID",
+    "persistence": "persist",
+    "ecc.mode": "ECC mode",
+    "clocks.applications": "app clock",
+    "clocks.events": "slowdown",
+    "vbios": "VBIOS",
+    "driver": "driver",
+    "gpus": "lost",
+}
+
+
+def run_machine_check(
+    source: Any, window: Callable[[], Sequence[Snapshot]], stop: threading.Event, seconds: float = CHECK_SECONDS
+) -> CheckReport:
+    """The check over a live pipeline: details and kernel readings at the start and the end of `seconds`,
+    judged with the snapshots of the window (`window()`: the app's latest at the start and those since)."""
+    if not hasattr(source, "gpu") or not hasattr(source, "fake_library"):
+        raise GputopError("the machine check reads the live machine; a replay has no NVML or kernel log to read")
+    from gputop.commands.check import Evidence
+
+    evidence = Evidence(source)
+    try:
+        stop.wait(seconds)  # the app's collector keeps polling meanwhile: a window, not synchronisation
+        return evidence.finish(window(), window=seconds)
+    finally:
+        evidence.close()
+
+
+def card_marks(report: CheckReport) -> dict[int, tuple[str, bool]]:
+    """GPU index -> (the words its card shows, whether it is a failure) for each GPU a check names."""
+    marks = {}
+    for index, results in failing_gpus(report.results).items():
+        words = ",".join(dict.fromkeys(_CARD_WORDS.get(r.id, r.id) for r in results))
+        marks[index] = (f"chk {words}", any(r.status == FAIL for r in results))
+    return marks
+
+
+def result_text(result: CheckResult) -> Text:
+    symbol, style = _STATUS_LOOK.get(result.status, ("?", look.DIM))
+    text = Text()
+    text.append(f"{symbol} {result.status.upper():<4} ", style=style)
+    text.append(f"{result.title}: ", style="bold")
+    text.append(result.value)
+    text.append(f"  (expected {result.expected})", style=look.DIM)
+    return text
+
+
+class CheckScreen(_Modal):
+    """`gputop check`'s lines: "running…" until the worker hands the report over."""
+
+    BINDINGS = [Binding("escape,q,c", "app.pop_screen", "Close", id="check.close")]
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.report: Optional[CheckReport] = None
+        self.error: Optional[str] = None
+        self.closed = False
+        self._ready = False
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog", id="check"):
+            yield Static(Text("Machine check (gputop check): is the machine fit, before an infra ticket?", style="bold"))
+            yield Static(Text(f"watching the machine for {self.seconds:g} s…", style=look.DIM), id="check-body")
+
+    def on_mount(self) -> None:
+        self._ready = True  # (`is_mounted` only turns true after the mount handlers ran)
+        self._show()
+
+    def on_unmount(self) -> None:
+        self.closed = True
+
+    def show_report(self, report: CheckReport) -> None:
+        self.report = report
+        self._show()
+
+    def show_error(self, message: str) -> None:
+        self.error = message
+        self._show()
+
+    def _show(self) -> None:
+        """What the worker handed over, once this screen is on (a fast check can finish before it mounts)."""
+        if not self._ready or self.closed or (self.report is None and self.error is None):
+            return
+        body = self.query_one("#check-body", Static)
+        if self.error is not None:
+            body.update(Text(self.error, style=look.BAD_BOLD))
+            return
+        report = self.report
+        text = Text()
+        order = {FAIL: 0, WARN: 1}  # what needs a look first: a small terminal shows the top of the list
+        for i, result in enumerate(sorted(report.results, key=lambda r: order.get(r.status, 2))):
+            if i:
+                text.append("\n")
+            text.append_text(result_text(result))
+        verdict_style = look.BAD_BOLD if report.exit_code == 3 else look.WARN_BOLD if report.exit_code == 4 else look.GOOD_BOLD
+        text.append(f"\n\n{report.summary}", style=verdict_style)
+        text.append("\nEsc closes · r writes a report with a \"For the infra team\" section · `gputop check --json` for scripts",
+                    style=look.DIM)
+        body.update(text)

@@ -1,0 +1,59 @@
+"""The TUI's machine check (key c, issue 16): a worker runs `gputop check` over the live source, a screen
+shows its lines, and a failing check marks the GPU's card."""
+
+from __future__ import annotations
+
+from gputop.pipeline import Pipeline
+from gputop.tui.app import GputopApp
+from gputop.tui.check_screen import CheckScreen
+from gputop.tui.widgets.gpu_grid import GpuGrid
+from tests.harness.tui import build_app, settle, wait_for
+
+
+async def test_check_key_runs_the_check_on_the_live_machine():
+    """End to end over a real simulated pipeline: the real pynvml wrappers, the fake kernel tree, the app's
+    own collector feeding the check's window."""
+    source = Pipeline(simulate="h100-sxm-8+pcie-replay=3")
+    app = GputopApp(source, interval=0.2)
+    app.check_seconds = 1.5
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_for(pilot, lambda: app.snapshots_seen >= 1, "the first sample")
+            await pilot.press("c")
+            assert isinstance(app.screen, CheckScreen)
+            await wait_for(pilot, lambda: app.last_check is not None, "the machine check", timeout=30)
+            await pilot.pause()
+            report = app.last_check
+            assert report.exit_code == 3
+            (failing,) = [r for r in report.results if r.status == "fail"]
+            assert failing.id == "pcie.replay" and failing.gpus == (3,)
+            assert app.screen.report is report
+            await pilot.press("escape")
+            assert not isinstance(app.screen, CheckScreen)
+            grid = app.query_one(GpuGrid)
+            assert grid.check_marks == {3: ("chk PCIe replay", True)}
+            await wait_for(pilot, lambda: any("chk PCIe replay" in line for line in grid.lines_text), "the card's mark")
+            marked = [line for line in grid.lines_text if "chk PCIe replay" in line]
+            assert len(marked) == 1  # one card: GPU 3's
+    finally:
+        source.close()
+
+
+async def test_check_key_without_a_live_machine_says_why_not(close_sources):
+    app, source = build_app(10)
+    close_sources(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        await pilot.press("c")
+        await wait_for(pilot, lambda: "a replay has no NVML" in (getattr(app.screen, "error", None) or ""),
+                       "the reason on the check screen")
+        assert app.last_check is None and app.query_one(GpuGrid).check_marks == {}
+
+
+async def test_help_lists_the_check_key(close_sources):
+    app, source = build_app(10)
+    close_sources(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        assert any(b.key == "c" and b.description == "Machine check" for b in app.global_bindings())
+
