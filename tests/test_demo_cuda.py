@@ -17,10 +17,9 @@ import pytest
 
 from gputop.analysis.stack_classes import COLLECTIVE, WAITING_FOR_DATA, classify_main_thread, main_thread
 from gputop.collect.stacks import dump_stacks
-from gputop.commands.demo import DEMO_PROFILE, observe
-from gputop.pipeline import Pipeline
+from gputop.commands.demo import observe
 from gputop.sim.busy_board import BusyBoard
-from gputop.sim.demo_launcher import DemoJob
+from tests.harness.demo import rank_pids
 from tests.harness.processes import wait_until
 
 STARTUP_S = 240.0
@@ -99,29 +98,6 @@ def item_line() -> int:
     return first + next(i for i, text in enumerate(lines) if "running_loss += loss.item()" in text)
 
 
-@pytest.fixture
-def demo():
-    started: list[tuple[DemoJob, Pipeline]] = []
-
-    def start(scenario: str, **kwargs) -> tuple[DemoJob, Pipeline]:
-        job = DemoJob(scenario, **kwargs)
-        launcher = job.start()
-        pipeline = Pipeline(simulate=DEMO_PROFILE, pid=launcher, load_model=job.load_model())
-        started.append((job, pipeline))
-        job.wait_until_training(timeout=STARTUP_S)
-        return job, pipeline
-
-    yield start
-    for job, pipeline in started:
-        pipeline.close()
-        job.stop()
-
-
-def rank_pids(job: DemoJob) -> list[int]:
-    ranks = {int(c.environ()["RANK"]): c.pid for c in psutil.Process(job.launcher_pid).children() if "RANK" in c.environ()}
-    return [ranks[r] for r in sorted(ranks)]
-
-
 def innermost(pid: int):
     """(state, innermost frame) of the rank's main thread, from a real py-spy dump."""
     stacks = dump_stacks([pid])[pid]
@@ -132,6 +108,7 @@ def innermost(pid: int):
 @pytest.mark.slow
 def test_nccl_hang_spins_the_other_gpus_at_low_power_with_hosts_parked_at_item(demo):
     job, pipeline = demo("nccl-hang", gpus=3)
+    job.wait_until_training(timeout=STARTUP_S)
     stuck = job.config.hang_rank
     assert stuck == 1
     healthy = [g for g in range(3) if g != stuck]
@@ -162,6 +139,7 @@ def test_nccl_hang_spins_the_other_gpus_at_low_power_with_hosts_parked_at_item(d
 @pytest.mark.slow
 def test_eval_on_rank0_keeps_the_others_in_a_barrier_with_their_gpus_spinning(demo):
     job, pipeline = demo("eval-rank0", gpus=3)
+    job.wait_until_training(timeout=STARTUP_S)
     pids = rank_pids(job)
 
     def others_in_barrier():
@@ -196,6 +174,7 @@ def test_a_sync_every_step_makes_host_and_gpu_take_turns(demo):
 @pytest.mark.slow
 def test_the_nccl_watchdog_takes_a_hung_job_down(demo):
     job, _pipeline = demo("nccl-hang", gpus=2, collective_timeout_s=3)
+    job.wait_until_training(timeout=STARTUP_S)
     code = wait_until(lambda: job.returncode, timeout=90, what="the watchdog to abort the hung collective")
     assert code == 128 + 6, job.log_tail()  # a rank died of SIGABRT; the launcher stopped the job
     log = "\n".join(job.log_tail(20))

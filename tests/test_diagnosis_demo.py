@@ -106,6 +106,7 @@ def _text(finding) -> str:
     return "\n".join((finding.summary, *finding.evidence, *finding.frames, finding.fix))
 
 
+@pytest.mark.slow
 def test_demo_nccl_hang_names_the_rank_and_its_stuck_worker(demo):
     """One rank's worker hangs; the others' GPUs spin in the all-reduce and their hosts park at loss.item():
     busy GPUs, yet a hang, blamed on the rank whose stack differs."""
@@ -125,6 +126,7 @@ def test_demo_nccl_hang_names_the_rank_and_its_stuck_worker(demo):
     assert not others, others
 
 
+@pytest.mark.slow
 def test_demo_eval_on_rank0_is_healthy_not_a_straggler(demo):
     """Rank 0 evaluates every 40 steps while the others wait in a barrier: by design, not a problem."""
     obs = demo("eval-rank0")
@@ -145,6 +147,7 @@ def _item_line() -> int:
     return first + next(i for i, text in enumerate(lines) if "running_loss += loss.item()" in text)
 
 
+@pytest.mark.slow
 def test_demo_sync_bound_names_the_item_line(demo):
     """loss.item() every step: host and GPU take turns (GPUs ~55%).  The verdict is the user's code, a sync in
     the loop, naming the line."""

@@ -82,6 +82,11 @@ class Scenario:
     eval_every: Optional[int] = None  # rank 0 evaluates every N steps; the others wait in a barrier
 
 
+# enough workers (the arithmetic's count), prefetch, pinned memory, persistent workers, no epoch end in sight
+_TUNED_LOADER = dict(
+    num_workers=None, prefetch_factor=4, pin_memory=True, persistent_workers=True, batches_per_epoch=LONG_EPOCH_BATCHES
+)
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -106,41 +111,25 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "misfire",
             "a tuned job until one rank's DataLoader worker blocks forever on a storage read: memory held, 0% util",
-            num_workers=None,
-            prefetch_factor=4,
-            pin_memory=True,
-            persistent_workers=True,
-            batches_per_epoch=LONG_EPOCH_BATCHES,
+            **_TUNED_LOADER,
             hang=True,
         ),
         Scenario(
             "single-gpu",
             "every rank lands on GPU 0 (no per-rank device): one card busy, the others idle",
-            num_workers=None,
-            prefetch_factor=4,
-            pin_memory=True,
-            persistent_workers=True,
-            batches_per_epoch=LONG_EPOCH_BATCHES,
+            **_TUNED_LOADER,
             ranks_on_gpu0=True,
         ),
         Scenario(
             "tuned",
             "enough workers, prefetch, pinned memory, persistent workers: GPUs busy",
-            num_workers=None,
-            prefetch_factor=4,
-            pin_memory=True,
-            persistent_workers=True,
-            batches_per_epoch=LONG_EPOCH_BATCHES,
+            **_TUNED_LOADER,
         ),
         Scenario(
             "nccl-hang",
             "NCCL: one rank's DataLoader worker hangs; the other GPUs spin in the all-reduce at ~100% and low "
             "power while their hosts wait at loss.item()",
-            num_workers=None,
-            prefetch_factor=4,
-            pin_memory=True,
-            persistent_workers=True,
-            batches_per_epoch=LONG_EPOCH_BATCHES,
+            **_TUNED_LOADER,
             hang=True,
             backend="nccl",
             sync_every_step=True,
@@ -148,11 +137,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "eval-rank0",
             "NCCL: rank 0 evaluates every 40 steps while the others wait in a barrier (GPUs spinning): healthy",
-            num_workers=None,
-            prefetch_factor=4,
-            pin_memory=True,
-            persistent_workers=True,
-            batches_per_epoch=LONG_EPOCH_BATCHES,
+            **_TUNED_LOADER,
             backend="nccl",
             sync_every_step=True,
             eval_every=40,
@@ -160,11 +145,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "sync-bound",
             "NCCL: loss.item() every step makes host and GPU take turns: GPUs ~55% busy with data to spare",
-            num_workers=None,
-            prefetch_factor=4,
-            pin_memory=True,
-            persistent_workers=True,
-            batches_per_epoch=LONG_EPOCH_BATCHES,
+            **_TUNED_LOADER,
             backend="nccl",
             sync_every_step=True,
             host_share=0.8,
