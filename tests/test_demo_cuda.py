@@ -1,4 +1,4 @@
-"""The simulated machine's CUDA and NCCL semantics (`gputop.sim.cuda`, `gputop.sim.nccl`).
+"""The simulated machine's CUDA and NCCL semantics (`gputop.sim.cuda`, `gputop.sim.distributed`).
 
 In-process: a launch returns at once, the GPU's busy time runs after it on the board, and `.item()` waits
 for it.  Live (slow; real ranks, real py-spy, the real pipeline over the fake NVML): a NCCL hang shows

@@ -14,7 +14,7 @@ code::
 * **The device.**  A thread per rank (named `DEVICE_THREAD_NAME`) takes the stream's work in
   order.  A kernel marks the rank's slot on the busy board busy for its device time (ranks that share
   one GPU take turns through a file lock, as kernels of several processes share a card); a collective
-  (`gputop.sim.nccl`) marks it *spinning* until every rank's kernel has arrived.  The fake NVML turns
+  (`gputop.sim.distributed`) marks it *spinning* until every rank's kernel has arrived.  The fake NVML turns
   the board into utilization and power, so what the GPUs show is the stream's own busy time, running
   asynchronously from the host.
 * **The math is real and runs on the host, at once.**  The tensors are CPU tensors; only the time the

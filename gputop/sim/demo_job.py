@@ -22,16 +22,16 @@ except the GPU:
   with CUDA.  The fake NVML turns busy time into utilization, so a rank that waits for data shows an
   idle GPU.  Ranks that land on the same GPU take turns (a file lock per GPU), as kernels of several
   processes share one card: each gets a fraction of it.
-* **Distributed.**  torch.distributed with the gloo backend (rendezvous through a file, sockets on
-  loopback).  With `--backend gloo` gradients are averaged with one blocking `all_reduce` per step,
-  after a `synchronize()` (gloo reads host memory): a rank waiting for the others in the collective
-  leaves its GPU idle.  Measured on the 2-core box with 8 ranks: rendezvous 0.1-0.9 s, an all_reduce
-  of this model's gradients ~20 ms (mostly waiting for the other ranks to be scheduled), ~4 ms of CPU
-  per rank and step, so at 5 steps/s the collectives of all 8 ranks cost ~15% of one core.  It buys
-  the real coupling of DDP: a rank that stalls holds up the others, which wait in `all_reduce` (the
-  misfire scenario's hang spreads exactly like a real one).  With `--backend nccl`
-  (`gputop.sim.nccl`) the all-reduce is a kernel launched from backward's hooks, as DDP does: the
-  host goes on to `loss.item()`, and the GPU spins at low power until every rank's kernel arrived.
+* **Distributed.**  `gputop.sim.distributed` over torch.distributed's gloo (rendezvous through a file,
+  sockets on loopback), in DDP's shape: backward's hooks all-reduce the gradients.  With `--backend
+  gloo` that all-reduce blocks on the host inside `loss.backward()`, after the GPU's backward kernels
+  (gloo reads host memory): a rank waiting for the others leaves its GPU idle.  Measured on the 2-core
+  box with 8 ranks: rendezvous 0.1-0.9 s, an all_reduce of this model's gradients ~20 ms (mostly
+  waiting for the other ranks to be scheduled), ~4 ms of CPU per rank and step, so at 5 steps/s the
+  collectives of all 8 ranks cost ~15% of one core.  It buys the real coupling of DDP: a rank that
+  stalls holds up the others, which wait in `all_reduce` (the misfire scenario's hang spreads exactly
+  like a real one).  With `--backend nccl` the all-reduce is a kernel: the host goes on to
+  `loss.item()`, and the GPU spins at low power until every rank's kernel arrived.
 * **Determinism.**  Given `--seed`, the batches and losses do not depend on timing: images,
   augmentation (seeded per sample index), sampler order (`DistributedSampler` with
   `set_epoch`), model init, and the DataLoader's generator are all seeded, and nothing
@@ -46,7 +46,6 @@ Run it standalone for one rank: `python -m gputop.sim.demo_job --board B --count
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import heapq
 import io
@@ -60,13 +59,12 @@ import warnings
 from typing import BinaryIO, Optional
 
 import torch
-import torch.distributed as dist
 from PIL import Image, ImageDraw
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from gputop.sim import cuda, nccl
+from gputop.sim import cuda, distributed
 from gputop.sim.busy_board import BusyBoard
 from gputop.sim.demo_launcher import StepCounters, die_with_parent, set_parent_death_signal
 from gputop.sim.scenarios import (
@@ -80,7 +78,6 @@ from gputop.sim.scenarios import (
 
 JPEG_COUNT = 64  # distinct images; samples cycle through them with different crops
 CLASSES = 10
-COLLECTIVE_TIMEOUT = datetime.timedelta(hours=24)  # a hung demo stays hung while someone looks at it
 FORWARD_SHARE = 1.0 / 3.0  # of the step's GPU time; backward takes the rest
 
 
@@ -304,19 +301,6 @@ class TinyConvNet(nn.Module):
 # ----------------------------------------------------------------------------- training
 
 
-def _average_gradients(params: list[nn.Parameter], world: int) -> None:
-    """Gradient averaging on gloo: a blocking all_reduce of host memory, so the GPU's gradients must be done."""
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    cuda.synchronize()  # gloo reads the gradients on the host: wait for backward's kernels
-    dist.all_reduce(flat)  # sum over ranks; the ring order is fixed, so the result is deterministic
-    flat.div_(world)
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p))
-        offset += n
-
-
 def _visible_gpu() -> int:
     """The simulated GPU behind `cuda` (= cuda:0): the first of CUDA_VISIBLE_DEVICES, or GPU 0 if unset."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
@@ -369,20 +353,17 @@ def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: s
 
     torch.manual_seed(config.seed)  # the same initial weights on every rank, as DDP's broadcast would give
     model: nn.Module = TinyConvNet(config.step_ms, config.host_ms, config.batch_size)
-    params = [p for p in model.parameters()]
-    optimizer = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     memory = MEMORY_PER_RANK + (RANK0_EXTRA_MEMORY if rank == 0 else 0)
     board.claim(rank, gpu, os.getpid(), memory)  # "model.to(device)": the GPU now holds our memory
 
-    nccl_group = None
-    if world > 1 and config.backend == "nccl":
-        nccl_group = nccl.init_process_group(rendezvous, rank, world, timeout_s=config.collective_timeout_s)
-        model = nccl.DistributedDataParallel(model)
-        optimizer = nccl.StreamOrderedOptimizer(optimizer)
-    elif world > 1:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
+    group = None
+    if world > 1:
+        group = distributed.init_process_group(
+            config.backend, rendezvous, rank, world, timeout_s=config.collective_timeout_s
         )
+        model = distributed.DistributedDataParallel(model)
+        optimizer = distributed.StreamOrderedOptimizer(optimizer)
     hang_index = None
     loader, sampler = build_loader(config, rank, world)
     if config.hang_rank == rank:
@@ -408,9 +389,7 @@ def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: s
             for images, labels in loader:
                 optimizer.zero_grad(set_to_none=True)
                 loss = loss_fn(model(images), labels)
-                loss.backward()
-                if world > 1 and nccl_group is None:
-                    _average_gradients(params, world)
+                loss.backward()  # with several ranks, DDP's hooks all-reduce the gradients from here
                 optimizer.step()
                 step += 1
                 counters.set(rank, step)
@@ -421,10 +400,8 @@ def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: s
                 if config.eval_every and step % config.eval_every == 0:
                     if rank == 0:
                         print(f"step {step}: eval accuracy {evaluate(model, held_out):.3f}", flush=True)
-                    if nccl_group is not None:
-                        nccl.barrier()
-                    elif world > 1:
-                        dist.barrier()
+                    if group is not None:
+                        distributed.barrier()
                 if config.max_steps is not None and step >= config.max_steps:
                     cuda.synchronize()  # the GPU finishes what was launched before the process lets go of it
                     return 0
@@ -433,10 +410,8 @@ def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: s
         if log is not None:
             log.close()
         board.release(rank)  # the process is done with its GPU
-        if nccl_group is not None:
-            nccl_group.destroy()
-        elif world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        if group is not None:
+            group.destroy()
 
 
 def main(argv: Optional[list[str]] = None) -> int:

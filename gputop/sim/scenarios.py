@@ -20,7 +20,7 @@ The arithmetic that sizes the job (see `resolve`):
   small (~160 px) and storage latency makes up the rest of the cost.  On a box
   with many cores the JPEGs grow (up to 512 px) and the latency shrinks toward 0.
 
-The last three scenarios use the simulated NCCL backend (`gputop.sim.nccl`) and a
+The last three scenarios use the simulated NCCL backend (`gputop.sim.distributed`) and a
 `loss.item()` every step: `nccl-hang` (the misfire's stuck worker, but the other GPUs spin
 in the all-reduce), `eval-rank0` (rank 0 evaluates every 40 steps while the others wait in
 a barrier: healthy) and `sync-bound` (160 ms of host work before each step's launches, and

@@ -1,12 +1,11 @@
-"""Simulated NCCL for the demo job: collectives that are GPU kernels, and PyTorch's watchdog.
+"""torch.distributed for the demo job on the simulated GPUs: NCCL's collectives as GPU kernels, or gloo's.
 
-With NCCL a collective is a kernel on the rank's stream: `all_reduce` returns to the host at once,
-and while a peer is missing the kernel spins, the GPU at ~100% utilization and low power, until every
-rank's kernel has arrived.  The host notices only at its next sync (`loss.item()`).  PyTorch's
-watchdog aborts a collective that has not finished within the process group's timeout (10 minutes by
-default) and takes the process down.
-
-Two planes carry this over gloo (the real CPU coupling between the rank processes):
+**NCCL** (`NcclGroup`).  With NCCL a collective is a kernel on the rank's stream: `all_reduce` returns
+to the host at once, and while a peer is missing the kernel spins, the GPU at ~100% utilization and low
+power, until every rank's kernel has arrived.  The host notices only at its next sync (`loss.item()`).
+PyTorch's watchdog aborts a collective that has not finished within the process group's timeout (10
+minutes by default) and takes the process down.  Two planes carry this over gloo (the real CPU coupling
+between the rank processes):
 
 * **The device plane** is what the GPUs show.  A collective queues a `cuda` collective kernel; when a
   rank's simulated GPU reaches it, that device thread joins a one-number all-reduce on a gloo group of
@@ -19,12 +18,17 @@ Two planes carry this over gloo (the real CPU coupling between the rank processe
   would have queued it on the stream behind the collective.  With a sync in the loop, that fence never
   waits; without one, the host still runs ahead of the GPU as with real CUDA.
 
+**gloo** (`GlooGroup`).  gloo all-reduces host memory, so the gradients must be off the GPU first: the
+host waits for the stream, then in gloo's blocking all-reduce, and meanwhile its GPU idles.  As with DDP
+on gloo, that happens inside `loss.backward()` (the last gradient's hook), so a waiting rank's stack
+shows backward, then `all_reduce`.
+
 The API reads like torch's::
 
-    group = nccl.init_process_group(rendezvous, rank, world, timeout_s=600)
-    model = nccl.DistributedDataParallel(model)       # gradients all-reduced from backward's hooks
-    optimizer = nccl.StreamOrderedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05))
-    nccl.barrier()                                     # the host waits in `barrier`, the GPU spins
+    group = distributed.init_process_group("nccl", rendezvous, rank, world, timeout_s=600)
+    model = distributed.DistributedDataParallel(model)   # gradients all-reduced from backward's hooks
+    optimizer = distributed.StreamOrderedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05))
+    distributed.barrier()                                 # NCCL: the host waits in `barrier`, the GPU spins
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import os
 import resource
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -46,7 +50,9 @@ DEFAULT_TIMEOUT_S = 600.0  # PyTorch's default NCCL timeout: 10 minutes
 GLOO_TIMEOUT = datetime.timedelta(days=1)  # gloo's own timeout stays out of the way: the watchdog decides
 
 
-class ProcessGroup:
+class NcclGroup:
+    """Collectives as spinning kernels on the stream, the data exchanged beside them (see the module docstring)."""
+
     def __init__(self, rendezvous: str, rank: int, world: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.rank = rank
         self.world = world
@@ -88,7 +94,8 @@ class ProcessGroup:
 
     # ---------------------------------------------------------------- data plane
     def all_reduce(self, tensor: torch.Tensor, then: Optional[Callable[[], None]] = None) -> None:
-        """Sum `tensor` over the ranks; returns at once.  `then` runs on the host once the sum is in."""
+        """Sum `tensor` over the ranks; returns at once.  `then` runs on the host once the sum is in (at the
+        next fence)."""
         work = dist.all_reduce(tensor, async_op=True)
         self._pending.append((work, then or (lambda: None)))
         self.launch_collective("ALLREDUCE")
@@ -105,23 +112,66 @@ class ProcessGroup:
                 work.wait()
             then()
 
+    def barrier(self) -> None:
+        """On NCCL a one-number all-reduce on the GPU (as ProcessGroupNCCL does it), and the host waits for it."""
+        self.launch_collective("ALLREDUCE")
+        cuda.current_stream().value_when_drained(None)()  # waits in C: this frame, `barrier`, is innermost
+
     def destroy(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
+class GlooGroup:
+    """gloo's blocking collectives on host memory: each first waits for the stream (see the module docstring)."""
+
+    def __init__(self, rendezvous: str, rank: int, world: int) -> None:
+        self.rank = rank
+        self.world = world
+        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world, timeout=GLOO_TIMEOUT)
+
+    def all_reduce(self, tensor: torch.Tensor, then: Optional[Callable[[], None]] = None) -> None:
+        cuda.current_stream().value_when_drained(None)()  # gloo reads host memory: the GPU's results first
+        dist.all_reduce(tensor)  # sum over ranks; the ring order is fixed, so the result is deterministic
+        if then is not None:
+            then()
+
+    def after_pending(self, fn: Callable[[], None]) -> None:
+        fn()  # nothing is pending: every collective has completed on the host already
+
+    def fence(self) -> None:
+        pass
+
+    def barrier(self) -> None:
+        cuda.current_stream().value_when_drained(None)()
+        dist.barrier()
+
+    def destroy(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+ProcessGroup = Union[NcclGroup, GlooGroup]
 _group: Optional[ProcessGroup] = None
 
 
-def init_process_group(rendezvous: str, rank: int, world: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> ProcessGroup:
+def init_process_group(
+    backend: str, rendezvous: str, rank: int, world: int, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> ProcessGroup:
+    """`dist.init_process_group` for "nccl" (simulated, with its watchdog's `timeout_s`) or "gloo"."""
     global _group
-    _group = ProcessGroup(rendezvous, rank, world, timeout_s)
+    if backend == "nccl":
+        _group = NcclGroup(rendezvous, rank, world, timeout_s)
+    elif backend == "gloo":
+        _group = GlooGroup(rendezvous, rank, world)
+    else:
+        raise ValueError(f"unknown backend {backend!r}: use nccl or gloo")
     return _group
 
 
 def default_group() -> ProcessGroup:
     if _group is None:
-        raise RuntimeError("call gputop.sim.nccl.init_process_group() first")
+        raise RuntimeError("call gputop.sim.distributed.init_process_group() first")
     return _group
 
 
@@ -131,15 +181,14 @@ def all_reduce(tensor: torch.Tensor) -> None:
 
 
 def barrier() -> None:
-    """`dist.barrier()` on NCCL: a one-number all-reduce on the GPU, and the host waits for it."""
-    group = default_group()
-    group.launch_collective("ALLREDUCE")  # barrier is an all-reduce of one value in ProcessGroupNCCL
-    cuda.current_stream().value_when_drained(None)()  # waits in C: this frame, `barrier`, is innermost
+    """`dist.barrier()`: see the group's `barrier`."""
+    default_group().barrier()
 
 
 class DistributedDataParallel(nn.Module):
-    """DDP's shape: backward's hooks launch one all-reduce of every gradient (from autograd, not from the
-    training loop's own line), and the averaged gradients are in place by the next forward."""
+    """DDP's shape: backward's hooks start one all-reduce of every gradient (from autograd, not from the
+    training loop's own line), and the averaged gradients are in place by the next forward (NCCL) or at
+    the end of backward (gloo)."""
 
     def __init__(self, module: nn.Module, group: Optional[ProcessGroup] = None) -> None:
         super().__init__()
@@ -174,8 +223,9 @@ class DistributedDataParallel(nn.Module):
 
 
 class StreamOrderedOptimizer:
-    """An optimizer whose `step()` returns at once, as a CUDA optimizer's launches do: the update needs
-    the exchanged gradients, so it runs on the host at the next fence (the next forward or `zero_grad`)."""
+    """An optimizer whose `step()` returns at once, as a CUDA optimizer's launches do: on NCCL the update
+    needs the exchanged gradients, so it runs on the host at the next fence (the next forward or
+    `zero_grad`); on gloo they are in, and it runs at once."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, group: Optional[ProcessGroup] = None) -> None:
         self.optimizer = optimizer
