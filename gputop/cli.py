@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["md", "json"], default="md")
     p.add_argument("--bench", action="store_true", help="include a loader benchmark (passive; active with --yes)")
     p.add_argument("--yes", action="store_true", help="with --bench: allow injecting the benchmark agent")
+    p.add_argument("--trace", action="store_true",
+                   help="also profile every rank for 5 s with torch.profiler (injects an agent) and add its findings")
+    p.add_argument("--trace-dir", metavar="DIR", default=None, help="with --trace: where the per-rank traces go")
     p.add_argument("--from", dest="from_file", metavar="FILE", help="build the report from a recording instead")
     _add_interval(p)
 

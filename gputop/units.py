@@ -8,12 +8,12 @@ to its own placeholder with None).
 
 from __future__ import annotations
 
-from typing import Optional, TypeVar
+import datetime
+from typing import Optional
 
 GIB = 1 << 30
 MIB = 1 << 20
 NA = "n/a"
-M = TypeVar("M", str, None)
 
 
 def short_bytes(value: Optional[float], suffix: str = "", missing: str = NA) -> str:
@@ -39,7 +39,7 @@ def short_rate(bytes_per_s: Optional[float], missing: str = NA) -> str:
     return short_bytes(bytes_per_s)
 
 
-def gib(value: Optional[float], missing: M = NA, digits: int = 1) -> str | M:  # type: ignore[type-var]
+def gib(value: Optional[float], missing: Optional[str] = NA, digits: int = 1) -> Optional[str]:
     """'61.5 GiB'."""
     return missing if value is None else f"{value / GIB:.{digits}f} GiB"
 
@@ -54,7 +54,7 @@ def gib_pair(used: Optional[float], total: Optional[float], missing: str = NA) -
     return f"{used_g:.1f}/{total_g:.1f}G"
 
 
-def rate(bytes_per_s: Optional[float], missing: M = NA, sep: str = " ") -> str | M:  # type: ignore[type-var]
+def rate(bytes_per_s: Optional[float], missing: Optional[str] = NA, sep: str = " ") -> Optional[str]:
     """Decimal units, as link speeds are quoted: '1.2 GB/s', '340.0 MB/s', '12 B/s'."""
     if bytes_per_s is None:
         return missing
@@ -64,7 +64,7 @@ def rate(bytes_per_s: Optional[float], missing: M = NA, sep: str = " ") -> str |
     return f"{bytes_per_s:.0f}{sep}B/s"
 
 
-def percent(value: Optional[float], missing: M = NA, width: int = 0) -> str | M:  # type: ignore[type-var]
+def percent(value: Optional[float], missing: Optional[str] = NA, width: int = 0) -> Optional[str]:
     """A percentage given in percent: '97%'; `width` right-aligns the number ('  5%')."""
     return missing if value is None else f"{value:{width}.0f}%"
 
@@ -74,9 +74,14 @@ def percent_cell(value: Optional[float], width: int = 3) -> str:
     return NA.rjust(width) + " " if value is None else f"{value:{width}.0f}%"
 
 
-def fraction(value: Optional[float], missing: M = NA) -> str | M:  # type: ignore[type-var]
+def fraction(value: Optional[float], missing: Optional[str] = NA) -> Optional[str]:
     """A fraction of 1 as a percentage: 0.62 -> '62%'."""
     return missing if value is None else f"{100.0 * value:.0f}%"
+
+
+def short_seconds(seconds: float) -> str:
+    """A short span: '12.3 ms' below a second, '1.25 s' above."""
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def mmss(seconds: float) -> str:
@@ -88,3 +93,10 @@ def mmss(seconds: float) -> str:
 def na(value: object, template: str = "{}", missing: str = NA) -> str:
     """`template` filled with `value`, or `missing`."""
     return missing if value is None else template.format(value)
+
+
+def utc_time(timestamp: Optional[float], missing: str = "time unknown") -> str:
+    """A time.time() value as "2026-12-01 00:44:03 UTC" (tickets are read in other time zones)."""
+    if timestamp is None:
+        return missing
+    return datetime.datetime.fromtimestamp(timestamp, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,5 +1,6 @@
 import pytest
 
+from tests.harness.attach import Observer
 from tests.harness.processes import Spawner
 
 
@@ -11,6 +12,21 @@ def spawn():
         yield spawner
     finally:
         spawner.reap_all()
+
+
+@pytest.fixture
+def observe():
+    """observe(pid) attaches a real pipeline to `pid` (an Observer); every one is closed at teardown."""
+    observers = []
+
+    def make(pid):
+        obs = Observer(pid)
+        observers.append(obs)
+        return obs
+
+    yield make
+    for obs in observers:
+        obs.close()
 
 
 @pytest.fixture

@@ -36,14 +36,14 @@ from tests.harness.processes import run_gputop
 FIXTURES = Path(__file__).parent / "fixtures" / "host"
 AS_USER = Path(__file__).parent / "drill_jobs" / "as_user.py"
 
-# each new fault -> (the check that must fail, the GPU it names, a number the line must carry)
+# each new fault -> (the title of the check that must fail, the GPU it names, a number the line must carry)
 INFRA_FAULT_CASES = {
-    "pcie-replay=1": ("pcie.replay", 1, r"\+\d+ replays"),
-    "aer=2": ("pcie.aer", 2, r"\+\d+ correctable"),
-    "nvlink-crc=3:5": ("nvlink.errors", 3, r"link 5: CRC \(flit\) \+\d+"),
-    "retired-page=4": ("memory.retired_pages", 4, r"1 page\(s\) for double-bit"),
-    "topology=5": ("topology", 5, r"PHB×7 where the other GPUs read NV18"),
-    "kernel-xid=6:79": ("xid", 6, r"XID 79 \(GPU has fallen off the bus\) at 20\d\d-"),
+    "pcie-replay=1": ("PCIe replay counter", 1, r"\+\d+ replays"),
+    "aer=2": ("PCIe AER errors (sysfs)", 2, r"\+\d+ correctable"),
+    "nvlink-crc=3:5": ("NVLink error counters", 3, r"link 5: CRC \(flit\) \+\d+"),
+    "retired-page=4": ("Retired pages", 4, r"1 page\(s\) for double-bit"),
+    "topology=5": ("Topology (topo -m rows)", 5, r"PHB×7 where the other GPUs read NV18"),
+    "kernel-xid=6:79": ("XIDs", 6, r"XID 79 \(GPU has fallen off the bus\) at 20\d\d-"),
 }
 
 
@@ -70,16 +70,22 @@ def test_check_simulate_exits_0(spawn):
 
 @pytest.mark.parametrize("fault", sorted(INFRA_FAULT_CASES))
 def test_each_infra_fault_fails_one_line(capsys, fault):
-    check_id, gpu, number = INFRA_FAULT_CASES[fault]
-    # 2 s: a window of about a second, so even a loaded box sees the slowest counter (AER, 10/s) climb
-    rc, out = check_cli(capsys, "--simulate", f"h100-sxm-8+{fault}", "--seconds", "2", "--json")
+    title, gpu, number = INFRA_FAULT_CASES[fault]
+    rc, out = check_cli(capsys, "--simulate", f"h100-sxm-8+{fault}", "--seconds", "2")
+    failing = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert rc == mc.EXIT_INFRA, out
+    assert len(failing) == 1, out
+    assert failing[0].startswith(f"FAIL  {title}: ")
+    assert re.search(rf"\bGPU {gpu}\b", failing[0]) and re.search(number, failing[0]), failing[0]
+    assert out.rstrip().endswith("exit status 3")
+
+
+def test_json_names_the_failing_check_and_its_gpu(capsys):
+    rc, out = check_cli(capsys, "--simulate", "h100-sxm-8+aer=2", "--seconds", "2", "--json")
     data = json.loads(out)
-    assert rc == mc.EXIT_INFRA and data["exit_code"] == mc.EXIT_INFRA, out
-    failing = [c for c in data["checks"] if c["status"] == mc.FAIL]
-    assert [c["id"] for c in failing] == [check_id], out
-    line = failing[0]["line"]  # what the terminal prints for it (write_text prints `line` of every check)
-    assert line.startswith("FAIL") and gpu in failing[0]["gpus"]
-    assert re.search(rf"\bGPU {gpu}\b", line) and re.search(number, line), line
+    assert rc == data["exit_code"] == mc.EXIT_INFRA and data["status"] == "fail"
+    (failing,) = [c for c in data["checks"] if c["status"] == mc.FAIL]
+    assert failing["id"] == "pcie.aer" and failing["gpus"] == [2] and failing["line"].startswith("FAIL  PCIe AER")
 
 
 def test_every_new_fault_is_listed_in_help_faults(spawn):

@@ -11,14 +11,11 @@ import sys
 
 import pytest
 
-from gputop.analysis.diagnosis import diagnose, severe, verdict_line
-from gputop.history import History
-from gputop.pipeline import Pipeline
+from gputop.analysis.diagnosis import severe, verdict_line
+from tests.harness.attach import VERDICT_DEADLINE_S, dumps_of
 from tests.harness.processes import wait_until
 
 JOB = os.path.join(os.path.dirname(__file__), "diagnosis_job.py")
-VERDICT_DEADLINE_S = 30.0
-STACK_INTERVAL_S = 0.5
 
 
 def start_job(spawn, tmp_path, mode):
@@ -27,42 +24,6 @@ def start_job(spawn, tmp_path, mode):
     wait_until(lambda: ready.exists() or proc.poll() is not None, timeout=60, what=f"{mode} job's first batch")
     assert proc.poll() is None, f"{mode} job exited with {proc.returncode}"
     return proc
-
-
-class Observer:
-    """Polls a real pipeline attached to the job; each `step()` is one sample, then a fresh diagnosis."""
-
-    def __init__(self, pid):
-        self.pipeline = Pipeline(pid=pid, stack_interval=STACK_INTERVAL_S)
-        self.history = History(self.pipeline.machine)
-        self.findings = []
-
-    def step(self):
-        self.history.append(self.pipeline.poll())
-        self.findings = diagnose(self.history)
-        return self.findings
-
-    def close(self):
-        self.pipeline.close()
-
-
-@pytest.fixture
-def observe():
-    observers = []
-
-    def make(pid):
-        obs = Observer(pid)
-        observers.append(obs)
-        return obs
-
-    yield make
-    for obs in observers:
-        obs.close()
-
-
-def dumps_of(obs, pid):
-    snaps = list(obs.history)
-    return len({s.job.stacks[pid].timestamp for s in snaps if s.job and pid in s.job.stacks and not s.job.stacks[pid].error})
 
 
 @pytest.mark.slow

@@ -287,3 +287,58 @@ def test_rank0_evaluating_while_the_others_wait_in_a_barrier_is_healthy_not_a_st
     assert findings[0].id == "healthy", [(f.id, f.summary) for f in findings]
     assert not {"hang", "straggler"} & set(ids(findings))
     assert "rank_wait" in ids(findings)
+
+
+# ---------------------------------------------------------------- phases and epoch-level hiccups
+
+from gputop.analysis.stack_classes import OPTIMIZER_STEP  # noqa: E402
+from tests.harness.histories import cycle, eight_ranks, saw_tooth  # noqa: E402
+
+
+def _one_pause(start: float, seconds: float, total: float) -> Scenario:
+    """A fed job (GPUs 95%) that waits for data once, from `start` for `seconds` (an epoch start, an eval)."""
+    paused = lambda t: start <= t < start + seconds  # noqa: E731
+    fed = cycle([FORWARD_BACKWARD, FORWARD_BACKWARD, OPTIMIZER_STEP])
+    return Scenario(
+        seconds=total,
+        util=lambda g, t: 2.0 if paused(t) else 95.0,
+        ranks=eight_ranks(state=lambda t: WAITING_FOR_DATA if paused(t) else fed(t)),
+    )
+
+
+def test_one_pause_for_data_inside_the_window_is_not_critical_starvation():
+    findings = diagnose(build(_one_pause(40.0, 24.0, 110.0)))
+    assert not [f for f in findings if f.severity in ("critical", "warning")], [(f.id, f.summary) for f in findings]
+    assert findings[0].id == "healthy"
+    phase = next(f for f in findings if f.id == "starvation")
+    assert phase.severity == "info" and phase.summary.startswith("One pause for data of 24 s")
+
+
+def test_a_pause_still_going_after_10_s_is_starvation():
+    findings = diagnose(build(_one_pause(80.0, 100.0, 110.0)))
+    assert findings[0].id in ("starvation", "hiccup") and findings[0].severity == "critical"
+
+
+def test_epoch_hiccups_with_a_period_of_minutes_are_found():
+    # utilization collapses for 25 s every 150 s: no period shows in 2 minutes, three in the 10 kept
+    sc = Scenario(seconds=599, util=saw_tooth(150.0, 125.0), ranks=eight_ranks(state=cycle([FORWARD_BACKWARD, OPTIMIZER_STEP])))
+    history = build(sc)
+    hiccup = next(f for f in diagnose(history) if f.id == "hiccup")
+    assert "every 150 s" in hiccup.summary
+    two_minutes = build(Scenario(seconds=119, util=saw_tooth(150.0, 125.0), ranks=sc.ranks))
+    assert "hiccup" not in ids(diagnose(two_minutes))
+
+
+# ---------------------------------------------------------------- placement decided once, by the collector
+
+from gputop.model import Misplacement  # noqa: E402
+
+
+def test_structured_misplacement_is_read_not_string_matched():
+    shared = Misplacement("shared_gpu", (1002, 1003), (2,), "GPU 2 is shared by 2 ranks (rank 2, rank 3): call set_device")
+    ranks = [RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=cycle([FORWARD_BACKWARD, OPTIMIZER_STEP])) for i in range(4)]
+    sc = Scenario(seconds=30, gpu_count=4, util=lambda g, t: 92.0, ranks=ranks, misplacements=(shared,),
+                  warnings=("words the analysis must not parse",))
+    f = next(f for f in diagnose(build(sc)) if f.id == "misplacement")
+    assert f.summary.startswith("GPU 2 is shared by 2 ranks") and f.pids == (1002, 1003) and f.gpus == (2,)
+    assert "collector: words the analysis must not parse" not in f.evidence

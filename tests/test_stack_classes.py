@@ -121,6 +121,13 @@ def test_epoch_start_spawning_workers_counts_as_waiting_for_data():
     assert sc.classify_thread(thread) == sc.WAITING_FOR_DATA
 
 
+def test_epoch_start_is_dataloader_iter_on_any_version():
+    for name in ("DataLoader.__iter__", "__iter__"):
+        assert sc.is_epoch_start_frame(Frame(name, f"{SITE}/torch/utils/data/dataloader.py", 505))
+    assert not sc.is_epoch_start_frame(Frame("Shards.__iter__", "/home/u/shards.py", 31))
+    assert not sc.is_epoch_start_frame(Frame("_BaseDataLoaderIter.__next__", f"{SITE}/torch/utils/data/dataloader.py", 725))
+
+
 def test_dataset_called_without_dataloader_is_in_dataset():
     frames = (
         Frame("decode", "/home/u/data.py", 10),
@@ -282,6 +289,16 @@ def test_worker_is_recognised_by_role_not_by_name():
     assert sc.runs_worker_loop(ProcessStacks(pid=1, timestamp=0.0, threads=(stateful,)))
     assert not sc.runs_worker_loop(load("main_waiting_for_data.json"))
     assert not sc.runs_worker_loop(None)
+
+
+def test_torchdata_stateful_worker_is_a_worker_in_dataset_code():
+    # a real StatefulDataLoader worker (tests/jobs/framework_job.py torchdata): /proc/PID/comm is
+    # "python", not pt_data_worker, so only its role gives it away
+    stacks = load("worker_torchdata_stateful.json")
+    worker = sc.main_thread(stacks)
+    assert sc.runs_worker_loop(stacks)
+    assert sc.dataset_frame(sc.own_frames(worker)).name == "Samples.__getitem__"
+    assert sc.worker_activity(worker) == "slow_sample (framework_job.py)"
 
 
 def test_main_thread_without_name_or_native_id_is_the_last_listed():

@@ -99,6 +99,15 @@ def test_communication_heavy_job_gets_the_communication_finding(spawn, tmp_path)
     assert found, result["findings"]
     assert found[0]["label"] == "your code" and "no_sync" in found[0]["fix"] and found[0]["evidence"]
 
+    # The same finding in the report, with the trace's table (report --trace).
+    ran = run_gputop(spawn, "report", "--pid", str(job.pid), "--seconds", "2", "--trace", "--trace-dir",
+                     str(tmp_path / "report-traces"), "--format", "json", timeout=180)
+    assert ran.rc == 0, ran.err
+    report = json.loads(ran.out)
+    assert "trace_communication" in [f["id"] for f in report["findings"]]
+    assert [r["rank"] for r in report["trace"]["result"]["ranks"]] == [0, 1]
+    assert any("comm" in line for line in report["trace"]["summary"])
+
 
 def start_single(spawn, tmp_path, name, *args):
     log = tmp_path / name

@@ -7,7 +7,7 @@ from typing import Any, Optional, Sequence
 
 from gputop.analysis.loader_math import MARGIN as LOADER_MARGIN
 from gputop.analysis.loader_math import workers_needed
-from gputop.analysis.numbers import gib, pct
+from gputop.units import fraction as pct, gib
 from gputop.analysis.observations import Context, RankObs
 from gputop.analysis.thresholds import IO_BOUND_CPU_PERCENT, IO_MEMORY_SHARE, MAX_IO_WORKERS
 

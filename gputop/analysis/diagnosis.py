@@ -45,7 +45,15 @@ from gputop.analysis.checks.straggler import check_straggler
 from gputop.analysis.checks.sync import check_sync_bound
 from gputop.analysis.numbers import mean, percentile
 from gputop.analysis.observations import Context, bench_dict, collect_gpu_observations, collect_rank_observations
-from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S, HANG_MIN_SECONDS, INPUT_BOUND_HIGH
+from gputop.analysis.thresholds import (
+    DIAGNOSIS_WINDOW_S,
+    HANG_MIN_SECONDS,
+    HICCUP_MAX_PERIOD_S,
+    INPUT_BOUND_HIGH,
+    LONG_HICCUP_MAX_PERIOD_S,
+    LONG_WINDOW_S,
+    LONG_WINDOW_STRIDE_S,
+)
 from gputop.history import History
 from gputop.model import SEVERITIES, Finding
 
@@ -71,9 +79,18 @@ INDEPENDENT_CHECKS: list[Callable[[Context], list[Finding]]] = [
 ]
 
 
-def build_context(history: History, bench: Any = None, *, window: Optional[float] = DIAGNOSIS_WINDOW_S) -> Optional[Context]:
-    """The observations every check reads, over the last `window` seconds (None: all); None without data."""
+def build_context(
+    history: History, bench: Any = None, *, window: Optional[float] = DIAGNOSIS_WINDOW_S, stride_s: float = 0.0
+) -> Optional[Context]:
+    """The observations every check reads, over the last `window` seconds (None: all); None without data.
+    `stride_s`: keep one snapshot per that many seconds (a cheap view of a long window)."""
     snaps = history.window(window) if window is not None else list(history)
+    if stride_s > 0 and snaps:
+        thinned = [snaps[0]]
+        for s in snaps[1:]:
+            if s.timestamp - thinned[-1].timestamp >= stride_s - 1e-6:
+                thinned.append(s)
+        snaps = thinned
     if not snaps:
         return None
     times = [s.timestamp for s in snaps]
@@ -104,7 +121,8 @@ def diagnose(history: History, bench: Any = None, *, window: Optional[float] = D
                 fix="Wait a few seconds, or run `gputop report --seconds 30`.",
             )
         ]
-    findings = _job_findings(ctx)
+    long_window = LONG_WINDOW_S if window is not None else None
+    findings = _job_findings(ctx, lambda: build_context(history, bench, window=long_window, stride_s=LONG_WINDOW_STRIDE_S))
     for check in INDEPENDENT_CHECKS:
         findings += check(ctx)
     if not any(f.severity in ("critical", "warning") for f in findings):
@@ -114,7 +132,10 @@ def diagnose(history: History, bench: Any = None, *, window: Optional[float] = D
     return findings
 
 
-def _job_findings(ctx: Context) -> list[Finding]:
+_long_hiccups: list[Any] = [None, []]  # (key, findings) of the last long-window hiccup search
+
+
+def _job_findings(ctx: Context, long_context: Callable[[], Optional[Context]]) -> list[Finding]:
     """The checks that interpret the job, in the order their results feed each other.
 
     A hung rank is not also starving or straggling; a straggler is not also the job's starvation; a saw-tooth
@@ -130,6 +151,15 @@ def _job_findings(ctx: Context) -> list[Finding]:
     findings += stragglers
     facts = cpu_facts(ctx)
     hiccups = check_hiccup(ctx, exclude_gpus=hung_gpus)
+    if not hiccups and ctx.snaps[-1].timestamp - next(iter(ctx.history)).timestamp > 3 * HICCUP_MAX_PERIOD_S:
+        # epoch-level hiccups: a period of minutes shows only in the longer history.  A period of minutes
+        # does not change from one second to the next: the search runs once per LONG_WINDOW_STRIDE_S.
+        key = (id(ctx.history), next(iter(ctx.history)).timestamp, int(ctx.snaps[-1].timestamp // LONG_WINDOW_STRIDE_S), frozenset(hung_gpus))
+        if _long_hiccups[0] != key:
+            long = long_context()
+            found = check_hiccup(long, exclude_gpus=hung_gpus, max_period_s=LONG_HICCUP_MAX_PERIOD_S) if long else []
+            _long_hiccups[:] = [key, found]
+        hiccups = list(_long_hiccups[1])
     starvation = check_starvation(ctx, exclude=hung_pids | {p for f in stragglers for p in f.pids}, cpu_bound=facts.saturated)
     if not ctx.ranks:
         starvation += check_low_utilization(ctx, exclude_gpus=hung_gpus)

@@ -13,12 +13,12 @@ exit 3), skip (could not be checked here; the line says why; never changes the e
 
 from __future__ import annotations
 
-import datetime
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
 
 from gputop.analysis.xids import meaning_of
+from gputop.units import utc_time
 from gputop.collect.sysfs import xid_bus_id  # a pure string helper (the module reads files only when asked)
 from gputop.model import (
     LABEL_CODE,
@@ -121,12 +121,6 @@ def gpu_list(indices: Iterable[int]) -> str:
 
 def _window(inp: CheckInput) -> str:
     return f"{inp.seconds:.0f} s" if inp.seconds >= 9.5 else f"{inp.seconds:.1f} s"
-
-
-def utc_time(ts: Optional[float]) -> str:
-    if ts is None:
-        return "time unknown"
-    return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _unsupported(items: Sequence[GpuDetails | GpuSample], key: str) -> str:

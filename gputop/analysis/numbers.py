@@ -1,4 +1,4 @@
-"""Small numeric and formatting helpers the checks share."""
+"""Small numeric helpers the checks share (formatting is gputop/units.py)."""
 
 from __future__ import annotations
 
@@ -24,15 +24,6 @@ def percentile(values: Sequence[float], q: float) -> Optional[float]:
 def mean(values: Iterable[Optional[float]]) -> Optional[float]:
     data = [v for v in values if v is not None]
     return sum(data) / len(data) if data else None
-
-
-def pct(fraction: float) -> str:
-    return f"{100.0 * fraction:.0f}%"
-
-
-def gib(n: Optional[float]) -> str:
-    return "n/a" if n is None else f"{n / (1 << 30):.1f} GiB"
-
 
 
 def wilson_lower(hits: int, n: int, z: float = WILSON_Z) -> float:

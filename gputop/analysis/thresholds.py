@@ -4,6 +4,11 @@
 # input time >= 20% of step time is "highly input-bound", >= 5% "moderately", below that "not input-bound".
 INPUT_BOUND_HIGH = 0.20
 INPUT_BOUND_MODERATE = 0.05
+# A pause for data is a phase (an epoch start re-forking workers, an evaluation or checkpoint with its own
+# loader), not continuous starvation, when the input dumps form one stretch of at most 60 s and outside it the
+# rank is not input-bound; a stretch still going at the end counts only while it is under 10 s.
+INPUT_PHASE_MAX_S = 60.0
+INPUT_PHASE_OPEN_MAX_S = 10.0
 # torch-tb-profiler advises on communication > 10% of the step (FACTS.md).
 COMMUNICATION_HEAVY = 0.10
 # torch-tb-profiler advises on GPU utilization < 0.5 (FACTS.md).
@@ -79,8 +84,14 @@ MISPLACED_IDLE_UTILIZATION = 5.0
 # The window diagnose() looks at by default: long enough for ~60 stack dumps and three cycles of a 40 s hiccup,
 # short enough that the live verdict follows a fix (more workers) within two minutes.  Reports pass window=None.
 DIAGNOSIS_WINDOW_S = 120.0
-# The longest hiccup period searched for (an epoch of a small dataset; longer is not a "hiccup").
+# The longest hiccup period searched for in that window (an epoch of a small dataset).
 HICCUP_MAX_PERIOD_S = 60.0
+# Epoch-level hiccups recur every few minutes: when the window shows none, the last 10 minutes (all the
+# history keeps) are searched too, for periods up to 200 s (three of them fit), thinned to one sample per
+# 5 s so that the search stays as cheap as the short one.
+LONG_WINDOW_S = 600.0
+LONG_HICCUP_MAX_PERIOD_S = 200.0
+LONG_WINDOW_STRIDE_S = 5.0
 
 # Worker advice (analysis/advice.py): a producer in __getitem__ under half a core waits on I/O (sleeps in a
 # read); above it, it computes.  I/O-bound workers may outnumber the cores, but each forked worker holds

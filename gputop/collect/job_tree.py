@@ -21,11 +21,13 @@ from typing import Callable, Iterable, Optional
 
 import psutil
 
-from gputop.analysis.stack_classes import classify_main_thread, main_thread
+from gputop.analysis.stack_classes import classify_main_thread, main_thread, runs_worker_loop
 from gputop.collect import stacks as stacks_mod
 from gputop.collect.cgroup import job_limits
 from gputop.collect.placement import find_misplacements, gpus_of_pids, place_ranks
-from gputop.collect.procfs import ProcessTable, ProcKey, Tracked, int_or_none, process_alive, read_ns_pids, read_stat
+from gputop.collect.procfs import (
+    ProcessTable, ProcKey, Tracked, int_or_none, process_alive, read_cmdline, read_ns_pids, read_stat,
+)
 from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSchedule
 from gputop.errors import GputopError
 from gputop.model import GpuSample, JobTree, Misplacement, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
@@ -134,20 +136,20 @@ def is_mp_child(parent: Tracked, child: Tracked) -> bool:
     return "spawn_main" in _cmdline_text(child) or (bool(child.cmdline) and child.cmdline == parent.cmdline)
 
 
+def program_names(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """The base names a command line may go by: its program, and the script an interpreter runs
+    (`python /path/to/torchrun ...`, a console script run through its interpreter)."""
+    return tuple(os.path.basename(arg) for arg in argv[:2])
+
+
 def is_named_launcher(tracked: Tracked) -> bool:
     """torchrun, accelerate, deepspeed, srun/slurmstepd, mpirun/mpiexec and their daemons, by name."""
     if tracked.comm in _LAUNCHER_COMMS:
         return True
     argv = tracked.cmdline
-    if not argv:
-        return False
-    if os.path.basename(argv[0]) in _LAUNCHER_PROGRAMS:
+    if any(name in _LAUNCHER_PROGRAMS for name in program_names(argv)):
         return True
-    for i, arg in enumerate(argv[:-1]):
-        if arg == "-m" and argv[i + 1] in _LAUNCHER_MODULES:
-            return True
-    # `python /path/to/torchrun ...` (console script run through an interpreter)
-    return len(argv) > 1 and os.path.basename(argv[1]) in _LAUNCHER_PROGRAMS
+    return any(arg == "-m" and argv[i + 1] in _LAUNCHER_MODULES for i, arg in enumerate(argv[:-1]))
 
 
 # ----------------------------------------------------------------- tree building
@@ -165,6 +167,7 @@ class JobScanner:
 
     def __init__(self, table: Optional[ProcessTable] = None) -> None:
         self.table = table or ProcessTable()
+        self.role_workers: set[ProcKey] = set()  # processes whose stacks showed the DataLoader worker loop
 
     # ---- structure
 
@@ -173,7 +176,7 @@ class JobScanner:
         kids = []
         for pid in self.table.children(tracked.key[0]):
             child = self.table.get(pid)
-            if child is not None and not is_helper(child) and not is_worker(child):
+            if child is not None and not is_helper(child) and not self.is_worker(child):
                 kids.append(child)
         return kids
 
@@ -222,7 +225,7 @@ class JobScanner:
         """Climb from a DataLoader worker or multiprocessing helper to the rank process it serves."""
         current = tracked
         for _ in range(8):  # worker -> forkserver -> rank is the deepest; bound the walk anyway
-            if not (is_worker(current) or is_helper(current)):
+            if not (self.is_worker(current) or is_helper(current)):
                 return current
             parent = self.table.get(current.ppid)
             if parent is None or parent.key[0] <= 1:
@@ -259,13 +262,32 @@ class JobScanner:
         ranks = sorted([rank_zero, *others], key=lambda t: _identity_sort_key(identities[t.key], t))
         return _Structure(None, ranks, identities)
 
+    def _srun_step(self, srun: Tracked) -> list[Tracked]:
+        """The `srun` client does not parent its tasks: slurmd's slurmstepd does, named `slurmstepd:
+        [JOB.STEP]`.  For an srun inside an allocation (SLURM_JOB_ID set), that job's newest step on this
+        node; [] otherwise.  One pass over /proc's command lines, only when attached through srun."""
+        argv = srun.cmdline
+        job_id = (srun.env or {}).get("SLURM_JOB_ID")
+        if not job_id or "srun" not in program_names(argv):
+            return []
+        steps = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != srun.key[0]:
+                text = " ".join(read_cmdline(int(name)))
+                if "slurmstepd" in text and f"[{job_id}." in text and ".batch]" not in text and ".extern]" not in text:
+                    step = self.table.get(int(name))
+                    if step is not None and self._children(step):
+                        steps.append(step)
+        return [max(steps, key=lambda t: t.start_ticks)] if steps else []
+
     def _launcher_structure(self, launcher: Tracked, gpu_pids: frozenset[int]) -> _Structure:
         """The ranks below `launcher`, through launchers it starts in turn (deepspeed's runner starts
         deepspeed.launcher.launch, mpiexec starts hydra_pmi_proxy): the launcher reported is the one
         right above the ranks."""
         for _ in range(4):
-            kids = self._children(launcher)
-            inner = [k for k in kids if not has_rank_env(k) and self._is_launcher(k, gpu_pids)]
+            kids = self._children(launcher) or self._srun_step(launcher)
+            # torchrun started by srun is a task itself (SLURM_PROCID) and a launcher: look below it too
+            inner = [k for k in kids if is_named_launcher(k) or (not has_rank_env(k) and self._is_launcher(k, gpu_pids))]
             if len(inner) == 1 and len(kids) == 1:
                 launcher = inner[0]
                 continue
@@ -280,24 +302,40 @@ class JobScanner:
         ranks.sort(key=lambda t: _identity_sort_key(identities[t.key], t))
         return _Structure(launcher, ranks, identities)
 
+    def is_worker(self, tracked: Tracked) -> bool:
+        """A DataLoader worker: by the name torch gives it, or by its role (its stack ran the worker loop:
+        torchdata's StatefulDataLoader workers keep the rank's name)."""
+        return is_worker(tracked) or tracked.key in self.role_workers
+
     def workers_of(self, rank: Tracked) -> list[Tracked]:
         """DataLoader workers anywhere below the rank (children with fork/spawn, grandchildren with forkserver)."""
-        workers = []
-        pending = list(self.table.children(rank.key[0]))
+        return self._below(rank)[0]
+
+    def worker_candidates(self, rank: Tracked) -> list[Tracked]:
+        """multiprocessing children of the rank not yet known as workers: their stacks tell (see role_workers)."""
+        return self._below(rank)[1]
+
+    def _below(self, rank: Tracked) -> tuple[list[Tracked], list[Tracked]]:
+        workers, candidates = [], []
+        own_keys = rank_env_keys(rank)
+        pending = [(rank, pid) for pid in self.table.children(rank.key[0])]
         seen = {rank.key[0]}
         while pending:
-            pid = pending.pop()
+            parent, pid = pending.pop()
             if pid in seen:
                 continue
             seen.add(pid)
             child = self.table.get(pid)
             if child is None:
                 continue
-            if is_worker(child):
+            if self.is_worker(child):
                 workers.append(child)
             elif is_helper(child):
-                pending.extend(self.table.children(pid))  # through the forkserver, not into other programs
-        return sorted(workers, key=lambda t: t.key)
+                # through the forkserver, not into other programs
+                pending.extend((child, grandchild) for grandchild in self.table.children(pid))
+            elif is_mp_child(parent, child) and not rank_env_keys(child) - own_keys:
+                candidates.append(child)  # not a rank it started (those carry a rank variable it lacks)
+        return sorted(workers, key=lambda t: t.key), sorted(candidates, key=lambda t: t.key)
 
     # ---- one tree
 
@@ -427,6 +465,8 @@ class JobCollector:
         self._dumped = threading.Event()  # set after the first stack refresh finished
         self._stacks_wanted = stacks_wanted
         self._stacks_enabled = stacks_enabled
+        if stacks_enabled:
+            self._learn_role_of_root(root)
         self.collect(())  # learn the job's PIDs before the first dump
         self._thread: Optional[threading.Thread] = None
         if stacks_enabled:
@@ -554,9 +594,27 @@ class JobCollector:
             if fresh and not job_gone:
                 self._stacks_error = _whole_job_error(fresh)
         self._schedule.done(chosen, fresh)
+        self._learn_roles(ranks + others, chosen, fresh)
         if not job_gone:
             self._watch_freezes(ranks + others, chosen, fresh)
         self._dumped.set()
+
+    def _learn_role_of_root(self, root: Tracked) -> None:
+        """Attached to a multiprocessing child that torch did not name: if it is a DataLoader worker, the job
+        is its rank's, so look at its stack once now rather than show a job of one worker until a round has."""
+        parent = self._scanner.table.get(root.ppid) if root.ppid > 1 else None
+        if parent is None or self._scanner.is_worker(root) or not is_mp_child(parent, root):
+            return
+        self._learn_roles([root], [root], self._dump([root.key[0]]))
+
+    def _learn_roles(self, live: list[Tracked], dumped: list[Tracked], fresh: dict[int, ProcessStacks]) -> None:
+        """A process whose main thread runs the DataLoader worker loop is a worker, whatever its name."""
+        role_workers = self._scanner.role_workers
+        role_workers &= {t.key for t in live}
+        for tracked in dumped:
+            stacks = fresh.get(tracked.key[0])
+            if stacks is not None and stacks.error is None and runs_worker_loop(stacks):
+                role_workers.add(tracked.key)
 
     def _watch_freezes(self, live: list[Tracked], dumped: list[Tracked], fresh: dict[int, ProcessStacks]) -> None:
         """One native dump for each process whose main thread froze for `native_after` seconds; it stays in
@@ -599,7 +657,8 @@ class JobCollector:
         structure = self._scanner.structure(root, self._gpu_pids)
         others = [structure.launcher] if structure.launcher else []
         for rank in structure.ranks:
-            others.extend(self._scanner.workers_of(rank))
+            workers, candidates = self._scanner._below(rank)
+            others.extend(workers + candidates)  # a candidate's stack says whether it is a worker
         return list(structure.ranks), others
 
     def _root_alive(self) -> bool:

@@ -1,6 +1,6 @@
 """`gputop report`: observe a while (or read a recording), diagnose, and write a ticket-ready report.
 
-    gputop report [--pid PID] [--seconds 30] [--simulate] [-o FILE] [--format md|json] [--bench [--yes]]
+    gputop report [--pid PID] [--seconds 30] [--simulate] [-o FILE] [--format md|json] [--bench [--yes]] [--trace]
     gputop report --from FILE
 """
 
@@ -63,15 +63,25 @@ def run_bench(args: Any) -> Any:
         progress.done()
 
 
+def run_trace(args: Any) -> Any:
+    from gputop.tracing import DEFAULT_SECONDS, run_trace as trace_job
+
+    progress = Progress(sys.stderr, "trace")
+    try:
+        return trace_job(args.pid, seconds=DEFAULT_SECONDS, out_dir=getattr(args, "trace_dir", None), progress=progress.update)
+    finally:
+        progress.done()
+
+
 def render(history: History, findings: list, fmt: str, bench: Any, command: list[str], recording: Optional[dict[str, Any]] = None,
-           infra: Any = None) -> str:
+           infra: Any = None, trace: Any = None) -> str:
     if fmt == "json":
         from gputop.report.jsonreport import render_json
 
-        return render_json(history, findings, bench=bench, command=command, recording=recording, infra=infra)
+        return render_json(history, findings, bench=bench, command=command, recording=recording, infra=infra, trace=trace)
     from gputop.report.markdown import render_markdown
 
-    return render_markdown(history, findings, bench=bench, command=command, recording=recording, infra=infra)
+    return render_markdown(history, findings, bench=bench, command=command, recording=recording, infra=infra, trace=trace)
 
 
 def run(args: Any) -> int:
@@ -81,12 +91,16 @@ def run(args: Any) -> int:
     if args.from_file:
         if args.bench:
             raise UsageError("--bench needs a live job; it cannot be combined with --from")
+        if getattr(args, "trace", False):
+            raise UsageError("--trace needs a live job; it cannot be combined with --from")
         if args.pid or args.simulate:
             raise UsageError("--from reads a recording; drop --pid and --simulate")
         history, recording = history_from_recording(args.from_file)
     else:
         if args.bench and not args.pid:
             raise UsageError("--bench needs --pid PID (the training job to benchmark)")
+        if getattr(args, "trace", False) and not args.pid:
+            raise UsageError("--trace needs --pid PID (the training job to trace)")
         if args.yes and not args.bench:
             raise UsageError("--yes only applies with --bench")
         args.stack_interval = min(getattr(args, "stack_interval", 2.0), max(FASTEST_STACK_INTERVAL_S, args.seconds / REPORT_STACK_DUMPS))
@@ -103,12 +117,17 @@ def run(args: Any) -> int:
         finally:
             pipeline.close()
     bench = run_bench(args) if args.bench else None
+    trace = run_trace(args) if getattr(args, "trace", False) else None
     findings = diagnose(history, bench, window=None)  # the report covers everything it observed
+    if trace is not None:
+        from gputop.analysis.checks.trace import with_trace_findings
+
+        findings = with_trace_findings(findings, trace.findings)
     if infra is not None:
         from gputop.analysis.machine_check import with_machine_findings
 
         findings = with_machine_findings(findings, infra)
-    text = render(history, findings, args.format, bench, command, recording, infra)
+    text = render(history, findings, args.format, bench, command, recording, infra, trace)
     if args.output:
         from gputop.report.writer import write_report
 

@@ -11,8 +11,9 @@ import io
 import json
 import sys
 import threading
-from typing import Any, Optional, TextIO
+from typing import Any, TextIO
 
+from gputop import units
 from gputop.model import GpuSample, HostSample, JobTree, MachineInfo, Snapshot, from_jsonable, to_jsonable
 from gputop.pipeline import pipeline_from_args
 
@@ -90,26 +91,10 @@ def snapshot_from_json(data: dict[str, Any]) -> tuple[MachineInfo, Snapshot]:
 
 # ---------------------------------------------------------------- table
 
-GIB = 1024**3
-
-
-def _na(value: Any, fmt: str = "{}") -> str:
-    return "n/a" if value is None else fmt.format(value)
-
-
-def _rate(bytes_per_s: Optional[float]) -> str:
-    if bytes_per_s is None:
-        return "n/a"
-    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
-        if bytes_per_s >= scale:
-            return f"{bytes_per_s / scale:.1f}{unit}"
-    return f"{bytes_per_s:.0f}B/s"
-
-
 def _pcie(gpu: GpuSample) -> str:
     p = gpu.pcie
-    link = f"Gen{_na(p.gen_current)}x{_na(p.width_current)}/Gen{_na(p.gen_max)}x{_na(p.width_max)}"
-    return f"{link} rx {_rate(p.rx_bytes_per_s)} tx {_rate(p.tx_bytes_per_s)}"
+    link = f"Gen{units.na(p.gen_current)}x{units.na(p.width_current)}/Gen{units.na(p.gen_max)}x{units.na(p.width_max)}"
+    return f"{link} rx {units.rate(p.rx_bytes_per_s, sep='')} tx {units.rate(p.tx_bytes_per_s, sep='')}"
 
 
 def _nvlink(gpu: GpuSample) -> str:
@@ -118,7 +103,7 @@ def _nvlink(gpu: GpuSample) -> str:
     active = [link for link in gpu.nvlink if link.active]
     tx = sum(link.tx_bytes_per_s or 0.0 for link in active)
     rx = sum(link.rx_bytes_per_s or 0.0 for link in active)
-    return f"{len(active)}/{len(gpu.nvlink)} up rx {_rate(rx)} tx {_rate(tx)}"
+    return f"{len(active)}/{len(gpu.nvlink)} up rx {units.rate(rx, sep='')} tx {units.rate(tx, sep='')}"
 
 
 def _health(gpu: GpuSample) -> str:
@@ -126,7 +111,7 @@ def _health(gpu: GpuSample) -> str:
     if gpu.ecc is None:
         parts.append(f"ECC n/a ({gpu.unavailable.get('ecc', 'unavailable')})")
     else:
-        parts.append(f"ECC vol {_na(gpu.ecc.volatile_corrected)}c/{_na(gpu.ecc.volatile_uncorrected)}u")
+        parts.append(f"ECC vol {units.na(gpu.ecc.volatile_corrected)}c/{units.na(gpu.ecc.volatile_uncorrected)}u")
     rows = gpu.remapped_rows
     if rows is None:
         parts.append(f"remap n/a ({gpu.unavailable.get('remapped_rows', 'unavailable')})")
@@ -145,13 +130,13 @@ def _gpu_lines(gpu: GpuSample) -> list[str]:
         return [f"{gpu.index:>3}  {gpu.name:<24} LOST ({gpu.unavailable.get('gpu', 'GpuIsLost')}) bus {gpu.pci_bus_id}"]
     mem = "n/a"
     if gpu.memory_used is not None and gpu.memory_total:
-        mem = f"{gpu.memory_used / GIB:5.1f}/{gpu.memory_total / GIB:.0f}GiB"
+        mem = f"{gpu.memory_used / units.GIB:5.1f}/{gpu.memory_total / units.GIB:.0f}GiB"
     throttle = "n/a" if gpu.throttle_reasons is None else (",".join(gpu.throttle_reasons) or "none")
     procs = "n/a" if gpu.processes is None else str(len(gpu.processes))
     head = (
-        f"{gpu.index:>3}  {gpu.name[:24]:<24} {_na(gpu.utilization_gpu, '{:3.0f}%'):>5} {mem:>14} "
-        f"{_na(gpu.temperature, '{:.0f}C'):>4} {_na(gpu.power, '{:.0f}')}/{_na(gpu.power_limit, '{:.0f}W')} "
-        f"{_na(gpu.clock_sm, '{}MHz')} procs {procs}"
+        f"{gpu.index:>3}  {gpu.name[:24]:<24} {units.na(gpu.utilization_gpu, '{:3.0f}%'):>5} {mem:>14} "
+        f"{units.na(gpu.temperature, '{:.0f}C'):>4} {units.na(gpu.power, '{:.0f}')}/{units.na(gpu.power_limit, '{:.0f}W')} "
+        f"{units.na(gpu.clock_sm, '{}MHz')} procs {procs}"
     )
     lines = [head, f"     PCIe {_pcie(gpu)}  NVLink {_nvlink(gpu)}", f"     throttle {throttle}; {_health(gpu)}"]
     if "stale" in gpu.unavailable:
@@ -167,7 +152,7 @@ def write_table(machine: MachineInfo, snap: Snapshot, out: TextIO) -> None:
         w(f"{machine.gpu_error}\n")
     else:
         w(
-            f"driver {_na(machine.driver_version)}  CUDA {_na(machine.cuda_version)}  NVML {_na(machine.nvml_version)}"
+            f"driver {units.na(machine.driver_version)}  CUDA {units.na(machine.cuda_version)}  NVML {units.na(machine.nvml_version)}"
             f"  {machine.gpu_count} GPU(s)\n\n"
         )
         w(f"{'GPU':>3}  {'name':<24} {'util':>5} {'memory':>14} {'temp':>4} power       SM clock\n")
@@ -180,10 +165,10 @@ def write_table(machine: MachineInfo, snap: Snapshot, out: TextIO) -> None:
     cores = " ".join(f"{p:.0f}" for p in host.cpu_percent)
     avg = sum(host.cpu_percent) / len(host.cpu_percent) if host.cpu_percent else 0.0
     w(f"  CPU {avg:.0f}% avg; per core: {cores}\n")
-    w(f"  iowait {_na(host.iowait_percent, '{:.1f}%')}  steal {_na(host.steal_percent, '{:.1f}%')}  "
+    w(f"  iowait {units.na(host.iowait_percent, '{:.1f}%')}  steal {units.na(host.steal_percent, '{:.1f}%')}  "
       f"load {' '.join(f'{x:.2f}' for x in host.load_average)}\n")
-    w(f"  memory {host.memory_used / GIB:.1f}/{host.memory_total / GIB:.1f} GiB (available "
-      f"{host.memory_available / GIB:.1f})  swap {host.swap_used / GIB:.1f}/{host.swap_total / GIB:.1f} GiB\n")
+    w(f"  memory {host.memory_used / units.GIB:.1f}/{host.memory_total / units.GIB:.1f} GiB (available "
+      f"{host.memory_available / units.GIB:.1f})  swap {host.swap_used / units.GIB:.1f}/{host.swap_total / units.GIB:.1f} GiB\n")
     topo = machine.topology
     if topo.matrix:
         w("\ntopology\n")
@@ -193,7 +178,7 @@ def write_table(machine: MachineInfo, snap: Snapshot, out: TextIO) -> None:
         for i, row in enumerate(topo.matrix):
             affinity = topo.cpu_affinity[i] if i < len(topo.cpu_affinity) else None
             numa = topo.numa_node[i] if i < len(topo.numa_node) else None
-            w(f"{'GPU' + str(i):<6}" + "".join(f"{cell:>6}" for cell in row) + f"  {_na(affinity):<16} {_na(numa)}\n")
+            w(f"{'GPU' + str(i):<6}" + "".join(f"{cell:>6}" for cell in row) + f"  {units.na(affinity):<16} {units.na(numa)}\n")
     if snap.job is not None:
         ranks = len(snap.job.ranks)
         w(f"\njob {snap.job.root_pid}: {ranks} rank(s)" + (" (exited)" if snap.job.exited else "") + "\n")

@@ -18,11 +18,11 @@ from gputop.analysis.machine_check import (
     WARN,
     CheckReport,
     report_jsonable,
-    utc_time,
 )
 from gputop.analysis.xids import distinct_xids, meaning_of
 from gputop.history import History
 from gputop.model import LABEL_INFRA, Finding
+from gputop.units import utc_time
 
 
 def infra_data(history: History, findings: Sequence[Finding], check: Optional[CheckReport]) -> dict[str, Any]:

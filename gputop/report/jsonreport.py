@@ -239,8 +239,11 @@ def report_data(
     generated: Optional[float] = None,
     recording: Optional[dict[str, Any]] = None,
     infra: Any = None,
+    trace: Any = None,
 ) -> dict[str, Any]:
     """Everything a report says, as JSON-ready data (redacted).
+
+    `trace`: a `gputop.tracing.TraceResult` (report --trace), shown like the benchmark: result and text.
 
     `infra`: `gputop check`'s CheckReport over the report's window (live reports); the "For the infra
     team" section falls back to the snapshots and the findings without it.
@@ -259,6 +262,9 @@ def report_data(
             "result": to_dict() if callable(to_dict) else (bench if isinstance(bench, dict) else None),
             "summary": list(lines()) if callable(lines) else [],
         }
+    trace_part = None
+    if trace is not None:
+        trace_part = {"result": trace.to_dict(), "summary": trace.summary_lines()}
     data = {
         "gputop": {"version": __version__, "command": _command_text(command), "python": platform.python_version()},
         "generated": generated if generated is not None else time.time(),
@@ -298,6 +304,7 @@ def report_data(
         "stacks": _stacks(snaps),
         "findings": [to_jsonable(f) for f in findings],
         "benchmark": bench_part,
+        "trace": trace_part,
         "recording": dict(recording) if recording is not None else None,
         "infra": infra_data(history, findings, infra),
     }
@@ -313,6 +320,8 @@ def render_json(
     generated: Optional[float] = None,
     recording: Optional[dict[str, Any]] = None,
     infra: Any = None,
+    trace: Any = None,
 ) -> str:
-    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra)
+    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra,
+                       trace=trace)
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"

@@ -5,15 +5,15 @@ It renders `report_data` (the same structure the JSON report prints), so both fo
 
 from __future__ import annotations
 
-import datetime
 from typing import Any, Optional, Sequence
 
+from gputop import units
 from gputop.history import History
 from gputop.model import Finding
 from gputop.report.jsonreport import report_data
 from gputop.report.redact import redact_text
+from gputop.units import utc_time
 
-GIB = 1 << 30
 
 
 def _cell(value: Any) -> str:
@@ -39,27 +39,8 @@ def _code(text: Any) -> str:
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
-def _gib(n: Optional[float]) -> Optional[str]:
-    return None if n is None else f"{n / GIB:.1f} GiB"
-
-
-def _rate(n: Optional[float]) -> Optional[str]:
-    if n is None:
-        return None
-    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B/s"
-
-
-def _pct(n: Optional[float]) -> Optional[str]:
-    return None if n is None else f"{n:.0f}%"
-
-
 def _when(ts: Optional[float]) -> str:
-    if ts is None:
-        return "—"
-    return datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return utc_time(ts, missing="—")
 
 
 def _stat_cells(st: Optional[dict[str, Any]], fmt) -> list[Optional[str]]:
@@ -145,7 +126,7 @@ def _machine(data: dict[str, Any]) -> list[str]:
     rows = [
         ("Host", m["hostname"]),
         ("CPU", f"{m['cpu_model'] or 'unknown'} ({m['cpu_count']} logical cores)"),
-        ("Memory", _gib(m["memory_total"])),
+        ("Memory", units.gib(m["memory_total"], None)),
         ("Driver", m["driver_version"]),
         ("CUDA", m["cuda_version"]),
         ("NVML", m["nvml_version"]),
@@ -222,10 +203,10 @@ def _gpu_stats(data: dict[str, Any]) -> list[str]:
         rows.append(
             [
                 g["index"],
-                *_stat_cells(util, _pct),
+                *_stat_cells(util, lambda v: units.percent(v, None)),
                 _code(util["spark"]) if util else None,
-                *_stat_cells(mem, _gib),
-                _gib(g["memory_total"]),
+                *_stat_cells(mem, lambda v: units.gib(v, None)),
+                units.gib(g["memory_total"], None),
                 *_stat_cells(pw, lambda w: f"{w:.0f} W"),
                 None if g["power_limit"] is None else f"{g['power_limit']:.0f} W",
             ]
@@ -242,7 +223,7 @@ def _gpu_stats(data: dict[str, Any]) -> list[str]:
         cells = [g["index"]]
         for key in ("pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "nvlink_tx_bytes_per_s"):
             st = g[key]
-            cells.append(None if not st else f"{_rate(st['mean'])} (p5 {_rate(st['p5'])}, p95 {_rate(st['p95'])})")
+            cells.append(None if not st else f"{units.rate(st['mean'], None)} (p5 {units.rate(st['p5'], None)}, p95 {units.rate(st['p95'], None)})")
         io_rows.append(cells)
     out += _table(["GPU", "PCIe RX (to GPU) mean", "PCIe TX mean", "NVLink RX mean", "NVLink TX mean"], io_rows)
     return out
@@ -253,9 +234,9 @@ def _host(data: dict[str, Any]) -> list[str]:
     cpu = h["cpu_percent"]
     rows = [
         ("CPU (all cores)", None if not cpu else f"mean {cpu['mean']:.0f}%, p95 {cpu['p95']:.0f}% over {h['cores']} cores  {_code(cpu['spark'])}"),
-        ("Memory", None if h["memory_total"] is None else f"{_gib(h['memory_used'])} of {_gib(h['memory_total'])}"),
+        ("Memory", None if h["memory_total"] is None else f"{units.gib(h['memory_used'], None)} of {units.gib(h['memory_total'], None)}"),
         ("Load average", None if not h["load_average"] else " / ".join(f"{x:.2f}" for x in h["load_average"])),
-        ("I/O wait", _pct(h["iowait_percent"])),
+        ("I/O wait", units.percent(h["iowait_percent"], None)),
     ]
     return ["## Host", ""] + _table(["", ""], rows)
 
@@ -281,8 +262,8 @@ def _job(data: dict[str, Any]) -> list[str]:
                 r["cuda_visible_devices"],
                 r["main_thread_state"],
                 f"{100 * wait:.0f}% of {r['stack_dumps']}" if r["stack_dumps"] else None,
-                _pct(r["cpu_percent"]),
-                _gib(r["rss"]),
+                units.percent(r["cpu_percent"], None),
+                units.gib(r["rss"], None),
                 len(r["workers"]),
                 "exited" if r["exited"] else r["process_state"],
             ]
@@ -329,6 +310,23 @@ def _recording(data: dict[str, Any]) -> list[str]:
     ]
 
 
+def _trace(data: dict[str, Any]) -> list[str]:
+    t = data.get("trace")
+    if not t:
+        return []
+    out = ["## Trace (torch.profiler, every rank)", ""]
+    ranks = t["result"].get("ranks") or []
+    if ranks:
+        phases = ("data", "forward", "backward", "comm", "optimizer", "sync", "other")
+        out += _table(
+            ["rank", "pid", *phases, "steps/s", "trace file"],
+            [[r.get("rank"), r.get("pid"), *(f"{100 * (r.get('phases') or {}).get(p, 0.0):.0f}%" for p in phases),
+              r.get("steps_per_s"), _code(r["trace_file"]) if r.get("trace_file") else None] for r in ranks],
+        )
+    out += _fence("\n".join(t["summary"]))
+    return out
+
+
 def _bench(data: dict[str, Any]) -> list[str]:
     b = data["benchmark"]
     if not b:
@@ -357,8 +355,10 @@ def render_markdown(
     generated: Optional[float] = None,
     recording: Optional[dict[str, Any]] = None,
     infra: Any = None,
+    trace: Any = None,
 ) -> str:
-    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra)
+    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra,
+                       trace=trace)
     obs = data["observed"]
     m = data["machine"]
     out = [
@@ -381,6 +381,7 @@ def render_markdown(
     out += _job(data)
     out += _stacks(data)
     out += _bench(data)
+    out += _trace(data)
     cmd = data["gputop"]["command"]
     out += ["## About this report", ""]
     out += _table(

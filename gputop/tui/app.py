@@ -25,10 +25,12 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.message import Message
 
+from gputop import units
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, JobTree, Snapshot
 from gputop.source import Attachable, Batch, PollLoop, Seekable, Source
+from gputop.tracing import run_trace
 from gputop.tui import partial_updates
 from gputop.tui.check_screen import CHECK_SECONDS, run_machine_check
 from gputop.tui.look import key_display
@@ -88,6 +90,7 @@ class GputopApp(App):
     TITLE = "gputop"
     check_seconds: float = CHECK_SECONDS  # the machine check's window (key c)
     machine_check = staticmethod(run_machine_check)  # tests put a scripted check here
+    trace_runner = staticmethod(run_trace)  # key t; tests put a scripted trace here
     ENABLE_COMMAND_PALETTE = False
 
     BINDINGS = [
@@ -102,6 +105,7 @@ class GputopApp(App):
         Binding("b", "bench", "Bench loader", id="bench"),
         Binding("r", "report", "Report", id="report"),
         Binding("c", "check", "Machine check", id="check"),
+        Binding("t", "trace", "Trace every rank", show=False, id="trace"),
         Binding("s", "screenshot", "Screenshot", id="screenshot"),
         Binding("tab", "app.focus_next", "Next panel", show=False, id="focus.next"),
         Binding("shift+tab", "app.focus_previous", "Previous panel", show=False, id="focus.previous"),
@@ -143,6 +147,7 @@ class GputopApp(App):
         self.verdict: Optional[Verdict] = None
         self.last_bench: Any = None
         self.last_check: Any = None  # the latest machine check (key c): its report and the cards' marks
+        self.last_trace: Any = None  # the latest trace (key t): its findings join the diagnosis'
         self.snapshots_seen = 0
         self.diagnoses_done = 0
         self.poll_error: Optional[str] = None
@@ -411,6 +416,12 @@ class GputopApp(App):
     def _run_diagnosis(self, history: History, bench: Any) -> None:
         try:
             findings, line = self._diagnose(history, bench)
+            if self.last_trace is not None and self.last_trace.findings:
+                from gputop.analysis.checks.trace import with_trace_findings
+                from gputop.analysis.diagnosis import verdict_line
+
+                findings = with_trace_findings(findings, self.last_trace.findings)
+                line = verdict_line(findings, count_more=False)
             verdict = Verdict(list(findings), line)
         except ImportError:
             verdict = Verdict(None, "Verdict: diagnosis is not available in this build")
@@ -505,7 +516,7 @@ class GputopApp(App):
         duration = getattr(controls, "duration", None)
         tag = "REPLAY"
         if position is not None and duration is not None:
-            tag += f" {_mmss(position)}/{_mmss(duration)}"
+            tag += f" {units.mmss(position)}/{units.mmss(duration)}"
         if self.replay_speed != 1.0:
             tag += f" ×{self.replay_speed:g}"
         return tag
@@ -588,6 +599,12 @@ class GputopApp(App):
             self.notify(error, title="benchmark", severity="error", timeout=8)
         else:
             self.notify(lines[0] if lines else "benchmark done", title="benchmark", timeout=8)
+
+    # --- trace (issue 13): `gputop trace` of the attached job, after asking (gputop/tui/trace_screen.py)
+    def action_trace(self) -> None:
+        from gputop.tui.trace_screen import start_trace
+
+        start_trace(self)
 
     # --- machine check (issue 16): `gputop check` over the live source, in a worker
     def action_check(self) -> None:
@@ -691,11 +708,6 @@ def job_cores(job: Optional[JobTree]) -> frozenset[int]:
             if worker.core is not None and not worker.exited:
                 cores.add(worker.core)
     return frozenset(cores)
-
-
-def _mmss(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    return f"{seconds // 60:02d}:{seconds % 60:02d}"
 
 
 def _stdin_fd() -> Optional[int]:

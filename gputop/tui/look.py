@@ -83,47 +83,7 @@ def level_char(percent: Optional[float]) -> str:
     return _LEVEL_BY_PERCENT[min(100, int(percent + 0.5))]
 
 
-# ------------------------------------------------------------------ numbers
-def fmt_bytes(value: Optional[float], unit_suffix: str = "") -> str:
-    """1536 -> '1.5K'; GiB-based (binary) like nvidia-smi's MiB."""
-    if value is None:
-        return "n/a"
-    value = float(value)
-    for unit in ("B", "K", "M", "G", "T"):
-        if abs(value) < 1024 or unit == "T":
-            if unit == "B":
-                return f"{value:.0f}{unit}{unit_suffix}"
-            return (f"{value:.1f}" if value < 100 else f"{value:.0f}") + unit + unit_suffix
-        value /= 1024
-    return "n/a"  # pragma: no cover
-
-
-def fmt_rate(value: Optional[float]) -> str:
-    """Bytes per second, short: '1.2G', '340M', '0'."""
-    if value is None:
-        return "n/a"
-    if value < 1:
-        return "0"
-    return fmt_bytes(value)
-
-
-def fmt_gib_pair(used: Optional[int], total: Optional[int]) -> str:
-    if used is None or total is None:
-        return "n/a"
-    gib = 1024**3
-    total_g = total / gib
-    used_g = used / gib
-    if total_g >= 10:
-        return f"{used_g:.0f}/{total_g:.0f}G"
-    return f"{used_g:.1f}/{total_g:.1f}G"
-
-
-def fmt_pct(value: Optional[float], width: int = 3) -> str:
-    if value is None:
-        return "n/a".rjust(width) + " "
-    return f"{value:{width}.0f}%"
-
-
+# ------------------------------------------------------------------ numbers: see gputop/units.py
 def bar(fraction: Optional[float], width: int) -> tuple[str, str]:
     """(filled, empty) text of a horizontal bar `width` cells wide."""
     if width <= 0:

@@ -24,7 +24,13 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 
+SLEEP = False  # --sleep: spend the phase times asleep (I/O-like) instead of spinning
+
+
 def spin(ms: float) -> None:
+    if SLEEP:
+        time.sleep(ms / 1000.0)
+        return
     end = time.perf_counter() + ms / 1000.0
     while time.perf_counter() < end:
         pass
@@ -76,17 +82,22 @@ def main() -> None:
     p.add_argument("--backward-ms", type=float, default=25.0)
     p.add_argument("--optimizer-ms", type=float, default=10.0)
     p.add_argument("--comm-floats", type=int, default=0)
+    p.add_argument("--sleep", action="store_true", help="sleep the phase times instead of spinning (cheap on CPU)")
+    p.add_argument("--layers", type=int, default=1, help="hidden 16x16 layers in the model (more ops per step)")
     p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: run until killed)")
     p.add_argument("--step-log", default=None)
     p.add_argument("--ready-file", default=None)
     args = p.parse_args()
+    global SLEEP
+    SLEEP = args.sleep
     torch.manual_seed(1234)
     torch.set_num_threads(1)
     distributed = "RANK" in os.environ
     if distributed:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if distributed else 0
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
+    hidden = [m for _ in range(args.layers - 1) for m in (torch.nn.Linear(16, 16), torch.nn.ReLU())]
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), *hidden, torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
     optimizer = SlowSGD(model.parameters(), lr=0.01, ms=args.optimizer_ms)
     loader = DataLoader(SlowData(args.data_ms), batch_size=1, num_workers=0)
     extra = torch.ones(args.comm_floats) if args.comm_floats else None

@@ -57,3 +57,41 @@ async def test_help_lists_the_check_key(close_sources):
         await settle(pilot, app, source, diagnosis=False)
         assert any(b.key == "c" and b.description == "Machine check" for b in app.global_bindings())
 
+
+
+async def test_compact_layout_marks_the_gpu_line(close_sources):
+    from tests.harness.machine_check import scripted_check
+
+    app, source = build_app(10)
+    close_sources(source)
+    app.machine_check = scripted_check("h100-sxm-8+retired-page=4")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        await pilot.press("c")
+        await wait_for(pilot, lambda: app.last_check is not None, "the scripted check")
+        await pilot.press("escape")
+        grid = app.query_one(GpuGrid)
+        assert grid.compact
+        await wait_for(pilot, lambda: any("retired" in line for line in grid.lines_text), "the GPU line's mark")
+        (marked,) = [line for line in grid.lines_text if "retired" in line]
+        assert marked.lstrip().split()[1] == "4"  # GPU 4's line
+
+
+async def test_report_key_after_the_check_carries_its_infra_section(tmp_path, close_sources):
+    from tests.harness.machine_check import scripted_check
+
+    app, source = build_app(10, tmp_path=tmp_path)
+    close_sources(source)
+    app.machine_check = scripted_check("h100-sxm-8+nvlink-crc=2:7")
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        await pilot.press("c")
+        await wait_for(pilot, lambda: app.last_check is not None, "the scripted check")
+        await pilot.press("escape")
+        await pilot.press("r")
+        await wait_for(pilot, lambda: list(tmp_path.glob("gputop-report-*.md")), "the report file")
+    (path,) = tmp_path.glob("gputop-report-*.md")
+    text = path.read_text()
+    infra = text[text.index("## For the infra team"):]
+    assert "| 2 | NVIDIA H100 80GB HBM3 | 1654922000002 |" in infra
+    assert "- **FAIL** NVLink error counters: GPU 2 link 7: CRC (flit) +125 in 5.0 s (now 137)" in infra

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from gputop.analysis.checks.sync import describe_sync
-from gputop.analysis.numbers import confidence_from, gib, mean
+from gputop.analysis.numbers import confidence_from, mean
+from gputop.units import gib
 from gputop.analysis.observations import (
     WAIT_FRAMES,
     Context,

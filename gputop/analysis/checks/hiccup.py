@@ -6,7 +6,8 @@ import statistics
 from typing import Optional, Sequence
 
 from gputop.analysis.advice import STACKS_HINT
-from gputop.analysis.numbers import mean, pct, percentile
+from gputop.analysis.numbers import mean, percentile
+from gputop.units import fraction as pct
 from gputop.analysis.observations import (
     EPOCH_START_FRAME_NAMES,
     WAIT_FRAMES,
@@ -171,7 +172,7 @@ def _worker_restarts(ctx: Context) -> tuple[int, Optional[float], list[str]]:
     return int(round(restarts)), period, evidence
 
 
-def check_hiccup(ctx: Context, *, exclude_gpus: set[int] = frozenset()) -> list[Finding]:
+def check_hiccup(ctx: Context, *, exclude_gpus: set[int] = frozenset(), max_period_s: float = HICCUP_MAX_PERIOD_S) -> list[Finding]:
     gpus = [o for o in ctx.focus_gpus() if o.index not in exclude_gpus and o.lost_at is None and len(o.util_values) >= HICCUP_MIN_SAMPLES]
     restarts, restart_period, restart_evidence = _worker_restarts(ctx)
     epoch_starts = sum(1 for r in ctx.ranks.values() for s in r.samples if has_frame(s.frames, EPOCH_START_FRAME_NAMES))
@@ -185,7 +186,7 @@ def check_hiccup(ctx: Context, *, exclude_gpus: set[int] = frozenset()) -> list[
             swing_gpus.append(o)
     evidence: list[str] = []
     if swing_gpus:
-        found = detect_period([o.util for o in swing_gpus], max_lag=int(HICCUP_MAX_PERIOD_S / max(ctx.interval, 1e-3)))
+        found = detect_period([o.util for o in swing_gpus], max_lag=int(max_period_s / max(ctx.interval, 1e-3)))
     if found is not None:
         lag, acf = found
         period = lag * ctx.interval

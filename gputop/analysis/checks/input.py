@@ -6,7 +6,8 @@ from typing import Optional, Sequence
 
 from gputop.analysis.advice import STACKS_HINT, loader_code, suggested_workers
 from gputop.analysis.checks.hang import WORKER_TIMEOUT_FIX, stuck_worker
-from gputop.analysis.numbers import confidence_from, gib, mean, pct, wilson_lower
+from gputop.analysis.numbers import confidence_from, mean, wilson_lower
+from gputop.units import fraction as pct, gib
 from gputop.analysis.observations import (
     WAIT_FRAMES,
     Context,
@@ -29,6 +30,8 @@ from gputop.analysis.thresholds import (
     HANG_UTILIZATION_MAX,
     INPUT_BOUND_HIGH,
     INPUT_BOUND_MODERATE,
+    INPUT_PHASE_MAX_S,
+    INPUT_PHASE_OPEN_MAX_S,
     LOW_UTILIZATION,
     MIN_STACK_SAMPLES,
 )
@@ -40,6 +43,40 @@ def pooled_input_fraction(ranks: Sequence[RankObs]) -> tuple[float, float]:
     n = sum(r.n for r in ranks)
     hits = sum(r.states[WAITING_FOR_DATA] + r.states[IN_DATASET] for r in ranks)
     return (hits / n if n else 0.0), wilson_lower(hits, n)
+
+
+def input_phase(rank: RankObs) -> Optional[tuple[float, float, float]]:
+    """(start, seconds, input share outside it) when this rank's input dumps form one stretch: a phase.
+
+    It is one when the longest run of consecutive input dumps holds most of them, lasted at most
+    INPUT_PHASE_MAX_S (or, still going at the end of the window, INPUT_PHASE_OPEN_MAX_S), and outside it
+    the rank is not input-bound."""
+    samples = [s for s in rank.samples if s.state]
+    best: Optional[tuple[int, int]] = None  # [i, j) of the longest run
+    i = 0
+    while i < len(samples):
+        if samples[i].state in (WAITING_FOR_DATA, IN_DATASET):
+            j = i
+            while j < len(samples) and samples[j].state in (WAITING_FOR_DATA, IN_DATASET):
+                j += 1
+            if best is None or j - i > best[1] - best[0]:
+                best = (i, j)
+            i = j
+        else:
+            i += 1
+    if best is None:
+        return None
+    i, j = best
+    hits = sum(1 for s in samples if s.state in (WAITING_FOR_DATA, IN_DATASET))
+    outside = samples[:i] + samples[j:]
+    outside_share = (hits - (j - i)) / len(outside) if outside else 1.0
+    # the stretch lasts from its first input dump to the next other dump (or its last one, if still open)
+    start = samples[i].timestamp
+    end = samples[j].timestamp if j < len(samples) else samples[j - 1].timestamp
+    limit = INPUT_PHASE_MAX_S if j < len(samples) else INPUT_PHASE_OPEN_MAX_S
+    if end - start > limit or len(outside) < MIN_STACK_SAMPLES or outside_share >= INPUT_BOUND_MODERATE:
+        return None
+    return start, end - start, outside_share
 
 
 def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound: bool = False) -> list[Finding]:
@@ -133,7 +170,25 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
         summary = f"Input-bound ({level}): {who} waits for data {pct(shown)} of the time"
     if severity == "info":
         summary = f"Host waits for data {pct(shown)} of the time, but the GPUs stay busy"
+    phases = [input_phase(r) for r in measured if r.input_fraction >= INPUT_BOUND_MODERATE]
     stuck = next((s for s in (stuck_worker(r) for r in ctx.ranks.values()) if s is not None), None)
+    if stuck is None and phases and all(phases) and bench_wait is None:
+        # One pause for data (an epoch start, an evaluation or checkpoint that ended with its own loader)
+        # inside an otherwise fed window: a phase, not continuous starvation.
+        longest = max(phases, key=lambda ph: ph[1])
+        severity = "info"
+        summary = (
+            f"One pause for data of {longest[1]:.0f} s (an epoch start, evaluation or checkpoint); "
+            f"otherwise not input-bound (data wait {pct(max(ph[2] for ph in phases))})"
+        )
+        evidence.append(
+            f"{len(phases)} rank(s): the input dumps fall in one stretch of at most {longest[1]:.0f} s; "
+            f"outside it they wait for data {pct(max(ph[2] for ph in phases))} of the time"
+        )
+        fix_lines = [
+            "nothing to do for a one-off pause; if it recurs every epoch, keep the workers alive",
+            "DataLoader(..., persistent_workers=True)  # no re-fork at each epoch start",
+        ]
     if stuck is not None:
         # The wait is the stuck (or dead) worker's, not a lack of throughput: more workers would not help.
         severity = "info"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gputop.analysis.numbers import gib
+from gputop.units import gib
 from gputop.analysis.observations import Context, GpuObs
 from gputop.analysis.thresholds import MEMORY_NEARLY_FULL
 from gputop.model import LABEL_CODE, Finding

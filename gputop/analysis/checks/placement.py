@@ -12,11 +12,11 @@ from gputop.model import LABEL_CODE, Finding
 
 def check_misplacement(ctx: Context) -> list[Finding]:
     findings: list[Finding] = []
-    warnings: list[str] = []
-    for snap in reversed(ctx.snaps):
-        if snap.job is not None:
-            warnings = list(snap.job.warnings)
-            break
+    job = ctx.job
+    # The collector decides placement once (JobTree.misplacements); a recording from before that carries
+    # only its one-line warnings, read as they are.
+    placed = list(job.misplacements) if job is not None else []
+    warnings = [m.message for m in placed] if placed else (list(job.warnings) if job is not None else [])
     ranks = [r for r in ctx.ranks.values() if r.last is None or not r.last.exited]
     with_gpu = [r for r in ranks if r.gpus]
     n_gpus = len(ctx.gpus) or ctx.history.machine.gpu_count
@@ -80,7 +80,23 @@ def check_misplacement(ctx: Context) -> list[Finding]:
             )
     if not findings and not ranks and n_gpus >= 2 and ctx.have_gpu_data:
         findings += _idle_beside_busy(ctx, n_gpus)
-    if not findings and warnings and any("GPU" in w for w in warnings):
+    if not findings and placed:
+        m = placed[0]
+        findings.append(
+            Finding(
+                id="misplacement",
+                title="Rank placement: a GPU shared, or a rank on several GPUs",
+                severity="warning",
+                confidence=0.7,
+                label=LABEL_CODE,
+                summary=m.message[:1].upper() + m.message[1:],
+                evidence=tuple(f"collector: {x.message}" for x in placed),
+                fix="torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before any CUDA call\ntorch.cuda.set_device(int(os.environ['LOCAL_RANK']))",
+                gpus=tuple(sorted({g for x in placed for g in x.gpus})),
+                pids=tuple(dict.fromkeys(p for x in placed for p in x.pids)),
+            )
+        )
+    elif not findings and warnings and any("GPU" in w for w in warnings):
         findings.append(
             Finding(
                 id="misplacement",

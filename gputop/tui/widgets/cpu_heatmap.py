@@ -16,6 +16,7 @@ from rich.style import Style
 from textual.strip import Strip
 
 from gputop.model import HostSample
+from gputop import units
 from gputop.tui import look
 from gputop.tui.canvas import LineBuilder, LineCanvas
 
@@ -139,7 +140,7 @@ class CpuHeatmap(LineCanvas):
             if bars:
                 filled, empty = look.bar(fraction, MINI_BAR)
                 line.add(filled, style).add(empty, look.BAR_EMPTY).add(" ")
-            line.add(look.fmt_gib_pair(used, total), style if style is not look.ACCENT else look.PLAIN)
+            line.add(units.gib_pair(used, total), style if style is not look.ACCENT else look.PLAIN)
         iow = host.iowait_percent
         line.add("  IOW ", look.LABEL)
         line.add("n/a" if iow is None else f"{iow:.1f}%", look.DIM if iow is None else look.WARN if iow >= 10 else look.PLAIN)

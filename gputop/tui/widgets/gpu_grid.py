@@ -16,6 +16,7 @@ from textual.strip import Strip
 
 from gputop.analysis.xids import meaning_of
 from gputop.model import LABEL_INFRA, GpuSample, Snapshot
+from gputop import units
 from gputop.tui import look
 from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas
 
@@ -260,6 +261,14 @@ class GpuGrid(LineCanvas):
             self.redraw()
 
     # ------------------------------------------------------------------ geometry
+    def _state(self, gpu: GpuSample) -> tuple[str, str, Style]:
+        """The card's state, FAULT or WARN too where the latest machine check failed or warned on this GPU."""
+        state = gpu_state(gpu)
+        mark = self.check_marks.get(gpu.index)
+        if mark is None or gpu.lost or state[1] == look.STATE_FAULT[1]:
+            return state
+        return look.STATE_FAULT if mark[1] else look.STATE_WARN
+
     def _columns(self, width: int) -> int:
         n = max(1, self.gpu_count)
         cols = max(1, min(n, width // MIN_CARD_WIDTH))
@@ -310,7 +319,7 @@ class GpuGrid(LineCanvas):
         return lines
 
     def _card(self, gpu: GpuSample, w: int, spark: list[Optional[float]], per_cell: float) -> list[LineBuilder]:
-        symbol, word, state_style = gpu_state(gpu)
+        symbol, word, state_style = self._state(gpu)
         lines = [LineBuilder() for _ in range(CARD_LINES)]
         head = lines[0]
         head.add(f"{symbol} GPU{gpu.index} {word:<5}", state_style)
@@ -324,7 +333,7 @@ class GpuGrid(LineCanvas):
         util = gpu.utilization_gpu
         text = spark_text(spark)
         lines[1].add(text, look.DIM if gpu.lost else look.SPARK)
-        lines[1].add(" " + ("LOST" if gpu.lost else look.fmt_pct(util)), look.BAD_BOLD if gpu.lost else util_style(util))
+        lines[1].add(" " + ("LOST" if gpu.lost else units.percent_cell(util)), look.BAD_BOLD if gpu.lost else util_style(util))
 
         if gpu.lost:
             lines[2].add(look.ellipsize("not answering: fell off the bus", w), look.BAD)
@@ -337,7 +346,7 @@ class GpuGrid(LineCanvas):
                 line.pad(w)
             return lines
 
-        mem_text = " " + look.fmt_gib_pair(gpu.memory_used, gpu.memory_total)
+        mem_text = " " + units.gib_pair(gpu.memory_used, gpu.memory_total)
         filled, empty = look.bar(gpu.memory_fraction, max(1, w - 4 - len(mem_text)))
         lines[2].add("MEM ", look.LABEL).add(filled, look.ACCENT).add(empty, look.BAR_EMPTY).add(mem_text)
 
@@ -361,7 +370,7 @@ class GpuGrid(LineCanvas):
             l4.add(pcie_text(gpu) + "!", look.WARN_BOLD)
         else:
             l4.add(pcie_text(gpu))
-        l4.add(f" ↑{look.fmt_rate(gpu.pcie.tx_bytes_per_s)} ↓{look.fmt_rate(gpu.pcie.rx_bytes_per_s)}", look.PLAIN)
+        l4.add(f" ↑{units.short_rate(gpu.pcie.tx_bytes_per_s)} ↓{units.short_rate(gpu.pcie.rx_bytes_per_s)}", look.PLAIN)
 
         l5 = lines[5]
         l5.add("NVL  ", look.LABEL)
@@ -370,7 +379,7 @@ class GpuGrid(LineCanvas):
             l5.add(f"{active}/{len(gpu.nvlink)}", look.PLAIN if active == len(gpu.nvlink) else look.WARN_BOLD)
             tx = sum(link.tx_bytes_per_s or 0 for link in gpu.nvlink)
             rx = sum(link.rx_bytes_per_s or 0 for link in gpu.nvlink)
-            l5.add(f" ↑{look.fmt_rate(tx)} ↓{look.fmt_rate(rx)}")
+            l5.add(f" ↑{units.short_rate(tx)} ↓{units.short_rate(rx)}")
         else:
             l5.add("n/a", look.DIM)
 
@@ -421,7 +430,7 @@ class GpuGrid(LineCanvas):
             head.add(" user", look.LABEL)
         lines = [head.strip(width)]
         for gpu in gpus:
-            symbol, word, state_style = gpu_state(gpu)
+            symbol, word, state_style = self._state(gpu)
             line = LineBuilder()
             line.add(f"{symbol}{gpu.index:>2} {word:<5} ", state_style)
             line.add(spark_text(buckets[gpu.index]), look.DIM if gpu.lost else look.SPARK)
@@ -429,8 +438,8 @@ class GpuGrid(LineCanvas):
                 line.add("  GPU not answering (fell off the bus?)", look.BAD_BOLD)
                 lines.append(line.strip(width))
                 continue
-            line.add(" " + look.fmt_pct(gpu.utilization_gpu), util_style(gpu.utilization_gpu))
-            line.add(look.fmt_gib_pair(gpu.memory_used, gpu.memory_total).rjust(8))
+            line.add(" " + units.percent_cell(gpu.utilization_gpu), util_style(gpu.utilization_gpu))
+            line.add(units.gib_pair(gpu.memory_used, gpu.memory_total).rjust(8))
             temp = gpu.temperature
             line.add(("n/a" if temp is None else f"{temp:.0f}°C").rjust(5),
                      look.PLAIN if temp is None or temp < 75 else look.WARN if temp < 85 else look.BAD)
@@ -446,6 +455,10 @@ class GpuGrid(LineCanvas):
             faults, warnings = health_problems(gpu)
             throttles = active_throttles(gpu) if _is_slowdown(gpu) else []
             problem = (faults + [t for t in throttles] + [w for w in warnings if w != "throttled"])
+            mark = self.check_marks.get(gpu.index)
+            if mark is not None and (mark[1] or not faults):  # the machine check's word, unless a worse fault shows
+                problem = [mark[0].removeprefix("chk ")] + problem
+                faults = faults + [mark[0]] if mark[1] else faults
             if problem:
                 line.add(" " + look.ellipsize(problem[0], 8).ljust(8), look.BAD_BOLD if faults else look.WARN_BOLD)
             else:

@@ -15,6 +15,7 @@ from textual.message import Message
 from textual.strip import Strip
 
 from gputop.model import JobTree, ProcInfo, Rank, Snapshot
+from gputop import units
 from gputop.tui import look
 from gputop.tui.canvas import LineBuilder, LineCanvas
 
@@ -58,7 +59,7 @@ def job_rows(job: JobTree, job_root: Optional[int] = None) -> list[JobRow]:
                 label=f"{launcher.name} {launcher.pid}",
                 cpu=launcher.cpu_percent,
                 state=_proc_state(launcher),
-                extra=look.fmt_bytes(launcher.rss) if launcher.rss is not None else "",
+                extra=units.short_bytes(launcher.rss) if launcher.rss is not None else "",
                 note=command_text(launcher),
                 exited=launcher.exited,
                 job_root=job_root,
@@ -98,7 +99,7 @@ def _rank_row(rank: Rank, branch: str, job_root: Optional[int]) -> JobRow:
         gpus=",".join(f"GPU{g}" for g in rank.gpus) if rank.gpus else "-",
         cpu=proc.cpu_percent,
         state=_proc_state(proc),
-        extra=look.fmt_bytes(proc.rss) if proc.rss is not None else "",
+        extra=units.short_bytes(proc.rss) if proc.rss is not None else "",
         note=rank.main_thread_state or "",
         exited=proc.exited,
         job_root=job_root,
@@ -121,7 +122,7 @@ def gpu_process_rows(snapshot: Snapshot) -> list[JobRow]:
                 kind="process",
                 label=f"pid {pid}",
                 gpus=",".join(f"GPU{g}" for g, _ in entries),
-                extra=look.fmt_bytes(sum(memory)) if memory else "n/a",
+                extra=units.short_bytes(sum(memory)) if memory else "n/a",
                 note=_proc_cmdline(pid),
                 job_root=pid,
             )

@@ -1,0 +1,135 @@
+"""The job's speed after `gputop trace` ÷ before (issue 13: >= 0.99), measured side by side.
+
+Two identical single-process training jobs (tests/jobs/phase_job.py: sleeping phases and a 40-layer MLP,
+so each step runs ~500 aten ops whose profiler cost would show if anything stayed on) run together; one
+is traced, the other is the reference.  Each round: steps/s of both over a window before the trace, the
+trace (5 s), then a window after it.  The figure is (traced/reference after) ÷ (traced/reference before),
+so load that other work puts on the shared cores cancels out; the median over the rounds is printed, with
+the same ratio *during* the trace window for information (the profiler's cost while it records).
+
+    python benchmarks/bench_trace.py [--rounds 3] [--window 8] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import REPO, emit_figure, machine_line  # noqa: E402
+
+JOB = os.path.join(REPO, "tests", "jobs", "phase_job.py")
+JOB_ARGS = ["--sleep", "--layers", "40", "--data-ms", "5", "--forward-ms", "5", "--backward-ms", "5", "--optimizer-ms", "2"]
+
+
+def step_times(log: str) -> list[tuple[float, float]]:
+    """(start, end) of every step the job logged."""
+    out = []
+    try:
+        with open(log) as f:
+            for line in f:
+                try:
+                    t = json.loads(line)["t"]
+                    out.append((t[0], t[-1]))
+                except (ValueError, KeyError):
+                    pass  # a line being written
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def rate(steps: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Steps/s as 1 / the median step time of the steps inside [lo, hi): a median, because on shared cores
+    a few steps stretched by someone else's burst would swing a plain count."""
+    inside = [end - start for start, end in steps if lo <= start and end < hi]
+    return 1.0 / statistics.median(inside) if len(inside) >= 5 else float("nan")
+
+
+def window_bounds(trace_file: str) -> tuple[float, float]:
+    """The profiled window in unix seconds (the profiler's Trace event plus baseTimeNanoseconds)."""
+    import gzip
+
+    with gzip.open(trace_file, "rt") as f:
+        data = json.load(f)
+    event = max((e for e in data["traceEvents"] if e.get("cat") == "Trace"), key=lambda e: e["dur"])
+    base = data["baseTimeNanoseconds"] / 1e9
+    return base + event["ts"] / 1e6, base + (event["ts"] + event["dur"]) / 1e6
+
+
+def wait_for(path: str, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            raise SystemExit(f"timed out waiting for {path}")
+        time.sleep(0.1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--window", type=float, default=8.0, help="seconds of steps counted before and after")
+    ap.add_argument("--seconds", type=float, default=5.0, help="the trace window")
+    ap.add_argument("--quick", action="store_true", help="one round, 5 s windows")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.window = 1, 5.0
+    tmp = tempfile.mkdtemp(prefix="gputop-bench-trace-")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    jobs = {}
+    try:
+        for name in ("traced", "reference"):
+            log, ready = os.path.join(tmp, name), os.path.join(tmp, f"{name}.ready")
+            jobs[name] = (subprocess.Popen([sys.executable, JOB, "--step-log", log, "--ready-file", ready, *JOB_ARGS],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True),
+                          log + ".0")
+            wait_for(ready + ".0")
+        time.sleep(3.0)  # past start-up (first steps allocate, import lazily)
+        after_ratios, during_ratios, rows = [], [], []
+        for round_no in range(args.rounds):
+            time.sleep(args.window)
+            t_before = time.time()
+            out_dir = os.path.join(tmp, f"traces-{round_no}")
+            ran = subprocess.run([sys.executable, "-m", "gputop", "trace", "--pid", str(jobs["traced"][0].pid),
+                                  "--seconds", str(args.seconds), "-o", out_dir, "--json"],
+                                 capture_output=True, text=True, env=env, cwd=REPO, timeout=180)
+            if ran.returncode != 0:
+                print(ran.stderr, file=sys.stderr)
+                return 1
+            window = json.loads(ran.stdout)["ranks"][0]
+            t_done = time.time()
+            time.sleep(1.0 + args.window)
+            traced, reference = (step_times(jobs[n][1]) for n in ("traced", "reference"))
+            before = rate(traced, t_before - args.window, t_before) / rate(reference, t_before - args.window, t_before)
+            after = rate(traced, t_done + 1.0, t_done + 1.0 + args.window) / rate(reference, t_done + 1.0, t_done + 1.0 + args.window)
+            lo, hi = window_bounds(window["trace_file"])
+            during = rate(traced, lo, hi) / rate(reference, lo, hi)
+            after_ratios.append(after / before)
+            during_ratios.append(during / before)
+            rows.append((round_no, before, after, after / before, during / before))
+            print(f"round {round_no}: traced/reference before {before:.3f}, after {after:.3f} -> kept {after / before:.3f}; "
+                  f"during the window {during / before:.3f}", flush=True)
+        kept = statistics.median(after_ratios)
+        during = statistics.median(during_ratios)
+        print(f"{machine_line()}")
+        print(f"job's steps/s after the trace ÷ before (vs. an untraced twin): median {kept:.3f} over {args.rounds} rounds; "
+              f"during the {args.seconds:g} s window {during:.3f}")
+        emit_figure("Job's steps/s after `gputop trace` ÷ before (twin job as reference)", "≥ 0.99", f"{kept:.3f}",
+                    "python benchmarks/bench_trace.py", met=kept >= 0.99, during=round(during, 3))
+        return 0
+    finally:
+        for proc, _log in jobs.values():
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

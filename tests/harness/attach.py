@@ -1,0 +1,36 @@
+"""Attach gputop's real pipeline to a running job and diagnose it sample by sample.
+
+The `observe` fixture (conftest.py) hands out Observers and closes them at teardown.
+"""
+
+from __future__ import annotations
+
+from gputop.analysis.diagnosis import diagnose
+from gputop.history import History
+from gputop.pipeline import Pipeline
+
+VERDICT_DEADLINE_S = 30.0  # every attach test's verdict bar (issues 11 and 12)
+STACK_INTERVAL_S = 0.5
+
+
+class Observer:
+    """Polls a real pipeline attached to the job; each `step()` is one sample, then a fresh diagnosis."""
+
+    def __init__(self, pid: int) -> None:
+        self.pipeline = Pipeline(pid=pid, stack_interval=STACK_INTERVAL_S)
+        self.history = History(self.pipeline.machine)
+        self.findings: list = []
+
+    def step(self) -> list:
+        self.history.append(self.pipeline.poll())
+        self.findings = diagnose(self.history)
+        return self.findings
+
+    def close(self) -> None:
+        self.pipeline.close()
+
+
+def dumps_of(obs: Observer, pid: int) -> int:
+    """How many distinct stack dumps of `pid` the observer has seen."""
+    snaps = list(obs.history)
+    return len({s.job.stacks[pid].timestamp for s in snaps if s.job and pid in s.job.stacks and not s.job.stacks[pid].error})

@@ -1,0 +1,209 @@
+"""gputop on the frameworks people train with: real Lightning, transformers + Accelerate, torchdata jobs.
+
+CPU only, nothing downloaded (tiny models from configs), 2 DataLoader workers per rank.  Each job runs
+in one of four modes (tests/jobs/framework_job.py): starved, tuned, hang, straggler.  gputop attaches
+through its real pipeline (/proc discovery, py-spy dumps, progress counters) and the verdict must come
+within 30 s of attaching: starved reads input-bound, tuned reads healthy, a hung worker reads as a
+hang, and a straggler is named only when there really is one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from gputop.analysis.diagnosis import verdict_line
+from gputop.analysis.stack_classes import WAITING_FOR_RANK0_DATA
+from tests.harness.attach import STACK_INTERVAL_S, VERDICT_DEADLINE_S, Observer, dumps_of
+from tests.harness.processes import wait_until
+
+pytestmark = pytest.mark.slow
+
+JOB = Path(__file__).parent / "jobs" / "framework_job.py"
+START_DEADLINE_S = 180.0  # importing lightning/transformers on 2 shared cores is slow; not part of the verdict bar
+SEVERE = ("critical", "warning")
+
+
+def needs(module: str) -> None:
+    pytest.importorskip(module, reason=f"{module} is in the test extra (pip install -e '.[test]')")
+
+
+class Job:
+    """A framework job: its PID to attach to, the PID of every rank, and every rank reaped at teardown."""
+
+    def __init__(self, spawn, tmp_path: Path, argv: list[str], ranks: int) -> None:
+        self.ready = tmp_path / "ready"
+        with open(tmp_path / "job.out", "wb") as out, open(tmp_path / "job.err", "wb") as err:
+            self.proc = spawn([*argv, "--ready", str(self.ready)], stdout=out, stderr=err)
+        self.log = tmp_path / "job.err"
+        self.rank_pids: dict[int, int] = {}
+
+        def all_ranks_stepped() -> bool:
+            files = [p for p in tmp_path.glob("ready.*") if not p.name.endswith(".tmp")]
+            self.rank_pids = {int(p.read_text()): int(p.name.rsplit(".", 1)[1]) for p in files}
+            if self.proc.poll() is not None:
+                raise AssertionError(f"job exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            return len(self.rank_pids) >= ranks
+
+        wait_until(all_ranks_stepped, timeout=START_DEADLINE_S, interval=0.2, what=f"{ranks} rank(s)' first step")
+
+    def kill_ranks(self) -> None:
+        # torchrun puts each rank (and its DataLoader workers) in a session of its own: the spawn
+        # fixture's group kill does not reach them
+        for pid in self.rank_pids.values():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def job(spawn, tmp_path):
+    started: list[Job] = []
+
+    def start(*args: str, ranks: int = 1, torchrun: bool = False) -> Job:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+                    "--master-addr", "127.0.0.1", "--master-port", str(free_port())] if torchrun else [sys.executable]
+        j = Job(spawn, tmp_path, [*launcher, str(JOB), *args], ranks)
+        started.append(j)
+        return j
+
+    yield start
+    for j in started:
+        j.kill_ranks()
+
+
+def severe_ids(obs: Observer) -> list[str]:
+    return [f.id for f in obs.findings if f.severity in SEVERE]
+
+
+def assert_input_bound(obs: Observer) -> None:
+    wait_until(lambda: obs.step()[0].id == "starvation", timeout=VERDICT_DEADLINE_S, interval=STACK_INTERVAL_S,
+               what=f"an input-bound verdict (last: {verdict_line(obs.findings)})")
+    assert "Input-bound" in obs.findings[0].summary, obs.findings[0].summary
+    assert "straggler" not in [f.id for f in obs.findings], verdict_line(obs.findings)
+
+
+def assert_healthy(obs: Observer, pid: int) -> None:
+    # enough distinct dumps for the input fraction to count, then nothing severe
+    wait_until(lambda: obs.step() and dumps_of(obs, pid) >= 12, timeout=VERDICT_DEADLINE_S,
+               interval=STACK_INTERVAL_S, what="12 stack dumps")
+    assert obs.findings[0].id == "healthy", verdict_line(obs.findings)
+    assert not severe_ids(obs), verdict_line(obs.findings)
+
+
+def assert_hang(obs: Observer) -> None:
+    wait_until(lambda: obs.step()[0].id == "hang", timeout=VERDICT_DEADLINE_S, interval=STACK_INTERVAL_S,
+               what=f"a hang verdict (last: {verdict_line(obs.findings)})")
+    assert any("__getitem__" in f for f in obs.findings[0].frames), obs.findings[0].frames
+    high_starvation = [f for f in obs.findings if f.id == "starvation" and f.severity == "critical"]
+    assert not high_starvation, verdict_line(obs.findings)
+
+
+def assert_reads(mode: str, obs: Observer, pid: int) -> None:
+    """The verdict a one-rank job in `mode` must get."""
+    if mode == "starved":
+        assert_input_bound(obs)
+    elif mode == "hang":
+        assert_hang(obs)
+    else:
+        assert_healthy(obs, pid)
+
+
+# ----------------------------------------------------------------- Lightning Trainer.fit
+
+
+@pytest.mark.parametrize("mode", ["starved", "tuned", "hang"])
+def test_lightning_one_device(job, observe, mode):
+    needs("lightning")
+    j = job("lightning", "--mode", mode)
+    obs = observe(j.rank_pids[0])
+    assert_reads(mode, obs, j.rank_pids[0])
+
+
+def _ranks_with_workers(obs: Observer) -> dict[int, int]:
+    tree = obs.history.latest.job if obs.history.latest else None
+    return {r.proc.pid: len(r.workers) for r in tree.ranks} if tree else {}
+
+
+@pytest.mark.parametrize("attach_to", [0, 1])
+def test_lightning_two_devices_shows_both_ranks_from_either_pid(job, observe, attach_to):
+    needs("lightning")
+    j = job("lightning", "--mode", "starved", "--devices", "2", ranks=2)
+    obs = observe(j.rank_pids[attach_to])
+    expected = {pid: 2 for pid in j.rank_pids.values()}
+    wait_until(lambda: obs.step() is not None and _ranks_with_workers(obs) == expected, timeout=VERDICT_DEADLINE_S,
+               interval=STACK_INTERVAL_S, what=f"both ranks with 2 workers each (seen {_ranks_with_workers(obs)})")
+    assert_input_bound(obs)
+
+
+@pytest.mark.parametrize("mode", ["tuned", "straggler"])
+def test_lightning_two_devices_straggler_only_when_there_is_one(job, observe, mode):
+    needs("lightning")
+    j = job("lightning", "--mode", mode, "--devices", "2", ranks=2)
+    obs = observe(j.rank_pids[0])
+    if mode == "straggler":
+        wait_until(lambda: "straggler" in [f.id for f in obs.step()], timeout=VERDICT_DEADLINE_S,
+                   interval=STACK_INTERVAL_S, what=f"a straggler finding (last: {verdict_line(obs.findings)})")
+        straggler = next(f for f in obs.findings if f.id == "straggler")
+        assert j.rank_pids[1] in straggler.pids, (straggler.pids, j.rank_pids)
+    else:
+        assert_healthy(obs, j.rank_pids[0])
+        assert "straggler" not in [f.id for f in obs.findings], verdict_line(obs.findings)
+
+
+# ----------------------------------------------------------------- transformers Trainer (Accelerate)
+
+
+@pytest.mark.parametrize("mode", ["starved", "tuned", "hang"])
+def test_hf_trainer(job, observe, tmp_path, mode):
+    needs("transformers")
+    needs("accelerate")
+    j = job("hf", "--mode", mode, "--output-dir", str(tmp_path / "out"))
+    obs = observe(j.rank_pids[0])
+    assert_reads(mode, obs, j.rank_pids[0])
+
+
+def test_hf_trainer_iterable_dataset_dispatcher_is_input_bound_not_a_straggler(job, observe, tmp_path):
+    # Two ranks and an IterableDataset: Accelerate's DataLoaderDispatcher has rank 0 read every batch
+    # and broadcast it; rank 1 waits in that broadcast.  That is rank 0's input pipeline starving both.
+    needs("transformers")
+    needs("accelerate")
+    j = job("hf", "--mode", "starved", "--iterable", "--output-dir", str(tmp_path / "out"), ranks=2, torchrun=True)
+    obs = observe(j.proc.pid)  # the torchrun launcher
+    assert_input_bound(obs)
+    rank1_states = {r.main_thread_state for s in obs.history if s.job for r in s.job.ranks if r.proc.pid == j.rank_pids[1]}
+    assert WAITING_FOR_RANK0_DATA in rank1_states, rank1_states
+
+
+# ----------------------------------------------------------------- torchdata StatefulDataLoader
+
+
+@pytest.mark.parametrize("mode", ["starved", "tuned", "hang"])
+def test_torchdata_stateful_dataloader(job, observe, mode):
+    needs("torchdata")
+    j = job("torchdata", "--mode", mode)
+    obs = observe(j.rank_pids[0])
+    assert_reads(mode, obs, j.rank_pids[0])
+
+
+# ----------------------------------------------------------------- DeepSpeed (CPU accelerator)
+
+
+@pytest.mark.parametrize("mode", ["starved", "tuned", "hang"])
+def test_deepspeed_engine(job, observe, mode):
+    needs("deepspeed")
+    j = job("deepspeed", "--mode", mode, torchrun=True)  # deepspeed.initialize wants a launcher's env
+    obs = observe(j.rank_pids[0])
+    assert_reads(mode, obs, j.rank_pids[0])
