@@ -49,6 +49,7 @@ def main() -> int:
     from gputop.commands.serve import start_server
     from gputop.exporter import AttachedJobs, Exporter
     from gputop.pipeline import Pipeline
+    from gputop.source import PollLoop
 
     ready = Path(tempfile.mkdtemp(prefix="gputop-bench-serve-")) / "ready"
     job = subprocess.Popen(
@@ -56,8 +57,7 @@ def main() -> int:
          "--ready-file", str(ready)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
     )
-    pipeline = exporter = server = None
-    stop = threading.Event()
+    pipeline = exporter = server = loop = None
     try:
         deadline = time.monotonic() + 120
         while not Path(f"{ready}.{job.pid}").exists():
@@ -73,7 +73,8 @@ def main() -> int:
         server = start_server("127.0.0.1", 0, registry)
         url = f"http://127.0.0.1:{server.server_port}/metrics"
         cycles: list[float] = []
-        collector = threading.Thread(target=exporter.run, args=(stop,), daemon=True)
+        loop = PollLoop(pipeline, 1.0, on_error=exporter.failed)
+        collector = threading.Thread(target=loop.run, args=(exporter.deliver,), daemon=True)
         collector.start()
 
         def scrape() -> bytes:
@@ -100,7 +101,8 @@ def main() -> int:
                 cycles.append(exporter.last_cycle_seconds)
             time.sleep(0.1)
     finally:
-        stop.set()
+        if loop is not None:
+            loop.stop()
         if server is not None:
             server.shutdown()
             server.server_close()
@@ -122,7 +124,7 @@ def main() -> int:
         ["what", "n", "median ms", "p95 ms"],
         [
             ["scrape: HTTP GET /metrics (OpenMetrics)", len(scrapes), f"{scrape_ms:.2f}", f"{percentile(scrapes, 0.95) * 1000:.2f}"],
-            ["collection cycle (poll, job, diagnosis, families)", len(cycles), f"{cycle_ms:.1f}",
+            ["collection cycle (jobs, diagnosis, families; not the poll)", len(cycles), f"{cycle_ms:.1f}",
              f"{percentile(cycles, 0.95) * 1000:.1f}" if cycles else "-"],
         ],
     )
