@@ -20,20 +20,20 @@ from gputop.collect.job_tree import JobCollector
 from gputop.collect.placement import visible_device
 from gputop.collect.procfs import read_ns_pids
 from gputop.model import GpuProcess, GpuSample
-from tests.harness.processes import wait_until
+from tests.harness.processes import children, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 INNER = REPO / "tests" / "jobs" / "in_pid_namespace.py"
 RANK_GPUS = (2, 5)
 
 
-def _host_pids(unshare_pid: int, inner: dict) -> dict[int, int]:
-    """In-namespace PID -> host PID for the processes of the namespace `unshare` made."""
+def _host_pids(unshare_pid: int) -> dict[int, int]:
+    """In-namespace PID -> host PID for the processes of the namespace `unshare` made (its forked child is
+    that namespace's PID 1)."""
     def ns_of(pid: int) -> str:
         return os.readlink(f"/proc/{pid}/ns/pid")
 
-    [init] = [int(p) for p in os.listdir("/proc") if p.isdigit() and read_ns_pids(int(p))[-1:] == (inner["me"],)
-              and len(read_ns_pids(int(p))) > 1 and ns_of(int(p)) != ns_of(os.getpid())]
+    [init] = children(unshare_pid)
     namespace = ns_of(init)
     found = {}
     for name in os.listdir("/proc"):
@@ -63,7 +63,7 @@ def test_every_rank_in_a_pid_namespace_maps_to_its_gpu(spawn, tmp_path, devices_
         return json.loads((tmp_path / "inner.json").read_text())
 
     inner = wait_until(inner_ready, timeout=120, what="the ranks inside the namespace")
-    host = _host_pids(proc.pid, inner)
+    host = _host_pids(proc.pid)
     assert all(host[pid] != pid for pid in inner["ranks"])  # really two different PIDs for each rank
     (tmp_path / "host.json").write_text(json.dumps({str(pid): host[pid] for pid in inner["ranks"]}))
     result = wait_until(lambda: json.loads((tmp_path / "result.json").read_text()), timeout=120, what="gputop's view inside")

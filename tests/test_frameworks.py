@@ -196,3 +196,14 @@ def test_torchdata_stateful_dataloader(job, observe, mode):
     j = job("torchdata", "--mode", mode)
     obs = observe(j.rank_pids[0])
     assert_reads(mode, obs, j.rank_pids[0])
+
+
+# ----------------------------------------------------------------- DeepSpeed (CPU accelerator)
+
+
+@pytest.mark.parametrize("mode", ["starved", "tuned", "hang"])
+def test_deepspeed_engine(job, observe, mode):
+    needs("deepspeed")
+    j = job("deepspeed", "--mode", mode, torchrun=True)  # deepspeed.initialize wants a launcher's env
+    obs = observe(j.rank_pids[0])
+    assert_reads(mode, obs, j.rank_pids[0])

@@ -121,6 +121,13 @@ def test_epoch_start_spawning_workers_counts_as_waiting_for_data():
     assert sc.classify_thread(thread) == sc.WAITING_FOR_DATA
 
 
+def test_epoch_start_is_dataloader_iter_on_any_version():
+    for name in ("DataLoader.__iter__", "__iter__"):
+        assert sc.is_epoch_start_frame(Frame(name, f"{SITE}/torch/utils/data/dataloader.py", 505))
+    assert not sc.is_epoch_start_frame(Frame("Shards.__iter__", "/home/u/shards.py", 31))
+    assert not sc.is_epoch_start_frame(Frame("_BaseDataLoaderIter.__next__", f"{SITE}/torch/utils/data/dataloader.py", 725))
+
+
 def test_dataset_called_without_dataloader_is_in_dataset():
     frames = (
         Frame("decode", "/home/u/data.py", 10),

@@ -122,6 +122,12 @@ def is_waiting_for_data_frame(frame: Frame) -> bool:
     return _at(frame, _DATALOADER_FILES, ("__next__", "__iter__"))
 
 
+def is_epoch_start_frame(frame: Frame) -> bool:
+    """``DataLoader.__iter__``: a new epoch's iterator is built (non-persistent workers are re-forked)."""
+    # (the iterator's own __iter__ in the same file only returns self: never seen on a stack)
+    return _at(frame, _DATALOADER_FILES, ("__iter__",))
+
+
 def is_fetch_frame(frame: Frame) -> bool:
     """The DataLoader's fetcher: it calls the dataset (and collate) for one batch."""
     return _at(frame, _FETCH_FILE)

@@ -31,6 +31,7 @@ from gputop.analysis.stack_classes import (
     WAITING_FOR_DATA,
     classify_thread,
     format_frame,
+    is_epoch_start_frame,
     worker_activity,
 )
 from gputop.collect.stacks import PY_SPY_INSTALL_HINT, classify_failure, find_py_spy
@@ -162,10 +163,6 @@ def _thread(sample: Sample) -> ThreadStack:
                        active=True, owns_gil=False, frames=sample.frames)
 
 
-def _is_epoch_restart(frame: Frame) -> bool:
-    return frame.name == "DataLoader.__iter__"
-
-
 def _top(counter: Counter, total: int, n: int = 5) -> tuple[tuple[str, float], ...]:
     if not total:
         return ()
@@ -185,7 +182,7 @@ def analyze(samples: Iterable[Sample], rank_pid: int, worker_pids: Iterable[int]
         if sample.pid == rank_pid and _is_main_thread(sample):
             main_total += sample.count
             states[classify_thread(_thread(sample))] += sample.count
-            if any(_is_epoch_restart(f) for f in sample.frames):
+            if any(is_epoch_start_frame(f) for f in sample.frames):
                 restart += sample.count
             if sample.frames:
                 main_leaves[format_frame(sample.frames[0])] += sample.count

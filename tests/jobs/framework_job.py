@@ -3,7 +3,8 @@
     python tests/jobs/framework_job.py FRAMEWORK --mode MODE --ready PREFIX [--devices N] [--iterable]
 
 FRAMEWORK: lightning (Trainer.fit), hf (transformers Trainer, through Accelerate), torchdata (a loop
-over a StatefulDataLoader).  CPU only; the models are built from configs, nothing is downloaded.
+over a StatefulDataLoader), deepspeed (an engine from deepspeed.initialize, its DeepSpeedDataLoader;
+run it under torchrun).  CPU only; the models are built from configs, nothing is downloaded.
 
 MODE, the input pipeline's behaviour (2 DataLoader workers, 4 samples a batch):
 * starved    each sample sleeps 40 ms, the step is tiny: the main thread waits for data
@@ -14,8 +15,8 @@ MODE, the input pipeline's behaviour (2 DataLoader workers, 4 samples a batch):
 With hf --iterable under 2 ranks, Accelerate's DataLoaderDispatcher has rank 0 alone read (and
 broadcast every batch), so "starved" starves rank 0 and the other rank waits in the broadcast.
 
-After its first optimizer step each rank writes PREFIX.PID (its rank inside), so a test waits on a
-condition.  Runs until killed.
+After WARM_STEPS optimizer steps (the first, in hang mode) each rank writes PREFIX.PID (its rank
+inside), so a test waits on a condition.  Runs until killed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch.utils.data import Dataset, IterableDataset
 SAMPLE_S = 0.04
 HANG_AFTER_SAMPLES = 8  # worker 0's 9th sample never returns: its 3rd batch (4 samples a batch) never comes
 FEATURES = 64
+WARM_STEPS = 10
 _samples_here = 0  # samples this process has produced
 
 
@@ -87,14 +89,18 @@ def make_sample(index: int, as_dict: bool):
 
 
 class ReadyFile:
-    """Writes PREFIX.PID once, after the first step (atomically: a reader never sees it half-written)."""
+    """Writes PREFIX.PID once, after `steps` steps (atomically: a reader never sees it half-written).
 
-    def __init__(self, prefix: str) -> None:
+    Past the warm-up (workers forked, prefetch queues filled), so the job is observed in its steady state."""
+
+    def __init__(self, prefix: str, steps: int) -> None:
         self.prefix = prefix
+        self.steps_left = steps
         self.done = False
 
     def __call__(self) -> None:
-        if self.done:
+        self.steps_left -= 1
+        if self.done or self.steps_left > 0:
             return
         tmp = f"{self.prefix}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
@@ -174,9 +180,30 @@ def run_torchdata(args: argparse.Namespace, ready: ReadyFile) -> None:
             ready()
 
 
+def run_deepspeed(args: argparse.Namespace, ready: ReadyFile) -> None:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no CUDA here: DeepSpeed's CPU accelerator, gloo/shm comms
+    import deepspeed
+
+    model = mlp(args.mode)
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "SGD", "params": {"lr": 1e-3}},
+        "data_sampling": {"num_workers": 2},  # DeepSpeedDataLoader's workers
+    }
+    engine, _opt, loader, _sched = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), training_data=Samples(args.mode), config=config
+    )
+    while True:
+        for batch in loader:
+            loss = engine(step_input(args.mode, batch)).pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+            ready()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("framework", choices=["lightning", "hf", "torchdata"])
+    p.add_argument("framework", choices=["lightning", "hf", "torchdata", "deepspeed"])
     p.add_argument("--mode", required=True, choices=["starved", "tuned", "hang", "straggler"])
     p.add_argument("--ready", required=True, help="each rank writes READY.PID after its first step")
     p.add_argument("--devices", type=int, default=1, help="lightning: ranks (DDP on gloo when >1)")
@@ -184,7 +211,9 @@ def main() -> None:
     p.add_argument("--output-dir", default=None, help="hf: the Trainer's output directory (nothing is saved)")
     args = p.parse_args()
     torch.set_num_threads(1)  # 2 cores shared by many
-    {"lightning": run_lightning, "hf": run_hf, "torchdata": run_torchdata}[args.framework](args, ReadyFile(args.ready))
+    runs = {"lightning": run_lightning, "hf": run_hf, "torchdata": run_torchdata, "deepspeed": run_deepspeed}
+    # a hung job makes only a couple of steps: it is ready after its first
+    runs[args.framework](args, ReadyFile(args.ready, steps=1 if args.mode == "hang" else WARM_STEPS))
 
 
 if __name__ == "__main__":
