@@ -2,9 +2,10 @@
 the GPU facts dcgm-exporter lacks (PCIe link state, clock-event reasons, XIDs), as Prometheus metrics.
 
 The one poll loop (`gputop.source.PollLoop`) runs in a background thread and hands each snapshot to
-`Exporter.deliver()`, which follows the jobs, runs the diagnosis and builds every metric family once.  A scrape (`Exporter.collect()`, called by
-prometheus_client's HTTP handler) only hands over the families of the last cycle, so it costs the
-formatting and nothing else, however slow NVML, /proc or py-spy are.
+`Exporter.deliver()`, which follows the jobs, runs the diagnosis and builds every metric family once.
+A scrape (`Exporter.collect()`, called by prometheus_client's HTTP handler) only hands over the
+families of the last cycle, so it costs the formatting and nothing else, however slow NVML, /proc or
+py-spy are.
 
 Label rules (bounded cardinality, nothing private):
 - dcgm-exporter's names, so PromQL joins work: ``gpu`` (the NVML index), ``UUID``, ``Hostname``;
@@ -64,7 +65,8 @@ DATA_WAIT_WINDOW_S = 60.0  # gputop_rank_data_wait_ratio: the share of the main-
 # The findings and verdict when no job runs on the GPUs: the GPUs as a whole (a job label is a PID, so
 # it cannot collide).
 MACHINE_JOB = "machine"
-# A main thread whose counters show nothing else still moved if its process used this much CPU.
+# Where a dump carries no progress counters (an older recording), a main thread with the same stack
+# counts as moved if its process used this much CPU.
 PROGRESS_CPU_PERCENT = 1.0
 
 

@@ -261,6 +261,14 @@ def input_bound(seconds: float = 60.0, ranks: int = 8, **kwargs) -> hb.Scenario:
     )
 
 
+def test_every_stack_class_is_one_of_the_rank_states():
+    from gputop.analysis.stack_classes import MAIN_THREAD_STATES
+    from gputop.exporter import STATE_OF_CLASS
+
+    assert set(STATE_OF_CLASS) == set(MAIN_THREAD_STATES)  # a new class must get a state, not all zeros
+    assert set(STATE_OF_CLASS.values()) | {"hung"} == set(RANK_STATES)
+
+
 def test_input_bound_job_exports_its_ranks_wait_and_the_code_verdict():
     exporter, source = exporter_over(input_bound())
     run_cycles(exporter, source)
