@@ -7,9 +7,10 @@ from typing import Any, Optional, Sequence
 
 from gputop.analysis.loader_math import MARGIN as LOADER_MARGIN
 from gputop.analysis.loader_math import workers_needed
-from gputop.units import fraction as pct, gib
 from gputop.analysis.observations import Context, RankObs
 from gputop.analysis.thresholds import IO_BOUND_CPU_PERCENT, IO_MEMORY_SHARE, MAX_IO_WORKERS
+from gputop.units import fraction as pct
+from gputop.units import gib
 
 STACKS_HINT = "attach with `gputop --pid PID` (or `gputop report --pid PID`) to see the stacks"
 

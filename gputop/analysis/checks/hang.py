@@ -8,7 +8,6 @@ from typing import Optional, Sequence
 
 from gputop.analysis.checks.sync import describe_sync
 from gputop.analysis.numbers import confidence_from, mean
-from gputop.units import gib
 from gputop.analysis.observations import (
     WAIT_FRAMES,
     Context,
@@ -33,6 +32,7 @@ from gputop.analysis.thresholds import (
     SPIN_UTILIZATION_MIN,
 )
 from gputop.model import LABEL_CODE, Finding, Frame, GpuSample
+from gputop.units import gib
 
 
 def _trailing_idle_seconds(obs: GpuObs) -> float:

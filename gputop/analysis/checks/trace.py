@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from gputop.units import gib
 from gputop.analysis.thresholds import (
     TRACE_COMM_HEAVY,
     TRACE_FP32_GEMM_SHARE,
@@ -27,6 +26,7 @@ from gputop.analysis.thresholds import (
     TRACE_SYNC_SHARE,
 )
 from gputop.model import LABEL_CODE, Finding
+from gputop.units import gib
 
 
 def _who(rank: dict[str, Any]) -> str:
