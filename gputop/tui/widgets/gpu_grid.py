@@ -269,8 +269,8 @@ class GpuGrid(LineCanvas):
             return state
         return look.STATE_FAULT if mark[1] else look.STATE_WARN
 
-    def _columns(self, width: int) -> int:
-        n = max(1, self.gpu_count)
+    def _columns(self, width: int, gpu_count: Optional[int] = None) -> int:
+        n = max(1, self.gpu_count if gpu_count is None else gpu_count)
         cols = max(1, min(n, width // MIN_CARD_WIDTH))
         rows = math.ceil(n / cols)
         return math.ceil(n / rows)  # balance: 8 GPUs in 5 columns -> 4+4
@@ -280,8 +280,13 @@ class GpuGrid(LineCanvas):
             return 1
         if self.compact:
             return self.gpu_count + 1
-        cols = self._columns(width)
-        rows = math.ceil(self.gpu_count / cols)
+        return self.cards_height(width)
+
+    def cards_height(self, width: int, gpu_count: Optional[int] = None) -> int:
+        """Rows the cards of `gpu_count` GPUs (default: those shown) take at `width`."""
+        count = max(1, gpu_count if gpu_count is not None else self.gpu_count)
+        cols = self._columns(width, count)
+        rows = math.ceil(count / cols)
         return rows * CARD_LINES + (rows - 1)
 
     # ------------------------------------------------------------------ drawing
