@@ -264,6 +264,6 @@ def test_with_stack_names_the_function_that_syncs(tmp_path):
         time.sleep(0.01)
     agent.join(30)
     summary = trace_summary.summarize_file(str(tmp_path / "trace.json"))
-    assert summary["syncs_per_step"] >= 1
+    assert summary["syncs"] >= summary["steps"] - 1 >= 4  # one per step (the window may cut the last step's)
     top = summary["sync_sites"][0]
     assert "test_trace.py(" in top["site"] and top["site"].endswith(": _train_step_that_syncs"), summary["sync_sites"]
