@@ -324,6 +324,17 @@ def _rank_hang(ctx: Context, rank: RankObs) -> Optional[_Hung]:
     return _Hung(finding, rank, stuck_secs, waiter=state == COLLECTIVE or (gpu_spin and state not in (WAITING_FOR_DATA, IN_DATASET)), state=state)
 
 
+def _suspect_worker(rank: RankObs) -> Optional[tuple[WorkerObs, FrozenRun]]:
+    """A worker of this rank last seen in dataset code with nothing moving, not yet long enough to be
+    called stuck (idle workers are dumped rarely): the likeliest root while others wait for the rank."""
+    found = []
+    for w in rank.workers.values():
+        run = frozen_run(w.pid, w.samples)
+        if run is not None and _in_dataset_code(run.last.frames) and run.still is not False:
+            found.append((w, run))
+    return max(found, key=lambda wr: wr[1].seconds) if found else None
+
+
 def makes_progress(rank: RankObs) -> bool:
     """Its main thread moved between its last two dumps: another stack, or counters that moved."""
     if len(rank.samples) < 2:
@@ -344,6 +355,15 @@ def _odd_one_out(ctx: Context, waiting: Sequence[_Hung]) -> Optional[tuple[RankO
         stuck = stuck_worker(rank) if sample.state == WAITING_FOR_DATA else None
         if stuck is not None:
             return rank, f"{rank.label} is not in the collective: it waits for data; {stuck.what}", stuck.frames
+        suspect = _suspect_worker(rank) if sample.state == WAITING_FOR_DATA else None
+        if suspect is not None:
+            w, run = suspect
+            return (
+                rank,
+                f"{rank.label} is not in the collective: it waits for data, and its DataLoader worker PID {w.pid} has sat "
+                f"in dataset code for {run.seconds:.0f} s ({run.count} dump(s){', counters still' if run.still else ''})",
+                dataset_frames(run.last.frames),
+            )
         frames = frames_from(sample.frames, WAIT_FRAMES) if sample.state == WAITING_FOR_DATA else outer_frames(sample.frames, 4)
         return rank, f"{rank.label} is not in the collective: its main thread is {sample.state}", frames
     return None
@@ -423,6 +443,8 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
         pids = (rank.pid,) + pids
         if "waits for data" in what:
             fix = fix + "\n" + WORKER_TIMEOUT_FIX
+            if "dataset code" in what:
+                summary += ", which waits for a DataLoader worker stuck in dataset code"
     elif exited:
         evidence += tuple(f"{r.label} exited: the others wait for it" for r in exited)
         summary += f"; {exited[0].name} exited"
