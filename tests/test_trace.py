@@ -84,6 +84,11 @@ def test_two_rank_gloo_job_phases_match_the_truth(spawn, tmp_path):
             assert rank["phases"][phase] == pytest.approx(share, abs=PHASE_TOLERANCE), (rank["rank"], phase, truth, rank["phases"])
         assert rank["steps_per_s"] > 0
     assert not [f for f in result["findings"] if f["id"] == "trace_communication"]
+    try:  # the traces open in Holistic Trace Analysis too, one rank each (when it is installed: not in CI)
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        return
+    assert sorted(TraceAnalysis(trace_dir=str(tmp_path / "out")).t.traces) == [0, 1]
 
 
 @pytest.mark.slow
