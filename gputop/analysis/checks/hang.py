@@ -435,16 +435,15 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
     if odd is not None:
         rank, what, odd_frames = odd
         evidence += (what,)
-        summary = f"Hang: {len(waiting)} rank(s) stuck for {longest:.0f} s waiting for {rank.name}" + (
-            " (their GPUs spin in a collective at ~100%, low power)" if spinning else " in a collective"
-        )
+        summary = f"Hang: {len(waiting)} rank(s) stuck for {longest:.0f} s waiting for {rank.name}"
+        if "dataset code" in what:
+            summary += ", which waits for a DataLoader worker stuck in dataset code"
+        summary += " (their GPUs spin in a collective at ~100%, low power)" if spinning else " in a collective"
         frames = odd_frames or frames
         gpus += tuple(g for g in sorted(rank.gpus) if g not in gpus)
         pids = (rank.pid,) + pids
         if "waits for data" in what:
             fix = fix + "\n" + WORKER_TIMEOUT_FIX
-            if "dataset code" in what:
-                summary += ", which waits for a DataLoader worker stuck in dataset code"
     elif exited:
         evidence += tuple(f"{r.label} exited: the others wait for it" for r in exited)
         summary += f"; {exited[0].name} exited"
