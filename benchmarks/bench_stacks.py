@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import wait_for  # noqa: E402  (benchmarks/common.py)
 
 from gputop.collect.job_tree import JobCollector  # noqa: E402
+from gputop.collect.procfs import read_progress  # noqa: E402
 from gputop.collect.stacks import dump_stacks, find_py_spy  # noqa: E402
 
 TRAIN_LOOP = REPO / "tests" / "jobs" / "train_loop.py"
@@ -94,6 +95,8 @@ def main() -> int:
             cpu_per_dump = cpu_sequential / (args.rounds * len(pids))
             load = os.getloadavg()[0]
             collect_ms = [timed_ms(collector.collect)[0] for _ in range(50)]
+            # the progress counters read beside each dump (CPU time, /proc/PID/io, each thread's switches)
+            progress_ms = [timed_ms(lambda: [read_progress(pid) for pid in pids])[0] for _ in range(20)]
             collector.close()
         finally:
             try:
@@ -121,6 +124,9 @@ def main() -> int:
     print(f"gputop's background round: every rank + the workers' turn ({-(-args.workers // 3)} of {args.workers}), "
           f"so each worker's stack is at most 3 refreshes old")
     print(f"JobCollector.collect() (/proc, 1 Hz part): median {statistics.median(collect_ms):.2f} ms")
+    progress = statistics.median(progress_ms)
+    print(f"progress counters beside the dumps, all {len(pids)} PIDs: median {progress:.1f} ms in gputop "
+          f"(vs {cpu_per_dump * len(pids):.0f} ms of py-spy CPU for the dumps: {progress / (cpu_per_dump * len(pids)):.0%})")
     if args.json:
         print(json.dumps({
             "pids": len(pids), "rounds": args.rounds, "cpus": os.cpu_count(),
@@ -129,6 +135,7 @@ def main() -> int:
             "round_ms": rounds, "round_median_ms": rnd,
             "failed_dumps": errors, "cpu_ms_per_dump": cpu_per_dump, "load_average": load,
             "collect_median_ms": statistics.median(collect_ms), "goal_ms": GOAL_MS,
+            "progress_median_ms": progress,
         }))
     return 0 if par <= GOAL_MS else 1
 

@@ -118,8 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--scenario",
         default="starved",
-        choices=["starved", "hiccup", "misfire", "single-gpu", "tuned"],
+        choices=["starved", "hiccup", "misfire", "single-gpu", "tuned", "nccl-hang", "eval-rank0", "sync-bound"],
         help="which idle profile the job reproduces (default starved)",
+    )
+    p.add_argument(
+        "--nccl-timeout",
+        type=_positive_float,
+        default=600.0,
+        metavar="S",
+        help="the simulated NCCL watchdog's timeout in the nccl scenarios (default 600, PyTorch's)",
     )
     p.add_argument("--workers", type=int, default=None, metavar="N", help="DataLoader num_workers per rank")
     p.add_argument("--batch-size", type=int, default=None, metavar="N", help="samples per batch")

@@ -204,7 +204,8 @@ def _rank0_state(app) -> Optional[str]:
     return ranks[0].main_thread_state if ranks else None
 
 
-DEMO_SHOTS = [("starved", "starvation", "in dataset code"), ("tuned", "healthy", None)]
+# nccl-hang: busy GPUs (spinning at low power) and yet a hang, with the launcher selected: every rank's state
+DEMO_SHOTS = [("starved", "starvation", "in dataset code"), ("tuned", "healthy", None), ("nccl-hang", "hang", None)]
 
 
 def to_png(svg: Path) -> Optional[Path]:

@@ -27,3 +27,15 @@ def observe():
     yield make
     for obs in observers:
         obs.close()
+
+
+@pytest.fixture
+def demo():
+    """`demo(scenario, **DemoJob kwargs) -> (job, pipeline)`; every job started is stopped at teardown."""
+    from tests.harness.demo import DemoJobs  # imports the pipeline: only for the tests that start a demo
+
+    jobs = DemoJobs()
+    try:
+        yield jobs.start
+    finally:
+        jobs.stop_all()

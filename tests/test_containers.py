@@ -20,20 +20,20 @@ from gputop.collect.job_tree import JobCollector
 from gputop.collect.placement import visible_device
 from gputop.collect.procfs import read_ns_pids
 from gputop.model import GpuProcess, GpuSample
-from tests.harness.processes import wait_until
+from tests.harness.processes import children, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 INNER = REPO / "tests" / "jobs" / "in_pid_namespace.py"
 RANK_GPUS = (2, 5)
 
 
-def _host_pids(unshare_pid: int, inner: dict) -> dict[int, int]:
-    """In-namespace PID -> host PID for the processes of the namespace `unshare` made."""
+def _host_pids(unshare_pid: int) -> dict[int, int]:
+    """In-namespace PID -> host PID for the processes of the namespace `unshare` made (its forked child is
+    that namespace's PID 1)."""
     def ns_of(pid: int) -> str:
         return os.readlink(f"/proc/{pid}/ns/pid")
 
-    [init] = [int(p) for p in os.listdir("/proc") if p.isdigit() and read_ns_pids(int(p))[-1:] == (inner["me"],)
-              and len(read_ns_pids(int(p))) > 1 and ns_of(int(p)) != ns_of(os.getpid())]
+    [init] = children(unshare_pid)
     namespace = ns_of(init)
     found = {}
     for name in os.listdir("/proc"):
@@ -63,7 +63,7 @@ def test_every_rank_in_a_pid_namespace_maps_to_its_gpu(spawn, tmp_path, devices_
         return json.loads((tmp_path / "inner.json").read_text())
 
     inner = wait_until(inner_ready, timeout=120, what="the ranks inside the namespace")
-    host = _host_pids(proc.pid, inner)
+    host = _host_pids(proc.pid)
     assert all(host[pid] != pid for pid in inner["ranks"])  # really two different PIDs for each rank
     (tmp_path / "host.json").write_text(json.dumps({str(pid): host[pid] for pid in inner["ranks"]}))
     result = wait_until(lambda: json.loads((tmp_path / "result.json").read_text()), timeout=120, what="gputop's view inside")
@@ -103,3 +103,15 @@ def test_every_rank_in_a_pid_namespace_maps_to_its_gpu(spawn, tmp_path, devices_
 ])
 def test_visible_device_by_convention(env, local_rank, want):
     assert visible_device(env, local_rank) == want
+
+
+def test_the_job_panel_marks_an_inferred_gpu():
+    from gputop.model import JobTree, ProcInfo, Rank
+    from gputop.tui.widgets.job_panel import job_rows
+
+    ranks = (
+        Rank(proc=ProcInfo(pid=10, ppid=1, name="python"), rank=0, gpus=(2,), gpu_mapping="inferred"),
+        Rank(proc=ProcInfo(pid=11, ppid=1, name="python"), rank=1, gpus=(5,), gpu_mapping="nvml"),
+    )
+    rows = [r for r in job_rows(JobTree(root_pid=10, ranks=ranks)) if r.kind == "rank"]
+    assert [r.gpus for r in rows] == ["GPU2?", "GPU5"]

@@ -28,10 +28,11 @@ from gputop.analysis.stack_classes import (
 )
 from gputop.collect.stacks import dump_stacks
 from gputop.commands import demo as demo_command
-from gputop.commands.demo import DEMO_PROFILE, observe
+from gputop.commands.demo import observe
 from gputop.pipeline import Pipeline
 from gputop.sim import scenarios
 from gputop.sim.demo_launcher import DemoJob
+from tests.harness.demo import rank_pids
 from tests.harness.processes import wait_until
 
 STARTUP_S = 240.0  # ranks import torch (~2 s of CPU each) on 2 cores that other tests share
@@ -55,16 +56,6 @@ def alive(pid: int) -> bool:
         return False
 
 
-def rank_pids(job: DemoJob) -> list[int]:
-    """Rank processes in rank order (the launcher's children; each carries RANK in its environment)."""
-    ranks = {}
-    for child in psutil.Process(job.launcher_pid).children():
-        rank = child.environ().get("RANK")
-        if rank is not None:
-            ranks[int(rank)] = child.pid
-    return [ranks[r] for r in sorted(ranks)]
-
-
 def worker_pids(rank_pid: int) -> set[int]:
     return {c.pid for c in psutil.Process(rank_pid).children() if c.name() == "pt_data_worker"}
 
@@ -82,24 +73,6 @@ def wait_until_training(job: DemoJob) -> None:
         return bool(counts) and min(counts) > 0
 
     wait_until(training, timeout=STARTUP_S, interval=0.2, what="every demo rank to finish a step")
-
-
-@pytest.fixture
-def demo():
-    """Start DemoJobs with a pipeline on them; whatever a test leaves running is stopped at teardown."""
-    started: list[tuple[DemoJob, Pipeline]] = []
-
-    def start(scenario: str, **kwargs) -> tuple[DemoJob, Pipeline]:
-        job = DemoJob(scenario, **kwargs)
-        launcher = job.start()
-        pipeline = Pipeline(simulate=DEMO_PROFILE, pid=launcher, load_model=job.load_model())
-        started.append((job, pipeline))
-        return job, pipeline
-
-    yield start
-    for job, pipeline in started:
-        pipeline.close()
-        job.stop()
 
 
 def stop_and_check_nothing_left(job: DemoJob, pipeline: Pipeline) -> None:

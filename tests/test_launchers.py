@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gputop.collect import procfs
 from gputop.collect.job_tree import JobCollector, identity_from_env, script_and_args
 from tests.harness.processes import wait_until
 
@@ -119,13 +120,35 @@ def test_torch_multiprocessing_spawn_numbers_ranks_in_start_order(spawn, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("program", "rank_variable", "launcher_name"), [
-    ("slurmstepd", "SLURM_PROCID", "slurmstepd"),  # srun's tasks on a node are slurmstepd's children
-    ("mpiexec.hydra", "PMI_RANK", "hydra_pmi_proxy"),  # MPICH: mpiexec.hydra -> hydra_pmi_proxy -> ranks
-])
-def test_slurm_and_mpich_stand_ins(spawn, tmp_path, program, rank_variable, launcher_name):
-    records = start(spawn, tmp_path, [sys.executable, str(LAUNCHERS / program), "2", sys.executable, str(STUB)], 2)
-    check_every_pid_finds_the_whole_job(records, _by_variable(records, rank_variable), launcher_name, 2)
+def test_srun_tasks_from_any_task_from_slurmstepd_and_from_the_srun_client(spawn, tmp_path):
+    step = "[424242.0]"
+    records = start(spawn, tmp_path, [sys.executable, str(LAUNCHERS / "slurmstepd"), step, "2", sys.executable, str(STUB)], 2)
+    check_every_pid_finds_the_whole_job(records, _by_variable(records, "SLURM_PROCID"), "slurmstepd", 2)
+    # the srun client parents none of its tasks; inside an allocation it names the job
+    srun = spawn([sys.executable, str(LAUNCHERS / "srun")], env=dict(os.environ, SLURM_JOB_ID="424242"))
+    wait_until(lambda: "srun" in " ".join(procfs.read_cmdline(srun.pid)), what="the srun stand-in to start")
+    tree = tree_from(srun.pid)
+    assert step in " ".join(tree.launcher.cmdline)
+    assert [r.proc.pid for r in tree.ranks] == [r["pid"] for r in sorted(records, key=lambda r: r["env"]["SLURM_PROCID"])]
+
+
+@pytest.mark.slow
+def test_torchrun_as_the_srun_task(spawn, tmp_path):
+    """The multi-node pattern: srun starts one torchrun per node, torchrun the ranks."""
+    records = start(spawn, tmp_path, [
+        sys.executable, str(LAUNCHERS / "slurmstepd"), "[424243.0]", "1",
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), str(STUB),
+    ], 2)
+    check_every_pid_finds_the_whole_job(records, _by_variable(records, "RANK"), "torch.distributed.run", 2)
+    stepd = procfs.read_stat(tree_from(records[0]["pid"]).launcher.pid).ppid
+    assert [r.proc.pid for r in tree_from(stepd).ranks] == [r["pid"] for r in sorted(records, key=lambda r: r["env"]["RANK"])]
+
+
+@pytest.mark.slow
+def test_mpich_hydra_stand_in(spawn, tmp_path):
+    """MPICH: mpiexec.hydra -> hydra_pmi_proxy -> ranks with PMI_RANK."""
+    records = start(spawn, tmp_path, [sys.executable, str(LAUNCHERS / "mpiexec.hydra"), "2", sys.executable, str(STUB)], 2)
+    check_every_pid_finds_the_whole_job(records, _by_variable(records, "PMI_RANK"), "hydra_pmi_proxy", 2)
 
 
 @pytest.mark.slow

@@ -67,6 +67,7 @@ def test_each_dump_carries_counters_that_tell_slow_from_stuck(spawn):
     assert _switches(later.progress, main_tid) == _switches(first.progress, main_tid)
 
 
+@pytest.mark.slow
 def test_progress_of_a_gone_process_is_none(spawn):
     proc = spawn(["true"])
     proc.wait(timeout=10)

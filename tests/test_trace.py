@@ -237,3 +237,33 @@ def test_step_bound_stops_the_window_early(tmp_path):
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["window"]["steps"] >= 3
     assert result["window"]["end"] - result["window"]["start"] < 8  # well under the 10 s bound
+
+
+def _train_step_that_syncs(model, optimizer, x):
+    loss = model(x).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()  # the host-device sync the finding must point at
+
+
+@pytest.mark.timeout(120)
+def test_with_stack_names_the_function_that_syncs(tmp_path):
+    import torch
+
+    (tmp_path / "config.json").write_text(json.dumps({"seconds": 10.0, "steps": 5, "with_stack": True}))
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    started = threading.Event()
+    agent = threading.Thread(target=trace_agent.live_main, args=(str(tmp_path), started))
+    agent.start()
+    started.set()
+    t0 = time.monotonic()
+    while agent.is_alive() and time.monotonic() - t0 < 60:
+        _train_step_that_syncs(model, optimizer, torch.randn(2, 4))
+        time.sleep(0.01)
+    agent.join(30)
+    summary = trace_summary.summarize_file(str(tmp_path / "trace.json"))
+    assert summary["syncs_per_step"] >= 1
+    top = summary["sync_sites"][0]
+    assert "test_trace.py(" in top["site"] and top["site"].endswith(": _train_step_that_syncs"), summary["sync_sites"]

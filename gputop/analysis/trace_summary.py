@@ -36,6 +36,7 @@ counts (`complete_iterations`).
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import os
@@ -306,14 +307,32 @@ def top_ops(events: Sequence[dict[str, Any]], n: int = TOP_OPS) -> list[dict[str
     return [{"name": name, "total_ms": round(t / 1e3, 3), "calls": calls} for name, (t, calls) in ranked]
 
 
+def _user_frame(name: str) -> bool:
+    """A python_function event of the user's code: a ``file.py(N): func`` frame outside torch and the stdlib."""
+    return ".py(" in name and not name.startswith("<") and "torch/" not in name and "/lib/python" not in name \
+        and "site-packages/" not in name
+
+
 def sync_sites(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Where host-device syncs come from: the Python frame the profiler recorded with them (with_stack), if any."""
+    """Where host-device syncs come from, when the trace has Python stacks (``with_stack=True``, which
+    records ``python_function`` events): the innermost user function around each sync, as
+    ``file.py(N): function`` (N is where the function starts)."""
+    frames = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e.get("name")))
+                    for e in events if e.get("cat") == "python_function" and _user_frame(str(e.get("name", ""))))
+    starts = [f[0] for f in frames]
     sites: Counter = Counter()
     for e in events:
-        if e.get("name") in SYNC_NAMES:
-            stack = (e.get("args") or {}).get("stack") or ()
-            frame = next((f for f in stack if isinstance(f, str) and ".py(" in f and "torch/" not in f), None)
-            sites[frame or "unknown"] += 1
+        if e.get("name") not in SYNC_COUNTED:
+            continue
+        start, end = _span(e)
+        site = "unknown"
+        i = bisect.bisect_right(starts, start) - 1
+        while i >= 0:  # the latest-starting user frame that still encloses the sync is the innermost
+            if frames[i][1] >= end:
+                site = frames[i][2]
+                break
+            i -= 1
+        sites[site] += 1
     return [{"site": s, "count": c} for s, c in sites.most_common(5)]
 
 

@@ -25,10 +25,12 @@ from gputop.analysis.stack_classes import classify_main_thread, main_thread, run
 from gputop.collect import stacks as stacks_mod
 from gputop.collect.cgroup import job_limits
 from gputop.collect.placement import find_misplacements, gpus_of_pids, place_ranks
-from gputop.collect.procfs import ProcessTable, ProcKey, Tracked, int_or_none, process_alive, read_ns_pids, read_stat
+from gputop.collect.procfs import (
+    ProcessTable, ProcKey, Tracked, int_or_none, process_alive, read_cmdline, read_ns_pids, read_stat,
+)
 from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSchedule
 from gputop.errors import GputopError
-from gputop.model import GpuSample, JobTree, Misplacement, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
+from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
 
 WORKER_COMM = "pt_data_worker"  # torch sets it in the DataLoader worker loop
 PIN_THREAD_COMM = "pt_data_pin"  # torch names the pin-memory thread so
@@ -134,20 +136,20 @@ def is_mp_child(parent: Tracked, child: Tracked) -> bool:
     return "spawn_main" in _cmdline_text(child) or (bool(child.cmdline) and child.cmdline == parent.cmdline)
 
 
+def program_names(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """The base names a command line may go by: its program, and the script an interpreter runs
+    (`python /path/to/torchrun ...`, a console script run through its interpreter)."""
+    return tuple(os.path.basename(arg) for arg in argv[:2])
+
+
 def is_named_launcher(tracked: Tracked) -> bool:
     """torchrun, accelerate, deepspeed, srun/slurmstepd, mpirun/mpiexec and their daemons, by name."""
     if tracked.comm in _LAUNCHER_COMMS:
         return True
     argv = tracked.cmdline
-    if not argv:
-        return False
-    if os.path.basename(argv[0]) in _LAUNCHER_PROGRAMS:
+    if any(name in _LAUNCHER_PROGRAMS for name in program_names(argv)):
         return True
-    for i, arg in enumerate(argv[:-1]):
-        if arg == "-m" and argv[i + 1] in _LAUNCHER_MODULES:
-            return True
-    # `python /path/to/torchrun ...` (console script run through an interpreter)
-    return len(argv) > 1 and os.path.basename(argv[1]) in _LAUNCHER_PROGRAMS
+    return any(arg == "-m" and argv[i + 1] in _LAUNCHER_MODULES for i, arg in enumerate(argv[:-1]))
 
 
 # ----------------------------------------------------------------- tree building
@@ -260,13 +262,32 @@ class JobScanner:
         ranks = sorted([rank_zero, *others], key=lambda t: _identity_sort_key(identities[t.key], t))
         return _Structure(None, ranks, identities)
 
+    def _srun_step(self, srun: Tracked) -> list[Tracked]:
+        """The `srun` client does not parent its tasks: slurmd's slurmstepd does, named `slurmstepd:
+        [JOB.STEP]`.  For an srun inside an allocation (SLURM_JOB_ID set), that job's newest step on this
+        node; [] otherwise.  One pass over /proc's command lines, only when attached through srun."""
+        argv = srun.cmdline
+        job_id = (srun.env or {}).get("SLURM_JOB_ID")
+        if not job_id or "srun" not in program_names(argv):
+            return []
+        steps = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != srun.key[0]:
+                text = " ".join(read_cmdline(int(name)))
+                if "slurmstepd" in text and f"[{job_id}." in text and ".batch]" not in text and ".extern]" not in text:
+                    step = self.table.get(int(name))
+                    if step is not None and self._children(step):
+                        steps.append(step)
+        return [max(steps, key=lambda t: t.start_ticks)] if steps else []
+
     def _launcher_structure(self, launcher: Tracked, gpu_pids: frozenset[int]) -> _Structure:
         """The ranks below `launcher`, through launchers it starts in turn (deepspeed's runner starts
         deepspeed.launcher.launch, mpiexec starts hydra_pmi_proxy): the launcher reported is the one
         right above the ranks."""
         for _ in range(4):
-            kids = self._children(launcher)
-            inner = [k for k in kids if not has_rank_env(k) and self._is_launcher(k, gpu_pids)]
+            kids = self._children(launcher) or self._srun_step(launcher)
+            # torchrun started by srun is a task itself (SLURM_PROCID) and a launcher: look below it too
+            inner = [k for k in kids if is_named_launcher(k) or (not has_rank_env(k) and self._is_launcher(k, gpu_pids))]
             if len(inner) == 1 and len(kids) == 1:
                 launcher = inner[0]
                 continue

@@ -2,7 +2,8 @@
 
 Starts the demo job (`gputop.sim.demo_launcher.DemoJob`), builds a simulated pipeline
 whose GPUs are driven by the job's busy board, and runs the TUI on it; with `--no-tui`
-it prints one line of per-GPU utilization per interval and a summary instead.  Every
+it prints one line of per-GPU utilization per interval and a summary instead, ending with
+the verdict line and one line per finding (so a script can check any scenario).  Every
 process the demo started is stopped on `q`, ctrl+c and SIGTERM/SIGHUP; if gputop is
 killed outright, the job's parent-death signals take it down (see `demo_launcher`).
 gputop never imports torch: the job runs in other processes.
@@ -18,7 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, TextIO
 
+from gputop.analysis.diagnosis import diagnose, verdict_line
 from gputop.errors import GputopError
+from gputop.history import History
 
 # The simulated machine. Its 8 GPUs bound --gpus; with fewer ranks the remaining GPUs sit idle.
 DEMO_PROFILE = "h100-sxm-8"
@@ -33,6 +36,7 @@ class DemoSummary:
     seconds: float = 0.0  # observed after that
     samples: list[tuple[Optional[float], ...]] = field(default_factory=list)  # per interval, per GPU, percent
     steps_per_s: tuple[float, ...] = ()  # per rank
+    findings: list = field(default_factory=list)  # the diagnosis of everything observed, most severe first
 
     def mean_util(self) -> list[Optional[float]]:
         if not self.samples:
@@ -99,6 +103,7 @@ def observe(
         file=out,
         flush=True,
     )
+    history = History(source.machine)
     loop = PollLoop(source, interval, seconds=seconds)
     counts_start = counts_last = job.step_counts()
     last = time.monotonic()
@@ -106,6 +111,8 @@ def observe(
 
     def show(batch: Batch) -> None:
         nonlocal counts_last, last, baseline
+        for taken in batch.snapshots:
+            history.append(taken)
         if baseline:  # the first reading only sets the baseline of the utilization window
             baseline = False
             return
@@ -133,6 +140,7 @@ def observe(
     summary.seconds = loop.elapsed()
     counts_end = job.step_counts()
     summary.steps_per_s = tuple((b - a) / max(1e-9, summary.seconds) for a, b in zip(counts_start, counts_end))
+    summary.findings = diagnose(history)
     return summary
 
 
@@ -142,7 +150,12 @@ def print_summary(summary: DemoSummary, out: TextIO) -> None:
     print("  GPU         " + "".join(f"{i:>6}" for i in range(len(means))), file=out)
     print("  mean util % " + "".join(f"{'--' if m is None else f'{m:.0f}':>6}" for m in means), file=out)
     print("  rank        " + "".join(f"{r:>6}" for r in range(len(summary.steps_per_s))), file=out)
-    print("  steps/s     " + "".join(f"{s:>6.2f}" for s in summary.steps_per_s), file=out, flush=True)
+    print("  steps/s     " + "".join(f"{s:>6.2f}" for s in summary.steps_per_s), file=out)
+    # last, for scripts: the verdict line, then one line per finding (severity, id, title)
+    print(f"verdict: {verdict_line(summary.findings)}", file=out)
+    for finding in summary.findings:
+        print(f"finding: {finding.severity:<8} {finding.id:<14} {finding.title}", file=out)
+    out.flush()
 
 
 def run(args: Any) -> int:
@@ -152,7 +165,12 @@ def run(args: Any) -> int:
 
     scenario = args.scenario
     job = DemoJob(
-        scenario, workers=args.workers, batch_size=args.batch_size, step_ms=args.step_ms, gpus=args.gpus
+        scenario,
+        workers=args.workers,
+        batch_size=args.batch_size,
+        step_ms=args.step_ms,
+        gpus=args.gpus,
+        collective_timeout_s=getattr(args, "nccl_timeout", 600.0),
     )  # bad overrides fail here, with nothing started
     out = sys.stdout
     with _SignalScope(), job:

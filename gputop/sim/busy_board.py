@@ -1,14 +1,18 @@
 """A shared-memory board where simulated training ranks say when "their GPU" is busy.
 
-The demo job has no GPU: each rank marks a slot busy for the simulated
-duration of a step.  The fake NVML library reads the board and turns busy time
-into utilization, memory and power, so a rank that starves for data shows a
-starving GPU.  One slot per rank (not per GPU) so ranks never write the same
-bytes; several ranks may point at one GPU (the "all ranks on cuda:0" bug).
+The demo job has no GPU: each rank's simulated stream (`gputop.sim.cuda`) marks the
+rank's slot busy while it runs a kernel.  The fake NVML library reads the board and
+turns busy time into utilization, memory and power, so a rank that starves for data
+shows a starving GPU.  A collective that waits for its peers is busy too, but marked
+as a *spin*: NVML shows it at ~100% utilization and low power, as a NCCL kernel
+waiting for a missing rank draws far less than a compute kernel.  One slot per rank
+(not per GPU) so ranks never write the same bytes; several ranks may point at one
+GPU (the "all ranks on cuda:0" bug).
 
 Layout: a header (magic, slot count) then fixed-size slots of
   gpu (i32, -1 = free), pid (i32), memory bytes (i64),
-  busy_total seconds (f64, closed busy periods), busy_since (f64, 0 = idle).
+  busy_total seconds (f64, closed busy periods), busy_since (f64, 0 = idle),
+  spin_total seconds (f64, closed spin periods, a part of busy), spin_since (f64, 0 = not spinning).
 Each field is written with one aligned store, so a reader sees old or new
 values, never torn ones; a reader may briefly miss a period that is closing,
 which costs at most one sample's accuracy.
@@ -22,9 +26,9 @@ import struct
 import time
 from typing import Optional
 
-MAGIC = b"GPUTOPB1"
+MAGIC = b"GPUTOPB2"
 _HEADER = struct.Struct("<8sI4x")
-_SLOT = struct.Struct("<iiqdd")  # gpu, pid, memory, busy_total, busy_since
+_SLOT = struct.Struct("<iiqdddd")  # gpu, pid, memory, busy_total, busy_since, spin_total, spin_since
 
 
 def create_shared_file(path: str, size: int) -> mmap.mmap:
@@ -59,7 +63,7 @@ class BusyBoard:
         mm = create_shared_file(path, _HEADER.size + slots * _SLOT.size)
         _HEADER.pack_into(mm, 0, MAGIC, slots)
         for slot in range(slots):
-            _SLOT.pack_into(mm, _HEADER.size + slot * _SLOT.size, -1, 0, 0, 0.0, 0.0)
+            _SLOT.pack_into(mm, _HEADER.size + slot * _SLOT.size, -1, 0, 0, 0.0, 0.0, 0.0, 0.0)
         return cls(path, mm, slots, owner=True)
 
     @classmethod
@@ -85,49 +89,54 @@ class BusyBoard:
             raise IndexError(f"slot {slot} outside 0..{self.slots - 1}")
         return _HEADER.size + slot * _SLOT.size
 
-    def _read(self, slot: int) -> tuple[int, int, int, float, float]:
+    def _read(self, slot: int) -> tuple[int, int, int, float, float, float, float]:
         return _SLOT.unpack_from(self._mm, self._offset(slot))
 
-    def _write(self, slot: int, gpu: int, pid: int, memory: int, busy_total: float, busy_since: float) -> None:
-        _SLOT.pack_into(self._mm, self._offset(slot), gpu, pid, memory, busy_total, busy_since)
+    def _write(self, slot: int, *fields: float) -> None:
+        _SLOT.pack_into(self._mm, self._offset(slot), *fields)
 
     def claim(self, slot: int, gpu: int, pid: int, memory_bytes: int) -> None:
         """A rank takes `slot`, bound to simulated GPU `gpu`, holding `memory_bytes` there."""
-        self._write(slot, gpu, pid, memory_bytes, 0.0, 0.0)
+        self._write(slot, gpu, pid, memory_bytes, 0.0, 0.0, 0.0, 0.0)
 
     def release(self, slot: int) -> None:
-        self._write(slot, -1, 0, 0, 0.0, 0.0)
+        self._write(slot, -1, 0, 0, 0.0, 0.0, 0.0, 0.0)
 
-    def begin_busy(self, slot: int, now: Optional[float] = None) -> None:
-        gpu, pid, memory, total, since = self._read(slot)
+    def begin_busy(self, slot: int, now: Optional[float] = None, *, spin: bool = False) -> None:
+        """The slot's GPU starts running a kernel; `spin`: a collective waiting for its peers (low power)."""
+        gpu, pid, memory, total, since, spin_total, spin_since = self._read(slot)
         if since == 0.0:
-            self._write(slot, gpu, pid, memory, total, time.monotonic() if now is None else now)
+            now = time.monotonic() if now is None else now
+            self._write(slot, gpu, pid, memory, total, now, spin_total, now if spin else 0.0)
 
     def end_busy(self, slot: int, now: Optional[float] = None) -> None:
-        gpu, pid, memory, total, since = self._read(slot)
+        gpu, pid, memory, total, since, spin_total, spin_since = self._read(slot)
         if since != 0.0:
             now = time.monotonic() if now is None else now
-            # total first, then since: a reader between the two stores counts the period twice
+            total += max(0.0, now - since)
+            spin_total += max(0.0, now - spin_since) if spin_since else 0.0
+            # totals first, then the open marks: a reader between the two stores counts the period twice
             # for one sample at worst; the load model clips utilization to 100%.
-            self._write(slot, gpu, pid, memory, total + max(0.0, now - since), since)
-            self._write(slot, gpu, pid, memory, total + max(0.0, now - since), 0.0)
+            self._write(slot, gpu, pid, memory, total, since, spin_total, spin_since)
+            self._write(slot, gpu, pid, memory, total, 0.0, spin_total, 0.0)
 
     # ---------------------------------------------------------------- reader side (fake NVML)
-    def busy_seconds(self, gpu: int, now: Optional[float] = None) -> float:
-        """Cumulative busy seconds of every slot bound to `gpu`, open periods included."""
+    def busy_seconds(self, gpu: int, now: Optional[float] = None) -> tuple[float, float]:
+        """Cumulative (busy, spinning) seconds of every slot bound to `gpu`, open periods included."""
         now = time.monotonic() if now is None else now
-        total = 0.0
+        busy = spin = 0.0
         for slot in range(self.slots):
-            slot_gpu, _pid, _mem, busy_total, since = self._read(slot)
+            slot_gpu, _pid, _mem, busy_total, since, spin_total, spin_since = self._read(slot)
             if slot_gpu == gpu:
-                total += busy_total + (max(0.0, now - since) if since else 0.0)
-        return total
+                busy += busy_total + (max(0.0, now - since) if since else 0.0)
+                spin += spin_total + (max(0.0, now - spin_since) if spin_since else 0.0)
+        return busy, spin
 
     def processes(self, gpu: int) -> list[tuple[int, int]]:
         """(pid, memory bytes) of every rank bound to `gpu`."""
         out = []
         for slot in range(self.slots):
-            slot_gpu, pid, memory, _total, _since = self._read(slot)
+            slot_gpu, pid, memory = self._read(slot)[:3]
             if slot_gpu == gpu and pid > 0:
                 out.append((pid, memory))
         return out

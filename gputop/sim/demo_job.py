@@ -14,22 +14,24 @@ except the GPU:
   `DataLoader` with the scenario's settings feeds the rank; its workers open a "shard
   index" when they start (500 ms), which is what makes non-persistent workers hiccup at
   every epoch.
-* **Model.**  A tiny CNN runs its forward and backward on the CPU (about a millisecond).
-  In the middle of it sits `SimulatedKernels`, an autograd function whose forward and
-  backward *sleep* for the step's simulated GPU time (1/3 forward, 2/3 backward), with the
-  rank's slot on the busy board marked busy around each sleep.  The fake NVML turns busy
-  time into utilization, so a rank that waits for data shows an idle GPU.  Ranks that land
-  on the same GPU take turns (a file lock per GPU), as kernels of several processes share
-  one card: each gets a fraction of it.
-* **Distributed.**  torch.distributed with the gloo backend (rendezvous through a file,
-  sockets on loopback).  Gradients are averaged with one `all_reduce` per step, outside
-  the busy period: gloo runs on the CPU, so a rank waiting for the others in the
-  collective leaves its GPU idle.  Measured on the 2-core box with 8 ranks: rendezvous
-  0.1-0.9 s, an all_reduce of this model's gradients ~20 ms (mostly waiting for the other
-  ranks to be scheduled), ~4 ms of CPU per rank and step, so at 5 steps/s the collectives
-  of all 8 ranks cost ~15% of one core.  That is light enough, and it buys the real
-  coupling of DDP: a rank that stalls holds up the others, which wait in `all_reduce`
-  (the misfire scenario's hang spreads exactly like a real one).
+* **Model.**  A tiny CNN runs its forward and backward on the CPU (about a millisecond), "on the
+  GPU" of `gputop.sim.cuda`: `SimulatedKernels`, an autograd function in its middle, *launches* the
+  step's simulated GPU time on the rank's stream (1/3 in forward, 2/3 in backward) and returns at
+  once; a device thread runs the stream and marks the rank's slot on the busy board busy meanwhile.
+  The model's output is a `DeviceTensor`, so `loss.item()` is a sync that waits for the stream, as
+  with CUDA.  The fake NVML turns busy time into utilization, so a rank that waits for data shows an
+  idle GPU.  Ranks that land on the same GPU take turns (a file lock per GPU), as kernels of several
+  processes share one card: each gets a fraction of it.
+* **Distributed.**  `gputop.sim.distributed` over torch.distributed's gloo (rendezvous through a file,
+  sockets on loopback), in DDP's shape: backward's hooks all-reduce the gradients.  With `--backend
+  gloo` that all-reduce blocks on the host inside `loss.backward()`, after the GPU's backward kernels
+  (gloo reads host memory): a rank waiting for the others leaves its GPU idle.  Measured on the 2-core
+  box with 8 ranks: rendezvous 0.1-0.9 s, an all_reduce of this model's gradients ~20 ms (mostly
+  waiting for the other ranks to be scheduled), ~4 ms of CPU per rank and step, so at 5 steps/s the
+  collectives of all 8 ranks cost ~15% of one core.  It buys the real coupling of DDP: a rank that
+  stalls holds up the others, which wait in `all_reduce` (the misfire scenario's hang spreads exactly
+  like a real one).  With `--backend nccl` the all-reduce is a kernel: the host goes on to
+  `loss.item()`, and the GPU spins at low power until every rank's kernel arrived.
 * **Determinism.**  Given `--seed`, the batches and losses do not depend on timing: images,
   augmentation (seeded per sample index), sampler order (`DistributedSampler` with
   `set_epoch`), model init, and the DataLoader's generator are all seeded, and nothing
@@ -44,8 +46,6 @@ Run it standalone for one rank: `python -m gputop.sim.demo_job --board B --count
 from __future__ import annotations
 
 import argparse
-import datetime
-import fcntl
 import functools
 import heapq
 import io
@@ -59,15 +59,16 @@ import warnings
 from typing import BinaryIO, Optional
 
 import torch
-import torch.distributed as dist
 from PIL import Image, ImageDraw
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from gputop.sim import cuda, distributed
 from gputop.sim.busy_board import BusyBoard
 from gputop.sim.demo_launcher import StepCounters, die_with_parent, set_parent_death_signal
 from gputop.sim.scenarios import (
+    EVAL_BATCH_FACTOR,
     MEMORY_PER_RANK,
     MODEL_SIDE,
     RANK0_EXTRA_MEMORY,
@@ -77,7 +78,6 @@ from gputop.sim.scenarios import (
 
 JPEG_COUNT = 64  # distinct images; samples cycle through them with different crops
 CLASSES = 10
-COLLECTIVE_TIMEOUT = datetime.timedelta(hours=24)  # a hung demo stays hung while someone looks at it
 FORWARD_SHARE = 1.0 / 3.0  # of the step's GPU time; backward takes the rest
 
 
@@ -245,76 +245,60 @@ def offline_loader() -> DataLoader:
     return loader
 
 
-# ----------------------------------------------------------------------------- the simulated GPU
-
-
-class SimulatedGpu:
-    """This rank's GPU: kernels are sleeps marked busy on the board; ranks sharing a GPU take turns."""
-
-    def __init__(self, board: BusyBoard, slot: int, index: int, lock_path: str) -> None:
-        self.board = board
-        self.slot = slot
-        self.index = index
-        self._lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-
-    def run_kernels(self, seconds: float) -> None:
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)  # the GPU runs one process's kernels at a time
-        try:
-            self.board.begin_busy(self.slot)
-            try:
-                time.sleep(seconds)
-            finally:
-                self.board.end_busy(self.slot)
-        finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+# ----------------------------------------------------------------------------- the model on the simulated GPU
 
 
 class SimulatedKernels(torch.autograd.Function):
-    """Identity on the activations whose forward and backward spend the step's simulated GPU time."""
+    """Identity on the activations whose forward and backward launch the step's GPU time on the rank's
+    stream (`gputop.sim.cuda`): the launches return at once, the GPU runs them asynchronously.  `host_s`
+    is the host's own time per step before the first launch (the Python of a large eager model's forward,
+    dispatching its many small ops), spent as time, not CPU, so 8 ranks fit 2 cores.  Without a sync in
+    the loop it overlaps the GPU's previous step; with one, host and GPU take turns."""
 
     @staticmethod
-    def forward(ctx, activations, gpu: SimulatedGpu, forward_s: float, backward_s: float):  # type: ignore[override]
-        ctx.gpu = gpu
+    def forward(ctx, activations, forward_s: float, backward_s: float, host_s: float):  # type: ignore[override]
         ctx.backward_s = backward_s
-        gpu.run_kernels(forward_s)
+        _dispatch_ops(host_s)
+        cuda.launch(forward_s)
         return activations.view_as(activations)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        ctx.gpu.run_kernels(ctx.backward_s)
+        cuda.launch(ctx.backward_s)
         return grad, None, None, None
 
 
+def _dispatch_ops(seconds: float) -> None:
+    """The host launching the step's ops one by one (simulated time)."""
+    if seconds > 0:
+        time.sleep(seconds)
+
+
 class TinyConvNet(nn.Module):
-    def __init__(self, gpu: Optional[SimulatedGpu], step_ms: float) -> None:
+    """A tiny CNN computed on the CPU (about a millisecond), "on the GPU": the simulated kernels in the middle
+    take the step's GPU time, in proportion to the batch, and the output is a DeviceTensor."""
+
+    def __init__(self, step_ms: float, host_ms: float = 0.0, batch_size: int = 1) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
         self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
         self.head = nn.Linear(16, CLASSES)
-        self.gpu = gpu
+        self.batch_size = batch_size
         self.forward_s = step_ms / 1000.0 * FORWARD_SHARE
         self.backward_s = step_ms / 1000.0 - self.forward_s
+        self.host_s = host_ms / 1000.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.conv1(x))
-        if self.gpu is not None:
-            x = SimulatedKernels.apply(x, self.gpu, self.forward_s, self.backward_s)
+        if cuda.is_initialized():
+            scale = x.shape[0] / self.batch_size
+            x = SimulatedKernels.apply(x, self.forward_s * scale, self.backward_s * scale, self.host_s)
         x = torch.relu(self.conv2(x))
-        return self.head(x.mean(dim=(2, 3)))
+        out = self.head(x.mean(dim=(2, 3)))
+        return cuda.on_device(out) if cuda.is_initialized() else out
 
 
 # ----------------------------------------------------------------------------- training
-
-
-def _average_gradients(params: list[nn.Parameter], world: int) -> None:
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat)  # sum over ranks; the ring order is fixed, so the result is deterministic
-    flat.div_(world)
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p))
-        offset += n
 
 
 def _visible_gpu() -> int:
@@ -331,6 +315,28 @@ def _loss_log(config: DemoConfig, rank: int):
     return open(config.loss_log, "w", buffering=1) if rank == 0 else None
 
 
+def evaluate(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Accuracy over the held-out batches (rank 0): forward only, GPU-heavy, a sync per batch."""
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for images, labels in batches:
+            predictions = model(images).argmax(dim=1)
+            correct += (predictions == labels).sum().item()
+            total += len(labels)
+    model.train()
+    return correct / max(1, total)
+
+
+def held_out_batches(config: DemoConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The evaluation set: decoded once at start and kept in memory (so evaluating costs GPU, not input)."""
+    blobs, labels = make_jpegs(JPEG_COUNT, config.image_side, config.seed + 1)
+    batch = config.batch_size * EVAL_BATCH_FACTOR
+    dataset = JpegDataset(blobs, labels, length=config.eval_batches * batch, storage_ms=0.0, seed=config.seed + 1)
+    loader = DataLoader(dataset, batch_size=batch, shuffle=False)
+    return list(loader)
+
+
 def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: str) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -342,19 +348,22 @@ def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: s
 
     board = BusyBoard.open(board_path)
     counters = StepCounters.open(counters_path)
-    gpu = SimulatedGpu(board, slot=rank, index=_visible_gpu(), lock_path=f"{board_path}.gpu{_visible_gpu()}.lock")
+    gpu = _visible_gpu()
+    cuda.init(board, slot=rank, gpu=gpu, lock_path=f"{board_path}.gpu{gpu}.lock")  # torch.cuda.set_device
 
     torch.manual_seed(config.seed)  # the same initial weights on every rank, as DDP's broadcast would give
-    model = TinyConvNet(gpu, config.step_ms)
-    params = [p for p in model.parameters()]
-    optimizer = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    model: nn.Module = TinyConvNet(config.step_ms, config.host_ms, config.batch_size)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     memory = MEMORY_PER_RANK + (RANK0_EXTRA_MEMORY if rank == 0 else 0)
-    board.claim(rank, gpu.index, os.getpid(), memory)  # "model.to(device)": the GPU now holds our memory
+    board.claim(rank, gpu, os.getpid(), memory)  # "model.to(device)": the GPU now holds our memory
 
+    group = None
     if world > 1:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
+        group = distributed.init_process_group(
+            config.backend, rendezvous, rank, world, timeout_s=config.collective_timeout_s
         )
+        model = distributed.DistributedDataParallel(model)
+        optimizer = distributed.StreamOrderedOptimizer(optimizer)
     hang_index = None
     loader, sampler = build_loader(config, rank, world)
     if config.hang_rank == rank:
@@ -362,8 +371,9 @@ def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: s
         order = list(sampler)
         hang_index = order[min(len(order) - 1, config.hang_after_batches * config.batch_size)]
         loader.dataset.hang_index = hang_index
+    held_out = held_out_batches(config) if config.eval_every and rank == 0 else []
     print(
-        f"rank {rank}/{world} pid {os.getpid()}: simulated GPU {gpu.index}, {config.describe()}"
+        f"rank {rank}/{world} pid {os.getpid()}: simulated GPU {gpu}, {config.describe()}"
         + (f"; sample {hang_index} will hang" if hang_index is not None else ""),
         flush=True,
     )
@@ -371,6 +381,7 @@ def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: s
     log = _loss_log(config, rank)
     loss_fn = nn.CrossEntropyLoss()
     step = 0
+    running_loss = 0.0
     try:
         epoch = 0
         while True:
@@ -378,23 +389,29 @@ def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: s
             for images, labels in loader:
                 optimizer.zero_grad(set_to_none=True)
                 loss = loss_fn(model(images), labels)
-                loss.backward()
-                if world > 1:
-                    _average_gradients(params, world)
+                loss.backward()  # with several ranks, DDP's hooks all-reduce the gradients from here
                 optimizer.step()
                 step += 1
                 counters.set(rank, step)
+                if config.sync_every_step:
+                    running_loss += loss.item()  # a host-device sync every step
                 if log is not None:
                     log.write(f"{epoch} {step} {loss.item()!r}\n")
+                if config.eval_every and step % config.eval_every == 0:
+                    if rank == 0:
+                        print(f"step {step}: eval accuracy {evaluate(model, held_out):.3f}", flush=True)
+                    if group is not None:
+                        distributed.barrier()
                 if config.max_steps is not None and step >= config.max_steps:
+                    cuda.synchronize()  # the GPU finishes what was launched before the process lets go of it
                     return 0
             epoch += 1
     finally:
         if log is not None:
             log.close()
         board.release(rank)  # the process is done with its GPU
-        if world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        if group is not None:
+            group.destroy()
 
 
 def main(argv: Optional[list[str]] = None) -> int:

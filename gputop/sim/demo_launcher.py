@@ -169,6 +169,7 @@ class DemoJob:
         max_steps: Optional[int] = None,
         loss_log: Optional[str] = None,
         cpu_count: Optional[int] = None,
+        collective_timeout_s: float = 600.0,
     ) -> None:
         # bad overrides fail here, before anything is started
         self.config: DemoConfig = resolve(
@@ -181,6 +182,7 @@ class DemoJob:
             seed=seed,
             max_steps=max_steps,
             loss_log=loss_log,
+            collective_timeout_s=collective_timeout_s,
         )
         self.directory: Optional[str] = None
         self.board_path: Optional[str] = None

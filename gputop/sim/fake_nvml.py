@@ -12,8 +12,9 @@ This module never imports pynvml: the numbers below are the C library's ABI
 (nvml.h), which is what a fake C library has to speak.
 
 What the simulated GPUs report follows a `SimSpec` (profile + faults) and a
-`LoadModel` (utilization, memory, processes): power, temperature and clocks follow
-utilization; PCIe and NVLink traffic scale with it; the NVLink counters are
+`LoadModel` (utilization, memory, processes, and optionally how hard the busy time
+works the GPU): power and temperature follow that load (utilization by default), clocks
+follow utilization; PCIe and NVLink traffic scale with it; the NVLink counters are
 cumulative and only ever grow.  Every reading is a function of ``clock()``, so a
 controlled clock gives deterministic readings.
 """
@@ -256,8 +257,9 @@ class FakeNvmlLibrary:
         model = self.profile.gpu
         faults = self.faults
         util = max(0.0, min(100.0, float(self.load.utilization(gpu, now))))
-        load = util / 100.0
         idle = util < IDLE_UTILIZATION
+        power_load = getattr(self.load, "power_load", None)  # optional: a spinning collective is busy at low power
+        load = util / 100.0 if power_load is None else max(0.0, min(1.0, float(power_load(gpu, now))))
         # small fixed per-GPU differences, as real boards have
         spread = ((gpu * 37) % 7 - 3) / 3.0  # -1..1
 

@@ -16,6 +16,12 @@ from gputop.sim.busy_board import BusyBoard
 UTILIZATION_WINDOW_S = 1.0
 
 
+# What a collective spinning on a missing peer draws, as a share of a compute kernel's power above idle:
+# NCCL hangs are reported at ~100% utilization and a small fraction of the board's power (NVIDIA/nccl
+# issues 968, 257, 238), ~140 W on a 700 W H100 here.
+SPIN_POWER_SHARE = 0.12
+
+
 class LoadModel(Protocol):
     def utilization(self, gpu: int, now: float) -> float:
         """Percent 0..100 over the last sample period. `now` is time.monotonic()."""
@@ -26,34 +32,53 @@ class LoadModel(Protocol):
     def processes(self, gpu: int) -> list[tuple[int, int]]:
         """(pid, used bytes) of the compute processes on `gpu`."""
 
+    # Optional: `power_load(gpu, now) -> float`, 0..1, how hard the busy time works the GPU (power and
+    # heat); a load model without it draws power in proportion to utilization.
+
 
 class BusyBoardLoad:
-    """Utilization = share of the last second a rank marked the GPU busy (clipped to 100%)."""
+    """Utilization = share of the last second the GPU ran a kernel (clipped to 100%); power follows the
+    compute kernels at full weight and the collectives spinning on their peers at SPIN_POWER_SHARE."""
 
     def __init__(self, board: BusyBoard, window_s: float = UTILIZATION_WINDOW_S) -> None:
         self.board = board
         self.window_s = window_s
-        # per GPU: recent (time, cumulative busy seconds) readings
-        self._readings: dict[int, deque[tuple[float, float]]] = {}
+        # per GPU: recent (time, cumulative busy seconds, cumulative spin seconds) readings
+        self._readings: dict[int, deque[tuple[float, float, float]]] = {}
+        self._last: dict[int, tuple[float, float, float]] = {}  # per GPU: (now, busy share, spin share)
 
-    def utilization(self, gpu: int, now: Optional[float] = None) -> float:
+    def _shares(self, gpu: int, now: Optional[float]) -> tuple[float, float]:
+        """(busy, spin) shares of the last window; asked twice per reading (utilization, power): computed once."""
         now = time.monotonic() if now is None else now
-        busy = self.board.busy_seconds(gpu, now)
+        last = self._last.get(gpu)
+        if last is not None and last[0] == now:
+            return last[1], last[2]
+        busy, spin = self.board.busy_seconds(gpu, now)
         readings = self._readings.setdefault(gpu, deque(maxlen=64))
-        readings.append((now, busy))
+        readings.append((now, busy, spin))
         # compare against the oldest reading still inside the window (or just outside it)
-        base_t, base_busy = readings[0]
-        for t, b in readings:
+        base_t, base_busy, base_spin = readings[0]
+        for t, b, sp in readings:
             if now - t >= self.window_s:
-                base_t, base_busy = t, b
+                base_t, base_busy, base_spin = t, b, sp
             else:
                 break
         while len(readings) > 1 and now - readings[1][0] >= self.window_s:
             readings.popleft()
         span = now - base_t
-        if span <= 0:
-            return 0.0
-        return max(0.0, min(100.0, 100.0 * (busy - base_busy) / span))
+        shares = (0.0, 0.0)
+        if span > 0:
+            busy_share = max(0.0, min(1.0, (busy - base_busy) / span))
+            shares = (busy_share, max(0.0, min(busy_share, (spin - base_spin) / span)))
+        self._last[gpu] = (now, *shares)
+        return shares
+
+    def utilization(self, gpu: int, now: Optional[float] = None) -> float:
+        return 100.0 * self._shares(gpu, now)[0]
+
+    def power_load(self, gpu: int, now: Optional[float] = None) -> float:
+        busy, spin = self._shares(gpu, now)
+        return (busy - spin) + SPIN_POWER_SHARE * spin
 
     def memory_used(self, gpu: int, now: Optional[float] = None) -> Optional[int]:
         procs = self.board.processes(gpu)

@@ -19,6 +19,13 @@ The arithmetic that sizes the job (see `resolve`):
   rank runs flat out, so 8 ranks on a 2-core box stay responsive: the JPEGs are
   small (~160 px) and storage latency makes up the rest of the cost.  On a box
   with many cores the JPEGs grow (up to 512 px) and the latency shrinks toward 0.
+
+The last three scenarios use the simulated NCCL backend (`gputop.sim.distributed`) and a
+`loss.item()` every step: `nccl-hang` (the misfire's stuck worker, but the other GPUs spin
+in the all-reduce), `eval-rank0` (rank 0 evaluates every 40 steps while the others wait in
+a barrier: healthy) and `sync-bound` (160 ms of host work before each step's launches, and
+the sync makes host and GPU take turns: 200 / (160 + 200) = ~55% busy; without the sync the
+host's work would overlap the GPU's previous step).
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ MEMORY_PER_RANK = int(9.5 * 1024**3)  # ResNet-50 with AMP at batch 256: ~9.5 Gi
 RANK0_EXTRA_MEMORY = 384 * 1024**2  # rank 0 keeps a little more (logging, eval buffers)
 
 LONG_EPOCH_BATCHES = 10_000  # "no epoch boundary in sight"
+EVAL_BATCHES = 10  # rank 0's evaluation: 10 batches of 4x the training batch, ~2.7 s of GPU time at 200 ms steps
+EVAL_BATCH_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -65,7 +74,18 @@ class Scenario:
     batches_per_epoch: int
     hang: bool = False  # one rank's worker blocks forever on one sample
     ranks_on_gpu0: bool = False  # the launcher does not bind ranks to GPUs and the script uses `cuda`
+    # "gloo": gradients averaged by a blocking gloo all_reduce on the host (the GPU idles while a rank
+    # waits for its peers); "nccl": collectives are GPU kernels that spin while a peer is missing
+    backend: str = "gloo"
+    sync_every_step: bool = False  # `running_loss += loss.item()` in the loop: a host-device sync per step
+    host_share: float = 0.0  # the host's own time per step (Python, launches), as a share of the GPU step
+    eval_every: Optional[int] = None  # rank 0 evaluates every N steps; the others wait in a barrier
 
+
+# enough workers (the arithmetic's count), prefetch, pinned memory, persistent workers, no epoch end in sight
+_TUNED_LOADER = dict(
+    num_workers=None, prefetch_factor=4, pin_memory=True, persistent_workers=True, batches_per_epoch=LONG_EPOCH_BATCHES
+)
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -91,31 +111,44 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "misfire",
             "a tuned job until one rank's DataLoader worker blocks forever on a storage read: memory held, 0% util",
-            num_workers=None,
-            prefetch_factor=4,
-            pin_memory=True,
-            persistent_workers=True,
-            batches_per_epoch=LONG_EPOCH_BATCHES,
+            **_TUNED_LOADER,
             hang=True,
         ),
         Scenario(
             "single-gpu",
             "every rank lands on GPU 0 (no per-rank device): one card busy, the others idle",
-            num_workers=None,
-            prefetch_factor=4,
-            pin_memory=True,
-            persistent_workers=True,
-            batches_per_epoch=LONG_EPOCH_BATCHES,
+            **_TUNED_LOADER,
             ranks_on_gpu0=True,
         ),
         Scenario(
             "tuned",
             "enough workers, prefetch, pinned memory, persistent workers: GPUs busy",
-            num_workers=None,
-            prefetch_factor=4,
-            pin_memory=True,
-            persistent_workers=True,
-            batches_per_epoch=LONG_EPOCH_BATCHES,
+            **_TUNED_LOADER,
+        ),
+        Scenario(
+            "nccl-hang",
+            "NCCL: one rank's DataLoader worker hangs; the other GPUs spin in the all-reduce at ~100% and low "
+            "power while their hosts wait at loss.item()",
+            **_TUNED_LOADER,
+            hang=True,
+            backend="nccl",
+            sync_every_step=True,
+        ),
+        Scenario(
+            "eval-rank0",
+            "NCCL: rank 0 evaluates every 40 steps while the others wait in a barrier (GPUs spinning): healthy",
+            **_TUNED_LOADER,
+            backend="nccl",
+            sync_every_step=True,
+            eval_every=40,
+        ),
+        Scenario(
+            "sync-bound",
+            "NCCL: loss.item() every step makes host and GPU take turns: GPUs ~55% busy with data to spare",
+            **_TUNED_LOADER,
+            backend="nccl",
+            sync_every_step=True,
+            host_share=0.8,
         ),
     )
 }
@@ -144,6 +177,12 @@ class DemoConfig:
     hang_rank: Optional[int]  # the misfire rank
     hang_after_batches: int
     ranks_on_gpu0: bool
+    backend: str = "gloo"
+    sync_every_step: bool = False
+    host_ms: float = 0.0  # the host's own time per step (Python dispatch, kernel launches)
+    eval_every: Optional[int] = None
+    eval_batches: int = EVAL_BATCHES
+    collective_timeout_s: float = 600.0  # the NCCL watchdog: PyTorch's default of 10 minutes
     seed: int = 0
     max_steps: Optional[int] = None
     loss_log: Optional[str] = None
@@ -194,7 +233,7 @@ class DemoConfig:
             loader += f", prefetch_factor={self.prefetch_factor or 2}"
             loader += f", pin_memory={self.pin_memory}, persistent_workers={self.persistent_workers}"
         return (
-            f"{self.ranks} ranks, batch {self.batch_size}, step {self.step_ms:g} ms, {loader}; "
+            f"{self.ranks} ranks ({self.backend}), batch {self.batch_size}, step {self.step_ms:g} ms, {loader}; "
             f"prep {self.prep_ms_per_batch:.0f} ms/batch -> {self.workers_needed:.1f} workers needed per rank"
         )
 
@@ -230,6 +269,7 @@ def resolve(
     seed: int = 0,
     max_steps: Optional[int] = None,
     loss_log: Optional[str] = None,
+    collective_timeout_s: float = 600.0,
 ) -> DemoConfig:
     """The scenario's settings with the user's overrides, sized for this machine's cores."""
     if scenario not in SCENARIOS:
@@ -238,6 +278,7 @@ def resolve(
     _check_range("--workers", workers, 0, MAX_WORKERS, f"use 0 to {MAX_WORKERS} DataLoader workers per rank")
     _check_range("--batch-size", batch_size, 1, 1024, "use 1 to 1024 samples per batch")
     _check_range("--step-ms", step_ms, 1, 60_000, "use 1 ms to 60 s of simulated GPU time per step")
+    _check_range("--nccl-timeout", collective_timeout_s, 1, 86_400, "use 1 s to 1 day for the NCCL watchdog")
     if max_steps is not None and max_steps < 1:
         raise UsageError(f"max steps must be at least 1 (got {max_steps})")
     spec = SCENARIOS[scenario]
@@ -262,6 +303,11 @@ def resolve(
         hang_rank=ranks // 2 if spec.hang else None,
         hang_after_batches=25,
         ranks_on_gpu0=spec.ranks_on_gpu0,
+        backend=spec.backend,
+        sync_every_step=spec.sync_every_step,
+        host_ms=round(spec.host_share * float(step_ms or DEFAULT_STEP_MS), 3),
+        eval_every=spec.eval_every,
+        collective_timeout_s=collective_timeout_s,
         seed=seed,
         max_steps=max_steps,
         loss_log=loss_log,

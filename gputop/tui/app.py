@@ -46,6 +46,11 @@ partial_updates.install()  # write only the changed cells (see partial_updates.p
 
 MIN_SIZE = (60, 16)  # below this: the "terminal too small" screen
 COMPACT_BELOW = (100, 30)  # below either: one line per GPU, stacks on demand
+# The job tree and the stacks are what no other monitor shows: the GPU cards give way to one line per GPU
+# when they would leave these panels less than this share of the screen (8 cards at 100x30 leave 2 rows).
+PANELS_SHARE = 1 / 3
+CHROME_ROWS = 3  # header, verdict, key bar
+RANKS_SHOWN = 5  # fewer ranks than this on screen: each rank's workers fold into its row
 INTERVAL_STEPS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 DIAGNOSE_EVERY = 3.0  # seconds between verdict updates
 SEEK_STEP = 10.0  # replay seek, seconds
@@ -214,6 +219,9 @@ class GputopApp(App):
     def on_resize(self, event) -> None:  # noqa: ANN001
         self._apply_size(event.size.width, event.size.height)
 
+    def on_job_panel_resized(self, _message: JobPanel.Resized) -> None:
+        self._render_all()  # the job rows depend on the panel's height (workers fold when ranks would not fit)
+
     def _apply_size(self, width: int, height: int) -> None:
         too_small = width < MIN_SIZE[0] or height < MIN_SIZE[1]
         if too_small:
@@ -234,11 +242,25 @@ class GputopApp(App):
                     self.screen_stack  # pragma: no cover - another screen on top; leave it
             self.call_after_refresh(self._render_all)
         compact = width < COMPACT_BELOW[0] or height < COMPACT_BELOW[1]
+        self._choose_grid(width, height, compact)
         if compact != self._compact:
             self._compact = compact
             self._compact_stacks = False
-            self._main(GpuGrid).set_compact(compact)
             self._update_panel_visibility()
+
+    def _choose_grid(self, width: int, height: int, compact: bool) -> None:
+        """Cards, or one line per GPU: by the layout, and by the room the cards leave (the CPU heatmap's
+        height is known only from the first sample on, so this is asked again on every frame)."""
+        grid = self._main(GpuGrid)
+        compact_grid = compact or not self._cards_leave_room(width, height)
+        if compact_grid != grid.compact:
+            grid.set_compact(compact_grid)
+
+    def _cards_leave_room(self, width: int, height: int) -> bool:
+        """Whether the GPU cards leave the job tree and the stacks their share of the screen."""
+        cards = self._main(GpuGrid).cards_height(width, self.machine.gpu_count)
+        cpu = self._main(CpuHeatmap).wanted_height(width)
+        return height - CHROME_ROWS - cards - cpu >= height * PANELS_SHARE
 
     def _update_panel_visibility(self) -> None:
         jobs, stacks = self._main(JobPanel), self._main(StacksPanel)
@@ -336,6 +358,7 @@ class GputopApp(App):
         job = snapshot.job
         self._main(GpuGrid).update_data(snapshots, self.interval, gpu_users(snapshot), self.machine.gpu_error)
         self._main(CpuHeatmap).update_data(snapshot.host, job_cores(job))
+        self._choose_grid(self.size.width, self.size.height, self._compact)
         panel = self._main(JobPanel)
         title, hint, rows, warnings = self._job_rows(snapshot)
         panel.update_data(title, hint, rows, warnings)
@@ -356,7 +379,13 @@ class GputopApp(App):
             if job.exited:
                 title += " · EXITED"
             hint = "Enter: stacks" if self._compact else ""
-            return title, hint, job_rows(job), job.warnings
+            rows = job_rows(job)
+            room = self._main(JobPanel).size.height - 2 - len(job.warnings)  # below its title and column heads
+            shown = sum(1 for row in rows[:room] if row.kind == "rank")
+            if room > 0 and shown < min(len(job.ranks), RANKS_SHOWN):
+                rows = job_rows(job, fold_workers=True)
+                hint = (hint + " · " if hint else "") + "workers folded"
+            return title, hint, rows, job.warnings
         if snapshot.jobs:
             rows = [row for tree in snapshot.jobs for row in job_rows(tree, job_root=tree.root_pid)]
             return f"GPU JOBS ({len(snapshot.jobs)})", "Enter attaches", rows, ()

@@ -7,5 +7,6 @@
 - `nvml`: `ScriptedLoad`, a fake-NVML load model whose answers the test sets.
 - `train_jobs`: start the loader-benchmark training job and read its own step log (the truth).
 - `tui`: build a `GputopApp` over a scripted source, and wait (on conditions) until it has drawn.
+- `demo`: `DemoJobs` (demo jobs with a pipeline each, all stopped at teardown) and `rank_pids`.
 - `machine_check`: what `gputop check` collects on the simulated machine, without waiting; a scripted TUI check.
 """

@@ -509,10 +509,11 @@ def make_snapshots(
     cores: int = 128,
     lose_gpu: Optional[tuple[int, int]] = None,  # (gpu index, from tick)
     with_job: bool = False,
+    workers: int = 2,  # DataLoader workers per rank (the tuned demo runs 3)
 ) -> list[Snapshot]:
     snaps = []
     for tick in range(count):
-        job = make_job(tick) if with_job else None
+        job = make_job(tick, workers=workers) if with_job else None
         lost = lose_gpu is not None and tick >= lose_gpu[1]
         gpu_samples = tuple(make_gpu(i, tick, lost=lost and i == lose_gpu[0]) for i in range(gpus))
         host = make_host(tick, cores, job_core_ids(job) if job else ())

@@ -45,9 +45,11 @@ def build_app(
     tmp_path=None,
     controls=None,
     source: Optional[ScriptedSource] = None,
+    workers: int = 2,
 ) -> tuple[GputopApp, ScriptedSource]:
     source = source or ScriptedSource(
-        make_machine(gpus=gpus, cores=cores), make_snapshots(count, gpus=gpus, cores=cores, with_job=with_job, lose_gpu=lose_gpu)
+        make_machine(gpus=gpus, cores=cores),
+        make_snapshots(count, gpus=gpus, cores=cores, with_job=with_job, lose_gpu=lose_gpu, workers=workers),
     )
     app = GputopApp(
         source,

@@ -188,6 +188,24 @@ async def test_compact_layout_below_100_columns(close_sources):
         assert grid.compact
 
 
+async def test_at_100x30_the_job_tree_shows_five_of_eight_ranks_beside_the_stacks(close_sources):
+    app, source = build_app(10, with_job=True, workers=3)  # the tuned demo's tree: 8 ranks x 3 workers
+    close_sources(source)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        assert app.query_one(GpuGrid).compact  # 8 cards would take 23 of the 30 rows
+        jobs, stacks = app.query_one(JobPanel), app.query_one(StacksPanel)
+        assert jobs.display and stacks.display  # side by side, no Enter needed
+        assert jobs.size.height >= 30 / 3
+        ranks_shown = [line for line in jobs.lines_text if "├ rank " in line or "└ rank " in line]
+        assert len(ranks_shown) >= 5, jobs.lines_text
+        assert "rank 0 1001 +3w" in ranks_shown[0]  # its workers folded into the rank's row, counted
+        assert "waiting for" in ranks_shown[0]
+        await pilot.resize_terminal(160, 48)  # room again: cards, and every worker on its own row
+        await wait_for(pilot, lambda: not app.query_one(GpuGrid).compact, "the cards")
+        await wait_for(pilot, lambda: any("worker 2000" in line for line in jobs.lines_text), "the workers' rows")
+
+
 async def test_too_small_screen_and_back(close_sources):
     app, source = build_app(20)
     close_sources(source)

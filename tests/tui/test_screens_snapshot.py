@@ -13,8 +13,8 @@ from tests.harness.tui import build_app, settle, wait_for
 SIZES = [(80, 24), (160, 48)]
 
 
-def _snap(snap_compare, size, *, keys=(), with_job=True, lose_gpu=None, before=None):
-    app, source = build_app(with_job=with_job, lose_gpu=lose_gpu)
+def _snap(snap_compare, size, *, keys=(), with_job=True, lose_gpu=None, before=None, workers=2):
+    app, source = build_app(with_job=with_job, lose_gpu=lose_gpu, workers=workers)
 
     async def run_before(pilot):
         await settle(pilot, app, source)
@@ -33,6 +33,12 @@ def _snap(snap_compare, size, *, keys=(), with_job=True, lose_gpu=None, before=N
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_main(snap_compare, size):
     assert _snap(snap_compare, size)
+
+
+def test_main_at_100x30_a_common_ssh_window(snap_compare):
+    # one line per GPU, so the job tree (the tuned demo's 8 ranks with 3 workers each) and the stacks
+    # keep a third of the screen
+    assert _snap(snap_compare, (100, 30), workers=3)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")

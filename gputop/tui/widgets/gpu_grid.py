@@ -261,8 +261,16 @@ class GpuGrid(LineCanvas):
             self.redraw()
 
     # ------------------------------------------------------------------ geometry
-    def _columns(self, width: int) -> int:
-        n = max(1, self.gpu_count)
+    def _state(self, gpu: GpuSample) -> tuple[str, str, Style]:
+        """The card's state, FAULT or WARN too where the latest machine check failed or warned on this GPU."""
+        state = gpu_state(gpu)
+        mark = self.check_marks.get(gpu.index)
+        if mark is None or gpu.lost or state[1] == look.STATE_FAULT[1]:
+            return state
+        return look.STATE_FAULT if mark[1] else look.STATE_WARN
+
+    def _columns(self, width: int, gpu_count: Optional[int] = None) -> int:
+        n = max(1, self.gpu_count if gpu_count is None else gpu_count)
         cols = max(1, min(n, width // MIN_CARD_WIDTH))
         rows = math.ceil(n / cols)
         return math.ceil(n / rows)  # balance: 8 GPUs in 5 columns -> 4+4
@@ -272,8 +280,13 @@ class GpuGrid(LineCanvas):
             return 1
         if self.compact:
             return self.gpu_count + 1
-        cols = self._columns(width)
-        rows = math.ceil(self.gpu_count / cols)
+        return self.cards_height(width)
+
+    def cards_height(self, width: int, gpu_count: Optional[int] = None) -> int:
+        """Rows the cards of `gpu_count` GPUs (default: those shown) take at `width`."""
+        count = max(1, gpu_count if gpu_count is not None else self.gpu_count)
+        cols = self._columns(width, count)
+        rows = math.ceil(count / cols)
         return rows * CARD_LINES + (rows - 1)
 
     # ------------------------------------------------------------------ drawing
@@ -311,7 +324,7 @@ class GpuGrid(LineCanvas):
         return lines
 
     def _card(self, gpu: GpuSample, w: int, spark: list[Optional[float]], per_cell: float) -> list[LineBuilder]:
-        symbol, word, state_style = gpu_state(gpu)
+        symbol, word, state_style = self._state(gpu)
         lines = [LineBuilder() for _ in range(CARD_LINES)]
         head = lines[0]
         head.add(f"{symbol} GPU{gpu.index} {word:<5}", state_style)
@@ -422,7 +435,7 @@ class GpuGrid(LineCanvas):
             head.add(" user", look.LABEL)
         lines = [head.strip(width)]
         for gpu in gpus:
-            symbol, word, state_style = gpu_state(gpu)
+            symbol, word, state_style = self._state(gpu)
             line = LineBuilder()
             line.add(f"{symbol}{gpu.index:>2} {word:<5} ", state_style)
             line.add(spark_text(buckets[gpu.index]), look.DIM if gpu.lost else look.SPARK)

@@ -47,7 +47,9 @@ def _proc_state(proc: ProcInfo) -> str:
     return "exited" if proc.exited else proc.state
 
 
-def job_rows(job: JobTree, job_root: Optional[int] = None) -> list[JobRow]:
+def job_rows(job: JobTree, job_root: Optional[int] = None, fold_workers: bool = False) -> list[JobRow]:
+    """The tree as rows; `fold_workers` counts each rank's workers on its own row instead (a short panel
+    then still shows every rank)."""
     rows: list[JobRow] = []
     ranks = sorted(job.ranks, key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.proc.pid))
     if job.launcher is not None:
@@ -69,7 +71,9 @@ def job_rows(job: JobTree, job_root: Optional[int] = None) -> list[JobRow]:
     for i, rank in enumerate(ranks):
         last_rank = i == len(ranks) - 1
         branch = indent + ("└ " if last_rank else "├ ") if job.launcher is not None else ""
-        rows.append(_rank_row(rank, branch, job_root))
+        rows.append(_rank_row(rank, branch, job_root, fold_workers))
+        if fold_workers:
+            continue
         cont = indent + ("  " if last_rank else "│ ") if job.launcher is not None else ""
         workers = sorted(rank.workers, key=lambda w: w.pid)
         for j, worker in enumerate(workers):
@@ -89,14 +93,17 @@ def job_rows(job: JobTree, job_root: Optional[int] = None) -> list[JobRow]:
     return rows
 
 
-def _rank_row(rank: Rank, branch: str, job_root: Optional[int]) -> JobRow:
+def _rank_row(rank: Rank, branch: str, job_root: Optional[int], fold_workers: bool = False) -> JobRow:
     proc = rank.proc
     name = f"rank {rank.rank}" if rank.rank is not None else proc.name
+    live = sum(1 for w in rank.workers if not w.exited)
+    folded = f" +{live}w" if fold_workers and live else ""  # its DataLoader workers, counted
     return JobRow(
         pid=proc.pid,
         kind="rank",
-        label=f"{branch}{name} {proc.pid}",
-        gpus=",".join(f"GPU{g}" for g in rank.gpus) if rank.gpus else "-",
+        label=f"{branch}{name} {proc.pid}{folded}",
+        # "?": inferred from CUDA_VISIBLE_DEVICES + LOCAL_RANK (NVML's PIDs are not visible in this container)
+        gpus=",".join(f"GPU{g}{'?' if rank.gpu_mapping == 'inferred' else ''}" for g in rank.gpus) if rank.gpus else "-",
         cpu=proc.cpu_percent,
         state=_proc_state(proc),
         extra=units.short_bytes(proc.rss) if proc.rss is not None else "",
@@ -161,6 +168,9 @@ class JobPanel(LineCanvas, can_focus=True):
             super().__init__()
             self.row = row
 
+    class Resized(Message):
+        """The panel's height changed: its rows may fold or unfold the workers (see app._job_rows)."""
+
     class Selected(Message):
         def __init__(self, row: Optional[JobRow]) -> None:
             super().__init__()
@@ -213,6 +223,9 @@ class JobPanel(LineCanvas, can_focus=True):
 
     def on_focus(self) -> None:
         self.redraw()
+
+    def on_resize(self, event) -> None:  # noqa: ANN001
+        self.post_message(self.Resized())
 
     def on_blur(self) -> None:
         self.redraw()
