@@ -137,6 +137,33 @@ async def shoot(out: Path, name: str, size: tuple[int, int], keys: list[str], se
         source.close()
 
 
+async def shoot_trace(out: Path, seconds: int, profile: str) -> Path:
+    """The trace dialog (key t) showing `gputop trace`'s result for two ranks of a real NCCL job on GPUs
+    (HTA's public traces in tests/fixtures/traces, summarised as `gputop trace --from` does)."""
+    from gputop.tracing import trace_from_files
+    from gputop.tui.app import GputopApp
+    from gputop.tui.trace_screen import TraceScreen
+
+    traces = ROOT / "tests" / "fixtures" / "traces"
+    result = trace_from_files([str(traces / "hta_nccl_rank-0.json.gz"), str(traces / "hta_nccl_rank-1.json.gz")])
+    source = build_source(seconds, profile)
+    app = GputopApp(source, interval=0.001)
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            while not (source.polls >= source.count and app.snapshots_seen >= source.count and app.diagnoses_done >= 1):
+                await pilot.pause(0.05)
+            app.interval = 1.0
+            app.query_one("#header").set_state(interval=1.0, paused=False)
+            screen = TraceScreen(4037, "launcher 4030, 2 rank(s)", lambda _pid: None)
+            await app.push_screen(screen)
+            await pilot.pause()
+            screen.show_result(result.summary_lines())
+            await pilot.pause()
+            return _save_svg(app, out, "trace")
+    finally:
+        source.close()
+
+
 def _save_svg(app, out: Path, name: str) -> Path:
     svg = app.export_screenshot(title=f"gputop — {name}")
     # rsvg drops leading no-break spaces of a text run unless whitespace is preserved
@@ -247,6 +274,8 @@ def main() -> int:
         lambda n=name, sz=size, k=keys, f=faults: shoot(out, n, sz, k, args.seconds, args.profile + f)
         for name, size, keys, faults in SHOTS
     ]
+    if not args.only_demo:
+        shots.append(lambda: shoot_trace(out, args.seconds, args.profile))
     if not args.no_demo:
         shots += [lambda s=scenario, f=finding, r=state: shoot_demo(out, s, f, r) for scenario, finding, state in DEMO_SHOTS]
     for make in shots:
