@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import html
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Optional
+
+from rich.cells import cell_len
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -235,10 +240,41 @@ def _rank0_state(app) -> Optional[str]:
 DEMO_SHOTS = [("starved", "starvation", "in dataset code"), ("tuned", "healthy", None), ("nccl-hang", "hang", None)]
 
 
+_TEXT_RUN = re.compile(r'<text ([^>]*?)x="([\d.]+)"([^>]*?)textLength="([\d.]+)"([^>]*)>([^<]*)</text>')
+
+
+def one_cell_per_glyph(svg: str) -> str:
+    """Each character of a text run at its own cell's x.
+
+    librsvg ignores `textLength`, so a run of glyphs whose advance is not exactly one cell (the box
+    rules ─, the sparkline blocks) drifts: the dialog's top rule ran past its right corner and looked
+    cut off. Positioned one by one, every glyph sits in its cell whatever the font's advance."""
+
+    def split(match: "re.Match[str]") -> str:
+        before, x, middle, length, after, text = match.groups()
+        chars = html.unescape(text)
+        cells = sum(cell_len(c) for c in chars)
+        if cells <= 1:
+            return match.group(0)
+        cell = float(length) / cells
+        out, at = [], float(x)
+        for char in chars:
+            width = cell_len(char) * cell
+            if not char.isspace():
+                out.append(f'<text {before}x="{at:.1f}"{middle}textLength="{width:.1f}"{after}>{html.escape(char, quote=False)}</text>')
+            at += width
+        return "".join(out)
+
+    return _TEXT_RUN.sub(split, svg)
+
+
 def to_png(svg: Path) -> Optional[Path]:
     png = svg.with_suffix(".png")
     if shutil.which("rsvg-convert"):
-        subprocess.run(["rsvg-convert", str(svg), "-o", str(png)], check=True)
+        with tempfile.NamedTemporaryFile("w", suffix=".svg", encoding="utf-8") as fixed:
+            fixed.write(one_cell_per_glyph(svg.read_text(encoding="utf-8")))
+            fixed.flush()
+            subprocess.run(["rsvg-convert", fixed.name, "-o", str(png)], check=True)
         return png
     try:
         import cairosvg  # type: ignore[import-not-found]
@@ -251,7 +287,9 @@ def to_png(svg: Path) -> Optional[Path]:
 SHOTS = [  # (name, size, keys, faults added to --profile)
     ("main-160x48", (160, 48), [], ""),
     ("main-80x24", (80, 24), [], ""),
-    ("topology", (120, 40), ["T"], ""),
+    ("main-100x30", (100, 30), [], ""),  # a common SSH window: one line per GPU, the job tree keeps a third
+    # a degraded link on the machine's picture: GPU 5's PCIe trained down, GPU 3 with an NVLink down
+    ("topology", (120, 40), ["T"], "+pcie-degraded=5+nvlink-down=3"),
     ("help", (120, 40), ["question_mark"], ""),
     # the infrastructure side: a GPU that throttles on heat, a link trained down, an XID, ECC errors
     ("infra-faults", (160, 48), [], "+thermal=2+pcie-degraded=5+xid=3:79@30+ecc=6"),
