@@ -1,10 +1,11 @@
 """`gputop serve`'s metrics: the job-level signals (what each rank does, DataLoader wait, the verdict) and
 the GPU facts dcgm-exporter lacks (PCIe link state, clock-event reasons, XIDs), as Prometheus metrics.
 
-A background thread calls `Exporter.cycle()` every interval: it polls the pipeline, follows the jobs,
-runs the diagnosis and builds every metric family once.  A scrape (`Exporter.collect()`, called by
-prometheus_client's HTTP handler) only hands over the families of the last cycle, so it costs the
-formatting and nothing else, however slow NVML, /proc or py-spy are.
+The one poll loop (`gputop.source.PollLoop`) runs in a background thread and hands each snapshot to
+`Exporter.deliver()`, which follows the jobs, runs the diagnosis and builds every metric family once.
+A scrape (`Exporter.collect()`, called by prometheus_client's HTTP handler) only hands over the
+families of the last cycle, so it costs the formatting and nothing else, however slow NVML, /proc or
+py-spy are.
 
 Label rules (bounded cardinality, nothing private):
 - dcgm-exporter's names, so PromQL joins work: ``gpu`` (the NVML index), ``UUID``, ``Hostname``;
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import math
 import sys
-import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
@@ -44,6 +44,7 @@ from gputop.collect.stacks import error_reason
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import LABEL_CODE, LABEL_INFRA, THROTTLE_REASONS, Finding, GpuSample, JobTree, ProcessStacks, Rank, Snapshot
+from gputop.source import Batch
 
 # gputop_rank_state's states, and the stack classes they come from ("hung" comes from the hang finding)
 RANK_STATES = ("compute", "data_wait", "in_dataset", "collective", "sync", "optimizer", "idle", "hung")
@@ -64,7 +65,8 @@ DATA_WAIT_WINDOW_S = 60.0  # gputop_rank_data_wait_ratio: the share of the main-
 # The findings and verdict when no job runs on the GPUs: the GPUs as a whole (a job label is a PID, so
 # it cannot collide).
 MACHINE_JOB = "machine"
-# A main thread whose counters show nothing else still moved if its process used this much CPU.
+# Where a dump carries no progress counters (an older recording), a main thread with the same stack
+# counts as moved if its process used this much CPU.
 PROGRESS_CPU_PERCENT = 1.0
 
 
@@ -256,8 +258,9 @@ class Exporter:
         self._pyspy_errors: Counter[str] = Counter()
         self._said: set[tuple[str, str]] = set()  # (job, reason) already logged
         self._families: list[Metric] = self._static_families()
+        self._said_failure: Optional[str] = None
         self.cycles = 0
-        self.last_cycle_seconds: Optional[float] = None
+        self.last_cycle_seconds: Optional[float] = None  # the last update's wall time (the poll not included)
 
     # ---- the prometheus_client collector protocol
 
@@ -267,26 +270,32 @@ class Exporter:
     def describe(self) -> list[Metric]:
         return []  # registering must not run a scrape
 
-    # ---- the collector thread
+    # ---- the collector thread: `source.PollLoop(pipeline, interval, on_error=exporter.failed)`
+    # runs `exporter.deliver` with each snapshot; a scrape meanwhile reads the last families
 
-    def run(self, stop: threading.Event) -> None:
-        """Cycle every `interval` seconds until `stop` is set; a failed cycle is logged, never fatal."""
-        said_failure: Optional[str] = None
-        while not stop.is_set():
-            started = time.monotonic()
+    def deliver(self, batch: Batch) -> None:
+        for snap in batch.snapshots:
             try:
-                self.cycle()
-                said_failure = None
-            except Exception as exc:  # keep serving the last good values; say why once per kind
-                text = f"{type(exc).__name__}: {exc}"
-                if text != said_failure:
-                    self._log(f"collection failed: {text} (serving the last values; retrying)")
-                    said_failure = text
-            stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+                self.update(snap)
+            except Exception as exc:  # a job or the diagnosis failed: keep serving the last values
+                self.failed(exc)
+            else:
+                self._said_failure = None
+
+    def failed(self, exc: Exception) -> None:
+        """A poll or an update raised: say so once per kind of failure; the loop goes on."""
+        text = f"{type(exc).__name__}: {exc}"
+        if text != self._said_failure:
+            self._log(f"collection failed: {text} (serving the last values; retrying)")
+            self._said_failure = text
 
     def cycle(self) -> None:
+        """One poll and update, synchronously (the first one, and tests)."""
+        self.update(self.pipeline.poll())
+
+    def update(self, snap: Snapshot) -> None:
+        """Follow the jobs on this snapshot's GPUs, diagnose them, and build every metric family anew."""
         started = time.perf_counter()
-        snap: Snapshot = self.pipeline.poll()
         trees = self.jobs.collect(snap.gpus, snap.timestamp)
         families = self._static_families()
         families += self._gpu_families(snap.gpus)

@@ -279,8 +279,11 @@ def test_offline_loader_sweep(tmp_path):
     assert result["mode"] == "offline" and len(result["configs"]) >= 3, result["notes"]
     for cfg in result["configs"]:
         assert cfg["batches_per_s"] == pytest.approx(max(1, cfg["num_workers"]) / 0.100, rel=0.10), cfg
-    best = max(c["num_workers"] for c in result["configs"])
-    assert result["recommendation"]["num_workers"] == best  # sleeping workers scale: the most is the fastest
+    # the advice is the fewest workers within 10% of the best rate measured (recommend_offline's rule,
+    # computed here from the measurements): more would be an over-recommendation, fewer would not keep up
+    best_rate = max(c["batches_per_s"] for c in result["configs"])
+    enough = min(c["num_workers"] for c in result["configs"] if c["batches_per_s"] >= 0.9 * best_rate)
+    assert result["recommendation"]["num_workers"] == enough
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from gputop.sim.demo_launcher import DemoJob
 from tests.harness.processes import wait_until
 
 RANKS = 2  # keeps 2 shared cores usable; the arithmetic per rank is the same as with 8
+NO_HARM = 0.9  # the job keeps at least this share of its speed while the benchmark sweeps
 
 
 def _steps_per_s(job: DemoJob, sample) -> tuple[float, object]:
@@ -46,7 +47,7 @@ def test_recommended_workers_remove_the_wait_on_the_starved_demo(tmp_path):
     if result.contention:  # no idle cores: the sweep's decoding competed with the job, and it says so
         assert any(note.startswith("measured under contention") for note in result.notes)
     else:
-        assert kept >= 0.9
+        assert kept >= NO_HARM
 
     with DemoJob("starved", gpus=RANKS, workers=workers) as fixed:
         launcher = fixed.start()
@@ -56,3 +57,8 @@ def test_recommended_workers_remove_the_wait_on_the_starved_demo(tmp_path):
         fixed_rate, passive = _steps_per_s(fixed, lambda: sample_passive(rank_pid, worker_pids, 6))
     assert passive.wait_fraction < 0.10, passive
     assert fixed_rate > 2 * starved_rate
+    if result.contention:
+        # The no-harm bar is not lowered on a busy box: it could not be measured here, and the test says so
+        # instead of passing on a weaker one (everything above did hold).
+        pytest.skip(f"no idle cores during the sweep: the job kept {kept:.0%} of its speed; the >= {NO_HARM:.0%} "
+                    "no-harm bar needs a box with idle cores")

@@ -103,3 +103,15 @@ def test_every_rank_in_a_pid_namespace_maps_to_its_gpu(spawn, tmp_path, devices_
 ])
 def test_visible_device_by_convention(env, local_rank, want):
     assert visible_device(env, local_rank) == want
+
+
+def test_the_job_panel_marks_an_inferred_gpu():
+    from gputop.model import JobTree, ProcInfo, Rank
+    from gputop.tui.widgets.job_panel import job_rows
+
+    ranks = (
+        Rank(proc=ProcInfo(pid=10, ppid=1, name="python"), rank=0, gpus=(2,), gpu_mapping="inferred"),
+        Rank(proc=ProcInfo(pid=11, ppid=1, name="python"), rank=1, gpus=(5,), gpu_mapping="nvml"),
+    )
+    rows = [r for r in job_rows(JobTree(root_pid=10, ranks=ranks)) if r.kind == "rank"]
+    assert [r.gpus for r in rows] == ["GPU2?", "GPU5"]

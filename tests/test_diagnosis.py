@@ -9,7 +9,6 @@ import pytest
 
 from gputop.analysis.diagnosis import (
     HANG_MIN_SECONDS,
-    INPUT_BOUND_HIGH,
     detect_period,
     diagnose,
     percentile,
@@ -627,8 +626,14 @@ def test_verdict_line_has_action_and_count():
     assert "(+1 more)" in verdict_line(two)
 
 
-def test_input_bound_threshold_constant_is_tf_profiler_scale():
-    assert INPUT_BOUND_HIGH == 0.20
+@pytest.mark.parametrize("waiting,severity", [(5, "critical"), (3, "warning")])
+def test_a_fifth_of_the_time_waiting_is_where_input_bound_turns_critical(waiting, severity):
+    # TF Profiler's scale: waiting for data 20% of the time or more is "highly" input-bound (critical):
+    # 5 of 20 dumps (25%) is above the line, 3 of 20 (15%) below it stays a warning
+    pattern = [WAITING_FOR_DATA] * waiting + [FORWARD_BACKWARD] * (20 - waiting)
+    hist = build(Scenario(seconds=239, gpu_error=NO_DRIVER, ranks=eight_ranks(state=cycle(pattern))))
+    f = by_id(diagnose(hist), "starvation")
+    assert f.severity == severity, (f.severity, f.summary)
 
 
 # ---------------------------------------------------------------- the simulated machine (real adapter over the fake NVML)

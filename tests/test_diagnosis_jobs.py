@@ -6,30 +6,19 @@ No GPU and no simulation: these are the stack/CPU findings working with no GPU d
 
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 
 from gputop.analysis.diagnosis import severe, verdict_line
 from tests.harness.attach import VERDICT_DEADLINE_S, dumps_of
 from tests.harness.processes import wait_until
-
-JOB = os.path.join(os.path.dirname(__file__), "diagnosis_job.py")
-
-
-def start_job(spawn, tmp_path, mode):
-    ready = tmp_path / f"{mode}.ready"
-    proc = spawn([sys.executable, JOB, "--mode", mode, "--ready", str(ready)])
-    wait_until(lambda: ready.exists() or proc.poll() is not None, timeout=60, what=f"{mode} job's first batch")
-    assert proc.poll() is None, f"{mode} job exited with {proc.returncode}"
-    return proc
+from tests.harness.train_jobs import start_diagnosis_job
 
 
 @pytest.mark.slow
 def test_no_gpu_here(observe, spawn, tmp_path):
     # the premise of this module: no driver, so everything below rests on stacks and CPU only
-    proc = start_job(spawn, tmp_path, "compute")
+    proc = start_diagnosis_job(spawn, tmp_path, "compute")
     obs = observe(proc.pid)
     if obs.pipeline.machine.gpu_error is None:
         pytest.skip("this machine has a GPU driver; the no-GPU premise does not hold")
@@ -39,7 +28,7 @@ def test_no_gpu_here(observe, spawn, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,words", [("starved", "waits for data"), ("starved0", "in dataset code")])
 def test_starved_job_is_input_bound(observe, spawn, tmp_path, mode, words):
-    proc = start_job(spawn, tmp_path, mode)
+    proc = start_diagnosis_job(spawn, tmp_path, mode)
     obs = observe(proc.pid)
     wait_until(lambda: obs.step()[0].id == "starvation" and obs.findings[0].severity == "critical", timeout=VERDICT_DEADLINE_S, interval=0.3, what=f"starvation verdict ({mode})")
     top = obs.findings[0]
@@ -51,7 +40,7 @@ def test_starved_job_is_input_bound(observe, spawn, tmp_path, mode, words):
 
 @pytest.mark.slow
 def test_hung_worker_is_a_hang_with_its_frame(observe, spawn, tmp_path):
-    proc = start_job(spawn, tmp_path, "hang")
+    proc = start_diagnosis_job(spawn, tmp_path, "hang")
     obs = observe(proc.pid)
     wait_until(lambda: obs.step()[0].id == "hang", timeout=VERDICT_DEADLINE_S, interval=0.3, what="hang verdict")
     top = obs.findings[0]
@@ -63,7 +52,7 @@ def test_hung_worker_is_a_hang_with_its_frame(observe, spawn, tmp_path):
 
 @pytest.mark.slow
 def test_compute_bound_job_is_healthy_not_input_bound(observe, spawn, tmp_path):
-    proc = start_job(spawn, tmp_path, "compute")
+    proc = start_diagnosis_job(spawn, tmp_path, "compute")
     obs = observe(proc.pid)
     # enough distinct dumps for the input fraction to count (MIN_STACK_SAMPLES and then some)
     wait_until(lambda: obs.step() and dumps_of(obs, proc.pid) >= 12, timeout=VERDICT_DEADLINE_S, interval=0.3, what="12 stack dumps")

@@ -342,3 +342,14 @@ def test_structured_misplacement_is_read_not_string_matched():
     f = next(f for f in diagnose(build(sc)) if f.id == "misplacement")
     assert f.summary.startswith("GPU 2 is shared by 2 ranks") and f.pids == (1002, 1003) and f.gpus == (2,)
     assert "collector: words the analysis must not parse" not in f.evidence
+
+
+def test_ranks_spinning_for_a_rank_whose_worker_was_seen_once_in_dataset_code_name_that_frame():
+    # idle workers are dumped rarely: one dump of the stuck worker so far, not yet proof it is stuck
+    sc = _nccl_hang(140.0)
+    sc.ranks[3].worker_frames = lambda t, w: (WORKER_STUCK_FRAMES if t == 20.0 else None) if w == 3001 else WORKER_IDLE_FRAMES
+    findings = diagnose(build(sc))
+    top = findings[0]
+    assert top.id == "hang" and "waiting for rank 3, which waits for a DataLoader worker stuck in dataset code" in top.summary
+    assert top.frames[-1] == "ImageDataset.__getitem__ (dataset.py:44)"
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" in top.fix and "timeout=120" in top.fix

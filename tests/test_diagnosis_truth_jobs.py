@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.harness.processes import run_gputop
-from tests.test_diagnosis_jobs import start_job
+from tests.harness.train_jobs import start_diagnosis_job
 
 # The Done-when bar: 10 reports in a row per loader.  GPUTOP_SLOW_LOADER_REPORTS may lower it on a busy box.
 REPORTS = int(os.environ.get("GPUTOP_SLOW_LOADER_REPORTS", "10"))
@@ -27,7 +27,7 @@ def _report(spawn, pid: int) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["slow0", "slow2"])
 def test_slow_but_steady_loader_is_input_bound_never_hung(spawn, tmp_path, mode):
-    proc = start_job(spawn, tmp_path, mode)
+    proc = start_diagnosis_job(spawn, tmp_path, mode)
     for i in range(REPORTS):
         data = _report(spawn, proc.pid)
         findings = {f["id"]: f for f in data["findings"]}
@@ -38,7 +38,7 @@ def test_slow_but_steady_loader_is_input_bound_never_hung(spawn, tmp_path, mode)
 
 @pytest.mark.slow
 def test_worker_hung_before_attaching_shows_in_a_12_s_report(spawn, tmp_path):
-    proc = start_job(spawn, tmp_path, "hang")
+    proc = start_diagnosis_job(spawn, tmp_path, "hang")
     time.sleep(8)  # the case: the report starts 8 s after the worker hung (a scenario delay, not a sync)
     data = _report(spawn, proc.pid)
     hang = next((f for f in data["findings"] if f["id"] == "hang"), None)
@@ -46,3 +46,20 @@ def test_worker_hung_before_attaching_shows_in_a_12_s_report(spawn, tmp_path):
     assert any(f.startswith("JobDataset.__getitem__ (diagnosis_job.py:") for f in hang["frames"]), hang["frames"]
     assert not [f for f in data["findings"] if f["id"] == "starvation" and f["severity"] in ("critical", "warning")], data["verdict"]
     assert not any("raise num_workers" in f["fix"] for f in data["findings"]), data["verdict"]
+
+
+@pytest.mark.slow
+def test_passive_bench_advises_more_workers_for_one_io_bound_worker(spawn, tmp_path):
+    from tests.harness.train_jobs import start_job as start_train_job
+
+    # one worker sleeps 140 ms per batch (I/O-like) against a 20 ms step: the rank waits ~85% of the time
+    job = start_train_job(spawn, tmp_path, "io1", "--workers", "1", "--prep-ms", "140", "--step-ms", "20")
+    ran = run_gputop(spawn, "bench", "--pid", str(job.pid), "--json", "--seconds", "6", timeout=120)
+    assert ran.rc == 0, ran.err
+    result = json.loads(ran.out)
+    assert result["mode"] == "passive"
+    assert result["passive"]["wait_fraction"] > 0.7, result["passive"]
+    advice = result["advice"]
+    assert result["recommendation"]["num_workers"] >= 4, advice
+    assert result["recommendation"]["num_workers"] <= advice["worker_cap"], advice
+    assert "I/O-bound" in "\n".join(advice["lines"]), advice["lines"]

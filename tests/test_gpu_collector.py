@@ -145,7 +145,9 @@ def test_consumer_card_reports_not_available_not_zero(collector):
     clock = ManualClock()
     gpu, _ = collector("rtx-4090-2", clock=clock)
     clock.advance(1.0)
-    for s in gpu.sample():
+    samples = gpu.sample()
+    assert len(samples) == 2  # the profile's two cards, each checked below
+    for s in samples:
         assert s.ecc is None and s.unavailable["ecc"] == "NotSupported"
         assert s.nvlink is None and s.unavailable["nvlink"] == "NotSupported"
         assert s.remapped_rows is None and s.unavailable["remapped_rows"] == "NotSupported"
@@ -242,6 +244,7 @@ def test_old_driver_falls_back_to_v1_calls(collector):
     assert gpu.cuda_version == "12.4"  # from nvmlSystemGetCudaDriverVersion
     clock.advance(1.0)
     samples = gpu.sample()
+    assert len(samples) == 8
     for s in samples:
         assert s.unavailable == {}
         assert s.memory_used == 10 * GIB + H100_SXM.memory_reserved  # v1 counts reserved memory as used
@@ -269,6 +272,7 @@ def test_faults_behave_as_named(collector, fault, check):
     gpu, _ = collector(f"h100-sxm-8+{fault}", load=ScriptedLoad(util=95.0), clock=clock)
     clock.advance(1.0)
     samples = gpu.sample()
+    assert len(samples) == 8  # so "no other GPU" below means seven
     assert check(samples[2])
     assert not any(check(s) for i, s in enumerate(samples) if i != 2)
 

@@ -195,3 +195,14 @@ def test_recommend_prefers_the_live_prep_and_shows_the_sweep_as_a_cross_check():
     assert "prep time per batch = the wait at num_workers=0 = 100.0 ms" in text
     assert "cross-check, loader alone with these settings: 5.00 batches/s → 200.0 ms" in text
     assert advice["workers_needed"] == 7
+
+
+def test_offline_advice_is_the_fewest_workers_near_the_best_not_the_most():
+    # rates that level off: 4 workers are within 10% of 8's best, so 8 would be an over-recommendation
+    configs = [{"num_workers": n, "prefetch_factor": 2, "pin_memory": False, "batches_per_s": rate}
+               for n, rate in ((0, 5.0), (2, 10.0), (4, 19.0), (8, 20.0))]
+    advice = lm.recommend_offline(current={"num_workers": 0}, configs=configs)
+    assert advice["kwargs"]["num_workers"] == 4
+    # and when they keep scaling, the most it measured (nothing beyond what was measured)
+    scaling = [dict(c, batches_per_s=5.0 * max(1, c["num_workers"])) for c in configs]
+    assert lm.recommend_offline(current={"num_workers": 0}, configs=scaling)["kwargs"]["num_workers"] == 8

@@ -261,6 +261,14 @@ def input_bound(seconds: float = 60.0, ranks: int = 8, **kwargs) -> hb.Scenario:
     )
 
 
+def test_every_stack_class_is_one_of_the_rank_states():
+    from gputop.analysis.stack_classes import MAIN_THREAD_STATES
+    from gputop.exporter import STATE_OF_CLASS
+
+    assert set(STATE_OF_CLASS) == set(MAIN_THREAD_STATES)  # a new class must get a state, not all zeros
+    assert set(STATE_OF_CLASS.values()) | {"hung"} == set(RANK_STATES)
+
+
 def test_input_bound_job_exports_its_ranks_wait_and_the_code_verdict():
     exporter, source = exporter_over(input_bound())
     run_cycles(exporter, source)
@@ -413,10 +421,9 @@ def test_refused_stacks_become_a_counter_and_one_log_line():
     assert values(samples, "gputop_rank_data_wait_ratio") == {}
 
 
-def test_a_failed_cycle_is_logged_once_and_the_collector_goes_on():
-    import threading
-
-    stop = threading.Event()
+def test_a_failed_poll_is_logged_once_and_the_poll_loop_goes_on():
+    """serve's loop: the one PollLoop feeding the exporter, which logs a failure once and keeps serving."""
+    from gputop.source import PollLoop
 
     class FlakySource(HistorySource):
         failures = 0
@@ -426,16 +433,15 @@ def test_a_failed_cycle_is_logged_once_and_the_collector_goes_on():
                 self.failures += 1
                 raise OSError("NVML went away")
             if self.i == len(self.snaps) - 1:
-                stop.set()  # the last snapshot: the loop ends after this cycle
+                loop.stop()  # the last snapshot: the loop ends after this tick
             return super().poll()
 
     source = FlakySource(hb.build(input_bound(seconds=6, ranks=1)))
     logged: list[str] = []
-    exporter = Exporter(source, HistoryJobs(source), interval=0.001, log=logged.append)
-    thread = threading.Thread(target=exporter.run, args=(stop,))
-    thread.start()
-    thread.join(timeout=60)
-    assert not thread.is_alive() and source.failures == 3
+    exporter = Exporter(source, HistoryJobs(source), interval=1.0, log=logged.append)
+    loop = PollLoop(source, 0.001, on_error=exporter.failed)
+    loop.run(exporter.deliver)
+    assert source.failures == 3
     assert logged == ["collection failed: OSError: NVML went away (serving the last values; retrying)"]
     assert exporter.cycles == len(source.snaps) == 7
     assert one(parse(scrape_text(exporter)), "gputop_rank_data_wait_ratio", rank="0") > 0

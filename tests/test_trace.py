@@ -84,6 +84,11 @@ def test_two_rank_gloo_job_phases_match_the_truth(spawn, tmp_path):
             assert rank["phases"][phase] == pytest.approx(share, abs=PHASE_TOLERANCE), (rank["rank"], phase, truth, rank["phases"])
         assert rank["steps_per_s"] > 0
     assert not [f for f in result["findings"] if f["id"] == "trace_communication"]
+    try:  # the traces open in Holistic Trace Analysis too, one rank each (when it is installed: not in CI)
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        return
+    assert sorted(TraceAnalysis(trace_dir=str(tmp_path / "out")).t.traces) == [0, 1]
 
 
 @pytest.mark.slow
@@ -264,6 +269,6 @@ def test_with_stack_names_the_function_that_syncs(tmp_path):
         time.sleep(0.01)
     agent.join(30)
     summary = trace_summary.summarize_file(str(tmp_path / "trace.json"))
-    assert summary["syncs_per_step"] >= 1
+    assert summary["syncs"] >= summary["steps"] - 1 >= 4  # one per step (the window may cut the last step's)
     top = summary["sync_sites"][0]
     assert "test_trace.py(" in top["site"] and top["site"].endswith(": _train_step_that_syncs"), summary["sync_sites"]

@@ -1,8 +1,9 @@
 """`gputop serve [--listen 127.0.0.1:9401] [--pid PID ...] [--simulate [SPEC]] [--interval S]`: an
 OpenMetrics endpoint for Prometheus, next to dcgm-exporter.  Headless: it never imports Textual.
 
-It binds to loopback unless another address is asked for.  Collection runs in a background thread
-(`gputop.exporter.Exporter`); a scrape gets the last cycle's values.
+It binds to loopback unless another address is asked for.  Collection is the one poll loop
+(`gputop.source.PollLoop`) in a background thread, feeding `gputop.exporter.Exporter`; a scrape gets
+the last cycle's values.
 """
 
 from __future__ import annotations
@@ -71,13 +72,14 @@ def run(args: Any) -> int:
 
     from gputop.exporter import AttachedJobs, DiscoveredJobs, Exporter
     from gputop.pipeline import Pipeline
+    from gputop.source import PollLoop
 
     host, port = parse_listen(args.listen)
     log = _log
     pipeline = Pipeline(simulate=args.simulate, stack_interval=args.stack_interval)
     jobs: Optional[Any] = None
     server = None
-    stop = threading.Event()
+    loop: Optional[PollLoop] = None
     try:
         jobs = AttachedJobs(args.pid, stack_interval=args.stack_interval, log=log) if args.pid else DiscoveredJobs(stack_interval=args.stack_interval)
         exporter = Exporter(pipeline, jobs, interval=args.interval, dcgm_fields=args.dcgm_fields, log=log)
@@ -92,12 +94,14 @@ def run(args: Any) -> int:
         log(f"serving metrics for {what} on http://{shown}/metrics (Ctrl-C stops)")
         if not is_loopback(host):
             log(f"listening beyond loopback: anyone who can reach {shown} can read these metrics")
-        thread = threading.Thread(target=exporter.run, args=(stop,), name="gputop-serve-collect", daemon=True)
+        loop = PollLoop(pipeline, args.interval, on_error=exporter.failed)
+        thread = threading.Thread(target=loop.run, args=(exporter.deliver,), name="gputop-serve-collect", daemon=True)
         thread.start()
-        _wait_for_signal(stop)
+        _wait_for_signal(loop)
         thread.join(timeout=max(5.0, 2 * args.interval))
     finally:
-        stop.set()
+        if loop is not None:
+            loop.stop()
         if server is not None:
             server.shutdown()
             server.server_close()
@@ -111,13 +115,13 @@ def _log(line: str) -> None:
     print(f"gputop serve: {line}", file=sys.stderr, flush=True)
 
 
-def _wait_for_signal(stop: threading.Event) -> None:
-    """Until SIGTERM (systemd's stop) or SIGINT (Ctrl-C) sets `stop`."""
+def _wait_for_signal(loop: Any) -> None:
+    """Until SIGTERM (systemd's stop) or SIGINT (Ctrl-C) stops the poll loop."""
 
     def handle(_signum: int, _frame: Any) -> None:
-        stop.set()
+        loop.stop()
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
-    while not stop.wait(1.0):
+    while not loop.stop_event.wait(1.0):
         pass

@@ -159,6 +159,7 @@ def _job(snaps: Sequence[Snapshot]) -> Optional[dict[str, Any]]:
                 "world_size": r.world_size,
                 "pid": r.proc.pid,
                 "gpus": list(r.gpus),
+                "gpu_mapping": r.gpu_mapping,  # "nvml" | "nspid" | "inferred" (see model.Rank)
                 "cuda_visible_devices": r.cuda_visible_devices,
                 "main_thread_state": r.main_thread_state,
                 "state_fractions": {k: round(v / o.n, 3) for k, v in o.states.most_common()} if o and o.n else {},

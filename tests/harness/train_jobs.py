@@ -11,6 +11,7 @@ from tests.harness.processes import wait_until
 
 REPO = str(Path(__file__).resolve().parents[2])
 JOB = str(Path(REPO) / "tests" / "bench_jobs" / "train_job.py")
+DIAGNOSIS_JOB = str(Path(REPO) / "tests" / "diagnosis_job.py")
 
 
 @dataclass(frozen=True)
@@ -66,3 +67,12 @@ def truth(steps: list[Step], t0: float, t1: float) -> Optional[dict]:
     waits = sum(s.wait_s for s in inside[1:])  # the waits that happened inside the span
     return {"batches_per_s": (len(inside) - 1) / span, "wait_fraction": waits / span,
             "wait_per_batch_s": waits / (len(inside) - 1)}
+
+
+def start_diagnosis_job(spawn, tmp_path: Path, mode: str):
+    """Start tests/diagnosis_job.py in `mode` (starved, compute, hung worker, ...) and wait for its first batch."""
+    ready = tmp_path / f"{mode}.ready"
+    proc = spawn([sys.executable, DIAGNOSIS_JOB, "--mode", mode, "--ready", str(ready)])
+    wait_until(lambda: ready.exists() or proc.poll() is not None, timeout=60, what=f"{mode} job's first batch")
+    assert proc.poll() is None, f"{mode} job exited with {proc.returncode}"
+    return proc

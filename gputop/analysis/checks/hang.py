@@ -324,6 +324,17 @@ def _rank_hang(ctx: Context, rank: RankObs) -> Optional[_Hung]:
     return _Hung(finding, rank, stuck_secs, waiter=state == COLLECTIVE or (gpu_spin and state not in (WAITING_FOR_DATA, IN_DATASET)), state=state)
 
 
+def _suspect_worker(rank: RankObs) -> Optional[tuple[WorkerObs, FrozenRun]]:
+    """A worker of this rank last seen in dataset code with nothing moving, not yet long enough to be
+    called stuck (idle workers are dumped rarely): the likeliest root while others wait for the rank."""
+    found = []
+    for w in rank.workers.values():
+        run = frozen_run(w.pid, w.samples)
+        if run is not None and _in_dataset_code(run.last.frames) and run.still is not False:
+            found.append((w, run))
+    return max(found, key=lambda wr: wr[1].seconds) if found else None
+
+
 def makes_progress(rank: RankObs) -> bool:
     """Its main thread moved between its last two dumps: another stack, or counters that moved."""
     if len(rank.samples) < 2:
@@ -344,6 +355,15 @@ def _odd_one_out(ctx: Context, waiting: Sequence[_Hung]) -> Optional[tuple[RankO
         stuck = stuck_worker(rank) if sample.state == WAITING_FOR_DATA else None
         if stuck is not None:
             return rank, f"{rank.label} is not in the collective: it waits for data; {stuck.what}", stuck.frames
+        suspect = _suspect_worker(rank) if sample.state == WAITING_FOR_DATA else None
+        if suspect is not None:
+            w, run = suspect
+            return (
+                rank,
+                f"{rank.label} is not in the collective: it waits for data, and its DataLoader worker PID {w.pid} has sat "
+                f"in dataset code for {run.seconds:.0f} s ({run.count} dump(s){', counters still' if run.still else ''})",
+                dataset_frames(run.last.frames),
+            )
         frames = frames_from(sample.frames, WAIT_FRAMES) if sample.state == WAITING_FOR_DATA else outer_frames(sample.frames, 4)
         return rank, f"{rank.label} is not in the collective: its main thread is {sample.state}", frames
     return None
@@ -415,9 +435,10 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
     if odd is not None:
         rank, what, odd_frames = odd
         evidence += (what,)
-        summary = f"Hang: {len(waiting)} rank(s) stuck for {longest:.0f} s waiting for {rank.name}" + (
-            " (their GPUs spin in a collective at ~100%, low power)" if spinning else " in a collective"
-        )
+        summary = f"Hang: {len(waiting)} rank(s) stuck for {longest:.0f} s waiting for {rank.name}"
+        if "dataset code" in what:
+            summary += ", which waits for a DataLoader worker stuck in dataset code"
+        summary += " (their GPUs spin in a collective at ~100%, low power)" if spinning else " in a collective"
         frames = odd_frames or frames
         gpus += tuple(g for g in sorted(rank.gpus) if g not in gpus)
         pids = (rank.pid,) + pids

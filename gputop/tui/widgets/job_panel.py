@@ -102,7 +102,8 @@ def _rank_row(rank: Rank, branch: str, job_root: Optional[int], fold_workers: bo
         pid=proc.pid,
         kind="rank",
         label=f"{branch}{name} {proc.pid}{folded}",
-        gpus=",".join(f"GPU{g}" for g in rank.gpus) if rank.gpus else "-",
+        # "?": inferred from CUDA_VISIBLE_DEVICES + LOCAL_RANK (NVML's PIDs are not visible in this container)
+        gpus=",".join(f"GPU{g}{'?' if rank.gpu_mapping == 'inferred' else ''}" for g in rank.gpus) if rank.gpus else "-",
         cpu=proc.cpu_percent,
         state=_proc_state(proc),
         extra=units.short_bytes(proc.rss) if proc.rss is not None else "",

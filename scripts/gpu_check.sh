@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# gpu_check.sh: gputop against real NVIDIA GPUs, in one call, in under 8 minutes.
+#
+# LAST RUN ON REAL GPUS: never. This script has NOT YET RUN on a machine with NVIDIA GPUs. It was
+# syntax-checked (bash -n) and its --no-cuda path (the same steps on the CPU, with gloo instead of
+# NCCL and the simulated machine standing in for NVML) ran on a CPU-only box on 2026-12-01. Whoever
+# first runs it on GPUs: replace these lines with the machine, the driver and the date, and commit the
+# fixture and the figures it wrote.
+#
+# What it does, in order (each step is bounded by `timeout`; the whole run by about 8 minutes):
+#   1. installs the project (pip install -e '.[test]'; torch with CUDA if torch is missing);
+#   2. takes `gputop snapshot --json` into tests/fixtures/nvml/ (tests/test_snapshot_cli.py replays
+#      every file there through the model) and prints what differs from the simulated H100 machine;
+#   3. runs a real CUDA training job (scripts/gpu_check_job.py) starved (num_workers=0), then tuned
+#      (workers, pinned memory), takes `gputop report --pid` of each, and checks that the starved one
+#      is called input-bound and the tuned one is not;
+#   4. hangs rank 1 of a 2-rank NCCL job and checks that the report's hang finding names that rank;
+#   5. writes the reports and summary.json under benchmarks/gpu_check/HOST/ (commit them).
+#
+# Usage: scripts/gpu_check.sh [--no-cuda] [--skip-install] [--out DIR] [--seconds S]
+#   --no-cuda       run every step on the CPU (simulated GPUs, gloo): checks the script, not the GPUs
+#   --skip-install  use the gputop already importable (e.g. a checkout on PYTHONPATH)
+#   --out DIR       where the reports and figures go (default benchmarks/gpu_check/HOST, or a
+#                   temporary directory with --no-cuda)
+#   --seconds S     how long each report observes (default 25)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+NO_CUDA=0
+SKIP_INSTALL=0
+OUT=""
+SECONDS_PER_REPORT=25
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-cuda) NO_CUDA=1 ;;
+        --skip-install) SKIP_INSTALL=1 ;;
+        --out) OUT="$2"; shift ;;
+        --seconds) SECONDS_PER_REPORT="$2"; shift ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+HOST="$(hostname -s 2>/dev/null || hostname)"
+if [ -z "$OUT" ]; then
+    if [ "$NO_CUDA" = 1 ]; then OUT="$(mktemp -d -t gputop-gpu-check.XXXXXX)"; else OUT="$ROOT/benchmarks/gpu_check/$HOST"; fi
+fi
+mkdir -p "$OUT"
+JOB="$ROOT/scripts/gpu_check_job.py"
+VERIFY="$ROOT/scripts/gpu_check_verify.py"
+FAILED=0
+STARTED_GROUPS=()
+
+say() { printf '\n== %s\n' "$*"; }
+fail() { echo "FAIL: $*" >&2; FAILED=$((FAILED + 1)); }
+
+# Every job this script starts runs in its own session; on any exit, end those process groups (by the
+# PIDs we started, nothing else).
+cleanup() {
+    local pgid
+    for pgid in "${STARTED_GROUPS[@]:-}"; do
+        [ -n "$pgid" ] && kill -KILL -- "-$pgid" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+
+# start_job NAME ARGS...: run ARGS in a new session, PID in $JOB_PID
+start_job() {
+    local name="$1"; shift
+    setsid "$@" >"$OUT/$name.out" 2>&1 < /dev/null &
+    JOB_PID=$!
+    STARTED_GROUPS+=("$JOB_PID")
+}
+
+# wait_for FILE SECONDS WHAT: a deadline on a condition (the job's first step), not a sleep
+wait_for() {
+    local file="$1" deadline=$((SECONDS + $2)) what="$3"
+    while [ ! -e "$file" ]; do
+        if [ "$SECONDS" -ge "$deadline" ]; then fail "timed out waiting for $what"; return 1; fi
+        if ! kill -0 "$JOB_PID" 2>/dev/null; then fail "$what: the job exited (see $OUT/*.out)"; return 1; fi
+        sleep 0.5
+    done
+}
+
+stop_job() { kill -KILL -- "-$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+
+# ---------------------------------------------------------------- 1. install
+say "1. install"
+if [ "$SKIP_INSTALL" = 0 ]; then
+    if ! "$PYTHON" -c "import torch" 2>/dev/null; then
+        if [ "$NO_CUDA" = 1 ]; then
+            timeout 600 "$PYTHON" -m pip install --quiet torch --index-url https://download.pytorch.org/whl/cpu
+        else
+            timeout 600 "$PYTHON" -m pip install --quiet torch  # the CUDA build from PyPI
+        fi
+    fi
+    timeout 600 "$PYTHON" -m pip install --quiet -e ".[test]"
+fi
+GPUTOP=("$PYTHON" -m gputop)
+"${GPUTOP[@]}" --version
+"$PYTHON" - <<'EOF'
+import torch
+print(f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}, devices: {torch.cuda.device_count()}")
+EOF
+if [ "$NO_CUDA" = 0 ]; then
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv || true
+    "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.device_count() >= 1 else 1)" \
+        || { echo "gpu_check.sh: torch sees no CUDA device; rerun with --no-cuda to check the script alone" >&2; exit 1; }
+fi
+
+# ---------------------------------------------------------------- 2. snapshot and differences
+say "2. gputop snapshot --json"
+"${GPUTOP[@]}" snapshot --simulate --json > "$OUT/snapshot-simulated.json"
+if [ "$NO_CUDA" = 1 ]; then
+    # no driver here: a second simulated machine stands in for the real one, so the comparison runs
+    "${GPUTOP[@]}" snapshot --simulate rtx-4090-2 --json > "$OUT/snapshot-real.json"
+    echo "(--no-cuda: compared a simulated RTX 4090 x2 with the simulated H100 x8; nothing written to tests/fixtures/nvml)"
+else
+    timeout 60 "${GPUTOP[@]}" snapshot --json > "$OUT/snapshot-real.json"
+    MODEL="$("$PYTHON" -c "import json,re,sys; d=json.load(open(sys.argv[1])); m=d['machine']; print(re.sub(r'[^A-Za-z0-9]+','-', f\"{(m['gpu_names'] or ['none'])[0]}-x{m['gpu_count']}-driver-{m['driver_version']}\").strip('-').lower())" "$OUT/snapshot-real.json")"
+    mkdir -p tests/fixtures/nvml
+    cp "$OUT/snapshot-real.json" "tests/fixtures/nvml/$MODEL.json"
+    echo "wrote tests/fixtures/nvml/$MODEL.json"
+    timeout 120 "$PYTHON" -m pytest -q tests/test_snapshot_cli.py -k recorded_real_snapshot || fail "the real snapshot does not replay through the model"
+fi
+echo "what differs from the simulated machine:"
+"$PYTHON" "$VERIFY" differences "$OUT/snapshot-real.json" "$OUT/snapshot-simulated.json" | tee "$OUT/differences.txt"
+
+# ---------------------------------------------------------------- 3. starved, then tuned
+DEVICE=cuda
+CORES="$(nproc)"
+TUNED_WORKERS=$(( CORES > 10 ? 8 : (CORES > 3 ? CORES - 2 : 1) ))
+JOB_ARGS=(--device "$DEVICE" --max-seconds $((SECONDS_PER_REPORT + 150)))
+TUNED_ARGS=()
+if [ "$NO_CUDA" = 1 ]; then
+    # On the CPU, with no driver: the verdicts rest on stacks and CPU alone (as on a box whose NVML is
+    # broken). A small box cannot hide a heavy decode behind a CPU step with its few cores, so the tuned
+    # run also decodes less: --no-cuda checks that the script works, not the GPUs.
+    DEVICE=cpu
+    JOB_ARGS=(--device cpu --max-seconds $((SECONDS_PER_REPORT + 150)) --batch-size 16 --width 256 --prep-ms 6)
+    TUNED_ARGS=(--prep-ms 0.5)
+fi
+
+report_on() {  # report_on NAME PID: gputop report --pid PID as JSON into $OUT/NAME.json
+    timeout $((SECONDS_PER_REPORT + 90)) "${GPUTOP[@]}" report --pid "$2" --seconds "$SECONDS_PER_REPORT" \
+        --format json -o "$OUT/$1.json" || fail "gputop report on the $1 job failed"
+}
+
+for variant in starved tuned; do
+    say "3. the $variant job"
+    rm -f "$OUT/$variant.ready"
+    if [ "$variant" = starved ]; then
+        start_job "$variant" "$PYTHON" "$JOB" "${JOB_ARGS[@]}" --workers 0 --ready "$OUT/$variant.ready"
+    else
+        start_job "$variant" "$PYTHON" "$JOB" "${JOB_ARGS[@]}" --workers "$TUNED_WORKERS" --pin-memory "${TUNED_ARGS[@]}" --ready "$OUT/$variant.ready"
+    fi
+    pid=$JOB_PID
+    if wait_for "$OUT/$variant.ready" 180 "the $variant job's first step"; then
+        report_on "$variant" "$pid"
+        [ -e "$OUT/$variant.json" ] && { "$PYTHON" "$VERIFY" verdict "$OUT/$variant.json" --expect "$variant" || fail "the $variant verdict"; }
+    fi
+    stop_job "$pid"
+done
+
+# ---------------------------------------------------------------- 4. one rank of two hangs
+say "4. a 2-rank job whose rank 1 hangs"
+if [ "$NO_CUDA" = 0 ] && [ "$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')" -lt 2 ]; then
+    echo "one GPU only: the NCCL hang needs two; skipped"
+else
+    rm -f "$OUT"/hang.ready.* "$OUT"/rank-*.pid
+    start_job hang "$PYTHON" -m torch.distributed.run --nproc-per-node 2 "$JOB" "${JOB_ARGS[@]}" --distributed \
+        --workers 1 --hang-rank 1 --hang-after 5 --ready "$OUT/hang.ready" --pid-dir "$OUT"
+    launcher=$JOB_PID
+    if wait_for "$OUT/hang.ready.1" 240 "both ranks' first step" && wait_for "$OUT/rank-1.pid" 10 "rank 1's PID"; then
+        report_on hang "$launcher"
+        [ -e "$OUT/hang.json" ] && { "$PYTHON" "$VERIFY" hang "$OUT/hang.json" --pid "$(cat "$OUT/rank-1.pid")" --rank 1 || fail "the hang finding"; }
+    fi
+    stop_job "$launcher"
+fi
+
+# ---------------------------------------------------------------- 5. figures
+say "5. figures in $OUT"
+"$PYTHON" "$VERIFY" figures "$OUT"
+if [ "$FAILED" -gt 0 ]; then
+    echo "gpu_check.sh: $FAILED check(s) failed; reports and job output are in $OUT" >&2
+    exit 1
+fi
+echo "gpu_check.sh: every check passed; reports and figures are in $OUT"

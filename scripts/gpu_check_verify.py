@@ -1,0 +1,160 @@
+"""The judgements scripts/gpu_check.sh makes, over files gputop wrote (no GPU needed to run these).
+
+    python scripts/gpu_check_verify.py differences REAL.json SIMULATED.json   # snapshot --json, field by field
+    python scripts/gpu_check_verify.py verdict REPORT.json --expect starved|tuned
+    python scripts/gpu_check_verify.py hang REPORT.json --pid PID --rank R     # the hang finding names it
+    python scripts/gpu_check_verify.py figures OUT_DIR                          # summary.json from the reports
+
+Each prints what it found; a check that fails exits 1 with one line saying what was expected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+INPUT_FINDINGS = {"starvation"}  # the input-bound verdict (analysis/checks/input.py)
+HANG_FINDINGS = {"hang", "rank_wait", "straggler"}
+
+
+def _load(path: str) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def _shape(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return f"list[{len(value)}]"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _walk(prefix: str, real: Any, sim: Any) -> Iterable[str]:
+    """Where the real machine's JSON differs in kind from the simulated one (not in value: the
+    simulated numbers are made up; what matters is what the real driver leaves out or adds)."""
+    if isinstance(real, dict) and isinstance(sim, dict):
+        for key in sorted(set(real) | set(sim)):
+            if key not in real:
+                yield f"{prefix}{key}: only in the simulation"
+            elif key not in sim:
+                yield f"{prefix}{key}: only on the real machine ({_shape(real[key])})"
+            else:
+                yield from _walk(f"{prefix}{key}.", real[key], sim[key])
+    elif (real is None) != (sim is None) or (isinstance(real, list) != isinstance(sim, list)):
+        yield f"{prefix[:-1]}: real {_shape(real)}, simulated {_shape(sim)}"
+
+
+def differences(real_path: str, sim_path: str) -> int:
+    real, sim = _load(real_path), _load(sim_path)
+    lines = []
+    rm, sm = real["machine"], sim["machine"]
+    for key in ("gpu_count", "driver_version", "cuda_version", "nvml_version", "cpu_count"):
+        lines.append(f"machine.{key}: real {rm.get(key)!r}, simulated {sm.get(key)!r}")
+    lines.append(f"GPU names: real {sorted(set(rm.get('gpu_names') or []))}, simulated {sorted(set(sm.get('gpu_names') or []))}")
+    real_links = sorted({c for row in (real["topology"].get("matrix") or []) for c in row})
+    sim_links = sorted({c for row in (sim["topology"].get("matrix") or []) for c in row})
+    lines.append(f"topology link kinds: real {real_links}, simulated {sim_links}")
+    for index, gpu in enumerate(real["gpus"]):
+        if gpu.get("unavailable"):
+            lines.append(f"GPU {index} says unavailable: " + "; ".join(f"{k}: {v}" for k, v in sorted(gpu["unavailable"].items())))
+    if real["gpus"] and sim["gpus"]:
+        shape = sorted(set(_walk("gpu.", real["gpus"][0], sim["gpus"][0])))
+        lines += shape or ["gpu fields: the same kinds of values as the simulation"]
+    lines += sorted(set(_walk("host.", real["host"], sim["host"])))
+    print("\n".join("  " + line for line in lines))
+    return 0
+
+
+def _findings(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in report.get("findings", []) if f.get("severity") in ("critical", "warning", "info")]
+
+
+def verdict(path: str, expect: str) -> int:
+    report = _load(path)
+    ids = [f["id"] for f in _findings(report)]
+    print(f"  {Path(path).name}: {report.get('verdict')}  (findings: {', '.join(ids) or 'none'})")
+    starved = bool(INPUT_FINDINGS & set(ids))
+    if expect == "starved" and not starved:
+        print(f"FAIL: the starved job got no input-bound finding ({ids})", file=sys.stderr)
+        return 1
+    if expect == "tuned" and starved:
+        print(f"FAIL: the tuned job is still called input-bound ({ids})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def hang(path: str, pid: int, rank: int) -> int:
+    report = _load(path)
+    named = []
+    for f in _findings(report):
+        if f["id"] not in HANG_FINDINGS:
+            continue
+        # named as the culprit in the verdict's words (the evidence and the pids also list the ranks left waiting)
+        text = f.get("summary", "")
+        if re.search(rf"\brank {rank}\b", text) or re.search(rf"\b(PID|pid) {pid}\b", text):
+            named.append(f)
+    print(f"  {Path(path).name}: {report.get('verdict')}")
+    for f in named:
+        print(f"  {f['id']} ({f['severity']}): {f['summary']}")
+    if not named:
+        ids = [f["id"] for f in _findings(report)]
+        print(f"FAIL: no hang finding names rank {rank} (PID {pid}); findings: {ids}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _mean_util(report: dict[str, Any]) -> float | None:
+    values = [g["utilization"]["mean"] for g in report.get("gpus", []) if g.get("utilization") and g["utilization"].get("mean") is not None]
+    return round(sum(values) / len(values), 1) if values else None
+
+
+def figures(out_dir: str) -> int:
+    out = Path(out_dir)
+    summary: dict[str, Any] = {}
+    for name in ("starved", "tuned", "hang"):
+        path = out / f"{name}.json"
+        if path.exists():
+            report = _load(str(path))
+            summary[name] = {
+                "verdict": report.get("verdict"),
+                "findings": [f["id"] for f in _findings(report)],
+                "mean_gpu_utilization_percent": _mean_util(report),
+            }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("differences")
+    p.add_argument("real")
+    p.add_argument("simulated")
+    p = sub.add_parser("verdict")
+    p.add_argument("report")
+    p.add_argument("--expect", required=True, choices=["starved", "tuned"])
+    p = sub.add_parser("hang")
+    p.add_argument("report")
+    p.add_argument("--pid", type=int, required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p = sub.add_parser("figures")
+    p.add_argument("out_dir")
+    args = parser.parse_args()
+    if args.what == "differences":
+        return differences(args.real, args.simulated)
+    if args.what == "verdict":
+        return verdict(args.report, args.expect)
+    if args.what == "hang":
+        return hang(args.report, args.pid, args.rank)
+    return figures(args.out_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
