@@ -161,7 +161,7 @@ def check_sync(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
             "remove the sync from the step: keep values on the GPU and read them every N steps\n"
             "running_loss += loss.detach()        # not loss.item() every step\n"
             "if step % 100 == 0: print(running_loss.item() / 100)"
-            + ("" if named else "\n# `gputop trace --with-stack` names the line that syncs")
+            + ("" if named else "\n# `gputop trace --with-stack` names the function that syncs")
         ),
         pids=_pids(hits),
     )]
