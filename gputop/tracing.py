@@ -72,14 +72,14 @@ class TraceResult:
         lines = [f"Trace — {self.target} ({self.seconds:.1f}s)"]
         if self.out_dir:
             lines.append(f"Chrome traces in {self.out_dir} (open in ui.perfetto.dev, TensorBoard or HTA)")
-        header = f"{'rank':>5} {'pid':>8} " + " ".join(f"{p:>9}" for p in trace_summary.PHASES) + f" {'steps/s':>8}"
+        header = f"{'rank':>5} {'pid':>8} " + " ".join(f"{p:>10}" for p in trace_summary.PHASES) + f" {'steps/s':>8}"
         lines.append(header)
         for r in self.ranks:
             phases = r.get("phases") or {}
             rate = r.get("steps_per_s")
             rank = "-" if r.get("rank") is None else str(r["rank"])
             lines.append(f"{rank:>5} {str(r.get('pid') or '-'):>8} "
-                         + " ".join(f"{phases.get(p, 0.0):>9.0%}" for p in trace_summary.PHASES)
+                         + " ".join(f"{phases.get(p, 0.0):>10.0%}" for p in trace_summary.PHASES)
                          + f" {(f'{rate:.2f}' if rate else '-'):>8}")
         for r in self.ranks:
             gpu = r.get("gpu")

@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import html
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Optional
+
+from rich.cells import cell_len
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -137,6 +142,33 @@ async def shoot(out: Path, name: str, size: tuple[int, int], keys: list[str], se
         source.close()
 
 
+async def shoot_trace(out: Path, seconds: int, profile: str) -> Path:
+    """The trace dialog (key t) showing `gputop trace`'s result for two ranks of a real NCCL job on GPUs
+    (HTA's public traces in tests/fixtures/traces, summarised as `gputop trace --from` does)."""
+    from gputop.tracing import trace_from_files
+    from gputop.tui.app import GputopApp
+    from gputop.tui.trace_screen import TraceScreen
+
+    traces = ROOT / "tests" / "fixtures" / "traces"
+    result = trace_from_files([str(traces / "hta_nccl_rank-0.json.gz"), str(traces / "hta_nccl_rank-1.json.gz")])
+    source = build_source(seconds, profile)
+    app = GputopApp(source, interval=0.001)
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            while not (source.polls >= source.count and app.snapshots_seen >= source.count and app.diagnoses_done >= 1):
+                await pilot.pause(0.05)
+            app.interval = 1.0
+            app.query_one("#header").set_state(interval=1.0, paused=False)
+            screen = TraceScreen(4037, "launcher 4030, 2 rank(s)", lambda _pid: None)
+            await app.push_screen(screen)
+            await pilot.pause()
+            screen.show_result(result.summary_lines())
+            await pilot.pause()
+            return _save_svg(app, out, "trace")
+    finally:
+        source.close()
+
+
 def _save_svg(app, out: Path, name: str) -> Path:
     svg = app.export_screenshot(title=f"gputop — {name}")
     # rsvg drops leading no-break spaces of a text run unless whitespace is preserved
@@ -208,10 +240,41 @@ def _rank0_state(app) -> Optional[str]:
 DEMO_SHOTS = [("starved", "starvation", "in dataset code"), ("tuned", "healthy", None), ("nccl-hang", "hang", None)]
 
 
+_TEXT_RUN = re.compile(r'<text ([^>]*?)x="([\d.]+)"([^>]*?)textLength="([\d.]+)"([^>]*)>([^<]*)</text>')
+
+
+def one_cell_per_glyph(svg: str) -> str:
+    """Each character of a text run at its own cell's x.
+
+    librsvg ignores `textLength`, so a run of glyphs whose advance is not exactly one cell (the box
+    rules ─, the sparkline blocks) drifts: the dialog's top rule ran past its right corner and looked
+    cut off. Positioned one by one, every glyph sits in its cell whatever the font's advance."""
+
+    def split(match: "re.Match[str]") -> str:
+        before, x, middle, length, after, text = match.groups()
+        chars = html.unescape(text)
+        cells = sum(cell_len(c) for c in chars)
+        if cells <= 1:
+            return match.group(0)
+        cell = float(length) / cells
+        out, at = [], float(x)
+        for char in chars:
+            width = cell_len(char) * cell
+            if not char.isspace():
+                out.append(f'<text {before}x="{at:.1f}"{middle}textLength="{width:.1f}"{after}>{html.escape(char, quote=False)}</text>')
+            at += width
+        return "".join(out)
+
+    return _TEXT_RUN.sub(split, svg)
+
+
 def to_png(svg: Path) -> Optional[Path]:
     png = svg.with_suffix(".png")
     if shutil.which("rsvg-convert"):
-        subprocess.run(["rsvg-convert", str(svg), "-o", str(png)], check=True)
+        with tempfile.NamedTemporaryFile("w", suffix=".svg", encoding="utf-8") as fixed:
+            fixed.write(one_cell_per_glyph(svg.read_text(encoding="utf-8")))
+            fixed.flush()
+            subprocess.run(["rsvg-convert", fixed.name, "-o", str(png)], check=True)
         return png
     try:
         import cairosvg  # type: ignore[import-not-found]
@@ -224,7 +287,9 @@ def to_png(svg: Path) -> Optional[Path]:
 SHOTS = [  # (name, size, keys, faults added to --profile)
     ("main-160x48", (160, 48), [], ""),
     ("main-80x24", (80, 24), [], ""),
-    ("topology", (120, 40), ["T"], ""),
+    ("main-100x30", (100, 30), [], ""),  # a common SSH window: one line per GPU, the job tree keeps a third
+    # a degraded link on the machine's picture: GPU 5's PCIe trained down, GPU 3 with an NVLink down
+    ("topology", (120, 40), ["T"], "+pcie-degraded=5+nvlink-down=3"),
     ("help", (120, 40), ["question_mark"], ""),
     # the infrastructure side: a GPU that throttles on heat, a link trained down, an XID, ECC errors
     ("infra-faults", (160, 48), [], "+thermal=2+pcie-degraded=5+xid=3:79@30+ecc=6"),
@@ -247,6 +312,8 @@ def main() -> int:
         lambda n=name, sz=size, k=keys, f=faults: shoot(out, n, sz, k, args.seconds, args.profile + f)
         for name, size, keys, faults in SHOTS
     ]
+    if not args.only_demo:
+        shots.append(lambda: shoot_trace(out, args.seconds, args.profile))
     if not args.no_demo:
         shots += [lambda s=scenario, f=finding, r=state: shoot_demo(out, s, f, r) for scenario, finding, state in DEMO_SHOTS]
     for make in shots:

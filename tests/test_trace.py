@@ -70,10 +70,10 @@ def test_two_rank_gloo_job_phases_match_the_truth(spawn, tmp_path):
     job, log = start_torchrun(spawn, tmp_path, "--data-ms", "20", "--forward-ms", "15", "--backward-ms", "25",
                               "--optimizer-ms", "10")
     result = run_trace_json(spawn, job.pid, tmp_path / "out", "--seconds", "3")
-    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    assert [r["rank"] for r in result["ranks"]] == [0, 1], result["notes"]
     for rank in result["ranks"]:
         # The main thread's ops are in the trace although the profiler ran on the agent's thread.
-        assert rank["main_thread_recorded"] and rank["main_thread_events"] > 100
+        assert rank["main_thread_recorded"] and rank["main_thread_events"] > 100, (rank["main_thread_events"], result["notes"])
         # One Chrome trace per rank, readable as such (gzip JSON with traceEvents).
         with gzip.open(rank["trace_file"], "rt") as f:
             chrome = json.load(f)
@@ -84,6 +84,11 @@ def test_two_rank_gloo_job_phases_match_the_truth(spawn, tmp_path):
             assert rank["phases"][phase] == pytest.approx(share, abs=PHASE_TOLERANCE), (rank["rank"], phase, truth, rank["phases"])
         assert rank["steps_per_s"] > 0
     assert not [f for f in result["findings"] if f["id"] == "trace_communication"]
+    try:  # the traces open in Holistic Trace Analysis too, one rank each (when it is installed: not in CI)
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        return
+    assert sorted(TraceAnalysis(trace_dir=str(tmp_path / "out")).t.traces) == [0, 1]
 
 
 @pytest.mark.slow
@@ -264,6 +269,6 @@ def test_with_stack_names_the_function_that_syncs(tmp_path):
         time.sleep(0.01)
     agent.join(30)
     summary = trace_summary.summarize_file(str(tmp_path / "trace.json"))
-    assert summary["syncs_per_step"] >= 1
+    assert summary["syncs"] >= summary["steps"] - 1 >= 4  # one per step (the window may cut the last step's)
     top = summary["sync_sites"][0]
     assert "test_trace.py(" in top["site"] and top["site"].endswith(": _train_step_that_syncs"), summary["sync_sites"]

@@ -81,11 +81,13 @@ def test_launch_bound_rule(short, idle, fires):
 
 def test_sync_rule_names_the_line_when_the_trace_has_stacks():
     site = {"site": "train.py(57): train_step", "count": 40}
-    found = check_trace({"ranks": [rank(phases={"sync": 0.08}, syncs_per_step=1.0, sync_sites=[site], gpu=gpu())]})
+    found = check_trace({"ranks": [rank(phases={"sync": 0.08}, steps=40, syncs=39, syncs_per_step=0.98, sync_sites=[site],
+                                        gpu=gpu())]})
     (sync,) = [f for f in found if f.id == "trace_sync"]
     assert "train.py(57)" in sync.summary and sync.frames == ("train.py(57): train_step (40 syncs)",)
-    # On CPU there is no device to wait for: no finding.
-    assert "trace_sync" not in ids([rank(phases={"sync": 0.08}, syncs_per_step=1.0)])
+    # On CPU there is no device to wait for: no finding; and a sync every other step is not "every step".
+    assert "trace_sync" not in ids([rank(phases={"sync": 0.08}, steps=40, syncs=40, syncs_per_step=1.0)])
+    assert "trace_sync" not in ids([rank(phases={"sync": 0.08}, steps=40, syncs=20, syncs_per_step=0.5, gpu=gpu())])
 
 
 @pytest.mark.parametrize("retries, inactive, fires", [(0, 0.1, False), (3, 0.1, True), (0, 0.4, True)])

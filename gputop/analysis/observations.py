@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 from gputop.analysis.numbers import mean
 from gputop.analysis.stack_classes import (
     INPUT_WAIT_STATES,
     classify_main_thread,
+    dataset_frame,
     format_frame,
+    is_waiting_for_data_frame,
     main_thread,
     own_frames,
 )
@@ -31,20 +33,25 @@ def has_frame(frames: Sequence[Frame], names: Sequence[str]) -> bool:
     return any(f.name in names or f.name.endswith(tuple("." + n for n in names)) for f in frames)
 
 
-def frames_from(frames: Sequence[Frame], names: Sequence[str], outer: int = 2) -> tuple[str, ...]:
-    """The innermost frame named in `names` plus `outer` callers, innermost last; the innermost few if none.
+def frames_from(
+    frames: Sequence[Frame], names: Union[Sequence[str], Callable[[Frame], bool]], outer: int = 2
+) -> tuple[str, ...]:
+    """The innermost frame named in `names` (or matching it, a predicate) plus `outer` callers, innermost
+    last; the innermost few if none.
 
     A waiting main thread's innermost frames are queue/selector plumbing: the informative part is
     `_BaseDataLoaderIter.__next__` and the training-loop line that called it.
     """
+    matches = names if callable(names) else (lambda f: f.name in names)
     frames = list(frames)
     for i, f in enumerate(frames):
-        if f.name in names:
+        if matches(f):
             return tuple(format_frame(x) for x in reversed(frames[i : i + 1 + outer]))
     return outer_frames(frames, outer + 1)
 
 
-WAIT_FRAMES = ("_BaseDataLoaderIter.__next__", "DataLoader.__iter__")
+# by file + function: py-spy prints `__next__` for a 3.10 target, `_BaseDataLoaderIter.__next__` from 3.11
+WAIT_FRAMES = is_waiting_for_data_frame
 
 
 def outer_frames(frames: Sequence[Frame], limit: int = 4) -> tuple[str, ...]:
@@ -55,9 +62,10 @@ def outer_frames(frames: Sequence[Frame], limit: int = 4) -> tuple[str, ...]:
 def dataset_frames(frames: Sequence[Frame], limit: int = 4) -> tuple[str, ...]:
     """The frames from the dataset entry point inwards (innermost last); the innermost few when none."""
     frames = list(frames)
-    for i, f in enumerate(frames):
-        if f.name.split(".")[-1] in ("__getitem__", "__getitems__", "__iter__", "__next__") and "torch/utils/data" not in f.filename:
-            return tuple(format_frame(x) for x in reversed(frames[max(0, i + 1 - limit) : i + 1]))
+    entry = dataset_frame(frames)  # what the DataLoader's fetcher called, whatever the class is called
+    if entry is not None:
+        i = frames.index(entry)
+        return tuple(format_frame(x) for x in reversed(frames[max(0, i + 1 - limit) : i + 1]))
     return outer_frames(frames, limit)
 
 

@@ -271,6 +271,7 @@ def summarize_trace(data: dict[str, Any], *, trace_file: Optional[str] = None) -
         "steps_per_s": round(n_steps / (wall / 1e6), 3) if wall > 0 and n_steps else None,
         "main_thread_events": len(main),
         "top_ops": top_ops(main),
+        "syncs": sum(1 for e in main if e.get("name") in SYNC_COUNTED),
         "syncs_per_step": round(sum(1 for e in main if e.get("name") in SYNC_COUNTED) / n_steps, 2) if n_steps else None,
         "sync_sites": sync_sites(main),
         "backend": dist.get("backend"),

@@ -30,7 +30,7 @@ from gputop.collect.procfs import (
 )
 from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSchedule
 from gputop.errors import GputopError
-from gputop.model import GpuSample, JobTree, Misplacement, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
+from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
 
 WORKER_COMM = "pt_data_worker"  # torch sets it in the DataLoader worker loop
 PIN_THREAD_COMM = "pt_data_pin"  # torch names the pin-memory thread so

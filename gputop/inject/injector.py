@@ -97,7 +97,7 @@ def python_version(pid: int) -> tuple[int, int, int]:
         raise GputopError(f"py-spy took over {VERSION_TIMEOUT:g}s to read PID {pid}; try again") from None
     match = _VERSION_RE.search(proc.stdout)
     if match is None:
-        raise GputopError(f"cannot benchmark PID {pid}: {classify_failure(pid, proc.stderr or proc.stdout)}")
+        raise GputopError(f"cannot inject into PID {pid}: {classify_failure(pid, proc.stderr or proc.stdout)}")
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
 
 

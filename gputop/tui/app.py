@@ -30,9 +30,7 @@ from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, JobTree, Snapshot
 from gputop.source import Attachable, Batch, PollLoop, Seekable, Source
-from gputop.tracing import run_trace
 from gputop.tui import partial_updates
-from gputop.tui.check_screen import CHECK_SECONDS, run_machine_check
 from gputop.tui.look import key_display
 from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
 from gputop.tui.widgets.gpu_grid import GpuGrid
@@ -83,6 +81,20 @@ class Diagnosed(Message):
         self.verdict = verdict
 
 
+# The machine check (key c) and the trace (key t) load their code on first use: a monitor that is never
+# asked for them does not pay their import time and memory at start (the first frame, the RSS bar).
+def _run_machine_check(*args: Any, **kwargs: Any) -> Any:
+    from gputop.tui.check_screen import run_machine_check
+
+    return run_machine_check(*args, **kwargs)
+
+
+def _run_trace(*args: Any, **kwargs: Any) -> Any:
+    from gputop.tracing import run_trace
+
+    return run_trace(*args, **kwargs)
+
+
 def _default_diagnose(history: History, bench: Any) -> tuple[list[Finding], str]:
     from gputop.analysis.diagnosis import diagnose, verdict_line
 
@@ -93,9 +105,9 @@ def _default_diagnose(history: History, bench: Any) -> tuple[list[Finding], str]
 class GputopApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "gputop"
-    check_seconds: float = CHECK_SECONDS  # the machine check's window (key c)
-    machine_check = staticmethod(run_machine_check)  # tests put a scripted check here
-    trace_runner = staticmethod(run_trace)  # key t; tests put a scripted trace here
+    check_seconds: Optional[float] = None  # the machine check's window (key c); None: check_screen.CHECK_SECONDS
+    machine_check = staticmethod(_run_machine_check)  # tests put a scripted check here
+    trace_runner = staticmethod(_run_trace)  # key t; tests put a scripted trace here
     ENABLE_COMMAND_PALETTE = False
 
     BINDINGS = [
@@ -637,10 +649,12 @@ class GputopApp(App):
 
     # --- machine check (issue 16): `gputop check` over the live source, in a worker
     def action_check(self) -> None:
-        from gputop.tui.check_screen import CheckScreen
+        from gputop.tui.check_screen import CHECK_SECONDS, CheckScreen
 
         if isinstance(self.screen, CheckScreen):
             return
+        if self.check_seconds is None:
+            self.check_seconds = CHECK_SECONDS
         self._check_screen = CheckScreen(self.check_seconds)
         self.push_screen(self._check_screen)
         latest = self.history.latest

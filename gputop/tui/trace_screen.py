@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
+from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
 from gputop.errors import GputopError
@@ -44,7 +44,7 @@ class TraceScreen(BenchScreen):
         super().__init__(pid, label, lambda p, _inject: start(p))
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(classes="dialog", id="trace"):
+        with Vertical(classes="dialog", id="trace"):
             yield Static(Text(f"Trace: {self.label}", style="bold"))
             yield Static(
                 Text.assemble(

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Sequence, TypeVar
 
+import psutil
+
 T = TypeVar("T")
 
 
@@ -52,6 +54,13 @@ class Spawner:
 
     def reap_all(self) -> None:
         for proc in self.procs:
+            # Launchers such as torchrun start each rank in a session of its own, out of reach of the
+            # group kill below; take the whole tree while the launcher still holds it together.
+            for descendant in _descendants(proc.pid):
+                try:
+                    descendant.kill()
+                except psutil.Error:
+                    pass
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -67,6 +76,13 @@ class Spawner:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
 
 
 class Ran(NamedTuple):
