@@ -541,6 +541,7 @@ def test_no_such_pid_is_one_line_and_exit_1(capsys):
     assert err.count("\n") == 1 and "no process with PID 4194303" in err
 
 
+@pytest.mark.slow  # the quick lane's tests/test_import_hygiene.py runs serve the same way
 def test_serve_never_imports_textual_or_torch(spawn):
     """The whole command (collect, bind, serve, stop) with its wait for a signal cut short."""
     code = (
@@ -577,6 +578,7 @@ def test_a_scrape_takes_under_50_ms_median():
     assert statistics.median(times) < 0.050, times
 
 
+@pytest.mark.slow  # a memory soak, like the pipeline's and the replay's
 def test_memory_stays_flat_over_many_cycles_in_compressed_time():
     """Hundreds of collection cycles of a job whose DataLoader workers are replaced every 20 s (5 cycles).
 
