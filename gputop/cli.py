@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="profile N optimizer steps instead (bounded by 10 s)")
     p.add_argument("-o", "--output", metavar="DIR", help="where the per-rank traces go (default ./gputop-trace-TIME)")
     p.add_argument("--with-stack", action="store_true",
-                   help="record Python stacks too (names the line of each sync; slows the job during the window)")
+                   help="record Python stacks too (names the function around each sync; slows the job during the window)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     p = sub.add_parser("report", help="observe for a while and write a ticket-ready report")

@@ -70,10 +70,10 @@ def test_two_rank_gloo_job_phases_match_the_truth(spawn, tmp_path):
     job, log = start_torchrun(spawn, tmp_path, "--data-ms", "20", "--forward-ms", "15", "--backward-ms", "25",
                               "--optimizer-ms", "10")
     result = run_trace_json(spawn, job.pid, tmp_path / "out", "--seconds", "3")
-    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    assert [r["rank"] for r in result["ranks"]] == [0, 1], result["notes"]
     for rank in result["ranks"]:
         # The main thread's ops are in the trace although the profiler ran on the agent's thread.
-        assert rank["main_thread_recorded"] and rank["main_thread_events"] > 100
+        assert rank["main_thread_recorded"] and rank["main_thread_events"] > 100, (rank["main_thread_events"], result["notes"])
         # One Chrome trace per rank, readable as such (gzip JSON with traceEvents).
         with gzip.open(rank["trace_file"], "rt") as f:
             chrome = json.load(f)

@@ -1,8 +1,14 @@
 """Diagnosis: is it the infrastructure, or the training code?
 
 Pure functions over a `History` (plus, optionally, a loader benchmark result).
-Nothing here touches the outside world, so every finding is testable from a
-hand-built or recorded history.
+Nothing here touches the outside world but one read: the source line of a frame
+parked at a host-device sync, to name it (`loss.item()`); every finding is
+testable from a hand-built or recorded history.
+
+Layout: `thresholds` (every number, with its source), `observations` (per-rank
+and per-GPU series built once: the `Context`), `advice` (worker counts and their
+caps), one module per family in `checks/`, and this module: the order the checks
+run in, how their results feed each other, and the sort.
 
 The findings follow the three idle profiles and the troubleshooting table of
 the seed article ("8 GPUs, 7 idle"):
@@ -10,8 +16,12 @@ the seed article ("8 GPUs, 7 idle"):
 * continuous starvation  -> ranks wait for data / run dataset code (TF Profiler scale)
 * periodic hiccup        -> a saw-tooth in utilization; cause: loader stalls, epoch-boundary
                             worker restarts, or collective waits
-* silent misfire / hang  -> memory held, utilization ~0, the stuck frame named
-* rank misplacement      -> several ranks on one GPU; one GPU busy while the job has several ranks
+* silent misfire / hang  -> no progress whatever the utilization: frozen stacks with still counters,
+                            GPUs idle with memory held or spinning in a collective; the culprit
+                            rank and its stuck frame named
+* sync in the loop       -> ranks parked at a host-device sync while their GPUs are half idle
+* rank misplacement      -> several ranks on one GPU; one GPU busy while the job has several ranks;
+                            without --pid, most GPUs idle next to a busy one
 * straggler rank         -> one rank waits for data while the others wait in a collective
 * CPU-bound input        -> workers pinned at 100% with the cores saturated; more workers than cores
 * memory pressure        -> memory nearly full (OOM / fragmentation row of the table)

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
 
 from gputop.analysis.xids import meaning_of
-from gputop.units import utc_time
 from gputop.collect.sysfs import xid_bus_id  # a pure string helper (the module reads files only when asked)
 from gputop.model import (
     LABEL_CODE,
@@ -31,6 +30,7 @@ from gputop.model import (
     MachineInfo,
     Snapshot,
 )
+from gputop.units import utc_time
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 STATUSES = (FAIL, WARN, PASS, SKIP)

@@ -8,8 +8,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from gputop.analysis.numbers import mean
 from gputop.analysis.stack_classes import (
-    IN_DATASET,
-    WAITING_FOR_DATA,
+    INPUT_WAIT_STATES,
     classify_main_thread,
     dataset_frame,
     format_frame,
@@ -164,8 +163,9 @@ class RankObs:
 
     @property
     def input_fraction(self) -> float:
-        """Share of dumps in the input pipeline: waiting for workers, or running dataset code itself."""
-        return self.fraction(WAITING_FOR_DATA, IN_DATASET)
+        """Share of dumps in the input pipeline: waiting for workers (or for rank 0's batch, under Accelerate's
+        dispatcher), or running dataset code itself."""
+        return self.fraction(*INPUT_WAIT_STATES)
 
     @property
     def n(self) -> int:

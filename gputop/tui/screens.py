@@ -28,6 +28,7 @@ class _Modal(ModalScreen):
     }
     _Modal > VerticalScroll.dialog { height: 94%; }
     #affinity { margin-top: 1; }
+    .picture { margin-top: 1; }
     _Modal > #topology, _Modal > #findings { height: auto; }
     """
 
@@ -84,6 +85,7 @@ def link_style(label: str):
     return look.PLAIN
 
 
+PICTURE_BESIDE_FROM = 110  # columns: the machine's picture beside the matrix, else below it
 TOPOLOGY_LEGEND = "NV#: NVLink ×#  PIX/PXB: PCIe switch  PHB: host bridge  NODE: same NUMA node  SYS: across NUMA (slowest)"
 
 
@@ -97,6 +99,73 @@ def topology_matrix(machine: MachineInfo) -> Table:
     for i, row in enumerate(matrix):
         table.add_row(Text(f"GPU{i}", style="bold"), *(Text(label, style=link_style(label)) for label in row))
     return table
+
+
+def _gpu_mark(gpu) -> tuple[str, object]:  # noqa: ANN001
+    """A GPU's tag on the picture: '✖' lost or NVLink down, '▼' PCIe below max under load."""
+    if gpu is None:
+        return "", look.BOLD
+    if gpu.lost or (gpu.nvlink and any(not link.active for link in gpu.nvlink)):
+        return "✖", look.BAD_BOLD
+    if pcie_flagged(gpu):
+        return "▼", look.WARN_BOLD
+    return "", look.BOLD
+
+
+def _pcie_switches(matrix: Sequence[Sequence[str]], members: Sequence[int]) -> list[list[int]]:
+    """GPUs of one NUMA node grouped by PCIe switch (PIX/PXB between them), in order."""
+    groups: list[list[int]] = []
+    for i in members:
+        for group in groups:
+            if all(matrix[i][j] in ("PIX", "PXB") for j in group):
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    return groups
+
+
+def machine_picture(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Text:
+    """The machine as a picture: each NUMA node with its cores and its GPUs (bracketed by PCIe switch),
+    then the GPU-to-GPU fabric (NVSwitch, or the NVLink pairs). A degraded link is marked on its GPU."""
+    topo = machine.topology
+    matrix, count = topo.matrix, len(topo.matrix)
+    gpus = {g.index: g for g in snapshot.gpus} if snapshot else {}
+    nodes: dict[Optional[int], list[int]] = {}
+    for i in range(count):
+        nodes.setdefault(topo.numa_node[i] if i < len(topo.numa_node) else None, []).append(i)
+    text = Text()
+    for node, members in nodes.items():
+        cores = next((topo.cpu_affinity[i] for i in members if i < len(topo.cpu_affinity) and topo.cpu_affinity[i]), None)
+        title = "host" if node is None else f"NUMA {node}"
+        text.append(f"┌ {title}", style="bold").append(f" · cores {cores or 'n/a'}\n", style="dim")
+        for group in _pcie_switches(matrix, members):
+            shared = len(group) > 1
+            text.append("│ " + ("PCIe switch ┬ " if shared else "PCIe ─────── "), style="dim")
+            for n, i in enumerate(group):
+                mark, style = _gpu_mark(gpus.get(i))
+                text.append(("┬ " if n and shared else "") + f"GPU{i}{mark}", style=style)
+                text.append(" ")
+            text.append("\n")
+        text.append("└\n", style="dim")
+    nvlinks = [(i, j, matrix[i][j]) for i in range(count) for j in range(i + 1, count) if matrix[i][j].startswith("NV")]
+    via_switch = any(link.remote_kind == "switch" for g in gpus.values() for link in (g.nvlink or ()))
+    if nvlinks and (via_switch or len(nvlinks) == count * (count - 1) // 2):
+        widths = sorted({label for _i, _j, label in nvlinks})
+        text.append("═══ NVSwitch", style=look.GOOD_BOLD).append(f": all {count} GPUs, {'/'.join(widths)} between any two\n")
+    elif nvlinks:
+        text.append("NVLink: ", style=look.GOOD_BOLD)
+        text.append("  ".join(f"GPU{i}═GPU{j} {label}" for i, j, label in nvlinks[:12]) + "\n")
+    else:
+        text.append("no NVLink: GPU to GPU over PCIe only\n", style=look.WARN)
+    marked = [(i, _gpu_mark(g)[0]) for i, g in sorted(gpus.items()) if _gpu_mark(g)[0]]
+    for i, mark in marked:
+        gpu = gpus[i]
+        why = ("lost" if gpu.lost else "NVLink link(s) down") if mark == "✖" else (
+            f"PCIe Gen{gpu.pcie.gen_current} x{gpu.pcie.width_current} of Gen{gpu.pcie.gen_max} x{gpu.pcie.width_max} under load")
+        text.append(f"{mark} GPU{i}: {why}\n", style=look.BAD_BOLD if mark == "✖" else look.WARN_BOLD)
+    text.append("NICs: not read yet (no sysfs reader)", style="dim")
+    return text
 
 
 def affinity_table(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Table:
@@ -139,7 +208,14 @@ class TopologyScreen(_Modal):
                 reason = self.machine.gpu_error or "NVML gave no topology for these GPUs"
                 yield Static(Text(reason, style=look.WARN))
             else:
-                yield Static(topology_matrix(self.machine))
+                matrix, picture = topology_matrix(self.machine), machine_picture(self.machine, self.snapshot)
+                if self.app.size.width >= PICTURE_BESIDE_FROM:
+                    beside = Table.grid(padding=(0, 3))
+                    beside.add_row(matrix, picture)
+                    yield Static(beside)
+                else:
+                    yield Static(matrix)
+                    yield Static(picture, classes="picture")
                 yield Static(Text(TOPOLOGY_LEGEND, style="dim"))
                 yield Static(affinity_table(self.machine, self.snapshot), id="affinity")
 

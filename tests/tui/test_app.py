@@ -539,3 +539,26 @@ async def test_replay_of_a_real_recording_keeps_every_sample_and_restarts_after_
         await wait_for(pilot, lambda: app.history.latest and app.history.latest.timestamp == SCREEN_T0 + 30, "the seek")
         assert len(app.history) == 31
         await wait_for(pilot, lambda: "REPLAY 00:30/01:59 ×4" in app.query_one("#header").lines_text[0], "the header")
+
+
+def test_machine_picture_draws_numa_nodes_switches_fabric_and_marks_a_degraded_link():
+    from gputop.model import MachineInfo, NvLinkLink, PcieLink, Topology
+    from gputop.tui.screens import machine_picture
+
+    # 4 GPUs: 0-1 behind one PCIe switch on NUMA 0, 2-3 on NUMA 1; NVLink pairs 0-1 and 2-3 only
+    links = {(0, 1): "NV4", (2, 3): "NV4", (0, 2): "SYS", (0, 3): "SYS", (1, 2): "SYS", (1, 3): "SYS"}
+    matrix = tuple(tuple("X" if i == j else links.get((min(i, j), max(i, j)), "SYS") for j in range(4)) for i in range(4))
+    machine = MachineInfo(hostname="box", gpu_count=4, topology=Topology(
+        matrix=matrix, cpu_affinity=("0-31", "0-31", "32-63", "32-63"), numa_node=(0, 0, 1, 1)))
+    pcie_matrix = tuple(tuple("PIX" if {i, j} == {0, 1} else c for j, c in enumerate(row)) for i, row in enumerate(matrix))
+    snap = make_snapshots(1, gpus=4)[0]
+    direct = tuple(NvLinkLink(k, True, remote_kind="gpu") for k in range(4))  # GPU to GPU, no switch
+    gpus = [dataclasses.replace(g, nvlink=direct) for g in snap.gpus]
+    gpus[3] = dataclasses.replace(gpus[3], utilization_gpu=90.0, pcie=PcieLink(3, 5, 8, 16))
+    snap = dataclasses.replace(snap, gpus=tuple(gpus))
+    text = machine_picture(machine, snap).plain
+    assert "NUMA 0 · cores 0-31" in text and "NUMA 1 · cores 32-63" in text
+    assert "GPU0═GPU1 NV4" in text and "GPU2═GPU3 NV4" in text and "NVSwitch" not in text
+    assert "GPU3▼" in text and "GPU3: PCIe Gen3 x8 of Gen5 x16 under load" in text
+    switched = dataclasses.replace(machine, topology=dataclasses.replace(machine.topology, matrix=pcie_matrix))
+    assert "PCIe switch ┬ GPU0 ┬ GPU1" in machine_picture(switched, snap).plain  # one switch for both

@@ -7,10 +7,10 @@ from collections import Counter
 from gputop.analysis.advice import STACKS_HINT
 from gputop.analysis.checks.input import pooled_input_fraction
 from gputop.analysis.numbers import confidence_from, mean
-from gputop.units import fraction as pct
 from gputop.analysis.observations import Context
 from gputop.analysis.thresholds import INPUT_BOUND_MODERATE, LOW_UTILIZATION, MIN_STACK_SAMPLES
 from gputop.model import Finding
+from gputop.units import fraction as pct
 
 
 def healthy_finding(ctx: Context) -> Finding:

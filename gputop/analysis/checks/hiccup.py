@@ -7,7 +7,6 @@ from typing import Optional, Sequence
 
 from gputop.analysis.advice import STACKS_HINT
 from gputop.analysis.numbers import mean, percentile
-from gputop.units import fraction as pct
 from gputop.analysis.observations import (
     EPOCH_START_FRAME_NAMES,
     WAIT_FRAMES,
@@ -37,6 +36,7 @@ from gputop.analysis.thresholds import (
     PERIOD_MATCH_TOLERANCE,
 )
 from gputop.model import LABEL_CODE, Finding
+from gputop.units import fraction as pct
 
 
 def _detrend(values: Sequence[float]) -> list[float]:

@@ -7,7 +7,6 @@ from typing import Optional, Sequence
 from gputop.analysis.advice import STACKS_HINT, loader_code, suggested_workers
 from gputop.analysis.checks.hang import WORKER_TIMEOUT_FIX, stuck_worker
 from gputop.analysis.numbers import confidence_from, mean, wilson_lower
-from gputop.units import fraction as pct, gib
 from gputop.analysis.observations import (
     WAIT_FRAMES,
     Context,
@@ -19,6 +18,7 @@ from gputop.analysis.observations import (
 )
 from gputop.analysis.stack_classes import (
     IN_DATASET,
+    INPUT_WAIT_STATES,
     WAITING_FOR_DATA,
     WORKER_IDLE,
     WORKER_NO_STACK,
@@ -36,12 +36,14 @@ from gputop.analysis.thresholds import (
     MIN_STACK_SAMPLES,
 )
 from gputop.model import LABEL_CODE, Finding
+from gputop.units import fraction as pct
+from gputop.units import gib
 
 
 def pooled_input_fraction(ranks: Sequence[RankObs]) -> tuple[float, float]:
     """(fraction, lower bound) of all these ranks' dumps spent in the input pipeline, pooled across ranks."""
     n = sum(r.n for r in ranks)
-    hits = sum(r.states[WAITING_FOR_DATA] + r.states[IN_DATASET] for r in ranks)
+    hits = sum(r.states[s] for r in ranks for s in INPUT_WAIT_STATES)
     return (hits / n if n else 0.0), wilson_lower(hits, n)
 
 
@@ -55,9 +57,9 @@ def input_phase(rank: RankObs) -> Optional[tuple[float, float, float]]:
     best: Optional[tuple[int, int]] = None  # [i, j) of the longest run
     i = 0
     while i < len(samples):
-        if samples[i].state in (WAITING_FOR_DATA, IN_DATASET):
+        if samples[i].state in INPUT_WAIT_STATES:
             j = i
-            while j < len(samples) and samples[j].state in (WAITING_FOR_DATA, IN_DATASET):
+            while j < len(samples) and samples[j].state in INPUT_WAIT_STATES:
                 j += 1
             if best is None or j - i > best[1] - best[0]:
                 best = (i, j)
@@ -67,7 +69,7 @@ def input_phase(rank: RankObs) -> Optional[tuple[float, float, float]]:
     if best is None:
         return None
     i, j = best
-    hits = sum(1 for s in samples if s.state in (WAITING_FOR_DATA, IN_DATASET))
+    hits = sum(1 for s in samples if s.state in INPUT_WAIT_STATES)
     outside = samples[:i] + samples[j:]
     outside_share = (hits - (j - i)) / len(outside) if outside else 1.0
     # the stretch lasts from its first input dump to the next other dump (or its last one, if still open)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gputop.units import gib
 from gputop.analysis.observations import Context, GpuObs
 from gputop.analysis.thresholds import MEMORY_NEARLY_FULL
 from gputop.model import LABEL_CODE, Finding
+from gputop.units import gib
 
 
 def check_memory_pressure(ctx: Context) -> list[Finding]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from gputop.analysis.checks.input import hot_worker_frames
 from gputop.analysis.numbers import confidence_from, mean
-from gputop.units import fraction as pct
 from gputop.analysis.observations import WAIT_FRAMES, Context, frames_from, outer_frames
 from gputop.analysis.stack_classes import COLLECTIVE, EXPLICIT_SYNC, FORWARD_BACKWARD, IN_DATASET, WAITING_FOR_DATA
 from gputop.analysis.thresholds import (
@@ -14,6 +13,7 @@ from gputop.analysis.thresholds import (
     STRAGGLER_OTHERS_SYNC_MIN,
 )
 from gputop.model import LABEL_CODE, Finding
+from gputop.units import fraction as pct
 
 _SYNC_STATES = (COLLECTIVE, FORWARD_BACKWARD, EXPLICIT_SYNC)
 

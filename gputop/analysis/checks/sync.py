@@ -8,11 +8,11 @@ import re
 from typing import Optional, Sequence
 
 from gputop.analysis.numbers import mean
-from gputop.units import fraction as pct
 from gputop.analysis.observations import Context, RankObs, StackSample, outer_frames
 from gputop.analysis.stack_classes import EXPLICIT_SYNC, SyncPoint, format_frame, read_source_line, short_path, sync_point
 from gputop.analysis.thresholds import BUSY_UTILIZATION, EVIDENCE_RANKS, MIN_STACK_SAMPLES, SYNC_BOUND_FRACTION
 from gputop.model import LABEL_CODE, Finding
+from gputop.units import fraction as pct
 
 # the expression that syncs, as written on the line: `loss.item()`, `out.cpu()`, `acc.tolist()`
 _SYNC_EXPRESSION = re.compile(r"[\w\].\[]*\.(?:item|cpu|tolist|numpy)\(\s*\)|[\w.]*synchronize\(\s*\)")

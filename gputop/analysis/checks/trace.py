@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from gputop.units import gib
 from gputop.analysis.thresholds import (
     TRACE_COMM_HEAVY,
     TRACE_FP32_GEMM_SHARE,
@@ -27,6 +26,7 @@ from gputop.analysis.thresholds import (
     TRACE_SYNC_SHARE,
 )
 from gputop.model import LABEL_CODE, Finding
+from gputop.units import gib
 
 
 def _who(rank: dict[str, Any]) -> str:
@@ -161,7 +161,7 @@ def check_sync(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
             "remove the sync from the step: keep values on the GPU and read them every N steps\n"
             "running_loss += loss.detach()        # not loss.item() every step\n"
             "if step % 100 == 0: print(running_loss.item() / 100)"
-            + ("" if named else "\n# `gputop trace --with-stack` names the line that syncs")
+            + ("" if named else "\n# `gputop trace --with-stack` names the function that syncs")
         ),
         pids=_pids(hits),
     )]
