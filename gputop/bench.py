@@ -354,6 +354,9 @@ def run_benchmark(
             injector.remove_run_dir(run)
         raise
     free_cores = passive.idle_cores
+    cpu_limit = cgroup.read_limits(rank_pid).cpu
+    if free_cores is not None and cpu_limit:
+        free_cores = min(free_cores, cpu_limit)  # idle cores of the host the job's cgroup may not use
     if run is None:
         return _finish_passive(started, target_text, rank_pid, passive, len(workers), notes, ranks_on_host, free_cores,
                                progress)

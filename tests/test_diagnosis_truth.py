@@ -270,7 +270,7 @@ def test_sync_every_step_is_your_code_naming_the_line(tmp_path):
     assert "hang" not in ids(findings) and "healthy" not in ids(findings)
 
 
-def test_rank0_evaluating_while_the_others_wait_in_a_barrier_is_healthy_not_a_straggler_or_hang():
+def _eval_rank0(seconds: float) -> Scenario:
     def rank0_frames(t):
         return [Frame("evaluate", "/job/train.py", 300 + int(t) % 7), Frame("train", "/job/train.py", 120), *STATE_FRAMES[IDLE_OTHER][-1:]]
 
@@ -281,12 +281,21 @@ def test_rank0_evaluating_while_the_others_wait_in_a_barrier_is_healthy_not_a_st
                  progress=lambda t, p=1000 + i: progress_of(p, t))
         for i in range(1, 8)
     ]
-    sc = Scenario(seconds=30, util=lambda g, t: 100.0 if g else 97.0, ranks=ranks,
-                  gpu_extra=lambda g, t: {"power": 140.0 if g else 600.0, "power_limit": 700.0})
-    findings = diagnose(build(sc))
+    return Scenario(seconds=seconds, util=lambda g, t: 100.0 if g else 97.0, ranks=ranks,
+                    gpu_extra=lambda g, t: {"power": 140.0 if g else 600.0, "power_limit": 700.0})
+
+
+def test_rank0_evaluating_while_the_others_wait_in_a_barrier_is_healthy_not_a_straggler_or_hang():
+    findings = diagnose(build(_eval_rank0(30)))
     assert findings[0].id == "healthy", [(f.id, f.summary) for f in findings]
     assert not {"hang", "straggler"} & set(ids(findings))
-    assert "rank_wait" in ids(findings)
+    assert next(f for f in findings if f.id == "rank_wait").severity == "info"
+
+
+def test_others_waiting_over_90_s_for_a_moving_rank_is_said():
+    findings = diagnose(build(_eval_rank0(110)))
+    wait = findings[0]
+    assert wait.id == "rank_wait" and wait.severity == "warning" and "skipped a collective" in wait.fix
 
 
 # ---------------------------------------------------------------- phases and epoch-level hiccups

@@ -7,6 +7,7 @@ from typing import Any, Optional, Sequence
 
 from gputop.analysis.loader_math import MARGIN as LOADER_MARGIN
 from gputop.analysis.loader_math import workers_needed
+from gputop.analysis.numbers import percentile
 from gputop.analysis.observations import Context, RankObs
 from gputop.analysis.thresholds import IO_BOUND_CPU_PERCENT, IO_MEMORY_SHARE, MAX_IO_WORKERS
 from gputop.units import fraction as pct
@@ -30,11 +31,6 @@ class WorkerAdvice:
         return self.needed > self.cap
 
 
-def _median(values: Sequence[float]) -> Optional[float]:
-    data = sorted(v for v in values if v is not None)
-    return data[len(data) // 2] if data else None
-
-
 def producer_bound(ranks: Sequence[RankObs]) -> tuple[str, str]:
     """("cpu" | "io", why): do the batch producers compute, or sleep inside the dataset (I/O)?
 
@@ -42,10 +38,10 @@ def producer_bound(ranks: Sequence[RankObs]) -> tuple[str, str]:
     storage or the network.  The producers are the workers, or the rank itself at num_workers=0."""
     worker_cpu = [c for r in ranks for w in r.workers.values() if w.pid in (r.worker_sets[-1][1] if r.worker_sets else ()) for c in w.cpu[-10:]]
     if worker_cpu:
-        cpu = _median(worker_cpu) or 0.0
+        cpu = percentile(worker_cpu, 50) or 0.0
         who = "the workers"
     else:
-        cpu = _median([c for r in ranks for c in r.cpu[-10:]]) or 0.0
+        cpu = percentile([c for r in ranks for c in r.cpu[-10:]], 50) or 0.0
         who = "the rank (num_workers=0)"
     if cpu >= IO_BOUND_CPU_PERCENT:
         return "cpu", f"{who} use {cpu:.0f}% of a core: CPU-bound"
@@ -66,9 +62,9 @@ def worker_cap(ctx: Context, ranks: Sequence[RankObs], bound: str) -> tuple[int,
         return cap, f"CPU-bound workers: {cores:g} cores ({where}) ÷ {n_ranks} rank(s) → at most {cap} per rank"
     cap = MAX_IO_WORKERS
     why = f"I/O-bound workers may outnumber the cores; at most {MAX_IO_WORKERS} per rank"
-    rss = _median([w.last.rss for r in ranks for w in r.workers.values() if w.last is not None and w.last.rss])
+    rss = percentile([w.last.rss for r in ranks for w in r.workers.values() if w.last is not None and w.last.rss], 50)
     if rss is None:
-        rss = _median([r.last.rss for r in ranks if r.last is not None and r.last.rss])  # a fork starts as big
+        rss = percentile([r.last.rss for r in ranks if r.last is not None and r.last.rss], 50)  # a fork starts as big
     free = ctx.memory_free()
     if rss and free is not None:
         by_memory = max(1, int(free * IO_MEMORY_SHARE / rss / n_ranks))

@@ -68,8 +68,9 @@ def main_thread(stacks: Optional[ProcessStacks]) -> Optional[ThreadStack]:
     """The process's main thread.
 
     By name (MainThread) where py-spy gives one; else the thread whose OS id is the PID (the Linux main
-    thread); else the last one listed: for a Python 3.10 target py-spy 0.4.3 gives neither name nor
-    native id, and it lists threads newest first, so the main thread comes last.
+    thread); else the last one listed.  For a Python 3.10 target py-spy 0.4.3 gives no native id (its
+    JSON still names threads; its text output does not), and it lists threads newest first, so the main
+    thread comes last.
     """
     if stacks is None or not stacks.threads:
         return None
@@ -110,7 +111,6 @@ _DATALOADER_FILES = (
 _FETCH_FILE = ("torch/utils/data/_utils/fetch.py",)
 _WORKER_FILES = ("torch/utils/data/_utils/worker.py", "torchdata/stateful_dataloader/worker.py")
 _COLLATE_FILE = ("torch/utils/data/_utils/collate.py",)
-_DATASET_FUNCTIONS = ("__getitem__", "__getitems__", "__iter__", "__next__")
 # Datasets in libraries, called straight from a loop without a DataLoader (files, not class names).
 _LIBRARY_DATASET_DIRS = ("torchvision/datasets/", "datasets/arrow_dataset.py", "torch/utils/data/dataset.py")
 

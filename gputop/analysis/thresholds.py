@@ -37,6 +37,10 @@ USER_HZ = 100
 # (NVIDIA/nccl issues 968, 257, 238: ~100-150 W on a 700 W board), where a compute kernel at 100% draws most of it.
 SPIN_UTILIZATION_MIN = 90.0
 SPIN_POWER_MAX_SHARE = 0.4
+# Ranks waiting in a collective for one rank that keeps moving: an evaluation or a checkpoint on that rank
+# (normal), until the wait passes 90 s (a long one, or a rank that skipped the collective: said so).  Under
+# the 120 s window, which bounds what a frozen run can show.
+RANK_WAIT_LONG_S = 90.0
 # NVML reports whole percents and an idle GPU reads 0; 1% allows for a driver housekeeping blip.
 HANG_UTILIZATION_MAX = 1.0
 # "Memory held": more than a bare CUDA context (~0.3-0.5 GiB per process).

@@ -28,6 +28,7 @@ from gputop.analysis.thresholds import (
     HANG_STILL_MIN_SECONDS,
     HANG_UTILIZATION_MAX,
     LOW_UTILIZATION,
+    RANK_WAIT_LONG_S,
     SPIN_POWER_MAX_SHARE,
     SPIN_UTILIZATION_MIN,
 )
@@ -413,11 +414,12 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
         # One rank works (an evaluation, a checkpoint, logging) while the others wait for it in a barrier or
         # collective: a wait, not a hang, as long as that rank moves.
         rank, what, odd_frames = odd
+        long_wait = longest >= RANK_WAIT_LONG_S
         return [
             Finding(
                 id="rank_wait",
                 title="Ranks wait for one busy rank",
-                severity="info",
+                severity="warning" if long_wait else "info",
                 confidence=0.6,
                 label=LABEL_CODE,
                 summary=f"{len(waiting)} rank(s) wait {longest:.0f} s in a collective while {rank.name} works ({rank.samples[-1].state})",
@@ -425,8 +427,14 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
                 + first.evidence[:1],
                 frames=odd_frames,
                 fix=(
-                    "nothing is stuck: rank-0-only work (evaluation, checkpointing) holds the others for its duration\n"
-                    "# to use that time: evaluate on every rank with a DistributedSampler, or save checkpoints asynchronously"
+                    (
+                        f"if {rank.name} is not in a long evaluation or checkpoint, it skipped a collective the others wait in\n" + NCCL_FIX
+                    )
+                    if long_wait
+                    else (
+                        "nothing is stuck: rank-0-only work (evaluation, checkpointing) holds the others for its duration\n"
+                        "# to use that time: evaluate on every rank with a DistributedSampler, or save checkpoints asynchronously"
+                    )
                 ),
                 gpus=gpus,
                 pids=(rank.pid,) + pids,
