@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from typing import Any, Optional, Sequence
 
-from gputop import __version__
+from gputop import __version__, gpu_fields
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.numbers import mean, percentile
 from gputop.analysis.observations import collect_rank_observations
@@ -72,37 +72,16 @@ def _gpu_series(snaps: Sequence[Snapshot], index: int) -> list[Optional[GpuSampl
     return out
 
 
-def _link_total(g: Optional[GpuSample], attr: str) -> Optional[float]:
-    if g is None or g.nvlink is None:
-        return None
-    vals = [getattr(link, attr) for link in g.nvlink if getattr(link, attr) is not None]
-    return sum(vals) if vals else None
-
-
 def _gpu_stats(snaps: Sequence[Snapshot], index: int) -> dict[str, Any]:
     series = _gpu_series(snaps, index)
     present = [g for g in series if g is not None]
-    total = next((g.memory_total for g in reversed(present) if g.memory_total), None)
-    limit = next((g.power_limit for g in reversed(present) if g.power_limit), None)
-
-    def pick(attr: str) -> list[Optional[float]]:
-        return [getattr(g, attr) if g is not None else None for g in series]
-
-    def pcie(attr: str) -> list[Optional[float]]:
-        return [getattr(g.pcie, attr) if g is not None else None for g in series]
-
     return {
         "index": index,
         "name": present[-1].name if present else None,
-        "utilization": _stats(pick("utilization_gpu"), 0.0, 100.0),
-        "memory_used": _stats(pick("memory_used"), 0.0, total),
-        "memory_total": total,
-        "power": _stats(pick("power"), 0.0, limit),
-        "power_limit": limit,
-        "pcie_rx_bytes_per_s": _stats(pcie("rx_bytes_per_s"), 0.0, None),
-        "pcie_tx_bytes_per_s": _stats(pcie("tx_bytes_per_s"), 0.0, None),
-        "nvlink_rx_bytes_per_s": _stats([_link_total(g, "rx_bytes_per_s") for g in series], 0.0, None),
-        "nvlink_tx_bytes_per_s": _stats([_link_total(g, "tx_bytes_per_s") for g in series], 0.0, None),
+        # the statistics of every report field of the table of GPU fields (utilization, memory, power, traffic)
+        **gpu_fields.report_stats(series, _stats),
+        "memory_total": next((g.memory_total for g in reversed(present) if g.memory_total), None),
+        "power_limit": next((g.power_limit for g in reversed(present) if g.power_limit), None),
     }
 
 
