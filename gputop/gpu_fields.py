@@ -45,6 +45,7 @@ class GpuField:
     snapshot_line: int = 0  # which of the GPU's snapshot lines (0: the line with its name)
     snapshot_cell: str = " {}"  # template, with the separator that goes before it
     stat: Optional[Callable[[Optional[float]], Optional[str]]] = None  # one statistic, in the report
+    stat_label: Optional[str] = None  # the statistics table's heading ("Util mean"), when not `label`
     stat_top: Optional[Callable[[Sequence[GpuSample]], Optional[float]]] = None  # sparkline scale over the window
     report_table: str = STATS
     # an extra column after p95 in the statistics table: (heading, cell from the JSON report's GPU record,
@@ -245,14 +246,14 @@ FIELDS: tuple[GpuField, ...] = (
         "utilization", "util", "%", _ALL, read=lambda g: g.utilization_gpu,
         short=lambda g: units.percent_cell(g.utilization_gpu),
         long=lambda g: units.na(g.utilization_gpu, "{:3.0f}%"), snapshot_cell=" {:>5}",
-        stat=lambda v: units.percent(v, None), stat_top=lambda samples: 100.0,
+        stat=lambda v: units.percent(v, None), stat_label="Util", stat_top=lambda samples: 100.0,
         stat_extra=("Utilization over time", lambda rec: rec["utilization"]["spark"] if rec["utilization"] else None, True),
     ),
     GpuField(
         "memory_used", "memory", "bytes", _ALL, read=lambda g: g.memory_used,
         short=lambda g: units.gib_pair(g.memory_used, g.memory_total),
         long=_memory_long, snapshot_cell=" {:>14}",
-        stat=lambda v: units.gib(v, None), stat_top=lambda samples: _latest(samples, "memory_total"),
+        stat=lambda v: units.gib(v, None), stat_label="Mem", stat_top=lambda samples: _latest(samples, "memory_total"),
         stat_extra=("Mem total", lambda rec: units.gib(rec["memory_total"], None), False),
     ),
     GpuField(
@@ -265,7 +266,7 @@ FIELDS: tuple[GpuField, ...] = (
         "power", "power", "W", _ALL, read=lambda g: g.power,
         short=_power_short,
         long=lambda g: f"{units.na(g.power, '{:.0f}')}/{units.na(g.power_limit, '{:.0f}W')}",
-        stat=_watts, stat_top=lambda samples: _latest(samples, "power_limit"),
+        stat=_watts, stat_label="Power", stat_top=lambda samples: _latest(samples, "power_limit"),
         stat_extra=("Limit", lambda rec: _watts(rec["power_limit"]), False),
     ),
     GpuField(

@@ -185,7 +185,7 @@ def _gpu_stats(data: dict[str, Any]) -> list[str]:
         rows.append(cells)
     headers = ["GPU"]
     for f in stats:
-        headers += [f"{f.label.capitalize() if f.key != 'memory_used' else 'Mem'} mean", "p5", "p95"]
+        headers += [f"{f.stat_label or f.label} mean", "p5", "p95"]
         if f.stat_extra is not None:
             headers.append(f.stat_extra[0])
     out = ["## GPU statistics", "", f"Over {data['observed']['seconds']:.0f} s ({data['observed']['snapshots']} samples); sparklines on a fixed 0–100% / 0–total scale.", ""]
@@ -198,7 +198,7 @@ def _gpu_stats(data: dict[str, Any]) -> list[str]:
             st = g[f.key]
             cells.append(None if not st else f"{f.stat(st['mean'])} (p5 {f.stat(st['p5'])}, p95 {f.stat(st['p95'])})")
         io_rows.append(cells)
-    out += _table(["GPU", *(f"{f.label} mean" for f in io)], io_rows)
+    out += _table(["GPU", *(f"{f.stat_label or f.label} mean" for f in io)], io_rows)
     return out
 
 
