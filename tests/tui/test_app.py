@@ -13,7 +13,7 @@ from rich.style import Style
 from gputop.errors import GputopError
 from gputop.model import Snapshot
 from gputop.tui import look
-from gputop.tui.app import GputopApp, gpu_users, job_cores
+from gputop.tui.app import GputopApp, gpu_users
 from gputop.tui.canvas import LineBuilder, _changed_span
 from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
 from gputop.tui.widgets.gpu_grid import GpuGrid, spark_seconds_per_cell, spark_text, utilization_buckets
@@ -280,7 +280,8 @@ async def test_job_tree_rows_and_stacks_innermost_last(close_sources):
         kinds = [row.kind for row in panel.rows]
         assert kinds[:4] == ["launcher", "rank", "worker", "worker"]
         assert panel.rows[1].gpus == "GPU0" and panel.rows[1].note == "waiting for data"
-        assert app.query_one(CpuHeatmap).job_cores == job_cores(source._snapshots[-1].job)
+        job = source._snapshots[-1].job
+        assert job.cores and app.query_one(CpuHeatmap).job_cores == frozenset(job.cores)  # the collector's, not recomputed
         stacks = "\n".join(app.query_one(StacksPanel).lines_text)
         assert "rank 6" in stacks and "collective/barrier" in stacks  # launcher: per-rank states
         await pilot.press("j")
