@@ -21,8 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from collections import Counter
+
 from gputop import units
-from gputop.model import GpuSample
+from gputop.analysis.xids import distinct_xids, meaning_of
+from gputop.model import GpuSample, to_jsonable
 
 CARD = "card"
 SNAPSHOT = "snapshot"
@@ -51,6 +54,10 @@ class GpuField:
     # an extra column after p95 in the statistics table: (heading, cell from the JSON report's GPU record,
     # whether the cell is shown as code: a sparkline)
     stat_extra: Optional[tuple[str, Callable[[dict[str, Any]], Any], bool]] = None
+    # the Health table: the key of the JSON report's health record, the value there (from the GPU's live
+    # samples in the window, oldest first), the column's heading and its cell (from that health record)
+    health_key: Optional[str] = None
+    health_value: Optional[Callable[[Sequence[GpuSample]], Any]] = None
     health_header: Optional[str] = None
     health_cell: Optional[Callable[[dict[str, Any]], Optional[str]]] = None
 
@@ -192,7 +199,49 @@ def _xids_long(gpu: GpuSample) -> Optional[str]:
     return ",".join(str(code) for code in dict.fromkeys(e.code for e in gpu.xids)) or None
 
 
-# ---------------------------------------------------------------- the report's health cells
+# ---------------------------------------------------------------- the report's health record and cells
+
+UNDER_LOAD_PERCENT = 30  # the PCIe link is judged under load: idle GPUs drop it to a lower speed on purpose
+
+
+def _last_jsonable(attr: str) -> Callable[[Sequence[GpuSample]], Any]:
+    def value(alive: Sequence[GpuSample]) -> Any:
+        found = getattr(alive[-1], attr) if alive else None
+        return None if found is None else to_jsonable(found)
+
+    return value
+
+
+def _temperature_max(alive: Sequence[GpuSample]) -> Optional[float]:
+    temps = [g.temperature for g in alive if g.temperature is not None]
+    return max(temps) if temps else None
+
+
+def _pcie_under_load(alive: Sequence[GpuSample]) -> Optional[dict[str, Any]]:
+    under_load = [g for g in alive if (g.utilization_gpu or 0) >= UNDER_LOAD_PERCENT]
+    link = (under_load or alive or [None])[-1]
+    return to_jsonable(link.pcie) if link is not None else None
+
+
+def _throttle_counts(alive: Sequence[GpuSample]) -> dict[str, int]:
+    return dict(Counter(r for g in alive for r in (g.throttle_reasons or ())).most_common())
+
+
+def _nvlink_counts(alive: Sequence[GpuSample]) -> Optional[dict[str, int]]:
+    counts = _nvlink_active(alive[-1]) if alive else None
+    return None if counts is None else {"active": counts[0], "total": counts[1]}
+
+
+def _xid_events(alive: Sequence[GpuSample]) -> Optional[list[dict[str, Any]]]:
+    """Every XID the samples carry, oldest first, with what it means; None when NVML could not report them."""
+    if alive and all(g.xids is None for g in alive):
+        return None
+    out = []
+    for event in distinct_xids(alive):
+        meaning = meaning_of(event.code)
+        out.append({"code": event.code, "timestamp": event.timestamp, "meaning": meaning.meaning, "label": meaning.label})
+    return out
+
 
 def _health_pcie(h: dict[str, Any]) -> Optional[str]:
     p = h["pcie"] or {}
@@ -260,7 +309,7 @@ FIELDS: tuple[GpuField, ...] = (
         "temperature", "temp", "C", _ALL, read=lambda g: g.temperature,
         short=lambda g: units.na(g.temperature, "{:.0f}°C"),
         long=lambda g: units.na(g.temperature, "{:.0f}C"), snapshot_cell=" {:>4}",
-        health_header="Temp max", health_cell=lambda h: None if h["temperature_max"] is None else f"{h['temperature_max']:.0f} °C",
+        health_key="temperature_max", health_value=_temperature_max, health_header="Temp max", health_cell=lambda h: None if h["temperature_max"] is None else f"{h['temperature_max']:.0f} °C",
     ),
     GpuField(
         "power", "power", "W", _ALL, read=lambda g: g.power,
@@ -280,7 +329,7 @@ FIELDS: tuple[GpuField, ...] = (
     GpuField(
         "pcie_link", "PCIe", "", _ALL, read=lambda g: g.pcie.gen_current,
         short=_pcie_short, long=_pcie_long, snapshot_line=1, snapshot_cell="PCIe {}",
-        health_header="PCIe (under load) / max", health_cell=_health_pcie,
+        health_key="pcie", health_value=_pcie_under_load, health_header="PCIe (under load) / max", health_cell=_health_pcie,
     ),
     GpuField(
         "pcie_rx_bytes_per_s", "PCIe RX (to GPU)", "bytes/s", _ALL, read=lambda g: g.pcie.rx_bytes_per_s,
@@ -297,7 +346,7 @@ FIELDS: tuple[GpuField, ...] = (
     GpuField(
         "nvlink", "NVLink", "", _ALL, read=lambda g: None if g.nvlink is None else _nvlink_active(g)[0],
         short=_nvlink_short, long=_nvlink_long, snapshot_line=1, snapshot_cell="  NVLink {}",
-        health_header="NVLink", health_cell=_health_nvlink,
+        health_key="nvlink", health_value=_nvlink_counts, health_header="NVLink", health_cell=_health_nvlink,
     ),
     GpuField(
         "nvlink_rx_bytes_per_s", "NVLink RX", "bytes/s", _ALL, read=lambda g: _link_total(g, "rx_bytes_per_s"),
@@ -314,22 +363,22 @@ FIELDS: tuple[GpuField, ...] = (
     GpuField(
         "throttle_reasons", "throttle", "", _ALL, read=lambda g: g.throttle_reasons,
         short=_throttle_short, long=_throttle_long, snapshot_line=2, snapshot_cell="throttle {}",
-        health_header="Throttle reasons (samples)", health_cell=_health_throttle,
+        health_key="throttle_reasons", health_value=_throttle_counts, health_header="Throttle reasons (samples)", health_cell=_health_throttle,
     ),
     GpuField(
         "ecc", "ECC", "", frozenset((SNAPSHOT, REPORT)), read=lambda g: g.ecc,
         long=_ecc_long, snapshot_line=2, snapshot_cell="; ECC {}",
-        health_header="ECC vol/agg", health_cell=_health_ecc,
+        health_key="ecc", health_value=_last_jsonable("ecc"), health_header="ECC vol/agg", health_cell=_health_ecc,
     ),
     GpuField(
         "remapped_rows", "remap", "", frozenset((SNAPSHOT, REPORT)), read=lambda g: g.remapped_rows,
         long=_remap_long, snapshot_line=2, snapshot_cell=", remap {}",
-        health_header="Remapped rows", health_cell=_health_remap,
+        health_key="remapped_rows", health_value=_last_jsonable("remapped_rows"), health_header="Remapped rows", health_cell=_health_remap,
     ),
     GpuField(
         "xids", "XID", "", frozenset((SNAPSHOT, REPORT)), read=lambda g: g.xids,
         long=_xids_long, snapshot_line=2, snapshot_cell=", XID {}",
-        health_header="XIDs", health_cell=_health_xids,
+        health_key="xids", health_value=_xid_events, health_header="XIDs", health_cell=_health_xids,
     ),
 )
 
@@ -356,6 +405,12 @@ def snapshot_lines(gpu: GpuSample) -> list[str]:
         if text is not None:
             lines[f.snapshot_line] = lines.get(f.snapshot_line, "") + f.snapshot_cell.format(text)
     return [lines[i] for i in sorted(lines)]
+
+
+def report_health(alive: Sequence[GpuSample]) -> dict[str, Any]:
+    """The JSON report's health values of every REPORT field with a Health column: key -> value, from one
+    GPU's live samples in the window (oldest first)."""
+    return {f.health_key: f.health_value(alive) for f in shown_in(REPORT) if f.health_value is not None}
 
 
 def report_stats(series: Sequence[Optional[GpuSample]], stats: Callable[..., Any]) -> dict[str, Any]:

@@ -82,6 +82,7 @@ def test_report_fields_show_in_the_report(history, key):
         assert field.stat(record[key]["mean"]) in markdown
     if field.health_cell is not None:
         health = next(h for h in data["health"] if h["index"] == GPU)
+        assert health[field.health_key] is not None, f"{key}: no health value in the JSON report"
         assert f"| {field.health_header} |" in markdown
         cell = field.health_cell(health)
         assert cell is not None and f"| {cell} |" in markdown
@@ -93,6 +94,8 @@ def test_a_new_row_reaches_the_snapshot_and_the_report(history, monkeypatch):
         "clock_memory", "Mem clock", "MHz", frozenset((SNAPSHOT, REPORT)), read=lambda g: g.clock_memory,
         long=lambda g: units.na(g.clock_memory, "{}MHz"), snapshot_cell=" mem {}",
         stat=lambda v: units.na(v, "{:.0f} MHz"),
+        health_key="clock_memory_min", health_value=lambda alive: min(g.clock_memory for g in alive),
+        health_header="Mem clock min", health_cell=lambda h: f"{h['clock_memory_min']} MHz",
     )
     monkeypatch.setattr(gpu_fields, "FIELDS", gpu_fields.FIELDS + (memory_clock,))
     gpu = _latest_gpu(history)
@@ -100,8 +103,10 @@ def test_a_new_row_reaches_the_snapshot_and_the_report(history, monkeypatch):
     assert f" mem {gpu.clock_memory}MHz" in _snapshot_text(history)
     markdown = render_markdown(history, [], generated=1.0)
     assert "| Mem clock mean |" in markdown and f"{gpu.clock_memory} MHz" in markdown
+    assert "| Mem clock min |" in markdown
     data = json.loads(render_json(history, [], generated=1.0))
     assert next(g for g in data["gpus"] if g["index"] == GPU)["clock_memory"]["mean"] == pytest.approx(gpu.clock_memory)
+    assert next(h for h in data["health"] if h["index"] == GPU)["clock_memory_min"] == gpu.clock_memory
 
 
 def test_every_field_says_how_it_shows_in_each_of_its_places():
@@ -109,5 +114,7 @@ def test_every_field_says_how_it_shows_in_each_of_its_places():
         assert field.places <= {CARD, SNAPSHOT, REPORT}, field.key
         assert (CARD in field.places) == (field.short is not None), f"{field.key}: card place and card text disagree"
         assert (SNAPSHOT in field.places) == (field.long is not None), f"{field.key}: snapshot place and text disagree"
+        health = (field.health_key, field.health_value, field.health_header, field.health_cell)
+        assert all(part is None for part in health) or all(part is not None for part in health), f"{field.key}: half a Health column"
         has_report_column = field.stat is not None or field.health_cell is not None
         assert (REPORT in field.places) == has_report_column, f"{field.key}: report place and report column disagree"
