@@ -2,8 +2,8 @@
 
 A GPU sample is rendered three ways: the TUI's card (`tui/widgets/gpu_grid.py`), the `gputop snapshot`
 text (`commands/snapshot.py`) and the report (`report/jsonreport.py` computes the numbers,
-`report/markdown.py` lays them out). All three read `FIELDS`, so a new NVML field is one row here plus
-its reader in `collect/gpu.py`:
+`report/markdown.py` lays them out); `gputop serve` exports some as gauges (`exporter.py`). All of them
+read `FIELDS`, so a new NVML field is one row here plus its reader in `collect/gpu.py`:
 
 - `card`: the card draws `short(gpu)` where its layout puts the field's key (the card is 7 fixed lines,
   so a new card field also needs a place there);
@@ -11,7 +11,8 @@ its reader in `collect/gpu.py`:
   GPU's lines, in table order; a `long` of None leaves the cell out (nothing worth saying);
 - `report`: a field with `stat` gets statistics over the window (`read` of each sample; mean, p5, p95
   formatted by `stat`) in the table `report_table`; a field with `health_header` gets a column in the
-  Health table, whose cell `health_cell` formats the report's health record of that GPU.
+  Health table, whose cell `health_cell` formats the report's health record of that GPU;
+- `metrics`: `gputop serve --dcgm-fields` exports `read(gpu)` as the gauge `metric` (name, help).
 
 Formatting itself is `gputop.units`; this module only says which format each field uses. No Textual here.
 """
@@ -24,12 +25,14 @@ from typing import Any, Callable, Optional, Sequence
 from collections import Counter
 
 from gputop import units
+from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION
 from gputop.analysis.xids import distinct_xids, meaning_of
 from gputop.model import GpuSample, to_jsonable
 
 CARD = "card"
 SNAPSHOT = "snapshot"
 REPORT = "report"
+METRICS = "metrics"  # `gputop serve`'s Prometheus gauges (with --dcgm-fields)
 
 # The report's two statistics tables.
 STATS = "stats"  # "GPU statistics": mean, p5, p95 (+ an extra column)
@@ -60,6 +63,7 @@ class GpuField:
     health_value: Optional[Callable[[Sequence[GpuSample]], Any]] = None
     health_header: Optional[str] = None
     health_cell: Optional[Callable[[dict[str, Any]], Optional[str]]] = None
+    metric: Optional[tuple[str, str]] = None  # the Prometheus gauge: name (with its unit, as Prometheus wants), help
 
 
 def _why(gpu: GpuSample, key: str) -> str:
@@ -201,9 +205,6 @@ def _xids_long(gpu: GpuSample) -> Optional[str]:
 
 # ---------------------------------------------------------------- the report's health record and cells
 
-UNDER_LOAD_PERCENT = 30  # the PCIe link is judged under load: idle GPUs drop it to a lower speed on purpose
-
-
 def _last_jsonable(attr: str) -> Callable[[Sequence[GpuSample]], Any]:
     def value(alive: Sequence[GpuSample]) -> Any:
         found = getattr(alive[-1], attr) if alive else None
@@ -218,7 +219,7 @@ def _temperature_max(alive: Sequence[GpuSample]) -> Optional[float]:
 
 
 def _pcie_under_load(alive: Sequence[GpuSample]) -> Optional[dict[str, Any]]:
-    under_load = [g for g in alive if (g.utilization_gpu or 0) >= UNDER_LOAD_PERCENT]
+    under_load = [g for g in alive if (g.utilization_gpu or 0) >= PCIE_LOAD_UTILIZATION]  # idle GPUs slow the link on purpose
     link = (under_load or alive or [None])[-1]
     return to_jsonable(link.pcie) if link is not None else None
 
@@ -289,38 +290,48 @@ def _rate_stat(value: Optional[float]) -> Optional[str]:
 # ---------------------------------------------------------------- the table
 
 _ALL = frozenset((CARD, SNAPSHOT, REPORT))
+_ALL_AND_METRICS = _ALL | {METRICS}
 
 FIELDS: tuple[GpuField, ...] = (
     GpuField(
-        "utilization", "util", "%", _ALL, read=lambda g: g.utilization_gpu,
+        "utilization", "util", "%", _ALL_AND_METRICS, read=lambda g: g.utilization_gpu,
         short=lambda g: units.percent_cell(g.utilization_gpu),
         long=lambda g: units.na(g.utilization_gpu, "{:3.0f}%"), snapshot_cell=" {:>5}",
         stat=lambda v: units.percent(v, None), stat_label="Util", stat_top=lambda samples: 100.0,
+        metric=("gputop_gpu_utilization_percent", "GPU utilization"),
         stat_extra=("Utilization over time", lambda rec: rec["utilization"]["spark"] if rec["utilization"] else None, True),
     ),
     GpuField(
-        "memory_used", "memory", "bytes", _ALL, read=lambda g: g.memory_used,
+        "memory_used", "memory", "bytes", _ALL_AND_METRICS, read=lambda g: g.memory_used,
         short=lambda g: units.gib_pair(g.memory_used, g.memory_total),
         long=_memory_long, snapshot_cell=" {:>14}",
         stat=lambda v: units.gib(v, None), stat_label="Mem", stat_top=lambda samples: _latest(samples, "memory_total"),
         stat_extra=("Mem total", lambda rec: units.gib(rec["memory_total"], None), False),
+        metric=("gputop_gpu_memory_used_bytes", "GPU memory used"),
+    ),
+    GpuField(  # the card, the snapshot and the report show it beside memory_used
+        "memory_total", "memory total", "bytes", frozenset((METRICS,)), read=lambda g: g.memory_total,
+        metric=("gputop_gpu_memory_total_bytes", "GPU memory in all"),
     ),
     GpuField(
-        "temperature", "temp", "C", _ALL, read=lambda g: g.temperature,
+        "temperature", "temp", "C", _ALL_AND_METRICS, read=lambda g: g.temperature,
         short=lambda g: units.na(g.temperature, "{:.0f}°C"),
         long=lambda g: units.na(g.temperature, "{:.0f}C"), snapshot_cell=" {:>4}",
         health_key="temperature_max", health_value=_temperature_max, health_header="Temp max", health_cell=lambda h: None if h["temperature_max"] is None else f"{h['temperature_max']:.0f} °C",
+        metric=("gputop_gpu_temperature_celsius", "GPU temperature"),
     ),
     GpuField(
-        "power", "power", "W", _ALL, read=lambda g: g.power,
+        "power", "power", "W", _ALL_AND_METRICS, read=lambda g: g.power,
         short=_power_short,
         long=lambda g: f"{units.na(g.power, '{:.0f}')}/{units.na(g.power_limit, '{:.0f}W')}",
         stat=_watts, stat_label="Power", stat_top=lambda samples: _latest(samples, "power_limit"),
         stat_extra=("Limit", lambda rec: _watts(rec["power_limit"]), False),
+        metric=("gputop_gpu_power_watts", "GPU power draw"),
     ),
     GpuField(
-        "clock_sm", "SM clock", "MHz", frozenset((CARD, SNAPSHOT)), read=lambda g: g.clock_sm,
+        "clock_sm", "SM clock", "MHz", frozenset((CARD, SNAPSHOT, METRICS)), read=lambda g: g.clock_sm,
         short=lambda g: units.na(g.clock_sm, "{}MHz"), long=lambda g: units.na(g.clock_sm, "{}MHz"),
+        metric=("gputop_gpu_sm_clock_megahertz", "GPU SM clock"),
     ),
     GpuField(
         "processes", "procs", "", frozenset((SNAPSHOT,)), read=lambda g: None if g.processes is None else len(g.processes),

@@ -10,7 +10,7 @@ import pytest
 
 from gputop import gpu_fields, units
 from gputop.commands.snapshot import write_table
-from gputop.gpu_fields import CARD, REPORT, SNAPSHOT, GpuField
+from gputop.gpu_fields import CARD, METRICS, REPORT, SNAPSHOT, GpuField
 from gputop.report.jsonreport import render_json
 from gputop.report.markdown import render_markdown
 from tests.harness.histories import simulated_history
@@ -88,6 +88,48 @@ def test_report_fields_show_in_the_report(history, key):
         assert cell is not None and f"| {cell} |" in markdown
 
 
+def _gauges(history) -> dict[tuple[str, str], float]:
+    """`gputop serve --dcgm-fields`'s gauges over the latest sample: (name, gpu) -> value."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gputop.exporter import Exporter
+
+    class NoJobs:
+        def collect(self, gpus, now):
+            return []
+
+        def close(self):
+            pass
+
+    class LatestOnly:  # the pipeline's part the exporter uses
+        machine = history.machine
+
+        def poll(self):
+            return history.latest
+
+        def close(self):
+            pass
+
+    exporter = Exporter(LatestOnly(), NoJobs(), dcgm_fields=True, log=lambda line: None)
+    exporter.update(history.latest)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(exporter)
+    return {
+        (sample.name, sample.labels.get("gpu")): sample.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+    }
+
+
+@pytest.mark.parametrize("key", _field_ids(METRICS))
+def test_metric_fields_are_exported_as_gauges(history, key):
+    field = gpu_fields.BY_KEY[key]
+    value = field.read(_latest_gpu(history))
+    assert value is not None, f"{key}: the simulated GPU should give a value"
+    assert _gauges(history)[(field.metric[0], str(GPU))] == pytest.approx(value)
+
+
 def test_a_new_row_reaches_the_snapshot_and_the_report(history, monkeypatch):
     """The promise of the table: a new NVML field is one row (plus its reader in collect/gpu.py)."""
     memory_clock = GpuField(
@@ -111,7 +153,8 @@ def test_a_new_row_reaches_the_snapshot_and_the_report(history, monkeypatch):
 
 def test_every_field_says_how_it_shows_in_each_of_its_places():
     for field in gpu_fields.FIELDS:
-        assert field.places <= {CARD, SNAPSHOT, REPORT}, field.key
+        assert field.places <= {CARD, SNAPSHOT, REPORT, METRICS}, field.key
+        assert (METRICS in field.places) == (field.metric is not None), f"{field.key}: metrics place and gauge disagree"
         assert (CARD in field.places) == (field.short is not None), f"{field.key}: card place and card text disagree"
         assert (SNAPSHOT in field.places) == (field.long is not None), f"{field.key}: snapshot place and text disagree"
         health = (field.health_key, field.health_value, field.health_header, field.health_cell)
