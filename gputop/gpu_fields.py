@@ -19,10 +19,9 @@ Formatting itself is `gputop.units`; this module only says which format each fie
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
-
-from collections import Counter
 
 from gputop import units
 from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION

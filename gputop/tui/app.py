@@ -28,7 +28,7 @@ from textual.message import Message
 from gputop import units
 from gputop.errors import GputopError
 from gputop.history import History
-from gputop.model import Finding, JobTree, Snapshot
+from gputop.model import Finding, Snapshot
 from gputop.source import Attachable, Batch, PollLoop, Seekable, Source
 from gputop.tui import partial_updates
 from gputop.tui.look import key_display
