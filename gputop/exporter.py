@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequen
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
-from gputop import __version__
+from gputop import __version__, gpu_fields
 from gputop.analysis.stack_classes import (
     COLLECTIVE,
     EXPLICIT_SYNC,
@@ -323,14 +323,9 @@ class Exporter:
         clock_events = GaugeMetricFamily(
             "gputop_gpu_clock_event_active", "1 while this clock-event (throttle) reason is active", labels=gpu_labels + ["reason"]
         )
-        readings = {
-            "utilization_gpu": GaugeMetricFamily("gputop_gpu_utilization_percent", "GPU utilization", labels=gpu_labels),
-            "memory_used": GaugeMetricFamily("gputop_gpu_memory_used_bytes", "GPU memory used", labels=gpu_labels),
-            "memory_total": GaugeMetricFamily("gputop_gpu_memory_total_bytes", "GPU memory in all", labels=gpu_labels),
-            "power": GaugeMetricFamily("gputop_gpu_power_watts", "GPU power draw", labels=gpu_labels),
-            "temperature": GaugeMetricFamily("gputop_gpu_temperature_celsius", "GPU temperature", labels=gpu_labels),
-            "clock_sm": GaugeMetricFamily("gputop_gpu_sm_clock_megahertz", "GPU SM clock", labels=gpu_labels),
-        }
+        readings = [  # the gauges the table of GPU fields declares
+            (f, GaugeMetricFamily(*f.metric, labels=gpu_labels)) for f in gpu_fields.shown_in(gpu_fields.METRICS) if f.metric
+        ]
         for gpu in gpus:
             labels = [str(gpu.index), gpu.uuid, self.hostname]
             seen = self._xids_seen.get(gpu.index, frozenset())
@@ -359,15 +354,15 @@ class Exporter:
                 for reason in THROTTLE_REASONS:
                     clock_events.add_metric(labels + [reason], 1.0 if reason in active else 0.0)
             if self.dcgm_fields:
-                for attr, family in readings.items():
-                    value = getattr(gpu, attr)
+                for reading, family in readings:
+                    value = reading.read(gpu)
                     if value is not None:
                         family.add_metric(labels, value)
         for (gpu_index, uuid, code), count in sorted(self._xid_counts.items()):
             xids.add_metric([gpu_index, uuid, self.hostname, code], count)
         families: list[Metric] = [xids, degraded, generation, width, clock_events]
         if self.dcgm_fields:
-            families += readings.values()
+            families += [family for _, family in readings]
         return families
 
     def _job_families(self, snap: Snapshot, trees: list[JobTree]) -> list[Metric]:

@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
-from gputop import units
+from gputop import gpu_fields, units
 from gputop.model import GpuSample, HostSample, JobTree, MachineInfo, Snapshot, from_jsonable, to_jsonable
 from gputop.pipeline import pipeline_from_args
 
@@ -91,54 +91,11 @@ def snapshot_from_json(data: dict[str, Any]) -> tuple[MachineInfo, Snapshot]:
 
 # ---------------------------------------------------------------- table
 
-def _pcie(gpu: GpuSample) -> str:
-    p = gpu.pcie
-    link = f"Gen{units.na(p.gen_current)}x{units.na(p.width_current)}/Gen{units.na(p.gen_max)}x{units.na(p.width_max)}"
-    return f"{link} rx {units.rate(p.rx_bytes_per_s, sep='')} tx {units.rate(p.tx_bytes_per_s, sep='')}"
-
-
-def _nvlink(gpu: GpuSample) -> str:
-    if gpu.nvlink is None:
-        return f"n/a ({gpu.unavailable.get('nvlink', 'unavailable')})"
-    active = [link for link in gpu.nvlink if link.active]
-    tx = sum(link.tx_bytes_per_s or 0.0 for link in active)
-    rx = sum(link.rx_bytes_per_s or 0.0 for link in active)
-    return f"{len(active)}/{len(gpu.nvlink)} up rx {units.rate(rx, sep='')} tx {units.rate(tx, sep='')}"
-
-
-def _health(gpu: GpuSample) -> str:
-    parts = []
-    if gpu.ecc is None:
-        parts.append(f"ECC n/a ({gpu.unavailable.get('ecc', 'unavailable')})")
-    else:
-        parts.append(f"ECC vol {units.na(gpu.ecc.volatile_corrected)}c/{units.na(gpu.ecc.volatile_uncorrected)}u")
-    rows = gpu.remapped_rows
-    if rows is None:
-        parts.append(f"remap n/a ({gpu.unavailable.get('remapped_rows', 'unavailable')})")
-    elif rows.uncorrectable or rows.pending or rows.failed:
-        state = "FAILED" if rows.failed else ("pending" if rows.pending else "done")
-        parts.append(f"remap {rows.uncorrectable} rows {state}")
-    if gpu.xids is None:
-        parts.append(f"XID n/a ({gpu.unavailable.get('xids', 'unavailable')})")
-    elif gpu.xids:
-        parts.append("XID " + ",".join(str(code) for code in dict.fromkeys(e.code for e in gpu.xids)))
-    return ", ".join(parts)
-
-
 def _gpu_lines(gpu: GpuSample) -> list[str]:
     if gpu.lost:
         return [f"{gpu.index:>3}  {gpu.name:<24} LOST ({gpu.unavailable.get('gpu', 'GpuIsLost')}) bus {gpu.pci_bus_id}"]
-    mem = "n/a"
-    if gpu.memory_used is not None and gpu.memory_total:
-        mem = f"{gpu.memory_used / units.GIB:5.1f}/{gpu.memory_total / units.GIB:.0f}GiB"
-    throttle = "n/a" if gpu.throttle_reasons is None else (",".join(gpu.throttle_reasons) or "none")
-    procs = "n/a" if gpu.processes is None else str(len(gpu.processes))
-    head = (
-        f"{gpu.index:>3}  {gpu.name[:24]:<24} {units.na(gpu.utilization_gpu, '{:3.0f}%'):>5} {mem:>14} "
-        f"{units.na(gpu.temperature, '{:.0f}C'):>4} {units.na(gpu.power, '{:.0f}')}/{units.na(gpu.power_limit, '{:.0f}W')} "
-        f"{units.na(gpu.clock_sm, '{}MHz')} procs {procs}"
-    )
-    lines = [head, f"     PCIe {_pcie(gpu)}  NVLink {_nvlink(gpu)}", f"     throttle {throttle}; {_health(gpu)}"]
+    head, *rest = gpu_fields.snapshot_lines(gpu)  # the fields' cells, as the table of GPU fields places them
+    lines = [f"{gpu.index:>3}  {gpu.name[:24]:<24}{head}"] + [f"     {line}" for line in rest]
     if "stale" in gpu.unavailable:
         lines.append(f"     stale: {gpu.unavailable['stale']}")
     return lines

@@ -14,12 +14,11 @@ import time
 from collections import Counter
 from typing import Any, Optional, Sequence
 
-from gputop import __version__
+from gputop import __version__, gpu_fields
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.numbers import mean, percentile
 from gputop.analysis.observations import collect_rank_observations
 from gputop.analysis.stack_classes import aggregate_worker_leaves, format_frame
-from gputop.analysis.xids import distinct_xids, meaning_of
 from gputop.history import History
 from gputop.model import Finding, GpuSample, Snapshot, to_jsonable
 from gputop.report.infra import infra_data
@@ -72,37 +71,16 @@ def _gpu_series(snaps: Sequence[Snapshot], index: int) -> list[Optional[GpuSampl
     return out
 
 
-def _link_total(g: Optional[GpuSample], attr: str) -> Optional[float]:
-    if g is None or g.nvlink is None:
-        return None
-    vals = [getattr(link, attr) for link in g.nvlink if getattr(link, attr) is not None]
-    return sum(vals) if vals else None
-
-
 def _gpu_stats(snaps: Sequence[Snapshot], index: int) -> dict[str, Any]:
     series = _gpu_series(snaps, index)
     present = [g for g in series if g is not None]
-    total = next((g.memory_total for g in reversed(present) if g.memory_total), None)
-    limit = next((g.power_limit for g in reversed(present) if g.power_limit), None)
-
-    def pick(attr: str) -> list[Optional[float]]:
-        return [getattr(g, attr) if g is not None else None for g in series]
-
-    def pcie(attr: str) -> list[Optional[float]]:
-        return [getattr(g.pcie, attr) if g is not None else None for g in series]
-
     return {
         "index": index,
         "name": present[-1].name if present else None,
-        "utilization": _stats(pick("utilization_gpu"), 0.0, 100.0),
-        "memory_used": _stats(pick("memory_used"), 0.0, total),
-        "memory_total": total,
-        "power": _stats(pick("power"), 0.0, limit),
-        "power_limit": limit,
-        "pcie_rx_bytes_per_s": _stats(pcie("rx_bytes_per_s"), 0.0, None),
-        "pcie_tx_bytes_per_s": _stats(pcie("tx_bytes_per_s"), 0.0, None),
-        "nvlink_rx_bytes_per_s": _stats([_link_total(g, "rx_bytes_per_s") for g in series], 0.0, None),
-        "nvlink_tx_bytes_per_s": _stats([_link_total(g, "tx_bytes_per_s") for g in series], 0.0, None),
+        # the statistics of every report field of the table of GPU fields (utilization, memory, power, traffic)
+        **gpu_fields.report_stats(series, _stats),
+        "memory_total": next((g.memory_total for g in reversed(present) if g.memory_total), None),
+        "power_limit": next((g.power_limit for g in reversed(present) if g.power_limit), None),
     }
 
 
@@ -110,38 +88,16 @@ def _health(snaps: Sequence[Snapshot], index: int) -> dict[str, Any]:
     samples = [g for s in snaps for g in s.gpus if g.index == index]
     alive = [g for g in samples if not g.lost]
     last = alive[-1] if alive else (samples[-1] if samples else None)
-    reasons = Counter(r for g in alive for r in (g.throttle_reasons or ()))
-    temps = [g.temperature for g in alive if g.temperature is not None]
-    under_load = [g for g in alive if (g.utilization_gpu or 0) >= 30]
-    link = (under_load or alive or [None])[-1]
-    nvlink = last.nvlink if last is not None else None
     return {
         "index": index,
         "name": last.name if last else None,
         "uuid": last.uuid if last else None,
         "pci_bus_id": last.pci_bus_id if last else None,
         "lost": any(g.lost for g in samples),
-        "temperature_max": max(temps) if temps else None,
-        "pcie": to_jsonable(link.pcie) if link is not None else None,
-        "throttle_reasons": {r: n for r, n in reasons.most_common()},
+        **gpu_fields.report_health(alive),  # temperature, PCIe, throttling, ECC, remapped rows, NVLink, XIDs
         "samples": len(alive),
-        "ecc": to_jsonable(last.ecc) if last is not None and last.ecc is not None else None,
-        "remapped_rows": to_jsonable(last.remapped_rows) if last is not None and last.remapped_rows is not None else None,
-        "nvlink": None if nvlink is None else {"active": sum(1 for x in nvlink if x.active), "total": len(nvlink)},
-        "xids": _xids(alive),
         "unavailable": dict(last.unavailable) if last is not None else {},
     }
-
-
-def _xids(samples: Sequence[GpuSample]) -> Optional[list[dict[str, Any]]]:
-    """Every XID the samples carry, oldest first, with what it means; None when NVML could not report them."""
-    if samples and all(g.xids is None for g in samples):
-        return None
-    out = []
-    for event in distinct_xids(samples):
-        meaning = meaning_of(event.code)
-        out.append({"code": event.code, "timestamp": event.timestamp, "meaning": meaning.meaning, "label": meaning.label})
-    return out
 
 
 def _job(snaps: Sequence[Snapshot]) -> Optional[dict[str, Any]]:

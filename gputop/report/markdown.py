@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from gputop import units
+from gputop import gpu_fields, units
 from gputop.history import History
 from gputop.model import Finding
 from gputop.report.jsonreport import report_data
@@ -157,75 +157,48 @@ def _topology(data: dict[str, Any]) -> list[str]:
 
 
 def _health(data: dict[str, Any]) -> list[str]:
+    columns = [f for f in gpu_fields.shown_in(gpu_fields.REPORT) if f.health_cell is not None]
     rows = []
     for h in data["health"]:
-        p = h["pcie"] or {}
-        pcie = None
-        if p.get("gen_current") is not None:
-            pcie = f"Gen{p['gen_current']} x{p['width_current']} / Gen{p['gen_max']} x{p['width_max']}"
-        thr = ", ".join(f"{r} ({n}/{h['samples']})" for r, n in h["throttle_reasons"].items() if r not in ("gpu_idle",)) or "none"
-        ecc = h["ecc"]
-        ecc_text = None if ecc is None else f"unc {ecc['volatile_uncorrected']}/{ecc['aggregate_uncorrected']}, corr {ecc['volatile_corrected']}/{ecc['aggregate_corrected']}"
-        rr = h["remapped_rows"]
-        rr_text = None if rr is None else f"corr {rr['correctable']}, unc {rr['uncorrectable']}" + (", PENDING" if rr["pending"] else "") + (", FAILED" if rr["failed"] else "")
-        nv = h["nvlink"]
-        nv_text = None if nv is None else f"{nv['active']}/{nv['total']} active"
-        xids = h.get("xids")
-        xid_text = None if xids is None else (", ".join(f"{x['code']} ({x['meaning']})" for x in xids) or "none")
         na = ", ".join(f"{k}: {v}" for k, v in h["unavailable"].items())
-        rows.append(
-            [
-                h["index"],
-                h["pci_bus_id"],
-                "LOST" if h["lost"] else "ok",
-                None if h["temperature_max"] is None else f"{h['temperature_max']:.0f} °C",
-                pcie,
-                thr,
-                ecc_text,
-                rr_text,
-                xid_text,
-                nv_text,
-                na or None,
-            ]
-        )
+        rows.append([h["index"], h["pci_bus_id"], "LOST" if h["lost"] else "ok", *(f.health_cell(h) for f in columns), na or None])
     if not rows:
         return []
-    headers = ["GPU", "Bus", "State", "Temp max", "PCIe (under load) / max", "Throttle reasons (samples)", "ECC vol/agg", "Remapped rows", "XIDs", "NVLink", "Not available"]
+    headers = ["GPU", "Bus", "State", *(f.health_header for f in columns), "Not available"]
     return ["## Health", ""] + _table(headers, rows)
 
 
 def _gpu_stats(data: dict[str, Any]) -> list[str]:
+    if not data["gpus"]:
+        return []
+    fields = [f for f in gpu_fields.shown_in(gpu_fields.REPORT) if f.stat is not None]
+    stats = [f for f in fields if f.report_table == gpu_fields.STATS]
     rows = []
     for g in data["gpus"]:
-        util = g["utilization"]
-        mem = g["memory_used"]
-        pw = g["power"]
-        rows.append(
-            [
-                g["index"],
-                *_stat_cells(util, lambda v: units.percent(v, None)),
-                _code(util["spark"]) if util else None,
-                *_stat_cells(mem, lambda v: units.gib(v, None)),
-                units.gib(g["memory_total"], None),
-                *_stat_cells(pw, lambda w: f"{w:.0f} W"),
-                None if g["power_limit"] is None else f"{g['power_limit']:.0f} W",
-            ]
-        )
-    if not rows:
-        return []
+        cells: list[Any] = [g["index"]]
+        for f in stats:
+            cells += _stat_cells(g[f.key], f.stat)
+            if f.stat_extra is not None:
+                _, extra, as_code = f.stat_extra
+                value = extra(g)
+                cells.append(_code(value) if as_code and value is not None else value)
+        rows.append(cells)
+    headers = ["GPU"]
+    for f in stats:
+        headers += [f"{f.stat_label or f.label} mean", "p5", "p95"]
+        if f.stat_extra is not None:
+            headers.append(f.stat_extra[0])
     out = ["## GPU statistics", "", f"Over {data['observed']['seconds']:.0f} s ({data['observed']['snapshots']} samples); sparklines on a fixed 0–100% / 0–total scale.", ""]
-    out += _table(
-        ["GPU", "Util mean", "p5", "p95", "Utilization over time", "Mem mean", "p5", "p95", "Mem total", "Power mean", "p5", "p95", "Limit"],
-        rows,
-    )
+    out += _table(headers, rows)
+    io = [f for f in fields if f.report_table == gpu_fields.IO]
     io_rows = []
     for g in data["gpus"]:
         cells = [g["index"]]
-        for key in ("pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "nvlink_tx_bytes_per_s"):
-            st = g[key]
-            cells.append(None if not st else f"{units.rate(st['mean'], None)} (p5 {units.rate(st['p5'], None)}, p95 {units.rate(st['p95'], None)})")
+        for f in io:
+            st = g[f.key]
+            cells.append(None if not st else f"{f.stat(st['mean'])} (p5 {f.stat(st['p5'])}, p95 {f.stat(st['p95'])})")
         io_rows.append(cells)
-    out += _table(["GPU", "PCIe RX (to GPU) mean", "PCIe TX mean", "NVLink RX mean", "NVLink TX mean"], io_rows)
+    out += _table(["GPU", *(f"{f.stat_label or f.label} mean" for f in io)], io_rows)
     return out
 
 

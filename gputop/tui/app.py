@@ -28,7 +28,7 @@ from textual.message import Message
 from gputop import units
 from gputop.errors import GputopError
 from gputop.history import History
-from gputop.model import Finding, JobTree, Snapshot
+from gputop.model import Finding, Snapshot
 from gputop.source import Attachable, Batch, PollLoop, Seekable, Source
 from gputop.tui import partial_updates
 from gputop.tui.look import key_display
@@ -369,7 +369,7 @@ class GputopApp(App):
         snapshots = self.history.window(self._spark_window())
         job = snapshot.job
         self._main(GpuGrid).update_data(snapshots, self.interval, gpu_users(snapshot), self.machine.gpu_error)
-        self._main(CpuHeatmap).update_data(snapshot.host, job_cores(job))
+        self._main(CpuHeatmap).update_data(snapshot.host, frozenset(job.cores) if job is not None else frozenset())  # the collector's
         self._choose_grid(self.size.width, self.size.height, self._compact)
         panel = self._main(JobPanel)
         title, hint, rows, warnings = self._job_rows(snapshot)
@@ -738,19 +738,6 @@ def gpu_users(snapshot: Snapshot) -> dict[int, str]:
         pids = [p.pid for p in gpu.processes]
         users[gpu.index] = f"pid {pids[0]}" + (f" +{len(pids) - 1}" if len(pids) > 1 else "")
     return users
-
-
-def job_cores(job: Optional[JobTree]) -> frozenset[int]:
-    if job is None:
-        return frozenset()
-    cores = set()
-    for rank in job.ranks:
-        if rank.proc.core is not None and not rank.proc.exited:
-            cores.add(rank.proc.core)
-        for worker in rank.workers:
-            if worker.core is not None and not worker.exited:
-                cores.add(worker.core)
-    return frozenset(cores)
 
 
 def _stdin_fd() -> Optional[int]:

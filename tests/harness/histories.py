@@ -28,6 +28,7 @@ from gputop.analysis.stack_classes import (
     OPTIMIZER_STEP,
     WAITING_FOR_DATA,
 )
+from gputop.collect.job_tree import job_cores
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import (
@@ -495,6 +496,7 @@ def make_job(tick: int, ranks: int = 8, workers: int = 2, exited_pids: Sequence[
                 ThreadStack(thread_id=1, thread_name="MainThread", os_thread_id=worker.pid, active=True, owns_gil=True, frames=WORKER_STACK),
             ))
     return JobTree(root_pid=1000, launcher=launcher, ranks=tuple(rank_list), stacks=stacks,
+                   cores=job_cores(launcher, rank_list),  # as the collector fills it
                    warnings=("rank 6 holds no GPU memory (CUDA_VISIBLE_DEVICES='')",))
 
 

@@ -13,7 +13,7 @@ from rich.style import Style
 from gputop.errors import GputopError
 from gputop.model import Snapshot
 from gputop.tui import look
-from gputop.tui.app import GputopApp, gpu_users, job_cores
+from gputop.tui.app import GputopApp, gpu_users
 from gputop.tui.canvas import LineBuilder, _changed_span
 from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
 from gputop.tui.widgets.gpu_grid import GpuGrid, spark_seconds_per_cell, spark_text, utilization_buckets
@@ -280,7 +280,8 @@ async def test_job_tree_rows_and_stacks_innermost_last(close_sources):
         kinds = [row.kind for row in panel.rows]
         assert kinds[:4] == ["launcher", "rank", "worker", "worker"]
         assert panel.rows[1].gpus == "GPU0" and panel.rows[1].note == "waiting for data"
-        assert app.query_one(CpuHeatmap).job_cores == job_cores(source._snapshots[-1].job)
+        job = source._snapshots[-1].job
+        assert job.cores and app.query_one(CpuHeatmap).job_cores == frozenset(job.cores)  # the collector's, not recomputed
         stacks = "\n".join(app.query_one(StacksPanel).lines_text)
         assert "rank 6" in stacks and "collective/barrier" in stacks  # launcher: per-rank states
         await pilot.press("j")
@@ -539,6 +540,41 @@ async def test_replay_of_a_real_recording_keeps_every_sample_and_restarts_after_
         await wait_for(pilot, lambda: app.history.latest and app.history.latest.timestamp == SCREEN_T0 + 30, "the seek")
         assert len(app.history) == 31
         await wait_for(pilot, lambda: "REPLAY 00:30/01:59 ×4" in app.query_one("#header").lines_text[0], "the header")
+
+
+async def test_replay_shows_the_interpretation_the_recording_carries(tmp_path):
+    """The TUI reads the collector's main-thread states, job cores and placement warnings from the snapshot:
+    a replay shows what was decided live, even where working it out again from the stacks would differ."""
+    from gputop.recording import RecordingWriter, ReplaySource
+    from gputop.sim.fake_nvml import ManualClock
+
+    machine = make_machine(cores=128)
+    path = str(tmp_path / "run.gputop")
+    snaps = make_snapshots(5, gpus=8, cores=128, with_job=True)
+    # every rank's stack is the DataLoader wait (classified "waiting for data"); the collector said otherwise
+    warning = "ranks 0 and 1 share GPU 0: set the device from LOCAL_RANK"
+    snaps = [dataclasses.replace(s, job=dataclasses.replace(
+        s.job, cores=(77,), warnings=(warning,),
+        ranks=tuple(dataclasses.replace(r, main_thread_state="in dataset code") for r in s.job.ranks))) for s in snaps]
+    with RecordingWriter(path, machine) as writer:
+        for snap in snaps:
+            writer.write(snap)
+    clock = ManualClock(start=0.0)
+    source = ReplaySource(path, speed=1.0, clock=clock)
+    app = GputopApp(source, interval=0.01, controls=source, diagnose=lambda h, b: ([], "ok"))
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            clock.advance(4.0)
+            await wait_for(pilot, lambda: len(app.history) == 5, "the whole recording")
+            await wait_for(pilot, lambda: app.query_one(JobPanel).rows, "the job tree")
+            await pilot.pause()
+            assert app.query_one(CpuHeatmap).job_cores == frozenset({77})  # not the processes' own cores
+            assert list(app.query_one(JobPanel).warnings) == [warning]
+            stacks = app.query_one(StacksPanel).lines_text
+            per_rank = [line for line in stacks if line.strip().startswith("rank ")]
+            assert len(per_rank) == 8 and all("in dataset code" in line for line in per_rank), per_rank
+    finally:
+        source.close()
 
 
 def test_machine_picture_draws_numa_nodes_switches_fabric_and_marks_a_degraded_link():

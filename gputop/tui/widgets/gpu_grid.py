@@ -16,7 +16,7 @@ from textual.strip import Strip
 
 from gputop.analysis.xids import meaning_of
 from gputop.model import LABEL_INFRA, GpuSample, Snapshot
-from gputop import units
+from gputop.gpu_fields import active_throttles, card_text, reason_key
 from gputop.tui import look
 from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas
 
@@ -27,43 +27,10 @@ MIN_SPARK_SECONDS = 60  # the sparkline always spans at least this much history
 
 # Clock-event reasons that mean the GPU is being slowed by the machine (not by being idle or by app clocks).
 _SLOWDOWN_WORDS = ("thermal", "hwslowdown", "hw_slowdown", "powerbrake", "power_brake")
-_SHORT_REASON = {
-    "swpowercap": "PwrCap",
-    "sw_power_cap": "PwrCap",
-    "hwslowdown": "HwSlow",
-    "hw_slowdown": "HwSlow",
-    "swthermal": "SwTherm",
-    "sw_thermal": "SwTherm",
-    "hwthermal": "HwTherm",
-    "hw_thermal": "HwTherm",
-    "hwpowerbrake": "PwrBrake",
-    "hw_power_brake": "PwrBrake",
-    "syncboost": "SyncBoost",
-    "sync_boost": "SyncBoost",
-    "applicationsclocks": "AppClk",
-    "appclocks": "AppClk",
-    "app_clocks": "AppClk",
-}
-_HARMLESS_REASONS = ("gpuidle", "gpu_idle", "idle")
-
-
-def _reason_key(name: str) -> str:
-    return name.replace(" ", "").lower()
-
-
-def active_throttles(gpu: GpuSample) -> list[str]:
-    """Short names of the clock-event reasons worth showing (GPU-idle is not a problem)."""
-    out = []
-    for name in gpu.throttle_reasons or ():
-        key = _reason_key(name)
-        if key in _HARMLESS_REASONS:
-            continue
-        out.append(_SHORT_REASON.get(key, name))
-    return out
 
 
 def _is_slowdown(gpu: GpuSample) -> bool:
-    return any(word in _reason_key(name) for name in gpu.throttle_reasons or () for word in _SLOWDOWN_WORDS)
+    return any(word in reason_key(name) for name in gpu.throttle_reasons or () for word in _SLOWDOWN_WORDS)
 
 
 def health_problems(gpu: GpuSample) -> tuple[list[str], list[str]]:
@@ -129,13 +96,6 @@ def util_style(util: Optional[float]) -> Style:
     if util is None or util < look.IDLE_BELOW:
         return look.DIM
     return look.GOOD if util >= look.BUSY_AT else look.PLAIN
-
-
-def pcie_text(gpu: GpuSample) -> str:
-    link = gpu.pcie
-    if link.gen_current is None or link.width_current is None:
-        return "n/a"
-    return f"Gen{link.gen_current} x{link.width_current}"
 
 
 def short_name(name: str) -> str:
@@ -338,7 +298,7 @@ class GpuGrid(LineCanvas):
         util = gpu.utilization_gpu
         text = spark_text(spark)
         lines[1].add(text, look.DIM if gpu.lost else look.SPARK)
-        lines[1].add(" " + ("LOST" if gpu.lost else units.percent_cell(util)), look.BAD_BOLD if gpu.lost else util_style(util))
+        lines[1].add(" " + ("LOST" if gpu.lost else card_text("utilization", gpu)), look.BAD_BOLD if gpu.lost else util_style(util))
 
         if gpu.lost:
             lines[2].add(look.ellipsize("not answering: fell off the bus", w), look.BAD)
@@ -351,51 +311,41 @@ class GpuGrid(LineCanvas):
                 line.pad(w)
             return lines
 
-        mem_text = " " + units.gib_pair(gpu.memory_used, gpu.memory_total)
+        # the texts come from the table of GPU fields (gpu_fields); the card says where and in which colour
+        mem_text = " " + card_text("memory_used", gpu)
         filled, empty = look.bar(gpu.memory_fraction, max(1, w - 4 - len(mem_text)))
         lines[2].add("MEM ", look.LABEL).add(filled, look.ACCENT).add(empty, look.BAR_EMPTY).add(mem_text)
 
         l3 = lines[3]
         temp = gpu.temperature
         temp_style = look.PLAIN if temp is None or temp < 75 else look.WARN if temp < 85 else look.BAD
-        l3.add("n/a" if temp is None else f"{temp:.0f}°C", temp_style)
-        if gpu.power is not None:
-            power = f"  {gpu.power:.0f}"
-            power += f"/{gpu.power_limit:.0f}W" if gpu.power_limit else "W"
-            near_cap = gpu.power_limit and gpu.power >= 0.97 * gpu.power_limit
-            l3.add(power, look.WARN if near_cap else look.PLAIN)
-        else:
-            l3.add("  n/a W", look.DIM)
+        l3.add(card_text("temperature", gpu), temp_style)
+        near_cap = gpu.power is not None and gpu.power_limit and gpu.power >= 0.97 * gpu.power_limit
+        l3.add("  " + card_text("power", gpu), look.DIM if gpu.power is None else look.WARN if near_cap else look.PLAIN)
         if gpu.clock_sm is not None and l3.length + 10 <= w:
-            l3.add(f"  {gpu.clock_sm}MHz", look.PLAIN)
+            l3.add("  " + card_text("clock_sm", gpu), look.PLAIN)
 
         l4 = lines[4]
         l4.add("PCIe ", look.LABEL)
         if pcie_flagged(gpu):
-            l4.add(pcie_text(gpu) + "!", look.WARN_BOLD)
+            l4.add(card_text("pcie_link", gpu) + "!", look.WARN_BOLD)
         else:
-            l4.add(pcie_text(gpu))
-        l4.add(f" ↑{units.short_rate(gpu.pcie.tx_bytes_per_s)} ↓{units.short_rate(gpu.pcie.rx_bytes_per_s)}", look.PLAIN)
+            l4.add(card_text("pcie_link", gpu))
+        l4.add(f" ↑{card_text('pcie_tx_bytes_per_s', gpu)} ↓{card_text('pcie_rx_bytes_per_s', gpu)}", look.PLAIN)
 
         l5 = lines[5]
         l5.add("NVL  ", look.LABEL)
         if gpu.nvlink:
-            active = sum(1 for link in gpu.nvlink if link.active)
-            l5.add(f"{active}/{len(gpu.nvlink)}", look.PLAIN if active == len(gpu.nvlink) else look.WARN_BOLD)
-            tx = sum(link.tx_bytes_per_s or 0 for link in gpu.nvlink)
-            rx = sum(link.rx_bytes_per_s or 0 for link in gpu.nvlink)
-            l5.add(f" ↑{units.short_rate(tx)} ↓{units.short_rate(rx)}")
+            all_up = all(link.active for link in gpu.nvlink)
+            l5.add(card_text("nvlink", gpu), look.PLAIN if all_up else look.WARN_BOLD)
+            l5.add(f" ↑{card_text('nvlink_tx_bytes_per_s', gpu)} ↓{card_text('nvlink_rx_bytes_per_s', gpu)}")
         else:
             l5.add("n/a", look.DIM)
 
         l6 = lines[6]
         faults, warnings = health_problems(gpu)
-        throttles = active_throttles(gpu)
         l6.add("thr ", look.LABEL)
-        if throttles:
-            l6.add(",".join(throttles), look.WARN if _is_slowdown(gpu) else look.PLAIN)
-        else:
-            l6.add("none" if gpu.throttle_reasons is not None else "n/a", look.DIM)
+        l6.add(card_text("throttle_reasons", gpu), look.WARN if _is_slowdown(gpu) else look.PLAIN if active_throttles(gpu) else look.DIM)
         health = [p for p in faults + warnings if p not in ("throttled", "PCIe down")]
         mark = self.check_marks.get(gpu.index)
         if mark is not None:
@@ -443,10 +393,10 @@ class GpuGrid(LineCanvas):
                 line.add("  GPU not answering (fell off the bus?)", look.BAD_BOLD)
                 lines.append(line.strip(width))
                 continue
-            line.add(" " + units.percent_cell(gpu.utilization_gpu), util_style(gpu.utilization_gpu))
-            line.add(units.gib_pair(gpu.memory_used, gpu.memory_total).rjust(8))
+            line.add(" " + card_text("utilization", gpu), util_style(gpu.utilization_gpu))
+            line.add(card_text("memory_used", gpu).rjust(8))
             temp = gpu.temperature
-            line.add(("n/a" if temp is None else f"{temp:.0f}°C").rjust(5),
+            line.add(card_text("temperature", gpu).rjust(5),
                      look.PLAIN if temp is None or temp < 75 else look.WARN if temp < 85 else look.BAD)
             if show_power:
                 line.add(("n/a" if gpu.power is None else f"{gpu.power:.0f}W").rjust(6))
