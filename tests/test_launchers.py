@@ -155,7 +155,9 @@ def test_mpich_hydra_stand_in(spawn, tmp_path):
 def test_open_mpi_mpirun(spawn, tmp_path):
     mpirun = shutil.which("mpirun") or pytest.skip("mpirun is not installed (apt-get install openmpi-bin)")
     records = start(spawn, tmp_path, [
+        # ranks talk over loopback only (the stub sends nothing, but Open MPI's runtime wires up TCP)
         mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", "--mca", "btl", "self,tcp",
+        "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
         sys.executable, str(STUB),
     ], 2, OMPI_MCA_plm_rsh_agent="")
     check_every_pid_finds_the_whole_job(records, _by_variable(records, "OMPI_COMM_WORLD_RANK"), None, 2)
