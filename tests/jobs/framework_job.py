@@ -115,9 +115,12 @@ def mlp(mode: str) -> nn.Module:
 
 
 def step_input(mode: str, batch: torch.Tensor) -> torch.Tensor:
-    # tuned: tens of ms of compute per batch, so two workers of trivial samples keep well ahead even
-    # when the machine's cores are shared (each worker needs ~1-2 ms of CPU a batch for IPC and collate)
-    return batch.repeat(128, 1) if mode == "tuned" else batch
+    # tuned: ~150 ms of compute per batch, so two workers of trivial samples keep well ahead even when
+    # the machine's cores are shared.  Receiving a batch still costs the main thread ~1.3 ms inside
+    # `__next__` (IPC and unpickling); at 128 repeats (~40 ms a step) that was 3% of the step, close
+    # enough to the 5% "moderately input-bound" line that 2 of the first 12 dumps landing there (about
+    # 1 run in 15, more while py-spy takes CPU from the workers) read as input-bound.  Now it is <1%.
+    return batch.repeat(512, 1) if mode == "tuned" else batch
 
 
 def run_lightning(args: argparse.Namespace, ready: ReadyFile) -> None:
@@ -155,7 +158,7 @@ def run_hf(args: argparse.Namespace, ready: ReadyFile) -> None:
             ready()
 
     tuned = args.mode == "tuned"
-    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=128 if tuned else 16, n_layer=2 if tuned else 1, n_head=2)
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=256 if tuned else 16, n_layer=4 if tuned else 1, n_head=2)
     training = TrainingArguments(
         output_dir=args.output_dir, use_cpu=True, per_device_train_batch_size=4 if not tuned else 32,
         dataloader_num_workers=2, dataloader_persistent_workers=True, max_steps=10**9,
