@@ -83,8 +83,9 @@ def test_every_command_is_covered():
     assert not missing, f"add {sorted(missing)} to HEADLESS (or INTERACTIVE) in this test"
 
 
-# bench samples a process with py-spy for seconds: the slow lane
-SLOW_COMMANDS = {"bench"}
+# bench samples a process with py-spy for seconds; report, record and serve watch the simulated machine
+# for 2 s or more each: the slow lane (snapshot, check and trace stay in the quick one)
+SLOW_COMMANDS = {"bench", "record", "report", "serve"}
 
 
 @pytest.mark.parametrize(

@@ -452,6 +452,7 @@ def test_bad_input_is_one_line(spawn, args, code, message):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow  # two whole commands, each watching the simulated machine for seconds
 def test_report_and_record_on_the_simulated_machine(spawn, tmp_path):
     rc, out, err = gputop(spawn, "report", "--simulate", "h100-sxm-8+thermal=2", "--seconds", "2", "--interval", "0.5")
     assert rc == 0, err
