@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from gputop.analysis.diagnosis import diagnose, severe, verdict_line
-from gputop.history import History
+from gputop.analysis.diagnosis import severe, verdict_line
 from gputop.model import LABEL_CODE
 from gputop.pipeline import Pipeline
 from gputop.sim.demo_launcher import DemoJob
+from tests.harness.attach import Observer
 from tests.harness.processes import wait_until
 
 VERDICT_DEADLINE_S = 30.0
@@ -20,31 +20,19 @@ RANKS = 4  # 4 ranks start faster on a small box than 8; the profiles are the sa
 STARTUP_S = 240.0
 
 
-class DemoObserver:
-    """The demo job on the simulated 8-GPU machine, polled once a second like the TUI does."""
-
-    def __init__(self, job: DemoJob, pid: int) -> None:
-        self.pipeline = Pipeline(simulate="h100-sxm-8", pid=pid, load_model=job.load_model())
-        self.history = History(self.pipeline.machine)
-        self.findings: list = []
-
-    def step(self) -> list:
-        self.history.append(self.pipeline.poll())
-        self.findings = diagnose(self.history)
-        return self.findings
-
-
 @pytest.fixture
 def demo():
-    started: list[tuple[DemoJob, DemoObserver]] = []
+    started: list[tuple[DemoJob, Observer]] = []
 
-    def start(scenario: str) -> DemoObserver:
+    def start(scenario: str) -> Observer:
         job = DemoJob(scenario, gpus=RANKS)
         pid = job.start()
         observer = None
         try:
             job.wait_until_training(timeout=STARTUP_S)
-            observer = DemoObserver(job, pid)
+            # polled once a second like the TUI does, on the simulated 8-GPU machine the demo drives
+            pipeline = Pipeline(simulate="h100-sxm-8", pid=pid, load_model=job.load_model())
+            observer = Observer(pid, pipeline=pipeline)
         finally:
             started.append((job, observer))
         return observer
@@ -52,16 +40,16 @@ def demo():
     yield start
     for job, observer in started:
         if observer is not None:
-            observer.pipeline.close()
+            observer.close()
         job.stop()
 
 
-def _top_is(obs: DemoObserver, finding_id: str, min_polls: int = 0) -> bool:
+def _top_is(obs: Observer, finding_id: str, min_polls: int = 0) -> bool:
     findings = obs.step()
     return len(obs.history) >= min_polls and findings[0].id == finding_id
 
 
-def _verdict_is(obs: DemoObserver, finding_id: str, words: str, severities: tuple[str, ...]) -> bool:
+def _verdict_is(obs: Observer, finding_id: str, words: str, severities: tuple[str, ...]) -> bool:
     top = obs.step()[0]
     return top.id == finding_id and words in top.summary and top.severity in severities
 

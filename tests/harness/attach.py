@@ -5,6 +5,8 @@ The `observe` fixture (conftest.py) hands out Observers and closes them at teard
 
 from __future__ import annotations
 
+from typing import Optional
+
 from gputop.analysis.diagnosis import diagnose
 from gputop.history import History
 from gputop.pipeline import Pipeline
@@ -16,8 +18,9 @@ STACK_INTERVAL_S = 0.5
 class Observer:
     """Polls a real pipeline attached to the job; each `step()` is one sample, then a fresh diagnosis."""
 
-    def __init__(self, pid: int) -> None:
-        self.pipeline = Pipeline(pid=pid, stack_interval=STACK_INTERVAL_S)
+    def __init__(self, pid: int, *, pipeline: Optional[Pipeline] = None) -> None:
+        # a ready-made pipeline (the demo's simulated machine, say) instead of the plain attach one
+        self.pipeline = pipeline or Pipeline(pid=pid, stack_interval=STACK_INTERVAL_S)
         self.history = History(self.pipeline.machine)
         self.findings: list = []
 
