@@ -354,9 +354,10 @@ def check_topology(inp: CheckInput) -> Optional[CheckResult]:
 def check_nic_numa(inp: CheckInput) -> CheckResult:
     title = "GPU/NIC NUMA affinity"
     expected = "a NIC on every NUMA node that holds GPUs, so RDMA traffic stays on its socket"
-    nics = inp.host_after.nics
+    nics = inp.machine.topology.nics  # read once with the topology (collect/sysfs.py), as the T dialog shows them
     if nics is None:
-        return CheckResult("numa.nic", title, SKIP, "NICs not readable (see the sources line)", expected)
+        why = "; ".join(inp.machine.topology.nics_unreadable) or "not read"
+        return CheckResult("numa.nic", title, SKIP, f"NICs not readable ({why})", expected)
     placed = [n for n in nics if n.numa_node is not None]
     gpu_nodes = {node for node in inp.machine.topology.numa_node if node is not None}
     if not placed:
@@ -577,7 +578,7 @@ def check_clock_events(inp: CheckInput) -> Optional[CheckResult]:
 
 def check_sources(inp: CheckInput) -> Optional[CheckResult]:
     """One line for every source that could not be read (never fatal: the checks that need it say skip)."""
-    lines = list(dict.fromkeys(inp.host_before.unreadable + inp.host_after.unreadable))
+    lines = list(dict.fromkeys(inp.host_before.unreadable + inp.host_after.unreadable + inp.machine.topology.nics_unreadable))
     if not lines:
         return None
     return CheckResult("sources", "Unreadable sources", SKIP, "; ".join(lines), "every source readable", evidence=tuple(lines))
