@@ -213,6 +213,24 @@ def test_idle_links_are_not_judged():
     assert result(mc.run_checks(inp), "pcie.link").status == mc.FAIL  # the same machine under load
 
 
+@pytest.mark.parametrize("utilization, under_load", [(29.9, False), (30.0, True)])
+def test_one_under_load_bar_for_the_screen_the_exporter_and_the_check(utilization, under_load):
+    """A GPU whose link trained to Gen3 (width intact) is flagged by every sink from the same utilization on."""
+    from gputop.gpu_fields import pcie_degraded_now
+    from gputop.tui.widgets.gpu_grid import pcie_flagged
+
+    inp = simulated_check_input("h100-sxm-8")
+    gen3 = tuple(replace(s, gpus=tuple(
+        replace(g, utilization_gpu=utilization, pcie=replace(g.pcie, gen_current=3)) if g.index == 2
+        else replace(g, utilization_gpu=0.0) for g in s.gpus)) for s in inp.snapshots)
+    gpu = gen3[-1].gpus[2]
+    assert pcie_flagged(gpu) is under_load
+    assert pcie_degraded_now(gpu) is (True if under_load else None)
+    assert result(mc.run_checks(replace(inp, snapshots=gen3)), "pcie.link").status == (mc.FAIL if under_load else mc.SKIP)
+    narrow = replace(gpu, utilization_gpu=0.0, pcie=replace(gpu.pcie, gen_current=5, width_current=8))
+    assert pcie_flagged(narrow) and pcie_degraded_now(narrow)  # lanes missing: never power saving, flagged when idle too
+
+
 def test_counts_since_boot_are_shown_but_only_climbing_counts_fail():
     inp = simulated_check_input("h100-sxm-8+pcie-replay=1")
     steady = tuple(replace(d, pcie_replays=d.pcie_replays) for d in inp.after)

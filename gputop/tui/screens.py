@@ -12,6 +12,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import ProgressBar, Static
 
+from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION
 from gputop.model import Finding, MachineInfo, Snapshot
 from gputop.tui import look
 from gputop.tui.look import key_display
@@ -112,6 +113,11 @@ def _gpu_mark(gpu) -> tuple[str, object]:  # noqa: ANN001
     return "", look.BOLD
 
 
+def _pcie_why(gpu) -> str:  # noqa: ANN001
+    """Why a flagged link counts: slow while busy, or lanes missing (a width drop is never power saving)."""
+    return "under load" if (gpu.utilization_gpu or 0) >= PCIE_LOAD_UTILIZATION else "lanes missing"
+
+
 def _pcie_switches(matrix: Sequence[Sequence[str]], members: Sequence[int]) -> list[list[int]]:
     """GPUs of one NUMA node grouped by PCIe switch (PIX/PXB between them), in order."""
     groups: list[list[int]] = []
@@ -162,7 +168,8 @@ def machine_picture(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Text:
     for i, mark in marked:
         gpu = gpus[i]
         why = ("lost" if gpu.lost else "NVLink link(s) down") if mark == "✖" else (
-            f"PCIe Gen{gpu.pcie.gen_current} x{gpu.pcie.width_current} of Gen{gpu.pcie.gen_max} x{gpu.pcie.width_max} under load")
+            f"PCIe Gen{gpu.pcie.gen_current} x{gpu.pcie.width_current} of Gen{gpu.pcie.gen_max} x{gpu.pcie.width_max}"
+            + (" under load" if _pcie_why(gpu) == "under load" else f": {_pcie_why(gpu)}"))
         text.append(f"{mark} GPU{i}: {why}\n", style=look.BAD_BOLD if mark == "✖" else look.WARN_BOLD)
     text.append("NICs: not read yet (no sysfs reader)", style="dim")
     return text
@@ -187,7 +194,7 @@ def affinity_table(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Table:
             link = gpu.pcie
             text = f"Gen{link.gen_current} x{link.width_current} / Gen{link.gen_max} x{link.width_max}"
             if link.downgraded:
-                text += " ▼ under load!" if pcie_flagged(gpu) else " (idle: normal)"
+                text += f" ▼ {_pcie_why(gpu)}!" if pcie_flagged(gpu) else " (idle: normal)"
             pcie = Text(text, style=look.WARN_BOLD if pcie_flagged(gpu) else "")
         table.add_row(Text(f"GPU{i}", style="bold"), affinity or "n/a", "n/a" if numa is None else str(numa), pcie)
     return table

@@ -171,6 +171,28 @@ async def test_eight_cards_and_128_cores_fit_at_120x40(close_sources):
             assert strip.cell_length == 120  # the fast line path assumes one-cell glyphs: check it
 
 
+@pytest.mark.parametrize("size", [(100, 30), (120, 40), (160, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_256_cores_on_two_numa_nodes_draw_a_block_per_node_several_rows_high(size, close_sources):
+    """A 2-socket host with 256 cores: each node is its own block, side by side, every core its own cell."""
+    app, source = build_app(5, with_job=True, cores=256)
+    close_sources(source)
+    width, height = size
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        heat = app.query_one(CpuHeatmap)
+        rows = heat.lines_text[1:]
+        assert heat.region.height == len(heat.lines_text) and heat.region.bottom <= height - 5, (heat.region, height)
+        assert 2 <= len(rows) <= 4, rows  # several rows a node, not one strip, and the job panel keeps its room
+        assert rows[0].startswith("N0 ") and " N1 " in rows[0]  # both blocks start on the first row
+        node1_at = rows[0].index(" N1 ") + 1
+        levels = look.SPARK_LEVELS[1:] + "_"
+        node0 = [sum(row[:node1_at].count(ch) for ch in levels) for row in rows]
+        node1 = [sum(row[node1_at:].count(ch) for ch in levels) for row in rows]
+        assert sum(node0) == sum(node1) == 128, (node0, node1)
+        assert len(set(node0[:-1])) == 1 and max(node0) - min(node0) <= max(node0) // 2  # even rows of one block
+        assert all(strip.cell_length == width for strip in heat._lines)
+
+
 async def test_compact_layout_below_100_columns(close_sources):
     app, source = build_app(30)
     close_sources(source)
