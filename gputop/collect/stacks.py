@@ -3,7 +3,8 @@ process frozen for 10 s, see `dump_native`).
 
 One ``py-spy dump --pid N --json --nonblocking`` per PID, all PIDs at once: py-spy cannot give JSON
 for a process tree (``--subprocesses`` with ``--json`` prints only the parent, py-spy issue 601), and
-its text mode stops at the first non-Python child.  ``--nonblocking`` reads the target's memory while
+its text mode stops at the first non-Python child.  Nor would one py-spy for the tree be cheaper: it
+reads each child's maps and libpython symbols anew, one child after another (same CPU, one core).  ``--nonblocking`` reads the target's memory while
 it runs, so a read now and then tears ("Failed to copy PyFrameObject ... Bad address"); those are
 retried.  Every failure ends as one line in `ProcessStacks.error` that says what to do.
 """
@@ -402,8 +403,9 @@ def dump_stacks(
     """Stacks of every PID, dumped concurrently (one py-spy per PID); never raises for a PID's failure.
 
     At most `max_parallel` py-spy processes run at once (default: one per CPU).  Each dump is CPU
-    work (~14 ms, mostly parsing libpython's symbols), so more at once would not finish sooner; it
-    would only crowd out the job on a small machine.  `parallel=False` runs the same dumps one after
+    work, 6-14 ms, most of it py-spy reading the target's libpython symbol tables (an unstripped
+    libpython with a full .symtab costs about twice a distribution's stripped one), so more at once
+    would not finish sooner (3, 4 or 17 at once on 2 cores: the same); it would only crowd out the job.  `parallel=False` runs the same dumps one after
     another (the benchmark's baseline).
     """
     pids = list(dict.fromkeys(int(p) for p in pids))
