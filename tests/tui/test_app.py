@@ -620,3 +620,52 @@ def test_machine_picture_draws_numa_nodes_switches_fabric_and_marks_a_degraded_l
     assert "GPU3▼" in text and "GPU3: PCIe Gen3 x8 of Gen5 x16 under load" in text
     switched = dataclasses.replace(machine, topology=dataclasses.replace(machine.topology, matrix=pcie_matrix))
     assert "PCIe switch ┬ GPU0 ┬ GPU1" in machine_picture(switched, snap).plain  # one switch for both
+
+
+def test_machine_picture_places_each_nic_beside_its_switch_or_its_numa_node():
+    from gputop.model import MachineInfo, NicInfo, Topology
+    from gputop.tui.screens import machine_picture
+
+    # GPUs 0-1 share a switch with mlx5_0 (PIX/PXB); GPU 2 has its own with mlx5_1; eno1 and mlx5_2 sit on
+    # root ports of their own (PHB/NODE), mlx5_2 on a node without GPUs
+    pairs = {(0, 1): "PXB"}
+    matrix = tuple(tuple("X" if i == j else pairs.get((min(i, j), max(i, j)), "SYS") for j in range(3)) for i in range(3))
+    nics = (NicInfo("mlx5_0", 0, rdma=True), NicInfo("mlx5_1", 1, rdma=True), NicInfo("eno1", 0), NicInfo("mlx5_2", 2, rdma=True))
+    nic_matrix = (("PIX", "PXB", "SYS", "X", "SYS", "PHB", "SYS"), ("SYS", "SYS", "PIX", "SYS", "X", "SYS", "SYS"),
+                  ("PHB", "PHB", "SYS", "PHB", "SYS", "X", "SYS"), ("SYS", "SYS", "SYS", "SYS", "SYS", "SYS", "X"))
+    topo = Topology(matrix=matrix, cpu_affinity=("0-7", "0-7", "8-15"), numa_node=(0, 0, 1), nics=nics, nic_matrix=nic_matrix)
+    text = machine_picture(MachineInfo(hostname="box", gpu_count=3, topology=topo), None).plain
+    node0, node1, node2 = text.split("┌ ")[1:4]
+    assert "PCIe switch ┬ GPU0 ┬ GPU1 ┬ mlx5_0" in node0 and "NIC ──────── eno1" in node0
+    assert "PCIe switch ┬ GPU2 ┬ mlx5_1" in node1 and "eno1" not in node1
+    assert node2.startswith("NUMA 2\n") and "NIC ──────── mlx5_2" in node2  # a node with a NIC and no GPU
+    assert "4 NICs (NIC0–NIC2 in topo -m)" in text
+    assert "NICs: not read" in machine_picture(MachineInfo(hostname="box", topology=Topology(matrix=matrix)), None).plain
+
+
+def test_topology_dialog_shows_the_nic_columns_and_legend_where_they_fit():
+    from gputop.tui.screens import TopologyScreen, nic_legend, topology_matrix
+
+    machine = make_machine()
+    names = [column.header for column in topology_matrix(machine).columns[1:]]
+    assert names == [f"GPU{i}" for i in range(8)] + [f"NIC{k}" for k in range(8)]
+    assert nic_legend(machine).plain.startswith("NIC Legend:  NIC0: mlx5_0  NIC1: mlx5_1")
+
+    async def shown(size):
+        app, source = build_app(3, source=ScriptedSource(machine, make_snapshots(3)))
+        try:
+            async with app.run_test(size=size) as pilot:
+                await settle(pilot, app, source, diagnosis=False)
+                await pilot.press("T")
+                await wait_for(pilot, lambda: isinstance(app.screen, TopologyScreen), "the topology dialog")
+                await pilot.pause()
+                return "\n".join(str(w.render()) for w in app.screen.query("Static"))
+        finally:
+            source.close()
+
+    import asyncio
+
+    wide, narrow = asyncio.run(shown((160, 48))), asyncio.run(shown((80, 24)))
+    assert "NIC Legend:" in wide and "need" not in wide
+    assert "NIC Legend:" not in narrow, narrow
+    assert "NIC0–NIC7 columns need a terminal 90 columns wide" in narrow, narrow  # 80 + 6 = 96% of 90
