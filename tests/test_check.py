@@ -361,6 +361,16 @@ def test_nic_topology_from_a_pci_tree():
     assert topo.nic_switch_gpus(0) == (0, 1) and topo.nic_switch_gpus(3) == (2,) and topo.nic_switch_gpus(4) == ()
 
 
+def test_a_virtio_nic_is_placed_by_the_pci_function_it_hangs_off(tmp_path):
+    function = tmp_path / "sys" / "devices" / "pci0000:00" / "0000:00:03.0"
+    (function / "virtio2").mkdir(parents=True)
+    (function / "numa_node").write_text("0\n")
+    (tmp_path / "sys" / "class" / "net" / "ens3").mkdir(parents=True)
+    (tmp_path / "sys" / "class" / "net" / "ens3" / "device").symlink_to("../../../devices/pci0000:00/0000:00:03.0/virtio2")
+    topo = HostReader(tmp_path).nic_topology(Topology(), ())
+    assert topo.nics == (NicInfo("ens3", 0, "0000:00:03.0"),)
+
+
 def test_nic_topology_unreadable_is_one_line(tmp_path):
     (tmp_path / "sys" / "class").mkdir(parents=True)
     (tmp_path / "sys" / "class" / "net").write_text("")  # not a directory: unreadable whoever reads it (CI is root)
