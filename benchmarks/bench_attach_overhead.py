@@ -22,7 +22,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TRAIN_LOOP = REPO / "tests" / "jobs" / "train_loop.py"
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import wait_for  # noqa: E402  (benchmarks/common.py)
+from tests.harness.train_jobs import attach_loop_command, ready_records  # noqa: E402
+
 BAR = 0.99
 WARMUP_S = 1.5  # gputop's own start (imports, first /proc scan) is not the steady state we measure
 
@@ -53,15 +58,15 @@ def main() -> int:
         tmp_path = Path(tmp)
         progress = tmp_path / "steps"
         job = subprocess.Popen(
-            [sys.executable, str(TRAIN_LOOP), "--workers", str(args.workers), "--persistent",
-             "--samples", "100000000", "--getitem-ms", str(args.getitem_ms), "--step-ms", str(args.step_ms),
-             "--progress-file", str(progress), "--ready-file", str(tmp_path / "ready")],
+            attach_loop_command("--workers", str(args.workers), "--persistent", "--length", "100000000",
+                                "--sample-ms", str(args.getitem_ms), "--step-ms", str(args.step_ms),
+                                "--progress", str(progress), "--ready", str(tmp_path / "ready")),
             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         gputop = None
         detached, attached = [], []
         try:
-            wait_for(lambda: list(tmp_path.glob("ready.*[0-9]")), 180, "the job's first step")
+            wait_for(lambda: ready_records(tmp_path / "ready"), 180, "the job's first step")
             steps_per_s(progress, 2.0)  # let the workers' prefetch settle
             for _ in range(args.rounds):
                 detached.append(steps_per_s(progress, args.window))

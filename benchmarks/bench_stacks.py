@@ -36,8 +36,8 @@ from common import wait_for  # noqa: E402  (benchmarks/common.py)
 from gputop.collect.job_tree import JobCollector  # noqa: E402
 from gputop.collect.procfs import read_progress  # noqa: E402
 from gputop.collect.stacks import dump_stacks, find_py_spy  # noqa: E402
+from tests.harness.train_jobs import attach_loop_command, ready_records  # noqa: E402
 
-TRAIN_LOOP = REPO / "tests" / "jobs" / "train_loop.py"
 GOAL_MS = 150.0
 
 
@@ -66,12 +66,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gputop-bench-stacks-") as tmp:
         ready = Path(tmp) / "ready"
         job = subprocess.Popen(
-            [sys.executable, str(TRAIN_LOOP), "--workers", str(args.workers), "--persistent",
-             "--samples", "1000000", "--getitem-ms", "200", "--ready-file", str(ready)],
+            attach_loop_command("--workers", str(args.workers), "--persistent", "--length", "1000000",
+                                "--sample-ms", "200", "--ready", str(ready)),
             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         try:
-            wait_for(lambda: list(Path(tmp).glob("ready.*[0-9]")), 180, "the job's first step")
+            wait_for(lambda: ready_records(ready), 180, "the job's first step")
             collector = JobCollector(job.pid, stacks_enabled=False)
             tree = wait_for(
                 lambda: (t := collector.collect()) and len(t.ranks[0].workers) == args.workers and t,
