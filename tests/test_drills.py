@@ -299,7 +299,7 @@ def test_job_sigkilled_during_a_stack_refresh_keeps_last_stacks(spawn, tmp_path)
 
 @pytest.mark.slow
 def test_job_sigkilled_during_an_active_benchmark(spawn, tmp_path):
-    job = start_job(spawn, tmp_path, "--workers", "2", "--getitem-ms", "30")
+    job = start_job(spawn, tmp_path, "--workers", "2", "--sample-ms", "30")
     bench = start_gputop(spawn, "bench", "--pid", str(job.pid), "--yes", "--seconds", "12", "--json")
 
     def sweep_child() -> Optional[psutil.Process]:

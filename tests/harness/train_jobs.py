@@ -49,6 +49,9 @@ FRAMEWORK_WARM_STEPS = 10  # past the warm-up (workers forked, queues filled): o
 ATTACH_LOOP = ("--batch-size", "2", "--sample-ms", "50", "--step-ms", "5", "--length", "64")
 PIN_THREAD = ("--idle-thread", "pt_data_pin")  # named as torch names its pin-memory thread
 
+# Lightning's subprocess launcher: one persistent worker a rank, 5 ms a sample.
+LIGHTNING_RANKS = ("--framework", "lightning", "--workers", "1", "--persistent", "--sample-ms", "5")
+
 # The failure drills' job: persistent workers sleeping 20 ms a sample, 2 a batch.
 DRILL = ("--batch-size", "2", "--sample-ms", "20", "--persistent", "--seed", "0")
 

@@ -338,6 +338,9 @@ def run_lightning(args: argparse.Namespace) -> None:
             super().__init__()
             self.net = build_model(args)
 
+        def setup(self, stage: str) -> None:
+            outputs.rank = self.global_rank  # Lightning's own numbering, once its launcher has made the ranks
+
         def training_step(self, batch, batch_idx):
             return batch_loss(self.net, *batch, args)
 
