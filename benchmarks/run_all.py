@@ -94,14 +94,16 @@ def adapt_stacks(text: str, command: str) -> list[Figure]:
     if "parallel_median_ms" not in data:
         return []
     workers = data.get("pids", 17) - 1
-    ms = data["parallel_median_ms"]
-    rows = [{"figure": f"Stacks latency, main + {workers} workers all fresh (py-spy, parallel)", "goal": "<= 150 ms",
-             "measured": f"{ms:.0f} ms (sequential {data.get('sequential_median_ms', float('nan')):.0f} ms, same run)",
-             "command": command, "met": ms <= 150}]
+    ms, goal = data["parallel_median_ms"], data.get("goal_ms", 100.0)
+    floor = f", py-spy's floor {data['floor_ms']:.0f} ms" if "floor_ms" in data else ""
+    rows = [{"figure": f"Stacks of main + {workers} workers, all fresh (issue 15)", "goal": f"<= {goal:.0f} ms",
+             "measured": f"{ms:.0f} ms (naive one after another {data.get('sequential_median_ms', float('nan')):.0f} ms, "
+                         f"same run{floor})",
+             "command": command, "met": ms <= goal}]
     if "round_median_ms" in data:
         rnd = data["round_median_ms"]
         rows.append({"figure": f"Stacks: gputop's refresh round, main + {workers} workers (workers in turns)",
-                     "goal": "<= 150 ms", "measured": f"{rnd:.0f} ms", "command": command, "met": rnd <= 150})
+                     "goal": f"<= {goal:.0f} ms", "measured": f"{rnd:.0f} ms", "command": command, "met": rnd <= goal})
     return rows
 
 

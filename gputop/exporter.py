@@ -38,7 +38,7 @@ from gputop.analysis.stack_classes import (
     WAITING_FOR_RANK0_DATA,
     main_thread,
 )
-from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S, PCIE_LOAD_UTILIZATION
+from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S
 from gputop.collect.stack_schedule import main_thread_counters
 from gputop.collect.stacks import error_reason
 from gputop.errors import GputopError
@@ -200,21 +200,6 @@ def verdict_of(findings: Sequence[Finding]) -> str:
     return "healthy" if top.id == "healthy" else "unknown"
 
 
-def pcie_degraded_now(gpu: GpuSample) -> Optional[bool]:
-    """True/False when this sample can tell (the width never drops to save power; the generation
-    does, so it counts only under load); None when the GPU is idle and the width is fine."""
-    link = gpu.pcie
-    if None in (link.width_current, link.width_max):
-        return None
-    if link.width_current < link.width_max:
-        return True
-    if link.gen_current is None or link.gen_max is None:
-        return None
-    if (gpu.utilization_gpu or 0.0) < PCIE_LOAD_UTILIZATION:  # the diagnosis' bar for "under load"
-        return None
-    return link.gen_current < link.gen_max
-
-
 # ----------------------------------------------------------------- the exporter
 
 
@@ -336,7 +321,7 @@ class Exporter:
                 self._xids_seen[gpu.index] = now_held
             if gpu.lost:
                 continue
-            verdict = pcie_degraded_now(gpu)
+            verdict = gpu_fields.pcie_degraded_now(gpu)
             if verdict is not None:
                 self._pcie_degraded[gpu.index] = verdict
             if gpu.pcie.width_current is not None:

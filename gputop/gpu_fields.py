@@ -217,6 +217,22 @@ def _temperature_max(alive: Sequence[GpuSample]) -> Optional[float]:
     return max(temps) if temps else None
 
 
+def pcie_degraded_now(gpu: GpuSample) -> Optional[bool]:
+    """Is this GPU's PCIe link degraded?  True/False when this sample can tell (the width never drops to
+    save power; the generation does, so it counts only under load); None when the GPU is idle and the width
+    is fine.  The one predicate the TUI's marks and `gputop serve`'s gputop_gpu_pcie_link_degraded share."""
+    link = gpu.pcie
+    if None in (link.width_current, link.width_max):
+        return None
+    if link.width_current < link.width_max:
+        return True
+    if link.gen_current is None or link.gen_max is None:
+        return None
+    if (gpu.utilization_gpu or 0.0) < PCIE_LOAD_UTILIZATION:  # the one bar for "under load" (thresholds.py)
+        return None
+    return link.gen_current < link.gen_max
+
+
 def _pcie_under_load(alive: Sequence[GpuSample]) -> Optional[dict[str, Any]]:
     under_load = [g for g in alive if (g.utilization_gpu or 0) >= PCIE_LOAD_UTILIZATION]  # idle GPUs slow the link on purpose
     link = (under_load or alive or [None])[-1]

@@ -127,12 +127,51 @@ class GpuSample:
 
 
 @dataclass(frozen=True, slots=True)
+class NicInfo:
+    """A network or InfiniBand device backed by a PCI function, and the NUMA node it hangs off."""
+
+    name: str  # the RDMA device ("mlx5_0") where there is one, else the network interface ("eth0")
+    numa_node: Optional[int]  # None: the kernel does not know (-1), e.g. a single-node machine
+    pci_bus_id: Optional[str] = None  # sysfs form, "0000:19:00.0"
+    rdma: bool = False  # an RDMA device (/sys/class/infiniband): what `nvidia-smi topo -m` lists as NICn
+    netdev: Optional[str] = None  # the RDMA device's network interface, e.g. "ibp25s0"
+
+
+@dataclass(frozen=True, slots=True)
 class Topology:
-    """`nvidia-smi topo -m` between GPUs, plus each GPU's host affinity (read once per run)."""
+    """`nvidia-smi topo -m` between GPUs and NICs, plus each GPU's host affinity (read once per run)."""
 
     matrix: tuple[tuple[str, ...], ...] = ()  # matrix[i][j]: "X", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS"
     cpu_affinity: tuple[Optional[str], ...] = ()  # per GPU, e.g. "0-31,64-95"
     numa_node: tuple[Optional[int], ...] = ()  # per GPU
+    # Every NIC backed by a PCI function (sysfs); None: not read (no sysfs, or a recording older than NICs)
+    nics: Optional[tuple[NicInfo, ...]] = None
+    # nic_matrix[k]: NIC k's link to each GPU, then to each NIC, labelled as the GPU matrix ("PIX", "NODE", ...)
+    nic_matrix: tuple[tuple[str, ...], ...] = ()
+    nics_unreadable: tuple[str, ...] = ()  # why NICs could not be read, one line each
+
+    def matrix_nics(self) -> tuple[int, ...]:
+        """Indices into `nics` of the NICs `nvidia-smi topo -m` shows: the RDMA devices, in order."""
+        return tuple(k for k, nic in enumerate(self.nics or ()) if nic.rdma)
+
+    def full_matrix(self, with_nics: bool = True) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+        """(names, rows): `nvidia-smi topo -m`'s square matrix, GPU0.. then NIC0.. (its NIC Legend numbering)."""
+        gpus = len(self.matrix)
+        shown = self.matrix_nics() if with_nics and len(self.nic_matrix) == len(self.nics or ()) else ()
+        names = tuple(f"GPU{i}" for i in range(gpus)) + tuple(f"NIC{n}" for n in range(len(shown)))
+        rows = [tuple(row) + tuple(self.nic_matrix[k][i] for k in shown) for i, row in enumerate(self.matrix)]
+        rows += [tuple(self.nic_matrix[k][:gpus]) + tuple(self.nic_matrix[k][gpus + l] for l in shown) for k in shown]
+        return names, tuple(rows)
+
+    def nic_legend(self) -> tuple[str, ...]:
+        """ "NIC0: mlx5_0", ... as `nvidia-smi topo -m` prints under "NIC Legend"."""
+        return tuple(f"NIC{n}: {self.nics[k].name}" for n, k in enumerate(self.matrix_nics()))  # type: ignore[index]
+
+    def nic_switch_gpus(self, nic: int) -> tuple[int, ...]:
+        """The GPUs NIC `nic` shares a PCIe switch with (PIX or PXB between them)."""
+        if nic >= len(self.nic_matrix):
+            return ()
+        return tuple(i for i, label in enumerate(self.nic_matrix[nic][: len(self.matrix)]) if label in ("PIX", "PXB"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,15 +247,6 @@ class AerCounts:
 
 
 @dataclass(frozen=True, slots=True)
-class NicInfo:
-    """A network or InfiniBand device backed by a PCI function, and the NUMA node it hangs off."""
-
-    name: str  # "ib0", "mlx5_0", "eth0"
-    numa_node: Optional[int]  # None: the kernel does not know (-1), e.g. a single-node machine
-    pci_bus_id: Optional[str] = None
-
-
-@dataclass(frozen=True, slots=True)
 class KernelXid:
     """An `NVRM: Xid (PCI:...): CODE, ...` line from the kernel log."""
 
@@ -236,7 +266,6 @@ class HostReadings:
     kernel: Optional[str] = None  # uname -r
     driver_module: Optional[str] = None  # /sys/module/nvidia/version: the loaded kernel module
     aer: dict[str, Optional[AerCounts]] = field(default_factory=dict)  # GPU bus id (NVML form) -> counters
-    nics: Optional[tuple[NicInfo, ...]] = None
     kernel_xids: Optional[tuple[KernelXid, ...]] = None  # None: the kernel log could not be read
     kernel_log_records: int = 0  # how many records were read from it
     unreadable: tuple[str, ...] = ()  # one line per source that could not be read, saying why

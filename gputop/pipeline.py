@@ -17,7 +17,8 @@ from typing import Any, Callable, Optional
 
 from gputop.collect.gpu import GpuCollector, GpuUnavailableError
 from gputop.collect.host import HostCollector, numa_layout_from_affinity
-from gputop.model import JobTree, MachineInfo, Snapshot
+from gputop.collect.sysfs import HostReader
+from gputop.model import JobTree, MachineInfo, Snapshot, Topology
 
 
 class Pipeline:
@@ -75,9 +76,15 @@ class Pipeline:
             self.host.core_numa = numa_layout_from_affinity(
                 self.host.cpu_count, topology.cpu_affinity, topology.numa_node
             )
-        machine_kwargs: dict[str, Any] = {}
-        if topology is not None:
-            machine_kwargs["topology"] = topology
+        # the kernel's side (/sys): the real one, or the simulated machine's tree of files read by the same reader
+        self.host_tree = None
+        if spec is not None:
+            from gputop.sim.fake_sysfs import FakeHostTree
+
+            self.host_tree = FakeHostTree(spec, library.elapsed)
+        self.sysfs = HostReader(self.host_tree.root if self.host_tree is not None else "/", use_dmesg=self.host_tree is None)
+        topology = self.sysfs.nic_topology(topology or Topology(), self.gpu.bus_ids if self.gpu else ())
+        machine_kwargs: dict[str, Any] = {"topology": topology}
         self.machine = MachineInfo(
             hostname=getattr(self.host, "hostname", ""),
             cpu_model=getattr(self.host, "cpu_model", ""),
@@ -136,7 +143,7 @@ class Pipeline:
         if self._closed:
             return
         self._closed = True
-        for part in (self.job_collector, self.gpu, self.host):
+        for part in (self.job_collector, self.gpu, self.host, self.host_tree):
             if part is not None:
                 part.close()
 

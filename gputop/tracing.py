@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from gputop.analysis import trace_summary
+from gputop.analysis import stack_classes, trace_summary
 from gputop.analysis.checks.trace import check_trace
 from gputop.errors import GputopError, UsageError
 from gputop.inject import injector
@@ -189,6 +189,7 @@ def run_trace(pid: int, *, seconds: Optional[float] = None, steps: Optional[int]
             dst = os.path.join(out_dir, _file_name(answer.get("rank", rank), rank_pid))
             _gzip_copy(src, dst)
             summary = trace_summary.summarize_trace(trace_summary.load_trace(dst), trace_file=dst)
+            name_sync_lines(summary, rank_pid)
             summary.update(rank=summary["rank"] if summary["rank"] is not None else answer.get("rank", rank),
                            pid=rank_pid, memory_stats=answer.get("memory_stats") or {},
                            window_steps=(answer.get("window") or {}).get("steps"),
@@ -204,6 +205,17 @@ def run_trace(pid: int, *, seconds: Optional[float] = None, steps: Optional[int]
     summaries.sort(key=lambda s: (s["rank"] is None, s["rank"] or 0, s["pid"]))
     return TraceResult(target=label, ranks=tuple(summaries), findings=tuple(check_trace({"ranks": summaries})),
                        notes=tuple(notes), out_dir=out_dir, seconds=time.monotonic() - started)
+
+
+def name_sync_lines(summary: dict[str, Any], pid: Optional[int]) -> dict[str, Any]:
+    """Add to each sync site (a function, from ``--with-stack``) the lines in it that sync, read from the
+    source as the traced process sees it (`pid`; None for a trace file: the paths as they are here)."""
+    for site in summary.get("sync_sites") or ():
+        parsed = trace_summary.parse_site(site["site"])
+        if parsed is not None:
+            site["lines"] = [{"line": line, "code": code}
+                             for line, code in stack_classes.sync_lines_in_function(*parsed, pid=pid)]
+    return summary
 
 
 def _leftover_notes(pid: int, answer: dict[str, Any]) -> list[str]:
@@ -256,7 +268,7 @@ def trace_from_files(paths: Sequence[str]) -> TraceResult:
     summaries = []
     for path in files:
         try:
-            summaries.append(trace_summary.summarize_file(path))
+            summaries.append(name_sync_lines(trace_summary.summarize_file(path), None))
         except trace_summary.TraceFormatError as exc:
             raise UsageError(str(exc)) from None
     summaries.sort(key=lambda s: (s["rank"] is None, s["rank"] or 0, s["trace_file"]))

@@ -25,7 +25,7 @@ from gputop import cli
 from gputop.analysis import machine_check as mc
 from gputop.collect.gpu import use_nvml_library
 from gputop.collect.sysfs import HostReader, _xids_from_dmesg
-from gputop.model import AllReduceResult, HostReadings, NicInfo
+from gputop.model import AllReduceResult, HostReadings, NicInfo, Topology
 from gputop.pipeline import Pipeline
 from gputop.sim.fake_nvml import ManualClock
 from gputop.sim.fake_sysfs import FakeHostTree
@@ -213,6 +213,24 @@ def test_idle_links_are_not_judged():
     assert result(mc.run_checks(inp), "pcie.link").status == mc.FAIL  # the same machine under load
 
 
+@pytest.mark.parametrize("utilization, under_load", [(29.9, False), (30.0, True)])
+def test_one_under_load_bar_for_the_screen_the_exporter_and_the_check(utilization, under_load):
+    """A GPU whose link trained to Gen3 (width intact) is flagged by every sink from the same utilization on."""
+    from gputop.gpu_fields import pcie_degraded_now
+    from gputop.tui.widgets.gpu_grid import pcie_flagged
+
+    inp = simulated_check_input("h100-sxm-8")
+    gen3 = tuple(replace(s, gpus=tuple(
+        replace(g, utilization_gpu=utilization, pcie=replace(g.pcie, gen_current=3)) if g.index == 2
+        else replace(g, utilization_gpu=0.0) for g in s.gpus)) for s in inp.snapshots)
+    gpu = gen3[-1].gpus[2]
+    assert pcie_flagged(gpu) is under_load
+    assert pcie_degraded_now(gpu) is (True if under_load else None)
+    assert result(mc.run_checks(replace(inp, snapshots=gen3)), "pcie.link").status == (mc.FAIL if under_load else mc.SKIP)
+    narrow = replace(gpu, utilization_gpu=0.0, pcie=replace(gpu.pcie, gen_current=5, width_current=8))
+    assert pcie_flagged(narrow) and pcie_degraded_now(narrow)  # lanes missing: never power saving, flagged when idle too
+
+
 def test_counts_since_boot_are_shown_but_only_climbing_counts_fail():
     inp = simulated_check_input("h100-sxm-8+pcie-replay=1")
     steady = tuple(replace(d, pcie_replays=d.pcie_replays) for d in inp.after)
@@ -232,12 +250,18 @@ def test_aer_uncorrectable_fails_from_fixture_counters():
 def test_nic_numa_affinity_from_the_machine():
     inp = simulated_check_input()
     assert result(mc.run_checks(inp), "numa.nic").status == mc.PASS
-    only_node0 = tuple(n for n in inp.host_after.nics if n.numa_node == 0)
-    check = result(mc.run_checks(replace(inp, host_after=replace(inp.host_after, nics=only_node0))), "numa.nic")
+    topology = inp.machine.topology
+    assert [n.name for n in topology.nics] == [f"mlx5_{i}" for i in range(8)]  # the machine's NICs, as T shows them
+
+    def with_nics(nics, **more):
+        return replace(inp, machine=replace(inp.machine, topology=replace(topology, nics=nics, **more)))
+
+    only_node0 = tuple(n for n in topology.nics if n.numa_node == 0)
+    check = result(mc.run_checks(with_nics(only_node0)), "numa.nic")
     assert check.status == mc.WARN and check.gpus == (4, 5, 6, 7) and "no NIC on node 1" in check.value
-    virtual = (NicInfo("eth0", None),)
-    check = result(mc.run_checks(replace(inp, host_after=replace(inp.host_after, nics=virtual))), "numa.nic")
-    assert check.status == mc.SKIP
+    assert result(mc.run_checks(with_nics((NicInfo("eth0", None),))), "numa.nic").status == mc.SKIP
+    unread = result(mc.run_checks(with_nics(None, nics_unreadable=("NICs /sys/class/net: Permission denied",))), "numa.nic")
+    assert unread.status == mc.SKIP and "Permission denied" in unread.value
 
 
 def test_driver_module_mismatch_fails():
@@ -312,13 +336,59 @@ def test_load_job_on_a_cpu_torch_says_why(spawn):
 # ---------------------------------------------------------------- the kernel's sources (fixture roots)
 
 
+def test_nic_topology_from_a_pci_tree():
+    """Where each NIC sits against each GPU, from the PCI paths in sysfs, labelled as `nvidia-smi topo -m` does."""
+    gpus = Topology(matrix=(("X", "PXB", "SYS"), ("PXB", "X", "SYS"), ("SYS", "SYS", "X")), numa_node=(0, 0, 1))
+    topo = HostReader(FIXTURES / "pci_tree").nic_topology(gpus, ("00000000:18:00.0", "00000000:1C:00.0", "00000000:9A:00.0"))
+    # RDMA devices first, numbered as nvidia-smi numbers them (mlx5_10 after mlx5_2), each with its interface;
+    # eno1 has no RDMA device; lo and docker0 have no PCI function
+    assert [(n.name, n.rdma, n.netdev, n.numa_node, n.pci_bus_id) for n in topo.nics] == [
+        ("mlx5_0", True, "ibp25s0f0", 0, "0000:19:00.0"), ("mlx5_1", True, "ibp25s0f1", 0, "0000:19:00.1"),
+        ("mlx5_2", True, "ibp56s0", 0, "0000:38:00.0"), ("mlx5_10", True, "ibp155s0", 1, "0000:9b:00.0"),
+        ("eno1", False, None, 0, "0000:20:00.0")]
+    #              GPU0   GPU1   GPU2    mlx5_0  mlx5_1  mlx5_2  mlx5_10 eno1
+    assert topo.nic_matrix == (
+        ("PIX", "PXB", "SYS", "X", "PIX", "NODE", "SYS", "PHB"),  # mlx5_0: GPU0's switch; GPU1 one switch further down
+        ("PIX", "PXB", "SYS", "PIX", "X", "NODE", "SYS", "PHB"),  # its second port: the same card
+        ("NODE", "NODE", "SYS", "NODE", "NODE", "X", "SYS", "NODE"),  # another host bridge on socket 0
+        ("SYS", "SYS", "PIX", "SYS", "SYS", "SYS", "X", "SYS"),  # socket 1, beside GPU2
+        ("PHB", "PHB", "SYS", "PHB", "PHB", "NODE", "SYS", "X"),  # a root port of GPU0's host bridge
+    )
+    names, rows = topo.full_matrix()  # as nvidia-smi prints it: the RDMA devices only, NIC0..NIC3
+    assert names == ("GPU0", "GPU1", "GPU2", "NIC0", "NIC1", "NIC2", "NIC3")
+    assert rows[0] == ("X", "PXB", "SYS", "PIX", "PIX", "NODE", "SYS") and rows[6] == ("SYS", "SYS", "PIX", "SYS", "SYS", "SYS", "X")
+    assert topo.nic_legend() == ("NIC0: mlx5_0", "NIC1: mlx5_1", "NIC2: mlx5_2", "NIC3: mlx5_10")
+    assert topo.nic_switch_gpus(0) == (0, 1) and topo.nic_switch_gpus(3) == (2,) and topo.nic_switch_gpus(4) == ()
+
+
+def test_nic_topology_unreadable_is_one_line(tmp_path):
+    (tmp_path / "sys" / "class").mkdir(parents=True)
+    (tmp_path / "sys" / "class" / "net").write_text("")  # not a directory: unreadable whoever reads it (CI is root)
+    topo = HostReader(tmp_path).nic_topology(Topology(), ())
+    assert topo.nics is None and len(topo.nics_unreadable) == 1 and "Not a directory" in topo.nics_unreadable[0]
+
+
+def test_simulated_dgx_has_a_rail_nic_per_gpu_and_its_recording_keeps_them(tmp_path):
+    from gputop.model import MachineInfo, from_jsonable, to_jsonable
+
+    with Pipeline(simulate="h100-sxm-8") as pipeline:
+        machine = pipeline.machine
+    names, rows = machine.topology.full_matrix()
+    assert names[8:] == tuple(f"NIC{k}" for k in range(8))
+    for gpu in range(8):  # PIX to its own rail NIC, NODE to its socket's others, SYS across
+        assert rows[gpu][8:] == tuple("PIX" if k == gpu else "NODE" if k // 4 == gpu // 4 else "SYS" for k in range(8))
+    assert machine.topology.nics[0].netdev == "ibp25s0"
+    assert from_jsonable(MachineInfo, json.loads(json.dumps(to_jsonable(machine)))) == machine  # recorded, replayed
+
+
 def test_host_reader_on_fixture_root():
     r = HostReader(FIXTURES / "two_gpus").read(["00000000:18:00.0", "00000000:2A:00.0"])
     assert r.kernel == "5.15.0-105-generic" and r.driver_module == "550.54.15"
     assert r.aer["00000000:18:00.0"].correctable == 4 and r.aer["00000000:18:00.0"].nonfatal == 1
     assert r.aer["00000000:2A:00.0"] is None  # no aer_dev_* files: not exposed, not an error
     # ib0 and mlx5_0 are one PCI function; eth0 has no NUMA node; lo has no device
-    assert [(n.name, n.numa_node) for n in r.nics] == [("mlx5_0", 0), ("eth0", None)]
+    nics = HostReader(FIXTURES / "two_gpus").nic_topology(Topology(), ()).nics
+    assert [(n.name, n.numa_node, n.netdev) for n in nics] == [("mlx5_0", 0, "ib0"), ("eth0", None, None)]
     assert [(x.code, x.pci) for x in r.kernel_xids] == [(79, "0000:18:00"), (13, "0000:2a:00")]
     assert r.kernel_xids[0].timestamp == pytest.approx(1764547200 + 12.004)
     assert r.kernel_log_records == 5  # the continuation lines belong to their record

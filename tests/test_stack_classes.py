@@ -9,6 +9,7 @@ with real torch 2.13 on each Python version.
 
 from __future__ import annotations
 
+import os
 import dataclasses
 from pathlib import Path
 
@@ -517,3 +518,44 @@ def test_py310_dumps_have_bare_names_and_311_qualified():
 
     assert next_frame("py310") == "__next__"
     assert [next_frame(v) for v in VERSIONS[1:]] == ["_BaseDataLoaderIter.__next__"] * 3
+
+
+SYNCING_SOURCE = '''\
+import functools
+
+
+@functools.lru_cache()
+def train_step(model, x):
+    loss = model(x).sum()
+
+    def log(value):
+        print(value.item())  # a nested function: its own frame, not train_step's line
+
+    loss.backward()
+    return loss.item()  # the sync
+
+
+def evaluate(model, batches):
+    seen = [model(b).argmax().cpu() for b in batches]
+    torch.cuda.synchronize()
+    print("# seen", seen[0].item())  # a "#" in a string stays; a comment goes: x.item()
+    return seen  # not a sync: a comment that says .cpu()
+'''
+
+
+def test_sync_lines_are_read_from_the_function_the_profiler_names(tmp_path, monkeypatch):
+    """The profiler names a function by its first line (a decorator's, if any); the lines inside it that
+    sync are read from the source, nested functions left out; a relative path is the target's cwd's."""
+    (tmp_path / "train.py").write_text(SYNCING_SOURCE)
+    path = str(tmp_path / "train.py")
+    assert sc.sync_lines_in_function(path, 4, "train_step") == [(12, "return loss.item()")]
+    assert sc.sync_lines_in_function(path, 15, "evaluate") == [
+        (16, "seen = [model(b).argmax().cpu() for b in batches]"), (17, "torch.cuda.synchronize()"),
+        (18, 'print("# seen", seen[0].item())')]
+    # the wrong first line (another function of the same name), a missing file, unparsable source: nothing
+    assert sc.sync_lines_in_function(path, 9, "train_step") == []
+    assert sc.sync_lines_in_function(str(tmp_path / "gone.py"), 4, "train_step") == []
+    (tmp_path / "broken.py").write_text("def train_step(:\n    x.item()\n")
+    assert sc.sync_lines_in_function(str(tmp_path / "broken.py"), 1, "train_step") == []
+    monkeypatch.chdir(tmp_path)  # a relative path is looked up in the target's working directory
+    assert sc.sync_lines_in_function("train.py", 4, "train_step", pid=os.getpid()) == [(12, "return loss.item()")]

@@ -7,6 +7,7 @@ every phase boundary, so the true share of each phase over the profiled window i
 from __future__ import annotations
 
 import gzip
+import inspect
 import json
 import os
 import threading
@@ -17,6 +18,7 @@ import pytest
 
 from gputop.analysis import trace_summary
 from gputop.inject import trace_agent
+from gputop.tracing import name_sync_lines
 from tests.harness.processes import run_gputop, wait_until
 from tests.harness.train_jobs import PHASED, start
 
@@ -246,7 +248,7 @@ def _train_step_that_syncs(model, optimizer, x):
 
 
 @pytest.mark.timeout(120)
-def test_with_stack_names_the_function_that_syncs(tmp_path):
+def test_with_stack_names_the_line_that_syncs(tmp_path):
     import torch
 
     (tmp_path / "config.json").write_text(json.dumps({"seconds": 10.0, "steps": 5, "with_stack": True}))
@@ -265,3 +267,8 @@ def test_with_stack_names_the_function_that_syncs(tmp_path):
     assert summary["syncs"] >= summary["steps"] - 1 >= 4  # one per step (the window may cut the last step's)
     top = summary["sync_sites"][0]
     assert "test_trace.py(" in top["site"] and top["site"].endswith(": _train_step_that_syncs"), summary["sync_sites"]
+    # ...and, read from the source as this process sees it, the line in that function that syncs
+    name_sync_lines(summary, os.getpid())
+    lines, first = inspect.getsourcelines(_train_step_that_syncs)
+    item_line = first + next(i for i, text in enumerate(lines) if ".item()" in text)
+    assert summary["sync_sites"][0]["lines"] == [{"line": item_line, "code": "return loss.item()"}]

@@ -80,10 +80,16 @@ def test_launch_bound_rule(short, idle, fires):
 
 
 def test_sync_rule_names_the_line_when_the_trace_has_stacks():
-    site = {"site": "train.py(57): train_step", "count": 40}
+    site = {"site": "train.py(57): train_step", "count": 40, "lines": [{"line": 61, "code": "return loss.item()"}]}
     found = check_trace({"ranks": [rank(phases={"sync": 0.08}, steps=40, syncs=39, syncs_per_step=0.98, sync_sites=[site],
                                         gpu=gpu())]})
     (sync,) = [f for f in found if f.id == "trace_sync"]
+    assert "at train.py:61 `return loss.item()` in train_step" in sync.summary
+    assert sync.frames == ("train.py:61 `return loss.item()` in train_step (40 syncs)",)
+    # Where the source could not be read, the function the profiler's stack names, by its first line.
+    unread = dict(site, lines=[])
+    (sync,) = [f for f in check_trace({"ranks": [rank(phases={"sync": 0.08}, steps=40, syncs=39, syncs_per_step=0.98,
+                                                      sync_sites=[unread], gpu=gpu())]}) if f.id == "trace_sync"]
     assert "train.py(57)" in sync.summary and sync.frames == ("train.py(57): train_step (40 syncs)",)
     # On CPU there is no device to wait for: no finding; and a sync every other step is not "every step".
     assert "trace_sync" not in ids([rank(phases={"sync": 0.08}, steps=40, syncs=40, syncs_per_step=1.0)])

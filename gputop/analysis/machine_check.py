@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
 
+from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION
 from gputop.analysis.xids import meaning_of
 from gputop.collect.sysfs import xid_bus_id  # a pure string helper (the module reads files only when asked)
 from gputop.model import (
@@ -39,9 +40,6 @@ EXIT_INFRA = 3
 EXIT_CONFIG = 4
 LABEL_CONFIG = "configuration (the machine's settings)"
 
-# A GPU counts as under load at or above this utilization: idle links downtrain (Gen1) to save power,
-# so the PCIe link is only judged in samples like these (FACTS.md: flag current < max only under load).
-LOAD_UTILIZATION = 30.0
 # Share of the window a thermal / reliability / board-limit slowdown may hold the clocks before it fails.
 SLOWDOWN_SHARE = 0.01
 # --load: measured all-reduce busbw against what the links carry.  nccl-tests on an 8x H100 NVSwitch
@@ -212,7 +210,7 @@ def check_pcie_link(inp: CheckInput) -> Optional[CheckResult]:
     loaded: dict[int, GpuSample] = {}
     for snap in inp.snapshots:
         for g in snap.gpus:
-            if not g.lost and (g.utilization_gpu or 0.0) >= LOAD_UTILIZATION and g.pcie.gen_current is not None:
+            if not g.lost and (g.utilization_gpu or 0.0) >= PCIE_LOAD_UTILIZATION and g.pcie.gen_current is not None:
                 loaded[g.index] = g  # the latest busy sample
     idle = sorted({g.index for g in inp.gpus if not g.lost} - set(loaded))
     if not loaded:
@@ -356,9 +354,10 @@ def check_topology(inp: CheckInput) -> Optional[CheckResult]:
 def check_nic_numa(inp: CheckInput) -> CheckResult:
     title = "GPU/NIC NUMA affinity"
     expected = "a NIC on every NUMA node that holds GPUs, so RDMA traffic stays on its socket"
-    nics = inp.host_after.nics
+    nics = inp.machine.topology.nics  # read once with the topology (collect/sysfs.py), as the T dialog shows them
     if nics is None:
-        return CheckResult("numa.nic", title, SKIP, "NICs not readable (see the sources line)", expected)
+        why = "; ".join(inp.machine.topology.nics_unreadable) or "not read"
+        return CheckResult("numa.nic", title, SKIP, f"NICs not readable ({why})", expected)
     placed = [n for n in nics if n.numa_node is not None]
     gpu_nodes = {node for node in inp.machine.topology.numa_node if node is not None}
     if not placed:
@@ -579,7 +578,7 @@ def check_clock_events(inp: CheckInput) -> Optional[CheckResult]:
 
 def check_sources(inp: CheckInput) -> Optional[CheckResult]:
     """One line for every source that could not be read (never fatal: the checks that need it say skip)."""
-    lines = list(dict.fromkeys(inp.host_before.unreadable + inp.host_after.unreadable))
+    lines = list(dict.fromkeys(inp.host_before.unreadable + inp.host_after.unreadable + inp.machine.topology.nics_unreadable))
     if not lines:
         return None
     return CheckResult("sources", "Unreadable sources", SKIP, "; ".join(lines), "every source readable", evidence=tuple(lines))

@@ -11,8 +11,12 @@ what the DataLoader's fetcher (``torch/utils/data/_utils/fetch.py``) calls, what
 
 from __future__ import annotations
 
+import ast
 import functools
+import io
+import os
 import re
+import tokenize
 from collections import Counter
 from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
@@ -209,6 +213,72 @@ def _line_of(path: str, line: int) -> Optional[str]:
     except OSError:
         return None
     return None
+
+
+def sync_lines_in_function(filename: str, first_line: int, function: str,
+                           pid: Optional[int] = None) -> list[tuple[int, str]]:
+    """The lines of one function that call a host-device sync (``.item()``, ``.cpu()``, ``.tolist()``,
+    ``.numpy()``, ``synchronize(``), as ``(line, text)``, read from the function's source.
+
+    The profiler's Python stacks name a function by the line it starts on (``train.py(52): train_step``:
+    its code object's first line, a decorator's if it has one), never by the line running inside it; the
+    function's own lines, read here, say which line syncs.  Lines of functions nested inside it are left
+    out (they are their own frames).  With `pid`, the file is read as the target sees it: relative paths
+    from its working directory and absolute ones through its root (a container).  [] where the source
+    cannot be read or parsed."""
+    tree = None
+    for path in _source_candidates(filename, pid):
+        try:
+            changed = os.stat(path).st_mtime_ns
+        except OSError:
+            continue
+        tree = _parsed_source(path, changed)  # re-read when the file changes (the user edits and restarts)
+        break
+    if tree is None:
+        return []
+    source_lines, module = tree
+    for node in ast.walk(module):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function \
+                and first_line in (node.lineno, *(d.lineno for d in node.decorator_list)):
+            nested = [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(node)
+                      if n is not node and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))]
+            body_first = node.body[0].lineno
+            own_lines = [(line, _without_comment(source_lines[line - 1]))
+                         for line in range(body_first, (node.end_lineno or body_first) + 1)
+                         if not any(lo <= line <= hi for lo, hi in nested)]
+            return [(line, code) for line, code in own_lines if _SYNC_CALL.search(code)]
+    return []
+
+
+def _without_comment(line: str) -> str:
+    """The code of one source line, its trailing ``# comment`` dropped (a ``#`` inside a string stays)."""
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(line).readline):
+            if token.type == tokenize.COMMENT:
+                return line[: token.start[1]].strip()
+    except (tokenize.TokenError, SyntaxError):
+        pass  # a line of a longer statement (an open bracket): keep it whole
+    return line.strip()
+
+
+def _source_candidates(filename: str, pid: Optional[int]) -> tuple[str, ...]:
+    if filename.startswith("<"):
+        return ()
+    if pid is None:
+        return (filename,)
+    if filename.startswith("/"):
+        return (f"/proc/{pid}/root{filename}", filename)
+    return (f"/proc/{pid}/cwd/{filename}",)  # relative to the target's working directory, not ours
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed_source(path: str, _changed: int) -> "Optional[tuple[list[str], ast.Module]]":
+    try:
+        with open(path, "rb") as f:
+            text = f.read(4 << 20).decode("utf-8", "replace")
+        return text.splitlines(), ast.parse(text)
+    except (OSError, SyntaxError, ValueError):
+        return None
 
 
 SourceReader = Callable[[Frame], Optional[str]]

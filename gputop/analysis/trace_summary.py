@@ -314,6 +314,15 @@ def _user_frame(name: str) -> bool:
         and "site-packages/" not in name
 
 
+_SITE = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")
+
+
+def parse_site(site: str) -> Optional[tuple[str, int, str]]:
+    """``file.py(N): function`` (a ``python_function`` event's name) as (file, N, function)."""
+    match = _SITE.match(site)
+    return (match["file"], int(match["line"]), match["function"]) if match else None
+
+
 def sync_sites(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Where host-device syncs come from, when the trace has Python stacks (``with_stack=True``, which
     records ``python_function`` events): the innermost user function around each sync, as

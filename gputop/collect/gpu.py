@@ -608,6 +608,11 @@ class GpuCollector:
     def gpu_names(self) -> tuple[str, ...]:
         return tuple(g.name for g in self._gpus)
 
+    @property
+    def bus_ids(self) -> tuple[Optional[str], ...]:
+        """Each GPU's PCI bus id as NVML gives it (None where it gave none)."""
+        return tuple(g.pci_bus_id or None for g in self._gpus)
+
     # ------------------------------------------------------------ per sample
     def sample(self) -> tuple[GpuSample, ...]:
         """Read every GPU concurrently; never raises for a per-field or per-GPU failure."""

@@ -2,8 +2,9 @@
 
 - AER counters (`aer_dev_correctable`, `aer_dev_fatal`, `aer_dev_nonfatal`) under each GPU's PCI
   device in /sys/bus/pci/devices/<bdf>/;
-- the NUMA node of every NIC backed by a PCI function (/sys/class/net/*/device/numa_node and
-  /sys/class/infiniband/*/device/numa_node), for GPU/NIC affinity;
+- every NIC backed by a PCI function (/sys/class/infiniband/*, /sys/class/net/*): its NUMA node and where
+  its PCI path meets each GPU's, i.e. the NIC rows of `nvidia-smi topo -m` (read once, into the machine's
+  `Topology`, by the pipeline);
 - `NVRM: Xid` lines in the kernel log (/dev/kmsg, else `dmesg`): NVML's event path misses some codes
   (79, 119 and 120 are reported missing from DCGM's tracker) and keeps no history;
 - the kernel release and the loaded nvidia module's version.
@@ -16,6 +17,7 @@ a tree of fixture files.  Nothing here raises for a source it cannot read: the s
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import re
@@ -23,9 +25,9 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
-from gputop.model import AerCounts, HostReadings, KernelXid, NicInfo
+from gputop.model import AerCounts, HostReadings, KernelXid, NicInfo, Topology
 
 # The kernel log is read up to this much (a /dev/kmsg ring holds 128 KiB-16 MiB) and for at most this long.
 KERNEL_LOG_MAX_BYTES = 32 * 1024 * 1024
@@ -71,14 +73,12 @@ class HostReader:
     def read(self, gpu_bus_ids: Iterable[str]) -> HostReadings:
         unreadable: list[str] = []
         aer = self.read_aer(gpu_bus_ids, unreadable)
-        nics = self.read_nics(unreadable)
         xids, records = self.read_kernel_xids(unreadable)
         return HostReadings(
             timestamp=time.time(),
             kernel=self._first_line(self.path("proc", "sys", "kernel", "osrelease")),
             driver_module=self._first_line(self.path("sys", "module", "nvidia", "version")),
             aer=aer,
-            nics=nics,
             kernel_xids=xids,
             kernel_log_records=records,
             unreadable=tuple(unreadable),
@@ -118,14 +118,15 @@ class HostReader:
         return out
 
     # ------------------------------------------------------------ NICs
-    def read_nics(self, unreadable: list[str]) -> Optional[tuple[NicInfo, ...]]:
-        """Every NIC backed by a PCI function (virtual ones have no `device`), once per function."""
-        nics: list[NicInfo] = []
-        seen: set[str] = set()
+    def _nics(self, unreadable: list[str]) -> list[tuple[NicInfo, Optional[PciPath]]]:
+        """Every NIC backed by a PCI function (virtual ones have no `device`), once per function: the RDMA
+        device (/sys/class/infiniband, named as `nvidia-smi topo -m` names it) with its network interface, then
+        the network interfaces that have no RDMA device; each with where it sits on the PCI tree."""
+        found: dict[str, tuple[str, bool, Optional[str]]] = {}  # PCI function -> (name, rdma, netdev)
         for cls in ("infiniband", "net"):
             base = self.path("sys", "class", cls)
             try:
-                names = sorted(os.listdir(base))
+                names = sorted(os.listdir(base), key=_natural)
             except FileNotFoundError:
                 continue
             except OSError as exc:
@@ -136,18 +137,34 @@ class HostReader:
                 if not device.exists():
                     continue  # lo, bridges, veth, ifb: no PCI function behind them
                 function = os.path.realpath(device)
-                if function in seen:
-                    continue  # mlx5_0 and its netdev ib0 are one card
-                seen.add(function)
-                node_text = self._first_line(device / "numa_node")
-                try:
-                    node = int(node_text) if node_text is not None else None
-                except ValueError:
-                    node = None
-                bus = os.path.basename(function)
-                nics.append(NicInfo(name=name, numa_node=node if node is not None and node >= 0 else None,
-                                    pci_bus_id=bus if re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d", bus) else None))
-        return tuple(nics)
+                if function not in found:
+                    found[function] = (name, cls == "infiniband", None)
+                elif cls == "net" and found[function][2] is None:
+                    found[function] = (*found[function][:2], name)  # mlx5_0's netdev ibp25s0: one card
+        out = []
+        for function, (name, rdma, netdev) in found.items():
+            node = _numa(self._first_line(Path(function) / "numa_node"))
+            bus = os.path.basename(function)
+            out.append((NicInfo(name=name, numa_node=node, pci_bus_id=bus if _BDF.fullmatch(bus) else None, rdma=rdma, netdev=netdev),
+                        pci_path(function)))
+        return out
+
+    def nic_topology(self, topology: Topology, gpu_bus_ids: Sequence[Optional[str]]) -> Topology:
+        """`topology` with the NICs and their row of `nvidia-smi topo -m` (to each GPU, then to each NIC).
+
+        Labels follow the PCI paths in sysfs as nvidia-smi's do: PIX when the two functions meet below one
+        PCIe switch (at most one bridge under the deepest shared one), PXB deeper, PHB under one host bridge,
+        else NODE on one NUMA node and SYS across nodes.  GPUs are found by their NVML bus ids."""
+        unreadable: list[str] = []
+        nics = self._nics(unreadable)
+        if unreadable and not nics:
+            return dataclasses.replace(topology, nics=None, nics_unreadable=tuple(unreadable))
+        gpus = [(pci_path(self.path("sys", "bus", "pci", "devices", sysfs_bus_id(bus))) if bus else None,
+                 topology.numa_node[i] if i < len(topology.numa_node) else None) for i, bus in enumerate(gpu_bus_ids)]
+        one_node = len({node for _path, node in gpus if node is not None} | {n.numa_node for n, _ in nics if n.numa_node is not None}) <= 1
+        ends = [(path, nic.numa_node) for nic, path in nics]
+        matrix = tuple(tuple(link_label(a, node_a, b, node_b, one_node) for b, node_b in (*gpus, *ends)) for a, node_a in ends)
+        return dataclasses.replace(topology, nics=tuple(nic for nic, _ in nics), nic_matrix=matrix, nics_unreadable=tuple(unreadable))
 
     # ------------------------------------------------------------ kernel log
     def read_kernel_xids(self, unreadable: list[str]) -> tuple[Optional[tuple[KernelXid, ...]], int]:
@@ -270,3 +287,51 @@ def _xids_from_dmesg(lines: list[str], boot: Optional[float]) -> tuple[KernelXid
         if xid is not None:
             out.append(xid)
     return tuple(out)
+
+
+PciPath = tuple[str, tuple[str, ...]]  # (the host bridge "pci0000:15", the functions from its root port down)
+_BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_HOST_BRIDGE = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
+
+
+def pci_path(device: str | os.PathLike) -> Optional[PciPath]:
+    """Where a PCI function sits: its sysfs path resolved (/sys/devices/pci0000:15/0000:15:01.0/.../0000:19:00.0)
+    as (host bridge, bridges and function under it); None for a device that is not PCI or not there."""
+    parts = Path(os.path.realpath(device)).parts
+    for i, part in enumerate(parts):
+        if _HOST_BRIDGE.fullmatch(part):
+            chain = tuple(p for p in parts[i + 1:] if _BDF.fullmatch(p))
+            return (part, chain) if chain else None
+    return None
+
+
+def link_label(a: Optional[PciPath], node_a: Optional[int], b: Optional[PciPath], node_b: Optional[int], one_node: bool) -> str:
+    """`nvidia-smi topo -m`'s label for the way between two PCI functions (see HostReader.nic_topology)."""
+    if a is not None and b is not None and a[0] == b[0]:
+        if a[1] == b[1]:
+            return "X"
+        common = 0
+        for x, y in zip(a[1], b[1]):
+            if x != y:
+                break
+            common += 1
+        if not common:
+            return "PHB"  # the ways part at the host bridge (different root ports)
+        below = max(len(a[1]), len(b[1])) - common  # a switch's downstream port and the function: 2
+        return "PIX" if below <= 2 else "PXB"
+    if node_a is not None and node_b is not None:
+        return "NODE" if node_a == node_b else "SYS"
+    return "NODE" if one_node else "SYS"
+
+
+def _numa(text: Optional[str]) -> Optional[int]:
+    try:
+        node = int(text) if text is not None else -1
+    except ValueError:
+        return None
+    return node if node >= 0 else None
+
+
+def _natural(name: str) -> list:
+    """mlx5_2 before mlx5_10, as nvidia-smi numbers them."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]

@@ -109,11 +109,8 @@ def run(args: Any) -> int:
             from gputop.commands.check import Evidence  # `gputop check` over the same window: the infra section
 
             evidence = Evidence(pipeline)
-            try:
-                history = observe(pipeline, args.seconds, args.interval, progress=Progress(sys.stderr, "observing"))
-                infra = evidence.finish(history)
-            finally:
-                evidence.close()
+            history = observe(pipeline, args.seconds, args.interval, progress=Progress(sys.stderr, "observing"))
+            infra = evidence.finish(history)
         finally:
             pipeline.close()
     bench = run_bench(args) if args.bench else None

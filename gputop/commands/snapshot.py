@@ -129,13 +129,17 @@ def write_table(machine: MachineInfo, snap: Snapshot, out: TextIO) -> None:
     topo = machine.topology
     if topo.matrix:
         w("\ntopology\n")
-        n = len(topo.matrix)
-        header = "      " + "".join(f"{'GPU' + str(i):>6}" for i in range(n)) + "  CPU affinity     NUMA"
-        w(header + "\n")
-        for i, row in enumerate(topo.matrix):
-            affinity = topo.cpu_affinity[i] if i < len(topo.cpu_affinity) else None
-            numa = topo.numa_node[i] if i < len(topo.numa_node) else None
-            w(f"{'GPU' + str(i):<6}" + "".join(f"{cell:>6}" for cell in row) + f"  {units.na(affinity):<16} {units.na(numa)}\n")
+        names, rows = topo.full_matrix()  # GPUs, then the RDMA NICs as nvidia-smi numbers them
+        w("      " + "".join(f"{name:>6}" for name in names) + "  CPU affinity     NUMA\n")
+        for i, (name, row) in enumerate(zip(names, rows)):
+            line = f"{name:<6}" + "".join(f"{cell:>6}" for cell in row)
+            if i < len(topo.matrix):
+                affinity = topo.cpu_affinity[i] if i < len(topo.cpu_affinity) else None
+                numa = topo.numa_node[i] if i < len(topo.numa_node) else None
+                line += f"  {units.na(affinity):<16} {units.na(numa)}"
+            w(line + "\n")
+        if topo.nic_legend():
+            w("\nNIC Legend:\n\n" + "".join(f"  {entry}\n" for entry in topo.nic_legend()))
     if snap.job is not None:
         ranks = len(snap.job.ranks)
         w(f"\njob {snap.job.root_pid}: {ranks} rank(s)" + (" (exited)" if snap.job.exited else "") + "\n")

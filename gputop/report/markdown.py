@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence
 
 from gputop import gpu_fields, units
 from gputop.history import History
-from gputop.model import Finding
+from gputop.model import Finding, Topology, from_jsonable
 from gputop.report.jsonreport import report_data
 from gputop.report.redact import redact_text
 from gputop.units import utc_time
@@ -138,22 +138,28 @@ def _machine(data: dict[str, Any]) -> list[str]:
 
 
 def _topology(data: dict[str, Any]) -> list[str]:
-    topo = data["topology"]
-    matrix = topo.get("matrix") or []
-    if not matrix:
+    topo = from_jsonable(Topology, data["topology"])
+    names, rows = topo.full_matrix()  # GPUs, then the RDMA NICs as nvidia-smi numbers them
+    if not rows:
         return []
-    n = len(matrix)
-    header = ["     "] + [f"GPU{j:<3}" for j in range(n)] + ["CPU affinity", "NUMA"]
+    header = ["     "] + [f"{name:<6}" for name in names] + ["CPU affinity", "NUMA"]
     lines = ["  ".join(header)]
-    aff = topo.get("cpu_affinity") or []
-    numa = topo.get("numa_node") or []
-    for i, row in enumerate(matrix):
-        cells = [f"GPU{i:<2}"] + [f"{c:<6}" for c in row]
-        cells.append(str(aff[i]) if i < len(aff) and aff[i] is not None else "n/a")
-        cells.append(str(numa[i]) if i < len(numa) and numa[i] is not None else "n/a")
-        lines.append("  ".join(cells))
+    for i, (name, row) in enumerate(zip(names, rows)):
+        cells = [f"{name:<5}"] + [f"{c:<6}" for c in row]
+        if i < len(topo.matrix):
+            cells.append(str(topo.cpu_affinity[i]) if i < len(topo.cpu_affinity) and topo.cpu_affinity[i] is not None else "n/a")
+            cells.append(str(topo.numa_node[i]) if i < len(topo.numa_node) and topo.numa_node[i] is not None else "n/a")
+        lines.append("  ".join(cells).rstrip())
     legend = "X = self, NV# = # NVLinks, PIX/PXB = PCIe switch(es), PHB = host bridge, NODE = same NUMA node, SYS = across sockets"
-    return ["## Topology", ""] + _fence("\n".join(lines) + "\n\n" + legend)
+    if topo.nic_legend():
+        legend += "\n\nNIC Legend:\n\n" + "\n".join(f"  {entry}" for entry in topo.nic_legend())
+    out = ["## Topology", ""] + _fence("\n".join(lines) + "\n\n" + legend)
+    others = [nic for nic in topo.nics or () if not nic.rdma]
+    if others:  # not in nvidia-smi's matrix (no RDMA device), but where they sit matters for the data path
+        out += ["", "Other NICs: " + ", ".join(f"{nic.name} (NUMA {units.na(nic.numa_node)})" for nic in others)]
+    if topo.nics is None and topo.nics_unreadable:
+        out += ["", "NICs not read: " + "; ".join(topo.nics_unreadable)]
+    return out
 
 
 def _health(data: dict[str, Any]) -> list[str]:

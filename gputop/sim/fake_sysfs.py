@@ -1,8 +1,8 @@
 """The simulated machine's /sys, /proc and kernel log: a small tree of files the real readers read.
 
 `FakeHostTree` writes what `gputop.collect.sysfs.HostReader` looks for under a private temporary
-root: each GPU's PCI device with its AER counters, one NIC per GPU on the GPU's NUMA node (as a DGX
-wires them), the nvidia module's version, the kernel release, the boot time and a kernel log.  The
+root: the PCI tree with each GPU (and its AER counters) and the profile's NICs where a DGX or a desktop
+has them (`Profile.nics`: the GPU's own PCIe switch, or a root port), the nvidia module's version, the kernel release, the boot time and a kernel log.  The
 INFRA_FAULTS change it: `aer=IDX` makes GPU IDX's correctable AER counter climb, `kernel-xid=IDX:CODE`
 puts an `NVRM: Xid` line in the log.
 
@@ -15,12 +15,13 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Callable, Iterable
 
 from gputop.collect.sysfs import HostReader, sysfs_bus_id, xid_bus_id
 from gputop.model import HostReadings
-from gputop.sim.profiles import SimSpec
+from gputop.sim.profiles import SimSpec, bus_number
 
 KERNEL_RELEASE = "6.8.0-49-generic"
 UPTIME_S = 86400.0  # the simulated machine booted a day before the check
@@ -32,6 +33,7 @@ class FakeHostTree:
         self.spec = spec
         self.elapsed = elapsed
         self.root = Path(tempfile.mkdtemp(prefix="gputop-sim-host-"))
+        self._remove = weakref.finalize(self, shutil.rmtree, self.root, True)  # also when nobody closes it
         self.boot = time.time() - UPTIME_S
         self._reader = HostReader(self.root, use_dmesg=False)
         self._write_static()
@@ -47,12 +49,7 @@ class FakeHostTree:
         self._write("proc/sys/kernel/dmesg_restrict", "0\n")
         self._write("proc/stat", f"cpu  0 0 0 0 0 0 0 0 0 0\nbtime {int(self.boot)}\n")
         self._write("sys/module/nvidia/version", profile.driver_version + "\n")
-        for gpu, bus in enumerate(profile.bus_ids):
-            self._write(f"sys/bus/pci/devices/{sysfs_bus_id(bus)}/numa_node", f"{profile.numa_nodes[gpu]}\n")
-            # one NIC per GPU on the GPU's NUMA node (a data-centre card's RDMA NIC; a desktop's one NIC)
-            if profile.gpu.ecc or gpu == 0:
-                name = f"ib{gpu}" if profile.gpu.ecc else "eth0"
-                self._write(f"sys/class/net/{name}/device/numa_node", f"{profile.numa_nodes[gpu]}\n")
+        self._write_pci_tree()
         self._write_counters()
         since_boot_us = int((time.time() - self.boot) * 1e6)  # the XIDs happened just now
         records = [f"6,1,0,-;Linux version {KERNEL_RELEASE} (simulated by gputop)"]
@@ -63,6 +60,50 @@ class FakeHostTree:
                 f"pid='<unknown>', name=<unknown>, {text}"
             )
         self._write("dev/kmsg", "\n".join(records) + "\n")
+
+    def _device(self, bridge: str, chain: tuple[str, ...], numa_node: int) -> str:
+        """A PCI function at the end of `chain` (root port, switch ports, function) under host bridge `bridge`,
+        as the kernel lays it out: the device under /sys/devices, a link to it under /sys/bus/pci/devices."""
+        relative = "/".join(("sys/devices", bridge, *chain))
+        for depth in range(1, len(chain) + 1):
+            self._write("/".join(("sys/devices", bridge, *chain[:depth], "numa_node")), f"{numa_node}\n")
+        link = self.root / "sys/bus/pci/devices" / chain[-1]
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(Path("../../..", *relative.split("/")[1:]))
+        return relative
+
+    def _class_link(self, cls: str, name: str, device: str) -> None:
+        """/sys/class/CLS/NAME/device -> the PCI function (what readers resolve with realpath)."""
+        folder = self.root / "sys/class" / cls / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "device").symlink_to(Path("../../..", *device.split("/")[1:]))
+
+    def _write_pci_tree(self) -> None:
+        """The GPUs and NICs on the PCI tree the profile describes.  `same_node_ancestor` NODE (a DGX): each GPU
+        behind a PCIe switch of its own on a host bridge of its own, its rail NIC on the same switch; PHB (a
+        desktop): the GPUs on root ports of one host bridge.  A NIC beside no GPU takes a root port of its own."""
+        profile = self.spec.profile
+        beside = {nic.beside_gpu: nic for nic in profile.nics if nic.beside_gpu is not None}
+        desktop_bridge = "pci0000:00"
+        for gpu, bus_id in enumerate(profile.bus_ids):
+            bus, node, nic = bus_number(bus_id), profile.numa_nodes[gpu], beside.get(gpu)
+            if profile.same_node_ancestor == "NODE":
+                bridge, port, up = f"pci0000:{bus - 3:02x}", f"0000:{bus - 3:02x}:01.0", f"0000:{bus - 2:02x}:00.0"
+                self._device(bridge, (port, up, f"0000:{bus - 1:02x}:00.0", sysfs_bus_id(bus_id)), node)
+                if nic is not None:
+                    self._nic(nic, self._device(bridge, (port, up, f"0000:{bus - 1:02x}:01.0", nic.bus_id), node))
+            else:
+                self._device(desktop_bridge, (f"0000:00:{1 + 2 * gpu:02x}.1", sysfs_bus_id(bus_id)), node)
+        for n, nic in enumerate(nic for nic in profile.nics if nic.beside_gpu is None):
+            self._nic(nic, self._device(desktop_bridge, (f"0000:00:1c.{n}", nic.bus_id), nic.numa_node))
+
+    def _nic(self, nic, device: str) -> None:  # noqa: ANN001 - a SimNic
+        if nic.rdma:
+            self._class_link("infiniband", nic.name, device)
+            if nic.netdev:
+                self._class_link("net", nic.netdev, device)
+        else:
+            self._class_link("net", nic.name, device)
 
     def _write_counters(self) -> None:
         aer = self.spec.faults.infra.aer
@@ -87,7 +128,7 @@ class FakeHostTree:
         return self._reader.read(gpu_bus_ids)
 
     def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        self._remove()
 
 
 def _aer_text(*counters: tuple[str, int]) -> str:

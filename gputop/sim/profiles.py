@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from typing import Optional
 
 from gputop.errors import UsageError
 
@@ -46,6 +47,37 @@ class GpuModel:
 
 
 @dataclass(frozen=True)
+class SimNic:
+    """A NIC of the simulated machine, as its sysfs shows it (`gputop.sim.fake_sysfs` writes it)."""
+
+    name: str  # the RDMA device ("mlx5_0"), or the interface of a plain Ethernet NIC
+    bus_id: str  # sysfs form, "0000:19:00.0"
+    numa_node: int
+    beside_gpu: Optional[int] = None  # the GPU whose PCIe switch it shares; None: on a root port of its own
+    rdma: bool = True
+    netdev: Optional[str] = None  # an RDMA device's network interface
+
+
+def bus_number(bus_id: str) -> int:
+    """The bus of a PCI address in either form: "00000000:18:00.0" -> 0x18."""
+    return int(bus_id.split(":")[-2], 16)
+
+
+def rail_nics(bus_ids: tuple[str, ...], numa_nodes: tuple[int, ...]) -> tuple[SimNic, ...]:
+    """One ConnectX per GPU behind the GPU's own PCIe switch, the next bus after it (a DGX/HGX H100's compute
+    "rails": `nvidia-smi topo -m` reads PIX between GPU i and NIC i), named as mlx5_core names them."""
+    return tuple(
+        SimNic(name=f"mlx5_{i}", bus_id=f"0000:{bus_number(bus) + 1:02x}:00.0", numa_node=numa_nodes[i], beside_gpu=i,
+               netdev=f"ibp{bus_number(bus) + 1}s0")
+        for i, bus in enumerate(bus_ids)
+    )
+
+
+_H100_BUS_IDS = tuple(f"00000000:{b}:00.0" for b in ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"))
+_H100_NUMA = (0, 0, 0, 0, 1, 1, 1, 1)
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -54,6 +86,7 @@ class Profile:
     numa_nodes: tuple[int, ...]  # NUMA node of each GPU
     switch_bus_ids: tuple[str, ...] = ()  # NVSwitches: link L of every GPU ends at switch L % len
     same_node_ancestor: str = "NODE"  # PCIe common ancestor of two GPUs on one NUMA node
+    nics: tuple[SimNic, ...] = ()
     driver_version: str = "550.54.15"
     cuda_version: int = 12040  # 1000*major + 10*minor
     nvml_version: str = "12.550.54.15"
@@ -125,11 +158,12 @@ PROFILES: dict[str, Profile] = {
         name="h100-sxm-8",
         description="8x H100 SXM 80GB, NVSwitch (NV18 between every pair), two NUMA nodes with 4 GPUs each",
         gpu=H100_SXM,
-        # a DGX H100's GPU bus ids; the first four hang off socket 0
-        bus_ids=tuple(f"00000000:{b}:00.0" for b in ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")),
-        numa_nodes=(0, 0, 0, 0, 1, 1, 1, 1),
+        # a DGX H100's GPU bus ids; the first four hang off socket 0, each GPU behind its own PCIe switch
+        bus_ids=_H100_BUS_IDS,
+        numa_nodes=_H100_NUMA,
         switch_bus_ids=tuple(f"00000000:{b}:00.0" for b in ("05", "06", "07", "08")),
         same_node_ancestor="NODE",
+        nics=rail_nics(_H100_BUS_IDS, _H100_NUMA),
     ),
     "rtx-4090-2": Profile(
         name="rtx-4090-2",
@@ -138,6 +172,8 @@ PROFILES: dict[str, Profile] = {
         bus_ids=("00000000:01:00.0", "00000000:21:00.0"),
         numa_nodes=(0, 0),
         same_node_ancestor="PHB",
+        # the board's own 2.5 GbE port on a root port of the same host bridge: no RDMA, so not in topo -m
+        nics=(SimNic(name="enp5s0", bus_id="0000:05:00.0", numa_node=0, rdma=False),),
     ),
 }
 DEFAULT_PROFILE = "h100-sxm-8"

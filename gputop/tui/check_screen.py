@@ -64,11 +64,8 @@ def run_machine_check(
     from gputop.commands.check import Evidence
 
     evidence = Evidence(source)
-    try:
-        stop.wait(seconds)  # the app's collector keeps polling meanwhile: a window, not synchronisation
-        return evidence.finish(window(), window=seconds)
-    finally:
-        evidence.close()
+    stop.wait(seconds)  # the app's collector keeps polling meanwhile: a window, not synchronisation
+    return evidence.finish(window(), window=seconds)
 
 
 def card_marks(report: CheckReport) -> dict[int, tuple[str, bool]]:

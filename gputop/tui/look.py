@@ -46,7 +46,6 @@ STATE_LOST = ("✖", "LOST", BAD_BOLD)
 
 BUSY_AT = 50.0  # utilization % at or above which a GPU counts as busy
 IDLE_BELOW = 5.0  # and below which it counts as idle
-LOAD_FOR_PCIE_CHECK = 20.0  # idle GPUs drop their PCIe link on purpose: only flag a downgrade under load
 
 
 def load_style(percent: Optional[float]) -> Style:

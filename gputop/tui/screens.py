@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Optional, Sequence
 
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -12,24 +13,29 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import ProgressBar, Static
 
+from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION
 from gputop.model import Finding, MachineInfo, Snapshot
 from gputop.tui import look
 from gputop.tui.look import key_display
 from gputop.tui.widgets.gpu_grid import pcie_flagged
 
+TOPOLOGY_MAX_WIDTH = 150  # the dialog's widest: the matrix with 8 NICs (85 columns) and the picture beside it
+
+
 class _Modal(ModalScreen):
     BINDINGS = [Binding("escape", "app.pop_screen", "Close", id="modal.close")]
 
-    DEFAULT_CSS = """
-    _Modal { align: center middle; }
-    _Modal > .dialog {
+    DEFAULT_CSS = f"""
+    _Modal {{ align: center middle; }}
+    _Modal > .dialog {{
         width: 96%; max-width: 120; height: auto; max-height: 94%;
         border: round $accent; background: $surface; padding: 0 1;
-    }
-    _Modal > VerticalScroll.dialog { height: 94%; }
-    #affinity { margin-top: 1; }
-    .picture { margin-top: 1; }
-    _Modal > #topology, _Modal > #findings { height: auto; }
+    }}
+    _Modal > VerticalScroll.dialog {{ height: 94%; }}
+    #affinity {{ margin-top: 1; }}
+    .picture {{ margin-top: 1; }}
+    _Modal > #topology, _Modal > #findings {{ height: auto; }}
+    _Modal > #topology {{ max-width: {TOPOLOGY_MAX_WIDTH}; }}
     """
 
 
@@ -85,20 +91,28 @@ def link_style(label: str):
     return look.PLAIN
 
 
-PICTURE_BESIDE_FROM = 110  # columns: the machine's picture beside the matrix, else below it
 TOPOLOGY_LEGEND = "NV#: NVLink ×#  PIX/PXB: PCIe switch  PHB: host bridge  NODE: same NUMA node  SYS: across NUMA (slowest)"
 
 
-def topology_matrix(machine: MachineInfo) -> Table:
-    """`nvidia-smi topo -m` between GPUs, each cell coloured by its link class."""
-    matrix = machine.topology.matrix
-    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
-    table.add_column("")
-    for j in range(len(matrix)):
-        table.add_column(f"GPU{j}", justify="center", no_wrap=True)
-    for i, row in enumerate(matrix):
-        table.add_row(Text(f"GPU{i}", style="bold"), *(Text(label, style=link_style(label)) for label in row))
+def topology_matrix(machine: MachineInfo, with_nics: bool = True) -> Table:
+    """`nvidia-smi topo -m` between GPUs and the RDMA NICs (NIC0..), each cell coloured by its link class."""
+    names, rows = machine.topology.full_matrix(with_nics)
+    table = Table(box=None, padding=(0, 1, 0, 0), show_edge=False, header_style="bold")
+    table.add_column("", no_wrap=True)
+    for name in names:
+        table.add_column(name, justify="center", no_wrap=True)
+    for name, row in zip(names, rows):
+        table.add_row(Text(name, style="bold"), *(Text(label, style=link_style(label)) for label in row))
     return table
+
+
+def nic_legend(machine: MachineInfo) -> Text:
+    """ "NIC Legend:" as `nvidia-smi topo -m` prints it, on one wrapped line."""
+    text = Text("NIC Legend:", style="bold")
+    for entry in machine.topology.nic_legend():
+        number, _, name = entry.partition(": ")
+        text.append("  ").append(number, style="bold").append(f": {name}")
+    return text
 
 
 def _gpu_mark(gpu) -> tuple[str, object]:  # noqa: ANN001
@@ -110,6 +124,11 @@ def _gpu_mark(gpu) -> tuple[str, object]:  # noqa: ANN001
     if pcie_flagged(gpu):
         return "▼", look.WARN_BOLD
     return "", look.BOLD
+
+
+def _pcie_why(gpu) -> str:  # noqa: ANN001
+    """Why a flagged link counts: slow while busy, or lanes missing (a width drop is never power saving)."""
+    return "under load" if (gpu.utilization_gpu or 0) >= PCIE_LOAD_UTILIZATION else "lanes missing"
 
 
 def _pcie_switches(matrix: Sequence[Sequence[str]], members: Sequence[int]) -> list[list[int]]:
@@ -126,27 +145,44 @@ def _pcie_switches(matrix: Sequence[Sequence[str]], members: Sequence[int]) -> l
 
 
 def machine_picture(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Text:
-    """The machine as a picture: each NUMA node with its cores and its GPUs (bracketed by PCIe switch),
+    """The machine as a picture: each NUMA node with its cores, its GPUs bracketed by PCIe switch and the
+    NICs beside them (a NIC on a GPU's switch joins that switch's line; others get a line of their own),
     then the GPU-to-GPU fabric (NVSwitch, or the NVLink pairs). A degraded link is marked on its GPU."""
     topo = machine.topology
     matrix, count = topo.matrix, len(topo.matrix)
     gpus = {g.index: g for g in snapshot.gpus} if snapshot else {}
+    nics = topo.nics or ()
     nodes: dict[Optional[int], list[int]] = {}
     for i in range(count):
         nodes.setdefault(topo.numa_node[i] if i < len(topo.numa_node) else None, []).append(i)
+    on_switch: dict[int, list[int]] = {}  # GPU -> the NICs on its PCIe switch
+    apart: dict[Optional[int], list[int]] = {}  # NUMA node -> NICs on no GPU's switch
+    for k, nic in enumerate(nics):
+        mates = topo.nic_switch_gpus(k)
+        if mates:
+            on_switch.setdefault(mates[0], []).append(k)
+        else:
+            apart.setdefault(nic.numa_node, []).append(k)
+            nodes.setdefault(nic.numa_node, [])
     text = Text()
     for node, members in nodes.items():
         cores = next((topo.cpu_affinity[i] for i in members if i < len(topo.cpu_affinity) and topo.cpu_affinity[i]), None)
         title = "host" if node is None else f"NUMA {node}"
-        text.append(f"┌ {title}", style="bold").append(f" · cores {cores or 'n/a'}\n", style="dim")
+        text.append(f"┌ {title}", style="bold").append(f" · cores {cores or 'n/a'}\n" if members else "\n", style="dim")
         for group in _pcie_switches(matrix, members):
-            shared = len(group) > 1
+            group_nics = [k for i in group for k in on_switch.get(i, ())]
+            shared = len(group) + len(group_nics) > 1
             text.append("│ " + ("PCIe switch ┬ " if shared else "PCIe ─────── "), style="dim")
             for n, i in enumerate(group):
                 mark, style = _gpu_mark(gpus.get(i))
                 text.append(("┬ " if n and shared else "") + f"GPU{i}{mark}", style=style)
                 text.append(" ")
+            for k in group_nics:
+                text.append("┬ ", style="dim").append(nics[k].name, style=look.ACCENT).append(" ")
             text.append("\n")
+        if apart.get(node):
+            text.append("│ NIC ──────── ", style="dim")
+            text.append("  ".join(nics[k].name for k in apart[node]) + "\n", style=look.ACCENT)
         text.append("└\n", style="dim")
     nvlinks = [(i, j, matrix[i][j]) for i in range(count) for j in range(i + 1, count) if matrix[i][j].startswith("NV")]
     via_switch = any(link.remote_kind == "switch" for g in gpus.values() for link in (g.nvlink or ()))
@@ -162,9 +198,17 @@ def machine_picture(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Text:
     for i, mark in marked:
         gpu = gpus[i]
         why = ("lost" if gpu.lost else "NVLink link(s) down") if mark == "✖" else (
-            f"PCIe Gen{gpu.pcie.gen_current} x{gpu.pcie.width_current} of Gen{gpu.pcie.gen_max} x{gpu.pcie.width_max} under load")
+            f"PCIe Gen{gpu.pcie.gen_current} x{gpu.pcie.width_current} of Gen{gpu.pcie.gen_max} x{gpu.pcie.width_max}"
+            + (" under load" if _pcie_why(gpu) == "under load" else f": {_pcie_why(gpu)}"))
         text.append(f"{mark} GPU{i}: {why}\n", style=look.BAD_BOLD if mark == "✖" else look.WARN_BOLD)
-    text.append("NICs: not read yet (no sysfs reader)", style="dim")
+    if topo.nics is None:
+        text.append("NICs: not read" + (f" ({'; '.join(topo.nics_unreadable)})" if topo.nics_unreadable else ""), style="dim")
+    elif not topo.nics:
+        text.append("NICs: none with a PCI function", style="dim")
+    else:
+        rdma = len(topo.matrix_nics())
+        shown = f"NIC0–NIC{rdma - 1} in topo -m" if rdma else "none RDMA, so none in topo -m"
+        text.append(f"{len(nics)} NIC{'s' if len(nics) > 1 else ''} ({'all RDMA: ' if rdma == len(nics) else ''}{shown})", style="dim")
     return text
 
 
@@ -187,7 +231,7 @@ def affinity_table(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Table:
             link = gpu.pcie
             text = f"Gen{link.gen_current} x{link.width_current} / Gen{link.gen_max} x{link.width_max}"
             if link.downgraded:
-                text += " ▼ under load!" if pcie_flagged(gpu) else " (idle: normal)"
+                text += f" ▼ {_pcie_why(gpu)}!" if pcie_flagged(gpu) else " (idle: normal)"
             pcie = Text(text, style=look.WARN_BOLD if pcie_flagged(gpu) else "")
         table.add_row(Text(f"GPU{i}", style="bold"), affinity or "n/a", "n/a" if numa is None else str(numa), pcie)
     return table
@@ -204,20 +248,36 @@ class TopologyScreen(_Modal):
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="dialog", id="topology"):
             yield Static(Text("Topology (nvidia-smi topo -m)", style="bold"))
-            if not self.machine.topology.matrix:
+            topo = self.machine.topology
+            if not topo.matrix:
                 reason = self.machine.gpu_error or "NVML gave no topology for these GPUs"
                 yield Static(Text(reason, style=look.WARN))
+                return
+            # the room inside the dialog (96% of the screen up to its widest, less border, padding and scroll bar)
+            room = min(self.app.size.width * 96 // 100, TOPOLOGY_MAX_WIDTH) - 6  # as `need` below
+            matrix, picture = topology_matrix(self.machine), machine_picture(self.machine, self.snapshot)
+            full_width = self._width(matrix)
+            with_nics = bool(topo.matrix_nics()) and full_width <= room
+            if topo.matrix_nics() and not with_nics:
+                matrix = topology_matrix(self.machine, with_nics=False)  # the GPUs' rows; the picture places the NICs
+            if self._width(matrix) + 3 + self._width(picture) <= room:
+                beside = Table.grid(padding=(0, 3))
+                beside.add_row(matrix, picture)
+                yield Static(beside)
             else:
-                matrix, picture = topology_matrix(self.machine), machine_picture(self.machine, self.snapshot)
-                if self.app.size.width >= PICTURE_BESIDE_FROM:
-                    beside = Table.grid(padding=(0, 3))
-                    beside.add_row(matrix, picture)
-                    yield Static(beside)
-                else:
-                    yield Static(matrix)
-                    yield Static(picture, classes="picture")
-                yield Static(Text(TOPOLOGY_LEGEND, style="dim"))
-                yield Static(affinity_table(self.machine, self.snapshot), id="affinity")
+                yield Static(matrix)
+                yield Static(picture, classes="picture")
+            yield Static(Text(TOPOLOGY_LEGEND, style="dim"))
+            if with_nics:
+                yield Static(nic_legend(self.machine))
+            elif topo.matrix_nics():
+                need = next(w for w in range(self.app.size.width, 10 * full_width) if w * 96 // 100 - 6 >= full_width)
+                yield Static(Text(f"NIC0–NIC{len(topo.matrix_nics()) - 1} columns need a terminal {need} columns wide: "
+                                  "the picture shows where each NIC sits", style="dim"))
+            yield Static(affinity_table(self.machine, self.snapshot), id="affinity")
+
+    def _width(self, renderable) -> int:  # noqa: ANN001
+        return Measurement.get(self.app.console, self.app.console.options, renderable).maximum
 
 
 class FindingsScreen(_Modal):

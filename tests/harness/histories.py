@@ -40,6 +40,7 @@ from gputop.model import (
     HostSample,
     JobTree,
     MachineInfo,
+    NicInfo,
     Misplacement,
     NvLinkLink,
     PcieLink,
@@ -367,6 +368,14 @@ def make_machine(gpus: int = 8, cores: int = 128, simulated: Optional[str] = "h1
     half = cores // 2
     affinity = tuple(f"0-{half - 1}" if i < gpus // 2 else f"{half}-{cores - 1}" for i in range(gpus))
     numa = tuple(0 if i < gpus // 2 else 1 for i in range(gpus))
+    # a rail NIC per GPU on the GPU's PCIe switch, as on a DGX H100 (and the simulated h100-sxm-8)
+    nics = tuple(NicInfo(f"mlx5_{i}", numa[i], f"0000:{0x19 + i * 0x10:02x}:00.0", rdma=True, netdev=f"ibp{0x19 + i * 0x10}s0")
+                 for i in range(gpus))
+
+    def link(a: int, b: int, same: str) -> str:
+        return same if a == b else "NODE" if numa[a] == numa[b] else "SYS"
+
+    nic_matrix = tuple(tuple(link(k, j, "PIX") for j in range(gpus)) + tuple(link(k, m, "X") for m in range(gpus)) for k in range(gpus))
     return MachineInfo(
         hostname="dgx-test-01",
         cpu_model="AMD EPYC 7742 64-Core Processor",
@@ -376,7 +385,7 @@ def make_machine(gpus: int = 8, cores: int = 128, simulated: Optional[str] = "h1
         nvml_version="12.550.54.15",
         gpu_count=gpus,
         gpu_names=(H100,) * gpus,
-        topology=Topology(matrix=matrix, cpu_affinity=affinity, numa_node=numa),
+        topology=Topology(matrix=matrix, cpu_affinity=affinity, numa_node=numa, nics=nics, nic_matrix=nic_matrix),
         simulated=simulated,
     )
 

@@ -7,7 +7,6 @@ from typing import Any, Callable
 from gputop.analysis.machine_check import CheckInput, build_report
 from gputop.pipeline import Pipeline
 from gputop.sim.fake_nvml import ManualClock
-from gputop.sim.fake_sysfs import FakeHostTree
 
 
 def simulated_check_input(spec: str = "h100-sxm-8", seconds: float = 5.0) -> CheckInput:
@@ -15,7 +14,7 @@ def simulated_check_input(spec: str = "h100-sxm-8", seconds: float = 5.0) -> Che
     and the fake kernel tree read, two polls `seconds` apart on a ManualClock, read again."""
     clock = ManualClock()
     pipeline = Pipeline(simulate=spec, clock=clock)
-    tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
+    tree = pipeline.host_tree
     try:
         before = pipeline.gpu.details()
         bus = [d.pci_bus_id for d in before]
@@ -25,7 +24,6 @@ def simulated_check_input(spec: str = "h100-sxm-8", seconds: float = 5.0) -> Che
         snaps.append(pipeline.poll())
         return CheckInput(pipeline.machine, tuple(snaps), before, pipeline.gpu.details(), host_before, tree.read(bus), seconds)
     finally:
-        tree.close()
         pipeline.close()
 
 

@@ -93,13 +93,23 @@ class Ran(NamedTuple):
     err: str
 
 
+def start_gputop(spawn, *args: str, env: Optional[dict] = None, python: str = sys.executable,
+                 cwd: Optional[Path] = None) -> subprocess.Popen:
+    """`python -m gputop ARGS` started as a child of the `spawn` fixture (so it is reaped); `finish` it."""
+    return spawn([python, "-m", "gputop", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                 cwd=str(cwd) if cwd else None)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 90) -> Ran:
+    """Wait for a `start_gputop` command to end and take what it wrote."""
+    out, err = proc.communicate(timeout=timeout)
+    return Ran(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+
 def run_gputop(spawn, *args: str, env: Optional[dict] = None, timeout: float = 90, python: str = sys.executable,
                cwd: Optional[Path] = None) -> Ran:
     """`python -m gputop ARGS` as a child of the `spawn` fixture (so it is reaped), run to the end."""
-    proc = spawn([python, "-m", "gputop", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                 cwd=str(cwd) if cwd else None)
-    out, err = proc.communicate(timeout=timeout)
-    return Ran(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+    return finish(start_gputop(spawn, *args, env=env, python=python, cwd=cwd), timeout=timeout)
 
 
 def children(pid: int) -> set[int]:

@@ -137,8 +137,8 @@ def start(spawn, tmp_path: Path, name: str, *options: str, python: str = sys.exe
     return proc, wait_ready(prefix, ranks, proc, timeout, log)
 
 
-def attach_loop_command(*options: str) -> list[str]:
-    return command(*ATTACH_LOOP, *options)
+def attach_loop_command(*options: str, python: str = sys.executable) -> list[str]:
+    return command(*ATTACH_LOOP, *options, python=python)
 
 
 def start_attach_loop(spawn, tmp_path: Path, *options: str, ranks: int = 1, name: str = "loop") -> tuple:

@@ -171,6 +171,28 @@ async def test_eight_cards_and_128_cores_fit_at_120x40(close_sources):
             assert strip.cell_length == 120  # the fast line path assumes one-cell glyphs: check it
 
 
+@pytest.mark.parametrize("size", [(100, 30), (120, 40), (160, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_256_cores_on_two_numa_nodes_draw_a_block_per_node_several_rows_high(size, close_sources):
+    """A 2-socket host with 256 cores: each node is its own block, side by side, every core its own cell."""
+    app, source = build_app(5, with_job=True, cores=256)
+    close_sources(source)
+    width, height = size
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        heat = app.query_one(CpuHeatmap)
+        rows = heat.lines_text[1:]
+        assert heat.region.height == len(heat.lines_text) and heat.region.bottom <= height - 5, (heat.region, height)
+        assert 2 <= len(rows) <= 4, rows  # several rows a node, not one strip, and the job panel keeps its room
+        assert rows[0].startswith("N0 ") and " N1 " in rows[0]  # both blocks start on the first row
+        node1_at = rows[0].index(" N1 ") + 1
+        levels = look.SPARK_LEVELS[1:] + "_"
+        node0 = [sum(row[:node1_at].count(ch) for ch in levels) for row in rows]
+        node1 = [sum(row[node1_at:].count(ch) for ch in levels) for row in rows]
+        assert sum(node0) == sum(node1) == 128, (node0, node1)
+        assert len(set(node0[:-1])) == 1 and max(node0) - min(node0) <= max(node0) // 2  # even rows of one block
+        assert all(strip.cell_length == width for strip in heat._lines)
+
+
 async def test_compact_layout_below_100_columns(close_sources):
     app, source = build_app(30)
     close_sources(source)
@@ -598,3 +620,52 @@ def test_machine_picture_draws_numa_nodes_switches_fabric_and_marks_a_degraded_l
     assert "GPU3▼" in text and "GPU3: PCIe Gen3 x8 of Gen5 x16 under load" in text
     switched = dataclasses.replace(machine, topology=dataclasses.replace(machine.topology, matrix=pcie_matrix))
     assert "PCIe switch ┬ GPU0 ┬ GPU1" in machine_picture(switched, snap).plain  # one switch for both
+
+
+def test_machine_picture_places_each_nic_beside_its_switch_or_its_numa_node():
+    from gputop.model import MachineInfo, NicInfo, Topology
+    from gputop.tui.screens import machine_picture
+
+    # GPUs 0-1 share a switch with mlx5_0 (PIX/PXB); GPU 2 has its own with mlx5_1; eno1 and mlx5_2 sit on
+    # root ports of their own (PHB/NODE), mlx5_2 on a node without GPUs
+    pairs = {(0, 1): "PXB"}
+    matrix = tuple(tuple("X" if i == j else pairs.get((min(i, j), max(i, j)), "SYS") for j in range(3)) for i in range(3))
+    nics = (NicInfo("mlx5_0", 0, rdma=True), NicInfo("mlx5_1", 1, rdma=True), NicInfo("eno1", 0), NicInfo("mlx5_2", 2, rdma=True))
+    nic_matrix = (("PIX", "PXB", "SYS", "X", "SYS", "PHB", "SYS"), ("SYS", "SYS", "PIX", "SYS", "X", "SYS", "SYS"),
+                  ("PHB", "PHB", "SYS", "PHB", "SYS", "X", "SYS"), ("SYS", "SYS", "SYS", "SYS", "SYS", "SYS", "X"))
+    topo = Topology(matrix=matrix, cpu_affinity=("0-7", "0-7", "8-15"), numa_node=(0, 0, 1), nics=nics, nic_matrix=nic_matrix)
+    text = machine_picture(MachineInfo(hostname="box", gpu_count=3, topology=topo), None).plain
+    node0, node1, node2 = text.split("┌ ")[1:4]
+    assert "PCIe switch ┬ GPU0 ┬ GPU1 ┬ mlx5_0" in node0 and "NIC ──────── eno1" in node0
+    assert "PCIe switch ┬ GPU2 ┬ mlx5_1" in node1 and "eno1" not in node1
+    assert node2.startswith("NUMA 2\n") and "NIC ──────── mlx5_2" in node2  # a node with a NIC and no GPU
+    assert "4 NICs (NIC0–NIC2 in topo -m)" in text
+    assert "NICs: not read" in machine_picture(MachineInfo(hostname="box", topology=Topology(matrix=matrix)), None).plain
+
+
+def test_topology_dialog_shows_the_nic_columns_and_legend_where_they_fit():
+    from gputop.tui.screens import TopologyScreen, nic_legend, topology_matrix
+
+    machine = make_machine()
+    names = [column.header for column in topology_matrix(machine).columns[1:]]
+    assert names == [f"GPU{i}" for i in range(8)] + [f"NIC{k}" for k in range(8)]
+    assert nic_legend(machine).plain.startswith("NIC Legend:  NIC0: mlx5_0  NIC1: mlx5_1")
+
+    async def shown(size):
+        app, source = build_app(3, source=ScriptedSource(machine, make_snapshots(3)))
+        try:
+            async with app.run_test(size=size) as pilot:
+                await settle(pilot, app, source, diagnosis=False)
+                await pilot.press("T")
+                await wait_for(pilot, lambda: isinstance(app.screen, TopologyScreen), "the topology dialog")
+                await pilot.pause()
+                return "\n".join(str(w.render()) for w in app.screen.query("Static"))
+        finally:
+            source.close()
+
+    import asyncio
+
+    wide, narrow = asyncio.run(shown((160, 48))), asyncio.run(shown((80, 24)))
+    assert "NIC Legend:" in wide and "need" not in wide
+    assert "NIC Legend:" not in narrow, narrow
+    assert "NIC0–NIC7 columns need a terminal 90 columns wide" in narrow, narrow  # 80 + 6 = 96% of 90

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from gputop.analysis import trace_summary
 from gputop.analysis.thresholds import (
     TRACE_COMM_HEAVY,
     TRACE_FP32_GEMM_SHARE,
@@ -140,13 +141,24 @@ def _sync_every_step(rank: dict[str, Any]) -> bool:
     return steps > 0 and syncs >= max(1, steps - 1)
 
 
+def _sync_place(site: dict[str, Any]) -> str:
+    """The lines that sync when the source could be read (``train.py:61 `loss.item()` in train_step``),
+    else the function the profiler's stack names (``train.py(52): train_step``, the line it starts on)."""
+    parsed = trace_summary.parse_site(site["site"])
+    lines = site.get("lines") or ()
+    if parsed is None or not lines:
+        return site["site"]
+    file, _first, function = parsed
+    return ", ".join(f"{file}:{x['line']} `{x['code']}`" for x in lines[:3]) + f" in {function}"
+
+
 def check_sync(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
     hits = [r for r in ranks if r.get("gpu") and _sync_every_step(r) and r["phases"].get("sync", 0.0) >= TRACE_SYNC_SHARE]
     if not hits:
         return []
     r = max(hits, key=lambda x: x["phases"]["sync"])
     named = [s for s in r.get("sync_sites") or () if s["site"] != "unknown"]
-    where = f" at {named[0]['site']}" if named else ""
+    where = f" at {_sync_place(named[0])}" if named else ""
     return [Finding(
         id="trace_sync",
         title="Host-device sync in every step",
@@ -156,7 +168,7 @@ def check_sync(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
         summary=f"{_who(r)} waits on the GPU {r['syncs_per_step']:g} times a step{where} ({r['phases']['sync']:.0%} of its time)",
         evidence=tuple(f"{_who(x)}: {x['syncs_per_step']:g} syncs per step, {x['phases']['sync']:.0%} of wall time"
                        for x in hits),
-        frames=tuple(f"{s['site']} ({s['count']} syncs)" for s in named),
+        frames=tuple(f"{_sync_place(s)} ({s['count']} syncs)" for s in named),
         fix=(
             "remove the sync from the step: keep values on the GPU and read them every N steps\n"
             "running_loss += loss.detach()        # not loss.item() every step\n"

@@ -16,7 +16,7 @@ from textual.strip import Strip
 
 from gputop.analysis.xids import meaning_of
 from gputop.model import LABEL_INFRA, GpuSample, Snapshot
-from gputop.gpu_fields import active_throttles, card_text, reason_key
+from gputop.gpu_fields import active_throttles, card_text, pcie_degraded_now, reason_key
 from gputop.tui import look
 from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas
 
@@ -68,8 +68,9 @@ def health_problems(gpu: GpuSample) -> tuple[list[str], list[str]]:
 
 
 def pcie_flagged(gpu: GpuSample) -> bool:
-    """Current link below max while the GPU works (idle GPUs drop the link speed on purpose)."""
-    return gpu.pcie.downgraded and (gpu.utilization_gpu or 0) >= look.LOAD_FOR_PCIE_CHECK
+    """Link narrower than its maximum, or slower while the GPU works (idle GPUs drop the speed on purpose):
+    the exporter's and the report's predicate, so the screen marks what they say."""
+    return pcie_degraded_now(gpu) is True
 
 
 def gpu_state(gpu: GpuSample) -> tuple[str, str, Style]:
