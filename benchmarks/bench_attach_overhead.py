@@ -2,7 +2,7 @@
 
     python benchmarks/bench_attach_overhead.py [--rounds 4] [--window 10] [--workers 4] [--json]
 
-Starts tests/jobs/train_loop.py (DataLoader workers decoding for --getitem-ms, a simulated GPU step of
+Starts tests/jobs/train_job.py (DataLoader workers decoding for --getitem-ms, a simulated GPU step of
 --step-ms), then alternates windows without gputop and with `gputop record --pid JOB` (1 s refresh,
 stacks on: py-spy of every job PID every 2 s, the defaults) in the same run, so both see the same load.
 The bar: steps/s attached >= 0.99 x detached (ratio of medians).  Kills everything it started.
@@ -90,7 +90,7 @@ def main() -> int:
 
     off, on = statistics.median(detached), statistics.median(attached)
     ratio = on / off if off else float("nan")
-    print(f"steps/s of tests/jobs/train_loop.py ({args.workers} workers), {args.rounds} x {args.window:g} s "
+    print(f"steps/s of tests/jobs/train_job.py ({args.workers} workers), {args.rounds} x {args.window:g} s "
           f"windows each, interleaved, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
     print(f"{'':<26}{'median':>9}{'min':>9}{'max':>9}")
     for name, values in (("without gputop", detached), ("gputop record --pid", attached)):

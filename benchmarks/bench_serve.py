@@ -3,7 +3,7 @@
     python benchmarks/bench_serve.py [--seconds 30] [--quick]
 
 Runs the real exporter in this process, as `gputop serve --simulate h100-sxm-8 --pid P` does: the
-simulated 8-GPU machine, a real training job attached (tests/jobs/train_loop.py, 2 DataLoader workers,
+simulated 8-GPU machine, a real training job attached (tests/jobs/train_job.py, 2 DataLoader workers,
 py-spy stacks every 2 s), the collector thread cycling every second, and prometheus_client's HTTP
 server on loopback.  Meanwhile it scrapes /metrics (OpenMetrics) ten times a second and records each
 scrape's wall time, and the wall time of each collection cycle's two parts: the pipeline's poll and the

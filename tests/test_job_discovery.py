@@ -205,7 +205,7 @@ class TorchrunJob:
 
 @pytest.fixture(scope="module")
 def torchrun_job(tmp_path_factory):
-    """`torchrun --nproc-per-node 2` of train_loop.py (gloo on 127.0.0.1), one worker per rank, started
+    """`torchrun --nproc-per-node 2` of the training job (gloo on 127.0.0.1), one worker per rank, started
     from a shell that stays its parent."""
     tmp = tmp_path_factory.mktemp("torchrun")
     spawner = Spawner()
