@@ -3,7 +3,7 @@ DataLoader, a small MLP, SGD, and outputs a test can wait on and compare.  Every
 tests/harness/train_jobs.py is the one place that builds its command lines.
 
     python tests/jobs/train_job.py [options]                       # one process
-    torchrun --nproc-per-node 2 tests/jobs/train_job.py [options]   # gloo ranks, gradients all-reduced
+    torchrun --nproc-per-node 2 tests/jobs/train_job.py [options]   # gloo ranks (NCCL on CUDA), gradients all-reduced
     python tests/jobs/train_job.py --mp-spawn 2 [options]           # torch.multiprocessing ranks
     python tests/jobs/train_job.py --framework lightning|hf|deepspeed [options]
 
@@ -21,7 +21,11 @@ process, so losses depend on the loader's seeds too; with ``--seed`` they are bi
 The step.  ``--forward-ms``/``--backward-ms`` are spent inside a custom autograd Function,
 ``--optimizer-ms`` inside the optimizer's ``step`` (so a profiler sees each phase where it belongs),
 ``--step-ms`` asleep after it (the simulated GPU).  ``--repeat K`` feeds the batch K times over (real
-compute: a compute-bound job), ``--width``/``--layers`` size the model.
+compute: a compute-bound job), ``--width``/``--layers`` size the model: an MLP, or with ``--model conv`` a
+small CNN over 3x64x64 images of 10 classes.  ``--device cuda`` trains on the rank's GPU (scripts/gpu_check.sh);
+``--sync-every-step`` reads the loss back each step, as most loops do (on CUDA: a host-device sync).
+``--hang-rank R --hang-rank-after-s S``: rank R stops in plain Python after S seconds, outside any
+collective, so its peers wait in the all-reduce.  ``--max-seconds S``: the process ends itself after S.
 
 The outputs.  ``--ready PREFIX``: each rank writes ``PREFIX.PID`` (JSON: pid, rank, idle thread's TID)
 once it has taken ``--ready-after`` steps.  ``--progress FILE``: the number of steps so far.
@@ -48,6 +52,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 PR_SET_NAME = 15
 PR_SET_DUMPABLE = 4
 HANG_S = 1e6
+IMAGE = (3, 64, 64)  # --model conv's samples
+CLASSES = 10
 _produced = 0  # samples this process (a worker, or the main process) has produced
 
 
@@ -86,7 +92,7 @@ class Samples(Dataset):
 
     def __init__(self, args: argparse.Namespace, rank: int) -> None:
         self.length = args.length
-        self.features = args.features
+        self.shape = IMAGE if args.model == "conv" else (args.features,)
         self.as_dict = args.framework == "hf"
         self.how = args.spend
         self.sample_s = (args.batch_ms / args.batch_size if args.batch_ms is not None else args.sample_ms) / 1000.0
@@ -112,7 +118,9 @@ class Samples(Dataset):
         if self.as_dict:
             ids = torch.arange(16) % 64
             return {"input_ids": ids, "labels": ids}
-        x = torch.full((self.features,), float(index % 17)) + torch.rand(self.features)  # the producer's RNG
+        x = torch.full(self.shape, float(index % 17)) + torch.rand(self.shape)  # the producer's RNG
+        if len(self.shape) > 1:
+            return x, torch.tensor(index % CLASSES)
         return x, torch.tensor(float(index % 3))
 
 
@@ -135,6 +143,7 @@ def make_loader(args: argparse.Namespace, rank: int):
     options = {}
     if args.workers > 0:
         options["persistent_workers"] = args.persistent
+        options["prefetch_factor"] = args.prefetch_factor
         if args.start_method:
             options["multiprocessing_context"] = args.start_method
     if args.loader == "stateful":
@@ -177,18 +186,26 @@ class TimedSGD(torch.optim.SGD):
 
 
 def build_model(args: argparse.Namespace) -> nn.Module:
+    if args.model == "conv":
+        trunk = [nn.Conv2d(3, 64, 5, stride=2, padding=2), nn.ReLU(), nn.Conv2d(64, 128, 3, stride=2, padding=1),
+                 nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten()]
+        inputs, outputs = 128 * 16, CLASSES
+    else:
+        trunk, inputs, outputs = [], args.features, 1
     hidden = [m for _ in range(args.layers - 1) for m in (nn.Linear(args.width, args.width), nn.ReLU())]
     # dropout draws from the global RNG each step, so every loss depends on the seed
-    return nn.Sequential(nn.Linear(args.features, args.width), nn.ReLU(), *hidden, nn.Dropout(0.3),
-                         nn.Linear(args.width, 1))
+    return nn.Sequential(*trunk, nn.Linear(inputs, args.width), nn.ReLU(), *hidden, nn.Dropout(0.3),
+                         nn.Linear(args.width, outputs))
 
 
 def batch_loss(model, x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> torch.Tensor:
     if args.repeat > 1:  # the same batch many times over: real compute per step
-        x, y = x.repeat(args.repeat, 1), y.repeat(args.repeat)
+        x, y = x.repeat(args.repeat, *[1] * (x.dim() - 1)), y.repeat(args.repeat)
     out = model(x)
     if args.forward_ms or args.backward_ms:
         out = Timed.apply(out, args.forward_ms / 1000.0, args.backward_ms / 1000.0, args.spend)
+    if args.model == "conv":
+        return nn.functional.cross_entropy(out, y)
     return nn.functional.mse_loss(out.squeeze(1), y)
 
 
@@ -277,19 +294,24 @@ def become(user: str) -> None:
 def train(rank: int, args: argparse.Namespace) -> None:
     """The plain loop: one rank (under torchrun, a gloo group that all-reduces the gradients)."""
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    cuda = args.device == "cuda"
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     if distributed:
         import torch.distributed as dist
 
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if cuda else "gloo")
         rank = dist.get_rank()
     thread_tid = start_idle_thread(args.idle_thread) if args.idle_thread else 0
-    model = build_model(args)
+    model = build_model(args).to(device) if cuda else build_model(args)
     optimizer = TimedSGD(model.parameters(), lr=0.01, step_s=args.optimizer_ms / 1000.0, how=args.spend)
     loader = make_loader(args, rank)
     if args.become:
         become(args.become)
     extra = torch.ones(args.comm_floats) if args.comm_floats else None
     outputs = Outputs(args, rank, thread_tid)
+    started = time.monotonic()
     while True:
         batches = iter(loader)
         while True:
@@ -305,6 +327,8 @@ def train(rank: int, args: argparse.Namespace) -> None:
                 loader = make_loader(args, rank)
                 break
             wait_s = time.perf_counter() - asked
+            if cuda:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             t1 = time.time()
             loss = batch_loss(model, x, y, args)
             t2 = time.time()
@@ -322,6 +346,10 @@ def train(rank: int, args: argparse.Namespace) -> None:
             t5 = time.time()
             if args.step_ms:
                 time.sleep(args.step_ms / 1000.0)  # the simulated GPU
+            if args.sync_every_step:
+                loss.item()  # the host waits for the step's end
+            if rank == args.hang_rank and time.monotonic() - started > args.hang_rank_after_s:
+                threading.Event().wait()  # hung in plain Python: the peers wait in the all-reduce
             if outputs.done(loss, wait_s, (t0, t1, t2, t3, t4, t5)):
                 if distributed:
                     dist.destroy_process_group()
@@ -424,11 +452,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     loader.add_argument("--batch-size", type=int, default=4)
     loader.add_argument("--pin-memory", action="store_true")
     loader.add_argument("--persistent", action="store_true", help="persistent_workers=True")
+    loader.add_argument("--prefetch-factor", type=int, default=2, help="batches each worker keeps ready")
     loader.add_argument("--start-method", default=None, choices=["fork", "spawn", "forkserver"],
                         help="the workers' multiprocessing context")
     loader.add_argument("--survive-worker-death", action="store_true",
                         help="when a worker dies, log it and start a new DataLoader (as elastic jobs do)")
     step = p.add_argument_group("step")
+    step.add_argument("--model", choices=["mlp", "conv"], default="mlp", help="conv: a CNN over 3x64x64 images")
+    step.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    step.add_argument("--sync-every-step", action="store_true", help="read the loss back every step")
     step.add_argument("--width", type=int, default=16, help="hidden width (hf: n_embd)")
     step.add_argument("--layers", type=int, default=1, help="hidden layers (hf: n_layer)")
     step.add_argument("--repeat", type=int, default=1, help="feed each batch this many times over")
@@ -447,6 +479,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="run N ranks via torch.multiprocessing.start_processes")
     launch.add_argument("--mp-start-method", default="spawn", choices=["spawn", "fork", "forkserver"],
                         help="how --mp-spawn starts its ranks (fork is cheapest: no second import of torch)")
+    launch.add_argument("--hang-rank", type=int, default=None, metavar="R", help="this rank stops training ...")
+    launch.add_argument("--hang-rank-after-s", type=float, default=20.0, metavar="S", help="... after S seconds")
+    launch.add_argument("--max-seconds", type=float, default=None, help="the process ends itself after this")
     launch.add_argument("--idle-thread", default=None, metavar="NAME", help="start an idle thread of this name")
     launch.add_argument("--become", default=None, metavar="USER",
                         help="after importing torch, drop to this user (root only)")
@@ -460,6 +495,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.max_seconds:  # the bound: whatever state the job is in (a hang may be the point), it ends
+        timer = threading.Timer(args.max_seconds, os._exit, (3,))
+        timer.daemon = True
+        timer.start()
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     torch.set_num_threads(1)  # the test machine's few cores are shared by many
