@@ -190,10 +190,15 @@ else
         --workers 1 --hang-rank 1 --hang-rank-after-s 5 --ready "$OUT/hang.ready"
     launcher=$JOB_PID
     if wait_ready "$OUT/hang.ready" 2 240 "both ranks' first step"; then
+        # torchrun starts each rank in a session of its own, out of reach of the launcher's group: end theirs too
+        for record in "$OUT"/hang.ready.[0-9]*; do
+            case "${record##*.}" in *[!0-9]*) ;; *) STARTED_GROUPS+=("${record##*.}") ;; esac
+        done
         report_on hang "$launcher"
         [ -e "$OUT/hang.json" ] && { "$PYTHON" "$VERIFY" hang "$OUT/hang.json" --pid "$(rank_pid "$OUT/hang.ready" 1)" --rank 1 || fail "the hang finding"; }
     fi
     stop_job "$launcher"
+    cleanup
 fi
 
 # ---------------------------------------------------------------- 5. figures
