@@ -19,8 +19,7 @@ import pytest
 from gputop.collect import procfs
 from gputop.collect.job_tree import JobCollector, identity_from_env, script_and_args
 from tests.harness import train_jobs
-from tests.harness.processes import wait_until
-from tests.harness.train_jobs import free_port
+from tests.harness.processes import free_port, wait_until
 
 JOBS = Path(__file__).parent / "jobs"
 STUB = JOBS / "rank_stub.py"

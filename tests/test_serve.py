@@ -37,7 +37,7 @@ from gputop.exporter import DATA_WAIT_WINDOW_S, RANK_STATES, DiscoveredJobs, Exp
 from gputop.model import LABEL_CODE, LABEL_INFRA, Finding, ProcessStacks, XidEvent
 from tests.harness import histories as hb
 from tests.harness.memory import heap_growth_per_block
-from tests.harness.processes import wait_until
+from tests.harness.processes import free_port, wait_until
 from tests.harness.train_jobs import start_attach_loop
 
 REPO = Path(__file__).resolve().parent.parent
@@ -596,12 +596,6 @@ def test_memory_stays_flat_over_many_cycles_in_compressed_time():
 
 
 # ----------------------------------------------------------------- end to end (slow)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 PROMETHEUS = shutil.which("prometheus")

@@ -1,6 +1,6 @@
 """Code the tests share, in one place: tests import from here, never from another test module or a conftest.
 
-- `processes`: `wait_until` (a deadline on a condition, never a sleep), `Spawner` (every child reaped),
+- `processes`: `wait_until` (a deadline on a condition, never a sleep), `Spawner` (every child reaped), `free_port`,
   `run_gputop`, and /proc helpers for a job's threads and children.
 - `histories`: hand-built snapshots and histories (the diagnosis' `Scenario`s, the TUI's scripted
   screens and `ScriptedSource`), `record()` for recordings, `simulated_history()` over the fake NVML.

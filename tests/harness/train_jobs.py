@@ -5,13 +5,12 @@ wrote (its ready records, its step log: the truth a measurement is checked again
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from tests.harness.processes import wait_until
+from tests.harness.processes import free_port, wait_until
 
 REPO = str(Path(__file__).resolve().parents[2])
 JOB = str(Path(REPO) / "tests" / "jobs" / "train_job.py")
@@ -61,12 +60,6 @@ PHASED = ("--workers", "0", "--batch-size", "1", "--spend", "wall")
 
 # The loader benchmark's jobs: a per-batch cost, a simulated GPU step, shuffled, every step logged.
 BENCH_DEFAULTS = ("--workers", "0", "--shuffle", "--length", "400")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def command(*options: str, python: str = sys.executable, job: str = JOB) -> list[str]:

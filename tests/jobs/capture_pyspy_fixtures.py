@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from typing import Callable, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
+from tests.harness.processes import free_port  # noqa: E402
 from tests.harness.train_jobs import ATTACH_LOOP, command  # noqa: E402
 FIXTURES = HERE.parent / "fixtures" / "pyspy"
 
@@ -223,12 +223,6 @@ def wait_files(pattern: str, directory: Path, count: int, timeout: float = 240.0
 
 def first_child(pid: int) -> int:
     return int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def version_of(python: str) -> str:
