@@ -46,9 +46,7 @@ def main() -> int:
     args = parser.parse_args()
     seconds = 10.0 if args.quick else args.seconds
 
-    from prometheus_client import CollectorRegistry
-
-    from gputop.commands.serve import start_server
+    from gputop.commands.serve import start_exporting, stop_serving
     from gputop.exporter import AttachedJobs, Exporter
     from gputop.pipeline import Pipeline
     from gputop.source import PollLoop
@@ -68,10 +66,7 @@ def main() -> int:
             time.sleep(0.1)
         pipeline = Pipeline(simulate="h100-sxm-8")
         exporter = Exporter(pipeline, AttachedJobs([job.pid], log=lambda line: None), interval=1.0, log=print)
-        exporter.cycle()
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(exporter)
-        server = start_server("127.0.0.1", 0, registry)
+        server = start_exporting(exporter, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{server.server_port}/metrics"
         cycles: list[float] = []
         polls: list[float] = []
@@ -116,15 +111,7 @@ def main() -> int:
                 cycles.append(exporter.last_cycle_seconds)
             time.sleep(0.1)
     finally:
-        if loop is not None:
-            loop.stop()
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if exporter is not None:
-            exporter.jobs.close()
-        if pipeline is not None:
-            pipeline.close()
+        stop_serving(loop, server, exporter.jobs if exporter is not None else None, pipeline)
         try:
             os.killpg(job.pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -85,8 +85,8 @@ def failed_dumps(result: dict) -> int:
 def subprocesses_dump(py_spy: str, rank: int, expected: int) -> int:
     """`py-spy dump --pid RANK --subprocesses` (text): 0 when it covered all `expected` processes."""
     done = subprocess.run([py_spy, "dump", "--pid", str(rank), "--subprocesses", "--nonblocking"], capture_output=True,
-                          timeout=30, env=dict(os.environ, RUST_BACKTRACE="0"), stdin=subprocess.DEVNULL)
-    covered = len(re.findall(rb"^Process \d+:", done.stdout, flags=re.M))
+                          check=False, timeout=30, env=dict(os.environ, RUST_BACKTRACE="0"), stdin=subprocess.DEVNULL)
+    covered = len(re.findall(rb"^Process \d+:", done.stdout, flags=re.MULTILINE))
     return 0 if done.returncode == 0 and covered == expected else max(1, expected - covered)
 
 

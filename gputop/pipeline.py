@@ -76,14 +76,14 @@ class Pipeline:
             self.host.core_numa = numa_layout_from_affinity(
                 self.host.cpu_count, topology.cpu_affinity, topology.numa_node
             )
-        # the kernel's side (/sys): the real one, or the simulated machine's tree of files read by the same reader
-        self.host_tree = None
+        # the NICs, from /sys: the real one, or the simulated machine's, read by the same reader
+        topology, bus_ids = topology or Topology(), self.gpu.bus_ids if self.gpu else ()
         if spec is not None:
-            from gputop.sim.fake_sysfs import FakeHostTree
+            from gputop.sim.fake_sysfs import nic_topology
 
-            self.host_tree = FakeHostTree(spec, library.elapsed)
-        self.sysfs = HostReader(self.host_tree.root if self.host_tree is not None else "/", use_dmesg=self.host_tree is None)
-        topology = self.sysfs.nic_topology(topology or Topology(), self.gpu.bus_ids if self.gpu else ())
+            topology = nic_topology(spec.profile, topology, bus_ids)
+        else:
+            topology = HostReader("/", use_dmesg=False).nic_topology(topology, bus_ids)
         machine_kwargs: dict[str, Any] = {"topology": topology}
         self.machine = MachineInfo(
             hostname=getattr(self.host, "hostname", ""),
@@ -143,7 +143,7 @@ class Pipeline:
         if self._closed:
             return
         self._closed = True
-        for part in (self.job_collector, self.gpu, self.host, self.host_tree):
+        for part in (self.job_collector, self.gpu, self.host):
             if part is not None:
                 part.close()
 

@@ -109,6 +109,9 @@ class PollLoop:
         self._wake = threading.Event()
         self._generation = source.generation if isinstance(source, Seekable) else None
         self.started: Optional[float] = None
+        self._first: Optional[threading.Thread] = None  # prefetch(): the first batch, taken ahead of run()
+        self._first_result: Optional[tuple[Optional[Batch], Optional[Exception]]] = None
+        self._first_taken = False  # take_prefetched() handed the first batch out: run() starts one interval on
 
     @property
     def stopped(self) -> bool:
@@ -129,6 +132,50 @@ class PollLoop:
     def elapsed(self) -> float:
         return 0.0 if self.started is None else self._clock() - self.started
 
+    def prefetch(self) -> None:
+        """Take the first batch now, on a thread of its own, ahead of `run()`.
+
+        The TUI calls it before it loads Textual: the first poll then runs while the screen library
+        loads, and the first frame can show it (`take_prefetched`) instead of waiting for a poll after.
+        `run()` delivers the batch first if nobody took it, else waits one interval before polling."""
+        if self._first is not None:
+            return
+
+        def take() -> None:
+            try:
+                self._first_result = (self.next_batch(), None)
+            except Exception as exc:  # handed to whoever takes the batch, as that poll's failure
+                self._first_result = (None, exc)
+
+        self._first = threading.Thread(target=take, name="gputop-first-poll", daemon=True)
+        self._first.start()
+
+    def take_prefetched(self) -> Optional[Batch]:
+        """The prefetched batch if it is ready now (never waits); None if there is none, it is still being
+        taken (`run()` will deliver it), or it failed (`run()` will poll again)."""
+        first = self._first
+        if first is None or first.is_alive() or self._first_result is None:
+            return None
+        batch, _error = self._first_result
+        if batch is None:
+            return None
+        self._first, self._first_result, self._first_taken = None, None, True
+        return batch
+
+    def _first_batch(self) -> Optional[Batch]:
+        """The prefetched batch, waited for (None: stopped meanwhile, or prefetched but taken already)."""
+        first, self._first = self._first, None
+        while first is not None and first.is_alive():  # a hung first poll must not keep stop() from ending the loop
+            if self._stop.wait(0.05):
+                return None
+        result, self._first_result = self._first_result, None
+        if result is None:  # nothing prefetched, or the thread died without a result (BaseException)
+            return None if self._first_taken else self.next_batch()
+        batch, error = result
+        if error is not None:
+            raise error
+        return batch
+
     def next_batch(self) -> Batch:
         source = self.source
         if isinstance(source, Seekable):
@@ -143,9 +190,10 @@ class PollLoop:
         start = self.started = self._clock()
         deadline = None if self.seconds is None else start + self.seconds
         next_tick = start
+        first = True
         while not self._stop.is_set():
             try:
-                batch = self.next_batch()
+                batch = self._first_batch() if first else self.next_batch()
             except Exception as exc:
                 if self._stop.is_set():
                     return  # the source was closed under a poll on the way out
@@ -153,8 +201,9 @@ class PollLoop:
                     raise
                 self.on_error(exc)
             else:
-                if batch.snapshots or batch.reset:
+                if batch is not None and (batch.snapshots or batch.reset):
                     deliver(batch)
+            first = False
             now = self._clock()
             if deadline is not None and now >= deadline:
                 return

@@ -10,7 +10,8 @@
 # What it does, in order (each step is bounded by `timeout`; the whole run by about 8 minutes):
 #   1. installs the project (pip install -e '.[test]'; torch with CUDA if torch is missing);
 #   2. takes `gputop snapshot --json` into tests/fixtures/nvml/ (tests/test_snapshot_cli.py replays
-#      every file there through the model) and prints what differs from the simulated H100 machine;
+#      every file there through the model) and prints what differs from the simulated H100 machine,
+#      and compares gputop's topo -m matrix (its NIC rows come from sysfs) with `nvidia-smi topo -m`;
 #   3. runs a real CUDA training job (tests/jobs/train_job.py --model conv --device cuda: a CNN on
 #      images whose decode costs CPU) starved (num_workers=0), then tuned
 #      (workers, pinned memory), takes `gputop report --pid` of each, and checks that the starved one
@@ -136,6 +137,11 @@ else
     cp "$OUT/snapshot-real.json" "tests/fixtures/nvml/$MODEL.json"
     echo "wrote tests/fixtures/nvml/$MODEL.json"
     timeout 120 "$PYTHON" -m pytest -q tests/test_snapshot_cli.py -k recorded_real_snapshot || fail "the real snapshot does not replay through the model"
+    # the NIC rows and columns come from sysfs, not NVML: the first real check of where gputop places NICs
+    if timeout 30 nvidia-smi topo -m > "$OUT/topo-m.txt" 2>&1; then
+        echo "gputop's topo -m against nvidia-smi's:"
+        "$PYTHON" "$VERIFY" topo-m "$OUT/snapshot-real.json" "$OUT/topo-m.txt" | tee "$OUT/topo-m-differences.txt" || true
+    fi
 fi
 echo "what differs from the simulated machine:"
 "$PYTHON" "$VERIFY" differences "$OUT/snapshot-real.json" "$OUT/snapshot-simulated.json" | tee "$OUT/differences.txt"

@@ -1,6 +1,7 @@
 """The judgements scripts/gpu_check.sh makes, over files gputop wrote (no GPU needed to run these).
 
     python scripts/gpu_check_verify.py differences REAL.json SIMULATED.json   # snapshot --json, field by field
+    python scripts/gpu_check_verify.py topo-m REAL.json TOPO.txt              # gputop's matrix (NICs too) vs nvidia-smi topo -m
     python scripts/gpu_check_verify.py verdict REPORT.json --expect starved|tuned
     python scripts/gpu_check_verify.py hang REPORT.json --pid PID --rank R     # the hang finding names it
     python scripts/gpu_check_verify.py figures OUT_DIR                          # summary.json from the reports
@@ -71,6 +72,51 @@ def differences(real_path: str, sim_path: str) -> int:
     return 0
 
 
+def parse_topo_m(text: str) -> tuple[list[str], dict[str, list[str]], list[str]]:
+    """`nvidia-smi topo -m` printed: (the GPU and NIC names of its header, each such row's cells, the NIC
+    Legend's entries as "NIC0=mlx5_0")."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # bold/underline when printed to a terminal
+    names: list[str] = []
+    rows: dict[str, list[str]] = {}
+    legend: list[str] = []
+    for line in text.splitlines():
+        cells = line.split("\t")
+        head = cells[0].strip()
+        if not names and re.fullmatch(r"GPU0", cells[1].strip() if len(cells) > 1 else ""):
+            names = [c.strip() for c in cells[1:] if re.fullmatch(r"(GPU|NIC)\d+", c.strip())]
+        elif names and re.fullmatch(r"(GPU|NIC)\d+", head):
+            rows[head] = [c.strip() for c in cells[1 : 1 + len(names)]]
+        elif re.fullmatch(r"\s*NIC\d+: \S+\s*", line):
+            number, _, name = line.strip().partition(": ")
+            legend.append(f"{number}={name}")
+    return names, rows, legend
+
+
+def topo_m(real_path: str, topo_path: str) -> int:
+    """Does gputop's `topo -m` matrix (GPUs and NICs, from NVML and sysfs) read as nvidia-smi's?"""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from gputop.model import Topology, from_jsonable
+
+    topology = from_jsonable(Topology, _load(real_path)["topology"])
+    ours_names, ours_rows = topology.full_matrix()
+    names, rows, their_legend = parse_topo_m(Path(topo_path).read_text())
+    ours = dict(zip(ours_names, ours_rows))
+    problems = []
+    if list(ours_names) != names:
+        problems.append(f"rows and columns: gputop {list(ours_names)}, nvidia-smi {names}")
+    for a in names:
+        for j, b in enumerate(names):
+            theirs = rows.get(a, [""] * len(names))[j] if j < len(rows.get(a, [])) else ""
+            mine = ours[a][ours_names.index(b)] if a in ours and b in ours_names else "(none)"
+            if mine != theirs:
+                problems.append(f"{a}-{b}: gputop {mine}, nvidia-smi {theirs}")
+    legend = [entry.replace(": ", "=") for entry in topology.nic_legend()]
+    if legend != their_legend:
+        problems.append(f"NIC Legend: gputop {legend}, nvidia-smi {their_legend}")
+    print("\n".join("  " + line for line in problems) or f"  the same {len(names)}x{len(names)} matrix and NIC Legend")
+    return 1 if problems else 0
+
+
 def _findings(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for f in report.get("findings", []) if f.get("severity") in ("critical", "warning", "info")]
 
@@ -137,6 +183,9 @@ def main() -> int:
     p = sub.add_parser("differences")
     p.add_argument("real")
     p.add_argument("simulated")
+    p = sub.add_parser("topo-m")
+    p.add_argument("real")
+    p.add_argument("topo")
     p = sub.add_parser("verdict")
     p.add_argument("report")
     p.add_argument("--expect", required=True, choices=["starved", "tuned"])
@@ -149,6 +198,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.what == "differences":
         return differences(args.real, args.simulated)
+    if args.what == "topo-m":
+        return topo_m(args.real, args.topo)
     if args.what == "verdict":
         return verdict(args.report, args.expect)
     if args.what == "hang":

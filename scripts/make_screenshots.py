@@ -288,8 +288,8 @@ SHOTS = [  # (name, size, keys, faults added to --profile)
     ("main-160x48", (160, 48), [], ""),
     ("main-80x24", (80, 24), [], ""),
     ("main-100x30", (100, 30), [], ""),  # a common SSH window: one line per GPU, the job tree keeps a third
-    # a degraded link on the machine's picture: GPU 5's PCIe trained down, GPU 3 with an NVLink down
-    ("topology", (120, 40), ["T"], "+pcie-degraded=5+nvlink-down=3"),
+    # a degraded link on the machine's picture (GPU 5's PCIe trained down, GPU 3 with an NVLink down) and the rail NICs
+    ("topology", (160, 48), ["T"], "+pcie-degraded=5+nvlink-down=3"),  # wide enough for the NIC columns beside the picture
     ("help", (120, 40), ["question_mark"], ""),
     # the infrastructure side: a GPU that throttles on heat, a link trained down, an XID, ECC errors
     ("infra-faults", (160, 48), [], "+thermal=2+pcie-degraded=5+xid=3:79@30+ecc=6"),

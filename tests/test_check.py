@@ -361,6 +361,16 @@ def test_nic_topology_from_a_pci_tree():
     assert topo.nic_switch_gpus(0) == (0, 1) and topo.nic_switch_gpus(3) == (2,) and topo.nic_switch_gpus(4) == ()
 
 
+def test_a_virtio_nic_is_placed_by_the_pci_function_it_hangs_off(tmp_path):
+    function = tmp_path / "sys" / "devices" / "pci0000:00" / "0000:00:03.0"
+    (function / "virtio2").mkdir(parents=True)
+    (function / "numa_node").write_text("0\n")
+    (tmp_path / "sys" / "class" / "net" / "ens3").mkdir(parents=True)
+    (tmp_path / "sys" / "class" / "net" / "ens3" / "device").symlink_to("../../../devices/pci0000:00/0000:00:03.0/virtio2")
+    topo = HostReader(tmp_path).nic_topology(Topology(), ())
+    assert topo.nics == (NicInfo("ens3", 0, "0000:00:03.0"),)
+
+
 def test_nic_topology_unreadable_is_one_line(tmp_path):
     (tmp_path / "sys" / "class").mkdir(parents=True)
     (tmp_path / "sys" / "class" / "net").write_text("")  # not a directory: unreadable whoever reads it (CI is root)
@@ -369,16 +379,21 @@ def test_nic_topology_unreadable_is_one_line(tmp_path):
 
 
 def test_simulated_dgx_has_a_rail_nic_per_gpu_and_its_recording_keeps_them(tmp_path):
-    from gputop.model import MachineInfo, from_jsonable, to_jsonable
+    from gputop.recording import RecordingWriter, read_recording
 
     with Pipeline(simulate="h100-sxm-8") as pipeline:
-        machine = pipeline.machine
+        machine, snapshot = pipeline.machine, pipeline.poll()
     names, rows = machine.topology.full_matrix()
     assert names[8:] == tuple(f"NIC{k}" for k in range(8))
     for gpu in range(8):  # PIX to its own rail NIC, NODE to its socket's others, SYS across
         assert rows[gpu][8:] == tuple("PIX" if k == gpu else "NODE" if k // 4 == gpu // 4 else "SYS" for k in range(8))
     assert machine.topology.nics[0].netdev == "ibp25s0"
-    assert from_jsonable(MachineInfo, json.loads(json.dumps(to_jsonable(machine)))) == machine  # recorded, replayed
+    path = str(tmp_path / "dgx.gputop")
+    writer = RecordingWriter(path, machine)
+    writer.write(snapshot)
+    writer.close()
+    replayed, _snapshots, _warning = read_recording(path)
+    assert replayed.topology == machine.topology and replayed.topology.nic_legend()[7] == "NIC7: mlx5_7"  # recorded, replayed
 
 
 def test_host_reader_on_fixture_root():

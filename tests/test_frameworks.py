@@ -118,15 +118,19 @@ def _ranks_with_workers(obs: Observer) -> dict[int, int]:
     return {r.proc.pid: len(r.workers) for r in tree.ranks} if tree else {}
 
 
-@pytest.mark.parametrize("attach_to", [0, 1])
-def test_lightning_two_devices_shows_both_ranks_from_either_pid(job, observe, attach_to):
+def test_lightning_two_devices_shows_both_ranks_from_either_pid(job, observe):
     needs("lightning")
     j = job("lightning", "starved", "--devices", "2", ranks=2)
-    obs = observe(j.rank_pids[attach_to])
     expected = {pid: 2 for pid in j.rank_pids.values()}
-    wait_until(lambda: obs.step() is not None and _ranks_with_workers(obs) == expected, timeout=VERDICT_DEADLINE_S,
-               interval=STACK_INTERVAL_S, what=f"both ranks with 2 workers each (seen {_ranks_with_workers(obs)})")
-    assert_input_bound(obs)
+    # one job, attached from each rank's PID in turn: each attach starts from nothing (a new pipeline and
+    # history), and the first is closed before the second starts, so its py-spy dumps do not overlap
+    for attach_to in (0, 1):
+        obs = observe(j.rank_pids[attach_to])
+        wait_until(lambda: obs.step() is not None and _ranks_with_workers(obs) == expected, timeout=VERDICT_DEADLINE_S,
+                   interval=STACK_INTERVAL_S,
+                   what=f"from rank {attach_to}'s PID: both ranks with 2 workers each (seen {_ranks_with_workers(obs)})")
+        assert_input_bound(obs)
+        obs.close()
 
 
 @pytest.mark.parametrize("mode", ["tuned", "straggler"])

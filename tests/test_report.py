@@ -90,6 +90,21 @@ def starved():
     return hist, diagnose(hist)
 
 
+def test_topology_section_has_the_nic_rows_and_legend_as_nvidia_smi_prints_them(starved):
+    import copy
+
+    from tests.harness.histories import make_machine
+
+    hist = copy.copy(starved[0])
+    hist.machine = make_machine()  # 8 GPUs with a rail NIC on each GPU's switch
+    md = render_markdown(hist, [], command=["gputop", "report"])
+    section = md[md.index("## Topology"):md.index("## Health")]
+    assert "GPU0   X       NV18" in section and re.search(r"GPU7 +NIC0 +NIC1 .* NIC7 +CPU affinity", section)
+    assert re.search(r"^GPU0 .*NV18\s+PIX\s+NODE\s+NODE\s+NODE\s+SYS", section, re.M)
+    assert re.search(r"^NIC7 +SYS .* X\s*$", section, re.M)
+    assert "NIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n" in section and "  NIC7: mlx5_7" in section
+
+
 class FakeBench:
     def to_dict(self):
         return {

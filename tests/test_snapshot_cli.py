@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,36 @@ def test_recorded_real_snapshot_replays_through_the_model(path):
         assert gpu.name and gpu.uuid.startswith("GPU-") and gpu.memory_total
         assert all(isinstance(reason, str) and reason for reason in gpu.unavailable.values())
     assert json.loads(json.dumps(cli_snapshot_json(machine, snap))) == data
+
+
+def _nvidia_smi_topo_m(rows: dict[str, list[str]], legend: list[str]) -> str:
+    """`nvidia-smi topo -m` as it prints to a terminal: tab-separated, the header underlined, the legends after."""
+    names = list(rows)
+    out = ["\t\x1b[4m" + "\t".join(names) + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m"]
+    for name in names:
+        tail = "\t0-55,112-167\t0\t\tN/A" if name.startswith("GPU") else ""
+        out.append(name + "\t" + "\t".join(f" {c} " if c == "X" else c for c in rows[name]) + tail)
+    out += ["", "Legend:", "", "  X    = Self", "  PIX  = Connection traversing at most a single PCIe bridge", "",
+            "NIC Legend:", ""] + [f"  {entry}" for entry in legend]
+    return "\n".join(out) + "\n"
+
+
+def test_gpu_check_compares_the_topology_with_nvidia_smi(tmp_path):
+    """scripts/gpu_check.sh's topo-m step: the simulated DGX's matrix read back from nvidia-smi's layout."""
+    from gputop.model import to_jsonable
+    from gputop.pipeline import Pipeline
+
+    with Pipeline(simulate="h100-sxm-8") as pipeline:
+        topology = pipeline.machine.topology
+    names, rows = topology.full_matrix()
+    (tmp_path / "real.json").write_text(json.dumps({"topology": to_jsonable(topology)}))
+    verify = [sys.executable, str(Path(__file__).parent.parent / "scripts" / "gpu_check_verify.py"), "topo-m",
+              str(tmp_path / "real.json"), str(tmp_path / "topo.txt")]
+    same = dict(zip(names, map(list, rows)))
+    (tmp_path / "topo.txt").write_text(_nvidia_smi_topo_m(same, list(topology.nic_legend())))
+    done = subprocess.run(verify, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "the same 16x16 matrix and NIC Legend" in done.stdout, done.stdout + done.stderr
+    same["NIC0"][0] = "PXB"  # nvidia-smi sees a deeper switch than gputop
+    (tmp_path / "topo.txt").write_text(_nvidia_smi_topo_m(same, list(topology.nic_legend())))
+    done = subprocess.run(verify, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "NIC0-GPU0: gputop PIX, nvidia-smi PXB" in done.stdout, done.stdout + done.stderr

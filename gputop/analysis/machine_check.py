@@ -375,66 +375,67 @@ def check_nic_numa(inp: CheckInput) -> CheckResult:
     return CheckResult("numa.nic", title, PASS, f"GPUs on node(s) {', '.join(map(str, sorted(gpu_nodes)))}; NICs {by_node}", expected)
 
 
-def check_ecc_errors(inp: CheckInput) -> Optional[CheckResult]:
-    gpus = [g for g in inp.gpus if not g.lost]
-    if not gpus:
+def _fault_check(check_id: str, title: str, expected: str, items: Sequence[GpuDetails | GpuSample], key: str,
+                 readable: Callable, faulty: Callable, describe: Callable, passed: Callable) -> Optional[CheckResult]:
+    """A memory-fault reading per GPU: not available where no GPU that answers gives `key`, FAIL naming each
+    faulty GPU with `describe(gpu)`, else PASS saying `passed(the readable GPUs)`."""
+    items = [g for g in items if not g.lost]
+    if not items:
         return None
-    title = "Uncorrectable ECC errors"
-    expected = "0 volatile uncorrectable errors"
-    known = [g for g in gpus if g.ecc is not None and g.ecc.volatile_uncorrected is not None]
+    known = [g for g in items if readable(g)]
     if not known:
-        return CheckResult("memory.ecc", title, SKIP, f"not available ({_unsupported(gpus, 'ecc')})", expected)
-    bad = [g for g in known if g.ecc.volatile_uncorrected]
+        return CheckResult(check_id, title, SKIP, f"not available ({_unsupported(items, key)})", expected)
+    bad = [g for g in known if faulty(g)]
     if bad:
-        return CheckResult("memory.ecc", title, FAIL,
-                           "; ".join(f"GPU {g.index}: {g.ecc.volatile_uncorrected} since the last reset ({g.ecc.aggregate_uncorrected} lifetime)" for g in bad),
-                           expected, gpus=tuple(g.index for g in bad))
-    return CheckResult("memory.ecc", title, PASS, f"none on {len(known)} GPUs", expected)
+        return CheckResult(check_id, title, FAIL, "; ".join(describe(g) for g in bad), expected, gpus=tuple(g.index for g in bad))
+    return CheckResult(check_id, title, PASS, passed(known), expected)
+
+
+def check_ecc_errors(inp: CheckInput) -> Optional[CheckResult]:
+    return _fault_check(
+        "memory.ecc", "Uncorrectable ECC errors", "0 volatile uncorrectable errors", inp.gpus, "ecc",
+        readable=lambda g: g.ecc is not None and g.ecc.volatile_uncorrected is not None,
+        faulty=lambda g: g.ecc.volatile_uncorrected,
+        describe=lambda g: f"GPU {g.index}: {g.ecc.volatile_uncorrected} since the last reset ({g.ecc.aggregate_uncorrected} lifetime)",
+        passed=lambda known: f"none on {len(known)} GPUs",
+    )
+
+
+def _remap_state(g: GpuSample) -> str:
+    r = g.remapped_rows
+    state = "FAILED (no spare rows left: RMA)" if r.failed else "pending (a GPU reset applies it)"
+    return f"GPU {g.index}: remap {state}, {r.uncorrectable} uncorrectable + {r.correctable} correctable rows"
 
 
 def check_remap(inp: CheckInput) -> Optional[CheckResult]:
-    gpus = [g for g in inp.gpus if not g.lost]
-    if not gpus:
-        return None
-    title = "Row remapping"
-    expected = "no remap pending or failed"
-    known = [g for g in gpus if g.remapped_rows is not None]
-    if not known:
-        return CheckResult("memory.remap", title, SKIP,
-                           f"not available ({_unsupported(gpus, 'remapped_rows')})", expected)
-    bad = [g for g in known if g.remapped_rows.pending or g.remapped_rows.failed]
-    if bad:
-        parts = []
-        for g in bad:
-            r = g.remapped_rows
-            state = "FAILED (no spare rows left: RMA)" if r.failed else "pending (a GPU reset applies it)"
-            parts.append(f"GPU {g.index}: remap {state}, {r.uncorrectable} uncorrectable + {r.correctable} correctable rows")
-        return CheckResult("memory.remap", title, FAIL, "; ".join(parts), expected, gpus=tuple(g.index for g in bad))
-    return CheckResult("memory.remap", title, PASS, f"none pending on {len(known)} GPUs", expected)
+    return _fault_check(
+        "memory.remap", "Row remapping", "no remap pending or failed", inp.gpus, "remapped_rows",
+        readable=lambda g: g.remapped_rows is not None,
+        faulty=lambda g: g.remapped_rows.pending or g.remapped_rows.failed,
+        describe=_remap_state,
+        passed=lambda known: f"none pending on {len(known)} GPUs",
+    )
+
+
+def _retired(d: GpuDetails) -> int:
+    return (d.retired_pages_double_bit or 0) + (d.retired_pages_single_bit or 0)
+
+
+def _none_pending(known: Sequence[GpuDetails]) -> str:
+    retired = [d for d in known if _retired(d)]
+    return f"none pending on {len(known)} GPUs" + (
+        "; retired so far: " + ", ".join(f"GPU {d.index}: {_retired(d)}" for d in retired) if retired else "")
 
 
 def check_retired_pages(inp: CheckInput) -> Optional[CheckResult]:
-    details = [d for d in inp.after if not d.lost]
-    if not details:
-        return None
-    title = "Retired pages"
-    expected = "no page retirement pending"
-    known = [d for d in details if d.retired_pages_pending is not None]
-    if not known:
-        return CheckResult("memory.retired_pages", title, SKIP,
-                           f"not available ({_unsupported(details, 'retired_pages_pending')})", expected)
-    pending = [d for d in known if d.retired_pages_pending]
-    if pending:
-        value = "; ".join(
-            f"GPU {d.index}: retirement pending, {d.retired_pages_double_bit or 0} page(s) for double-bit, "
-            f"{d.retired_pages_single_bit or 0} for single-bit errors" for d in pending
-        )
-        return CheckResult("memory.retired_pages", title, FAIL, value, expected, gpus=tuple(d.index for d in pending))
-    retired = [d for d in known if (d.retired_pages_double_bit or 0) + (d.retired_pages_single_bit or 0)]
-    value = f"none pending on {len(known)} GPUs"
-    if retired:
-        value += "; retired so far: " + ", ".join(f"GPU {d.index}: {(d.retired_pages_double_bit or 0) + (d.retired_pages_single_bit or 0)}" for d in retired)
-    return CheckResult("memory.retired_pages", title, PASS, value, expected)
+    return _fault_check(
+        "memory.retired_pages", "Retired pages", "no page retirement pending", inp.after, "retired_pages_pending",
+        readable=lambda d: d.retired_pages_pending is not None,
+        faulty=lambda d: d.retired_pages_pending,
+        describe=lambda d: (f"GPU {d.index}: retirement pending, {d.retired_pages_double_bit or 0} page(s) for double-bit, "
+                            f"{d.retired_pages_single_bit or 0} for single-bit errors"),
+        passed=_none_pending,
+    )
 
 
 def xid_events(inp: CheckInput) -> list[tuple[Optional[int], int, Optional[float], str]]:

@@ -3,17 +3,17 @@ process frozen for 10 s, see `dump_native`).
 
 One ``py-spy dump --pid N --json --nonblocking`` per PID, all PIDs at once: py-spy cannot give JSON
 for a process tree (``--subprocesses`` with ``--json`` prints only the parent, py-spy issue 601), and
-its text mode stops at the first non-Python child.  ``--nonblocking`` reads the target's memory while
-it runs, so a read now and then tears ("Failed to copy PyFrameObject ... Bad address"); those are
-retried.  Every failure ends as one line in `ProcessStacks.error` that says what to do.
+its text mode stops at the first non-Python child.  Nor would one py-spy for the tree be much cheaper:
+it reads each child's maps and libpython symbols anew, one child after another on one core (5-19% less
+CPU than a py-spy per process, 1.1-1.6x the wall time on 2 cores), and one torn read ends it.  ``--nonblocking`` reads the
+target's memory while it runs, so a read now and then tears ("Failed to copy PyFrameObject ... Bad
+address"); those are retried.  Every failure ends as one line in `ProcessStacks.error` that says what to do.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import select
-import selectors
 import shutil
 import signal
 import subprocess
@@ -275,55 +275,6 @@ def _is_transient(stderr: str) -> bool:
 # ----------------------------------------------------------------- dumping
 
 
-def _await_exit(proc: subprocess.Popen, seconds: float) -> None:
-    """Reap `proc`, which has closed its output, within `seconds` (else TimeoutExpired).  Waiting on a pidfd
-    wakes as it exits; `Popen.wait(timeout)` polls instead, sleeping 0.5 ms, then 1, 2 ... between looks,
-    and py-spy closes its pipes a moment (median 0.04 ms) before it can be reaped, so the poll slept on
-    almost every dump."""
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): Popen's own polling wait
-        proc.wait(timeout=max(0.0, seconds))
-        return
-    try:
-        waiter = select.poll()
-        waiter.register(pidfd, select.POLLIN)
-        if not waiter.poll(max(0, int(seconds * 1000))):
-            raise subprocess.TimeoutExpired(proc.args, seconds)
-    finally:
-        os.close(pidfd)
-    proc.wait()  # it has exited: this reaps it at once
-
-
-def run_bounded(argv: list[str], timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """``subprocess.run(argv, capture_output=True, timeout=timeout, env=env)``, the child killed and reaped on
-    TimeoutExpired, without Popen's polling wait at the end (see `_await_exit`)."""
-    deadline = time.monotonic() + timeout
-    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as proc:
-        output: dict[int, list[bytes]] = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
-        try:
-            with selectors.PollSelector() as reader:
-                for fd in output:
-                    reader.register(fd, selectors.EVENT_READ)
-                while reader.get_map():
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise subprocess.TimeoutExpired(argv, timeout)
-                    for key, _ in reader.select(left):
-                        chunk = os.read(key.fd, 1 << 16)
-                        if chunk:
-                            output[key.fd].append(chunk)
-                        else:
-                            reader.unregister(key.fd)
-            _await_exit(proc, deadline - time.monotonic())
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise
-    stdout, stderr = (b"".join(chunks) for chunks in output.values())
-    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
-
-
 def dump_one(
     pid: int, *, py_spy: str, timeout: float = DEFAULT_TIMEOUT, attempts: int = DEFAULT_ATTEMPTS, native: bool = False,
 ) -> ProcessStacks:
@@ -343,7 +294,7 @@ def dump_one(
             break
         started = time.time()
         try:
-            result = run_bounded(argv, remaining, env)
+            result = subprocess.run(argv, capture_output=True, timeout=remaining, env=env, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return ProcessStacks(pid=pid, timestamp=started, native=native, error=f"py-spy took longer than {timeout:g}s on PID {pid}; will retry")
         except OSError as exc:
@@ -402,8 +353,9 @@ def dump_stacks(
     """Stacks of every PID, dumped concurrently (one py-spy per PID); never raises for a PID's failure.
 
     At most `max_parallel` py-spy processes run at once (default: one per CPU).  Each dump is CPU
-    work (~14 ms, mostly parsing libpython's symbols), so more at once would not finish sooner; it
-    would only crowd out the job on a small machine.  `parallel=False` runs the same dumps one after
+    work, 6-14 ms, most of it py-spy reading the target's libpython symbol tables (an unstripped
+    libpython with a full .symtab costs about twice a distribution's stripped one), so more at once
+    would not finish sooner (3, 4 or 17 at once on 2 cores: the same); it would only crowd out the job.  `parallel=False` runs the same dumps one after
     another (the benchmark's baseline).
     """
     pids = list(dict.fromkeys(int(p) for p in pids))

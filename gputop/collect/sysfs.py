@@ -136,7 +136,7 @@ class HostReader:
                 device = base / name / "device"
                 if not device.exists():
                     continue  # lo, bridges, veth, ifb: no PCI function behind them
-                function = os.path.realpath(device)
+                function = _pci_function(os.path.realpath(device))
                 if function not in found:
                     found[function] = (name, cls == "infiniband", None)
                 elif cls == "net" and found[function][2] is None:
@@ -303,6 +303,16 @@ def pci_path(device: str | os.PathLike) -> Optional[PciPath]:
             chain = tuple(p for p in parts[i + 1:] if _BDF.fullmatch(p))
             return (part, chain) if chain else None
     return None
+
+
+def _pci_function(device: str) -> str:
+    """The PCI function a device hangs off: itself, or the nearest one above it (virtio-net's `device` is
+    .../0000:00:03.0/virtio2, whose NUMA node and bus id are the PCI function's)."""
+    path = Path(device)
+    for candidate in (path, *path.parents):
+        if _BDF.fullmatch(candidate.name):
+            return str(candidate)
+    return device
 
 
 def link_label(a: Optional[PciPath], node_a: Optional[int], b: Optional[PciPath], node_b: Optional[int], one_node: bool) -> str:

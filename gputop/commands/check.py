@@ -28,21 +28,26 @@ MIN_WINDOW_S = 1.0
 
 
 class HostSource:
-    """The kernel's side of the machine: the pipeline's (the real /sys and kernel log, or the simulated
-    machine's tree), or the tree under `root`."""
+    """The kernel's side of the machine: the real /sys and kernel log, or the simulated machine's tree."""
 
     def __init__(self, pipeline: Any, root: Optional[str]) -> None:
-        if root is not None:
+        self._tree = None
+        if pipeline.fake_library is not None and root is None:
+            from gputop.sim.fake_sysfs import FakeHostTree
+
+            self._tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
+            self._read = self._tree.read
+        else:
             from gputop.collect.sysfs import HostReader
 
-            self._read = HostReader(root).read
-        elif getattr(pipeline, "host_tree", None) is not None:
-            self._read = pipeline.host_tree.read  # rewrites the simulated counters for the time now, then reads
-        else:
-            self._read = pipeline.sysfs.read
+            self._read = HostReader(root or "/").read
 
     def read(self, bus_ids: list[str]) -> HostReadings:
         return self._read(bus_ids)
+
+    def close(self) -> None:
+        if self._tree is not None:
+            self._tree.close()
 
 
 class Evidence:
@@ -76,6 +81,9 @@ class Evidence:
             )
         )
 
+    def close(self) -> None:
+        self.host.close()
+
 
 def collect(args: Any, *, started: Optional[float] = None) -> CheckReport:
     """Run the window and the checks (also what the TUI's hotkey runs, in a worker thread)."""
@@ -85,7 +93,10 @@ def collect(args: Any, *, started: Optional[float] = None) -> CheckReport:
     pipeline = Pipeline(simulate=getattr(args, "simulate", None))
     try:
         evidence = Evidence(pipeline, getattr(args, "host_root", None))
-        return _collect(args, pipeline, evidence, started)
+        try:
+            return _collect(args, pipeline, evidence, started)
+        finally:
+            evidence.close()
     finally:
         pipeline.close()
 

@@ -109,8 +109,11 @@ def run(args: Any) -> int:
             from gputop.commands.check import Evidence  # `gputop check` over the same window: the infra section
 
             evidence = Evidence(pipeline)
-            history = observe(pipeline, args.seconds, args.interval, progress=Progress(sys.stderr, "observing"))
-            infra = evidence.finish(history)
+            try:
+                history = observe(pipeline, args.seconds, args.interval, progress=Progress(sys.stderr, "observing"))
+                infra = evidence.finish(history)
+            finally:
+                evidence.close()
         finally:
             pipeline.close()
     bench = run_bench(args) if args.bench else None

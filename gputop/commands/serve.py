@@ -67,9 +67,32 @@ def start_server(host: str, port: int, registry: Any) -> Any:
     return server
 
 
-def run(args: Any) -> int:
+def start_exporting(exporter: Any, host: str, port: int) -> Any:
+    """The exporter's first cycle (so the first scrape has values, and a broken machine fails here, not
+    later), then the HTTP server that serves it on host:port."""
     from prometheus_client import CollectorRegistry
 
+    exporter.cycle()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(exporter)
+    return start_server(host, port, registry)
+
+
+def stop_serving(loop: Any, server: Any, jobs: Any, pipeline: Any) -> None:
+    """Take down what serving started, in order (whatever got started: None is skipped): the poll loop, the
+    HTTP server, the attached jobs' stack samplers, the pipeline."""
+    if loop is not None:
+        loop.stop()
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    if jobs is not None:
+        jobs.close()
+    if pipeline is not None:
+        pipeline.close()
+
+
+def run(args: Any) -> int:
     from gputop.exporter import AttachedJobs, DiscoveredJobs, Exporter
     from gputop.pipeline import Pipeline
     from gputop.source import PollLoop
@@ -83,10 +106,7 @@ def run(args: Any) -> int:
     try:
         jobs = AttachedJobs(args.pid, stack_interval=args.stack_interval, log=log) if args.pid else DiscoveredJobs(stack_interval=args.stack_interval)
         exporter = Exporter(pipeline, jobs, interval=args.interval, dcgm_fields=args.dcgm_fields, log=log)
-        exporter.cycle()  # the first scrape already has values, and a broken machine fails here, not later
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(exporter)
-        server = start_server(host, port, registry)
+        server = start_exporting(exporter, host, port)
         if pipeline.machine.gpu_error:
             log(f"no GPU readings: {pipeline.machine.gpu_error}; job metrics are still served")
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -100,14 +120,7 @@ def run(args: Any) -> int:
         _wait_for_signal(loop)
         thread.join(timeout=max(5.0, 2 * args.interval))
     finally:
-        if loop is not None:
-            loop.stop()
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if jobs is not None:
-            jobs.close()
-        pipeline.close()
+        stop_serving(loop, server, jobs, pipeline)
     return 0
 
 

@@ -156,7 +156,7 @@ RTX_4090 = GpuModel(
 PROFILES: dict[str, Profile] = {
     "h100-sxm-8": Profile(
         name="h100-sxm-8",
-        description="8x H100 SXM 80GB, NVSwitch (NV18 between every pair), two NUMA nodes with 4 GPUs each",
+        description="8x H100 SXM 80GB, NVSwitch (NV18 between every pair), two NUMA nodes with 4 GPUs each, a ConnectX rail NIC on each GPU's PCIe switch",
         gpu=H100_SXM,
         # a DGX H100's GPU bus ids; the first four hang off socket 0, each GPU behind its own PCIe switch
         bus_ids=_H100_BUS_IDS,

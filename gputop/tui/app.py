@@ -10,6 +10,7 @@ and the CPU used per refresh small.
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import sys
@@ -147,6 +148,7 @@ class GputopApp(App):
         screenshot_dir: Optional[str] = None,
         report_dir: Optional[str] = None,
         history_capacity: Optional[int] = None,
+        poll_loop: Optional[PollLoop] = None,
     ) -> None:
         super().__init__()
         self.source = source
@@ -172,7 +174,9 @@ class GputopApp(App):
         self._compact_stacks = False
         self._diagnosing = False
         self._last_diagnose = 0.0
-        self._poll_loop = PollLoop(source, interval, on_error=self._poll_failed)
+        # `poll_loop`: one made (and perhaps prefetched) before the app, on this source and interval
+        self._poll_loop = poll_loop if poll_loop is not None else PollLoop(source, interval)
+        self._poll_loop.on_error = self._poll_failed
         self._collector: Optional[threading.Thread] = None
         self.collector_stopped = threading.Event()
         self._mounted = threading.Event()
@@ -210,16 +214,30 @@ class GputopApp(App):
         self._header().set_state(interval=self.interval, paused=self.paused, replay=self._replay_tag())
         self._header().subtitle = self.sub_title
         self._main(JobPanel).focus()
+        first = self._poll_loop.take_prefetched()  # taken while Textual loaded (commands/tui.py)
+        if first is not None:
+            self._receive(first.snapshots, first.reset)  # so the very first frame shows GPU readings
         self.start_collecting()
         self._mounted.set()
+        self.call_after_refresh(self._started)
         self.set_interval(DIAGNOSE_EVERY, self._diagnose_soon)
         stdin = _stdin_fd()
         if not self.is_headless and stdin is not None and os.isatty(stdin):
             self.set_interval(HANGUP_CHECK_EVERY, self._exit_if_terminal_gone)
 
+    @staticmethod
+    def _started() -> None:
+        """After the first frame: the cyclic GC back on (commands/tui.py turns it off for start-up), with
+        what start-up built moved out of its reach (gc.freeze): modules, classes and widgets live as long as
+        the app, and every full collection would otherwise walk them again."""
+        if not gc.isenabled():  # (only where start-up turned it off: not under tests, not for demo or replay)
+            gc.freeze()
+            gc.enable()
+
     def start_collecting(self) -> None:
-        """Start the collector thread (idempotent). `run_app` calls it before the UI starts, so the first
-        poll runs while Textual sets up the screen; snapshots are posted only once the app is mounted."""
+        """Start the collector thread (idempotent). Without a prefetching loop `run_app` calls it before the UI
+        starts, so the first poll runs while Textual sets up the screen; snapshots are posted only once the
+        app is mounted."""
         if self._collector is None:
             self._collector = threading.Thread(target=self._collect, name="gputop-collect", daemon=True)
             self._collector.start()
@@ -333,14 +351,17 @@ class GputopApp(App):
 
     # ------------------------------------------------------------------ snapshot -> screen
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
-        if message.reset:
+        self._receive(message.snapshots, message.reset)
+
+    def _receive(self, snapshots: list[Snapshot], reset: bool) -> None:
+        if reset:
             self.history = History(self.machine, capacity=self.history.capacity)
-        for snapshot in message.snapshots:
+        for snapshot in snapshots:
             latest = self.history.latest
             if latest is not None and snapshot.timestamp <= latest.timestamp:
                 continue  # the same sample again (a paused replay, a stalled source): keep time moving forward
             self.history.append(snapshot)
-        self.snapshots_seen += len(message.snapshots)
+        self.snapshots_seen += len(snapshots)
         if self.poll_error:
             self.poll_error = None
         if not self._first_verdict_asked and len(self.history):
@@ -759,13 +780,23 @@ def terminal_hung_up() -> bool:
 
 
 # ------------------------------------------------------------------ entry points
-def run_app(source: Any, *, interval: float = 1.0, subtitle: Optional[str] = None, controls: Any = None) -> int:
-    """Run the TUI on `source` (.machine, .poll(), .close()) until the user quits; closes the source."""
+def run_app(
+    source: Any,
+    *,
+    interval: float = 1.0,
+    subtitle: Optional[str] = None,
+    controls: Any = None,
+    poll_loop: Optional[PollLoop] = None,
+) -> int:
+    """Run the TUI on `source` (.machine, .poll(), .close()) until the user quits; closes the source.
+
+    `poll_loop`: the loop over `source`, when the caller made it early to prefetch the first poll."""
     from gputop.tui.glyph_fallback import fit_glyphs_to
 
     fit_glyphs_to(sys.__stderr__)  # Textual draws on stderr
-    app = GputopApp(source, interval=interval, subtitle=subtitle, controls=controls)
-    app.start_collecting()
+    app = GputopApp(source, interval=interval, subtitle=subtitle, controls=controls, poll_loop=poll_loop)
+    if poll_loop is None:
+        app.start_collecting()  # the first poll runs while Textual sets up (a given loop has prefetched it)
     try:
         app.run()
     finally:

@@ -62,6 +62,10 @@ class LineBuilder:
             self.add(text, style)
         return self
 
+    def key(self) -> tuple:
+        """The runs as a hashable value: two builders with equal keys draw the same cells."""
+        return (tuple(self._texts), tuple(self._styles))
+
     def extend(self, other: "LineBuilder") -> "LineBuilder":
         for text, style in zip(other._texts, other._styles):
             self.add(text, style)
@@ -218,6 +222,8 @@ class LineCanvas(Widget):
             return
         regions = []
         for y, (old, new) in enumerate(zip(old_lines, new_lines)):
+            if old is new:  # builders that reuse an unchanged line's strip (the GPU cards) skip the diff
+                continue
             spans = _changed_spans(old, new)
             if not spans:
                 continue

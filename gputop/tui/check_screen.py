@@ -64,8 +64,11 @@ def run_machine_check(
     from gputop.commands.check import Evidence
 
     evidence = Evidence(source)
-    stop.wait(seconds)  # the app's collector keeps polling meanwhile: a window, not synchronisation
-    return evidence.finish(window(), window=seconds)
+    try:
+        stop.wait(seconds)  # the app's collector keeps polling meanwhile: a window, not synchronisation
+        return evidence.finish(window(), window=seconds)
+    finally:
+        evidence.close()
 
 
 def card_marks(report: CheckReport) -> dict[int, tuple[str, bool]]:

@@ -13,6 +13,8 @@ terminal), and leaves Textual alone if its internals are not what this was writt
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from rich.cells import cell_len
 from rich.color import ColorSystem
 from rich.console import Console
@@ -25,7 +27,9 @@ _installed = False
 def _render_segments(self, console: Console) -> str:
     # Renders each span's cells straight from the chop's segments: no cropped Strip objects
     # (each Strip allocates seven caches) and no rich Control objects for the cursor moves; the
-    # output is byte-for-byte what cropping the strips and rendering them would give.
+    # output is byte-for-byte what cropping the strips and rendering them would give.  A line
+    # often has several spans in one chop (a full-width widget): the chop's segment offsets are
+    # measured once and each span starts at its first segment (bisect), not at the line's start.
     sequences: list[str] = []
     append = sequences.append
     render_style = Strip.render_style
@@ -33,6 +37,7 @@ def _render_segments(self, console: Console) -> str:
     chops = self.chops
     chop_ends = self.chop_ends
     last_y = self.spans[-1][0]
+    measured: dict[int, tuple[Strip, list[Segment], list[int]]] = {}  # id(strip) -> (strip, segments, offsets)
     for y, x1, x2 in self.spans:
         line = chops[y]
         ends = chop_ends[y]
@@ -44,13 +49,19 @@ def _render_segments(self, console: Console) -> str:
             strip_end = x + strip.cell_length
             whole_tail = stop >= strip_end  # like Strip.crop: to the end means every remaining segment
             stop = min(stop, strip_end)
-            pos = x
-            for segment in strip:
+            entry = measured.get(id(strip))
+            if entry is None or entry[0] is not strip:
+                segments = list(strip)
+                offsets = [x]  # offsets[i]: where segment i starts; offsets[i + 1]: where it ends
+                for text, _style, _control in segments:
+                    offsets.append(offsets[-1] + cell_len(text))
+                entry = measured[id(strip)] = (strip, segments, offsets)
+            _strip, segments, offsets = entry
+            first = bisect_right(offsets, start, 1) - 1  # the first segment that ends after `start`
+            for i in range(first, len(segments)):
+                segment = segments[i]
+                pos, seg_end = offsets[i], offsets[i + 1]
                 text, style, _ = segment
-                seg_end = pos + cell_len(text)
-                if seg_end <= start:
-                    pos = seg_end
-                    continue
                 if pos < start or seg_end > stop:
                     if pos < start:
                         segment = segment.split_cells(start - pos)[1]
@@ -61,7 +72,6 @@ def _render_segments(self, console: Console) -> str:
                 append(text if style is None else render_style(style, text, color_system))
                 if seg_end >= stop and not whole_tail:
                     break
-                pos = seg_end
         if y != last_y:
             append("\n")
     return "".join(sequences)

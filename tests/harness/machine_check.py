@@ -7,6 +7,7 @@ from typing import Any, Callable
 from gputop.analysis.machine_check import CheckInput, build_report
 from gputop.pipeline import Pipeline
 from gputop.sim.fake_nvml import ManualClock
+from gputop.sim.fake_sysfs import FakeHostTree
 
 
 def simulated_check_input(spec: str = "h100-sxm-8", seconds: float = 5.0) -> CheckInput:
@@ -14,7 +15,7 @@ def simulated_check_input(spec: str = "h100-sxm-8", seconds: float = 5.0) -> Che
     and the fake kernel tree read, two polls `seconds` apart on a ManualClock, read again."""
     clock = ManualClock()
     pipeline = Pipeline(simulate=spec, clock=clock)
-    tree = pipeline.host_tree
+    tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
     try:
         before = pipeline.gpu.details()
         bus = [d.pci_bus_id for d in before]
@@ -24,6 +25,7 @@ def simulated_check_input(spec: str = "h100-sxm-8", seconds: float = 5.0) -> Che
         snaps.append(pipeline.poll())
         return CheckInput(pipeline.machine, tuple(snaps), before, pipeline.gpu.details(), host_before, tree.read(bus), seconds)
     finally:
+        tree.close()
         pipeline.close()
 
 

@@ -14,7 +14,7 @@ article's, with the evidence that triggers it:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from gputop.analysis import trace_summary
 from gputop.analysis.thresholds import (
@@ -38,6 +38,13 @@ def _pids(ranks: Sequence[dict[str, Any]]) -> tuple[int, ...]:
     return tuple(r["pid"] for r in ranks if isinstance(r.get("pid"), int))
 
 
+def _code_warning(id: str, title: str, confidence: float, summary: str, evidence: Iterable[str], fix: str,
+                  ranks: Sequence[dict[str, Any]], frames: Iterable[str] = ()) -> list[Finding]:
+    """Every trace rule's finding: a warning about the user's code, on the ranks that broke the rule."""
+    return [Finding(id=id, title=title, severity="warning", confidence=confidence, label=LABEL_CODE, summary=summary,
+                    evidence=tuple(evidence), frames=tuple(frames), fix=fix, pids=_pids(ranks))]
+
+
 def comm_share(rank: dict[str, Any]) -> float:
     """The rank's communication share: the host's time in collectives, or on a GPU the NCCL kernel time
     that no compute kernel hides (collectives are asynchronous there, so the host barely sees them)."""
@@ -55,14 +62,12 @@ def check_communication(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
                  for r in heavy if r.get("gpu") and r["gpu"].get("exposed_comm") is not None]
     gpu_overlap = [(r, r["gpu"]["comm_overlap"]) for r in heavy if r.get("gpu") and r["gpu"].get("comm_overlap") is not None]
     evidence += [f"{_who(r)}: {o:.0%} of NCCL kernel time overlaps compute kernels" for r, o in gpu_overlap]
-    return [Finding(
+    return _code_warning(
         id="trace_communication",
         title="Communication-bound (> 30% of the step)",
-        severity="warning",
         confidence=0.8,
-        label=LABEL_CODE,
         summary=f"Communication takes {comm_share(worst):.0%} of {_who(worst)}'s time (the rule: > 30%)",
-        evidence=tuple(evidence),
+        evidence=evidence,
         fix=(
             "communicate less often and overlap it with backward\n"
             "# gradient accumulation: all-reduce once every K micro-batches\n"
@@ -71,8 +76,8 @@ def check_communication(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
             "DDP(model, bucket_cap_mb=100)    # bigger buckets, fewer collectives (default 25)\n"
             "# check the topology: nvidia-smi topo -m (gputop: T); try NCCL_P2P_DISABLE=1 as an experiment"
         ),
-        pids=_pids(heavy),
-    )]
+        ranks=heavy,
+    )
 
 
 def check_amp(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
@@ -87,23 +92,21 @@ def check_amp(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
         return []
     r, share, capability = max(hits, key=lambda h: h[1])
     dtype = "torch.bfloat16" if capability >= 8 else "torch.float16"
-    return [Finding(
+    return _code_warning(
         id="trace_amp",
         title="fp32 matrix multiplies on a GPU with tensor cores",
-        severity="warning",
         confidence=0.7,
-        label=LABEL_CODE,
         summary=f"{share:.0%} of {_who(r)}'s GEMM time runs in fp32 on a compute-capability {capability} GPU: use AMP",
-        evidence=tuple(f"{_who(x)}: {s:.0%} of {x['gpu']['gemm_time_s'] * 1000:.1f} ms of GEMM kernels are fp32 "
-                       f"({x['gpu'].get('device_name') or 'GPU'}, sm_{c}x)" for x, s, c in hits),
+        evidence=(f"{_who(x)}: {s:.0%} of {x['gpu']['gemm_time_s'] * 1000:.1f} ms of GEMM kernels are fp32 "
+                  f"({x['gpu'].get('device_name') or 'GPU'}, sm_{c}x)" for x, s, c in hits),
         fix=(
             "run the forward pass under autocast (the low-hanging fruit on Ampere and newer)\n"
             f"with torch.autocast('cuda', dtype={dtype}):\n"
             "    loss = model(x)\n"
             "loss.backward()" + ("" if capability >= 8 else "   # fp16 also needs torch.amp.GradScaler")
         ),
-        pids=_pids([h[0] for h in hits]),
-    )]
+        ranks=[h[0] for h in hits],
+    )
 
 
 def check_launch_bound(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
@@ -113,23 +116,21 @@ def check_launch_bound(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
         return []
     r = max(hits, key=lambda x: x["gpu"]["idle"])
     g = r["gpu"]
-    return [Finding(
+    return _code_warning(
         id="trace_launch_bound",
         title="Many tiny kernels: launch-bound",
-        severity="warning",
         confidence=0.6,
-        label=LABEL_CODE,
         summary=(f"{g['short_kernel_share']:.0%} of {_who(r)}'s kernels run under {TRACE_SHORT_KERNEL_US:g} µs and "
                  f"the GPU idles {g['idle']:.0%} of the time: the host cannot launch them fast enough"),
-        evidence=tuple(f"{_who(x)}: {x['gpu']['kernels']} kernels, median {x['gpu']['median_kernel_us']} µs, "
-                       f"GPU idle {x['gpu']['idle']:.0%}" for x in hits),
+        evidence=(f"{_who(x)}: {x['gpu']['kernels']} kernels, median {x['gpu']['median_kernel_us']} µs, "
+                  f"GPU idle {x['gpu']['idle']:.0%}" for x in hits),
         fix=(
             "fuse the small kernels, or replay them as one graph\n"
             "model = torch.compile(model)                       # fuses elementwise ops\n"
             "model = torch.compile(model, mode='reduce-overhead')  # also uses CUDA graphs"
         ),
-        pids=_pids(hits),
-    )]
+        ranks=hits,
+    )
 
 
 def _sync_every_step(rank: dict[str, Any]) -> bool:
@@ -159,24 +160,22 @@ def check_sync(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
     r = max(hits, key=lambda x: x["phases"]["sync"])
     named = [s for s in r.get("sync_sites") or () if s["site"] != "unknown"]
     where = f" at {_sync_place(named[0])}" if named else ""
-    return [Finding(
+    return _code_warning(
         id="trace_sync",
         title="Host-device sync in every step",
-        severity="warning",
         confidence=0.7,
-        label=LABEL_CODE,
         summary=f"{_who(r)} waits on the GPU {r['syncs_per_step']:g} times a step{where} ({r['phases']['sync']:.0%} of its time)",
-        evidence=tuple(f"{_who(x)}: {x['syncs_per_step']:g} syncs per step, {x['phases']['sync']:.0%} of wall time"
-                       for x in hits),
-        frames=tuple(f"{_sync_place(s)} ({s['count']} syncs)" for s in named),
+        evidence=(f"{_who(x)}: {x['syncs_per_step']:g} syncs per step, {x['phases']['sync']:.0%} of wall time"
+                  for x in hits),
+        frames=(f"{_sync_place(s)} ({s['count']} syncs)" for s in named),
         fix=(
             "remove the sync from the step: keep values on the GPU and read them every N steps\n"
             "running_loss += loss.detach()        # not loss.item() every step\n"
             "if step % 100 == 0: print(running_loss.item() / 100)"
             + ("" if named else "\n# `gputop trace --with-stack` names the function that syncs")
         ),
-        pids=_pids(hits),
-    )]
+        ranks=hits,
+    )
 
 
 def check_allocator(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
@@ -192,23 +191,21 @@ def check_allocator(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
     if not hits:
         return []
     r, device, retries, inactive, reserved = max(hits, key=lambda h: (h[2], h[3]))
-    return [Finding(
+    return _code_warning(
         id="trace_allocator",
         title="CUDA caching allocator: retries or fragmentation",
-        severity="warning",
         confidence=0.7,
-        label=LABEL_CODE,
         summary=(f"{_who(r)} cuda:{device}: {retries} allocation retries, {gib(inactive)} of {gib(reserved)} reserved "
                  "sits in inactive split blocks (fragmentation)"),
-        evidence=tuple(f"{_who(x)} cuda:{d}: num_alloc_retries={n}, inactive_split_bytes={gib(i)}, reserved={gib(res)}"
-                       for x, d, n, i, res in hits),
+        evidence=(f"{_who(x)} cuda:{d}: num_alloc_retries={n}, inactive_split_bytes={gib(i)}, reserved={gib(res)}"
+                  for x, d, n, i, res in hits),
         fix=(
             "let the allocator grow segments instead of splitting them, and fix input shapes\n"
             "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True   # or max_split_size_mb:128\n"
             "# pad or bucket variable-length inputs to a few fixed sizes"
         ),
-        pids=_pids([h[0] for h in hits]),
-    )]
+        ranks=[h[0] for h in hits],
+    )
 
 
 TRACE_CHECKS = (check_communication, check_amp, check_launch_bound, check_sync, check_allocator)

@@ -73,11 +73,12 @@ def pcie_flagged(gpu: GpuSample) -> bool:
     return pcie_degraded_now(gpu) is True
 
 
-def gpu_state(gpu: GpuSample) -> tuple[str, str, Style]:
-    """(symbol, word, style): LOST, FAULT, WARN, BUSY, LOW or IDLE."""
+def gpu_state(gpu: GpuSample, problems: Optional[tuple[list[str], list[str]]] = None) -> tuple[str, str, Style]:
+    """(symbol, word, style): LOST, FAULT, WARN, BUSY, LOW or IDLE.  `problems`: health_problems(gpu),
+    when the caller has it already."""
     if gpu.lost:
         return look.STATE_LOST
-    faults, warnings = health_problems(gpu)
+    faults, warnings = problems if problems is not None else health_problems(gpu)
     if faults:
         return look.STATE_FAULT
     if warnings:
@@ -194,6 +195,11 @@ class GpuGrid(LineCanvas):
         self.message: Optional[str] = None  # e.g. no driver
         # GPU index -> (words, is a failure): what the latest machine check (key c) found on that GPU
         self.check_marks: dict[int, tuple[str, bool]] = {}
+        # What the last frame drew, reused where nothing changed (see _card_segments): per (GPU index, card
+        # line) its runs and segments; per (first GPU of the row, line) the card pieces and their strip.
+        self._cache_width = -1
+        self._card_lines: dict[tuple[int, int], tuple[tuple, list[Segment]]] = {}
+        self._row_strips: dict[tuple[int, int], tuple[tuple, Strip]] = {}
 
     # ------------------------------------------------------------------ data
     def update_data(
@@ -222,9 +228,11 @@ class GpuGrid(LineCanvas):
             self.redraw()
 
     # ------------------------------------------------------------------ geometry
-    def _state(self, gpu: GpuSample) -> tuple[str, str, Style]:
+    def _state(
+        self, gpu: GpuSample, problems: Optional[tuple[list[str], list[str]]] = None
+    ) -> tuple[str, str, Style]:
         """The card's state, FAULT or WARN too where the latest machine check failed or warned on this GPU."""
-        state = gpu_state(gpu)
+        state = gpu_state(gpu, problems)
         mark = self.check_marks.get(gpu.index)
         if mark is None or gpu.lost or state[1] == look.STATE_FAULT[1]:
             return state
@@ -267,25 +275,51 @@ class GpuGrid(LineCanvas):
         spark_cells = max(1, inner - 5)
         per_cell = spark_seconds_per_cell(spark_cells, self.interval)
         buckets = utilization_buckets(self.snapshots, [g.index for g in gpus], spark_cells, per_cell)
+        if width != self._cache_width:  # the cached pieces are for one card width
+            self._cache_width = width
+            self._card_lines.clear()
+            self._row_strips.clear()
         lines: list[Strip] = []
         for row_start in range(0, len(gpus), cols):
             row = gpus[row_start : row_start + cols]
-            cards = [self._card(gpu, inner, buckets[gpu.index], per_cell) for gpu in row]
+            cards = [self._card_segments(gpu, inner, buckets[gpu.index], per_cell) for gpu in row]
             tail = width - card_width * len(row)
             for y in range(CARD_LINES):
+                parts = tuple(card[y] for card in cards)
+                kept = self._row_strips.get((row_start, y))
+                if kept is not None and kept[0] == parts:  # the same cached pieces (compared by identity first)
+                    lines.append(kept[1])
+                    continue
                 segments: list[Segment] = []
-                for card in cards:
-                    segments.extend(card[y].segments(inner))
+                for part in parts:
+                    segments.extend(part)
                     segments.append(_GAP)
                 if tail > 0:
                     segments.append(Segment(" " * tail, PLAIN))
-                lines.append(Strip(segments, width))
+                strip = Strip(segments, width)
+                self._row_strips[(row_start, y)] = (parts, strip)
+                lines.append(strip)
             if row_start + cols < len(gpus):
                 lines.append(Strip.blank(width, PLAIN))
         return lines
 
+    def _card_segments(
+        self, gpu: GpuSample, w: int, spark: list[Optional[float]], per_cell: float
+    ) -> list[list[Segment]]:
+        """The card's lines as segments; a line whose runs (text and style) are what they were last time
+        keeps its segments, so the row's strip and the screen's diff see the very same objects."""
+        out = []
+        for y, line in enumerate(self._card(gpu, w, spark, per_cell)):
+            key = line.key()
+            kept = self._card_lines.get((gpu.index, y))
+            if kept is None or kept[0] != key:
+                kept = self._card_lines[(gpu.index, y)] = (key, line.segments(w))
+            out.append(kept[1])
+        return out
+
     def _card(self, gpu: GpuSample, w: int, spark: list[Optional[float]], per_cell: float) -> list[LineBuilder]:
-        symbol, word, state_style = self._state(gpu)
+        problems = None if gpu.lost else health_problems(gpu)
+        symbol, word, state_style = self._state(gpu, problems)
         lines = [LineBuilder() for _ in range(CARD_LINES)]
         head = lines[0]
         head.add(f"{symbol} GPU{gpu.index} {word:<5}", state_style)
@@ -344,7 +378,7 @@ class GpuGrid(LineCanvas):
             l5.add("n/a", look.DIM)
 
         l6 = lines[6]
-        faults, warnings = health_problems(gpu)
+        faults, warnings = problems
         l6.add("thr ", look.LABEL)
         l6.add(card_text("throttle_reasons", gpu), look.WARN if _is_slowdown(gpu) else look.PLAIN if active_throttles(gpu) else look.DIM)
         health = [p for p in faults + warnings if p not in ("throttled", "PCIe down")]

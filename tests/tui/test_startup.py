@@ -1,0 +1,94 @@
+"""Start-up cost (issue 15's first-frame and RSS bars): what the monitor does before its first frame.
+
+- The first poll, prefetched while Textual loads, is drawn by the first frame: it does not wait in the
+  message queue behind Textual's own start-up (gputop/commands/tui.py, PollLoop.prefetch).
+- Starting the monitor loads none of the code behind its keys (dialogs, report, bench, trace, check,
+  recording, the exporter) until a key asks for it: each would cost memory and time to every start.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+from gputop.source import PollLoop
+from gputop.tui.app import GputopApp
+from tests.harness.histories import ScriptedSource, fixed_diagnose, make_machine, make_snapshots
+from tests.harness.processes import wait_until
+from tests.harness.train_jobs import REPO
+
+# Loaded only when their key is pressed (or their command runs): none of them may load at start.
+ON_DEMAND = [
+    "gputop.tui.screens",  # help, topology, findings, bench dialogs
+    "gputop.tui.check_screen",  # c
+    "gputop.tui.trace_screen",  # t
+    "gputop.tracing",
+    "gputop.bench",  # b
+    "gputop.report",  # r
+    "gputop.recording",
+    "gputop.exporter",
+    "gputop.analysis.machine_check",
+    "gputop.analysis.trace_summary",
+    "prometheus_client",
+    "json",
+]
+
+# The real `gputop tui --simulate` (commands/tui.py: prefetch, gc off until the first frame), headless, until
+# its first verdict; then `?` (the help key's action) to show that the probe sees what a key loads.
+PROBE = """
+import functools, sys
+from textual.app import App
+App.run = functools.partialmethod(App.run, headless=True, size=(120, 40))
+import gputop.tui.app as tui_app
+seen = {}
+def on_diagnosed(self, message, _orig=tui_app.GputopApp.on_diagnosed):
+    _orig(self, message)
+    if not seen:
+        seen["at_first_verdict"] = sorted(sys.modules)
+        seen["snapshots"] = self.snapshots_seen
+        self.action_help()
+        seen["after_help_key"] = sorted(sys.modules)
+        self.exit(0)
+tui_app.GputopApp.on_diagnosed = on_diagnosed
+from gputop.cli import main
+rc = main(["tui", "--simulate", "--interval", "0.5"])
+import json  # only now: the monitor must not have needed it
+with open(sys.argv[1], "w") as out:
+    json.dump({"rc": rc, **seen}, out)
+"""
+
+
+def test_starting_the_monitor_loads_no_code_behind_its_keys(spawn, tmp_path):
+    out_file = tmp_path / "modules.json"
+    proc = spawn([sys.executable, "-c", PROBE, str(out_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    _, err = proc.communicate(timeout=120)
+    assert out_file.exists(), f"the monitor did not reach its first verdict: rc={proc.returncode} {err.decode()[-2000:]}"
+    result = json.loads(out_file.read_text())
+    assert result["rc"] == 0 and result["snapshots"] >= 1
+    at_start = set(result["at_first_verdict"])
+    assert "gputop.analysis.diagnosis" in at_start  # the probe ran the monitor as far as its verdict
+    loaded = [m for m in ON_DEMAND if m in at_start]
+    assert not loaded, f"starting the monitor loaded {loaded}: import them where their key is handled"
+    assert "gputop.tui.screens" in set(result["after_help_key"])  # and the probe would have seen it
+
+
+async def test_the_prefetched_first_poll_is_drawn_by_the_first_frame(close_sources):
+    source = ScriptedSource(make_machine(gpus=8), make_snapshots(1, gpus=8))  # then every poll blocks
+    close_sources(source)
+    loop = PollLoop(source, 0.001)
+    loop.prefetch()
+    wait_until(
+        lambda: source.polls == 1 and not any(t.name == "gputop-first-poll" for t in threading.enumerate()),
+        what="the prefetched poll",
+    )
+    app = GputopApp(source, interval=0.001, diagnose=fixed_diagnose, poll_loop=loop)
+    posted = []
+    post_batch = app._post_batch
+    app._post_batch = lambda batch: (posted.append(batch), post_batch(batch))  # the collector's way in
+    async with app.run_test(size=(120, 40)):
+        # on the screen at mount, not delivered later by the collector through the message queue
+        assert app.snapshots_seen == 1 and app.history.latest is source._snapshots[0]
+        assert posted == []
+        assert any(line.lstrip().startswith("GPU0") or " GPU0" in line for line in app.query_one("#gpus").lines_text)
