@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Callable, Optional, Sequence
 
 from gputop import units
@@ -73,7 +74,7 @@ def _link_total(gpu: GpuSample, attr: str) -> Optional[float]:
     """Traffic summed over the GPU's NVLinks (None: no NVLink, or no rate read yet)."""
     if gpu.nvlink is None:
         return None
-    values = [getattr(link, attr) for link in gpu.nvlink if getattr(link, attr) is not None]
+    values = [value for value in map(attrgetter(attr), gpu.nvlink) if value is not None]
     return sum(values) if values else None
 
 
@@ -155,7 +156,7 @@ def _pcie_long(gpu: GpuSample) -> str:
 def _nvlink_active(gpu: GpuSample) -> Optional[tuple[int, int]]:
     if gpu.nvlink is None:
         return None
-    return sum(1 for link in gpu.nvlink if link.active), len(gpu.nvlink)
+    return len([link for link in gpu.nvlink if link.active]), len(gpu.nvlink)
 
 
 def _nvlink_short(gpu: GpuSample) -> str:

@@ -1,18 +1,27 @@
 """Each `gputop demo` scenario - a real PyTorch job on the simulated machine - gets the right verdict within
-30 s of attaching, and nothing else scores as severe (critical): demo job -> py-spy -> findings."""
+30 s of attaching, and nothing else scores as severe (critical): demo job -> py-spy -> findings.
+
+For nccl-hang, eval-rank0 and sync-bound, what the machine shows (spinning GPUs, parked hosts, a barrier,
+GPUs taking turns with the host) is checked on the same job after its verdict test: one job start-up per
+scenario (a class-scoped job, stopped when its class ends, so no other test shares the cores with it).
+The verdict test comes first in its class, so it attaches right after the ranks start training, as a
+fresh job's does.
+"""
 
 from __future__ import annotations
 
-import inspect
 import time
 
 import pytest
 
 from gputop.analysis.diagnosis import severe, verdict_line
+from gputop.analysis.stack_classes import COLLECTIVE, WAITING_FOR_DATA
+from gputop.commands.demo import observe
 from gputop.model import LABEL_CODE
 from gputop.pipeline import Pipeline
 from gputop.sim.demo_launcher import DemoJob
 from tests.harness.attach import Observer
+from tests.harness.demo import innermost, item_line, rank_pids
 from tests.harness.processes import wait_until
 
 VERDICT_DEADLINE_S = 30.0
@@ -20,28 +29,68 @@ RANKS = 4  # 4 ranks start faster on a small box than 8; the profiles are the sa
 STARTUP_S = 240.0
 
 
+def _start_training(scenario: str) -> DemoJob:
+    """A demo job whose every rank has taken a step; stopped here if it never gets there."""
+    job = DemoJob(scenario, gpus=RANKS)
+    job.start()
+    try:
+        job.wait_until_training(timeout=STARTUP_S)
+    except BaseException:
+        job.stop()
+        raise
+    return job
+
+
+def _attach(job: DemoJob) -> Observer:
+    """Polled once a second like the TUI does, on the simulated 8-GPU machine the demo drives."""
+    pipeline = Pipeline(simulate="h100-sxm-8", pid=job.launcher_pid, load_model=job.load_model())
+    return Observer(job.launcher_pid, pipeline=pipeline)
+
+
 @pytest.fixture
 def demo():
-    started: list[tuple[DemoJob, Observer]] = []
+    """demo(scenario) -> an Observer attached to a fresh job that has started training; all stopped at teardown."""
+    started: list[tuple[DemoJob, list[Observer]]] = []
 
     def start(scenario: str) -> Observer:
-        job = DemoJob(scenario, gpus=RANKS)
-        pid = job.start()
-        observer = None
-        try:
-            job.wait_until_training(timeout=STARTUP_S)
-            # polled once a second like the TUI does, on the simulated 8-GPU machine the demo drives
-            pipeline = Pipeline(simulate="h100-sxm-8", pid=pid, load_model=job.load_model())
-            observer = Observer(pid, pipeline=pipeline)
-        finally:
-            started.append((job, observer))
-        return observer
+        job = _start_training(scenario)
+        observers: list[Observer] = []
+        started.append((job, observers))
+        observers.append(_attach(job))
+        return observers[0]
 
     yield start
-    for job, observer in started:
-        if observer is not None:
+    for job, observers in started:
+        for observer in observers:
             observer.close()
         job.stop()
+
+
+@pytest.fixture
+def attach():
+    """attach(job) -> a fresh Observer on a running job (its own pipeline and history); closed at teardown."""
+    made: list[Observer] = []
+
+    def make(job: DemoJob) -> Observer:
+        made.append(_attach(job))
+        return made[-1]
+
+    yield make
+    for observer in made:
+        observer.close()
+
+
+def _shared_job(scenario: str):
+    """A class-scoped fixture (a class attribute): one `scenario` job for the tests of the class, stopped when
+    the class ends."""
+
+    @pytest.fixture(scope="class")
+    def job(self):
+        started = _start_training(scenario)
+        yield started
+        started.stop()
+
+    return job
 
 
 def _top_is(obs: Observer, finding_id: str, min_polls: int = 0) -> bool:
@@ -95,68 +144,129 @@ def _text(finding) -> str:
 
 
 @pytest.mark.slow
-def test_demo_nccl_hang_names_the_rank_and_its_stuck_worker(demo):
-    """One rank's worker hangs; the others' GPUs spin in the all-reduce and their hosts park at loss.item():
-    busy GPUs, yet a hang, blamed on the rank whose stack differs."""
-    obs = demo("nccl-hang")
-    culprit = RANKS // 2  # scenarios.resolve: hang_rank = ranks // 2
+class TestNcclHang:
+    job = _shared_job("nccl-hang")
 
-    def verdict():
-        top = obs.step()[0]
-        # the culprit rank, the frame its worker is stuck in, and the advice for both the worker and NCCL
-        return (
-            top.id == "hang"
-            and top.severity == "critical"
-            and f"rank {culprit}" in top.summary
-            and "JpegDataset.__getitem__" in _text(top)
-            and "timeout=" in top.fix
-            and "TORCH_NCCL_ASYNC_ERROR_HANDLING" in top.fix
+    def test_verdict_names_the_rank_and_its_stuck_worker(self, job, attach):
+        """One rank's worker hangs; the others' GPUs spin in the all-reduce and their hosts park at loss.item():
+        busy GPUs, yet a hang, blamed on the rank whose stack differs."""
+        obs = attach(job)
+        culprit = RANKS // 2  # scenarios.resolve: hang_rank = ranks // 2
+
+        def verdict():
+            top = obs.step()[0]
+            # the culprit rank, the frame its worker is stuck in, and the advice for both the worker and NCCL
+            return (
+                top.id == "hang"
+                and top.severity == "critical"
+                and f"rank {culprit}" in top.summary
+                and "JpegDataset.__getitem__" in _text(top)
+                and "timeout=" in top.fix
+                and "TORCH_NCCL_ASYNC_ERROR_HANDLING" in top.fix
+            )
+
+        wait_until(
+            verdict,
+            timeout=VERDICT_DEADLINE_S,
+            interval=1.0,
+            what=f"a hang verdict naming rank {culprit}, its stuck worker's frame, a DataLoader timeout and NCCL advice",
         )
+        others = [(f.id, f.summary) for f in severe(obs.findings) if f is not obs.findings[0]]
+        assert not others, others
 
-    wait_until(
-        verdict,
-        timeout=VERDICT_DEADLINE_S,
-        interval=1.0,
-        what=f"a hang verdict naming rank {culprit}, its stuck worker's frame, a DataLoader timeout and NCCL advice",
-    )
-    others = [(f.id, f.summary) for f in severe(obs.findings) if f is not obs.findings[0]]
-    assert not others, others
+    def test_other_gpus_spin_at_low_power_with_hosts_parked_at_item(self, job, attach):
+        pipeline = attach(job).pipeline
+        stuck = job.config.hang_rank
+        assert stuck == RANKS // 2
+        healthy = [g for g in range(RANKS) if g != stuck]
+
+        def spinning():
+            gpus = pipeline.poll().gpus
+            return all(gpus[g].utilization_gpu >= 95 for g in healthy) and gpus[stuck].utilization_gpu == 0
+
+        wait_until(spinning, timeout=90, interval=0.5, what="the healthy GPUs spinning and the stuck rank's GPU idle")
+        gpus = pipeline.poll().gpus
+        for g in healthy:
+            assert gpus[g].power < 0.3 * gpus[g].power_limit, (gpus[g].power, gpus[g].power_limit)  # a spin, not compute
+            assert gpus[g].memory_used > 9 * 1024**3
+        pids = rank_pids(job)
+        line = item_line()
+        for rank in healthy:
+            state, frame = wait_until(
+                lambda: (lambda r: r if r[1] is not None and r[1].line == line else None)(innermost(pids[rank])),
+                timeout=30,
+                what=f"rank {rank}'s host parked at demo_job.py:{line}",
+            )
+            assert frame.name == "train" and frame.filename.endswith("gputop/sim/demo_job.py")
+        wait_until(lambda: innermost(pids[stuck])[0] == WAITING_FOR_DATA, timeout=30, what="the stuck rank waiting for data")
+        summary = observe(job, pipeline, interval=0.5, seconds=2, out=open("/dev/null", "w"))
+        assert summary.steps_per_s == (0.0,) * RANKS
 
 
 @pytest.mark.slow
-def test_demo_eval_on_rank0_is_healthy_not_a_straggler(demo):
-    """Rank 0 evaluates every 40 steps while the others wait in a barrier: by design, not a problem."""
-    obs = demo("eval-rank0")
-    started = time.monotonic()
-    wait_until(lambda: _top_is(obs, "healthy", min_polls=15), timeout=VERDICT_DEADLINE_S, interval=1.0, what="eval-rank0: healthy")
-    # and it stays so over the following evaluations (one every ~10 s, ~2.7 s long)
-    while time.monotonic() - started < VERDICT_DEADLINE_S:
-        findings = obs.step()
-        flagged = [(f.id, f.severity, f.summary) for f in findings if f.severity in ("critical", "warning") or f.id == "straggler"]
-        assert not flagged, flagged
-        time.sleep(1.0)  # noqa: the poll interval, like the TUI's
+class TestEvalOnRank0:
+    job = _shared_job("eval-rank0")
 
+    def test_verdict_is_healthy_not_a_straggler(self, job, attach):
+        """Rank 0 evaluates every 40 steps while the others wait in a barrier: by design, not a problem."""
+        obs = attach(job)
+        started = time.monotonic()
+        wait_until(lambda: _top_is(obs, "healthy", min_polls=15), timeout=VERDICT_DEADLINE_S, interval=1.0, what="eval-rank0: healthy")
+        # and it stays so over the following evaluations (one every ~10 s, ~2.7 s long)
+        while time.monotonic() - started < VERDICT_DEADLINE_S:
+            findings = obs.step()
+            flagged = [(f.id, f.severity, f.summary) for f in findings if f.severity in ("critical", "warning") or f.id == "straggler"]
+            assert not flagged, flagged
+            time.sleep(1.0)  # noqa: the poll interval, like the TUI's
 
-def _item_line() -> int:
-    from gputop.sim import demo_job
+    def test_the_others_wait_in_a_barrier_with_their_gpus_spinning(self, job, attach):
+        pipeline = attach(job).pipeline
+        pids = rank_pids(job)
+        others = range(1, RANKS)
 
-    lines, first = inspect.getsourcelines(demo_job.train)
-    return first + next(i for i, text in enumerate(lines) if "running_loss += loss.item()" in text)
+        def others_in_barrier():
+            states = [innermost(p) for p in pids[1:]]
+            return all(s == COLLECTIVE and f is not None and f.name.rsplit(".", 1)[-1] == "barrier" for s, f in states)
+
+        wait_until(others_in_barrier, timeout=60, interval=0.3, what="ranks 1 and up waiting in barrier during an eval")
+
+        def rank0_computes_while_the_others_spin():
+            gpus = pipeline.poll().gpus
+            return gpus[0].power > 0.6 * gpus[0].power_limit and all(
+                gpus[g].utilization_gpu >= 90 and gpus[g].power < 0.35 * gpus[g].power_limit for g in others
+            )
+
+        # the 1 s utilization window covers a part of an evaluation: the other GPUs spin in the barrier at low
+        # power while rank 0's GPU runs the evaluation at high power
+        wait_until(rank0_computes_while_the_others_spin, timeout=60, interval=0.25, what="the other GPUs spinning beside rank 0's eval")
+        wait_until(lambda: any("eval accuracy" in line for line in job.log_tail(40)), timeout=30, what="rank 0 to report its eval")
 
 
 @pytest.mark.slow
-def test_demo_sync_bound_names_the_item_line(demo):
-    """loss.item() every step: host and GPU take turns (GPUs ~55%).  The verdict is the user's code, a sync in
-    the loop, naming the line."""
-    obs = demo("sync-bound")
-    where = f"demo_job.py:{_item_line()}"
+class TestSyncBound:
+    job = _shared_job("sync-bound")
 
-    def verdict():
-        top = obs.step()[0]
-        return top.severity in ("critical", "warning") and where in _text(top) and "sync" in top.summary.lower()
+    def test_verdict_names_the_item_line(self, job, attach):
+        """loss.item() every step: host and GPU take turns (GPUs ~55%).  The verdict is the user's code, a sync in
+        the loop, naming the line."""
+        obs = attach(job)
+        where = f"demo_job.py:{item_line()}"
 
-    wait_until(verdict, timeout=VERDICT_DEADLINE_S, interval=1.0, what=f"a sync verdict naming {where}")
-    top = obs.findings[0]
-    assert top.label == LABEL_CODE, top
-    assert "loss.item()" in _text(top), _text(top)
-    assert top.id not in ("starvation", "hang", "straggler"), top
+        def verdict():
+            top = obs.step()[0]
+            return top.severity in ("critical", "warning") and where in _text(top) and "sync" in top.summary.lower()
+
+        wait_until(verdict, timeout=VERDICT_DEADLINE_S, interval=1.0, what=f"a sync verdict naming {where}")
+        top = obs.findings[0]
+        assert top.label == LABEL_CODE, top
+        assert "loss.item()" in _text(top), _text(top)
+        assert top.id not in ("starvation", "hang", "straggler"), top
+
+    def test_host_and_gpu_take_turns(self, job, attach):
+        pipeline = attach(job).pipeline
+        summary = observe(job, pipeline, interval=0.5, seconds=8, out=open("/dev/null", "w"))
+        means = summary.mean_util()
+        assert all(40 <= means[g] <= 70 for g in range(RANKS)), means  # ~55%: 200 ms of GPU after 160 ms of host, in turn
+        line = item_line()
+        pid = rank_pids(job)[0]
+        wait_until(lambda: (lambda f: f is not None and f.line == line)(innermost(pid)[1]), timeout=30, what="rank 0 at .item()")

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+
 import psutil
+
+from gputop.analysis.stack_classes import classify_main_thread, main_thread
+from gputop.collect.stacks import dump_stacks
 
 from gputop.commands.demo import DEMO_PROFILE
 from gputop.pipeline import Pipeline
@@ -36,3 +41,18 @@ def rank_pids(job: DemoJob) -> list[int]:
         if rank is not None:
             ranks[int(rank)] = child.pid
     return [ranks[r] for r in sorted(ranks)]
+
+
+def item_line() -> int:
+    """The line of `running_loss += loss.item()` in demo_job.py: where py-spy must show a parked host."""
+    from gputop.sim import demo_job
+
+    lines, first = inspect.getsourcelines(demo_job.train)
+    return first + next(i for i, text in enumerate(lines) if "running_loss += loss.item()" in text)
+
+
+def innermost(pid: int):
+    """(state, innermost frame) of the rank's main thread, from a real py-spy dump."""
+    stacks = dump_stacks([pid])[pid]
+    thread = main_thread(stacks)
+    return classify_main_thread(stacks), (thread.frames[0] if thread and thread.frames else None)

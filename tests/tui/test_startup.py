@@ -2,6 +2,7 @@
 
 - The first poll, prefetched while Textual loads, is drawn by the first frame: it does not wait in the
   message queue behind Textual's own start-up (gputop/commands/tui.py, PollLoop.prefetch).
+- The cyclic GC, off during start-up, is back on once the first frame is drawn.
 - Starting the monitor loads none of the code behind its keys (dialogs, report, bench, trace, check,
   recording, the exporter) until a key asks for it: each would cost memory and time to every start.
 """
@@ -38,7 +39,7 @@ ON_DEMAND = [
 # The real `gputop tui --simulate` (commands/tui.py: prefetch, gc off until the first frame), headless, until
 # its first verdict; then `?` (the help key's action) to show that the probe sees what a key loads.
 PROBE = """
-import functools, sys
+import functools, gc, sys
 from textual.app import App
 App.run = functools.partialmethod(App.run, headless=True, size=(120, 40))
 import gputop.tui.app as tui_app
@@ -48,6 +49,7 @@ def on_diagnosed(self, message, _orig=tui_app.GputopApp.on_diagnosed):
     if not seen:
         seen["at_first_verdict"] = sorted(sys.modules)
         seen["snapshots"] = self.snapshots_seen
+        seen["gc_enabled"] = gc.isenabled()
         self.action_help()
         seen["after_help_key"] = sorted(sys.modules)
         self.exit(0)
@@ -72,6 +74,8 @@ def test_starting_the_monitor_loads_no_code_behind_its_keys(spawn, tmp_path):
     loaded = [m for m in ON_DEMAND if m in at_start]
     assert not loaded, f"starting the monitor loaded {loaded}: import them where their key is handled"
     assert "gputop.tui.screens" in set(result["after_help_key"])  # and the probe would have seen it
+    # start-up turns the cyclic GC off (commands/tui.py); left off, every reference cycle would leak for good
+    assert result["gc_enabled"], "the cyclic GC was still off after the first frame"
 
 
 async def test_the_prefetched_first_poll_is_drawn_by_the_first_frame(close_sources):

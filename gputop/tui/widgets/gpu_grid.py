@@ -61,7 +61,7 @@ def health_problems(gpu: GpuSample) -> tuple[list[str], list[str]]:
     if pcie_flagged(gpu):
         warnings.append("PCIe down")
     if gpu.nvlink:
-        inactive = sum(1 for link in gpu.nvlink if not link.active)
+        inactive = len([link for link in gpu.nvlink if not link.active])
         if inactive and inactive < len(gpu.nvlink):
             warnings.append(f"NVLink {inactive} down")
     return faults, warnings
