@@ -130,6 +130,28 @@ def test_nvlink_down_narrows_the_topology_and_links(collector):
     assert all(link.tx_bytes_per_s > 0 for link in links if link.active)
 
 
+def test_an_unchanged_link_reading_is_shared_by_the_samples_a_history_keeps(collector):
+    # the TUI keeps 600 samples: an inactive or idle link must cost one object, not one a sample
+    clock, load = ManualClock(), ScriptedLoad(util=50.0)
+    gpu, _ = collector("h100-sxm-8+nvlink-down=4", load=load, clock=clock)
+    clock.advance(1.0)
+    gpu.sample()
+    clock.advance(1.0)
+    first = gpu.sample()[4].nvlink
+    clock.advance(1.0)
+    same_load = gpu.sample()[4].nvlink  # the same traffic as a second ago: every link reads the same
+    assert sum(1 for link in same_load if not link.active) == 4
+    assert all(now is then for now, then in zip(same_load, first))
+    load.util = 90.0
+    clock.advance(1.0)
+    busier = gpu.sample()[4].nvlink
+    for now, then in zip(busier, same_load):
+        if now.active:  # its rate moved: a reading of its own
+            assert now is not then and now.tx_bytes_per_s > then.tx_bytes_per_s
+        else:
+            assert now is then
+
+
 def test_nvlink_rate_is_delta_over_time(collector):
     clock = ManualClock()
     gpu, _ = collector("h100-sxm-8", load=ScriptedLoad(util=100.0), clock=clock)
