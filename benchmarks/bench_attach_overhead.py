@@ -2,7 +2,7 @@
 
     python benchmarks/bench_attach_overhead.py [--rounds 4] [--window 10] [--workers 4] [--json]
 
-Starts tests/jobs/train_loop.py (DataLoader workers decoding for --getitem-ms, a simulated GPU step of
+Starts tests/jobs/train_job.py (DataLoader workers decoding for --getitem-ms, a simulated GPU step of
 --step-ms), then alternates windows without gputop and with `gputop record --pid JOB` (1 s refresh,
 stacks on: py-spy of every job PID every 2 s, the defaults) in the same run, so both see the same load.
 The bar: steps/s attached >= 0.99 x detached (ratio of medians).  Kills everything it started.
@@ -22,7 +22,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TRAIN_LOOP = REPO / "tests" / "jobs" / "train_loop.py"
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import wait_for  # noqa: E402  (benchmarks/common.py)
+from tests.harness.train_jobs import attach_loop_command, ready_records  # noqa: E402
+
 BAR = 0.99
 WARMUP_S = 1.5  # gputop's own start (imports, first /proc scan) is not the steady state we measure
 
@@ -53,15 +58,15 @@ def main() -> int:
         tmp_path = Path(tmp)
         progress = tmp_path / "steps"
         job = subprocess.Popen(
-            [sys.executable, str(TRAIN_LOOP), "--workers", str(args.workers), "--persistent",
-             "--samples", "100000000", "--getitem-ms", str(args.getitem_ms), "--step-ms", str(args.step_ms),
-             "--progress-file", str(progress), "--ready-file", str(tmp_path / "ready")],
+            attach_loop_command("--workers", str(args.workers), "--persistent", "--length", "100000000",
+                                "--sample-ms", str(args.getitem_ms), "--step-ms", str(args.step_ms),
+                                "--progress", str(progress), "--ready", str(tmp_path / "ready")),
             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         gputop = None
         detached, attached = [], []
         try:
-            wait_for(lambda: list(tmp_path.glob("ready.*[0-9]")), 180, "the job's first step")
+            wait_for(lambda: ready_records(tmp_path / "ready"), 180, "the job's first step")
             steps_per_s(progress, 2.0)  # let the workers' prefetch settle
             for _ in range(args.rounds):
                 detached.append(steps_per_s(progress, args.window))
@@ -85,7 +90,7 @@ def main() -> int:
 
     off, on = statistics.median(detached), statistics.median(attached)
     ratio = on / off if off else float("nan")
-    print(f"steps/s of tests/jobs/train_loop.py ({args.workers} workers), {args.rounds} x {args.window:g} s "
+    print(f"steps/s of tests/jobs/train_job.py ({args.workers} workers), {args.rounds} x {args.window:g} s "
           f"windows each, interleaved, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
     print(f"{'':<26}{'median':>9}{'min':>9}{'max':>9}")
     for name, values in (("without gputop", detached), ("gputop record --pid", attached)):

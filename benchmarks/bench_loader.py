@@ -1,6 +1,6 @@
 """How fast and how right is `gputop bench`? Time to answer and error against jobs with known rates.
 
-Starts `tests/bench_jobs/train_job.py` (sleep-based per-batch cost, so the producer rate is known: n
+Starts `tests/jobs/train_job.py` (sleep-based per-batch cost, so the producer rate is known: n
 producers make max(1, n) / prep batches per second), runs the active benchmark against it and prints
 one row per job:
 
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gputop.bench import run_benchmark  # noqa: E402
-from tests.harness.train_jobs import JOB, Job, truth  # noqa: E402
+from tests.harness.train_jobs import Job, bench_command, truth  # noqa: E402
 
 JOBS = [  # (num_workers, prep ms per batch, step ms)
     (0, 60, 30),
@@ -42,17 +42,16 @@ BEFORE_S = 8.0  # seconds of the job's own steps/s before the benchmark starts
 
 
 def _run_one(workers: int, prep_ms: float, step_ms: float, seconds: float, tmp: Path, verbose: bool = False) -> dict:
-    log = tmp / f"job-{workers}-{prep_ms:g}.log"
+    log = tmp / f"job-{workers}-{prep_ms:g}"
     extra = ["--persistent"] if workers else []
     proc = subprocess.Popen(
-        [sys.executable, JOB, "--workers", str(workers), "--prep-ms", str(prep_ms), "--step-ms", str(step_ms),
-         "--losses", str(log), *extra],
+        bench_command(log, "--workers", str(workers), "--batch-ms", str(prep_ms), "--step-ms", str(step_ms), *extra),
         cwd=REPO, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        job = Job(proc, log)
+        job = Job(proc, Path(f"{log}.0"))
         deadline = time.monotonic() + 60
-        while not (log.exists() and len(job.steps()) >= 10):  # warm: lazy imports of the first steps are done
+        while not (job.log.exists() and len(job.steps()) >= 10):  # warm: lazy imports of the first steps are done
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise SystemExit(f"job {workers}/{prep_ms} did not start")
             time.sleep(0.1)

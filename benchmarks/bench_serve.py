@@ -3,7 +3,7 @@
     python benchmarks/bench_serve.py [--seconds 30] [--quick]
 
 Runs the real exporter in this process, as `gputop serve --simulate h100-sxm-8 --pid P` does: the
-simulated 8-GPU machine, a real training job attached (tests/jobs/train_loop.py, 2 DataLoader workers,
+simulated 8-GPU machine, a real training job attached (tests/jobs/train_job.py, 2 DataLoader workers,
 py-spy stacks every 2 s), the collector thread cycling every second, and prometheus_client's HTTP
 server on loopback.  Meanwhile it scrapes /metrics (OpenMetrics) ten times a second and records each
 scrape's wall time, and the wall time of each collection cycle's two parts: the pipeline's poll and the
@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import REPO, emit_figure, machine_line, print_table  # noqa: E402
+from tests.harness.train_jobs import attach_loop_command, ready_records  # noqa: E402
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
@@ -52,14 +53,13 @@ def main() -> int:
 
     ready = Path(tempfile.mkdtemp(prefix="gputop-bench-serve-")) / "ready"
     job = subprocess.Popen(
-        [sys.executable, str(Path(REPO) / "tests" / "jobs" / "train_loop.py"), "--workers", "2", "--samples", "100000",
-         "--ready-file", str(ready)],
+        attach_loop_command("--workers", "2", "--length", "100000", "--ready", str(ready)),
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
     )
     pipeline = exporter = server = loop = None
     try:
         deadline = time.monotonic() + 120
-        while not Path(f"{ready}.{job.pid}").exists():
+        while not ready_records(ready):
             if time.monotonic() > deadline or job.poll() is not None:
                 print("the training job did not start", file=sys.stderr)
                 return 1

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_stacks.py [--workers 16] [--rounds 7] [--python PATH] [--json]
 
-Starts tests/jobs/train_loop.py (a real PyTorch loop, workers sleeping in Dataset.__getitem__) under
+Starts tests/jobs/train_job.py (a real PyTorch loop, workers sleeping in Dataset.__getitem__) under
 `--python` (default: this interpreter), waits until all workers run, then times, interleaved round by
 round so that every mode sees the same machine load:
 
@@ -44,8 +44,8 @@ from common import kill_group, wait_for  # noqa: E402  (benchmarks/common.py)
 from gputop.collect.job_tree import JobCollector  # noqa: E402
 from gputop.collect.procfs import read_progress  # noqa: E402
 from gputop.collect.stacks import dump_one, dump_stacks, find_py_spy  # noqa: E402
+from tests.harness.train_jobs import attach_loop_command, ready_records  # noqa: E402
 
-TRAIN_LOOP = REPO / "tests" / "jobs" / "train_loop.py"
 GOAL_MS = 100.0  # issue 15: the stacks of 17 processes
 
 
@@ -139,13 +139,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gputop-bench-stacks-") as tmp:
         ready = Path(tmp) / "ready"
         job = subprocess.Popen(
-            [args.python, str(TRAIN_LOOP), "--workers", str(args.workers), "--persistent",
-             "--samples", "1000000", "--getitem-ms", "200", "--ready-file", str(ready)],
+            attach_loop_command("--workers", str(args.workers), "--persistent", "--length", "1000000",
+                                "--sample-ms", "200", "--ready", str(ready), python=args.python),
             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env=job_env(args.python),
         )
         try:
-            wait_for(lambda: list(Path(tmp).glob("ready.*[0-9]")) or job.poll() is not None, 180, "the job's first step")
+            wait_for(lambda: ready_records(ready) or job.poll() is not None, 180, "the job's first step")
             if job.poll() is not None:
                 print(f"bench_stacks: the job exited ({job.returncode}) under {args.python}; can it import torch?",
                       file=sys.stderr)

@@ -1,6 +1,6 @@
 """The job's speed after `gputop trace` ÷ before (issue 13: >= 0.99), measured side by side.
 
-Two identical single-process training jobs (tests/jobs/phase_job.py: sleeping phases and a 40-layer MLP,
+Two identical single-process training jobs (tests/jobs/train_job.py: sleeping phases and a 40-layer MLP,
 so each step runs ~500 aten ops whose profiler cost would show if anything stayed on) run together; one
 is traced, the other is the reference.  Each round: steps/s of both over a window before the trace, the
 trace (5 s), then a window after it.  The figure is (traced/reference after) ÷ (traced/reference before),
@@ -22,12 +22,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import REPO, emit_figure, machine_line  # noqa: E402
 
-JOB = os.path.join(REPO, "tests", "jobs", "phase_job.py")
-JOB_ARGS = ["--sleep", "--layers", "40", "--data-ms", "5", "--forward-ms", "5", "--backward-ms", "5", "--optimizer-ms", "2"]
+sys.path.insert(0, REPO)
+from tests.harness.train_jobs import PHASED, command, wait_ready  # noqa: E402
+
+JOB_ARGS = [*PHASED, "--spend", "sleep", "--layers", "40", "--sample-ms", "5", "--forward-ms", "5", "--backward-ms", "5",
+            "--optimizer-ms", "2"]
 
 
 def step_times(log: str) -> list[tuple[float, float]]:
@@ -73,14 +77,6 @@ def window_bounds(trace_file: str) -> tuple[float, float]:
     return base + event["ts"] / 1e6, base + (event["ts"] + event["dur"]) / 1e6
 
 
-def wait_for(path: str, timeout: float = 120.0) -> None:
-    end = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > end:
-            raise SystemExit(f"timed out waiting for {path}")
-        time.sleep(0.1)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -98,10 +94,10 @@ def main() -> int:
     try:
         for name in ("traced", "reference"):
             log, ready = os.path.join(tmp, name), os.path.join(tmp, f"{name}.ready")
-            jobs[name] = (subprocess.Popen([sys.executable, JOB, "--step-log", log, "--ready-file", ready, *JOB_ARGS],
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True),
-                          log + ".0")
-            wait_for(ready + ".0")
+            proc = subprocess.Popen(command(*JOB_ARGS, "--step-log", log, "--ready", ready),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            jobs[name] = (proc, log + ".0")
+            wait_ready(Path(ready), 1, proc)
         time.sleep(3.0)  # past start-up (first steps allocate, import lazily)
         after_ratios, fast_ratios, during_ratios = [], [], []
         for round_no in range(args.rounds):

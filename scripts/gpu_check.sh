@@ -12,7 +12,8 @@
 #   2. takes `gputop snapshot --json` into tests/fixtures/nvml/ (tests/test_snapshot_cli.py replays
 #      every file there through the model) and prints what differs from the simulated H100 machine,
 #      and compares gputop's topo -m matrix (its NIC rows come from sysfs) with `nvidia-smi topo -m`;
-#   3. runs a real CUDA training job (scripts/gpu_check_job.py) starved (num_workers=0), then tuned
+#   3. runs a real CUDA training job (tests/jobs/train_job.py --model conv --device cuda: a CNN on
+#      images whose decode costs CPU) starved (num_workers=0), then tuned
 #      (workers, pinned memory), takes `gputop report --pid` of each, and checks that the starved one
 #      is called input-bound and the tuned one is not;
 #   4. hangs rank 1 of a 2-rank NCCL job and checks that the report's hang finding names that rank;
@@ -50,7 +51,7 @@ if [ -z "$OUT" ]; then
     if [ "$NO_CUDA" = 1 ]; then OUT="$(mktemp -d -t gputop-gpu-check.XXXXXX)"; else OUT="$ROOT/benchmarks/gpu_check/$HOST"; fi
 fi
 mkdir -p "$OUT"
-JOB="$ROOT/scripts/gpu_check_job.py"
+JOB="$ROOT/tests/jobs/train_job.py"
 VERIFY="$ROOT/scripts/gpu_check_verify.py"
 FAILED=0
 STARTED_GROUPS=()
@@ -76,10 +77,20 @@ start_job() {
     STARTED_GROUPS+=("$JOB_PID")
 }
 
-# wait_for FILE SECONDS WHAT: a deadline on a condition (the job's first step), not a sleep
-wait_for() {
-    local file="$1" deadline=$((SECONDS + $2)) what="$3"
-    while [ ! -e "$file" ]; do
+# ready_count PREFIX: how many ranks wrote their ready record (PREFIX.PID, JSON) after their first step
+ready_count() { find "$(dirname "$1")" -maxdepth 1 -name "$(basename "$1").*" ! -name '*.tmp' | wc -l; }
+
+# rank_pid PREFIX RANK: the PID of that rank, from its ready record
+rank_pid() {
+    "$PYTHON" -c 'import glob, json, sys
+records = [json.load(open(p)) for p in glob.glob(sys.argv[1] + ".[0-9]*") if not p.endswith(".tmp")]
+print(next(r["pid"] for r in records if r["rank"] == int(sys.argv[2])))' "$1" "$2"
+}
+
+# wait_ready PREFIX COUNT SECONDS WHAT: a deadline on a condition (the ranks' first step), not a sleep
+wait_ready() {
+    local prefix="$1" count="$2" deadline=$((SECONDS + $3)) what="$4"
+    while [ "$(ready_count "$prefix")" -lt "$count" ]; do
         if [ "$SECONDS" -ge "$deadline" ]; then fail "timed out waiting for $what"; return 1; fi
         if ! kill -0 "$JOB_PID" 2>/dev/null; then fail "$what: the job exited (see $OUT/*.out)"; return 1; fi
         sleep 0.5
@@ -139,15 +150,18 @@ echo "what differs from the simulated machine:"
 DEVICE=cuda
 CORES="$(nproc)"
 TUNED_WORKERS=$(( CORES > 10 ? 8 : (CORES > 3 ? CORES - 2 : 1) ))
-JOB_ARGS=(--device "$DEVICE" --max-seconds $((SECONDS_PER_REPORT + 150)))
+# the job: a CNN (3 hidden layers of 4096) on 128 images a batch, each image decoded in 1.5 ms of CPU
+JOB_ARGS=(--model conv --device "$DEVICE" --layers 3 --width 4096 --batch-size 128 --sample-ms 1.5 --spend wall
+          --persistent --prefetch-factor 4 --sync-every-step --max-seconds $((SECONDS_PER_REPORT + 150)))
 TUNED_ARGS=()
 if [ "$NO_CUDA" = 1 ]; then
     # On the CPU, with no driver: the verdicts rest on stacks and CPU alone (as on a box whose NVML is
     # broken). A small box cannot hide a heavy decode behind a CPU step with its few cores, so the tuned
     # run also decodes less: --no-cuda checks that the script works, not the GPUs.
     DEVICE=cpu
-    JOB_ARGS=(--device cpu --max-seconds $((SECONDS_PER_REPORT + 150)) --batch-size 16 --width 256 --prep-ms 6)
-    TUNED_ARGS=(--prep-ms 0.5)
+    JOB_ARGS=(--model conv --device cpu --layers 3 --width 256 --batch-size 16 --sample-ms 6 --spend wall
+              --persistent --prefetch-factor 4 --sync-every-step --max-seconds $((SECONDS_PER_REPORT + 150)))
+    TUNED_ARGS=(--sample-ms 0.5)
 fi
 
 report_on() {  # report_on NAME PID: gputop report --pid PID as JSON into $OUT/NAME.json
@@ -157,14 +171,14 @@ report_on() {  # report_on NAME PID: gputop report --pid PID as JSON into $OUT/N
 
 for variant in starved tuned; do
     say "3. the $variant job"
-    rm -f "$OUT/$variant.ready"
+    rm -f "$OUT/$variant.ready".*
     if [ "$variant" = starved ]; then
         start_job "$variant" "$PYTHON" "$JOB" "${JOB_ARGS[@]}" --workers 0 --ready "$OUT/$variant.ready"
     else
         start_job "$variant" "$PYTHON" "$JOB" "${JOB_ARGS[@]}" --workers "$TUNED_WORKERS" --pin-memory "${TUNED_ARGS[@]}" --ready "$OUT/$variant.ready"
     fi
     pid=$JOB_PID
-    if wait_for "$OUT/$variant.ready" 180 "the $variant job's first step"; then
+    if wait_ready "$OUT/$variant.ready" 1 180 "the $variant job's first step"; then
         report_on "$variant" "$pid"
         [ -e "$OUT/$variant.json" ] && { "$PYTHON" "$VERIFY" verdict "$OUT/$variant.json" --expect "$variant" || fail "the $variant verdict"; }
     fi
@@ -176,15 +190,21 @@ say "4. a 2-rank job whose rank 1 hangs"
 if [ "$NO_CUDA" = 0 ] && [ "$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')" -lt 2 ]; then
     echo "one GPU only: the NCCL hang needs two; skipped"
 else
-    rm -f "$OUT"/hang.ready.* "$OUT"/rank-*.pid
-    start_job hang "$PYTHON" -m torch.distributed.run --nproc-per-node 2 "$JOB" "${JOB_ARGS[@]}" --distributed \
-        --workers 1 --hang-rank 1 --hang-after 5 --ready "$OUT/hang.ready" --pid-dir "$OUT"
+    rm -f "$OUT"/hang.ready.*
+    # under torchrun the ranks all-reduce their gradients every step (NCCL on CUDA, gloo on the CPU)
+    start_job hang "$PYTHON" -m torch.distributed.run --nproc-per-node 2 "$JOB" "${JOB_ARGS[@]}" \
+        --workers 1 --hang-rank 1 --hang-rank-after-s 5 --ready "$OUT/hang.ready"
     launcher=$JOB_PID
-    if wait_for "$OUT/hang.ready.1" 240 "both ranks' first step" && wait_for "$OUT/rank-1.pid" 10 "rank 1's PID"; then
+    if wait_ready "$OUT/hang.ready" 2 240 "both ranks' first step"; then
+        # torchrun starts each rank in a session of its own, out of reach of the launcher's group: end theirs too
+        for record in "$OUT"/hang.ready.[0-9]*; do
+            case "${record##*.}" in *[!0-9]*) ;; *) STARTED_GROUPS+=("${record##*.}") ;; esac
+        done
         report_on hang "$launcher"
-        [ -e "$OUT/hang.json" ] && { "$PYTHON" "$VERIFY" hang "$OUT/hang.json" --pid "$(cat "$OUT/rank-1.pid")" --rank 1 || fail "the hang finding"; }
+        [ -e "$OUT/hang.json" ] && { "$PYTHON" "$VERIFY" hang "$OUT/hang.json" --pid "$(rank_pid "$OUT/hang.ready" 1)" --rank 1 || fail "the hang finding"; }
     fi
     stop_job "$launcher"
+    cleanup
 fi
 
 # ---------------------------------------------------------------- 5. figures

@@ -1,7 +1,7 @@
-"""The loader benchmark against real training jobs (tests/bench_jobs/train_job.py) with known costs.
+"""The loader benchmark against real training jobs (tests/jobs/train_job.py) with known costs.
 
 Costs are sleeps, so the truth is known and holds on a 2-core machine shared with other work: one
-producer builds a batch in --prep-ms, n workers make n / prep batches per second, the step takes
+producer builds a batch in --batch-ms, n workers make n / prep batches per second, the step takes
 --step-ms.  The job logs every step's loss (bit-exact hex), its own wait in next() and a timestamp.
 """
 
@@ -20,7 +20,7 @@ from gputop.bench import BenchResult, run_benchmark
 from gputop.collect.stacks import dump_stacks
 from gputop.errors import GputopError
 from tests.harness.processes import children, thread_ids
-from tests.harness.train_jobs import REPO, start_job, truth
+from tests.harness.train_jobs import REPO, bench_command, read_steps, start_job, truth
 from tests.harness.processes import wait_until
 
 PREP_S = 0.060
@@ -38,7 +38,7 @@ def _gputop(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_active_benchmark_matches_the_truth_and_its_advice_removes_the_wait(spawn, tmp_path):
-    job = start_job(spawn, tmp_path, "starved", "--workers", "0", "--prep-ms", str(PREP_S * 1000),
+    job = start_job(spawn, tmp_path, "starved", "--workers", "0", "--batch-ms", str(PREP_S * 1000),
                     "--step-ms", str(STEP_S * 1000))
     t0 = time.monotonic()
     done = _gputop("bench", "--pid", str(job.pid), "--yes", "--json", "--seconds", "12")
@@ -76,7 +76,7 @@ def test_active_benchmark_matches_the_truth_and_its_advice_removes_the_wait(spaw
 
     # Advice: the same job with the recommended workers no longer waits for data.
     fixed = start_job(spawn, tmp_path, "fixed", "--workers", str(result["recommendation"]["num_workers"]),
-                      "--persistent", "--prep-ms", str(PREP_S * 1000), "--step-ms", str(STEP_S * 1000),
+                      "--persistent", "--batch-ms", str(PREP_S * 1000), "--step-ms", str(STEP_S * 1000),
                       warm_steps=20)
     t2 = time.monotonic()
     steps = fixed.wait_steps(len(fixed.steps()) + 60)
@@ -106,7 +106,7 @@ def _main_thread_frames(pid: int) -> list[str]:
 def test_training_is_bit_identical_with_a_benchmark_in_the_middle(spawn, tmp_path, loader_args):
     # shuffle=True (sampler RNG), dropout (global RNG every step), torch.rand noise in every sample
     # (worker seeds), 100-batch epochs (new iterators, new base seeds) while the benchmark runs.
-    args = (*loader_args, "--prep-ms", "20", "--step-ms", "10", "--seed", "7")
+    args = (*loader_args, "--batch-ms", "20", "--step-ms", "10", "--seed", "7")
     reference = start_job(spawn, tmp_path, "reference", *args)
     benched = start_job(spawn, tmp_path, "benched", *args)
     threads_before = thread_ids(benched.pid)
@@ -153,7 +153,7 @@ def test_training_is_bit_identical_with_a_benchmark_in_the_middle(spawn, tmp_pat
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_iterable_dataset_gets_a_reason_not_a_sweep(spawn, tmp_path):
-    job = start_job(spawn, tmp_path, "stream", "--iterable", "--prep-ms", "20", "--step-ms", "10")
+    job = start_job(spawn, tmp_path, "stream", "--iterable", "--batch-ms", "20", "--step-ms", "10")
     threads_before = thread_ids(job.pid)
     result = run_benchmark(job.pid, seconds=5, allow_inject=True,
                            results_root=(str(tmp_path / "r"), str(tmp_path / "r")))
@@ -228,12 +228,12 @@ def test_other_pythons(spawn, tmp_path, version):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_launcher_pid_benchmarks_its_rank(spawn, tmp_path):
-    log = tmp_path / "rank.log"
+    log = tmp_path / "rank"
+    rank = bench_command(log, "--batch-ms", "40", "--step-ms", "20")
     launcher = spawn([sys.executable, "-c", (
         "import os, subprocess, sys; env = dict(os.environ, RANK='0', LOCAL_RANK='0', WORLD_SIZE='1'); "
-        f"subprocess.run([sys.executable, {str(REPO + '/tests/bench_jobs/train_job.py')!r}, '--losses', "
-        f"{str(log)!r}, '--prep-ms', '40', '--step-ms', '20'], env=env)")], cwd=REPO)
-    wait_until(lambda: log.exists() and len(log.read_text().splitlines()) > 8, timeout=60, what="rank steps")
+        f"subprocess.run({rank!r}, env=env)")], cwd=REPO)
+    wait_until(lambda: len(read_steps(tmp_path / "rank.0")) > 8, timeout=60, what="rank steps")
     result = run_benchmark(launcher.pid, seconds=3)
     assert result.pid != launcher.pid and result.pid in children(launcher.pid)
     assert "rank 0 of 1" in result.target and f"launcher {launcher.pid}" in result.target
@@ -271,7 +271,7 @@ def test_bench_result_round_trips_and_summarises():
 @pytest.mark.timeout(120)
 def test_offline_loader_sweep(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "gputop", "bench", "--loader", "tests.bench_jobs.loaders:make_loader", "--seconds", "15",
+        [sys.executable, "-m", "gputop", "bench", "--loader", "tests.jobs.loaders:make_loader", "--seconds", "15",
          "--json"], capture_output=True, text=True, timeout=60, cwd=REPO, env=dict(os.environ, BENCH_PREP_MS="100"),
     )
     assert done.returncode == 0, done.stderr
@@ -290,8 +290,8 @@ def test_offline_loader_sweep(tmp_path):
 @pytest.mark.parametrize(
     "spec, code, message",
     [
-        ("tests.bench_jobs.loaders:make_stream", 0, "IterableDataset"),
-        ("tests.bench_jobs.loaders:not_a_loader", 1, "returned list, not a torch DataLoader"),
+        ("tests.jobs.loaders:make_stream", 0, "IterableDataset"),
+        ("tests.jobs.loaders:not_a_loader", 1, "returned list, not a torch DataLoader"),
         ("no_such_module:make", 1, "cannot import 'no_such_module'"),
         ("no_colon", 2, "--loader wants MODULE:FUNCTION"),
     ],

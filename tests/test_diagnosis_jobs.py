@@ -34,7 +34,7 @@ def test_starved_job_is_input_bound(observe, spawn, tmp_path, mode, words):
     top = obs.findings[0]
     assert "Input-bound (highly)" in top.summary and words in top.summary, top.summary
     assert "num_workers" in top.fix
-    assert any("JobDataset.__getitem__" in f or "__next__" in f for f in top.frames), top.frames
+    assert any("Samples.__getitem__" in f or "__next__" in f for f in top.frames), top.frames
     assert [f.id for f in severe(obs.findings)] == ["starvation"], verdict_line(obs.findings)
 
 
@@ -45,7 +45,7 @@ def test_hung_worker_is_a_hang_with_its_frame(observe, spawn, tmp_path):
     wait_until(lambda: obs.step()[0].id == "hang", timeout=VERDICT_DEADLINE_S, interval=0.3, what="hang verdict")
     top = obs.findings[0]
     assert top.severity == "critical" and "a DataLoader worker is stuck in dataset code" in top.summary
-    assert any(f.startswith("JobDataset.__getitem__ (diagnosis_job.py:") for f in top.frames), top.frames
+    assert any(f.startswith("Samples.__getitem__ (train_job.py:") for f in top.frames), top.frames
     assert top.pids == (proc.pid,)
     assert [f.id for f in severe(obs.findings)] == ["hang"]
 

@@ -54,7 +54,7 @@ def test_worker_hung_before_attaching_shows_in_a_12_s_report(spawn, tmp_path):
     data = _report(spawn, proc.pid)
     hang = next((f for f in data["findings"] if f["id"] == "hang"), None)
     assert hang is not None, data["verdict"]
-    assert any(f.startswith("JobDataset.__getitem__ (diagnosis_job.py:") for f in hang["frames"]), hang["frames"]
+    assert any(f.startswith("Samples.__getitem__ (train_job.py:") for f in hang["frames"]), hang["frames"]
     assert not [f for f in data["findings"] if f["id"] == "starvation" and f["severity"] in ("critical", "warning")], data["verdict"]
     assert not any("raise num_workers" in f["fix"] for f in data["findings"]), data["verdict"]
 
@@ -64,7 +64,7 @@ def test_passive_bench_advises_more_workers_for_one_io_bound_worker(spawn, tmp_p
     from tests.harness.train_jobs import start_job as start_train_job
 
     # one worker sleeps 140 ms per batch (I/O-like) against a 20 ms step: the rank waits ~85% of the time
-    job = start_train_job(spawn, tmp_path, "io1", "--workers", "1", "--prep-ms", "140", "--step-ms", "20")
+    job = start_train_job(spawn, tmp_path, "io1", "--workers", "1", "--batch-ms", "140", "--step-ms", "20")
     ran = run_gputop(spawn, "bench", "--pid", str(job.pid), "--json", "--seconds", "6", timeout=120)
     assert ran.rc == 0, ran.err
     result = json.loads(ran.out)

@@ -1,7 +1,7 @@
 """Failure drills (issue 8): in each, gputop keeps running or exits with one clear line, and the job is
 never harmed.
 
-Real parts throughout: real PyTorch jobs with DataLoader workers (tests/drill_jobs/loader_job.py), the
+Real parts throughout: real PyTorch jobs with DataLoader workers (tests/jobs/train_job.py), the
 real py-spy (or a fake one standing in for a hung or killed py-spy), the real pynvml wrappers over the
 fake library, real file systems (/dev/full, tiny tmpfs mounts), and the Textual app under Pilot.
 Every process is started through the `spawn` fixture (own process group, killed and reaped at
@@ -37,11 +37,11 @@ from gputop.collect.job_tree import JobCollector
 from gputop.errors import GputopError
 from gputop.recording import ReplaySource, read_recording
 from tests.harness.processes import Ran, wait_until
+from tests.harness import train_jobs
 from tests.harness.processes import run_gputop as gputop
 
 REPO = Path(__file__).resolve().parent.parent
 DRILL_JOBS = Path(__file__).resolve().parent / "drill_jobs"
-LOADER_JOB = DRILL_JOBS / "loader_job.py"
 IS_ROOT = os.geteuid() == 0
 NOBODY = "nobody"
 
@@ -81,18 +81,13 @@ class Job:
             return ""
 
 
-def start_job(spawn, tmp_path: Path, *args: str, name: str = "job", script: Path = LOADER_JOB,
+def start_job(spawn, tmp_path: Path, *args: str, name: str = "job", script: str = train_jobs.JOB,
               env: Optional[dict] = None, state_dir: Optional[Path] = None) -> Job:
     """Start a drill job and wait until it has taken its first step."""
-    state_dir = state_dir or tmp_path
-    ready, steps, log = state_dir / f"{name}.ready", state_dir / f"{name}.steps", tmp_path / f"{name}.log"
-    with open(log, "wb") as log_file:
-        proc = spawn([sys.executable, str(script), "--ready", str(ready), "--steps", str(steps), *args],
-                     stdout=log_file, stderr=subprocess.STDOUT, env=env)
-    job = Job(proc, steps, log)
-    wait_until(lambda: ready.exists() or proc.poll() is not None, timeout=90, what=f"{name}'s first step")
-    assert proc.poll() is None, f"{name} died on start:\n{job.log()}"
-    return job
+    steps = (state_dir or tmp_path) / f"{name}.steps"
+    proc, _ = train_jobs.start(spawn, tmp_path, name, *train_jobs.DRILL, "--progress", str(steps), *args, job=script,
+                               env=env, state_dir=state_dir, timeout=90)
+    return Job(proc, steps, tmp_path / f"{name}.log")
 
 
 def start_gputop(spawn, *args: str, env: Optional[dict] = None) -> subprocess.Popen:
@@ -304,7 +299,7 @@ def test_job_sigkilled_during_a_stack_refresh_keeps_last_stacks(spawn, tmp_path)
 
 @pytest.mark.slow
 def test_job_sigkilled_during_an_active_benchmark(spawn, tmp_path):
-    job = start_job(spawn, tmp_path, "--workers", "2", "--getitem-ms", "30")
+    job = start_job(spawn, tmp_path, "--workers", "2", "--sample-ms", "30")
     bench = start_gputop(spawn, "bench", "--pid", str(job.pid), "--yes", "--seconds", "12", "--json")
 
     def sweep_child() -> Optional[psutil.Process]:
@@ -729,8 +724,8 @@ def non_ascii_job(spawn, tmp_path):
     home = tmp_path / "данные обучения"
     home.mkdir()
     script = home / "обучение.py"
-    shutil.copyfile(LOADER_JOB, script)
-    return start_job(spawn, tmp_path, "--workers", "1", "--thread-name", THREAD_NAME, script=script,
+    shutil.copyfile(train_jobs.JOB, script)
+    return start_job(spawn, tmp_path, "--workers", "1", "--idle-thread", THREAD_NAME, script=script,
                      state_dir=home)
 
 

@@ -1,7 +1,8 @@
 """gputop on the frameworks people train with: real Lightning, transformers + Accelerate, torchdata jobs.
 
 CPU only, nothing downloaded (tiny models from configs), 2 DataLoader workers per rank.  Each job runs
-in one of four modes (tests/jobs/framework_job.py): starved, tuned, hang, straggler.  gputop attaches
+in one of four modes (tests/jobs/train_job.py --framework, tests/harness/train_jobs.py FRAMEWORK_MODES):
+starved, tuned, hang, straggler.  gputop attaches
 through its real pipeline (/proc discovery, py-spy dumps, progress counters) and the verdict must come
 within 30 s of attaching: starved reads input-bound, tuned reads healthy, a hung worker reads as a
 hang, and a straggler is named only when there really is one.
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,11 +19,11 @@ import pytest
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.stack_classes import WAITING_FOR_RANK0_DATA
 from tests.harness.attach import STACK_INTERVAL_S, VERDICT_DEADLINE_S, Observer, dumps_of
+from tests.harness import train_jobs
 from tests.harness.processes import wait_until
 
 pytestmark = pytest.mark.slow
 
-JOB = Path(__file__).parent / "jobs" / "framework_job.py"
 START_DEADLINE_S = 180.0  # importing lightning/transformers on 2 shared cores is slow; not part of the verdict bar
 SEVERE = ("critical", "warning")
 
@@ -36,21 +35,11 @@ def needs(module: str) -> None:
 class Job:
     """A framework job: its PID to attach to, the PID of every rank, and every rank reaped at teardown."""
 
-    def __init__(self, spawn, tmp_path: Path, argv: list[str], ranks: int) -> None:
-        self.ready = tmp_path / "ready"
-        with open(tmp_path / "job.out", "wb") as out, open(tmp_path / "job.err", "wb") as err:
-            self.proc = spawn([*argv, "--ready", str(self.ready)], stdout=out, stderr=err)
-        self.log = tmp_path / "job.err"
-        self.rank_pids: dict[int, int] = {}
-
-        def all_ranks_stepped() -> bool:
-            files = [p for p in tmp_path.glob("ready.*") if not p.name.endswith(".tmp")]
-            self.rank_pids = {int(p.read_text()): int(p.name.rsplit(".", 1)[1]) for p in files}
-            if self.proc.poll() is not None:
-                raise AssertionError(f"job exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-            return len(self.rank_pids) >= ranks
-
-        wait_until(all_ranks_stepped, timeout=START_DEADLINE_S, interval=0.2, what=f"{ranks} rank(s)' first step")
+    def __init__(self, spawn, tmp_path: Path, framework: str, mode: str, options: tuple, ranks: int,
+                 torchrun: bool) -> None:
+        self.proc, records = train_jobs.start(spawn, tmp_path, "job", *train_jobs.framework_options(framework, mode),
+                                              *options, ranks=ranks, torchrun=torchrun, timeout=START_DEADLINE_S)
+        self.rank_pids = {record["rank"]: pid for pid, record in records.items()}
 
     def kill_ranks(self) -> None:
         # torchrun puts each rank (and its DataLoader workers) in a session of its own: the spawn
@@ -62,20 +51,12 @@ class Job:
                 pass
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def job(spawn, tmp_path):
     started: list[Job] = []
 
-    def start(*args: str, ranks: int = 1, torchrun: bool = False) -> Job:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-                    "--master-addr", "127.0.0.1", "--master-port", str(free_port())] if torchrun else [sys.executable]
-        j = Job(spawn, tmp_path, [*launcher, str(JOB), *args], ranks)
+    def start(framework: str, mode: str, *options: str, ranks: int = 1, torchrun: bool = False) -> Job:
+        j = Job(spawn, tmp_path, framework, mode, options, ranks, torchrun)
         started.append(j)
         return j
 
@@ -127,7 +108,7 @@ def assert_reads(mode: str, obs: Observer, pid: int) -> None:
 @pytest.mark.parametrize("mode", ["starved", "tuned", "hang"])
 def test_lightning_one_device(job, observe, mode):
     needs("lightning")
-    j = job("lightning", "--mode", mode)
+    j = job("lightning", mode)
     obs = observe(j.rank_pids[0])
     assert_reads(mode, obs, j.rank_pids[0])
 
@@ -139,7 +120,7 @@ def _ranks_with_workers(obs: Observer) -> dict[int, int]:
 
 def test_lightning_two_devices_shows_both_ranks_from_either_pid(job, observe):
     needs("lightning")
-    j = job("lightning", "--mode", "starved", "--devices", "2", ranks=2)
+    j = job("lightning", "starved", "--devices", "2", ranks=2)
     expected = {pid: 2 for pid in j.rank_pids.values()}
     # one job, attached from each rank's PID in turn: each attach starts from nothing (a new pipeline and
     # history), and the first is closed before the second starts, so its py-spy dumps do not overlap
@@ -155,7 +136,7 @@ def test_lightning_two_devices_shows_both_ranks_from_either_pid(job, observe):
 @pytest.mark.parametrize("mode", ["tuned", "straggler"])
 def test_lightning_two_devices_straggler_only_when_there_is_one(job, observe, mode):
     needs("lightning")
-    j = job("lightning", "--mode", mode, "--devices", "2", ranks=2)
+    j = job("lightning", mode, "--devices", "2", ranks=2)
     obs = observe(j.rank_pids[0])
     if mode == "straggler":
         wait_until(lambda: "straggler" in [f.id for f in obs.step()], timeout=VERDICT_DEADLINE_S,
@@ -174,7 +155,7 @@ def test_lightning_two_devices_straggler_only_when_there_is_one(job, observe, mo
 def test_hf_trainer(job, observe, tmp_path, mode):
     needs("transformers")
     needs("accelerate")
-    j = job("hf", "--mode", mode, "--output-dir", str(tmp_path / "out"))
+    j = job("hf", mode, "--output-dir", str(tmp_path / "out"))
     obs = observe(j.rank_pids[0])
     assert_reads(mode, obs, j.rank_pids[0])
 
@@ -184,7 +165,7 @@ def test_hf_trainer_iterable_dataset_dispatcher_is_input_bound_not_a_straggler(j
     # and broadcast it; rank 1 waits in that broadcast.  That is rank 0's input pipeline starving both.
     needs("transformers")
     needs("accelerate")
-    j = job("hf", "--mode", "starved", "--iterable", "--output-dir", str(tmp_path / "out"), ranks=2, torchrun=True)
+    j = job("hf", "starved", "--iterable", "--output-dir", str(tmp_path / "out"), ranks=2, torchrun=True)
     obs = observe(j.proc.pid)  # the torchrun launcher
     assert_input_bound(obs)
     rank1_states = {r.main_thread_state for s in obs.history if s.job for r in s.job.ranks if r.proc.pid == j.rank_pids[1]}
@@ -197,7 +178,7 @@ def test_hf_trainer_iterable_dataset_dispatcher_is_input_bound_not_a_straggler(j
 @pytest.mark.parametrize("mode", ["starved", "tuned", "hang"])
 def test_torchdata_stateful_dataloader(job, observe, mode):
     needs("torchdata")
-    j = job("torchdata", "--mode", mode)
+    j = job("torchdata", mode)
     obs = observe(j.rank_pids[0])
     assert_reads(mode, obs, j.rank_pids[0])
 
@@ -208,6 +189,6 @@ def test_torchdata_stateful_dataloader(job, observe, mode):
 @pytest.mark.parametrize("mode", ["starved", "tuned", "hang"])
 def test_deepspeed_engine(job, observe, mode):
     needs("deepspeed")
-    j = job("deepspeed", "--mode", mode, torchrun=True)  # deepspeed.initialize wants a launcher's env
+    j = job("deepspeed", mode, torchrun=True)  # deepspeed.initialize wants a launcher's env
     obs = observe(j.rank_pids[0])
     assert_reads(mode, obs, j.rank_pids[0])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from typing import Optional
@@ -17,6 +16,7 @@ from typing import Optional
 import pytest
 
 from gputop.cli import COMMAND_MODULES
+from tests.harness.processes import free_port
 from tests.harness.train_jobs import REPO
 
 # After main() returns: the exit code and every top-level package that was imported, as JSON in argv[1].
@@ -63,12 +63,6 @@ def probe(spawn, tmp_path, argv: list[str], timeout: float = 120, stop_after: Op
     stderr = err.decode("utf-8", "replace")
     assert out_file.exists(), f"gputop {' '.join(argv)} did not return from main(): rc={proc.returncode} {stderr[-2000:]}"
     return {**json.loads(out_file.read_text()), "stderr": stderr}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def imported_by(spawn, module: str) -> set[str]:

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,42 +26,18 @@ from gputop.model import (
     Frame, GpuProcess, GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, ThreadStack, from_jsonable, to_jsonable,
 )
 from tests.harness.processes import Spawner, wait_until
+from tests.harness.train_jobs import ATTACH_LOOP, PIN_THREAD, start_attach_loop, torchrun_command, wait_ready
 
-TRAIN_LOOP = Path(__file__).parent / "jobs" / "train_loop.py"
 needs_py_spy = pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")
-START_TIMEOUT = 90  # importing torch on two shared cores can be slow
 # a Python process that sits in a function of known name (sleeping, so it costs no CPU)
 SPIN_UNTIL_KILLED = "import time\ndef spin_until_killed():\n    while True:\n        time.sleep(0.01)\nspin_until_killed()"
 DEADLINE = 60  # for conditions that are normally true at once; generous because the test box is shared
 
 
-def ready_pids(ready_prefix: Path, count: int) -> list[tuple[int, int]]:
-    """Wait for `count` processes of train_loop.py to pass their first batch: [(pid, pin_tid)]."""
-
-    def ready():
-        files = sorted(ready_prefix.parent.glob(ready_prefix.name + ".*"))
-        files = [f for f in files if not f.name.endswith(".tmp")]
-        return files if len(files) >= count else None
-
-    files = wait_until(ready, timeout=START_TIMEOUT, what=f"{count} training process(es) to take a step")
-    out = []
-    for f in files:
-        _, pid, pin_tid = f.read_text().split()
-        out.append((int(pid), int(pin_tid)))
-    return out
-
-
 def start_train_loop(spawn, tmp_path: Path, *args: str) -> tuple[int, int]:
-    ready = tmp_path / "ready"
-    spawn.python([str(TRAIN_LOOP), "--ready-file", str(ready), *args])
-    [(pid, pin_tid)] = ready_pids(ready, 1)
+    """A one-process loop: (its PID, its pin-memory-like thread's TID or 0)."""
+    _, [(pid, pin_tid)] = start_attach_loop(spawn, tmp_path, *args)
     return pid, pin_tid
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gpu(index: int, *pids: int) -> GpuSample:
@@ -91,7 +66,7 @@ def collectors():
 @needs_py_spy
 def test_single_rank_with_workers_tree_and_stacks(spawn, tmp_path, collectors):
     pid, pin_tid = start_train_loop(
-        spawn, tmp_path, "--workers", "2", "--persistent", "--samples", "100000", "--pin-thread"
+        spawn, tmp_path, "--workers", "2", "--persistent", "--length", "100000", *PIN_THREAD
     )
     collector = JobCollector(pid, stack_interval=0.3)
     collectors(collector)
@@ -128,7 +103,7 @@ def test_single_rank_with_workers_tree_and_stacks(spawn, tmp_path, collectors):
         ok = (
             r.main_thread_state == sc.WAITING_FOR_DATA
             and "_BaseDataLoaderIter.__next__" in [f.name for f in main.frames]
-            and leaves.get("SlowDataset.__getitem__ (train_loop.py)", 0) >= 1
+            and leaves.get("Samples.__getitem__ (train_job.py)", 0) >= 1
         )
         return t if ok else None
 
@@ -151,7 +126,7 @@ def test_single_rank_with_workers_tree_and_stacks(spawn, tmp_path, collectors):
 @pytest.mark.slow
 def test_workers_that_respawn_every_epoch_are_followed(spawn, tmp_path, collectors):
     # no persistent_workers and tiny epochs: the DataLoader starts new worker processes every epoch
-    pid, _ = start_train_loop(spawn, tmp_path, "--workers", "2", "--samples", "8", "--getitem-ms", "5")
+    pid, _ = start_train_loop(spawn, tmp_path, "--workers", "2", "--length", "8", "--sample-ms", "5")
     collector = JobCollector(pid, stacks_enabled=False)
     collectors(collector)
     seen: list[frozenset[int]] = []
@@ -170,7 +145,7 @@ def test_workers_that_respawn_every_epoch_are_followed(spawn, tmp_path, collecto
 @pytest.mark.slow
 def test_forkserver_workers_are_found_as_grandchildren(spawn, tmp_path, collectors):
     pid, _ = start_train_loop(
-        spawn, tmp_path, "--workers", "2", "--persistent", "--samples", "100000", "--start-method", "forkserver"
+        spawn, tmp_path, "--workers", "2", "--persistent", "--length", "100000", "--start-method", "forkserver"
     )
     collector = JobCollector(pid, stacks_enabled=False)
     collectors(collector)
@@ -191,12 +166,9 @@ def test_forkserver_workers_are_found_as_grandchildren(spawn, tmp_path, collecto
 def test_multiprocessing_spawn_parent_is_the_launcher(spawn, tmp_path, collectors):
     # torch.multiprocessing.start_processes with fork: the cheap variant of mp.spawn on a busy box
     # (spawn's children re-import torch); the spawn_main flavour is checked in the unit test below.
-    ready = tmp_path / "ready"
-    parent = spawn.python(
-        [str(TRAIN_LOOP), "--mp-spawn", "2", "--mp-start-method", "fork", "--workers", "1", "--persistent",
-         "--samples", "100000", "--ready-file", str(ready)]
-    )
-    rank_pids = sorted(pid for pid, _ in ready_pids(ready, 2))
+    parent, ranks = start_attach_loop(spawn, tmp_path, "--mp-spawn", "2", "--mp-start-method", "fork", "--workers", "1",
+                                      "--persistent", "--length", "100000", ranks=2)
+    rank_pids = [pid for pid, _ in ranks]
     for attach in (parent.pid, rank_pids[1]):
         collector = JobCollector(attach, stacks_enabled=False)
         collectors(collector)
@@ -233,24 +205,18 @@ class TorchrunJob:
 
 @pytest.fixture(scope="module")
 def torchrun_job(tmp_path_factory):
-    """`torchrun --nproc-per-node 2` of train_loop.py (gloo on 127.0.0.1), one worker per rank, started
+    """`torchrun --nproc-per-node 2` of the training job (gloo on 127.0.0.1), one worker per rank, started
     from a shell that stays its parent."""
     tmp = tmp_path_factory.mktemp("torchrun")
     spawner = Spawner()
     ranks: list[psutil.Process] = []
-    torchrun = " ".join(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-            str(TRAIN_LOOP), "--distributed", "--workers", "1", "--persistent",
-            "--samples", "100000", "--ready-file", str(tmp / "ready"),
-        ]
-    )
+    torchrun = " ".join(torchrun_command(2, *ATTACH_LOOP, "--workers", "1", "--persistent", "--length", "100000",
+                                         "--ready", str(tmp / "ready")))
     try:
         with open(tmp / "torchrun.log", "wb") as log:
             # `; exit $?` keeps sh from exec()ing torchrun: the shell stays between us and the launcher
             shell = spawner(["sh", "-c", f"{torchrun}; exit $?"], stdout=log, stderr=subprocess.STDOUT)
-        ranks.extend(psutil.Process(pid) for pid, _ in ready_pids(tmp / "ready", 2))
+        ranks.extend(psutil.Process(pid) for pid in wait_ready(tmp / "ready", 2, shell, log=tmp / "torchrun.log"))
         [launcher] = psutil.Process(shell.pid).children()
         yield TorchrunJob(shell.pid, launcher.pid, [r.pid for r in ranks])
     finally:
@@ -604,7 +570,7 @@ def test_schedule_serves_new_workers_first_and_lets_still_ones_wait():
 @pytest.mark.slow
 @needs_py_spy
 def test_collector_reads_every_rank_each_round_and_workers_in_turns(spawn, tmp_path, collectors):
-    pid, _ = start_train_loop(spawn, tmp_path, "--workers", "2", "--persistent", "--samples", "100000")
+    pid, _ = start_train_loop(spawn, tmp_path, "--workers", "2", "--persistent", "--length", "100000")
     dumped: list[list[int]] = []
 
     def counting_dump(pids):

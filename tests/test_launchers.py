@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sys
 from pathlib import Path
 
@@ -19,18 +18,13 @@ import pytest
 
 from gputop.collect import procfs
 from gputop.collect.job_tree import JobCollector, identity_from_env, script_and_args
-from tests.harness.processes import wait_until
+from tests.harness import train_jobs
+from tests.harness.processes import free_port, wait_until
 
 JOBS = Path(__file__).parent / "jobs"
 STUB = JOBS / "rank_stub.py"
 LAUNCHERS = JOBS / "launchers"
 START_TIMEOUT = 120  # several interpreters starting on two shared cores
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def start(spawn, tmp_path: Path, argv: list[str], count: int, **env: str) -> list[dict]:
     """Run a launcher; wait for its `count` stub ranks; their records ({pid, worker, env}) by PID."""
@@ -203,16 +197,9 @@ def test_script_and_args_ignores_the_interpreter_and_its_flags():
 @pytest.mark.parametrize("devices", [1, 2])
 def test_lightning_ddp_shows_every_rank_with_its_worker_from_any_rank(spawn, tmp_path, devices):
     pytest.importorskip("lightning")
-    ready = tmp_path / "ready"
-    ready.mkdir()
-    rank_zero = spawn.python([str(JOBS / "lightning_ddp.py"), "--ready-dir", str(ready), "--devices", str(devices)])
-
-    def announced():
-        assert rank_zero.poll() is None, f"the Lightning job exited with {rank_zero.returncode}"
-        found = {int(p.name): int(p.read_text()) for p in ready.iterdir() if not p.name.endswith(".tmp")}
-        return found if len(found) >= devices else None
-
-    ranks = wait_until(announced, timeout=240, what=f"{devices} Lightning rank(s) to take a step")
+    rank_zero, records = train_jobs.start(spawn, tmp_path, "lightning", *train_jobs.LIGHTNING_RANKS,
+                                          "--devices", str(devices), ranks=devices, timeout=240)
+    ranks = {pid: record["rank"] for pid, record in records.items()}
     assert ranks.get(rank_zero.pid) == 0  # the user's own process is rank 0
     # one device: a plain process, not a distributed job, so no rank number is claimed for it
     want = sorted(((p, rank, rank) for p, rank in ranks.items()), key=lambda item: item[1]) if devices > 1 else [

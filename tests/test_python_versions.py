@@ -16,10 +16,10 @@ import pytest
 from gputop.analysis.diagnosis import verdict_line
 from tests.harness.attach import STACK_INTERVAL_S, VERDICT_DEADLINE_S
 from tests.harness.processes import wait_until
+from tests.harness.train_jobs import start_diagnosis_job
 
 pytestmark = pytest.mark.slow
 
-JOB = Path(__file__).parent / "diagnosis_job.py"
 PYENV_VERSIONS = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
 
 
@@ -31,11 +31,7 @@ def interpreter_with_torch(minor: str) -> str:
 
 
 def start(spawn, tmp_path, python: str, mode: str) -> int:
-    ready = tmp_path / f"{mode}.ready"
-    proc = spawn([python, str(JOB), "--mode", mode, "--ready", str(ready)], stderr=subprocess.DEVNULL)
-    wait_until(lambda: ready.exists() or proc.poll() is not None, timeout=120, what=f"the {mode} job's first batch")
-    assert proc.poll() is None, f"{mode} job exited with {proc.returncode}"
-    return proc.pid
+    return start_diagnosis_job(spawn, tmp_path, mode, python=python, timeout=120).pid
 
 
 @pytest.mark.parametrize("minor", ["3.10", "3.12", "3.13"])
@@ -48,7 +44,7 @@ def test_starved_job_reads_input_bound_and_names_the_loop_line(spawn, observe, t
     assert "Input-bound (highly)" in top.summary, top.summary
     # the DataLoader's __next__ and the training loop's line, not the selector plumbing above them
     assert any("__next__ (torch/utils/data/dataloader.py:" in f for f in top.frames), top.frames
-    assert any("(diagnosis_job.py:" in f for f in top.frames), top.frames
+    assert any("(train_job.py:" in f for f in top.frames), top.frames
 
 
 def test_hung_worker_on_310_is_a_hang_naming_its_frame(spawn, observe, tmp_path):
@@ -56,4 +52,4 @@ def test_hung_worker_on_310_is_a_hang_naming_its_frame(spawn, observe, tmp_path)
     obs = observe(pid)
     wait_until(lambda: obs.step()[0].id == "hang", timeout=VERDICT_DEADLINE_S, interval=STACK_INTERVAL_S,
                what=f"a hang verdict (last: {verdict_line(obs.findings)})")
-    assert any(f.startswith("__getitem__ (diagnosis_job.py:") for f in obs.findings[0].frames), obs.findings[0].frames
+    assert any(f.startswith("__getitem__ (train_job.py:") for f in obs.findings[0].frames), obs.findings[0].frames

@@ -37,10 +37,10 @@ from gputop.exporter import DATA_WAIT_WINDOW_S, RANK_STATES, DiscoveredJobs, Exp
 from gputop.model import LABEL_CODE, LABEL_INFRA, Finding, ProcessStacks, XidEvent
 from tests.harness import histories as hb
 from tests.harness.memory import heap_growth_per_block
-from tests.harness.processes import wait_until
+from tests.harness.processes import free_port, wait_until
+from tests.harness.train_jobs import start_attach_loop
 
 REPO = Path(__file__).resolve().parent.parent
-TRAIN_LOOP = REPO / "tests" / "jobs" / "train_loop.py"
 
 # The issue's table: every metric and exactly its labels (each also carries dcgm-exporter's Hostname).
 METRIC_LABELS = {
@@ -598,12 +598,6 @@ def test_memory_stays_flat_over_many_cycles_in_compressed_time():
 # ----------------------------------------------------------------- end to end (slow)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 PROMETHEUS = shutil.which("prometheus")
 
 
@@ -667,8 +661,7 @@ def test_serve_as_another_user_counts_and_says_the_refusal(spawn, tmp_path):
     and the refusal is a counter plus one log line with the fix, never a crash."""
     import tempfile
 
-    job = spawn.python([str(TRAIN_LOOP), "--workers", "1", "--samples", "100000", "--ready-file", str(tmp_path / "ready")])
-    wait_until(lambda: (tmp_path / f"ready.{job.pid}").exists(), timeout=120, what="the training job's first batch")
+    job, _ = start_attach_loop(spawn, tmp_path, "--workers", "1", "--length", "100000")
     world = Path(tempfile.mkdtemp(prefix="gputop-serve-", dir="/tmp"))  # pytest's tmp_path is root's 0700
     try:
         world.chmod(0o755)
@@ -711,9 +704,7 @@ def test_serve_as_another_user_counts_and_says_the_refusal(spawn, tmp_path):
 def test_prometheus_scrapes_serve_next_to_an_input_bound_job(spawn, tmp_path):
     # One DataLoader worker, 100 ms a sample, 2 samples a batch: the loop waits ~0.2 s per batch for a
     # step of a few ms, so its main thread waits for data far more than 60% of the time.
-    job = spawn.python([str(TRAIN_LOOP), "--workers", "1", "--getitem-ms", "100", "--step-ms", "0", "--samples", "100000",
-                        "--ready-file", str(tmp_path / "ready")])
-    wait_until(lambda: (tmp_path / f"ready.{job.pid}").exists(), timeout=120, what="the training job's first batch")
+    job, _ = start_attach_loop(spawn, tmp_path, "--workers", "1", "--sample-ms", "100", "--step-ms", "0", "--length", "100000")
 
     serve_port = free_port()
     serve = spawn([sys.executable, "-m", "gputop", "serve", "--pid", str(job.pid),

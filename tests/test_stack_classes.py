@@ -1,7 +1,7 @@
 """Main-thread classification and worker aggregation on stacks captured from real jobs with py-spy.
 
 The JSON under tests/fixtures/pyspy/ is verbatim `py-spy dump --json --nonblocking` output of
-tests/jobs/train_loop.py, a torchrun gloo job and a small Adam loop (see the fixture names).
+tests/jobs/train_loop.py (now tests/jobs/train_job.py), a torchrun gloo job and a small Adam loop (see the fixture names).
 tests/fixtures/pyspy/py310 ... py313/ hold the same scenes and more (DDP, Accelerate's dispatcher, a
 printed tensor, datasets with plain class names), captured by tests/jobs/capture_pyspy_fixtures.py
 with real torch 2.13 on each Python version.
@@ -293,7 +293,7 @@ def test_worker_is_recognised_by_role_not_by_name():
 
 
 def test_torchdata_stateful_worker_is_a_worker_in_dataset_code():
-    # a real StatefulDataLoader worker (tests/jobs/framework_job.py torchdata): /proc/PID/comm is
+    # a real StatefulDataLoader worker (captured from tests/jobs/framework_job.py torchdata, now train_job.py --loader stateful): /proc/PID/comm is
     # "python", not pt_data_worker, so only its role gives it away
     stacks = load("worker_torchdata_stateful.json")
     worker = sc.main_thread(stacks)

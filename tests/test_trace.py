@@ -1,4 +1,4 @@
-"""`gputop trace` end to end on real training jobs (tests/jobs/phase_job.py), and the agent in this process.
+"""`gputop trace` end to end on real training jobs (tests/jobs/train_job.py with phase times), and the agent in this process.
 
 The job spins known times in its data, forward, backward and optimizer phases and logs `time.time()` at
 every phase boundary, so the true share of each phase over the profiled window is known exactly.
@@ -10,7 +10,6 @@ import gzip
 import inspect
 import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,8 +20,8 @@ from gputop.analysis import trace_summary
 from gputop.inject import trace_agent
 from gputop.tracing import name_sync_lines
 from tests.harness.processes import run_gputop, wait_until
+from tests.harness.train_jobs import PHASED, start
 
-JOB = str(Path(__file__).parent / "jobs" / "phase_job.py")
 PHASE_TOLERANCE = 0.05  # the issue's bar
 
 
@@ -51,12 +50,9 @@ def thread_ids(pid: int) -> set[int]:
 
 def start_torchrun(spawn, tmp_path, *job_args):
     log = tmp_path / "steps"
-    ready = tmp_path / "ready"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = spawn([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                  JOB, "--step-log", str(log), "--ready-file", str(ready), *job_args],
-                 stdout=open(tmp_path / "job.out", "wb"), stderr=open(tmp_path / "job.err", "wb"), env=env)
-    wait_until(lambda: all(os.path.exists(f"{ready}.{r}") for r in (0, 1)), timeout=120, what="both ranks' first step")
+    proc, _ = start(spawn, tmp_path, "job", *PHASED, "--step-log", str(log), *job_args, ranks=2, torchrun=True,
+                    timeout=120, env=env)
     return proc, str(log)
 
 
@@ -69,7 +65,7 @@ def run_trace_json(spawn, pid: int, out: Path, *extra: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_rank_gloo_job_phases_match_the_truth(spawn, tmp_path):
-    job, log = start_torchrun(spawn, tmp_path, "--data-ms", "20", "--forward-ms", "15", "--backward-ms", "25",
+    job, log = start_torchrun(spawn, tmp_path, "--sample-ms", "20", "--forward-ms", "15", "--backward-ms", "25",
                               "--optimizer-ms", "10")
     result = run_trace_json(spawn, job.pid, tmp_path / "out", "--seconds", "3")
     assert [r["rank"] for r in result["ranks"]] == [0, 1], result["notes"]
@@ -96,7 +92,7 @@ def test_two_rank_gloo_job_phases_match_the_truth(spawn, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_communication_heavy_job_gets_the_communication_finding(spawn, tmp_path):
-    job, log = start_torchrun(spawn, tmp_path, "--data-ms", "5", "--forward-ms", "5", "--backward-ms", "5",
+    job, log = start_torchrun(spawn, tmp_path, "--sample-ms", "5", "--forward-ms", "5", "--backward-ms", "5",
                               "--optimizer-ms", "2", "--comm-floats", "4000000")
     result = run_trace_json(spawn, job.pid, tmp_path / "out", "--seconds", "3")
     rank = result["ranks"][0]
@@ -118,10 +114,7 @@ def test_communication_heavy_job_gets_the_communication_finding(spawn, tmp_path)
 
 def start_single(spawn, tmp_path, name, *args):
     log = tmp_path / name
-    ready = tmp_path / f"{name}.ready"
-    proc = spawn([sys.executable, JOB, "--step-log", str(log), "--ready-file", str(ready), *args],
-                 stdout=open(tmp_path / f"{name}.out", "wb"), stderr=open(tmp_path / f"{name}.err", "wb"))
-    wait_until(lambda: os.path.exists(f"{ready}.0"), timeout=60, what=f"{name}'s first step")
+    proc, _ = start(spawn, tmp_path, name, *PHASED, "--step-log", str(log), *args)
     return proc, f"{log}.0"
 
 
@@ -133,7 +126,7 @@ def losses(path: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_losses_are_bit_identical_with_a_trace_in_the_middle(spawn, tmp_path):
-    args = ("--data-ms", "5", "--forward-ms", "5", "--backward-ms", "5", "--optimizer-ms", "2")
+    args = ("--sample-ms", "5", "--forward-ms", "5", "--backward-ms", "5", "--optimizer-ms", "2")
     reference, ref_log = start_single(spawn, tmp_path, "reference", *args)
     traced, traced_log = start_single(spawn, tmp_path, "traced", *args)
     threads_before = thread_ids(traced.pid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,6 +34,13 @@ def wait_until(predicate: Callable[[], T], timeout: float = 20.0, interval: floa
             detail = f" (last error: {last_exc!r})" if last_exc else ""
             raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
         time.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server or a torchrun rendezvous the test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Spawner:

@@ -16,7 +16,9 @@ session and is killed at the end.  Not run by the test suite: the fixtures are c
 don't depend on sampling luck or on torch being installed for four Pythons.
 
 (tests/fixtures/pyspy/*.json, one level up, are the first 3.11 captures of scenes 1-5; the tests that
-pin their exact frames still read them.)
+pin their exact frames still read them.  Scenes 1-3 were captured when the training job was
+tests/jobs/train_loop.py with a `SlowDataset`; it is now tests/jobs/train_job.py with `Samples`, so a
+new capture names those, and the names tests/test_stack_classes.py expects change with it.)
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 HERE = Path(__file__).resolve().parent
-TRAIN_LOOP = HERE / "train_loop.py"
+sys.path.insert(0, str(HERE.parents[1]))
+from tests.harness.processes import free_port  # noqa: E402
+from tests.harness.train_jobs import ATTACH_LOOP, command  # noqa: E402
 FIXTURES = HERE.parent / "fixtures" / "pyspy"
 
 ADAM_LOOP = """
@@ -222,12 +225,6 @@ def first_child(pid: int) -> int:
     return int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def version_of(python: str) -> str:
     out = subprocess.run([python, "-c", "import sys; print(f'py{sys.version_info[0]}{sys.version_info[1]}')"],
                          capture_output=True, text=True, check=True)
@@ -277,24 +274,24 @@ def main() -> int:
         tmp = Path(tmp_name)
         try:
             # 1. main thread waiting on 2 workers that sit in __getitem__
-            job = start([python, str(TRAIN_LOOP), "--workers", "2", "--persistent", "--samples", "100000",
-                         "--ready-file", str(tmp / "a")])
+            job = start(command(*ATTACH_LOOP, "--workers", "2", "--persistent", "--length", "100000",
+                                "--ready", str(tmp / "a"), python=python))
             wait_files("a.*", tmp, 1)
             grab(job.pid, dataloader_next, out / "main_waiting_for_data.json", "dataloader __next__")
-            grab(first_child(job.pid), at("train_loop.py", "__getitem__"), out / "worker_in_getitem.json", "__getitem__")
+            grab(first_child(job.pid), at("train_job.py", "__getitem__"), out / "worker_in_getitem.json", "__getitem__")
             # 2. fast data, slow step: idle workers, main thread in its own sleep
-            job = start([python, str(TRAIN_LOOP), "--workers", "2", "--persistent", "--samples", "100000",
-                         "--getitem-ms", "1", "--step-ms", "300", "--ready-file", str(tmp / "b")])
+            job = start(command(*ATTACH_LOOP, "--workers", "2", "--persistent", "--length", "100000",
+                                "--sample-ms", "1", "--step-ms", "300", "--ready", str(tmp / "b"), python=python))
             wait_files("b.*", tmp, 1)
             worker_loop = at("torch/utils/data/_utils/worker.py", "_worker_loop")
-            grab(first_child(job.pid), all_of(worker_loop, none_of(at("train_loop.py", "__getitem__"))),
+            grab(first_child(job.pid), all_of(worker_loop, none_of(at("train_job.py", "__getitem__"))),
                  out / "worker_idle.json", "_worker_loop waiting for indices")
-            grab(job.pid, innermost("train_loop.py", "train"), out / "main_idle_sleep.json", "train's sleep")
+            grab(job.pid, innermost("train_job.py", "train"), out / "main_idle_sleep.json", "train's sleep")
             # 3. num_workers=0: the main thread runs the Dataset itself
-            job = start([python, str(TRAIN_LOOP), "--workers", "0", "--getitem-ms", "100", "--step-ms", "1",
-                         "--ready-file", str(tmp / "c")])
+            job = start(command(*ATTACH_LOOP, "--workers", "0", "--sample-ms", "100", "--step-ms", "1",
+                                "--ready", str(tmp / "c"), python=python))
             wait_files("c.*", tmp, 1)
-            grab(job.pid, at("train_loop.py", "__getitem__"), out / "main_single_process_getitem.json", "__getitem__")
+            grab(job.pid, at("train_job.py", "__getitem__"), out / "main_single_process_getitem.json", "__getitem__")
             stop_all()
             # 4. compute: forward, backward, Adam
             (tmp / "adam.py").write_text(ADAM_LOOP)
