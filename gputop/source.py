@@ -162,6 +162,15 @@ class PollLoop:
         self._first, self._first_result, self._first_taken = None, None, True
         return batch
 
+    def prefetch_finished(self, timeout: float) -> bool:
+        """Whether no prefetched poll is still running, after waiting up to `timeout` for it (a source may
+        be closed only once no poll is inside it)."""
+        first = self._first
+        if first is not None:
+            first.join(timeout)
+            return not first.is_alive()
+        return True
+
     def _first_batch(self) -> Optional[Batch]:
         """The prefetched batch, waited for (None: stopped meanwhile, or prefetched but taken already)."""
         first, self._first = self._first, None

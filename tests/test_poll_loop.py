@@ -111,3 +111,16 @@ def test_a_failed_prefetch_is_a_failed_poll():
     assert loop.take_prefetched() is None  # nothing to show: run() reports it
     assert run_loop(loop, clock) == [(1.0, [2])]
     assert [str(e) for e in errors] == ["NVML did not answer"]
+
+
+def test_a_source_is_not_called_closed_while_its_prefetched_poll_runs():
+    source = CountingSource(hang_first=True)
+    loop = PollLoop(source, 1.0)
+    assert loop.prefetch_finished(0)  # nothing prefetched: nothing running
+    loop.prefetch()
+    try:
+        wait_until(lambda: source.polls == 1, what="the first poll to start")
+        assert not loop.prefetch_finished(0.05)
+    finally:
+        source.release.set()
+    assert loop.prefetch_finished(5)

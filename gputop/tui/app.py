@@ -353,6 +353,11 @@ class GputopApp(App):
         self._poll_loop.stop()
 
     def wait_for_collector(self, timeout: float = COLLECTOR_STOP_TIMEOUT) -> bool:
+        """Whether no poll is running any more (waiting up to `timeout`): the collector has stopped, or it
+        never started (the app ended before it mounted) and the prefetched poll, if any, has returned."""
+        if self._collector is None:
+            self._poll_loop.stop()
+            return self._poll_loop.prefetch_finished(timeout)
         return self.collector_stopped.wait(timeout)
 
     # ------------------------------------------------------------------ snapshot -> screen

@@ -96,3 +96,15 @@ async def test_the_prefetched_first_poll_is_drawn_by_the_first_frame(close_sourc
         assert app.snapshots_seen == 1 and app.history.latest is source._snapshots[0]
         assert posted == []
         assert any(line.lstrip().startswith("GPU0") or " GPU0" in line for line in app.query_one("#gpus").lines_text)
+
+
+def test_an_app_that_never_mounted_waits_for_the_prefetched_poll_before_its_source_closes():
+    source = ScriptedSource(make_machine(gpus=8), make_snapshots(0, gpus=8))  # the first poll blocks until closed
+    loop = PollLoop(source, 0.001)
+    loop.prefetch()
+    app = GputopApp(source, interval=0.001, diagnose=fixed_diagnose, poll_loop=loop)  # never run: no collector
+    try:
+        assert not app.wait_for_collector(0.05)  # the prefetched poll is still inside the source
+    finally:
+        source.close()
+    assert app.wait_for_collector(5)
