@@ -1,27 +1,40 @@
 """Each `gputop demo` scenario - a real PyTorch job on the simulated machine - gets the right verdict within
 30 s of attaching, and nothing else scores as severe (critical): demo job -> py-spy -> findings.
 
-For nccl-hang, eval-rank0 and sync-bound, what the machine shows (spinning GPUs, parked hosts, a barrier,
-GPUs taking turns with the host) is checked on the same job after its verdict test: one job start-up per
-scenario (a class-scoped job, stopped when its class ends, so no other test shares the cores with it).
-The verdict test comes first in its class, so it attaches right after the ranks start training, as a
-fresh job's does.
+For every scenario but tuned, what the machine shows (idle or spinning GPUs, parked hosts, stuck frames,
+a barrier, a saw-tooth, GPUs taking turns with the host) is checked on the same job after its verdict
+test: one job start-up per scenario (a class-scoped job, stopped when its class ends, so no other test
+shares the cores with it).  The verdict test comes first in its class, so it attaches right after the
+ranks start training, as a fresh job's does.
 """
 
 from __future__ import annotations
 
 import time
 
+import psutil
 import pytest
 
 from gputop.analysis.diagnosis import severe, verdict_line
-from gputop.analysis.stack_classes import COLLECTIVE, WAITING_FOR_DATA
+from gputop.analysis.stack_classes import COLLECTIVE, IN_DATASET, WAITING_FOR_DATA
+from gputop.collect.stacks import dump_stacks
 from gputop.commands.demo import observe
 from gputop.model import LABEL_CODE
 from gputop.pipeline import Pipeline
+from gputop.sim import scenarios
 from gputop.sim.demo_launcher import DemoJob
 from tests.harness.attach import Observer
-from tests.harness.demo import innermost, item_line, rank_pids
+from tests.harness.demo import (
+    column,
+    dips,
+    innermost,
+    item_line,
+    main_thread_frames,
+    observe_quietly,
+    rank_pids,
+    stop_and_check_nothing_left,
+    worker_pids,
+)
 from tests.harness.processes import wait_until
 
 VERDICT_DEADLINE_S = 30.0
@@ -103,22 +116,10 @@ def _verdict_is(obs: Observer, finding_id: str, words: str, severities: tuple[st
     return top.id == finding_id and words in top.summary and top.severity in severities
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "scenario,finding_id,words,severities",
-    [
-        ("starved", "starvation", "Input-bound (highly)", ("critical",)),
-        # the demo's saw-tooth loses ~20% of the GPUs' time on a 2-core box: right at the line between a
-        # warning and a critical finding, so either is a right verdict; what it is and why must be right
-        ("hiccup", "hiccup", "epoch-boundary worker restarts", ("critical", "warning")),
-        ("misfire", "hang", "a DataLoader worker is stuck in dataset code", ("critical",)),
-        ("single-gpu", "misplacement", f"{RANKS} ranks share GPU 0; 7 of 8 GPUs idle", ("critical",)),
-    ],
-)
-def test_demo_scenario_gets_its_verdict(demo, scenario, finding_id, words, severities):
-    obs = demo(scenario)
+def _assert_verdict(obs: Observer, scenario: str, finding_id: str, words: str, severities: tuple[str, ...]) -> None:
+    """The whole verdict (finding, cause and stuck frame) within the deadline, not just its headline, and
+    nothing else scored as severe."""
     started = time.monotonic()
-    # the whole verdict (finding, cause and stuck frame) within the deadline, not just its headline
     wait_until(
         lambda: _verdict_is(obs, finding_id, words, severities),
         timeout=VERDICT_DEADLINE_S,
@@ -128,6 +129,123 @@ def test_demo_scenario_gets_its_verdict(demo, scenario, finding_id, words, sever
     assert time.monotonic() - started <= VERDICT_DEADLINE_S + 5
     others = [(f.id, f.summary) for f in severe(obs.findings) if f is not obs.findings[0]]
     assert not others, others  # nothing else scores as severe
+
+
+@pytest.mark.slow
+class TestStarved:
+    job = _shared_job("starved")
+
+    def test_verdict(self, job, attach):
+        _assert_verdict(attach(job), "starved", "starvation", "Input-bound (highly)", ("critical",))
+
+    def test_gpus_mostly_idle_while_ranks_decode(self, job, attach):
+        pipeline = attach(job).pipeline
+        summary = observe_quietly(job, pipeline, seconds=8)
+        means = summary.mean_util()
+        assert all(5 < means[g] < 50 for g in range(RANKS)), means
+        assert all(means[g] == 0 for g in range(RANKS, 8)), means  # GPUs without a rank stay idle
+        # num_workers=0: the rank's main thread runs the dataset itself (Pillow decoding, storage reads)
+        rank0 = rank_pids(job)[0]
+        state, frames = wait_until(
+            lambda: (lambda r: r if r[0] == IN_DATASET else None)(main_thread_frames(rank0)),
+            timeout=30,
+            what="rank 0's main thread inside the dataset",
+        )
+        assert "JpegDataset.__getitem__" in frames
+        stop_and_check_nothing_left(job, pipeline)
+
+
+@pytest.mark.slow
+class TestHiccup:
+    job = _shared_job("hiccup")
+
+    def test_verdict(self, job, attach):
+        # the demo's saw-tooth loses ~20% of the GPUs' time on a 2-core box: right at the line between a
+        # warning and a critical finding, so either is a right verdict; what it is and why must be right
+        _assert_verdict(attach(job), "hiccup", "hiccup", "epoch-boundary worker restarts", ("critical", "warning"))
+
+    def test_saw_tooth_with_workers_restarting_each_epoch(self, job, attach):
+        pipeline = attach(job).pipeline
+        rank0 = rank_pids(job)[0]
+        first_workers = wait_until(lambda: worker_pids(rank0), timeout=30, what="rank 0's workers")
+        summary = observe_quietly(job, pipeline, seconds=18)
+        util = column(summary, 0)
+        assert max(util) >= 75 and min(util) <= 30, util
+        assert dips(util) >= 2, util  # an epoch is ~20 steps plus a ~1 s restart: a dip every ~6 s
+        assert worker_pids(rank0).isdisjoint(first_workers)  # new workers: the epoch restarted them
+        stop_and_check_nothing_left(job, pipeline)
+
+
+@pytest.mark.slow
+class TestMisfire:
+    job = _shared_job("misfire")
+
+    def test_verdict(self, job, attach):
+        _assert_verdict(attach(job), "misfire", "hang", "a DataLoader worker is stuck in dataset code", ("critical",))
+
+    def test_memory_held_at_zero_util_with_the_stuck_frame_visible(self, job, attach):
+        pipeline = attach(job).pipeline
+        pids = rank_pids(job)
+        stuck_rank = job.config.hang_rank
+        assert stuck_rank == RANKS // 2
+        stuck = pids[stuck_rank]
+        healthy = [pid for rank, pid in enumerate(pids) if rank != stuck_rank]
+
+        wait_until(
+            lambda: all(pipeline.poll().gpus[g].utilization_gpu == 0 for g in range(RANKS)),
+            timeout=90,
+            interval=0.5,
+            what="every rank's GPU at 0% utilization",
+        )
+
+        def workers_in_image_open() -> dict[int, list[str]]:
+            """The stuck rank's workers whose main thread waits inside Pillow's Image.open (reading the JPEG's bytes)."""
+            found = {}
+            for pid, stacks in dump_stacks(worker_pids(stuck)).items():
+                for thread in stacks.threads:
+                    names = [f.name for f in thread.frames]
+                    if names and names[0] == "open" and thread.frames[0].filename.endswith("PIL/Image.py"):
+                        found[pid] = names
+            return found
+
+        first = wait_until(workers_in_image_open, timeout=30, what=f"a worker of rank {stuck_rank} stuck reading a JPEG")
+        assert len(first) == 1  # one sample hangs; the other workers finished their prefetch and idle
+        (stuck_pid, frames), = first.items()
+        assert "JpegDataset.__getitem__" in frames
+        summary = observe_quietly(job, pipeline, seconds=3)
+        assert all(all(row[g] == 0 for g in range(RANKS)) for row in summary.samples), summary.samples
+        assert summary.steps_per_s == (0.0,) * RANKS
+        assert list(workers_in_image_open()) == [stuck_pid]  # still the same worker, still in the same read
+        snapshot = pipeline.poll()
+        for gpu in range(RANKS):
+            assert snapshot.gpus[gpu].memory_used > 9 * 1024**3  # memory held: the processes are alive
+        # the stuck rank waits for its batch; the others wait for it in the gradient all_reduce
+        wait_until(lambda: main_thread_frames(stuck)[0] == WAITING_FOR_DATA, timeout=30, what=f"rank {stuck_rank} waiting")
+        for pid in healthy:
+            wait_until(lambda: main_thread_frames(pid)[0] == COLLECTIVE, timeout=30, what=f"PID {pid} in all_reduce")
+        stop_and_check_nothing_left(job, pipeline)
+
+
+@pytest.mark.slow
+class TestSingleGpu:
+    job = _shared_job("single-gpu")
+
+    def test_verdict(self, job, attach):
+        _assert_verdict(attach(job), "single-gpu", "misplacement", f"{RANKS} ranks share GPU 0; 7 of 8 GPUs idle", ("critical",))
+
+    def test_every_rank_on_gpu0(self, job, attach):
+        pipeline = attach(job).pipeline
+        summary = observe_quietly(job, pipeline, seconds=8)
+        means = summary.mean_util()
+        assert means[0] > 80, means
+        assert max(max(column(summary, g)) for g in range(1, 8)) == 0, summary.samples
+        gpu0 = pipeline.poll().gpus[0]
+        assert sorted(p.pid for p in gpu0.processes) == sorted(rank_pids(job))
+        assert gpu0.memory_used >= RANKS * scenarios.MEMORY_PER_RANK
+        # the ranks share one GPU's time: each gets about 1/RANKS of a tuned rank's steps (~4.4 a second)
+        assert all(rate < 2.5 for rate in summary.steps_per_s), summary.steps_per_s
+        assert all("CUDA_VISIBLE_DEVICES" not in psutil.Process(p).environ() for p in rank_pids(job))
+        stop_and_check_nothing_left(job, pipeline)
 
 
 @pytest.mark.slow
