@@ -1,7 +1,16 @@
+import signal
+
 import pytest
 
 from tests.harness.attach import Observer
 from tests.harness.processes import Spawner
+
+# A shell starts a background job (`pytest &`, a CI step run in the background) with SIGINT ignored, and
+# an ignored signal is inherited: every `gputop record` the tests start would then ignore the Ctrl-C they
+# send it.  A Python handler is not inherited across exec, so with one installed here the children get
+# SIGINT's default, as they do when pytest runs in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

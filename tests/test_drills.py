@@ -253,6 +253,22 @@ def test_job_sigkilled_while_recording_is_shown_exited_and_nothing_is_left(spawn
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["kill", "ssh-hangup"])
+def test_record_ended_by_kill_or_a_hangup_keeps_every_snapshot_and_says_so(spawn, tmp_path, stop):
+    """`kill PID` and a closed SSH session end `gputop record` the way Ctrl-C does: the closing line, exit 0,
+    and a recording that replays with every snapshot it counted (not a process dead mid-write)."""
+    rec_path = tmp_path / "stopped.gputop"
+    rec = start_gputop(spawn, "record", "--simulate", "rtx-4090-2", "--interval", "0.2", "-o", str(rec_path))
+    wait_until(lambda: len(snapshots(rec_path)) >= 3, timeout=60, what="three recorded snapshots")
+    rec.send_signal(stop)
+    out, err = rec.communicate(timeout=30)
+    assert rec.returncode == 0 and b"Traceback" not in err, err
+    counted = re.search(rb"gputop: recorded (\d+) snapshots", err)
+    assert counted, err
+    assert len(snapshots(rec_path)) == int(counted[1]) >= 3
+
+
+@pytest.mark.slow
 def test_job_sigkilled_during_a_stack_refresh_keeps_last_stacks(spawn, tmp_path):
     job = start_job(spawn, tmp_path, "--workers", "2")
     armed = threading.Event()

@@ -19,13 +19,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, TextIO
 
+from gputop.commands.observing import StopSignals
 from gputop.analysis.diagnosis import diagnose, verdict_line
 from gputop.errors import GputopError
 from gputop.history import History
 
 # The simulated machine. Its 8 GPUs bound --gpus; with fewer ranks the remaining GPUs sit idle.
 DEMO_PROFILE = "h100-sxm-8"
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass
@@ -58,25 +58,6 @@ def _check_demo_dependencies() -> None:
 
 def _format_util(value: Optional[float]) -> str:
     return "  --" if value is None else f"{value:4.0f}"
-
-
-class _SignalScope:
-    """While active, SIGTERM and SIGHUP end the demo the way ctrl+c does (KeyboardInterrupt in the main thread)."""
-
-    def __enter__(self) -> "_SignalScope":
-        self._previous = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in _STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._interrupt)
-        return self
-
-    @staticmethod
-    def _interrupt(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def observe(
@@ -173,7 +154,7 @@ def run(args: Any) -> int:
         collective_timeout_s=getattr(args, "nccl_timeout", 600.0),
     )  # bad overrides fail here, with nothing started
     out = sys.stdout
-    with _SignalScope(), job:
+    with StopSignals(), job:
         try:
             launcher_pid = job.start()
             pipeline = Pipeline(
@@ -188,7 +169,7 @@ def run(args: Any) -> int:
             from gputop.tui.app import run_app  # the core never loads Textual unless the TUI is wanted
 
             if args.seconds is not None:
-                # ends the TUI the way SIGTERM does (see _SignalScope), from outside its event loop
+                # ends the TUI the way SIGTERM does (see StopSignals), from outside its event loop
                 timer = threading.Timer(args.seconds, signal.raise_signal, (signal.SIGTERM,))
                 timer.daemon = True
                 timer.start()

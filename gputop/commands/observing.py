@@ -6,7 +6,9 @@ next to nothing (every snapshot goes to the file). Both run the one poll loop (`
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 from typing import Any, Callable, Optional, TextIO
 
@@ -15,6 +17,30 @@ from gputop.model import Snapshot
 from gputop.source import Batch, PollLoop, Source
 
 BAR_WIDTH = 30
+# `kill PID` (SIGTERM) and a closed SSH session (SIGHUP) end a watch the way Ctrl-C does: what was
+# collected is kept (the recording's last line, the report), instead of the process dying mid-write.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class StopSignals:
+    """While active, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as Ctrl-C does.
+    SIGINT is left as it is: a shell starts a background job (`gputop record ... &`) with it ignored, on
+    purpose, and that choice is the user's."""
+
+    def __enter__(self) -> "StopSignals":
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._interrupt)
+        return self
+
+    @staticmethod
+    def _interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 class Progress:
@@ -85,7 +111,8 @@ def observe(
             progress.update(elapsed / seconds if seconds > 0 else 1.0, f"{elapsed:.0f}/{seconds:.0f} s")
 
     try:
-        loop.run(keep)
+        with StopSignals():
+            loop.run(keep)
     except KeyboardInterrupt:
         if not samples:
             raise
