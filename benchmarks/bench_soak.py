@@ -1,7 +1,8 @@
-"""Soak: does gputop's memory or per-refresh cost grow over a day?  Two modes.
+"""Soak: does gputop's memory or per-refresh cost grow over a day?  Three modes.
 
     python benchmarks/bench_soak.py [--hours 24] [--quick] [--json]          # compressed time (default)
     python benchmarks/bench_soak.py --real-attach 10 [--scenario hiccup]     # a real 10-minute attach
+    python benchmarks/bench_soak.py --tui 2400                               # the TUI, history turned over
 
 **Compressed time.**  One process plays gputop's sinks for `--hours` simulated hours at 1 Hz: a
 `Pipeline` over the simulated 8-GPU machine whose clock is a `ManualClock` moved 1 s per snapshot,
@@ -26,6 +27,11 @@ The RSS figure is last hour / first hour (the first hour includes filling the hi
 **Real attach.**  Starts the demo job (default scenario `hiccup`: its DataLoader workers are replaced
 every epoch, which exercises the process table's pruning) and `gputop record --pid LAUNCHER` at
 default settings, then reads gputop's RSS and CPU (its own and its py-spy children's) once a minute.
+
+**TUI.**  The real app (Textual, headless at 160×48) over the simulated machine, polled 50 times a
+second so its 600-snapshot history fills in about 30 s and then turns over again and again: RSS when the
+history is full, then after every 600 polls more.  The figure is the last RSS ÷ the RSS after the first
+turn-over (the allocator settles while the first whole history is replaced; growth after that is a leak).
 """
 
 from __future__ import annotations
@@ -286,6 +292,51 @@ def real_attach(args: argparse.Namespace) -> int:
     return 0 if rss_ratio <= FLAT_GOAL else 1
 
 
+def tui(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gputop.pipeline import pipeline_from_args
+    from gputop.tui.app import GputopApp
+
+    def rss() -> float:
+        return psutil.Process().memory_info().rss / MIB
+
+    async def polls(pilot, app, count: int) -> None:
+        seen, done = app.history.latest, 0
+        while done < count:
+            await pilot.pause(0.01)
+            if app.history.latest is not seen:
+                seen, done = app.history.latest, done + 1
+
+    async def run() -> list[tuple[int, float]]:
+        source = pipeline_from_args(argparse.Namespace(simulate=args.simulate, pid=None, interval=0.02))
+        app = GputopApp(source, interval=0.02, history_capacity=600)
+        rows = []
+        try:
+            async with app.run_test(size=(160, 48)) as pilot:
+                while len(app.history) < app.history.capacity:
+                    await pilot.pause(0.2)
+                gc.collect()
+                rows.append((0, rss()))
+                for turn in range(1, args.tui // 600 + 1):
+                    await polls(pilot, app, 600)
+                    gc.collect()
+                    rows.append((turn * 600, rss()))
+        finally:
+            source.close()
+        return rows
+
+    rows = asyncio.run(run())
+    print(machine_line())
+    print_table(["polls after the history filled", "RSS MiB"], [(n, f"{r:.1f}") for n, r in rows])
+    settled, last = rows[min(1, len(rows) - 1)][1], rows[-1][1]
+    ratio = last / settled
+    emit_figure(f"Soak, TUI history turned over {args.tui // 600} times: RSS last ÷ after the first turn-over", f"≤ {FLAT_GOAL:.2f}",
+                f"{ratio:.3f} ({settled:.1f} -> {last:.1f} MiB; {rows[0][1]:.1f} when the history filled)",
+                f"python benchmarks/bench_soak.py --tui {args.tui}", ratio <= FLAT_GOAL)
+    return 0 if ratio <= FLAT_GOAL else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hours", type=float, default=24.0, help="simulated hours (default 24)")
@@ -297,10 +348,16 @@ def main() -> int:
     ap.add_argument("--sample-every", type=float, default=60.0, help="seconds between real-attach samples (default 60)")
     ap.add_argument("--scenario", default="hiccup", help="demo scenario for --real-attach (default hiccup)")
     ap.add_argument("--gpus", type=int, default=8, help="demo ranks for --real-attach (default 8)")
+    ap.add_argument("--tui", type=int, default=None, metavar="POLLS",
+                    help="instead: the TUI's memory over POLLS polls after its history filled (a multiple of 600)")
     ap.add_argument("--quick", action="store_true",
                     help="<= 1 min: 3 simulated hours (or, with --real-attach, 1 min sampled every 10 s, 2 ranks)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.tui is not None:
+        if args.tui < 1200:
+            ap.error("--tui needs at least 1200 polls: the first 600 turn the history over once, the rest show growth")
+        return tui(args)
     if args.real_attach is not None:
         if args.quick:
             args.real_attach, args.sample_every, args.gpus = 1.0, 10.0, 2
