@@ -37,7 +37,9 @@ def _render_segments(self, console: Console) -> str:
     chops = self.chops
     chop_ends = self.chop_ends
     last_y = self.spans[-1][0]
-    measured: dict[int, tuple[Strip, list[Segment], list[int]]] = {}  # id(strip) -> (strip, segments, offsets)
+    # id(strip) -> (strip, segments, offsets from the strip's own start): relative, because one Strip object
+    # can sit at several x in a frame (Strip.blank is cached: two widgets' equal blank lines are one object)
+    measured: dict[int, tuple[Strip, list[Segment], list[int]]] = {}
     for y, x1, x2 in self.spans:
         line = chops[y]
         ends = chop_ends[y]
@@ -52,15 +54,15 @@ def _render_segments(self, console: Console) -> str:
             entry = measured.get(id(strip))
             if entry is None or entry[0] is not strip:
                 segments = list(strip)
-                offsets = [x]  # offsets[i]: where segment i starts; offsets[i + 1]: where it ends
+                offsets = [0]  # offsets[i]: where segment i starts in the strip; offsets[i + 1]: where it ends
                 for text, _style, _control in segments:
                     offsets.append(offsets[-1] + cell_len(text))
                 entry = measured[id(strip)] = (strip, segments, offsets)
             _strip, segments, offsets = entry
-            first = bisect_right(offsets, start, 1) - 1  # the first segment that ends after `start`
+            first = bisect_right(offsets, start - x, 1) - 1  # the first segment that ends after `start`
             for i in range(first, len(segments)):
                 segment = segments[i]
-                pos, seg_end = offsets[i], offsets[i + 1]
+                pos, seg_end = x + offsets[i], x + offsets[i + 1]
                 text, style, _ = segment
                 if pos < start or seg_end > stop:
                     if pos < start:
