@@ -189,12 +189,12 @@ _TENSOR_TO_TEXT = ("torch/_tensor_str.py",)  # printing a tensor copies it to th
 def read_source_line(filename: str, line: int, pid: Optional[int] = None) -> Optional[str]:
     """The text of `filename`:`line`, or None where it cannot be read.
 
-    With `pid`, the file is looked up first through ``/proc/PID/root`` (the target may run in another
-    mount namespace: a container)."""
+    With `pid`, the file is looked up first as the target sees it (`_source_candidates`): through
+    ``/proc/PID/root`` (it may run in another mount namespace: a container), a relative name from its
+    working directory."""
     if line <= 0 or filename.startswith("<"):
         return None
-    candidates = ([f"/proc/{pid}/root{filename}"] if pid is not None and filename.startswith("/") else []) + [filename]
-    for path in candidates:
+    for path in _source_candidates(filename, pid):
         text = _line_of(path, line)
         if text is not None:
             return text
@@ -223,9 +223,8 @@ def sync_lines_in_function(filename: str, first_line: int, function: str,
     The profiler's Python stacks name a function by the line it starts on (``train.py(52): train_step``:
     its code object's first line, a decorator's if it has one), never by the line running inside it; the
     function's own lines, read here, say which line syncs.  Lines of functions nested inside it are left
-    out (they are their own frames).  With `pid`, the file is read as the target sees it: relative paths
-    from its working directory and absolute ones through its root (a container).  [] where the source
-    cannot be read or parsed."""
+    out (they are their own frames).  With `pid`, the file is read as the target sees it, as
+    `read_source_line` reads it (`_source_candidates`).  [] where the source cannot be read or parsed."""
     tree = None
     for path in _source_candidates(filename, pid):
         try:
@@ -262,13 +261,15 @@ def _without_comment(line: str) -> str:
 
 
 def _source_candidates(filename: str, pid: Optional[int]) -> tuple[str, ...]:
+    """Where `filename` (a frame's, as the process `pid` named it) may be read, in order: through the
+    process's root (a container) or, for a relative name, its working directory; then the name as it is."""
     if filename.startswith("<"):
         return ()
     if pid is None:
         return (filename,)
     if filename.startswith("/"):
         return (f"/proc/{pid}/root{filename}", filename)
-    return (f"/proc/{pid}/cwd/{filename}",)  # relative to the target's working directory, not ours
+    return (f"/proc/{pid}/cwd/{filename}", filename)  # relative to the target's working directory first
 
 
 @functools.lru_cache(maxsize=32)

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, TextIO
 
-from gputop.commands.observing import StopSignals
 from gputop.analysis.diagnosis import diagnose, verdict_line
+from gputop.commands.observing import StopSignals
 from gputop.errors import GputopError
 from gputop.history import History
 
