@@ -15,7 +15,10 @@
 #   3. runs a real CUDA training job (tests/jobs/train_job.py --model conv --device cuda: a CNN on
 #      images whose decode costs CPU) starved (num_workers=0), then tuned
 #      (workers, pinned memory), takes `gputop report --pid` of each, and checks that the starved one
-#      is called input-bound and the tuned one is not;
+#      is called input-bound and the tuned one is not; while the tuned job runs, reads each GPU's PCIe
+#      byte counters (NVML field values 197/198) and GetPcieThroughput side by side for 5 s, says whether
+#      the counters are supported (and at what valueType: 32-bit ones wrap every 4 GiB) and prints how far
+#      the two sources agree, beside the same figures from the simulated H100 machine;
 #   4. hangs rank 1 of a 2-rank NCCL job and checks that the report's hang finding names that rank;
 #   5. writes the reports and summary.json under benchmarks/gpu_check/HOST/ (commit them).
 #
@@ -40,7 +43,7 @@ while [ $# -gt 0 ]; do
         --skip-install) SKIP_INSTALL=1 ;;
         --out) OUT="$2"; shift ;;
         --seconds) SECONDS_PER_REPORT="$2"; shift ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         *) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -164,6 +167,18 @@ if [ "$NO_CUDA" = 1 ]; then
     TUNED_ARGS=(--sample-ms 0.5)
 fi
 
+pcie_check() {  # the PCIe byte counters against GetPcieThroughput, on this machine and on the simulated one
+    say "3b. PCIe byte counters against GetPcieThroughput (while the tuned job runs)"
+    local real_args=()
+    # no driver with --no-cuda: the simulated RTX 4090s (no counters: the fallback) stand in for the real machine
+    [ "$NO_CUDA" = 1 ] && real_args=(--simulate rtx-4090-2)
+    timeout 60 "$PYTHON" "$VERIFY" pcie-measure "$OUT/pcie-real.json" ${real_args[@]+"${real_args[@]}"} \
+        || { fail "reading the PCIe counters and GetPcieThroughput failed"; return; }
+    timeout 60 "$PYTHON" "$VERIFY" pcie-measure "$OUT/pcie-simulated.json" --simulate h100-sxm-8 \
+        || { fail "reading the simulated PCIe counters failed"; return; }
+    "$PYTHON" "$VERIFY" pcie "$OUT/pcie-real.json" "$OUT/pcie-simulated.json" | tee "$OUT/pcie-differences.txt"
+}
+
 report_on() {  # report_on NAME PID: gputop report --pid PID as JSON into $OUT/NAME.json
     timeout $((SECONDS_PER_REPORT + 90)) "${GPUTOP[@]}" report --pid "$2" --seconds "$SECONDS_PER_REPORT" \
         --format json -o "$OUT/$1.json" || fail "gputop report on the $1 job failed"
@@ -179,6 +194,7 @@ for variant in starved tuned; do
     fi
     pid=$JOB_PID
     if wait_ready "$OUT/$variant.ready" 1 180 "the $variant job's first step"; then
+        if [ "$variant" = tuned ]; then pcie_check; fi
         report_on "$variant" "$pid"
         [ -e "$OUT/$variant.json" ] && { "$PYTHON" "$VERIFY" verdict "$OUT/$variant.json" --expect "$variant" || fail "the $variant verdict"; }
     fi

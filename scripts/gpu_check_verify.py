@@ -5,6 +5,8 @@
     python scripts/gpu_check_verify.py verdict REPORT.json --expect starved|tuned
     python scripts/gpu_check_verify.py hang REPORT.json --pid PID --rank R     # the hang finding names it
     python scripts/gpu_check_verify.py figures OUT_DIR                          # summary.json from the reports
+    python scripts/gpu_check_verify.py pcie-measure OUT.json [--simulate SPEC] [--seconds S]  # reads NVML (below)
+    python scripts/gpu_check_verify.py pcie REAL.json SIMULATED.json            # the PCIe sources compared
 
 Each prints what it found; a check that fails exits 1 with one line saying what was expected.
 """
@@ -177,6 +179,66 @@ def figures(out_dir: str) -> int:
     return 0
 
 
+def pcie_measure(out_path: str, simulate: str | None, seconds: float) -> int:
+    """Per GPU: are the PCIe byte counters answered, and their rate against GetPcieThroughput's over `seconds`
+    (GpuCollector.compare_pcie_sources), into OUT.json.  The one step here that reads NVML."""
+    from gputop.collect.gpu import GpuCollector
+
+    library = None
+    if simulate is not None:
+        from gputop.sim.fake_nvml import FakeNvmlLibrary
+        from gputop.sim.profiles import parse_spec
+        from gputop.sim.synthetic import SyntheticLoad
+
+        spec = parse_spec(simulate)
+        library = FakeNvmlLibrary(spec, SyntheticLoad(spec.profile.gpu_count, spec.profile.gpu.memory_total))
+    collector = GpuCollector(library=library)
+    try:
+        rows = collector.compare_pcie_sources(seconds)
+        machine = {"driver_version": collector.driver_version, "simulated": simulate}
+    finally:
+        collector.close()
+    Path(out_path).write_text(json.dumps({"machine": machine, "gpus": rows}, indent=2) + "\n")
+    return 0
+
+
+def _mb(value: Any) -> str:
+    return "n/a" if value is None else f"{value / 1e6:.1f} MB/s"
+
+
+def _relative(a: Any, b: Any) -> str:
+    if a is None or b is None:
+        return "n/a"
+    if max(a, b) < 1e6:  # under 1 MB/s both: idle, a ratio says nothing
+        return "idle"
+    return f"{(a - b) / b:+.0%}"
+
+
+def pcie(real_path: str, sim_path: str) -> int:
+    """Print, per GPU of each machine, the counters' support and their rate against GetPcieThroughput's, then how
+    the real machine differs from the simulated one.  Informational: exits 0 (no bar is set on real GPUs yet)."""
+    machines = {"real": _load(real_path), "simulated": _load(sim_path)}
+    for label, data in machines.items():
+        print(f"{label} (driver {data['machine'].get('driver_version')}):")
+        for g in data["gpus"]:
+            kind = f"supported, valueType {g['value_type']}" if g["counters"] == "supported" else f"refused: {g['counters']}"
+            print(
+                f"  GPU {g['index']} {g['name']}: PCIe byte counters {kind}; "
+                f"TX counters {_mb(g['counter_tx_bytes_per_s'])} vs GetPcieThroughput {_mb(g['throughput_tx_bytes_per_s'])} "
+                f"({_relative(g['counter_tx_bytes_per_s'], g['throughput_tx_bytes_per_s'])}); "
+                f"RX counters {_mb(g['counter_rx_bytes_per_s'])} vs {_mb(g['throughput_rx_bytes_per_s'])} "
+                f"({_relative(g['counter_rx_bytes_per_s'], g['throughput_rx_bytes_per_s'])}), "
+                f"{g['throughput_glimpses']} glimpses"
+            )
+    real = {g["counters"] for g in machines["real"]["gpus"]}
+    sim = {g["counters"] for g in machines["simulated"]["gpus"]}
+    real_types = {g["value_type"] for g in machines["real"]["gpus"]} - {None}
+    sim_types = {g["value_type"] for g in machines["simulated"]["gpus"]} - {None}
+    print(f"differs from the simulated machine: counters {sorted(real)} (simulated {sorted(sim)}), "
+          f"valueType {sorted(real_types)} (simulated {sorted(sim_types)}; 1 = 32-bit, wraps every 4 GiB)")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -195,7 +257,18 @@ def main() -> int:
     p.add_argument("--rank", type=int, required=True)
     p = sub.add_parser("figures")
     p.add_argument("out_dir")
+    p = sub.add_parser("pcie-measure")
+    p.add_argument("out")
+    p.add_argument("--simulate", default=None, metavar="SPEC")
+    p.add_argument("--seconds", type=float, default=5.0)
+    p = sub.add_parser("pcie")
+    p.add_argument("real")
+    p.add_argument("simulated")
     args = parser.parse_args()
+    if args.what == "pcie-measure":
+        return pcie_measure(args.out, args.simulate, args.seconds)
+    if args.what == "pcie":
+        return pcie(args.real, args.simulated)
     if args.what == "differences":
         return differences(args.real, args.simulated)
     if args.what == "topo-m":

@@ -19,8 +19,9 @@ from gputop.collect.gpu import (
     use_nvml_library,
 )
 from gputop.model import THROTTLE_REASONS
+from gputop.sim import fake_nvml
 from gputop.sim.fake_nvml import FakeNvmlLibrary, ManualClock
-from gputop.sim.profiles import H100_SXM, parse_spec
+from gputop.sim.profiles import H100_SXM, RTX_4090, parse_spec
 from tests.harness.processes import wait_until
 from tests.harness.nvml import ScriptedLoad
 
@@ -50,9 +51,10 @@ def collector():
     """make(spec, load=..., clock=..., wrap=...) -> (GpuCollector, fake); closed at teardown."""
     made = []
 
-    def make(spec="h100-sxm-8", load=None, clock=None, pcie_latency_s=0.0, wrap=None, **kwargs):
+    def make(spec="h100-sxm-8", load=None, clock=None, pcie_latency_s=0.0, wrap=None, fake_options=None, **kwargs):
         fake = FakeNvmlLibrary(
-            parse_spec(spec), load or ScriptedLoad(util=80.0), clock=clock or ManualClock(), pcie_latency_s=pcie_latency_s
+            parse_spec(spec), load or ScriptedLoad(util=80.0), clock=clock or ManualClock(), pcie_latency_s=pcie_latency_s,
+            **(fake_options or {}),
         )
         lib = wrap(fake) if wrap else fake
         gpu = GpuCollector(library=lib, **kwargs)
@@ -211,8 +213,8 @@ def test_static_information_is_read_once(collector):
         "nvmlSystemGetDriverVersion",
     ):
         assert per_sample[static] == 0, static
-    assert per_sample["nvmlDeviceGetFieldValues"] == 8  # one call per GPU for all NVLink counters
-    assert per_sample["nvmlDeviceGetPcieThroughput"] == 16
+    assert per_sample["nvmlDeviceGetFieldValues"] == 8  # one call per GPU for all NVLink and PCIe counters
+    assert per_sample["nvmlDeviceGetPcieThroughput"] == 0  # Hopper answers the PCIe byte counters
 
 
 def test_no_permission_becomes_a_reason(collector):
@@ -311,9 +313,11 @@ def test_idle_gpus_drop_the_link_but_a_degraded_one_is_told_apart_by_load(collec
 
 
 def test_sample_reads_gpus_concurrently(collector):
-    """Each simulated PCIe throughput call blocks 20 ms like the real one: 8 GPUs x 2 in series would be 320 ms."""
-    gpu, _ = collector("h100-sxm-8", pcie_latency_s=0.02, clock=time.monotonic)
+    """Each simulated PCIe throughput call blocks 20 ms like the real one: 8 GPUs x 2 in series would be 320 ms.
+    (An old driver has no PCIe byte counters, so every GPU is on GetPcieThroughput.)"""
+    gpu, lib = collector("h100-sxm-8+old-driver", pcie_latency_s=0.02, clock=time.monotonic, wrap=Wrapped)
     gpu.sample()
+    assert lib.counts["nvmlDeviceGetPcieThroughput"] == 16
     start = time.perf_counter()
     gpu.sample()
     elapsed = time.perf_counter() - start
@@ -499,3 +503,179 @@ def test_a_failing_event_read_keeps_the_xids_seen(collector):
     failing["on"] = True
     s = gpu.sample()[0]
     assert [e.code for e in s.xids] == [48] and s.unavailable["xids.read"] == "Unknown"
+
+
+# ---------------------------------------------------------------- PCIe traffic: byte counters, or the fallback
+PEAK_TX, PEAK_RX = H100_SXM.pcie_tx_peak_kbps * 1024, H100_SXM.pcie_rx_peak_kbps * 1024  # bytes/s at util 100
+
+
+def _refuse_pcie_counters(on_gpus, code=lambda: pynvml.NVML_ERROR_NOT_SUPPORTED):
+    """A wrap for the collector fixture: nvmlDeviceGetFieldValues answers `code()` (None: the fake's answer) in the
+    PCIe byte counters' entries for the GPUs (0-based) in `on_gpus`; every other entry as the fake does."""
+
+    def wrap(fake):
+        real = fake.nvmlDeviceGetFieldValues
+
+        def field_values(handle, count, out):
+            ret = real(handle, count, out)
+            refusal = code()
+            if ctypes.cast(handle, ctypes.c_void_p).value - 1 in on_gpus and refusal is not None:
+                entries = (fake_nvml._FieldValue * int(count.value)).from_address(ctypes.addressof(out._obj))
+                for entry in entries:
+                    if entry.fieldId in (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES):
+                        entry.nvmlReturn = refusal
+            return ret
+
+        return Wrapped(fake, nvmlDeviceGetFieldValues=field_values)
+
+    return wrap
+
+
+def test_pcie_rates_are_the_byte_counters_average_over_the_interval(collector):
+    clock, load = ManualClock(), ScriptedLoad(util=100.0)
+    gpu, lib = collector("h100-sxm-8", load=load, clock=clock, wrap=Wrapped)
+    clock.advance(1.0)
+    first = gpu.sample()
+    assert [(s.pcie.tx_bytes_per_s, s.pcie.rx_bytes_per_s) for s in first] == [pytest.approx((PEAK_TX, PEAK_RX))] * 8
+    # half a second at full load, then half a second at half load: the counters give the interval's average
+    # (0.75 of the peak), where GetPcieThroughput would give its 20 ms glimpse at the end (0.5)
+    clock.advance(0.5)
+    for i in range(8):
+        lib.lib.state(i)  # the board counts continuously; the fake integrates when it is read
+    load.util = 50.0
+    clock.advance(0.5)
+    second = gpu.sample()
+    assert [(s.pcie.tx_bytes_per_s, s.pcie.rx_bytes_per_s) for s in second] == [
+        pytest.approx((0.75 * PEAK_TX, 0.75 * PEAK_RX))
+    ] * 8
+    assert all("pcie.tx_bytes_per_s" not in s.unavailable for s in first + second)
+    assert lib.counts["nvmlDeviceGetPcieThroughput"] == 0
+
+
+def test_the_first_sample_has_pcie_rates_as_nvlink_has_from_the_counters_primed_at_start(collector):
+    clock = ManualClock()
+    gpu, _ = collector("h100-sxm-8", load=ScriptedLoad(util=100.0), clock=clock)
+    clock.advance(2.0)
+    s = gpu.sample()[0]
+    assert (s.pcie.tx_bytes_per_s, s.pcie.rx_bytes_per_s) == pytest.approx((PEAK_TX, PEAK_RX))
+    assert s.nvlink[0].tx_bytes_per_s > 0
+    # no time since the last reading: no rate, and no refusal either (as NVLink's)
+    again = gpu.sample()[0]
+    assert again.pcie.tx_bytes_per_s is None and again.pcie.rx_bytes_per_s is None
+    assert again.nvlink[0].tx_bytes_per_s is None
+    assert again.unavailable == {}
+
+
+@pytest.mark.parametrize("spec", ["rtx-4090-2", "h100-sxm-8+old-driver"])
+def test_a_gpu_without_the_byte_counters_falls_back_to_pcie_throughput(collector, spec):
+    clock = ManualClock()
+    gpu, lib = collector(spec, load=ScriptedLoad(util=100.0), clock=clock, wrap=Wrapped)
+    model = lib.lib.profile.gpu
+    clock.advance(1.0)
+    before = collections.Counter(lib.counts)
+    samples = gpu.sample()
+    per_sample = lib.counts - before
+    assert len(samples) == lib.lib.profile.gpu_count
+    for s in samples:
+        assert (s.pcie.tx_bytes_per_s, s.pcie.rx_bytes_per_s) == (
+            model.pcie_tx_peak_kbps * 1024.0, model.pcie_rx_peak_kbps * 1024.0
+        )
+        assert not any(key.startswith("pcie.") for key in s.unavailable)
+    assert per_sample["nvmlDeviceGetPcieThroughput"] == 2 * len(samples)
+    # the refusal is remembered: a card without NVLink makes no field-values call at all any more
+    assert per_sample["nvmlDeviceGetFieldValues"] == (0 if model is RTX_4090 else len(samples))
+
+
+def test_a_gpu_refusing_the_counters_does_not_move_the_others(collector):
+    clock = ManualClock()
+    gpu, lib = collector("h100-sxm-8", load=ScriptedLoad(util=100.0), clock=clock, wrap=_refuse_pcie_counters({3}))
+    throughput_handles = collections.Counter()
+    real_throughput = lib.lib.nvmlDeviceGetPcieThroughput
+
+    def counted_throughput(handle, counter, out):
+        throughput_handles[ctypes.cast(handle, ctypes.c_void_p).value - 1] += 1
+        return real_throughput(handle, counter, out)
+
+    lib.overrides["nvmlDeviceGetPcieThroughput"] = counted_throughput
+    for _ in range(2):
+        clock.advance(1.0)
+        samples = gpu.sample()
+        assert [(s.pcie.tx_bytes_per_s, s.pcie.rx_bytes_per_s) for s in samples] == [
+            pytest.approx((PEAK_TX, PEAK_RX))
+        ] * 8
+        assert all(s.unavailable == {} for s in samples)
+        assert all(link.tx_bytes_per_s > 0 for link in samples[3].nvlink)  # its NVLink counters still count
+    assert throughput_handles == {3: 4}  # GPU 3 alone, two directions a sample
+
+
+def test_a_permanent_refusal_later_moves_the_gpu_for_good_and_a_passing_one_does_not(collector):
+    clock = ManualClock()
+    refusal = {"code": None}
+    wrap = _refuse_pcie_counters({1}, code=lambda: refusal["code"])
+    gpu, lib = collector("h100-sxm-8", load=ScriptedLoad(util=100.0), clock=clock, wrap=wrap)
+    clock.advance(1.0)
+    assert gpu.sample()[1].pcie.rx_bytes_per_s == pytest.approx(PEAK_RX)
+    refusal["code"] = pynvml.NVML_ERROR_UNKNOWN  # a passing failure: no rate this time, the counters again after it
+    clock.advance(1.0)
+    s = gpu.sample()[1]
+    assert s.pcie.rx_bytes_per_s is None and s.unavailable["pcie.rx_bytes_per_s"] == "Unknown"
+    refusal["code"] = None
+    clock.advance(1.0)
+    s = gpu.sample()[1]
+    assert s.pcie.rx_bytes_per_s == pytest.approx(PEAK_RX)  # over both seconds: the last good reading stayed
+    assert lib.counts["nvmlDeviceGetPcieThroughput"] == 0
+    # now NOT_SUPPORTED: that sample has no rate, and from the next one GPU 1 reads GetPcieThroughput for good
+    refusal["code"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    clock.advance(1.0)
+    s = gpu.sample()[1]
+    assert s.pcie.rx_bytes_per_s is None and s.unavailable["pcie.rx_bytes_per_s"] == "NotSupported"
+    refusal["code"] = None  # asked again, it would answer: it is not asked
+    for _ in range(2):
+        clock.advance(1.0)
+        s = gpu.sample()[1]
+        assert s.pcie.rx_bytes_per_s == PEAK_RX and "pcie.rx_bytes_per_s" not in s.unavailable
+    assert lib.counts["nvmlDeviceGetPcieThroughput"] == 4
+
+
+def test_a_32_bit_pcie_counter_wraps_and_the_rate_stays_right(collector):
+    clock = ManualClock()
+    gpu, lib = collector(
+        "h100-sxm-8", load=ScriptedLoad(util=100.0), clock=clock, fake_options={"pcie_counter_bits": 32}, wrap=Wrapped
+    )
+    wraps = 0
+    for _ in range(4):  # 3.3 GB/s into a counter of 4 GiB: it wraps every 1.3 s
+        before = lib.lib.state(0).pcie_rx_bytes
+        clock.advance(1.0)
+        s = gpu.sample()[0]
+        wraps += int(lib.lib.state(0).pcie_rx_bytes) >> 32 != int(before) >> 32
+        assert (s.pcie.tx_bytes_per_s, s.pcie.rx_bytes_per_s) == pytest.approx((PEAK_TX, PEAK_RX))
+    assert wraps >= 2  # so the rates above were taken across wraps
+
+
+def test_a_64_bit_counter_that_goes_back_was_reset_and_gives_no_rate_for_that_interval(collector):
+    clock = ManualClock()
+    gpu, lib = collector("h100-sxm-8", load=ScriptedLoad(util=100.0), clock=clock)
+    clock.advance(2.0)
+    gpu.sample()
+    lib.state(2).pcie_tx_bytes = 0.0  # the driver reloaded: the counter starts again
+    clock.advance(1.0)
+    s = gpu.sample()[2]
+    assert s.pcie.tx_bytes_per_s is None and s.pcie.rx_bytes_per_s == pytest.approx(PEAK_RX)
+    clock.advance(1.0)
+    assert gpu.sample()[2].pcie.tx_bytes_per_s == pytest.approx(PEAK_TX)
+
+
+def test_the_pcie_sources_side_by_side_say_which_gpus_have_the_counters(collector):
+    """What scripts/gpu_check.sh prints on a real machine: each GPU's counters (or why not) against GetPcieThroughput."""
+    hopper, _ = collector("h100-sxm-8", load=ScriptedLoad(util=100.0), clock=time.monotonic)
+    rows = hopper.compare_pcie_sources(seconds=0.2, glimpses=2)
+    assert [r["index"] for r in rows] == list(range(8))
+    for r in rows:
+        assert r["counters"] == "supported" and r["value_type"] == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        assert (r["counter_tx_bytes_per_s"], r["counter_rx_bytes_per_s"]) == pytest.approx((PEAK_TX, PEAK_RX), rel=1e-4)  # µs stamps
+        assert (r["throughput_tx_bytes_per_s"], r["throughput_rx_bytes_per_s"]) == (PEAK_TX, PEAK_RX)
+        assert r["throughput_glimpses"] == 2
+    ada, _ = collector("rtx-4090-2", load=ScriptedLoad(util=100.0), clock=time.monotonic)
+    rows = ada.compare_pcie_sources(seconds=0.1, glimpses=1)
+    assert [(r["counters"], r["counter_rx_bytes_per_s"], r["value_type"]) for r in rows] == [("NotSupported", None, None)] * 2
+    assert [r["throughput_rx_bytes_per_s"] for r in rows] == [RTX_4090.pcie_rx_peak_kbps * 1024.0] * 2

@@ -238,3 +238,21 @@ def test_gpu_check_compares_the_topology_with_nvidia_smi(tmp_path):
     (tmp_path / "topo.txt").write_text(_nvidia_smi_topo_m(same, list(topology.nic_legend())))
     done = subprocess.run(verify, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "NIC0-GPU0: gputop PIX, nvidia-smi PXB" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_gpu_check_reports_the_pcie_counters_against_pcie_throughput(tmp_path):
+    """scripts/gpu_check.sh's PCIe step, on two simulated machines: one with the byte counters, one without."""
+    verify = [sys.executable, str(Path(__file__).parent.parent / "scripts" / "gpu_check_verify.py")]
+    for name, spec in (("real", "rtx-4090-2"), ("simulated", "h100-sxm-8")):
+        done = subprocess.run(verify + ["pcie-measure", str(tmp_path / f"{name}.json"), "--simulate", spec, "--seconds", "0.5"],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+    done = subprocess.run(verify + ["pcie", str(tmp_path / "real.json"), str(tmp_path / "simulated.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert sum("PCIe byte counters refused: NotSupported" in line for line in lines) == 2  # the RTX 4090s
+    assert sum("PCIe byte counters supported, valueType 3" in line for line in lines) == 8  # the H100s
+    assert lines[-1] == ("differs from the simulated machine: counters ['NotSupported'] (simulated ['supported']), "
+                         "valueType [] (simulated [3]; 1 = 32-bit, wraps every 4 GiB)")

@@ -13,23 +13,27 @@ Cost model (the TUI polls at 1 Hz and must stay cheap):
 - What changes rarely and only by an event that persists (NVLink link up/down, ECC
   counters, remapped rows) is re-read every `SLOW_FIELDS_PERIOD_S` seconds, not every
   poll; every sample still carries the latest reading (see `_SlowFields`).
-- The NVLink counters come back as an array of NVML structs; they are read through a
-  plain ctypes view of the same memory (`_FieldValueView`), not attribute by attribute
+- Every cumulative counter of a GPU (each NVLink's TX/RX KiB, and the PCIe TX/RX bytes) is read in one
+  ``nvmlDeviceGetFieldValues`` call a sample, and a rate is Δcount/Δtimestamp between two samples: the
+  average over the whole interval.  The counters come back as an array of NVML structs; they are read
+  through a plain ctypes view of the same memory (`_FieldValueView`), not attribute by attribute
   through pynvml's Python-level struct hooks.
-- ``nvmlDeviceGetPcieThroughput`` samples the link for ~20 ms per direction, so 8
-  GPUs read one after another would take ~320 ms.  Each GPU is read by its own
-  task in a small persistent pool of daemon threads, one per GPU (ctypes drops the
-  GIL inside the driver), so a full sample costs about one GPU's time (~40 ms).  We chose this
-  over a background PCIe refresher because the refresher would have to spin the
-  same 320 ms of driver sampling continuously to stay fresh, whereas a pool only
-  works while a sample is wanted.  A GPU whose calls hang (a dying board) cannot
-  stall the refresh: after `sample_timeout_s` its previous reading is returned,
-  marked stale, and no second task is queued behind the stuck one.
-- Only the two PCIe throughput calls need that parallelism.  Each task makes them
-  first, then takes a "turn" (a lock) for its ~20 other short calls, so the GPUs'
-  Python work runs one after another instead of eight threads fighting over the GIL
-  (with the real library every ctypes call releases the GIL, so contending threads
-  hand it over at each call: that contention cost more CPU than the reads).  The turn
+- PCIe traffic comes from the byte counters (``NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES``, driver R555 and
+  later; see `_PCIE_TX_BYTES`) wherever the GPU answers them: probed once per GPU at start, and a
+  permanent refusal (NotSupported, ...) moves that GPU to ``nvmlDeviceGetPcieThroughput`` for good.
+  That fallback samples the link for ~20 ms per direction and answers with that 20 ms glimpse, not the
+  interval's average; 8 GPUs read one after another would take ~320 ms.
+- Each GPU is read by its own task in a small persistent pool of daemon threads, one per GPU.  On
+  the fallback path that keeps the 20 ms samplings of the GPUs overlapping (ctypes drops the GIL
+  inside the driver), so a full sample costs about one GPU's time (~40 ms); we chose that over a
+  background PCIe refresher, which would have to spin the same 320 ms of driver sampling continuously
+  to stay fresh.  Where every GPU answers the counters nothing blocks for long, but the threads stay:
+  a GPU whose calls hang (a dying board) must not stall the refresh.  After `sample_timeout_s` its
+  previous reading is returned, marked stale, and no second task is queued behind the stuck one.
+- Each task makes the fallback's two blocking calls first (if the GPU is on it), then takes a "turn"
+  (a lock) for its other short calls, so the GPUs' Python work runs one after another instead of eight
+  threads fighting over the GIL (with the real library every ctypes call releases the GIL, so
+  contending threads hand it over at each call: that contention cost more CPU than the reads).  The turn
   is only waited for `TURN_WAIT_S`, and not at all while a GPU is stuck, so a GPU that
   hangs while holding it cannot stall the others.
 
@@ -111,6 +115,26 @@ _REMOTE_KINDS = {
 _REASON_BITS = tuple((1 << i, name) for i, name in enumerate(THROTTLE_REASONS))
 _NVLINK_TX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
 _NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+# Cumulative PCIe bytes ("value can be wrapped", nvml.h), added to nvmlDeviceGetFieldValues in driver R555
+# (NVML change log, "Changes between v550 and v555"). NVML's documents name no architectures for them. A
+# third-party note measured them on a Blackwell GeForce (RTX 5090, driver 610: 0.2-0.4 ms a call); we found no
+# report for Hopper, Ada or Ampere, and have run them on no real GPU. So they are probed per GPU at start and any
+# refusal falls back to nvmlDeviceGetPcieThroughput (see the module docstring).
+_PCIE_TX_BYTES = pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+_PCIE_RX_BYTES = pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+# An entry's valueType -> the member of nvmlValue_t that holds a counter of that type, and its width in bits.
+# A counter narrower than 64 bits wraps; its delta is taken modulo its width, which is right as long as it wraps
+# at most once between two samples (a 32-bit byte counter: under 4 GiB between samples). Other types are read
+# as 64-bit, as NVLink's counters (unsigned long long) always were.
+_COUNTER_MEMBERS = {
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: ("uiVal", 32),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: ("usVal", 16),
+}
+_COUNTER_64 = ("ullVal", 64)
+# What an entry may answer for a field the GPU or the driver does not have; kept as a permanent refusal. A driver
+# older than R555 does not know the PCIe byte fields: which of these it answers is not checked on a real one.
+_PERMANENT_ENTRY_REASONS = PERMANENT_REASONS | {"InvalidArgument"}
+_PCIE_RATE_KEYS = ("pcie.tx_bytes_per_s", "pcie.rx_bytes_per_s")
 
 
 _RETIRED_SINGLE_BIT = pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
@@ -227,6 +251,31 @@ def _field_values(handle: Any, ids: list[tuple[int, int]], kept: Any) -> Any:
     return values
 
 
+def _counter_reading(entry: Any) -> tuple[int, int, int]:
+    """A field-values entry of a cumulative counter -> (value, timestamp µs, width in bits)."""
+    member, bits = _COUNTER_MEMBERS.get(entry.valueType, _COUNTER_64)
+    return getattr(entry.value, member), entry.timestamp, bits
+
+
+def _counter_rate(
+    previous: Optional[tuple[int, int, int]], current: Optional[tuple[int, int, int]], unit: float
+) -> Optional[float]:
+    """Two readings of one cumulative counter (see `_counter_reading`) -> units per second, or None when either is
+    missing, no time passed, or a 64-bit counter went back (it was reset: such a counter does not wrap)."""
+    if previous is None or current is None:
+        return None
+    dt_us = current[1] - previous[1]
+    delta = current[0] - previous[0]
+    if delta < 0:
+        bits = current[2]
+        if bits >= 64:
+            return None
+        delta += 1 << bits  # a narrower counter wrapped (once: see _COUNTER_MEMBERS)
+    if dt_us <= 0:
+        return None
+    return delta * unit / (dt_us / 1e6)
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -293,9 +342,9 @@ class _NvLink:
     link: int
     remote_bus_id: Optional[str] = None
     remote_kind: Optional[str] = None
-    # previous cumulative reading per direction: (KiB, timestamp µs)
-    last_tx: Optional[tuple[int, int]] = None
-    last_rx: Optional[tuple[int, int]] = None
+    # previous cumulative reading per direction: (KiB, timestamp µs, width), see _counter_reading
+    last_tx: Optional[tuple[int, int, int]] = None
+    last_rx: Optional[tuple[int, int, int]] = None
     last_reading: Optional[NvLinkLink] = None  # what the previous sample carried for this link (shared if unchanged)
 
 
@@ -324,8 +373,13 @@ class _Gpu:
     width_max: Optional[int] = None
     static_unavailable: dict[str, str] = field(default_factory=dict)
     nvlinks: Optional[list[_NvLink]] = None  # None: NVLink not available (reason in static_unavailable)
-    nvlink_field_ids: Optional[list[tuple[int, int]]] = None  # the (field, link) pairs asked every sample
-    nvlink_values: Any = None  # the array NVML fills with their values (see _field_values)
+    # the (field, scope) pairs of the one field-values call a sample: each link's NVLink TX/RX, then, while
+    # `pcie_counters`, the PCIe TX/RX bytes (None: not built yet)
+    counter_ids: Optional[list[tuple[int, int]]] = None
+    counter_values: Any = None  # the array NVML fills with their values (see _field_values)
+    # PCIe traffic from the byte counters (True until the GPU refuses them), else from GetPcieThroughput
+    pcie_counters: bool = True
+    last_pcie: tuple[Any, Any] = (None, None)  # the previous PCIe TX/RX counter readings (see _counter_reading)
     supported_reasons: Optional[int] = None
     refused: dict[str, str] = field(default_factory=dict)  # field -> permanent reason
     chosen: dict[str, Callable] = field(default_factory=dict)  # field -> the call that works (after fallback)
@@ -496,9 +550,14 @@ class GpuCollector:
             links.append(self._read_link_wiring(gpu, link))
         if links:
             gpu.nvlinks = links
-            self._read_nvlink_counters(gpu)  # prime the counters so the first sample has rates
         else:
             gpu.static_unavailable["nvlink"] = reason or "NotSupported"
+        # probe the PCIe byte counters (a refusal falls back for good) and prime every counter so that the first
+        # sample has rates
+        readings, refusal = self._read_counters(gpu)
+        self._pcie_rates(gpu, readings, refusal)
+        for link, (tx, rx) in zip(gpu.nvlinks or (), self._nvlink_readings(gpu, readings)):
+            link.last_tx, link.last_rx = tx, rx
         self._watch_xids(gpu)
         # keep only the static refusals that describe fields (name/uuid problems are rare and cosmetic)
         gpu.static_unavailable.update(
@@ -683,14 +742,17 @@ class GpuCollector:
             reason = gpu.static_unavailable["gpu"]
             return self._identity(gpu, lost=reason == "GpuIsLost", unavailable={"gpu": reason})
         try:
-            # the blocking calls first, concurrently with the other GPUs' (see the module docstring)
-            throughput = _Reading(gpu)
-            throughput.unavailable.clear()
-            tx = throughput.get("pcie.tx_bytes_per_s", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_TX_BYTES)
-            rx = throughput.get("pcie.rx_bytes_per_s", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+            throughput = None
+            if not gpu.pcie_counters:
+                # the fallback's blocking calls first, concurrently with the other GPUs' (see the module docstring)
+                reading = _Reading(gpu)
+                reading.unavailable.clear()
+                tx = reading.get("pcie.tx_bytes_per_s", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+                rx = reading.get("pcie.rx_bytes_per_s", pynvml.nvmlDeviceGetPcieThroughput, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+                throughput = (self._kb_to_bytes(tx), self._kb_to_bytes(rx), reading.unavailable)
             has_turn = take_turns and self._turn.acquire(timeout=TURN_WAIT_S)
             try:
-                return self._read_fields(gpu, _Reading(gpu), (tx, rx, throughput.unavailable))
+                return self._read_fields(gpu, _Reading(gpu), throughput)
             finally:
                 if has_turn:
                     self._turn.release()
@@ -698,9 +760,10 @@ class GpuCollector:
             return self._lost_sample(gpu)
 
     def _read_fields(
-        self, gpu: _Gpu, r: _Reading, throughput: tuple[Optional[int], Optional[int], dict[str, str]]
+        self, gpu: _Gpu, r: _Reading, throughput: Optional[tuple[Optional[float], Optional[float], dict[str, str]]]
     ) -> GpuSample:
-        """Every reading but PCIe throughput, which `throughput` brings: (TX KB/s, RX KB/s, refusals)."""
+        """Every reading; PCIe traffic from the counters, or from `throughput` (the fallback's TX and RX bytes/s and
+        refusals) when the GPU refused them."""
         now = time.monotonic()
         refresh_slow = now >= gpu.slow.due
         util = r.get("utilization", pynvml.nvmlDeviceGetUtilizationRates)
@@ -714,14 +777,17 @@ class GpuCollector:
         power_limit = r.get("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit)
         clock_sm = r.get("clock_sm", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
         clock_memory = r.get("clock_memory", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM)
-        tx_kb, rx_kb, throughput_unavailable = throughput
+        readings, refusal = self._read_counters(gpu)
+        if throughput is None:
+            throughput = self._pcie_rates(gpu, readings, refusal)
+        tx, rx, throughput_unavailable = throughput
         pcie = PcieLink(
             gen_current=r.get("pcie.gen_current", pynvml.nvmlDeviceGetCurrPcieLinkGeneration),
             gen_max=gpu.gen_max,
             width_current=r.get("pcie.width_current", pynvml.nvmlDeviceGetCurrPcieLinkWidth),
             width_max=gpu.width_max,
-            tx_bytes_per_s=self._kb_to_bytes(tx_kb),
-            rx_bytes_per_s=self._kb_to_bytes(rx_kb),
+            tx_bytes_per_s=tx,
+            rx_bytes_per_s=rx,
         )
         r.unavailable.update(throughput_unavailable)  # where they were listed when read in this order
         mask = r.get(
@@ -746,7 +812,7 @@ class GpuCollector:
             clock_sm=clock_sm,
             clock_memory=clock_memory,
             pcie=pcie,
-            nvlink=self._read_nvlink(gpu, r, refresh_slow),
+            nvlink=self._read_nvlink(gpu, r, refresh_slow, readings),
             throttle_reasons=throttle,
             **self._read_health(gpu, r, refresh_slow),
             processes=self._read_processes(r),
@@ -809,41 +875,66 @@ class GpuCollector:
             return None
         return tuple(GpuProcess(pid=int(p.pid), used_memory=p.usedGpuMemory) for p in procs)
 
-    # ------------------------------------------------------------ NVLink
-    def _read_nvlink_counters(self, gpu: _Gpu) -> Optional[list[tuple[Optional[tuple[int, int]], ...]]]:
-        """One field-values call for every link's cumulative TX/RX KiB: per link of `gpu.nvlinks`, in order,
-        (TX, RX) as (KiB, µs) or None where NVML refused that entry; None when NVML refused the call.
-        Each reading is also kept on the link as the base of the next rate."""
-        links = gpu.nvlinks or ()
-        ids = gpu.nvlink_field_ids
-        if ids is None or len(ids) != 2 * len(links):
-            ids = gpu.nvlink_field_ids = [(fid, link.link) for link in links for fid in (_NVLINK_TX, _NVLINK_RX)]
-            gpu.nvlink_values = None
+    # ------------------------------------------------------------ cumulative counters: NVLink and PCIe traffic
+    def _read_counters(self, gpu: _Gpu) -> tuple[Optional[list[Any]], Optional[str]]:
+        """One field-values call for every cumulative counter read each sample (see `_Gpu.counter_ids`): their
+        readings in that order (see `_counter_reading`; None where NVML refused the entry) and None, or None and
+        the reason when NVML refused the whole call.  No call when there is nothing to read."""
+        ids = gpu.counter_ids
+        if ids is None:
+            ids = [(fid, link.link) for link in gpu.nvlinks or () for fid in (_NVLINK_TX, _NVLINK_RX)]
+            if gpu.pcie_counters:
+                ids += [(_PCIE_TX_BYTES, 0), (_PCIE_RX_BYTES, 0)]
+            gpu.counter_ids, gpu.counter_values = ids, None
+        if not ids:
+            return [], None
         try:
-            values = gpu.nvlink_values = _field_values(gpu.handle, ids, gpu.nvlink_values)
+            values = gpu.counter_values = _field_values(gpu.handle, ids, gpu.counter_values)
         except pynvml.NVMLError_GpuIsLost:
             raise _Lost() from None
-        except pynvml.NVMLError:
-            return None
+        except pynvml.NVMLError as exc:
+            return None, reason_of(exc)
         success = pynvml.NVML_SUCCESS
-        readings = [(value.value.ullVal, value.timestamp) if value.nvmlReturn == success else None for value in values]
-        out = []
-        for i, link in enumerate(links):
-            link.last_tx, link.last_rx = pair = readings[2 * i], readings[2 * i + 1]
-            out.append(pair)
-        return out
+        return [_counter_reading(value) if value.nvmlReturn == success else None for value in values], None
 
     @staticmethod
-    def _rate(previous: Optional[tuple[int, int]], current: Optional[tuple[int, int]]) -> Optional[float]:
-        if previous is None or current is None:
-            return None
-        dt_us = current[1] - previous[1]
-        delta = current[0] - previous[0]
-        if dt_us <= 0 or delta < 0:  # no time passed, or the counter was reset
-            return None
-        return delta * 1024.0 / (dt_us / 1e6)
+    def _nvlink_readings(gpu: _Gpu, readings: Optional[list[Any]]) -> list[tuple[Any, Any]]:
+        """Per link of `gpu.nvlinks`, in order, its (TX, RX) readings out of `_read_counters`' (None: not read)."""
+        links = gpu.nvlinks or ()
+        if readings is None:
+            return [(None, None)] * len(links)
+        return [(readings[2 * i], readings[2 * i + 1]) for i in range(len(links))]
 
-    def _read_nvlink(self, gpu: _Gpu, r: _Reading, refresh_states: bool) -> Optional[tuple[NvLinkLink, ...]]:
+    def _pcie_rates(
+        self, gpu: _Gpu, readings: Optional[list[Any]], refusal: Optional[str]
+    ) -> tuple[Optional[float], Optional[float], dict[str, str]]:
+        """PCIe TX and RX bytes/s from the byte counters in `_read_counters`' readings (the last two), derived as
+        NVLink's are, and the reasons for what is missing.  A permanent refusal, of the call or of either entry,
+        moves this GPU to GetPcieThroughput for good (from its next sample)."""
+        previous = gpu.last_pcie
+        if readings is None:
+            current = (None, None)
+            reasons = dict.fromkeys(_PCIE_RATE_KEYS, refusal or "FieldValues refused")
+        else:
+            current = (readings[-2], readings[-1])
+            entries = gpu.counter_values[-2:]
+            reasons = {
+                key: reason_of(pynvml.NVMLError(entry.nvmlReturn))
+                for key, entry in zip(_PCIE_RATE_KEYS, entries)
+                if entry.nvmlReturn != pynvml.NVML_SUCCESS
+            }
+        if any(reason in _PERMANENT_ENTRY_REASONS for reason in reasons.values()):
+            gpu.pcie_counters = False
+            gpu.counter_ids = None  # the next call asks for the NVLink counters alone
+        # a refused reading keeps the last one as the base: the next rate spans both intervals
+        gpu.last_pcie = tuple(now if now is not None else before for before, now in zip(previous, current))
+        tx, rx = (_counter_rate(before, now, 1.0) for before, now in zip(previous, current))
+        return tx, rx, reasons
+
+    def _read_nvlink(
+        self, gpu: _Gpu, r: _Reading, refresh_states: bool, readings: Optional[list[Any]]
+    ) -> Optional[tuple[NvLinkLink, ...]]:
+        """Every link's state and TX/RX rates; `readings` is this sample's `_read_counters` (None: refused)."""
         if gpu.nvlinks is None:
             return None
         slow = gpu.slow
@@ -861,22 +952,22 @@ class GpuCollector:
         else:
             states = slow.link_states
             r.unavailable.update(slow.link_unavailable)
-        previous = [(link.last_tx, link.last_rx) for link in gpu.nvlinks]
-        current = self._read_nvlink_counters(gpu)
-        if current is None:
+        if readings is None:
             r.unavailable["nvlink.throughput"] = "FieldValues refused"
-            current = [(None, None)] * len(gpu.nvlinks)
-        rate = self._rate
+        rate = _counter_rate
         out = []
-        for link, (prev_tx, prev_rx), (tx, rx) in zip(gpu.nvlinks, previous, current):
+        for link, (tx, rx) in zip(gpu.nvlinks, self._nvlink_readings(gpu, readings)):
+            prev_tx, prev_rx = link.last_tx, link.last_rx
+            if readings is not None:  # a refused call keeps the last readings: the next rate spans both intervals
+                link.last_tx, link.last_rx = tx, rx
             active = bool(states[link.link])
             reading = NvLinkLink(
                 link=link.link,
                 active=active,
                 remote_bus_id=link.remote_bus_id,
                 remote_kind=link.remote_kind,
-                tx_bytes_per_s=rate(prev_tx, tx) if active else None,
-                rx_bytes_per_s=rate(prev_rx, rx) if active else None,
+                tx_bytes_per_s=rate(prev_tx, tx, 1024.0) if active else None,  # the counters count KiB
+                rx_bytes_per_s=rate(prev_rx, rx, 1024.0) if active else None,
             )
             # An inactive or idle link reads the same every sample: the history then holds one object for it,
             # not one a sample (8 GPUs x 18 links: 18 KB a sample, 11 MiB over the TUI's 10 minutes).
@@ -961,6 +1052,57 @@ class GpuCollector:
             status = r.get(f"clock_event_ns.{name}", pynvml.nvmlDeviceGetViolationStatus, policy)
             if status is not None:
                 out[name] = int(status.violationTime)
+        return out
+
+    # ------------------------------------------------------------ the PCIe sources side by side (scripts/gpu_check.sh)
+    def compare_pcie_sources(self, seconds: float = 5.0, glimpses: int = 10) -> list[dict[str, Any]]:
+        """Per GPU: whether it answers the PCIe byte counters (and as which valueType), their TX/RX bytes/s over
+        `seconds`, and the mean of `glimpses` GetPcieThroughput readings (20 ms each) taken evenly in the same
+        window, so that a real machine shows how far the two sources agree.  Blocks for about `seconds`."""
+        ids = [(_PCIE_TX_BYTES, 0), (_PCIE_RX_BYTES, 0)]
+        success = pynvml.NVML_SUCCESS
+
+        def counters(gpu: _Gpu) -> list[Any]:
+            try:
+                values = _field_values(gpu.handle, ids, None)
+            except pynvml.NVMLError as exc:
+                return [reason_of(exc)] * 2 + [None]
+            return [
+                _counter_reading(v) if v.nvmlReturn == success else reason_of(pynvml.NVMLError(v.nvmlReturn))
+                for v in values
+            ] + [int(values[0].valueType)]
+
+        with _LIBRARY_LOCK, self._lock:
+            if pynvml.nvmlLib is not self._nvml_library:
+                use_nvml_library(self._nvml_library)
+            gpus = [gpu for gpu in self._gpus if gpu.handle is not None]
+            first = {gpu.index: counters(gpu) for gpu in gpus}
+            sums = {gpu.index: [0.0, 0.0, 0] for gpu in gpus}
+            for glimpse in range(glimpses):
+                time.sleep(seconds / glimpses)
+                for gpu in gpus:
+                    try:
+                        for i, kind in enumerate((pynvml.NVML_PCIE_UTIL_TX_BYTES, pynvml.NVML_PCIE_UTIL_RX_BYTES)):
+                            sums[gpu.index][i] += pynvml.nvmlDeviceGetPcieThroughput(gpu.handle, kind) * 1024.0
+                        sums[gpu.index][2] += 1
+                    except pynvml.NVMLError:
+                        pass
+            last = {gpu.index: counters(gpu) for gpu in gpus}
+        out = []
+        for gpu in gpus:
+            before, after, (tx_kb, rx_kb, n) = first[gpu.index], last[gpu.index], sums[gpu.index]
+            refused = next((x for x in before[:2] + after[:2] if isinstance(x, str)), None)
+            out.append({
+                "index": gpu.index,
+                "name": gpu.name,
+                "counters": refused or "supported",
+                "value_type": before[2] if refused is None else None,
+                "counter_tx_bytes_per_s": None if refused else _counter_rate(before[0], after[0], 1.0),
+                "counter_rx_bytes_per_s": None if refused else _counter_rate(before[1], after[1], 1.0),
+                "throughput_tx_bytes_per_s": tx_kb / n if n else None,
+                "throughput_rx_bytes_per_s": rx_kb / n if n else None,
+                "throughput_glimpses": n,
+            })
         return out
 
     # ------------------------------------------------------------ life

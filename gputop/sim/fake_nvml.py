@@ -14,8 +14,9 @@ This module never imports pynvml: the numbers below are the C library's ABI
 What the simulated GPUs report follows a `SimSpec` (profile + faults) and a
 `LoadModel` (utilization, memory, processes, and optionally how hard the busy time
 works the GPU): power and temperature follow that load (utilization by default), clocks
-follow utilization; PCIe and NVLink traffic scale with it; the NVLink counters are
-cumulative and only ever grow.  Every reading is a function of ``clock()``, so a
+follow utilization; PCIe and NVLink traffic scale with it; the NVLink counters and the
+PCIe byte counters (Hopper profiles only, see `GpuModel.pcie_byte_counters`) are cumulative
+and only ever grow (a 32-bit PCIe counter wraps).  Every reading is a function of ``clock()``, so a
 controlled clock gives deterministic readings.
 """
 
@@ -73,6 +74,9 @@ PERF_POLICY_THERMAL = 1
 NVLINK_MAX_LINKS = 36
 FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+FI_DEV_PCIE_COUNT_TX_BYTES = 197
+FI_DEV_PCIE_COUNT_RX_BYTES = 198
+VALUE_TYPE_UNSIGNED_INT = 1
 VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 VALUE_NOT_AVAILABLE_ULL = 2**64 - 1
 EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
@@ -184,6 +188,8 @@ class _GpuState:
     processes: list = field(default_factory=list)
     nvlink_tx_kib: list = field(default_factory=list)  # cumulative per link
     nvlink_rx_kib: list = field(default_factory=list)
+    pcie_tx_bytes: float = 0.0  # cumulative: the PCIe TX/RX rates integrated over time
+    pcie_rx_bytes: float = 0.0
 
 
 class FakeNvmlLibrary:
@@ -196,13 +202,17 @@ class FakeNvmlLibrary:
         *,
         clock: Callable[[], float] = time.monotonic,
         pcie_latency_s: float = PCIE_THROUGHPUT_LATENCY_S,
+        pcie_counter_bits: int = 64,
     ) -> None:
+        """`pcie_counter_bits`: the width the PCIe byte counters are served at (64: unsigned long long; 32:
+        unsigned int, which wraps every 4 GiB)."""
         self.spec = spec
         self.profile = spec.profile
         self.faults = spec.faults
         self.load = load
         self.clock = clock
         self.pcie_latency_s = pcie_latency_s
+        self.pcie_counter_bits = pcie_counter_bits
         self.started_at = clock()
         self._lock = threading.Lock()
         self._event_sets: dict[int, _EventSet] = {}
@@ -293,7 +303,11 @@ class FakeNvmlLibrary:
         rx_kbps = int(model.pcie_rx_peak_kbps * load * min(1.0, link_share * 4))
         tx_kbps = int(model.pcie_tx_peak_kbps * load * min(1.0, link_share * 4))
 
-        # cumulative NVLink counters: integrate the rate since the last reading
+        # cumulative counters: integrate the rates since the last reading
+        if st.time != -math.inf:
+            dt = max(0.0, now - st.time)
+            st.pcie_tx_bytes += tx_kbps * 1024.0 * dt  # GetPcieThroughput's KB/s (1 KB = 1024 bytes)
+            st.pcie_rx_bytes += rx_kbps * 1024.0 * dt
         if st.time != -math.inf and model.nvlink_links:
             dt = max(0.0, now - st.time)
             rate = model.nvlink_peak_kibps * (0.15 + 0.85 * load) * dt
@@ -561,6 +575,10 @@ class FakeNvmlLibrary:
                 out._obj.value = NVLINK_DEVICE_TYPE_SWITCH
             return ret
 
+        pcie_counters = model.pcie_byte_counters and not lib.faults.old_driver  # (the fields came with R555)
+        pcie_modulus = 1 << lib.pcie_counter_bits
+        pcie_value_type = VALUE_TYPE_UNSIGNED_INT if lib.pcie_counter_bits <= 32 else VALUE_TYPE_UNSIGNED_LONG_LONG
+
         @device
         def nvmlDeviceGetFieldValues(gpu, count, out):
             count = _int(count)
@@ -578,6 +596,15 @@ class FakeNvmlLibrary:
                     counters = st.nvlink_tx_kib
                 elif field_id == FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
                     counters = st.nvlink_rx_kib
+                elif field_id in (FI_DEV_PCIE_COUNT_TX_BYTES, FI_DEV_PCIE_COUNT_RX_BYTES):
+                    if not pcie_counters:
+                        entry.nvmlReturn = ERROR_NOT_SUPPORTED
+                        continue
+                    total = st.pcie_tx_bytes if field_id == FI_DEV_PCIE_COUNT_TX_BYTES else st.pcie_rx_bytes
+                    entry.nvmlReturn = SUCCESS
+                    entry.valueType = pcie_value_type
+                    entry.value.ullVal = int(total) % pcie_modulus  # (an unsigned int is its low 4 bytes)
+                    continue
                 else:
                     entry.nvmlReturn = ERROR_NOT_SUPPORTED
                     continue

@@ -44,6 +44,10 @@ class GpuModel:
     nvlink_peak_kibps: int  # per link and direction under full load, KiB/s
     ecc: bool  # ECC counters supported
     row_remap: bool  # nvmlDeviceGetRemappedRows supported
+    # the cumulative PCIe byte counters (field values 197/198, driver R555+) answered; False: NOT_SUPPORTED, so
+    # gputop falls back to nvmlDeviceGetPcieThroughput.  NVML documents no architectures for them (see
+    # gputop.collect.gpu._PCIE_TX_BYTES): the simulation gives them to Hopper and later, an assumption.
+    pcie_byte_counters: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,7 @@ H100_SXM = GpuModel(
     nvlink_peak_kibps=9_500_000,
     ecc=True,
     row_remap=True,
+    pcie_byte_counters=True,  # Hopper
 )
 
 RTX_4090 = GpuModel(
@@ -151,6 +156,7 @@ RTX_4090 = GpuModel(
     nvlink_peak_kibps=0,
     ecc=False,
     row_remap=False,
+    pcie_byte_counters=False,  # Ada: no report either way; refused here so that the fallback runs in --simulate
 )
 
 PROFILES: dict[str, Profile] = {
@@ -167,7 +173,7 @@ PROFILES: dict[str, Profile] = {
     ),
     "rtx-4090-2": Profile(
         name="rtx-4090-2",
-        description="2x GeForce RTX 4090 on one host bridge: ECC, NVLink and row remapping are NOT_SUPPORTED",
+        description="2x GeForce RTX 4090 on one host bridge: ECC, NVLink, row remapping and the PCIe byte counters are NOT_SUPPORTED",
         gpu=RTX_4090,
         bus_ids=("00000000:01:00.0", "00000000:21:00.0"),
         numa_nodes=(0, 0),
