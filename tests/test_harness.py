@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import psutil
 
@@ -34,3 +35,28 @@ def test_reap_all_takes_descendants_that_left_the_process_group():
         spawner.reap_all()
     wait_until(lambda: _gone(child), timeout=10, what=f"PID {child} (own session) to be reaped")
     assert _gone(launcher.pid)
+
+
+# A job with a spawn-context queue, as torch.multiprocessing.spawn makes: its semaphores have names in /dev/shm
+# until its multiprocessing resource tracker unlinks them, which it does once the job is gone.
+SPAWN_CONTEXT_JOB = (
+    "import multiprocessing as mp, sys, time\n"
+    "if __name__ == '__main__':\n"
+    "    queue = mp.get_context('spawn').SimpleQueue()\n"
+    "    print(queue._rlock._semlock.name, queue._wlock._semlock.name, flush=True)  # the names in /dev/shm\n"
+    "    time.sleep(600)\n"
+)
+
+
+def test_reap_all_leaves_no_named_semaphore_behind(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text(SPAWN_CONTEXT_JOB)
+    spawner = Spawner()
+    try:
+        proc = spawner.python([str(job)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        names = proc.stdout.readline().split()
+        paths = [Path("/dev/shm") / ("sem." + name.decode().lstrip("/")) for name in names]
+        assert len(paths) == 2 and all(path.exists() for path in paths), paths
+    finally:
+        spawner.reap_all()
+    assert not [path for path in paths if path.exists()]

@@ -166,6 +166,7 @@ def _thread_names(pid: int) -> list[str]:
 # ------------------------------------------------------------------------- the agent, in this process
 
 
+@pytest.mark.slow  # imports torch and trains under the profiler for a second: ~3.5 s
 @pytest.mark.timeout(120)
 def test_agent_records_the_main_threads_training_loop_and_leaves_nothing_behind(tmp_path):
     """The agent's thread starts the profiler while this (main) thread trains; the trace must hold the main

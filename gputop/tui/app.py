@@ -108,6 +108,8 @@ class GputopApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "gputop"
     check_seconds: Optional[float] = None  # the machine check's window (key c); None: check_screen.CHECK_SECONDS
+    # seconds from the first snapshot to the first verdict: after the first frame is on screen, not inside it
+    first_verdict_delay = 0.5
     machine_check = staticmethod(_run_machine_check)  # tests put a scripted check here
     trace_runner = staticmethod(_run_trace)  # key t; tests put a scripted trace here
     ENABLE_COMMAND_PALETTE = False
@@ -378,7 +380,7 @@ class GputopApp(App):
         if not self._first_verdict_asked and len(self.history):
             self._first_verdict_asked = True
             # first verdict soon, but after the first frame is on screen
-            self.set_timer(0.5, lambda: self._diagnose_soon(force=True))
+            self.set_timer(self.first_verdict_delay, lambda: self._diagnose_soon(force=True))
         self._render_all()
 
     def on_poll_failed(self, message: PollFailed) -> None:

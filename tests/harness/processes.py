@@ -63,15 +63,24 @@ class Spawner:
     def reap_all(self) -> None:
         for proc in self.procs:
             # Launchers such as torchrun start each rank in a session of its own, out of reach of the
-            # group kill below; take the whole tree while the launcher still holds it together.
-            for descendant in _descendants(proc.pid):
-                try:
-                    descendant.kill()
-                except psutil.Error:
-                    pass
+            # group kill below; take the whole tree while the launcher still holds it together. Each
+            # multiprocessing resource tracker is spared until the rest is dead: it then unlinks the named
+            # semaphores of its job's spawn-context queues and exits. Killed with the rest, it left them in
+            # /dev/shm for good (two for every torch.multiprocessing.spawn job).
+            descendants = _descendants(proc.pid)
+            trackers = [d for d in descendants if _is_resource_tracker(d)]
+            for descendant in descendants:
+                if descendant not in trackers:
+                    try:
+                        descendant.kill()
+                    except psutil.Error:
+                        pass
             if proc.poll() is None:
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    if trackers:
+                        proc.kill()  # the leader alone: the group kill below comes after the trackers are done
+                    else:
+                        os.killpg(proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
             try:
@@ -79,11 +88,19 @@ class Spawner:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+            psutil.wait_procs(trackers, timeout=10)
             # the group may hold grandchildren (DataLoader workers) even after the leader exited
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _is_resource_tracker(process: psutil.Process) -> bool:
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _descendants(pid: int) -> list[psutil.Process]:

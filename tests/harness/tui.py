@@ -59,4 +59,6 @@ def build_app(
         report_dir=str(tmp_path) if tmp_path else None,
         controls=controls,
     )
+    # the script is on screen within ~0.4 s; waiting the live default for the first verdict would only idle
+    app.first_verdict_delay = 0.05
     return app, source
