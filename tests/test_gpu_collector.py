@@ -564,6 +564,12 @@ def test_the_first_sample_has_pcie_rates_as_nvlink_has_from_the_counters_primed_
     assert again.pcie.tx_bytes_per_s is None and again.pcie.rx_bytes_per_s is None
     assert again.nvlink[0].tx_bytes_per_s is None
     assert again.unavailable == {}
+    # the counters count continuously, as a board's do: 10 ms later (less than the fake's state quantum) is enough
+    # for a rate, so the TUI's first frame, polled right after start, shows traffic
+    clock.advance(0.01)
+    soon = gpu.sample()[0]
+    assert (soon.pcie.tx_bytes_per_s, soon.pcie.rx_bytes_per_s) == pytest.approx((PEAK_TX, PEAK_RX), rel=1e-3)
+    assert soon.nvlink[0].tx_bytes_per_s == pytest.approx(H100_SXM.nvlink_peak_kibps * 1024, rel=1e-3)
 
 
 @pytest.mark.parametrize("spec", ["rtx-4090-2", "h100-sxm-8+old-driver"])
