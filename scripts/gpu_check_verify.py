@@ -211,6 +211,8 @@ def _relative(a: Any, b: Any) -> str:
         return "n/a"
     if max(a, b) < 1e6:  # under 1 MB/s both: idle, a ratio says nothing
         return "idle"
+    if not b:
+        return "GetPcieThroughput read 0"
     return f"{(a - b) / b:+.0%}"
 
 

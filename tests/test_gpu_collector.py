@@ -564,6 +564,12 @@ def test_the_first_sample_has_pcie_rates_as_nvlink_has_from_the_counters_primed_
     assert again.pcie.tx_bytes_per_s is None and again.pcie.rx_bytes_per_s is None
     assert again.nvlink[0].tx_bytes_per_s is None
     assert again.unavailable == {}
+    # the counters count continuously, as a board's do: 10 ms later (less than the fake's state quantum) is enough
+    # for a rate, so the TUI's first frame, polled right after start, shows traffic
+    clock.advance(0.01)
+    soon = gpu.sample()[0]
+    assert (soon.pcie.tx_bytes_per_s, soon.pcie.rx_bytes_per_s) == pytest.approx((PEAK_TX, PEAK_RX), rel=1e-3)
+    assert soon.nvlink[0].tx_bytes_per_s == pytest.approx(H100_SXM.nvlink_peak_kibps * 1024, rel=1e-3)
 
 
 @pytest.mark.parametrize("spec", ["rtx-4090-2", "h100-sxm-8+old-driver"])
@@ -643,13 +649,31 @@ def test_a_32_bit_pcie_counter_wraps_and_the_rate_stays_right(collector):
         "h100-sxm-8", load=ScriptedLoad(util=100.0), clock=clock, fake_options={"pcie_counter_bits": 32}, wrap=Wrapped
     )
     wraps = 0
-    for _ in range(4):  # 3.3 GB/s into a counter of 4 GiB: it wraps every 1.3 s
+    for _ in range(50):  # 3.3 GB/s into a counter of 4 GiB: it wraps every 1.3 s
         before = lib.lib.state(0).pcie_rx_bytes
-        clock.advance(1.0)
+        clock.advance(0.06)  # Gen5 x16 moves at most 3.8 GB in 60 ms: under 4 GiB, so one wrap at most
         s = gpu.sample()[0]
         wraps += int(lib.lib.state(0).pcie_rx_bytes) >> 32 != int(before) >> 32
-        assert (s.pcie.tx_bytes_per_s, s.pcie.rx_bytes_per_s) == pytest.approx((PEAK_TX, PEAK_RX))
+        # (within 1e-4: the stamps are whole µs of 60 ms intervals; a missed wrap would be off by 4 GiB)
+        assert (s.pcie.tx_bytes_per_s, s.pcie.rx_bytes_per_s) == pytest.approx((PEAK_TX, PEAK_RX), rel=1e-4)
     assert wraps >= 2  # so the rates above were taken across wraps
+    assert lib.counts["nvmlDeviceGetPcieThroughput"] == 0
+
+
+def test_a_32_bit_pcie_counter_too_narrow_for_the_interval_falls_back(collector):
+    """A second at Gen5 x16 may carry 63 GB: a 32-bit counter could have wrapped 14 times, which no one can tell."""
+    clock = ManualClock()
+    gpu, lib = collector(
+        "h100-sxm-8", load=ScriptedLoad(util=100.0), clock=clock, fake_options={"pcie_counter_bits": 32}, wrap=Wrapped
+    )
+    clock.advance(1.0)
+    s = gpu.sample()[0]
+    assert s.pcie.rx_bytes_per_s is None
+    assert s.unavailable["pcie.rx_bytes_per_s"] == "32-bit counter: may wrap more than once between samples"
+    clock.advance(1.0)
+    s = gpu.sample()[0]
+    assert (s.pcie.tx_bytes_per_s, s.pcie.rx_bytes_per_s) == (PEAK_TX, PEAK_RX) and s.unavailable == {}
+    assert lib.counts["nvmlDeviceGetPcieThroughput"] == 16  # every GPU, from the second sample on
 
 
 def test_a_64_bit_counter_that_goes_back_was_reset_and_gives_no_rate_for_that_interval(collector):

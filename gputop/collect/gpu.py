@@ -131,6 +131,10 @@ _COUNTER_MEMBERS = {
     pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: ("usVal", 16),
 }
 _COUNTER_64 = ("ullVal", 64)
+# Bytes a second one PCIe lane carries each way, per generation (after line coding): with the link's width, the most
+# a PCIe byte counter can count between two samples.  A narrower counter that could wrap more than once in that
+# time cannot be read (a 32-bit one on a Gen4 x16 link wraps every 0.14 s): the GPU falls back (see _pcie_rates).
+_PCIE_LANE_BYTES_PER_S = {1: 250e6, 2: 500e6, 3: 985e6, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
 # What an entry may answer for a field the GPU or the driver does not have; kept as a permanent refusal. A driver
 # older than R555 does not know the PCIe byte fields: which of these it answers is not checked on a real one.
 _PERMANENT_ENTRY_REASONS = PERMANENT_REASONS | {"InvalidArgument"}
@@ -909,8 +913,9 @@ class GpuCollector:
         self, gpu: _Gpu, readings: Optional[list[Any]], refusal: Optional[str]
     ) -> tuple[Optional[float], Optional[float], dict[str, str]]:
         """PCIe TX and RX bytes/s from the byte counters in `_read_counters`' readings (the last two), derived as
-        NVLink's are, and the reasons for what is missing.  A permanent refusal, of the call or of either entry,
-        moves this GPU to GetPcieThroughput for good (from its next sample)."""
+        NVLink's are, and the reasons for what is missing.  A permanent refusal, of the call or of either entry, or a
+        counter too narrow for the time between samples, moves this GPU to GetPcieThroughput for good (from its next
+        sample)."""
         previous = gpu.last_pcie
         if readings is None:
             current = (None, None)
@@ -923,13 +928,26 @@ class GpuCollector:
                 for key, entry in zip(_PCIE_RATE_KEYS, entries)
                 if entry.nvmlReturn != pynvml.NVML_SUCCESS
             }
-        if any(reason in _PERMANENT_ENTRY_REASONS for reason in reasons.values()):
+        rates = [_counter_rate(before, now, 1.0) for before, now in zip(previous, current)]
+        too_narrow = False
+        for i, (key, before, now) in enumerate(zip(_PCIE_RATE_KEYS, previous, current)):
+            if before is not None and now is not None and now[2] < 64:
+                most = (now[1] - before[1]) / 1e6 * self._pcie_link_bytes_per_s(gpu)
+                if most >= 1 << now[2]:  # it may have wrapped more than once: no reader can tell
+                    rates[i], too_narrow = None, True
+                    reasons[key] = f"{now[2]}-bit counter: may wrap more than once between samples"
+        if too_narrow or any(reason in _PERMANENT_ENTRY_REASONS for reason in reasons.values()):
             gpu.pcie_counters = False
             gpu.counter_ids = None  # the next call asks for the NVLink counters alone
         # a refused reading keeps the last one as the base: the next rate spans both intervals
         gpu.last_pcie = tuple(now if now is not None else before for before, now in zip(previous, current))
-        tx, rx = (_counter_rate(before, now, 1.0) for before, now in zip(previous, current))
-        return tx, rx, reasons
+        return rates[0], rates[1], reasons
+
+    @staticmethod
+    def _pcie_link_bytes_per_s(gpu: _Gpu) -> float:
+        """The most the GPU's link carries each way at its maximum (the fastest known where NVML did not say)."""
+        lane = _PCIE_LANE_BYTES_PER_S.get(gpu.gen_max or 0, max(_PCIE_LANE_BYTES_PER_S.values()))
+        return lane * (gpu.width_max or 16)
 
     def _read_nvlink(
         self, gpu: _Gpu, r: _Reading, refresh_states: bool, readings: Optional[list[Any]]
@@ -1077,20 +1095,23 @@ class GpuCollector:
                 use_nvml_library(self._nvml_library)
             gpus = [gpu for gpu in self._gpus if gpu.handle is not None]
             first = {gpu.index: counters(gpu) for gpu in gpus}
-            sums = {gpu.index: [0.0, 0.0, 0] for gpu in gpus}
-            for glimpse in range(glimpses):
+            sums = {gpu.index: [0.0, 0.0, 0] for gpu in gpus}  # TX bytes/s, RX bytes/s, glimpses
+            for _ in range(glimpses):
                 time.sleep(seconds / glimpses)
                 for gpu in gpus:
                     try:
-                        for i, kind in enumerate((pynvml.NVML_PCIE_UTIL_TX_BYTES, pynvml.NVML_PCIE_UTIL_RX_BYTES)):
-                            sums[gpu.index][i] += pynvml.nvmlDeviceGetPcieThroughput(gpu.handle, kind) * 1024.0
-                        sums[gpu.index][2] += 1
+                        tx = pynvml.nvmlDeviceGetPcieThroughput(gpu.handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+                        rx = pynvml.nvmlDeviceGetPcieThroughput(gpu.handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
                     except pynvml.NVMLError:
-                        pass
+                        continue
+                    total = sums[gpu.index]
+                    total[0] += tx * 1024.0  # KB/s (1 KB = 1024 bytes)
+                    total[1] += rx * 1024.0
+                    total[2] += 1
             last = {gpu.index: counters(gpu) for gpu in gpus}
         out = []
         for gpu in gpus:
-            before, after, (tx_kb, rx_kb, n) = first[gpu.index], last[gpu.index], sums[gpu.index]
+            before, after, (tx_sum, rx_sum, n) = first[gpu.index], last[gpu.index], sums[gpu.index]
             refused = next((x for x in before[:2] + after[:2] if isinstance(x, str)), None)
             out.append({
                 "index": gpu.index,
@@ -1099,8 +1120,8 @@ class GpuCollector:
                 "value_type": before[2] if refused is None else None,
                 "counter_tx_bytes_per_s": None if refused else _counter_rate(before[0], after[0], 1.0),
                 "counter_rx_bytes_per_s": None if refused else _counter_rate(before[1], after[1], 1.0),
-                "throughput_tx_bytes_per_s": tx_kb / n if n else None,
-                "throughput_rx_bytes_per_s": rx_kb / n if n else None,
+                "throughput_tx_bytes_per_s": tx_sum / n if n else None,
+                "throughput_rx_bytes_per_s": rx_sum / n if n else None,
                 "throughput_glimpses": n,
             })
         return out

@@ -190,6 +190,9 @@ class _GpuState:
     nvlink_rx_kib: list = field(default_factory=list)
     pcie_tx_bytes: float = 0.0  # cumulative: the PCIe TX/RX rates integrated over time
     pcie_rx_bytes: float = 0.0
+    nvlink_tx_kibps: list = field(default_factory=list)  # the rates the NVLink counters count at, per link
+    nvlink_rx_kibps: list = field(default_factory=list)
+    counted_to: float = -math.inf  # the time the cumulative counters were last counted to (see `_count`)
 
 
 class FakeNvmlLibrary:
@@ -220,7 +223,11 @@ class FakeNvmlLibrary:
         n = self.profile.gpu_count
         links = self.profile.gpu.nvlink_links
         self._states = [
-            _GpuState(nvlink_tx_kib=[0.0] * links, nvlink_rx_kib=[0.0] * links) for _ in range(n)
+            _GpuState(
+                nvlink_tx_kib=[0.0] * links, nvlink_rx_kib=[0.0] * links,
+                nvlink_tx_kibps=[0.0] * links, nvlink_rx_kibps=[0.0] * links,
+            )
+            for _ in range(n)
         ]
         symbols = self._build_symbols()
         if self.faults.old_driver:
@@ -303,18 +310,13 @@ class FakeNvmlLibrary:
         rx_kbps = int(model.pcie_rx_peak_kbps * load * min(1.0, link_share * 4))
         tx_kbps = int(model.pcie_tx_peak_kbps * load * min(1.0, link_share * 4))
 
-        # cumulative counters: integrate the rates since the last reading
-        if st.time != -math.inf:
-            dt = max(0.0, now - st.time)
-            st.pcie_tx_bytes += tx_kbps * 1024.0 * dt  # GetPcieThroughput's KB/s (1 KB = 1024 bytes)
-            st.pcie_rx_bytes += rx_kbps * 1024.0 * dt
-        if st.time != -math.inf and model.nvlink_links:
-            dt = max(0.0, now - st.time)
-            rate = model.nvlink_peak_kibps * (0.15 + 0.85 * load) * dt
-            for link in range(model.nvlink_links):
-                if self.link_active(gpu, link):
-                    st.nvlink_tx_kib[link] += rate * (1.0 + 0.01 * link)
-                    st.nvlink_rx_kib[link] += rate * (0.98 + 0.01 * link)
+        nvlink_kibps = model.nvlink_peak_kibps * (0.15 + 0.85 * load)
+        for link in range(model.nvlink_links):
+            active = self.link_active(gpu, link)
+            st.nvlink_tx_kibps[link] = nvlink_kibps * (1.0 + 0.01 * link) if active else 0.0
+            st.nvlink_rx_kibps[link] = nvlink_kibps * (0.98 + 0.01 * link) if active else 0.0
+        st.pcie_tx_kbps, st.pcie_rx_kbps = tx_kbps, rx_kbps
+        self._count(st, now)  # the time since the counters' last reading, at the rates just set
 
         st.utilization = util
         st.memory_utilization = min(100.0, util * 0.45)
@@ -325,10 +327,31 @@ class FakeNvmlLibrary:
         st.sm_clock = sm_clock
         st.mem_clock = model.mem_clock_mhz
         st.pcie_gen, st.pcie_width = gen, width
-        st.pcie_tx_kbps, st.pcie_rx_kbps = tx_kbps, rx_kbps
         st.reasons = reasons
         st.processes = list(self.load.processes(gpu))
         st.time = now
+
+    @staticmethod
+    def _count(st: _GpuState, now: float) -> None:
+        """Integrate the cumulative counters from where they were last counted to `now`, at the state's rates
+        (a board counts continuously: reading them between two state updates gives their value at that moment)."""
+        dt = now - st.counted_to
+        if st.counted_to != -math.inf and dt > 0:
+            st.pcie_tx_bytes += st.pcie_tx_kbps * 1024.0 * dt  # GetPcieThroughput's KB/s (1 KB = 1024 bytes)
+            st.pcie_rx_bytes += st.pcie_rx_kbps * 1024.0 * dt
+            for link, (tx, rx) in enumerate(zip(st.nvlink_tx_kibps, st.nvlink_rx_kibps)):
+                st.nvlink_tx_kib[link] += tx * dt
+                st.nvlink_rx_kib[link] += rx * dt
+        if dt > 0 or st.counted_to == -math.inf:
+            st.counted_to = now
+
+    def counters(self, gpu: int) -> tuple[_GpuState, float]:
+        """The GPU's state with its cumulative counters counted up to now, and now."""
+        st = self.state(gpu)
+        now = self.clock()
+        with self._lock:
+            self._count(st, now)
+        return st, now
 
     def ecc_count(self, gpu: int, error_type: int, counter: int) -> int:
         if gpu not in self.faults.ecc:
@@ -586,8 +609,8 @@ class FakeNvmlLibrary:
                 return SUCCESS
             # the caller's array, read and written as plain nvmlFieldValue_t memory (see _FieldValue)
             values = (_FieldValue * count).from_address(ctypes.addressof(out._obj))
-            st = lib.state(gpu)
-            stamp = int(st.time * 1_000_000)
+            st, now = lib.counters(gpu)
+            stamp = int(now * 1_000_000)
             for entry in values:
                 entry.timestamp = stamp
                 entry.latencyUsec = 0
