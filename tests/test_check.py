@@ -267,7 +267,7 @@ def test_nic_numa_affinity_from_the_machine():
 def test_driver_module_mismatch_fails():
     inp = simulated_check_input()
     check = result(mc.run_checks(replace(inp, host_after=replace(inp.host_after, driver_module="535.129.03"))), "driver")
-    assert check.status == mc.FAIL and "kernel module 535.129.03 but library 550.54.15" in check.value
+    assert check.status == mc.FAIL and "kernel module 535.129.03 but library 560.35.03" in check.value
 
 
 def test_xid_of_the_code_is_a_warning_and_kernel_xids_map_to_gpus():

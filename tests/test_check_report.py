@@ -25,7 +25,7 @@ def test_live_report_carries_the_infra_section(capsys):
     assert rc == 0
     infra = section(out)
     # identity: host, kernel, driver, and every GPU's serial, VBIOS, part number, bus id
-    assert "| Kernel | 6.8.0-49-generic |" in infra and "| Driver | 550.54.15 |" in infra
+    assert "| Kernel | 6.8.0-49-generic |" in infra and "| Driver | 560.35.03 |" in infra
     assert "| 3 | NVIDIA H100 80GB HBM3 | 1654922000003 | 96.00.99.00.01 | 692-2G520-0200-000 | 00000000:5D:00.0 |" in infra
     # the failing checks, with their numbers
     assert re.search(r"- \*\*FAIL\*\* NVLink error counters: GPU 1 link 2: CRC \(flit\) \+\d+ in \d\.\d s", infra)

@@ -87,8 +87,8 @@ def test_fake_serves_every_symbol_the_adapter_calls():
 def test_identity_and_static_readings(nvml):
     nvml("h100-sxm-8")
     assert pynvml.nvmlDeviceGetCount() == 8
-    assert pynvml.nvmlSystemGetDriverVersion() == "550.54.15"
-    assert pynvml.nvmlSystemGetCudaDriverVersion_v2() == 12040
+    assert pynvml.nvmlSystemGetDriverVersion() == "560.35.03"
+    assert pynvml.nvmlSystemGetCudaDriverVersion_v2() == 12060
     names, uuids, buses = set(), set(), set()
     for i in range(8):
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -216,7 +216,7 @@ def test_old_driver_lacks_new_symbols(nvml):
     # the v1 calls still answer
     assert pynvml.nvmlDeviceGetMemoryInfo(h).total > 0
     assert pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU) > 0
-    assert pynvml.nvmlSystemGetCudaDriverVersion() == 12040
+    assert pynvml.nvmlSystemGetCudaDriverVersion() == 12060
     # the v1 throttle call still carries the reasons: GPU 0 slows down on heat, GPU 1 runs free
     hot = pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)
     assert hot & pynvml.nvmlClocksThrottleReasonHwThermalSlowdown and hot & pynvml.nvmlClocksThrottleReasonSwThermalSlowdown

@@ -73,7 +73,7 @@ def test_h100_every_field(collector):
     gpu, _ = collector("h100-sxm-8", load=ScriptedLoad(util=80.0, memory=40 * GIB, processes=procs), clock=clock)
     assert gpu.gpu_count == 8
     assert gpu.gpu_names == ("NVIDIA H100 80GB HBM3",) * 8
-    assert (gpu.driver_version, gpu.cuda_version, gpu.nvml_version) == ("550.54.15", "12.4", "12.550.54.15")
+    assert (gpu.driver_version, gpu.cuda_version, gpu.nvml_version) == ("560.35.03", "12.6", "12.560.35.03")
     clock.advance(1.0)
     samples = gpu.sample()
     assert [s.index for s in samples] == list(range(8))
@@ -265,7 +265,7 @@ def test_old_driver_falls_back_to_v1_calls(collector):
         "h100-sxm-8+old-driver+thermal=1", load=ScriptedLoad(memory=10 * GIB, processes=procs), clock=clock,
         wrap=Wrapped,
     )
-    assert gpu.cuda_version == "12.4"  # from nvmlSystemGetCudaDriverVersion
+    assert gpu.cuda_version == "12.6"  # from nvmlSystemGetCudaDriverVersion
     clock.advance(1.0)
     samples = gpu.sample()
     assert len(samples) == 8

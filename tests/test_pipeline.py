@@ -69,7 +69,7 @@ def test_simulated_pipeline_is_labelled(pipelines):
     assert m.simulated == "h100-sxm-8+thermal=2"
     assert (m.gpu_count, m.gpu_error) == (8, None)
     assert m.gpu_names == ("NVIDIA H100 80GB HBM3",) * 8
-    assert m.driver_version == "550.54.15" and m.cuda_version == "12.4"
+    assert m.driver_version == "560.35.03" and m.cuda_version == "12.6"
     assert m.topology.matrix[0][1] == "NV18"
     assert m.cpu_count >= 1 and m.hostname
     snap = p.poll()

@@ -105,7 +105,7 @@ def test_each_fault_hits_its_gpu(spawn, fault):
 
 def test_old_driver_still_gives_every_field(spawn):
     data = snapshot_json(spawn, "h100-sxm-8+old-driver")
-    assert data["machine"]["cuda_version"] == "12.4"
+    assert data["machine"]["cuda_version"] == "12.6"
     for g in data["gpus"]:
         assert g["unavailable"] == {}
         assert all(g[key] is not None for key in GPU_KEYS)

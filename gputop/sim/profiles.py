@@ -91,9 +91,9 @@ class Profile:
     switch_bus_ids: tuple[str, ...] = ()  # NVSwitches: link L of every GPU ends at switch L % len
     same_node_ancestor: str = "NODE"  # PCIe common ancestor of two GPUs on one NUMA node
     nics: tuple[SimNic, ...] = ()
-    driver_version: str = "550.54.15"
-    cuda_version: int = 12040  # 1000*major + 10*minor
-    nvml_version: str = "12.550.54.15"
+    driver_version: str = "560.35.03"  # R560: has the PCIe byte counters (R555+) the H100 profile serves
+    cuda_version: int = 12060  # 1000*major + 10*minor
+    nvml_version: str = "12.560.35.03"
 
     @property
     def gpu_count(self) -> int:
