@@ -3,7 +3,8 @@
 #
 # LAST RUN ON REAL GPUS: never. This script has NOT YET RUN on a machine with NVIDIA GPUs. It was
 # syntax-checked (bash -n) and its --no-cuda path (the same steps on the CPU, with gloo instead of
-# NCCL and the simulated machine standing in for NVML) ran on a CPU-only box on 2026-12-01. Whoever
+# NCCL and the simulated machine standing in for NVML) ran on a CPU-only box on 2026-12-01, also with
+# --wheels (the offline install the lent H200 needs; every check passed in 1:18). Whoever
 # first runs it on GPUs: replace these lines with the machine, the driver and the date, and commit the
 # fixture and the figures it wrote.
 #
@@ -22,12 +23,25 @@
 #   4. hangs rank 1 of a 2-rank NCCL job and checks that the report's hang finding names that rank;
 #   5. writes the reports and summary.json under benchmarks/gpu_check/HOST/ (commit them).
 #
-# Usage: scripts/gpu_check.sh [--no-cuda] [--skip-install] [--out DIR] [--seconds S]
+# Usage: scripts/gpu_check.sh [--no-cuda] [--skip-install | --wheels DIR] [--out DIR] [--seconds S]
 #   --no-cuda       run every step on the CPU (simulated GPUs, gloo): checks the script, not the GPUs
 #   --skip-install  use the gputop already importable (e.g. a checkout on PYTHONPATH)
+#   --wheels DIR    a machine that reaches no package index: install the wheels in DIR into a folder of
+#                   their own (no dependencies resolved, nothing fetched) and run gputop from this
+#                   checkout; scripts/gpu_check_wheels.sh fills DIR, where pip can fetch
 #   --out DIR       where the reports and figures go (default benchmarks/gpu_check/HOST, or a
 #                   temporary directory with --no-cuda)
 #   --seconds S     how long each report observes (default 25)
+#
+# On this workplace's lent machine (one H200; its image has torch, psutil, nvidia-ml-py, pytest and
+# prometheus-client, not py-spy; nothing can be fetched there), prepare here, once, in the repo's root:
+#     scripts/gpu_check_wheels.sh            # downloads into .whl/ (ignored by git) what the image lacks
+# then make ONE device call, carrying .whl, with a timeout that leaves room to rerun:
+#     bash scripts/gpu_check.sh --wheels .whl --out /tmp/gc --seconds 20; rc=$?;
+#     tar czf "$OUT/gpu_check.tgz" -C /tmp/gc .; cp /tmp/gc/summary.json "$OUT/" 2>/dev/null; exit $rc
+# and unpack what comes back: snapshot-real.json becomes tests/fixtures/nvml/<model>.json (the script
+# prints the name), the rest goes under benchmarks/gpu_check/<host>/. Only $OUT comes back from that
+# machine, at most 8 files: hence one archive. It has one GPU, so step 4 (two NCCL ranks) skips there.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -35,12 +49,14 @@ cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 NO_CUDA=0
 SKIP_INSTALL=0
+WHEELS=""
 OUT=""
 SECONDS_PER_REPORT=25
 while [ $# -gt 0 ]; do
     case "$1" in
         --no-cuda) NO_CUDA=1 ;;
         --skip-install) SKIP_INSTALL=1 ;;
+        --wheels) WHEELS="${2:?--wheels needs a folder}"; shift ;;
         --out) OUT="$2"; shift ;;
         --seconds) SECONDS_PER_REPORT="$2"; shift ;;
         -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
@@ -104,7 +120,17 @@ stop_job() { kill -KILL -- "-$1" 2>/dev/null || true; wait "$1" 2>/dev/null || t
 
 # ---------------------------------------------------------------- 1. install
 say "1. install"
-if [ "$SKIP_INSTALL" = 0 ]; then
+if [ -n "$WHEELS" ]; then
+    # offline: what the machine lacks goes to a folder of its own, gputop runs from this checkout, and
+    # py-spy's program is put on PATH (gputop looks there)
+    ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "gpu_check.sh: no wheels in $WHEELS (run scripts/gpu_check_wheels.sh where pip can fetch)" >&2; exit 2; }
+    SITE="$(mktemp -d -t gputop-site.XXXXXX)"
+    timeout 300 "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --target "$SITE" "$WHEELS"/*.whl
+    export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    export PATH="$SITE/bin:$PATH"
+    "$PYTHON" -c "import psutil, pynvml, torch" \
+        || { echo "gpu_check.sh: this Python lacks psutil, nvidia-ml-py or torch; add their wheels to $WHEELS" >&2; exit 2; }
+elif [ "$SKIP_INSTALL" = 0 ]; then
     if ! "$PYTHON" -c "import torch" 2>/dev/null; then
         if [ "$NO_CUDA" = 1 ]; then
             timeout 600 "$PYTHON" -m pip install --quiet torch --index-url https://download.pytorch.org/whl/cpu
