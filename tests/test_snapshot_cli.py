@@ -256,3 +256,15 @@ def test_gpu_check_reports_the_pcie_counters_against_pcie_throughput(tmp_path):
     assert sum("PCIe byte counters supported, valueType 3" in line for line in lines) == 8  # the H100s
     assert lines[-1] == ("differs from the simulated machine: counters ['NotSupported'] (simulated ['supported']), "
                          "valueType [] (simulated [3]; 1 = 32-bit, wraps every 4 GiB)")
+
+
+def test_gpu_check_offline_install_says_what_is_missing(tmp_path):
+    """`gpu_check.sh --wheels DIR` (the lent GPU machine reaches no package index): a folder without wheels
+    ends the script at once with one line that says how to fill it, not with pip's traceback."""
+    script = Path(__file__).parent.parent / "scripts" / "gpu_check.sh"
+    empty = tmp_path / "wheels"
+    empty.mkdir()
+    done = subprocess.run(["bash", str(script), "--no-cuda", "--wheels", str(empty), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip() == f"gpu_check.sh: no wheels in {empty} (run scripts/gpu_check_wheels.sh where pip can fetch)"
