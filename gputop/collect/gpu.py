@@ -261,6 +261,13 @@ def _counter_reading(entry: Any) -> tuple[int, int, int]:
     return getattr(entry.value, member), entry.timestamp, bits
 
 
+def _entry_refusal(entry: Any) -> Optional[str]:
+    """A field-values entry's refusal as `unavailable` stores it (None: the entry was answered)."""
+    if entry.nvmlReturn == pynvml.NVML_SUCCESS:
+        return None
+    return reason_of(pynvml.NVMLError(entry.nvmlReturn))
+
+
 def _counter_rate(
     previous: Optional[tuple[int, int, int]], current: Optional[tuple[int, int, int]], unit: float
 ) -> Optional[float]:
@@ -923,11 +930,8 @@ class GpuCollector:
         else:
             current = (readings[-2], readings[-1])
             entries = gpu.counter_values[-2:]
-            reasons = {
-                key: reason_of(pynvml.NVMLError(entry.nvmlReturn))
-                for key, entry in zip(_PCIE_RATE_KEYS, entries)
-                if entry.nvmlReturn != pynvml.NVML_SUCCESS
-            }
+            refusals = zip(_PCIE_RATE_KEYS, map(_entry_refusal, entries))
+            reasons = {key: refusal for key, refusal in refusals if refusal is not None}
         rates = [_counter_rate(before, now, 1.0) for before, now in zip(previous, current)]
         too_narrow = False
         for i, (key, before, now) in enumerate(zip(_PCIE_RATE_KEYS, previous, current)):
@@ -1078,17 +1082,13 @@ class GpuCollector:
         `seconds`, and the mean of `glimpses` GetPcieThroughput readings (20 ms each) taken evenly in the same
         window, so that a real machine shows how far the two sources agree.  Blocks for about `seconds`."""
         ids = [(_PCIE_TX_BYTES, 0), (_PCIE_RX_BYTES, 0)]
-        success = pynvml.NVML_SUCCESS
 
         def counters(gpu: _Gpu) -> list[Any]:
             try:
                 values = _field_values(gpu.handle, ids, None)
             except pynvml.NVMLError as exc:
                 return [reason_of(exc)] * 2 + [None]
-            return [
-                _counter_reading(v) if v.nvmlReturn == success else reason_of(pynvml.NVMLError(v.nvmlReturn))
-                for v in values
-            ] + [int(values[0].valueType)]
+            return [_entry_refusal(v) or _counter_reading(v) for v in values] + [int(values[0].valueType)]
 
         with _LIBRARY_LOCK, self._lock:
             if pynvml.nvmlLib is not self._nvml_library:
@@ -1105,8 +1105,8 @@ class GpuCollector:
                     except pynvml.NVMLError:
                         continue
                     total = sums[gpu.index]
-                    total[0] += tx * 1024.0  # KB/s (1 KB = 1024 bytes)
-                    total[1] += rx * 1024.0
+                    total[0] += self._kb_to_bytes(tx)
+                    total[1] += self._kb_to_bytes(rx)
                     total[2] += 1
             last = {gpu.index: counters(gpu) for gpu in gpus}
         out = []

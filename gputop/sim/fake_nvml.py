@@ -335,15 +335,16 @@ class FakeNvmlLibrary:
     def _count(st: _GpuState, now: float) -> None:
         """Integrate the cumulative counters from where they were last counted to `now`, at the state's rates
         (a board counts continuously: reading them between two state updates gives their value at that moment)."""
-        dt = now - st.counted_to
-        if st.counted_to != -math.inf and dt > 0:
+        dt = now - st.counted_to  # inf before the first count: nothing to integrate, only the start to set
+        if dt <= 0:
+            return
+        if dt != math.inf:
             st.pcie_tx_bytes += st.pcie_tx_kbps * 1024.0 * dt  # GetPcieThroughput's KB/s (1 KB = 1024 bytes)
             st.pcie_rx_bytes += st.pcie_rx_kbps * 1024.0 * dt
             for link, (tx, rx) in enumerate(zip(st.nvlink_tx_kibps, st.nvlink_rx_kibps)):
                 st.nvlink_tx_kib[link] += tx * dt
                 st.nvlink_rx_kib[link] += rx * dt
-        if dt > 0 or st.counted_to == -math.inf:
-            st.counted_to = now
+        st.counted_to = now
 
     def counters(self, gpu: int) -> tuple[_GpuState, float]:
         """The GPU's state with its cumulative counters counted up to now, and now."""
