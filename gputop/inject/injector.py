@@ -1,16 +1,17 @@
 """Start the benchmark agent inside a live Python process, and the private directory it answers in.
 
-What gets injected is one expression that only starts a daemon thread and returns (injected code runs on
-the target's main thread and blocks its training while it runs).  It binds no names, because hypno runs
-it with ``PyRun_SimpleString`` in the job's ``__main__`` namespace.  The thread executes the agent file
-from the run directory.
+What gets injected is one expression that only starts a daemon thread and returns (injected code blocks
+the thread it runs on while it runs).  It binds no names, because it runs with ``PyRun_SimpleString`` in
+the job's ``__main__`` namespace.  The thread executes the agent file from the run directory.
 
 - Python 3.14+: ``sys.remote_exec(pid, path)`` (PEP 768), run by the target's own interpreter
-  (``/proc/PID/exe``) because the caller must be the same major.minor version.
-- Python 3.10-3.13: hypno's injection library, patched with our code, loaded with pyinjector.  hypno's own
-  ``inject_py`` always writes the library into the host's temp directory; a target in another mount
-  namespace (a container) cannot open that path, so the library is written into the run directory,
-  which lives under the target's root (``/proc/PID/root/tmp/...``), and injected by its in-target path.
+  (``/proc/PID/exe``) because the caller must be the same major.minor version; the interpreter runs it at
+  its own safe point.
+- Python 3.10-3.13: `gputop.inject.safepoint`, in a helper process with a deadline: it borrows a thread
+  of the job only while that thread is parked in a blocking syscall that holds no lock the call needs,
+  and refuses with one line when no thread gets there within a few seconds.  The expression travels in
+  the target's memory, so nothing but the agent files is written into the target's filesystem (a
+  container's run directory lives under its root, ``/proc/PID/root/tmp/...``).
 
 The run directory sits in ``/tmp/gputop-bench-<uid>/`` as the target sees it: mode 0700, owned by us.
 When the target shares our root it is addressed as plain ``/tmp/...``; only a container's is reached
@@ -29,6 +30,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -43,6 +45,7 @@ MIN_PYTHON = (3, 10)
 REMOTE_EXEC_PYTHON = (3, 14)
 VERSION_TIMEOUT = 5.0
 INJECT_TIMEOUT = 10.0
+HELPER_TIMEOUT = 12.0  # the safe-point helper's own bounds (3 s to find a thread, 5 s for the call) plus its start
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _VERSION_RE = re.compile(r"^Python v(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
@@ -298,7 +301,7 @@ def inject_agent(target: Target, run: RunDir, agent_file: str = "agent.py", thre
     if target.python[:2] >= REMOTE_EXEC_PYTHON:
         _remote_exec(target, run, code)
     else:
-        _pyinjector(target, run, code)
+        _safepoint_inject(target, code)
 
 
 def _remote_exec(target: Target, run: RunDir, code: str) -> None:
@@ -324,37 +327,43 @@ def _remote_exec(target: Target, run: RunDir, code: str) -> None:
         raise GputopError(f"sys.remote_exec into PID {target.pid} failed: {last}{hint}")
 
 
-def _pyinjector(target: Target, run: RunDir, code: str) -> None:
+def _safepoint_inject(target: Target, code: str) -> None:
+    """Run `code` in the target through the safe-point injector, in a helper process with a deadline:
+    gputop never sits inside ptrace itself, and killing the helper at any moment leaves the job running."""
+    from gputop.inject import safepoint
+
+    argv = [sys.executable, "-m", "gputop.inject.safepoint", str(target.pid), "--code", code,
+            "--find-seconds", f"{safepoint.FIND_BOUND_S:g}", "--call-seconds", f"{safepoint.CALL_BOUND_S:g}"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(_PACKAGE_DIR.parent), os.environ.get("PYTHONPATH")))))
     try:
-        from hypno.api import INJECTION_LIB_PATH, MAGIC
-        from pyinjector import InjectorError, inject
-    except ImportError:
-        raise GputopError(
-            "the active benchmark needs hypno and pyinjector for Python < 3.14 (gputop installs both by default on "
-            "Linux): `pip install hypno pyinjector`"
-        ) from None
-    library = INJECTION_LIB_PATH.read_bytes()
-    magic_at = library.find(MAGIC)
-    size_end = library.find(b"\0", magic_at + len(MAGIC))
-    max_size = int(library[magic_at + len(MAGIC) : size_end])
-    payload = code.encode()
-    if magic_at < 1 or len(payload) > max_size:
-        raise GputopError("internal error: the bootstrap does not fit hypno's injection library")
-    # hypno's layout: the code buffer starts one byte before its magic marker; write code + NUL there.
-    patched = library[: magic_at - 1] + payload + b"\0" + library[magic_at - 1 + len(payload) + 1 :]
-    name = "inject" + INJECTION_LIB_PATH.suffix
-    _write_private(os.path.join(run.host_path, name), patched, mode=0o700)
-    try:
-        inject(target.pid, os.path.join(run.target_path, name), uninject=True)
-    except InjectorError as exc:
-        text = " ".join(str(exc).split())
-        if "PTRACE" in text or "not permitted" in text or "ermission" in text:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=HELPER_TIMEOUT, stdin=subprocess.DEVNULL,
+                              env=env)
+    except subprocess.TimeoutExpired:  # subprocess killed it: the job goes on (see safepoint's docstring)
+        raise GputopError(f"the injection into PID {target.pid} did not finish within {HELPER_TIMEOUT:g}s; the helper "
+                          "was stopped and the job left running") from None
+    answer = _last_json_line(proc.stdout)
+    if answer is None:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise GputopError(f"the injection helper for PID {target.pid} failed: {last[:200]}")
+    if answer.get("refused"):
+        text = answer["refused"]
+        if "not permitted" in text:
             from gputop.collect.stacks import diagnose_permission
 
-            raise GputopError(diagnose_permission(target.pid).replace("reading PID", "injecting into PID")) from None
-        raise GputopError(f"injecting into PID {target.pid} failed: {text[:200]}") from None
-    finally:
+            text = diagnose_permission(target.pid).replace("reading PID", "injecting into PID")
+        raise GputopError(text)
+    if answer.get("reason"):
+        raise GputopError(f"PID {target.pid}: {answer['reason']}")
+    if answer.get("result") != 0:
+        raise GputopError(f"the agent's start-up line raised inside PID {target.pid} (its stderr has the traceback)")
+
+
+def _last_json_line(text: str) -> Optional[dict]:
+    for line in reversed(text.splitlines()):
         try:
-            os.unlink(os.path.join(run.host_path, name))
-        except OSError:
-            pass
+            answer = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(answer, dict):
+            return answer
+    return None

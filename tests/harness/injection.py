@@ -1,0 +1,92 @@
+"""Many safe-point injections into one live job, each checked against the job's own counter.
+
+`hammer` injects N times in a row (in this process: the injector's own path, without the helper's start
+per call) and after each waits, with a deadline, for the job's counter to move.  A job that stops moving
+is frozen, one that is gone is dead: the tally says which injection it followed.  Each injection also
+writes a file of its own from inside the job, so a test counts what really ran.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from gputop.collect.procfs import process_alive
+from gputop.inject import safepoint
+from tests.harness.processes import wait_until
+
+# the alloc tests' torch job: num_workers=0, 64 small tensors collated a batch, a tiny MLP, SGD: the main
+# thread is inside torch's C++ and the allocator nearly all the time (the article's commonest case)
+ALLOCATING = ("--workers", "0", "--batch-size", "64")
+MOVE_TIMEOUT_S = 10.0  # a step takes milliseconds: a job that takes no step in 10 s is frozen
+
+
+@dataclass
+class Tally:
+    ran: int = 0
+    refused: Counter = field(default_factory=Counter)
+    syscalls: Counter = field(default_factory=Counter)
+    frozen_after: list = field(default_factory=list)  # injection indices after which the job stopped moving
+    dead_after: list = field(default_factory=list)
+    slowest_s: float = 0.0
+    failed_calls: int = 0  # ran, but the line raised inside the job
+
+    @property
+    def harmed(self) -> bool:
+        return bool(self.frozen_after or self.dead_after)
+
+    def add(self, other: "Tally") -> None:
+        self.ran += other.ran
+        self.refused.update(other.refused)
+        self.syscalls.update(other.syscalls)
+        self.frozen_after += other.frozen_after
+        self.dead_after += other.dead_after
+        self.slowest_s = max(self.slowest_s, other.slowest_s)
+        self.failed_calls += other.failed_calls
+
+
+def size_counter(path: Path) -> Callable[[], int]:
+    """A step log's size: it grows by a line every step."""
+
+    def read() -> int:
+        try:
+            return os.path.getsize(path)
+        except OSError:
+            return -1
+
+    return read
+
+
+def hammer(pid: int, count: int, progress: Callable[[], int], marker_dir: Path, tag: str = "") -> Tally:
+    tally = Tally()
+    marker_dir.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        before = progress()
+        started = time.monotonic()
+        marker = marker_dir / f"{tag}{pid}-{i}"
+        try:
+            outcome = safepoint.inject(pid, f"open({str(marker)!r}, 'w').close()")
+            tally.ran += outcome.ran
+            tally.syscalls[outcome.syscall] += 1
+            tally.failed_calls += outcome.result != 0
+        except safepoint.Refused as exc:
+            tally.refused[str(exc)] += 1
+        tally.slowest_s = max(tally.slowest_s, time.monotonic() - started)
+        try:
+            wait_until(lambda: progress() > before or not process_alive(pid), timeout=MOVE_TIMEOUT_S, interval=0.002,
+                       what=f"job {pid} to take a step after injection {i}")
+        except AssertionError:
+            tally.frozen_after.append(i)
+            break
+        if not process_alive(pid):
+            tally.dead_after.append(i)
+            break
+    return tally
+
+
+def markers(marker_dir: Path) -> int:
+    return sum(1 for _ in marker_dir.iterdir()) if marker_dir.exists() else 0

@@ -1,0 +1,232 @@
+"""The safe-point injector (gputop/inject/safepoint.py) against real processes: it runs only where a thread
+is parked safely, refuses within its bound otherwise, never harms the job (1,000 injections into a torch
+job whose main thread lives in the allocator), and a helper killed at any moment leaves the job running."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gputop.inject import safepoint
+from tests.harness import train_jobs
+from tests.harness.injection import ALLOCATING, hammer, markers, size_counter
+from tests.harness.processes import wait_until
+
+pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64", reason="the safe-point injector is x86-64 only")
+
+# A plain Python target: its main thread sleeps 10 ms a round (a safe point) and counts rounds in a file.
+SLEEPER = """
+import sys, time
+n = 0
+while True:
+    time.sleep(0.01)
+    n += 1
+    with open(sys.argv[1] + '.tmp', 'w') as f:
+        f.write(str(n))
+    __import__('os').replace(sys.argv[1] + '.tmp', sys.argv[1])
+"""
+
+# No safe point ever: the main thread computes in pure Python (no syscall), a second thread waits forever
+# for stdio's lock, which the main thread holds (a futex word in libc's own data).
+NO_SAFE_POINT = """
+import ctypes, sys, threading
+libc = ctypes.CDLL(None)
+stdout = ctypes.c_void_p.in_dll(libc, 'stdout')
+libc.flockfile(stdout)
+threading.Thread(target=libc.flockfile, args=(stdout,), daemon=True).start()
+n = 0
+while True:
+    n += 1
+    if n % 200000 == 0:
+        with open(sys.argv[1] + '.tmp', 'w') as f:
+            f.write(str(n))
+        __import__('os').replace(sys.argv[1] + '.tmp', sys.argv[1])
+"""
+
+
+def _counter(path: Path):
+    def read() -> int:
+        try:
+            return int(path.read_text() or 0)
+        except (OSError, ValueError):
+            return -1
+
+    return read
+
+
+def _start_script(spawn, tmp_path: Path, source: str, name: str):
+    script = tmp_path / f"{name}.py"
+    script.write_text(source)
+    counter = tmp_path / f"{name}.count"
+    proc = spawn([sys.executable, str(script), str(counter)])
+    read = _counter(counter)
+    wait_until(lambda: read() > 0, timeout=20, what=f"{name} to count")
+    return proc, read
+
+
+def _moves(read, timeout: float = 10.0) -> bool:
+    before = read()
+    wait_until(lambda: read() > before, timeout=timeout, what="the target to go on counting")
+    return True
+
+
+# ----------------------------------------------------------------------------------- the pieces
+
+
+@pytest.mark.skipif(not shutil.which("as") or not shutil.which("objcopy"), reason="GNU as/objcopy not installed")
+def test_trampoline_bytes_are_their_assembly(tmp_path):
+    (tmp_path / "t.S").write_text(safepoint.TRAMPOLINE_SOURCE)
+    subprocess.run(["as", "--64", "-o", str(tmp_path / "t.o"), str(tmp_path / "t.S")], check=True)
+    subprocess.run(["objcopy", "-O", "binary", "-j", ".text", str(tmp_path / "t.o"), str(tmp_path / "t.bin")], check=True)
+    assert (tmp_path / "t.bin").read_bytes() == safepoint.TRAMPOLINE
+
+
+@pytest.mark.parametrize("error, resumed_rax, back", [
+    (-512, 230, 2),  # -ERESTARTSYS: the syscall is issued again
+    (-514, 230, 2),  # -ERESTARTNOHAND
+    (-516, safepoint.NR_RESTART_SYSCALL, 2),  # -ERESTART_RESTARTBLOCK: restart_syscall(2)
+    (-4, -4, 0),  # -EINTR: returned to the caller, as a signal would
+    (0, 0, 0),  # the syscall had just finished: its result stands
+])
+def test_resume_registers_restart_the_syscall_as_the_kernel_would(error, resumed_rax, back):
+    regs = safepoint._Regs()
+    regs.orig_rax, regs.rax, regs.rip = 230, error & (2**64 - 1), 0x1000
+    out = safepoint.resume_registers(regs)
+    assert safepoint._signed(out.rax) == resumed_rax
+    assert out.rip == 0x1000 - back
+    assert safepoint._signed(out.orig_rax) == -1  # the kernel must not restart it a second time
+
+
+def test_what_counts_as_a_safe_point():
+    maps = safepoint.read_maps(os.getpid())
+    libc = ctypes.CDLL(None)
+    in_libc = ctypes.addressof(ctypes.c_void_p.in_dll(libc, "stdout"))
+    heap_word = ctypes.addressof(ctypes.c_int(0))
+    read_end, write_end = os.pipe()
+    try:
+        with open(__file__) as regular:
+            assert safepoint.unsafe_reason(os.getpid(), 230, (1, 1, 0, 0, 0, 0), maps) is None
+            assert safepoint.unsafe_reason(os.getpid(), 7, (0, 0, 0, 0, 0, 0), maps) is None
+            assert safepoint.unsafe_reason(os.getpid(), 202, (heap_word, 0x80, 2, 0, 0, 0), maps) is None
+            assert "libc" in safepoint.unsafe_reason(os.getpid(), 202, (in_libc, 0x80, 2, 0, 0, 0), maps)
+            assert "futex operation" in safepoint.unsafe_reason(os.getpid(), 202, (heap_word, 6, 0, 0, 0, 0), maps)
+            assert safepoint.unsafe_reason(os.getpid(), 0, (read_end, 0, 0, 0, 0, 0), maps) is None
+            assert "read on" in safepoint.unsafe_reason(os.getpid(), 0, (regular.fileno(), 0, 0, 0, 0, 0), maps)
+            assert safepoint.unsafe_reason(os.getpid(), 9, (0,) * 6, maps) == "in syscall 9"  # mmap: inside malloc
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+# ----------------------------------------------------------------------------------- live targets
+
+
+def test_runs_at_a_sleep_and_the_target_goes_on(spawn, tmp_path):
+    proc, read = _start_script(spawn, tmp_path, SLEEPER, "sleeper")
+    marker = tmp_path / "ran"
+    code = "import threading; open({!r}, 'w').write(str(threading.main_thread() is threading.current_thread()))"
+    outcome = safepoint.inject(proc.pid, code.format(str(marker)))
+    assert outcome.ran and outcome.result == 0 and outcome.syscall == "clock_nanosleep"
+    wait_until(marker.exists, timeout=10, what="the line to run")
+    assert marker.read_text() == "False"  # on a thread of its own: the sleeping main thread only started it
+    assert _moves(read)
+
+
+def test_no_safe_point_is_refused_within_the_bound_and_the_target_goes_on(spawn, tmp_path):
+    proc, read = _start_script(spawn, tmp_path, NO_SAFE_POINT, "locked")
+    started = time.monotonic()
+    with pytest.raises(safepoint.Refused) as refused:
+        safepoint.inject(proc.pid, "raise SystemExit('must never run')", find_bound=1.0)
+    assert time.monotonic() - started < 3.0
+    assert "no thread of PID" in str(refused.value) and "lock of libc" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert _moves(read)
+
+
+def test_a_line_that_raises_leaves_the_target_running(spawn, tmp_path):
+    proc, read = _start_script(spawn, tmp_path, SLEEPER, "sleeper")
+    outcome = safepoint.inject(proc.pid, "1/0")
+    assert outcome.ran and outcome.result == 0  # the thread started; its traceback went to the job's stderr
+    assert _moves(read)
+    assert safepoint.inject(proc.pid, "pass").ran
+
+
+def _helper(pid: int, code: str, pause_at: str = "") -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=train_jobs.REPO, GPUTOP_SAFEPOINT_PAUSE_AT=pause_at)
+    return subprocess.Popen([sys.executable, "-m", "gputop.inject.safepoint", str(pid), "--code", code],
+                            stdout=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.parametrize("phase, runs", [("stopped", False), ("switched", True), ("calling", True)])
+def test_killing_the_helper_at_any_phase_leaves_the_target_running(spawn, tmp_path, phase, runs):
+    proc, read = _start_script(spawn, tmp_path, SLEEPER, "sleeper")
+    marker = tmp_path / "ran"
+    # the line makes syscalls while it runs (the "calling" pause waits for one with the call under way)
+    helper = _helper(proc.pid, f"__import__('time').sleep(0.2); open({str(marker)!r}, 'w').close()", phase)
+    try:
+        line = helper.stdout.readline()
+        assert json.loads(line) == {"paused": phase}
+        helper.kill()
+    finally:
+        helper.kill()
+        helper.wait(10)
+    assert _moves(read)  # the thread is back in its loop: released untouched, or it restored itself
+    if runs:
+        wait_until(marker.exists, timeout=10, what="the line to finish without the tracer")
+    else:
+        assert not marker.exists()
+    again = _helper(proc.pid, "pass")
+    try:
+        out, _ = again.communicate(timeout=30)
+    finally:
+        again.kill()
+    assert json.loads(out.splitlines()[-1])["ran"] is True  # nothing left behind trips a second injection
+    assert _moves(read)
+
+
+def _allocating_job(spawn, tmp_path, name: str, *options: str, ranks: int = 1):
+    prefix = tmp_path / f"{name}.steps"
+    proc, records = train_jobs.start(spawn, tmp_path, name, *options, "--step-log", str(prefix), ranks=ranks,
+                                     torchrun=ranks > 1)
+    return {pid: size_counter(Path(f"{prefix}.{r['rank']}")) for pid, r in records.items()}
+
+
+def test_100_injections_into_a_torch_job_living_in_the_allocator(spawn, tmp_path):
+    (pid, progress), = _allocating_job(spawn, tmp_path, "alloc", *ALLOCATING).items()
+    tally = hammer(pid, 100, progress, tmp_path / "markers")
+    assert not tally.harmed, tally
+    assert tally.ran + sum(tally.refused.values()) == 100
+    wait_until(lambda: markers(tmp_path / "markers") == tally.ran, timeout=20, what="every started line to run")
+    assert tally.failed_calls == 0
+    assert tally.ran >= 90, tally.refused  # an idle torch thread is nearly always parked safely
+    assert tally.slowest_s < safepoint.FIND_BOUND_S + safepoint.CALL_BOUND_S
+
+
+@pytest.mark.slow
+def test_1000_injections_and_200_into_each_kind_of_job_harm_none(spawn, tmp_path):
+    """The issue's bar: 1,000 into the allocating job (500 into each of two processes), and 200 each into a
+    num_workers=0 job spending its time in dataset code, a job with 2 workers, and a 2-rank torchrun job."""
+    jobs = [
+        ("alloc-a", ALLOCATING, 1, 500),
+        ("alloc-b", ALLOCATING, 1, 500),
+        ("dataset0", ("--workers", "0", "--sample-ms", "1", "--spend", "cpu"), 1, 200),
+        ("workers2", ("--workers", "2", "--batch-size", "64"), 1, 200),
+        ("torchrun2", ALLOCATING, 2, 100),  # 100 into each rank
+    ]
+    for name, options, ranks, each in jobs:
+        for pid, progress in _allocating_job(spawn, tmp_path, name, *options, ranks=ranks).items():
+            tally = hammer(pid, each, progress, tmp_path / name)
+            assert not tally.harmed, (name, tally)
+            assert tally.ran + sum(tally.refused.values()) == each, (name, tally)
+            assert tally.failed_calls == 0, (name, tally)
+            assert tally.slowest_s < safepoint.FIND_BOUND_S + safepoint.CALL_BOUND_S, (name, tally)
+        wait_until(lambda: markers(tmp_path / name) >= 0.9 * each * ranks, timeout=30, what=f"{name}'s lines to run")
