@@ -458,6 +458,9 @@ def _abandon(run: injector.RunDir, state: Optional[dict] = None) -> None:
 def _combine(started, target_text, rank_pid, passive, agent, notes, ranks_on_host, free_cores) -> BenchResult:
     notes = list(notes)
     if agent is None:
+        frozen = injector.frozen_evidence(rank_pid)
+        if frozen:
+            raise GputopError(frozen)
         notes.append("the agent did not answer within the time bound; showing the passive numbers")
         return BenchResult(target=target_text, mode="passive", pid=rank_pid, seconds=time.monotonic() - started,
                            passive=passive.to_dict(), notes=tuple(notes), free_cores=free_cores,

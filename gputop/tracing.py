@@ -178,7 +178,8 @@ def run_trace(pid: int, *, seconds: Optional[float] = None, steps: Optional[int]
                 continue
             answer = answers.get(rank_pid)
             if answer is None:
-                notes.append(f"PID {rank_pid}: the agent did not answer within {window + EXPORT_GRACE_S:g}s")
+                notes.append(injector.frozen_evidence(rank_pid)
+                             or f"PID {rank_pid}: the agent did not answer within {window + EXPORT_GRACE_S:g}s")
                 continue
             if answer.get("error"):
                 notes.append(f"PID {rank_pid}: {answer['error']}")

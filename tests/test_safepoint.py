@@ -141,6 +141,31 @@ def test_runs_at_a_sleep_and_the_target_goes_on(spawn, tmp_path):
     assert _moves(read)
 
 
+def _interpreters() -> list:
+    """pyenv's 3.10, 3.12 and 3.13 (libpython3.X.so), and Debian's python3.11 (the C API in the executable)."""
+    found = [pytest.param(str(p), id=p.name) for minor in ("3.10", "3.12", "3.13")
+             for p in sorted(Path("/root/.pyenv/versions").glob(f"{minor}.*/bin/python{minor}"))[:1]]
+    if Path("/usr/bin/python3.11").exists():
+        found.append(pytest.param("/usr/bin/python3.11", id="debian-python3.11"))
+    return found or [pytest.param(None, marks=pytest.mark.skip(reason="no other Python here"))]
+
+
+@pytest.mark.parametrize("python", _interpreters())
+def test_other_pythons_and_a_static_interpreter(spawn, tmp_path, python):
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    counter = tmp_path / "count"
+    proc = spawn([python, str(script), str(counter)])
+    read = _counter(counter)
+    wait_until(lambda: read() > 0, timeout=20, what="the sleeper to count")
+    marker = tmp_path / "ran"
+    for _ in range(3):  # a second and third injection find the trampoline in place
+        assert safepoint.inject(proc.pid, f"import sys; open({str(marker)!r}, 'w').write(sys.version)").ran
+    wait_until(marker.exists, timeout=10, what="the line to run")
+    assert marker.read_text().startswith(Path(python).name.removeprefix("python") + ".")  # ran in that interpreter
+    assert _moves(read)
+
+
 def test_no_safe_point_is_refused_within_the_bound_and_the_target_goes_on(spawn, tmp_path):
     proc, read = _start_script(spawn, tmp_path, NO_SAFE_POINT, "locked")
     started = time.monotonic()
@@ -230,3 +255,17 @@ def test_1000_injections_and_200_into_each_kind_of_job_harm_none(spawn, tmp_path
             assert tally.failed_calls == 0, (name, tally)
             assert tally.slowest_s < safepoint.FIND_BOUND_S + safepoint.CALL_BOUND_S, (name, tally)
         wait_until(lambda: markers(tmp_path / name) >= 0.9 * each * ranks, timeout=30, what=f"{name}'s lines to run")
+
+
+def test_a_frozen_job_is_said_so_with_its_native_stack(spawn, tmp_path):
+    from gputop.inject import injector
+
+    moving, _read = _start_script(spawn, tmp_path, SLEEPER, "sleeper")
+    assert injector.frozen_evidence(moving.pid) is None
+    ready = tmp_path / "parked"
+    frozen = spawn([sys.executable, "-c", f"import threading; open({str(ready)!r}, 'w').close(); "
+                                          "threading.Event().wait()"])
+    wait_until(ready.exists, timeout=20, what="the frozen job to park")
+    evidence = injector.frozen_evidence(frozen.pid)
+    assert evidence and evidence.startswith(f"PID {frozen.pid} is frozen") and "\n" not in evidence
+    assert "PyThread_acquire_lock" in evidence, evidence  # where Event().wait() parks, named natively

@@ -367,3 +367,44 @@ def _last_json_line(text: str) -> Optional[dict]:
         if isinstance(answer, dict):
             return answer
     return None
+
+
+# ------------------------------------------------------------------------------- a job that stopped
+
+FROZEN_WATCH_S = 1.5  # a training loop's main thread moves its counters many times a second
+
+
+def frozen_evidence(pid: int, watch_s: float = FROZEN_WATCH_S) -> Optional[str]:
+    """One line saying that `pid` is frozen, with its main thread's native stack, when the main thread's
+    CPU time and context switches all stand still for `watch_s`; None while it moves (or once it is gone).
+
+    Asked when an injected agent never answered: whatever froze the job (a lock, a hang in the loader, the
+    injection itself), the user is told the job stopped rather than that the benchmark failed."""
+    from gputop.collect import procfs
+
+    before = procfs.read_thread_progress(pid, pid)
+    deadline = time.monotonic() + watch_s
+    while before is not None:
+        time.sleep(0.1)  # sampling the counters over the watch window
+        now = procfs.read_thread_progress(pid, pid)
+        if now != before:
+            return None
+        if time.monotonic() >= deadline:
+            break
+    if before is None:
+        return None
+    return (f"PID {pid} is frozen: its main thread's CPU time and context switches stood still for {watch_s:g}s; "
+            f"its main thread is in {_native_top(pid)}")
+
+
+def _native_top(pid: int, frames: int = 4) -> str:
+    from gputop.collect.stacks import dump_native
+
+    stacks = dump_native(pid)
+    if stacks.error:
+        return f"an unknown place (no native stack: {stacks.error})"
+    main = next((t for t in stacks.threads if t.os_thread_id == pid), stacks.threads[0] if stacks.threads else None)
+    if main is None or not main.frames:
+        return "an unknown place (py-spy saw no thread)"
+    named = [f.name for f in main.frames if not f.name.startswith("0x")]  # stripped libc frames are bare addresses
+    return " <- ".join(named[:frames]) or "code without symbols"
