@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,10 @@ from tests.harness import train_jobs
 from tests.harness.injection import ALLOCATING, hammer, markers, size_counter
 from tests.harness.processes import wait_until
 
-pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64", reason="the safe-point injector is x86-64 only")
+pytestmark = [
+    pytest.mark.skipif(os.uname().machine != "x86_64", reason="the safe-point injector is x86-64 only"),
+    pytest.mark.timeout(120),  # every test here attaches: a deadline of its own under the suite's
+]
 
 # A plain Python target: its main thread sleeps 10 ms a round (a safe point) and counts rounds in a file.
 SLEEPER = """
@@ -185,6 +189,39 @@ def test_a_line_that_raises_leaves_the_target_running(spawn, tmp_path):
     assert safepoint.inject(proc.pid, "pass").ran
 
 
+LIVE_REGISTERS = """
+import ctypes, os, sys, threading
+lib = ctypes.CDLL(sys.argv[1])
+fd = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT)
+worker = threading.Thread(target=lib.park_and_check, args=(fd, 10**9), daemon=True)
+worker.start()
+worker.join()
+"""
+
+
+@pytest.mark.skipif(not shutil.which("cc"), reason="no C compiler to build tests/jobs/live_registers.c")
+def test_sse_registers_and_mxcsr_live_across_the_parked_syscall_survive(spawn, tmp_path):
+    library = tmp_path / "live_registers.so"
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(library),
+                    str(Path(train_jobs.REPO) / "tests" / "jobs" / "live_registers.c")], check=True)
+    (tmp_path / "target.py").write_text(LIVE_REGISTERS)
+    rounds = tmp_path / "rounds"
+    proc = spawn([sys.executable, str(tmp_path / "target.py"), str(library), str(rounds)])
+
+    def read() -> int:
+        text = rounds.read_text() if rounds.exists() else ""
+        assert "CORRUPT" not in text, text
+        return int(text or 0)
+
+    wait_until(lambda: read() > 0, timeout=20, what="the C thread to park")
+    borrowed = Counter()
+    for _ in range(30):
+        outcome = safepoint.inject(proc.pid, "pass")
+        borrowed[outcome.syscall] += outcome.ran
+        _moves(read)  # and every round still finds its registers intact
+    assert borrowed["nanosleep"] >= 20, borrowed  # the raw nanosleep (restarted with restart_syscall) was borrowed
+
+
 def _helper(pid: int, code: str, pause_at: str = "") -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=train_jobs.REPO, GPUTOP_SAFEPOINT_PAUSE_AT=pause_at)
     return subprocess.Popen([sys.executable, "-m", "gputop.inject.safepoint", str(pid), "--code", code],
@@ -237,6 +274,7 @@ def test_100_injections_into_a_torch_job_living_in_the_allocator(spawn, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_1000_injections_and_200_into_each_kind_of_job_harm_none(spawn, tmp_path):
     """The issue's bar: 1,000 into the allocating job (500 into each of two processes), and 200 each into a
     num_workers=0 job spending its time in dataset code, a job with 2 workers, and a 2-rank torchrun job."""
@@ -255,6 +293,25 @@ def test_1000_injections_and_200_into_each_kind_of_job_harm_none(spawn, tmp_path
             assert tally.failed_calls == 0, (name, tally)
             assert tally.slowest_s < safepoint.FIND_BOUND_S + safepoint.CALL_BOUND_S, (name, tally)
         wait_until(lambda: markers(tmp_path / name) >= 0.9 * each * ranks, timeout=30, what=f"{name}'s lines to run")
+
+
+def test_a_refusal_reaches_the_user_as_one_line_from_the_helper(spawn, tmp_path):
+    from gputop.errors import GputopError
+    from gputop.inject import injector
+
+    proc, read = _start_script(spawn, tmp_path, NO_SAFE_POINT, "locked")
+    target = injector.inspect_target(proc.pid)
+    run = injector.prepare_run_dir(target, {}, (str(tmp_path / "runs"), str(tmp_path / "runs")))
+    started = time.monotonic()
+    try:
+        with pytest.raises(GputopError) as refused:
+            injector.inject_agent(target, run)
+    finally:
+        injector.remove_run_dir(run)
+    assert time.monotonic() - started < injector.HELPER_TIMEOUT
+    assert str(refused.value).startswith(f"no thread of PID {proc.pid} reached a safe point within 3s")
+    assert "\n" not in str(refused.value)
+    assert _moves(read)
 
 
 def test_a_frozen_job_is_said_so_with_its_native_stack(spawn, tmp_path):

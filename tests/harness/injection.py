@@ -3,7 +3,7 @@
 `hammer` injects N times in a row (in this process: the injector's own path, without the helper's start
 per call) and after each waits, with a deadline, for the job's counter to move.  A job that stops moving
 is frozen, one that is gone is dead: the tally says which injection it followed.  Each injection also
-writes a file of its own from inside the job, so a test counts what really ran.
+starts gputop's real bootstrap, whose agent file leaves a file of its own, so a test counts what really ran.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Callable
 
 from gputop.collect.procfs import process_alive
 from gputop.inject import safepoint
+from gputop.inject.injector import bootstrap_code
 from tests.harness.processes import wait_until
 
 # the alloc tests' torch job: num_workers=0, 64 small tensors collated a batch, a tiny MLP, SGD: the main
@@ -61,15 +62,24 @@ def size_counter(path: Path) -> Callable[[], int]:
     return read
 
 
-def hammer(pid: int, count: int, progress: Callable[[], int], marker_dir: Path, tag: str = "") -> Tally:
+# The agent file each injected bootstrap runs (on its own daemon thread, as the benchmark's does): it
+# leaves one file in the marker directory, so a test counts the bootstraps that really ran.
+MARKER_AGENT = "import os, uuid\nopen(os.path.join({!r}, uuid.uuid4().hex), 'w').close()\n"
+
+
+def hammer(pid: int, count: int, progress: Callable[[], int], marker_dir: Path) -> Tally:
+    """`count` injections of gputop's real bootstrap (bootstrap_code) into `pid`, checking after each that
+    the job takes another step."""
     tally = Tally()
     marker_dir.mkdir(parents=True, exist_ok=True)
+    agent = marker_dir.parent / f"{marker_dir.name}-agent.py"
+    agent.write_text(MARKER_AGENT.format(str(marker_dir)))
+    bootstrap = bootstrap_code(str(agent), thread_name="gputop-test-agent")
     for i in range(count):
         before = progress()
         started = time.monotonic()
-        marker = marker_dir / f"{tag}{pid}-{i}"
         try:
-            outcome = safepoint.inject(pid, f"open({str(marker)!r}, 'w').close()")
+            outcome = safepoint.inject(pid, bootstrap)
             tally.ran += outcome.ran
             tally.syscalls[outcome.syscall] += 1
             tally.failed_calls += outcome.result != 0
