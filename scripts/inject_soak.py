@@ -1,5 +1,5 @@
-"""Run `gputop bench --yes` and `gputop trace` many times against the torch job that lives in the allocator
-(num_workers=0, 64 small tensors collated a batch) and count what a user would see go wrong: a dead job,
+"""Run `gputop bench --yes` and `gputop trace` many times against issue 26's torch job, which lives in the
+allocator (tests/jobs/allocating_job.py: num_workers=0, 64 small tensors collated a batch), and count what a user would see go wrong: a dead job,
 a frozen job (its step log stops growing), a gputop that hangs.  Issue 26's bar is 0 of each in 50 runs
 of each command.
 
@@ -25,18 +25,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gputop.collect.procfs import process_alive  # noqa: E402
-from tests.harness import train_jobs  # noqa: E402
-from tests.harness.injection import ALLOCATING, MOVE_TIMEOUT_S, size_counter  # noqa: E402
+from tests.harness.injection import MOVE_TIMEOUT_S, start_allocating_job  # noqa: E402
 from tests.harness.processes import Spawner, wait_until  # noqa: E402
 
 HANG_S = 90.0  # gputop bench --seconds 8 or trace --seconds 1 that has not ended by then is hung
 
 
 def start_job(spawn: Spawner, work: Path, n: int):
-    prefix = work / f"job{n}.steps"
-    _proc, records = train_jobs.start(spawn, work, f"job{n}", *ALLOCATING, "--step-log", str(prefix))
-    (pid, record), = records.items()
-    return pid, size_counter(Path(f"{prefix}.{record['rank']}"))
+    return start_allocating_job(spawn, work, f"job{n}")
 
 
 def one_run(argv: list[str]) -> tuple[str, float, str]:

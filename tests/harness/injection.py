@@ -9,6 +9,8 @@ starts gputop's real bootstrap, whose agent file leaves a file of its own, so a 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,8 +22,8 @@ from gputop.inject import safepoint
 from gputop.inject.injector import bootstrap_code
 from tests.harness.processes import wait_until
 
-# the alloc tests' torch job: num_workers=0, 64 small tensors collated a batch, a tiny MLP, SGD: the main
-# thread is inside torch's C++ and the allocator nearly all the time (the article's commonest case)
+ALLOCATING_JOB = str(Path(__file__).resolve().parents[1] / "jobs" / "allocating_job.py")
+# train_job.py's nearest shape (num_workers=0, 64 small tensors collated a batch): for its torchrun ranks
 ALLOCATING = ("--workers", "0", "--batch-size", "64")
 MOVE_TIMEOUT_S = 10.0  # a step takes milliseconds: a job that takes no step in 10 s is frozen
 
@@ -48,6 +50,27 @@ class Tally:
         self.dead_after += other.dead_after
         self.slowest_s = max(self.slowest_s, other.slowest_s)
         self.failed_calls += other.failed_calls
+
+
+def start_allocating_job(spawn, directory: Path, name: str, workers: int = 0) -> tuple[int, Callable[[], int]]:
+    """tests/jobs/allocating_job.py (issue 26's job), once it has taken steps: (pid, its step counter)."""
+    counter = directory / f"{name}.count"
+    proc = spawn([sys.executable, ALLOCATING_JOB, str(counter), "--workers", str(workers)],
+                 stdout=subprocess.DEVNULL, stderr=open(directory / f"{name}.err", "w"))
+    read = step_counter(counter)
+    wait_until(lambda: read() > 0 or proc.poll() is not None, timeout=120, what=f"{name} to take steps")
+    assert proc.poll() is None, (directory / f"{name}.err").read_text()[-2000:]
+    return proc.pid, read
+
+
+def step_counter(path: Path) -> Callable[[], int]:
+    def read() -> int:
+        try:
+            return int(path.read_text() or 0)
+        except (OSError, ValueError):
+            return -1
+
+    return read
 
 
 def size_counter(path: Path) -> Callable[[], int]:
