@@ -8,7 +8,6 @@ import ctypes
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time

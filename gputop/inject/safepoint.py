@@ -203,7 +203,7 @@ CALL_BOUND_S = 5.0  # how long the call may run before the tracer lets go (the t
 
 # ----------------------------------------------------------------------------------------- ptrace
 
-PTRACE_PEEKDATA, PTRACE_POKEDATA = 2, 5
+PTRACE_POKEDATA = 5
 PTRACE_CONT, PTRACE_SYSCALL, PTRACE_DETACH = 7, 24, 17
 PTRACE_O_TRACESYSGOOD = 1
 PTRACE_GETREGS, PTRACE_SETREGS = 12, 13
@@ -246,7 +246,8 @@ _libc.ptrace.restype = ctypes.c_long
 
 def _ptrace(request: int, tid: int, addr: int = 0, data: int | ctypes.c_void_p = 0) -> int:
     ctypes.set_errno(0)
-    result = _libc.ptrace(request, tid, ctypes.c_void_p(addr), data if isinstance(data, ctypes.c_void_p) else ctypes.c_void_p(data))
+    pointer = data if isinstance(data, ctypes.c_void_p) else ctypes.c_void_p(data)
+    result = _libc.ptrace(request, tid, ctypes.c_void_p(addr), pointer)
     if result == -1:
         err = ctypes.get_errno()
         if err:
