@@ -1,10 +1,14 @@
 """Run `gputop bench --yes` and `gputop trace` many times against issue 26's torch job, which lives in the
 allocator (tests/jobs/allocating_job.py: num_workers=0, 64 small tensors collated a batch), and count what
-a user would see go wrong: a dead job, a frozen job (its step counter stops), a gputop that hangs.  Issue 26's bar is 0 of each in 50 runs
-of each command.
+a user would see go wrong: a dead job, a frozen job (its step counter stops), a gputop that hangs.
+Issue 26's bar is 0 of each in 50 runs of each command.
 
     python scripts/inject_soak.py                  # 50 + 50 runs (about 15 minutes on 2 cores)
     python scripts/inject_soak.py --runs 5         # a quick look
+    python scripts/inject_soak.py --job train0     # the suite's train_job with num_workers=0 instead
+
+A refusal is no harm: issue 26's job has a single thread once a fork has shut OpenBLAS's pool down (the
+benchmark's sweep forks), and a main thread that never blocks is never a safe point.
 
 One job serves every run: a second benchmark into the same process is where pyinjector killed it.  A job
 that dies is counted and replaced, so the remaining runs still mean something.
@@ -25,14 +29,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gputop.collect.procfs import process_alive  # noqa: E402
-from tests.harness.injection import MOVE_TIMEOUT_S, start_allocating_job  # noqa: E402
+from tests.harness import train_jobs  # noqa: E402
+from tests.harness.injection import ALLOCATING, MOVE_TIMEOUT_S, size_counter, start_allocating_job  # noqa: E402
 from tests.harness.processes import Spawner, wait_until  # noqa: E402
 
 HANG_S = 90.0  # gputop bench --seconds 8 or trace --seconds 1 that has not ended by then is hung
 
 
-def start_job(spawn: Spawner, work: Path, n: int):
-    return start_allocating_job(spawn, work, f"job{n}")
+def start_job(spawn: Spawner, work: Path, n: int, kind: str):
+    if kind == "allocating":
+        return start_allocating_job(spawn, work, f"job{n}")
+    prefix = work / f"job{n}.steps"
+    _proc, records = train_jobs.start(spawn, work, f"job{n}", *ALLOCATING, "--step-log", str(prefix))
+    (pid, record), = records.items()
+    return pid, size_counter(Path(f"{prefix}.{record['rank']}"))
 
 
 def one_run(argv: list[str]) -> tuple[str, float, str]:
@@ -58,6 +68,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50, help="runs of each command")
     parser.add_argument("--bench-seconds", type=float, default=8.0)
+    parser.add_argument("--job", choices=["allocating", "train0"], default="allocating",
+                        help="allocating: issue 26's job; train0: tests/jobs/train_job.py with num_workers=0, batch 64")
     args = parser.parse_args()
     spawn = Spawner()
     work = Path(tempfile.mkdtemp(prefix="gputop-soak-"))
@@ -66,7 +78,7 @@ def main() -> int:
     reasons: Counter = Counter()
     jobs = 0
     try:
-        pid, progress = start_job(spawn, work, jobs)
+        pid, progress = start_job(spawn, work, jobs, args.job)
         for i in range(args.runs):
             for command in ("bench", "trace"):
                 argv = ([sys.executable, "-m", "gputop", "bench", "--pid", str(pid), "--yes", "--json",
@@ -88,7 +100,7 @@ def main() -> int:
                 if harmed:
                     tallies[command][harmed] += 1
                     jobs += 1
-                    pid, progress = start_job(spawn, work, jobs)
+                    pid, progress = start_job(spawn, work, jobs, args.job)
             print(f"round {i + 1}/{args.runs}: bench {dict(tallies['bench'])}, trace {dict(tallies['trace'])}",
                   flush=True)
     finally:
