@@ -139,8 +139,8 @@ def test_runs_at_a_sleep_and_the_target_goes_on(spawn, tmp_path):
     code = "import threading; open({!r}, 'w').write(str(threading.main_thread() is threading.current_thread()))"
     outcome = safepoint.inject(proc.pid, code.format(str(marker)))
     assert outcome.ran and outcome.result == 0 and outcome.syscall == "clock_nanosleep"
-    wait_until(marker.exists, timeout=10, what="the line to run")
-    assert marker.read_text() == "False"  # on a thread of its own: the sleeping main thread only started it
+    on_main = wait_until(lambda: marker.exists() and marker.read_text(), timeout=10, what="the line to run")
+    assert on_main == "False"  # on a thread of its own: the sleeping main thread only started it
     assert _moves(read)
 
 
@@ -164,8 +164,8 @@ def test_other_pythons_and_a_static_interpreter(spawn, tmp_path, python):
     marker = tmp_path / "ran"
     for _ in range(3):  # a second and third injection find the trampoline in place
         assert safepoint.inject(proc.pid, f"import sys; open({str(marker)!r}, 'w').write(sys.version)").ran
-    wait_until(marker.exists, timeout=10, what="the line to run")
-    assert marker.read_text().startswith(Path(python).name.removeprefix("python") + ".")  # ran in that interpreter
+    version = wait_until(lambda: marker.exists() and marker.read_text(), timeout=10, what="the line to run")
+    assert version.startswith(Path(python).name.removeprefix("python") + ".")  # it ran in that interpreter
     assert _moves(read)
 
 
