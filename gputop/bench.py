@@ -307,6 +307,7 @@ def run_benchmark(
     notes: list[str] = []
     target = None
     run = None
+    at_injection = None
     if allow_inject:
         min_active = PASSIVE_MIN_S + AGENT_START_GRACE_S + RESERVE_S + 1.0
         if seconds < min_active:
@@ -337,6 +338,7 @@ def run_benchmark(
         if run is not None:
             try:
                 injector.inject_agent(target, run)
+                at_injection = injector.main_thread_progress(rank_pid)
                 _report(progress, 0.05, "agent started; timing the training's DataLoader")
             except GputopError as exc:
                 notes.append(f"active tier not run: {exc}")
@@ -368,6 +370,10 @@ def run_benchmark(
     try:
         injector.write_run_file(run, "plan.json", plan)
         agent = _wait_for_agent(run, deadline + ANSWER_GRACE_S, progress, job)
+        frozen = (injector.frozen_evidence(rank_pid, since=at_injection)
+                  if at_injection is not None or agent is None else None)
+        if frozen:  # whatever the agent measured, the job itself stopped: that is the finding
+            raise GputopError(frozen)
         result = _combine(started, target_text, rank_pid, passive, agent, notes, ranks_on_host, free_cores)
     finally:
         injector.remove_run_dir(run)
@@ -458,9 +464,6 @@ def _abandon(run: injector.RunDir, state: Optional[dict] = None) -> None:
 def _combine(started, target_text, rank_pid, passive, agent, notes, ranks_on_host, free_cores) -> BenchResult:
     notes = list(notes)
     if agent is None:
-        frozen = injector.frozen_evidence(rank_pid)
-        if frozen:
-            raise GputopError(frozen)
         notes.append("the agent did not answer within the time bound; showing the passive numbers")
         return BenchResult(target=target_text, mode="passive", pid=rank_pid, seconds=time.monotonic() - started,
                            passive=passive.to_dict(), notes=tuple(notes), free_cores=free_cores,

@@ -154,11 +154,13 @@ def run_trace(pid: int, *, seconds: Optional[float] = None, steps: Optional[int]
             runs[rank_pid] = (target, injector.prepare_run_dir(target, config, results_root, files=injector.TRACE_AGENT_FILES))
         _report(progress, 0.05, f"injecting the trace agent into {len(ranks)} rank(s)")
         errors: dict[int, str] = {}
+        at_injection: dict[int, object] = {}
 
         def inject(rank_pid: int) -> None:
             target, run = runs[rank_pid]
             try:
                 injector.inject_agent(target, run, agent_file="trace_agent.py", thread_name="gputop-trace-agent")
+                at_injection[rank_pid] = injector.main_thread_progress(rank_pid)
             except GputopError as exc:
                 errors[rank_pid] = str(exc)
 
@@ -177,9 +179,13 @@ def run_trace(pid: int, *, seconds: Optional[float] = None, steps: Optional[int]
             if rank_pid in errors:
                 continue
             answer = answers.get(rank_pid)
+            since = at_injection.get(rank_pid)
+            frozen = injector.frozen_evidence(rank_pid, since=since) if since is not None or answer is None else None
+            if frozen:
+                notes.append(frozen)
+                continue
             if answer is None:
-                notes.append(injector.frozen_evidence(rank_pid)
-                             or f"PID {rank_pid}: the agent did not answer within {window + EXPORT_GRACE_S:g}s")
+                notes.append(f"PID {rank_pid}: the agent did not answer within {window + EXPORT_GRACE_S:g}s")
                 continue
             if answer.get("error"):
                 notes.append(f"PID {rank_pid}: {answer['error']}")

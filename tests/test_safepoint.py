@@ -326,4 +326,9 @@ def test_a_frozen_job_is_said_so_with_its_native_stack(spawn, tmp_path):
     wait_until(ready.exists, timeout=20, what="the frozen job to park")
     evidence = injector.frozen_evidence(frozen.pid)
     assert evidence and evidence.startswith(f"PID {frozen.pid} is frozen") and "\n" not in evidence
+    since = injector.main_thread_progress(frozen.pid)  # after the native dump, whose pause counts as a switch
+    assert "since the agent was started" in injector.frozen_evidence(frozen.pid, since=since)
+    moving_since = injector.main_thread_progress(moving.pid)
+    assert _moves(_read)
+    assert injector.frozen_evidence(moving.pid, since=moving_since) is None
     assert "PyThread_acquire_lock" in evidence, evidence  # where Event().wait() parks, named natively

@@ -374,26 +374,33 @@ def _last_json_line(text: str) -> Optional[dict]:
 FROZEN_WATCH_S = 1.5  # a training loop's main thread moves its counters many times a second
 
 
-def frozen_evidence(pid: int, watch_s: float = FROZEN_WATCH_S) -> Optional[str]:
-    """One line saying that `pid` is frozen, with its main thread's native stack, when the main thread's
-    CPU time and context switches all stand still for `watch_s`; None while it moves (or once it is gone).
-
-    Asked when an injected agent never answered: whatever froze the job (a lock, a hang in the loader, the
-    injection itself), the user is told the job stopped rather than that the benchmark failed."""
+def main_thread_progress(pid: int):
+    """The main thread's counters now (CPU time, context switches): `frozen_evidence`'s `since`."""
     from gputop.collect import procfs
 
-    before = procfs.read_thread_progress(pid, pid)
-    deadline = time.monotonic() + watch_s
+    return procfs.read_thread_progress(pid, pid)
+
+
+def frozen_evidence(pid: int, since=None, watch_s: float = FROZEN_WATCH_S) -> Optional[str]:
+    """One line saying that `pid` is frozen, with its main thread's native stack, when the main thread's
+    CPU time and context switches stood still: since `since` (`main_thread_progress` when the agent was
+    started), else over a watch of `watch_s`; None while it moves (or once it is gone).
+
+    Asked when an injected agent has finished or given up: whatever froze the job (a lock, a hang in the
+    loader, the injection itself), the user is told the job stopped rather than given a benchmark of it."""
+    before = since if since is not None else main_thread_progress(pid)
+    deadline = time.monotonic() + (0.0 if since is not None else watch_s)
     while before is not None:
-        time.sleep(0.1)  # sampling the counters over the watch window
-        now = procfs.read_thread_progress(pid, pid)
+        now = main_thread_progress(pid)
         if now != before:
             return None
         if time.monotonic() >= deadline:
             break
+        time.sleep(0.1)  # sampling the counters over the watch window
     if before is None:
         return None
-    return (f"PID {pid} is frozen: its main thread's CPU time and context switches stood still for {watch_s:g}s; "
+    how_long = "since the agent was started" if since is not None else f"for {watch_s:g}s"
+    return (f"PID {pid} is frozen: its main thread's CPU time and context switches stood still {how_long}; "
             f"its main thread is in {_native_top(pid)}")
 
 
