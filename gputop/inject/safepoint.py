@@ -396,9 +396,28 @@ def _elf_objects(pid: int, maps: list[Mapping]) -> list[tuple[str, int, int]]:
     return sorted(found, key=lambda item: item[2])
 
 
+_api_cache: dict[tuple[int, str], TargetApi] = {}  # (pid, its start time) -> what find_api read
+
+
 def find_api(pid: int, maps: list[Mapping]) -> TargetApi:
     """Look the trampoline's functions up in the target's own ELF files (its root: a container's libc is
-    not ours) and find the spare tail of an executable page to hold it."""
+    not ours) and find the spare tail of an executable page to hold it.  A process's code does not move,
+    so a caller that injects again into the same process (the tests' stress runs) reads them once."""
+    key = (pid, _start_time(pid))
+    if key not in _api_cache:
+        _api_cache[key] = _read_api(pid, maps)
+    return _api_cache[key]
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]  # field 22, starttime
+    except (OSError, IndexError):
+        return ""
+
+
+def _read_api(pid: int, maps: list[Mapping]) -> TargetApi:
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 
