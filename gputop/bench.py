@@ -370,9 +370,10 @@ def run_benchmark(
     try:
         injector.write_run_file(run, "plan.json", plan)
         agent = _wait_for_agent(run, deadline + ANSWER_GRACE_S, progress, job)
-        frozen = (injector.frozen_evidence(rank_pid, since=at_injection)
-                  if at_injection is not None or agent is None else None)
-        if frozen:  # whatever the agent measured, the job itself stopped: that is the finding
+        # no answer: a job that stopped moving is the finding, not a failed benchmark (an answer stands:
+        # a main thread may rightly sit still, e.g. in a long sleep or a join, while the agent measures)
+        frozen = injector.frozen_evidence(rank_pid, since=at_injection) if agent is None else None
+        if frozen:
             raise GputopError(frozen)
         result = _combine(started, target_text, rank_pid, passive, agent, notes, ranks_on_host, free_cores)
     finally:

@@ -179,13 +179,9 @@ def run_trace(pid: int, *, seconds: Optional[float] = None, steps: Optional[int]
             if rank_pid in errors:
                 continue
             answer = answers.get(rank_pid)
-            since = at_injection.get(rank_pid)
-            frozen = injector.frozen_evidence(rank_pid, since=since) if since is not None or answer is None else None
-            if frozen:
-                notes.append(frozen)
-                continue
-            if answer is None:
-                notes.append(f"PID {rank_pid}: the agent did not answer within {window + EXPORT_GRACE_S:g}s")
+            if answer is None:  # a job that stopped moving is the finding, not a silent agent
+                notes.append(injector.frozen_evidence(rank_pid, since=at_injection.get(rank_pid))
+                             or f"PID {rank_pid}: the agent did not answer within {window + EXPORT_GRACE_S:g}s")
                 continue
             if answer.get("error"):
                 notes.append(f"PID {rank_pid}: {answer['error']}")

@@ -386,8 +386,8 @@ def frozen_evidence(pid: int, since=None, watch_s: float = FROZEN_WATCH_S) -> Op
     CPU time and context switches stood still: since `since` (`main_thread_progress` when the agent was
     started), else over a watch of `watch_s`; None while it moves (or once it is gone).
 
-    Asked when an injected agent has finished or given up: whatever froze the job (a lock, a hang in the
-    loader, the injection itself), the user is told the job stopped rather than given a benchmark of it."""
+    Asked when an injected agent never answered: whatever froze the job (a lock, a hang in the loader, the
+    injection itself), the user is told the job stopped rather than that the benchmark failed."""
     before = since if since is not None else main_thread_progress(pid)
     deadline = time.monotonic() + (0.0 if since is not None else watch_s)
     while before is not None:
