@@ -18,7 +18,7 @@ import pytest
 
 from gputop.inject import safepoint
 from tests.harness import train_jobs
-from tests.harness.injection import ALLOCATING, hammer, markers, size_counter, start_allocating_job
+from tests.harness.injection import ALLOCATING, hammer, markers, size_counter, start_allocating_job, step_counter
 from tests.harness.processes import wait_until
 
 pytestmark = [
@@ -273,18 +273,26 @@ def test_100_injections_into_a_torch_job_living_in_the_allocator(spawn, tmp_path
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_1000_injections_and_200_into_each_kind_of_job_harm_none(spawn, tmp_path):
-    """The issue's bar: 1,000 into its allocating job (500 into each of two processes), and 200 each into a
-    num_workers=0 job spending its time in dataset code, a job with 2 workers, and a 2-rank torchrun job."""
+    """The issue's bar: 1,000 into its allocating job (a DataLoader with num_workers=0), all into one process,
+    and 200 each into a job with 2 workers and a 2-rank torchrun job; and 50 each into a
+    Lightning Trainer and an HF Trainer (2 persistent workers each), as users run them."""
     jobs = [
-        ("alloc-a", None, 1, 500),  # issue 26's own job (tests/jobs/allocating_job.py), two processes
-        ("alloc-b", None, 1, 500),
-        ("dataset0", ("--workers", "0", "--sample-ms", "1", "--spend", "cpu"), 1, 200),
+        ("alloc", None, 1, 1000),  # issue 26's own job (tests/jobs/allocating_job.py), all into one process
         ("workers2", ("--workers", "2", "--batch-size", "64"), 1, 200),
         ("torchrun2", ALLOCATING, 2, 100),  # 100 into each rank
+        ("lightning", "lightning", 1, 50),
+        ("hf", "hf", 1, 50),
     ]
     for name, options, ranks, each in jobs:
-        started = (dict([start_allocating_job(spawn, tmp_path, name)]) if options is None
-                   else _allocating_job(spawn, tmp_path, name, *options, ranks=ranks))
+        if options is None:
+            started = dict([start_allocating_job(spawn, tmp_path, name)])
+        elif isinstance(options, str):  # a framework's own loop: it counts steps, it logs no losses
+            _proc, records = train_jobs.start(spawn, tmp_path, name, "--framework", options, "--workers", "2",
+                                              "--persistent", "--sample-ms", "2", "--progress",
+                                              str(tmp_path / f"{name}.count"))
+            started = {pid: step_counter(tmp_path / f"{name}.count") for pid in records}
+        else:
+            started = _allocating_job(spawn, tmp_path, name, *options, ranks=ranks)
         for pid, progress in started.items():
             tally = hammer(pid, each, progress, tmp_path / name)
             assert not tally.harmed, (name, tally)
