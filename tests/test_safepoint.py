@@ -56,22 +56,12 @@ while True:
 """
 
 
-def _counter(path: Path):
-    def read() -> int:
-        try:
-            return int(path.read_text() or 0)
-        except (OSError, ValueError):
-            return -1
-
-    return read
-
-
 def _start_script(spawn, tmp_path: Path, source: str, name: str):
     script = tmp_path / f"{name}.py"
     script.write_text(source)
     counter = tmp_path / f"{name}.count"
     proc = spawn([sys.executable, str(script), str(counter)])
-    read = _counter(counter)
+    read = step_counter(counter)
     wait_until(lambda: read() > 0, timeout=20, what=f"{name} to count")
     return proc, read
 
@@ -159,7 +149,7 @@ def test_other_pythons_and_a_static_interpreter(spawn, tmp_path, python):
     script.write_text(SLEEPER)
     counter = tmp_path / "count"
     proc = spawn([python, str(script), str(counter)])
-    read = _counter(counter)
+    read = step_counter(counter)
     wait_until(lambda: read() > 0, timeout=20, what="the sleeper to count")
     marker = tmp_path / "ran"
     for _ in range(3):  # a second and third injection find the trampoline in place
