@@ -51,6 +51,7 @@ import signal
 import struct
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -396,25 +397,20 @@ def _elf_objects(pid: int, maps: list[Mapping]) -> list[tuple[str, int, int]]:
     return sorted(found, key=lambda item: item[2])
 
 
-_api_cache: dict[tuple[int, str], TargetApi] = {}  # (pid, its start time) -> what find_api read
+_api_cache: dict[tuple[int, int], TargetApi] = {}  # (pid, its start time) -> what find_api read
 
 
 def find_api(pid: int, maps: list[Mapping]) -> TargetApi:
     """Look the trampoline's functions up in the target's own ELF files (its root: a container's libc is
     not ours) and find the spare tail of an executable page to hold it.  A process's code does not move,
     so a caller that injects again into the same process (the tests' stress runs) reads them once."""
-    key = (pid, _start_time(pid))
+    from gputop.collect.procfs import read_stat
+
+    stat = read_stat(pid)
+    key = (pid, stat.start_ticks if stat is not None else -1)
     if key not in _api_cache:
         _api_cache[key] = _read_api(pid, maps)
     return _api_cache[key]
-
-
-def _start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]  # field 22, starttime
-    except (OSError, IndexError):
-        return ""
 
 
 def _read_api(pid: int, maps: list[Mapping]) -> TargetApi:
@@ -542,7 +538,7 @@ class Outcome:
     attempts: int = 0
     seconds: float = 0.0
     reason: str = ""
-    skipped: dict[str, int] = field(default_factory=dict)
+    skipped: Counter = field(default_factory=Counter)  # why each thread seen was no safe point
 
 
 def resume_registers(regs: _Regs) -> _Regs:
@@ -584,7 +580,6 @@ def inject(pid: int, code: str, find_bound: float = FIND_BOUND_S, call_bound: fl
     api = find_api(pid, maps)
     outcome = Outcome(ran=False)
     find_deadline = started + find_bound
-    tried_pid_check = False
     while True:
         candidates = []
         for t in blocked_threads(pid):
@@ -592,10 +587,7 @@ def inject(pid: int, code: str, find_bound: float = FIND_BOUND_S, call_bound: fl
             if why is None:
                 candidates.append((SAFE_SYSCALLS[t.nr][1], t.tid == pid, t.tid))
             else:
-                outcome.skipped[why] = outcome.skipped.get(why, 0) + 1
-        if not tried_pid_check and not os.path.exists(f"/proc/{pid}"):
-            raise Refused(f"PID {pid} is gone")
-        tried_pid_check = True
+                outcome.skipped[why] += 1
         for _kind, _main, tid in sorted(candidates):
             outcome.attempts += 1
             done = _try_thread(pid, tid, api, payload, maps, outcome, call_bound, _pause_at)
@@ -605,9 +597,11 @@ def inject(pid: int, code: str, find_bound: float = FIND_BOUND_S, call_bound: fl
         if time.monotonic() >= find_deadline:
             break
         time.sleep(RETRY_S)
-        maps = read_maps(pid)  # libraries come and go (a new futex word may sit in a new mapping)
-    commonest = sorted(outcome.skipped.items(), key=lambda kv: -kv[1])[:3]
-    seen = "; ".join(f"{why} ({n}x)" for why, n in commonest) or "every thread was running"
+        try:
+            maps = read_maps(pid)  # libraries come and go (a new futex word may sit in a new mapping)
+        except OSError:
+            raise Refused(f"PID {pid} is gone") from None
+    seen = "; ".join(f"{why} ({n}x)" for why, n in outcome.skipped.most_common(3)) or "every thread was running"
     raise Refused(f"no thread of PID {pid} reached a safe point within {find_bound:g}s ({seen}); nothing was injected")
 
 
@@ -627,7 +621,7 @@ def _try_thread(pid: int, tid: int, api: TargetApi, payload: bytes, maps: list[M
     except OSError as exc:
         if exc.errno == errno.EPERM:
             if _traced_by_other(tid):
-                outcome.skipped["traced by another debugger"] = outcome.skipped.get("traced by another debugger", 0) + 1
+                outcome.skipped["traced by another debugger"] += 1
                 return False
             raise Refused(f"not permitted to trace PID {pid} (ptrace: {exc.strerror})") from None
         return False  # the thread ended
@@ -649,7 +643,7 @@ def _try_thread(pid: int, tid: int, api: TargetApi, payload: bytes, maps: list[M
             if why is None and (stack is None or block - STACK_NEEDED < stack.start and "[stack]" not in stack.path):
                 why = "too little stack left"
             if why is not None:
-                outcome.skipped[why] = outcome.skipped.get(why, 0) + 1
+                outcome.skipped[why] += 1
                 return False
             _pause("stopped", pause_at)
             resume = resume_registers(regs)

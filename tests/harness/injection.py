@@ -36,20 +36,11 @@ class Tally:
     frozen_after: list = field(default_factory=list)  # injection indices after which the job stopped moving
     dead_after: list = field(default_factory=list)
     slowest_s: float = 0.0
-    failed_calls: int = 0  # ran, but the line raised inside the job
+    failed_calls: int = 0  # reached the call, but the job could not start the line's thread
 
     @property
     def harmed(self) -> bool:
         return bool(self.frozen_after or self.dead_after)
-
-    def add(self, other: "Tally") -> None:
-        self.ran += other.ran
-        self.refused.update(other.refused)
-        self.syscalls.update(other.syscalls)
-        self.frozen_after += other.frozen_after
-        self.dead_after += other.dead_after
-        self.slowest_s = max(self.slowest_s, other.slowest_s)
-        self.failed_calls += other.failed_calls
 
 
 def start_allocating_job(spawn, directory: Path, name: str, workers: int = 0) -> tuple[int, Callable[[], int]]:
