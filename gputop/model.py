@@ -381,6 +381,24 @@ class ProcessStacks:
 
 
 @dataclass(frozen=True, slots=True)
+class StateSamples:
+    """A stretch of one rank's main thread sampled densely (`py-spy record`, gputop/collect/state_sampler.py):
+    what it was doing at each sample, in time order.  The shares the verdicts rest on are counted from these.
+
+    The samples are `rate` a second and end at `end`; sample i of N was taken at about
+    ``end - (N - i) / rate``.  `runs` is run-length coded: (state, consecutive samples), states being
+    gputop.analysis.stack_classes.MAIN_THREAD_STATES."""
+
+    pid: int
+    start: float
+    end: float
+    rate: float
+    runs: tuple[tuple[str, int], ...] = ()
+    errors: int = 0  # samples py-spy could not read (torn reads), left out
+    error: Optional[str] = None  # why this stretch has no samples (one line)
+
+
+@dataclass(frozen=True, slots=True)
 class Rank:
     proc: ProcInfo
     rank: Optional[int] = None
@@ -395,6 +413,11 @@ class Rank:
     workers: tuple[ProcInfo, ...] = ()
     pin_memory_tids: tuple[int, ...] = ()
     main_thread_state: Optional[str] = None  # see analysis.stack_classes
+    # Start-up (imports, model build, worker start) is left out of the shares: `starting_up` while no
+    # training step has been seen yet, and `loop_started` the time of the first one (None: not known,
+    # as in recordings made before gputop told them apart: nothing is left out then).
+    starting_up: bool = False
+    loop_started: Optional[float] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,6 +446,8 @@ class JobTree:
     # pid -> the one `py-spy dump --native` (native=True) taken when that process's main thread had been
     # frozen NATIVE_AFTER_S with its counters still; kept while the freeze lasts, dropped when it moves
     native_stacks: dict[int, ProcessStacks] = field(default_factory=dict)
+    # the ranks' densely sampled stretches that ended since the previous snapshot (each in one snapshot only)
+    state_samples: tuple[StateSamples, ...] = ()
 
 
 # --------------------------------------------------------------------- snapshot
@@ -537,3 +562,5 @@ class Finding:
     fix: str = ""  # concrete code or settings
     gpus: tuple[int, ...] = ()
     pids: tuple[int, ...] = ()
+    # the numbers behind the summary, for machines (report JSON): shares with their intervals, advice with its range
+    figures: dict[str, Any] = field(default_factory=dict)

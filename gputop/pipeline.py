@@ -45,6 +45,7 @@ class Pipeline:
         self.simulated = simulate is not None
         self.job_collector = job_collector
         self._stacks_wanted = True
+        self._sampling_focused = False
         self.gpu: Optional[GpuCollector] = None
         self.fake_library = None
         self._closed = False
@@ -114,6 +115,7 @@ class Pipeline:
         from gputop.collect.job_tree import JobCollector  # the attach side; only needed with a PID
 
         new = JobCollector(pid, stack_interval=self._stack_interval, stacks_wanted=self._stacks_wanted)
+        new.focus_sampling(self._sampling_focused)
         old, self.job_collector = self.job_collector, new  # one assignment: poll() sees old or new
         if old is not None:
             old.close()
@@ -124,6 +126,19 @@ class Pipeline:
         collector = self.job_collector
         if collector is not None:
             collector.stacks_wanted = wanted
+
+    def focus_sampling(self, focused: bool) -> None:
+        """Sample the attached job's ranks densely (a report, the findings screen) or at the screen's rate."""
+        self._sampling_focused = focused
+        collector = self.job_collector
+        if collector is not None and hasattr(collector, "focus_sampling"):
+            collector.focus_sampling(focused)
+
+    def flush_samples(self) -> None:
+        """End the running dense stretches now, so the next poll carries them (a report's last seconds)."""
+        collector = self.job_collector
+        if collector is not None and hasattr(collector, "flush_samples"):
+            collector.flush_samples()
 
     def poll(self) -> Snapshot:
         """One sample of everything. Per-field and per-GPU failures arrive as None / lost, never as exceptions."""

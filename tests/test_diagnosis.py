@@ -626,11 +626,12 @@ def test_verdict_line_has_action_and_count():
     assert "(+1 more)" in verdict_line(two)
 
 
-@pytest.mark.parametrize("waiting,severity", [(5, "critical"), (3, "warning")])
+@pytest.mark.parametrize("waiting,severity", [(8, "critical"), (4, "warning")])
 def test_a_fifth_of_the_time_waiting_is_where_input_bound_turns_critical(waiting, severity):
     # TF Profiler's scale: waiting for data 20% of the time or more is "highly" input-bound (critical):
-    # 5 of 20 dumps (25%) is above the line, 3 of 20 (15%) below it stays a warning
-    pattern = [WAITING_FOR_DATA] * waiting + [FORWARD_BACKWARD] * (20 - waiting)
+    # 8 of 30 dumps (27%) is above the line, 4 of 30 (13%) below it stays a warning (30 dumps: the 60 s
+    # the shares cover)
+    pattern = [WAITING_FOR_DATA] * waiting + [FORWARD_BACKWARD] * (30 - waiting)
     hist = build(Scenario(seconds=239, gpu_error=NO_DRIVER, ranks=eight_ranks(state=cycle(pattern))))
     f = by_id(diagnose(hist), "starvation")
     assert f.severity == severity, (f.severity, f.summary)
@@ -714,15 +715,20 @@ def test_first_seconds_say_collecting_not_healthy():
 
 
 def test_worker_advice_follows_the_loader_arithmetic():
-    # no GPU data: 80% of the dumps in dataset code with num_workers=0 → prep/step = 0.8/0.2 = 4, ×1.25 → 5
+    # no GPU data: 80% (74–85%) of 240 dumps in dataset code with num_workers=0 → prep/step = 0.8/0.2 = 4,
+    # ×1.25 → 5; at the interval's ends 0.74/0.26 × 1.25 → 4 and 0.85/0.15 × 1.25 → 7
     top = diagnose(build(starved(0, gpu_error=NO_DRIVER)))[0]
-    assert "raise num_workers to 5" in top.fix and "num_workers=5" in top.fix
-    assert "0.80 ÷ 0.20 × 1.25 → 5" in top.fix and "80% input share of the stack dumps" in top.fix
-    # with GPU data the GPUs' idle share (85%) bounds the input share from above: 0.85/0.15 × 1.25 → 8
+    assert "raise num_workers ≈ 5 (4–7)" in top.fix and "num_workers=5" in top.fix
+    assert "f ÷ (1 − f) × 1.25 → 5 (4–7), f = the 80% (74–85%) input share of 240 stack dumps" in top.fix
+    assert top.figures["workers"] == {"num_workers": 5, "estimate": 5, "low": 4, "high": 7, "one_sided": False, "cap": 8,
+                                      "capped": False, "bound": "cpu", "source": "estimate from the shares"}
+    # with GPU data the GPUs' idle share (85%, surely above the samples' 74–85%) bounds the input share:
+    # 0.85/0.15 × 1.25 → 8
     top = diagnose(build(starved(0)))[0]
-    assert "raise num_workers to 8" in top.fix and "0.85 ÷ 0.15 × 1.25 → 8" in top.fix and "85% idle share" in top.fix
+    assert "raise num_workers ≈ 8" in top.fix and "→ 8 (7–8), f = the GPUs' 85% idle share" in top.fix
     # 2 workers keep the rank waiting: each needs 2 cycles a batch against a 0.15 step → 2/0.15 × 1.25 → 17,
-    # but CPU-bound workers (70% of a core) of 8 ranks share 64 cores: the cap is 8, and 17 is never printed
+    # but CPU-bound workers (70% of a core) of 8 ranks share 64 cores: the cap is 8
     top = diagnose(build(starved(2)))[0]
-    assert "raise num_workers to 8" in top.fix and "2.00 ÷ 0.15 × 1.25 → more than the cap, so 8" in top.fix
-    assert "64 cores (the host) ÷ 8 rank(s) → at most 8 per rank" in top.fix and "17" not in top.fix
+    assert "raise num_workers to 8, the cap (the arithmetic asks ≈ 17)" in top.fix and "num_workers=8" in top.fix
+    assert "2 ÷ (1 − f) × 1.25 → 17, more than the cap, so 8" in top.fix
+    assert "64 cores (the host) ÷ 8 rank(s) → at most 8 per rank" in top.fix

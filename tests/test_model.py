@@ -45,7 +45,7 @@ def _example(tp, depth=0, none=False):
     if origin is dict:
         key_t, val_t = typing.get_args(tp)
         return {(3 if key_t is int else "key"): _example(val_t, depth, none)}
-    return {int: 7, float: 2.5, str: "text", bool: True}[tp]
+    return {int: 7, float: 2.5, str: "text", bool: True, typing.Any: "any"}[tp]
 
 
 def build(cls, depth=0, none=False):

@@ -87,7 +87,7 @@ def with_secret_cmdline(hist):
 @pytest.fixture(scope="module")
 def starved():
     hist = starved_history()
-    return hist, diagnose(hist)
+    return hist, diagnose(hist, window=None)  # as `gputop report` diagnoses: everything it observed
 
 
 def test_topology_section_has_the_nic_rows_and_legend_as_nvidia_smi_prints_them(starved):

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from gputop.analysis.loader_math import MARGIN as LOADER_MARGIN
 from gputop.analysis.loader_math import workers_needed
-from gputop.analysis.numbers import percentile
+from gputop.analysis.numbers import Share, percentile
 from gputop.analysis.observations import Context, RankObs
-from gputop.analysis.thresholds import IO_BOUND_CPU_PERCENT, IO_MEMORY_SHARE, MAX_IO_WORKERS
-from gputop.units import fraction as pct
+from gputop.analysis.thresholds import IO_BOUND_CPU_PERCENT, IO_MEMORY_SHARE, MAX_IO_WORKERS, MIN_STEP_SHARE
 from gputop.units import gib
 
 STACKS_HINT = "attach with `gputop --pid PID` (or `gputop report --pid PID`) to see the stacks"
@@ -18,17 +18,50 @@ STACKS_HINT = "attach with `gputop --pid PID` (or `gputop report --pid PID`) to 
 
 @dataclass(frozen=True)
 class WorkerAdvice:
-    """Workers per rank, never above the cap, and the arithmetic behind both."""
+    """Workers per rank with the range the data allow, never above the cap, and the arithmetic behind it."""
 
-    workers: int  # what to set: min(needed, cap)
-    needed: int  # what the arithmetic asks for (shown only when it fits the cap)
+    workers: int  # what to set: the estimate (the lower bound when one-sided), capped
+    needed: int  # the estimate from the share's point
+    low: int  # ... from the share's interval: its lower end
+    high: Optional[int]  # ... its upper end; None: unbounded (the step was hardly ever caught)
     cap: int
     bound: str  # "cpu": the workers compute; "io": they sleep in __getitem__ (storage, network)
     arithmetic: str  # comment lines for the fix
 
     @property
     def capped(self) -> bool:
-        return self.needed > self.cap
+        return self.low > self.cap if self.one_sided else self.needed > self.cap
+
+    @property
+    def one_sided(self) -> bool:
+        return self.high is None
+
+    def range_text(self) -> str:
+        """"≈ 12 (9–16)", "≈ 12" (the interval gives one count) or "at least 9" (one-sided)."""
+        if self.one_sided:
+            return f"at least {self.low}"
+        if self.low == self.high:
+            return f"≈ {self.needed}"
+        return f"≈ {self.needed} ({self.low}–{self.high})"
+
+    def text(self) -> str:
+        """"num_workers ≈ 12 (9–16)"; "num_workers: at least 9 (… `b` measures it)"."""
+        if self.one_sided:
+            return f"num_workers: at least {self.low} (the step was hardly ever caught; `b` measures it)"
+        return f"num_workers {self.range_text()}"
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "num_workers": self.workers,
+            "estimate": None if self.one_sided else self.needed,
+            "low": self.low,
+            "high": self.high,
+            "one_sided": self.one_sided,
+            "cap": self.cap,
+            "capped": self.capped,
+            "bound": self.bound,
+            "source": "estimate from the shares",
+        }
 
 
 def producer_bound(ranks: Sequence[RankObs]) -> tuple[str, str]:
@@ -77,36 +110,59 @@ def worker_cap(ctx: Context, ranks: Sequence[RankObs], bound: str) -> tuple[int,
     return cap, why
 
 
-def suggested_workers(
-    ctx: Context, ranks: Sequence[RankObs], input_fraction: float, gpu_mean: Optional[float]
-) -> WorkerAdvice:
-    """Workers per rank from the loader arithmetic, capped, and that arithmetic as comment lines.
+def workers_for(share: float, current: int) -> Optional[int]:
+    """Workers needed when the rank spends `share` of its time on input; None when the step share left is
+    too small to divide by (under MIN_STEP_SHARE: the data bound the count from below only).
 
-    With a share `f` of the wall time spent on input, one step's GPU work takes (1 - f) of a cycle.
-    With num_workers=0 the rank prepares a batch itself in f of it; with n workers that keep the rank
-    waiting, each worker needs n cycles per batch.  Workers needed ≈ prep time ÷ step time × margin
-    (`loader_math.workers_needed`, the same rule `gputop bench` applies to measured times).
-    """
-    current = max((len(r.worker_sets[-1][1]) if r.worker_sets else 0) for r in ranks) if ranks else 0
-    source = f"the {pct(input_fraction)} input share of the stack dumps"
-    if gpu_mean is not None and 1.0 - gpu_mean / 100.0 > input_fraction:
-        # The GPUs' idle share bounds the input share from above and is measured every second, where the
-        # 2 s dumps undercount a rank that is rarely caught mid-read: size for what the GPUs lose.
-        input_fraction = 1.0 - gpu_mean / 100.0
-        source = f"the GPUs' {pct(input_fraction)} idle share"
-    step = max(1.0 - input_fraction, 0.05)  # a job that only ever waits still steps now and then
-    prep = input_fraction if current == 0 else float(current)
+    With a share `f` of the wall time spent on input, one step's GPU work takes (1 - f) of a cycle.  With
+    num_workers=0 the rank prepares a batch itself in f of it; with n workers that keep the rank waiting,
+    each worker needs n cycles per batch.  Workers needed ≈ prep time ÷ step time × margin
+    (`loader_math.workers_needed`, the same rule `gputop bench` applies to measured times)."""
+    step = 1.0 - share
+    if step < MIN_STEP_SHARE:
+        return None
+    prep = share if current == 0 else float(current)
     needed = max(current + 1, workers_needed(prep, step))
+    return needed if needed <= MAX_IO_WORKERS * 4 else None
+
+
+def suggested_workers(
+    ctx: Context, ranks: Sequence[RankObs], input_share: Share, gpu_idle: Optional[Share]
+) -> WorkerAdvice:
+    """Workers per rank from the loader arithmetic at the input share's point and at both ends of its
+    interval, capped, and that arithmetic as comment lines."""
+    current = max((len(r.worker_sets[-1][1]) if r.worker_sets else 0) for r in ranks) if ranks else 0
+    share = input_share
+    unit = "stack dumps" if share.source == "stack dumps" else f"samples, {share.source}"
+    source = f"the {share.text()} input share of {share.n:,} {unit}"
+    if gpu_idle is not None and gpu_idle.low > share.high:
+        # The GPUs' idle share bounds the input share from above and is read every second; where it is
+        # surely higher, the samples undercount the input (a rank rarely caught mid-read): size for what
+        # the GPUs lose.
+        share = gpu_idle
+        source = f"the GPUs' {share.text()} idle share"
+    needed = workers_for(share.point, current)
+    low = workers_for(share.low, current) or MAX_IO_WORKERS
+    high = workers_for(share.high, current)
+    if high is not None and high > MAX_IO_WORKERS:
+        high = None  # beyond anything advised: say "at least"
     bound, bound_why = producer_bound(ranks)
     cap, cap_why = worker_cap(ctx, ranks, bound)
-    workers = max(1, min(needed, cap))
-    result = f"{needed}" if needed <= cap else f"more than the cap, so {workers}"
+    if high is None or needed is None:
+        needed = needed or low
+        chosen = low
+    else:
+        chosen = needed
+    workers = max(1, min(chosen, cap))
+    advice = WorkerAdvice(workers, needed, low, high, cap, bound, "")
+    result = advice.range_text().removeprefix("≈ ") + ("" if chosen <= cap else f", more than the cap, so {cap}")
+    prep = "f" if current == 0 else f"{current}"
     arithmetic = (
-        f"# workers needed ≈ prep ÷ step × {LOADER_MARGIN:g} = {prep:.2f} ÷ {step:.2f} × {LOADER_MARGIN:g}"
-        f" → {result} (prep and step as shares of a {'step' if current == 0 else 'batch'} cycle, from {source})\n"
+        f"# workers needed ≈ prep ÷ step × {LOADER_MARGIN:g} = {prep} ÷ (1 − f) × {LOADER_MARGIN:g} → {result}, "
+        f"f = {source} (prep and step as shares of a {'step' if current == 0 else 'batch'} cycle)\n"
         f"# cap: {cap_why} ({bound_why}); `gputop bench` measures prep, step and CPU per worker"
     )
-    return WorkerAdvice(workers, needed, cap, bound, arithmetic)
+    return dataclasses.replace(advice, arithmetic=arithmetic)
 
 
 def loader_code(kwargs: dict[str, Any]) -> str:

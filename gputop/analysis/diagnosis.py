@@ -63,6 +63,7 @@ from gputop.analysis.thresholds import (
     LONG_HICCUP_MAX_PERIOD_S,
     LONG_WINDOW_S,
     LONG_WINDOW_STRIDE_S,
+    SHARE_WINDOW_S,
 )
 from gputop.history import History
 from gputop.model import SEVERITIES, Finding
@@ -105,10 +106,13 @@ def build_context(
         return None
     times = [s.timestamp for s in snaps]
     dts = [b - a for a, b in zip(times, times[1:]) if b > a]
+    # live: the shares cover the last minute, so a phase that ended does not dilute this one; a report: all
+    share_window = SHARE_WINDOW_S if window is not None and window > SHARE_WINDOW_S else None
     return Context(
         history=history,
         snaps=snaps,
-        ranks=collect_rank_observations(snaps),
+        ranks=collect_rank_observations(snaps, times[-1] - share_window if share_window else None),
+        share_window=share_window,
         gpus=collect_gpu_observations(snaps),
         bench=bench_dict(bench),
         duration=times[-1] - times[0],

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
-from gputop.analysis.numbers import mean
+from gputop.analysis.numbers import Share, mean, share_of
 from gputop.analysis.stack_classes import (
     INPUT_WAIT_STATES,
     classify_main_thread,
@@ -16,9 +17,26 @@ from gputop.analysis.stack_classes import (
     main_thread,
     own_frames,
 )
-from gputop.analysis.thresholds import HELD_MEMORY_BYTES, LIVE_CPU_SHARE, LIVE_SWITCHES_PER_S, USER_HZ
+from gputop.analysis.thresholds import (
+    HELD_MEMORY_BYTES,
+    LIVE_CPU_SHARE,
+    LIVE_SWITCHES_PER_S,
+    MIN_SAMPLED_SECONDS,
+    MIN_STACK_SAMPLES,
+    USER_HZ,
+)
 from gputop.history import History
-from gputop.model import Frame, GpuSample, JobTree, ProcessProgress, ProcessStacks, ProcInfo, Snapshot, ThreadStack
+from gputop.model import (
+    Frame,
+    GpuSample,
+    JobTree,
+    ProcessProgress,
+    ProcessStacks,
+    ProcInfo,
+    Snapshot,
+    StateSamples,
+    ThreadStack,
+)
 
 # frames of a main thread starting an epoch's workers (no persistent_workers)
 EPOCH_START_FRAME_NAMES = ("DataLoader.__iter__", "_MultiProcessingDataLoaderIter.__init__", "_get_iterator")
@@ -126,6 +144,96 @@ class WorkerObs:
 
 
 @dataclass
+class StateCounts:
+    """What a rank's main thread did over the share window, start-up left out: the counts every share
+    is taken from.  From the dense samples when there are any (ordered: `runs`), else from the dumps."""
+
+    counts: Counter = field(default_factory=Counter)
+    n: int = 0
+    seconds: float = 0.0  # the span the counted samples cover
+    source: str = "stack dumps"
+    startup_left_out: int = 0  # samples before the training loop's first step
+    runs: list[list[tuple[str, int]]] = field(default_factory=list)  # dense stretches, in order (None: dumps)
+    dense: bool = False
+
+    @property
+    def unit(self) -> str:
+        return "samples" if self.dense else "stack dumps"
+
+    @property
+    def enough(self) -> bool:
+        """Enough to judge a share: 5 dumps (~10 s), or dense samples over at least MIN_SAMPLED_SECONDS."""
+        if self.dense:
+            return self.n >= MIN_STACK_SAMPLES and self.seconds >= MIN_SAMPLED_SECONDS
+        return self.n >= MIN_STACK_SAMPLES
+
+    def switches(self, states: Sequence[str]) -> Optional[int]:
+        """Changes between in-`states` and out-of-`states` from one sample to the next (None: dumps)."""
+        if not self.dense:
+            return None
+        wanted = set(states)
+        total = 0
+        for runs in self.runs:
+            previous = None
+            for state, _ in runs:
+                inside = state in wanted
+                if previous is not None and inside != previous:
+                    total += 1
+                previous = inside
+        return total
+
+    def share(self, *states: str) -> Share:
+        return share_of(sum(self.counts[s] for s in states), self.n, self.switches(states), self.source)
+
+    def add(self, other: "StateCounts") -> "StateCounts":
+        """These counts and `other`'s pooled (several ranks)."""
+        return StateCounts(
+            self.counts + other.counts, self.n + other.n, max(self.seconds, other.seconds),
+            self.source if self.source == other.source or not other.n else (other.source if not self.n else "mixed"),
+            self.startup_left_out + other.startup_left_out, self.runs + other.runs, self.dense or other.dense,
+        )
+
+
+def dense_counts(stretches: Sequence[StateSamples], since: Optional[float], loop_started: Optional[float],
+                 starting_up: bool) -> StateCounts:
+    """Counts of the dense samples taken at or after `since`, start-up (before `loop_started`, or all of
+    them while `starting_up`) left out."""
+    rates = sorted({round(s.rate) for s in stretches if s.runs})
+    out = StateCounts(dense=True, source="py-spy record at " + "/".join(str(r) for r in rates) + " Hz")
+    first_t = last_t = None
+    for stretch in stretches:
+        total = sum(n for _, n in stretch.runs)
+        if not total:
+            continue
+        period = 1.0 / stretch.rate
+        t0 = stretch.end - total * period  # sample k was taken at t0 + k * period
+
+        def first_at(t: Optional[float]) -> int:
+            return 0 if t is None else min(total, max(0, math.ceil((t - t0) / period - 1e-9)))
+
+        in_window = first_at(since)
+        in_loop = total if starting_up else first_at(loop_started)
+        keep_from = max(in_window, in_loop)
+        out.startup_left_out += max(0, in_loop - in_window)
+        kept: list[tuple[str, int]] = []
+        index = 0
+        for state, n in stretch.runs:
+            skip = min(n, max(0, keep_from - index))
+            if n > skip:
+                kept.append((state, n - skip))
+                out.counts[state] += n - skip
+            index += n
+        if kept:
+            out.runs.append(kept)
+            out.n += total - keep_from
+            first_t = t0 + keep_from * period if first_t is None else min(first_t, t0 + keep_from * period)
+            last_t = stretch.end if last_t is None else max(last_t, stretch.end)
+    if first_t is not None and last_t is not None:
+        out.seconds = last_t - first_t
+    return out
+
+
+@dataclass
 class RankObs:
     """Everything the window says about one rank process."""
 
@@ -140,6 +248,45 @@ class RankObs:
     last: Optional[ProcInfo] = None
     stacks_error: Optional[str] = None
     native: tuple[str, ...] = ()  # C/C++ frames of its latest `py-spy dump --native` (a freeze), innermost first
+    stretches: list[StateSamples] = field(default_factory=list)  # its dense samples, in time order
+    sampling_errors: list[str] = field(default_factory=list)
+    starting_up: bool = False  # no training step seen yet: everything so far is start-up
+    loop_started: Optional[float] = None  # the first step's time (None: unknown, or not yet)
+    share_since: Optional[float] = None  # shares count samples from here on (None: the whole window)
+    _counts: Optional[StateCounts] = None
+
+    @property
+    def counts(self) -> StateCounts:
+        """The share counts: dense samples if this window has any, else the dumps; start-up left out."""
+        if self._counts is None:
+            if self.stretches:
+                self._counts = dense_counts(self.stretches, self.share_since, self.loop_started, self.starting_up)
+            else:
+                self._counts = self._dump_counts()
+        return self._counts
+
+    def _dump_counts(self) -> StateCounts:
+        out = StateCounts()
+        kept = []
+        for s in self.samples:
+            if not s.state or (self.share_since is not None and s.timestamp < self.share_since):
+                continue
+            if self.starting_up or (self.loop_started is not None and s.timestamp < self.loop_started):
+                out.startup_left_out += 1
+                continue
+            kept.append(s)
+            out.counts[s.state] += 1
+        out.n = len(kept)
+        out.seconds = kept[-1].timestamp - kept[0].timestamp if kept else 0.0
+        return out
+
+    @property
+    def measured(self) -> bool:
+        """Enough samples (start-up left out) to judge its shares."""
+        return self.counts.enough
+
+    def share(self, *states: str) -> Share:
+        return self.counts.share(*states)
 
     @property
     def name(self) -> str:
@@ -152,24 +299,35 @@ class RankObs:
 
     @property
     def states(self) -> Counter:
-        return Counter(s.state for s in self.samples if s.state)
+        """Samples per main-thread state over the share window (start-up left out)."""
+        return self.counts.counts
 
     def fraction(self, *states: str) -> float:
-        n = len([s for s in self.samples if s.state])
-        if not n:
-            return 0.0
-        counts = self.states
-        return sum(counts[s] for s in states) / n
+        counts = self.counts
+        return sum(counts.counts[s] for s in states) / counts.n if counts.n else 0.0
 
     @property
     def input_fraction(self) -> float:
-        """Share of dumps in the input pipeline: waiting for workers (or for rank 0's batch, under Accelerate's
+        """Share of samples in the input pipeline: waiting for workers (or for rank 0's batch, under Accelerate's
         dispatcher), or running dataset code itself."""
         return self.fraction(*INPUT_WAIT_STATES)
 
     @property
+    def input_share(self) -> Share:
+        return self.share(*INPUT_WAIT_STATES)
+
+    @property
     def n(self) -> int:
-        return len([s for s in self.samples if s.state])
+        """Samples its shares are counted from."""
+        return self.counts.n
+
+
+def pooled_counts(ranks: Sequence[RankObs]) -> StateCounts:
+    """The ranks' share counts pooled: the job's figure (ranks of one job do alike)."""
+    total = StateCounts(source="")
+    for r in ranks:
+        total = total.add(r.counts)
+    return total
 
 
 def _state_of(rank_state: Optional[str], stacks: Optional[ProcessStacks]) -> Optional[str]:
@@ -177,19 +335,29 @@ def _state_of(rank_state: Optional[str], stacks: Optional[ProcessStacks]) -> Opt
     return rank_state or (classify_main_thread(stacks) if stacks is not None else None)
 
 
-def collect_rank_observations(snaps: Sequence[Snapshot]) -> dict[int, RankObs]:
+def collect_rank_observations(snaps: Sequence[Snapshot], share_since: Optional[float] = None) -> dict[int, RankObs]:
     """Per rank pid: its main-thread state per DISTINCT stack dump (a dump refreshed every 2 s appears in
-    several 1 s snapshots; it is counted once), its CPU, its workers over time and theirs stacks."""
+    several 1 s snapshots; it is counted once), its dense samples, its CPU, its workers over time and their
+    stacks.  Its shares count the samples from `share_since` on (None: all)."""
     ranks: dict[int, RankObs] = {}
     for snap in snaps:
         job = snap.job
         if job is None:
             continue
+        for stretch in job.state_samples:
+            obs = ranks.get(stretch.pid)
+            if obs is None:
+                obs = ranks[stretch.pid] = RankObs(pid=stretch.pid, share_since=share_since)
+            if stretch.error is not None:
+                obs.sampling_errors.append(stretch.error)
+            elif stretch.runs:
+                obs.stretches.append(stretch)
         for r in job.ranks:
             pid = r.proc.pid
             obs = ranks.get(pid)
             if obs is None:
-                obs = ranks[pid] = RankObs(pid=pid)
+                obs = ranks[pid] = RankObs(pid=pid, share_since=share_since)
+            obs.starting_up, obs.loop_started = r.starting_up, r.loop_started  # the latest word on start-up
             obs.rank = r.rank if r.rank is not None else obs.rank
             obs.local_rank = r.local_rank if r.local_rank is not None else obs.local_rank
             obs.gpus.update(r.gpus)
@@ -302,6 +470,13 @@ class Context:
     bench: Optional[dict[str, Any]]
     duration: float
     interval: float
+    share_window: Optional[float] = None  # the shares cover the last this many seconds (None: the whole window)
+
+    def share_span(self, counts: "StateCounts") -> str:
+        """Where a share comes from, in words: "2,400 samples (py-spy record at 500 Hz) over the last 60 s"."""
+        span = f"the last {self.share_window:.0f} s" if self.share_window else f"{max(counts.seconds, self.duration):.0f} s observed"
+        source = f" ({counts.source})" if counts.dense else ""
+        return f"{counts.n:,} {counts.unit}{source} over {span}"
 
     @property
     def job_gpus(self) -> list[int]:

@@ -18,6 +18,13 @@ LOW_UTILIZATION = 50.0
 BUSY_UTILIZATION = 90.0
 # Stack fractions need a few dumps: 5 distinct dumps is ~10 s at the default 2 s stack interval.
 MIN_STACK_SAMPLES = 5
+# ... or, sampled densely (py-spy record, 25-500 a second), samples over at least 4 s: a share of a
+# shorter stretch is one phase of the loop, not the loop.
+MIN_SAMPLED_SECONDS = 4.0
+# The live shares cover the last minute (the screen says so): long enough for 1,500 samples a rank at the
+# screen's 25 Hz, short enough that a phase that ended (start-up, an evaluation) no longer dilutes the one
+# now.  A report's shares cover everything it observed.
+SHARE_WINDOW_S = 60.0
 # A hang must last this long: far longer than any one step of a sane job, yet short enough to name the
 # stuck frame within the 30 s the issue allows for a verdict.
 HANG_MIN_SECONDS = 10.0
@@ -109,6 +116,9 @@ LONG_WINDOW_STRIDE_S = 5.0
 # its own RSS: they get at most half the memory the job may still take, and never more than 32 per rank
 # (loader_math.HARD_MAX_WORKERS, the ceiling `gputop bench` sweeps to).
 IO_BOUND_CPU_PERCENT = 50.0
+# A step share under 1% (the rank was hardly ever caught stepping) is too small to divide by: the advice
+# is then "at least N", N from the share's interval, and `gputop bench` measures the rest.
+MIN_STEP_SHARE = 0.01
 IO_MEMORY_SHARE = 0.5
 MAX_IO_WORKERS = 32
 
@@ -117,6 +127,8 @@ EVIDENCE_RANKS = 4  # per-rank / per-GPU evidence lines shown before "… N more
 # z of the one-sided lower bound on an input fraction: ~84% confidence.  One waiting dump in 19 (5.3%) is
 # not evidence of a 5% wait; 24 in 240 (10%) is.
 WILSON_Z = 1.0
+# The intervals shown with every share (and the ranges of the advice derived from them): 95%, two-sided.
+INTERVAL_Z = 1.96
 # Trace findings (`gputop trace`, gputop/analysis/checks/trace.py):
 # the article's rule: communication > 30% of the step means gradient accumulation, overlap, a topology check.
 TRACE_COMM_HEAVY = 0.30

@@ -29,6 +29,7 @@ from gputop.collect.procfs import (
     ProcessTable, ProcKey, Tracked, int_or_none, process_alive, read_cmdline, read_ns_pids, read_stat,
 )
 from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSchedule
+from gputop.collect.state_sampler import StartupWatch, StateSampler
 from gputop.errors import GputopError
 from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
 
@@ -432,12 +433,14 @@ class JobCollector:
         dump: Optional[Callable[[list[int]], dict[int, ProcessStacks]]] = None,
         native_dump: Optional[Callable[[int], ProcessStacks]] = stacks_mod.dump_native,
         native_after: float = NATIVE_AFTER_S,
+        sampler: Optional[StateSampler] = None,
     ) -> None:
         """Attach to the job `pid` belongs to.  `stacks_enabled=False`: never run py-spy (no thread);
         `stacks_wanted`: the initial state of the switch; `dump`: the stack reader (default: py-spy, a
         few at a time: each dump is CPU work, and on a small machine the job needs the cores);
         `native_dump`: what takes the one native dump of a process frozen for `native_after` seconds
-        (None: never pause a process)."""
+        (None: never pause a process); `sampler`: what samples the ranks' main threads densely (default:
+        py-spy record, when stacks come from py-spy; none when `dump` replaces py-spy)."""
         if pid <= 0:
             raise GputopError(f"{pid} is not a process id (it must be positive)")
         self.pid = pid
@@ -465,6 +468,13 @@ class JobCollector:
         self._dumped = threading.Event()  # set after the first stack refresh finished
         self._stacks_wanted = stacks_wanted
         self._stacks_enabled = stacks_enabled
+        self._startup = StartupWatch()
+        self._sampler = sampler
+        if sampler is None and stacks_enabled and dump is None:
+            py_spy = stacks_mod.find_py_spy()
+            self._sampler = StateSampler(py_spy) if py_spy else None  # without py-spy the dumps say why
+        if self._sampler is not None:
+            self._sampler.set_wanted(stacks_wanted)
         if stacks_enabled:
             self._learn_role_of_root(root)
         self.collect(())  # learn the job's PIDs before the first dump
@@ -483,8 +493,20 @@ class JobCollector:
     def stacks_wanted(self, value: bool) -> None:
         was = self._stacks_wanted
         self._stacks_wanted = bool(value)
+        if self._sampler is not None:
+            self._sampler.set_wanted(bool(value))
         if value and not was:
             self._wake.set()  # the panel just opened: refresh now, not at the next tick
+
+    def focus_sampling(self, focused: bool) -> None:
+        """Sample the ranks' main threads densely (a report, the findings screen) or at the screen's rate."""
+        if self._sampler is not None:
+            self._sampler.focus(focused)
+
+    def flush_samples(self) -> None:
+        """End the running dense stretches now, so the next `collect()` carries them (a report's end)."""
+        if self._sampler is not None:
+            self._sampler.flush()
 
     @property
     def root_key(self) -> ProcKey:
@@ -516,15 +538,32 @@ class JobCollector:
             stacks = {pid: self._stacks[pid] for pid in pids if pid in self._stacks}
             native = {pid: self._native[pid] for pid in pids if pid in self._native}
             stacks_error = self._stacks_error
+        stretches = self._take_stretches([r.proc.pid for r in tree.ranks])
         tree = replace(
             tree,
-            ranks=tuple(replace(r, main_thread_state=_state_of(stacks.get(r.proc.pid))) for r in tree.ranks),
+            ranks=tuple(self._with_states(r, stacks.get(r.proc.pid)) for r in tree.ranks),
             stacks=stacks,
             native_stacks=native,
             stacks_error=stacks_error,
+            state_samples=stretches,
         )
         self._last_tree = tree
         return tree
+
+    def _take_stretches(self, rank_pids: list[int]) -> tuple:
+        """The ranks' dense stretches finished since the last collect (and the ranks to sample from now on)."""
+        if self._sampler is None:
+            return ()
+        self._sampler.follow(rank_pids)
+        stretches = self._sampler.take()
+        for stretch in stretches:
+            self._startup.saw_stretch(stretch)
+        self._startup.forget_except(set(rank_pids))
+        return stretches
+
+    def _with_states(self, rank: Rank, stacks: Optional[ProcessStacks]) -> Rank:
+        starting_up, loop_started = self._startup.status(rank.proc.pid)
+        return replace(rank, main_thread_state=_state_of(stacks), starting_up=starting_up, loop_started=loop_started)
 
     def _exited_tree(self) -> JobTree:
         """The last tree, marked exited, with the last stacks kept."""
@@ -594,6 +633,10 @@ class JobCollector:
             if fresh and not job_gone:
                 self._stacks_error = _whole_job_error(fresh)
         self._schedule.done(chosen, fresh)
+        for tracked in ranks:
+            dumped = fresh.get(tracked.key[0])
+            if dumped is not None and dumped.error is None:
+                self._startup.saw_dump(tracked.key[0], dumped.timestamp, _state_of(dumped))
         self._learn_roles(ranks + others, chosen, fresh)
         if not job_gone:
             self._watch_freezes(ranks + others, chosen, fresh)
@@ -687,6 +730,8 @@ class JobCollector:
     def close(self) -> None:
         self._closed.set()
         self._wake.set()
+        if self._sampler is not None:
+            self._sampler.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             # A dump in flight ends by itself within its timeout; don't hold up the caller's exit for it.
             self._thread.join(timeout=1.0)

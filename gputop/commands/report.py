@@ -108,9 +108,13 @@ def run(args: Any) -> int:
         try:
             from gputop.commands.check import Evidence  # `gputop check` over the same window: the infra section
 
+            pipeline.focus_sampling(True)  # the shares a report states come from dense samples (issue 21)
             evidence = Evidence(pipeline)
             try:
                 history = observe(pipeline, args.seconds, args.interval, progress=Progress(sys.stderr, "observing"))
+                if args.pid:
+                    pipeline.flush_samples()  # the stretch still running holds the report's last seconds
+                    history.append(pipeline.poll())
                 infra = evidence.finish(history)
             finally:
                 evidence.close()

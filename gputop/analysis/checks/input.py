@@ -6,7 +6,7 @@ from typing import Optional, Sequence
 
 from gputop.analysis.advice import STACKS_HINT, loader_code, suggested_workers
 from gputop.analysis.checks.hang import WORKER_TIMEOUT_FIX, stuck_worker
-from gputop.analysis.numbers import confidence_from, mean, wilson_lower
+from gputop.analysis.numbers import Share, confidence_from, mean, mean_share, measured_share, wilson_interval
 from gputop.analysis.observations import (
     WAIT_FRAMES,
     Context,
@@ -15,6 +15,7 @@ from gputop.analysis.observations import (
     bench_wait_fraction,
     dataset_frames,
     frames_from,
+    pooled_counts,
 )
 from gputop.analysis.stack_classes import (
     IN_DATASET,
@@ -34,17 +35,30 @@ from gputop.analysis.thresholds import (
     INPUT_PHASE_OPEN_MAX_S,
     LOW_UTILIZATION,
     MIN_STACK_SAMPLES,
+    WILSON_Z,
 )
 from gputop.model import LABEL_CODE, Finding
 from gputop.units import fraction as pct
 from gputop.units import gib
 
 
-def pooled_input_fraction(ranks: Sequence[RankObs]) -> tuple[float, float]:
-    """(fraction, lower bound) of all these ranks' dumps spent in the input pipeline, pooled across ranks."""
-    n = sum(r.n for r in ranks)
-    hits = sum(r.states[s] for r in ranks for s in INPUT_WAIT_STATES)
-    return (hits / n if n else 0.0), wilson_lower(hits, n)
+def pooled_input_share(ranks: Sequence[RankObs]) -> Share:
+    """The share of all these ranks' samples spent in the input pipeline, pooled across ranks."""
+    return pooled_counts(ranks).share(*INPUT_WAIT_STATES)
+
+
+def surely_at_least(share: Share, level: float) -> bool:
+    """The share reaches `level` and its one-sided lower bound (~84%) does too: one waiting dump in 19
+    is not evidence of a 5% wait; 24 in 240 is."""
+    return share.point >= level and wilson_interval(share.point, share.effective, WILSON_Z)[0] >= level
+
+
+def gpu_idle_share(ctx: Context) -> Optional[Share]:
+    """The job's GPUs' idle share (1 − utilization) over the window, with its interval, or None."""
+    if not ctx.have_gpu_data:
+        return None
+    values = [1.0 - u / 100.0 for o in ctx.focus_gpus() for u in o.util_values]
+    return mean_share(values, "NVML utilization, 1 a second")
 
 
 def input_phase(rank: RankObs) -> Optional[tuple[float, float, float]]:
@@ -86,40 +100,45 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
     bench_wait, bench_how = bench_wait_fraction(ctx.bench)
     gpu_mean = mean(o.mean_util for o in ctx.focus_gpus()) if ctx.have_gpu_data else None
 
-    measured = [r for r in ranks if r.n >= MIN_STACK_SAMPLES]
+    measured = [r for r in ranks if r.measured]
     if not measured and bench_wait is None:
         return []
 
     evidence: list[str] = []
     frames: tuple[str, ...] = ()
+    figures: dict = {}
     if measured:
-        job_fraction, job_low = pooled_input_fraction(measured)
+        pooled = pooled_counts(measured)
+        job_share = pooled.share(*INPUT_WAIT_STATES)
         worst = max(measured, key=lambda r: r.input_fraction)
         for r in sorted(measured, key=lambda r: -r.input_fraction)[:EVIDENCE_RANKS]:
             counts = r.states
             evidence.append(
-                f"{r.label}: input {pct(r.input_fraction)} of {r.n} stack dumps "
-                f"(waiting for data {counts[WAITING_FOR_DATA]}, in dataset code {counts[IN_DATASET]})"
+                f"{r.label}: input {r.input_share.text()} of {r.n:,} {r.counts.unit} "
+                f"(waiting for data {counts[WAITING_FOR_DATA]:,}, in dataset code {counts[IN_DATASET]:,})"
             )
         if len(measured) > EVIDENCE_RANKS:
             evidence.append(f"… {len(measured) - EVIDENCE_RANKS} more rank(s)")
-        evidence.append(
-            f"all {len(measured)} rank(s): input {pct(job_fraction)} of {sum(r.n for r in measured)} dumps "
-            f"(at least {pct(job_low)} at ~84% confidence)"
-        )
-        n_samples = sum(r.n for r in measured)
+        evidence.append(f"all {len(measured)} rank(s): input {job_share.text()} of {ctx.share_span(pooled)}")
+        if pooled.startup_left_out:
+            evidence.append(f"start-up left out: {pooled.startup_left_out:,} samples before the training loop's first step")
+        figures["input_share"] = job_share.to_dict()
+        figures["ranks"] = {str(r.pid): r.input_share.to_dict() for r in measured}
+        figures["window_s"] = ctx.share_window
+        n_samples = pooled.n
     else:
-        job_fraction = job_low = bench_wait or 0.0
         worst = None
         n_samples = 0
     if bench_wait is not None:
-        # the benchmark samples at 100 Hz (or times every batch): more precise than 2 s dumps
+        # the benchmark times every batch (or samples at 100 Hz): it replaces the sampled share
         evidence.insert(0, f"benchmark: data wait {pct(bench_wait)} of wall time, measured by {bench_how}")
-        job_fraction = job_low = bench_wait
+        job_share = measured_share(bench_wait, 100, bench_how)
+        figures["input_share"] = job_share.to_dict()
         n_samples = max(n_samples, 100)
+    job_fraction = job_share.point
 
-    if job_fraction < INPUT_BOUND_MODERATE or job_low < INPUT_BOUND_MODERATE:
-        return []  # not input-bound, or too few dumps to tell 5% from noise
+    if not surely_at_least(job_share, INPUT_BOUND_MODERATE):
+        return []  # not input-bound, or too few samples to tell 5% from noise
     if gpu_mean is not None:
         evidence.append(f"GPU utilization of the job's GPUs: mean {gpu_mean:.0f}%")
 
@@ -131,7 +150,7 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
         evidence.append(f"the GPUs stay busy (≥{BUSY_UTILIZATION:.0f}%), so the host-side wait overlaps GPU work")
 
     who = worst.name if worst is not None else "the benchmarked rank"
-    shown = worst.input_fraction if worst is not None else job_fraction
+    shown = (worst.input_share if worst is not None and bench_wait is None else job_share).text()
     in_dataset = worst is not None and worst.states[IN_DATASET] > worst.states[WAITING_FOR_DATA]
     if worst is not None:
         sample = next((s for s in reversed(worst.samples) if s.state in (WAITING_FOR_DATA, IN_DATASET) and s.frames), None)
@@ -145,14 +164,21 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
     rec = bench_recommendation(ctx.bench)
     if rec:
         kwargs = rec
-        action = "apply the benchmark's loader settings"
+        measured_workers = rec.get("num_workers")
+        action = "apply the benchmark's loader settings" + (
+            f": num_workers = {measured_workers} (measured by the active benchmark)" if measured_workers is not None else "")
+        figures["workers"] = {"num_workers": measured_workers, "source": "active benchmark",
+                              "workers_needed": (ctx.bench or {}).get("recommendation", {}).get("workers_needed")}
     else:
-        advice = suggested_workers(ctx, measured or ranks, job_fraction, gpu_mean)
+        advice = suggested_workers(ctx, measured or ranks, job_share, gpu_idle_share(ctx))
         arithmetic = advice.arithmetic
         kwargs = {"num_workers": advice.workers, "prefetch_factor": 4, "pin_memory": True, "persistent_workers": True}
-        action = f"raise num_workers to {advice.workers}, prefetch, pin memory"
+        action = f"raise {advice.text()}, prefetch, pin memory"
+        if advice.capped:
+            action = f"raise num_workers to {advice.workers}, the cap (the arithmetic asks {advice.range_text()}), prefetch, pin memory"
         if advice.capped and advice.bound == "cpu":
             action += "; make each sample cheaper too (the cores cap the workers)"
+        figures["workers"] = advice.figures()
     fix_lines = [action, loader_code(kwargs)]
     if not rec:
         fix_lines.append(arithmetic)
@@ -167,11 +193,11 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
             "# or decode on the GPU (NVIDIA DALI); keep num_workers <= free cores",
         ]
     if in_dataset:
-        summary = f"Input-bound ({level}): {who} spends {pct(shown)} of its time in dataset code (num_workers=0)"
+        summary = f"Input-bound ({level}): {who} spends {shown} of its time in dataset code (num_workers=0)"
     else:
-        summary = f"Input-bound ({level}): {who} waits for data {pct(shown)} of the time"
+        summary = f"Input-bound ({level}): {who} waits for data {shown} of the time"
     if severity == "info":
-        summary = f"Host waits for data {pct(shown)} of the time, but the GPUs stay busy"
+        summary = f"Host waits for data {shown} of the time, but the GPUs stay busy"
     phases = [input_phase(r) for r in measured if r.input_fraction >= INPUT_BOUND_MODERATE]
     stuck = next((s for s in (stuck_worker(r) for r in ctx.ranks.values()) if s is not None), None)
     if stuck is None and phases and all(phases) and bench_wait is None:
@@ -194,7 +220,7 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
     if stuck is not None:
         # The wait is the stuck (or dead) worker's, not a lack of throughput: more workers would not help.
         severity = "info"
-        summary = f"{who} waits for data {pct(shown)} of the time because a DataLoader worker is stuck or dead"
+        summary = f"{who} waits for data {shown} of the time because a DataLoader worker is stuck or dead"
         evidence.append(stuck.what)
         fix_lines = [
             "fix the stuck worker first (see the hang finding); more workers would not help",
@@ -214,6 +240,7 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
             fix="\n".join(fix_lines),
             gpus=tuple(sorted({g for r in measured for g in r.gpus})),
             pids=tuple(r.pid for r in measured if r.input_fraction >= INPUT_BOUND_MODERATE),
+            figures=figures,
         )
     ]
 

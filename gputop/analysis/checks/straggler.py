@@ -9,7 +9,6 @@ from gputop.analysis.stack_classes import COLLECTIVE, EXPLICIT_SYNC, FORWARD_BAC
 from gputop.analysis.thresholds import (
     INPUT_BOUND_HIGH,
     INPUT_BOUND_MODERATE,
-    MIN_STACK_SAMPLES,
     STRAGGLER_OTHERS_SYNC_MIN,
 )
 from gputop.model import LABEL_CODE, Finding
@@ -19,7 +18,7 @@ _SYNC_STATES = (COLLECTIVE, FORWARD_BACKWARD, EXPLICIT_SYNC)
 
 
 def check_straggler(ctx: Context, *, exclude: set[int] = frozenset()) -> list[Finding]:
-    ranks = [r for r in ctx.ranks.values() if r.pid not in exclude and r.n >= MIN_STACK_SAMPLES]
+    ranks = [r for r in ctx.ranks.values() if r.pid not in exclude and r.measured]
     if len(ranks) < 2:
         return []
     slow = [r for r in ranks if r.input_fraction >= INPUT_BOUND_HIGH]
@@ -41,7 +40,7 @@ def check_straggler(ctx: Context, *, exclude: set[int] = frozenset()) -> list[Fi
     if other_sample is not None:
         frames += outer_frames(other_sample.frames, 2)
     evidence = [
-        f"{r.label}: waits for data {pct(r.input_fraction)} of {r.n} dumps" for r in slow
+        f"{r.label}: waits for data {r.input_share.text()} of {r.n:,} {r.counts.unit}" for r in slow
     ] + [
         f"the other {len(fast)} ranks: input {pct(mean(r.input_fraction for r in fast) or 0)}, in collective/backward/sync {pct(others_sync)} "
         f"(collective alone {pct(others_coll)})"
@@ -56,7 +55,7 @@ def check_straggler(ctx: Context, *, exclude: set[int] = frozenset()) -> list[Fi
             severity="warning",
             confidence=confidence_from(min(r.n for r in ranks), 15, (worst.input_fraction - INPUT_BOUND_MODERATE) / INPUT_BOUND_HIGH),
             label=LABEL_CODE,
-            summary=f"Straggler: {worst.name} waits for data {pct(worst.input_fraction)} of the time while "
+            summary=f"Straggler: {worst.name} waits for data {worst.input_share.text()} of the time while "
             f"{len(fast)} other ranks wait for it",
             evidence=tuple(evidence),
             frames=frames,

@@ -10,9 +10,8 @@ from typing import Optional, Sequence
 from gputop.analysis.numbers import mean
 from gputop.analysis.observations import Context, RankObs, StackSample, outer_frames
 from gputop.analysis.stack_classes import EXPLICIT_SYNC, SyncPoint, format_frame, read_source_line, short_path, sync_point
-from gputop.analysis.thresholds import BUSY_UTILIZATION, EVIDENCE_RANKS, MIN_STACK_SAMPLES, SYNC_BOUND_FRACTION
+from gputop.analysis.thresholds import BUSY_UTILIZATION, EVIDENCE_RANKS, SYNC_BOUND_FRACTION
 from gputop.model import LABEL_CODE, Finding
-from gputop.units import fraction as pct
 
 # the expression that syncs, as written on the line: `loss.item()`, `out.cpu()`, `acc.tolist()`
 _SYNC_EXPRESSION = re.compile(r"[\w\].\[]*\.(?:item|cpu|tolist|numpy)\(\s*\)|[\w.]*synchronize\(\s*\)")
@@ -41,7 +40,7 @@ def describe_sync(rank: RankObs) -> Optional[tuple[SyncPoint, str]]:
 
 def check_sync_bound(ctx: Context, *, exclude: set[int] = frozenset()) -> list[Finding]:
     """Ranks caught at a host-device sync in a large share of their dumps while the GPUs are not busy."""
-    ranks = [r for r in ctx.ranks.values() if r.pid not in exclude and r.n >= MIN_STACK_SAMPLES]
+    ranks = [r for r in ctx.ranks.values() if r.pid not in exclude and r.measured]
     synced = [r for r in ranks if r.fraction(EXPLICIT_SYNC) >= SYNC_BOUND_FRACTION]
     if not synced:
         return []
@@ -52,7 +51,7 @@ def check_sync_bound(ctx: Context, *, exclude: set[int] = frozenset()) -> list[F
     worst = max(synced, key=lambda r: r.fraction(EXPLICIT_SYNC))
     found = describe_sync(worst)
     share = worst.fraction(EXPLICIT_SYNC)
-    evidence = [f"{r.label}: at a host-device sync in {pct(r.fraction(EXPLICIT_SYNC))} of {r.n} stack dumps" for r in synced[:EVIDENCE_RANKS]]
+    evidence = [f"{r.label}: at a host-device sync in {r.share(EXPLICIT_SYNC).text()} of {r.n:,} {r.counts.unit}" for r in synced[:EVIDENCE_RANKS]]
     if len(synced) > EVIDENCE_RANKS:
         evidence.append(f"… {len(synced) - EVIDENCE_RANKS} more rank(s)")
     if gpu_mean is not None:

@@ -1,0 +1,424 @@
+"""Dense samples of each rank's main thread: `py-spy record`, for the shares the verdicts rest on.
+
+A stack dump every 2 s gives 6 looks at a rank in a 12 s report, and a share of 6 looks moves by 17
+points with each one: the advice built on it jumped between 3 and 25 workers from one report to the
+next (issue 21).  Here each rank has a `py-spy record --idle --nonblocking` of its own, run in stretches
+of `chunk_s` seconds; each stretch's main-thread samples are classified (the same rules as the dumps,
+`gputop.analysis.stack_classes`) and handed over in time order as a `StateSamples`.  The dumps go on as
+before: they carry the frames shown, the workers' stacks and the hang evidence.
+
+``--nonblocking`` never pauses the job.  ``--idle`` keeps the samples of a main thread blocked on the
+workers' queue (without it they are dropped: FACTS.md).  The speedscope format keeps the samples in the
+order they were taken, so start-up can be cut at the sample and the intervals can allow for samples that
+repeat each other.  A stretch ends with SIGINT, on which py-spy writes what it has: a report flushes the
+last stretch at its end instead of waiting for it.
+
+How often: `rate_for` shares a budget of samples a second among the ranks.  The monitor's screen asks
+for BACKGROUND (25 Hz a rank, ~0.5% of a core each); a report and the open findings screen for FOCUSED
+(up to 500 Hz a rank, ~8% of a core each, 2,000 a second in all): benchmarks/bench_state_sampler.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from gputop.analysis.stack_classes import (
+    FORWARD_BACKWARD,
+    INPUT_WAIT_STATES,
+    OPTIMIZER_STEP,
+    classify_thread,
+    read_source_line,
+)
+from gputop.collect.stacks import classify_failure
+from gputop.model import Frame, StateSamples, ThreadStack
+
+
+@dataclass(frozen=True)
+class SamplingBudget:
+    """At most `per_rank_hz` a rank, at most `total_hz` over all ranks, never under MIN_RATE_HZ."""
+
+    per_rank_hz: int
+    total_hz: int
+
+
+# The screen: enough for a share over the last 60 s (1,500 samples a rank) at a cost the monitor can
+# keep up all day.  A report or the findings screen: enough that the advice holds still from one 12 s
+# report to the next (issue 21: measured on a Lightning job, the advised count moved by x1.3 across
+# reports at 100 Hz and by x1.1 at 500 Hz).
+BACKGROUND = SamplingBudget(per_rank_hz=25, total_hz=200)
+FOCUSED = SamplingBudget(per_rank_hz=500, total_hz=2000)
+MIN_RATE_HZ = 10
+CHUNK_S = 5.0  # a stretch: the shares move every 5 s on screen; one py-spy start (~15 ms of CPU) per stretch
+FLUSH_TIMEOUT_S = 3.0  # py-spy writes its file within ~50 ms of SIGINT; then it is killed
+RETRY_AFTER_S = 5.0  # a stretch that failed (the rank exited, permission): wait before the next try
+CLASSIFIED_STACKS = 4096  # distinct stacks whose classification is remembered (a loop has a few dozen)
+
+# A rank has started training once a sample shows it in a step (forward/backward or the optimizer).
+# Waiting for the first batch is not enough: that wait is the workers starting (part of start-up).
+STEP_STATES = (FORWARD_BACKWARD, OPTIMIZER_STEP)
+
+
+def rate_for(ranks: int, budget: SamplingBudget) -> int:
+    """Samples a second for each of `ranks` ranks under `budget`."""
+    return max(MIN_RATE_HZ, min(budget.per_rank_hz, budget.total_hz // max(1, ranks)))
+
+
+# ----------------------------------------------------------------- parsing py-spy's speedscope output
+
+
+def main_thread_profile(data: dict, pid: int) -> Optional[dict]:
+    """The main thread's profile: py-spy names each "Thread TID "NAME"" (--threads); the main thread's TID
+    is the PID on Linux, and Pythons that give no thread names still give that."""
+    profiles = data.get("profiles") or ()
+    for profile in profiles:
+        name = str(profile.get("name") or "")
+        if '"MainThread"' in name:
+            return profile
+    for profile in profiles:
+        if str(profile.get("name") or "").split(" ")[1:2] == [str(pid)]:
+            return profile
+    return None
+
+
+class StateClassifier:
+    """Main-thread state of a sampled stack, remembered per distinct stack (a training loop has a few
+    dozen; classifying each of 500 samples a second anew would cost more than py-spy does)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._known: OrderedDict[tuple, str] = OrderedDict()
+
+    def state(self, frames: tuple[Frame, ...]) -> str:
+        state = self._known.get(frames)
+        if state is None:
+            thread = ThreadStack(thread_id=self.pid, thread_name="MainThread", os_thread_id=self.pid, active=True,
+                                 owns_gil=False, frames=frames)
+            state = classify_thread(thread, lambda f: read_source_line(f.filename, f.line, self.pid))
+            self._known[frames] = state
+            if len(self._known) > CLASSIFIED_STACKS:
+                self._known.popitem(last=False)
+        return state
+
+
+def parse_speedscope(text: str, pid: int, classifier: StateClassifier) -> list[str]:
+    """The main thread's states, one per sample in time order, from py-spy's speedscope JSON.
+
+    Each sample lists frame indices outermost first, behind a "thread (TID): NAME" root that --threads
+    adds; gputop's frames are innermost first."""
+    data = json.loads(text)
+    profile = main_thread_profile(data, pid)
+    if profile is None:
+        return []
+    shared = (data.get("shared") or {}).get("frames") or []
+    frames = [Frame(name=str(f.get("name") or "?"), filename=str(f.get("file") or "?"), line=int(f.get("line") or 0))
+              for f in shared]
+    by_stack: dict[tuple, str] = {}
+    states = []
+    for sample in profile.get("samples") or ():
+        key = tuple(sample)
+        state = by_stack.get(key)
+        if state is None:
+            stack = tuple(frames[i] for i in reversed(key) if 0 <= i < len(frames))
+            stack = tuple(f for f in stack if not f.name.startswith("thread ("))  # --threads' root
+            state = by_stack[key] = classifier.state(stack)
+        states.append(state)
+    return states
+
+
+def run_lengths(states: list[str]) -> tuple[tuple[str, int], ...]:
+    runs: list[list] = []
+    for state in states:
+        if runs and runs[-1][0] == state:
+            runs[-1][1] += 1
+        else:
+            runs.append([state, 1])
+    return tuple((s, n) for s, n in runs)
+
+
+# ----------------------------------------------------------------- recording
+
+
+class _RankRecorder:
+    """One rank's stretches, one after the other, on a thread of its own (it mostly waits on py-spy)."""
+
+    def __init__(self, owner: "StateSampler", pid: int) -> None:
+        self.owner = owner
+        self.pid = pid
+        self.classifier = StateClassifier(pid)
+        self.cut = threading.Event()  # end the current stretch now (a flush, a new rate, closing)
+        self.stopped = False
+        self.running = False  # a stretch is being recorded
+        self.finished = 0  # stretches ended so far (flush() waits for this to move)
+        self.thread = threading.Thread(target=self._loop, name=f"gputop-sampler-{pid}", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stopped and not self.owner.closed:
+            if not self.owner.wanted:
+                self.owner.wake.wait(1.0)
+                continue
+            self.running = True
+            try:
+                stretch = self._stretch()
+                if stretch is not None:
+                    self.owner.deliver(stretch)
+            finally:
+                self.running = False
+                self.owner.stretch_ended(self)
+            if stretch is not None and stretch.error is not None:
+                    self.cut.wait(RETRY_AFTER_S)
+                    self.cut.clear()
+
+    def _stretch(self) -> Optional[StateSamples]:
+        rate = self.owner.rate()
+        fd, out = tempfile.mkstemp(prefix=f"gputop-states-{self.pid}-", suffix=".json", dir=self.owner.tmpdir)
+        os.close(fd)
+        err_path = out + ".err"
+        argv = [
+            self.owner.py_spy, "record", "--pid", str(self.pid), "--idle", "--nonblocking", "--threads",
+            "--format", "speedscope", "--rate", str(rate), "--output", out,
+        ]
+        started = time.time()
+        try:
+            with open(err_path, "wb") as err:
+                try:
+                    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                            env=dict(os.environ, RUST_BACKTRACE="0"))
+                except OSError as exc:
+                    return StateSamples(self.pid, started, time.time(), rate, error=f"cannot run py-spy: {exc.strerror}")
+                cut_short = self.cut.wait(self.owner.chunk_s)
+                self.cut.clear()
+                ended = time.time()
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
+                try:
+                    proc.wait(FLUSH_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            with open(err_path, encoding="utf-8", errors="replace") as f:
+                stderr = f.read()
+            try:
+                with open(out, encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                text = ""
+            if not text.strip():
+                if self.stopped or self.owner.closed or cut_short:
+                    return None  # ended by us before py-spy's first sample (a new rate, a flush): no failure
+                return StateSamples(self.pid, started, ended, rate, error=classify_failure(self.pid, stderr))
+            try:
+                states = parse_speedscope(text, self.pid, self.classifier)
+            except (ValueError, TypeError, KeyError, IndexError) as exc:
+                return StateSamples(self.pid, started, ended, rate, error=f"py-spy output unreadable ({exc})")
+            errors = _error_count(stderr)
+            if not states:
+                return StateSamples(self.pid, started, ended, rate, errors=errors,
+                                    error="py-spy saw no samples of the rank's main thread")
+            return StateSamples(self.pid, max(started, ended - len(states) / rate), ended, rate,
+                                runs=run_lengths(states), errors=errors)
+        finally:
+            for path in (out, err_path):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+
+def _error_count(stderr: str) -> int:
+    for line in stderr.splitlines():
+        if line.strip().startswith("Errors:"):
+            digits = "".join(ch for ch in line if ch.isdigit())
+            return int(digits) if digits else 0
+    return 0
+
+
+class StateSampler:
+    """Densely samples a set of rank PIDs; `take()` hands over the stretches finished since the last call.
+
+    `follow(pids)` sets the ranks (recorders start and stop with them); `wanted` pauses it all (the
+    stacks switch); `focus(True)` raises the rate (a report, the findings screen); `flush()` ends the
+    running stretches now and waits for them, so a report's last seconds are in it."""
+
+    def __init__(self, py_spy: str, *, chunk_s: float = CHUNK_S, on_stretch: Optional[Callable[[StateSamples], None]] = None) -> None:
+        self.py_spy = py_spy
+        self.chunk_s = chunk_s
+        self.on_stretch = on_stretch
+        self.tmpdir = tempfile.mkdtemp(prefix="gputop-states-")
+        self.closed = False
+        self.wanted = True
+        self.focused = False
+        self.wake = threading.Event()
+        self._ended = threading.Condition()
+        self._lock = threading.Lock()
+        self._recorders: dict[int, _RankRecorder] = {}
+        self._done: list[StateSamples] = []
+
+    def rate(self) -> int:
+        return rate_for(len(self._recorders), FOCUSED if self.focused else BACKGROUND)
+
+    def follow(self, pids: list[int]) -> None:
+        if self.closed:
+            return
+        with self._lock:
+            wanted = set(pids)
+            for pid in [p for p in self._recorders if p not in wanted]:
+                recorder = self._recorders.pop(pid)
+                recorder.stopped = True
+                recorder.cut.set()
+            added = [pid for pid in pids if pid not in self._recorders]
+            for pid in added:
+                self._recorders[pid] = _RankRecorder(self, pid)
+        if added and len(self._recorders) > len(added):
+            self._restart()  # more ranks share the budget: the running stretches take the new rate
+
+    def focus(self, focused: bool) -> None:
+        if focused != self.focused:
+            self.focused = focused
+            self._restart()
+
+    def set_wanted(self, wanted: bool) -> None:
+        if wanted != self.wanted:
+            self.wanted = wanted
+            if wanted:
+                self.wake.set()
+            else:
+                self._restart()  # the running stretches end now, not at their natural end
+
+    def _restart(self) -> None:
+        for recorder in list(self._recorders.values()):
+            recorder.cut.set()
+
+    def deliver(self, stretch: StateSamples) -> None:
+        with self._lock:
+            self._done.append(stretch)
+        if self.on_stretch is not None:
+            self.on_stretch(stretch)
+
+    def stretch_ended(self, recorder: _RankRecorder) -> None:
+        with self._ended:
+            recorder.finished += 1
+            self._ended.notify_all()
+
+    def take(self) -> tuple[StateSamples, ...]:
+        with self._lock:
+            done, self._done = self._done, []
+        return tuple(done)
+
+    def flush(self, timeout: float = FLUSH_TIMEOUT_S + 1.0) -> None:
+        """End the running stretches now and wait until each has been handed over (a report's end)."""
+        with self._ended:
+            running = {r: r.finished for r in self._recorders.values() if r.running}
+        for recorder in running:
+            recorder.cut.set()
+        with self._ended:
+            self._ended.wait_for(lambda: all(r.finished > n for r, n in running.items()), timeout)
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake.set()
+        for recorder in list(self._recorders.values()):
+            recorder.stopped = True
+            recorder.cut.set()
+        for recorder in list(self._recorders.values()):
+            recorder.thread.join(FLUSH_TIMEOUT_S + 1.0)
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+# ----------------------------------------------------------------- start-up
+
+
+# A rank never seen in a step after this long of sampling is taken as running whatever it runs (a loop
+# gputop does not recognise, inference): from then on nothing more is left out as start-up.
+STARTUP_GIVE_UP_S = 60.0
+
+
+class StartupWatch:
+    """When each rank's training loop began: its first step seen, in a dense stretch or a dump.
+
+    Before it, the rank is importing, building its model or starting its workers, and its samples are
+    start-up: left out of the shares (a 30 s verdict on a job that spent 10 of them importing torch read
+    "moderately input-bound, 23%" where the job was 60% input-bound)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()  # the stack thread reports dumps, the poll thread stretches and asks
+        self._first_seen: dict[int, float] = {}
+        self._first_input: dict[int, float] = {}
+        self._started: dict[int, float] = {}
+
+    def saw_stretch(self, stretch: StateSamples) -> None:
+        if stretch.error is not None or not stretch.runs:
+            return
+        with self._lock:
+            self._saw_stretch(stretch)
+
+    def _saw_stretch(self, stretch: StateSamples) -> None:
+        self._seen(stretch.pid, stretch.start)
+        if stretch.pid in self._started:
+            return
+        total = sum(n for _, n in stretch.runs)
+        seen = 0
+        for state, n in stretch.runs:
+            at = stretch.end - (total - seen) / stretch.rate
+            if state in STEP_STATES:
+                self._started[stretch.pid] = at
+                return
+            if state in INPUT_WAIT_STATES:
+                self._first_input.setdefault(stretch.pid, at)
+            seen += n
+
+    def saw_dump(self, pid: int, timestamp: float, state: Optional[str]) -> None:
+        if state is None:
+            return
+        with self._lock:
+            self._saw_dump(pid, timestamp, state)
+
+    def _saw_dump(self, pid: int, timestamp: float, state: str) -> None:
+        self._seen(pid, timestamp)
+        if pid in self._started:
+            return
+        if state in STEP_STATES:
+            self._started[pid] = timestamp
+        elif state in INPUT_WAIT_STATES:
+            self._first_input.setdefault(pid, timestamp)
+
+    def _seen(self, pid: int, timestamp: float) -> None:
+        self._first_seen[pid] = min(timestamp, self._first_seen.get(pid, timestamp))
+
+    def status(self, pid: int) -> tuple[bool, Optional[float]]:
+        """(starting up, when its loop began): (True, None) until its first step, then (False, time)."""
+        with self._lock:
+            return self._status(pid)
+
+    def _status(self, pid: int) -> tuple[bool, Optional[float]]:
+        started = self._started.get(pid)
+        if started is not None:
+            return False, started
+        first = self._first_seen.get(pid)
+        if first is None:
+            return True, None
+        if self._clock() - first >= STARTUP_GIVE_UP_S:
+            # no step recognised: count from its first wait for data if it had one, else from now on
+            self._started[pid] = self._first_input.get(pid, self._clock())
+            return False, self._started[pid]
+        return True, None
+
+    def forget_except(self, pids: set[int]) -> None:
+        with self._lock:
+            self._forget_except(pids)
+
+    def _forget_except(self, pids: set[int]) -> None:
+        for table in (self._first_seen, self._first_input, self._started):
+            for pid in [p for p in table if p not in pids]:
+                del table[pid]
