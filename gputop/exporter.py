@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections import Counter, deque
-from dataclasses import dataclass, field, replace
+from collections import Counter
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -32,12 +32,12 @@ from gputop.analysis.stack_classes import (
     FORWARD_BACKWARD,
     IDLE_OTHER,
     IN_DATASET,
-    INPUT_WAIT_STATES,
     OPTIMIZER_STEP,
     WAITING_FOR_DATA,
     WAITING_FOR_RANK0_DATA,
     main_thread,
 )
+from gputop.analysis.observations import collect_rank_observations
 from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S
 from gputop.collect.stack_schedule import main_thread_counters
 from gputop.collect.stacks import error_reason
@@ -155,7 +155,6 @@ class DiscoveredJobs:
 class _RankTrack:
     """What one rank's successive stack dumps say over time."""
 
-    dumps: deque = field(default_factory=deque)  # (dump timestamp, stack class) of distinct dumps
     last_dump: Optional[ProcessStacks] = None
     last_progress: Optional[float] = None
 
@@ -360,7 +359,16 @@ class Exporter:
         )
         wait_ratio = GaugeMetricFamily(
             "gputop_rank_data_wait_ratio",
-            f"share of the rank's main-thread dumps of the last {DATA_WAIT_WINDOW_S:.0f} s that waited for data or loaded it",
+            f"share of the rank's main-thread samples of the last {DATA_WAIT_WINDOW_S:.0f} s that waited for data or loaded it",
+            labels=["job", "rank", "Hostname"],
+        )
+        wait_lower = GaugeMetricFamily(
+            "gputop_rank_data_wait_ratio_lower", "lower end of the data wait share's 95% interval", labels=["job", "rank", "Hostname"])
+        wait_upper = GaugeMetricFamily(
+            "gputop_rank_data_wait_ratio_upper", "upper end of the data wait share's 95% interval", labels=["job", "rank", "Hostname"])
+        wait_samples = GaugeMetricFamily(
+            "gputop_rank_state_samples",
+            f"main-thread samples the rank's shares of the last {DATA_WAIT_WINDOW_S:.0f} s rest on (start-up left out)",
             labels=["job", "rank", "Hostname"],
         )
         workers = GaugeMetricFamily("gputop_dataloader_workers", "live DataLoader worker processes of the rank", labels=["job", "rank", "Hostname"])
@@ -385,6 +393,8 @@ class Exporter:
             history = self._history(job)
             history.append(replace(snap, job=tree))
             findings = self._diagnose(history)
+            # the shares as the diagnosis takes them: dense samples (or dumps), start-up left out, last minute
+            observed = collect_rank_observations(history.window(DATA_WAIT_WINDOW_S), snap.timestamp - DATA_WAIT_WINDOW_S)
             hung = {pid for f in findings if f.id == "hang" for pid in f.pids}
             world = max((r.world_size for r in tree.ranks if r.world_size), default=len(tree.ranks))
             job_info.add_metric([], {
@@ -410,13 +420,16 @@ class Exporter:
                         "UUID": gpu.uuid if gpu is not None else "",
                         "Hostname": h,
                     })
-                track = self._track(job, rank, tree.stacks.get(pid), snap.timestamp, pid in hung)
+                track = self._track(job, rank, tree.stacks.get(pid), pid in hung)
                 current = "hung" if pid in hung else STATE_OF_CLASS.get(rank.main_thread_state or "")
                 for name in RANK_STATES:
                     state.add_metric([job, label, name, h], 1.0 if name == current else 0.0)
-                if track.dumps:
-                    waits = sum(1 for _t, cls in track.dumps if cls in INPUT_WAIT_STATES)
-                    wait_ratio.add_metric([job, label, h], waits / len(track.dumps))
+                obs = observed.get(pid)
+                if obs is not None and obs.n:
+                    share = obs.input_share
+                    for family, value in ((wait_ratio, share.point), (wait_lower, share.low), (wait_upper, share.high),
+                                          (wait_samples, float(share.n))):
+                        family.add_metric([job, label, h], value)
                 if track.last_progress is not None:
                     progress.add_metric([job, label, h], track.last_progress)
                 workers.add_metric([job, label, h], sum(1 for w in rank.workers if not w.exited))
@@ -428,7 +441,7 @@ class Exporter:
             history.append(replace(snap, job=None))
             self._add_findings(finding, verdict, job, self._diagnose(history))
         self._forget(live_jobs, live_ranks, live_pids)
-        return [job_info, rank_info, state, wait_ratio, workers, progress, finding, verdict]
+        return [job_info, rank_info, state, wait_ratio, wait_lower, wait_upper, wait_samples, workers, progress, finding, verdict]
 
     def _history(self, job: str) -> History:
         history = self._histories.get(job)
@@ -436,7 +449,7 @@ class Exporter:
             history = self._histories[job] = History(self.pipeline.machine, capacity=self._capacity)
         return history
 
-    def _track(self, job: str, rank: Rank, stacks: Optional[ProcessStacks], now: float, hung: bool) -> _RankTrack:
+    def _track(self, job: str, rank: Rank, stacks: Optional[ProcessStacks], hung: bool) -> _RankTrack:
         """Fold the rank's newest dump (and the collector's class of it) into its window and its last progress."""
         key = (job, rank.proc.pid)
         track = self._ranks.get(key)
@@ -447,13 +460,10 @@ class Exporter:
             and (track.last_dump is None or stacks.timestamp > track.last_dump.timestamp)
         )
         if fresh:
-            track.dumps.append((stacks.timestamp, rank.main_thread_state))
             moved = track.last_dump is not None and _main_thread_moved(track.last_dump, stacks, rank.proc.cpu_percent)
             if track.last_dump is None or (moved and not hung):
                 track.last_progress = stacks.timestamp
             track.last_dump = stacks
-        while track.dumps and track.dumps[0][0] < now - DATA_WAIT_WINDOW_S:
-            track.dumps.popleft()
         return track
 
     def _add_findings(self, finding: GaugeMetricFamily, verdict: GaugeMetricFamily, job: str, findings: list[Finding]) -> None:

@@ -6,6 +6,7 @@ follow, not by attributes a consumer probes for:
 
     Source      .machine, .poll() -> Snapshot, .close()          every source
     Attachable  .attach(pid), .want_stacks(wanted)               the live pipeline (follow a job)
+    Focusable   .focus_sampling(focused)                         the live pipeline (denser samples for a while)
     Seekable    .pause() .resume() .seek(t) .set_speed(x), .position .duration .speed .paused,
                 .generation, .drain(), .history_until()          a recording being replayed
 
@@ -43,6 +44,14 @@ class Attachable(Protocol):
 
     def want_stacks(self, wanted: bool) -> None:
         """Dump the job's stacks only while someone shows or keeps them (py-spy costs the job a little)."""
+
+
+@runtime_checkable
+class Focusable(Protocol):
+    """A live source whose sampling of the job can be made denser for a while."""
+
+    def focus_sampling(self, focused: bool) -> None:
+        """Sample the ranks' main threads densely while someone reads the shares closely (the findings screen)."""
 
 
 @runtime_checkable

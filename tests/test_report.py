@@ -137,7 +137,7 @@ def test_markdown_has_every_section_and_the_verdict(starved):
     assert "| Command | `gputop report --pid 1000` |" in md
     assert "GPU0   X       NV18" in md  # the topology matrix, in a code block
     # job tree: ranks -> GPUs with their input wait
-    assert re.search(r"\| 0 \| 0 \| 1000 \| 0 \| — \| .* \| 80% of 51 \|", md)
+    assert re.search(r"\| 0 \| 0 \| 1000 \| 0 \| — \| .* \| 80% \(68–89%\) of 51 \|", md)
     # top aggregated stacks: the waiting stack with its share
     assert "dumps (80%), waiting for data" in md
     assert "_BaseDataLoaderIter.__next__ (torch/utils/data/dataloader.py:701)" in md

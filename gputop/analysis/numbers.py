@@ -80,6 +80,11 @@ class Share:
             return point
         return f"{point} ({low.rstrip('%') if low[0].isdigit() else low}–{high})"
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Share":
+        return cls(float(data["share"]), float(data["low"]), float(data["high"]), int(data["samples"]), int(data["of"]),
+                   float(data.get("effective_samples") or data["of"]), str(data.get("source") or ""))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "share": round(self.point, 4),

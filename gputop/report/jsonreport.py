@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 from gputop import __version__, gpu_fields
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.numbers import mean, percentile
-from gputop.analysis.observations import collect_rank_observations
+from gputop.analysis.observations import RankObs, collect_rank_observations
 from gputop.analysis.stack_classes import aggregate_worker_leaves, format_frame
 from gputop.history import History
 from gputop.model import Finding, GpuSample, Snapshot, to_jsonable
@@ -118,8 +118,8 @@ def _job(snaps: Sequence[Snapshot]) -> Optional[dict[str, Any]]:
                 "gpu_mapping": r.gpu_mapping,  # "nvml" | "nspid" | "inferred" (see model.Rank)
                 "cuda_visible_devices": r.cuda_visible_devices,
                 "main_thread_state": r.main_thread_state,
-                "state_fractions": {k: round(v / o.n, 3) for k, v in o.states.most_common()} if o and o.n else {},
-                "stack_dumps": o.n if o else 0,
+                **_rank_shares(o),
+                "stack_dumps": len([s for s in o.samples if s.state]) if o else 0,
                 "cpu_percent": r.proc.cpu_percent,
                 "rss": r.proc.rss,
                 "process_state": r.proc.state,
@@ -138,6 +138,22 @@ def _job(snaps: Sequence[Snapshot]) -> Optional[dict[str, Any]]:
         "exited": job.exited,
         "warnings": list(job.warnings),
         "stacks_error": job.stacks_error,
+    }
+
+
+def _rank_shares(o: Optional[RankObs]) -> dict[str, Any]:
+    """The rank's shares, each with its interval and sample count, and where the samples came from."""
+    if o is None:
+        return {"shares": {}, "input_share": None, "samples": 0, "sampling": None, "startup_left_out": 0,
+                "starting_up": False}
+    counts = o.counts
+    return {
+        "shares": {state: o.share(state).to_dict() for state, _n in counts.counts.most_common()},
+        "input_share": o.input_share.to_dict() if counts.n else None,  # waiting for data + in dataset code
+        "samples": counts.n,
+        "sampling": counts.source if counts.n else None,
+        "startup_left_out": counts.startup_left_out,
+        "starting_up": o.starting_up,
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from gputop import gpu_fields, units
+from gputop.analysis.numbers import Share
 from gputop.history import History
 from gputop.model import Finding, Topology, from_jsonable
 from gputop.report.jsonreport import report_data
@@ -220,6 +221,11 @@ def _host(data: dict[str, Any]) -> list[str]:
     return ["## Host", ""] + _table(["", ""], rows)
 
 
+def _share_cell(share: dict[str, Any], samples: int) -> str:
+    """"62% (58–66%) of 6,000": a share from the report JSON with its interval and sample count."""
+    return f"{Share.from_dict(share).text()} of {samples:,}"
+
+
 def _job(data: dict[str, Any]) -> list[str]:
     job = data["job"]
     out = ["## Job", ""]
@@ -230,8 +236,7 @@ def _job(data: dict[str, Any]) -> list[str]:
         out += _fence(" ".join(job["launcher"]["cmdline"]) or job["launcher"]["name"], "sh")
     rows = []
     for r in job["ranks"]:
-        fr = r["state_fractions"]
-        wait = fr.get("waiting for data", 0.0) + fr.get("in dataset code", 0.0)
+        wait = r["input_share"]
         rows.append(
             [
                 r["rank"],
@@ -240,14 +245,14 @@ def _job(data: dict[str, Any]) -> list[str]:
                 ", ".join(map(str, r["gpus"])) or None,
                 r["cuda_visible_devices"],
                 r["main_thread_state"],
-                f"{100 * wait:.0f}% of {r['stack_dumps']}" if r["stack_dumps"] else None,
+                _share_cell(wait, r["samples"]) if wait else ("starting up" if r["starting_up"] else None),
                 units.percent(r["cpu_percent"], None),
                 units.gib(r["rss"], None),
                 len(r["workers"]),
                 "exited" if r["exited"] else r["process_state"],
             ]
         )
-    out += _table(["Rank", "Local", "PID", "GPUs", "CUDA_VISIBLE_DEVICES", "Main thread (latest)", "Input wait (dumps)", "CPU", "RSS", "Workers", "State"], rows)
+    out += _table(["Rank", "Local", "PID", "GPUs", "CUDA_VISIBLE_DEVICES", "Main thread (latest)", "Input wait (95% interval) of samples", "CPU", "RSS", "Workers", "State"], rows)
     if job["ranks"]:
         out += ["Rank command line:", ""] + _fence(" ".join(job["ranks"][0]["cmdline"]), "sh")
     if job["warnings"]:

@@ -30,7 +30,7 @@ from gputop import units
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, Snapshot
-from gputop.source import Attachable, Batch, PollLoop, Seekable, Source
+from gputop.source import Attachable, Batch, Focusable, PollLoop, Seekable, Source
 from gputop.tui import partial_updates
 from gputop.tui.look import key_display
 from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
@@ -511,6 +511,9 @@ class GputopApp(App):
             return  # shutting down
         self.verdict = message.verdict
         self._verdict_drawn = False
+        screens = sys.modules.get("gputop.tui.screens")  # loaded once a dialog was opened; not before (start-up)
+        if screens is not None and isinstance(self.screen, screens.FindingsScreen) and message.verdict.findings is not None:
+            self.screen.show(message.verdict.findings, message.verdict.line)  # it follows the diagnosis while open
         if not self.paused and self.interval < DIAGNOSE_EVERY and self._main_visible():
             # Drawn with the next snapshot's frame (`_render_all`): a frame of its own would cost Textual a
             # pass over the whole screen every DIAGNOSE_EVERY seconds.  The timer draws it if none comes.
@@ -582,7 +585,13 @@ class GputopApp(App):
 
         if not isinstance(self.screen, FindingsScreen):
             verdict = self.verdict
-            self.push_screen(FindingsScreen(verdict.findings if verdict else None, verdict.line if verdict else ""))
+            self._focus_sampling(True)  # the shares the screen shows are read closely: sample densely meanwhile
+            self.push_screen(FindingsScreen(verdict.findings if verdict else None, verdict.line if verdict else ""),
+                             callback=lambda _result: self._focus_sampling(False))
+
+    def _focus_sampling(self, focused: bool) -> None:
+        if isinstance(self.source, Focusable):
+            self.source.focus_sampling(focused)
 
     def action_screenshot(self) -> None:
         directory = self.screenshot_dir or os.getcwd()

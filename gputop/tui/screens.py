@@ -291,10 +291,20 @@ class FindingsScreen(_Modal):
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="dialog", id="findings"):
             yield Static(Text("Findings: is it your code or the machine?", style="bold"))
-            if not self.findings:
-                yield Static(Text(self.note or "No diagnosis yet: it runs every few seconds.", style="dim"))
-            for finding in self.findings or ():
-                yield Static(finding_text(finding))
+            yield from self._finding_widgets()
+
+    def _finding_widgets(self) -> list[Static]:
+        if not self.findings:
+            return [Static(Text(self.note or "No diagnosis yet: it runs every few seconds.", style="dim"), classes="finding")]
+        return [Static(finding_text(finding), classes="finding") for finding in self.findings]
+
+    def show(self, findings: Sequence[Finding], note: str = "") -> None:
+        """The latest diagnosis, in place of the one shown (the screen follows it while open)."""
+        self.findings, self.note = findings, note
+        scroll = self.query_one("#findings", VerticalScroll)
+        for widget in scroll.query(".finding"):
+            widget.remove()
+        scroll.mount(*self._finding_widgets())
 
 
 def finding_text(finding: Finding) -> Text:
