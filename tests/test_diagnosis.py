@@ -718,7 +718,7 @@ def test_worker_advice_follows_the_loader_arithmetic():
     # no GPU data: 80% (74–85%) of 240 dumps in dataset code with num_workers=0 → prep/step = 0.8/0.2 = 4,
     # ×1.25 → 5; at the interval's ends 0.74/0.26 × 1.25 → 4 and 0.85/0.15 × 1.25 → 7
     top = diagnose(build(starved(0, gpu_error=NO_DRIVER)))[0]
-    assert "raise num_workers ≈ 5 (4–7)" in top.fix and "num_workers=5" in top.fix
+    assert top.fix.startswith("raise num_workers ≈ 5 (4–7)") and "num_workers=5" in top.fix
     assert "f ÷ (1 − f) × 1.25 → 5 (4–7), f = the 80% (74–85%) input share of 240 stack dumps" in top.fix
     assert top.figures["workers"] == {"num_workers": 5, "estimate": 5, "low": 4, "high": 7, "one_sided": False, "cap": 8,
                                       "capped": False, "bound": "cpu", "source": "estimate from the shares"}

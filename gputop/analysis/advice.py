@@ -44,11 +44,13 @@ class WorkerAdvice:
             return f"≈ {self.needed}"
         return f"≈ {self.needed} ({self.low}–{self.high})"
 
-    def text(self) -> str:
-        """"num_workers ≈ 12 (9–16)"; "num_workers: at least 9 (… `b` measures it)"."""
+    def action(self) -> str:
+        """The fix's first line: "raise num_workers ≈ 12 (9–16)", "raise num_workers to at least 9 (…)", or the cap."""
+        if self.capped:
+            return f"raise num_workers to {self.workers}, the cap (the arithmetic asks {self.range_text()})"
         if self.one_sided:
-            return f"num_workers: at least {self.low} (the step was hardly ever caught; `b` measures it)"
-        return f"num_workers {self.range_text()}"
+            return f"raise num_workers to at least {self.low} (the step was hardly ever caught; `b` measures it)"
+        return f"raise num_workers {self.range_text()}"
 
     def figures(self) -> dict[str, Any]:
         return {
@@ -142,7 +144,7 @@ def suggested_workers(
         share = gpu_idle
         source = f"the GPUs' {share.text()} idle share"
     needed = workers_for(share.point, current)
-    low = workers_for(share.low, current) or MAX_IO_WORKERS
+    low = min(workers_for(share.low, current) or MAX_IO_WORKERS, MAX_IO_WORKERS)  # "at least 32": beyond any advice
     high = workers_for(share.high, current)
     if high is not None and high > MAX_IO_WORKERS:
         high = None  # beyond anything advised: say "at least"

@@ -50,6 +50,7 @@ from gputop.model import (
     Rank,
     RemappedRows,
     Snapshot,
+    StateSamples,
     ThreadProgress,
     ThreadStack,
     Topology,
@@ -195,6 +196,9 @@ class RankSpec:
     exited: Callable[[float], bool] = lambda t: False
     progress: Optional[Callable[[float], ProcessProgress]] = None  # counters beside each main dump
     worker_progress: Optional[Callable[[float, int], ProcessProgress]] = None  # ... beside each worker dump
+    # dense samples (py-spy record): the runs of the stretch ending at t, one stretch every DENSE_EVERY_S
+    dense: Optional[Callable[[float], Sequence[tuple[str, int]]]] = None
+    loop_at: Optional[float] = None  # the first training step's t: before it the rank is starting up
 
 
 @dataclass
@@ -247,6 +251,23 @@ def _gpu(index: int, t: float, sc: Scenario, pids: Sequence[int]) -> GpuSample:
     return GpuSample(**base)
 
 
+DENSE_EVERY_S = 5.0
+
+
+def _dense_stretches(sc: Scenario, t: float) -> tuple[StateSamples, ...]:
+    if t <= 0 or t % DENSE_EVERY_S:
+        return ()
+    out = []
+    for spec in sc.ranks:
+        if spec.dense is None:
+            continue
+        runs = tuple(spec.dense(t))
+        total = sum(n for _, n in runs)
+        rate = total / DENSE_EVERY_S
+        out.append(StateSamples(spec.pid, T0 + t - DENSE_EVERY_S, T0 + t, rate, runs=runs))
+    return tuple(out)
+
+
 def build(sc: Scenario) -> History:
     hist = History(machine(sc.gpu_count, sc.cores, sc.gpu_error), capacity=100_000)
     n = int(round(sc.seconds / sc.interval)) + 1
@@ -290,11 +311,14 @@ def build(sc: Scenario) -> History:
                     gpus=spec.gpus,
                     workers=tuple(workers),
                     main_thread_state=state,
+                    starting_up=spec.loop_at is not None and t < spec.loop_at,
+                    loop_started=T0 + spec.loop_at if spec.loop_at is not None and t >= spec.loop_at else None,
                 )
             )
         job = (
             JobTree(root_pid=100, launcher=ProcInfo(100, 1, "torchrun", ("torchrun", "--nproc_per_node=8", "train.py")), ranks=tuple(ranks), warnings=sc.warnings, stacks=stacks,
-                    misplacements=sc.misplacements, cpu_limit=sc.cpu_limit, memory_limit=sc.memory_limit)
+                    misplacements=sc.misplacements, cpu_limit=sc.cpu_limit, memory_limit=sc.memory_limit,
+                    state_samples=_dense_stretches(sc, t))
             if sc.attach and sc.ranks
             else None
         )

@@ -173,9 +173,7 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
         advice = suggested_workers(ctx, measured or ranks, job_share, gpu_idle_share(ctx))
         arithmetic = advice.arithmetic
         kwargs = {"num_workers": advice.workers, "prefetch_factor": 4, "pin_memory": True, "persistent_workers": True}
-        action = f"raise {advice.text()}, prefetch, pin memory"
-        if advice.capped:
-            action = f"raise num_workers to {advice.workers}, the cap (the arithmetic asks {advice.range_text()}), prefetch, pin memory"
+        action = f"{advice.action()}, prefetch, pin memory"
         if advice.capped and advice.bound == "cpu":
             action += "; make each sample cheaper too (the cores cap the workers)"
         figures["workers"] = advice.figures()

@@ -1,0 +1,281 @@
+"""Shares with their intervals, the dense samples they are counted from, start-up left out, and the advice's
+range (issue 21).  Pure functions over hand-built samples; the real py-spy runs are in
+tests/test_state_sampler_jobs.py and tests/test_numbers_hold_still.py."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from gputop.analysis.advice import workers_for
+from gputop.analysis.numbers import Share, effective_samples, mean_share, measured_share, share_of, wilson_interval
+from gputop.analysis.observations import RankObs, dense_counts, pooled_counts
+from gputop.analysis.stack_classes import FORWARD_BACKWARD, IDLE_OTHER, IN_DATASET, OPTIMIZER_STEP, WAITING_FOR_DATA
+from gputop.collect.state_sampler import (
+    BACKGROUND,
+    FOCUSED,
+    MIN_RATE_HZ,
+    STARTUP_GIVE_UP_S,
+    StartupWatch,
+    StateClassifier,
+    parse_speedscope,
+    rate_for,
+    run_lengths,
+)
+from gputop.analysis.diagnosis import diagnose
+from gputop.model import StateSamples
+from gputop.report.jsonreport import report_data
+from tests.harness.histories import RankSpec, Scenario, build, cycle, progress_of
+
+NO_DRIVER = "no NVIDIA driver found (libnvidia-ml.so.1 not loadable)"
+
+DATASET = {"name": "Samples.__getitem__", "file": "/job/train.py", "line": 40}
+FETCH = {"name": "_MapDatasetFetcher.fetch", "file": "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py", "line": 52}
+NEXT = {"name": "_BaseDataLoaderIter.__next__", "file": "/usr/lib/python3.11/site-packages/torch/utils/data/dataloader.py", "line": 733}
+CALL = {"name": "Module._call_impl", "file": "/usr/lib/python3.11/site-packages/torch/nn/modules/module.py", "line": 1750}
+MAIN = {"name": "<module>", "file": "/job/train.py", "line": 90}
+BUILD = {"name": "build_model", "file": "/job/train.py", "line": 12}
+
+
+def speedscope(profile_name: str, stacks: list[list[dict]]) -> str:
+    """py-spy's speedscope JSON: shared frames, one sampled profile, each sample outermost first behind the
+    "thread (TID): NAME" root that --threads adds."""
+    frames: list[dict] = []
+
+    def index(frame: dict) -> int:
+        if frame not in frames:
+            frames.append(frame)
+        return frames.index(frame)
+
+    root = {"name": "thread (4242): MainThread", "file": "", "line": 0}
+    samples = [[index(root)] + [index(f) for f in stack] for stack in stacks]
+    return json.dumps({
+        "$schema": "https://www.speedscope.app/file-format-schema.json",
+        "shared": {"frames": frames},
+        "profiles": [{"type": "sampled", "name": profile_name, "unit": "seconds", "startValue": 0.0,
+                      "endValue": len(samples) / 100, "samples": samples, "weights": [0.01] * len(samples)}],
+    })
+
+
+def stretch(runs, end=100.0, rate=100.0, pid=4242) -> StateSamples:
+    total = sum(n for _, n in runs)
+    return StateSamples(pid, end - total / rate, end, rate, runs=tuple(runs))
+
+
+# ---------------------------------------------------------------- parsing py-spy's samples
+
+
+def test_speedscope_samples_become_the_main_threads_states_in_order():
+    text = speedscope('Thread 4242 "MainThread"', [
+        [MAIN, BUILD],  # start-up: building the model
+        [MAIN, NEXT, FETCH, DATASET],  # num_workers=0: the rank runs the dataset itself
+        [MAIN, NEXT, FETCH, DATASET],
+        [MAIN, CALL],  # the step
+    ])
+    states = parse_speedscope(text, 4242, StateClassifier(4242))
+    assert states == [IDLE_OTHER, IN_DATASET, IN_DATASET, FORWARD_BACKWARD]
+    assert run_lengths(states) == ((IDLE_OTHER, 1), (IN_DATASET, 2), (FORWARD_BACKWARD, 1))
+
+
+def test_a_python_without_thread_names_is_found_by_its_tid():
+    # 3.10 targets: py-spy names the thread by its id only; the main thread's TID is the PID
+    text = speedscope("Thread 4242", [[MAIN, NEXT]])
+    assert parse_speedscope(text, 4242, StateClassifier(4242)) == [WAITING_FOR_DATA]
+    assert parse_speedscope(speedscope("Thread 777", [[MAIN, NEXT]]), 4242, StateClassifier(4242)) == []
+
+
+def test_the_sampling_budget_is_shared_among_the_ranks():
+    assert rate_for(1, FOCUSED) == 500 and rate_for(8, FOCUSED) == 250 and rate_for(1000, FOCUSED) == MIN_RATE_HZ
+    assert rate_for(1, BACKGROUND) == 25 and rate_for(16, BACKGROUND) == 12
+
+
+# ---------------------------------------------------------------- intervals
+
+
+def test_wilson_interval_matches_the_textbook_values():
+    # Wilson 95% for 8/10: 0.490-0.943 (Newcombe 1998, table I); 0/10: 0-0.278
+    low, high = wilson_interval(0.8, 10)
+    assert (round(low, 3), round(high, 3)) == (0.490, 0.943)
+    low, high = wilson_interval(0.0, 10)
+    assert low == 0.0 and round(high, 3) == 0.278
+
+
+def test_samples_that_repeat_each_other_count_for_less():
+    # 6,000 samples in runs of ~43 (a rank waiting 80 ms at a time, sampled at 500 Hz): ~280 switches
+    assert 1000 < effective_samples(5550, 6000, 280) < 1400
+    # independent samples switch ~2p(1-p)n times: worth all of them
+    assert effective_samples(5550, 6000, 832) == pytest.approx(6000, rel=0.01)
+    # dumps seconds apart (order unknown): independent
+    assert effective_samples(5550, 6000, None) == 6000
+    wide, narrow = share_of(5550, 6000, 280), share_of(5550, 6000, None)
+    assert wide.low < narrow.low < 0.925 < narrow.high < wide.high
+
+
+def test_the_interval_covers_the_true_share_of_a_markov_source_about_95_percent_of_the_time():
+    # a two-state chain that stays in its state 95% of the time, true share 0.7: the autocorrelation-aware
+    # interval should cover 0.7 in ~95% of 400 runs of 2,000 samples; the naive one far less
+    rng = random.Random(7)
+    stay = 0.95
+    leave_in, leave_out = (1 - stay), (1 - stay) * 0.7 / 0.3  # stationary share 0.7
+    covered = naive = 0
+    for _ in range(400):
+        inside = rng.random() < 0.7
+        states = []
+        for _ in range(2000):
+            states.append(WAITING_FOR_DATA if inside else FORWARD_BACKWARD)
+            if rng.random() < (leave_in if inside else leave_out):
+                inside = not inside
+        counts = dense_counts([stretch(run_lengths(states), rate=500.0)], None, None, False)
+        s = counts.share(WAITING_FOR_DATA)
+        covered += s.low <= 0.7 <= s.high
+        n = share_of(s.hits, s.n)
+        naive += n.low <= 0.7 <= n.high
+    assert covered >= 0.9 * 400, covered
+    assert naive < 0.6 * 400, naive
+
+
+def test_share_text_and_round_trip():
+    s = share_of(62, 100)
+    assert s.text() == "62% (52–71%)"
+    assert Share.from_dict(json.loads(json.dumps(s.to_dict()))).text() == s.text()
+    assert measured_share(0.5, 56, "timed batches").text() == "50%"
+    assert share_of(0, 200).text() == "0% (0–2%)"
+    gpu = mean_share([0.8, 0.9, 0.85, 0.85], "NVML")
+    assert gpu is not None and gpu.low < 0.85 < gpu.high and mean_share([], "NVML") is None
+
+
+# ---------------------------------------------------------------- dense counts, windows and start-up
+
+
+def test_dense_counts_leave_out_start_up_and_what_is_before_the_window():
+    s = stretch([(IDLE_OTHER, 50), (FORWARD_BACKWARD, 10), (IN_DATASET, 40)], end=10.0, rate=10.0)  # t = 0..9.9
+    everything = dense_counts([s], None, None, False)
+    assert everything.n == 100 and everything.startup_left_out == 0
+    loop = dense_counts([s], None, 5.0, False)  # the first step at t=5
+    assert loop.n == 50 and loop.startup_left_out == 50 and loop.counts[IDLE_OTHER] == 0
+    window = dense_counts([s], 7.0, 5.0, False)  # the window starts after the loop did: nothing is start-up
+    assert window.n == 30 and window.startup_left_out == 0 and dict(window.counts) == {IN_DATASET: 30}
+    starting = dense_counts([s], None, None, True)
+    assert starting.n == 0 and starting.startup_left_out == 100
+
+
+def test_a_rank_still_starting_up_is_not_measured_and_its_dumps_are_left_out_too():
+    rank = RankObs(pid=1, starting_up=True, stretches=[stretch([(IN_DATASET, 900)])])
+    assert not rank.measured and rank.counts.startup_left_out == 900
+    rank = RankObs(pid=1, stretches=[stretch([(IN_DATASET, 900), (FORWARD_BACKWARD, 100)])], loop_started=None)
+    assert rank.measured and rank.input_share.point == 0.9 and rank.counts.source == "py-spy record at 100 Hz"
+
+
+def test_pooled_counts_add_the_ranks_samples():
+    a = RankObs(pid=1, stretches=[stretch([(IN_DATASET, 800), (FORWARD_BACKWARD, 200)], pid=1)])
+    b = RankObs(pid=2, stretches=[stretch([(IN_DATASET, 600), (FORWARD_BACKWARD, 400)], pid=2)])
+    pooled = pooled_counts([a, b])
+    assert pooled.n == 2000 and pooled.share(IN_DATASET).point == 0.7 and pooled.source == "py-spy record at 100 Hz"
+
+
+def test_the_loop_starts_at_the_first_step_not_the_first_wait_for_data():
+    clock = [0.0]
+    watch = StartupWatch(clock=lambda: clock[0])
+    # importing, then waiting for the first batch (the workers start): still start-up
+    watch.saw_stretch(stretch([(IDLE_OTHER, 300), (WAITING_FOR_DATA, 200)], end=5.0))
+    assert watch.status(4242) == (True, None)
+    # the first optimizer step at t=5 + 1.0 s
+    watch.saw_stretch(stretch([(WAITING_FOR_DATA, 100), (OPTIMIZER_STEP, 5), (IN_DATASET, 395)], end=10.0))
+    assert watch.status(4242) == (False, pytest.approx(6.0))
+    # a dump can say so first
+    watch.saw_dump(7, 3.0, FORWARD_BACKWARD)
+    assert watch.status(7) == (False, 3.0)
+
+
+def test_a_loop_never_recognised_stops_counting_as_start_up_after_a_minute():
+    clock = [0.0]
+    watch = StartupWatch(clock=lambda: clock[0])
+    watch.saw_dump(9, 0.0, IDLE_OTHER)
+    watch.saw_dump(9, 2.0, WAITING_FOR_DATA)
+    assert watch.status(9) == (True, None)
+    clock[0] = STARTUP_GIVE_UP_S + 1
+    assert watch.status(9) == (False, 2.0)  # from its first wait for data on
+
+
+# ---------------------------------------------------------------- the advice's range
+
+
+@pytest.mark.parametrize("share,current,expected", [
+    (0.8, 0, 5),  # 0.8 / 0.2 × 1.25 = 5
+    (0.5, 0, 2),  # 1 × 1.25 → 2
+    (0.8, 2, 13),  # 2 / 0.2 × 1.25 = 12.5 → 13
+    (0.995, 0, None),  # the step share under 1%: nothing to divide by
+])
+def test_workers_for_follows_the_loader_arithmetic(share, current, expected):
+    assert workers_for(share, current) == expected
+
+
+# ---------------------------------------------------------------- in the diagnosis
+
+
+def by_id(findings, finding_id):
+    return next(f for f in findings if f.id == finding_id)
+
+
+def _dense_job(runs, *, loop_at=None, seconds=59.0, gpu_error=NO_DRIVER, ranks=2):
+    # the dumps alternate (a live loop, not a hang); the shares come from the dense samples alone
+    specs = [RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=cycle([IN_DATASET, FORWARD_BACKWARD]),
+                      dense=runs if callable(runs) else (lambda t: runs), cpu=lambda t: 5.0, loop_at=loop_at,
+                      progress=lambda t, pid=1000 + i: progress_of(pid, t, switches_per_s=20.0, cpu_share=0.3))
+             for i in range(ranks)]
+    return build(Scenario(seconds=seconds, gpu_error=gpu_error, ranks=specs))
+
+
+def test_the_step_hardly_ever_caught_gives_a_one_sided_count():
+    # 15 s of one rank in dataset code 95% of the time, the step caught in 4 long runs: the interval on the
+    # step share reaches under 1.5%, where the count passes anything advised (32): only its lower end holds
+    f = by_id(diagnose(_dense_job([(IN_DATASET, 475), (FORWARD_BACKWARD, 25)] * 2, gpu_error=None, seconds=15.0,
+                                  ranks=1)), "starvation")
+    workers = f.figures["workers"]
+    assert workers["one_sided"] and workers["high"] is None and workers["estimate"] is None and not workers["capped"]
+    assert workers["num_workers"] == workers["low"] == 8
+    assert f.fix.startswith("raise num_workers to at least 8 (the step was hardly ever caught; `b` measures it)")
+    assert "num_workers=8" in f.fix  # the code says the lower bound
+    assert f.figures["input_share"]["of"] == 3 * 1000  # 3 stretches in 15 s
+
+
+def test_every_share_in_the_finding_and_the_report_carries_its_interval():
+    hist = _dense_job([(IN_DATASET, 70), (FORWARD_BACKWARD, 30)] * 10)
+    f = by_id(diagnose(hist), "starvation")
+    share = f.figures["input_share"]
+    assert share["share"] == 0.7 and share["low"] < 0.7 < share["high"] and share["of"] == 22_000
+    assert share["source"] == "py-spy record at 200 Hz"
+    assert "70% (" in f.summary and "over the last 60 s" in "\n".join(f.evidence)
+    workers = f.figures["workers"]  # 0.7 / 0.3 × 1.25 = 2.9 → 3, at both ends of the interval too
+    assert not workers["one_sided"] and workers["low"] <= workers["estimate"] <= workers["high"]
+    data = report_data(hist, diagnose(hist, window=None))
+    for rank in data["job"]["ranks"]:
+        assert rank["samples"] == 11 * 1000 and rank["sampling"] == "py-spy record at 200 Hz"
+        for state, s in rank["shares"].items():
+            assert {"share", "low", "high", "samples", "of", "effective_samples", "confidence"} <= set(s), state
+            assert s["low"] <= s["share"] <= s["high"] and s["of"] == rank["samples"]
+
+
+def test_start_up_does_not_dilute_the_first_verdict():
+    # 20 s of start-up (imports, model build: idle/other), then the loop waits for data 60% of the time;
+    # at 30 s the verdict must already say "highly" with the loop's share, not one diluted by start-up
+    def runs(t):
+        return [(IDLE_OTHER, 1000)] if t <= 20 else [(IN_DATASET, 60), (FORWARD_BACKWARD, 40)] * 10
+
+    def share_at(seconds):
+        hist = _dense_job(runs, loop_at=20.0, seconds=seconds)
+        return by_id(diagnose(hist), "starvation")
+
+    early, late = share_at(30.0), share_at(120.0)
+    assert "highly" in early.summary and "highly" in late.summary
+    assert abs(early.figures["input_share"]["share"] - late.figures["input_share"]["share"]) <= 0.10
+    assert early.figures["input_share"]["share"] == pytest.approx(0.6)
+    assert any("start-up left out" in line for line in early.evidence)
+
+
+def test_starting_up_is_said_until_the_first_step():
+    hist = _dense_job([(IDLE_OTHER, 1000)], loop_at=100.0, seconds=30.0)
+    top = diagnose(hist)[0]
+    assert top.id == "collecting" and top.title == "Starting up" and top.summary.startswith("Starting up")
