@@ -88,7 +88,7 @@ def test_a_python_without_thread_names_is_found_by_its_tid():
 
 def test_the_sampling_budget_is_shared_among_the_ranks():
     assert rate_for(1, FOCUSED) == 500 and rate_for(8, FOCUSED) == 250 and rate_for(1000, FOCUSED) == MIN_RATE_HZ
-    assert rate_for(1, BACKGROUND) == 25 and rate_for(16, BACKGROUND) == 12
+    assert rate_for(1, BACKGROUND) == 10 and rate_for(16, BACKGROUND) == 6
 
 
 # ---------------------------------------------------------------- intervals

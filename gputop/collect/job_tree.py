@@ -569,6 +569,8 @@ class JobCollector:
         """The last tree, marked exited, with the last stacks kept."""
         self._exited = True
         self._dumped.set()  # nothing more will come: don't keep wait_for_stacks() waiting
+        if self._sampler is not None:
+            self._sampler.follow([])  # nothing left to sample
         last = self._last_tree or JobTree(root_pid=self.pid)
         if last.exited:
             return last

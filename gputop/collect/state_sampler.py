@@ -3,7 +3,7 @@
 A stack dump every 2 s gives 6 looks at a rank in a 12 s report, and a share of 6 looks moves by 17
 points with each one: the advice built on it jumped between 3 and 25 workers from one report to the
 next (issue 21).  Here each rank has a `py-spy record --idle --nonblocking` of its own, run in stretches
-of `chunk_s` seconds; each stretch's main-thread samples are classified (the same rules as the dumps,
+of 5-10 s; each stretch's main-thread samples are classified (the same rules as the dumps,
 `gputop.analysis.stack_classes`) and handed over in time order as a `StateSamples`.  The dumps go on as
 before: they carry the frames shown, the workers' stacks and the hang evidence.
 
@@ -14,8 +14,8 @@ repeat each other.  A stretch ends with SIGINT, on which py-spy writes what it h
 last stretch at its end instead of waiting for it.
 
 How often: `rate_for` shares a budget of samples a second among the ranks.  The monitor's screen asks
-for BACKGROUND (25 Hz a rank, ~0.5% of a core each); a report and the open findings screen for FOCUSED
-(up to 500 Hz a rank, ~8% of a core each, 2,000 a second in all): benchmarks/bench_state_sampler.py.
+for BACKGROUND (10 Hz a rank, ~0.5% of a core each); a report and the open findings screen for FOCUSED
+(up to 500 Hz a rank, ~6% of a core each, 2,000 a second in all): benchmarks/bench_state_sampler.py.
 """
 
 from __future__ import annotations
@@ -45,20 +45,21 @@ from gputop.model import Frame, StateSamples, ThreadStack
 
 @dataclass(frozen=True)
 class SamplingBudget:
-    """At most `per_rank_hz` a rank, at most `total_hz` over all ranks, never under MIN_RATE_HZ."""
+    """At most `per_rank_hz` a rank, at most `total_hz` over all ranks, never under MIN_RATE_HZ; stretches
+    of `stretch_s` seconds (each costs one py-spy start, ~15 ms of CPU)."""
 
     per_rank_hz: int
     total_hz: int
+    stretch_s: float
 
 
-# The screen: enough for a share over the last 60 s (1,500 samples a rank) at a cost the monitor can
-# keep up all day.  A report or the findings screen: enough that the advice holds still from one 12 s
-# report to the next (issue 21: measured on a Lightning job, the advised count moved by x1.3 across
-# reports at 100 Hz and by x1.1 at 500 Hz).
-BACKGROUND = SamplingBudget(per_rank_hz=25, total_hz=200)
-FOCUSED = SamplingBudget(per_rank_hz=500, total_hz=2000)
-MIN_RATE_HZ = 10
-CHUNK_S = 5.0  # a stretch: the shares move every 5 s on screen; one py-spy start (~15 ms of CPU) per stretch
+# The screen: enough for a share over the last 60 s (600 samples a rank) at a cost the monitor can keep
+# up all day (~0.5% of a core a rank: benchmarks/bench_state_sampler.py).  A report or the findings
+# screen: enough that the advice holds still from one 12 s report to the next (issue 21: measured on a
+# Lightning job, the advised count moved by x1.3 across reports at 100 Hz and by x1.1 at 500 Hz).
+BACKGROUND = SamplingBudget(per_rank_hz=10, total_hz=100, stretch_s=10.0)
+FOCUSED = SamplingBudget(per_rank_hz=500, total_hz=2000, stretch_s=5.0)
+MIN_RATE_HZ = 5
 FLUSH_TIMEOUT_S = 3.0  # py-spy writes its file within ~50 ms of SIGINT; then it is killed
 RETRY_AFTER_S = 5.0  # a stretch that failed (the rank exited, permission): wait before the next try
 CLASSIFIED_STACKS = 4096  # distinct stacks whose classification is remembered (a loop has a few dozen)
@@ -196,7 +197,7 @@ class _RankRecorder:
                                             env=dict(os.environ, RUST_BACKTRACE="0"))
                 except OSError as exc:
                     return StateSamples(self.pid, started, time.time(), rate, error=f"cannot run py-spy: {exc.strerror}")
-                cut_short = self.cut.wait(self.owner.chunk_s)
+                cut_short = self.cut.wait(self.owner.stretch_s())
                 self.cut.clear()
                 ended = time.time()
                 if proc.poll() is None:
@@ -250,9 +251,8 @@ class StateSampler:
     stacks switch); `focus(True)` raises the rate (a report, the findings screen); `flush()` ends the
     running stretches now and waits for them, so a report's last seconds are in it."""
 
-    def __init__(self, py_spy: str, *, chunk_s: float = CHUNK_S, on_stretch: Optional[Callable[[StateSamples], None]] = None) -> None:
+    def __init__(self, py_spy: str, *, on_stretch: Optional[Callable[[StateSamples], None]] = None) -> None:
         self.py_spy = py_spy
-        self.chunk_s = chunk_s
         self.on_stretch = on_stretch
         self.tmpdir = tempfile.mkdtemp(prefix="gputop-states-")
         self.closed = False
@@ -264,8 +264,14 @@ class StateSampler:
         self._recorders: dict[int, _RankRecorder] = {}
         self._done: list[StateSamples] = []
 
+    def budget(self) -> SamplingBudget:
+        return FOCUSED if self.focused else BACKGROUND
+
     def rate(self) -> int:
-        return rate_for(len(self._recorders), FOCUSED if self.focused else BACKGROUND)
+        return rate_for(len(self._recorders), self.budget())
+
+    def stretch_s(self) -> float:
+        return self.budget().stretch_s
 
     def follow(self, pids: list[int]) -> None:
         if self.closed:
