@@ -15,8 +15,9 @@ from gputop.analysis.observations import (
     frames_from,
     has_frame,
     outer_frames,
+    pooled_counts,
 )
-from gputop.analysis.stack_classes import COLLECTIVE, WAITING_FOR_DATA
+from gputop.analysis.stack_classes import COLLECTIVE, INPUT_WAIT_STATES, WAITING_FOR_DATA
 from gputop.analysis.thresholds import (
     COLLAPSE_HIGH,
     COLLAPSE_LOW,
@@ -225,8 +226,11 @@ def check_hiccup(ctx: Context, *, exclude_gpus: set[int] = frozenset(), max_peri
         )
     evidence.append(evidence_period)
     measured = [r for r in ctx.ranks.values() if r.n >= 2]
-    wait = mean(r.input_fraction for r in measured) if measured else None
-    coll = mean(r.fraction(COLLECTIVE) for r in measured) if measured else None
+    pooled = pooled_counts(measured)
+    wait_share = pooled.share(*INPUT_WAIT_STATES) if measured else None
+    coll_share = pooled.share(COLLECTIVE) if measured else None
+    wait = wait_share.point if wait_share else None
+    coll = coll_share.point if coll_share else None
     frames: tuple[str, ...] = ()
     restart_matches = restart_period is not None and abs(restart_period - period) <= PERIOD_MATCH_TOLERANCE * period
     if restarts >= 2 and (restart_matches or epoch_starts):
@@ -242,7 +246,7 @@ def check_hiccup(ctx: Context, *, exclude_gpus: set[int] = frozenset(), max_peri
         confidence = 0.85
     elif wait is not None and wait >= INPUT_BOUND_MODERATE and (coll is None or wait >= coll):
         cause = "loader stalls"
-        evidence.append(f"ranks wait for data {pct(wait)} of the time (mean over {len(measured)} rank(s))")
+        evidence.append(f"ranks wait for data {wait_share.text()} of the time ({ctx.share_span(pooled)}, {len(measured)} rank(s))")
         sample = next((s for r in measured for s in reversed(r.samples) if s.state == WAITING_FOR_DATA and s.frames), None)
         if sample is not None:
             frames = frames_from(sample.frames, WAIT_FRAMES)
@@ -254,7 +258,8 @@ def check_hiccup(ctx: Context, *, exclude_gpus: set[int] = frozenset(), max_peri
         confidence = 0.75
     elif coll is not None and coll >= COMMUNICATION_HEAVY:
         cause = "collective waits"
-        evidence.append(f"ranks wait in collectives {pct(coll)} of the time (torch-tb-profiler flags > {pct(COMMUNICATION_HEAVY)})")
+        evidence.append(f"ranks wait in collectives {coll_share.text()} of the time ({ctx.share_span(pooled)}; "
+                        f"torch-tb-profiler flags > {pct(COMMUNICATION_HEAVY)})")
         sample = next((s for r in measured for s in reversed(r.samples) if s.state == COLLECTIVE and s.frames), None)
         if sample is not None:
             frames = outer_frames(sample.frames, 4)
