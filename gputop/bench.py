@@ -220,10 +220,6 @@ def resolve_rank(pid: int) -> tuple[int, tuple[int, ...], int, str]:
     return rank_pid, workers, len(tree.ranks), target
 
 
-def _passive_dict(passive: Optional[PassiveResult]) -> dict[str, Any]:
-    return passive.to_dict() if passive is not None else {}
-
-
 def _hard_max_workers(cpu_count: Optional[int]) -> int:
     """Even workers that mostly wait on storage stop paying off at some point: 4 per core, at most 32."""
     return min(loader_math.HARD_MAX_WORKERS, 4 * max(1, cpu_count or os.cpu_count() or 1))

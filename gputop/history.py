@@ -45,15 +45,3 @@ class History:
         out.reverse()
         return out
 
-    def gpu_series(self, gpu_index: int, attr: str, seconds: Optional[float] = None) -> list[Optional[float]]:
-        """One GPU field over time (None where not available or the GPU was missing)."""
-        snaps = self.window(seconds) if seconds is not None else list(self._snapshots)
-        series: list[Optional[float]] = []
-        for snap in snaps:
-            value = None
-            for gpu in snap.gpus:
-                if gpu.index == gpu_index:
-                    value = getattr(gpu, attr)
-                    break
-            series.append(value)
-        return series

@@ -275,10 +275,6 @@ class RecordingIndex:
         span = f"{self.timestamps[n - 1] - self.timestamps[0]:.0f} s" if n > 1 else "0 s"
         return f"recording {self.path} is damaged ({self._damage}); replaying the {n} snapshots ({span}) before it"
 
-    def index_at(self, timestamp: float) -> int:
-        """Number of snapshots at or before `timestamp`."""
-        return bisect.bisect_right(self.timestamps, timestamp)
-
     def _line(self, i: int) -> bytes:
         offset = self._offsets[i]
         if self._cached_member[0] != offset:
@@ -473,9 +469,6 @@ class ReplaySource:
         with self._lock:
             self._rebase()
             self._paused = False
-
-    def toggle_pause(self) -> None:
-        (self.resume if self._paused else self.pause)()
 
     def set_speed(self, speed: float) -> None:
         with self._lock:

@@ -312,10 +312,6 @@ class JobScanner:
         """DataLoader workers anywhere below the rank (children with fork/spawn, grandchildren with forkserver)."""
         return self._below(rank)[0]
 
-    def worker_candidates(self, rank: Tracked) -> list[Tracked]:
-        """multiprocessing children of the rank not yet known as workers: their stacks tell (see role_workers)."""
-        return self._below(rank)[1]
-
     def _below(self, rank: Tracked) -> tuple[list[Tracked], list[Tracked]]:
         workers, candidates = [], []
         own_keys = rank_env_keys(rank)

@@ -282,10 +282,6 @@ def _sampler_kind(sampler) -> str:
 # ----------------------------------------------------------------------------------- (c) the sweep
 
 
-class SweepPlanError(Exception):
-    """A reason the loader-only sweep is not tried (IterableDataset, custom batch sampler, ...)."""
-
-
 def refuse_reason(settings: dict, refs: dict):
     """Why a new DataLoader over this dataset would not be safe or meaningful; None when it is."""
     if settings.get("dataset_kind") == "iterable":

@@ -59,11 +59,6 @@ class Target:
     root: str  # the target's filesystem root as we see it: /proc/PID/root
     foreign_root: bool  # True when the target sees another filesystem (a container)
 
-    @property
-    def python_text(self) -> str:
-        return ".".join(str(p) for p in self.python)
-
-
 @dataclass(frozen=True)
 class RunDir:
     host_path: str  # where gputop reads and writes it

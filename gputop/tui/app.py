@@ -177,7 +177,6 @@ class GputopApp(App):
         self._compact = False
         self._compact_stacks = False
         self._diagnosing = False
-        self._last_diagnose = 0.0
         # `poll_loop`: one made (and perhaps prefetched) before the app, on this source and interval
         self._poll_loop = poll_loop if poll_loop is not None else PollLoop(source, interval)
         self._poll_loop.on_error = self._poll_failed

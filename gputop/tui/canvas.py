@@ -11,7 +11,7 @@ run, not one per cell.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional
 
 from rich.segment import Segment
 from rich.style import Style
@@ -99,10 +99,6 @@ class LineBuilder:
         if strip.cell_length != width:
             strip = strip.crop_extend(0, width, PLAIN)
         return strip
-
-
-def join_columns(columns: Sequence[Strip]) -> Strip:
-    return Strip.join(columns)
 
 
 MERGE_GAP = 6  # unchanged runs shorter than this are repainted rather than skipped (a cursor move costs ~8 bytes)
@@ -254,5 +250,3 @@ class LineCanvas(Widget):
         return [strip.text for strip in self._lines]
 
 
-def blank_lines(count: int, width: int) -> Iterable[Strip]:
-    return [Strip.blank(width, PLAIN) for _ in range(count)]

@@ -9,7 +9,7 @@ from typing import Optional
 from textual.binding import Binding
 from textual.strip import Strip
 
-from gputop.model import Frame, JobTree, ProcessStacks, ThreadStack
+from gputop.model import JobTree, ProcessStacks, ThreadStack
 from gputop.tui import look
 from gputop.tui.canvas import LineBuilder, LineCanvas
 from gputop.tui.widgets.job_panel import JobRow
@@ -22,14 +22,6 @@ def _stack_classes():
     except ImportError:  # pragma: no cover - the module exists in the skeleton
         return None
     return stack_classes
-
-
-def frame_text(frame: Frame) -> str:
-    helpers = _stack_classes()
-    formatter = getattr(helpers, "format_frame", None)
-    if formatter is not None:
-        return formatter(frame)
-    return f"{frame.name} ({os.path.basename(frame.filename)}:{frame.line})"
 
 
 def main_thread_of(stacks: ProcessStacks) -> Optional[ThreadStack]:
