@@ -205,7 +205,7 @@ def verdict_of(findings: Sequence[Finding]) -> str:
 class Exporter:
     """Collects in `cycle()` (a background thread), serves the last cycle's metrics in `collect()`.
 
-    `diagnose` is `gputop.analysis.diagnosis.diagnose` unless a test gives another.  `dcgm_fields`
+    `diagnose` is `gputop.analysis.diagnosis.findings` (the assembly every sink uses) unless a test gives another.  `dcgm_fields`
     also exports utilization, memory, power, temperature and SM clock (off by default: dcgm-exporter
     has them).
     """
@@ -221,9 +221,9 @@ class Exporter:
         log: Callable[[str], None] = lambda line: print(f"gputop serve: {line}", file=sys.stderr, flush=True),
     ) -> None:
         if diagnose is None:
-            from gputop.analysis.diagnosis import diagnose as diagnose_history
+            from gputop.analysis.diagnosis import findings  # the one assembly every sink uses
 
-            diagnose = diagnose_history
+            diagnose = findings
         self.pipeline = pipeline
         self.jobs = jobs
         self.interval = interval

@@ -71,7 +71,7 @@ from gputop.model import SEVERITIES, Finding
 # Re-exported for callers that import them from here (older code and tests).
 __all__ = [
     "DIAGNOSIS_WINDOW_S", "HANG_MIN_SECONDS", "INDEPENDENT_CHECKS", "INPUT_BOUND_HIGH", "SEVERE", "SEVERITY_ORDER",
-    "build_context", "collect_rank_observations", "detect_period", "diagnose", "mean", "percentile", "severe",
+    "build_context", "collect_rank_observations", "detect_period", "diagnose", "findings", "mean", "percentile", "severe",
     "verdict_line",
 ]
 
@@ -144,6 +144,29 @@ def diagnose(history: History, bench: Any = None, *, window: Optional[float] = D
     # the plain-words summary (healthy / collecting) leads the info findings it sums up
     findings.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 9), f.id not in _SUMMARY_IDS, -f.confidence))
     return findings
+
+
+def findings(history: History, bench: Any = None, trace: Any = None, check: Any = None, *,
+             window: Optional[float] = DIAGNOSIS_WINDOW_S) -> list[Finding]:
+    """Everything gputop concludes about `history`, assembled in this one place for every sink (the TUI's
+    verdict, the `r` report, `gputop report`, `gputop serve`, `gputop demo --no-tui`): the diagnosis (with
+    the loader benchmark's result, when one ran), plus the trace's findings (`gputop.tracing.TraceResult`)
+    and the machine check's (`gputop.analysis.machine_check.CheckReport`) when they ran.  Most severe first."""
+    return with_extra_findings(diagnose(history, bench, window=window), trace, check)
+
+
+def with_extra_findings(found: Sequence[Finding], trace: Any = None, check: Any = None) -> list[Finding]:
+    """The diagnosis' findings joined by the trace's and the machine check's, when they ran (see `findings`)."""
+    found = list(found)
+    if trace is not None and getattr(trace, "findings", None):
+        from gputop.analysis.checks.trace import with_trace_findings
+
+        found = with_trace_findings(found, trace.findings)
+    if check is not None:
+        from gputop.analysis.machine_check import with_machine_findings
+
+        found = with_machine_findings(found, check)
+    return found
 
 
 _long_hiccups: list[Any] = [None, []]  # (key, findings) of the last long-window hiccup search

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, TextIO
 
-from gputop.analysis.diagnosis import diagnose, verdict_line
+from gputop.analysis.diagnosis import findings, verdict_line
 from gputop.commands.observing import StopSignals
 from gputop.errors import GputopError
 from gputop.history import History
@@ -121,7 +121,7 @@ def observe(
     summary.seconds = loop.elapsed()
     counts_end = job.step_counts()
     summary.steps_per_s = tuple((b - a) / max(1e-9, summary.seconds) for a, b in zip(counts_start, counts_end))
-    summary.findings = diagnose(history)
+    summary.findings = findings(history)
     return summary
 
 

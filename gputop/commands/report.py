@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional
 
-from gputop.analysis.diagnosis import diagnose, verdict_line
+from gputop.analysis.diagnosis import findings as findings_of
+from gputop.analysis.diagnosis import verdict_line
 from gputop.commands.observing import Progress, live_source, observe
 from gputop.errors import GputopError, UsageError
 from gputop.history import History
@@ -122,21 +123,13 @@ def run(args: Any) -> int:
             pipeline.close()
     bench = run_bench(args) if args.bench else None
     trace = run_trace(args) if getattr(args, "trace", False) else None
-    findings = diagnose(history, bench, window=None)  # the report covers everything it observed
-    if trace is not None:
-        from gputop.analysis.checks.trace import with_trace_findings
-
-        findings = with_trace_findings(findings, trace.findings)
-    if infra is not None:
-        from gputop.analysis.machine_check import with_machine_findings
-
-        findings = with_machine_findings(findings, infra)
-    text = render(history, findings, args.format, bench, command, recording, infra, trace)
+    found = findings_of(history, bench, trace, infra, window=None)  # the report covers everything it observed
+    text = render(history, found, args.format, bench, command, recording, infra, trace)
     if args.output:
         from gputop.report.writer import write_report
 
         write_report(args.output, text)
-        print(f"gputop: wrote {args.output}: {verdict_line(findings)}", file=sys.stderr)
+        print(f"gputop: wrote {args.output}: {verdict_line(found)}", file=sys.stderr)
     else:
         from gputop.report.writer import write_stdout
 

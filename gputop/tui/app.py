@@ -100,8 +100,20 @@ def _run_trace(*args: Any, **kwargs: Any) -> Any:
 def _default_diagnose(history: History, bench: Any) -> tuple[list[Finding], str]:
     from gputop.analysis.diagnosis import diagnose, verdict_line
 
-    findings = diagnose(history, bench)
-    return findings, verdict_line(findings, count_more=False)  # the verdict line adds "+N more (f)" itself
+    found = diagnose(history, bench)
+    return found, verdict_line(found, count_more=False)  # the verdict line adds "+N more (f)" itself
+
+
+def _assembled(diagnosed: tuple[list[Finding], str], trace: Any, check: Any) -> tuple[list[Finding], str]:
+    """The diagnosis joined by the trace's and the machine check's findings: `findings()`'s assembly, so the
+    screen, the `r` report and `gputop report` say the same."""
+    found, line = diagnosed
+    if (trace is None or not getattr(trace, "findings", None)) and check is None:
+        return list(found), line
+    from gputop.analysis.diagnosis import verdict_line, with_extra_findings
+
+    found = with_extra_findings(found, trace, check)
+    return found, verdict_line(found, count_more=False)
 
 
 class GputopApp(App):
@@ -490,13 +502,7 @@ class GputopApp(App):
     @work(thread=True, group="diagnose")
     def _run_diagnosis(self, history: History, bench: Any) -> None:
         try:
-            findings, line = self._diagnose(history, bench)
-            if self.last_trace is not None and self.last_trace.findings:
-                from gputop.analysis.checks.trace import with_trace_findings
-                from gputop.analysis.diagnosis import verdict_line
-
-                findings = with_trace_findings(findings, self.last_trace.findings)
-                line = verdict_line(findings, count_more=False)
+            findings, line = _assembled(self._diagnose(history, bench), self.last_trace, self.last_check)
             verdict = Verdict(list(findings), line)
         except ImportError:
             verdict = Verdict(None, "Verdict: diagnosis is not available in this build")
@@ -764,8 +770,10 @@ class GputopApp(App):
             from gputop.report.markdown import render_markdown
             from gputop.report.writer import write_report
 
-            findings, _ = self._diagnose(history, bench)
-            text = render_markdown(history, findings, bench=bench, command="gputop (TUI, key r)", infra=self.last_check)
+            # the findings the screen shows (same window, trace and check), so the ticket agrees with it
+            findings, _ = _assembled(self._diagnose(history, bench), self.last_trace, self.last_check)
+            text = render_markdown(history, findings, bench=bench, command="gputop (TUI, key r)", infra=self.last_check,
+                                   trace=self.last_trace)
             directory = Path(self.report_dir or os.getcwd())
             path = directory / f"gputop-report-{self.machine.hostname}-{time.strftime('%Y%m%d-%H%M%S')}.md"
             write_report(path, text)

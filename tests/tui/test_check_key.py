@@ -95,3 +95,41 @@ async def test_report_key_after_the_check_carries_its_infra_section(tmp_path, cl
     infra = text[text.index("## For the infra team"):]
     assert "| 2 | NVIDIA H100 80GB HBM3 | 1654922000002 |" in infra
     assert "- **FAIL** NVLink error counters: GPU 2 link 7: CRC (flit) +125 in 5.0 s (now 137)" in infra
+
+
+async def test_the_screen_the_r_report_and_gputop_report_give_the_same_findings(tmp_path, close_sources):
+    """Issue 22: one assembly (`analysis.diagnosis.findings`): the screen's verdict, the file `r` writes and
+    `gputop report` on the same history, trace and check list the same findings, trace and check included."""
+    import re
+
+    from gputop.analysis.diagnosis import findings
+    from gputop.tracing import TraceResult
+    from gputop.tui.app import _default_diagnose
+    from tests.harness.machine_check import scripted_check
+    from tests.tui.test_trace_key import COMM, RANK
+
+    app, source = build_app(10, tmp_path=tmp_path, with_job=True)
+    close_sources(source)
+    app._diagnose = _default_diagnose  # the real diagnosis, as the monitor runs it
+    app.machine_check = scripted_check("h100-sxm-8+nvlink-crc=2:7")
+    app.trace_runner = lambda pid, *, seconds, progress: TraceResult(target=f"PID {pid}", ranks=(RANK,), findings=(COMM,),
+                                                                      seconds=seconds)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, app, source, diagnosis=False)
+        await pilot.press("c")
+        await wait_for(pilot, lambda: app.last_check is not None, "the scripted check")
+        await pilot.press("escape")
+        await pilot.press("t")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.last_trace is not None, "the scripted trace")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.verdict is not None and app.verdict.findings is not None and any(
+            f.id == COMM.id for f in app.verdict.findings) and any(f.id.startswith("check.") for f in app.verdict.findings),
+            "the trace's and the check's findings on screen")
+        await pilot.press("r")
+        await wait_for(pilot, lambda: list(tmp_path.glob("gputop-report-*.md")), "the report file")
+        screen = [f.title for f in app.verdict.findings]
+        command = [f.title for f in findings(app.history, None, app.last_trace, app.last_check, window=None)]
+    (path,) = tmp_path.glob("gputop-report-*.md")
+    written = re.findall(r"^### \d+\. (.+)$", path.read_text(), flags=re.M)
+    assert screen == written == command, (screen, written, command)
