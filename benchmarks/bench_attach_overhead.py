@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import wait_for  # noqa: E402  (benchmarks/common.py)
+
 from tests.harness.train_jobs import attach_loop_command, ready_records  # noqa: E402
 
 BAR = 0.99

@@ -27,10 +27,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import ProcessMeter, emit_figure, interleave, kill_group, machine_line, print_table, wait_for  # noqa: E402
+from common import ProcessMeter, emit_figure, interleave, kill_group, machine_line, print_table, wait_for
 
-from gputop.recording import read_recording  # noqa: E402
-from gputop.sim.demo_launcher import DemoJob, StepCounters  # noqa: E402
+from gputop.recording import read_recording
+from gputop.sim.demo_launcher import DemoJob, StepCounters
 
 GOAL = 0.99
 COMMAND = "python benchmarks/bench_overhead.py"

@@ -28,8 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import emit_figure, machine_line, print_table  # noqa: E402
-from tests.harness.train_jobs import attach_loop_command, ready_records  # noqa: E402
+from common import emit_figure, machine_line, print_table
+
+from tests.harness.train_jobs import attach_loop_command, ready_records
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 

@@ -53,15 +53,15 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import psutil  # noqa: E402
-from common import MIB, ProcessMeter, emit_figure, kill_group, machine_line, print_table, wait_for  # noqa: E402
+import psutil
+from common import MIB, ProcessMeter, emit_figure, kill_group, machine_line, print_table, wait_for
 
-from gputop.analysis.diagnosis import diagnose  # noqa: E402
-from gputop.history import History  # noqa: E402
-from gputop.model import Snapshot  # noqa: E402
-from gputop.pipeline import Pipeline  # noqa: E402
-from gputop.recording import RecordingWriter, read_recording  # noqa: E402
-from gputop.sim.fake_nvml import ManualClock  # noqa: E402
+from gputop.analysis.diagnosis import diagnose
+from gputop.history import History
+from gputop.model import Snapshot
+from gputop.pipeline import Pipeline
+from gputop.recording import RecordingWriter, read_recording
+from gputop.sim.fake_nvml import ManualClock
 
 COMMAND = "python benchmarks/bench_soak.py"
 FLAT_GOAL = 1.10  # last hour / first hour of RSS and refresh cost: within 10% counts as flat

@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import emit_figure, machine_line, wait_for  # noqa: E402  (benchmarks/common.py)
+
 from gputop.collect.stacks import dump_stacks, find_py_spy  # noqa: E402
 from gputop.collect.state_sampler import BACKGROUND, FOCUSED, StateSampler, rate_for  # noqa: E402
 from tests.harness.train_jobs import command, ready_records  # noqa: E402

@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, emit_figure, machine_line  # noqa: E402
+from common import REPO, emit_figure, machine_line
 
 sys.path.insert(0, REPO)
-from tests.harness.train_jobs import PHASED, command, wait_ready  # noqa: E402
+from tests.harness.train_jobs import PHASED, command, wait_ready
 
 JOB_ARGS = [*PHASED, "--spend", "sleep", "--layers", "40", "--sample-ms", "5", "--forward-ms", "5", "--backward-ms", "5",
             "--optimizer-ms", "2"]

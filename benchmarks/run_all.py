@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import parse_figures  # noqa: E402
+from common import parse_figures
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

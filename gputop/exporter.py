@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequen
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gputop import __version__, gpu_fields
+from gputop.analysis.observations import collect_rank_observations
 from gputop.analysis.stack_classes import (
     COLLECTIVE,
     EXPLICIT_SYNC,
@@ -37,7 +38,6 @@ from gputop.analysis.stack_classes import (
     WAITING_FOR_RANK0_DATA,
     main_thread,
 )
-from gputop.analysis.observations import collect_rank_observations
 from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S
 from gputop.collect.stack_schedule import main_thread_counters
 from gputop.collect.stacks import error_reason

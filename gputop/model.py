@@ -160,7 +160,7 @@ class Topology:
         shown = self.matrix_nics() if with_nics and len(self.nic_matrix) == len(self.nics or ()) else ()
         names = tuple(f"GPU{i}" for i in range(gpus)) + tuple(f"NIC{n}" for n in range(len(shown)))
         rows = [tuple(row) + tuple(self.nic_matrix[k][i] for k in shown) for i, row in enumerate(self.matrix)]
-        rows += [tuple(self.nic_matrix[k][:gpus]) + tuple(self.nic_matrix[k][gpus + l] for l in shown) for k in shown]
+        rows += [tuple(self.nic_matrix[k][:gpus]) + tuple(self.nic_matrix[k][gpus + j] for j in shown) for k in shown]
         return names, tuple(rows)
 
     def nic_legend(self) -> tuple[str, ...]:

@@ -28,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gputop.collect.procfs import process_alive  # noqa: E402
-from tests.harness import train_jobs  # noqa: E402
-from tests.harness.injection import ALLOCATING, MOVE_TIMEOUT_S, size_counter, start_allocating_job  # noqa: E402
-from tests.harness.processes import Spawner, wait_until  # noqa: E402
+from gputop.collect.procfs import process_alive
+from tests.harness import train_jobs
+from tests.harness.injection import ALLOCATING, MOVE_TIMEOUT_S, size_counter, start_allocating_job
+from tests.harness.processes import Spawner, wait_until
 
 HANG_S = 90.0  # gputop bench --seconds 8 or trace --seconds 1 that has not ended by then is hung
 

@@ -19,9 +19,8 @@ import pytest
 from gputop.bench import BenchResult, run_benchmark
 from gputop.collect.stacks import dump_stacks
 from gputop.errors import GputopError
-from tests.harness.processes import children, thread_ids
+from tests.harness.processes import children, thread_ids, wait_until
 from tests.harness.train_jobs import REPO, bench_command, read_steps, start_job, truth
-from tests.harness.processes import wait_until
 
 PREP_S = 0.060
 STEP_S = 0.030

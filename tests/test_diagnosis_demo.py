@@ -365,7 +365,7 @@ class TestEvalOnRank0:
             findings = obs.step()
             flagged = [(f.id, f.severity, f.summary) for f in findings if f.severity in ("critical", "warning") or f.id == "straggler"]
             assert not flagged, flagged
-            time.sleep(1.0)  # noqa: the poll interval, like the TUI's
+            time.sleep(1.0)  # the poll interval, like the TUI's (pacing, not synchronisation)
 
     def test_the_others_wait_in_a_barrier_with_their_gpus_spinning(self, job, attach):
         pipeline = attach(job).pipeline

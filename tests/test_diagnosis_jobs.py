@@ -6,7 +6,6 @@ No GPU and no simulation: these are the stack/CPU findings working with no GPU d
 
 from __future__ import annotations
 
-
 import pytest
 
 from gputop.analysis.diagnosis import severe, verdict_line

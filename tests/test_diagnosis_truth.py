@@ -202,6 +202,7 @@ import pytest  # noqa: E402
 
 from tests.harness.histories import GIB  # noqa: E402
 
+
 def _printed_worker_counts(findings) -> list[int]:
     out = []
     for f in findings:

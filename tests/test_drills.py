@@ -36,8 +36,8 @@ from gputop.collect import stacks as stacks_mod
 from gputop.collect.job_tree import JobCollector
 from gputop.errors import GputopError
 from gputop.recording import ReplaySource, read_recording
-from tests.harness.processes import Ran, wait_until
 from tests.harness import train_jobs
+from tests.harness.processes import Ran, wait_until
 from tests.harness.processes import run_gputop as gputop
 
 REPO = Path(__file__).resolve().parent.parent
@@ -691,8 +691,8 @@ def test_tui_resized_to_20x5_and_back(tmp_path):
     from gputop.pipeline import Pipeline
     from gputop.tui.app import GputopApp
     from gputop.tui.screens import TooSmallScreen
-    from tests.harness.tui import wait_for
     from gputop.tui.widgets.gpu_grid import GpuGrid
+    from tests.harness.tui import wait_for
 
     pipeline = Pipeline(simulate="h100-sxm-8")
     app = GputopApp(pipeline, interval=0.1)

@@ -18,8 +18,8 @@ import pytest
 
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.stack_classes import WAITING_FOR_RANK0_DATA
-from tests.harness.attach import STACK_INTERVAL_S, VERDICT_DEADLINE_S, Observer, dumps_of
 from tests.harness import train_jobs
+from tests.harness.attach import STACK_INTERVAL_S, VERDICT_DEADLINE_S, Observer, dumps_of
 from tests.harness.processes import wait_until
 
 pytestmark = pytest.mark.slow

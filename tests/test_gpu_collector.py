@@ -22,8 +22,8 @@ from gputop.model import THROTTLE_REASONS
 from gputop.sim import fake_nvml
 from gputop.sim.fake_nvml import FakeNvmlLibrary, ManualClock
 from gputop.sim.profiles import H100_SXM, RTX_4090, parse_spec
-from tests.harness.processes import wait_until
 from tests.harness.nvml import ScriptedLoad
+from tests.harness.processes import wait_until
 
 GIB = 1024**3
 

@@ -23,7 +23,16 @@ from gputop.collect.placement import SET_DEVICE_FIX, find_misplacements
 from gputop.collect.stacks import find_py_spy
 from gputop.errors import GputopError
 from gputop.model import (
-    Frame, GpuProcess, GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, ThreadStack, from_jsonable, to_jsonable,
+    Frame,
+    GpuProcess,
+    GpuSample,
+    JobTree,
+    ProcessStacks,
+    ProcInfo,
+    Rank,
+    ThreadStack,
+    from_jsonable,
+    to_jsonable,
 )
 from tests.harness.processes import Spawner, wait_until
 from tests.harness.train_jobs import ATTACH_LOOP, PIN_THREAD, start_attach_loop, torchrun_command, wait_ready

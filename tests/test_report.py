@@ -23,9 +23,8 @@ from gputop.report.jsonreport import render_json, sparkline
 from gputop.report.markdown import render_markdown
 from gputop.report.redact import REDACTED, is_secret_name, redact_cmdline, redact_env, redact_text
 from gputop.report.writer import write_report
+from tests.harness.histories import RankSpec, Scenario, build, cycle, record, worker_busy_frames
 from tests.harness.processes import run_gputop
-from tests.harness.histories import RankSpec, Scenario, build, cycle, worker_busy_frames
-from tests.harness.histories import record
 
 SECRETS = [
     "sk-proj-abcdefghijklmnopqrstuvwx",

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gputop.analysis.stack_classes import COLLECTIVE, FORWARD_BACKWARD, IN_DATASET, OPTIMIZER_STEP, WAITING_FOR_DATA
 from gputop.cli import build_parser, main
-from gputop.collect.stacks import error_reason, permission_advice, PtraceFacts
+from gputop.collect.stacks import PtraceFacts, error_reason, permission_advice
 from gputop.commands.serve import DEFAULT_LISTEN, is_loopback, parse_listen, start_server
 from gputop.errors import UsageError
 from gputop.exporter import DATA_WAIT_WINDOW_S, RANK_STATES, DiscoveredJobs, Exporter

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from gputop.analysis.advice import workers_for
+from gputop.analysis.diagnosis import diagnose
 from gputop.analysis.numbers import Share, effective_samples, mean_share, measured_share, share_of, wilson_interval
 from gputop.analysis.observations import RankObs, dense_counts, pooled_counts
 from gputop.analysis.stack_classes import FORWARD_BACKWARD, IDLE_OTHER, IN_DATASET, OPTIMIZER_STEP, WAITING_FOR_DATA
@@ -24,7 +25,6 @@ from gputop.collect.state_sampler import (
     rate_for,
     run_lengths,
 )
-from gputop.analysis.diagnosis import diagnose
 from gputop.model import StateSamples
 from gputop.report.jsonreport import report_data
 from tests.harness.histories import RankSpec, Scenario, build, cycle, progress_of
@@ -279,3 +279,11 @@ def test_starting_up_is_said_until_the_first_step():
     hist = _dense_job([(IDLE_OTHER, 1000)], loop_at=100.0, seconds=30.0)
     top = diagnose(hist)[0]
     assert top.id == "collecting" and top.title == "Starting up" and top.summary.startswith("Starting up")
+
+
+def test_a_dump_that_reports_a_step_first_does_not_hide_the_stretchs_earlier_steps():
+    # the dump at t=9 arrives before the stretch covering t=5..10 ends; that stretch's first step is at 6
+    watch = StartupWatch(clock=lambda: 10.0)
+    watch.saw_dump(4242, 9.0, FORWARD_BACKWARD)
+    watch.saw_stretch(stretch([(WAITING_FOR_DATA, 100), (OPTIMIZER_STEP, 5), (IN_DATASET, 395)], end=10.0))
+    assert watch.status(4242) == (False, pytest.approx(6.0))

@@ -9,8 +9,8 @@ with real torch 2.13 on each Python version.
 
 from __future__ import annotations
 
-import os
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest

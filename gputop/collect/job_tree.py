@@ -26,7 +26,14 @@ from gputop.collect import stacks as stacks_mod
 from gputop.collect.cgroup import job_limits
 from gputop.collect.placement import find_misplacements, gpus_of_pids, place_ranks
 from gputop.collect.procfs import (
-    ProcessTable, ProcKey, Tracked, int_or_none, process_alive, read_cmdline, read_ns_pids, read_stat,
+    ProcessTable,
+    ProcKey,
+    Tracked,
+    int_or_none,
+    process_alive,
+    read_cmdline,
+    read_ns_pids,
+    read_stat,
 )
 from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSchedule
 from gputop.collect.state_sampler import StartupWatch, StateSampler

@@ -223,6 +223,8 @@ class _RankRecorder:
             except (ValueError, TypeError, KeyError, IndexError) as exc:
                 return StateSamples(self.pid, started, ended, rate, error=f"py-spy output unreadable ({exc})")
             errors = _error_count(stderr)
+            if not states and (cut_short or self.stopped or self.owner.closed):
+                return None  # ended by us before py-spy caught the main thread (a new rate, a flush): no failure
             if not states:
                 return StateSamples(self.pid, started, ended, rate, errors=errors,
                                     error="py-spy saw no samples of the rank's main thread")
@@ -371,14 +373,14 @@ class StartupWatch:
 
     def _saw_stretch(self, stretch: StateSamples) -> None:
         self._seen(stretch.pid, stretch.start)
-        if stretch.pid in self._started:
-            return
         total = sum(n for _, n in stretch.runs)
         seen = 0
         for state, n in stretch.runs:
             at = stretch.end - (total - seen) / stretch.rate
             if state in STEP_STATES:
-                self._started[stretch.pid] = at
+                # the earliest step seen: a dump (every ~2 s) often reports one before the stretch that
+                # covers the same seconds ends, and the stretch's earlier steps must still count
+                self._started[stretch.pid] = min(at, self._started.get(stretch.pid, at))
                 return
             if state in INPUT_WAIT_STATES:
                 self._first_input.setdefault(stretch.pid, at)
@@ -392,11 +394,9 @@ class StartupWatch:
 
     def _saw_dump(self, pid: int, timestamp: float, state: str) -> None:
         self._seen(pid, timestamp)
-        if pid in self._started:
-            return
         if state in STEP_STATES:
-            self._started[pid] = timestamp
-        elif state in INPUT_WAIT_STATES:
+            self._started[pid] = min(timestamp, self._started.get(pid, timestamp))
+        elif state in INPUT_WAIT_STATES and pid not in self._started:
             self._first_input.setdefault(pid, timestamp)
 
     def _seen(self, pid: int, timestamp: float) -> None:

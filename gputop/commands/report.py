@@ -65,7 +65,8 @@ def run_bench(args: Any) -> Any:
 
 
 def run_trace(args: Any) -> Any:
-    from gputop.tracing import DEFAULT_SECONDS, run_trace as trace_job
+    from gputop.tracing import DEFAULT_SECONDS
+    from gputop.tracing import run_trace as trace_job
 
     progress = Progress(sys.stderr, "trace")
     try:

@@ -577,7 +577,7 @@ def sweep_in_forked_child(torch_mod, settings, refs, plan, run_dir: RunDir, load
             result["done"] = True
             run_dir.write_json("sweep.json", result)
             code = 0
-        except BaseException as exc:  # noqa: BLE001 - the child must reach os._exit, whatever happened
+        except BaseException as exc:
             try:
                 message = _one_line(exc)
                 if "CUDA" in message and "fork" in message:
@@ -718,7 +718,7 @@ def live_main(run_path: str) -> None:
         finally:
             probe.restore()
             probe.release()
-    except BaseException as exc:  # noqa: BLE001 - report it; the finally above already restored the job
+    except BaseException as exc:
         result["error"] = f"agent failed: {_one_line(exc)}"
     finally:
         if probe is not None:
@@ -804,7 +804,7 @@ def offline_main(spec: str, run_path: str) -> int:
 
         result["sweep"] = run_sweep(torch_mod, settings, refs, plan, run_dir, loader_math, deadline, progress)
         return 0
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         result["error"] = f"offline benchmark failed: {_one_line(exc)}"
         return 1
     finally:
@@ -816,7 +816,7 @@ def offline_main(spec: str, run_path: str) -> int:
 if __name__ == "__gputop_agent__":
     try:
         live_main(os.path.dirname(os.path.abspath(__file__)))
-    except BaseException:  # noqa: BLE001 - never let a traceback reach the job's stderr
+    except BaseException:
         pass
 elif __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--offline":
     sys.exit(offline_main(sys.argv[2], sys.argv[3]))

@@ -181,7 +181,7 @@ def live_main(run_path: str, started_event=None) -> None:
         hooks = global_step_hooks(torch_mod)
         result["global_step_hooks_before"] = len(hooks) if hooks is not None else None
         trace_window(torch_mod, run_dir, config, result)
-    except BaseException as exc:  # noqa: BLE001 - report it; trace_window's finally already stopped the profiler
+    except BaseException as exc:
         result["error"] = f"trace agent failed: {_one_line(exc)}"
     finally:
         if torch_mod is not None:
@@ -208,5 +208,5 @@ def _env_int(name: str):
 if __name__ == "__gputop_agent__":
     try:
         live_main(os.path.dirname(os.path.abspath(__file__)), globals().get("__gputop_started__"))
-    except BaseException:  # noqa: BLE001 - never let a traceback reach the job's stderr
+    except BaseException:
         pass

@@ -7,8 +7,8 @@ construction.  Every string goes through the redactor before it leaves.
 from __future__ import annotations
 
 import json
-import shlex
 import platform
+import shlex
 import statistics
 import time
 from collections import Counter

@@ -16,7 +16,6 @@ from gputop.report.redact import redact_text
 from gputop.units import utc_time
 
 
-
 def _cell(value: Any) -> str:
     """A table cell: no newlines, pipes escaped, None as a dash."""
     if value is None or value == "":

@@ -265,7 +265,7 @@ class GputopApp(App):
         self._stop_collector()
         self._mounted.clear()
 
-    def on_resize(self, event) -> None:  # noqa: ANN001
+    def on_resize(self, event) -> None:
         self._apply_size(event.size.width, event.size.height)
 
     def on_job_panel_resized(self, _message: JobPanel.Resized) -> None:

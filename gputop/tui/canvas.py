@@ -21,7 +21,6 @@ from textual.widget import Widget
 
 from gputop.tui.look import SECTION
 
-
 # Segments always carry a style: Textual's NO_COLOR filter reads `style.color` of every segment.
 PLAIN = Style()
 
@@ -228,7 +227,7 @@ class LineCanvas(Widget):
         if regions:
             self.refresh(*regions)
 
-    def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
+    def get_content_height(self, container, viewport, width: int) -> int:
         return self.wanted_height(width)
 
     def on_resize(self) -> None:

@@ -115,7 +115,7 @@ def nic_legend(machine: MachineInfo) -> Text:
     return text
 
 
-def _gpu_mark(gpu) -> tuple[str, object]:  # noqa: ANN001
+def _gpu_mark(gpu) -> tuple[str, object]:
     """A GPU's tag on the picture: '✖' lost or NVLink down, '▼' PCIe below max under load."""
     if gpu is None:
         return "", look.BOLD
@@ -126,7 +126,7 @@ def _gpu_mark(gpu) -> tuple[str, object]:  # noqa: ANN001
     return "", look.BOLD
 
 
-def _pcie_why(gpu) -> str:  # noqa: ANN001
+def _pcie_why(gpu) -> str:
     """Why a flagged link counts: slow while busy, or lanes missing (a width drop is never power saving)."""
     return "under load" if (gpu.utilization_gpu or 0) >= PCIE_LOAD_UTILIZATION else "lanes missing"
 
@@ -276,7 +276,7 @@ class TopologyScreen(_Modal):
                                   "the picture shows where each NIC sits", style="dim"))
             yield Static(affinity_table(self.machine, self.snapshot), id="affinity")
 
-    def _width(self, renderable) -> int:  # noqa: ANN001
+    def _width(self, renderable) -> int:
         return Measurement.get(self.app.console, self.app.console.options, renderable).maximum
 
 

@@ -40,8 +40,8 @@ from gputop.model import (
     HostSample,
     JobTree,
     MachineInfo,
-    NicInfo,
     Misplacement,
+    NicInfo,
     NvLinkLink,
     PcieLink,
     ProcessProgress,
@@ -489,7 +489,7 @@ def make_host(tick: int, cores: int = 128, job_cores: Iterable[int] = ()) -> Hos
 
 def _frames(*items: tuple[str, str, int]) -> tuple[Frame, ...]:
     """Outermost first here for readability; py-spy order (innermost first) is returned."""
-    return tuple(Frame(name=n, filename=f, line=l) for n, f, l in reversed(items))
+    return tuple(Frame(name=name, filename=path, line=line) for name, path, line in reversed(items))
 
 
 WAITING_STACK = _frames(
@@ -592,7 +592,7 @@ class ScriptedSource:
         self.closed.set()
 
 
-def fixed_diagnose(history, bench):  # noqa: ANN001
+def fixed_diagnose(history, bench):
     """Stands in for diagnosis in screen tests, so pictures do not change when diagnosis rules do."""
     findings = [
         Finding(

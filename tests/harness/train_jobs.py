@@ -44,6 +44,26 @@ FRAMEWORK_MODES = {
 HF_TUNED = ("--width", "256", "--layers", "4", "--batch-size", "32")  # GPT-2's n_embd, n_layer
 FRAMEWORK_WARM_STEPS = 10  # past the warm-up (workers forked, queues filled): observed in its steady state
 
+# The steady jobs of issue 21's bar (numbers that hold still): each clearly input-bound, with a need for
+# workers well inside the cap (I/O-bound sleeping samples: 32 a rank), 4 samples a batch, asleep
+# (--spend sleep) so three of them and their reports share the 2 cores without slowing each other.
+# Each waits near the middle of a band where the advised count, a whole number, can move by at most
+# x1.3: num_workers=0 advises ceil(1.25 f / (1 - f)) for an input share f, 2 workers ceil(2.5 / (1 - f)).
+STEADY_JOBS = {
+    # Lightning, num_workers=0: 80 ms of samples a batch against ~20 ms of step (9 + 9 ms asleep in the
+    # forward and backward, ~3 ms of Lightning): waits ~80%, needs ~5 workers (f in 0.76-0.83: 5 or 6)
+    "lightning": ("--framework", "lightning", "--workers", "0", "--sample-ms", "20", "--batch-size", "4",
+                  "--forward-ms", "9", "--backward-ms", "9"),
+    # the plain loop, 2 workers: 60 ms a batch each, so one batch every 30 ms, against an 8 ms simulated GPU
+    # step (~9 ms in all): waits ~70%, needs ~9 workers (f in 0.64-0.75: 8 to 10)
+    "plain": ("--workers", "2", "--sample-ms", "15", "--batch-size", "4", "--step-ms", "8"),
+    # transformers' Trainer, num_workers=0: 32 ms of samples a batch against a 9-12 ms GPT-2 step on the
+    # CPU (n_embd 128, 2 layers; computed, so it moves with the load more than the others'): waits 74-80%,
+    # needs 4 or 5 (f in 0.71-0.80: 4 or 5)
+    "hf": ("--framework", "hf", "--workers", "0", "--sample-ms", "8", "--batch-size", "4", "--width", "128",
+           "--layers", "2"),
+}
+
 # The attach tests' loop: workers sleeping 50 ms a sample (2 a batch), a 5 ms "GPU" step, short epochs.
 ATTACH_LOOP = ("--batch-size", "2", "--sample-ms", "50", "--step-ms", "5", "--length", "64")
 PIN_THREAD = ("--idle-thread", "pt_data_pin")  # named as torch names its pin-memory thread

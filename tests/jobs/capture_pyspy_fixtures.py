@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 from tests.harness.processes import free_port  # noqa: E402
 from tests.harness.train_jobs import ATTACH_LOOP, command  # noqa: E402
+
 FIXTURES = HERE.parent / "fixtures" / "pyspy"
 
 ADAM_LOOP = """

@@ -19,8 +19,8 @@ from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
 from gputop.tui.widgets.gpu_grid import GpuGrid, spark_seconds_per_cell, spark_text, utilization_buckets
 from gputop.tui.widgets.job_panel import JobPanel
 from gputop.tui.widgets.stacks import StacksPanel
-from tests.harness.tui import build_app, settle, wait_for
 from tests.harness.histories import SCREEN_T0, ScriptedSource, make_job, make_machine, make_snapshots
+from tests.harness.tui import build_app, settle, wait_for
 
 
 def screen_text(app: GputopApp) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness.tui import build_app, settle, wait_for
 from tests.harness.machine_check import scripted_check
+from tests.harness.tui import build_app, settle, wait_for
 
 SIZES = [(80, 24), (160, 48)]
 FAULTS = "h100-sxm-8+pcie-replay=3+aer=5"

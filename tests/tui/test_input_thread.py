@@ -40,7 +40,7 @@ class _Recording:
         self.events = recorded
 
         class Recording(driver_class):  # type: ignore[misc, valid-type]
-            def process_message(self, message) -> None:  # noqa: ANN001
+            def process_message(self, message) -> None:
                 recorded.append(message)
 
         self.master, slave = os.openpty()

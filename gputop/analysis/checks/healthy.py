@@ -43,7 +43,7 @@ def healthy_finding(ctx: Context) -> Finding:
     if live and not measured:
         if any(r.counts.dense for r in live):
             most = max((r.counts.seconds for r in live), default=0.0)
-            summary = f"Collecting samples: {most:.0f}/{MIN_SAMPLED_SECONDS:.0f} s of the training loop per rank so far"
+            summary = f"Collecting samples: {most:.1f}/{MIN_SAMPLED_SECONDS:.0f} s of the training loop per rank so far"
         else:
             most = max((r.n for r in live), default=0)
             summary = f"Collecting stacks: {most}/{MIN_STACK_SAMPLES} dumps per rank so far"

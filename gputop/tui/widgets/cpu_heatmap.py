@@ -15,8 +15,8 @@ from typing import Optional
 from rich.style import Style
 from textual.strip import Strip
 
-from gputop.model import HostSample
 from gputop import units
+from gputop.model import HostSample
 from gputop.tui import look
 from gputop.tui.canvas import LineBuilder, LineCanvas
 

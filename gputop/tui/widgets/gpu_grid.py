@@ -15,8 +15,8 @@ from rich.style import Style
 from textual.strip import Strip
 
 from gputop.analysis.xids import meaning_of
-from gputop.model import LABEL_INFRA, GpuSample, Snapshot
 from gputop.gpu_fields import active_throttles, card_text, pcie_degraded_now, reason_key
+from gputop.model import LABEL_INFRA, GpuSample, Snapshot
 from gputop.tui import look
 from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas
 

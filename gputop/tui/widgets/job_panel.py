@@ -14,8 +14,8 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.strip import Strip
 
-from gputop.model import JobTree, ProcInfo, Rank, Snapshot
 from gputop import units
+from gputop.model import JobTree, ProcInfo, Rank, Snapshot
 from gputop.tui import look
 from gputop.tui.canvas import LineBuilder, LineCanvas
 
@@ -224,7 +224,7 @@ class JobPanel(LineCanvas, can_focus=True):
     def on_focus(self) -> None:
         self.redraw()
 
-    def on_resize(self, event) -> None:  # noqa: ANN001
+    def on_resize(self, event) -> None:
         self.post_message(self.Resized())
 
     def on_blur(self) -> None:
