@@ -626,12 +626,14 @@ def test_verdict_line_has_action_and_count():
     assert "(+1 more)" in verdict_line(two)
 
 
-@pytest.mark.parametrize("waiting,severity", [(8, "critical"), (4, "warning")])
+@pytest.mark.parametrize("waiting,severity", [(4, "critical"), (2, "warning")])
 def test_a_fifth_of_the_time_waiting_is_where_input_bound_turns_critical(waiting, severity):
     # TF Profiler's scale: waiting for data 20% of the time or more is "highly" input-bound (critical):
-    # 8 of 30 dumps (27%) is above the line, 4 of 30 (13%) below it stays a warning (30 dumps: the 60 s
-    # the shares cover)
-    pattern = [WAITING_FOR_DATA] * waiting + [FORWARD_BACKWARD] * (30 - waiting)
+    # 4 of every 15 dumps (27%) is above the line, 2 of 15 (13%) below it stays a warning; the waits are
+    # spread through the cycle (bunched together they would be one pause, a phase) and the 60 s the
+    # shares cover hold two cycles
+    pattern = [WAITING_FOR_DATA if i % (15 // waiting) == 0 and i // (15 // waiting) < waiting else FORWARD_BACKWARD
+               for i in range(15)]
     hist = build(Scenario(seconds=239, gpu_error=NO_DRIVER, ranks=eight_ranks(state=cycle(pattern))))
     f = by_id(diagnose(hist), "starvation")
     assert f.severity == severity, (f.severity, f.summary)

@@ -175,14 +175,14 @@ TIMEOUT = pytest.mark.timeout(600)
 @TIMEOUT
 @pytest.mark.parametrize("name", JOBS)
 def test_the_job_is_input_bound_with_a_need_inside_the_cap(series, name):
-    """The bar's premise: the benchmark measured a job that waits 50-90% of the time and needs 3-20
+    """The bar's premise: the benchmark measured a job that waits 50-90% of the time and needs 2-20
     workers, well under the cap."""
     s = series[name]
     assert s.bench is not None, s.table()
     consumption, advice = s.bench.get("consumption") or {}, s.bench["advice"]
     assert s.bench["mode"] == "active" and consumption.get("batches_per_s"), s.table()
     assert 0.5 <= consumption["wait_fraction"] <= 0.9, s.table()
-    assert s.need is not None and 3 <= s.need <= 20 and s.need < advice["worker_cap"], s.table()
+    assert s.need is not None and 2 <= s.need <= 20 and s.need < advice["worker_cap"], s.table()
 
 
 @pytest.mark.slow

@@ -287,3 +287,18 @@ def test_a_dump_that_reports_a_step_first_does_not_hide_the_stretchs_earlier_ste
     watch.saw_dump(4242, 9.0, FORWARD_BACKWARD)
     watch.saw_stretch(stretch([(WAITING_FOR_DATA, 100), (OPTIMIZER_STEP, 5), (IN_DATASET, 395)], end=10.0))
     assert watch.status(4242) == (False, pytest.approx(6.0))
+
+
+def test_a_steady_share_in_dense_samples_is_no_pause_but_one_stretch_of_waiting_is():
+    from gputop.analysis.checks.input import input_phase
+
+    # 66% input spread through every second: continuous starvation, not one pause
+    steady = RankObs(pid=1, stretches=[stretch([(IN_DATASET, 66), (FORWARD_BACKWARD, 34)] * 5, end=5.0 * k, rate=100.0)
+                                       for k in range(1, 13)])
+    assert input_phase(steady) is None
+    # fed for 30 s, then 10 s waiting, then fed again: one pause of ~10 s
+    def runs(k):
+        return [(IN_DATASET, 500)] if k in (7, 8) else [(FORWARD_BACKWARD, 500)]
+    paused = RankObs(pid=1, stretches=[stretch(runs(k), end=5.0 * k, rate=100.0) for k in range(1, 13)])
+    phase = input_phase(paused)
+    assert phase is not None and 9.0 <= phase[1] <= 11.0 and phase[2] == 0.0

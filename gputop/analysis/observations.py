@@ -153,7 +153,8 @@ class StateCounts:
     seconds: float = 0.0  # the span the counted samples cover
     source: str = "stack dumps"
     startup_left_out: int = 0  # samples before the training loop's first step
-    runs: list[list[tuple[str, int]]] = field(default_factory=list)  # dense stretches, in order (None: dumps)
+    runs: list[list[tuple[str, int]]] = field(default_factory=list)  # the kept runs of each dense stretch, in order
+    stretches: list[StateSamples] = field(default_factory=list)  # ... and those stretches (runs end where they do)
     dense: bool = False
 
     @property
@@ -190,7 +191,8 @@ class StateCounts:
         return StateCounts(
             self.counts + other.counts, self.n + other.n, max(self.seconds, other.seconds),
             self.source if self.source == other.source or not other.n else (other.source if not self.n else "mixed"),
-            self.startup_left_out + other.startup_left_out, self.runs + other.runs, self.dense or other.dense,
+            self.startup_left_out + other.startup_left_out, self.runs + other.runs, self.stretches + other.stretches,
+            self.dense or other.dense,
         )
 
 
@@ -225,6 +227,7 @@ def dense_counts(stretches: Sequence[StateSamples], since: Optional[float], loop
             index += n
         if kept:
             out.runs.append(kept)
+            out.stretches.append(stretch)
             out.n += total - keep_from
             first_t = t0 + keep_from * period if first_t is None else min(first_t, t0 + keep_from * period)
             last_t = stretch.end if last_t is None else max(last_t, stretch.end)

@@ -394,6 +394,7 @@ def run_hf(args: argparse.Namespace) -> None:
 
     class Done(TrainerCallback):
         def on_step_end(self, *_args, **_kwargs):
+            spend(args.step_ms / 1000.0, "sleep")  # --step-ms: the simulated GPU, as in the plain loop
             outputs.done()
 
     # built from a config: nothing is downloaded

@@ -14,6 +14,7 @@ from gputop.analysis.observations import (
     bench_recommendation,
     bench_wait_fraction,
     dataset_frames,
+    dense_counts,
     frames_from,
     pooled_counts,
 )
@@ -61,19 +62,43 @@ def gpu_idle_share(ctx: Context) -> Optional[Share]:
     return mean_share(values, "NVML utilization, 1 a second")
 
 
-def input_phase(rank: RankObs) -> Optional[tuple[float, float, float]]:
-    """(start, seconds, input share outside it) when this rank's input dumps form one stretch: a phase.
+PHASE_BIN_S = 1.0  # dense samples are judged a second at a time: a second mostly in input is an input second
 
-    It is one when the longest run of consecutive input dumps holds most of them, lasted at most
-    INPUT_PHASE_MAX_S (or, still going at the end of the window, INPUT_PHASE_OPEN_MAX_S), and outside it
-    the rank is not input-bound."""
-    samples = [s for s in rank.samples if s.state]
+
+def input_timeline(rank: RankObs) -> list[tuple[float, bool]]:
+    """(time, in the input pipeline) in time order over the whole diagnosis window (a pause's shape needs
+    more than the share window shows), start-up left out: one per second of dense samples (mostly input
+    or not), else one per stack dump."""
+    if not rank.stretches:
+        return [(s.timestamp, s.state in INPUT_WAIT_STATES) for s in rank.samples
+                if s.state and not rank.starting_up and (rank.loop_started is None or s.timestamp >= rank.loop_started)]
+    counts = dense_counts(rank.stretches, None, rank.loop_started, rank.starting_up)
+    bins: dict[int, list[int]] = {}
+    for stretch, runs in zip(counts.stretches, counts.runs):
+        period = 1.0 / stretch.rate
+        t = stretch.end - sum(n for _, n in runs) * period  # the kept samples end with the stretch
+        for state, n in runs:
+            for k in range(n):
+                hits = bins.setdefault(int((t + k * period) // PHASE_BIN_S), [0, 0])
+                hits[0] += state in INPUT_WAIT_STATES
+                hits[1] += 1
+            t += n * period
+    return [(b * PHASE_BIN_S, hits * 2 > total) for b, (hits, total) in sorted(bins.items())]
+
+
+def input_phase(rank: RankObs) -> Optional[tuple[float, float, float]]:
+    """(start, seconds, input share outside it) when this rank's input time forms one stretch: a phase.
+
+    It is one when the longest run of consecutive input dumps (or seconds, from dense samples) holds most
+    of them, lasted at most INPUT_PHASE_MAX_S (or, still going at the end of the window,
+    INPUT_PHASE_OPEN_MAX_S), and outside it the rank is not input-bound."""
+    timeline = input_timeline(rank)
     best: Optional[tuple[int, int]] = None  # [i, j) of the longest run
     i = 0
-    while i < len(samples):
-        if samples[i].state in INPUT_WAIT_STATES:
+    while i < len(timeline):
+        if timeline[i][1]:
             j = i
-            while j < len(samples) and samples[j].state in INPUT_WAIT_STATES:
+            while j < len(timeline) and timeline[j][1]:
                 j += 1
             if best is None or j - i > best[1] - best[0]:
                 best = (i, j)
@@ -83,13 +108,13 @@ def input_phase(rank: RankObs) -> Optional[tuple[float, float, float]]:
     if best is None:
         return None
     i, j = best
-    hits = sum(1 for s in samples if s.state in INPUT_WAIT_STATES)
-    outside = samples[:i] + samples[j:]
+    hits = sum(1 for _, inside in timeline if inside)
+    outside = timeline[:i] + timeline[j:]
     outside_share = (hits - (j - i)) / len(outside) if outside else 1.0
-    # the stretch lasts from its first input dump to the next other dump (or its last one, if still open)
-    start = samples[i].timestamp
-    end = samples[j].timestamp if j < len(samples) else samples[j - 1].timestamp
-    limit = INPUT_PHASE_MAX_S if j < len(samples) else INPUT_PHASE_OPEN_MAX_S
+    # the stretch lasts from its first input item to the next other one (or its last one, if still open)
+    start = timeline[i][0]
+    end = timeline[j][0] if j < len(timeline) else timeline[j - 1][0]
+    limit = INPUT_PHASE_MAX_S if j < len(timeline) else INPUT_PHASE_OPEN_MAX_S
     if end - start > limit or len(outside) < MIN_STACK_SAMPLES or outside_share >= INPUT_BOUND_MODERATE:
         return None
     return start, end - start, outside_share
