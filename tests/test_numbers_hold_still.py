@@ -214,3 +214,20 @@ def test_the_stated_range_holds_the_measured_need_in_9_of_10(series, name):
     _complete(s)
     assert s.need is not None, s.table()
     assert s.contained() >= MIN_CONTAINED, f"need {s.need} inside {s.contained()}/{REPORTS} stated ranges\n{s.table()}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", JOBS)
+def test_every_report_rests_on_200_samples_a_rank_and_states_each_shares_interval(series, name):
+    """Issue 21: a 12 s window holds at least 200 samples per rank, and every share in the report JSON carries
+    its interval and its sample count."""
+    s = series[name]
+    _complete(s)
+    for i, report in enumerate(s.reports):
+        for rank in report["job"]["ranks"]:
+            assert rank["samples"] >= 200 and rank["sampling"].startswith("py-spy record at"), (i, rank["samples"], s.table())
+            for state, share in rank["shares"].items():
+                assert share["low"] <= share["share"] <= share["high"] and share["of"] == rank["samples"], (i, state, share)
+        figures = Series.starvation(report)["figures"]
+        assert figures["input_share"]["of"] >= 200 and figures["workers"]["low"] is not None, (i, figures)
