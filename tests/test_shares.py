@@ -184,9 +184,16 @@ def test_the_loop_starts_at_the_first_step_not_the_first_wait_for_data():
     # the first optimizer step at t=5 + 1.0 s
     watch.saw_stretch(stretch([(WAITING_FOR_DATA, 100), (OPTIMIZER_STEP, 5), (IN_DATASET, 395)], end=10.0))
     assert watch.status(4242) == (False, pytest.approx(6.0))
-    # a dump can say so first
+    # a dump can say so first, once the rank was seen fetching
+    watch.saw_dump(7, 2.0, WAITING_FOR_DATA)
     watch.saw_dump(7, 3.0, FORWARD_BACKWARD)
     assert watch.status(7) == (False, 3.0)
+    # a warm-up forward before any fetch is set-up, not the loop
+    watch.saw_dump(8, 1.0, FORWARD_BACKWARD)
+    assert watch.status(8) == (True, None)
+    watch.saw_dump(8, 4.0, IN_DATASET)
+    watch.saw_dump(8, 5.0, OPTIMIZER_STEP)
+    assert watch.status(8) == (False, 5.0)
 
 
 def test_a_loop_never_recognised_stops_counting_as_start_up_after_a_minute():
@@ -284,6 +291,7 @@ def test_starting_up_is_said_until_the_first_step():
 def test_a_dump_that_reports_a_step_first_does_not_hide_the_stretchs_earlier_steps():
     # the dump at t=9 arrives before the stretch covering t=5..10 ends; that stretch's first step is at 6
     watch = StartupWatch(clock=lambda: 10.0)
+    watch.saw_dump(4242, 1.0, WAITING_FOR_DATA)
     watch.saw_dump(4242, 9.0, FORWARD_BACKWARD)
     watch.saw_stretch(stretch([(WAITING_FOR_DATA, 100), (OPTIMIZER_STEP, 5), (IN_DATASET, 395)], end=10.0))
     assert watch.status(4242) == (False, pytest.approx(6.0))

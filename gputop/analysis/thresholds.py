@@ -18,7 +18,7 @@ LOW_UTILIZATION = 50.0
 BUSY_UTILIZATION = 90.0
 # Stack fractions need a few dumps: 5 distinct dumps is ~10 s at the default 2 s stack interval.
 MIN_STACK_SAMPLES = 5
-# ... or, sampled densely (py-spy record, 25-500 a second), samples over at least 4 s: a share of a
+# ... or, sampled densely (py-spy record, 10-500 a second), samples over at least 4 s: a share of a
 # shorter stretch is one phase of the loop, not the loop.
 MIN_SAMPLED_SECONDS = 4.0
 # The live shares cover the last minute (the screen says so): long enough for 1,500 samples a rank at the

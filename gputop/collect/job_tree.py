@@ -557,11 +557,11 @@ class JobCollector:
         """The ranks' dense stretches finished since the last collect (and the ranks to sample from now on)."""
         if self._sampler is None:
             return ()
-        self._sampler.follow(rank_pids)
         stretches = self._sampler.take()
         for stretch in stretches:
             self._startup.saw_stretch(stretch)
         self._startup.forget_except(set(rank_pids))
+        self._sampler.follow(rank_pids, frozenset(p for p in rank_pids if self._startup.status(p)[0]))
         return stretches
 
     def _with_states(self, rank: Rank, stacks: Optional[ProcessStacks]) -> Rank:

@@ -60,12 +60,18 @@ class SamplingBudget:
 BACKGROUND = SamplingBudget(per_rank_hz=10, total_hz=100, stretch_s=10.0)
 FOCUSED = SamplingBudget(per_rank_hz=500, total_hz=2000, stretch_s=5.0)
 MIN_RATE_HZ = 5
+# A rank whose training loop has not been seen yet is sampled at the FOCUSED rate for up to this long after
+# gputop starts following it: a starved rank steps 2% of the time, which 10 samples a second may miss for
+# many seconds (its loop's start, and so every share, would wait for it), and the first verdict rests on
+# thousands of samples instead of dozens.
+EAGER_S = 60.0
 FLUSH_TIMEOUT_S = 3.0  # py-spy writes its file within ~50 ms of SIGINT; then it is killed
 RETRY_AFTER_S = 5.0  # a stretch that failed (the rank exited, permission): wait before the next try
 CLASSIFIED_STACKS = 4096  # distinct stacks whose classification is remembered (a loop has a few dozen)
 
-# A rank has started training once a sample shows it in a step (forward/backward or the optimizer).
-# Waiting for the first batch is not enough: that wait is the workers starting (part of start-up).
+# A rank has started training once a sample shows it in a step (forward/backward or the optimizer) after it
+# was seen fetching a batch.  Waiting for the first batch is not enough (that wait is the workers starting,
+# part of start-up), nor is a step before any fetch (a warm-up forward while the model is built).
 STEP_STATES = (FORWARD_BACKWARD, OPTIMIZER_STEP)
 
 
@@ -160,6 +166,7 @@ class _RankRecorder:
         self.stopped = False
         self.running = False  # a stretch is being recorded
         self.finished = 0  # stretches ended so far (flush() waits for this to move)
+        self.followed_at = time.monotonic()
         self.thread = threading.Thread(target=self._loop, name=f"gputop-sampler-{pid}", daemon=True)
         self.thread.start()
 
@@ -181,7 +188,8 @@ class _RankRecorder:
                     self.cut.clear()
 
     def _stretch(self) -> Optional[StateSamples]:
-        rate = self.owner.rate()
+        budget = self.owner.budget_for(self)
+        rate = rate_for(self.owner.ranks(), budget)
         fd, out = tempfile.mkstemp(prefix=f"gputop-states-{self.pid}-", suffix=".json", dir=self.owner.tmpdir)
         os.close(fd)
         err_path = out + ".err"
@@ -197,7 +205,7 @@ class _RankRecorder:
                                             env=dict(os.environ, RUST_BACKTRACE="0"))
                 except OSError as exc:
                     return StateSamples(self.pid, started, time.time(), rate, error=f"cannot run py-spy: {exc.strerror}")
-                cut_short = self.cut.wait(self.owner.stretch_s())
+                cut_short = self.cut.wait(budget.stretch_s)
                 self.cut.clear()
                 ended = time.time()
                 if proc.poll() is None:
@@ -260,24 +268,27 @@ class StateSampler:
         self.closed = False
         self.wanted = True
         self.focused = False
+        self.starting: frozenset[int] = frozenset()  # ranks still starting up: sampled eagerly (EAGER_S)
         self.wake = threading.Event()
         self._ended = threading.Condition()
         self._lock = threading.Lock()
         self._recorders: dict[int, _RankRecorder] = {}
         self._done: list[StateSamples] = []
 
-    def budget(self) -> SamplingBudget:
-        return FOCUSED if self.focused else BACKGROUND
+    def ranks(self) -> int:
+        return len(self._recorders)
 
-    def rate(self) -> int:
-        return rate_for(len(self._recorders), self.budget())
+    def budget_for(self, recorder: _RankRecorder) -> SamplingBudget:
+        """FOCUSED while someone reads the shares closely, or while this rank's loop is not yet seen (for
+        EAGER_S after gputop began to follow it); BACKGROUND otherwise."""
+        eager = recorder.pid in self.starting and time.monotonic() - recorder.followed_at < EAGER_S
+        return FOCUSED if self.focused or eager else BACKGROUND
 
-    def stretch_s(self) -> float:
-        return self.budget().stretch_s
-
-    def follow(self, pids: list[int]) -> None:
+    def follow(self, pids: list[int], starting: frozenset[int] = frozenset()) -> None:
+        """Sample these ranks from now on; `starting`: those whose training loop has not been seen yet."""
         if self.closed:
             return
+        self.starting = starting
         with self._lock:
             wanted = set(pids)
             for pid in [p for p in self._recorders if p not in wanted]:
@@ -363,6 +374,7 @@ class StartupWatch:
         self._lock = threading.Lock()  # the stack thread reports dumps, the poll thread stretches and asks
         self._first_seen: dict[int, float] = {}
         self._first_input: dict[int, float] = {}
+        self._first_step: dict[int, float] = {}
         self._started: dict[int, float] = {}
 
     def saw_stretch(self, stretch: StateSamples) -> None:
@@ -376,15 +388,21 @@ class StartupWatch:
         total = sum(n for _, n in stretch.runs)
         seen = 0
         for state, n in stretch.runs:
-            at = stretch.end - (total - seen) / stretch.rate
-            if state in STEP_STATES:
-                # the earliest step seen: a dump (every ~2 s) often reports one before the stretch that
-                # covers the same seconds ends, and the stretch's earlier steps must still count
-                self._started[stretch.pid] = min(at, self._started.get(stretch.pid, at))
-                return
-            if state in INPUT_WAIT_STATES:
-                self._first_input.setdefault(stretch.pid, at)
+            self._saw(stretch.pid, stretch.end - (total - seen) / stretch.rate, state)
             seen += n
+
+    def _saw(self, pid: int, at: float, state: str) -> None:
+        """The loop began at the first step taken on a batch: a step after the rank was seen fetching one.
+        A step with no fetch before it is set-up (a warm-up forward, a shape check), not the loop."""
+        if state in STEP_STATES:
+            self._first_step.setdefault(pid, at)
+            fetched = self._first_input.get(pid)
+            if fetched is not None and fetched <= at:
+                # the earliest such step: a dump (every ~2 s) often reports one before the stretch that
+                # covers the same seconds ends, and the stretch's earlier steps must still count
+                self._started[pid] = min(at, self._started.get(pid, at))
+        elif state in INPUT_WAIT_STATES:
+            self._first_input[pid] = min(at, self._first_input.get(pid, at))
 
     def saw_dump(self, pid: int, timestamp: float, state: Optional[str]) -> None:
         if state is None:
@@ -394,10 +412,7 @@ class StartupWatch:
 
     def _saw_dump(self, pid: int, timestamp: float, state: str) -> None:
         self._seen(pid, timestamp)
-        if state in STEP_STATES:
-            self._started[pid] = min(timestamp, self._started.get(pid, timestamp))
-        elif state in INPUT_WAIT_STATES and pid not in self._started:
-            self._first_input.setdefault(pid, timestamp)
+        self._saw(pid, timestamp, state)
 
     def _seen(self, pid: int, timestamp: float) -> None:
         self._first_seen[pid] = min(timestamp, self._first_seen.get(pid, timestamp))
@@ -415,8 +430,10 @@ class StartupWatch:
         if first is None:
             return True, None
         if self._clock() - first >= STARTUP_GIVE_UP_S:
-            # no step recognised: count from its first wait for data if it had one, else from now on
-            self._started[pid] = self._first_input.get(pid, self._clock())
+            # no step on a fetched batch recognised (synthetic data, a loop gputop does not know): count
+            # from its first step or its first wait for data if it had either, else from now on
+            seen = [t for t in (self._first_step.get(pid), self._first_input.get(pid)) if t is not None]
+            self._started[pid] = min(seen) if seen else self._clock()
             return False, self._started[pid]
         return True, None
 
@@ -425,6 +442,6 @@ class StartupWatch:
             self._forget_except(pids)
 
     def _forget_except(self, pids: set[int]) -> None:
-        for table in (self._first_seen, self._first_input, self._started):
+        for table in (self._first_seen, self._first_input, self._first_step, self._started):
             for pid in [p for p in table if p not in pids]:
                 del table[pid]
