@@ -169,10 +169,9 @@ def _complete(s: Series) -> None:
 
 # A test's time includes the module fixture's ~3 minutes when it is the first to run.
 TIMEOUT = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, TIMEOUT]  # every test here reads the same 2.5 min series
 
 
-@pytest.mark.slow
-@TIMEOUT
 @pytest.mark.parametrize("name", JOBS)
 def test_the_job_is_input_bound_with_a_need_inside_the_cap(series, name):
     """The bar's premise: the benchmark measured a job that waits 50-90% of the time and needs 2-20
@@ -185,8 +184,6 @@ def test_the_job_is_input_bound_with_a_need_inside_the_cap(series, name):
     assert s.need is not None and 2 <= s.need <= 20 and s.need < advice["worker_cap"], s.table()
 
 
-@pytest.mark.slow
-@TIMEOUT
 @pytest.mark.parametrize("name", JOBS)
 def test_the_verdict_is_the_same_in_10_of_10_reports(series, name):
     s = series[name]
@@ -195,8 +192,6 @@ def test_the_verdict_is_the_same_in_10_of_10_reports(series, name):
     assert len(verdicts) == 1 and verdicts == {("starvation", "highly")}, s.table()
 
 
-@pytest.mark.slow
-@TIMEOUT
 @pytest.mark.parametrize("name", JOBS)
 def test_the_advised_workers_move_by_at_most_1_3x(series, name):
     s = series[name]
@@ -206,8 +201,6 @@ def test_the_advised_workers_move_by_at_most_1_3x(series, name):
     assert max(advised) / min(advised) <= MAX_SPREAD, f"max/min {max(advised)}/{min(advised)}\n{s.table()}"
 
 
-@pytest.mark.slow
-@TIMEOUT
 @pytest.mark.parametrize("name", JOBS)
 def test_the_stated_range_holds_the_measured_need_in_9_of_10(series, name):
     s = series[name]
@@ -216,8 +209,6 @@ def test_the_stated_range_holds_the_measured_need_in_9_of_10(series, name):
     assert s.contained() >= MIN_CONTAINED, f"need {s.need} inside {s.contained()}/{REPORTS} stated ranges\n{s.table()}"
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", JOBS)
 def test_every_report_rests_on_200_samples_a_rank_and_states_each_shares_interval(series, name):
     """Issue 21: a 12 s window holds at least 200 samples per rank, and every share in the report JSON carries
