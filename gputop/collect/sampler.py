@@ -34,7 +34,7 @@ from gputop.analysis.stack_classes import (
     is_epoch_start_frame,
     worker_activity,
 )
-from gputop.collect.stacks import PY_SPY_INSTALL_HINT, classify_failure, find_py_spy
+from gputop.collect.stacks import PY_SPY_INSTALL_HINT, classify_failure, find_py_spy, record_errors
 from gputop.errors import GputopError
 from gputop.model import Frame, ThreadStack
 
@@ -304,7 +304,6 @@ class PassiveSampler:
             else:
                 error = classify_failure(self.rank_pid, stderr)
             return PassiveResult(pid=self.rank_pid, seconds=wall, error=error, idle_cores=idle, cpu_count=cpu_count)
-        errors = re.search(r"Errors: (\d+)", stderr)
         found = analyze(parse_raw(text), self.rank_pid, self.worker_pids)
         error = None
         if not found["main_samples"]:
@@ -322,7 +321,7 @@ class PassiveSampler:
             hottest_main_frames=found.get("hottest_main_frames", ()),
             idle_cores=idle,
             cpu_count=cpu_count,
-            sample_errors=int(errors.group(1)) if errors else 0,
+            sample_errors=record_errors(stderr),
             error=error,
         )
 

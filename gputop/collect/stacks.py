@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -266,6 +267,12 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return "unknown signal"
+
+
+def record_errors(stderr: str) -> int:
+    """The samples `py-spy record` could not read (torn reads), from its closing "Errors: N" line."""
+    found = re.search(r"Errors: (\d+)", stderr)
+    return int(found.group(1)) if found else 0
 
 
 def _is_transient(stderr: str) -> bool:

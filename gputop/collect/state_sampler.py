@@ -39,7 +39,7 @@ from gputop.analysis.stack_classes import (
     classify_thread,
     read_source_line,
 )
-from gputop.collect.stacks import classify_failure
+from gputop.collect.stacks import classify_failure, record_errors
 from gputop.model import Frame, StateSamples, ThreadStack
 
 
@@ -230,7 +230,7 @@ class _RankRecorder:
                 states = parse_speedscope(text, self.pid, self.classifier)
             except (ValueError, TypeError, KeyError, IndexError) as exc:
                 return StateSamples(self.pid, started, ended, rate, error=f"py-spy output unreadable ({exc})")
-            errors = _error_count(stderr)
+            errors = record_errors(stderr)
             if not states and (cut_short or self.stopped or self.owner.closed):
                 return None  # ended by us before py-spy caught the main thread (a new rate, a flush): no failure
             if not states:
@@ -246,14 +246,6 @@ class _RankRecorder:
                     pass
 
 
-def _error_count(stderr: str) -> int:
-    for line in stderr.splitlines():
-        if line.strip().startswith("Errors:"):
-            digits = "".join(ch for ch in line if ch.isdigit())
-            return int(digits) if digits else 0
-    return 0
-
-
 class StateSampler:
     """Densely samples a set of rank PIDs; `take()` hands over the stretches finished since the last call.
 
@@ -261,9 +253,8 @@ class StateSampler:
     stacks switch); `focus(True)` raises the rate (a report, the findings screen); `flush()` ends the
     running stretches now and waits for them, so a report's last seconds are in it."""
 
-    def __init__(self, py_spy: str, *, on_stretch: Optional[Callable[[StateSamples], None]] = None) -> None:
+    def __init__(self, py_spy: str) -> None:
         self.py_spy = py_spy
-        self.on_stretch = on_stretch
         self.tmpdir = tempfile.mkdtemp(prefix="gputop-states-")
         self.closed = False
         self.wanted = True
@@ -321,8 +312,6 @@ class StateSampler:
     def deliver(self, stretch: StateSamples) -> None:
         with self._lock:
             self._done.append(stretch)
-        if self.on_stretch is not None:
-            self.on_stretch(stretch)
 
     def stretch_ended(self, recorder: _RankRecorder) -> None:
         with self._ended:

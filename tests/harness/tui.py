@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable, Optional
 
+from gputop.model import LABEL_CODE, Finding
 from gputop.tui.app import GputopApp
 from tests.harness.histories import (
     ScriptedSource,
@@ -62,3 +64,28 @@ def build_app(
     # the script is on screen within ~0.4 s; waiting the live default for the first verdict would only idle
     app.first_verdict_delay = 0.05
     return app, source
+
+
+# A trace's result as `gputop trace` returns it: one rank spending 41% in communication, and its finding.
+TRACE_COMM_FINDING = Finding(
+    id="trace_communication", title="Communication-bound (> 30% of the step)", severity="warning", confidence=0.8,
+    label=LABEL_CODE, summary="Communication takes 41% of rank 0's time (the rule: > 30%)",
+    evidence=("rank 0: communication 41% of the main thread's wall time",), fix="communicate less often")
+TRACE_RANK = {"rank": 0, "pid": 4242, "phases": {"data": 0.1, "forward": 0.2, "backward": 0.2, "comm": 0.41, "optimizer": 0.05,
+                                                 "sync": 0.0, "other": 0.04},
+              "steps_per_s": 3.5, "trace_file": "/tmp/x/rank0.pid4242.pt.trace.json.gz", "gpu": None, "top_ops": []}
+
+
+async def run_the_check(pilot, app: GputopApp) -> None:
+    """Key c: the (scripted) machine check runs; its dialog is closed again."""
+    await pilot.press("c")
+    await wait_for(pilot, lambda: app.last_check is not None, "the scripted check")
+    await pilot.press("escape")
+
+
+async def write_the_report(pilot, directory: Path) -> Path:
+    """Key r: the report the app writes into `directory` (its report_dir)."""
+    await pilot.press("r")
+    await wait_for(pilot, lambda: list(directory.glob("gputop-report-*.md")), "the report file")
+    (path,) = directory.glob("gputop-report-*.md")
+    return path

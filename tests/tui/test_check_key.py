@@ -7,7 +7,15 @@ from gputop.pipeline import Pipeline
 from gputop.tui.app import GputopApp
 from gputop.tui.check_screen import CheckScreen
 from gputop.tui.widgets.gpu_grid import GpuGrid
-from tests.harness.tui import build_app, settle, wait_for
+from tests.harness.tui import (
+    TRACE_COMM_FINDING,
+    TRACE_RANK,
+    build_app,
+    run_the_check,
+    settle,
+    wait_for,
+    write_the_report,
+)
 
 
 async def test_check_key_runs_the_check_on_the_live_machine():
@@ -85,12 +93,8 @@ async def test_report_key_after_the_check_carries_its_infra_section(tmp_path, cl
     app.machine_check = scripted_check("h100-sxm-8+nvlink-crc=2:7")
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
-        await pilot.press("c")
-        await wait_for(pilot, lambda: app.last_check is not None, "the scripted check")
-        await pilot.press("escape")
-        await pilot.press("r")
-        await wait_for(pilot, lambda: list(tmp_path.glob("gputop-report-*.md")), "the report file")
-    (path,) = tmp_path.glob("gputop-report-*.md")
+        await run_the_check(pilot, app)
+        path = await write_the_report(pilot, tmp_path)
     text = path.read_text()
     infra = text[text.index("## For the infra team"):]
     assert "| 2 | NVIDIA H100 80GB HBM3 | 1654922000002 |" in infra
@@ -106,30 +110,25 @@ async def test_the_screen_the_r_report_and_gputop_report_give_the_same_findings(
     from gputop.tracing import TraceResult
     from gputop.tui.app import _default_diagnose
     from tests.harness.machine_check import scripted_check
-    from tests.tui.test_trace_key import COMM, RANK
 
     app, source = build_app(10, tmp_path=tmp_path, with_job=True)
     close_sources(source)
     app._diagnose = _default_diagnose  # the real diagnosis, as the monitor runs it
     app.machine_check = scripted_check("h100-sxm-8+nvlink-crc=2:7")
-    app.trace_runner = lambda pid, *, seconds, progress: TraceResult(target=f"PID {pid}", ranks=(RANK,), findings=(COMM,),
+    app.trace_runner = lambda pid, *, seconds, progress: TraceResult(target=f"PID {pid}", ranks=(TRACE_RANK,), findings=(TRACE_COMM_FINDING,),
                                                                       seconds=seconds)
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
-        await pilot.press("c")
-        await wait_for(pilot, lambda: app.last_check is not None, "the scripted check")
-        await pilot.press("escape")
+        await run_the_check(pilot, app)
         await pilot.press("t")
         await pilot.press("y")
         await wait_for(pilot, lambda: app.last_trace is not None, "the scripted trace")
         await pilot.press("escape")
         await wait_for(pilot, lambda: app.verdict is not None and app.verdict.findings is not None and any(
-            f.id == COMM.id for f in app.verdict.findings) and any(f.id.startswith("check.") for f in app.verdict.findings),
+            f.id == TRACE_COMM_FINDING.id for f in app.verdict.findings) and any(f.id.startswith("check.") for f in app.verdict.findings),
             "the trace's and the check's findings on screen")
-        await pilot.press("r")
-        await wait_for(pilot, lambda: list(tmp_path.glob("gputop-report-*.md")), "the report file")
+        path = await write_the_report(pilot, tmp_path)
         screen = [f.title for f in app.verdict.findings]
         command = [f.title for f in findings(app.history, None, app.last_trace, app.last_check, window=None)]
-    (path,) = tmp_path.glob("gputop-report-*.md")
     written = re.findall(r"^### \d+\. (.+)$", path.read_text(), flags=re.M)
     assert screen == written == command, (screen, written, command)

@@ -3,17 +3,11 @@ shows the per-rank table, and its findings join the verdict."""
 
 from __future__ import annotations
 
-from gputop.model import LABEL_CODE, Finding
 from gputop.tracing import TraceResult
 from gputop.tui.trace_screen import TraceScreen
-from tests.harness.tui import build_app, settle, wait_for
+from tests.harness.tui import TRACE_COMM_FINDING, TRACE_RANK, build_app, settle, wait_for
 
-COMM = Finding(id="trace_communication", title="Communication-bound (> 30% of the step)", severity="warning",
-               confidence=0.8, label=LABEL_CODE, summary="Communication takes 41% of rank 0's time (the rule: > 30%)",
-               evidence=("rank 0: communication 41% of the main thread's wall time",), fix="communicate less often")
-RANK = {"rank": 0, "pid": 4242, "phases": {"data": 0.1, "forward": 0.2, "backward": 0.2, "comm": 0.41, "optimizer": 0.05,
-                                           "sync": 0.0, "other": 0.04},
-        "steps_per_s": 3.5, "trace_file": "/tmp/x/rank0.pid4242.pt.trace.json.gz", "gpu": None, "top_ops": []}
+COMM, RANK = TRACE_COMM_FINDING, TRACE_RANK
 
 
 async def test_trace_key_asks_then_traces_the_job_and_adds_its_finding(close_sources):
