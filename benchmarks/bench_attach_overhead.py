@@ -59,10 +59,25 @@ def main() -> int:
         tmp_path = Path(tmp)
         progress = tmp_path / "steps"
         job = subprocess.Popen(
-            attach_loop_command("--workers", str(args.workers), "--persistent", "--length", "100000000",
-                                "--sample-ms", str(args.getitem_ms), "--step-ms", str(args.step_ms),
-                                "--progress", str(progress), "--ready", str(tmp_path / "ready")),
-            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            attach_loop_command(
+                "--workers",
+                str(args.workers),
+                "--persistent",
+                "--length",
+                "100000000",
+                "--sample-ms",
+                str(args.getitem_ms),
+                "--step-ms",
+                str(args.step_ms),
+                "--progress",
+                str(progress),
+                "--ready",
+                str(tmp_path / "ready"),
+            ),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         gputop = None
         detached, attached = [], []
@@ -72,9 +87,23 @@ def main() -> int:
             for _ in range(args.rounds):
                 detached.append(steps_per_s(progress, args.window))
                 gputop = subprocess.Popen(
-                    [sys.executable, "-m", "gputop", "record", "--pid", str(job.pid), "--interval", "1",
-                     "--seconds", str(args.window + WARMUP_S + 1.0), "-o", str(tmp_path / "rec.gputop")],
-                    start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    [
+                        sys.executable,
+                        "-m",
+                        "gputop",
+                        "record",
+                        "--pid",
+                        str(job.pid),
+                        "--interval",
+                        "1",
+                        "--seconds",
+                        str(args.window + WARMUP_S + 1.0),
+                        "-o",
+                        str(tmp_path / "rec.gputop"),
+                    ],
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                 )
                 time.sleep(WARMUP_S)  # skip gputop's start-up, not a synchronisation
@@ -91,8 +120,10 @@ def main() -> int:
 
     off, on = statistics.median(detached), statistics.median(attached)
     ratio = on / off if off else float("nan")
-    print(f"steps/s of tests/jobs/train_job.py ({args.workers} workers), {args.rounds} x {args.window:g} s "
-          f"windows each, interleaved, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+    print(
+        f"steps/s of tests/jobs/train_job.py ({args.workers} workers), {args.rounds} x {args.window:g} s "
+        f"windows each, interleaved, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+    )
     print(f"{'':<26}{'median':>9}{'min':>9}{'max':>9}")
     for name, values in (("without gputop", detached), ("gputop record --pid", attached)):
         print(f"{name:<26}{statistics.median(values):>9.2f}{min(values):>9.2f}{max(values):>9.2f}")

@@ -46,7 +46,11 @@ def _run_one(workers: int, prep_ms: float, step_ms: float, seconds: float, tmp: 
     extra = ["--persistent"] if workers else []
     proc = subprocess.Popen(
         bench_command(log, "--workers", str(workers), "--batch-ms", str(prep_ms), "--step-ms", str(step_ms), *extra),
-        cwd=REPO, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=REPO,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         job = Job(proc, Path(f"{log}.0"))
@@ -77,10 +81,13 @@ def _run_one(workers: int, prep_ms: float, step_ms: float, seconds: float, tmp: 
     config_errors = [c["batches_per_s"] / (max(1, c["num_workers"]) / prep_s) - 1 for c in result.configs]
     if verbose:
         for c, err in zip(result.configs, config_errors):
-            print(f"  nw={workers} prep={prep_ms:g}: config num_workers={c['num_workers']} "
-                  f"prefetch={c.get('prefetch_factor')} {c['batches_per_s']:.2f}/s, truth "
-                  f"{max(1, c['num_workers']) / prep_s:.2f}/s (per-batch cost {prep_s * 1000:.1f} ms), "
-                  f"error {err:+.1%}", file=sys.stderr)
+            print(
+                f"  nw={workers} prep={prep_ms:g}: config num_workers={c['num_workers']} "
+                f"prefetch={c.get('prefetch_factor')} {c['batches_per_s']:.2f}/s, truth "
+                f"{max(1, c['num_workers']) / prep_s:.2f}/s (per-batch cost {prep_s * 1000:.1f} ms), "
+                f"error {err:+.1%}",
+                file=sys.stderr,
+            )
     consumption = result.consumption or {}
     return {
         "job": f"nw={workers} prep={prep_ms:g} step={step_ms:g}",
@@ -111,18 +118,21 @@ def main() -> int:
     header = f"{'job':<26}{'answer_s':>9}{'consumption_err':>17}{'wait_err':>10}{'worst_config_err':>18}{'configs':>9}{'recommended':>13}{'kept':>7}{'reported':>10}"
     print(header)
     for r in rows:
-        print(f"{r['job']:<26}{r['answer_s']:>9.1f}{r['consumption_err']:>+16.1%} {r['wait_err']:>+9.3f}"
-              f"{r['worst_config_err']:>+17.1%} {r['configs']:>8}{str(r['recommended']):>13}"
-              f"{r['kept']:>7.0%}{r['kept_reported']:>10.0%}"
-              + ("  (under contention)" if r["contention"] else ""))
+        print(
+            f"{r['job']:<26}{r['answer_s']:>9.1f}{r['consumption_err']:>+16.1%} {r['wait_err']:>+9.3f}"
+            f"{r['worst_config_err']:>+17.1%} {r['configs']:>8}{str(r['recommended']):>13}"
+            f"{r['kept']:>7.0%}{r['kept_reported']:>10.0%}" + ("  (under contention)" if r["contention"] else "")
+        )
     ok_time = all(r["answer_s"] <= args.seconds + 0.5 for r in rows)
     ok_err = all(abs(r["worst_config_err"]) <= 0.10 and abs(r["consumption_err"]) <= 0.10 for r in rows)
     free = [r for r in rows if not r["contention"]]
     ok_kept = all(r["kept"] >= 0.90 for r in free)
-    print(f"\ngoal answer ≤ {args.seconds:g}s: {'met' if ok_time else 'MISSED'}; "
-          f"goal every rate within ±10%: {'met' if ok_err else 'MISSED'}; "
-          f"goal job keeps ≥ 90% of its steps/s during the sweep where cores were free ({len(free)} of {len(rows)} jobs): "
-          f"{'met' if ok_kept else 'MISSED'}; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"\ngoal answer ≤ {args.seconds:g}s: {'met' if ok_time else 'MISSED'}; "
+        f"goal every rate within ±10%: {'met' if ok_err else 'MISSED'}; "
+        f"goal job keeps ≥ 90% of its steps/s during the sweep where cores were free ({len(free)} of {len(rows)} jobs): "
+        f"{'met' if ok_kept else 'MISSED'}; load average {os.getloadavg()[0]:.1f}"
+    )
     return 0 if ok_time and ok_err and ok_kept else 1
 
 

@@ -93,9 +93,22 @@ class Windows:
         self._n += 1
         out = os.path.join(self.tmp, f"attach-{self._n}.gputop")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gputop", "record", "--pid", str(self.job.launcher_pid), "-o", out,
-             "--interval", str(self.interval)],
-            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [
+                sys.executable,
+                "-m",
+                "gputop",
+                "record",
+                "--pid",
+                str(self.job.launcher_pid),
+                "-o",
+                out,
+                "--interval",
+                str(self.interval),
+            ],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         try:
             wait_for(lambda: proc.poll() is not None or snapshots_in(out) >= 2, 60, "gputop record's 2nd snapshot")
@@ -148,8 +161,10 @@ def main() -> int:
 
     ratio = result.ratio
     print(f"Overhead on the job: demo scenario {args.scenario!r}, {args.gpus} ranks ({config})")
-    print(f"{args.rounds} A/B pairs of {args.window:g} s windows, ABBA order, one running job; {machine_line()}; "
-          f"took {time.monotonic() - started:.0f} s")
+    print(
+        f"{args.rounds} A/B pairs of {args.window:g} s windows, ABBA order, one running job; {machine_line()}; "
+        f"took {time.monotonic() - started:.0f} s"
+    )
     print_table(
         ["steps/s of the whole job", "median", "min", "max"],
         [
@@ -159,19 +174,29 @@ def main() -> int:
         spec=".2f",
     )
     pairs = ", ".join(f"{r:.3f}" for r in result.pair_ratios)
-    print(f"ratio B/A (median/median): {ratio:.3f}   per pair: {pairs}   goal >= {GOAL}: "
-          f"{'met' if ratio >= GOAL else 'NOT met'}")
+    print(f"ratio B/A (median/median): {ratio:.3f}   per pair: {pairs}   goal >= {GOAL}: {'met' if ratio >= GOAL else 'NOT met'}")
     if windows.recorder_cpu:
         cpu = sorted(windows.recorder_cpu)[len(windows.recorder_cpu) // 2]
         rss = max(windows.recorder_rss) / 2**20
-        print(f"gputop record itself (with its py-spy children): median {cpu:.1f}% of one core, RSS <= {rss:.0f} MiB; "
-              f"snapshots per attached window: {windows.snapshots}")
+        print(
+            f"gputop record itself (with its py-spy children): median {cpu:.1f}% of one core, RSS <= {rss:.0f} MiB; "
+            f"snapshots per attached window: {windows.snapshots}"
+        )
     quick = " --quick" if args.quick else ""
-    emit_figure("Overhead on the job (steps/s attached / alone)", f">= {GOAL}", f"{ratio:.3f}",
-                COMMAND + quick, ratio >= GOAL)
+    emit_figure("Overhead on the job (steps/s attached / alone)", f">= {GOAL}", f"{ratio:.3f}", COMMAND + quick, ratio >= GOAL)
     if args.json:
-        print(json.dumps({"alone": result.a, "attached": result.b, "order": result.order, "ratio": ratio,
-                          "recorder_cpu_percent": windows.recorder_cpu, "goal": GOAL}))
+        print(
+            json.dumps(
+                {
+                    "alone": result.a,
+                    "attached": result.b,
+                    "order": result.order,
+                    "ratio": ratio,
+                    "recorder_cpu_percent": windows.recorder_cpu,
+                    "goal": GOAL,
+                }
+            )
+        )
     return 0 if ratio >= GOAL else 1
 
 

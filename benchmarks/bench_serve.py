@@ -55,7 +55,9 @@ def main() -> int:
     ready = Path(tempfile.mkdtemp(prefix="gputop-bench-serve-")) / "ready"
     job = subprocess.Popen(
         attach_loop_command("--workers", "2", "--length", "100000", "--ready", str(ready)),
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
     )
     pipeline = exporter = server = loop = None
     try:
@@ -128,10 +130,19 @@ def main() -> int:
     print_table(
         ["what", "n", "median ms", "p95 ms"],
         [
-            ["scrape: HTTP GET /metrics (OpenMetrics)", len(scrapes), f"{scrape_ms:.2f}", f"{percentile(scrapes, 0.95) * 1000:.2f}"],
+            [
+                "scrape: HTTP GET /metrics (OpenMetrics)",
+                len(scrapes),
+                f"{scrape_ms:.2f}",
+                f"{percentile(scrapes, 0.95) * 1000:.2f}",
+            ],
             ["collection: pipeline poll (NVML, /proc)", len(polls), f"{poll_ms:.1f}", f"{percentile(polls, 0.95) * 1000:.1f}"],
-            ["collection: update (jobs, diagnosis, families)", len(cycles), f"{update_ms:.1f}",
-             f"{percentile(cycles, 0.95) * 1000:.1f}" if cycles else "-"],
+            [
+                "collection: update (jobs, diagnosis, families)",
+                len(cycles),
+                f"{update_ms:.1f}",
+                f"{percentile(cycles, 0.95) * 1000:.1f}" if cycles else "-",
+            ],
         ],
     )
     print(f"body: {len(body)} bytes, {samples} samples; a scrape costs {scrape_ms / cycle_ms:.3f} of a cycle (poll + update)")

@@ -158,7 +158,9 @@ def compressed(args: argparse.Namespace) -> int:
                         hour=len(hours) + 1,
                         rss_mib=me.memory_info().rss / MIB,
                         refresh_ms=statistics.median(refresh_cpu_ms) if refresh_cpu_ms else float("nan"),
-                        refresh_p95_ms=sorted(refresh_cpu_ms)[int(0.95 * (len(refresh_cpu_ms) - 1))] if refresh_cpu_ms else float("nan"),
+                        refresh_p95_ms=sorted(refresh_cpu_ms)[int(0.95 * (len(refresh_cpu_ms) - 1))]
+                        if refresh_cpu_ms
+                        else float("nan"),
                         refresh_wall_ms=statistics.median(refresh_ms) if refresh_ms else float("nan"),
                         diagnose_ms=statistics.median(diagnose_ms) if diagnose_ms else float("nan"),
                         aged_ms=statistics.median(aged_ab) if aged_ab else float("nan"),
@@ -167,9 +169,12 @@ def compressed(args: argparse.Namespace) -> int:
                         recording_mib=os.path.getsize(rec_path) / MIB,
                     )
                     hours.append(hour)
-                    print(f"  simulated hour {hour.hour:>2}: RSS {hour.rss_mib:6.1f} MiB  refresh {hour.refresh_ms:6.2f} ms CPU "
-                          f"({hour.refresh_wall_ms:.1f} wall)  diagnose {hour.diagnose_ms:6.2f} ms  ({time.monotonic() - started:.0f} s elapsed)",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"  simulated hour {hour.hour:>2}: RSS {hour.rss_mib:6.1f} MiB  refresh {hour.refresh_ms:6.2f} ms CPU "
+                        f"({hour.refresh_wall_ms:.1f} wall)  diagnose {hour.diagnose_ms:6.2f} ms  ({time.monotonic() - started:.0f} s elapsed)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     refresh_ms, refresh_cpu_ms, diagnose_ms, aged_ab, fresh_ab = [], [], [], [], []
         finally:
             if fresh is not None:
@@ -193,35 +198,87 @@ def compressed(args: argparse.Namespace) -> int:
     ab_worst = max(h.aged_ms / h.fresh_ms for h in full)
     ab_median = statistics.median(h.aged_ms / h.fresh_ms for h in full)
     diag_ratio = last.diagnose_ms / first.diagnose_ms
-    print(f"Soak, compressed time: {seconds:,} snapshots at 1 Hz ({args.hours:g} simulated h) of --simulate "
-          f"{args.simulate}; GPU read + recording write every {args.gpu_every} s, diagnose every {args.diagnose_every} s")
-    print(f"{machine_line()}; took {time.monotonic() - started:.0f} s; history holds {len(history)} snapshots; "
-          f"recording {last.recording_mib:.1f} MiB, {recorded:,} snapshots read back in {readback_s:.0f} s "
-          f"using {readback_mib:.0f} MiB more RSS ({readback_mib * 1024 / max(1, recorded):.0f} KiB per snapshot)"
-          + (f" (warning: {warning})" if warning else ""))
+    print(
+        f"Soak, compressed time: {seconds:,} snapshots at 1 Hz ({args.hours:g} simulated h) of --simulate "
+        f"{args.simulate}; GPU read + recording write every {args.gpu_every} s, diagnose every {args.diagnose_every} s"
+    )
+    print(
+        f"{machine_line()}; took {time.monotonic() - started:.0f} s; history holds {len(history)} snapshots; "
+        f"recording {last.recording_mib:.1f} MiB, {recorded:,} snapshots read back in {readback_s:.0f} s "
+        f"using {readback_mib:.0f} MiB more RSS ({readback_mib * 1024 / max(1, recorded):.0f} KiB per snapshot)"
+        + (f" (warning: {warning})" if warning else "")
+    )
     print_table(
-        ["sim. hour", "RSS MiB", "refresh CPU ms", "p95", "wall ms", "A/B aged ms", "A/B fresh ms", "aged/fresh",
-         "diagnose CPU ms", "refreshes", "recording MiB"],
-        [[h.hour, h.rss_mib, h.refresh_ms, h.refresh_p95_ms, h.refresh_wall_ms, h.aged_ms, h.fresh_ms,
-          h.aged_ms / h.fresh_ms, h.diagnose_ms, h.polls, h.recording_mib] for h in hours],
+        [
+            "sim. hour",
+            "RSS MiB",
+            "refresh CPU ms",
+            "p95",
+            "wall ms",
+            "A/B aged ms",
+            "A/B fresh ms",
+            "aged/fresh",
+            "diagnose CPU ms",
+            "refreshes",
+            "recording MiB",
+        ],
+        [
+            [
+                h.hour,
+                h.rss_mib,
+                h.refresh_ms,
+                h.refresh_p95_ms,
+                h.refresh_wall_ms,
+                h.aged_ms,
+                h.fresh_ms,
+                h.aged_ms / h.fresh_ms,
+                h.diagnose_ms,
+                h.polls,
+                h.recording_mib,
+            ]
+            for h in hours
+        ],
         spec=".2f",
     )
-    print(f"RSS last/first hour {rss_ratio:.3f} (after gc at the end {rss_after_gc:.1f} MiB); refresh CPU last/first hour "
-          f"{raw_cost_ratio:.3f} raw (moves with the machine's load); side by side with a fresh pipeline "
-          f"({AB_PAIRS} alternating refreshes at the end of each hour): aged/fresh {ab_last:.3f} in the last hour, "
-          f"median over hours {ab_median:.3f}, worst hour {ab_worst:.3f} (flat: <= {FLAT_GOAL}); diagnose CPU last/first {diag_ratio:.3f}; "
-          f"last verdict: {findings[0].title if findings else 'n/a'}")
+    print(
+        f"RSS last/first hour {rss_ratio:.3f} (after gc at the end {rss_after_gc:.1f} MiB); refresh CPU last/first hour "
+        f"{raw_cost_ratio:.3f} raw (moves with the machine's load); side by side with a fresh pipeline "
+        f"({AB_PAIRS} alternating refreshes at the end of each hour): aged/fresh {ab_last:.3f} in the last hour, "
+        f"median over hours {ab_median:.3f}, worst hour {ab_worst:.3f} (flat: <= {FLAT_GOAL}); diagnose CPU last/first {diag_ratio:.3f}; "
+        f"last verdict: {findings[0].title if findings else 'n/a'}"
+    )
     quick = " --quick" if args.quick else ""
-    emit_figure(f"Soak {args.hours:g} h compressed: RSS last/first hour", f"<= {FLAT_GOAL}", f"{rss_ratio:.3f} "
-                f"({first.rss_mib:.0f} -> {last.rss_mib:.0f} MiB)", COMMAND + quick, rss_ratio <= FLAT_GOAL)
-    emit_figure(f"Soak {args.hours:g} h compressed: refresh cost after {len(full)} h / fresh pipeline, side by side",
-                f"<= {FLAT_GOAL}", f"{ab_last:.3f} ({full[-1].aged_ms:.1f} vs {full[-1].fresh_ms:.1f} ms CPU; "
-                f"median over hours {ab_median:.3f}, worst {ab_worst:.3f})", COMMAND + quick, ab_last <= FLAT_GOAL)
+    emit_figure(
+        f"Soak {args.hours:g} h compressed: RSS last/first hour",
+        f"<= {FLAT_GOAL}",
+        f"{rss_ratio:.3f} ({first.rss_mib:.0f} -> {last.rss_mib:.0f} MiB)",
+        COMMAND + quick,
+        rss_ratio <= FLAT_GOAL,
+    )
+    emit_figure(
+        f"Soak {args.hours:g} h compressed: refresh cost after {len(full)} h / fresh pipeline, side by side",
+        f"<= {FLAT_GOAL}",
+        f"{ab_last:.3f} ({full[-1].aged_ms:.1f} vs {full[-1].fresh_ms:.1f} ms CPU; "
+        f"median over hours {ab_median:.3f}, worst {ab_worst:.3f})",
+        COMMAND + quick,
+        ab_last <= FLAT_GOAL,
+    )
     if args.json:
-        print(json.dumps({"hours": [dataclasses.asdict(h) for h in hours], "rss_ratio": rss_ratio,
-                          "aged_fresh_last": ab_last, "aged_fresh_worst": ab_worst, "refresh_ratio_raw": raw_cost_ratio,
-                          "readback_s": readback_s, "readback_mib": readback_mib, "recorded": recorded,
-                          "diagnose_ratio": diag_ratio}))
+        print(
+            json.dumps(
+                {
+                    "hours": [dataclasses.asdict(h) for h in hours],
+                    "rss_ratio": rss_ratio,
+                    "aged_fresh_last": ab_last,
+                    "aged_fresh_worst": ab_worst,
+                    "refresh_ratio_raw": raw_cost_ratio,
+                    "readback_s": readback_s,
+                    "readback_mib": readback_mib,
+                    "recorded": recorded,
+                    "diagnose_ratio": diag_ratio,
+                }
+            )
+        )
     return 0 if rss_ratio <= FLAT_GOAL and ab_last <= FLAT_GOAL else 1
 
 
@@ -245,7 +302,10 @@ def real_attach(args: argparse.Namespace) -> int:
         out = os.path.join(tmp, "attach.gputop")
         proc = subprocess.Popen(
             [sys.executable, "-m", "gputop", "record", "--pid", str(job.launcher_pid), "-o", out],
-            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         try:
             wait_for(lambda: proc.poll() is not None or snapshots_in(out) >= 1, 60, "gputop record's first snapshot")
@@ -260,10 +320,20 @@ def real_attach(args: argparse.Namespace) -> int:
                 if job.failure():
                     raise SystemExit(f"bench_soak: {job.failure()}")
                 now = meter.read()
-                rows.append([i * every / 60, now.rss / MIB, (now.peak_rss or 0) / MIB,
-                             ProcessMeter.cpu_percent(prev, now), os.path.getsize(out) / MIB])
-                print(f"  {i * every / 60:5.1f} min: RSS {now.rss / MIB:6.1f} MiB  CPU {rows[-1][3]:5.1f}%",
-                      file=sys.stderr, flush=True)
+                rows.append(
+                    [
+                        i * every / 60,
+                        now.rss / MIB,
+                        (now.peak_rss or 0) / MIB,
+                        ProcessMeter.cpu_percent(prev, now),
+                        os.path.getsize(out) / MIB,
+                    ]
+                )
+                print(
+                    f"  {i * every / 60:5.1f} min: RSS {now.rss / MIB:6.1f} MiB  CPU {rows[-1][3]:5.1f}%",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 prev = now
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=30)
@@ -276,17 +346,31 @@ def real_attach(args: argparse.Namespace) -> int:
         config = job.config.describe()
     first, last = rows[0], rows[-1]
     rss_ratio, cpu_ratio = last[1] / first[1], last[3] / first[3] if first[3] else float("nan")
-    print(f"Soak, real attach: `gputop record --pid` (defaults: 1 s refresh, stacks every 2 s) on the demo job "
-          f"{args.scenario!r} ({config}) for {minutes:g} min; {machine_line()}; took {time.monotonic() - started:.0f} s")
+    print(
+        f"Soak, real attach: `gputop record --pid` (defaults: 1 s refresh, stacks every 2 s) on the demo job "
+        f"{args.scenario!r} ({config}) for {minutes:g} min; {machine_line()}; took {time.monotonic() - started:.0f} s"
+    )
     print_table(["minute", "RSS MiB", "peak RSS MiB", "CPU % of a core", "recording MiB"], rows, spec=".2f")
-    print(f"last / first sample: RSS {rss_ratio:.3f}, CPU {cpu_ratio:.3f} (flat: <= {FLAT_GOAL}); "
-          f"{len(snaps)} snapshots recorded" + (f" (warning: {warning})" if warning else ""))
+    print(
+        f"last / first sample: RSS {rss_ratio:.3f}, CPU {cpu_ratio:.3f} (flat: <= {FLAT_GOAL}); "
+        f"{len(snaps)} snapshots recorded" + (f" (warning: {warning})" if warning else "")
+    )
     cmd = f"{COMMAND} --real-attach {minutes:g}" + (f" --sample-every {every:g}" if every != 60 else "")
-    emit_figure(f"Soak, real {minutes:g}-min attach: gputop RSS last/first", f"<= {FLAT_GOAL}",
-                f"{rss_ratio:.3f} ({first[1]:.0f} -> {last[1]:.0f} MiB)", cmd, rss_ratio <= FLAT_GOAL)
+    emit_figure(
+        f"Soak, real {minutes:g}-min attach: gputop RSS last/first",
+        f"<= {FLAT_GOAL}",
+        f"{rss_ratio:.3f} ({first[1]:.0f} -> {last[1]:.0f} MiB)",
+        cmd,
+        rss_ratio <= FLAT_GOAL,
+    )
     cpu_ok = statistics.median(r[3] for r in rows)
-    emit_figure(f"Soak, real {minutes:g}-min attach: gputop CPU (with py-spy)", "flat",
-                f"median {cpu_ok:.1f}% of a core (first {first[3]:.1f}%, last {last[3]:.1f}%)", cmd, None)
+    emit_figure(
+        f"Soak, real {minutes:g}-min attach: gputop CPU (with py-spy)",
+        "flat",
+        f"median {cpu_ok:.1f}% of a core (first {first[3]:.1f}%, last {last[3]:.1f}%)",
+        cmd,
+        None,
+    )
     if args.json:
         print(json.dumps({"rows": rows, "rss_ratio": rss_ratio, "cpu_ratio": cpu_ratio}))
     return 0 if rss_ratio <= FLAT_GOAL else 1
@@ -331,9 +415,13 @@ def tui(args: argparse.Namespace) -> int:
     print_table(["polls after the history filled", "RSS MiB"], [(n, f"{r:.1f}") for n, r in rows])
     settled, last = rows[min(1, len(rows) - 1)][1], rows[-1][1]
     ratio = last / settled
-    emit_figure(f"Soak, TUI history turned over {args.tui // 600} times: RSS last ÷ after the first turn-over", f"≤ {FLAT_GOAL:.2f}",
-                f"{ratio:.3f} ({settled:.1f} -> {last:.1f} MiB; {rows[0][1]:.1f} when the history filled)",
-                f"python benchmarks/bench_soak.py --tui {args.tui}", ratio <= FLAT_GOAL)
+    emit_figure(
+        f"Soak, TUI history turned over {args.tui // 600} times: RSS last ÷ after the first turn-over",
+        f"≤ {FLAT_GOAL:.2f}",
+        f"{ratio:.3f} ({settled:.1f} -> {last:.1f} MiB; {rows[0][1]:.1f} when the history filled)",
+        f"python benchmarks/bench_soak.py --tui {args.tui}",
+        ratio <= FLAT_GOAL,
+    )
     return 0 if ratio <= FLAT_GOAL else 1
 
 
@@ -343,15 +431,28 @@ def main() -> int:
     ap.add_argument("--simulate", default="h100-sxm-8", help="simulated machine (default h100-sxm-8)")
     ap.add_argument("--gpu-every", type=int, default=20, help="simulated seconds between GPU reads + writes (default 20)")
     ap.add_argument("--diagnose-every", type=int, default=60, help="simulated seconds between diagnoses (default 60)")
-    ap.add_argument("--real-attach", type=float, default=None, metavar="MINUTES",
-                    help="instead: a real attach to the demo job for MINUTES, sampled every --sample-every s")
+    ap.add_argument(
+        "--real-attach",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help="instead: a real attach to the demo job for MINUTES, sampled every --sample-every s",
+    )
     ap.add_argument("--sample-every", type=float, default=60.0, help="seconds between real-attach samples (default 60)")
     ap.add_argument("--scenario", default="hiccup", help="demo scenario for --real-attach (default hiccup)")
     ap.add_argument("--gpus", type=int, default=8, help="demo ranks for --real-attach (default 8)")
-    ap.add_argument("--tui", type=int, default=None, metavar="POLLS",
-                    help="instead: the TUI's memory over POLLS polls after its history filled (a multiple of 600)")
-    ap.add_argument("--quick", action="store_true",
-                    help="<= 1 min: 3 simulated hours (or, with --real-attach, 1 min sampled every 10 s, 2 ranks)")
+    ap.add_argument(
+        "--tui",
+        type=int,
+        default=None,
+        metavar="POLLS",
+        help="instead: the TUI's memory over POLLS polls after its history filled (a multiple of 600)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="<= 1 min: 3 simulated hours (or, with --real-attach, 1 min sampled every 10 s, 2 ranks)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.tui is not None:

@@ -84,8 +84,14 @@ def failed_dumps(result: dict) -> int:
 
 def subprocesses_dump(py_spy: str, rank: int, expected: int) -> int:
     """`py-spy dump --pid RANK --subprocesses` (text): 0 when it covered all `expected` processes."""
-    done = subprocess.run([py_spy, "dump", "--pid", str(rank), "--subprocesses", "--nonblocking"], capture_output=True,
-                          check=False, timeout=30, env=dict(os.environ, RUST_BACKTRACE="0"), stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [py_spy, "dump", "--pid", str(rank), "--subprocesses", "--nonblocking"],
+        capture_output=True,
+        check=False,
+        timeout=30,
+        env=dict(os.environ, RUST_BACKTRACE="0"),
+        stdin=subprocess.DEVNULL,
+    )
     covered = len(re.findall(rb"^Process \d+:", done.stdout, flags=re.MULTILINE))
     return 0 if done.returncode == 0 and covered == expected else max(1, expected - covered)
 
@@ -123,8 +129,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=7, help="timed refreshes per mode (median reported)")
-    ap.add_argument("--python", default=sys.executable,
-                    help="interpreter the job runs on (e.g. /usr/bin/python3.11, a distribution's stripped build)")
+    ap.add_argument(
+        "--python",
+        default=sys.executable,
+        help="interpreter the job runs on (e.g. /usr/bin/python3.11, a distribution's stripped build)",
+    )
     ap.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = ap.parse_args()
     py_spy = find_py_spy()
@@ -139,21 +148,36 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gputop-bench-stacks-") as tmp:
         ready = Path(tmp) / "ready"
         job = subprocess.Popen(
-            attach_loop_command("--workers", str(args.workers), "--persistent", "--length", "1000000",
-                                "--sample-ms", "200", "--ready", str(ready), python=args.python),
-            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            attach_loop_command(
+                "--workers",
+                str(args.workers),
+                "--persistent",
+                "--length",
+                "1000000",
+                "--sample-ms",
+                "200",
+                "--ready",
+                str(ready),
+                python=args.python,
+            ),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             env=job_env(args.python),
         )
         try:
             wait_for(lambda: ready_records(ready) or job.poll() is not None, 180, "the job's first step")
             if job.poll() is not None:
-                print(f"bench_stacks: the job exited ({job.returncode}) under {args.python}; can it import torch?",
-                      file=sys.stderr)
+                print(
+                    f"bench_stacks: the job exited ({job.returncode}) under {args.python}; can it import torch?", file=sys.stderr
+                )
                 return 1
             collector = JobCollector(job.pid, stacks_enabled=False)
             tree = wait_for(
                 lambda: (t := collector.collect()) and len(t.ranks[0].workers) == args.workers and t,
-                120, f"{args.workers} workers",
+                120,
+                f"{args.workers} workers",
             )
             pids = [job.pid] + [w.pid for w in tree.ranks[0].workers]
             library = mapped_python_library(job.pid)
@@ -166,7 +190,7 @@ def main() -> int:
             rounds = Mode("gputop's round", lambda: collector.refresh_stacks() or 0)
             modes = [naive, tree_mode, gputop, rounds]
             for i in range(args.rounds):  # interleaved, the order turning each round: all modes see the same load
-                for mode in modes[i % len(modes):] + modes[: i % len(modes)]:
+                for mode in modes[i % len(modes) :] + modes[: i % len(modes)]:
                     mode.time_one()
 
             rank_cpu = py_spy_cpu_per_dump(py_spy, job.pid)
@@ -189,35 +213,63 @@ def main() -> int:
 
     cpus = len(os.sched_getaffinity(0))
     floor = (rank_cpu + args.workers * worker_cpu) / cpus
-    print(f"stacks of {len(pids)} processes (1 rank + {args.workers} workers), all fresh, {args.rounds} rounds "
-          f"interleaved, {cpus} CPUs, 1-min load {load_before:.2f} before, {load_after:.2f} after")
+    print(
+        f"stacks of {len(pids)} processes (1 rank + {args.workers} workers), all fresh, {args.rounds} rounds "
+        f"interleaved, {cpus} CPUs, 1-min load {load_before:.2f} before, {load_after:.2f} after"
+    )
     print(f"job's Python: {args.python}, libpython {library}")
     print(f"{'mode':<27}{'median ms':>10}{'min':>8}{'max':>8}{'py-spy CPU ms':>15}{'gputop CPU ms':>15}{'failed':>8}")
     for mode in modes:
-        print(f"{mode.name:<27}{mode.median():>10.1f}{min(mode.wall):>8.1f}{max(mode.wall):>8.1f}"
-              f"{statistics.median(mode.py_spy_cpu):>15.1f}{statistics.median(mode.own_cpu):>15.1f}{mode.failed:>8}")
+        print(
+            f"{mode.name:<27}{mode.median():>10.1f}{min(mode.wall):>8.1f}{max(mode.wall):>8.1f}"
+            f"{statistics.median(mode.py_spy_cpu):>15.1f}{statistics.median(mode.own_cpu):>15.1f}{mode.failed:>8}"
+        )
     par, seq = gputop.median(), naive.median()
-    print(f"gputop vs naive: {seq / par:.2f}x faster;  goal <= {GOAL_MS:.0f} ms for all {len(pids)}: "
-          f"{'met' if par <= GOAL_MS else 'NOT met'} ({par:.0f} ms)")
-    print(f"py-spy CPU per dump: rank {rank_cpu:.1f} ms, worker {worker_cpu:.1f} ms -> floor for {len(pids)} "
-          f"on {cpus} idle CPUs: {floor:.0f} ms (py-spy alone, before any of gputop's own work)")
-    print(f"gputop's background round: every rank + the workers' turn ({-(-args.workers // 3)} of {args.workers}), "
-          f"so each worker's stack is at most 3 refreshes old")
+    print(
+        f"gputop vs naive: {seq / par:.2f}x faster;  goal <= {GOAL_MS:.0f} ms for all {len(pids)}: "
+        f"{'met' if par <= GOAL_MS else 'NOT met'} ({par:.0f} ms)"
+    )
+    print(
+        f"py-spy CPU per dump: rank {rank_cpu:.1f} ms, worker {worker_cpu:.1f} ms -> floor for {len(pids)} "
+        f"on {cpus} idle CPUs: {floor:.0f} ms (py-spy alone, before any of gputop's own work)"
+    )
+    print(
+        f"gputop's background round: every rank + the workers' turn ({-(-args.workers // 3)} of {args.workers}), "
+        f"so each worker's stack is at most 3 refreshes old"
+    )
     print(f"JobCollector.collect() (/proc, 1 Hz part): median {statistics.median(collect_ms):.2f} ms")
     progress = statistics.median(progress_ms)
     print(f"progress counters beside the dumps, all {len(pids)} PIDs: median {progress:.1f} ms in gputop")
     if args.json:
-        print(json.dumps({
-            "pids": len(pids), "rounds": args.rounds, "cpus": cpus, "python": args.python, "libpython": library,
-            "parallel_ms": gputop.wall, "sequential_ms": naive.wall, "subprocesses_ms": tree_mode.wall,
-            "parallel_median_ms": par, "sequential_median_ms": seq, "subprocesses_median_ms": tree_mode.median(),
-            "ratio": seq / par, "round_ms": rounds.wall, "round_median_ms": rounds.median(),
-            "py_spy_cpu_ms": {m.name: statistics.median(m.py_spy_cpu) for m in modes},
-            "gputop_cpu_ms": {m.name: statistics.median(m.own_cpu) for m in modes},
-            "failed_dumps": gputop.failed + naive.failed, "cpu_ms_per_dump": {"rank": rank_cpu, "worker": worker_cpu},
-            "floor_ms": floor, "load_average": [load_before, load_after],
-            "collect_median_ms": statistics.median(collect_ms), "goal_ms": GOAL_MS, "progress_median_ms": progress,
-        }))
+        print(
+            json.dumps(
+                {
+                    "pids": len(pids),
+                    "rounds": args.rounds,
+                    "cpus": cpus,
+                    "python": args.python,
+                    "libpython": library,
+                    "parallel_ms": gputop.wall,
+                    "sequential_ms": naive.wall,
+                    "subprocesses_ms": tree_mode.wall,
+                    "parallel_median_ms": par,
+                    "sequential_median_ms": seq,
+                    "subprocesses_median_ms": tree_mode.median(),
+                    "ratio": seq / par,
+                    "round_ms": rounds.wall,
+                    "round_median_ms": rounds.median(),
+                    "py_spy_cpu_ms": {m.name: statistics.median(m.py_spy_cpu) for m in modes},
+                    "gputop_cpu_ms": {m.name: statistics.median(m.own_cpu) for m in modes},
+                    "failed_dumps": gputop.failed + naive.failed,
+                    "cpu_ms_per_dump": {"rank": rank_cpu, "worker": worker_cpu},
+                    "floor_ms": floor,
+                    "load_average": [load_before, load_after],
+                    "collect_median_ms": statistics.median(collect_ms),
+                    "goal_ms": GOAL_MS,
+                    "progress_median_ms": progress,
+                }
+            )
+        )
     return 0 if par <= GOAL_MS else 1
 
 

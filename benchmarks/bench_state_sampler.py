@@ -60,6 +60,7 @@ def window(progress: Path, pid: int, mode: str, seconds: float) -> dict:
         sampler.focus(mode == "focused")
         sampler.follow([pid])
     elif mode == "dumps":
+
         def dump_every_2s() -> None:
             while not stop.wait(2.0):
                 dump_stacks([pid], py_spy=py_spy)
@@ -93,9 +94,26 @@ def main() -> int:
         tmp_path = Path(tmp)
         progress = tmp_path / "steps"
         job = subprocess.Popen(
-            command("--workers", "0", "--sample-ms", "5", "--batch-size", "4", "--step-ms", "10", "--length", "100000000",
-                    "--progress", str(progress), "--ready", str(tmp_path / "ready")),
-            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            command(
+                "--workers",
+                "0",
+                "--sample-ms",
+                "5",
+                "--batch-size",
+                "4",
+                "--step-ms",
+                "10",
+                "--length",
+                "100000000",
+                "--progress",
+                str(progress),
+                "--ready",
+                str(tmp_path / "ready"),
+            ),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         try:
             wait_for(lambda: ready_records(tmp_path / "ready"), 180, "the job's first step")
@@ -108,21 +126,35 @@ def main() -> int:
                 job.wait(timeout=30)
 
     base = statistics.median(r["steps_per_s"] for r in results["none"])
-    print(f"tests/jobs/train_job.py, num_workers=0, {args.rounds} x {args.window:g} s windows per mode, interleaved; {machine_line()}")
+    print(
+        f"tests/jobs/train_job.py, num_workers=0, {args.rounds} x {args.window:g} s windows per mode, interleaved; {machine_line()}"
+    )
     print(f"{'':<34}{'steps/s':>9}{'÷ none':>8}{'py-spy CPU %':>14}{'samples/s':>11}")
     rows = {}
-    for mode, label in (("none", "no sampling"), ("dumps", "py-spy dump every 2 s (as now)"),
-                        ("background", f"record, screen ({rate_for(1, BACKGROUND)} Hz)"),
-                        ("focused", f"record, report ({rate_for(1, FOCUSED)} Hz)")):
+    for mode, label in (
+        ("none", "no sampling"),
+        ("dumps", "py-spy dump every 2 s (as now)"),
+        ("background", f"record, screen ({rate_for(1, BACKGROUND)} Hz)"),
+        ("focused", f"record, report ({rate_for(1, FOCUSED)} Hz)"),
+    ):
         steps = statistics.median(r["steps_per_s"] for r in results[mode])
         cpu = statistics.median(r["cpu_percent"] for r in results[mode])
         rate = statistics.median(r["samples"] / args.window for r in results[mode])
-        rows[mode] = {"steps_per_s": steps, "ratio": steps / base if base else float("nan"), "cpu_percent": cpu, "samples_per_s": rate}
+        rows[mode] = {
+            "steps_per_s": steps,
+            "ratio": steps / base if base else float("nan"),
+            "cpu_percent": cpu,
+            "samples_per_s": rate,
+        }
         print(f"{label:<34}{steps:>9.2f}{rows[mode]['ratio']:>8.3f}{cpu:>14.2f}{rate:>11.0f}")
-    emit_figure("dense state sampling, one rank", "job steps/s ≥ 0.99 × unsampled at the screen's rate",
-                f"screen {rows['background']['cpu_percent']:.2f}% of a core, ratio {rows['background']['ratio']:.3f}; "
-                f"report {rows['focused']['cpu_percent']:.2f}%, ratio {rows['focused']['ratio']:.3f}", COMMAND,
-                met=rows["background"]["ratio"] >= 0.99)
+    emit_figure(
+        "dense state sampling, one rank",
+        "job steps/s ≥ 0.99 × unsampled at the screen's rate",
+        f"screen {rows['background']['cpu_percent']:.2f}% of a core, ratio {rows['background']['ratio']:.3f}; "
+        f"report {rows['focused']['cpu_percent']:.2f}%, ratio {rows['focused']['ratio']:.3f}",
+        COMMAND,
+        met=rows["background"]["ratio"] >= 0.99,
+    )
     if args.json:
         print(json.dumps({"modes": rows, "windows": results}))
     return 0

@@ -30,8 +30,21 @@ from common import REPO, emit_figure, machine_line
 sys.path.insert(0, REPO)
 from tests.harness.train_jobs import PHASED, command, wait_ready
 
-JOB_ARGS = [*PHASED, "--spend", "sleep", "--layers", "40", "--sample-ms", "5", "--forward-ms", "5", "--backward-ms", "5",
-            "--optimizer-ms", "2"]
+JOB_ARGS = [
+    *PHASED,
+    "--spend",
+    "sleep",
+    "--layers",
+    "40",
+    "--sample-ms",
+    "5",
+    "--forward-ms",
+    "5",
+    "--backward-ms",
+    "5",
+    "--optimizer-ms",
+    "2",
+]
 
 
 def step_times(log: str) -> list[tuple[float, float]]:
@@ -94,8 +107,12 @@ def main() -> int:
     try:
         for name in ("traced", "reference"):
             log, ready = os.path.join(tmp, name), os.path.join(tmp, f"{name}.ready")
-            proc = subprocess.Popen(command(*JOB_ARGS, "--step-log", log, "--ready", ready),
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                command(*JOB_ARGS, "--step-log", log, "--ready", ready),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             jobs[name] = (proc, log + ".0")
             wait_ready(Path(ready), 1, proc)
         time.sleep(3.0)  # past start-up (first steps allocate, import lazily)
@@ -104,9 +121,26 @@ def main() -> int:
             time.sleep(args.window)
             t_before = time.time()
             out_dir = os.path.join(tmp, f"traces-{round_no}")
-            ran = subprocess.run([sys.executable, "-m", "gputop", "trace", "--pid", str(jobs["traced"][0].pid),
-                                  "--seconds", str(args.seconds), "-o", out_dir, "--json"],
-                                 capture_output=True, text=True, env=env, cwd=REPO, timeout=180)
+            ran = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "gputop",
+                    "trace",
+                    "--pid",
+                    str(jobs["traced"][0].pid),
+                    "--seconds",
+                    str(args.seconds),
+                    "-o",
+                    out_dir,
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=REPO,
+                timeout=180,
+            )
             if ran.returncode != 0:
                 print(ran.stderr, file=sys.stderr)
                 return 1
@@ -115,8 +149,11 @@ def main() -> int:
             time.sleep(1.0 + args.window)
             traced, reference = (step_times(jobs[n][1]) for n in ("traced", "reference"))
             lo, hi = window_bounds(window["trace_file"])
-            spans = {"before": (t_before - args.window, t_before), "after": (t_done + 1.0, t_done + 1.0 + args.window),
-                     "during": (lo, hi)}
+            spans = {
+                "before": (t_before - args.window, t_before),
+                "after": (t_done + 1.0, t_done + 1.0 + args.window),
+                "during": (lo, hi),
+            }
 
             def twin_ratio(span: str, quantile: float) -> float:
                 """traced ÷ reference steps/s over one span: load on the shared cores hits both twins."""
@@ -129,20 +166,31 @@ def main() -> int:
             after_ratios.append(kept)
             fast_ratios.append(kept_fast)
             during_ratios.append(during)
-            print(f"round {round_no}: speed kept after the trace {kept:.3f} (median steps), "
-                  f"{kept_fast:.3f} (10th-percentile steps); during the window {during:.3f}; "
-                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+            print(
+                f"round {round_no}: speed kept after the trace {kept:.3f} (median steps), "
+                f"{kept_fast:.3f} (10th-percentile steps); during the window {during:.3f}; "
+                f"load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
         kept = statistics.median(after_ratios)
         kept_fast = statistics.median(fast_ratios)
         during = statistics.median(during_ratios)
         print(f"{machine_line()}")
-        print(f"job's steps/s after the trace ÷ before (vs. an untraced twin), median over {args.rounds} rounds: "
-              f"{kept:.3f} from median step times (range {min(after_ratios):.3f}–{max(after_ratios):.3f}), "
-              f"{kept_fast:.3f} from 10th-percentile step times (range {min(fast_ratios):.3f}–{max(fast_ratios):.3f}); "
-              f"during the {args.seconds:g} s window {during:.3f}")
-        emit_figure("Job's steps/s after `gputop trace` ÷ before (twin job as reference)", "≥ 0.99", f"{kept:.3f}",
-                    "python benchmarks/bench_trace.py", met=kept >= 0.99, fast_steps=round(kept_fast, 3),
-                    during=round(during, 3))
+        print(
+            f"job's steps/s after the trace ÷ before (vs. an untraced twin), median over {args.rounds} rounds: "
+            f"{kept:.3f} from median step times (range {min(after_ratios):.3f}–{max(after_ratios):.3f}), "
+            f"{kept_fast:.3f} from 10th-percentile step times (range {min(fast_ratios):.3f}–{max(fast_ratios):.3f}); "
+            f"during the {args.seconds:g} s window {during:.3f}"
+        )
+        emit_figure(
+            "Job's steps/s after `gputop trace` ÷ before (twin job as reference)",
+            "≥ 0.99",
+            f"{kept:.3f}",
+            "python benchmarks/bench_trace.py",
+            met=kept >= 0.99,
+            fast_steps=round(kept_fast, 3),
+            during=round(during, 3),
+        )
         return 0
     finally:
         for proc, _log in jobs.values():

@@ -118,11 +118,14 @@ threading.Thread(target=_report_fake_cpu, daemon=True).start()
 """
 
 # gputop's own command line, behind the timer above
-GPUTOP_TIMED = FAKE_NVML_TIMER + r"""
+GPUTOP_TIMED = (
+    FAKE_NVML_TIMER
+    + r"""
 import sys
 from gputop.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+)
 
 # The collection alone, as gputop's TUI does it (one poll a second), to show what the screen itself costs.
 COLLECTOR_ONLY = r"""

@@ -59,7 +59,7 @@ def _json_block(text: str) -> Optional[Any]:
     """A pretty-printed JSON document somewhere in the output (from the first line that opens one)."""
     lines = text.splitlines()
     for i, line in enumerate(lines):
-        if line.strip() in ("[", "{") or line.startswith("[{") or line.startswith("{\""):
+        if line.strip() in ("[", "{") or line.startswith("[{") or line.startswith('{"'):
             try:
                 return json.loads("\n".join(lines[i:]))
             except ValueError:
@@ -96,14 +96,27 @@ def adapt_stacks(text: str, command: str) -> list[Figure]:
     workers = data.get("pids", 17) - 1
     ms, goal = data["parallel_median_ms"], data.get("goal_ms", 100.0)
     floor = f", py-spy's floor {data['floor_ms']:.0f} ms" if "floor_ms" in data else ""
-    rows = [{"figure": f"Stacks of main + {workers} workers, all fresh (issue 15)", "goal": f"<= {goal:.0f} ms",
-             "measured": f"{ms:.0f} ms (naive one after another {data.get('sequential_median_ms', float('nan')):.0f} ms, "
-                         f"same run{floor})",
-             "command": command, "met": ms <= goal}]
+    rows = [
+        {
+            "figure": f"Stacks of main + {workers} workers, all fresh (issue 15)",
+            "goal": f"<= {goal:.0f} ms",
+            "measured": f"{ms:.0f} ms (naive one after another {data.get('sequential_median_ms', float('nan')):.0f} ms, "
+            f"same run{floor})",
+            "command": command,
+            "met": ms <= goal,
+        }
+    ]
     if "round_median_ms" in data:
         rnd = data["round_median_ms"]
-        rows.append({"figure": f"Stacks: gputop's refresh round, main + {workers} workers (workers in turns)",
-                     "goal": f"<= {goal:.0f} ms", "measured": f"{rnd:.0f} ms", "command": command, "met": rnd <= goal})
+        rows.append(
+            {
+                "figure": f"Stacks: gputop's refresh round, main + {workers} workers (workers in turns)",
+                "goal": f"<= {goal:.0f} ms",
+                "measured": f"{rnd:.0f} ms",
+                "command": command,
+                "met": rnd <= goal,
+            }
+        )
     return rows
 
 
@@ -111,12 +124,21 @@ def adapt_attach_overhead(text: str, command: str) -> list[Figure]:
     data = _last_json_line(text) or {}
     if "ratio" not in data:
         return []
-    return [{"figure": "Overhead on a small torch loop (steps/s attached / alone)", "goal": ">= 0.99",
-             "measured": f"{data['ratio']:.3f}", "command": command, "met": data["ratio"] >= 0.99}]
+    return [
+        {
+            "figure": "Overhead on a small torch loop (steps/s attached / alone)",
+            "goal": ">= 0.99",
+            "measured": f"{data['ratio']:.3f}",
+            "command": command,
+            "met": data["ratio"] >= 0.99,
+        }
+    ]
 
 
-_LOADER_ROW = re.compile(r"^(?P<job>.+?)\s+(?P<answer>\d+\.\d)\s+(?P<cons>[+-]\d+\.\d)%\s+(?P<wait>[+-]\d+\.\d+)\s+"
-                         r"(?P<worst>[+-]\d+\.\d)%\s+\d+\s+\S+\s+(?P<kept>\d+|nan)%(?P<rest>.*)$")
+_LOADER_ROW = re.compile(
+    r"^(?P<job>.+?)\s+(?P<answer>\d+\.\d)\s+(?P<cons>[+-]\d+\.\d)%\s+(?P<wait>[+-]\d+\.\d+)\s+"
+    r"(?P<worst>[+-]\d+\.\d)%\s+\d+\s+\S+\s+(?P<kept>\d+|nan)%(?P<rest>.*)$"
+)
 
 
 def adapt_loader(text: str, command: str) -> list[Figure]:
@@ -127,10 +149,20 @@ def adapt_loader(text: str, command: str) -> list[Figure]:
     err = max(max(abs(float(r["cons"])), abs(float(r["worst"]))) for r in rows)
     n = len(rows)
     return [
-        {"figure": f"Loader benchmark: time to answer (worst of {n} jobs)", "goal": "<= 15 s",
-         "measured": f"{answer:.1f} s", "command": command, "met": answer <= 15.5},
-        {"figure": f"Loader benchmark: error vs known rates (worst of {n} jobs)", "goal": "within ±10%",
-         "measured": f"{err:.1f}%", "command": command, "met": err <= 10.0},
+        {
+            "figure": f"Loader benchmark: time to answer (worst of {n} jobs)",
+            "goal": "<= 15 s",
+            "measured": f"{answer:.1f} s",
+            "command": command,
+            "met": answer <= 15.5,
+        },
+        {
+            "figure": f"Loader benchmark: error vs known rates (worst of {n} jobs)",
+            "goal": "within ±10%",
+            "measured": f"{err:.1f}%",
+            "command": command,
+            "met": err <= 10.0,
+        },
     ] + _kept_row(rows, command)
 
 
@@ -139,8 +171,15 @@ def _kept_row(rows: list[dict], command: str) -> list[Figure]:
     if not free:
         return []
     worst = min(free)
-    return [{"figure": f"Loader benchmark: job's steps/s during the sweep ÷ before (worst of {len(free)} jobs with free cores)",
-             "goal": ">= 90%", "measured": f"{worst:.0f}%", "command": command, "met": worst >= 90}]
+    return [
+        {
+            "figure": f"Loader benchmark: job's steps/s during the sweep ÷ before (worst of {len(free)} jobs with free cores)",
+            "goal": ">= 90%",
+            "measured": f"{worst:.0f}%",
+            "command": command,
+            "met": worst >= 90,
+        }
+    ]
 
 
 ADAPTERS: dict[str, Callable[[str, str], list[Figure]]] = {
@@ -167,8 +206,14 @@ def run_one(script: Path, args: list[str], timeout: float, keep: Optional[Path])
     print(f"\n=== {command}", flush=True)
     started = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, str(script), *args], cwd=str(REPO), capture_output=True, text=True,
-                              timeout=timeout, start_new_session=True)
+        done = subprocess.run(
+            [sys.executable, str(script), *args],
+            cwd=str(REPO),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            start_new_session=True,
+        )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         print(out)
@@ -218,7 +263,7 @@ def main() -> int:
     print("\n=== runs")
     for status in statuses:
         print(f"  {status}")
-    print("\n=== README \"Performance\" rows\n")
+    print('\n=== README "Performance" rows\n')
     print("| Figure | Goal | Measured | Command |")
     print("|---|---|---|---|")
     for f in figures:

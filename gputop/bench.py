@@ -246,7 +246,10 @@ def _passive_worker_limit(rank_pid: int, passive: PassiveResult) -> tuple[int, s
         return hard, why
     by_memory = max(1, int(free * 0.5 // max(rss, 1)))
     if by_memory < hard:
-        return by_memory, f"cap: {by_memory} workers (half of {free / (1 << 30):.1f} GiB free ÷ {rss / (1 << 30):.2f} GiB per process)"
+        return (
+            by_memory,
+            f"cap: {by_memory} workers (half of {free / (1 << 30):.1f} GiB free ÷ {rss / (1 << 30):.2f} GiB per process)",
+        )
     return hard, why
 
 
@@ -315,7 +318,8 @@ def run_benchmark(
                 raise
             notes.append(f"active tier not run: {exc}")
     passive_s = (
-        min(PASSIVE_MAX_S, max(PASSIVE_MIN_S, seconds * PASSIVE_SHARE)) if target is not None
+        min(PASSIVE_MAX_S, max(PASSIVE_MIN_S, seconds * PASSIVE_SHARE))
+        if target is not None
         else min(PASSIVE_ONLY_MAX_S, max(PASSIVE_MIN_S, seconds - 1.0))
     )
     if target is not None:
@@ -356,13 +360,16 @@ def run_benchmark(
     if free_cores is not None and cpu_limit:
         free_cores = min(free_cores, cpu_limit)  # idle cores of the host the job's cgroup may not use
     if run is None:
-        return _finish_passive(started, target_text, rank_pid, passive, len(workers), notes, ranks_on_host, free_cores,
-                               progress)
+        return _finish_passive(started, target_text, rank_pid, passive, len(workers), notes, ranks_on_host, free_cores, progress)
 
     # ---- active: tell the agent how many workers the idle cores allow and how long it has
     sweep_seconds = max(0.5, deadline - time.monotonic() - RESERVE_S + 0.5)
-    plan = {"free_cores": free_cores or 0.0, "ranks_on_host": ranks_on_host, "sweep_seconds": sweep_seconds,
-            "hard_max_workers": _hard_max_workers(passive.cpu_count)}
+    plan = {
+        "free_cores": free_cores or 0.0,
+        "ranks_on_host": ranks_on_host,
+        "sweep_seconds": sweep_seconds,
+        "hard_max_workers": _hard_max_workers(passive.cpu_count),
+    }
     try:
         injector.write_run_file(run, "plan.json", plan)
         agent = _wait_for_agent(run, deadline + ANSWER_GRACE_S, progress, job)
@@ -378,8 +385,9 @@ def run_benchmark(
     return result
 
 
-def _finish_passive(started, target_text, rank_pid, passive, n_workers, notes, ranks_on_host, free_cores,
-                    progress) -> BenchResult:
+def _finish_passive(
+    started, target_text, rank_pid, passive, n_workers, notes, ranks_on_host, free_cores, progress
+) -> BenchResult:
     if passive.error and not passive.main_samples:
         raise GputopError(f"cannot sample PID {rank_pid}: {passive.error}")
     max_workers, why = _passive_worker_limit(rank_pid, passive)
@@ -401,9 +409,16 @@ def _finish_passive(started, target_text, rank_pid, passive, n_workers, notes, r
         notes.append("passive only: run with --yes (or confirm in the TUI) for consumption, settings and the sweep")
     _report(progress, 1.0, "done")
     return BenchResult(
-        target=target_text, mode="passive", pid=rank_pid, seconds=time.monotonic() - started,
-        passive=passive.to_dict(), recommendation=advice["kwargs"] if advice.get("bottleneck") else {},
-        advice=advice, notes=tuple(notes), free_cores=free_cores, ranks_on_host=ranks_on_host,
+        target=target_text,
+        mode="passive",
+        pid=rank_pid,
+        seconds=time.monotonic() - started,
+        passive=passive.to_dict(),
+        recommendation=advice["kwargs"] if advice.get("bottleneck") else {},
+        advice=advice,
+        notes=tuple(notes),
+        free_cores=free_cores,
+        ranks_on_host=ranks_on_host,
     )
 
 
@@ -424,8 +439,9 @@ class _JobIdentity:
         return stat is not None and stat.start_ticks == self.start_ticks and process_alive(self.pid)
 
 
-def _wait_for_agent(run: injector.RunDir, hard_deadline: float, progress: Optional[Progress],
-                    job: Optional[_JobIdentity] = None) -> Optional[dict]:
+def _wait_for_agent(
+    run: injector.RunDir, hard_deadline: float, progress: Optional[Progress], job: Optional[_JobIdentity] = None
+) -> Optional[dict]:
     """Poll the run directory for result.json, relaying the agent's progress; None at the deadline.
     Raises GputopError at once when the job dies (its agent died with it: nothing will answer)."""
     while True:
@@ -462,9 +478,16 @@ def _combine(started, target_text, rank_pid, passive, agent, notes, ranks_on_hos
     notes = list(notes)
     if agent is None:
         notes.append("the agent did not answer within the time bound; showing the passive numbers")
-        return BenchResult(target=target_text, mode="passive", pid=rank_pid, seconds=time.monotonic() - started,
-                           passive=passive.to_dict(), notes=tuple(notes), free_cores=free_cores,
-                           ranks_on_host=ranks_on_host)
+        return BenchResult(
+            target=target_text,
+            mode="passive",
+            pid=rank_pid,
+            seconds=time.monotonic() - started,
+            passive=passive.to_dict(),
+            notes=tuple(notes),
+            free_cores=free_cores,
+            ranks_on_host=ranks_on_host,
+        )
     if agent.get("error"):
         notes.append(agent["error"])
     if agent.get("restored") is False:
@@ -491,18 +514,31 @@ def _combine(started, target_text, rank_pid, passive, agent, notes, ranks_on_hos
         passive={"wait_fraction": passive.wait_fraction, "epoch_restart_fraction": passive.epoch_restart_fraction},
     )
     return BenchResult(
-        target=target_text, mode="active", pid=rank_pid, seconds=time.monotonic() - started,
-        passive=passive.to_dict(), consumption=consumption, during_sweep=during, settings=settings,
-        configs=configs, recommendation=advice["kwargs"], advice=advice, notes=tuple(notes),
-        contention=contention, free_cores=free_cores, ranks_on_host=ranks_on_host, uses_cuda=uses_cuda,
+        target=target_text,
+        mode="active",
+        pid=rank_pid,
+        seconds=time.monotonic() - started,
+        passive=passive.to_dict(),
+        consumption=consumption,
+        during_sweep=during,
+        settings=settings,
+        configs=configs,
+        recommendation=advice["kwargs"],
+        advice=advice,
+        notes=tuple(notes),
+        contention=contention,
+        free_cores=free_cores,
+        ranks_on_host=ranks_on_host,
+        uses_cuda=uses_cuda,
     )
 
 
 # ---------------------------------------------------------------------------------------- offline
 
 
-def run_offline_benchmark(factory_spec: str, *, seconds: float = 15.0, progress: Optional[Progress] = None,
-                          results_root: Optional[str] = None) -> BenchResult:
+def run_offline_benchmark(
+    factory_spec: str, *, seconds: float = 15.0, progress: Optional[Progress] = None, results_root: Optional[str] = None
+) -> BenchResult:
     """``--loader MODULE:FUNCTION``: sweep the factory's DataLoader in a helper process (the monitor
     itself never imports torch).  The helper runs in its own session and is killed at the bound."""
     module, sep, func = factory_spec.partition(":")
@@ -515,16 +551,23 @@ def run_offline_benchmark(factory_spec: str, *, seconds: float = 15.0, progress:
     free_cores = cpu_count * (1.0 - psutil.cpu_percent(interval=0.25) / 100.0)
     # The helper imports torch and the user's module first (seconds on a small machine); the bound
     # covers that too, so the agent gets an absolute CLOCK_MONOTONIC deadline.
-    config = {"free_cores": free_cores, "hard_max_workers": _hard_max_workers(cpu_count),
-              "deadline": started + seconds - RESERVE_S, "config_seconds": 3.0}
+    config = {
+        "free_cores": free_cores,
+        "hard_max_workers": _hard_max_workers(cpu_count),
+        "deadline": started + seconds - RESERVE_S,
+        "config_seconds": 3.0,
+    }
     run = injector.prepare_local_run_dir(config, results_root)
     host_path = run.host_path
     try:
         _report(progress, 0.0, f"starting a helper process for {factory_spec}")
         proc = subprocess.Popen(
             [sys.executable, os.path.join(host_path, "agent.py"), "--offline", factory_spec, host_path],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True, cwd=os.getcwd(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            cwd=os.getcwd(),
         )
         try:
             while proc.poll() is None and time.monotonic() < started + seconds + ANSWER_GRACE_S:
@@ -563,12 +606,20 @@ def run_offline_benchmark(factory_spec: str, *, seconds: float = 15.0, progress:
     configs = tuple(sweep.get("configs") or ())
     notes = list(agent.get("notes") or ()) + list(sweep.get("notes") or ())
     settings = agent.get("settings") or {}
-    advice = loader_math.recommend_offline(current=settings, configs=configs, cap=sweep.get("worker_cap"),
-                                           reason=notes[0] if notes and not configs else None)
+    advice = loader_math.recommend_offline(
+        current=settings, configs=configs, cap=sweep.get("worker_cap"), reason=notes[0] if notes and not configs else None
+    )
     if configs:
         notes.append("pin_memory not measured: it only pays off when batches go to a GPU; set it True when they do")
     _report(progress, 1.0, "done")
     return BenchResult(
-        target=f"loader {factory_spec}", mode="offline", seconds=wall, settings=settings or None, configs=configs,
-        recommendation=advice["kwargs"], advice=advice, notes=tuple(notes), free_cores=free_cores,
+        target=f"loader {factory_spec}",
+        mode="offline",
+        seconds=wall,
+        settings=settings or None,
+        configs=configs,
+        recommendation=advice["kwargs"],
+        advice=advice,
+        notes=tuple(notes),
+        free_cores=free_cores,
     )

@@ -24,7 +24,6 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 
-
 class _Parser(argparse.ArgumentParser):
     """argparse prints a usage block and exits 2; we want one line and the same code."""
 
@@ -139,9 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="can this DataLoader feed the GPUs? measure it and advise settings")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--pid", type=_pid, help="a running rank (or its launcher) to benchmark")
-    target.add_argument(
-        "--loader", metavar="MODULE:FUNCTION", help="offline: call this factory for a DataLoader and sweep it"
-    )
+    target.add_argument("--loader", metavar="MODULE:FUNCTION", help="offline: call this factory for a DataLoader and sweep it")
     p.add_argument("--seconds", type=_positive_float, default=15.0, metavar="S", help="bound on the whole run (default 15)")
     p.add_argument("--yes", action="store_true", help="allow the active tier: inject a small agent into the job")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -149,16 +146,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("trace", help="profile every rank of a live job for a few seconds: where each step's time goes")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--pid", type=_pid, help="the job: its launcher or any rank (every rank is traced)")
-    target.add_argument("--from", dest="from_file", metavar="FILE", nargs="+",
-                        help="summarise existing torch.profiler Chrome traces (files or a directory)")
+    target.add_argument(
+        "--from",
+        dest="from_file",
+        metavar="FILE",
+        nargs="+",
+        help="summarise existing torch.profiler Chrome traces (files or a directory)",
+    )
     window = p.add_mutually_exclusive_group()
-    window.add_argument("--seconds", type=_positive_float, default=None, metavar="S",
-                        help="length of the profiled window, at most 10 (default 5)")
-    window.add_argument("--steps", type=int, default=None, metavar="N",
-                        help="profile N optimizer steps instead (bounded by 10 s)")
+    window.add_argument(
+        "--seconds", type=_positive_float, default=None, metavar="S", help="length of the profiled window, at most 10 (default 5)"
+    )
+    window.add_argument(
+        "--steps", type=int, default=None, metavar="N", help="profile N optimizer steps instead (bounded by 10 s)"
+    )
     p.add_argument("-o", "--output", metavar="DIR", help="where the per-rank traces go (default ./gputop-trace-TIME)")
-    p.add_argument("--with-stack", action="store_true",
-                   help="record Python stacks too (names the function around each sync; slows the job during the window)")
+    p.add_argument(
+        "--with-stack",
+        action="store_true",
+        help="record Python stacks too (names the function around each sync; slows the job during the window)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     p = sub.add_parser("report", help="observe for a while and write a ticket-ready report")
@@ -169,8 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["md", "json"], default="md")
     p.add_argument("--bench", action="store_true", help="include a loader benchmark (passive; active with --yes)")
     p.add_argument("--yes", action="store_true", help="with --bench: allow injecting the benchmark agent")
-    p.add_argument("--trace", action="store_true",
-                   help="also profile every rank for 5 s with torch.profiler (injects an agent) and add its findings")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="also profile every rank for 5 s with torch.profiler (injects an agent) and add its findings",
+    )
     p.add_argument("--trace-dir", metavar="DIR", default=None, help="with --trace: where the per-rank traces go")
     p.add_argument("--from", dest="from_file", metavar="FILE", help="build the report from a recording instead")
     _add_interval(p)
@@ -270,8 +280,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if os.environ.get("GPUTOP_DEBUG"):
             raise
         print(
-            f"gputop: internal error: {type(exc).__name__}: {exc} "
-            "(set GPUTOP_DEBUG=1 for the traceback and please report it)",
+            f"gputop: internal error: {type(exc).__name__}: {exc} (set GPUTOP_DEBUG=1 for the traceback and please report it)",
             file=sys.stderr,
         )
         return EXIT_FAILURE

@@ -298,14 +298,18 @@ class Exporter:
 
     def _gpu_families(self, gpus: Iterable[GpuSample]) -> list[Metric]:
         gpu_labels = ["gpu", "UUID", "Hostname"]
-        xids = CounterMetricFamily("gputop_xid_events", "XID errors the driver reported since gputop started", labels=gpu_labels + ["xid"])
+        xids = CounterMetricFamily(
+            "gputop_xid_events", "XID errors the driver reported since gputop started", labels=gpu_labels + ["xid"]
+        )
         degraded = GaugeMetricFamily(
             "gputop_gpu_pcie_link_degraded", "1 when the PCIe link runs below its maximum under load", labels=gpu_labels
         )
         generation = GaugeMetricFamily("gputop_gpu_pcie_link_generation", "PCIe link generation", labels=gpu_labels + ["kind"])
         width = GaugeMetricFamily("gputop_gpu_pcie_link_width", "PCIe link width (lanes)", labels=gpu_labels + ["kind"])
         clock_events = GaugeMetricFamily(
-            "gputop_gpu_clock_event_active", "1 while this clock-event (throttle) reason is active", labels=gpu_labels + ["reason"]
+            "gputop_gpu_clock_event_active",
+            "1 while this clock-event (throttle) reason is active",
+            labels=gpu_labels + ["reason"],
         )
         readings = [  # the gauges the table of GPU fields declares
             (f, GaugeMetricFamily(*f.metric, labels=gpu_labels)) for f in gpu_fields.shown_in(gpu_fields.METRICS) if f.metric
@@ -354,7 +358,8 @@ class Exporter:
         job_info = InfoMetricFamily("gputop_job", "one training job (a launcher and its ranks)")
         rank_info = InfoMetricFamily("gputop_rank", "one rank process and its GPU")
         state = GaugeMetricFamily(
-            "gputop_rank_state", "1 for what the rank's main thread does now, 0 for the other states",
+            "gputop_rank_state",
+            "1 for what the rank's main thread does now, 0 for the other states",
             labels=["job", "rank", "state", "Hostname"],
         )
         wait_ratio = GaugeMetricFamily(
@@ -363,22 +368,31 @@ class Exporter:
             labels=["job", "rank", "Hostname"],
         )
         wait_lower = GaugeMetricFamily(
-            "gputop_rank_data_wait_ratio_lower", "lower end of the data wait share's 95% interval", labels=["job", "rank", "Hostname"])
+            "gputop_rank_data_wait_ratio_lower",
+            "lower end of the data wait share's 95% interval",
+            labels=["job", "rank", "Hostname"],
+        )
         wait_upper = GaugeMetricFamily(
-            "gputop_rank_data_wait_ratio_upper", "upper end of the data wait share's 95% interval", labels=["job", "rank", "Hostname"])
+            "gputop_rank_data_wait_ratio_upper",
+            "upper end of the data wait share's 95% interval",
+            labels=["job", "rank", "Hostname"],
+        )
         wait_samples = GaugeMetricFamily(
             "gputop_rank_state_samples",
             f"main-thread samples the rank's shares of the last {DATA_WAIT_WINDOW_S:.0f} s rest on (start-up left out)",
             labels=["job", "rank", "Hostname"],
         )
-        workers = GaugeMetricFamily("gputop_dataloader_workers", "live DataLoader worker processes of the rank", labels=["job", "rank", "Hostname"])
+        workers = GaugeMetricFamily(
+            "gputop_dataloader_workers", "live DataLoader worker processes of the rank", labels=["job", "rank", "Hostname"]
+        )
         progress = GaugeMetricFamily(
             "gputop_rank_last_progress_timestamp_seconds",
             "when the rank's main thread was last seen to move (Unix time)",
             labels=["job", "rank", "Hostname"],
         )
         finding = GaugeMetricFamily(
-            "gputop_finding", "1 while the diagnosis reports this finding, 0 after it cleared",
+            "gputop_finding",
+            "1 while the diagnosis reports this finding, 0 after it cleared",
             labels=["job", "kind", "severity", "label", "Hostname"],
         )
         verdict = GaugeMetricFamily("gputop_verdict", "1 for the job's verdict now", labels=["job", "verdict", "Hostname"])
@@ -397,12 +411,15 @@ class Exporter:
             observed = collect_rank_observations(history.window(DATA_WAIT_WINDOW_S), snap.timestamp - DATA_WAIT_WINDOW_S)
             hung = {pid for f in findings if f.id == "hang" for pid in f.pids}
             world = max((r.world_size for r in tree.ranks if r.world_size), default=len(tree.ranks))
-            job_info.add_metric([], {
-                "job": job,
-                "launcher_pid": str(tree.launcher.pid) if tree.launcher else "",
-                "world_size": str(world),
-                "Hostname": h,
-            })
+            job_info.add_metric(
+                [],
+                {
+                    "job": job,
+                    "launcher_pid": str(tree.launcher.pid) if tree.launcher else "",
+                    "world_size": str(world),
+                    "Hostname": h,
+                },
+            )
             self._count_pyspy_errors(job, tree)
             live_pids.update(tree.stacks)
             for position, rank in enumerate(tree.ranks):
@@ -411,15 +428,18 @@ class Exporter:
                 live_ranks.add((job, pid))
                 for index in rank.gpus or (None,):
                     gpu = gpu_by_index.get(index) if index is not None else None
-                    rank_info.add_metric([], {
-                        "job": job,
-                        "rank": label,
-                        "local_rank": "" if rank.local_rank is None else str(rank.local_rank),
-                        "pid": str(pid),
-                        "gpu": "" if index is None else str(index),
-                        "UUID": gpu.uuid if gpu is not None else "",
-                        "Hostname": h,
-                    })
+                    rank_info.add_metric(
+                        [],
+                        {
+                            "job": job,
+                            "rank": label,
+                            "local_rank": "" if rank.local_rank is None else str(rank.local_rank),
+                            "pid": str(pid),
+                            "gpu": "" if index is None else str(index),
+                            "UUID": gpu.uuid if gpu is not None else "",
+                            "Hostname": h,
+                        },
+                    )
                 track = self._track(job, rank, tree.stacks.get(pid), pid in hung)
                 current = "hung" if pid in hung else STATE_OF_CLASS.get(rank.main_thread_state or "")
                 for name in RANK_STATES:
@@ -427,8 +447,12 @@ class Exporter:
                 obs = observed.get(pid)
                 if obs is not None and obs.n:
                     share = obs.input_share
-                    for family, value in ((wait_ratio, share.point), (wait_lower, share.low), (wait_upper, share.high),
-                                          (wait_samples, float(share.n))):
+                    for family, value in (
+                        (wait_ratio, share.point),
+                        (wait_lower, share.low),
+                        (wait_upper, share.high),
+                        (wait_samples, float(share.n)),
+                    ):
                         family.add_metric([job, label, h], value)
                 if track.last_progress is not None:
                     progress.add_metric([job, label, h], track.last_progress)
@@ -456,7 +480,10 @@ class Exporter:
         if track is None:
             track = self._ranks[key] = _RankTrack()
         fresh = (
-            stacks is not None and stacks.error is None and stacks.threads and rank.main_thread_state is not None
+            stacks is not None
+            and stacks.error is None
+            and stacks.threads
+            and rank.main_thread_state is not None
             and (track.last_dump is None or stacks.timestamp > track.last_dump.timestamp)
         )
         if fresh:
@@ -467,9 +494,7 @@ class Exporter:
         return track
 
     def _add_findings(self, finding: GaugeMetricFamily, verdict: GaugeMetricFamily, job: str, findings: list[Finding]) -> None:
-        active = {
-            (f.id, f.severity, FINDING_LABELS[f.label]) for f in findings if f.label in FINDING_LABELS
-        }
+        active = {(f.id, f.severity, FINDING_LABELS[f.label]) for f in findings if f.label in FINDING_LABELS}
         seen = self._findings_seen.setdefault(job, set())
         seen |= active
         for kind, severity, label in sorted(seen):
@@ -492,7 +517,9 @@ class Exporter:
                 self._log(f"job {job}: cannot read stacks: {stacks.error} (counted in gputop_pyspy_errors_total)")
 
     def _pyspy_family(self) -> CounterMetricFamily:
-        family = CounterMetricFamily("gputop_pyspy_errors", "py-spy stack dumps that failed, by reason", labels=["reason", "Hostname"])
+        family = CounterMetricFamily(
+            "gputop_pyspy_errors", "py-spy stack dumps that failed, by reason", labels=["reason", "Hostname"]
+        )
         for reason, count in sorted(self._pyspy_errors.items()):
             family.add_metric([reason, self.hostname], count)
         return family

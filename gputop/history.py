@@ -44,4 +44,3 @@ class History:
         out = [s for s in reversed(self._snapshots) if s.timestamp >= cutoff]
         out.reverse()
         return out
-

@@ -74,9 +74,7 @@ class Pipeline:
         if self.simulated and topology is not None and isinstance(self.host, HostCollector):
             # the simulated GPUs' NUMA nodes are mapped onto this host's cores (see Profile.cpu_affinity);
             # show the cores with the same layout so "rank on the GPU's NUMA node" stays consistent
-            self.host.core_numa = numa_layout_from_affinity(
-                self.host.cpu_count, topology.cpu_affinity, topology.numa_node
-            )
+            self.host.core_numa = numa_layout_from_affinity(self.host.cpu_count, topology.cpu_affinity, topology.numa_node)
         # the NICs, from /sys: the real one, or the simulated machine's, read by the same reader
         topology, bus_ids = topology or Topology(), self.gpu.bus_ids if self.gpu else ()
         if spec is not None:

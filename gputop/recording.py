@@ -73,7 +73,13 @@ class RecordingWriter:
             self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         except OSError as exc:
             raise _disk_error(path, exc, "create") from None
-        header = {"format": FORMAT, "version": VERSION, "gputop": __version__, "created": time.time(), "machine": to_jsonable(machine)}
+        header = {
+            "format": FORMAT,
+            "version": VERSION,
+            "gputop": __version__,
+            "created": time.time(),
+            "machine": to_jsonable(machine),
+        }
         self._append(header)
 
     def _append(self, record: dict[str, Any]) -> None:
@@ -232,9 +238,13 @@ class RecordingIndex:
         except ValueError:
             header = None
         if not isinstance(header, dict) or header.get("format") != FORMAT:
-            raise GputopError(f"{self.path} is not a gputop recording (no gputop header); record one with `gputop record -o FILE`")
+            raise GputopError(
+                f"{self.path} is not a gputop recording (no gputop header); record one with `gputop record -o FILE`"
+            )
         if header.get("version", 0) > VERSION:
-            raise GputopError(f"{self.path} is a version {header.get('version')} recording; this gputop reads version {VERSION} (upgrade gputop)")
+            raise GputopError(
+                f"{self.path} is a version {header.get('version')} recording; this gputop reads version {VERSION} (upgrade gputop)"
+            )
         self.machine = from_jsonable(MachineInfo, header["machine"])
         self._offsets = array("q")
         self._line_numbers = array("l")
@@ -364,7 +374,9 @@ class RecordingSpan:
     end: float
 
 
-def read_recording_tail(path: str, limit: int = DEFAULT_WINDOW) -> tuple[MachineInfo, list[Snapshot], Optional[str], RecordingSpan]:
+def read_recording_tail(
+    path: str, limit: int = DEFAULT_WINDOW
+) -> tuple[MachineInfo, list[Snapshot], Optional[str], RecordingSpan]:
     """(machine, the last `limit` snapshots, warning, span of the whole recording), in bounded memory.
 
     Only the tail is decoded (from the keyframe before it); the rest of the file is only indexed."""
@@ -394,8 +406,9 @@ class ReplaySource:
     (the TUI's history keeps no more anyway).
     """
 
-    def __init__(self, path: str, speed: float = 1.0, *, clock: Callable[[], float] = time.monotonic,
-                 window: int = DEFAULT_WINDOW) -> None:
+    def __init__(
+        self, path: str, speed: float = 1.0, *, clock: Callable[[], float] = time.monotonic, window: int = DEFAULT_WINDOW
+    ) -> None:
         self.path = path
         self._index = RecordingIndex(path)
         if not len(self._index):

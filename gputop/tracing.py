@@ -78,9 +78,11 @@ class TraceResult:
             phases = r.get("phases") or {}
             rate = r.get("steps_per_s")
             rank = "-" if r.get("rank") is None else str(r["rank"])
-            lines.append(f"{rank:>5} {str(r.get('pid') or '-'):>8} "
-                         + " ".join(f"{phases.get(p, 0.0):>10.0%}" for p in trace_summary.PHASES)
-                         + f" {(f'{rate:.2f}' if rate else '-'):>8}")
+            lines.append(
+                f"{rank:>5} {str(r.get('pid') or '-'):>8} "
+                + " ".join(f"{phases.get(p, 0.0):>10.0%}" for p in trace_summary.PHASES)
+                + f" {(f'{rate:.2f}' if rate else '-'):>8}"
+            )
         for r in self.ranks:
             gpu = r.get("gpu")
             if gpu:
@@ -88,7 +90,8 @@ class TraceResult:
                 lines.append(
                     f"rank {r.get('rank')}: GPU kernels busy {gpu['busy']:.0%}, idle {gpu['idle']:.0%} "
                     f"(compute {gpu['compute']:.0%}, NCCL {gpu['comm']:.0%}"
-                    + (f", {overlap:.0%} of it overlapped" if overlap is not None else "") + ")"
+                    + (f", {overlap:.0%} of it overlapped" if overlap is not None else "")
+                    + ")"
                 )
         if self.ranks and self.ranks[0].get("top_ops"):
             first = self.ranks[0]
@@ -128,9 +131,16 @@ def _gzip_copy(src: str, dst: str) -> None:
         shutil.copyfileobj(fin, fout, 1 << 20)
 
 
-def run_trace(pid: int, *, seconds: Optional[float] = None, steps: Optional[int] = None, out_dir: Optional[str] = None,
-              with_stack: bool = False, progress: Optional[Progress] = None,
-              results_root: Optional[tuple[str, str]] = None) -> TraceResult:
+def run_trace(
+    pid: int,
+    *,
+    seconds: Optional[float] = None,
+    steps: Optional[int] = None,
+    out_dir: Optional[str] = None,
+    with_stack: bool = False,
+    progress: Optional[Progress] = None,
+    results_root: Optional[tuple[str, str]] = None,
+) -> TraceResult:
     """Trace every rank of the job for a bounded window; raises GputopError/UsageError with one line."""
     if seconds is not None and not 0 < seconds <= MAX_SECONDS:
         raise UsageError(f"--seconds must be between 0 and {MAX_SECONDS:g} (got {seconds:g}): the window is bounded")
@@ -172,16 +182,19 @@ def run_trace(pid: int, *, seconds: Optional[float] = None, steps: Optional[int]
         if len(errors) == len(ranks):
             raise GputopError(next(iter(errors.values())))
         notes.extend(f"PID {p}: {e}" for p, e in errors.items())
-        answers = _wait_for_agents({p: runs[p][1] for p, _r in ranks if p not in errors},
-                                   time.monotonic() + window + EXPORT_GRACE_S, progress)
+        answers = _wait_for_agents(
+            {p: runs[p][1] for p, _r in ranks if p not in errors}, time.monotonic() + window + EXPORT_GRACE_S, progress
+        )
         summaries = []
         for rank_pid, rank in ranks:
             if rank_pid in errors:
                 continue
             answer = answers.get(rank_pid)
             if answer is None:  # a job that stopped moving is the finding, not a silent agent
-                notes.append(injector.frozen_evidence(rank_pid, since=at_injection.get(rank_pid))
-                             or f"PID {rank_pid}: the agent did not answer within {window + EXPORT_GRACE_S:g}s")
+                notes.append(
+                    injector.frozen_evidence(rank_pid, since=at_injection.get(rank_pid))
+                    or f"PID {rank_pid}: the agent did not answer within {window + EXPORT_GRACE_S:g}s"
+                )
                 continue
             if answer.get("error"):
                 notes.append(f"PID {rank_pid}: {answer['error']}")
@@ -193,10 +206,13 @@ def run_trace(pid: int, *, seconds: Optional[float] = None, steps: Optional[int]
             _gzip_copy(src, dst)
             summary = trace_summary.summarize_trace(trace_summary.load_trace(dst), trace_file=dst)
             name_sync_lines(summary, rank_pid)
-            summary.update(rank=summary["rank"] if summary["rank"] is not None else answer.get("rank", rank),
-                           pid=rank_pid, memory_stats=answer.get("memory_stats") or {},
-                           window_steps=(answer.get("window") or {}).get("steps"),
-                           main_thread_recorded=summary["main_thread_events"] > 0)
+            summary.update(
+                rank=summary["rank"] if summary["rank"] is not None else answer.get("rank", rank),
+                pid=rank_pid,
+                memory_stats=answer.get("memory_stats") or {},
+                window_steps=(answer.get("window") or {}).get("steps"),
+                main_thread_recorded=summary["main_thread_events"] > 0,
+            )
             if not summary["main_thread_recorded"]:
                 notes.append(f"PID {rank_pid}: the trace holds no op of the main thread")
             summaries.append(summary)
@@ -206,8 +222,14 @@ def run_trace(pid: int, *, seconds: Optional[float] = None, steps: Optional[int]
     if not summaries:
         raise GputopError("no rank answered with a trace: " + "; ".join(notes[:3]))
     summaries.sort(key=lambda s: (s["rank"] is None, s["rank"] or 0, s["pid"]))
-    return TraceResult(target=label, ranks=tuple(summaries), findings=tuple(check_trace({"ranks": summaries})),
-                       notes=tuple(notes), out_dir=out_dir, seconds=time.monotonic() - started)
+    return TraceResult(
+        target=label,
+        ranks=tuple(summaries),
+        findings=tuple(check_trace({"ranks": summaries})),
+        notes=tuple(notes),
+        out_dir=out_dir,
+        seconds=time.monotonic() - started,
+    )
 
 
 def name_sync_lines(summary: dict[str, Any], pid: Optional[int]) -> dict[str, Any]:
@@ -216,8 +238,9 @@ def name_sync_lines(summary: dict[str, Any], pid: Optional[int]) -> dict[str, An
     for site in summary.get("sync_sites") or ():
         parsed = trace_summary.parse_site(site["site"])
         if parsed is not None:
-            site["lines"] = [{"line": line, "code": code}
-                             for line, code in stack_classes.sync_lines_in_function(*parsed, pid=pid)]
+            site["lines"] = [
+                {"line": line, "code": code} for line, code in stack_classes.sync_lines_in_function(*parsed, pid=pid)
+            ]
     return summary
 
 
@@ -261,8 +284,11 @@ def trace_from_files(paths: Sequence[str]) -> TraceResult:
     files: list[str] = []
     for path in paths:
         if os.path.isdir(path):
-            files.extend(sorted(os.path.join(path, n) for n in os.listdir(path)
-                                if n.endswith((".json", ".json.gz")) and not n.startswith(".")))
+            files.extend(
+                sorted(
+                    os.path.join(path, n) for n in os.listdir(path) if n.endswith((".json", ".json.gz")) and not n.startswith(".")
+                )
+            )
         else:
             files.append(path)
     if not files:
@@ -276,5 +302,9 @@ def trace_from_files(paths: Sequence[str]) -> TraceResult:
             raise UsageError(str(exc)) from None
     summaries.sort(key=lambda s: (s["rank"] is None, s["rank"] or 0, s["trace_file"]))
     label = files[0] if len(files) == 1 else f"{len(files)} trace files"
-    return TraceResult(target=label, ranks=tuple(summaries), findings=tuple(check_trace({"ranks": summaries})),
-                       seconds=time.monotonic() - started)
+    return TraceResult(
+        target=label,
+        ranks=tuple(summaries),
+        findings=tuple(check_trace({"ranks": summaries})),
+        seconds=time.monotonic() - started,
+    )

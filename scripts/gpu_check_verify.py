@@ -65,7 +65,9 @@ def differences(real_path: str, sim_path: str) -> int:
     lines.append(f"topology link kinds: real {real_links}, simulated {sim_links}")
     for index, gpu in enumerate(real["gpus"]):
         if gpu.get("unavailable"):
-            lines.append(f"GPU {index} says unavailable: " + "; ".join(f"{k}: {v}" for k, v in sorted(gpu["unavailable"].items())))
+            lines.append(
+                f"GPU {index} says unavailable: " + "; ".join(f"{k}: {v}" for k, v in sorted(gpu["unavailable"].items()))
+            )
     if real["gpus"] and sim["gpus"]:
         shape = sorted(set(_walk("gpu.", real["gpus"][0], sim["gpus"][0])))
         lines += shape or ["gpu fields: the same kinds of values as the simulation"]
@@ -158,7 +160,11 @@ def hang(path: str, pid: int, rank: int) -> int:
 
 
 def _mean_util(report: dict[str, Any]) -> float | None:
-    values = [g["utilization"]["mean"] for g in report.get("gpus", []) if g.get("utilization") and g["utilization"].get("mean") is not None]
+    values = [
+        g["utilization"]["mean"]
+        for g in report.get("gpus", [])
+        if g.get("utilization") and g["utilization"].get("mean") is not None
+    ]
     return round(sum(values) / len(values), 1) if values else None
 
 
@@ -236,8 +242,10 @@ def pcie(real_path: str, sim_path: str) -> int:
     sim = {g["counters"] for g in machines["simulated"]["gpus"]}
     real_types = {g["value_type"] for g in machines["real"]["gpus"]} - {None}
     sim_types = {g["value_type"] for g in machines["simulated"]["gpus"]} - {None}
-    print(f"differs from the simulated machine: counters {sorted(real)} (simulated {sorted(sim)}), "
-          f"valueType {sorted(real_types)} (simulated {sorted(sim_types)}; 1 = 32-bit, wraps every 4 GiB)")
+    print(
+        f"differs from the simulated machine: counters {sorted(real)} (simulated {sorted(sim)}), "
+        f"valueType {sorted(real_types)} (simulated {sorted(sim_types)}; 1 = 32-bit, wraps every 4 GiB)"
+    )
     return 0
 
 

@@ -41,7 +41,7 @@ def start_job(spawn: Spawner, work: Path, n: int, kind: str):
         return start_allocating_job(spawn, work, f"job{n}")
     prefix = work / f"job{n}.steps"
     _proc, records = train_jobs.start(spawn, work, f"job{n}", *ALLOCATING, "--step-log", str(prefix))
-    (pid, record), = records.items()
+    ((pid, record),) = records.items()
     return pid, size_counter(Path(f"{prefix}.{record['rank']}"))
 
 
@@ -60,7 +60,7 @@ def one_run(argv: list[str]) -> tuple[str, float, str]:
         return "error", elapsed, "no JSON"
     notes = " ".join(answer.get("notes") or ())
     if "active tier not run" in notes:
-        return "refused", elapsed, notes[notes.index("active tier not run"):][:160]
+        return "refused", elapsed, notes[notes.index("active tier not run") :][:160]
     return "ran", elapsed, ""
 
 
@@ -68,8 +68,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50, help="runs of each command")
     parser.add_argument("--bench-seconds", type=float, default=8.0)
-    parser.add_argument("--job", choices=["allocating", "train0"], default="allocating",
-                        help="allocating: issue 26's job; train0: tests/jobs/train_job.py with num_workers=0, batch 64")
+    parser.add_argument(
+        "--job",
+        choices=["allocating", "train0"],
+        default="allocating",
+        help="allocating: issue 26's job; train0: tests/jobs/train_job.py with num_workers=0, batch 64",
+    )
     args = parser.parse_args()
     spawn = Spawner()
     work = Path(tempfile.mkdtemp(prefix="gputop-soak-"))
@@ -81,10 +85,34 @@ def main() -> int:
         pid, progress = start_job(spawn, work, jobs, args.job)
         for i in range(args.runs):
             for command in ("bench", "trace"):
-                argv = ([sys.executable, "-m", "gputop", "bench", "--pid", str(pid), "--yes", "--json",
-                         "--seconds", f"{args.bench_seconds:g}"] if command == "bench" else
-                        [sys.executable, "-m", "gputop", "trace", "--pid", str(pid), "--seconds", "1", "--json",
-                         "-o", str(work / f"trace{i}")])
+                argv = (
+                    [
+                        sys.executable,
+                        "-m",
+                        "gputop",
+                        "bench",
+                        "--pid",
+                        str(pid),
+                        "--yes",
+                        "--json",
+                        "--seconds",
+                        f"{args.bench_seconds:g}",
+                    ]
+                    if command == "bench"
+                    else [
+                        sys.executable,
+                        "-m",
+                        "gputop",
+                        "trace",
+                        "--pid",
+                        str(pid),
+                        "--seconds",
+                        "1",
+                        "--json",
+                        "-o",
+                        str(work / f"trace{i}"),
+                    ]
+                )
                 outcome, elapsed, why = one_run(argv)
                 tallies[command][outcome] += 1
                 times[command].append(elapsed)
@@ -92,8 +120,11 @@ def main() -> int:
                     reasons[f"{command}: {why}"] += 1
                 before = progress()
                 try:
-                    wait_until(lambda: progress() > before or not process_alive(pid), timeout=MOVE_TIMEOUT_S,
-                               what="the job to take a step")
+                    wait_until(
+                        lambda: progress() > before or not process_alive(pid),
+                        timeout=MOVE_TIMEOUT_S,
+                        what="the job to take a step",
+                    )
                     harmed = None if process_alive(pid) else "dead"
                 except AssertionError:
                     harmed = "frozen"
@@ -101,15 +132,15 @@ def main() -> int:
                     tallies[command][harmed] += 1
                     jobs += 1
                     pid, progress = start_job(spawn, work, jobs, args.job)
-            print(f"round {i + 1}/{args.runs}: bench {dict(tallies['bench'])}, trace {dict(tallies['trace'])}",
-                  flush=True)
+            print(f"round {i + 1}/{args.runs}: bench {dict(tallies['bench'])}, trace {dict(tallies['trace'])}", flush=True)
     finally:
         spawn.reap_all()
     print()
     for command in ("bench", "trace"):
         t = times[command]
-        print(f"gputop {command}: {args.runs} runs, {dict(tallies[command])}; "
-              f"median {statistics.median(t):.1f}s, max {max(t):.1f}s")
+        print(
+            f"gputop {command}: {args.runs} runs, {dict(tallies[command])}; median {statistics.median(t):.1f}s, max {max(t):.1f}s"
+        )
     for why, n in reasons.most_common(5):
         print(f"  {n}x {why}")
     harmed = sum(tallies[c][k] for c in tallies for k in ("dead", "frozen", "hung"))

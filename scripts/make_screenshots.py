@@ -201,9 +201,7 @@ async def shoot_demo(out: Path, scenario: str, expected_finding: str, rank_state
             pipeline.close()
 
 
-async def _shoot_running_demo(
-    out: Path, pipeline, scenario: str, expected_finding: str, rank_state: Optional[str]
-) -> Path:
+async def _shoot_running_demo(out: Path, pipeline, scenario: str, expected_finding: str, rank_state: Optional[str]) -> Path:
     import time
 
     from gputop.tui.app import GputopApp
@@ -261,7 +259,9 @@ def one_cell_per_glyph(svg: str) -> str:
         for char in chars:
             width = cell_len(char) * cell
             if not char.isspace():
-                out.append(f'<text {before}x="{at:.1f}"{middle}textLength="{width:.1f}"{after}>{html.escape(char, quote=False)}</text>')
+                out.append(
+                    f'<text {before}x="{at:.1f}"{middle}textLength="{width:.1f}"{after}>{html.escape(char, quote=False)}</text>'
+                )
             at += width
         return "".join(out)
 
@@ -308,10 +308,14 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    shots = [] if args.only_demo else [
-        lambda n=name, sz=size, k=keys, f=faults: shoot(out, n, sz, k, args.seconds, args.profile + f)
-        for name, size, keys, faults in SHOTS
-    ]
+    shots = (
+        []
+        if args.only_demo
+        else [
+            lambda n=name, sz=size, k=keys, f=faults: shoot(out, n, sz, k, args.seconds, args.profile + f)
+            for name, size, keys, faults in SHOTS
+        ]
+    )
     if not args.only_demo:
         shots.append(lambda: shoot_trace(out, args.seconds, args.profile))
     if not args.no_demo:

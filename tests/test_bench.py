@@ -27,8 +27,7 @@ STEP_S = 0.030
 
 
 def _gputop(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gputop", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO)
+    return subprocess.run([sys.executable, "-m", "gputop", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 # ------------------------------------------------------------------------------------ accuracy
@@ -37,8 +36,9 @@ def _gputop(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_active_benchmark_matches_the_truth_and_its_advice_removes_the_wait(spawn, tmp_path):
-    job = start_job(spawn, tmp_path, "starved", "--workers", "0", "--batch-ms", str(PREP_S * 1000),
-                    "--step-ms", str(STEP_S * 1000))
+    job = start_job(
+        spawn, tmp_path, "starved", "--workers", "0", "--batch-ms", str(PREP_S * 1000), "--step-ms", str(STEP_S * 1000)
+    )
     t0 = time.monotonic()
     done = _gputop("bench", "--pid", str(job.pid), "--yes", "--json", "--seconds", "12")
     t1 = time.monotonic()
@@ -74,9 +74,19 @@ def test_active_benchmark_matches_the_truth_and_its_advice_removes_the_wait(spaw
     assert result["producer_consumer_ratio"] == pytest.approx(STEP_S / PREP_S, rel=0.2)
 
     # Advice: the same job with the recommended workers no longer waits for data.
-    fixed = start_job(spawn, tmp_path, "fixed", "--workers", str(result["recommendation"]["num_workers"]),
-                      "--persistent", "--batch-ms", str(PREP_S * 1000), "--step-ms", str(STEP_S * 1000),
-                      warm_steps=20)
+    fixed = start_job(
+        spawn,
+        tmp_path,
+        "fixed",
+        "--workers",
+        str(result["recommendation"]["num_workers"]),
+        "--persistent",
+        "--batch-ms",
+        str(PREP_S * 1000),
+        "--step-ms",
+        str(STEP_S * 1000),
+        warm_steps=20,
+    )
     t2 = time.monotonic()
     steps = fixed.wait_steps(len(fixed.steps()) + 60)
     after = truth(steps, t2, time.monotonic())
@@ -100,8 +110,9 @@ def _main_thread_frames(pid: int) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("loader_args", [("--workers", "2", "--persistent"), ("--workers", "0")],
-                         ids=["persistent-workers", "no-workers"])
+@pytest.mark.parametrize(
+    "loader_args", [("--workers", "2", "--persistent"), ("--workers", "0")], ids=["persistent-workers", "no-workers"]
+)
 def test_training_is_bit_identical_with_a_benchmark_in_the_middle(spawn, tmp_path, loader_args):
     # shuffle=True (sampler RNG), dropout (global RNG every step), torch.rand noise in every sample
     # (worker seeds), 100-batch epochs (new iterators, new base seeds) while the benchmark runs.
@@ -112,9 +123,13 @@ def test_training_is_bit_identical_with_a_benchmark_in_the_middle(spawn, tmp_pat
     children_before = children(benched.pid)
 
     reports = []
-    result = run_benchmark(benched.pid, seconds=6, allow_inject=True,
-                           progress=lambda fraction, message: reports.append(fraction),
-                           results_root=(str(tmp_path / "results"), str(tmp_path / "results")))
+    result = run_benchmark(
+        benched.pid,
+        seconds=6,
+        allow_inject=True,
+        progress=lambda fraction, message: reports.append(fraction),
+        results_root=(str(tmp_path / "results"), str(tmp_path / "results")),
+    )
     assert result.mode == "active", result.notes
     assert result.configs, result.notes
     assert result.consumption["batches"] > 10
@@ -154,8 +169,7 @@ def test_training_is_bit_identical_with_a_benchmark_in_the_middle(spawn, tmp_pat
 def test_iterable_dataset_gets_a_reason_not_a_sweep(spawn, tmp_path):
     job = start_job(spawn, tmp_path, "stream", "--iterable", "--batch-ms", "20", "--step-ms", "10")
     threads_before = thread_ids(job.pid)
-    result = run_benchmark(job.pid, seconds=5, allow_inject=True,
-                           results_root=(str(tmp_path / "r"), str(tmp_path / "r")))
+    result = run_benchmark(job.pid, seconds=5, allow_inject=True, results_root=(str(tmp_path / "r"), str(tmp_path / "r")))
     assert result.configs == ()
     assert any("IterableDataset" in note for note in result.notes)
     assert result.consumption["batches"] > 5  # consumption is still measured
@@ -208,14 +222,26 @@ def test_results_directory_owned_by_someone_else_is_refused(spawn, tmp_path, pla
 @pytest.mark.parametrize("version", ["3.9", "3.10"])
 def test_other_pythons(spawn, tmp_path, version):
     """3.9: refused with a reason, passive still runs. 3.10: injected across versions (no torch there)."""
-    python = next((p for p in (f"/root/.pyenv/versions/{d}/bin/python{version}" for d in
-                   sorted(os.listdir("/root/.pyenv/versions")) if d.startswith(version + "."))
-                   if os.path.exists(p)), None) if os.path.isdir("/root/.pyenv/versions") else None
+    python = (
+        next(
+            (
+                p
+                for p in (
+                    f"/root/.pyenv/versions/{d}/bin/python{version}"
+                    for d in sorted(os.listdir("/root/.pyenv/versions"))
+                    if d.startswith(version + ".")
+                )
+                if os.path.exists(p)
+            ),
+            None,
+        )
+        if os.path.isdir("/root/.pyenv/versions")
+        else None
+    )
     if python is None:
         pytest.skip(f"no Python {version} interpreter on this machine")
     target = _sleeping_python(spawn, python)
-    result = run_benchmark(target.pid, seconds=5, allow_inject=True,
-                           results_root=(str(tmp_path / "r"), str(tmp_path / "r")))
+    result = run_benchmark(target.pid, seconds=5, allow_inject=True, results_root=(str(tmp_path / "r"), str(tmp_path / "r")))
     if version == "3.9":
         assert result.mode == "passive"
         assert any("needs Python 3.10 or newer" in note for note in result.notes)
@@ -229,9 +255,17 @@ def test_other_pythons(spawn, tmp_path, version):
 def test_launcher_pid_benchmarks_its_rank(spawn, tmp_path):
     log = tmp_path / "rank"
     rank = bench_command(log, "--batch-ms", "40", "--step-ms", "20")
-    launcher = spawn([sys.executable, "-c", (
-        "import os, subprocess, sys; env = dict(os.environ, RANK='0', LOCAL_RANK='0', WORLD_SIZE='1'); "
-        f"subprocess.run({rank!r}, env=env)")], cwd=REPO)
+    launcher = spawn(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import os, subprocess, sys; env = dict(os.environ, RANK='0', LOCAL_RANK='0', WORLD_SIZE='1'); "
+                f"subprocess.run({rank!r}, env=env)"
+            ),
+        ],
+        cwd=REPO,
+    )
     wait_until(lambda: len(read_steps(tmp_path / "rank.0")) > 8, timeout=60, what="rank steps")
     result = run_benchmark(launcher.pid, seconds=3)
     assert result.pid != launcher.pid and result.pid in children(launcher.pid)
@@ -245,7 +279,10 @@ def test_launcher_pid_benchmarks_its_rank(spawn, tmp_path):
 
 def test_bench_result_round_trips_and_summarises():
     result = BenchResult(
-        target="PID 1", mode="active", pid=1, seconds=9.5,
+        target="PID 1",
+        mode="active",
+        pid=1,
+        seconds=9.5,
         passive={"wait_fraction": 0.5, "main_samples": 900, "dataset_fraction": 0.5},
         consumption={"batches_per_s": 10.0, "wait_fraction": 0.6, "wait_per_batch_s": 0.06, "step_s": 0.04},
         settings={"num_workers": 0, "batch_size": 4},
@@ -258,8 +295,7 @@ def test_bench_result_round_trips_and_summarises():
     assert BenchResult.from_dict(data) == result
     assert data["producer_consumer_ratio"] == pytest.approx(0.64)
     text = "\n".join(result.summary_lines())
-    for needle in ("10.00 batches/s", "data wait 60%", "16.0 batches/s", "num_workers=2", "contention",
-                   "workers needed"):
+    for needle in ("10.00 batches/s", "data wait 60%", "16.0 batches/s", "num_workers=2", "contention", "workers needed"):
         assert needle in text
 
 
@@ -270,8 +306,12 @@ def test_bench_result_round_trips_and_summarises():
 @pytest.mark.timeout(120)
 def test_offline_loader_sweep(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "gputop", "bench", "--loader", "tests.jobs.loaders:make_loader", "--seconds", "15",
-         "--json"], capture_output=True, text=True, timeout=60, cwd=REPO, env=dict(os.environ, BENCH_PREP_MS="100"),
+        [sys.executable, "-m", "gputop", "bench", "--loader", "tests.jobs.loaders:make_loader", "--seconds", "15", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=dict(os.environ, BENCH_PREP_MS="100"),
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
@@ -306,8 +346,10 @@ def test_offline_refusals_are_one_line(spec, code, message):
 
 @pytest.mark.slow
 def test_the_monitor_side_imports_neither_torch_nor_textual():
-    code = ("import sys, gputop.bench, gputop.commands.bench, gputop.inject.injector, gputop.collect.sampler; "
-            "print(sorted(m for m in ('torch', 'textual') if m in sys.modules))")
+    code = (
+        "import sys, gputop.bench, gputop.commands.bench, gputop.inject.injector, gputop.collect.sampler; "
+        "print(sorted(m for m in ('torch', 'textual') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.stdout.strip() == "[]", done.stderr
 

@@ -33,7 +33,8 @@ def test_recommended_workers_remove_the_wait_on_the_starved_demo(tmp_path):
         job.wait_until_training()
         wait_until(lambda: min(job.step_counts()) >= 3, timeout=60, what="warm-up steps (lazy imports)")
         starved_rate, result = _steps_per_s(
-            job, lambda: run_benchmark(launcher, seconds=15, allow_inject=True, results_root=(root, root)))
+            job, lambda: run_benchmark(launcher, seconds=15, allow_inject=True, results_root=(root, root))
+        )
     assert result.mode == "active", result.notes
     assert result.settings["num_workers"] == 0 and result.settings["sampler"].endswith("DistributedSampler")
     assert result.consumption["wait_fraction"] > 0.4  # starved: the GPU step is a third of each iteration
@@ -60,5 +61,7 @@ def test_recommended_workers_remove_the_wait_on_the_starved_demo(tmp_path):
     if result.contention:
         # The no-harm bar is not lowered on a busy box: it could not be measured here, and the test says so
         # instead of passing on a weaker one (everything above did hold).
-        pytest.skip(f"no idle cores during the sweep: the job kept {kept:.0%} of its speed; the >= {NO_HARM:.0%} "
-                    "no-harm bar needs a box with idle cores")
+        pytest.skip(
+            f"no idle cores during the sweep: the job kept {kept:.0%} of its speed; the >= {NO_HARM:.0%} "
+            "no-harm bar needs a box with idle cores"
+        )

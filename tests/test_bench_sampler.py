@@ -66,8 +66,10 @@ def test_analyze_counts_main_thread_states_and_worker_activity():
 
 
 def test_unnamed_threads_of_old_pythons_find_the_main_thread_by_its_module_frame():
-    raw = (f'{CMD};thread (0x7F1CCAE2AB80);<module> (<string>:1) 70\n'
-           f'{CMD};thread (0x7F1CCAE2AC00);_bootstrap (threading.py:930);run (threading.py:870) 30')
+    raw = (
+        f"{CMD};thread (0x7F1CCAE2AB80);<module> (<string>:1) 70\n"
+        f"{CMD};thread (0x7F1CCAE2AC00);_bootstrap (threading.py:930);run (threading.py:870) 30"
+    )
     assert analyze(parse_raw(raw), rank_pid=100, worker_pids=[])["main_samples"] == 70
 
 
@@ -88,8 +90,7 @@ def test_analyze_num_workers_zero_counts_dataset_time_as_wait():
 @pytest.mark.timeout(120)
 def test_real_job_wait_fraction_and_worker_cpu(spawn, tmp_path):
     # 2 workers, 80 ms of sleep per batch each -> 25 batches/s supply; 20 ms step -> ~50% waiting.
-    job = start_job(spawn, tmp_path, "passive", "--workers", "2", "--batch-ms", "80", "--step-ms", "20",
-                    "--persistent")
+    job = start_job(spawn, tmp_path, "passive", "--workers", "2", "--batch-ms", "80", "--step-ms", "20", "--persistent")
     from gputop.collect.procfs import children_pids
 
     workers = children_pids(job.pid)

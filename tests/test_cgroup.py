@@ -29,23 +29,32 @@ def _layout(tmp_path: Path, files: dict[str, str], proc_cgroup: str, mount_root:
 
 
 def test_v2_smallest_quota_up_the_tree_and_the_leaf_cpuset(tmp_path):
-    proc, mountinfo = _layout(tmp_path, {
-        "cpu.max": "max 100000\n",
-        "job/cpu.max": "600000 100000\n",  # 6 cores for the whole job slice ...
-        "job/memory.max": "8589934592\n",
-        "job/rank/cpu.max": "max 100000\n",
-        "job/rank/memory.max": "max\n",
-        "job/rank/cpuset.cpus.effective": "0-3,8\n",  # ... but only 5 CPUs in its set
-    }, "0::/job/rank\n")
+    proc, mountinfo = _layout(
+        tmp_path,
+        {
+            "cpu.max": "max 100000\n",
+            "job/cpu.max": "600000 100000\n",  # 6 cores for the whole job slice ...
+            "job/memory.max": "8589934592\n",
+            "job/rank/cpu.max": "max 100000\n",
+            "job/rank/memory.max": "max\n",
+            "job/rank/cpuset.cpus.effective": "0-3,8\n",  # ... but only 5 CPUs in its set
+        },
+        "0::/job/rank\n",
+    )
     assert cgroup.read_limits(4242, proc=proc, mountinfo=mountinfo) == cgroup.Limits(cpu=5.0, memory=8 << 30)
 
 
 def test_v2_quota_below_the_cpuset_and_a_container_mount_root(tmp_path):
     # inside a container the hierarchy is mounted from the container's own cgroup, not from "/"
-    proc, mountinfo = _layout(tmp_path, {
-        "cpu.max": "250000 100000\n",
-        "cpuset.cpus.effective": "0-15\n",
-    }, "0::/docker/abc\n", mount_root="/docker/abc")
+    proc, mountinfo = _layout(
+        tmp_path,
+        {
+            "cpu.max": "250000 100000\n",
+            "cpuset.cpus.effective": "0-15\n",
+        },
+        "0::/docker/abc\n",
+        mount_root="/docker/abc",
+    )
     assert cgroup.read_limits(4242, proc=proc, mountinfo=mountinfo) == cgroup.Limits(cpu=2.5, memory=None)
 
 

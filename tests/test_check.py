@@ -101,9 +101,24 @@ def test_json_lists_every_check(capsys):
     assert rc == 0 and data["exit_code"] == 0 and data["status"] == "pass"
     ids = [c["id"] for c in data["checks"]]
     assert ids == [
-        "driver", "gpus", "vbios", "pcie.link", "pcie.replay", "pcie.aer", "nvlink.state", "nvlink.errors", "topology",
-        "numa.nic", "memory.ecc", "memory.remap", "memory.retired_pages", "xid", "persistence", "ecc.mode",
-        "clocks.applications", "clocks.events",
+        "driver",
+        "gpus",
+        "vbios",
+        "pcie.link",
+        "pcie.replay",
+        "pcie.aer",
+        "nvlink.state",
+        "nvlink.errors",
+        "topology",
+        "numa.nic",
+        "memory.ecc",
+        "memory.remap",
+        "memory.retired_pages",
+        "xid",
+        "persistence",
+        "ecc.mode",
+        "clocks.applications",
+        "clocks.events",
     ]
     for check in data["checks"]:
         assert check["status"] in mc.STATUSES and check["value"] and check["expected"]
@@ -220,9 +235,18 @@ def test_one_under_load_bar_for_the_screen_the_exporter_and_the_check(utilizatio
     from gputop.tui.widgets.gpu_grid import pcie_flagged
 
     inp = simulated_check_input("h100-sxm-8")
-    gen3 = tuple(replace(s, gpus=tuple(
-        replace(g, utilization_gpu=utilization, pcie=replace(g.pcie, gen_current=3)) if g.index == 2
-        else replace(g, utilization_gpu=0.0) for g in s.gpus)) for s in inp.snapshots)
+    gen3 = tuple(
+        replace(
+            s,
+            gpus=tuple(
+                replace(g, utilization_gpu=utilization, pcie=replace(g.pcie, gen_current=3))
+                if g.index == 2
+                else replace(g, utilization_gpu=0.0)
+                for g in s.gpus
+            ),
+        )
+        for s in inp.snapshots
+    )
     gpu = gen3[-1].gpus[2]
     assert pcie_flagged(gpu) is under_load
     assert pcie_degraded_now(gpu) is (True if under_load else None)
@@ -343,9 +367,12 @@ def test_nic_topology_from_a_pci_tree():
     # RDMA devices first, numbered as nvidia-smi numbers them (mlx5_10 after mlx5_2), each with its interface;
     # eno1 has no RDMA device; lo and docker0 have no PCI function
     assert [(n.name, n.rdma, n.netdev, n.numa_node, n.pci_bus_id) for n in topo.nics] == [
-        ("mlx5_0", True, "ibp25s0f0", 0, "0000:19:00.0"), ("mlx5_1", True, "ibp25s0f1", 0, "0000:19:00.1"),
-        ("mlx5_2", True, "ibp56s0", 0, "0000:38:00.0"), ("mlx5_10", True, "ibp155s0", 1, "0000:9b:00.0"),
-        ("eno1", False, None, 0, "0000:20:00.0")]
+        ("mlx5_0", True, "ibp25s0f0", 0, "0000:19:00.0"),
+        ("mlx5_1", True, "ibp25s0f1", 0, "0000:19:00.1"),
+        ("mlx5_2", True, "ibp56s0", 0, "0000:38:00.0"),
+        ("mlx5_10", True, "ibp155s0", 1, "0000:9b:00.0"),
+        ("eno1", False, None, 0, "0000:20:00.0"),
+    ]
     #              GPU0   GPU1   GPU2    mlx5_0  mlx5_1  mlx5_2  mlx5_10 eno1
     assert topo.nic_matrix == (
         ("PIX", "PXB", "SYS", "X", "PIX", "NODE", "SYS", "PHB"),  # mlx5_0: GPU0's switch; GPU1 one switch further down
@@ -356,7 +383,15 @@ def test_nic_topology_from_a_pci_tree():
     )
     names, rows = topo.full_matrix()  # as nvidia-smi prints it: the RDMA devices only, NIC0..NIC3
     assert names == ("GPU0", "GPU1", "GPU2", "NIC0", "NIC1", "NIC2", "NIC3")
-    assert rows[0] == ("X", "PXB", "SYS", "PIX", "PIX", "NODE", "SYS") and rows[6] == ("SYS", "SYS", "PIX", "SYS", "SYS", "SYS", "X")
+    assert rows[0] == ("X", "PXB", "SYS", "PIX", "PIX", "NODE", "SYS") and rows[6] == (
+        "SYS",
+        "SYS",
+        "PIX",
+        "SYS",
+        "SYS",
+        "SYS",
+        "X",
+    )
     assert topo.nic_legend() == ("NIC0: mlx5_0", "NIC1: mlx5_1", "NIC2: mlx5_2", "NIC3: mlx5_10")
     assert topo.nic_switch_gpus(0) == (0, 1) and topo.nic_switch_gpus(3) == (2,) and topo.nic_switch_gpus(4) == ()
 
@@ -411,8 +446,10 @@ def test_host_reader_on_fixture_root():
 
 
 def test_dmesg_lines_parse_like_kmsg():
-    lines = ["[   12.004000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
-             "[   13.000000] nvidia-modeset: Loading"]
+    lines = [
+        "[   12.004000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        "[   13.000000] nvidia-modeset: Loading",
+    ]
     (xid,) = _xids_from_dmesg(lines, 1000.0)
     assert (xid.code, xid.pci, xid.timestamp) == (79, "0000:18:00", pytest.approx(1012.004))
 

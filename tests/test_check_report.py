@@ -16,7 +16,7 @@ COMMANDS = ("sudo nvidia-bug-report.sh", "dcgmi diag -r 2", "nvidia-smi -q")
 
 
 def section(markdown: str) -> str:
-    return markdown[markdown.index("## For the infra team"):markdown.index("## Machine")]
+    return markdown[markdown.index("## For the infra team") : markdown.index("## Machine")]
 
 
 def test_live_report_carries_the_infra_section(capsys):
@@ -31,7 +31,9 @@ def test_live_report_carries_the_infra_section(capsys):
     assert re.search(r"- \*\*FAIL\*\* NVLink error counters: GPU 1 link 2: CRC \(flit\) \+\d+ in \d\.\d s", infra)
     assert "- **FAIL** XIDs: GPU 3: XID 79 (GPU has fallen off the bus)" in infra
     # the XIDs with their times, the next commands, the reset advice
-    assert re.search(r"20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC  GPU 3  XID 79: GPU has fallen off the bus \[kernel log, PCI 0000:5d:00\]", infra)
+    assert re.search(
+        r"20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC  GPU 3  XID 79: GPU has fallen off the bus \[kernel log, PCI 0000:5d:00\]", infra
+    )
     for command in COMMANDS:
         assert command in infra
     assert "before any reset" in infra and "clears the volatile ECC counters" in infra

@@ -30,6 +30,7 @@ RANK_GPUS = (2, 5)
 def _host_pids(unshare_pid: int) -> dict[int, int]:
     """In-namespace PID -> host PID for the processes of the namespace `unshare` made (its forked child is
     that namespace's PID 1)."""
+
     def ns_of(pid: int) -> str:
         return os.readlink(f"/proc/{pid}/ns/pid")
 
@@ -51,8 +52,11 @@ def _host_pids(unshare_pid: int) -> dict[int, int]:
 def test_every_rank_in_a_pid_namespace_maps_to_its_gpu(spawn, tmp_path, devices_by):
     unshare = shutil.which("unshare") or pytest.skip("unshare (util-linux) is not installed")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    proc = spawn([unshare, "--pid", "--fork", "--mount-proc", sys.executable, str(INNER), str(tmp_path), devices_by],
-                 env=env, stderr=subprocess.PIPE)
+    proc = spawn(
+        [unshare, "--pid", "--fork", "--mount-proc", sys.executable, str(INNER), str(tmp_path), devices_by],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
 
     def inner_ready():
         if proc.poll() is not None:
@@ -77,8 +81,13 @@ def test_every_rank_in_a_pid_namespace_maps_to_its_gpu(spawn, tmp_path, devices_
 
         # from the host, with a GPU list that names the ranks by their PIDs inside the namespace
         gpus = tuple(
-            GpuSample(index=i, uuid=f"GPU-{i}", name="Fake", pci_bus_id=f"0:{i}",
-                      processes=tuple(GpuProcess(pid) for pid, gpu in zip(inner["ranks"], RANK_GPUS) if gpu == i))
+            GpuSample(
+                index=i,
+                uuid=f"GPU-{i}",
+                name="Fake",
+                pci_bus_id=f"0:{i}",
+                processes=tuple(GpuProcess(pid) for pid, gpu in zip(inner["ranks"], RANK_GPUS) if gpu == i),
+            )
             for i in range(8)
         )
         collector = JobCollector(host[inner["ranks"][0]], stacks_enabled=False)
@@ -94,13 +103,16 @@ def test_every_rank_in_a_pid_namespace_maps_to_its_gpu(spawn, tmp_path, devices_
     proc.wait(timeout=60)
 
 
-@pytest.mark.parametrize(("env", "local_rank", "want"), [
-    ({"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}, 1, "GPU-b"),
-    ({"CUDA_VISIBLE_DEVICES": "3"}, 1, "3"),  # one device per rank: that one, whatever the local rank
-    ({}, 2, "2"),  # nothing hidden: cuda:LOCAL_RANK
-    ({"CUDA_VISIBLE_DEVICES": "0,1"}, 4, None),  # a local rank beyond the list: no guess
-    ({}, None, None),
-])
+@pytest.mark.parametrize(
+    ("env", "local_rank", "want"),
+    [
+        ({"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}, 1, "GPU-b"),
+        ({"CUDA_VISIBLE_DEVICES": "3"}, 1, "3"),  # one device per rank: that one, whatever the local rank
+        ({}, 2, "2"),  # nothing hidden: cuda:LOCAL_RANK
+        ({"CUDA_VISIBLE_DEVICES": "0,1"}, 4, None),  # a local rank beyond the list: no guess
+        ({}, None, None),
+    ],
+)
 def test_visible_device_by_convention(env, local_rank, want):
     assert visible_device(env, local_rank) == want
 

@@ -108,8 +108,21 @@ def test_headless_demo_ends_with_the_verdict_and_the_findings(spawn, tmp_path):
     out_path = tmp_path / "out.txt"
     with open(out_path, "w") as out:
         proc = spawn(
-            [sys.executable, "-m", "gputop", "demo", "--no-tui", "--gpus", "2", "--scenario", "tuned",
-             "--seconds", "20", "--interval", "1"],
+            [
+                sys.executable,
+                "-m",
+                "gputop",
+                "demo",
+                "--no-tui",
+                "--gpus",
+                "2",
+                "--scenario",
+                "tuned",
+                "--seconds",
+                "20",
+                "--interval",
+                "1",
+            ],
             stdout=out,
             stderr=out,
         )

@@ -128,14 +128,18 @@ def test_noisy_busy_gpus_without_job_do_not_invent_a_hiccup():
 
 def starved(num_workers: int = 0, wait_pattern=None, gpu_error=None, util_base=15) -> Scenario:
     if num_workers == 0:
-        ranks = eight_ranks(state=cycle(wait_pattern or [IN_DATASET, IN_DATASET, IN_DATASET, IN_DATASET, FORWARD_BACKWARD]), cpu=lambda t: 99.0)
+        ranks = eight_ranks(
+            state=cycle(wait_pattern or [IN_DATASET, IN_DATASET, IN_DATASET, IN_DATASET, FORWARD_BACKWARD]), cpu=lambda t: 99.0
+        )
     else:
         ranks = [
             RankSpec(
                 pid=1000 + i,
                 rank=i,
                 gpus=(i,),
-                state=cycle(wait_pattern or [WAITING_FOR_DATA, WAITING_FOR_DATA, WAITING_FOR_DATA, FORWARD_BACKWARD, WAITING_FOR_DATA]),
+                state=cycle(
+                    wait_pattern or [WAITING_FOR_DATA, WAITING_FOR_DATA, WAITING_FOR_DATA, FORWARD_BACKWARD, WAITING_FOR_DATA]
+                ),
                 workers=lambda t, b=2000 + 10 * i: tuple(range(b, b + num_workers)),
                 worker_frames=lambda t, w: worker_busy_frames(int(t) + w),
                 worker_cpu=lambda t, w: 70.0,
@@ -306,7 +310,14 @@ def misfire(gpu_error=None, hang_from=20.0) -> Scenario:
         return WORKER_IDLE_FRAMES if t >= hang_from else worker_busy_frames(int(t))
 
     ranks = [
-        RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=cycle([FORWARD_BACKWARD, FORWARD_BACKWARD, OPTIMIZER_STEP]), workers=lambda t, b=2000 + 10 * i: (b, b + 1), worker_frames=lambda t, w: worker_busy_frames(int(t)))
+        RankSpec(
+            pid=1000 + i,
+            rank=i,
+            gpus=(i,),
+            state=cycle([FORWARD_BACKWARD, FORWARD_BACKWARD, OPTIMIZER_STEP]),
+            workers=lambda t, b=2000 + 10 * i: (b, b + 1),
+            worker_frames=lambda t, w: worker_busy_frames(int(t)),
+        )
         for i in range(8)
         if i != 3
     ]
@@ -375,7 +386,9 @@ def test_collective_hang_points_at_nccl_settings():
 
 def test_gpu_only_misfire_memory_held_after_being_busy():
     hist = build(
-        Scenario(seconds=40, util=lambda g, t: 0.0 if (g == 5 and t > 15) else 90.0, attach=False, processes=lambda g, t: (7000 + g,))
+        Scenario(
+            seconds=40, util=lambda g, t: 0.0 if (g == 5 and t > 15) else 90.0, attach=False, processes=lambda g, t: (7000 + g,)
+        )
     )
     findings = diagnose(hist)
     f = by_id(findings, "hang")
@@ -393,7 +406,15 @@ def test_starving_rank_that_still_progresses_is_not_a_hang():
 
 
 def test_all_ranks_on_gpu0_is_misplacement():
-    ranks = [RankSpec(pid=1000 + i, rank=i, gpus=(0,), state=cycle([FORWARD_BACKWARD, WAITING_FOR_DATA, FORWARD_BACKWARD, FORWARD_BACKWARD, FORWARD_BACKWARD])) for i in range(8)]
+    ranks = [
+        RankSpec(
+            pid=1000 + i,
+            rank=i,
+            gpus=(0,),
+            state=cycle([FORWARD_BACKWARD, WAITING_FOR_DATA, FORWARD_BACKWARD, FORWARD_BACKWARD, FORWARD_BACKWARD]),
+        )
+        for i in range(8)
+    ]
     sc = Scenario(
         util=lambda g, t: 97.0 if g == 0 else 0.0,
         memory_gib=lambda g, t: 60.0 if g == 0 else 0.0,
@@ -527,18 +548,30 @@ def test_pcie_downgrade_under_load_is_infrastructure():
 
 
 def test_idle_gpu_with_lower_pcie_generation_is_not_flagged():
-    sc = Scenario(util=lambda g, t: 0.0, memory_gib=lambda g, t: 0.0, attach=False, gpu_extra=lambda g, t: {"pcie": PcieLink(1, 5, 16, 16)})
+    sc = Scenario(
+        util=lambda g, t: 0.0, memory_gib=lambda g, t: 0.0, attach=False, gpu_extra=lambda g, t: {"pcie": PcieLink(1, 5, 16, 16)}
+    )
     assert "pcie_downgrade" not in ids(diagnose(build(sc)))
 
 
 def test_pcie_width_downgrade_counts_even_when_idle():
-    sc = Scenario(util=lambda g, t: 0.0, memory_gib=lambda g, t: 0.0, attach=False, gpu_extra=lambda g, t: {"pcie": PcieLink(5, 5, 8, 16)} if g == 0 else {})
+    sc = Scenario(
+        util=lambda g, t: 0.0,
+        memory_gib=lambda g, t: 0.0,
+        attach=False,
+        gpu_extra=lambda g, t: {"pcie": PcieLink(5, 5, 8, 16)} if g == 0 else {},
+    )
     assert by_id(diagnose(build(sc)), "pcie_downgrade").gpus == (0,)
 
 
 @pytest.mark.parametrize(
     "reason,severity,word",
-    [("HwThermalSlowdown", "critical", "Thermal"), ("SwThermalSlowdown", "warning", "Thermal"), ("HwSlowdown", "critical", "slowdown"), ("HwPowerBrakeSlowdown", "critical", "power brake")],
+    [
+        ("HwThermalSlowdown", "critical", "Thermal"),
+        ("SwThermalSlowdown", "warning", "Thermal"),
+        ("HwSlowdown", "critical", "slowdown"),
+        ("HwPowerBrakeSlowdown", "critical", "power brake"),
+    ],
 )
 def test_throttling_is_infrastructure(reason, severity, word):
     findings = infra(lambda g, t: {"throttle_reasons": (reason,), "temperature": 91.0} if g == 4 else {})
@@ -560,7 +593,9 @@ def test_power_limit_below_its_peers_is_infrastructure():
 
 
 def test_thermal_fault_with_several_reasons_is_one_finding():
-    findings = infra(lambda g, t: {"throttle_reasons": ("hw_slowdown", "sw_thermal", "hw_thermal"), "clock_sm": 890} if g == 2 else {})
+    findings = infra(
+        lambda g, t: {"throttle_reasons": ("hw_slowdown", "sw_thermal", "hw_thermal"), "clock_sm": 890} if g == 2 else {}
+    )
     throttles = [f for f in findings if f.id == "throttle"]
     assert len(throttles) == 1 and throttles[0].severity == "critical" and "Thermal throttling on GPU 2" == throttles[0].summary
     assert "SM clock median 890 MHz (others 1980 MHz)" in throttles[0].evidence[0]
@@ -581,7 +616,9 @@ def test_uncorrectable_ecc_and_remapped_rows():
 
 
 def test_rising_corrected_ecc_and_pending_remap_are_warnings():
-    findings = infra(lambda g, t: {"ecc": EccCounts(int(t), 0, int(t), 0), "remapped_rows": RemappedRows(0, 0, True, False)} if g == 1 else {})
+    findings = infra(
+        lambda g, t: {"ecc": EccCounts(int(t), 0, int(t), 0), "remapped_rows": RemappedRows(0, 0, True, False)} if g == 1 else {}
+    )
     f = by_id(findings, "ecc")
     assert f.severity == "warning" and any("rose by 59" in e for e in f.evidence) and any("pending" in e for e in f.evidence)
 
@@ -632,8 +669,9 @@ def test_a_fifth_of_the_time_waiting_is_where_input_bound_turns_critical(waiting
     # 4 of every 15 dumps (27%) is above the line, 2 of 15 (13%) below it stays a warning; the waits are
     # spread through the cycle (bunched together they would be one pause, a phase) and the 60 s the
     # shares cover hold two cycles
-    pattern = [WAITING_FOR_DATA if i % (15 // waiting) == 0 and i // (15 // waiting) < waiting else FORWARD_BACKWARD
-               for i in range(15)]
+    pattern = [
+        WAITING_FOR_DATA if i % (15 // waiting) == 0 and i // (15 // waiting) < waiting else FORWARD_BACKWARD for i in range(15)
+    ]
     hist = build(Scenario(seconds=239, gpu_error=NO_DRIVER, ranks=eight_ranks(state=cycle(pattern))))
     f = by_id(diagnose(hist), "starvation")
     assert f.severity == severity, (f.severity, f.summary)
@@ -722,8 +760,17 @@ def test_worker_advice_follows_the_loader_arithmetic():
     top = diagnose(build(starved(0, gpu_error=NO_DRIVER)))[0]
     assert top.fix.startswith("raise num_workers ≈ 5 (4–7)") and "num_workers=5" in top.fix
     assert "f ÷ (1 − f) × 1.25 → 5 (4–7), f = the 80% (74–85%) input share of 240 stack dumps" in top.fix
-    assert top.figures["workers"] == {"num_workers": 5, "estimate": 5, "low": 4, "high": 7, "one_sided": False, "cap": 8,
-                                      "capped": False, "bound": "cpu", "source": "estimate from the shares"}
+    assert top.figures["workers"] == {
+        "num_workers": 5,
+        "estimate": 5,
+        "low": 4,
+        "high": 7,
+        "one_sided": False,
+        "cap": 8,
+        "capped": False,
+        "bound": "cpu",
+        "source": "estimate from the shares",
+    }
     # with GPU data the GPUs' idle share (85%, surely above the samples' 74–85%) bounds the input share:
     # 0.85/0.15 × 1.25 → 8
     top = diagnose(build(starved(0)))[0]

@@ -167,8 +167,11 @@ def test_the_starved_demos_first_verdict_is_the_one_two_minutes_later():
     try:
         obs = _attach(job)  # at once: start-up is in its window, as in `gputop demo`
         first = wait_until(
-            lambda: next((f for f in obs.step() if f.id == "starvation"), None), timeout=STARTUP_S,
-            interval=1.0, what="the first starvation verdict")
+            lambda: next((f for f in obs.step() if f.id == "starvation"), None),
+            timeout=STARTUP_S,
+            interval=1.0,
+            what="the first starvation verdict",
+        )
         first_at = time.monotonic()
         first_share = first.figures["input_share"]["share"]
         assert "Input-bound (highly)" in first.summary, first.summary
@@ -178,8 +181,12 @@ def test_the_starved_demos_first_verdict_is_the_one_two_minutes_later():
         assert loops and time.time() - min(loops) <= VERDICT_DEADLINE_S, (time.time() - min(loops), first.summary)
         print(f"\nfirst verdict {time.time() - min(loops):.0f} s after the first step: {first.summary}")
         # two minutes on, polled once a second as the screen does
-        later = wait_until(lambda: obs.step() and time.monotonic() - first_at >= 120.0 and obs.findings[0],
-                           timeout=180.0, interval=1.0, what="two minutes of polls")
+        later = wait_until(
+            lambda: obs.step() and time.monotonic() - first_at >= 120.0 and obs.findings[0],
+            timeout=180.0,
+            interval=1.0,
+            what="two minutes of polls",
+        )
         later = next(f for f in obs.findings if f.id == "starvation")
         assert "Input-bound (highly)" in later.summary, later.summary
         later_share = later.figures["input_share"]["share"]
@@ -246,7 +253,7 @@ class TestMisfire:
 
         first = wait_until(workers_in_image_open, timeout=30, what=f"a worker of rank {stuck_rank} stuck reading a JPEG")
         assert len(first) == 1  # one sample hangs; the other workers finished their prefetch and idle
-        (stuck_pid, frames), = first.items()
+        ((stuck_pid, frames),) = first.items()
         assert "JpegDataset.__getitem__" in frames
         summary = observe_quietly(job, pipeline, seconds=3)
         assert all(all(row[g] == 0 for g in range(RANKS)) for row in summary.samples), summary.samples
@@ -288,7 +295,9 @@ class TestSingleGpu:
 def test_demo_tuned_is_healthy_not_input_bound(demo):
     obs = demo("tuned")
     # healthy needs enough stack dumps to say "not input-bound" (collecting until then)
-    wait_until(lambda: _top_is(obs, "healthy", min_polls=15), timeout=VERDICT_DEADLINE_S, interval=1.0, what="tuned: healthy verdict")
+    wait_until(
+        lambda: _top_is(obs, "healthy", min_polls=15), timeout=VERDICT_DEADLINE_S, interval=1.0, what="tuned: healthy verdict"
+    )
     assert "not input-bound" in obs.findings[0].summary, verdict_line(obs.findings)
     assert not [f for f in obs.findings if f.severity in ("critical", "warning")], verdict_line(obs.findings)
 
@@ -365,11 +374,15 @@ class TestEvalOnRank0:
         """Rank 0 evaluates every 40 steps while the others wait in a barrier: by design, not a problem."""
         obs = attach(job)
         started = time.monotonic()
-        wait_until(lambda: _top_is(obs, "healthy", min_polls=15), timeout=VERDICT_DEADLINE_S, interval=1.0, what="eval-rank0: healthy")
+        wait_until(
+            lambda: _top_is(obs, "healthy", min_polls=15), timeout=VERDICT_DEADLINE_S, interval=1.0, what="eval-rank0: healthy"
+        )
         # and it stays so over the following evaluations (one every ~10 s, ~2.7 s long)
         while time.monotonic() - started < VERDICT_DEADLINE_S:
             findings = obs.step()
-            flagged = [(f.id, f.severity, f.summary) for f in findings if f.severity in ("critical", "warning") or f.id == "straggler"]
+            flagged = [
+                (f.id, f.severity, f.summary) for f in findings if f.severity in ("critical", "warning") or f.id == "straggler"
+            ]
             assert not flagged, flagged
             time.sleep(1.0)  # the poll interval, like the TUI's (pacing, not synchronisation)
 
@@ -392,8 +405,12 @@ class TestEvalOnRank0:
 
         # the 1 s utilization window covers a part of an evaluation: the other GPUs spin in the barrier at low
         # power while rank 0's GPU runs the evaluation at high power
-        wait_until(rank0_computes_while_the_others_spin, timeout=60, interval=0.25, what="the other GPUs spinning beside rank 0's eval")
-        wait_until(lambda: any("eval accuracy" in line for line in job.log_tail(40)), timeout=30, what="rank 0 to report its eval")
+        wait_until(
+            rank0_computes_while_the_others_spin, timeout=60, interval=0.25, what="the other GPUs spinning beside rank 0's eval"
+        )
+        wait_until(
+            lambda: any("eval accuracy" in line for line in job.log_tail(40)), timeout=30, what="rank 0 to report its eval"
+        )
 
 
 @pytest.mark.slow

@@ -29,7 +29,12 @@ def test_no_gpu_here(observe, spawn, tmp_path):
 def test_starved_job_is_input_bound(observe, spawn, tmp_path, mode, words):
     proc = start_diagnosis_job(spawn, tmp_path, mode)
     obs = observe(proc.pid)
-    wait_until(lambda: obs.step()[0].id == "starvation" and obs.findings[0].severity == "critical", timeout=VERDICT_DEADLINE_S, interval=0.3, what=f"starvation verdict ({mode})")
+    wait_until(
+        lambda: obs.step()[0].id == "starvation" and obs.findings[0].severity == "critical",
+        timeout=VERDICT_DEADLINE_S,
+        interval=0.3,
+        what=f"starvation verdict ({mode})",
+    )
     top = obs.findings[0]
     assert "Input-bound (highly)" in top.summary and words in top.summary, top.summary
     assert "num_workers" in top.fix
@@ -54,7 +59,9 @@ def test_compute_bound_job_is_healthy_not_input_bound(observe, spawn, tmp_path):
     proc = start_diagnosis_job(spawn, tmp_path, "compute")
     obs = observe(proc.pid)
     # enough distinct dumps for the input fraction to count (MIN_STACK_SAMPLES and then some)
-    wait_until(lambda: obs.step() and dumps_of(obs, proc.pid) >= 12, timeout=VERDICT_DEADLINE_S, interval=0.3, what="12 stack dumps")
+    wait_until(
+        lambda: obs.step() and dumps_of(obs, proc.pid) >= 12, timeout=VERDICT_DEADLINE_S, interval=0.3, what="12 stack dumps"
+    )
     top = obs.findings[0]
     assert top.id == "healthy", verdict_line(obs.findings)
     assert "not input-bound" in top.summary

@@ -66,8 +66,16 @@ def test_num_workers_0_sleeping_in_getitem_with_moving_counters_is_input_bound_n
     sc = Scenario(
         seconds=40,
         util=lambda g, t: 30.0 if g == 0 else 0.0,
-        ranks=[RankSpec(pid=1000, rank=0, gpus=(0,), state=lambda t: IN_DATASET, cpu=lambda t: 3.0,
-                        progress=lambda t: progress_of(1000, t, switches_per_s=95, cpu_share=0.03))],
+        ranks=[
+            RankSpec(
+                pid=1000,
+                rank=0,
+                gpus=(0,),
+                state=lambda t: IN_DATASET,
+                cpu=lambda t: 3.0,
+                progress=lambda t: progress_of(1000, t, switches_per_s=95, cpu_share=0.03),
+            )
+        ],
         gpu_count=1,
     )
     findings = diagnose(build(sc))
@@ -80,12 +88,19 @@ def test_two_workers_sleeping_in_getitem_with_moving_counters_are_input_bound_no
         seconds=40,
         util=lambda g, t: 25.0 if g == 0 else 0.0,
         gpu_count=1,
-        ranks=[RankSpec(
-            pid=1000, rank=0, gpus=(0,), state=lambda t: WAITING_FOR_DATA, workers=lambda t: (2000, 2001),
-            worker_frames=lambda t, w: SLEEPING_WORKER_FRAMES, worker_cpu=lambda t, w: 2.0,
-            progress=lambda t: progress_of(1000, t, switches_per_s=0.2, io_per_s=20_000),
-            worker_progress=lambda t, w: progress_of(w, t, switches_per_s=50, cpu_share=0.02, io_per_s=10_000),
-        )],
+        ranks=[
+            RankSpec(
+                pid=1000,
+                rank=0,
+                gpus=(0,),
+                state=lambda t: WAITING_FOR_DATA,
+                workers=lambda t: (2000, 2001),
+                worker_frames=lambda t, w: SLEEPING_WORKER_FRAMES,
+                worker_cpu=lambda t, w: 2.0,
+                progress=lambda t: progress_of(1000, t, switches_per_s=0.2, io_per_s=20_000),
+                worker_progress=lambda t, w: progress_of(w, t, switches_per_s=50, cpu_share=0.02, io_per_s=10_000),
+            )
+        ],
     )
     findings = diagnose(build(sc))
     assert "hang" not in ids(findings)
@@ -99,13 +114,20 @@ def _stuck_worker_job(seconds: float, *, with_counters: bool = True) -> Scenario
         util=lambda g, t: 0.0,
         memory_gib=lambda g, t: 12.0 if g == 0 else 0.0,
         gpu_count=1,
-        ranks=[RankSpec(
-            pid=1000, rank=0, gpus=(0,), state=lambda t: WAITING_FOR_DATA, workers=lambda t: (2000, 2001),
-            worker_frames=lambda t, w: WORKER_STUCK_FRAMES if w == 2001 else WORKER_IDLE_FRAMES,
-            cpu=lambda t: 0.0, worker_cpu=lambda t, w: 0.0,
-            progress=(lambda t: progress_of(1000, t, switches_per_s=0.2)) if with_counters else None,
-            worker_progress=(lambda t, w: progress_of(w, t)) if with_counters else None,
-        )],
+        ranks=[
+            RankSpec(
+                pid=1000,
+                rank=0,
+                gpus=(0,),
+                state=lambda t: WAITING_FOR_DATA,
+                workers=lambda t: (2000, 2001),
+                worker_frames=lambda t, w: WORKER_STUCK_FRAMES if w == 2001 else WORKER_IDLE_FRAMES,
+                cpu=lambda t: 0.0,
+                worker_cpu=lambda t, w: 0.0,
+                progress=(lambda t: progress_of(1000, t, switches_per_s=0.2)) if with_counters else None,
+                worker_progress=(lambda t, w: progress_of(w, t)) if with_counters else None,
+            )
+        ],
     )
 
 
@@ -141,19 +163,32 @@ def _nccl_hang(power_w: float, *, with_counters: bool = True) -> Scenario:
     ranks = []
     for i in range(8):
         if i == 3:
-            ranks.append(RankSpec(
-                pid=1003, rank=3, gpus=(3,), state=lambda t: WAITING_FOR_DATA, workers=lambda t: (3000, 3001),
-                worker_frames=lambda t, w: WORKER_STUCK_FRAMES if w == 3001 else WORKER_IDLE_FRAMES,
-                cpu=lambda t: 0.0, worker_cpu=lambda t, w: 0.0,
-                progress=(lambda t: progress_of(1003, t, switches_per_s=0.2)) if with_counters else None,
-                worker_progress=(lambda t, w: progress_of(w, t)) if with_counters else None,
-            ))
+            ranks.append(
+                RankSpec(
+                    pid=1003,
+                    rank=3,
+                    gpus=(3,),
+                    state=lambda t: WAITING_FOR_DATA,
+                    workers=lambda t: (3000, 3001),
+                    worker_frames=lambda t, w: WORKER_STUCK_FRAMES if w == 3001 else WORKER_IDLE_FRAMES,
+                    cpu=lambda t: 0.0,
+                    worker_cpu=lambda t, w: 0.0,
+                    progress=(lambda t: progress_of(1003, t, switches_per_s=0.2)) if with_counters else None,
+                    worker_progress=(lambda t, w: progress_of(w, t)) if with_counters else None,
+                )
+            )
         else:
-            ranks.append(RankSpec(
-                pid=1000 + i, rank=i, gpus=(i,), state=lambda t: EXPLICIT_SYNC, cpu=lambda t: 100.0,
-                # CUDA spin-waits at the sync: CPU burns, the thread never sleeps
-                progress=(lambda t, p=1000 + i: progress_of(p, t, cpu_share=1.0)) if with_counters else None,
-            ))
+            ranks.append(
+                RankSpec(
+                    pid=1000 + i,
+                    rank=i,
+                    gpus=(i,),
+                    state=lambda t: EXPLICIT_SYNC,
+                    cpu=lambda t: 100.0,
+                    # CUDA spin-waits at the sync: CPU burns, the thread never sleeps
+                    progress=(lambda t, p=1000 + i: progress_of(p, t, cpu_share=1.0)) if with_counters else None,
+                )
+            )
     return Scenario(
         seconds=30,
         util=lambda g, t: 0.0 if g == 3 else 100.0,
@@ -186,9 +221,12 @@ def test_gpus_computing_at_full_power_behind_a_parked_host_are_not_a_hang():
 
 def test_spinning_gpus_without_pid_are_a_silent_misfire():
     sc = Scenario(
-        seconds=30, util=lambda g, t: 100.0, memory_gib=lambda g, t: 30.0,
+        seconds=30,
+        util=lambda g, t: 100.0,
+        memory_gib=lambda g, t: 30.0,
         gpu_extra=lambda g, t: {"power": 130.0, "power_limit": 700.0},
-        processes=lambda g, t: (5000 + g,), attach=False,
+        processes=lambda g, t: (5000 + g,),
+        attach=False,
     )
     findings = diagnose(build(sc))
     assert findings[0].id == "hang" and "spin" in findings[0].summary
@@ -222,15 +260,26 @@ def test_no_advice_in_any_finding_exceeds_its_cap(n_ranks, workers, worker_cpu, 
     producers share the job's cores among the ranks; I/O-bound ones are bounded by memory and 32."""
     ranks = [
         RankSpec(
-            pid=1000 + i, rank=i, gpus=(i,), state=lambda t: WAITING_FOR_DATA if workers else IN_DATASET,
+            pid=1000 + i,
+            rank=i,
+            gpus=(i,),
+            state=lambda t: WAITING_FOR_DATA if workers else IN_DATASET,
             workers=(lambda t, b=2000 + 10 * i: tuple(range(b, b + workers))),
             worker_frames=lambda t, w: worker_busy_frames(int(t) + w),
-            cpu=lambda t: worker_cpu if not workers else 5.0, worker_cpu=lambda t, w: worker_cpu,
+            cpu=lambda t: worker_cpu if not workers else 5.0,
+            worker_cpu=lambda t, w: worker_cpu,
         )
         for i in range(n_ranks)
     ]
-    sc = Scenario(seconds=40, cores=16, util=lambda g, t: 3.0 if g < n_ranks else 0.0, ranks=ranks,
-                  cpu_limit=cpu_limit, memory_limit=memory_limit, host_cpu=lambda c, t: 60.0)
+    sc = Scenario(
+        seconds=40,
+        cores=16,
+        util=lambda g, t: 3.0 if g < n_ranks else 0.0,
+        ranks=ranks,
+        cpu_limit=cpu_limit,
+        memory_limit=memory_limit,
+        host_cpu=lambda c, t: 60.0,
+    )
     findings = diagnose(build(sc))
     assert any(f.id == "starvation" and f.severity == "critical" for f in findings)
     cores = min(cpu_limit or 16, 16)
@@ -257,13 +306,23 @@ def test_sync_every_step_is_your_code_naming_the_line(tmp_path):
     train.write_text("\n" * 56 + "        running_loss += loss.item()  # every step\n" + "\n" * 40)
     frames = [Frame("train", str(train), 57), Frame("<module>", str(train), 90)]
     ranks = [
-        RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=lambda t: EXPLICIT_SYNC if int(t) % 4 else FORWARD_BACKWARD,
-                 frames=lambda t: frames if int(t) % 4 else STATE_FRAMES[FORWARD_BACKWARD],
-                 progress=lambda t, p=1000 + i: progress_of(p, t, switches_per_s=40, cpu_share=0.5))
+        RankSpec(
+            pid=1000 + i,
+            rank=i,
+            gpus=(i,),
+            state=lambda t: EXPLICIT_SYNC if int(t) % 4 else FORWARD_BACKWARD,
+            frames=lambda t: frames if int(t) % 4 else STATE_FRAMES[FORWARD_BACKWARD],
+            progress=lambda t, p=1000 + i: progress_of(p, t, switches_per_s=40, cpu_share=0.5),
+        )
         for i in range(2)
     ]
-    sc = Scenario(seconds=40, gpu_count=2, util=lambda g, t: 50.0 + (8 if int(t) % 2 else -8), ranks=ranks,
-                  gpu_extra=lambda g, t: {"power": 380.0, "power_limit": 700.0})
+    sc = Scenario(
+        seconds=40,
+        gpu_count=2,
+        util=lambda g, t: 50.0 + (8 if int(t) % 2 else -8),
+        ranks=ranks,
+        gpu_extra=lambda g, t: {"power": 380.0, "power_limit": 700.0},
+    )
     findings = diagnose(build(sc))
     top = findings[0]
     assert top.id == "sync_bound" and top.title == "Your code: a sync in the loop"
@@ -273,17 +332,32 @@ def test_sync_every_step_is_your_code_naming_the_line(tmp_path):
 
 def _eval_rank0(seconds: float) -> Scenario:
     def rank0_frames(t):
-        return [Frame("evaluate", "/job/train.py", 300 + int(t) % 7), Frame("train", "/job/train.py", 120), *STATE_FRAMES[IDLE_OTHER][-1:]]
+        return [
+            Frame("evaluate", "/job/train.py", 300 + int(t) % 7),
+            Frame("train", "/job/train.py", 120),
+            *STATE_FRAMES[IDLE_OTHER][-1:],
+        ]
 
-    ranks = [RankSpec(pid=1000, rank=0, gpus=(0,), state=lambda t: FORWARD_BACKWARD, frames=rank0_frames,
-                      progress=lambda t: progress_of(1000, t, switches_per_s=30, cpu_share=0.6))]
+    ranks = [
+        RankSpec(
+            pid=1000,
+            rank=0,
+            gpus=(0,),
+            state=lambda t: FORWARD_BACKWARD,
+            frames=rank0_frames,
+            progress=lambda t: progress_of(1000, t, switches_per_s=30, cpu_share=0.6),
+        )
+    ]
     ranks += [
-        RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=lambda t: COLLECTIVE,
-                 progress=lambda t, p=1000 + i: progress_of(p, t))
+        RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=lambda t: COLLECTIVE, progress=lambda t, p=1000 + i: progress_of(p, t))
         for i in range(1, 8)
     ]
-    return Scenario(seconds=seconds, util=lambda g, t: 100.0 if g else 97.0, ranks=ranks,
-                    gpu_extra=lambda g, t: {"power": 140.0 if g else 600.0, "power_limit": 700.0})
+    return Scenario(
+        seconds=seconds,
+        util=lambda g, t: 100.0 if g else 97.0,
+        ranks=ranks,
+        gpu_extra=lambda g, t: {"power": 140.0 if g else 600.0, "power_limit": 700.0},
+    )
 
 
 def test_rank0_evaluating_while_the_others_wait_in_a_barrier_is_healthy_not_a_straggler_or_hang():
@@ -347,8 +421,14 @@ from gputop.model import Misplacement  # noqa: E402
 def test_structured_misplacement_is_read_not_string_matched():
     shared = Misplacement("shared_gpu", (1002, 1003), (2,), "GPU 2 is shared by 2 ranks (rank 2, rank 3): call set_device")
     ranks = [RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=cycle([FORWARD_BACKWARD, OPTIMIZER_STEP])) for i in range(4)]
-    sc = Scenario(seconds=30, gpu_count=4, util=lambda g, t: 92.0, ranks=ranks, misplacements=(shared,),
-                  warnings=("words the analysis must not parse",))
+    sc = Scenario(
+        seconds=30,
+        gpu_count=4,
+        util=lambda g, t: 92.0,
+        ranks=ranks,
+        misplacements=(shared,),
+        warnings=("words the analysis must not parse",),
+    )
     f = next(f for f in diagnose(build(sc)) if f.id == "misplacement")
     assert f.summary.startswith("GPU 2 is shared by 2 ranks") and f.pids == (1002, 1003) and f.gpus == (2,)
     assert "collector: words the analysis must not parse" not in f.evidence

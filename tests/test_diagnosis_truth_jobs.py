@@ -43,7 +43,11 @@ def test_slow_but_steady_loaders_are_input_bound_never_hung(spawn, tmp_path):
             data = _json(finish(report, timeout=120))
             findings = {f["id"]: f for f in data["findings"]}
             assert "hang" not in findings, (mode, i, data["verdict"])
-            assert "starvation" in findings and findings["starvation"]["severity"] in ("critical", "warning"), (mode, i, data["verdict"])
+            assert "starvation" in findings and findings["starvation"]["severity"] in ("critical", "warning"), (
+                mode,
+                i,
+                data["verdict"],
+            )
             assert data["findings"][0]["id"] == "starvation", (mode, i, data["verdict"])
 
 
@@ -55,7 +59,9 @@ def test_worker_hung_before_attaching_shows_in_a_12_s_report(spawn, tmp_path):
     hang = next((f for f in data["findings"] if f["id"] == "hang"), None)
     assert hang is not None, data["verdict"]
     assert any(f.startswith("Samples.__getitem__ (train_job.py:") for f in hang["frames"]), hang["frames"]
-    assert not [f for f in data["findings"] if f["id"] == "starvation" and f["severity"] in ("critical", "warning")], data["verdict"]
+    assert not [f for f in data["findings"] if f["id"] == "starvation" and f["severity"] in ("critical", "warning")], data[
+        "verdict"
+    ]
     assert not any("raise num_workers" in f["fix"] for f in data["findings"]), data["verdict"]
 
 

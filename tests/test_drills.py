@@ -70,8 +70,9 @@ class Job:
     def assert_trains(self, more: int = 3) -> None:
         """The job is alive and takes more steps: whatever gputop did, it did not harm it."""
         start = self.steps()
-        wait_until(lambda: self.proc.poll() is None and self.steps() >= start + more, timeout=30,
-                   what=f"job {self.pid} to keep training")
+        wait_until(
+            lambda: self.proc.poll() is None and self.steps() >= start + more, timeout=30, what=f"job {self.pid} to keep training"
+        )
         assert self.proc.poll() is None, self.log()
 
     def log(self) -> str:
@@ -81,12 +82,30 @@ class Job:
             return ""
 
 
-def start_job(spawn, tmp_path: Path, *args: str, name: str = "job", script: str = train_jobs.JOB,
-              env: Optional[dict] = None, state_dir: Optional[Path] = None) -> Job:
+def start_job(
+    spawn,
+    tmp_path: Path,
+    *args: str,
+    name: str = "job",
+    script: str = train_jobs.JOB,
+    env: Optional[dict] = None,
+    state_dir: Optional[Path] = None,
+) -> Job:
     """Start a drill job and wait until it has taken its first step."""
     steps = (state_dir or tmp_path) / f"{name}.steps"
-    proc, _ = train_jobs.start(spawn, tmp_path, name, *train_jobs.DRILL, "--progress", str(steps), *args, job=script,
-                               env=env, state_dir=state_dir, timeout=90)
+    proc, _ = train_jobs.start(
+        spawn,
+        tmp_path,
+        name,
+        *train_jobs.DRILL,
+        "--progress",
+        str(steps),
+        *args,
+        job=script,
+        env=env,
+        state_dir=state_dir,
+        timeout=90,
+    )
     return Job(proc, steps, tmp_path / f"{name}.log")
 
 
@@ -223,15 +242,19 @@ def test_job_sigkilled_while_recording_is_shown_exited_and_nothing_is_left(spawn
     rec_path = tmp_path / "attach.gputop"
     rec = start_gputop(spawn, "record", "--pid", str(job.pid), "--interval", "0.3", "-o", str(rec_path))
     # attached for real: snapshots with the job's main-thread stacks in them
-    wait_until(lambda: any(s.job and s.job.stacks.get(job.pid) and s.job.stacks[job.pid].threads
-                           for s in snapshots(rec_path)), timeout=60, what="a recorded snapshot with the job's stacks")
+    wait_until(
+        lambda: any(s.job and s.job.stacks.get(job.pid) and s.job.stacks[job.pid].threads for s in snapshots(rec_path)),
+        timeout=60,
+        what="a recorded snapshot with the job's stacks",
+    )
     workers = [w.pid for w in snapshots(rec_path)[-1].job.ranks[0].workers]
     assert len(workers) == 2
 
     os.killpg(job.pid, signal.SIGKILL)
     job.proc.wait(timeout=10)
-    wait_until(lambda: (snaps := snapshots(rec_path)) and snaps[-1].job.exited, timeout=20,
-               what="the recording to show the job exited")
+    wait_until(
+        lambda: (snaps := snapshots(rec_path)) and snaps[-1].job.exited, timeout=20, what="the recording to show the job exited"
+    )
     assert rec.poll() is None, "gputop record must keep running after the job dies"
     last = snapshots(rec_path)[-1]
     assert last.job.ranks[0].proc.exited and all(w.exited for w in last.job.ranks[0].workers)
@@ -290,8 +313,11 @@ def test_job_sigkilled_during_a_stack_refresh_keeps_last_stacks(spawn, tmp_path)
 
     collector = JobCollector(job.pid, stack_interval=0.2, dump=dump_then_maybe_kill)
     try:
-        wait_until(lambda: (s := collector.collect().stacks.get(job.pid)) and s.error is None and s.threads,
-                   timeout=30, what="the first stacks")
+        wait_until(
+            lambda: (s := collector.collect().stacks.get(job.pid)) and s.error is None and s.threads,
+            timeout=30,
+            what="the first stacks",
+        )
         armed.set()
         wait_until(refresh_after_kill_done.is_set, timeout=15, what="the refresh during the kill to end")
         assert after_kill.get(job.pid) is not None and after_kill[job.pid].error, after_kill  # py-spy met a dead job
@@ -328,8 +354,9 @@ def test_job_sigkilled_during_an_active_benchmark(spawn, tmp_path):
                 continue
         return None
 
-    sweeper = wait_until(lambda: sweep_child() or bench.poll() is not None, timeout=40,
-                         what="the benchmark's sweep to start inside the job")
+    sweeper = wait_until(
+        lambda: sweep_child() or bench.poll() is not None, timeout=40, what="the benchmark's sweep to start inside the job"
+    )
     assert bench.poll() is None, bench.communicate()[1].decode()
     run_dir = Path(os.readlink(f"/proc/{sweeper.pid}/fd/1")).parent  # the sweep logs into the run directory
     job_side = [job.pid] + [p.pid for p in live_children(job.pid)]
@@ -366,24 +393,36 @@ def test_dataloader_worker_dies_while_recording(spawn, tmp_path, job_survives):
     job = start_job(spawn, tmp_path, "--workers", "2", *(["--survive-worker-death"] if job_survives else []))
     rec_path = tmp_path / "worker.gputop"
     rec = start_gputop(spawn, "record", "--pid", str(job.pid), "--interval", "0.3", "-o", str(rec_path))
-    snaps = wait_until(lambda: (s := snapshots(rec_path)) and len(_live_workers(s[-1])) == 2 and s,
-                       timeout=60, what="both workers in the recording")
+    snaps = wait_until(
+        lambda: (s := snapshots(rec_path)) and len(_live_workers(s[-1])) == 2 and s,
+        timeout=60,
+        what="both workers in the recording",
+    )
     victim = _live_workers(snaps[-1])[0]
     os.kill(victim, signal.SIGKILL)
     if job_survives:
         # gputop follows the job to its new DataLoader: two live workers again, none of them the dead one
         wait_until(lambda: "starting a new DataLoader" in job.log(), timeout=60, what="the job to notice")
-        last = wait_until(lambda: (s := snapshots(rec_path)) and not s[-1].job.exited
-                          and len(_live_workers(s[-1])) == 2 and victim not in _live_workers(s[-1]) and s[-1],
-                          timeout=30, what="the new workers in the recording")
+        last = wait_until(
+            lambda: (
+                (s := snapshots(rec_path))
+                and not s[-1].job.exited
+                and len(_live_workers(s[-1])) == 2
+                and victim not in _live_workers(s[-1])
+                and s[-1]
+            ),
+            timeout=30,
+            what="the new workers in the recording",
+        )
         assert all_dead([victim]) and last.job.ranks[0].proc.pid == job.pid
         job.assert_trains()
     else:
         # torch fails the job on a dead worker (torch's doing, not gputop's); gputop shows the job exited
         job.proc.wait(timeout=60)
         assert "DataLoader worker" in job.log(), job.log()
-        last = wait_until(lambda: (s := snapshots(rec_path)) and s[-1].job.exited and s[-1], timeout=20,
-                          what="the job shown exited")
+        last = wait_until(
+            lambda: (s := snapshots(rec_path)) and s[-1].job.exited and s[-1], timeout=20, what="the job shown exited"
+        )
         assert last.job.ranks[0].proc.exited and _live_workers(last) == []
     assert rec.poll() is None, "gputop record keeps running"
     rec.send_signal(signal.SIGINT)
@@ -423,8 +462,20 @@ def test_gpu_lost_mid_run_pipeline_keeps_polling_and_diagnosis_names_it():
 @pytest.mark.slow
 def test_gpu_lost_mid_run_report_command(spawn, tmp_path):
     out = tmp_path / "lost.json"
-    ran = gputop(spawn, "report", "--simulate", "h100-sxm-8+gpu-lost=3@1", "--seconds", "3", "--interval", "0.5",
-                 "--format", "json", "-o", str(out))
+    ran = gputop(
+        spawn,
+        "report",
+        "--simulate",
+        "h100-sxm-8+gpu-lost=3@1",
+        "--seconds",
+        "3",
+        "--interval",
+        "0.5",
+        "--format",
+        "json",
+        "-o",
+        str(out),
+    )
     assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
     report = json.loads(out.read_text())
     assert [f["gpus"] for f in report["findings"] if f["id"] == "gpu_lost"] == [[3]]
@@ -545,8 +596,21 @@ def test_py_spy_hangs_record_and_snapshot_commands_end_in_bounded_time(spawn, tm
     env = dict(os.environ, FAKE_PY_SPY_LOG=str(log))
     rec = tmp_path / "hung.gputop"
     t0 = time.monotonic()
-    ran = gputop(spawn, "record", "--pid", str(job.pid), "-o", str(rec), "--seconds", "5", "--interval", "0.5",
-                 python=python, env=env, timeout=60)
+    ran = gputop(
+        spawn,
+        "record",
+        "--pid",
+        str(job.pid),
+        "-o",
+        str(rec),
+        "--seconds",
+        "5",
+        "--interval",
+        "0.5",
+        python=python,
+        env=env,
+        timeout=60,
+    )
     took = time.monotonic() - t0
     assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
     assert took < 5 + 8, f"record --seconds 5 took {took:.1f} s with a hung py-spy"
@@ -621,8 +685,11 @@ def test_py_spy_hangs_tui_keeps_drawing_and_answering_keys(spawn, tmp_path):
 @pytest.mark.slow
 def test_record_to_dev_full_one_line(spawn, tmp_path):
     ran = gputop(spawn, "record", "--simulate", "-o", "/dev/full", "--seconds", "2")
-    assert_one_line_error(ran, 1, "gputop: cannot write recording /dev/full: No space left on device "
-                                  "(free some disk space or record to another disk)")
+    assert_one_line_error(
+        ran,
+        1,
+        "gputop: cannot write recording /dev/full: No space left on device (free some disk space or record to another disk)",
+    )
 
 
 @pytest.mark.slow
@@ -631,8 +698,11 @@ def test_disk_fills_while_recording_partial_recording_replays(spawn, tmp_path):
     with mounted_tmpfs(tmp_path / "small", 48) as small:
         rec = small / "filling.gputop"
         ran = gputop(spawn, "record", "--simulate", "-o", str(rec), "--seconds", "120", "--interval", "0.05")
-        assert_one_line_error(ran, 1, f"gputop: cannot write recording {rec}: No space left on device "
-                                      "(free some disk space or record to another disk)")
+        assert_one_line_error(
+            ran,
+            1,
+            f"gputop: cannot write recording {rec}: No space left on device (free some disk space or record to another disk)",
+        )
         machine, snaps, warning = read_recording(str(rec))
         assert machine.gpu_count == 8 and len(snaps) >= 3
         replay = ReplaySource(str(rec))
@@ -649,11 +719,19 @@ def test_disk_fills_while_recording_partial_recording_replays(spawn, tmp_path):
 def test_unwritable_directory_record_and_report_refuse_in_one_line(spawn, tmp_path):
     with mounted_tmpfs(tmp_path / "ro", 64, readonly=True) as ro:
         ran = gputop(spawn, "record", "--simulate", "-o", str(ro / "x.gputop"), "--seconds", "1")
-        assert_one_line_error(ran, 1, f"gputop: cannot create recording {ro / 'x.gputop'}: Read-only file system "
-                                      "(the file system is read-only; record to another directory)")
+        assert_one_line_error(
+            ran,
+            1,
+            f"gputop: cannot create recording {ro / 'x.gputop'}: Read-only file system "
+            "(the file system is read-only; record to another directory)",
+        )
         ran = gputop(spawn, "report", "--simulate", "--seconds", "1", "-o", str(ro / "r.md"))
-        assert_one_line_error(ran, 1, f"gputop: cannot write report to {ro / 'r.md'}: Read-only file system "
-                                      "(the file system is read-only; write elsewhere with -o)")
+        assert_one_line_error(
+            ran,
+            1,
+            f"gputop: cannot write report to {ro / 'r.md'}: Read-only file system "
+            "(the file system is read-only; write elsewhere with -o)",
+        )
         assert os.listdir(ro) == []
 
 
@@ -664,8 +742,12 @@ def test_report_on_a_full_disk_leaves_the_old_report_and_no_temp_file(spawn, tmp
         (full / "r.md").write_text("the previous report\n")
         fill(full)
         ran = gputop(spawn, "report", "--simulate", "--seconds", "1", "-o", str(full / "r.md"))
-        assert_one_line_error(ran, 1, f"gputop: cannot write report to {full / 'r.md'}: No space left on device "
-                                      "(the disk is full; free some space or write elsewhere with -o)")
+        assert_one_line_error(
+            ran,
+            1,
+            f"gputop: cannot write report to {full / 'r.md'}: No space left on device "
+            "(the disk is full; free some space or write elsewhere with -o)",
+        )
         assert (full / "r.md").read_text() == "the previous report\n"
         assert set(os.listdir(full)) <= {"filler", "r.md"}, "no temp file left behind"
 
@@ -678,8 +760,12 @@ def test_report_onto_a_full_device_node_keeps_the_device(spawn, tmp_path):
     ran = gputop(spawn, "report", "--simulate", "--seconds", "1", "-o", str(device))
     try:
         assert stat.S_ISCHR(os.stat(device).st_mode), "the device node was replaced by a regular file"
-        assert_one_line_error(ran, 1, f"gputop: cannot write report to {device}: No space left on device "
-                                      "(the disk is full; free some space or write elsewhere with -o)")
+        assert_one_line_error(
+            ran,
+            1,
+            f"gputop: cannot write report to {device}: No space left on device "
+            "(the disk is full; free some space or write elsewhere with -o)",
+        )
     finally:
         device.unlink()
 
@@ -741,8 +827,7 @@ def non_ascii_job(spawn, tmp_path):
     home.mkdir()
     script = home / "обучение.py"
     shutil.copyfile(train_jobs.JOB, script)
-    return start_job(spawn, tmp_path, "--workers", "1", "--idle-thread", THREAD_NAME, script=script,
-                     state_dir=home)
+    return start_job(spawn, tmp_path, "--workers", "1", "--idle-thread", THREAD_NAME, script=script, state_dir=home)
 
 
 @pytest.mark.slow
@@ -830,13 +915,20 @@ def test_gputop_as_another_user_is_refused_with_the_reason(spawn, tmp_path, worl
     env = dict(os.environ, HOME=str(world_dir))
 
     def as_nobody(*args: str) -> Ran:
-        proc = spawn([sys.executable, str(AS_USER), NOBODY, "--executable", python, *args], stdout=subprocess.PIPE,
-                     stderr=subprocess.PIPE, env=env, cwd=str(world_dir))
+        proc = spawn(
+            [sys.executable, str(AS_USER), NOBODY, "--executable", python, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=str(world_dir),
+        )
         out, err = proc.communicate(timeout=90)
         return Ran(proc.returncode, out.decode(), err.decode())
 
-    denied = (f"permission denied reading PID {job.pid}'s stacks: it belongs to root and gputop runs as {NOBODY}; "
-              "run gputop as root, or with sudo")
+    denied = (
+        f"permission denied reading PID {job.pid}'s stacks: it belongs to root and gputop runs as {NOBODY}; "
+        "run gputop as root, or with sudo"
+    )
     rec = world_dir / "as-nobody.gputop"
     ran = as_nobody("record", "--pid", str(job.pid), "-o", str(rec), "--seconds", "2", "--interval", "0.5")
     assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
@@ -844,8 +936,12 @@ def test_gputop_as_another_user_is_refused_with_the_reason(spawn, tmp_path, worl
     assert snapshots(rec)[-1].job.ranks[0].proc.pid == job.pid  # the /proc side still works
 
     ran = as_nobody("bench", "--pid", str(job.pid), "--yes", "--seconds", "8")
-    assert_one_line_error(ran, 1, f"gputop: PID {job.pid} belongs to root but gputop runs as {NOBODY}; run "
-                                  "`gputop bench` as root (the agent must answer into that user's private directory)")
+    assert_one_line_error(
+        ran,
+        1,
+        f"gputop: PID {job.pid} belongs to root but gputop runs as {NOBODY}; run "
+        "`gputop bench` as root (the agent must answer into that user's private directory)",
+    )
     job.assert_trains()
 
     ran = as_nobody("snapshot", "--pid", str(job.pid), "--json")
@@ -865,14 +961,18 @@ def test_results_directory_owned_by_someone_else_is_refused(spawn, tmp_path, pla
     nobody = pwd.getpwnam(NOBODY)
     if plant == "directory":
         os.chown(base, nobody.pw_uid, nobody.pw_gid)
-        expected = (f"results directory {base} is owned by {NOBODY}, not you (root): someone else could plant "
-                    "results or code there; remove it (as root) and run again")
+        expected = (
+            f"results directory {base} is owned by {NOBODY}, not you (root): someone else could plant "
+            "results or code there; remove it (as root) and run again"
+        )
     elif plant == "file":
         planted = base / "run-planted"
         planted.mkdir()
         os.chown(planted, nobody.pw_uid, nobody.pw_gid)
-        expected = (f"file {planted} is owned by {NOBODY}, not you (root): someone else could plant results or "
-                    "code there; remove it (as root) and run again")
+        expected = (
+            f"file {planted} is owned by {NOBODY}, not you (root): someone else could plant results or "
+            "code there; remove it (as root) and run again"
+        )
     else:
         base.chmod(0o777)
         expected = f"results directory {base} is open to other users (mode 777); `chmod 700 {base}` or remove it, then run again"

@@ -50,7 +50,13 @@ def test_canary_private_pynvml_names_we_rely_on():
     assert pynvml.nvmlTemperature_v1 == 0x100000C
     assert [f[0] for f in pynvml.c_nvmlProcessInfo_v3_t._fields_][:2] == ["pid", "usedGpuMemory"]
     assert [f[0] for f in pynvml.c_nvmlFieldValue_t._fields_] == [
-        "fieldId", "scopeId", "timestamp", "latencyUsec", "valueType", "nvmlReturn", "value",
+        "fieldId",
+        "scopeId",
+        "timestamp",
+        "latencyUsec",
+        "valueType",
+        "nvmlReturn",
+        "value",
     ]
     assert pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX == 138
     assert pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX == 139
@@ -249,21 +255,42 @@ def test_gpu_lost_after_the_given_time(nvml):
 @pytest.mark.parametrize(
     "fault, check",
     [
-        ("thermal=1", lambda h: pynvml.nvmlDeviceGetTemperatureV(h, 0) >= 88
-         and pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)
-         & pynvml.nvmlClocksEventReasonHwThermalSlowdown
-         and pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM) < 1200),
-        ("pcie-degraded=1", lambda h: (pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
-                                       pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
-                                       pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h),
-                                       pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)) == (3, 8, 5, 16)),
-        ("ecc=1", lambda h: pynvml.nvmlDeviceGetTotalEccErrors(h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                                               pynvml.NVML_VOLATILE_ECC) > 0
-         and pynvml.nvmlDeviceGetRemappedRows(h)[2] == 1),
+        (
+            "thermal=1",
+            lambda h: (
+                pynvml.nvmlDeviceGetTemperatureV(h, 0) >= 88
+                and pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) & pynvml.nvmlClocksEventReasonHwThermalSlowdown
+                and pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM) < 1200
+            ),
+        ),
+        (
+            "pcie-degraded=1",
+            lambda h: (
+                (
+                    pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
+                    pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
+                    pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h),
+                    pynvml.nvmlDeviceGetMaxPcieLinkWidth(h),
+                )
+                == (3, 8, 5, 16)
+            ),
+        ),
+        (
+            "ecc=1",
+            lambda h: (
+                pynvml.nvmlDeviceGetTotalEccErrors(h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC) > 0
+                and pynvml.nvmlDeviceGetRemappedRows(h)[2] == 1
+            ),
+        ),
         ("nvlink-down=1", lambda h: [pynvml.nvmlDeviceGetNvLinkState(h, i) for i in range(18)].count(0) == 4),
-        ("power=1", lambda h: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) == 385_000
-         and pynvml.nvmlDeviceGetPowerUsage(h) <= 385_000
-         and pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) & pynvml.nvmlClocksEventReasonSwPowerCap),
+        (
+            "power=1",
+            lambda h: (
+                pynvml.nvmlDeviceGetEnforcedPowerLimit(h) == 385_000
+                and pynvml.nvmlDeviceGetPowerUsage(h) <= 385_000
+                and pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) & pynvml.nvmlClocksEventReasonSwPowerCap
+            ),
+        ),
     ],
 )
 def test_faults_hit_only_their_gpu(nvml, fault, check):
@@ -286,11 +313,13 @@ def test_fixed_clock_gives_identical_readings():
                 clock.advance(0.7)
                 for i in range(8):
                     h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                    out.append((
-                        pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
-                        pynvml.nvmlDeviceGetPowerUsage(h),
-                        pynvml.nvmlDeviceGetFieldValues(h, [(138, 0)])[0].value.ullVal,
-                    ))
+                    out.append(
+                        (
+                            pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+                            pynvml.nvmlDeviceGetPowerUsage(h),
+                            pynvml.nvmlDeviceGetFieldValues(h, [(138, 0)])[0].value.ullVal,
+                        )
+                    )
             return out
         finally:
             pynvml.nvmlShutdown()

@@ -35,10 +35,17 @@ def needs(module: str) -> None:
 class Job:
     """A framework job: its PID to attach to, the PID of every rank, and every rank reaped at teardown."""
 
-    def __init__(self, spawn, tmp_path: Path, framework: str, mode: str, options: tuple, ranks: int,
-                 torchrun: bool) -> None:
-        self.proc, records = train_jobs.start(spawn, tmp_path, "job", *train_jobs.framework_options(framework, mode),
-                                              *options, ranks=ranks, torchrun=torchrun, timeout=START_DEADLINE_S)
+    def __init__(self, spawn, tmp_path: Path, framework: str, mode: str, options: tuple, ranks: int, torchrun: bool) -> None:
+        self.proc, records = train_jobs.start(
+            spawn,
+            tmp_path,
+            "job",
+            *train_jobs.framework_options(framework, mode),
+            *options,
+            ranks=ranks,
+            torchrun=torchrun,
+            timeout=START_DEADLINE_S,
+        )
         self.rank_pids = {record["rank"]: pid for pid, record in records.items()}
 
     def kill_ranks(self) -> None:
@@ -70,23 +77,35 @@ def severe_ids(obs: Observer) -> list[str]:
 
 
 def assert_input_bound(obs: Observer) -> None:
-    wait_until(lambda: obs.step()[0].id == "starvation", timeout=VERDICT_DEADLINE_S, interval=STACK_INTERVAL_S,
-               what=f"an input-bound verdict (last: {verdict_line(obs.findings)})")
+    wait_until(
+        lambda: obs.step()[0].id == "starvation",
+        timeout=VERDICT_DEADLINE_S,
+        interval=STACK_INTERVAL_S,
+        what=f"an input-bound verdict (last: {verdict_line(obs.findings)})",
+    )
     assert "Input-bound" in obs.findings[0].summary, obs.findings[0].summary
     assert "straggler" not in [f.id for f in obs.findings], verdict_line(obs.findings)
 
 
 def assert_healthy(obs: Observer, pid: int) -> None:
     # enough distinct dumps for the input fraction to count, then nothing severe
-    wait_until(lambda: obs.step() and dumps_of(obs, pid) >= 12, timeout=VERDICT_DEADLINE_S,
-               interval=STACK_INTERVAL_S, what="12 stack dumps")
+    wait_until(
+        lambda: obs.step() and dumps_of(obs, pid) >= 12,
+        timeout=VERDICT_DEADLINE_S,
+        interval=STACK_INTERVAL_S,
+        what="12 stack dumps",
+    )
     assert obs.findings[0].id == "healthy", verdict_line(obs.findings)
     assert not severe_ids(obs), verdict_line(obs.findings)
 
 
 def assert_hang(obs: Observer) -> None:
-    wait_until(lambda: obs.step()[0].id == "hang", timeout=VERDICT_DEADLINE_S, interval=STACK_INTERVAL_S,
-               what=f"a hang verdict (last: {verdict_line(obs.findings)})")
+    wait_until(
+        lambda: obs.step()[0].id == "hang",
+        timeout=VERDICT_DEADLINE_S,
+        interval=STACK_INTERVAL_S,
+        what=f"a hang verdict (last: {verdict_line(obs.findings)})",
+    )
     assert any("__getitem__" in f for f in obs.findings[0].frames), obs.findings[0].frames
     high_starvation = [f for f in obs.findings if f.id == "starvation" and f.severity == "critical"]
     assert not high_starvation, verdict_line(obs.findings)
@@ -126,9 +145,12 @@ def test_lightning_two_devices_shows_both_ranks_from_either_pid(job, observe):
     # history), and the first is closed before the second starts, so its py-spy dumps do not overlap
     for attach_to in (0, 1):
         obs = observe(j.rank_pids[attach_to])
-        wait_until(lambda: obs.step() is not None and _ranks_with_workers(obs) == expected, timeout=VERDICT_DEADLINE_S,
-                   interval=STACK_INTERVAL_S,
-                   what=f"from rank {attach_to}'s PID: both ranks with 2 workers each (seen {_ranks_with_workers(obs)})")
+        wait_until(
+            lambda: obs.step() is not None and _ranks_with_workers(obs) == expected,
+            timeout=VERDICT_DEADLINE_S,
+            interval=STACK_INTERVAL_S,
+            what=f"from rank {attach_to}'s PID: both ranks with 2 workers each (seen {_ranks_with_workers(obs)})",
+        )
         assert_input_bound(obs)
         obs.close()
 
@@ -139,8 +161,12 @@ def test_lightning_two_devices_straggler_only_when_there_is_one(job, observe, mo
     j = job("lightning", mode, "--devices", "2", ranks=2)
     obs = observe(j.rank_pids[0])
     if mode == "straggler":
-        wait_until(lambda: "straggler" in [f.id for f in obs.step()], timeout=VERDICT_DEADLINE_S,
-                   interval=STACK_INTERVAL_S, what=f"a straggler finding (last: {verdict_line(obs.findings)})")
+        wait_until(
+            lambda: "straggler" in [f.id for f in obs.step()],
+            timeout=VERDICT_DEADLINE_S,
+            interval=STACK_INTERVAL_S,
+            what=f"a straggler finding (last: {verdict_line(obs.findings)})",
+        )
         straggler = next(f for f in obs.findings if f.id == "straggler")
         assert j.rank_pids[1] in straggler.pids, (straggler.pids, j.rank_pids)
     else:

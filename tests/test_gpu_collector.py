@@ -53,7 +53,10 @@ def collector():
 
     def make(spec="h100-sxm-8", load=None, clock=None, pcie_latency_s=0.0, wrap=None, fake_options=None, **kwargs):
         fake = FakeNvmlLibrary(
-            parse_spec(spec), load or ScriptedLoad(util=80.0), clock=clock or ManualClock(), pcie_latency_s=pcie_latency_s,
+            parse_spec(spec),
+            load or ScriptedLoad(util=80.0),
+            clock=clock or ManualClock(),
+            pcie_latency_s=pcie_latency_s,
             **(fake_options or {}),
         )
         lib = wrap(fake) if wrap else fake
@@ -262,7 +265,9 @@ def test_old_driver_falls_back_to_v1_calls(collector):
     clock = ManualClock()
     procs = {2: [(777, GIB)]}
     gpu, lib = collector(
-        "h100-sxm-8+old-driver+thermal=1", load=ScriptedLoad(memory=10 * GIB, processes=procs), clock=clock,
+        "h100-sxm-8+old-driver+thermal=1",
+        load=ScriptedLoad(memory=10 * GIB, processes=procs),
+        clock=clock,
         wrap=Wrapped,
     )
     assert gpu.cuda_version == "12.6"  # from nvmlSystemGetCudaDriverVersion
@@ -283,10 +288,21 @@ def test_old_driver_falls_back_to_v1_calls(collector):
 @pytest.mark.parametrize(
     "fault, check",
     [
-        ("thermal=2", lambda s: s.temperature >= 88 and {"hw_thermal", "sw_thermal", "hw_slowdown"}
-         <= set(s.throttle_reasons) and s.clock_sm < 1200),
-        ("pcie-degraded=2", lambda s: (s.pcie.gen_current, s.pcie.width_current, s.pcie.gen_max, s.pcie.width_max)
-         == (3, 8, 5, 16) and s.pcie.downgraded),
+        (
+            "thermal=2",
+            lambda s: (
+                s.temperature >= 88
+                and {"hw_thermal", "sw_thermal", "hw_slowdown"} <= set(s.throttle_reasons)
+                and s.clock_sm < 1200
+            ),
+        ),
+        (
+            "pcie-degraded=2",
+            lambda s: (
+                (s.pcie.gen_current, s.pcie.width_current, s.pcie.gen_max, s.pcie.width_max) == (3, 8, 5, 16)
+                and s.pcie.downgraded
+            ),
+        ),
         ("ecc=2", lambda s: s.ecc.volatile_uncorrected > 0 and s.remapped_rows.pending),
         ("power=2", lambda s: s.power_limit == 385.0 and "sw_power_cap" in s.throttle_reasons and s.power <= 385.0),
     ],
@@ -584,7 +600,8 @@ def test_a_gpu_without_the_byte_counters_falls_back_to_pcie_throughput(collector
     assert len(samples) == lib.lib.profile.gpu_count
     for s in samples:
         assert (s.pcie.tx_bytes_per_s, s.pcie.rx_bytes_per_s) == (
-            model.pcie_tx_peak_kbps * 1024.0, model.pcie_rx_peak_kbps * 1024.0
+            model.pcie_tx_peak_kbps * 1024.0,
+            model.pcie_rx_peak_kbps * 1024.0,
         )
         assert not any(key.startswith("pcie.") for key in s.unavailable)
     assert per_sample["nvmlDeviceGetPcieThroughput"] == 2 * len(samples)
@@ -606,9 +623,7 @@ def test_a_gpu_refusing_the_counters_does_not_move_the_others(collector):
     for _ in range(2):
         clock.advance(1.0)
         samples = gpu.sample()
-        assert [(s.pcie.tx_bytes_per_s, s.pcie.rx_bytes_per_s) for s in samples] == [
-            pytest.approx((PEAK_TX, PEAK_RX))
-        ] * 8
+        assert [(s.pcie.tx_bytes_per_s, s.pcie.rx_bytes_per_s) for s in samples] == [pytest.approx((PEAK_TX, PEAK_RX))] * 8
         assert all(s.unavailable == {} for s in samples)
         assert all(link.tx_bytes_per_s > 0 for link in samples[3].nvlink)  # its NVLink counters still count
     assert throughput_handles == {3: 4}  # GPU 3 alone, two directions a sample
@@ -696,7 +711,9 @@ def test_the_pcie_sources_side_by_side_say_which_gpus_have_the_counters(collecto
     assert [r["index"] for r in rows] == list(range(8))
     for r in rows:
         assert r["counters"] == "supported" and r["value_type"] == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-        assert (r["counter_tx_bytes_per_s"], r["counter_rx_bytes_per_s"]) == pytest.approx((PEAK_TX, PEAK_RX), rel=1e-4)  # µs stamps
+        assert (r["counter_tx_bytes_per_s"], r["counter_rx_bytes_per_s"]) == pytest.approx(
+            (PEAK_TX, PEAK_RX), rel=1e-4
+        )  # µs stamps
         assert (r["throughput_tx_bytes_per_s"], r["throughput_rx_bytes_per_s"]) == (PEAK_TX, PEAK_RX)
         assert r["throughput_glimpses"] == 2
     ada, _ = collector("rtx-4090-2", load=ScriptedLoad(util=100.0), clock=time.monotonic)

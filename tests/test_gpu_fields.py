@@ -56,7 +56,7 @@ def test_card_fields_show_on_the_card(history, key):
     lines = _card_text(history).splitlines()
     start = lines[0].index(f"GPU{GPU} ") - 2  # the state symbol and its space
     width = lines[0].index(f"GPU{GPU + 1} ") - 2 - start
-    card = "\n".join(line[start:start + width] for line in lines[:7])
+    card = "\n".join(line[start : start + width] for line in lines[:7])
     assert text in card, f"{key}: GPU {GPU}'s card does not show {text!r}:\n{card}"
 
 
@@ -133,11 +133,18 @@ def test_metric_fields_are_exported_as_gauges(history, key):
 def test_a_new_row_reaches_the_snapshot_and_the_report(history, monkeypatch):
     """The promise of the table: a new NVML field is one row (plus its reader in collect/gpu.py)."""
     memory_clock = GpuField(
-        "clock_memory", "Mem clock", "MHz", frozenset((SNAPSHOT, REPORT)), read=lambda g: g.clock_memory,
-        long=lambda g: units.na(g.clock_memory, "{}MHz"), snapshot_cell=" mem {}",
+        "clock_memory",
+        "Mem clock",
+        "MHz",
+        frozenset((SNAPSHOT, REPORT)),
+        read=lambda g: g.clock_memory,
+        long=lambda g: units.na(g.clock_memory, "{}MHz"),
+        snapshot_cell=" mem {}",
         stat=lambda v: units.na(v, "{:.0f} MHz"),
-        health_key="clock_memory_min", health_value=lambda alive: min(g.clock_memory for g in alive),
-        health_header="Mem clock min", health_cell=lambda h: f"{h['clock_memory_min']} MHz",
+        health_key="clock_memory_min",
+        health_value=lambda alive: min(g.clock_memory for g in alive),
+        health_header="Mem clock min",
+        health_cell=lambda h: f"{h['clock_memory_min']} MHz",
     )
     monkeypatch.setattr(gpu_fields, "FIELDS", gpu_fields.FIELDS + (memory_clock,))
     gpu = _latest_gpu(history)
@@ -158,6 +165,8 @@ def test_every_field_says_how_it_shows_in_each_of_its_places():
         assert (CARD in field.places) == (field.short is not None), f"{field.key}: card place and card text disagree"
         assert (SNAPSHOT in field.places) == (field.long is not None), f"{field.key}: snapshot place and text disagree"
         health = (field.health_key, field.health_value, field.health_header, field.health_cell)
-        assert all(part is None for part in health) or all(part is not None for part in health), f"{field.key}: half a Health column"
+        assert all(part is None for part in health) or all(part is not None for part in health), (
+            f"{field.key}: half a Health column"
+        )
         has_report_column = field.stat is not None or field.health_cell is not None
         assert (REPORT in field.places) == has_report_column, f"{field.key}: report place and report column disagree"

@@ -57,8 +57,9 @@ INTERACTIVE = {"tui", "demo", "replay"}
 def probe(spawn, tmp_path, argv: list[str], timeout: float = 120, stop_after: Optional[float] = None) -> dict:
     out_file = tmp_path / "probe.json"
     env = {**os.environ, **({"STOP_AFTER_S": str(stop_after)} if stop_after else {})}
-    proc = spawn([sys.executable, "-c", PROBE, str(out_file), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                 cwd=REPO, env=env)
+    proc = spawn(
+        [sys.executable, "-c", PROBE, str(out_file), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=env
+    )
     _, err = proc.communicate(timeout=timeout)
     stderr = err.decode("utf-8", "replace")
     assert out_file.exists(), f"gputop {' '.join(argv)} did not return from main(): rc={proc.returncode} {stderr[-2000:]}"
@@ -97,8 +98,17 @@ def test_headless_command_loads_neither_textual_nor_torch(command, spawn, tmp_pa
     assert not loaded & {"textual", "torch"}, f"gputop {command} imported {sorted(loaded & {'textual', 'torch'})}"
 
 
-@pytest.mark.parametrize("module", ["gputop.model", "gputop.pipeline", "gputop.analysis.diagnosis",
-                                    "gputop.report.markdown", "gputop.report.jsonreport", "gputop.recording"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "gputop.model",
+        "gputop.pipeline",
+        "gputop.analysis.diagnosis",
+        "gputop.report.markdown",
+        "gputop.report.jsonreport",
+        "gputop.recording",
+    ],
+)
 def test_the_core_imports_without_textual_or_torch(module, spawn):
     loaded = imported_by(spawn, module)
     assert "gputop" in loaded

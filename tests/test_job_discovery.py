@@ -74,9 +74,7 @@ def collectors():
 @pytest.mark.slow
 @needs_py_spy
 def test_single_rank_with_workers_tree_and_stacks(spawn, tmp_path, collectors):
-    pid, pin_tid = start_train_loop(
-        spawn, tmp_path, "--workers", "2", "--persistent", "--length", "100000", *PIN_THREAD
-    )
+    pid, pin_tid = start_train_loop(spawn, tmp_path, "--workers", "2", "--persistent", "--length", "100000", *PIN_THREAD)
     collector = JobCollector(pid, stack_interval=0.3)
     collectors(collector)
 
@@ -158,9 +156,7 @@ def test_forkserver_workers_are_found_as_grandchildren(spawn, tmp_path, collecto
     )
     collector = JobCollector(pid, stacks_enabled=False)
     collectors(collector)
-    tree = wait_until(
-        lambda: (t := collector.collect()) and len(t.ranks[0].workers) == 2 and t, timeout=DEADLINE, what="workers"
-    )
+    tree = wait_until(lambda: (t := collector.collect()) and len(t.ranks[0].workers) == 2 and t, timeout=DEADLINE, what="workers")
     for worker in tree.ranks[0].workers:
         forkserver = psutil.Process(worker.ppid)
         assert worker.ppid != pid and forkserver.ppid() == pid
@@ -175,8 +171,20 @@ def test_forkserver_workers_are_found_as_grandchildren(spawn, tmp_path, collecto
 def test_multiprocessing_spawn_parent_is_the_launcher(spawn, tmp_path, collectors):
     # torch.multiprocessing.start_processes with fork: the cheap variant of mp.spawn on a busy box
     # (spawn's children re-import torch); the spawn_main flavour is checked in the unit test below.
-    parent, ranks = start_attach_loop(spawn, tmp_path, "--mp-spawn", "2", "--mp-start-method", "fork", "--workers", "1",
-                                      "--persistent", "--length", "100000", ranks=2)
+    parent, ranks = start_attach_loop(
+        spawn,
+        tmp_path,
+        "--mp-spawn",
+        "2",
+        "--mp-start-method",
+        "fork",
+        "--workers",
+        "1",
+        "--persistent",
+        "--length",
+        "100000",
+        ranks=2,
+    )
     rank_pids = [pid for pid, _ in ranks]
     for attach in (parent.pid, rank_pids[1]):
         collector = JobCollector(attach, stacks_enabled=False)
@@ -194,8 +202,15 @@ def _tracked(pid: int, cmdline: tuple[str, ...]) -> procfs.Tracked:
 @pytest.mark.slow
 def test_multiprocessing_children_are_told_from_programs_a_shell_runs():
     parent = _tracked(10, ("python", "train.py"))
-    spawned = _tracked(11, ("python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, "
-                                            "pipe_handle=7)", "--multiprocessing-fork"))
+    spawned = _tracked(
+        11,
+        (
+            "python",
+            "-c",
+            "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
+            "--multiprocessing-fork",
+        ),
+    )
     forked = _tracked(12, ("python", "train.py"))
     assert jobmod.is_mp_child(parent, spawned) and jobmod.is_mp_child(parent, forked)
     shell = _tracked(20, ("bash", "run.sh"))
@@ -219,8 +234,9 @@ def torchrun_job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("torchrun")
     spawner = Spawner()
     ranks: list[psutil.Process] = []
-    torchrun = " ".join(torchrun_command(2, *ATTACH_LOOP, "--workers", "1", "--persistent", "--length", "100000",
-                                         "--ready", str(tmp / "ready")))
+    torchrun = " ".join(
+        torchrun_command(2, *ATTACH_LOOP, "--workers", "1", "--persistent", "--length", "100000", "--ready", str(tmp / "ready"))
+    )
     try:
         with open(tmp / "torchrun.log", "wb") as log:
             # `; exit $?` keeps sh from exec()ing torchrun: the shell stays between us and the launcher
@@ -337,7 +353,9 @@ def test_misplacement_shared_gpu_and_stray_context():
     ranks = (_rank(10, 0, (0,)), _rank(11, 1, (1,)), _rank(12, 2, (1,)), _rank(13, 3, (0, 3)))
     found = find_misplacements(ranks, gpus)
     assert [(m.kind, m.pids, m.gpus) for m in found] == [
-        ("shared_gpu", (10, 13), (0,)), ("shared_gpu", (11, 12), (1,)), ("several_gpus", (13,), (0, 3)),
+        ("shared_gpu", (10, 13), (0,)),
+        ("shared_gpu", (11, 12), (1,)),
+        ("several_gpus", (13,), (0, 3)),
     ]
     assert tuple(m.message for m in found) == (
         "GPU 0 is shared by 2 ranks (rank 0 (PID 10), rank 3 (PID 13)): " + SET_DEVICE_FIX,
@@ -523,8 +541,14 @@ def _proc(pid: int, cpu_ticks: int = 0) -> procfs.Tracked:
 
 
 def _stacks_of(pids, frame: str = "f") -> dict[int, ProcessStacks]:
-    thread = ThreadStack(thread_id=1, thread_name="MainThread", os_thread_id=1, active=True, owns_gil=False,
-                         frames=(Frame(name=frame, filename="x.py", line=1),))
+    thread = ThreadStack(
+        thread_id=1,
+        thread_name="MainThread",
+        os_thread_id=1,
+        active=True,
+        owns_gil=False,
+        frames=(Frame(name=frame, filename="x.py", line=1),),
+    )
     return {pid: ProcessStacks(pid=pid, timestamp=0.0, threads=(thread,)) for pid in pids}
 
 
@@ -614,8 +638,14 @@ def test_cmdline_is_utf8_whatever_the_locale(spawn, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONUTF8", "PYTHONIOENCODING"))}
     env.update(LANG="C", LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
     code = f"from gputop.collect.procfs import ProcessTable; print(ascii(ProcessTable().get({proc.pid}).cmdline))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
-                          cwd=Path(procfs.__file__).resolve().parent.parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=Path(procfs.__file__).resolve().parent.parent.parent,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ascii((sys.executable, "-c", "import time; time.sleep(60)", arg))
     assert procfs.read_cmdline(proc.pid)[-1] == arg

@@ -26,6 +26,7 @@ STUB = JOBS / "rank_stub.py"
 LAUNCHERS = JOBS / "launchers"
 START_TIMEOUT = 120  # several interpreters starting on two shared cores
 
+
 def start(spawn, tmp_path: Path, argv: list[str], count: int, **env: str) -> list[dict]:
     """Run a launcher; wait for its `count` stub ranks; their records ({pid, worker, env}) by PID."""
     ready = tmp_path / "ready"
@@ -50,8 +51,9 @@ def tree_from(pid: int):
         collector.close()
 
 
-def check_every_pid_finds_the_whole_job(records: list[dict], expected_ranks: dict[int, int],
-                                        launcher_name: str | None, world_size: int) -> None:
+def check_every_pid_finds_the_whole_job(
+    records: list[dict], expected_ranks: dict[int, int], launcher_name: str | None, world_size: int
+) -> None:
     """From the launcher, each rank and each worker: the same launcher, every rank in rank order with
     its number and world size, each with its worker."""
     trees = [tree_from(r["pid"]) for r in records] + [tree_from(r["worker"]) for r in records]
@@ -76,10 +78,21 @@ def _by_variable(records: list[dict], key: str) -> dict[int, int]:
 
 @pytest.mark.slow
 def test_torchrun(spawn, tmp_path):
-    records = start(spawn, tmp_path, [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-        str(STUB),
-    ], 2)
+    records = start(
+        spawn,
+        tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(STUB),
+        ],
+        2,
+    )
     check_every_pid_finds_the_whole_job(records, _by_variable(records, "RANK"), "torch.distributed.run", 2)
 
 
@@ -87,10 +100,28 @@ def test_torchrun(spawn, tmp_path):
 def test_accelerate_launch(spawn, tmp_path):
     pytest.importorskip("accelerate")
     accelerate = shutil.which("accelerate") or pytest.skip("the accelerate command is not installed")
-    records = start(spawn, tmp_path, [
-        sys.executable, accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(STUB),
-    ], 2)
+    records = start(
+        spawn,
+        tmp_path,
+        [
+            sys.executable,
+            accelerate,
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(free_port()),
+            str(STUB),
+        ],
+        2,
+    )
     check_every_pid_finds_the_whole_job(records, _by_variable(records, "RANK"), "accelerate", 2)
 
 
@@ -129,10 +160,25 @@ def test_srun_tasks_from_any_task_from_slurmstepd_and_from_the_srun_client(spawn
 @pytest.mark.slow
 def test_torchrun_as_the_srun_task(spawn, tmp_path):
     """The multi-node pattern: srun starts one torchrun per node, torchrun the ranks."""
-    records = start(spawn, tmp_path, [
-        sys.executable, str(LAUNCHERS / "slurmstepd"), "[424243.0]", "1",
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), str(STUB),
-    ], 2)
+    records = start(
+        spawn,
+        tmp_path,
+        [
+            sys.executable,
+            str(LAUNCHERS / "slurmstepd"),
+            "[424243.0]",
+            "1",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(STUB),
+        ],
+        2,
+    )
     check_every_pid_finds_the_whole_job(records, _by_variable(records, "RANK"), "torch.distributed.run", 2)
     stepd = procfs.read_stat(tree_from(records[0]["pid"]).launcher.pid).ppid
     assert [r.proc.pid for r in tree_from(stepd).ranks] == [r["pid"] for r in sorted(records, key=lambda r: r["env"]["RANK"])]
@@ -148,12 +194,31 @@ def test_mpich_hydra_stand_in(spawn, tmp_path):
 @pytest.mark.slow
 def test_open_mpi_mpirun(spawn, tmp_path):
     mpirun = shutil.which("mpirun") or pytest.skip("mpirun is not installed (apt-get install openmpi-bin)")
-    records = start(spawn, tmp_path, [
-        # ranks talk over loopback only (the stub sends nothing, but Open MPI's runtime wires up TCP)
-        mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", "--mca", "btl", "self,tcp",
-        "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
-        sys.executable, str(STUB),
-    ], 2, OMPI_MCA_plm_rsh_agent="")
+    records = start(
+        spawn,
+        tmp_path,
+        [
+            # ranks talk over loopback only (the stub sends nothing, but Open MPI's runtime wires up TCP)
+            mpirun,
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "2",
+            "--mca",
+            "btl",
+            "self,tcp",
+            "--mca",
+            "btl_tcp_if_include",
+            "lo",
+            "--mca",
+            "oob_tcp_if_include",
+            "lo",
+            sys.executable,
+            str(STUB),
+        ],
+        2,
+        OMPI_MCA_plm_rsh_agent="",
+    )
     check_every_pid_finds_the_whole_job(records, _by_variable(records, "OMPI_COMM_WORLD_RANK"), None, 2)
 
 
@@ -170,14 +235,17 @@ def test_deepspeed_runner_and_launch_stand_in(spawn, tmp_path):
 # ----------------------------------------------------------------- pure parts
 
 
-@pytest.mark.parametrize(("env", "ranks_here", "want"), [
-    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "SLURM_PROCID": "0"}, 1, (3, 1, 8)),  # torchrun under srun
-    ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8"}, 1, (5, 1, 8)),
-    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}, 1, (2, 0, 4)),
-    ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1"}, 1, (1, 1, 2)),
-    ({"LOCAL_RANK": "1", "NODE_RANK": "2", "WORLD_SIZE": "12"}, 4, (9, 1, 12)),  # Lightning: node 2 x 4 + 1
-    ({}, 1, (None, None, None)),
-])
+@pytest.mark.parametrize(
+    ("env", "ranks_here", "want"),
+    [
+        ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "SLURM_PROCID": "0"}, 1, (3, 1, 8)),  # torchrun under srun
+        ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8"}, 1, (5, 1, 8)),
+        ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}, 1, (2, 0, 4)),
+        ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1"}, 1, (1, 1, 2)),
+        ({"LOCAL_RANK": "1", "NODE_RANK": "2", "WORLD_SIZE": "12"}, 4, (9, 1, 12)),  # Lightning: node 2 x 4 + 1
+        ({}, 1, (None, None, None)),
+    ],
+)
 def test_identity_from_each_launchers_variables(env, ranks_here, want):
     identity = identity_from_env(env, ranks_here)
     assert (identity.rank, identity.local_rank, identity.world_size) == want
@@ -197,13 +265,17 @@ def test_script_and_args_ignores_the_interpreter_and_its_flags():
 @pytest.mark.parametrize("devices", [1, 2])
 def test_lightning_ddp_shows_every_rank_with_its_worker_from_any_rank(spawn, tmp_path, devices):
     pytest.importorskip("lightning")
-    rank_zero, records = train_jobs.start(spawn, tmp_path, "lightning", *train_jobs.LIGHTNING_RANKS,
-                                          "--devices", str(devices), ranks=devices, timeout=240)
+    rank_zero, records = train_jobs.start(
+        spawn, tmp_path, "lightning", *train_jobs.LIGHTNING_RANKS, "--devices", str(devices), ranks=devices, timeout=240
+    )
     ranks = {pid: record["rank"] for pid, record in records.items()}
     assert ranks.get(rank_zero.pid) == 0  # the user's own process is rank 0
     # one device: a plain process, not a distributed job, so no rank number is claimed for it
-    want = sorted(((p, rank, rank) for p, rank in ranks.items()), key=lambda item: item[1]) if devices > 1 else [
-        (rank_zero.pid, None, None)]
+    want = (
+        sorted(((p, rank, rank) for p, rank in ranks.items()), key=lambda item: item[1])
+        if devices > 1
+        else [(rank_zero.pid, None, None)]
+    )
     workers = [w.pid for r in tree_from(rank_zero.pid).ranks for w in r.workers]
     for pid in [*ranks, *workers]:
         tree = tree_from(pid)

@@ -61,8 +61,7 @@ def _starved_inputs(**overrides):
         current={"num_workers": 0, "pin_memory": False, "persistent_workers": False},
         consumption={"batches_per_s": 1 / 0.12, "wait_per_batch_s": 0.1, "wait_fraction": 0.1 / 0.12},
         configs=[
-            {"num_workers": 0, "prefetch_factor": None, "pin_memory": False, "batches_per_s": 10.0,
-             "cpu_s_per_batch": 0.1},
+            {"num_workers": 0, "prefetch_factor": None, "pin_memory": False, "batches_per_s": 10.0, "cpu_s_per_batch": 0.1},
             {"num_workers": 7, "prefetch_factor": 2, "pin_memory": False, "batches_per_s": 68.0},
         ],
         free_cores=16.0,
@@ -94,13 +93,21 @@ def test_recommend_caps_by_idle_cores_and_says_so():
 
 def test_passive_tier_advises_more_io_bound_workers_from_shares():
     # one worker that sleeps in __getitem__ (5% of a core) while the rank waits 85% of the time
-    advice = lm.recommend(current={"num_workers": 1}, free_cores=1.5, max_workers=8,
-                          passive={"wait_fraction": 0.85, "worker_busy": [{"pid": 1, "busy": 0.05}]})
+    advice = lm.recommend(
+        current={"num_workers": 1},
+        free_cores=1.5,
+        max_workers=8,
+        passive={"wait_fraction": 0.85, "worker_busy": [{"pid": 1, "busy": 0.05}]},
+    )
     assert advice["bottleneck"] is True and advice["kwargs"]["num_workers"] == 8  # 1/0.15×1.25 → 9, cap 8
     assert "I/O-bound" in "\n".join(advice["lines"])
     # the same wait with CPU-bound workers on a busy host: no more workers fit, none are advised
-    advice = lm.recommend(current={"num_workers": 2}, free_cores=0.1, max_workers=8,
-                          passive={"wait_fraction": 0.85, "worker_busy": [{"pid": 1, "busy": 0.97}, {"pid": 2, "busy": 0.98}]})
+    advice = lm.recommend(
+        current={"num_workers": 2},
+        free_cores=0.1,
+        max_workers=8,
+        passive={"wait_fraction": 0.85, "worker_busy": [{"pid": 1, "busy": 0.97}, {"pid": 2, "busy": 0.98}]},
+    )
     assert advice["kwargs"]["num_workers"] == 2 and "no more workers fit" in advice["verdict"]
 
 
@@ -109,16 +116,26 @@ def test_passive_tier_advises_more_io_bound_workers_from_shares():
 @pytest.mark.parametrize("busy", [0.02, 0.4, 1.0])
 @pytest.mark.parametrize("n_now", [0, 1, 4])
 def test_no_advice_exceeds_its_cap(free_cores, max_workers, busy, n_now):
-    passive = {"wait_fraction": 0.97, "dataset_fraction": 0.97 if n_now == 0 else 0.0,
-               "worker_busy": [{"pid": i, "busy": busy} for i in range(n_now)]}
+    passive = {
+        "wait_fraction": 0.97,
+        "dataset_fraction": 0.97 if n_now == 0 else 0.0,
+        "worker_busy": [{"pid": i, "busy": busy} for i in range(n_now)],
+    }
     for kwargs in ({"passive": passive}, _starved_inputs(free_cores=free_cores)):
-        kwargs = dict(kwargs, current=dict(kwargs.get("current") or {"num_workers": n_now}), free_cores=free_cores, max_workers=max_workers)
+        kwargs = dict(
+            kwargs, current=dict(kwargs.get("current") or {"num_workers": n_now}), free_cores=free_cores, max_workers=max_workers
+        )
         advice = lm.recommend(**kwargs)
         cap = advice["worker_cap"]
         assert cap is not None and advice["kwargs"]["num_workers"] <= max(cap, kwargs["current"]["num_workers"])
         if max_workers is not None:
             assert advice["kwargs"]["num_workers"] <= max(max_workers, kwargs["current"]["num_workers"])
-        printed = [int(n) for n in re.findall(r"(?:num_workers=|→ (?:at most )?|needs ~?)(\d+)(?![\d.]| ms)", advice["verdict"] + "\n".join(advice["lines"]))]
+        printed = [
+            int(n)
+            for n in re.findall(
+                r"(?:num_workers=|→ (?:at most )?|needs ~?)(\d+)(?![\d.]| ms)", advice["verdict"] + "\n".join(advice["lines"])
+            )
+        ]
         assert all(n <= max(cap, kwargs["current"]["num_workers"]) for n in printed), (printed, cap, advice)
 
 
@@ -140,10 +157,11 @@ def test_recommend_not_the_bottleneck():
 
 
 def test_recommend_pin_memory_only_with_cuda_and_persistent_only_on_restarts():
-    inputs = _starved_inputs(current={"num_workers": 2, "prefetch_factor": 2, "pin_memory": False,
-                                      "persistent_workers": False})
-    inputs["configs"] = [{"num_workers": 2, "prefetch_factor": 2, "batches_per_s": 20.0},
-                         {"num_workers": 7, "prefetch_factor": 2, "batches_per_s": 68.0}]
+    inputs = _starved_inputs(current={"num_workers": 2, "prefetch_factor": 2, "pin_memory": False, "persistent_workers": False})
+    inputs["configs"] = [
+        {"num_workers": 2, "prefetch_factor": 2, "batches_per_s": 20.0},
+        {"num_workers": 7, "prefetch_factor": 2, "batches_per_s": 68.0},
+    ]
     plain = lm.recommend(**inputs)
     assert plain["kwargs"]["pin_memory"] is False
     assert plain["kwargs"]["persistent_workers"] is False
@@ -199,8 +217,10 @@ def test_recommend_prefers_the_live_prep_and_shows_the_sweep_as_a_cross_check():
 
 def test_offline_advice_is_the_fewest_workers_near_the_best_not_the_most():
     # rates that level off: 4 workers are within 10% of 8's best, so 8 would be an over-recommendation
-    configs = [{"num_workers": n, "prefetch_factor": 2, "pin_memory": False, "batches_per_s": rate}
-               for n, rate in ((0, 5.0), (2, 10.0), (4, 19.0), (8, 20.0))]
+    configs = [
+        {"num_workers": n, "prefetch_factor": 2, "pin_memory": False, "batches_per_s": rate}
+        for n, rate in ((0, 5.0), (2, 10.0), (4, 19.0), (8, 20.0))
+    ]
     advice = lm.recommend_offline(current={"num_workers": 0}, configs=configs)
     assert advice["kwargs"]["num_workers"] == 4
     # and when they keep scaling, the most it measured (nothing beyond what was measured)

@@ -60,9 +60,25 @@ def roundtrip(cls, value):
 
 def test_the_model_has_the_contract_classes():
     names = {cls.__name__ for cls in MODEL_CLASSES}
-    assert {"Snapshot", "GpuSample", "PcieLink", "NvLinkLink", "EccCounts", "RemappedRows", "GpuProcess", "Topology",
-            "MachineInfo", "HostSample", "ProcInfo", "Frame", "ThreadStack", "ProcessStacks", "Rank", "JobTree",
-            "Finding"} <= names
+    assert {
+        "Snapshot",
+        "GpuSample",
+        "PcieLink",
+        "NvLinkLink",
+        "EccCounts",
+        "RemappedRows",
+        "GpuProcess",
+        "Topology",
+        "MachineInfo",
+        "HostSample",
+        "ProcInfo",
+        "Frame",
+        "ThreadStack",
+        "ProcessStacks",
+        "Rank",
+        "JobTree",
+        "Finding",
+    } <= names
 
 
 @pytest.mark.parametrize("cls", MODEL_CLASSES, ids=lambda c: c.__name__)

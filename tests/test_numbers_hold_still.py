@@ -71,10 +71,10 @@ class Series:
             finding = self.starvation(report)
             figures = (finding or {}).get("figures") or {}
             workers, share = figures.get("workers") or {}, figures.get("input_share") or {}
-            share_text = (f"{share['share']:.3f} ({share['low']:.3f}-{share['high']:.3f})" if share.get("share") is not None
-                          else None)
-            out.append((self.verdict(report), workers.get("num_workers"), workers.get("low"), workers.get("high"),
-                        share_text))
+            share_text = (
+                f"{share['share']:.3f} ({share['low']:.3f}-{share['high']:.3f})" if share.get("share") is not None else None
+            )
+            out.append((self.verdict(report), workers.get("num_workers"), workers.get("low"), workers.get("high"), share_text))
         return out
 
     def contained(self) -> int:
@@ -82,8 +82,7 @@ class Series:
         need = self.need
         if need is None:
             return 0
-        return sum(1 for _, _, low, high, _ in self.rows()
-                   if low is not None and low <= need and (high is None or need <= high))
+        return sum(1 for _, _, low, high, _ in self.rows() if low is not None and low <= need and (high is None or need <= high))
 
     @property
     def need(self) -> Optional[int]:
@@ -93,19 +92,28 @@ class Series:
         """Everything a failure needs: the benchmark's measurement and the 10 (advised, low, high, share)."""
         bench = self.bench or {}
         consumption, advice = bench.get("consumption") or {}, bench.get("advice") or {}
-        lines = [f"{self.name} job (PID {self.pid}): {' '.join(self.options)}",
-                 f"  bench ({bench.get('mode')}): need {self.need} (cap {advice.get('worker_cap')}), "
-                 + (f"{consumption['batches_per_s']:.2f} batches/s, waiting {consumption['wait_fraction']:.1%}"
-                    if consumption.get("batches_per_s") else "no consumption measured"),
-                 *(f"    {line}" for line in advice.get("lines") or ()),
-                 "  report  verdict                   advised  low  high  input share"]
+        lines = [
+            f"{self.name} job (PID {self.pid}): {' '.join(self.options)}",
+            f"  bench ({bench.get('mode')}): need {self.need} (cap {advice.get('worker_cap')}), "
+            + (
+                f"{consumption['batches_per_s']:.2f} batches/s, waiting {consumption['wait_fraction']:.1%}"
+                if consumption.get("batches_per_s")
+                else "no consumption measured"
+            ),
+            *(f"    {line}" for line in advice.get("lines") or ()),
+            "  report  verdict                   advised  low  high  input share",
+        ]
         for i, (verdict, advised, low, high, share) in enumerate(self.rows()):
-            lines.append(f"  {i:>6}  {'/'.join(str(v) for v in verdict if v):<24}  {advised!s:>7}  {low!s:>3}  "
-                         f"{'∞' if high is None and low is not None else high!s:>4}  {share}")
+            lines.append(
+                f"  {i:>6}  {'/'.join(str(v) for v in verdict if v):<24}  {advised!s:>7}  {low!s:>3}  "
+                f"{'∞' if high is None and low is not None else high!s:>4}  {share}"
+            )
         advised = [row[1] for row in self.rows() if row[1]]
         if advised:
-            lines.append(f"  advised max/min {max(advised)}/{min(advised)} = {max(advised) / min(advised):.2f}; "
-                         f"the need inside {self.contained()}/{len(self.reports)} stated ranges")
+            lines.append(
+                f"  advised max/min {max(advised)}/{min(advised)} = {max(advised) / min(advised):.2f}; "
+                f"the need inside {self.contained()}/{len(self.reports)} stated ranges"
+            )
         if self.error:
             lines.append(f"  stopped: {self.error}")
         return "\n".join(lines)
@@ -124,11 +132,12 @@ def _run_series(spawn: Spawner, tmp_path, name: str) -> Series:
     series = Series(name, options)
     t0 = time.monotonic()
     try:
-        proc, _ = start(spawn, tmp_path, name, *options, "--ready-after", str(FRAMEWORK_WARM_STEPS),
-                        timeout=START_DEADLINE_S)
+        proc, _ = start(spawn, tmp_path, name, *options, "--ready-after", str(FRAMEWORK_WARM_STEPS), timeout=START_DEADLINE_S)
         series.pid, series.started_s = proc.pid, time.monotonic() - t0
-        series.bench = _json(run_gputop(spawn, "bench", "--pid", str(proc.pid), "--yes", "--json",
-                                        timeout=GPUTOP_TIMEOUT_S, cwd=REPO), "gputop bench")
+        series.bench = _json(
+            run_gputop(spawn, "bench", "--pid", str(proc.pid), "--yes", "--json", timeout=GPUTOP_TIMEOUT_S, cwd=REPO),
+            "gputop bench",
+        )
         for i in range(REPORTS):
             args = ("report", "--pid", str(proc.pid), "--seconds", str(REPORT_SECONDS), "--format", "json")
             series.reports.append(_json(run_gputop(spawn, *args, timeout=GPUTOP_TIMEOUT_S, cwd=REPO), f"report {i}"))

@@ -18,9 +18,7 @@ from tests.harness.memory import heap_growth_per_block
 from tests.harness.nvml import ScriptedLoad
 from tests.harness.processes import wait_until
 
-no_driver_here = pytest.mark.skipif(
-    bool(ctypes.util.find_library("nvidia-ml")), reason="libnvidia-ml is present on this machine"
-)
+no_driver_here = pytest.mark.skipif(bool(ctypes.util.find_library("nvidia-ml")), reason="libnvidia-ml is present on this machine")
 
 
 class FixedHost:

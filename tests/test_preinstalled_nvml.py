@@ -67,8 +67,9 @@ def test_a_fake_gputop_left_behind_is_taken_out():
 def test_snapshot_json_reads_the_gpus_through_a_preinstalled_shim(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(SITE_HOOK)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
-    done = subprocess.run([sys.executable, "-m", "gputop", "snapshot", "--json"], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "gputop", "snapshot", "--json"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     snapshot = json.loads(done.stdout)
     assert [g["name"] for g in snapshot["gpus"]] == ["NVIDIA GeForce RTX 4090"] * 2, snapshot.get("machine")

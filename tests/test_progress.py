@@ -60,9 +60,13 @@ def test_each_dump_carries_counters_that_tell_slow_from_stuck(spawn):
 
     # the sleeping thread gains voluntary switches between dumps; the blocked main thread gains none
     later = wait_until(
-        lambda: (d := stacks_mod.dump_stacks([proc.pid])[proc.pid]).progress
-        and _switches(d.progress, slow_tid) >= _switches(first.progress, slow_tid) + 20 and d,
-        timeout=DEADLINE, what="the sleeping thread to switch 20 times",
+        lambda: (
+            (d := stacks_mod.dump_stacks([proc.pid])[proc.pid]).progress
+            and _switches(d.progress, slow_tid) >= _switches(first.progress, slow_tid) + 20
+            and d
+        ),
+        timeout=DEADLINE,
+        what="the sleeping thread to switch 20 times",
     )
     assert _switches(later.progress, main_tid) == _switches(first.progress, main_tid)
 
@@ -80,10 +84,12 @@ def test_progress_of_a_gone_process_is_none(spawn):
 def _dump(t: float, *, line: int = 7, switches: int = 5, io: int = 100, pid: int = 10) -> tuple[ProcessStacks, tuple]:
     frames = (Frame("Event.wait", "threading.py", 629), Frame("<module>", "train.py", line))
     stacks = ProcessStacks(
-        pid=pid, timestamp=t,
+        pid=pid,
+        timestamp=t,
         threads=(ThreadStack(1, "MainThread", pid, False, False, frames),),
-        progress=ProcessProgress(cpu_seconds=1.0, io_read_chars=io, io_write_chars=0,
-                                 threads=(ThreadProgress(pid, switches, 0, 100),)),
+        progress=ProcessProgress(
+            cpu_seconds=1.0, io_read_chars=io, io_write_chars=0, threads=(ThreadProgress(pid, switches, 0, 100),)
+        ),
     )
     return stacks, frames
 
@@ -141,7 +147,8 @@ def test_a_frozen_main_thread_gets_one_native_dump_and_a_slow_one_none(spawn):
         stuck_collector, polling_collector = made
         tree = wait_until(
             lambda: (t := stuck_collector.collect()).native_stacks.get(stuck.pid) and t,
-            timeout=DEADLINE, what="the native dump of the frozen process",
+            timeout=DEADLINE,
+            what="the native dump of the frozen process",
         )
         native = tree.native_stacks[stuck.pid]
         assert native.native and native.error is None and native.progress is not None

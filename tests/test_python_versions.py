@@ -38,8 +38,12 @@ def start(spawn, tmp_path, python: str, mode: str) -> int:
 def test_starved_job_reads_input_bound_and_names_the_loop_line(spawn, observe, tmp_path, minor):
     pid = start(spawn, tmp_path, interpreter_with_torch(minor), "starved")
     obs = observe(pid)
-    wait_until(lambda: obs.step()[0].id == "starvation", timeout=VERDICT_DEADLINE_S, interval=STACK_INTERVAL_S,
-               what=f"an input-bound verdict (last: {verdict_line(obs.findings)})")
+    wait_until(
+        lambda: obs.step()[0].id == "starvation",
+        timeout=VERDICT_DEADLINE_S,
+        interval=STACK_INTERVAL_S,
+        what=f"an input-bound verdict (last: {verdict_line(obs.findings)})",
+    )
     top = obs.findings[0]
     assert "Input-bound (highly)" in top.summary, top.summary
     # the DataLoader's __next__ and the training loop's line, not the selector plumbing above them
@@ -50,6 +54,10 @@ def test_starved_job_reads_input_bound_and_names_the_loop_line(spawn, observe, t
 def test_hung_worker_on_310_is_a_hang_naming_its_frame(spawn, observe, tmp_path):
     pid = start(spawn, tmp_path, interpreter_with_torch("3.10"), "hang")
     obs = observe(pid)
-    wait_until(lambda: obs.step()[0].id == "hang", timeout=VERDICT_DEADLINE_S, interval=STACK_INTERVAL_S,
-               what=f"a hang verdict (last: {verdict_line(obs.findings)})")
+    wait_until(
+        lambda: obs.step()[0].id == "hang",
+        timeout=VERDICT_DEADLINE_S,
+        interval=STACK_INTERVAL_S,
+        what=f"a hang verdict (last: {verdict_line(obs.findings)})",
+    )
     assert any(f.startswith("__getitem__ (train_job.py:") for f in obs.findings[0].frames), obs.findings[0].frames

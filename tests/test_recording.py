@@ -98,7 +98,11 @@ def test_corrupt_member_in_the_middle_stops_there(tmp_path):
 
 @pytest.mark.parametrize(
     "content,message",
-    [(b"", "is empty"), (b"hello, not gzip\n", "not a gputop recording"), (gzip.compress(b'{"x": 1}\n'), "not a gputop recording")],
+    [
+        (b"", "is empty"),
+        (b"hello, not gzip\n", "not a gputop recording"),
+        (gzip.compress(b'{"x": 1}\n'), "not a gputop recording"),
+    ],
 )
 def test_not_a_recording_is_one_line_error(tmp_path, content, message):
     path = tmp_path / "bad.gtr"
@@ -222,7 +226,9 @@ def test_keyframes_repeat_every_dump_and_nothing_else(tmp_path):
     with gzip.open(path, "rt") as f:
         lines = [json.loads(line) for line in f][1:]
     assert [i for i, line in enumerate(lines) if "stacks_unchanged" not in line] == [0, 60, 120]
-    assert len(lines[60]["snapshot"]["job"]["stacks"]) == len(snaps[60].job.stacks) and lines[61]["snapshot"]["job"]["stacks"] == {}
+    assert (
+        len(lines[60]["snapshot"]["job"]["stacks"]) == len(snaps[60].job.stacks) and lines[61]["snapshot"]["job"]["stacks"] == {}
+    )
 
 
 def _retained_bytes(make):
@@ -292,8 +298,15 @@ def test_report_from_reads_only_the_tail_and_says_which_span(tmp_path):
     path = record(tmp_path / "run.gtr", machine, snaps)
     hist, rec = history_from_recording(str(path), limit=30)
     assert list(hist) == snaps[-30:]
-    assert rec == {"file": str(path), "snapshots": 101, "start": snaps[0].timestamp, "end": snaps[-1].timestamp,
-                   "seconds": 100.0, "window_limit": 30, "whole": False}
+    assert rec == {
+        "file": str(path),
+        "snapshots": 101,
+        "start": snaps[0].timestamp,
+        "end": snaps[-1].timestamp,
+        "seconds": 100.0,
+        "window_limit": 30,
+        "whole": False,
+    }
     md = render_markdown(hist, [], recording=rec)
     assert f"Read from the recording `{path}`, which spans 100 s (101 samples)" in md
     assert "This report covers its last 30 samples only (at most 30, to bound memory)" in md

@@ -65,7 +65,9 @@ def starved_history():
         )
 
     # utilization ramps 0..100 on GPU 0 so its percentiles are known; the others sit at 20%
-    hist = build(Scenario(seconds=100, util=lambda g, t: float(t) if g == 0 else 20.0, ranks=[rank(i) for i in range(8)], cores=64))
+    hist = build(
+        Scenario(seconds=100, util=lambda g, t: float(t) if g == 0 else 20.0, ranks=[rank(i) for i in range(8)], cores=64)
+    )
     return hist
 
 
@@ -97,7 +99,7 @@ def test_topology_section_has_the_nic_rows_and_legend_as_nvidia_smi_prints_them(
     hist = copy.copy(starved[0])
     hist.machine = make_machine()  # 8 GPUs with a rail NIC on each GPU's switch
     md = render_markdown(hist, [], command=["gputop", "report"])
-    section = md[md.index("## Topology"):md.index("## Health")]
+    section = md[md.index("## Topology") : md.index("## Health")]
     assert "GPU0   X       NV18" in section and re.search(r"GPU7 +NIC0 +NIC1 .* NIC7 +CPU affinity", section)
     assert re.search(r"^GPU0 .*NV18\s+PIX\s+NODE\s+NODE\s+NODE\s+SYS", section, re.M)
     assert re.search(r"^NIC7 +SYS .* X\s*$", section, re.M)
@@ -128,7 +130,18 @@ class FakeBench:
 def test_markdown_has_every_section_and_the_verdict(starved):
     hist, findings = starved
     md = render_markdown(hist, findings, command=["gputop", "report", "--pid", "1000"])
-    for heading in ("# gputop report: trainbox", "## Findings", "## Machine", "## Topology", "## Health", "## GPU statistics", "## Host", "## Job", "## Top stacks", "## About this report"):
+    for heading in (
+        "# gputop report: trainbox",
+        "## Findings",
+        "## Machine",
+        "## Topology",
+        "## Health",
+        "## GPU statistics",
+        "## Host",
+        "## Job",
+        "## Top stacks",
+        "## About this report",
+    ):
         assert f"\n{heading}\n" in "\n" + md, heading
     assert f"**Verdict:** {verdict_line(findings)}" in md
     assert findings[0].id == "starvation"
@@ -204,7 +217,11 @@ def test_json_carries_the_same_content(starved):
     assert data["verdict"] == verdict_line(findings)
     assert [f["id"] for f in data["findings"]] == [f.id for f in findings]
     assert data["findings"][0]["evidence"] == list(findings[0].evidence)
-    assert data["gputop"] == {"version": __version__, "command": "gputop report --format json", "python": data["gputop"]["python"]}
+    assert data["gputop"] == {
+        "version": __version__,
+        "command": "gputop report --format json",
+        "python": data["gputop"]["python"],
+    }
     # every finding, every GPU statistic and every rank in the JSON is in the Markdown too
     for f in data["findings"]:
         assert f["summary"] in md and all(e in md for e in f["evidence"])
@@ -225,7 +242,10 @@ def test_xids_in_the_health_table_and_the_json():
     findings = diagnose(hist)
     data = json.loads(render_json(hist, findings))
     xids = data["health"][1]["xids"]
-    assert [(x["code"], x["label"]) for x in xids] == [(79, "infrastructure (file a ticket)"), (48, "infrastructure (file a ticket)")]
+    assert [(x["code"], x["label"]) for x in xids] == [
+        (79, "infrastructure (file a ticket)"),
+        (48, "infrastructure (file a ticket)"),
+    ]
     assert xids[0]["timestamp"] < xids[1]["timestamp"] and data["health"][0]["xids"] == []
     md = render_markdown(hist, findings)
     row = next(line for line in md.splitlines() if line.startswith("| 1 | 00000000:2A:00.0 |"))
@@ -271,7 +291,13 @@ def test_secret_names(name, secret):
 
 
 def test_redact_env_and_text():
-    env = {"HF_TOKEN": "x", "RANK": "0", "NCCL_SOCKET_IFNAME": "eth0", "MLFLOW_TRACKING_URI": "https://u:pw@mlflow.local", "PASSWORD_FILE": "/x"}
+    env = {
+        "HF_TOKEN": "x",
+        "RANK": "0",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "MLFLOW_TRACKING_URI": "https://u:pw@mlflow.local",
+        "PASSWORD_FILE": "/x",
+    }
     assert redact_env(env) == {
         "HF_TOKEN": REDACTED,
         "RANK": "0",
@@ -366,8 +392,9 @@ def test_a_device_is_written_in_place_and_a_full_one_is_a_one_line_error():
     before = os.stat("/dev/full")
     with pytest.raises(GputopError) as exc:
         write_report("/dev/full", "report\n")
-    assert str(exc.value) == ("cannot write report to /dev/full: No space left on device "
-                              "(the disk is full; free some space or write elsewhere with -o)")
+    assert str(exc.value) == (
+        "cannot write report to /dev/full: No space left on device (the disk is full; free some space or write elsewhere with -o)"
+    )
     after = os.stat("/dev/full")
     assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
     write_report("/dev/null", "report\n")  # a device that takes it: written, still the device
@@ -396,8 +423,11 @@ def test_dev_stdout_writes_to_the_callers_stdout_and_keeps_the_link(spawn, tmp_p
     out.write_text("earlier line\n")
     link = os.readlink("/dev/stdout")
     with open(out, "w" if redirect == "truncate" else "a") as stdout:
-        proc = spawn([sys.executable, "-c", "from gputop.report.writer import write_report; write_report('/dev/stdout', '# report ·\\n')"],
-                     stdout=stdout, stderr=subprocess.PIPE)
+        proc = spawn(
+            [sys.executable, "-c", "from gputop.report.writer import write_report; write_report('/dev/stdout', '# report ·\\n')"],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+        )
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert out.read_text() == ("" if redirect == "truncate" else "earlier line\n") + "# report ·\n"
@@ -410,8 +440,10 @@ def test_report_is_utf8_under_an_ascii_locale(spawn):
     env.update(LANG="C", LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
     check = spawn([sys.executable, "-c", "import sys; print(sys.stdout.encoding)"], stdout=subprocess.PIPE, env=env)
     assert check.communicate(timeout=30)[0].strip().lower() in (b"ascii", b"ansi_x3.4-1968")  # the setting bites
-    for args, expect in ((["report", "--simulate", "--seconds", "1", "--interval", "0.5"], "· confidence"),
-                         (["snapshot", "--simulate"], "h100-sxm-8")):
+    for args, expect in (
+        (["report", "--simulate", "--seconds", "1", "--interval", "0.5"], "· confidence"),
+        (["snapshot", "--simulate"], "h100-sxm-8"),
+    ):
         proc = spawn([sys.executable, "-m", "gputop", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0 and b"Traceback" not in err, err

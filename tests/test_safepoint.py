@@ -83,13 +83,16 @@ def test_trampoline_bytes_are_their_assembly(tmp_path):
     assert (tmp_path / "t.bin").read_bytes() == safepoint.TRAMPOLINE
 
 
-@pytest.mark.parametrize("error, resumed_rax, back", [
-    (-512, 230, 2),  # -ERESTARTSYS: the syscall is issued again
-    (-514, 230, 2),  # -ERESTARTNOHAND
-    (-516, safepoint.NR_RESTART_SYSCALL, 2),  # -ERESTART_RESTARTBLOCK: restart_syscall(2)
-    (-4, -4, 0),  # -EINTR: returned to the caller, as a signal would
-    (0, 0, 0),  # the syscall had just finished: its result stands
-])
+@pytest.mark.parametrize(
+    "error, resumed_rax, back",
+    [
+        (-512, 230, 2),  # -ERESTARTSYS: the syscall is issued again
+        (-514, 230, 2),  # -ERESTARTNOHAND
+        (-516, safepoint.NR_RESTART_SYSCALL, 2),  # -ERESTART_RESTARTBLOCK: restart_syscall(2)
+        (-4, -4, 0),  # -EINTR: returned to the caller, as a signal would
+        (0, 0, 0),  # the syscall had just finished: its result stands
+    ],
+)
 def test_resume_registers_restart_the_syscall_as_the_kernel_would(error, resumed_rax, back):
     regs = safepoint._Regs()
     regs.orig_rax, regs.rax, regs.rip = 230, error & (2**64 - 1), 0x1000
@@ -136,8 +139,11 @@ def test_runs_at_a_sleep_and_the_target_goes_on(spawn, tmp_path):
 
 def _interpreters() -> list:
     """pyenv's 3.10, 3.12 and 3.13 (libpython3.X.so), and Debian's python3.11 (the C API in the executable)."""
-    found = [pytest.param(str(p), id=p.name) for minor in ("3.10", "3.12", "3.13")
-             for p in sorted(Path("/root/.pyenv/versions").glob(f"{minor}.*/bin/python{minor}"))[:1]]
+    found = [
+        pytest.param(str(p), id=p.name)
+        for minor in ("3.10", "3.12", "3.13")
+        for p in sorted(Path("/root/.pyenv/versions").glob(f"{minor}.*/bin/python{minor}"))[:1]
+    ]
     if Path("/usr/bin/python3.11").exists():
         found.append(pytest.param("/usr/bin/python3.11", id="debian-python3.11"))
     return found or [pytest.param(None, marks=pytest.mark.skip(reason="no other Python here"))]
@@ -189,8 +195,10 @@ lib.park_and_check(os.open(sys.argv[2], os.O_RDWR | os.O_CREAT), 10**9)
 @pytest.mark.skipif(not shutil.which("cc"), reason="no C compiler to build tests/jobs/live_registers.c")
 def test_sse_registers_and_mxcsr_live_across_the_parked_syscall_survive(spawn, tmp_path):
     library = tmp_path / "live_registers.so"
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(library),
-                    str(Path(train_jobs.REPO) / "tests" / "jobs" / "live_registers.c")], check=True)
+    subprocess.run(
+        ["cc", "-O2", "-shared", "-fPIC", "-o", str(library), str(Path(train_jobs.REPO) / "tests" / "jobs" / "live_registers.c")],
+        check=True,
+    )
     (tmp_path / "target.py").write_text(LIVE_REGISTERS)
     rounds = tmp_path / "rounds"
     proc = spawn([sys.executable, str(tmp_path / "target.py"), str(library), str(rounds)])
@@ -211,8 +219,9 @@ def test_sse_registers_and_mxcsr_live_across_the_parked_syscall_survive(spawn, t
 
 def _helper(pid: int, code: str, pause_at: str = "") -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=train_jobs.REPO, GPUTOP_SAFEPOINT_PAUSE_AT=pause_at)
-    return subprocess.Popen([sys.executable, "-m", "gputop.inject.safepoint", str(pid), "--code", code],
-                            stdout=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gputop.inject.safepoint", str(pid), "--code", code], stdout=subprocess.PIPE, text=True, env=env
+    )
 
 
 @pytest.mark.parametrize("phase, runs", [("stopped", False), ("switched", True), ("calling", True)])
@@ -244,8 +253,7 @@ def test_killing_the_helper_at_any_phase_leaves_the_target_running(spawn, tmp_pa
 
 def _allocating_job(spawn, tmp_path, name: str, *options: str, ranks: int = 1):
     prefix = tmp_path / f"{name}.steps"
-    proc, records = train_jobs.start(spawn, tmp_path, name, *options, "--step-log", str(prefix), ranks=ranks,
-                                     torchrun=ranks > 1)
+    proc, records = train_jobs.start(spawn, tmp_path, name, *options, "--step-log", str(prefix), ranks=ranks, torchrun=ranks > 1)
     return {pid: size_counter(Path(f"{prefix}.{r['rank']}")) for pid, r in records.items()}
 
 
@@ -277,9 +285,20 @@ def test_1000_injections_and_200_into_each_kind_of_job_harm_none(spawn, tmp_path
         if options is None:
             started = dict([start_allocating_job(spawn, tmp_path, name)])
         elif isinstance(options, str):  # a framework's own loop: it counts steps, it logs no losses
-            _proc, records = train_jobs.start(spawn, tmp_path, name, "--framework", options, "--workers", "2",
-                                              "--persistent", "--sample-ms", "2", "--progress",
-                                              str(tmp_path / f"{name}.count"))
+            _proc, records = train_jobs.start(
+                spawn,
+                tmp_path,
+                name,
+                "--framework",
+                options,
+                "--workers",
+                "2",
+                "--persistent",
+                "--sample-ms",
+                "2",
+                "--progress",
+                str(tmp_path / f"{name}.count"),
+            )
             started = {pid: step_counter(tmp_path / f"{name}.count") for pid in records}
         else:
             started = _allocating_job(spawn, tmp_path, name, *options, ranks=ranks)
@@ -317,8 +336,7 @@ def test_a_frozen_job_is_said_so_with_its_native_stack(spawn, tmp_path):
     moving, _read = _start_script(spawn, tmp_path, SLEEPER, "sleeper")
     assert injector.frozen_evidence(moving.pid) is None
     ready = tmp_path / "parked"
-    frozen = spawn([sys.executable, "-c", f"import threading; open({str(ready)!r}, 'w').close(); "
-                                          "threading.Event().wait()"])
+    frozen = spawn([sys.executable, "-c", f"import threading; open({str(ready)!r}, 'w').close(); threading.Event().wait()"])
     wait_until(ready.exists, timeout=20, what="the frozen job to park")
     evidence = injector.frozen_evidence(frozen.pid)
     assert evidence and evidence.startswith(f"PID {frozen.pid} is frozen") and "\n" not in evidence

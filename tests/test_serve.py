@@ -113,9 +113,7 @@ Samples = dict[tuple[str, frozenset], float]
 
 def parse(text: str) -> Samples:
     return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
+        (s.name, frozenset(s.labels.items())): s.value for family in text_string_to_metric_families(text) for s in family.samples
     }
 
 
@@ -280,13 +278,24 @@ def test_input_bound_job_exports_its_ranks_wait_and_the_code_verdict():
         assert one(samples, "gputop_rank_data_wait_ratio", job=job, rank=str(rank)) == pytest.approx(0.75, abs=0.05)
         assert one(samples, "gputop_dataloader_workers", job=job, rank=str(rank)) == 4
         info = dict(next(iter(values(samples, "gputop_rank_info", job=job, rank=str(rank)))))
-        assert (info["pid"], info["gpu"], info["UUID"], info["local_rank"]) == (str(1000 + rank), str(rank), f"GPU-{rank:08d}-0000-0000-0000-000000000000", str(rank))
+        assert (info["pid"], info["gpu"], info["UUID"], info["local_rank"]) == (
+            str(1000 + rank),
+            str(rank),
+            f"GPU-{rank:08d}-0000-0000-0000-000000000000",
+            str(rank),
+        )
         states = {dict(k)["state"]: v for k, v in values(samples, "gputop_rank_state", job=job, rank=str(rank)).items()}
         assert sorted(states) == sorted(RANK_STATES)
         last_state = source.snaps[-1].job.ranks[rank].main_thread_state
-        assert states == {s: (1.0 if s == {WAITING_FOR_DATA: "data_wait", FORWARD_BACKWARD: "compute"}[last_state] else 0.0) for s in RANK_STATES}
+        assert states == {
+            s: (1.0 if s == {WAITING_FOR_DATA: "data_wait", FORWARD_BACKWARD: "compute"}[last_state] else 0.0)
+            for s in RANK_STATES
+        }
         # the loop moves (CPU in use): progress is the newest dump
-        assert one(samples, "gputop_rank_last_progress_timestamp_seconds", job=job, rank=str(rank)) == source.snaps[-1].job.stacks[1000 + rank].timestamp
+        assert (
+            one(samples, "gputop_rank_last_progress_timestamp_seconds", job=job, rank=str(rank))
+            == source.snaps[-1].job.stacks[1000 + rank].timestamp
+        )
     assert one(samples, "gputop_finding", job=job, kind="starvation", severity="critical", label="code") == 1
     assert one(samples, "gputop_verdict", job=job, verdict="code") == 1
     assert sum(values(samples, "gputop_verdict", job=job).values()) == 1
@@ -327,7 +336,9 @@ def test_data_wait_ratio_covers_the_last_window_only():
 
 
 def test_loading_data_in_the_main_thread_counts_as_waiting_for_it():
-    in_dataset = hb.Scenario(seconds=20, ranks=[hb.RankSpec(pid=1000, rank=0, gpus=(0,), state=hb.cycle([IN_DATASET, OPTIMIZER_STEP]))])
+    in_dataset = hb.Scenario(
+        seconds=20, ranks=[hb.RankSpec(pid=1000, rank=0, gpus=(0,), state=hb.cycle([IN_DATASET, OPTIMIZER_STEP]))]
+    )
     exporter, source = exporter_over(in_dataset)
     run_cycles(exporter, source)
     samples = parse(scrape_text(exporter))
@@ -382,11 +393,21 @@ def test_progress_follows_the_main_threads_counters_when_its_stack_stays_the_sam
 
     def dump(t: float, switches: int, cpu_ticks: int) -> ProcessStacks:
         stacks = hb.stacks_of(1000, hb.STATE_FRAMES[WAITING_FOR_DATA], hb.T0 + t)
-        return replace(stacks, progress=ProcessProgress(cpu_seconds=cpu_ticks / 100, io_read_chars=0, io_write_chars=0,
-                                                        threads=(ThreadProgress(1000, switches, 0, cpu_ticks),)))
+        return replace(
+            stacks,
+            progress=ProcessProgress(
+                cpu_seconds=cpu_ticks / 100,
+                io_read_chars=0,
+                io_write_chars=0,
+                threads=(ThreadProgress(1000, switches, 0, cpu_ticks),),
+            ),
+        )
 
     def last_progress(dumps: list[ProcessStacks], cpu: float) -> float:
-        scenario = hb.Scenario(seconds=len(dumps) - 1, ranks=[hb.RankSpec(pid=1000, rank=0, gpus=(0,), state=lambda t: WAITING_FOR_DATA, cpu=lambda t: cpu)])
+        scenario = hb.Scenario(
+            seconds=len(dumps) - 1,
+            ranks=[hb.RankSpec(pid=1000, rank=0, gpus=(0,), state=lambda t: WAITING_FOR_DATA, cpu=lambda t: cpu)],
+        )
         history = hb.build(scenario)
         source = HistorySource(history)
         source.snaps = [replace(s, job=replace(s.job, stacks={1000: d})) for s, d in zip(history, dumps)]
@@ -404,7 +425,10 @@ def test_refused_stacks_become_a_counter_and_one_log_line():
     def refused_dumps(history):
         for snap in history:
             stacks = {pid: ProcessStacks(pid=pid, timestamp=s.timestamp, error=refused) for pid, s in snap.job.stacks.items()}
-            yield replace(snap, job=replace(snap.job, stacks=stacks, ranks=tuple(replace(r, main_thread_state=None) for r in snap.job.ranks)))
+            yield replace(
+                snap,
+                job=replace(snap.job, stacks=stacks, ranks=tuple(replace(r, main_thread_state=None) for r in snap.job.ranks)),
+            )
 
     history = hb.build(hb.Scenario(seconds=20, ranks=[hb.RankSpec(pid=1000, rank=0, gpus=(0,))]))
     source = HistorySource(history)
@@ -448,10 +472,14 @@ def test_a_failed_poll_is_logged_once_and_the_poll_loop_goes_on():
 
 
 def test_error_reasons_match_the_messages_the_stack_reader_writes():
-    advice = permission_advice(1234, PtraceFacts(our_uid=1000, target_uid=0, has_cap_sys_ptrace=False, ptrace_scope=1, in_container=False))
+    advice = permission_advice(
+        1234, PtraceFacts(our_uid=1000, target_uid=0, has_cap_sys_ptrace=False, ptrace_scope=1, in_container=False)
+    )
     assert error_reason(advice) == "permission"
     assert error_reason("process 1234 has exited") == "exited"
-    assert error_reason("not a Python process (py-spy: Failed to find python version); GPU and CPU views still work") == "not_python"
+    assert (
+        error_reason("not a Python process (py-spy: Failed to find python version); GPU and CPU views still work") == "not_python"
+    )
     assert error_reason("py-spy took longer than 3s on PID 5; will retry") == "timeout"
     assert error_reason("py-spy not found (looked next to /x and on PATH); install it") == "py_spy_missing"
     assert error_reason("py-spy kept failing: Failed to copy PyFrameObject") == "torn_read"
@@ -464,15 +492,22 @@ CONTRIB = REPO / "contrib"
 PROMTOOL = shutil.which("promtool")
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (it comes with Debian's prometheus package, which .ci/run installs)")
+@pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool is not installed (it comes with Debian's prometheus package, which .ci/run installs)"
+)
 def test_alert_rules_pass_their_promtool_unit_tests():
     """Hang (no progress 10 min while the GPU holds memory), input-bound 10 min, degraded link: each fires
     for the series it should and stays quiet for the others (contrib/prometheus/gputop-alerts.test.yml)."""
-    result = subprocess.run([PROMTOOL, "test", "rules", str(CONTRIB / "prometheus" / "gputop-alerts.test.yml")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [PROMTOOL, "test", "rules", str(CONTRIB / "prometheus" / "gputop-alerts.test.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    check = subprocess.run([PROMTOOL, "check", "config", str(CONTRIB / "prometheus" / "prometheus.yml")],
-                           capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        [PROMTOOL, "check", "config", str(CONTRIB / "prometheus" / "prometheus.yml")], capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -532,7 +567,10 @@ def test_a_port_in_use_is_one_line_and_exit_1(capsys):
         port = taken.getsockname()[1]
         assert main(["serve", "--simulate", "--listen", f"127.0.0.1:{port}"]) == 1
     err = capsys.readouterr().err
-    assert err == f"gputop: 127.0.0.1:{port} is already in use (another gputop serve?); choose another port with --listen HOST:PORT\n"
+    assert (
+        err
+        == f"gputop: 127.0.0.1:{port} is already in use (another gputop serve?); choose another port with --listen HOST:PORT\n"
+    )
 
 
 def test_no_such_pid_is_one_line_and_exit_1(capsys):
@@ -609,8 +647,14 @@ class FixedGpus:
 
         self.machine = hb.machine(gpus=len(gpu_pids))
         self.gpus = tuple(
-            GpuSample(index=i, uuid=f"GPU-{i}", name="Fake H100", pci_bus_id=f"00000000:{0x10 + i:02X}:00.0",
-                      utilization_gpu=50.0, processes=tuple(GpuProcess(pid=p, used_memory=1 << 30) for p in pids))
+            GpuSample(
+                index=i,
+                uuid=f"GPU-{i}",
+                name="Fake H100",
+                pci_bus_id=f"00000000:{0x10 + i:02X}:00.0",
+                utilization_gpu=50.0,
+                processes=tuple(GpuProcess(pid=p, used_memory=1 << 30) for p in pids),
+            )
             for i, pids in gpu_pids.items()
         )
 
@@ -631,6 +675,7 @@ def test_without_pid_every_gpu_process_is_a_job_followed_with_its_stacks(spawn):
     jobs = DiscoveredJobs(stack_interval=0.5)
     exporter = Exporter(source, jobs, interval=1.0, log=lambda line: None)
     try:
+
         def states() -> dict[str, str]:
             exporter.cycle()
             samples = parse(scrape_text(exporter))
@@ -638,7 +683,9 @@ def test_without_pid_every_gpu_process_is_a_job_followed_with_its_stacks(spawn):
 
         # both processes' stacks have been read: each job has a current state (a sleeping loop: idle)
         assert wait_until(lambda: len(states()) == 2 and states(), timeout=60, what="both jobs' stacks") == {
-            str(first.pid): "idle", str(second.pid): "idle"}
+            str(first.pid): "idle",
+            str(second.pid): "idle",
+        }
         samples = parse(scrape_text(exporter))
         gpu_of = {dict(k)["job"]: dict(k)["gpu"] for k in values(samples, "gputop_rank_info")}
         assert gpu_of == {str(first.pid): "0", str(second.pid): "1"}
@@ -672,11 +719,27 @@ def test_serve_as_another_user_counts_and_says_the_refusal(spawn, tmp_path):
         py_spy.chmod(0o755)
         (bindir / "python").symlink_to(os.path.realpath(sys.executable))
         port = free_port()
-        serve = spawn([sys.executable, str(REPO / "tests" / "drill_jobs" / "as_user.py"), "nobody", "--executable",
-                       str(bindir / "python"), "serve", "--pid", str(job.pid), "--listen", f"127.0.0.1:{port}",
-                       "--stack-interval", "0.5"],
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(world),
-                      env=dict(os.environ, HOME=str(world)))
+        serve = spawn(
+            [
+                sys.executable,
+                str(REPO / "tests" / "drill_jobs" / "as_user.py"),
+                "nobody",
+                "--executable",
+                str(bindir / "python"),
+                "serve",
+                "--pid",
+                str(job.pid),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--stack-interval",
+                "0.5",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=str(world),
+            env=dict(os.environ, HOME=str(world)),
+        )
         url = f"http://127.0.0.1:{port}/metrics"
 
         def refusals() -> float:
@@ -693,24 +756,45 @@ def test_serve_as_another_user_counts_and_says_the_refusal(spawn, tmp_path):
     finally:
         shutil.rmtree(world, ignore_errors=True)
     assert serve.returncode == 0 and "Traceback" not in err, err
-    denied = (f"permission denied reading PID {job.pid}'s stacks: it belongs to root and gputop runs as nobody; "
-              "run gputop as root, or with sudo")
+    denied = (
+        f"permission denied reading PID {job.pid}'s stacks: it belongs to root and gputop runs as nobody; "
+        "run gputop as root, or with sudo"
+    )
     assert err.count("cannot read stacks") == 1, err
     assert f"gputop serve: job {job.pid}: cannot read stacks: {denied} (counted in gputop_pyspy_errors_total)\n" in err
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus binary is not installed (.ci/run installs Debian's prometheus package)")
+@pytest.mark.skipif(
+    PROMETHEUS is None, reason="the prometheus binary is not installed (.ci/run installs Debian's prometheus package)"
+)
 def test_prometheus_scrapes_serve_next_to_an_input_bound_job(spawn, tmp_path):
     # One DataLoader worker, 100 ms a sample, 2 samples a batch: the loop waits ~0.2 s per batch for a
     # step of a few ms, so its main thread waits for data far more than 60% of the time.
     job, _ = start_attach_loop(spawn, tmp_path, "--workers", "1", "--sample-ms", "100", "--step-ms", "0", "--length", "100000")
 
     serve_port = free_port()
-    serve = spawn([sys.executable, "-m", "gputop", "serve", "--pid", str(job.pid),
-                   "--simulate", "h100-sxm-8+pcie-degraded=3", "--listen", f"127.0.0.1:{serve_port}",
-                   "--interval", "1", "--stack-interval", "0.5"],
-                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    serve = spawn(
+        [
+            sys.executable,
+            "-m",
+            "gputop",
+            "serve",
+            "--pid",
+            str(job.pid),
+            "--simulate",
+            "h100-sxm-8+pcie-degraded=3",
+            "--listen",
+            f"127.0.0.1:{serve_port}",
+            "--interval",
+            "1",
+            "--stack-interval",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_until(lambda: get(f"http://127.0.0.1:{serve_port}/metrics"), timeout=60, what="gputop serve to answer")
 
     prom_port = free_port()
@@ -721,9 +805,16 @@ def test_prometheus_scrapes_serve_next_to_an_input_bound_job(spawn, tmp_path):
         "  - job_name: gputop\n    honor_labels: true\n"
         f"    static_configs:\n      - targets: ['127.0.0.1:{serve_port}']\n"
     )
-    prometheus = spawn([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                        f"--web.listen-address=127.0.0.1:{prom_port}"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    prometheus = spawn(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
     def query(expr: str) -> list[dict]:
         url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
@@ -734,7 +825,9 @@ def test_prometheus_scrapes_serve_next_to_an_input_bound_job(spawn, tmp_path):
     job_label = str(job.pid)
     ratio = wait_until(
         lambda: [r for r in query(f'gputop_rank_data_wait_ratio{{job="{job_label}"}}') if float(r["value"][1]) > 0.6],
-        timeout=120, interval=1.0, what="Prometheus to hold a data-wait ratio above 0.6",
+        timeout=120,
+        interval=1.0,
+        what="Prometheus to hold a data-wait ratio above 0.6",
     )
     assert ratio[0]["metric"]["rank"] == "0" and float(ratio[0]["value"][1]) <= 1.0
     states = query(f'gputop_rank_state{{job="{job_label}"}}')

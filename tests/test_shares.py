@@ -32,8 +32,16 @@ from tests.harness.histories import RankSpec, Scenario, build, cycle, progress_o
 NO_DRIVER = "no NVIDIA driver found (libnvidia-ml.so.1 not loadable)"
 
 DATASET = {"name": "Samples.__getitem__", "file": "/job/train.py", "line": 40}
-FETCH = {"name": "_MapDatasetFetcher.fetch", "file": "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py", "line": 52}
-NEXT = {"name": "_BaseDataLoaderIter.__next__", "file": "/usr/lib/python3.11/site-packages/torch/utils/data/dataloader.py", "line": 733}
+FETCH = {
+    "name": "_MapDatasetFetcher.fetch",
+    "file": "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py",
+    "line": 52,
+}
+NEXT = {
+    "name": "_BaseDataLoaderIter.__next__",
+    "file": "/usr/lib/python3.11/site-packages/torch/utils/data/dataloader.py",
+    "line": 733,
+}
 CALL = {"name": "Module._call_impl", "file": "/usr/lib/python3.11/site-packages/torch/nn/modules/module.py", "line": 1750}
 MAIN = {"name": "<module>", "file": "/job/train.py", "line": 90}
 BUILD = {"name": "build_model", "file": "/job/train.py", "line": 12}
@@ -51,12 +59,23 @@ def speedscope(profile_name: str, stacks: list[list[dict]]) -> str:
 
     root = {"name": "thread (4242): MainThread", "file": "", "line": 0}
     samples = [[index(root)] + [index(f) for f in stack] for stack in stacks]
-    return json.dumps({
-        "$schema": "https://www.speedscope.app/file-format-schema.json",
-        "shared": {"frames": frames},
-        "profiles": [{"type": "sampled", "name": profile_name, "unit": "seconds", "startValue": 0.0,
-                      "endValue": len(samples) / 100, "samples": samples, "weights": [0.01] * len(samples)}],
-    })
+    return json.dumps(
+        {
+            "$schema": "https://www.speedscope.app/file-format-schema.json",
+            "shared": {"frames": frames},
+            "profiles": [
+                {
+                    "type": "sampled",
+                    "name": profile_name,
+                    "unit": "seconds",
+                    "startValue": 0.0,
+                    "endValue": len(samples) / 100,
+                    "samples": samples,
+                    "weights": [0.01] * len(samples),
+                }
+            ],
+        }
+    )
 
 
 def stretch(runs, end=100.0, rate=100.0, pid=4242) -> StateSamples:
@@ -68,12 +87,15 @@ def stretch(runs, end=100.0, rate=100.0, pid=4242) -> StateSamples:
 
 
 def test_speedscope_samples_become_the_main_threads_states_in_order():
-    text = speedscope('Thread 4242 "MainThread"', [
-        [MAIN, BUILD],  # start-up: building the model
-        [MAIN, NEXT, FETCH, DATASET],  # num_workers=0: the rank runs the dataset itself
-        [MAIN, NEXT, FETCH, DATASET],
-        [MAIN, CALL],  # the step
-    ])
+    text = speedscope(
+        'Thread 4242 "MainThread"',
+        [
+            [MAIN, BUILD],  # start-up: building the model
+            [MAIN, NEXT, FETCH, DATASET],  # num_workers=0: the rank runs the dataset itself
+            [MAIN, NEXT, FETCH, DATASET],
+            [MAIN, CALL],  # the step
+        ],
+    )
     states = parse_speedscope(text, 4242, StateClassifier(4242))
     assert states == [IDLE_OTHER, IN_DATASET, IN_DATASET, FORWARD_BACKWARD]
     assert run_lengths(states) == ((IDLE_OTHER, 1), (IN_DATASET, 2), (FORWARD_BACKWARD, 1))
@@ -209,12 +231,15 @@ def test_a_loop_never_recognised_stops_counting_as_start_up_after_a_minute():
 # ---------------------------------------------------------------- the advice's range
 
 
-@pytest.mark.parametrize("share,current,expected", [
-    (0.8, 0, 5),  # 0.8 / 0.2 × 1.25 = 5
-    (0.5, 0, 2),  # 1 × 1.25 → 2
-    (0.8, 2, 13),  # 2 / 0.2 × 1.25 = 12.5 → 13
-    (0.995, 0, None),  # the step share under 1%: nothing to divide by
-])
+@pytest.mark.parametrize(
+    "share,current,expected",
+    [
+        (0.8, 0, 5),  # 0.8 / 0.2 × 1.25 = 5
+        (0.5, 0, 2),  # 1 × 1.25 → 2
+        (0.8, 2, 13),  # 2 / 0.2 × 1.25 = 12.5 → 13
+        (0.995, 0, None),  # the step share under 1%: nothing to divide by
+    ],
+)
 def test_workers_for_follows_the_loader_arithmetic(share, current, expected):
     assert workers_for(share, current) == expected
 
@@ -228,18 +253,28 @@ def by_id(findings, finding_id):
 
 def _dense_job(runs, *, loop_at=None, seconds=59.0, gpu_error=NO_DRIVER, ranks=2):
     # the dumps alternate (a live loop, not a hang); the shares come from the dense samples alone
-    specs = [RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=cycle([IN_DATASET, FORWARD_BACKWARD]),
-                      dense=runs if callable(runs) else (lambda t: runs), cpu=lambda t: 5.0, loop_at=loop_at,
-                      progress=lambda t, pid=1000 + i: progress_of(pid, t, switches_per_s=20.0, cpu_share=0.3))
-             for i in range(ranks)]
+    specs = [
+        RankSpec(
+            pid=1000 + i,
+            rank=i,
+            gpus=(i,),
+            state=cycle([IN_DATASET, FORWARD_BACKWARD]),
+            dense=runs if callable(runs) else (lambda t: runs),
+            cpu=lambda t: 5.0,
+            loop_at=loop_at,
+            progress=lambda t, pid=1000 + i: progress_of(pid, t, switches_per_s=20.0, cpu_share=0.3),
+        )
+        for i in range(ranks)
+    ]
     return build(Scenario(seconds=seconds, gpu_error=gpu_error, ranks=specs))
 
 
 def test_the_step_hardly_ever_caught_gives_a_one_sided_count():
     # 15 s of one rank in dataset code 95% of the time, the step caught in 4 long runs: the interval on the
     # step share reaches under 1.5%, where the count passes anything advised (32): only its lower end holds
-    f = by_id(diagnose(_dense_job([(IN_DATASET, 475), (FORWARD_BACKWARD, 25)] * 2, gpu_error=None, seconds=15.0,
-                                  ranks=1)), "starvation")
+    f = by_id(
+        diagnose(_dense_job([(IN_DATASET, 475), (FORWARD_BACKWARD, 25)] * 2, gpu_error=None, seconds=15.0, ranks=1)), "starvation"
+    )
     workers = f.figures["workers"]
     assert workers["one_sided"] and workers["high"] is None and workers["estimate"] is None and not workers["capped"]
     assert workers["num_workers"] == workers["low"] == 8
@@ -301,12 +336,15 @@ def test_a_steady_share_in_dense_samples_is_no_pause_but_one_stretch_of_waiting_
     from gputop.analysis.checks.input import input_phase
 
     # 66% input spread through every second: continuous starvation, not one pause
-    steady = RankObs(pid=1, stretches=[stretch([(IN_DATASET, 66), (FORWARD_BACKWARD, 34)] * 5, end=5.0 * k, rate=100.0)
-                                       for k in range(1, 13)])
+    steady = RankObs(
+        pid=1, stretches=[stretch([(IN_DATASET, 66), (FORWARD_BACKWARD, 34)] * 5, end=5.0 * k, rate=100.0) for k in range(1, 13)]
+    )
     assert input_phase(steady) is None
+
     # fed for 30 s, then 10 s waiting, then fed again: one pause of ~10 s
     def runs(k):
         return [(IN_DATASET, 500)] if k in (7, 8) else [(FORWARD_BACKWARD, 500)]
+
     paused = RankObs(pid=1, stretches=[stretch(runs(k), end=5.0 * k, rate=100.0) for k in range(1, 13)])
     phase = input_phase(paused)
     assert phase is not None and 9.0 <= phase[1] <= 11.0 and phase[2] == 0.0

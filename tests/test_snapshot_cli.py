@@ -17,14 +17,24 @@ from gputop.commands.snapshot import snapshot_json as cli_snapshot_json
 from tests.harness.processes import run_gputop
 
 GPU_KEYS = {
-    "index", "uuid", "name", "utilization_gpu", "memory_used", "memory_total", "temperature", "power",
-    "power_limit", "pcie", "nvlink", "throttle_reasons", "ecc", "processes",
+    "index",
+    "uuid",
+    "name",
+    "utilization_gpu",
+    "memory_used",
+    "memory_total",
+    "temperature",
+    "power",
+    "power_limit",
+    "pcie",
+    "nvlink",
+    "throttle_reasons",
+    "ecc",
+    "processes",
 }
 PCIE_KEYS = {"gen_current", "gen_max", "width_current", "width_max", "tx_bytes_per_s", "rx_bytes_per_s"}
 
-no_driver_here = pytest.mark.skipif(
-    bool(ctypes.util.find_library("nvidia-ml")), reason="libnvidia-ml is present on this machine"
-)
+no_driver_here = pytest.mark.skipif(bool(ctypes.util.find_library("nvidia-ml")), reason="libnvidia-ml is present on this machine")
 
 
 gputop = functools.partial(run_gputop, timeout=120)
@@ -52,8 +62,7 @@ def test_default_simulation_json(spawn):
         assert set(g["pcie"]) == PCIE_KEYS and None not in g["pcie"].values()
         assert len(g["nvlink"]) == 18 and all(link["active"] for link in g["nvlink"])
         assert all(link["tx_bytes_per_s"] > 0 for link in g["nvlink"])  # the snapshot measured a rate
-        assert set(g["ecc"]) == {"volatile_corrected", "volatile_uncorrected", "aggregate_corrected",
-                                 "aggregate_uncorrected"}
+        assert set(g["ecc"]) == {"volatile_corrected", "volatile_uncorrected", "aggregate_corrected", "aggregate_uncorrected"}
         assert isinstance(g["processes"], list) and isinstance(g["throttle_reasons"], list)
         assert 0 <= g["utilization_gpu"] <= 100 and 0 < g["memory_used"] < g["memory_total"]
     matrix = data["topology"]["matrix"]
@@ -79,8 +88,9 @@ def test_consumer_card_says_not_available(spawn):
 
 FAULT_CHECKS = {
     "gpu-lost=3@0": lambda g: g["lost"] and g["unavailable"] == {"gpu": "GpuIsLost"} and g["utilization_gpu"] is None,
-    "pcie-degraded=3": lambda g: (g["pcie"]["gen_current"], g["pcie"]["width_current"],
-                                  g["pcie"]["gen_max"], g["pcie"]["width_max"]) == (3, 8, 5, 16),
+    "pcie-degraded=3": lambda g: (
+        (g["pcie"]["gen_current"], g["pcie"]["width_current"], g["pcie"]["gen_max"], g["pcie"]["width_max"]) == (3, 8, 5, 16)
+    ),
     "thermal=3": lambda g: g["temperature"] >= 88 and {"hw_thermal", "sw_thermal"} <= set(g["throttle_reasons"]),
     "ecc=3": lambda g: g["ecc"]["volatile_uncorrected"] > 0 and g["remapped_rows"]["pending"],
     "nvlink-down=3": lambda g: sum(not link["active"] for link in g["nvlink"]) == 4,
@@ -165,8 +175,17 @@ def test_bad_spec_exits_2_with_one_line(spawn, spec, message):
 def test_help_faults(spawn):
     rc, out, err = gputop(spawn, "snapshot", "--help-faults")
     assert (rc, err) == (0, "")
-    for form in ("gpu-lost=IDX@SECONDS", "old-driver", "pcie-degraded=IDX", "thermal=IDX", "ecc=IDX",
-                 "nvlink-down=IDX", "power=IDX", "h100-sxm-8", "rtx-4090-2"):
+    for form in (
+        "gpu-lost=IDX@SECONDS",
+        "old-driver",
+        "pcie-degraded=IDX",
+        "thermal=IDX",
+        "ecc=IDX",
+        "nvlink-down=IDX",
+        "power=IDX",
+        "h100-sxm-8",
+        "rtx-4090-2",
+    ):
         assert form in out
 
 
@@ -214,8 +233,16 @@ def _nvidia_smi_topo_m(rows: dict[str, list[str]], legend: list[str]) -> str:
     for name in names:
         tail = "\t0-55,112-167\t0\t\tN/A" if name.startswith("GPU") else ""
         out.append(name + "\t" + "\t".join(f" {c} " if c == "X" else c for c in rows[name]) + tail)
-    out += ["", "Legend:", "", "  X    = Self", "  PIX  = Connection traversing at most a single PCIe bridge", "",
-            "NIC Legend:", ""] + [f"  {entry}" for entry in legend]
+    out += [
+        "",
+        "Legend:",
+        "",
+        "  X    = Self",
+        "  PIX  = Connection traversing at most a single PCIe bridge",
+        "",
+        "NIC Legend:",
+        "",
+    ] + [f"  {entry}" for entry in legend]
     return "\n".join(out) + "\n"
 
 
@@ -228,8 +255,13 @@ def test_gpu_check_compares_the_topology_with_nvidia_smi(tmp_path):
         topology = pipeline.machine.topology
     names, rows = topology.full_matrix()
     (tmp_path / "real.json").write_text(json.dumps({"topology": to_jsonable(topology)}))
-    verify = [sys.executable, str(Path(__file__).parent.parent / "scripts" / "gpu_check_verify.py"), "topo-m",
-              str(tmp_path / "real.json"), str(tmp_path / "topo.txt")]
+    verify = [
+        sys.executable,
+        str(Path(__file__).parent.parent / "scripts" / "gpu_check_verify.py"),
+        "topo-m",
+        str(tmp_path / "real.json"),
+        str(tmp_path / "topo.txt"),
+    ]
     same = dict(zip(names, map(list, rows)))
     (tmp_path / "topo.txt").write_text(_nvidia_smi_topo_m(same, list(topology.nic_legend())))
     done = subprocess.run(verify, capture_output=True, text=True, timeout=60)
@@ -245,17 +277,27 @@ def test_gpu_check_reports_the_pcie_counters_against_pcie_throughput(tmp_path):
     """scripts/gpu_check.sh's PCIe step, on two simulated machines: one with the byte counters, one without."""
     verify = [sys.executable, str(Path(__file__).parent.parent / "scripts" / "gpu_check_verify.py")]
     for name, spec in (("real", "rtx-4090-2"), ("simulated", "h100-sxm-8")):
-        done = subprocess.run(verify + ["pcie-measure", str(tmp_path / f"{name}.json"), "--simulate", spec, "--seconds", "0.5"],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            verify + ["pcie-measure", str(tmp_path / f"{name}.json"), "--simulate", spec, "--seconds", "0.5"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
-    done = subprocess.run(verify + ["pcie", str(tmp_path / "real.json"), str(tmp_path / "simulated.json")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        verify + ["pcie", str(tmp_path / "real.json"), str(tmp_path / "simulated.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert sum("PCIe byte counters refused: NotSupported" in line for line in lines) == 2  # the RTX 4090s
     assert sum("PCIe byte counters supported, valueType 3" in line for line in lines) == 8  # the H100s
-    assert lines[-1] == ("differs from the simulated machine: counters ['NotSupported'] (simulated ['supported']), "
-                         "valueType [] (simulated [3]; 1 = 32-bit, wraps every 4 GiB)")
+    assert lines[-1] == (
+        "differs from the simulated machine: counters ['NotSupported'] (simulated ['supported']), "
+        "valueType [] (simulated [3]; 1 = 32-bit, wraps every 4 GiB)"
+    )
 
 
 def test_gpu_check_offline_install_says_what_is_missing(tmp_path):
@@ -264,7 +306,11 @@ def test_gpu_check_offline_install_says_what_is_missing(tmp_path):
     script = Path(__file__).parent.parent / "scripts" / "gpu_check.sh"
     empty = tmp_path / "wheels"
     empty.mkdir()
-    done = subprocess.run(["bash", str(script), "--no-cuda", "--wheels", str(empty), "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", str(script), "--no-cuda", "--wheels", str(empty), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip() == f"gpu_check.sh: no wheels in {empty} (run scripts/gpu_check_wheels.sh where pip can fetch)"

@@ -225,8 +225,16 @@ def _bare(thread: ThreadStack) -> ThreadStack:
 
 @pytest.mark.parametrize(
     "fixture",
-    ["main_waiting_for_data.json", "main_single_process_getitem.json", "main_forward.json", "main_backward.json",
-     "main_optimizer_step.json", "rank_all_reduce.json", "rank_barrier.json", "main_idle_sleep.json"],
+    [
+        "main_waiting_for_data.json",
+        "main_single_process_getitem.json",
+        "main_forward.json",
+        "main_backward.json",
+        "main_optimizer_step.json",
+        "rank_all_reduce.json",
+        "rank_barrier.json",
+        "main_idle_sleep.json",
+    ],
 )
 def test_bare_function_names_classify_like_qualified_ones(fixture):
     main = sc.main_thread(load(fixture))
@@ -275,7 +283,10 @@ def test_collating_is_not_dataset_frame_but_is_input_pipeline():
 
 
 def test_a_getitem_in_a_library_that_is_no_dataset_is_not_dataset_code():
-    frames = (Frame("ParameterDict.__getitem__", f"{SITE}/torch/nn/modules/container.py", 800), Frame("main", "/home/u/train.py", 3))
+    frames = (
+        Frame("ParameterDict.__getitem__", f"{SITE}/torch/nn/modules/container.py", 800),
+        Frame("main", "/home/u/train.py", 3),
+    )
     assert sc.dataset_frame(frames) is None
     assert sc.classify_thread(_thread(*frames)) == sc.IDLE_OTHER
 
@@ -355,9 +366,11 @@ def test_user_line_without_a_sync_is_not_one(train_py):
 
 def test_sync_is_read_only_off_the_innermost_frame(train_py):
     # the user's line calls .item(), but the stack is inside forward under it: compute, not a sync wait
-    thread = _thread(Frame("Linear.forward", f"{SITE}/torch/nn/modules/linear.py", 125),
-                     Frame("Module._call_impl", f"{SITE}/torch/nn/modules/module.py", 1750),
-                     Frame("train", str(train_py), 4))
+    thread = _thread(
+        Frame("Linear.forward", f"{SITE}/torch/nn/modules/linear.py", 125),
+        Frame("Module._call_impl", f"{SITE}/torch/nn/modules/module.py", 1750),
+        Frame("train", str(train_py), 4),
+    )
     assert sc.classify_thread(thread, _reader) == sc.FORWARD_BACKWARD
 
 
@@ -399,19 +412,23 @@ def test_python_level_item_is_a_sync():
 
 def test_collective_is_a_collective_on_any_version():
     for name in ("all_reduce", "broadcast"):
-        thread = _thread(Frame(name, f"{SITE}/torch/distributed/distributed_c10d.py", 2500),
-                         Frame("wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 81),
-                         Frame("train", "/home/u/train.py", 40))
+        thread = _thread(
+            Frame(name, f"{SITE}/torch/distributed/distributed_c10d.py", 2500),
+            Frame("wrapper", f"{SITE}/torch/distributed/c10d_logger.py", 81),
+            Frame("train", "/home/u/train.py", 40),
+        )
         assert sc.classify_thread(thread) == sc.COLLECTIVE
 
 
 def test_ddp_backward_is_forward_backward_not_a_collective():
     # DDP's all-reduce runs on autograd's C++ threads: the main thread shows backward only
     for names in (("_engine_run_backward", "backward", "backward"), ("_engine_run_backward", "backward", "Tensor.backward")):
-        thread = _thread(Frame(names[0], f"{SITE}/torch/autograd/graph.py", 829),
-                         Frame(names[1], f"{SITE}/torch/autograd/__init__.py", 364),
-                         Frame(names[2], f"{SITE}/torch/_tensor.py", 630),
-                         Frame("train", "/home/u/train.py", 41))
+        thread = _thread(
+            Frame(names[0], f"{SITE}/torch/autograd/graph.py", 829),
+            Frame(names[1], f"{SITE}/torch/autograd/__init__.py", 364),
+            Frame(names[2], f"{SITE}/torch/_tensor.py", 630),
+            Frame("train", "/home/u/train.py", 41),
+        )
         assert sc.classify_thread(thread) == sc.FORWARD_BACKWARD
 
 
@@ -435,17 +452,17 @@ def test_accelerate_dispatcher_broadcast_is_waiting_for_rank0_data():
 
 
 def test_accelerate_dispatcher_rank0_fetching_is_waiting_for_data():
-    fetching = (
-        Frame("_BaseDataLoaderIter.__next__", f"{SITE}/torch/utils/data/dataloader.py", 631),
-    )
+    fetching = (Frame("_BaseDataLoaderIter.__next__", f"{SITE}/torch/utils/data/dataloader.py", 631),)
     assert sc.classify_thread(_dispatcher_rank(*fetching)) == sc.WAITING_FOR_DATA
 
 
 def test_a_collective_outside_the_dispatcher_stays_a_collective():
     # DDP-style all_reduce in the user's loop, no accelerate data loader on the stack
-    thread = _thread(Frame("all_reduce", f"{SITE}/torch/distributed/distributed_c10d.py", 2500),
-                     Frame("reduce", f"{SITE}/accelerate/utils/operations.py", 800),
-                     Frame("train", "/home/u/train.py", 41))
+    thread = _thread(
+        Frame("all_reduce", f"{SITE}/torch/distributed/distributed_c10d.py", 2500),
+        Frame("reduce", f"{SITE}/accelerate/utils/operations.py", 800),
+        Frame("train", "/home/u/train.py", 41),
+    )
     assert sc.classify_thread(thread) == sc.COLLECTIVE
 
 
@@ -520,7 +537,7 @@ def test_py310_dumps_have_bare_names_and_311_qualified():
     assert [next_frame(v) for v in VERSIONS[1:]] == ["_BaseDataLoaderIter.__next__"] * 3
 
 
-SYNCING_SOURCE = '''\
+SYNCING_SOURCE = """\
 import functools
 
 
@@ -540,7 +557,7 @@ def evaluate(model, batches):
     torch.cuda.synchronize()
     print("# seen", seen[0].item())  # a "#" in a string stays; a comment goes: x.item()
     return seen  # not a sync: a comment that says .cpu()
-'''
+"""
 
 
 def test_sync_lines_are_read_from_the_function_the_profiler_names(tmp_path, monkeypatch):
@@ -550,8 +567,10 @@ def test_sync_lines_are_read_from_the_function_the_profiler_names(tmp_path, monk
     path = str(tmp_path / "train.py")
     assert sc.sync_lines_in_function(path, 4, "train_step") == [(12, "return loss.item()")]
     assert sc.sync_lines_in_function(path, 15, "evaluate") == [
-        (16, "seen = [model(b).argmax().cpu() for b in batches]"), (17, "torch.cuda.synchronize()"),
-        (18, 'print("# seen", seen[0].item())')]
+        (16, "seen = [model(b).argmax().cpu() for b in batches]"),
+        (17, "torch.cuda.synchronize()"),
+        (18, 'print("# seen", seen[0].item())'),
+    ]
     # the wrong first line (another function of the same name), a missing file, unparsable source: nothing
     assert sc.sync_lines_in_function(path, 9, "train_step") == []
     assert sc.sync_lines_in_function(str(tmp_path / "gone.py"), 4, "train_step") == []

@@ -34,7 +34,9 @@ threading.Thread(target=helper, name={thread!r}, daemon=True).start()
 """
 
 
-def start_spinner(spawn, tmp_path: Path, *, func: str = "spin_here", thread: str = "helper-thread", script_dir: Path | None = None):
+def start_spinner(
+    spawn, tmp_path: Path, *, func: str = "spin_here", thread: str = "helper-thread", script_dir: Path | None = None
+):
     script_dir = script_dir or tmp_path
     script_dir.mkdir(parents=True, exist_ok=True)
     script = script_dir / f"{func}.py"
@@ -72,9 +74,7 @@ def test_dump_of_a_live_python_process(spawn, tmp_path):
 @pytest.mark.slow
 @needs_py_spy
 def test_non_ascii_paths_and_thread_names_survive(spawn, tmp_path):
-    proc, script = start_spinner(
-        spawn, tmp_path, func="attendre_ü", thread="lecteur-é 数据", script_dir=tmp_path / "données ü"
-    )
+    proc, script = start_spinner(spawn, tmp_path, func="attendre_ü", thread="lecteur-é 数据", script_dir=tmp_path / "données ü")
     stacks = st.dump_stacks([proc.pid])[proc.pid]
     assert stacks.error is None
     assert "lecteur-é 数据" in {t.thread_name for t in stacks.threads}
@@ -239,7 +239,7 @@ def test_unsupported_python_version(tmp_path):
 
 @pytest.mark.slow
 def test_garbled_output_is_not_a_crash(tmp_path):
-    fake = fake_py_spy(tmp_path, "echo '[{\"pid\": 1, \"frames\": ['")
+    fake = fake_py_spy(tmp_path, 'echo \'[{"pid": 1, "frames": [\'')
     error = st.dump_stacks([os.getpid()], py_spy=fake, attempts=2)[os.getpid()].error
     assert error.startswith("py-spy output unreadable")
 
@@ -256,7 +256,10 @@ def facts(**kw) -> st.PtraceFacts:
 @pytest.mark.parametrize(
     "kw, expected",
     [
-        (dict(our_uid=0, in_container=True), "root but this container dropped CAP_SYS_PTRACE; start the container with `--cap-add SYS_PTRACE`"),
+        (
+            dict(our_uid=0, in_container=True),
+            "root but this container dropped CAP_SYS_PTRACE; start the container with `--cap-add SYS_PTRACE`",
+        ),
         (dict(target_uid=0), "it belongs to root and gputop runs as uid 1000; run gputop as root, or with sudo"),
         (dict(ptrace_scope=1), "kernel.yama.ptrace_scope=1 lets only a parent read its child"),
         (dict(ptrace_scope=2), "kernel.yama.ptrace_scope=2 allows only root/CAP_SYS_PTRACE"),
@@ -291,7 +294,10 @@ def test_real_permission_denied_without_cap_sys_ptrace(spawn, tmp_path):
     code = f"from gputop.collect.stacks import dump_stacks; print(dump_stacks([{proc.pid}])[{proc.pid}].error)"
     out = subprocess.run(
         ["setpriv", "--inh-caps", "-sys_ptrace", "--bounding-set", "-sys_ptrace", sys.executable, "-c", code],
-        capture_output=True, text=True, timeout=60, check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout.strip()
     assert out.startswith(f"permission denied reading PID {proc.pid}'s stacks: gputop runs as root but")
     assert "dropped CAP_SYS_PTRACE" in out and "--cap-add SYS_PTRACE" in out
@@ -332,8 +338,10 @@ def test_a_process_the_kernel_is_tearing_down_counts_as_exited(monkeypatch):
     exiting = procfs.ProcStat(comm="python", state="R", ppid=1, start_ticks=me.start_ticks, flags=me.flags | procfs.PF_EXITING)
     monkeypatch.setattr(procfs, "read_stat", lambda pid: exiting)
     assert not st.process_alive(12345)
-    for stderr in ("Error: Failed to get process executable name. Check that the process is running.\n",
-                   "Error: No such process (os error 3)\n"):
+    for stderr in (
+        "Error: Failed to get process executable name. Check that the process is running.\n",
+        "Error: No such process (os error 3)\n",
+    ):
         assert st.classify_failure(12345, stderr) == "process 12345 has exited"
 
 
@@ -364,8 +372,13 @@ def test_find_py_spy_when_the_interpreter_directory_cannot_be_read(tmp_path):
     if os.geteuid() != 0:
         private.chmod(0o000)  # we cannot search it either
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                              cwd=Path(st.__file__).resolve().parent.parent.parent)
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(st.__file__).resolve().parent.parent.parent,
+        )
     finally:
         private.chmod(0o700)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr

@@ -24,6 +24,22 @@ def ruff() -> list[str]:
 
 
 def test_ruff_check_passes():
-    result = subprocess.run([*ruff(), "check", "--no-cache", "gputop", "tests", "benchmarks", "scripts"], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [*ruff(), "check", "--no-cache", "gputop", "tests", "benchmarks", "scripts"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_is_applied():
+    result = subprocess.run(
+        [*ruff(), "format", "--check", "--no-cache", "gputop", "tests", "benchmarks", "scripts"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, "run `ruff format gputop tests benchmarks scripts`:\n" + result.stdout + result.stderr

@@ -51,8 +51,9 @@ def thread_ids(pid: int) -> set[int]:
 def start_torchrun(spawn, tmp_path, *job_args):
     log = tmp_path / "steps"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc, _ = start(spawn, tmp_path, "job", *PHASED, "--step-log", str(log), *job_args, ranks=2, torchrun=True,
-                    timeout=120, env=env)
+    proc, _ = start(
+        spawn, tmp_path, "job", *PHASED, "--step-log", str(log), *job_args, ranks=2, torchrun=True, timeout=120, env=env
+    )
     return proc, str(log)
 
 
@@ -65,8 +66,9 @@ def run_trace_json(spawn, pid: int, out: Path, *extra: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_rank_gloo_job_phases_match_the_truth(spawn, tmp_path):
-    job, log = start_torchrun(spawn, tmp_path, "--sample-ms", "20", "--forward-ms", "15", "--backward-ms", "25",
-                              "--optimizer-ms", "10")
+    job, log = start_torchrun(
+        spawn, tmp_path, "--sample-ms", "20", "--forward-ms", "15", "--backward-ms", "25", "--optimizer-ms", "10"
+    )
     result = run_trace_json(spawn, job.pid, tmp_path / "out", "--seconds", "3")
     assert [r["rank"] for r in result["ranks"]] == [0, 1], result["notes"]
     for rank in result["ranks"]:
@@ -79,7 +81,12 @@ def test_two_rank_gloo_job_phases_match_the_truth(spawn, tmp_path):
         lo, hi = trace_window(rank["trace_file"])
         truth = job_truth(f"{log}.{rank['rank']}", lo, hi)
         for phase, share in truth.items():
-            assert rank["phases"][phase] == pytest.approx(share, abs=PHASE_TOLERANCE), (rank["rank"], phase, truth, rank["phases"])
+            assert rank["phases"][phase] == pytest.approx(share, abs=PHASE_TOLERANCE), (
+                rank["rank"],
+                phase,
+                truth,
+                rank["phases"],
+            )
         assert rank["steps_per_s"] > 0
     assert not [f for f in result["findings"] if f["id"] == "trace_communication"]
     try:  # the traces open in Holistic Trace Analysis too, one rank each (when it is installed: not in CI)
@@ -92,8 +99,20 @@ def test_two_rank_gloo_job_phases_match_the_truth(spawn, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_communication_heavy_job_gets_the_communication_finding(spawn, tmp_path):
-    job, log = start_torchrun(spawn, tmp_path, "--sample-ms", "5", "--forward-ms", "5", "--backward-ms", "5",
-                              "--optimizer-ms", "2", "--comm-floats", "4000000")
+    job, log = start_torchrun(
+        spawn,
+        tmp_path,
+        "--sample-ms",
+        "5",
+        "--forward-ms",
+        "5",
+        "--backward-ms",
+        "5",
+        "--optimizer-ms",
+        "2",
+        "--comm-floats",
+        "4000000",
+    )
     result = run_trace_json(spawn, job.pid, tmp_path / "out", "--seconds", "3")
     rank = result["ranks"][0]
     lo, hi = trace_window(rank["trace_file"])
@@ -103,8 +122,20 @@ def test_communication_heavy_job_gets_the_communication_finding(spawn, tmp_path)
     assert found[0]["label"] == "your code" and "no_sync" in found[0]["fix"] and found[0]["evidence"]
 
     # The same finding in the report, with the trace's table (report --trace).
-    ran = run_gputop(spawn, "report", "--pid", str(job.pid), "--seconds", "2", "--trace", "--trace-dir",
-                     str(tmp_path / "report-traces"), "--format", "json", timeout=180)
+    ran = run_gputop(
+        spawn,
+        "report",
+        "--pid",
+        str(job.pid),
+        "--seconds",
+        "2",
+        "--trace",
+        "--trace-dir",
+        str(tmp_path / "report-traces"),
+        "--format",
+        "json",
+        timeout=180,
+    )
     assert ran.rc == 0, ran.err
     report = json.loads(ran.out)
     assert "trace_communication" in [f["id"] for f in report["findings"]]
@@ -136,16 +167,22 @@ def test_losses_are_bit_identical_with_a_trace_in_the_middle(spawn, tmp_path):
     assert not [n for n in result["notes"] if "still" in n], result["notes"]
     # Nothing left behind in the job: our thread ends (torch's own threads from profiler start may stay:
     # none that we started), and training goes on.
-    wait_until(lambda: not any(name == "gputop-trace-agent" for name in _thread_names(traced.pid)), timeout=20,
-               what="the agent thread to end")
+    wait_until(
+        lambda: not any(name == "gputop-trace-agent" for name in _thread_names(traced.pid)),
+        timeout=20,
+        what="the agent thread to end",
+    )
     # torch's Kineto starts one C++ thread of its own at its first use in a process
     # (libkineto::ConfigLoader::updateConfigThread, a timed wait) and keeps it for the life of the process;
     # torch has no call to stop it.  So: at most that one new thread, and a second trace adds none.
     after_first = thread_ids(traced.pid)
     assert len(after_first - threads_before) <= 1
     run_trace_json(spawn, traced.pid, tmp_path / "out2", "--seconds", "1")
-    wait_until(lambda: not any(name == "gputop-trace-agent" for name in _thread_names(traced.pid)), timeout=20,
-               what="the second agent thread to end")
+    wait_until(
+        lambda: not any(name == "gputop-trace-agent" for name in _thread_names(traced.pid)),
+        timeout=20,
+        what="the second agent thread to end",
+    )
     assert thread_ids(traced.pid) <= after_first
     n = len(losses(traced_log)) + 30
     wait_until(lambda: len(losses(traced_log)) >= n and len(losses(ref_log)) >= n, timeout=120, what="30 more steps")
@@ -199,8 +236,9 @@ def test_agent_records_the_main_threads_training_loop_and_leaves_nothing_behind(
     main_tid = threading.main_thread().native_id
     main_ops = [e for e in trace["traceEvents"] if e.get("tid") == main_tid and e.get("cat") == "cpu_op"]
     assert any(e["name"] == "aten::addmm" for e in main_ops), "the main thread's ops are missing from the trace"
-    assert any(e.get("tid") == main_tid and str(e.get("name")).startswith("Optimizer.step#SGD.step")
-               for e in trace["traceEvents"])
+    assert any(
+        e.get("tid") == main_tid and str(e.get("name")).startswith("Optimizer.step#SGD.step") for e in trace["traceEvents"]
+    )
     assert result["profiler_left_on"] is False and not torch._C._autograd._profiler_enabled()
     assert dict(trace_agent.global_step_hooks(torch)) == hooks_before
     assert result["threads_left"] == [] and set(threading.enumerate()) <= threads_before

@@ -20,9 +20,16 @@ def ids(ranks) -> list[str]:
 
 
 def rank(**changes) -> dict:
-    base = {"rank": 0, "pid": 11, "phases": {"data": 0.1, "forward": 0.3, "backward": 0.3, "comm": 0.1, "optimizer": 0.1,
-                                             "sync": 0.0, "other": 0.1},
-            "steps_per_s": 4.0, "syncs_per_step": 0.0, "sync_sites": [], "gpu": None, "memory_stats": {}}
+    base = {
+        "rank": 0,
+        "pid": 11,
+        "phases": {"data": 0.1, "forward": 0.3, "backward": 0.3, "comm": 0.1, "optimizer": 0.1, "sync": 0.0, "other": 0.1},
+        "steps_per_s": 4.0,
+        "syncs_per_step": 0.0,
+        "sync_sites": [],
+        "gpu": None,
+        "memory_stats": {},
+    }
     out = copy.deepcopy(base)
     for key, value in changes.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
@@ -33,9 +40,21 @@ def rank(**changes) -> dict:
 
 
 def gpu(**changes) -> dict:
-    base = {"busy": 0.9, "idle": 0.1, "compute": 0.8, "comm": 0.1, "comm_overlap": 0.9, "exposed_comm": 0.01,
-            "kernels": 1000, "median_kernel_us": 80.0, "short_kernel_share": 0.1, "gemm_time_s": 1.0,
-            "fp32_gemm_time_s": 0.0, "compute_capability": 9, "device_name": "H100"}
+    base = {
+        "busy": 0.9,
+        "idle": 0.1,
+        "compute": 0.8,
+        "comm": 0.1,
+        "comm_overlap": 0.9,
+        "exposed_comm": 0.01,
+        "kernels": 1000,
+        "median_kernel_us": 80.0,
+        "short_kernel_share": 0.1,
+        "gemm_time_s": 1.0,
+        "fp32_gemm_time_s": 0.0,
+        "compute_capability": 9,
+        "device_name": "H100",
+    }
     return {**base, **changes}
 
 
@@ -81,15 +100,21 @@ def test_launch_bound_rule(short, idle, fires):
 
 def test_sync_rule_names_the_line_when_the_trace_has_stacks():
     site = {"site": "train.py(57): train_step", "count": 40, "lines": [{"line": 61, "code": "return loss.item()"}]}
-    found = check_trace({"ranks": [rank(phases={"sync": 0.08}, steps=40, syncs=39, syncs_per_step=0.98, sync_sites=[site],
-                                        gpu=gpu())]})
+    found = check_trace(
+        {"ranks": [rank(phases={"sync": 0.08}, steps=40, syncs=39, syncs_per_step=0.98, sync_sites=[site], gpu=gpu())]}
+    )
     (sync,) = [f for f in found if f.id == "trace_sync"]
     assert "at train.py:61 `return loss.item()` in train_step" in sync.summary
     assert sync.frames == ("train.py:61 `return loss.item()` in train_step (40 syncs)",)
     # Where the source could not be read, the function the profiler's stack names, by its first line.
     unread = dict(site, lines=[])
-    (sync,) = [f for f in check_trace({"ranks": [rank(phases={"sync": 0.08}, steps=40, syncs=39, syncs_per_step=0.98,
-                                                      sync_sites=[unread], gpu=gpu())]}) if f.id == "trace_sync"]
+    (sync,) = [
+        f
+        for f in check_trace(
+            {"ranks": [rank(phases={"sync": 0.08}, steps=40, syncs=39, syncs_per_step=0.98, sync_sites=[unread], gpu=gpu())]}
+        )
+        if f.id == "trace_sync"
+    ]
     assert "train.py(57)" in sync.summary and sync.frames == ("train.py(57): train_step (40 syncs)",)
     # On CPU there is no device to wait for: no finding; and a sync every other step is not "every step".
     assert "trace_sync" not in ids([rank(phases={"sync": 0.08}, steps=40, syncs=40, syncs_per_step=1.0)])
@@ -98,8 +123,13 @@ def test_sync_rule_names_the_line_when_the_trace_has_stacks():
 
 @pytest.mark.parametrize("retries, inactive, fires", [(0, 0.1, False), (3, 0.1, True), (0, 0.4, True)])
 def test_allocator_rule(retries, inactive, fires):
-    stats = {"0": {"num_alloc_retries": retries, "reserved_bytes.all.current": 10 << 30,
-                   "inactive_split_bytes.all.current": int(inactive * (10 << 30))}}
+    stats = {
+        "0": {
+            "num_alloc_retries": retries,
+            "reserved_bytes.all.current": 10 << 30,
+            "inactive_split_bytes.all.current": int(inactive * (10 << 30)),
+        }
+    }
     found = check_trace({"ranks": [rank(memory_stats=stats)]})
     allocator = [f for f in found if f.id == "trace_allocator"]
     assert bool(allocator) is fires

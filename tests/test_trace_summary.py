@@ -16,9 +16,27 @@ TRACES = Path(__file__).parent / "fixtures" / "traces"
 
 # HTA 0.5.0's get_temporal_breakdown / get_comm_comp_overlap on the same files (fixture README).
 HTA = {
-    "hta_nccl_rank-0.json.gz": {"kernel_time_us": 600058, "idle": 53.56, "compute": 17.71, "non_compute": 28.74, "overlap": 11.81},
-    "hta_nccl_rank-1.json.gz": {"kernel_time_us": 600674, "idle": 54.72, "compute": 22.57, "non_compute": 22.72, "overlap": 20.05},
-    "hta_alexnet_a100.json.gz": {"kernel_time_us": 12996011, "idle": 99.49, "compute": 0.08, "non_compute": 0.43, "overlap": None},
+    "hta_nccl_rank-0.json.gz": {
+        "kernel_time_us": 600058,
+        "idle": 53.56,
+        "compute": 17.71,
+        "non_compute": 28.74,
+        "overlap": 11.81,
+    },
+    "hta_nccl_rank-1.json.gz": {
+        "kernel_time_us": 600674,
+        "idle": 54.72,
+        "compute": 22.57,
+        "non_compute": 22.72,
+        "overlap": 20.05,
+    },
+    "hta_alexnet_a100.json.gz": {
+        "kernel_time_us": 12996011,
+        "idle": 99.49,
+        "compute": 0.08,
+        "non_compute": 0.43,
+        "overlap": None,
+    },
 }
 # Shares are compared in percentage points: HTA rounds to 0.01 and its span on the AlexNet trace also
 # counts the device-side cuda_sync events (0.6% longer); half a point holds both.
@@ -43,7 +61,9 @@ def test_gpu_shares_agree_with_hta(name):
 
 @pytest.mark.slow  # HTA parses in worker processes
 def test_gpu_shares_agree_with_hta_run_here(tmp_path):
-    hta = pytest.importorskip("hta.trace_analysis", reason="holistictraceanalysis is not installed (its numbers are recorded above)")
+    hta = pytest.importorskip(
+        "hta.trace_analysis", reason="holistictraceanalysis is not installed (its numbers are recorded above)"
+    )
     for name in ("hta_nccl_rank-0.json.gz", "hta_nccl_rank-1.json.gz"):
         shutil.copy(TRACES / name, tmp_path / name)
     analysis = hta.TraceAnalysis(trace_dir=str(tmp_path))
@@ -95,8 +115,15 @@ def test_phase_rule_on_a_hand_built_step():
         _event("Optimizer.step#SGD.step", 80, 15, cat="user_annotation"),
     ]
     summary = ts.summarize_trace({"traceEvents": events})
-    assert summary["phases"] == {"data": 0.2, "forward": 0.2, "backward": 0.25, "comm": 0.1, "optimizer": 0.15,
-                                 "sync": 0.05, "other": 0.05}
+    assert summary["phases"] == {
+        "data": 0.2,
+        "forward": 0.2,
+        "backward": 0.25,
+        "comm": 0.1,
+        "optimizer": 0.15,
+        "sync": 0.05,
+        "other": 0.05,
+    }
 
 
 def test_interval_helpers():

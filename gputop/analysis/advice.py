@@ -37,7 +37,7 @@ class WorkerAdvice:
         return self.high is None
 
     def range_text(self) -> str:
-        """"≈ 12 (9–16)", "≈ 12" (the interval gives one count) or "at least 9" (one-sided)."""
+        """ "≈ 12 (9–16)", "≈ 12" (the interval gives one count) or "at least 9" (one-sided)."""
         if self.one_sided:
             return f"at least {self.low}"
         if self.low == self.high:
@@ -71,7 +71,13 @@ def producer_bound(ranks: Sequence[RankObs]) -> tuple[str, str]:
 
     A producer in `__getitem__` that uses a core is CPU-bound; one that sits there at little CPU waits on
     storage or the network.  The producers are the workers, or the rank itself at num_workers=0."""
-    worker_cpu = [c for r in ranks for w in r.workers.values() if w.pid in (r.worker_sets[-1][1] if r.worker_sets else ()) for c in w.cpu[-10:]]
+    worker_cpu = [
+        c
+        for r in ranks
+        for w in r.workers.values()
+        if w.pid in (r.worker_sets[-1][1] if r.worker_sets else ())
+        for c in w.cpu[-10:]
+    ]
     if worker_cpu:
         cpu = percentile(worker_cpu, 50) or 0.0
         who = "the workers"
@@ -128,9 +134,7 @@ def workers_for(share: float, current: int) -> Optional[int]:
     return needed if needed <= MAX_IO_WORKERS * 4 else None
 
 
-def suggested_workers(
-    ctx: Context, ranks: Sequence[RankObs], input_share: Share, gpu_idle: Optional[Share]
-) -> WorkerAdvice:
+def suggested_workers(ctx: Context, ranks: Sequence[RankObs], input_share: Share, gpu_idle: Optional[Share]) -> WorkerAdvice:
     """Workers per rank from the loader arithmetic at the input share's point and at both ends of its
     interval, capped, and that arithmetic as comment lines."""
     current = max((len(r.worker_sets[-1][1]) if r.worker_sets else 0) for r in ranks) if ranks else 0

@@ -70,15 +70,26 @@ from gputop.model import SEVERITIES, Finding
 
 # Re-exported for callers that import them from here (older code and tests).
 __all__ = [
-    "DIAGNOSIS_WINDOW_S", "HANG_MIN_SECONDS", "INDEPENDENT_CHECKS", "INPUT_BOUND_HIGH", "SEVERE", "SEVERITY_ORDER",
-    "build_context", "collect_rank_observations", "detect_period", "diagnose", "findings", "mean", "percentile", "severe",
+    "DIAGNOSIS_WINDOW_S",
+    "HANG_MIN_SECONDS",
+    "INDEPENDENT_CHECKS",
+    "INPUT_BOUND_HIGH",
+    "SEVERE",
+    "SEVERITY_ORDER",
+    "build_context",
+    "collect_rank_observations",
+    "detect_period",
+    "diagnose",
+    "findings",
+    "mean",
+    "percentile",
+    "severe",
     "verdict_line",
 ]
 
 _SUMMARY_IDS = ("healthy", "collecting", "no_data")
 SEVERITY_ORDER = {name: i for i, name in enumerate(SEVERITIES)}  # critical < warning < info
 SEVERE = "critical"
-
 
 
 # Families that read the context alone and stand on their own (no other finding changes them): append a
@@ -146,8 +157,9 @@ def diagnose(history: History, bench: Any = None, *, window: Optional[float] = D
     return findings
 
 
-def findings(history: History, bench: Any = None, trace: Any = None, check: Any = None, *,
-             window: Optional[float] = DIAGNOSIS_WINDOW_S) -> list[Finding]:
+def findings(
+    history: History, bench: Any = None, trace: Any = None, check: Any = None, *, window: Optional[float] = DIAGNOSIS_WINDOW_S
+) -> list[Finding]:
     """Everything gputop concludes about `history`, assembled in this one place for every sink (the TUI's
     verdict, the `r` report, `gputop report`, `gputop serve`, `gputop demo --no-tui`): the diagnosis (with
     the loader benchmark's result, when one ran), plus the trace's findings (`gputop.tracing.TraceResult`)
@@ -191,7 +203,12 @@ def _job_findings(ctx: Context, long_context: Callable[[], Optional[Context]]) -
     if not hiccups and ctx.snaps[-1].timestamp - next(iter(ctx.history)).timestamp > 3 * HICCUP_MAX_PERIOD_S:
         # epoch-level hiccups: a period of minutes shows only in the longer history.  A period of minutes
         # does not change from one second to the next: the search runs once per LONG_WINDOW_STRIDE_S.
-        key = (id(ctx.history), next(iter(ctx.history)).timestamp, int(ctx.snaps[-1].timestamp // LONG_WINDOW_STRIDE_S), frozenset(hung_gpus))
+        key = (
+            id(ctx.history),
+            next(iter(ctx.history)).timestamp,
+            int(ctx.snaps[-1].timestamp // LONG_WINDOW_STRIDE_S),
+            frozenset(hung_gpus),
+        )
         if _long_hiccups[0] != key:
             long = long_context()
             found = check_hiccup(long, exclude_gpus=hung_gpus, max_period_s=LONG_HICCUP_MAX_PERIOD_S) if long else []
@@ -208,9 +225,7 @@ def _job_findings(ctx: Context, long_context: Callable[[], Optional[Context]]) -
         hiccups[0] = dataclasses.replace(h, severity=severity, evidence=h.evidence + s.evidence)
         starvation = []
     findings += hiccups + starvation
-    input_bound = any(
-        f.id in ("starvation", "hiccup", "straggler") and f.severity in ("critical", "warning") for f in findings
-    )
+    input_bound = any(f.id in ("starvation", "hiccup", "straggler") and f.severity in ("critical", "warning") for f in findings)
     findings += check_cpu_bound(ctx, facts, input_bound=input_bound)
     findings += check_sync_bound(ctx, exclude=hung_pids)
     return findings

@@ -81,8 +81,9 @@ def core_share_per_worker(config: Optional[dict]) -> float:
     return min(1.0, max(MIN_CORE_SHARE, share))
 
 
-def worker_cap(current_workers: int, free_cores: float, ranks_on_host: int = 1, core_share: float = 1.0,
-               hard_max: int = HARD_MAX_WORKERS) -> int:
+def worker_cap(
+    current_workers: int, free_cores: float, ranks_on_host: int = 1, core_share: float = 1.0, hard_max: int = HARD_MAX_WORKERS
+) -> int:
     """The most workers a rank should get: what it has plus as many as its share of the idle cores
     can keep busy (each worker needs `core_share` of a core), at least 1, at most `hard_max`.
 
@@ -123,7 +124,7 @@ def plan_worker_counts(current: int, needed: Optional[int], cap: int, limit: int
         picks.append(min(cap, target + max(1, target // 2)))  # one above: is the margin enough?
     chosen = sorted({p for p in picks if p != current and 0 <= p <= cap})
     if len(chosen) > limit:
-        chosen = sorted({target, *chosen[-(limit - 1):]} if target in chosen else chosen[-limit:])[:limit]
+        chosen = sorted({target, *chosen[-(limit - 1) :]} if target in chosen else chosen[-limit:])[:limit]
     return chosen
 
 
@@ -183,9 +184,7 @@ def recommend(
         wait_b = float(consumption.get("wait_per_batch_s") or 0.0)
         wait_fraction = float(consumption.get("wait_fraction") or 0.0)
         step_s = step_time(rate, wait_b)
-        lines.append(
-            f"training: {rate:.2f} batches/s, waiting {_fmt_s(wait_b)} per batch ({wait_fraction:.0%} of the time)"
-        )
+        lines.append(f"training: {rate:.2f} batches/s, waiting {_fmt_s(wait_b)} per batch ({wait_fraction:.0%} of the time)")
         lines.append(f"step time outside the loader = 1/{rate:.2f} − {_fmt_s(wait_b)} = {_fmt_s(step_s)}")
     elif passive and passive.get("wait_fraction") is not None:
         wait_fraction = float(passive["wait_fraction"])
@@ -200,8 +199,14 @@ def recommend(
     cap = worker_cap(n_now, free_cores, ranks_on_host, core_share) if free_cores is not None else None
     if max_workers is not None:
         cap = max(0, min(cap if cap is not None else max_workers, max(max_workers, 0)))
-    result: dict[str, Any] = {"kwargs": kwargs, "bottleneck": None, "verdict": "", "lines": lines,
-                              "workers_needed": None, "worker_cap": cap}
+    result: dict[str, Any] = {
+        "kwargs": kwargs,
+        "bottleneck": None,
+        "verdict": "",
+        "lines": lines,
+        "workers_needed": None,
+        "worker_cap": cap,
+    }
 
     if wait_fraction is None:
         result["verdict"] = "not enough data to advise: no batches were seen during the measurement"
@@ -227,8 +232,11 @@ def recommend(
     # loader-alone run of the same settings is shown next to it as a cross-check.
     prep_s = live_prep_time(n_now, consumption)
     if prep_s is not None:
-        how = ("the wait at num_workers=0" if n_now == 0 else
-               f"{n_now} workers ÷ {float(consumption['batches_per_s']):.2f} batches/s (the workers are the limit)")
+        how = (
+            "the wait at num_workers=0"
+            if n_now == 0
+            else f"{n_now} workers ÷ {float(consumption['batches_per_s']):.2f} batches/s (the workers are the limit)"
+        )
         lines.append(f"prep time per batch = {how} = {_fmt_s(prep_s)}")
         if baseline:
             lines.append(
@@ -275,9 +283,7 @@ def recommend(
 
     # Let measurements overrule the estimate: the smallest measured count that meets demand wins.
     demand = 1.0 / step_s if step_s > 0 else float("inf")
-    meeting = sorted(
-        {int(c["num_workers"]) for c in configs if c.get("batches_per_s") and c["batches_per_s"] >= demand * 1.05}
-    )
+    meeting = sorted({int(c["num_workers"]) for c in configs if c.get("batches_per_s") and c["batches_per_s"] >= demand * 1.05})
     if meeting and meeting[0] <= chosen and (cap is None or meeting[0] <= cap):
         if meeting[0] < chosen:
             lines.append(
@@ -290,17 +296,19 @@ def recommend(
         verdict_rate = measured["batches_per_s"]
         ok = verdict_rate >= demand
         lines.append(
-            f"measured: num_workers={chosen} gives {verdict_rate:.1f} batches/s "
-            f"{'≥' if ok else '<'} {demand:.1f} needed"
+            f"measured: num_workers={chosen} gives {verdict_rate:.1f} batches/s {'≥' if ok else '<'} {demand:.1f} needed"
         )
 
     kwargs["num_workers"] = chosen
     if chosen > 0:
         kwargs["prefetch_factor"] = max(prefetch_now or DEFAULT_PREFETCH, DEFAULT_PREFETCH)
         better = [
-            c for c in configs
-            if c.get("num_workers") == chosen and (c.get("prefetch_factor") or 0) > kwargs["prefetch_factor"]
-            and measured and c.get("batches_per_s", 0) > measured["batches_per_s"] * PREFETCH_GAIN
+            c
+            for c in configs
+            if c.get("num_workers") == chosen
+            and (c.get("prefetch_factor") or 0) > kwargs["prefetch_factor"]
+            and measured
+            and c.get("batches_per_s", 0) > measured["batches_per_s"] * PREFETCH_GAIN
         ]
         if better:
             kwargs["prefetch_factor"] = max(c["prefetch_factor"] for c in better)
@@ -335,14 +343,20 @@ def recommend(
         )
     else:
         result["verdict"] = (
-            f"input-bound: the training waits for data {wait_fraction:.0%} of the time; "
-            f"set num_workers={chosen} (now {n_now})"
+            f"input-bound: the training waits for data {wait_fraction:.0%} of the time; set num_workers={chosen} (now {n_now})"
         )
     return result
 
 
-def _passive_estimate(result: dict[str, Any], n_now: int, wait_fraction: float, passive: dict[str, Any],
-                      cap: Optional[int], core_share: float, margin: float) -> None:
+def _passive_estimate(
+    result: dict[str, Any],
+    n_now: int,
+    wait_fraction: float,
+    passive: dict[str, Any],
+    cap: Optional[int],
+    core_share: float,
+    margin: float,
+) -> None:
     """Advice from py-spy shares alone (no timed batches): the rank waits `w` of the time.
 
     With n workers keeping it waiting, each needs n batch cycles per batch against a step of (1 - w) of
@@ -381,8 +395,14 @@ def _passive_estimate(result: dict[str, Any], n_now: int, wait_fraction: float, 
     )
 
 
-def recommend_offline(*, current: dict[str, Any], configs: Sequence[dict[str, Any]], cap: Optional[int] = None,
-                      within: float = 0.9, reason: Optional[str] = None) -> dict[str, Any]:
+def recommend_offline(
+    *,
+    current: dict[str, Any],
+    configs: Sequence[dict[str, Any]],
+    cap: Optional[int] = None,
+    within: float = 0.9,
+    reason: Optional[str] = None,
+) -> dict[str, Any]:
     """Advice without a training job (``--loader``): the fewest workers within 10% of the best rate seen.
 
     There is no step time to compare with, so the loader cannot be called a bottleneck or not; the
@@ -392,13 +412,21 @@ def recommend_offline(*, current: dict[str, Any], configs: Sequence[dict[str, An
     kwargs: dict[str, Any] = {"num_workers": n_now, "pin_memory": bool(current.get("pin_memory"))}
     lines: list[str] = []
     rated = [c for c in configs if c.get("batches_per_s")]
-    result: dict[str, Any] = {"kwargs": kwargs, "bottleneck": None, "lines": lines, "workers_needed": None,
-                              "worker_cap": cap, "verdict": reason or "no configuration produced a batch; nothing to advise"}
+    result: dict[str, Any] = {
+        "kwargs": kwargs,
+        "bottleneck": None,
+        "lines": lines,
+        "workers_needed": None,
+        "worker_cap": cap,
+        "verdict": reason or "no configuration produced a batch; nothing to advise",
+    }
     if not rated:
         return result
     best = max(rated, key=lambda c: c["batches_per_s"])
-    enough = min((c for c in rated if c["batches_per_s"] >= best["batches_per_s"] * within),
-                 key=lambda c: (c["num_workers"], c.get("prefetch_factor") or 0))
+    enough = min(
+        (c for c in rated if c["batches_per_s"] >= best["batches_per_s"] * within),
+        key=lambda c: (c["num_workers"], c.get("prefetch_factor") or 0),
+    )
     base = _best_rate(rated, n_now)
     if base:
         prep_s = prep_time_from_rate(n_now, base["batches_per_s"])

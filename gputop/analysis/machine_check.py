@@ -161,9 +161,12 @@ def check_driver(inp: CheckInput) -> CheckResult:
         return CheckResult("driver", title, PASS, value + "; kernel module version not readable", expected)
     if m.driver_version and module != m.driver_version:
         return CheckResult(
-            "driver", title, FAIL,
+            "driver",
+            title,
+            FAIL,
             f"kernel module {module} but library {m.driver_version}: the driver was upgraded without a reboot",
-            expected, gpus=tuple(g.index for g in inp.gpus),
+            expected,
+            gpus=tuple(g.index for g in inp.gpus),
         )
     return CheckResult("driver", title, PASS, value + f"; kernel module {module}", expected)
 
@@ -175,9 +178,17 @@ def check_gpus_answer(inp: CheckInput) -> Optional[CheckResult]:
     total = inp.machine.gpu_count
     expected = "every GPU NVML lists answers"
     if lost:
-        return CheckResult("gpus", "GPUs answering", FAIL, f"{gpu_list(lost)} lost (GpuIsLost), {total - len(lost)} of {total} answer",
-                           expected, gpus=tuple(lost))
-    return CheckResult("gpus", "GPUs answering", PASS, f"{total} of {total} ({', '.join(sorted(set(inp.machine.gpu_names)))})", expected)
+        return CheckResult(
+            "gpus",
+            "GPUs answering",
+            FAIL,
+            f"{gpu_list(lost)} lost (GpuIsLost), {total - len(lost)} of {total} answer",
+            expected,
+            gpus=tuple(lost),
+        )
+    return CheckResult(
+        "gpus", "GPUs answering", PASS, f"{total} of {total} ({', '.join(sorted(set(inp.machine.gpu_names)))})", expected
+    )
 
 
 def check_models(inp: CheckInput) -> Optional[CheckResult]:
@@ -199,7 +210,9 @@ def check_models(inp: CheckInput) -> Optional[CheckResult]:
     if odd:
         value = "; ".join(f"GPU {i}: {mine} where the others run {common}" for i, mine, common in odd)
         return CheckResult("vbios", "VBIOS", WARN, value, expected, gpus=tuple(i for i, _, _ in odd))
-    return CheckResult("vbios", "VBIOS", PASS, "; ".join(f"{', '.join(v)} on {sum(v.values())} × {n}" for n, v in by_model.items()), expected)
+    return CheckResult(
+        "vbios", "VBIOS", PASS, "; ".join(f"{', '.join(v)} on {sum(v.values())} × {n}" for n, v in by_model.items()), expected
+    )
 
 
 def check_pcie_link(inp: CheckInput) -> Optional[CheckResult]:
@@ -214,9 +227,13 @@ def check_pcie_link(inp: CheckInput) -> Optional[CheckResult]:
                 loaded[g.index] = g  # the latest busy sample
     idle = sorted({g.index for g in inp.gpus if not g.lost} - set(loaded))
     if not loaded:
-        return CheckResult("pcie.link", title, SKIP,
-                           f"every GPU idle in {_window(inp)}: idle links downtrain to save power (run with --load, or while a job runs)",
-                           expected)
+        return CheckResult(
+            "pcie.link",
+            title,
+            SKIP,
+            f"every GPU idle in {_window(inp)}: idle links downtrain to save power (run with --load, or while a job runs)",
+            expected,
+        )
     down = [g for g in loaded.values() if g.pcie.downgraded]
     note = f" ({gpu_list(idle)} idle: not judged, idle links downtrain)" if idle else ""
     if down:
@@ -232,8 +249,15 @@ def check_pcie_link(inp: CheckInput) -> Optional[CheckResult]:
 def check_pcie_replay(inp: CheckInput) -> Optional[CheckResult]:
     if not inp.after:
         return None
-    return _counter_check(inp, "pcie.replay", "PCIe replay counter", lambda d: d.pcie_replays, "pcie_replays",
-                          "no replays while we watch, each is a packet sent again", "replays")
+    return _counter_check(
+        inp,
+        "pcie.replay",
+        "PCIe replay counter",
+        lambda d: d.pcie_replays,
+        "pcie_replays",
+        "no replays while we watch, each is a packet sent again",
+        "replays",
+    )
 
 
 def check_pcie_aer(inp: CheckInput) -> Optional[CheckResult]:
@@ -258,12 +282,18 @@ def check_pcie_aer(inp: CheckInput) -> Optional[CheckResult]:
         elif b.correctable:
             notes.append(f"GPU {g.index}: {b.correctable} correctable since boot")
     if not seen:
-        return CheckResult("pcie.aer", title, SKIP,
-                           "no aer_dev_* files under the GPUs' PCI devices (a kernel without AER reporting, or a port without AER)",
-                           expected)
+        return CheckResult(
+            "pcie.aer",
+            title,
+            SKIP,
+            "no aer_dev_* files under the GPUs' PCI devices (a kernel without AER reporting, or a port without AER)",
+            expected,
+        )
     if failing:
         return CheckResult("pcie.aer", title, FAIL, "; ".join(t for _, t in failing), expected, gpus=tuple(i for i, _ in failing))
-    return CheckResult("pcie.aer", title, PASS, f"none on {seen} GPUs in {_window(inp)}" + ("; " + ", ".join(notes) if notes else ""), expected)
+    return CheckResult(
+        "pcie.aer", title, PASS, f"none on {seen} GPUs in {_window(inp)}" + ("; " + ", ".join(notes) if notes else ""), expected
+    )
 
 
 def check_nvlink_state(inp: CheckInput) -> Optional[CheckResult]:
@@ -301,7 +331,12 @@ def check_nvlink_errors(inp: CheckInput) -> Optional[CheckResult]:
         start = {e.link: e for e in a.nvlink_errors}
         for e in b.nvlink_errors:
             s = start.get(e.link)
-            for name, label in (("crc_flit", "CRC (flit)"), ("crc_data", "CRC (data)"), ("replay", "replay"), ("recovery", "recovery")):
+            for name, label in (
+                ("crc_flit", "CRC (flit)"),
+                ("crc_data", "CRC (data)"),
+                ("replay", "replay"),
+                ("recovery", "recovery"),
+            ):
                 now, then = getattr(e, name), getattr(s, name) if s is not None else None
                 if now is None:
                     continue
@@ -310,8 +345,9 @@ def check_nvlink_errors(inp: CheckInput) -> Optional[CheckResult]:
                 elif now:
                     standing.append(f"GPU {b.index} link {e.link}: {label} {now}")
     if failing:
-        return CheckResult("nvlink.errors", title, FAIL, "; ".join(t for _, t in failing), expected,
-                           gpus=tuple(sorted({i for i, _ in failing})))
+        return CheckResult(
+            "nvlink.errors", title, FAIL, "; ".join(t for _, t in failing), expected, gpus=tuple(sorted({i for i, _ in failing}))
+        )
     value = f"none on {len(pairs)} GPUs in {_window(inp)}"
     if standing:
         value += "; since the driver loaded: " + ", ".join(standing[:6]) + (" …" if len(standing) > 6 else "")
@@ -362,21 +398,46 @@ def check_nic_numa(inp: CheckInput) -> CheckResult:
     gpu_nodes = {node for node in inp.machine.topology.numa_node if node is not None}
     if not placed:
         names = ", ".join(n.name for n in nics) or "none"
-        return CheckResult("numa.nic", title, SKIP, f"no NIC reports a NUMA node (NICs: {names}; a virtual NIC or a one-node machine)", expected)
+        return CheckResult(
+            "numa.nic", title, SKIP, f"no NIC reports a NUMA node (NICs: {names}; a virtual NIC or a one-node machine)", expected
+        )
     nic_nodes = {n.numa_node for n in placed}
     if not gpu_nodes:
-        return CheckResult("numa.nic", title, SKIP, f"NICs on node(s) {', '.join(map(str, sorted(nic_nodes)))}; the GPUs' NUMA nodes are unknown", expected)
+        return CheckResult(
+            "numa.nic",
+            title,
+            SKIP,
+            f"NICs on node(s) {', '.join(map(str, sorted(nic_nodes)))}; the GPUs' NUMA nodes are unknown",
+            expected,
+        )
     missing = sorted(gpu_nodes - nic_nodes)
     by_node = ", ".join(f"node {k}: {', '.join(n.name for n in placed if n.numa_node == k)}" for k in sorted(nic_nodes))
     if missing:
         affected = tuple(i for i, node in enumerate(inp.machine.topology.numa_node) if node in missing)
-        return CheckResult("numa.nic", title, WARN, f"no NIC on node {', '.join(map(str, missing))} where {gpu_list(affected)} sit (NICs: {by_node})",
-                           expected, gpus=affected)
-    return CheckResult("numa.nic", title, PASS, f"GPUs on node(s) {', '.join(map(str, sorted(gpu_nodes)))}; NICs {by_node}", expected)
+        return CheckResult(
+            "numa.nic",
+            title,
+            WARN,
+            f"no NIC on node {', '.join(map(str, missing))} where {gpu_list(affected)} sit (NICs: {by_node})",
+            expected,
+            gpus=affected,
+        )
+    return CheckResult(
+        "numa.nic", title, PASS, f"GPUs on node(s) {', '.join(map(str, sorted(gpu_nodes)))}; NICs {by_node}", expected
+    )
 
 
-def _fault_check(check_id: str, title: str, expected: str, items: Sequence[GpuDetails | GpuSample], key: str,
-                 readable: Callable, faulty: Callable, describe: Callable, passed: Callable) -> Optional[CheckResult]:
+def _fault_check(
+    check_id: str,
+    title: str,
+    expected: str,
+    items: Sequence[GpuDetails | GpuSample],
+    key: str,
+    readable: Callable,
+    faulty: Callable,
+    describe: Callable,
+    passed: Callable,
+) -> Optional[CheckResult]:
     """A memory-fault reading per GPU: not available where no GPU that answers gives `key`, FAIL naming each
     faulty GPU with `describe(gpu)`, else PASS saying `passed(the readable GPUs)`."""
     items = [g for g in items if not g.lost]
@@ -393,10 +454,16 @@ def _fault_check(check_id: str, title: str, expected: str, items: Sequence[GpuDe
 
 def check_ecc_errors(inp: CheckInput) -> Optional[CheckResult]:
     return _fault_check(
-        "memory.ecc", "Uncorrectable ECC errors", "0 volatile uncorrectable errors", inp.gpus, "ecc",
+        "memory.ecc",
+        "Uncorrectable ECC errors",
+        "0 volatile uncorrectable errors",
+        inp.gpus,
+        "ecc",
         readable=lambda g: g.ecc is not None and g.ecc.volatile_uncorrected is not None,
         faulty=lambda g: g.ecc.volatile_uncorrected,
-        describe=lambda g: f"GPU {g.index}: {g.ecc.volatile_uncorrected} since the last reset ({g.ecc.aggregate_uncorrected} lifetime)",
+        describe=lambda g: (
+            f"GPU {g.index}: {g.ecc.volatile_uncorrected} since the last reset ({g.ecc.aggregate_uncorrected} lifetime)"
+        ),
         passed=lambda known: f"none on {len(known)} GPUs",
     )
 
@@ -409,7 +476,11 @@ def _remap_state(g: GpuSample) -> str:
 
 def check_remap(inp: CheckInput) -> Optional[CheckResult]:
     return _fault_check(
-        "memory.remap", "Row remapping", "no remap pending or failed", inp.gpus, "remapped_rows",
+        "memory.remap",
+        "Row remapping",
+        "no remap pending or failed",
+        inp.gpus,
+        "remapped_rows",
         readable=lambda g: g.remapped_rows is not None,
         faulty=lambda g: g.remapped_rows.pending or g.remapped_rows.failed,
         describe=_remap_state,
@@ -424,16 +495,23 @@ def _retired(d: GpuDetails) -> int:
 def _none_pending(known: Sequence[GpuDetails]) -> str:
     retired = [d for d in known if _retired(d)]
     return f"none pending on {len(known)} GPUs" + (
-        "; retired so far: " + ", ".join(f"GPU {d.index}: {_retired(d)}" for d in retired) if retired else "")
+        "; retired so far: " + ", ".join(f"GPU {d.index}: {_retired(d)}" for d in retired) if retired else ""
+    )
 
 
 def check_retired_pages(inp: CheckInput) -> Optional[CheckResult]:
     return _fault_check(
-        "memory.retired_pages", "Retired pages", "no page retirement pending", inp.after, "retired_pages_pending",
+        "memory.retired_pages",
+        "Retired pages",
+        "no page retirement pending",
+        inp.after,
+        "retired_pages_pending",
         readable=lambda d: d.retired_pages_pending is not None,
         faulty=lambda d: d.retired_pages_pending,
-        describe=lambda d: (f"GPU {d.index}: retirement pending, {d.retired_pages_double_bit or 0} page(s) for double-bit, "
-                            f"{d.retired_pages_single_bit or 0} for single-bit errors"),
+        describe=lambda d: (
+            f"GPU {d.index}: retirement pending, {d.retired_pages_double_bit or 0} page(s) for double-bit, "
+            f"{d.retired_pages_single_bit or 0} for single-bit errors"
+        ),
         passed=_none_pending,
     )
 
@@ -488,8 +566,14 @@ def check_xids(inp: CheckInput) -> CheckResult:
     return CheckResult("xid", title, status, value, expected, gpus=tuple(sorted(gpus)), evidence=tuple(evidence))
 
 
-def _same_mode(inp: CheckInput, check_id: str, title: str, read: Callable[[GpuDetails], Optional[bool]], key: str,
-               extra: Callable[[GpuDetails], Optional[str]] = lambda d: None) -> Optional[CheckResult]:
+def _same_mode(
+    inp: CheckInput,
+    check_id: str,
+    title: str,
+    read: Callable[[GpuDetails], Optional[bool]],
+    key: str,
+    extra: Callable[[GpuDetails], Optional[str]] = lambda d: None,
+) -> Optional[CheckResult]:
     details = [d for d in inp.after if not d.lost]
     if not details:
         return None
@@ -502,12 +586,20 @@ def _same_mode(inp: CheckInput, check_id: str, title: str, read: Callable[[GpuDe
     if len(modes) > 1:
         common = modes.most_common(1)[0][0]
         odd = [d for d in known if read(d) != common]
-        value = (f"{gpu_list(d.index for d in odd)} {'enabled' if not common else 'disabled'} where "
-                 f"{len(known) - len(odd)} others are {'enabled' if common else 'disabled'}")
+        value = (
+            f"{gpu_list(d.index for d in odd)} {'enabled' if not common else 'disabled'} where "
+            f"{len(known) - len(odd)} others are {'enabled' if common else 'disabled'}"
+        )
         return CheckResult(check_id, title, WARN, value, expected, gpus=tuple(d.index for d in odd))
     if notes:
-        return CheckResult(check_id, title, WARN, "; ".join(n for _, n in notes), expected + ", no change waiting for a reset",
-                           gpus=tuple(i for i, _ in notes))
+        return CheckResult(
+            check_id,
+            title,
+            WARN,
+            "; ".join(n for _, n in notes),
+            expected + ", no change waiting for a reset",
+            gpus=tuple(i for i, _ in notes),
+        )
     state = "enabled" if next(iter(modes)) else "disabled"
     return CheckResult(check_id, title, PASS, f"{state} on all {len(known)} GPUs", expected)
 
@@ -533,15 +625,34 @@ def check_app_clocks(inp: CheckInput) -> Optional[CheckResult]:
     expected = "the board's default applications clocks, since a lower setting holds the GPU back"
     known = [d for d in details if d.app_clock_sm is not None and d.app_clock_sm_default is not None]
     if not known:
-        return CheckResult("clocks.applications", title, SKIP, f"not available ({_unsupported(details, 'app_clock_sm')})", expected)
-    low = [d for d in known if d.app_clock_sm < d.app_clock_sm_default
-           or (d.app_clock_memory is not None and d.app_clock_memory_default is not None and d.app_clock_memory < d.app_clock_memory_default)]
+        return CheckResult(
+            "clocks.applications", title, SKIP, f"not available ({_unsupported(details, 'app_clock_sm')})", expected
+        )
+    low = [
+        d
+        for d in known
+        if d.app_clock_sm < d.app_clock_sm_default
+        or (
+            d.app_clock_memory is not None
+            and d.app_clock_memory_default is not None
+            and d.app_clock_memory < d.app_clock_memory_default
+        )
+    ]
     if low:
-        value = "; ".join(f"GPU {d.index}: SM {d.app_clock_sm} of {d.app_clock_sm_default} MHz, memory {d.app_clock_memory} of "
-                          f"{d.app_clock_memory_default} MHz (`nvidia-smi -rac` resets it)" for d in low)
+        value = "; ".join(
+            f"GPU {d.index}: SM {d.app_clock_sm} of {d.app_clock_sm_default} MHz, memory {d.app_clock_memory} of "
+            f"{d.app_clock_memory_default} MHz (`nvidia-smi -rac` resets it)"
+            for d in low
+        )
         return CheckResult("clocks.applications", title, WARN, value, expected, gpus=tuple(d.index for d in low))
     sm = Counter(d.app_clock_sm for d in known)
-    return CheckResult("clocks.applications", title, PASS, ", ".join(f"SM {k} MHz on {n} GPUs" for k, n in sm.items()) + " (the default)", expected)
+    return CheckResult(
+        "clocks.applications",
+        title,
+        PASS,
+        ", ".join(f"SM {k} MHz on {n} GPUs" for k, n in sm.items()) + " (the default)",
+        expected,
+    )
 
 
 # clock-event reasons (nvmlDeviceGetViolationStatus) that mean the machine, not the job, held the clocks
@@ -562,7 +673,9 @@ def check_clock_events(inp: CheckInput) -> Optional[CheckResult]:
         held = {k: b.clock_event_ns[k] - a.clock_event_ns.get(k, 0) for k in b.clock_event_ns if k in a.clock_event_ns}
         bad = {k: v for k, v in held.items() if k in _SLOWDOWNS and v > SLOWDOWN_SHARE * window_ns}
         if bad:
-            failing.append((b.index, f"GPU {b.index}: " + ", ".join(f"{k} {v / 1e9:.1f} s" for k, v in bad.items()) + f" of {_window(inp)}"))
+            failing.append(
+                (b.index, f"GPU {b.index}: " + ", ".join(f"{k} {v / 1e9:.1f} s" for k, v in bad.items()) + f" of {_window(inp)}")
+            )
         elif held.get("power", 0) > SLOWDOWN_SHARE * window_ns:
             notes.append(f"GPU {b.index}: power cap {held['power'] / 1e9:.1f} s")
     sampled = Counter((g.index, r) for s in inp.snapshots for g in s.gpus for r in g.throttle_reasons or () if r in _HW_REASONS)
@@ -570,9 +683,13 @@ def check_clock_events(inp: CheckInput) -> Optional[CheckResult]:
         if index not in {i for i, _ in failing}:
             failing.append((index, f"GPU {index}: {reason} in {n} of {len(inp.snapshots)} samples"))
     if failing:
-        return CheckResult("clocks.events", title, FAIL, "; ".join(t for _, t in failing), expected, gpus=tuple(sorted({i for i, _ in failing})))
+        return CheckResult(
+            "clocks.events", title, FAIL, "; ".join(t for _, t in failing), expected, gpus=tuple(sorted({i for i, _ in failing}))
+        )
     if not pairs or not any(b.clock_event_ns for _, b in pairs):
-        return CheckResult("clocks.events", title, PASS, f"no hardware slowdown sampled in {_window(inp)} (durations not available)", expected)
+        return CheckResult(
+            "clocks.events", title, PASS, f"no hardware slowdown sampled in {_window(inp)} (durations not available)", expected
+        )
     value = f"none on {len(pairs)} GPUs in {_window(inp)}" + ("; " + ", ".join(notes) if notes else "")
     return CheckResult("clocks.events", title, PASS, value, expected)
 
@@ -627,10 +744,14 @@ def check_allreduce(inp: CheckInput) -> Optional[CheckResult]:
         return CheckResult("load.allreduce", title, SKIP, f"--load skipped: {inp.load.skipped}", expected)
     result = inp.load.allreduce
     if result is None:
-        return CheckResult("load.allreduce", title, SKIP, f"all-reduce skipped: {inp.load.allreduce_skipped or 'not run'}", expected)
+        return CheckResult(
+            "load.allreduce", title, SKIP, f"all-reduce skipped: {inp.load.allreduce_skipped or 'not run'}", expected
+        )
     target = expected_busbw(inp.machine, inp.gpus)
-    measured = (f"busbw {result.busbw / 1e9:.1f} GB/s (algbw {result.algbw / 1e9:.1f} GB/s, {result.bytes / 2**20:.0f} MiB "
-                f"× {result.iterations} on {result.gpus} GPUs)")
+    measured = (
+        f"busbw {result.busbw / 1e9:.1f} GB/s (algbw {result.algbw / 1e9:.1f} GB/s, {result.bytes / 2**20:.0f} MiB "
+        f"× {result.iterations} on {result.gpus} GPUs)"
+    )
     if target is None:
         return CheckResult("load.allreduce", title, PASS, measured + "; no topology to compare with", expected)
     rate, how = target
@@ -764,8 +885,16 @@ def report_jsonable(report: CheckReport) -> dict:
         "machine": dict(report.machine),
         "gpus": [dict(g) for g in report.identity],
         "checks": [
-            {"id": r.id, "title": r.title, "status": r.status, "value": r.value, "expected": r.expected,
-             "gpus": list(r.gpus), "evidence": list(r.evidence), "line": r.line()}
+            {
+                "id": r.id,
+                "title": r.title,
+                "status": r.status,
+                "value": r.value,
+                "expected": r.expected,
+                "gpus": list(r.gpus),
+                "evidence": list(r.evidence),
+                "line": r.line(),
+            }
             for r in report.results
         ],
         "xids": list(report.xids),
@@ -803,8 +932,9 @@ def with_machine_findings(findings: Sequence[Finding], report: CheckReport) -> l
             label=LABEL_INFRA if r.status == FAIL else LABEL_CONFIG,
             summary=f"{r.title}: {r.value}",
             evidence=(f"expected {r.expected}", *r.evidence),
-            fix="File a ticket with the \"For the infra team\" section of this report (see there for what to run next)."
-            if r.status == FAIL else "Make the GPUs' settings match (see the value); `gputop check` exits 0 once they do.",
+            fix='File a ticket with the "For the infra team" section of this report (see there for what to run next).'
+            if r.status == FAIL
+            else "Make the GPUs' settings match (see the value); `gputop check` exits 0 once they do.",
             gpus=r.gpus,
         )
         for r in report.results

@@ -74,7 +74,7 @@ class Share:
     source: str = ""  # what the samples are: "py-spy record at 25 Hz", "stack dumps", "timed batches"
 
     def text(self) -> str:
-        """"62% (58–66%)"; a timed share, which has no spread, as "62%"."""
+        """ "62% (58–66%)"; a timed share, which has no spread, as "62%"."""
         point, low, high = (_percent(v) for v in (self.point, self.low, self.high))
         if low == high == point:
             return point
@@ -82,8 +82,15 @@ class Share:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Share":
-        return cls(float(data["share"]), float(data["low"]), float(data["high"]), int(data["samples"]), int(data["of"]),
-                   float(data.get("effective_samples") or data["of"]), str(data.get("source") or ""))
+        return cls(
+            float(data["share"]),
+            float(data["low"]),
+            float(data["high"]),
+            int(data["samples"]),
+            int(data["of"]),
+            float(data.get("effective_samples") or data["of"]),
+            str(data.get("source") or ""),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -135,7 +142,6 @@ def measured_share(value: float, batches: int, source: str) -> Share:
     """A share timed rather than sampled (the active benchmark times every batch of its window): no
     sampling spread, so its interval is its point."""
     return Share(value, value, value, batches, batches, float(batches), source)
-
 
 
 def confidence_from(n_samples: int, full_at: int, margin: float = 1.0) -> float:

@@ -51,9 +51,7 @@ def has_frame(frames: Sequence[Frame], names: Sequence[str]) -> bool:
     return any(f.name in names or f.name.endswith(tuple("." + n for n in names)) for f in frames)
 
 
-def frames_from(
-    frames: Sequence[Frame], names: Union[Sequence[str], Callable[[Frame], bool]], outer: int = 2
-) -> tuple[str, ...]:
+def frames_from(frames: Sequence[Frame], names: Union[Sequence[str], Callable[[Frame], bool]], outer: int = 2) -> tuple[str, ...]:
     """The innermost frame named in `names` (or matching it, a predicate) plus `outer` callers, innermost
     last; the innermost few if none.
 
@@ -115,7 +113,9 @@ def native_frames(stacks: Optional[ProcessStacks]) -> tuple[str, ...]:
     return tuple(f.name for f in (main.frames if main else ()) if not is_python_frame(f) and not f.name.startswith("0x"))
 
 
-def stack_sample(stacks: ProcessStacks, thread: Optional[ThreadStack], state: Optional[str], frames: Sequence[Frame]) -> StackSample:
+def stack_sample(
+    stacks: ProcessStacks, thread: Optional[ThreadStack], state: Optional[str], frames: Sequence[Frame]
+) -> StackSample:
     """One dump of one thread.  A native dump's C frames are kept apart, so it compares equal to the plain
     dumps around it when the Python stack has not moved."""
     native: tuple[str, ...] = ()
@@ -189,15 +189,20 @@ class StateCounts:
     def add(self, other: "StateCounts") -> "StateCounts":
         """These counts and `other`'s pooled (several ranks)."""
         return StateCounts(
-            self.counts + other.counts, self.n + other.n, max(self.seconds, other.seconds),
+            self.counts + other.counts,
+            self.n + other.n,
+            max(self.seconds, other.seconds),
             self.source if self.source == other.source or not other.n else (other.source if not self.n else "mixed"),
-            self.startup_left_out + other.startup_left_out, self.runs + other.runs, self.stretches + other.stretches,
+            self.startup_left_out + other.startup_left_out,
+            self.runs + other.runs,
+            self.stretches + other.stretches,
             self.dense or other.dense,
         )
 
 
-def dense_counts(stretches: Sequence[StateSamples], since: Optional[float], loop_started: Optional[float],
-                 starting_up: bool) -> StateCounts:
+def dense_counts(
+    stretches: Sequence[StateSamples], since: Optional[float], loop_started: Optional[float], starting_up: bool
+) -> StateCounts:
     """Counts of the dense samples taken at or after `since`, start-up (before `loop_started`, or all of
     them while `starting_up`) left out."""
     rates = sorted({round(s.rate) for s in stretches if s.runs})
@@ -297,7 +302,7 @@ class RankObs:
 
     @property
     def label(self) -> str:
-        """"rank 3 (PID 1003)", or "PID 1003" for a process without a RANK."""
+        """ "rank 3 (PID 1003)", or "PID 1003" for a process without a RANK."""
         return f"rank {self.rank} (PID {self.pid})" if self.rank is not None else f"PID {self.pid}"
 
     @property
@@ -375,7 +380,9 @@ def collect_rank_observations(snaps: Sequence[Snapshot], share_since: Optional[f
             if stacks is not None and not stacks.error and stacks.threads:
                 if not obs.samples or stacks.timestamp > obs.samples[-1].timestamp:
                     main = main_thread(stacks)
-                    obs.samples.append(stack_sample(stacks, main, _state_of(r.main_thread_state, stacks), main.frames if main else ()))
+                    obs.samples.append(
+                        stack_sample(stacks, main, _state_of(r.main_thread_state, stacks), main.frames if main else ())
+                    )
             elif stacks is None and r.main_thread_state:
                 # a state without a dump (collector that classifies in place): one sample per snapshot
                 obs.samples.append(StackSample(snap.timestamp, r.main_thread_state))
@@ -477,7 +484,9 @@ class Context:
 
     def share_span(self, counts: "StateCounts") -> str:
         """Where a share comes from, in words: "2,400 samples (py-spy record at 500 Hz) over the last 60 s"."""
-        span = f"the last {self.share_window:.0f} s" if self.share_window else f"{max(counts.seconds, self.duration):.0f} s observed"
+        span = (
+            f"the last {self.share_window:.0f} s" if self.share_window else f"{max(counts.seconds, self.duration):.0f} s observed"
+        )
         source = f" ({counts.source})" if counts.dense else ""
         return f"{counts.n:,} {counts.unit}{source} over {span}"
 
@@ -537,7 +546,10 @@ def bench_wait_fraction(bench: Optional[dict[str, Any]]) -> tuple[Optional[float
     """The benchmark's measured data-wait fraction (active consumption first: it times every batch)."""
     if not bench:
         return None, ""
-    for key, what in (("consumption", "timed __next__ (active benchmark)"), ("passive", "py-spy record at 100 Hz (passive benchmark)")):
+    for key, what in (
+        ("consumption", "timed __next__ (active benchmark)"),
+        ("passive", "py-spy record at 100 Hz (passive benchmark)"),
+    ):
         part = bench.get(key) or {}
         value = part.get("wait_fraction") if isinstance(part, dict) else None
         if isinstance(value, (int, float)):

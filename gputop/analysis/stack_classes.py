@@ -215,8 +215,7 @@ def _line_of(path: str, line: int) -> Optional[str]:
     return None
 
 
-def sync_lines_in_function(filename: str, first_line: int, function: str,
-                           pid: Optional[int] = None) -> list[tuple[int, str]]:
+def sync_lines_in_function(filename: str, first_line: int, function: str, pid: Optional[int] = None) -> list[tuple[int, str]]:
     """The lines of one function that call a host-device sync (``.item()``, ``.cpu()``, ``.tolist()``,
     ``.numpy()``, ``synchronize(``), as ``(line, text)``, read from the function's source.
 
@@ -237,14 +236,22 @@ def sync_lines_in_function(filename: str, first_line: int, function: str,
         return []
     source_lines, module = tree
     for node in ast.walk(module):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function \
-                and first_line in (node.lineno, *(d.lineno for d in node.decorator_list)):
-            nested = [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(node)
-                      if n is not node and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))]
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == function
+            and first_line in (node.lineno, *(d.lineno for d in node.decorator_list))
+        ):
+            nested = [
+                (n.lineno, n.end_lineno or n.lineno)
+                for n in ast.walk(node)
+                if n is not node and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
+            ]
             body_first = node.body[0].lineno
-            own_lines = [(line, _without_comment(source_lines[line - 1]))
-                         for line in range(body_first, (node.end_lineno or body_first) + 1)
-                         if not any(lo <= line <= hi for lo, hi in nested)]
+            own_lines = [
+                (line, _without_comment(source_lines[line - 1]))
+                for line in range(body_first, (node.end_lineno or body_first) + 1)
+                if not any(lo <= line <= hi for lo, hi in nested)
+            ]
             return [(line, code) for line, code in own_lines if _SYNC_CALL.search(code)]
     return []
 
@@ -437,9 +444,7 @@ def worker_activity(thread: Optional[ThreadStack]) -> str:
     return f"{thread.frames[0].name} ({short_path(thread.frames[0].filename)})"
 
 
-def aggregate_worker_leaves(
-    stacks_by_pid: Mapping[int, ProcessStacks], worker_pids: Iterable[int]
-) -> list[tuple[str, int, int]]:
+def aggregate_worker_leaves(stacks_by_pid: Mapping[int, ProcessStacks], worker_pids: Iterable[int]) -> list[tuple[str, int, int]]:
     """The hottest worker activities: [(frame text, workers in it, total workers)], most common first.
 
     "6/8 workers in `ImageFile.load (PIL/ImageFile.py)`" is ``("ImageFile.load (PIL/ImageFile.py)", 6, 8)``.

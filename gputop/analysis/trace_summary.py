@@ -52,11 +52,18 @@ DATA_PREFIX = "enumerate(DataLoader)#"
 OPTIMIZER_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#")
 STEP_PREFIX = "Optimizer.step#"
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"
-SYNC_NAMES = frozenset({
-    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-    "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize",
-    "aten::item", "aten::_local_scalar_dense",
-})
+SYNC_NAMES = frozenset(
+    {
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "hipStreamSynchronize",
+        "hipDeviceSynchronize",
+        "hipEventSynchronize",
+        "aten::item",
+        "aten::_local_scalar_dense",
+    }
+)
 # One per sync: `.item()` runs aten::item -> aten::_local_scalar_dense -> (on CUDA) cudaMemcpyAsync + sync.
 SYNC_COUNTED = frozenset(SYNC_NAMES - {"aten::item"})
 _COLLECTIVE_RE = re.compile(
@@ -94,8 +101,10 @@ def load_trace(path: str) -> dict[str, Any]:
     try:
         data = json.loads(raw)
     except ValueError as exc:
-        raise TraceFormatError(f"{path} is not JSON ({exc}); pass a trace written by torch.profiler "
-                               "(export_chrome_trace or tensorboard_trace_handler)") from None
+        raise TraceFormatError(
+            f"{path} is not JSON ({exc}); pass a trace written by torch.profiler "
+            "(export_chrome_trace or tensorboard_trace_handler)"
+        ) from None
     if isinstance(data, list):  # the bare-array form of the Chrome trace format
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
@@ -164,9 +173,14 @@ def clip(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> list
 
 
 def _complete_events(data: dict[str, Any]) -> list[dict[str, Any]]:
-    return [e for e in data["traceEvents"]
-            if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))
-            and isinstance(e.get("dur"), (int, float))]
+    return [
+        e
+        for e in data["traceEvents"]
+        if isinstance(e, dict)
+        and e.get("ph") == "X"
+        and isinstance(e.get("ts"), (int, float))
+        and isinstance(e.get("dur"), (int, float))
+    ]
 
 
 def _span(e: dict[str, Any]) -> tuple[float, float]:
@@ -231,7 +245,9 @@ def summarize_trace(data: dict[str, Any], *, trace_file: Optional[str] = None) -
 
     sync = merge(clip([_span(e) for e in main if e.get("name") in SYNC_NAMES], lo, hi))
     comm_main = merge(clip([_span(e) for e in main if _COLLECTIVE_RE.match(str(e.get("name", "")))], lo, hi))
-    comm_bg = merge(clip([_span(e) for e in host if e.get("tid") != tid and _COLLECTIVE_RE.match(str(e.get("name", "")))], lo, hi))
+    comm_bg = merge(
+        clip([_span(e) for e in host if e.get("tid") != tid and _COLLECTIVE_RE.match(str(e.get("name", "")))], lo, hi)
+    )
     data_iv = named(DATA_PREFIX)
     optimizer = named(OPTIMIZER_PREFIXES)
     backward_events = sorted(_span(e) for e in host if str(e.get("name", "")).startswith(BACKWARD_PREFIX))
@@ -250,8 +266,15 @@ def summarize_trace(data: dict[str, Any], *, trace_file: Optional[str] = None) -
 
     claimed: list[tuple[float, float]] = []
     seconds: dict[str, float] = {}
-    for phase, intervals in (("sync", sync), ("comm", comm_main), ("data", data_iv), ("optimizer", optimizer),
-                             ("backward", backward_env), ("comm_bg", comm_bg), ("forward", forward_env)):
+    for phase, intervals in (
+        ("sync", sync),
+        ("comm", comm_main),
+        ("data", data_iv),
+        ("optimizer", optimizer),
+        ("backward", backward_env),
+        ("comm_bg", comm_bg),
+        ("forward", forward_env),
+    ):
         own = subtract(intervals, claimed)
         seconds[phase] = total(own) / 1e6
         claimed = merge(claimed + own)
@@ -310,8 +333,13 @@ def top_ops(events: Sequence[dict[str, Any]], n: int = TOP_OPS) -> list[dict[str
 
 def _user_frame(name: str) -> bool:
     """A python_function event of the user's code: a ``file.py(N): func`` frame outside torch and the stdlib."""
-    return ".py(" in name and not name.startswith("<") and "torch/" not in name and "/lib/python" not in name \
+    return (
+        ".py(" in name
+        and not name.startswith("<")
+        and "torch/" not in name
+        and "/lib/python" not in name
         and "site-packages/" not in name
+    )
 
 
 _SITE = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")
@@ -327,8 +355,11 @@ def sync_sites(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Where host-device syncs come from, when the trace has Python stacks (``with_stack=True``, which
     records ``python_function`` events): the innermost user function around each sync, as
     ``file.py(N): function`` (N is where the function starts)."""
-    frames = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e.get("name")))
-                    for e in events if e.get("cat") == "python_function" and _user_frame(str(e.get("name", ""))))
+    frames = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e.get("name")))
+        for e in events
+        if e.get("cat") == "python_function" and _user_frame(str(e.get("name", "")))
+    )
     starts = [f[0] for f in frames]
     sites: Counter = Counter()
     for e in events:
@@ -368,10 +399,14 @@ def gpu_summary(device: Sequence[dict[str, Any]], data: dict[str, Any]) -> dict[
         "comm": round(total(comm) / span, 4) if span else 0.0,
         "comm_overlap": round(total(intersect(comm, compute)) / total(comm), 4) if comm else None,
         "exposed_comm": round(total(subtract(comm, compute)) / span, 4) if span else 0.0,  # NCCL not hidden by compute
-        "memory": round(total(merge(_span(e) for e in device if _MEMORY_RE.match(str(e.get("name", ""))))) / span, 4) if span else 0.0,
+        "memory": round(total(merge(_span(e) for e in device if _MEMORY_RE.match(str(e.get("name", ""))))) / span, 4)
+        if span
+        else 0.0,
         "kernels": len(kernels),
         "median_kernel_us": durations[len(durations) // 2] if durations else None,
-        "short_kernel_share": round(sum(1 for d in durations if d < TRACE_SHORT_KERNEL_US) / len(durations), 4) if durations else None,
+        "short_kernel_share": round(sum(1 for d in durations if d < TRACE_SHORT_KERNEL_US) / len(durations), 4)
+        if durations
+        else None,
         "gemm_time_s": round(sum(float(e["dur"]) for e in gemms) / 1e6, 6),
         "fp32_gemm_time_s": round(sum(float(e["dur"]) for e in fp32) / 1e6, 6),
         "compute_capability": max(majors) if majors else None,

@@ -113,7 +113,7 @@ def _read(path: str) -> Optional[str]:
 
 
 def count_cpus(cpuset: Optional[str]) -> Optional[int]:
-    """"0-3,8,10-11" -> 7; None for an empty or unreadable list."""
+    """ "0-3,8,10-11" -> 7; None for an empty or unreadable list."""
     if not cpuset:
         return None
     total = 0

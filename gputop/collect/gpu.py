@@ -314,9 +314,7 @@ class _DaemonPool:
 
     def __init__(self, workers: int, name: str) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [
-            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)
-        ]
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
         for thread in self._threads:
             thread.start()
 
@@ -1113,17 +1111,19 @@ class GpuCollector:
         for gpu in gpus:
             before, after, (tx_sum, rx_sum, n) = first[gpu.index], last[gpu.index], sums[gpu.index]
             refused = next((x for x in before[:2] + after[:2] if isinstance(x, str)), None)
-            out.append({
-                "index": gpu.index,
-                "name": gpu.name,
-                "counters": refused or "supported",
-                "value_type": before[2] if refused is None else None,
-                "counter_tx_bytes_per_s": None if refused else _counter_rate(before[0], after[0], 1.0),
-                "counter_rx_bytes_per_s": None if refused else _counter_rate(before[1], after[1], 1.0),
-                "throughput_tx_bytes_per_s": tx_sum / n if n else None,
-                "throughput_rx_bytes_per_s": rx_sum / n if n else None,
-                "throughput_glimpses": n,
-            })
+            out.append(
+                {
+                    "index": gpu.index,
+                    "name": gpu.name,
+                    "counters": refused or "supported",
+                    "value_type": before[2] if refused is None else None,
+                    "counter_tx_bytes_per_s": None if refused else _counter_rate(before[0], after[0], 1.0),
+                    "counter_rx_bytes_per_s": None if refused else _counter_rate(before[1], after[1], 1.0),
+                    "throughput_tx_bytes_per_s": tx_sum / n if n else None,
+                    "throughput_rx_bytes_per_s": rx_sum / n if n else None,
+                    "throughput_glimpses": n,
+                }
+            )
         return out
 
     # ------------------------------------------------------------ life

@@ -30,7 +30,7 @@ STARTED = "LOADING"  # the child prints this when the load begins
 
 
 def processes_on_gpus(snapshot: Snapshot) -> list[str]:
-    """"GPU 2: PID 1234"-style lines for every process NVML shows on a GPU (ours excepted)."""
+    """ "GPU 2: PID 1234"-style lines for every process NVML shows on a GPU (ours excepted)."""
     me = os.getpid()
     return [f"GPU {g.index}: PID {p.pid}" for g in snapshot.gpus for p in g.processes or () if p.pid != me]
 
@@ -82,8 +82,11 @@ def outcome_from_job(lines: list[str], returncode: int, stderr: str = "") -> Loa
             continue
         if data.get("allreduce"):
             a = data["allreduce"]
-            return LoadOutcome(allreduce=AllReduceResult(gpus=int(a["gpus"]), bytes=int(a["bytes"]),
-                                                         seconds=float(a["seconds"]), iterations=int(a["iterations"])))
+            return LoadOutcome(
+                allreduce=AllReduceResult(
+                    gpus=int(a["gpus"]), bytes=int(a["bytes"]), seconds=float(a["seconds"]), iterations=int(a["iterations"])
+                )
+            )
         return LoadOutcome(skipped=data.get("skipped"), allreduce_skipped=data.get("allreduce_skipped"))
     last = (stderr.strip().splitlines() or [f"exit status {returncode}"])[-1]
     return LoadOutcome(skipped=f"the load job failed: {last}")
@@ -101,8 +104,17 @@ def start_load(pipeline: Any, seconds: float) -> LoadRun:
     if importlib.util.find_spec("torch") is None:
         return LoadRun("torch is not installed (pip install torch): gputop has no other way to load a GPU")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gputop.collect.gpu_load_job", "--seconds", f"{seconds:g}",
-         "--bytes", str(ALLREDUCE_BYTES), "--iterations", str(ALLREDUCE_ITERATIONS)],
+        [
+            sys.executable,
+            "-m",
+            "gputop.collect.gpu_load_job",
+            "--seconds",
+            f"{seconds:g}",
+            "--bytes",
+            str(ALLREDUCE_BYTES),
+            "--iterations",
+            str(ALLREDUCE_ITERATIONS),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -52,9 +52,19 @@ _LAUNCHER_MODULES = (
     "deepspeed.launcher.runner",
 )
 _LAUNCHER_PROGRAMS = (
-    "torchrun", "deepspeed", "accelerate",
-    "srun", "slurmstepd",  # Slurm: the tasks of a step are children of slurmstepd on each node
-    "mpirun", "mpiexec", "mpiexec.hydra", "orterun", "prterun", "orted", "prted", "hydra_pmi_proxy",
+    "torchrun",
+    "deepspeed",
+    "accelerate",
+    "srun",
+    "slurmstepd",  # Slurm: the tasks of a step are children of slurmstepd on each node
+    "mpirun",
+    "mpiexec",
+    "mpiexec.hydra",
+    "orterun",
+    "prterun",
+    "orted",
+    "prted",
+    "hydra_pmi_proxy",
 )
 _LAUNCHER_COMMS = ("pt_elastic", "slurmstepd")  # torch.distributed.run renames its main thread so
 
@@ -214,7 +224,8 @@ class JobScanner:
         if not program:
             return []
         return [
-            child for child in self._children(tracked)
+            child
+            for child in self._children(tracked)
             if "LOCAL_RANK" in rank_env_keys(child) and script_and_args(child.cmdline) == program
         ]
 
@@ -594,7 +605,9 @@ class JobCollector:
             exited=True,
             launcher=gone(last.launcher) if last.launcher else None,
             ranks=tuple(
-                replace(r, proc=gone(r.proc), workers=tuple(replace(w, exited=True, state="X", cpu_percent=None) for w in r.workers))
+                replace(
+                    r, proc=gone(r.proc), workers=tuple(replace(w, exited=True, state="X", cpu_percent=None) for w in r.workers)
+                )
                 for r in last.ranks
             ),
             stacks={pid: s for pid, s in stacks.items() if pid in pids},
@@ -827,8 +840,10 @@ def _container_seeds(scanner: JobScanner, gpu_pids: frozenset[int]) -> list[int]
             seeds.append(pid)
             continue
         tracked = scanner.table.get(pid)
-        if tracked is not None and not is_worker(tracked) and (
-            has_rank_env(tracked) or "CUDA_VISIBLE_DEVICES" in (tracked.env or {})
+        if (
+            tracked is not None
+            and not is_worker(tracked)
+            and (has_rank_env(tracked) or "CUDA_VISIBLE_DEVICES" in (tracked.env or {}))
         ):
             seeds.append(pid)
     return seeds

@@ -143,8 +143,12 @@ def read_stat(pid: int, tid: Optional[int] = None) -> Optional[ProcStat]:
     fields = raw[right + 2 :].split()
     try:
         return ProcStat(
-            comm=raw[left + 1 : right].decode("utf-8", "replace"), state=fields[0].decode(), ppid=int(fields[1]),
-            start_ticks=int(fields[19]), flags=int(fields[6]), cpu_ticks=int(fields[11]) + int(fields[12]),
+            comm=raw[left + 1 : right].decode("utf-8", "replace"),
+            state=fields[0].decode(),
+            ppid=int(fields[1]),
+            start_ticks=int(fields[19]),
+            flags=int(fields[6]),
+            cpu_ticks=int(fields[11]) + int(fields[12]),
         )
     except (IndexError, ValueError):
         return None
@@ -220,7 +224,10 @@ def read_progress(pid: int) -> Optional[ProcessProgress]:
     threads = tuple(t for t in (read_thread_progress(pid, tid) for tid in tids) if t is not None)
     read_chars, write_chars = read_io_chars(pid)
     return ProcessProgress(
-        cpu_seconds=stat.cpu_ticks / CLOCK_TICKS, io_read_chars=read_chars, io_write_chars=write_chars, threads=threads,
+        cpu_seconds=stat.cpu_ticks / CLOCK_TICKS,
+        io_read_chars=read_chars,
+        io_write_chars=write_chars,
+        threads=threads,
     )
 
 
@@ -297,8 +304,14 @@ class ProcessTable:
                 self._by_pid.pop(pid, None)
                 return None
             tracked = Tracked(
-                proc=proc, key=key, start_ticks=stat.start_ticks, cmdline=read_cmdline(pid), env=read_environ(pid),
-                comm=stat.comm, ppid=stat.ppid, cpu_ticks=stat.cpu_ticks,
+                proc=proc,
+                key=key,
+                start_ticks=stat.start_ticks,
+                cmdline=read_cmdline(pid),
+                env=read_environ(pid),
+                comm=stat.comm,
+                ppid=stat.ppid,
+                cpu_ticks=stat.cpu_ticks,
             )
             self._by_pid[pid] = tracked
             return tracked

@@ -159,8 +159,14 @@ def _is_main_thread(sample: Sample) -> bool:
 
 
 def _thread(sample: Sample) -> ThreadStack:
-    return ThreadStack(thread_id=sample.thread_id, thread_name=sample.thread_name, os_thread_id=sample.thread_id,
-                       active=True, owns_gil=False, frames=sample.frames)
+    return ThreadStack(
+        thread_id=sample.thread_id,
+        thread_name=sample.thread_name,
+        os_thread_id=sample.thread_id,
+        active=True,
+        owns_gil=False,
+        frames=sample.frames,
+    )
 
 
 def _top(counter: Counter, total: int, n: int = 5) -> tuple[tuple[str, float], ...]:
@@ -235,17 +241,31 @@ class PassiveSampler:
         fd, self._output = tempfile.mkstemp(prefix="gputop-sample-", suffix=".raw")
         os.close(fd)
         argv = [
-            py_spy, "record", "--pid", str(self.rank_pid),
+            py_spy,
+            "record",
+            "--pid",
+            str(self.rank_pid),
             "--idle",  # the main thread waiting on the workers' queue is idle: keep those samples
             "--nonblocking",  # never pause the job
-            "--format", "raw", "--threads", "--subprocesses",
-            "--rate", str(self.rate), "--duration", str(self.duration), "--output", self._output,
+            "--format",
+            "raw",
+            "--threads",
+            "--subprocesses",
+            "--rate",
+            str(self.rate),
+            "--duration",
+            str(self.duration),
+            "--output",
+            self._output,
         ]
         self._cpu_before = {pid: _cpu_seconds(pid) for pid in self.worker_pids}
         self._idle_before = _idle_seconds()
         self._started = time.monotonic()
         self._proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
             env=dict(os.environ, RUST_BACKTRACE="0"),
         )
 

@@ -283,7 +283,12 @@ def _is_transient(stderr: str) -> bool:
 
 
 def dump_one(
-    pid: int, *, py_spy: str, timeout: float = DEFAULT_TIMEOUT, attempts: int = DEFAULT_ATTEMPTS, native: bool = False,
+    pid: int,
+    *,
+    py_spy: str,
+    timeout: float = DEFAULT_TIMEOUT,
+    attempts: int = DEFAULT_ATTEMPTS,
+    native: bool = False,
 ) -> ProcessStacks:
     """Dump one PID, retrying torn reads, within `timeout` seconds in all; the process's progress counters
     are read right after a dump that worked.
@@ -303,9 +308,16 @@ def dump_one(
         try:
             result = subprocess.run(argv, capture_output=True, timeout=remaining, env=env, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            return ProcessStacks(pid=pid, timestamp=started, native=native, error=f"py-spy took longer than {timeout:g}s on PID {pid}; will retry")
+            return ProcessStacks(
+                pid=pid, timestamp=started, native=native, error=f"py-spy took longer than {timeout:g}s on PID {pid}; will retry"
+            )
         except OSError as exc:
-            return ProcessStacks(pid=pid, timestamp=started, native=native, error=f"cannot run py-spy ({py_spy}): {exc.strerror}; {PY_SPY_INSTALL_HINT}")
+            return ProcessStacks(
+                pid=pid,
+                timestamp=started,
+                native=native,
+                error=f"cannot run py-spy ({py_spy}): {exc.strerror}; {PY_SPY_INSTALL_HINT}",
+            )
         stderr = result.stderr.decode("utf-8", errors="replace")
         if result.returncode == 0:
             try:

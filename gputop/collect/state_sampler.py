@@ -108,8 +108,9 @@ class StateClassifier:
     def state(self, frames: tuple[Frame, ...]) -> str:
         state = self._known.get(frames)
         if state is None:
-            thread = ThreadStack(thread_id=self.pid, thread_name="MainThread", os_thread_id=self.pid, active=True,
-                                 owns_gil=False, frames=frames)
+            thread = ThreadStack(
+                thread_id=self.pid, thread_name="MainThread", os_thread_id=self.pid, active=True, owns_gil=False, frames=frames
+            )
             state = classify_thread(thread, lambda f: read_source_line(f.filename, f.line, self.pid))
             self._known[frames] = state
             if len(self._known) > CLASSIFIED_STACKS:
@@ -127,8 +128,9 @@ def parse_speedscope(text: str, pid: int, classifier: StateClassifier) -> list[s
     if profile is None:
         return []
     shared = (data.get("shared") or {}).get("frames") or []
-    frames = [Frame(name=str(f.get("name") or "?"), filename=str(f.get("file") or "?"), line=int(f.get("line") or 0))
-              for f in shared]
+    frames = [
+        Frame(name=str(f.get("name") or "?"), filename=str(f.get("file") or "?"), line=int(f.get("line") or 0)) for f in shared
+    ]
     by_stack: dict[tuple, str] = {}
     states = []
     for sample in profile.get("samples") or ():
@@ -184,8 +186,8 @@ class _RankRecorder:
                 self.running = False
                 self.owner.stretch_ended(self)
             if stretch is not None and stretch.error is not None:
-                    self.cut.wait(RETRY_AFTER_S)
-                    self.cut.clear()
+                self.cut.wait(RETRY_AFTER_S)
+                self.cut.clear()
 
     def _stretch(self) -> Optional[StateSamples]:
         budget = self.owner.budget_for(self)
@@ -194,15 +196,31 @@ class _RankRecorder:
         os.close(fd)
         err_path = out + ".err"
         argv = [
-            self.owner.py_spy, "record", "--pid", str(self.pid), "--idle", "--nonblocking", "--threads",
-            "--format", "speedscope", "--rate", str(rate), "--output", out,
+            self.owner.py_spy,
+            "record",
+            "--pid",
+            str(self.pid),
+            "--idle",
+            "--nonblocking",
+            "--threads",
+            "--format",
+            "speedscope",
+            "--rate",
+            str(rate),
+            "--output",
+            out,
         ]
         started = time.time()
         try:
             with open(err_path, "wb") as err:
                 try:
-                    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                            env=dict(os.environ, RUST_BACKTRACE="0"))
+                    proc = subprocess.Popen(
+                        argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                        env=dict(os.environ, RUST_BACKTRACE="0"),
+                    )
                 except OSError as exc:
                     return StateSamples(self.pid, started, time.time(), rate, error=f"cannot run py-spy: {exc.strerror}")
                 cut_short = self.cut.wait(budget.stretch_s)
@@ -234,10 +252,12 @@ class _RankRecorder:
             if not states and (cut_short or self.stopped or self.owner.closed):
                 return None  # ended by us before py-spy caught the main thread (a new rate, a flush): no failure
             if not states:
-                return StateSamples(self.pid, started, ended, rate, errors=errors,
-                                    error="py-spy saw no samples of the rank's main thread")
-            return StateSamples(self.pid, max(started, ended - len(states) / rate), ended, rate,
-                                runs=run_lengths(states), errors=errors)
+                return StateSamples(
+                    self.pid, started, ended, rate, errors=errors, error="py-spy saw no samples of the rank's main thread"
+                )
+            return StateSamples(
+                self.pid, max(started, ended - len(states) / rate), ended, rate, runs=run_lengths(states), errors=errors
+            )
         finally:
             for path in (out, err_path):
                 try:

@@ -36,9 +36,11 @@ DMESG_TIMEOUT_S = 3.0
 
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]*\):\s*(\d+)")
 _DMESG_TIME = re.compile(r"^\s*(?:<\d+>)?\[\s*(\d+(?:\.\d+)?)\]\s?(.*)$")
-_AER_FILES = (("correctable", "aer_dev_correctable", "TOTAL_ERR_COR"),
-              ("nonfatal", "aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"),
-              ("fatal", "aer_dev_fatal", "TOTAL_ERR_FATAL"))
+_AER_FILES = (
+    ("correctable", "aer_dev_correctable", "TOTAL_ERR_COR"),
+    ("nonfatal", "aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"),
+    ("fatal", "aer_dev_fatal", "TOTAL_ERR_FATAL"),
+)
 
 
 def sysfs_bus_id(nvml_bus_id: str) -> str:
@@ -145,8 +147,12 @@ class HostReader:
         for function, (name, rdma, netdev) in found.items():
             node = _numa(self._first_line(Path(function) / "numa_node"))
             bus = os.path.basename(function)
-            out.append((NicInfo(name=name, numa_node=node, pci_bus_id=bus if _BDF.fullmatch(bus) else None, rdma=rdma, netdev=netdev),
-                        pci_path(function)))
+            out.append(
+                (
+                    NicInfo(name=name, numa_node=node, pci_bus_id=bus if _BDF.fullmatch(bus) else None, rdma=rdma, netdev=netdev),
+                    pci_path(function),
+                )
+            )
         return out
 
     def nic_topology(self, topology: Topology, gpu_bus_ids: Sequence[Optional[str]]) -> Topology:
@@ -159,12 +165,22 @@ class HostReader:
         nics = self._nics(unreadable)
         if unreadable and not nics:
             return dataclasses.replace(topology, nics=None, nics_unreadable=tuple(unreadable))
-        gpus = [(pci_path(self.path("sys", "bus", "pci", "devices", sysfs_bus_id(bus))) if bus else None,
-                 topology.numa_node[i] if i < len(topology.numa_node) else None) for i, bus in enumerate(gpu_bus_ids)]
-        one_node = len({node for _path, node in gpus if node is not None} | {n.numa_node for n, _ in nics if n.numa_node is not None}) <= 1
+        gpus = [
+            (
+                pci_path(self.path("sys", "bus", "pci", "devices", sysfs_bus_id(bus))) if bus else None,
+                topology.numa_node[i] if i < len(topology.numa_node) else None,
+            )
+            for i, bus in enumerate(gpu_bus_ids)
+        ]
+        one_node = (
+            len({node for _path, node in gpus if node is not None} | {n.numa_node for n, _ in nics if n.numa_node is not None})
+            <= 1
+        )
         ends = [(path, nic.numa_node) for nic, path in nics]
         matrix = tuple(tuple(link_label(a, node_a, b, node_b, one_node) for b, node_b in (*gpus, *ends)) for a, node_a in ends)
-        return dataclasses.replace(topology, nics=tuple(nic for nic, _ in nics), nic_matrix=matrix, nics_unreadable=tuple(unreadable))
+        return dataclasses.replace(
+            topology, nics=tuple(nic for nic, _ in nics), nic_matrix=matrix, nics_unreadable=tuple(unreadable)
+        )
 
     # ------------------------------------------------------------ kernel log
     def read_kernel_xids(self, unreadable: list[str]) -> tuple[Optional[tuple[KernelXid, ...]], int]:
@@ -201,8 +217,10 @@ class HostReader:
     def _restrict_note(self) -> str:
         restrict = self._first_line(self.path("proc", "sys", "kernel", "dmesg_restrict"))
         if restrict == "1":
-            return (" (kernel.dmesg_restrict = 1: reading it needs root or CAP_SYSLOG; "
-                    "ask an admin for `sudo dmesg -T | grep -i xid`)")
+            return (
+                " (kernel.dmesg_restrict = 1: reading it needs root or CAP_SYSLOG; "
+                "ask an admin for `sudo dmesg -T | grep -i xid`)"
+            )
         return ""
 
     @staticmethod
@@ -272,7 +290,7 @@ def _xid(message: str, when: Optional[float]) -> Optional[KernelXid]:
     pci = match.group(1).lower()
     domain, _, rest = pci.partition(":")
     pci = f"{int(domain, 16):04x}:{rest}"
-    text = message[message.index("NVRM: ") + len("NVRM: "):].strip()
+    text = message[message.index("NVRM: ") + len("NVRM: ") :].strip()
     return KernelXid(code=int(match.group(2)), pci=pci, timestamp=when, text=text)
 
 
@@ -300,7 +318,7 @@ def pci_path(device: str | os.PathLike) -> Optional[PciPath]:
     parts = Path(os.path.realpath(device)).parts
     for i, part in enumerate(parts):
         if _HOST_BRIDGE.fullmatch(part):
-            chain = tuple(p for p in parts[i + 1:] if _BDF.fullmatch(p))
+            chain = tuple(p for p in parts[i + 1 :] if _BDF.fullmatch(p))
             return (part, chain) if chain else None
     return None
 

@@ -51,9 +51,7 @@ class DemoSummary:
 def _check_demo_dependencies() -> None:
     missing = [name for name, module in (("PyTorch", "torch"), ("Pillow", "PIL")) if not importlib.util.find_spec(module)]
     if missing:
-        raise GputopError(
-            f"the demo runs a real training job and needs {' and '.join(missing)}: pip install 'gputop[demo]'"
-        )
+        raise GputopError(f"the demo runs a real training job and needs {' and '.join(missing)}: pip install 'gputop[demo]'")
 
 
 def _format_util(value: Optional[float]) -> str:

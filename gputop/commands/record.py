@@ -30,10 +30,15 @@ def run(args: Any) -> int:
                 if not first:
                     first.append(snap.timestamp)
 
-            history = observe(pipeline, seconds, args.interval, on_snapshot=on_snapshot, progress=progress, capacity=RECORD_HISTORY)
+            history = observe(
+                pipeline, seconds, args.interval, on_snapshot=on_snapshot, progress=progress, capacity=RECORD_HISTORY
+            )
             count = writer.count
     finally:
         pipeline.close()
     span = history.latest.timestamp - first[0] if first and history.latest is not None else 0.0
-    print(f"gputop: recorded {count} snapshots ({span:.0f} s) to {args.output}; replay with `gputop replay {args.output}`", file=sys.stderr)
+    print(
+        f"gputop: recorded {count} snapshots ({span:.0f} s) to {args.output}; replay with `gputop replay {args.output}`",
+        file=sys.stderr,
+    )
     return 0

@@ -1,7 +1,7 @@
 """`gputop report`: observe a while (or read a recording), diagnose, and write a ticket-ready report.
 
-    gputop report [--pid PID] [--seconds 30] [--simulate] [-o FILE] [--format md|json] [--bench [--yes]] [--trace]
-    gputop report --from FILE
+gputop report [--pid PID] [--seconds 30] [--simulate] [-o FILE] [--format md|json] [--bench [--yes]] [--trace]
+gputop report --from FILE
 """
 
 from __future__ import annotations
@@ -75,8 +75,16 @@ def run_trace(args: Any) -> Any:
         progress.done()
 
 
-def render(history: History, findings: list, fmt: str, bench: Any, command: list[str], recording: Optional[dict[str, Any]] = None,
-           infra: Any = None, trace: Any = None) -> str:
+def render(
+    history: History,
+    findings: list,
+    fmt: str,
+    bench: Any,
+    command: list[str],
+    recording: Optional[dict[str, Any]] = None,
+    infra: Any = None,
+    trace: Any = None,
+) -> str:
     if fmt == "json":
         from gputop.report.jsonreport import render_json
 
@@ -105,7 +113,9 @@ def run(args: Any) -> int:
             raise UsageError("--trace needs --pid PID (the training job to trace)")
         if args.yes and not args.bench:
             raise UsageError("--yes only applies with --bench")
-        args.stack_interval = min(getattr(args, "stack_interval", 2.0), max(FASTEST_STACK_INTERVAL_S, args.seconds / REPORT_STACK_DUMPS))
+        args.stack_interval = min(
+            getattr(args, "stack_interval", 2.0), max(FASTEST_STACK_INTERVAL_S, args.seconds / REPORT_STACK_DUMPS)
+        )
         pipeline = live_source(args)
         try:
             from gputop.commands.check import Evidence  # `gputop check` over the same window: the infra section

@@ -21,7 +21,7 @@ DEFAULT_LISTEN = "127.0.0.1:9401"
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """"HOST:PORT" (IPv6 as "[::1]:PORT") -> (host, port); UsageError saying what is wrong otherwise."""
+    """ "HOST:PORT" (IPv6 as "[::1]:PORT") -> (host, port); UsageError saying what is wrong otherwise."""
     host, sep, port_text = text.rpartition(":")
     example = f"e.g. --listen {DEFAULT_LISTEN}"
     if not sep or not host:
@@ -57,9 +57,13 @@ def start_server(host: str, port: int, registry: Any) -> Any:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise GputopError(f"{where} is already in use (another gputop serve?); choose another port with --listen HOST:PORT") from None
+            raise GputopError(
+                f"{where} is already in use (another gputop serve?); choose another port with --listen HOST:PORT"
+            ) from None
         if exc.errno == errno.EACCES:
-            raise GputopError(f"not allowed to listen on {where} (ports below 1024 need root); choose a port above 1024") from None
+            raise GputopError(
+                f"not allowed to listen on {where} (ports below 1024 need root); choose a port above 1024"
+            ) from None
         if exc.errno == errno.EADDRNOTAVAIL:
             raise GputopError(f"cannot listen on {where}: no interface of this machine has that address") from None
         # socket.gaierror (an OSError) for a host name that does not resolve
@@ -104,7 +108,11 @@ def run(args: Any) -> int:
     server = None
     loop: Optional[PollLoop] = None
     try:
-        jobs = AttachedJobs(args.pid, stack_interval=args.stack_interval, log=log) if args.pid else DiscoveredJobs(stack_interval=args.stack_interval)
+        jobs = (
+            AttachedJobs(args.pid, stack_interval=args.stack_interval, log=log)
+            if args.pid
+            else DiscoveredJobs(stack_interval=args.stack_interval)
+        )
         exporter = Exporter(pipeline, jobs, interval=args.interval, dcgm_fields=args.dcgm_fields, log=log)
         server = start_exporting(exporter, host, port)
         if pipeline.machine.gpu_error:

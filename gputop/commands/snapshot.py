@@ -91,6 +91,7 @@ def snapshot_from_json(data: dict[str, Any]) -> tuple[MachineInfo, Snapshot]:
 
 # ---------------------------------------------------------------- table
 
+
 def _gpu_lines(gpu: GpuSample) -> list[str]:
     if gpu.lost:
         return [f"{gpu.index:>3}  {gpu.name:<24} LOST ({gpu.unavailable.get('gpu', 'GpuIsLost')}) bus {gpu.pci_bus_id}"]
@@ -122,10 +123,14 @@ def write_table(machine: MachineInfo, snap: Snapshot, out: TextIO) -> None:
     cores = " ".join(f"{p:.0f}" for p in host.cpu_percent)
     avg = sum(host.cpu_percent) / len(host.cpu_percent) if host.cpu_percent else 0.0
     w(f"  CPU {avg:.0f}% avg; per core: {cores}\n")
-    w(f"  iowait {units.na(host.iowait_percent, '{:.1f}%')}  steal {units.na(host.steal_percent, '{:.1f}%')}  "
-      f"load {' '.join(f'{x:.2f}' for x in host.load_average)}\n")
-    w(f"  memory {host.memory_used / units.GIB:.1f}/{host.memory_total / units.GIB:.1f} GiB (available "
-      f"{host.memory_available / units.GIB:.1f})  swap {host.swap_used / units.GIB:.1f}/{host.swap_total / units.GIB:.1f} GiB\n")
+    w(
+        f"  iowait {units.na(host.iowait_percent, '{:.1f}%')}  steal {units.na(host.steal_percent, '{:.1f}%')}  "
+        f"load {' '.join(f'{x:.2f}' for x in host.load_average)}\n"
+    )
+    w(
+        f"  memory {host.memory_used / units.GIB:.1f}/{host.memory_total / units.GIB:.1f} GiB (available "
+        f"{host.memory_available / units.GIB:.1f})  swap {host.swap_used / units.GIB:.1f}/{host.swap_total / units.GIB:.1f} GiB\n"
+    )
     topo = machine.topology
     if topo.matrix:
         w("\ntopology\n")

@@ -24,8 +24,14 @@ def run(args) -> int:
     else:
         progress = _StderrProgress()
         try:
-            result = run_trace(args.pid, seconds=args.seconds, steps=args.steps, out_dir=args.output,
-                               with_stack=args.with_stack, progress=progress)
+            result = run_trace(
+                args.pid,
+                seconds=args.seconds,
+                steps=args.steps,
+                out_dir=args.output,
+                with_stack=args.with_stack,
+                progress=progress,
+            )
         finally:
             progress.close()
     if args.json:

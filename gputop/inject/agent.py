@@ -241,8 +241,20 @@ def _name_of(obj) -> str:
     return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(obj).__name__)}"
 
 
-def _common_settings(*, dataset, index_sampler, auto_collation, num_workers, prefetch_factor, pin_memory,
-                     persistent_workers, drop_last, timeout, collate_fn, dataset_kind) -> dict:
+def _common_settings(
+    *,
+    dataset,
+    index_sampler,
+    auto_collation,
+    num_workers,
+    prefetch_factor,
+    pin_memory,
+    persistent_workers,
+    drop_last,
+    timeout,
+    collate_fn,
+    dataset_kind,
+) -> dict:
     sampler = getattr(index_sampler, "sampler", index_sampler) if auto_collation else index_sampler
     batch_size = getattr(index_sampler, "batch_size", None) if auto_collation else None
     try:
@@ -285,13 +297,14 @@ def _sampler_kind(sampler) -> str:
 def refuse_reason(settings: dict, refs: dict):
     """Why a new DataLoader over this dataset would not be safe or meaningful; None when it is."""
     if settings.get("dataset_kind") == "iterable":
-        return ("IterableDataset: re-iterating it may consume or disturb the job's stream; "
-                "loader-only sweep not tried")
+        return "IterableDataset: re-iterating it may consume or disturb the job's stream; loader-only sweep not tried"
     if refs.get("dataset") is None:
         return "the live iterator no longer holds its dataset; loader-only sweep not tried"
     if settings.get("auto_collation") and settings.get("batch_size") is None:
-        return (f"custom batch_sampler ({settings.get('batch_sampler')}) without a batch_size: its state "
-                "cannot be copied safely; loader-only sweep not tried")
+        return (
+            f"custom batch_sampler ({settings.get('batch_sampler')}) without a batch_size: its state "
+            "cannot be copied safely; loader-only sweep not tried"
+        )
     return None
 
 
@@ -353,8 +366,7 @@ def _steady_rate(segments: list, first_round: int):
 def measure_config(torch_mod, settings, refs, num_workers, prefetch_factor, seconds, notes) -> dict:
     """Draw batches from a new loader for `seconds` (plus start-up) and return its steady rate."""
     loader = make_loader(torch_mod, settings, refs, num_workers, prefetch_factor, notes)
-    result = {"num_workers": num_workers, "prefetch_factor": prefetch_factor if num_workers else None,
-              "pin_memory": False}
+    result = {"num_workers": num_workers, "prefetch_factor": prefetch_factor if num_workers else None, "pin_memory": False}
     started = _now()
     cpu_before = _cpu_seconds()
     segments = []
@@ -416,8 +428,7 @@ def _shutdown(iterator) -> None:
         shutdown()
 
 
-def run_sweep(torch_mod, settings, refs, plan: dict, run_dir: RunDir, loader_math: dict, deadline: float,
-              progress=None) -> dict:
+def run_sweep(torch_mod, settings, refs, plan: dict, run_dir: RunDir, loader_math: dict, deadline: float, progress=None) -> dict:
     """Baseline (current settings), then more workers, then a larger prefetch: within `deadline`."""
     notes: list = []
     configs: list = []
@@ -451,12 +462,18 @@ def run_sweep(torch_mod, settings, refs, plan: dict, run_dir: RunDir, loader_mat
         return out
     # The training's own figure when it is input-bound (measured before this sweep competed with it),
     # else what the loader alone did with the current settings.
-    prep_s = (loader_math["live_prep_time"](n_now, plan.get("consumption"))
-              or loader_math["prep_time_from_rate"](n_now, base["batches_per_s"]))
+    prep_s = loader_math["live_prep_time"](n_now, plan.get("consumption")) or loader_math["prep_time_from_rate"](
+        n_now, base["batches_per_s"]
+    )
     # How many workers the idle cores can keep busy depends on how much of a core each one burns.
     core_share = loader_math["core_share_per_worker"](base)
-    cap = loader_math["worker_cap"](n_now, float(plan.get("free_cores") or 0.0), int(plan.get("ranks_on_host") or 1),
-                                    core_share, int(plan.get("hard_max_workers") or loader_math["HARD_MAX_WORKERS"]))
+    cap = loader_math["worker_cap"](
+        n_now,
+        float(plan.get("free_cores") or 0.0),
+        int(plan.get("ranks_on_host") or 1),
+        core_share,
+        int(plan.get("hard_max_workers") or loader_math["HARD_MAX_WORKERS"]),
+    )
     mem_cap = _memory_worker_cap()
     if mem_cap is not None and mem_cap < cap:
         notes.append(f"workers capped at {mem_cap} by free memory (each new process may grow to the job's size)")
@@ -554,8 +571,9 @@ def _detach_shared_channels(keep: tuple = ()) -> None:
         os.close(null)
 
 
-def sweep_in_forked_child(torch_mod, settings, refs, plan, run_dir: RunDir, loader_math, seconds: float,
-                          probe: ConsumptionProbe, progress) -> dict:
+def sweep_in_forked_child(
+    torch_mod, settings, refs, plan, run_dir: RunDir, loader_math, seconds: float, probe: ConsumptionProbe, progress
+) -> dict:
     """Fork, sweep in the child (own process group, output to a log), kill the group at the deadline."""
     deadline = _now() + seconds
     pid = os.fork()
@@ -581,8 +599,7 @@ def sweep_in_forked_child(torch_mod, settings, refs, plan, run_dir: RunDir, load
             try:
                 message = _one_line(exc)
                 if "CUDA" in message and "fork" in message:
-                    message = ("the dataset uses CUDA, which a forked copy cannot; loader-only sweep not tried "
-                               f"({message})")
+                    message = f"the dataset uses CUDA, which a forked copy cannot; loader-only sweep not tried ({message})"
                 run_dir.write_json("sweep_error.json", {"error": message})
             except BaseException:
                 pass
@@ -651,8 +668,14 @@ def live_main(run_path: str) -> None:
     run_dir = RunDir(run_path)
     with open(os.path.join(run_path, "config.json")) as f:
         config = json.load(f)
-    result = {"agent_version": AGENT_VERSION, "mode": "live", "pid": os.getpid(),
-              "python": sys.version.split()[0], "notes": [], "started": time.time()}
+    result = {
+        "agent_version": AGENT_VERSION,
+        "mode": "live",
+        "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "notes": [],
+        "started": time.time(),
+    }
     probe = None
     threads_before = threading.active_count()
     try:
@@ -674,8 +697,10 @@ def live_main(run_path: str) -> None:
             t1 = time.perf_counter()
             key = probe.dominant_loader()
             if key is None:
-                result["error"] = (f"the training drew no batch in {window:.1f}s; is it in its training loop? "
-                                   "(the benchmark needs a running DataLoader)")
+                result["error"] = (
+                    f"the training drew no batch in {window:.1f}s; is it in its training loop? "
+                    "(the benchmark needs a running DataLoader)"
+                )
                 return
             entry = probe.loaders[key]
             result["consumption"] = probe.summarize(key, t0, t1)
@@ -711,8 +736,9 @@ def live_main(run_path: str) -> None:
                 run_dir.progress(0.3 + 0.65 * min(1.0, len(done.get("configs", ())) / 5.0), message, **extra)
 
             t2 = time.perf_counter()
-            result["sweep"] = sweep_in_forked_child(torch_mod, settings, refs, plan, run_dir, loader_math,
-                                                    sweep_seconds, probe, sweep_progress)
+            result["sweep"] = sweep_in_forked_child(
+                torch_mod, settings, refs, plan, run_dir, loader_math, sweep_seconds, probe, sweep_progress
+            )
             t3 = time.perf_counter()
             result["during_sweep"] = probe.summarize(key, t2, t3)
         finally:
@@ -727,7 +753,7 @@ def live_main(run_path: str) -> None:
                 result["notes"].append(probe.restore_note)
         result["threads_before"] = threads_before
         result["finished"] = time.time()
-        for entry in (probe.loaders.values() if probe else ()):
+        for entry in probe.loaders.values() if probe else ():
             entry.pop("iterator_ref", None)
         try:
             run_dir.write_json("result.json", result)
@@ -763,8 +789,14 @@ def offline_main(spec: str, run_path: str) -> int:
     run_dir = RunDir(run_path)
     with open(os.path.join(run_path, "config.json")) as f:
         config = json.load(f)
-    result = {"agent_version": AGENT_VERSION, "mode": "offline", "pid": os.getpid(),
-              "python": sys.version.split()[0], "notes": [], "started": time.time()}
+    result = {
+        "agent_version": AGENT_VERSION,
+        "mode": "offline",
+        "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "notes": [],
+        "started": time.time(),
+    }
     try:
         import importlib
 

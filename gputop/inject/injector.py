@@ -59,6 +59,7 @@ class Target:
     root: str  # the target's filesystem root as we see it: /proc/PID/root
     foreign_root: bool  # True when the target sees another filesystem (a container)
 
+
 @dataclass(frozen=True)
 class RunDir:
     host_path: str  # where gputop reads and writes it
@@ -88,7 +89,10 @@ def python_version(pid: int) -> tuple[int, int, int]:
     try:
         proc = subprocess.run(
             [py_spy, "dump", "--pid", str(pid), "--nonblocking"],
-            capture_output=True, text=True, timeout=VERSION_TIMEOUT, stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=VERSION_TIMEOUT,
+            stdin=subprocess.DEVNULL,
             env=dict(os.environ, RUST_BACKTRACE="0"),
         )
     except subprocess.TimeoutExpired:
@@ -196,8 +200,9 @@ def default_results_root(target: Target) -> tuple[str, str]:
     return os.path.join(target.root, target_root.lstrip("/")), target_root
 
 
-def prepare_run_dir(target: Target, config: dict, results_root: Optional[tuple[str, str]] = None,
-                    files: tuple[str, ...] = AGENT_FILES) -> RunDir:
+def prepare_run_dir(
+    target: Target, config: dict, results_root: Optional[tuple[str, str]] = None, files: tuple[str, ...] = AGENT_FILES
+) -> RunDir:
     """A fresh 0700 run directory holding the agent's `files` (the benchmark's by default) and the config."""
     host_root, target_root = results_root or default_results_root(target)
     secure_directory(host_root)
@@ -306,7 +311,10 @@ def _remote_exec(target: Target, run: RunDir, code: str) -> None:
     try:
         proc = subprocess.run(
             [interpreter, "-I", "-c", f"import sys; sys.remote_exec({target.pid}, {script!r})"],
-            capture_output=True, text=True, timeout=INJECT_TIMEOUT, stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=INJECT_TIMEOUT,
+            stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise GputopError(f"could not run the target's Python for sys.remote_exec: {exc}") from None
@@ -327,15 +335,26 @@ def _safepoint_inject(target: Target, code: str) -> None:
     gputop never sits inside ptrace itself, and killing the helper at any moment leaves the job running."""
     from gputop.inject import safepoint
 
-    argv = [sys.executable, "-m", "gputop.inject.safepoint", str(target.pid), "--code", code,
-            "--find-seconds", f"{safepoint.FIND_BOUND_S:g}", "--call-seconds", f"{safepoint.CALL_BOUND_S:g}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gputop.inject.safepoint",
+        str(target.pid),
+        "--code",
+        code,
+        "--find-seconds",
+        f"{safepoint.FIND_BOUND_S:g}",
+        "--call-seconds",
+        f"{safepoint.CALL_BOUND_S:g}",
+    ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(_PACKAGE_DIR.parent), os.environ.get("PYTHONPATH")))))
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=HELPER_TIMEOUT, stdin=subprocess.DEVNULL,
-                              env=env)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=HELPER_TIMEOUT, stdin=subprocess.DEVNULL, env=env)
     except subprocess.TimeoutExpired:  # subprocess killed it: the job goes on (see safepoint's docstring)
-        raise GputopError(f"the injection into PID {target.pid} did not finish within {HELPER_TIMEOUT:g}s; the helper "
-                          "was stopped and the job left running") from None
+        raise GputopError(
+            f"the injection into PID {target.pid} did not finish within {HELPER_TIMEOUT:g}s; the helper "
+            "was stopped and the job left running"
+        ) from None
     answer = _last_json_line(proc.stdout)
     if answer is None:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -393,8 +412,10 @@ def frozen_evidence(pid: int, since=None, watch_s: float = FROZEN_WATCH_S) -> Op
     if before is None:
         return None
     how_long = "since the agent was started" if since is not None else f"for {watch_s:g}s"
-    return (f"PID {pid} is frozen: its main thread's CPU time and context switches stood still {how_long}; "
-            f"its main thread is in {_native_top(pid)}")
+    return (
+        f"PID {pid} is frozen: its main thread's CPU time and context switches stood still {how_long}; "
+        f"its main thread is in {_native_top(pid)}"
+    )
 
 
 def _native_top(pid: int, frames: int = 4) -> str:

@@ -157,8 +157,7 @@ THREAD_MAIN = 0x100  # thread_main's offset in TRAMPOLINE (after .p2align 4)
 # The control block, 64-byte aligned on the borrowed thread's stack (offsets used by TRAMPOLINE).
 CB_MALLOC, CB_PTHREAD_CREATE, CB_PTHREAD_DETACH, CB_BLOCK_SIZE, CB_STATE, CB_RESULT = 0, 8, 16, 24, 32, 40
 CB_SAVED = 48  # rax rbx rdx rsi rdi rbp r8 r9 r10 r12 r13 r14 r15 rsp rip rflags, 8 bytes each
-CB_SAVED_ORDER = ("rax", "rbx", "rdx", "rsi", "rdi", "rbp", "r8", "r9", "r10", "r12", "r13", "r14", "r15",
-                  "rsp", "rip", "eflags")
+CB_SAVED_ORDER = ("rax", "rbx", "rdx", "rsi", "rdi", "rbp", "r8", "r9", "r10", "r12", "r13", "r14", "r15", "rsp", "rip", "eflags")
 CB_THREAD_MAIN, CB_BLOCK, CB_FREE = 176, 184, 192  # (200: the pthread_t)
 CB_XSAVE = 256  # the xsave area: 64-byte aligned, its 64-byte header zeroed (xrstor refuses a dirty one)
 XSAVE_HEADER_END = 512 + 64  # the header follows the 512-byte legacy region
@@ -177,11 +176,21 @@ PAGE = 4096
 
 SLEEP, IO_WAIT, READ, FUTEX = 0, 1, 2, 3  # preference order: a sleeping thread is the safest to borrow
 SAFE_SYSCALLS: dict[int, tuple[str, int]] = {
-    35: ("nanosleep", SLEEP), 230: ("clock_nanosleep", SLEEP),
-    7: ("poll", IO_WAIT), 271: ("ppoll", IO_WAIT), 23: ("select", IO_WAIT), 270: ("pselect6", IO_WAIT),
-    232: ("epoll_wait", IO_WAIT), 281: ("epoll_pwait", IO_WAIT), 441: ("epoll_pwait2", IO_WAIT),
-    0: ("read", READ), 19: ("readv", READ), 45: ("recvfrom", READ), 47: ("recvmsg", READ),
-    43: ("accept", READ), 288: ("accept4", READ),
+    35: ("nanosleep", SLEEP),
+    230: ("clock_nanosleep", SLEEP),
+    7: ("poll", IO_WAIT),
+    271: ("ppoll", IO_WAIT),
+    23: ("select", IO_WAIT),
+    270: ("pselect6", IO_WAIT),
+    232: ("epoll_wait", IO_WAIT),
+    281: ("epoll_pwait", IO_WAIT),
+    441: ("epoll_pwait2", IO_WAIT),
+    0: ("read", READ),
+    19: ("readv", READ),
+    45: ("recvfrom", READ),
+    47: ("recvmsg", READ),
+    43: ("accept", READ),
+    288: ("accept4", READ),
     202: ("futex", FUTEX),
 }
 FUTEX_CMD_MASK = 0x7F  # without FUTEX_PRIVATE_FLAG and FUTEX_CLOCK_REALTIME
@@ -215,8 +224,35 @@ NT_X86_XSTATE = 0x202
 WALL = 0x40000000  # __WALL: wait for a thread that is not our child
 SYS_TGKILL = 234
 
-REG_NAMES = ("r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx", "rdx", "rsi", "rdi",
-             "orig_rax", "rip", "cs", "eflags", "rsp", "ss", "fs_base", "gs_base", "ds", "es", "fs", "gs")
+REG_NAMES = (
+    "r15",
+    "r14",
+    "r13",
+    "r12",
+    "rbp",
+    "rbx",
+    "r11",
+    "r10",
+    "r9",
+    "r8",
+    "rax",
+    "rcx",
+    "rdx",
+    "rsi",
+    "rdi",
+    "orig_rax",
+    "rip",
+    "cs",
+    "eflags",
+    "rsp",
+    "ss",
+    "fs_base",
+    "gs_base",
+    "ds",
+    "es",
+    "fs",
+    "gs",
+)
 
 
 class Refused(Exception):
@@ -566,8 +602,9 @@ def _xstate_size(tid: int) -> int:
     return (iov.len + 63) & ~63
 
 
-def inject(pid: int, code: str, find_bound: float = FIND_BOUND_S, call_bound: float = CALL_BOUND_S,
-           _pause_at: Optional[str] = None) -> Outcome:
+def inject(
+    pid: int, code: str, find_bound: float = FIND_BOUND_S, call_bound: float = CALL_BOUND_S, _pause_at: Optional[str] = None
+) -> Outcome:
     """Run `code` in `pid` on a thread parked at a safe point.  Raises Refused with one line."""
     started = time.monotonic()
     if os.uname().machine != "x86_64":
@@ -612,8 +649,16 @@ def _pause(where: str, pause_at: Optional[str]) -> None:
         time.sleep(3600)
 
 
-def _try_thread(pid: int, tid: int, api: TargetApi, payload: bytes, maps: list[Mapping], outcome: Outcome,
-                call_bound: float, pause_at: Optional[str]) -> bool:
+def _try_thread(
+    pid: int,
+    tid: int,
+    api: TargetApi,
+    payload: bytes,
+    maps: list[Mapping],
+    outcome: Outcome,
+    call_bound: float,
+    pause_at: Optional[str],
+) -> bool:
     """One attach: stop `tid`, check it is parked safely, run the call.  False (thread untouched) when it
     is not a safe point after all."""
     try:
@@ -632,8 +677,11 @@ def _try_thread(pid: int, tid: int, api: TargetApi, payload: bytes, maps: list[M
         nr = _signed(regs.orig_rax)
         memory = _Memory(pid)
         try:
-            why = "not stopped in a syscall" if nr < 0 else unsafe_reason(
-                pid, nr, (regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9), maps)
+            why = (
+                "not stopped in a syscall"
+                if nr < 0
+                else unsafe_reason(pid, nr, (regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9), maps)
+            )
             if why is None and memory.read(regs.rip - 2, 2) != SYSCALL_INSN:
                 why = "not at a syscall instruction"
             stack = mapping_at(maps, regs.rsp)
@@ -647,15 +695,28 @@ def _try_thread(pid: int, tid: int, api: TargetApi, payload: bytes, maps: list[M
                 return False
             _pause("stopped", pause_at)
             resume = resume_registers(regs)
-            thread_block = struct.pack("<QQQQ", api["PyGILState_Ensure"], api["PyRun_SimpleStringFlags"],
-                                       api["PyGILState_Release"], api["free"]) + payload
+            thread_block = (
+                struct.pack(
+                    "<QQQQ", api["PyGILState_Ensure"], api["PyRun_SimpleStringFlags"], api["PyGILState_Release"], api["free"]
+                )
+                + payload
+            )
             control = bytearray(CB_XSAVE + XSAVE_HEADER_END)  # zeroes the xsave header too
-            struct.pack_into("<QQQQQQ", control, 0, api["malloc"], api["pthread_create"], api["pthread_detach"],
-                             len(thread_block), STATE_NOT_STARTED, 0)
-            struct.pack_into("<" + "Q" * len(CB_SAVED_ORDER), control, CB_SAVED,
-                             *(getattr(resume, name) for name in CB_SAVED_ORDER))
-            struct.pack_into("<QQQ", control, CB_THREAD_MAIN, api.cave + THREAD_MAIN, block + CB_XSAVE + xsize,
-                             api["free"])
+            struct.pack_into(
+                "<QQQQQQ",
+                control,
+                0,
+                api["malloc"],
+                api["pthread_create"],
+                api["pthread_detach"],
+                len(thread_block),
+                STATE_NOT_STARTED,
+                0,
+            )
+            struct.pack_into(
+                "<" + "Q" * len(CB_SAVED_ORDER), control, CB_SAVED, *(getattr(resume, name) for name in CB_SAVED_ORDER)
+            )
+            struct.pack_into("<QQQ", control, CB_THREAD_MAIN, api.cave + THREAD_MAIN, block + CB_XSAVE + xsize, api["free"])
             memory.write_code(tid, api.cave, TRAMPOLINE)
             memory.write(block, bytes(control))
             memory.write(block + CB_XSAVE + xsize, thread_block)
@@ -682,8 +743,17 @@ def _try_thread(pid: int, tid: int, api: TargetApi, payload: bytes, maps: list[M
         _detach_stopped(pid, tid, pending)
 
 
-def _run_call(tid: int, memory: _Memory, api: TargetApi, block: int, resume: _Regs, deadline: float,
-              pending: list[int], outcome: Outcome, pause_at: Optional[str]) -> None:
+def _run_call(
+    tid: int,
+    memory: _Memory,
+    api: TargetApi,
+    block: int,
+    resume: _Regs,
+    deadline: float,
+    pending: list[int],
+    outcome: Outcome,
+    pause_at: Optional[str],
+) -> None:
     """Let the thread run the trampoline, stopping at each of its syscalls (PTRACE_SYSCALL) until the
     marker syscall, where the control block is still intact below the thread's stack.  Past `deadline`:
     undo the switch if the call has not started, else let the thread finish it alone."""
@@ -707,8 +777,9 @@ def _run_call(tid: int, memory: _Memory, api: TargetApi, block: int, resume: _Re
                 outcome.result = struct.unpack("<q", memory.read(block + CB_RESULT, 8))[0]
                 outcome.ran = outcome.result == 0
                 if not outcome.ran:
-                    outcome.reason = ("the target could not start a thread: " + (
-                        "out of memory" if outcome.result == -1 else os.strerror(outcome.result)))
+                    outcome.reason = "the target could not start a thread: " + (
+                        "out of memory" if outcome.result == -1 else os.strerror(outcome.result)
+                    )
                 return  # detached by the caller at this stop: the getpid runs, the trampoline restores
             if state_of(memory, block) == STATE_STARTED:
                 _pause("calling", pause_at)
@@ -728,8 +799,10 @@ def _run_call(tid: int, memory: _Memory, api: TargetApi, block: int, resume: _Re
         outcome.reason = "the thread did not start the call before the deadline; it was put back untouched"
     else:
         outcome.ran = True
-        outcome.reason = ("the injected call was still running at the deadline; gputop let the thread go and it "
-                          "returns to the job by itself when the call ends")
+        outcome.reason = (
+            "the injected call was still running at the deadline; gputop let the thread go and it "
+            "returns to the job by itself when the call ends"
+        )
 
 
 def state_of(memory: _Memory, block: int) -> int:
@@ -772,8 +845,9 @@ def _traced_by_other(tid: int) -> bool:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gputop.inject.safepoint",
-                                     description="Run one line of Python in a live process at a safe point.")
+    parser = argparse.ArgumentParser(
+        prog="python -m gputop.inject.safepoint", description="Run one line of Python in a live process at a safe point."
+    )
     parser.add_argument("pid", type=int)
     parser.add_argument("--code", required=True)
     parser.add_argument("--find-seconds", type=float, default=FIND_BOUND_S)
@@ -782,8 +856,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     pause_at = os.environ.get("GPUTOP_SAFEPOINT_PAUSE_AT")  # tests: stop here and wait to be killed
     try:
         out = inject(args.pid, args.code, args.find_seconds, args.call_seconds, pause_at)
-        answer = {"ran": out.ran, "tid": out.tid, "syscall": out.syscall, "result": out.result,
-                  "attempts": out.attempts, "seconds": round(out.seconds, 4), "reason": out.reason}
+        answer = {
+            "ran": out.ran,
+            "tid": out.tid,
+            "syscall": out.syscall,
+            "result": out.result,
+            "attempts": out.attempts,
+            "seconds": round(out.seconds, 4),
+            "reason": out.reason,
+        }
     except Refused as exc:
         answer = {"ran": False, "refused": str(exc)}
     except OSError as exc:

@@ -31,8 +31,15 @@ import time
 AGENT_VERSION = 1
 MAX_SECONDS = 10.0  # the bound on the window, whatever the config says
 START_WAIT_S = 5.0  # the injected one-liner returns in milliseconds; this only guards a stuck start
-MEMORY_KEYS = ("num_alloc_retries", "num_ooms", "reserved_bytes.all.current", "allocated_bytes.all.current",
-               "inactive_split_bytes.all.current", "inactive_split.all.current", "active_bytes.all.peak")
+MEMORY_KEYS = (
+    "num_alloc_retries",
+    "num_ooms",
+    "reserved_bytes.all.current",
+    "allocated_bytes.all.current",
+    "inactive_split_bytes.all.current",
+    "inactive_split.all.current",
+    "active_bytes.all.peak",
+)
 
 
 def _sibling(name: str) -> dict:
@@ -113,8 +120,9 @@ def trace_window(torch_mod, run_dir: RunDir, config: dict, result: dict) -> None
     seconds = min(MAX_SECONDS, max(0.1, float(config.get("seconds", 5.0))))
     steps = int(config.get("steps") or 0)
     if _profiler_enabled(torch_mod):
-        result["error"] = ("a profiler is already running in this process (the job's own, or another tool's); "
-                           "not starting a second one")
+        result["error"] = (
+            "a profiler is already running in this process (the job's own, or another tool's); not starting a second one"
+        )
         return
     activities = [ProfilerActivity.CPU]
     cuda = getattr(torch_mod, "cuda", None)
@@ -150,8 +158,13 @@ def trace_window(torch_mod, run_dir: RunDir, config: dict, result: dict) -> None
             prof.stop()
         finally:
             counter.remove()
-    result["window"] = {"start": started, "end": time.time(), "steps": counter.count, "seconds_bound": seconds,
-                        "steps_bound": steps or None}
+    result["window"] = {
+        "start": started,
+        "end": time.time(),
+        "steps": counter.count,
+        "seconds_bound": seconds,
+        "steps_bound": steps or None,
+    }
     run_dir.progress(0.85, "writing the trace")
     prof.export_chrome_trace(os.path.join(run_dir.path, "trace.json"))
     result["trace"] = "trace.json"
@@ -163,9 +176,16 @@ def live_main(run_path: str, started_event=None) -> None:
     run_dir = RunDir(run_path)
     with open(os.path.join(run_path, "config.json")) as f:
         config = json.load(f)
-    result = {"agent_version": AGENT_VERSION, "pid": os.getpid(), "python": sys.version.split()[0], "notes": [],
-              "rank": _env_int("RANK"), "local_rank": _env_int("LOCAL_RANK"),
-              "main_thread_id": threading.main_thread().native_id, "started": time.time()}
+    result = {
+        "agent_version": AGENT_VERSION,
+        "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "notes": [],
+        "rank": _env_int("RANK"),
+        "local_rank": _env_int("LOCAL_RANK"),
+        "main_thread_id": threading.main_thread().native_id,
+        "started": time.time(),
+    }
     own = threading.current_thread()
     threads_before = {t.ident for t in threading.enumerate()}
     torch_mod = None
@@ -188,8 +208,9 @@ def live_main(run_path: str, started_event=None) -> None:
             result["profiler_left_on"] = _profiler_enabled(torch_mod)
             hooks = global_step_hooks(torch_mod)
             result["global_step_hooks_after"] = len(hooks) if hooks is not None else None
-        result["threads_left"] = sorted(t.name for t in threading.enumerate()
-                                        if t.ident not in threads_before and t is not own and t.is_alive())
+        result["threads_left"] = sorted(
+            t.name for t in threading.enumerate() if t.ident not in threads_before and t is not own and t.is_alive()
+        )
         result["finished"] = time.time()
         try:
             run_dir.write_json("result.json", result)

@@ -36,23 +36,50 @@ def infra_data(history: History, findings: Sequence[Finding], check: Optional[Ch
     latest = snaps[-1] if snaps else None
     m = history.machine
     gpus = [
-        {"index": g.index, "name": g.name, "uuid": g.uuid, "serial": None, "vbios": None, "board_part_number": None,
-         "pci_bus_id": g.pci_bus_id, "lost": g.lost}
+        {
+            "index": g.index,
+            "name": g.name,
+            "uuid": g.uuid,
+            "serial": None,
+            "vbios": None,
+            "board_part_number": None,
+            "pci_bus_id": g.pci_bus_id,
+            "lost": g.lost,
+        }
         for g in (latest.gpus if latest else ())
     ]
     xids = []
     for index in sorted({g.index for s in snaps for g in s.gpus}):
         for event in distinct_xids(g for s in snaps for g in s.gpus if g.index == index):
-            xids.append(f"{utc_time(event.timestamp)}  GPU {index}  XID {event.code}: {meaning_of(event.code).meaning} [NVML event]")
+            xids.append(
+                f"{utc_time(event.timestamp)}  GPU {index}  XID {event.code}: {meaning_of(event.code).meaning} [NVML event]"
+            )
     failing = [
-        {"id": f.id, "title": f.title, "status": FAIL if f.severity == "critical" else WARN, "value": f.summary,
-         "expected": "", "gpus": list(f.gpus), "evidence": list(f.evidence), "line": f.summary}
-        for f in findings if f.label == LABEL_INFRA
+        {
+            "id": f.id,
+            "title": f.title,
+            "status": FAIL if f.severity == "critical" else WARN,
+            "value": f.summary,
+            "expected": "",
+            "gpus": list(f.gpus),
+            "evidence": list(f.evidence),
+            "line": f.summary,
+        }
+        for f in findings
+        if f.label == LABEL_INFRA
     ]
     return {
         "source": "findings",
-        "machine": {"hostname": m.hostname, "kernel": None, "driver": m.driver_version, "driver_module": None,
-                    "cuda": m.cuda_version, "nvml": m.nvml_version, "simulated": m.simulated, "gpu_error": m.gpu_error},
+        "machine": {
+            "hostname": m.hostname,
+            "kernel": None,
+            "driver": m.driver_version,
+            "driver_module": None,
+            "cuda": m.cuda_version,
+            "nvml": m.nvml_version,
+            "simulated": m.simulated,
+            "gpu_error": m.gpu_error,
+        },
         "gpus": gpus,
         "failing": failing,
         "checks": [],
@@ -60,7 +87,8 @@ def infra_data(history: History, findings: Sequence[Finding], check: Optional[Ch
         "xids": xids,
         "next_commands": [{"command": c, "why": w} for c, w in NEXT_COMMANDS],
         "advice": CAPTURE_BEFORE_RESET,
-        "missing": ("serials, VBIOS, error counters and the kernel log were not read for this report (it was built "
-                    "from a recording): run `gputop check` on the machine itself and attach its output"),
+        "missing": (
+            "serials, VBIOS, error counters and the kernel log were not read for this report (it was built "
+            "from a recording): run `gputop check` on the machine itself and attach its output"
+        ),
     }
-

@@ -126,14 +126,17 @@ def _job(snaps: Sequence[Snapshot]) -> Optional[dict[str, Any]]:
                 "exited": r.proc.exited,
                 "cmdline": list(redact_cmdline(r.proc.cmdline)),
                 "workers": [
-                    {"pid": w.pid, "cpu_percent": w.cpu_percent, "state": w.state, "core": w.core, "exited": w.exited} for w in r.workers
+                    {"pid": w.pid, "cpu_percent": w.cpu_percent, "state": w.state, "core": w.core, "exited": w.exited}
+                    for w in r.workers
                 ],
             }
         )
     launcher = job.launcher
     return {
         "root_pid": job.root_pid,
-        "launcher": None if launcher is None else {"pid": launcher.pid, "name": launcher.name, "cmdline": list(redact_cmdline(launcher.cmdline))},
+        "launcher": None
+        if launcher is None
+        else {"pid": launcher.pid, "name": launcher.name, "cmdline": list(redact_cmdline(launcher.cmdline))},
         "ranks": ranks,
         "exited": job.exited,
         "warnings": list(job.warnings),
@@ -144,8 +147,7 @@ def _job(snaps: Sequence[Snapshot]) -> Optional[dict[str, Any]]:
 def _rank_shares(o: Optional[RankObs]) -> dict[str, Any]:
     """The rank's shares, each with its interval and sample count, and where the samples came from."""
     if o is None:
-        return {"shares": {}, "input_share": None, "samples": 0, "sampling": None, "startup_left_out": 0,
-                "starting_up": False}
+        return {"shares": {}, "input_share": None, "samples": 0, "sampling": None, "startup_left_out": 0, "starting_up": False}
     counts = o.counts
     return {
         "shares": {state: o.share(state).to_dict() for state, _n in counts.counts.most_common()},
@@ -295,6 +297,7 @@ def render_json(
     infra: Any = None,
     trace: Any = None,
 ) -> str:
-    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra,
-                       trace=trace)
+    data = report_data(
+        history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra, trace=trace
+    )
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"

@@ -82,23 +82,45 @@ def _infra_team(data: dict[str, Any]) -> list[str]:
     infra = data["infra"]
     m = infra["machine"]
     out = ["## For the infra team", ""]
-    versions = [("Host", m["hostname"]), ("Kernel", m["kernel"]), ("Driver", m["driver"] if not m["driver_module"] or m["driver_module"] == m["driver"]
-                else f"{m['driver']} (kernel module {m['driver_module']})"), ("CUDA", m["cuda"]), ("NVML", m["nvml"])]
+    versions = [
+        ("Host", m["hostname"]),
+        ("Kernel", m["kernel"]),
+        (
+            "Driver",
+            m["driver"]
+            if not m["driver_module"] or m["driver_module"] == m["driver"]
+            else f"{m['driver']} (kernel module {m['driver_module']})",
+        ),
+        ("CUDA", m["cuda"]),
+        ("NVML", m["nvml"]),
+    ]
     if m["gpu_error"]:
         versions.append(("GPUs", m["gpu_error"]))
     out += _table(["", ""], versions)
     if infra["gpus"]:
         out += _table(
             ["GPU", "Name", "Serial", "VBIOS", "Board part", "PCI bus", "UUID"],
-            [[g["index"], g["name"], g["serial"], g["vbios"], g["board_part_number"], g["pci_bus_id"],
-              "LOST" if g["lost"] else g["uuid"]] for g in infra["gpus"]],
+            [
+                [
+                    g["index"],
+                    g["name"],
+                    g["serial"],
+                    g["vbios"],
+                    g["board_part_number"],
+                    g["pci_bus_id"],
+                    "LOST" if g["lost"] else g["uuid"],
+                ]
+                for g in infra["gpus"]
+            ],
         )
     if infra["summary"]:
         out += [f"`gputop check` over this report's window: **{infra['summary']}**.", ""]
     if infra["failing"]:
         out += ["**Failing checks**", ""]
-        out += [f"- **{c['status'].upper()}** {c['title']}: {c['value']}" + (f" (expected {c['expected']})" if c["expected"] else "")
-                for c in infra["failing"]]
+        out += [
+            f"- **{c['status'].upper()}** {c['title']}: {c['value']}" + (f" (expected {c['expected']})" if c["expected"] else "")
+            for c in infra["failing"]
+        ]
         out.append("")
     elif infra["source"] == "checks":
         out += ["No check failed.", ""]
@@ -150,7 +172,9 @@ def _topology(data: dict[str, Any]) -> list[str]:
             cells.append(str(topo.cpu_affinity[i]) if i < len(topo.cpu_affinity) and topo.cpu_affinity[i] is not None else "n/a")
             cells.append(str(topo.numa_node[i]) if i < len(topo.numa_node) and topo.numa_node[i] is not None else "n/a")
         lines.append("  ".join(cells).rstrip())
-    legend = "X = self, NV# = # NVLinks, PIX/PXB = PCIe switch(es), PHB = host bridge, NODE = same NUMA node, SYS = across sockets"
+    legend = (
+        "X = self, NV# = # NVLinks, PIX/PXB = PCIe switch(es), PHB = host bridge, NODE = same NUMA node, SYS = across sockets"
+    )
     if topo.nic_legend():
         legend += "\n\nNIC Legend:\n\n" + "\n".join(f"  {entry}" for entry in topo.nic_legend())
     out = ["## Topology", ""] + _fence("\n".join(lines) + "\n\n" + legend)
@@ -167,7 +191,9 @@ def _health(data: dict[str, Any]) -> list[str]:
     rows = []
     for h in data["health"]:
         na = ", ".join(f"{k}: {v}" for k, v in h["unavailable"].items())
-        rows.append([h["index"], h["pci_bus_id"], "LOST" if h["lost"] else "ok", *(f.health_cell(h) for f in columns), na or None])
+        rows.append(
+            [h["index"], h["pci_bus_id"], "LOST" if h["lost"] else "ok", *(f.health_cell(h) for f in columns), na or None]
+        )
     if not rows:
         return []
     headers = ["GPU", "Bus", "State", *(f.health_header for f in columns), "Not available"]
@@ -194,7 +220,12 @@ def _gpu_stats(data: dict[str, Any]) -> list[str]:
         headers += [f"{f.stat_label or f.label} mean", "p5", "p95"]
         if f.stat_extra is not None:
             headers.append(f.stat_extra[0])
-    out = ["## GPU statistics", "", f"Over {data['observed']['seconds']:.0f} s ({data['observed']['snapshots']} samples); sparklines on a fixed 0–100% / 0–total scale.", ""]
+    out = [
+        "## GPU statistics",
+        "",
+        f"Over {data['observed']['seconds']:.0f} s ({data['observed']['snapshots']} samples); sparklines on a fixed 0–100% / 0–total scale.",
+        "",
+    ]
     out += _table(headers, rows)
     io = [f for f in fields if f.report_table == gpu_fields.IO]
     io_rows = []
@@ -212,8 +243,14 @@ def _host(data: dict[str, Any]) -> list[str]:
     h = data["host"]
     cpu = h["cpu_percent"]
     rows = [
-        ("CPU (all cores)", None if not cpu else f"mean {cpu['mean']:.0f}%, p95 {cpu['p95']:.0f}% over {h['cores']} cores  {_code(cpu['spark'])}"),
-        ("Memory", None if h["memory_total"] is None else f"{units.gib(h['memory_used'], None)} of {units.gib(h['memory_total'], None)}"),
+        (
+            "CPU (all cores)",
+            None if not cpu else f"mean {cpu['mean']:.0f}%, p95 {cpu['p95']:.0f}% over {h['cores']} cores  {_code(cpu['spark'])}",
+        ),
+        (
+            "Memory",
+            None if h["memory_total"] is None else f"{units.gib(h['memory_used'], None)} of {units.gib(h['memory_total'], None)}",
+        ),
         ("Load average", None if not h["load_average"] else " / ".join(f"{x:.2f}" for x in h["load_average"])),
         ("I/O wait", units.percent(h["iowait_percent"], None)),
     ]
@@ -221,7 +258,7 @@ def _host(data: dict[str, Any]) -> list[str]:
 
 
 def _share_cell(share: dict[str, Any], samples: int) -> str:
-    """"62% (58–66%) of 6,000": a share from the report JSON with its interval and sample count."""
+    """ "62% (58–66%) of 6,000": a share from the report JSON with its interval and sample count."""
     return f"{Share.from_dict(share).text()} of {samples:,}"
 
 
@@ -251,7 +288,22 @@ def _job(data: dict[str, Any]) -> list[str]:
                 "exited" if r["exited"] else r["process_state"],
             ]
         )
-    out += _table(["Rank", "Local", "PID", "GPUs", "CUDA_VISIBLE_DEVICES", "Main thread (latest)", "Input wait (95% interval) of samples", "CPU", "RSS", "Workers", "State"], rows)
+    out += _table(
+        [
+            "Rank",
+            "Local",
+            "PID",
+            "GPUs",
+            "CUDA_VISIBLE_DEVICES",
+            "Main thread (latest)",
+            "Input wait (95% interval) of samples",
+            "CPU",
+            "RSS",
+            "Workers",
+            "State",
+        ],
+        rows,
+    )
     if job["ranks"]:
         out += ["Rank command line:", ""] + _fence(" ".join(job["ranks"][0]["cmdline"]), "sh")
     if job["warnings"]:
@@ -270,7 +322,10 @@ def _stacks(data: dict[str, Any]) -> list[str]:
         out += [f"Rank main threads, {st['main_thread_dumps']} distinct stack dumps, grouped (innermost frame last):", ""]
         for i, g in enumerate(st["main_threads"], 1):
             ranks = ", ".join(g["ranks"][:8]) + (" …" if len(g["ranks"]) > 8 else "")
-            out += [f"{i}. **{g['count']}/{g['of']}** dumps ({100 * g['count'] / max(1, g['of']):.0f}%), {g['state'] or 'unclassified'}: {ranks}", ""]
+            out += [
+                f"{i}. **{g['count']}/{g['of']}** dumps ({100 * g['count'] / max(1, g['of']):.0f}%), {g['state'] or 'unclassified'}: {ranks}",
+                "",
+            ]
             out += _fence("\n".join(g["frames"]))
     if st["workers"]:
         out += ["DataLoader workers (latest dump):", ""]
@@ -303,8 +358,16 @@ def _trace(data: dict[str, Any]) -> list[str]:
         phases = ("data", "forward", "backward", "comm", "optimizer", "sync", "other")
         out += _table(
             ["rank", "pid", *phases, "steps/s", "trace file"],
-            [[r.get("rank"), r.get("pid"), *(f"{100 * (r.get('phases') or {}).get(p, 0.0):.0f}%" for p in phases),
-              r.get("steps_per_s"), _code(r["trace_file"]) if r.get("trace_file") else None] for r in ranks],
+            [
+                [
+                    r.get("rank"),
+                    r.get("pid"),
+                    *(f"{100 * (r.get('phases') or {}).get(p, 0.0):.0f}%" for p in phases),
+                    r.get("steps_per_s"),
+                    _code(r["trace_file"]) if r.get("trace_file") else None,
+                ]
+                for r in ranks
+            ],
         )
     out += _fence("\n".join(t["summary"]))
     return out
@@ -325,7 +388,9 @@ def _bench(data: dict[str, Any]) -> list[str]:
             [[c.get("num_workers"), c.get("prefetch_factor"), c.get("pin_memory"), c.get("batches_per_s")] for c in configs],
         )
     if res.get("recommendation"):
-        out += ["Recommended:", ""] + _fence("DataLoader(dataset, ..., " + ", ".join(f"{k}={v!r}" for k, v in res["recommendation"].items()) + ")", "python")
+        out += ["Recommended:", ""] + _fence(
+            "DataLoader(dataset, ..., " + ", ".join(f"{k}={v!r}" for k, v in res["recommendation"].items()) + ")", "python"
+        )
     return out
 
 
@@ -340,8 +405,9 @@ def render_markdown(
     infra: Any = None,
     trace: Any = None,
 ) -> str:
-    data = report_data(history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra,
-                       trace=trace)
+    data = report_data(
+        history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra, trace=trace
+    )
     obs = data["observed"]
     m = data["machine"]
     out = [

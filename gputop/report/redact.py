@@ -42,7 +42,9 @@ _URL_QUERY = re.compile(
 )
 _BEARER = re.compile(r"\b(Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE)
 # NAME=value and --name=value / --name value inside free text
-_ASSIGNMENT = re.compile(r"(?P<name>(?<![\w-])-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>=|\s+)(?P<value>\"[^\"]*\"|'[^']*'|[^\s\"']+)")
+_ASSIGNMENT = re.compile(
+    r"(?P<name>(?<![\w-])-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>=|\s+)(?P<value>\"[^\"]*\"|'[^']*'|[^\s\"']+)"
+)
 
 
 def _normalise(name: str) -> str:

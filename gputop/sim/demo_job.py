@@ -189,9 +189,7 @@ class JpegDataset(Dataset):
             side = image.width
             crop = int(side * rng.uniform(0.6, 1.0))
             left, top = rng.randrange(side - crop + 1), rng.randrange(side - crop + 1)
-            image = image.resize(
-                (MODEL_SIDE, MODEL_SIDE), Image.Resampling.BILINEAR, box=(left, top, left + crop, top + crop)
-            )
+            image = image.resize((MODEL_SIDE, MODEL_SIDE), Image.Resampling.BILINEAR, box=(left, top, left + crop, top + crop))
             if rng.random() < 0.5:
                 image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
             pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
@@ -359,9 +357,7 @@ def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: s
 
     group = None
     if world > 1:
-        group = distributed.init_process_group(
-            config.backend, rendezvous, rank, world, timeout_s=config.collective_timeout_s
-        )
+        group = distributed.init_process_group(config.backend, rendezvous, rank, world, timeout_s=config.collective_timeout_s)
         model = distributed.DistributedDataParallel(model)
         optimizer = distributed.StreamOrderedOptimizer(optimizer)
     hang_index = None

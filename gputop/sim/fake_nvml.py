@@ -224,8 +224,10 @@ class FakeNvmlLibrary:
         links = self.profile.gpu.nvlink_links
         self._states = [
             _GpuState(
-                nvlink_tx_kib=[0.0] * links, nvlink_rx_kib=[0.0] * links,
-                nvlink_tx_kibps=[0.0] * links, nvlink_rx_kibps=[0.0] * links,
+                nvlink_tx_kib=[0.0] * links,
+                nvlink_rx_kib=[0.0] * links,
+                nvlink_tx_kibps=[0.0] * links,
+                nvlink_rx_kibps=[0.0] * links,
             )
             for _ in range(n)
         ]
@@ -756,9 +758,7 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         scope = dict(locals())  # (a comprehension would see its own locals)
-        symbols: dict[str, Callable] = {
-            name: fn for name, fn in scope.items() if name.startswith("nvml") and callable(fn)
-        }
+        symbols: dict[str, Callable] = {name: fn for name, fn in scope.items() if name.startswith("nvml") and callable(fn)}
         # same implementation under the old and the new name
         symbols["nvmlDeviceGetCurrentClocksEventReasons"] = device(_named(reasons_now, "EventReasons"))
         symbols["nvmlDeviceGetCurrentClocksThrottleReasons"] = device(_named(reasons_now, "ThrottleReasons"))

@@ -147,17 +147,58 @@ class FakeHostTree:
         for gpu, bus in enumerate(self.spec.profile.bus_ids):
             device = f"sys/bus/pci/devices/{sysfs_bus_id(bus)}"
             bad = corrected if gpu in aer else 0
-            self._write(f"{device}/aer_dev_correctable", _aer_text(
-                ("RxErr", bad - bad // 4), ("BadTLP", bad // 4), ("BadDLLP", 0), ("Rollover", 0), ("Timeout", 0),
-                ("NonFatalErr", 0), ("CorrIntErr", 0), ("HeaderOF", 0), ("TOTAL_ERR_COR", bad)))
-            self._write(f"{device}/aer_dev_nonfatal", _aer_text(
-                ("Undefined", 0), ("DLP", 0), ("SDES", 0), ("TLP", 0), ("FCP", 0), ("CmpltTO", 0), ("CmpltAbrt", 0),
-                ("UnxCmplt", 0), ("RxOF", 0), ("MalfTLP", 0), ("ECRC", 0), ("UnsupReq", 0), ("ACSViol", 0),
-                ("TOTAL_ERR_NONFATAL", 0)))
-            self._write(f"{device}/aer_dev_fatal", _aer_text(
-                ("Undefined", 0), ("DLP", 0), ("SDES", 0), ("TLP", 0), ("FCP", 0), ("CmpltTO", 0), ("CmpltAbrt", 0),
-                ("UnxCmplt", 0), ("RxOF", 0), ("MalfTLP", 0), ("ECRC", 0), ("UnsupReq", 0), ("ACSViol", 0),
-                ("TOTAL_ERR_FATAL", 0)))
+            self._write(
+                f"{device}/aer_dev_correctable",
+                _aer_text(
+                    ("RxErr", bad - bad // 4),
+                    ("BadTLP", bad // 4),
+                    ("BadDLLP", 0),
+                    ("Rollover", 0),
+                    ("Timeout", 0),
+                    ("NonFatalErr", 0),
+                    ("CorrIntErr", 0),
+                    ("HeaderOF", 0),
+                    ("TOTAL_ERR_COR", bad),
+                ),
+            )
+            self._write(
+                f"{device}/aer_dev_nonfatal",
+                _aer_text(
+                    ("Undefined", 0),
+                    ("DLP", 0),
+                    ("SDES", 0),
+                    ("TLP", 0),
+                    ("FCP", 0),
+                    ("CmpltTO", 0),
+                    ("CmpltAbrt", 0),
+                    ("UnxCmplt", 0),
+                    ("RxOF", 0),
+                    ("MalfTLP", 0),
+                    ("ECRC", 0),
+                    ("UnsupReq", 0),
+                    ("ACSViol", 0),
+                    ("TOTAL_ERR_NONFATAL", 0),
+                ),
+            )
+            self._write(
+                f"{device}/aer_dev_fatal",
+                _aer_text(
+                    ("Undefined", 0),
+                    ("DLP", 0),
+                    ("SDES", 0),
+                    ("TLP", 0),
+                    ("FCP", 0),
+                    ("CmpltTO", 0),
+                    ("CmpltAbrt", 0),
+                    ("UnxCmplt", 0),
+                    ("RxOF", 0),
+                    ("MalfTLP", 0),
+                    ("ECRC", 0),
+                    ("UnsupReq", 0),
+                    ("ACSViol", 0),
+                    ("TOTAL_ERR_FATAL", 0),
+                ),
+            )
 
     def read(self, gpu_bus_ids: Iterable[str]) -> HostReadings:
         self._write_counters()

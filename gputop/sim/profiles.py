@@ -71,8 +71,13 @@ def rail_nics(bus_ids: tuple[str, ...], numa_nodes: tuple[int, ...]) -> tuple[Si
     """One ConnectX per GPU behind the GPU's own PCIe switch, the next bus after it (a DGX/HGX H100's compute
     "rails": `nvidia-smi topo -m` reads PIX between GPU i and NIC i), named as mlx5_core names them."""
     return tuple(
-        SimNic(name=f"mlx5_{i}", bus_id=f"0000:{bus_number(bus) + 1:02x}:00.0", numa_node=numa_nodes[i], beside_gpu=i,
-               netdev=f"ibp{bus_number(bus) + 1}s0")
+        SimNic(
+            name=f"mlx5_{i}",
+            bus_id=f"0000:{bus_number(bus) + 1:02x}:00.0",
+            numa_node=numa_nodes[i],
+            beside_gpu=i,
+            netdev=f"ibp{bus_number(bus) + 1}s0",
+        )
         for i, bus in enumerate(bus_ids)
     )
 

@@ -415,7 +415,9 @@ class GputopApp(App):
         snapshots = self.history.window(self._spark_window())
         job = snapshot.job
         self._main(GpuGrid).update_data(snapshots, self.interval, gpu_users(snapshot), self.machine.gpu_error)
-        self._main(CpuHeatmap).update_data(snapshot.host, frozenset(job.cores) if job is not None else frozenset())  # the collector's
+        self._main(CpuHeatmap).update_data(
+            snapshot.host, frozenset(job.cores) if job is not None else frozenset()
+        )  # the collector's
         self._choose_grid(self.size.width, self.size.height, self._compact)
         panel = self._main(JobPanel)
         title, hint, rows, warnings = self._job_rows(snapshot)
@@ -473,9 +475,7 @@ class GputopApp(App):
     @work(thread=True, group="attach", exclusive=True)
     def _attach_job(self, pid: int) -> None:
         if not isinstance(self.source, Attachable):
-            self.call_from_thread(
-                self.notify, f"this view cannot attach; run gputop --pid {pid}", severity="warning", timeout=6
-            )
+            self.call_from_thread(self.notify, f"this view cannot attach; run gputop --pid {pid}", severity="warning", timeout=6)
             return
         try:
             self.source.attach(pid)
@@ -591,8 +591,10 @@ class GputopApp(App):
         if not isinstance(self.screen, FindingsScreen):
             verdict = self.verdict
             self._focus_sampling(True)  # the shares the screen shows are read closely: sample densely meanwhile
-            self.push_screen(FindingsScreen(verdict.findings if verdict else None, verdict.line if verdict else ""),
-                             callback=lambda _result: self._focus_sampling(False))
+            self.push_screen(
+                FindingsScreen(verdict.findings if verdict else None, verdict.line if verdict else ""),
+                callback=lambda _result: self._focus_sampling(False),
+            )
 
     def _focus_sampling(self, focused: bool) -> None:
         if isinstance(self.source, Focusable):
@@ -647,7 +649,7 @@ class GputopApp(App):
         if row is not None and row.kind == "rank":
             return row.pid, row.label.lstrip("├└│ ")
         if job is not None and job.ranks:
-            rank = min(job.ranks, key=lambda r: (r.rank if r.rank is not None else 1 << 30))
+            rank = min(job.ranks, key=lambda r: r.rank if r.rank is not None else 1 << 30)
             name = f"rank {rank.rank}" if rank.rank is not None else "main process"
             return rank.proc.pid, f"{name} {rank.proc.pid}"
         if row is not None:
@@ -772,8 +774,9 @@ class GputopApp(App):
 
             # the findings the screen shows (same window, trace and check), so the ticket agrees with it
             findings, _ = _assembled(self._diagnose(history, bench), self.last_trace, self.last_check)
-            text = render_markdown(history, findings, bench=bench, command="gputop (TUI, key r)", infra=self.last_check,
-                                   trace=self.last_trace)
+            text = render_markdown(
+                history, findings, bench=bench, command="gputop (TUI, key r)", infra=self.last_check, trace=self.last_trace
+            )
             directory = Path(self.report_dir or os.getcwd())
             path = directory / f"gputop-report-{self.machine.hostname}-{time.strftime('%Y%m%d-%H%M%S')}.md"
             write_report(path, text)

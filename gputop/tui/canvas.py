@@ -247,5 +247,3 @@ class LineCanvas(Widget):
     def lines_text(self) -> list[str]:
         """The plain text on screen (for tests)."""
         return [strip.text for strip in self._lines]
-
-

@@ -140,6 +140,8 @@ class CheckScreen(_Modal):
             text.append_text(result_text(result))
         verdict_style = look.BAD_BOLD if report.exit_code == 3 else look.WARN_BOLD if report.exit_code == 4 else look.GOOD_BOLD
         text.append(f"\n\n{report.summary}", style=verdict_style)
-        text.append("\nEsc closes · r writes a report with a \"For the infra team\" section · `gputop check --json` for scripts",
-                    style=look.DIM)
+        text.append(
+            '\nEsc closes · r writes a report with a "For the infra team" section · `gputop check --json` for scripts',
+            style=look.DIM,
+        )
         body.update(text)

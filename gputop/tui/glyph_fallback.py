@@ -19,19 +19,52 @@ ERRORS_NAME = "gputop-ascii-glyphs"
 # The sparkline/heatmap levels ' ▁▂▃▄▅▆▇█' keep their order as an ASCII ramp.
 _LEVELS = dict(zip(" ▁▂▃▄▅▆▇█", " .:-=+*#@"))
 _EXACT = {
-    "░": ".", "▒": ":", "▓": "#",
-    "·": ".", "…": "~", "°": "o", "×": "x", "–": "-", "—": "-", "≥": ">", "≤": "<", "±": "+",
-    "└": "`", "╰": "`",  # the last branch of a tree
-    "✓": "+", "✔": "+", "✖": "x", "✗": "x", "◐": "c", "◑": "c", "●": "*", "○": "o", "■": "#", "□": "o",
+    "░": ".",
+    "▒": ":",
+    "▓": "#",
+    "·": ".",
+    "…": "~",
+    "°": "o",
+    "×": "x",
+    "–": "-",
+    "—": "-",
+    "≥": ">",
+    "≤": "<",
+    "±": "+",
+    "└": "`",
+    "╰": "`",  # the last branch of a tree
+    "✓": "+",
+    "✔": "+",
+    "✖": "x",
+    "✗": "x",
+    "◐": "c",
+    "◑": "c",
+    "●": "*",
+    "○": "o",
+    "■": "#",
+    "□": "o",
 }
 # (words in the Unicode name, stand-in): the first match wins.
 _BY_NAME = (
-    (("LEFTWARDS",), "<"), (("RIGHTWARDS",), ">"), (("UPWARDS",), "^"), (("DOWNWARDS",), "v"),
-    (("UP-POINTING",), "^"), (("DOWN-POINTING",), "v"), (("LEFT-POINTING",), "<"), (("RIGHT-POINTING",), ">"),
+    (("LEFTWARDS",), "<"),
+    (("RIGHTWARDS",), ">"),
+    (("UPWARDS",), "^"),
+    (("DOWNWARDS",), "v"),
+    (("UP-POINTING",), "^"),
+    (("DOWN-POINTING",), "v"),
+    (("LEFT-POINTING",), "<"),
+    (("RIGHT-POINTING",), ">"),
     (("BOX DRAWINGS", "HORIZONTAL", "VERTICAL"), "+"),
-    (("BOX DRAWINGS", "HORIZONTAL"), "-"), (("BOX DRAWINGS", "VERTICAL"), "|"), (("BOX DRAWINGS",), "+"),
-    (("LEFT", "BLOCK"), "|"), (("RIGHT", "BLOCK"), "|"), (("UPPER", "BLOCK"), "-"), (("BLOCK",), "#"),
-    (("CIRCLE",), "o"), (("TRIANGLE",), "^"), (("SQUARE",), "#"),
+    (("BOX DRAWINGS", "HORIZONTAL"), "-"),
+    (("BOX DRAWINGS", "VERTICAL"), "|"),
+    (("BOX DRAWINGS",), "+"),
+    (("LEFT", "BLOCK"), "|"),
+    (("RIGHT", "BLOCK"), "|"),
+    (("UPPER", "BLOCK"), "-"),
+    (("BLOCK",), "#"),
+    (("CIRCLE",), "o"),
+    (("TRIANGLE",), "^"),
+    (("SQUARE",), "#"),
 )
 
 
@@ -53,7 +86,7 @@ def stand_in(char: str) -> str:
 def _replace_unencodable(error: UnicodeError) -> tuple[str, int]:
     if not isinstance(error, UnicodeEncodeError):
         raise error
-    text = error.object[error.start:error.end]
+    text = error.object[error.start : error.end]
     return "".join(stand_in(char) for char in text), error.end
 
 

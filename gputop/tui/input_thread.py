@@ -98,9 +98,7 @@ def quiet_driver(driver_class: type) -> type:
                 due = parser._timeout_time  # a lone ESC waits this long for the rest of a sequence
                 return None if due is None else max(0.0, due - get_time())
 
-            def process_selector_events(
-                selector_events: list[tuple[selectors.SelectorKey, int]], final: bool = False
-            ) -> None:
+            def process_selector_events(selector_events: list[tuple[selectors.SelectorKey, int]], final: bool = False) -> None:
                 events = []
                 for key, mask in selector_events:
                     if key.fd == wake_read:

@@ -197,9 +197,14 @@ def machine_picture(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Text:
     marked = [(i, _gpu_mark(g)[0]) for i, g in sorted(gpus.items()) if _gpu_mark(g)[0]]
     for i, mark in marked:
         gpu = gpus[i]
-        why = ("lost" if gpu.lost else "NVLink link(s) down") if mark == "✖" else (
-            f"PCIe Gen{gpu.pcie.gen_current} x{gpu.pcie.width_current} of Gen{gpu.pcie.gen_max} x{gpu.pcie.width_max}"
-            + (" under load" if _pcie_why(gpu) == "under load" else f": {_pcie_why(gpu)}"))
+        why = (
+            ("lost" if gpu.lost else "NVLink link(s) down")
+            if mark == "✖"
+            else (
+                f"PCIe Gen{gpu.pcie.gen_current} x{gpu.pcie.width_current} of Gen{gpu.pcie.gen_max} x{gpu.pcie.width_max}"
+                + (" under load" if _pcie_why(gpu) == "under load" else f": {_pcie_why(gpu)}")
+            )
+        )
         text.append(f"{mark} GPU{i}: {why}\n", style=look.BAD_BOLD if mark == "✖" else look.WARN_BOLD)
     if topo.nics is None:
         text.append("NICs: not read" + (f" ({'; '.join(topo.nics_unreadable)})" if topo.nics_unreadable else ""), style="dim")
@@ -208,7 +213,9 @@ def machine_picture(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Text:
     else:
         rdma = len(topo.matrix_nics())
         shown = f"NIC0–NIC{rdma - 1} in topo -m" if rdma else "none RDMA, so none in topo -m"
-        text.append(f"{len(nics)} NIC{'s' if len(nics) > 1 else ''} ({'all RDMA: ' if rdma == len(nics) else ''}{shown})", style="dim")
+        text.append(
+            f"{len(nics)} NIC{'s' if len(nics) > 1 else ''} ({'all RDMA: ' if rdma == len(nics) else ''}{shown})", style="dim"
+        )
     return text
 
 
@@ -272,8 +279,13 @@ class TopologyScreen(_Modal):
                 yield Static(nic_legend(self.machine))
             elif topo.matrix_nics():
                 need = next(w for w in range(self.app.size.width, 10 * full_width) if w * 96 // 100 - 6 >= full_width)
-                yield Static(Text(f"NIC0–NIC{len(topo.matrix_nics()) - 1} columns need a terminal {need} columns wide: "
-                                  "the picture shows where each NIC sits", style="dim"))
+                yield Static(
+                    Text(
+                        f"NIC0–NIC{len(topo.matrix_nics()) - 1} columns need a terminal {need} columns wide: "
+                        "the picture shows where each NIC sits",
+                        style="dim",
+                    )
+                )
             yield Static(affinity_table(self.machine, self.snapshot), id="affinity")
 
     def _width(self, renderable) -> int:

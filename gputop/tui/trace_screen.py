@@ -76,8 +76,9 @@ def start_trace(app: Any) -> None:
         app.notify("attach to a training job first (gputop --pid PID, or Enter on a process)", severity="warning")
         return
     pid, label = target
-    screen = TraceScreen(pid, label, lambda p: app.run_worker(lambda: _run(app, screen, p), thread=True, group="trace",
-                                                                 exclusive=True))
+    screen = TraceScreen(
+        pid, label, lambda p: app.run_worker(lambda: _run(app, screen, p), thread=True, group="trace", exclusive=True)
+    )
     app.push_screen(screen)
 
 

@@ -11,7 +11,6 @@ Two families live here:
   exactly one picture.
 """
 
-
 from __future__ import annotations
 
 import math
@@ -151,7 +150,9 @@ def stacks_of(
     )
 
 
-def progress_of(pid: int, t: float, *, switches_per_s: float = 0.0, cpu_share: float = 0.0, io_per_s: float = 0.0) -> ProcessProgress:
+def progress_of(
+    pid: int, t: float, *, switches_per_s: float = 0.0, cpu_share: float = 0.0, io_per_s: float = 0.0
+) -> ProcessProgress:
     """The counters a process shows at time t when it wakes `switches_per_s` times a second, keeps `cpu_share`
     of a core busy and moves `io_per_s` bytes a second (all 0: blocked)."""
     ticks = int(t * cpu_share * 100)
@@ -284,13 +285,26 @@ def build(sc: Scenario) -> History:
             if key not in dumps:
                 frames = spec.frames(dump_t) if spec.frames else STATE_FRAMES[state]
                 progress = spec.progress(dump_t) if spec.progress else None
-                dumps[key] = stacks_of(spec.pid, frames, T0 + dump_t, active=state not in (WAITING_FOR_DATA, COLLECTIVE), progress=progress)
+                dumps[key] = stacks_of(
+                    spec.pid, frames, T0 + dump_t, active=state not in (WAITING_FOR_DATA, COLLECTIVE), progress=progress
+                )
             stacks[spec.pid] = dumps[key]
             workers = []
             for w in spec.workers(t):
                 wstate = spec.worker_state(t, w)
                 workers.append(
-                    ProcInfo(w, spec.pid, "pt_data_worker", ("python", "train.py"), wstate, spec.worker_cpu(t, w), 200 << 20, w % sc.cores, T0, wstate in ("Z", "X"))
+                    ProcInfo(
+                        w,
+                        spec.pid,
+                        "pt_data_worker",
+                        ("python", "train.py"),
+                        wstate,
+                        spec.worker_cpu(t, w),
+                        200 << 20,
+                        w % sc.cores,
+                        T0,
+                        wstate in ("Z", "X"),
+                    )
                 )
                 wkey = (w, dump_t)
                 if wkey not in dumps:
@@ -302,8 +316,16 @@ def build(sc: Scenario) -> History:
             ranks.append(
                 Rank(
                     proc=ProcInfo(
-                        spec.pid, 100, "python", ("python", "train.py", "--lr", "0.1"), "X" if spec.exited(t) else "R",
-                        None if spec.exited(t) else spec.cpu(t), 2 << 30, spec.pid % sc.cores, T0, spec.exited(t),
+                        spec.pid,
+                        100,
+                        "python",
+                        ("python", "train.py", "--lr", "0.1"),
+                        "X" if spec.exited(t) else "R",
+                        None if spec.exited(t) else spec.cpu(t),
+                        2 << 30,
+                        spec.pid % sc.cores,
+                        T0,
+                        spec.exited(t),
                     ),
                     rank=spec.rank,
                     local_rank=spec.rank,
@@ -316,9 +338,17 @@ def build(sc: Scenario) -> History:
                 )
             )
         job = (
-            JobTree(root_pid=100, launcher=ProcInfo(100, 1, "torchrun", ("torchrun", "--nproc_per_node=8", "train.py")), ranks=tuple(ranks), warnings=sc.warnings, stacks=stacks,
-                    misplacements=sc.misplacements, cpu_limit=sc.cpu_limit, memory_limit=sc.memory_limit,
-                    state_samples=_dense_stretches(sc, t))
+            JobTree(
+                root_pid=100,
+                launcher=ProcInfo(100, 1, "torchrun", ("torchrun", "--nproc_per_node=8", "train.py")),
+                ranks=tuple(ranks),
+                warnings=sc.warnings,
+                stacks=stacks,
+                misplacements=sc.misplacements,
+                cpu_limit=sc.cpu_limit,
+                memory_limit=sc.memory_limit,
+                state_samples=_dense_stretches(sc, t),
+            )
             if sc.attach and sc.ranks
             else None
         )
@@ -352,7 +382,9 @@ def cycle(pattern: Sequence[str], step: float = 2.0) -> Callable[[float], str]:
     return lambda t: pattern[int(round(t / step)) % len(pattern)]
 
 
-def saw_tooth(period: float, busy: float, high: float = 95.0, low: float = 5.0, phase: float = 0.0) -> Callable[[int, float], float]:
+def saw_tooth(
+    period: float, busy: float, high: float = 95.0, low: float = 5.0, phase: float = 0.0
+) -> Callable[[int, float], float]:
     return lambda g, t: high if ((t + phase * g) % period) < busy else low
 
 
@@ -393,13 +425,17 @@ def make_machine(gpus: int = 8, cores: int = 128, simulated: Optional[str] = "h1
     affinity = tuple(f"0-{half - 1}" if i < gpus // 2 else f"{half}-{cores - 1}" for i in range(gpus))
     numa = tuple(0 if i < gpus // 2 else 1 for i in range(gpus))
     # a rail NIC per GPU on the GPU's PCIe switch, as on a DGX H100 (and the simulated h100-sxm-8)
-    nics = tuple(NicInfo(f"mlx5_{i}", numa[i], f"0000:{0x19 + i * 0x10:02x}:00.0", rdma=True, netdev=f"ibp{0x19 + i * 0x10}s0")
-                 for i in range(gpus))
+    nics = tuple(
+        NicInfo(f"mlx5_{i}", numa[i], f"0000:{0x19 + i * 0x10:02x}:00.0", rdma=True, netdev=f"ibp{0x19 + i * 0x10}s0")
+        for i in range(gpus)
+    )
 
     def link(a: int, b: int, same: str) -> str:
         return same if a == b else "NODE" if numa[a] == numa[b] else "SYS"
 
-    nic_matrix = tuple(tuple(link(k, j, "PIX") for j in range(gpus)) + tuple(link(k, m, "X") for m in range(gpus)) for k in range(gpus))
+    nic_matrix = tuple(
+        tuple(link(k, j, "PIX") for j in range(gpus)) + tuple(link(k, m, "X") for m in range(gpus)) for k in range(gpus)
+    )
     return MachineInfo(
         hostname="dgx-test-01",
         cpu_model="AMD EPYC 7742 64-Core Processor",
@@ -455,11 +491,18 @@ def make_gpu(index: int, tick: int, *, lost: bool = False) -> GpuSample:
             rx_bytes_per_s=3.2e9 * util / 100,
         ),
         nvlink=tuple(
-            NvLinkLink(link=k, active=True, remote_kind="switch", tx_bytes_per_s=2.5e9 * util / 100, rx_bytes_per_s=2.5e9 * util / 100)
+            NvLinkLink(
+                link=k, active=True, remote_kind="switch", tx_bytes_per_s=2.5e9 * util / 100, rx_bytes_per_s=2.5e9 * util / 100
+            )
             for k in range(18)
         ),
         throttle_reasons=throttles,
-        ecc=EccCounts(volatile_corrected=0, volatile_uncorrected=2 if index == 5 else 0, aggregate_corrected=0, aggregate_uncorrected=2 if index == 5 else 0),
+        ecc=EccCounts(
+            volatile_corrected=0,
+            volatile_uncorrected=2 if index == 5 else 0,
+            aggregate_corrected=0,
+            aggregate_uncorrected=2 if index == 5 else 0,
+        ),
         remapped_rows=RemappedRows(),
         processes=(GpuProcess(pid=1001 + index, used_memory=int(61 * GIB)),) if index != 6 else (),
     )
@@ -509,28 +552,95 @@ WORKER_STACK = _frames(
 
 
 def make_job(tick: int, ranks: int = 8, workers: int = 2, exited_pids: Sequence[int] = ()) -> JobTree:
-    launcher = ProcInfo(pid=1000, ppid=1, name="torchrun", cmdline=("/usr/bin/python", "-m", "torch.distributed.run", "--nproc-per-node", "8", "train.py"), state="S", cpu_percent=0.3, rss=210 * 1024**2, core=3)
+    launcher = ProcInfo(
+        pid=1000,
+        ppid=1,
+        name="torchrun",
+        cmdline=("/usr/bin/python", "-m", "torch.distributed.run", "--nproc-per-node", "8", "train.py"),
+        state="S",
+        cpu_percent=0.3,
+        rss=210 * 1024**2,
+        core=3,
+    )
     rank_list = []
     stacks: dict[int, ProcessStacks] = {}
     for r in range(ranks):
         pid = 1001 + r
         worker_procs = tuple(
-            ProcInfo(pid=2000 + r * 10 + w, ppid=pid, name="pt_data_worker", state="R", cpu_percent=99.0 - w, rss=900 * 1024**2, core=10 + r * 4 + w, exited=(2000 + r * 10 + w) in exited_pids)
+            ProcInfo(
+                pid=2000 + r * 10 + w,
+                ppid=pid,
+                name="pt_data_worker",
+                state="R",
+                cpu_percent=99.0 - w,
+                rss=900 * 1024**2,
+                core=10 + r * 4 + w,
+                exited=(2000 + r * 10 + w) in exited_pids,
+            )
             for w in range(workers)
         )
-        proc = ProcInfo(pid=pid, ppid=1000, name="python", cmdline=("python", "train.py"), state="S", cpu_percent=42.0 + r, rss=int(5.5 * GIB), core=8 + r * 4, exited=pid in exited_pids)
-        rank_list.append(Rank(proc=proc, rank=r, local_rank=r, world_size=ranks, gpus=(r,) if r != 6 else (), workers=worker_procs, main_thread_state="waiting for data" if r != 6 else "collective/barrier"))
-        stacks[pid] = ProcessStacks(pid=pid, timestamp=SCREEN_T0 + tick - 1, threads=(
-            ThreadStack(thread_id=1, thread_name="MainThread", os_thread_id=pid, active=False, owns_gil=False, frames=WAITING_STACK),
-            ThreadStack(thread_id=2, thread_name="pt_data_pin", os_thread_id=pid + 1, active=False, owns_gil=False, frames=_frames(("_pin_memory_loop", "/usr/lib/python3/torch/utils/data/_utils/pin_memory.py", 53))),
-        ))
+        proc = ProcInfo(
+            pid=pid,
+            ppid=1000,
+            name="python",
+            cmdline=("python", "train.py"),
+            state="S",
+            cpu_percent=42.0 + r,
+            rss=int(5.5 * GIB),
+            core=8 + r * 4,
+            exited=pid in exited_pids,
+        )
+        rank_list.append(
+            Rank(
+                proc=proc,
+                rank=r,
+                local_rank=r,
+                world_size=ranks,
+                gpus=(r,) if r != 6 else (),
+                workers=worker_procs,
+                main_thread_state="waiting for data" if r != 6 else "collective/barrier",
+            )
+        )
+        stacks[pid] = ProcessStacks(
+            pid=pid,
+            timestamp=SCREEN_T0 + tick - 1,
+            threads=(
+                ThreadStack(
+                    thread_id=1, thread_name="MainThread", os_thread_id=pid, active=False, owns_gil=False, frames=WAITING_STACK
+                ),
+                ThreadStack(
+                    thread_id=2,
+                    thread_name="pt_data_pin",
+                    os_thread_id=pid + 1,
+                    active=False,
+                    owns_gil=False,
+                    frames=_frames(("_pin_memory_loop", "/usr/lib/python3/torch/utils/data/_utils/pin_memory.py", 53)),
+                ),
+            ),
+        )
         for worker in worker_procs:
-            stacks[worker.pid] = ProcessStacks(pid=worker.pid, timestamp=SCREEN_T0 + tick - 1, threads=(
-                ThreadStack(thread_id=1, thread_name="MainThread", os_thread_id=worker.pid, active=True, owns_gil=True, frames=WORKER_STACK),
-            ))
-    return JobTree(root_pid=1000, launcher=launcher, ranks=tuple(rank_list), stacks=stacks,
-                   cores=job_cores(launcher, rank_list),  # as the collector fills it
-                   warnings=("rank 6 holds no GPU memory (CUDA_VISIBLE_DEVICES='')",))
+            stacks[worker.pid] = ProcessStacks(
+                pid=worker.pid,
+                timestamp=SCREEN_T0 + tick - 1,
+                threads=(
+                    ThreadStack(
+                        thread_id=1,
+                        thread_name="MainThread",
+                        os_thread_id=worker.pid,
+                        active=True,
+                        owns_gil=True,
+                        frames=WORKER_STACK,
+                    ),
+                ),
+            )
+    return JobTree(
+        root_pid=1000,
+        launcher=launcher,
+        ranks=tuple(rank_list),
+        stacks=stacks,
+        cores=job_cores(launcher, rank_list),  # as the collector fills it
+        warnings=("rank 6 holds no GPU memory (CUDA_VISIBLE_DEVICES='')",),
+    )
 
 
 def job_core_ids(job: JobTree) -> list[int]:

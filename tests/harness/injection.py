@@ -46,8 +46,11 @@ class Tally:
 def start_allocating_job(spawn, directory: Path, name: str, workers: int = 0) -> tuple[int, Callable[[], int]]:
     """tests/jobs/allocating_job.py (issue 26's job), once it has taken steps: (pid, its step counter)."""
     counter = directory / f"{name}.count"
-    proc = spawn([sys.executable, ALLOCATING_JOB, str(counter), "--workers", str(workers)],
-                 stdout=subprocess.DEVNULL, stderr=open(directory / f"{name}.err", "w"))
+    proc = spawn(
+        [sys.executable, ALLOCATING_JOB, str(counter), "--workers", str(workers)],
+        stdout=subprocess.DEVNULL,
+        stderr=open(directory / f"{name}.err", "w"),
+    )
     read = step_counter(counter)
     wait_until(lambda: read() > 0 or proc.poll() is not None, timeout=120, what=f"{name} to take steps")
     assert proc.poll() is None, (directory / f"{name}.err").read_text()[-2000:]
@@ -101,8 +104,12 @@ def hammer(pid: int, count: int, progress: Callable[[], int], marker_dir: Path) 
             tally.refused[str(exc)] += 1
         tally.slowest_s = max(tally.slowest_s, time.monotonic() - started)
         try:
-            wait_until(lambda: progress() > before or not process_alive(pid), timeout=MOVE_TIMEOUT_S, interval=0.002,
-                       what=f"job {pid} to take a step after injection {i}")
+            wait_until(
+                lambda: progress() > before or not process_alive(pid),
+                timeout=MOVE_TIMEOUT_S,
+                interval=0.002,
+                what=f"job {pid} to take a step after injection {i}",
+            )
         except AssertionError:
             tally.frozen_after.append(i)
             break

@@ -7,8 +7,14 @@ import tracemalloc
 from typing import Callable, Optional
 
 
-def heap_growth_per_block(step: Callable[[], object], *, warmup: int, blocks: int = 3, per_block: int = 100,
-                          settle: Optional[Callable[[], object]] = None) -> list[int]:
+def heap_growth_per_block(
+    step: Callable[[], object],
+    *,
+    warmup: int,
+    blocks: int = 3,
+    per_block: int = 100,
+    settle: Optional[Callable[[], object]] = None,
+) -> list[int]:
     """Call `step` `warmup` times, then `blocks` blocks of `per_block` times; the traced heap's growth in
     bytes over each block.  A leak grows the heap in every block; noise (a dict resizing once, what is in
     flight at the moment of the snapshot) does not, so memory tests assert on the smallest block.
@@ -32,6 +38,5 @@ def heap_growth_per_block(step: Callable[[], object], *, warmup: int, blocks: in
     finally:
         tracemalloc.stop()
     return [
-        sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-        for before, after in zip(snapshots, snapshots[1:])
+        sum(stat.size_diff for stat in after.compare_to(before, "filename")) for before, after in zip(snapshots, snapshots[1:])
     ]

@@ -118,11 +118,13 @@ class Ran(NamedTuple):
     err: str
 
 
-def start_gputop(spawn, *args: str, env: Optional[dict] = None, python: str = sys.executable,
-                 cwd: Optional[Path] = None) -> subprocess.Popen:
+def start_gputop(
+    spawn, *args: str, env: Optional[dict] = None, python: str = sys.executable, cwd: Optional[Path] = None
+) -> subprocess.Popen:
     """`python -m gputop ARGS` started as a child of the `spawn` fixture (so it is reaped); `finish` it."""
-    return spawn([python, "-m", "gputop", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                 cwd=str(cwd) if cwd else None)
+    return spawn(
+        [python, "-m", "gputop", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(cwd) if cwd else None
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 90) -> Ran:
@@ -131,8 +133,9 @@ def finish(proc: subprocess.Popen, timeout: float = 90) -> Ran:
     return Ran(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
 
-def run_gputop(spawn, *args: str, env: Optional[dict] = None, timeout: float = 90, python: str = sys.executable,
-               cwd: Optional[Path] = None) -> Ran:
+def run_gputop(
+    spawn, *args: str, env: Optional[dict] = None, timeout: float = 90, python: str = sys.executable, cwd: Optional[Path] = None
+) -> Ran:
     """`python -m gputop ARGS` as a child of the `spawn` fixture (so it is reaped), run to the end."""
     return finish(start_gputop(spawn, *args, env=env, python=python, cwd=cwd), timeout=timeout)
 

@@ -52,8 +52,20 @@ FRAMEWORK_WARM_STEPS = 10  # past the warm-up (workers forked, queues filled): o
 STEADY_JOBS = {
     # Lightning, num_workers=0: 80 ms of samples a batch against ~20 ms of step (9 + 9 ms asleep in the
     # forward and backward, ~3 ms of Lightning): waits ~80%, needs ~5 workers (f in 0.76-0.83: 5 or 6)
-    "lightning": ("--framework", "lightning", "--workers", "0", "--sample-ms", "20", "--batch-size", "4",
-                  "--forward-ms", "9", "--backward-ms", "9"),
+    "lightning": (
+        "--framework",
+        "lightning",
+        "--workers",
+        "0",
+        "--sample-ms",
+        "20",
+        "--batch-size",
+        "4",
+        "--forward-ms",
+        "9",
+        "--backward-ms",
+        "9",
+    ),
     # the plain loop, 2 workers: 60 ms a batch each, so one batch every 30 ms, against an 8 ms simulated GPU
     # step (~9 ms in all): waits ~70%, needs ~9 workers (f in 0.64-0.75: 8 to 10)
     "plain": ("--workers", "2", "--sample-ms", "15", "--batch-size", "4", "--step-ms", "8"),
@@ -89,8 +101,19 @@ def command(*options: str, python: str = sys.executable, job: str = JOB) -> list
 
 def torchrun_command(ranks: int, *options: str) -> list[str]:
     """The job under `torchrun --nproc-per-node RANKS` (gloo on 127.0.0.1, a free port)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), JOB, *options]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(ranks),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        JOB,
+        *options,
+    ]
 
 
 def framework_options(framework: str, mode: str) -> list[str]:
@@ -99,8 +122,7 @@ def framework_options(framework: str, mode: str) -> list[str]:
     else:
         base = ["--framework", framework]
     tuned = HF_TUNED if framework == "hf" and mode == "tuned" else ()
-    return [*base, "--workers", "2", "--persistent", "--ready-after", str(FRAMEWORK_WARM_STEPS),
-            *FRAMEWORK_MODES[mode], *tuned]
+    return [*base, "--workers", "2", "--persistent", "--ready-after", str(FRAMEWORK_WARM_STEPS), *FRAMEWORK_MODES[mode], *tuned]
 
 
 # ----------------------------------------------------------------- ready records
@@ -117,8 +139,9 @@ def ready_records(prefix: Path) -> dict[int, dict]:
     return found
 
 
-def wait_ready(prefix: Path, count: int = 1, proc=None, timeout: float = START_TIMEOUT_S,
-               log: Optional[Path] = None) -> dict[int, dict]:
+def wait_ready(
+    prefix: Path, count: int = 1, proc=None, timeout: float = START_TIMEOUT_S, log: Optional[Path] = None
+) -> dict[int, dict]:
     """Wait until `count` ranks wrote their ready record; fail at once if `proc` (the job or its launcher)
     exits first, with the tail of `log`."""
 
@@ -137,9 +160,19 @@ def wait_ready(prefix: Path, count: int = 1, proc=None, timeout: float = START_T
     return records
 
 
-def start(spawn, tmp_path: Path, name: str, *options: str, python: str = sys.executable, job: str = JOB,
-          ranks: int = 1, torchrun: bool = False, timeout: float = START_TIMEOUT_S, env: Optional[dict] = None,
-          state_dir: Optional[Path] = None):
+def start(
+    spawn,
+    tmp_path: Path,
+    name: str,
+    *options: str,
+    python: str = sys.executable,
+    job: str = JOB,
+    ranks: int = 1,
+    torchrun: bool = False,
+    timeout: float = START_TIMEOUT_S,
+    env: Optional[dict] = None,
+    state_dir: Optional[Path] = None,
+):
     """Start the job (the interpreter itself, or torchrun), its output in NAME.log, and wait until `ranks`
     rank(s) are ready; its ready files go in `state_dir` (default: tmp_path).  Returns (proc, {pid: ready record})."""
     state_dir = state_dir or tmp_path
@@ -160,8 +193,7 @@ def start_attach_loop(spawn, tmp_path: Path, *options: str, ranks: int = 1, name
     return proc, sorted((pid, r["thread_tid"]) for pid, r in records.items())
 
 
-def start_diagnosis_job(spawn, tmp_path: Path, mode: str, python: str = sys.executable,
-                        timeout: float = START_TIMEOUT_S):
+def start_diagnosis_job(spawn, tmp_path: Path, mode: str, python: str = sys.executable, timeout: float = START_TIMEOUT_S):
     """The job in one of DIAGNOSIS_MODES, once it has taken its first step."""
     proc, _ = start(spawn, tmp_path, mode, *DIAGNOSIS_MODES[mode], python=python, timeout=timeout)
     return proc
@@ -203,8 +235,9 @@ class Job:
         return read_steps(self.log)
 
     def wait_steps(self, n: int, timeout: float = 60.0) -> list[Step]:
-        return wait_until(lambda: (s := self.steps()) and len(s) >= n and s, timeout=timeout,
-                          what=f"job {self.pid} to finish {n} steps")
+        return wait_until(
+            lambda: (s := self.steps()) and len(s) >= n and s, timeout=timeout, what=f"job {self.pid} to finish {n} steps"
+        )
 
 
 def bench_command(log_prefix: Path, *options: str) -> list[str]:
@@ -216,8 +249,12 @@ def start_job(spawn, tmp_path: Path, name: str, *options: str, warm_steps: int =
     """Start a loader-benchmark job (python directly, not a shim, so its PID is the interpreter) and wait
     until warm: the first optimizer steps import lazily, and `warm_steps` keeps them out of any measurement."""
     prefix = tmp_path / name
-    proc = spawn(bench_command(prefix, *options), cwd=REPO,
-                 stdout=open(tmp_path / f"{name}.out", "w"), stderr=open(tmp_path / f"{name}.err", "w"))
+    proc = spawn(
+        bench_command(prefix, *options),
+        cwd=REPO,
+        stdout=open(tmp_path / f"{name}.out", "w"),
+        stderr=open(tmp_path / f"{name}.err", "w"),
+    )
     job = Job(proc, Path(f"{prefix}.0"))
     wait_until(job.log.exists, timeout=60, what="the job's step log")
     job.wait_steps(warm_steps)
@@ -231,5 +268,8 @@ def truth(steps: Sequence[Step], t0: float, t1: float) -> Optional[dict]:
         return None
     span = inside[-1].t - inside[0].t
     waits = sum(s.wait_s for s in inside[1:])  # the waits that happened inside the span
-    return {"batches_per_s": (len(inside) - 1) / span, "wait_fraction": waits / span,
-            "wait_per_batch_s": waits / (len(inside) - 1)}
+    return {
+        "batches_per_s": (len(inside) - 1) / span,
+        "wait_fraction": waits / span,
+        "wait_per_batch_s": waits / (len(inside) - 1),
+    }

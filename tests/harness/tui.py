@@ -29,9 +29,7 @@ async def settle(pilot, app: GputopApp, source: ScriptedSource, diagnosis: bool 
     """Wait until every scripted snapshot is on screen (and the first verdict, when asked)."""
     await wait_for(
         pilot,
-        lambda: source.exhausted
-        and app.snapshots_seen == source.polls
-        and (not diagnosis or app.diagnoses_done >= 1),
+        lambda: source.exhausted and app.snapshots_seen == source.polls and (not diagnosis or app.diagnoses_done >= 1),
         "the scripted snapshots to be drawn",
     )
     await pilot.pause()
@@ -68,12 +66,24 @@ def build_app(
 
 # A trace's result as `gputop trace` returns it: one rank spending 41% in communication, and its finding.
 TRACE_COMM_FINDING = Finding(
-    id="trace_communication", title="Communication-bound (> 30% of the step)", severity="warning", confidence=0.8,
-    label=LABEL_CODE, summary="Communication takes 41% of rank 0's time (the rule: > 30%)",
-    evidence=("rank 0: communication 41% of the main thread's wall time",), fix="communicate less often")
-TRACE_RANK = {"rank": 0, "pid": 4242, "phases": {"data": 0.1, "forward": 0.2, "backward": 0.2, "comm": 0.41, "optimizer": 0.05,
-                                                 "sync": 0.0, "other": 0.04},
-              "steps_per_s": 3.5, "trace_file": "/tmp/x/rank0.pid4242.pt.trace.json.gz", "gpu": None, "top_ops": []}
+    id="trace_communication",
+    title="Communication-bound (> 30% of the step)",
+    severity="warning",
+    confidence=0.8,
+    label=LABEL_CODE,
+    summary="Communication takes 41% of rank 0's time (the rule: > 30%)",
+    evidence=("rank 0: communication 41% of the main thread's wall time",),
+    fix="communicate less often",
+)
+TRACE_RANK = {
+    "rank": 0,
+    "pid": 4242,
+    "phases": {"data": 0.1, "forward": 0.2, "backward": 0.2, "comm": 0.41, "optimizer": 0.05, "sync": 0.0, "other": 0.04},
+    "steps_per_s": 3.5,
+    "trace_file": "/tmp/x/rank0.pid4242.pt.trace.json.gz",
+    "gpu": None,
+    "top_ops": [],
+}
 
 
 async def run_the_check(pilot, app: GputopApp) -> None:

@@ -160,8 +160,7 @@ def at(path_suffix: str, function: Optional[str] = None) -> Proof:
 
     def proves(frames: Frames) -> bool:
         return any(
-            f["filename"].endswith(path_suffix) and (function is None or f["name"].rsplit(".", 1)[-1] == function)
-            for f in frames
+            f["filename"].endswith(path_suffix) and (function is None or f["name"].rsplit(".", 1)[-1] == function) for f in frames
         )
 
     return proves
@@ -227,8 +226,12 @@ def first_child(pid: int) -> int:
 
 
 def version_of(python: str) -> str:
-    out = subprocess.run([python, "-c", "import sys; print(f'py{sys.version_info[0]}{sys.version_info[1]}')"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [python, "-c", "import sys; print(f'py{sys.version_info[0]}{sys.version_info[1]}')"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip()
 
 
@@ -244,8 +247,9 @@ def main() -> int:
     sessions: list[int] = []  # torch elastic puts each rank in its own session
 
     def start(argv: list[str]) -> subprocess.Popen:
-        proc = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            argv, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         started.append(proc)
         return proc
 
@@ -261,8 +265,21 @@ def main() -> int:
         sessions.clear()
 
     def torchrun(script: Path, tag: Path) -> list[Path]:
-        start([python, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(free_port()), str(script), str(tag)])
+        start(
+            [
+                python,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "2",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(free_port()),
+                str(script),
+                str(tag),
+            ]
+        )
         ranks = wait_files(f"{tag.name}.*", tag.parent, 2)
         sessions.extend(int(f.name.split(".")[-1]) for f in ranks)
         return ranks
@@ -275,22 +292,56 @@ def main() -> int:
         tmp = Path(tmp_name)
         try:
             # 1. main thread waiting on 2 workers that sit in __getitem__
-            job = start(command(*ATTACH_LOOP, "--workers", "2", "--persistent", "--length", "100000",
-                                "--ready", str(tmp / "a"), python=python))
+            job = start(
+                command(
+                    *ATTACH_LOOP, "--workers", "2", "--persistent", "--length", "100000", "--ready", str(tmp / "a"), python=python
+                )
+            )
             wait_files("a.*", tmp, 1)
             grab(job.pid, dataloader_next, out / "main_waiting_for_data.json", "dataloader __next__")
             grab(first_child(job.pid), at("train_job.py", "__getitem__"), out / "worker_in_getitem.json", "__getitem__")
             # 2. fast data, slow step: idle workers, main thread in its own sleep
-            job = start(command(*ATTACH_LOOP, "--workers", "2", "--persistent", "--length", "100000",
-                                "--sample-ms", "1", "--step-ms", "300", "--ready", str(tmp / "b"), python=python))
+            job = start(
+                command(
+                    *ATTACH_LOOP,
+                    "--workers",
+                    "2",
+                    "--persistent",
+                    "--length",
+                    "100000",
+                    "--sample-ms",
+                    "1",
+                    "--step-ms",
+                    "300",
+                    "--ready",
+                    str(tmp / "b"),
+                    python=python,
+                )
+            )
             wait_files("b.*", tmp, 1)
             worker_loop = at("torch/utils/data/_utils/worker.py", "_worker_loop")
-            grab(first_child(job.pid), all_of(worker_loop, none_of(at("train_job.py", "__getitem__"))),
-                 out / "worker_idle.json", "_worker_loop waiting for indices")
+            grab(
+                first_child(job.pid),
+                all_of(worker_loop, none_of(at("train_job.py", "__getitem__"))),
+                out / "worker_idle.json",
+                "_worker_loop waiting for indices",
+            )
             grab(job.pid, innermost("train_job.py", "train"), out / "main_idle_sleep.json", "train's sleep")
             # 3. num_workers=0: the main thread runs the Dataset itself
-            job = start(command(*ATTACH_LOOP, "--workers", "0", "--sample-ms", "100", "--step-ms", "1",
-                                "--ready", str(tmp / "c"), python=python))
+            job = start(
+                command(
+                    *ATTACH_LOOP,
+                    "--workers",
+                    "0",
+                    "--sample-ms",
+                    "100",
+                    "--step-ms",
+                    "1",
+                    "--ready",
+                    str(tmp / "c"),
+                    python=python,
+                )
+            )
             wait_files("c.*", tmp, 1)
             grab(job.pid, at("train_job.py", "__getitem__"), out / "main_single_process_getitem.json", "__getitem__")
             stop_all()
@@ -322,22 +373,38 @@ def main() -> int:
             c10d = "torch/distributed/distributed_c10d.py"
             grab(rank0, at(c10d, "all_reduce"), out / "rank_all_reduce.json", "all_reduce")
             grab(rank0, at(c10d, "barrier"), out / "rank_barrier.json", "barrier")
-            grab(started[-1].pid, at("torch/distributed/elastic/agent/server/api.py", "_invoke_run"),
-                 out / "launcher_torchrun.json", "_invoke_run")
+            grab(
+                started[-1].pid,
+                at("torch/distributed/elastic/agent/server/api.py", "_invoke_run"),
+                out / "launcher_torchrun.json",
+                "_invoke_run",
+            )
             stop_all()
             # 8. DDP backward
             (tmp / "ddp.py").write_text(DDP_LOOP)
             ranks = torchrun(tmp / "ddp.py", tmp / "f")
-            grab(pid_of_rank(ranks, 0), at("torch/autograd/graph.py", "_engine_run_backward"),
-                 out / "rank_ddp_backward.json", "DDP backward")
+            grab(
+                pid_of_rank(ranks, 0),
+                at("torch/autograd/graph.py", "_engine_run_backward"),
+                out / "rank_ddp_backward.json",
+                "DDP backward",
+            )
             stop_all()
             # 9. Accelerate's DataLoaderDispatcher: rank 1 waits in rank 0's broadcast
             (tmp / "dispatch.py").write_text(DISPATCHER)
             ranks = torchrun(tmp / "dispatch.py", tmp / "g")
-            grab(pid_of_rank(ranks, 1), all_of(at("accelerate/data_loader.py"), at(c10d)),
-                 out / "rank_dispatcher_broadcast.json", "broadcast inside DataLoaderDispatcher")
-            grab(pid_of_rank(ranks, 0), all_of(at("accelerate/data_loader.py"), at("torch/utils/data/_utils/fetch.py")),
-                 out / "rank0_dispatcher_fetching.json", "rank 0 fetching for the dispatcher")
+            grab(
+                pid_of_rank(ranks, 1),
+                all_of(at("accelerate/data_loader.py"), at(c10d)),
+                out / "rank_dispatcher_broadcast.json",
+                "broadcast inside DataLoaderDispatcher",
+            )
+            grab(
+                pid_of_rank(ranks, 0),
+                all_of(at("accelerate/data_loader.py"), at("torch/utils/data/_utils/fetch.py")),
+                out / "rank0_dispatcher_fetching.json",
+                "rank 0 fetching for the dispatcher",
+            )
         finally:
             stop_all()
     return 0

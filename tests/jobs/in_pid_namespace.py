@@ -41,10 +41,17 @@ def main(work: Path, devices_by: str) -> None:
     ready = work / "ready"
     ready.mkdir()
     ranks = [
-        subprocess.Popen([sys.executable, str(STUB)], env=dict(
-            os.environ, GPUTOP_TEST_READY=str(ready), RANK=str(i), LOCAL_RANK=str(i), WORLD_SIZE="2",
-            CUDA_VISIBLE_DEVICES=visible,
-        ))
+        subprocess.Popen(
+            [sys.executable, str(STUB)],
+            env=dict(
+                os.environ,
+                GPUTOP_TEST_READY=str(ready),
+                RANK=str(i),
+                LOCAL_RANK=str(i),
+                WORLD_SIZE="2",
+                CUDA_VISIBLE_DEVICES=visible,
+            ),
+        )
         for i in range(2)
     ]
     deadline = time.monotonic() + 120

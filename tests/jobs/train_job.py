@@ -150,8 +150,14 @@ def make_loader(args: argparse.Namespace, rank: int):
         from torchdata.stateful_dataloader import StatefulDataLoader as loader_class
     else:
         loader_class = DataLoader
-    return loader_class(dataset, batch_size=args.batch_size, shuffle=args.shuffle and not args.iterable,
-                        num_workers=args.workers, pin_memory=args.pin_memory, **options)
+    return loader_class(
+        dataset,
+        batch_size=args.batch_size,
+        shuffle=args.shuffle and not args.iterable,
+        num_workers=args.workers,
+        pin_memory=args.pin_memory,
+        **options,
+    )
 
 
 # ----------------------------------------------------------------- the model and the step
@@ -187,15 +193,22 @@ class TimedSGD(torch.optim.SGD):
 
 def build_model(args: argparse.Namespace) -> nn.Module:
     if args.model == "conv":
-        trunk = [nn.Conv2d(3, 64, 5, stride=2, padding=2), nn.ReLU(), nn.Conv2d(64, 128, 3, stride=2, padding=1),
-                 nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten()]
+        trunk = [
+            nn.Conv2d(3, 64, 5, stride=2, padding=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 128, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(4),
+            nn.Flatten(),
+        ]
         inputs, outputs = 128 * 16, CLASSES
     else:
         trunk, inputs, outputs = [], args.features, 1
     hidden = [m for _ in range(args.layers - 1) for m in (nn.Linear(args.width, args.width), nn.ReLU())]
     # dropout draws from the global RNG each step, so every loss depends on the seed
-    return nn.Sequential(*trunk, nn.Linear(inputs, args.width), nn.ReLU(), *hidden, nn.Dropout(0.3),
-                         nn.Linear(args.width, outputs))
+    return nn.Sequential(
+        *trunk, nn.Linear(inputs, args.width), nn.ReLU(), *hidden, nn.Dropout(0.3), nn.Linear(args.width, outputs)
+    )
 
 
 def batch_loss(model, x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace) -> torch.Tensor:
@@ -249,14 +262,26 @@ class Outputs:
         """Record a finished step; True when the job has taken all the steps it was asked to."""
         self.steps += 1
         if self.log is not None and loss is not None:
-            self.log.write(json.dumps({"step": self.steps, "loss": loss.item().hex(), "wait_s": wait_s,
-                                       "t": list(times), "mono": time.perf_counter()}) + "\n")
+            self.log.write(
+                json.dumps(
+                    {
+                        "step": self.steps,
+                        "loss": loss.item().hex(),
+                        "wait_s": wait_s,
+                        "t": list(times),
+                        "mono": time.perf_counter(),
+                    }
+                )
+                + "\n"
+            )
         if self.args.progress:
             write_atomically(self.args.progress, str(self.steps))
         if self.args.ready and self.steps == self.args.ready_after:
             # ranks share one prefix: the PID keeps any from overwriting another
-            write_atomically(f"{self.args.ready}.{os.getpid()}",
-                             json.dumps({"pid": os.getpid(), "rank": self.rank, "thread_tid": self.thread_tid}))
+            write_atomically(
+                f"{self.args.ready}.{os.getpid()}",
+                json.dumps({"pid": os.getpid(), "rank": self.rank, "thread_tid": self.thread_tid}),
+            )
         return bool(self.args.steps) and self.steps >= self.args.steps
 
 
@@ -266,10 +291,17 @@ class Outputs:
 # Imported lazily by the DataLoader when it starts its workers; after `become` the interpreter's own
 # directory may be unreadable (root's 0700 home), so load them first.
 _PRELOAD = (
-    "multiprocessing.queues", "multiprocessing.synchronize", "multiprocessing.connection",
-    "multiprocessing.popen_fork", "multiprocessing.reduction", "multiprocessing.resource_sharer",
-    "multiprocessing.util", "torch.utils.data._utils.worker", "torch.utils.data._utils.signal_handling",
-    "torch.utils.data._utils.pin_memory", "queue",
+    "multiprocessing.queues",
+    "multiprocessing.synchronize",
+    "multiprocessing.connection",
+    "multiprocessing.popen_fork",
+    "multiprocessing.reduction",
+    "multiprocessing.resource_sharer",
+    "multiprocessing.util",
+    "torch.utils.data._utils.worker",
+    "torch.utils.data._utils.signal_handling",
+    "torch.utils.data._utils.pin_memory",
+    "queue",
 )
 
 
@@ -379,9 +411,16 @@ def run_lightning(args: argparse.Namespace) -> None:
             return torch.optim.SGD(self.parameters(), lr=1e-3)
 
     trainer = L.Trainer(
-        accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
-        max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        accelerator="cpu",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
     )
     # Lightning's launcher starts ranks 1.. as this same command with LOCAL_RANK set
     trainer.fit(Module(), make_loader(args, rank_from_env()))
@@ -400,9 +439,16 @@ def run_hf(args: argparse.Namespace) -> None:
     # built from a config: nothing is downloaded
     config = GPT2Config(vocab_size=64, n_positions=32, n_embd=args.width, n_layer=args.layers, n_head=2)
     training = TrainingArguments(
-        output_dir=args.output_dir, use_cpu=True, per_device_train_batch_size=args.batch_size,
-        dataloader_num_workers=args.workers, dataloader_persistent_workers=args.persistent, max_steps=10**9,
-        report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
+        output_dir=args.output_dir,
+        use_cpu=True,
+        per_device_train_batch_size=args.batch_size,
+        dataloader_num_workers=args.workers,
+        dataloader_persistent_workers=args.persistent,
+        max_steps=10**9,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
     )
     samples = Samples(args, rank_from_env())
     dataset = Stream(samples) if args.iterable else samples
@@ -437,27 +483,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     data.add_argument("--sample-ms", type=float, default=0.0, help="cost of one sample")
     data.add_argument("--sample-ms-max", type=float, default=None, help="draw each sample's cost uniformly up to this")
     data.add_argument("--batch-ms", type=float, default=None, help="cost of one batch, split over its samples")
-    data.add_argument("--spend", choices=["sleep", "cpu", "wall"], default="sleep",
-                      help="how every cost is spent: asleep, spinning on thread CPU time, or on wall time")
+    data.add_argument(
+        "--spend",
+        choices=["sleep", "cpu", "wall"],
+        default="sleep",
+        help="how every cost is spent: asleep, spinning on thread CPU time, or on wall time",
+    )
     data.add_argument("--slow-rank", type=int, default=None, help="only this rank's samples cost anything")
-    data.add_argument("--hang-after", type=int, default=None, metavar="N",
-                      help="the first worker never returns its (N+1)th sample")
+    data.add_argument(
+        "--hang-after", type=int, default=None, metavar="N", help="the first worker never returns its (N+1)th sample"
+    )
     data.add_argument("--length", type=int, default=1_000_000, help="samples per epoch")
     data.add_argument("--features", type=int, default=8)
     data.add_argument("--iterable", action="store_true", help="an IterableDataset instead of a map-style one")
     data.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=False)
     loader = p.add_argument_group("loader")
-    loader.add_argument("--loader", choices=["torch", "stateful"], default="torch",
-                        help="torch's DataLoader, or torchdata's StatefulDataLoader")
+    loader.add_argument(
+        "--loader", choices=["torch", "stateful"], default="torch", help="torch's DataLoader, or torchdata's StatefulDataLoader"
+    )
     loader.add_argument("--workers", type=int, default=2)
     loader.add_argument("--batch-size", type=int, default=4)
     loader.add_argument("--pin-memory", action="store_true")
     loader.add_argument("--persistent", action="store_true", help="persistent_workers=True")
     loader.add_argument("--prefetch-factor", type=int, default=2, help="batches each worker keeps ready")
-    loader.add_argument("--start-method", default=None, choices=["fork", "spawn", "forkserver"],
-                        help="the workers' multiprocessing context")
-    loader.add_argument("--survive-worker-death", action="store_true",
-                        help="when a worker dies, log it and start a new DataLoader (as elastic jobs do)")
+    loader.add_argument(
+        "--start-method", default=None, choices=["fork", "spawn", "forkserver"], help="the workers' multiprocessing context"
+    )
+    loader.add_argument(
+        "--survive-worker-death",
+        action="store_true",
+        help="when a worker dies, log it and start a new DataLoader (as elastic jobs do)",
+    )
     step = p.add_argument_group("step")
     step.add_argument("--model", choices=["mlp", "conv"], default="mlp", help="conv: a CNN over 3x64x64 images")
     step.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -476,16 +532,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     launch.add_argument("--framework", choices=["plain", "lightning", "hf", "deepspeed"], default="plain")
     launch.add_argument("--devices", type=int, default=1, help="lightning: ranks (DDP on gloo when >1)")
     launch.add_argument("--output-dir", default=None, help="hf: the Trainer's output directory (nothing is saved)")
-    launch.add_argument("--mp-spawn", type=int, default=0, metavar="N",
-                        help="run N ranks via torch.multiprocessing.start_processes")
-    launch.add_argument("--mp-start-method", default="spawn", choices=["spawn", "fork", "forkserver"],
-                        help="how --mp-spawn starts its ranks (fork is cheapest: no second import of torch)")
+    launch.add_argument(
+        "--mp-spawn", type=int, default=0, metavar="N", help="run N ranks via torch.multiprocessing.start_processes"
+    )
+    launch.add_argument(
+        "--mp-start-method",
+        default="spawn",
+        choices=["spawn", "fork", "forkserver"],
+        help="how --mp-spawn starts its ranks (fork is cheapest: no second import of torch)",
+    )
     launch.add_argument("--hang-rank", type=int, default=None, metavar="R", help="this rank stops training ...")
     launch.add_argument("--hang-rank-after-s", type=float, default=20.0, metavar="S", help="... after S seconds")
     launch.add_argument("--max-seconds", type=float, default=None, help="the process ends itself after this")
     launch.add_argument("--idle-thread", default=None, metavar="NAME", help="start an idle thread of this name")
-    launch.add_argument("--become", default=None, metavar="USER",
-                        help="after importing torch, drop to this user (root only)")
+    launch.add_argument("--become", default=None, metavar="USER", help="after importing torch, drop to this user (root only)")
     out = p.add_argument_group("outputs")
     out.add_argument("--ready", default=None, metavar="PREFIX", help="each rank writes PREFIX.PID when ready")
     out.add_argument("--ready-after", type=int, default=1, metavar="STEPS")
@@ -507,8 +567,7 @@ def main() -> None:
         {"lightning": run_lightning, "hf": run_hf, "deepspeed": run_deepspeed}[args.framework](args)
     elif args.mp_spawn:
         # the torch.multiprocessing.spawn pattern: this process only launches; each child is a rank
-        torch.multiprocessing.start_processes(train, args=(args,), nprocs=args.mp_spawn,
-                                              start_method=args.mp_start_method)
+        torch.multiprocessing.start_processes(train, args=(args,), nprocs=args.mp_spawn, start_method=args.mp_start_method)
     else:
         train(rank_from_env(), args)
 

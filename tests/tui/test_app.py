@@ -24,9 +24,7 @@ from tests.harness.tui import build_app, settle, wait_for
 
 
 def screen_text(app: GputopApp) -> str:
-    return "\n".join(
-        line for widget in (GpuGrid, CpuHeatmap, JobPanel, StacksPanel) for line in app.query_one(widget).lines_text
-    )
+    return "\n".join(line for widget in (GpuGrid, CpuHeatmap, JobPanel, StacksPanel) for line in app.query_one(widget).lines_text)
 
 
 # ------------------------------------------------------------------ keys and lifecycle
@@ -575,9 +573,18 @@ async def test_replay_shows_the_interpretation_the_recording_carries(tmp_path):
     snaps = make_snapshots(5, gpus=8, cores=128, with_job=True)
     # every rank's stack is the DataLoader wait (classified "waiting for data"); the collector said otherwise
     warning = "ranks 0 and 1 share GPU 0: set the device from LOCAL_RANK"
-    snaps = [dataclasses.replace(s, job=dataclasses.replace(
-        s.job, cores=(77,), warnings=(warning,),
-        ranks=tuple(dataclasses.replace(r, main_thread_state="in dataset code") for r in s.job.ranks))) for s in snaps]
+    snaps = [
+        dataclasses.replace(
+            s,
+            job=dataclasses.replace(
+                s.job,
+                cores=(77,),
+                warnings=(warning,),
+                ranks=tuple(dataclasses.replace(r, main_thread_state="in dataset code") for r in s.job.ranks),
+            ),
+        )
+        for s in snaps
+    ]
     with RecordingWriter(path, machine) as writer:
         for snap in snaps:
             writer.write(snap)
@@ -606,8 +613,11 @@ def test_machine_picture_draws_numa_nodes_switches_fabric_and_marks_a_degraded_l
     # 4 GPUs: 0-1 behind one PCIe switch on NUMA 0, 2-3 on NUMA 1; NVLink pairs 0-1 and 2-3 only
     links = {(0, 1): "NV4", (2, 3): "NV4", (0, 2): "SYS", (0, 3): "SYS", (1, 2): "SYS", (1, 3): "SYS"}
     matrix = tuple(tuple("X" if i == j else links.get((min(i, j), max(i, j)), "SYS") for j in range(4)) for i in range(4))
-    machine = MachineInfo(hostname="box", gpu_count=4, topology=Topology(
-        matrix=matrix, cpu_affinity=("0-31", "0-31", "32-63", "32-63"), numa_node=(0, 0, 1, 1)))
+    machine = MachineInfo(
+        hostname="box",
+        gpu_count=4,
+        topology=Topology(matrix=matrix, cpu_affinity=("0-31", "0-31", "32-63", "32-63"), numa_node=(0, 0, 1, 1)),
+    )
     pcie_matrix = tuple(tuple("PIX" if {i, j} == {0, 1} else c for j, c in enumerate(row)) for i, row in enumerate(matrix))
     snap = make_snapshots(1, gpus=4)[0]
     direct = tuple(NvLinkLink(k, True, remote_kind="gpu") for k in range(4))  # GPU to GPU, no switch
@@ -631,8 +641,12 @@ def test_machine_picture_places_each_nic_beside_its_switch_or_its_numa_node():
     pairs = {(0, 1): "PXB"}
     matrix = tuple(tuple("X" if i == j else pairs.get((min(i, j), max(i, j)), "SYS") for j in range(3)) for i in range(3))
     nics = (NicInfo("mlx5_0", 0, rdma=True), NicInfo("mlx5_1", 1, rdma=True), NicInfo("eno1", 0), NicInfo("mlx5_2", 2, rdma=True))
-    nic_matrix = (("PIX", "PXB", "SYS", "X", "SYS", "PHB", "SYS"), ("SYS", "SYS", "PIX", "SYS", "X", "SYS", "SYS"),
-                  ("PHB", "PHB", "SYS", "PHB", "SYS", "X", "SYS"), ("SYS", "SYS", "SYS", "SYS", "SYS", "SYS", "X"))
+    nic_matrix = (
+        ("PIX", "PXB", "SYS", "X", "SYS", "PHB", "SYS"),
+        ("SYS", "SYS", "PIX", "SYS", "X", "SYS", "SYS"),
+        ("PHB", "PHB", "SYS", "PHB", "SYS", "X", "SYS"),
+        ("SYS", "SYS", "SYS", "SYS", "SYS", "SYS", "X"),
+    )
     topo = Topology(matrix=matrix, cpu_affinity=("0-7", "0-7", "8-15"), numa_node=(0, 0, 1), nics=nics, nic_matrix=nic_matrix)
     text = machine_picture(MachineInfo(hostname="box", gpu_count=3, topology=topo), None).plain
     node0, node1, node2 = text.split("┌ ")[1:4]

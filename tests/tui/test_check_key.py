@@ -53,8 +53,9 @@ async def test_check_key_without_a_live_machine_says_why_not(close_sources):
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
         await pilot.press("c")
-        await wait_for(pilot, lambda: "a replay has no NVML" in (getattr(app.screen, "error", None) or ""),
-                       "the reason on the check screen")
+        await wait_for(
+            pilot, lambda: "a replay has no NVML" in (getattr(app.screen, "error", None) or ""), "the reason on the check screen"
+        )
         assert app.last_check is None and app.query_one(GpuGrid).check_marks == {}
 
 
@@ -64,7 +65,6 @@ async def test_help_lists_the_check_key(close_sources):
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
         assert any(b.key == "c" and b.description == "Machine check" for b in app.global_bindings())
-
 
 
 async def test_compact_layout_marks_the_gpu_line(close_sources):
@@ -96,7 +96,7 @@ async def test_report_key_after_the_check_carries_its_infra_section(tmp_path, cl
         await run_the_check(pilot, app)
         path = await write_the_report(pilot, tmp_path)
     text = path.read_text()
-    infra = text[text.index("## For the infra team"):]
+    infra = text[text.index("## For the infra team") :]
     assert "| 2 | NVIDIA H100 80GB HBM3 | 1654922000002 |" in infra
     assert "- **FAIL** NVLink error counters: GPU 2 link 7: CRC (flit) +125 in 5.0 s (now 137)" in infra
 
@@ -115,8 +115,9 @@ async def test_the_screen_the_r_report_and_gputop_report_give_the_same_findings(
     close_sources(source)
     app._diagnose = _default_diagnose  # the real diagnosis, as the monitor runs it
     app.machine_check = scripted_check("h100-sxm-8+nvlink-crc=2:7")
-    app.trace_runner = lambda pid, *, seconds, progress: TraceResult(target=f"PID {pid}", ranks=(TRACE_RANK,), findings=(TRACE_COMM_FINDING,),
-                                                                      seconds=seconds)
+    app.trace_runner = lambda pid, *, seconds, progress: TraceResult(
+        target=f"PID {pid}", ranks=(TRACE_RANK,), findings=(TRACE_COMM_FINDING,), seconds=seconds
+    )
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
         await run_the_check(pilot, app)
@@ -124,9 +125,16 @@ async def test_the_screen_the_r_report_and_gputop_report_give_the_same_findings(
         await pilot.press("y")
         await wait_for(pilot, lambda: app.last_trace is not None, "the scripted trace")
         await pilot.press("escape")
-        await wait_for(pilot, lambda: app.verdict is not None and app.verdict.findings is not None and any(
-            f.id == TRACE_COMM_FINDING.id for f in app.verdict.findings) and any(f.id.startswith("check.") for f in app.verdict.findings),
-            "the trace's and the check's findings on screen")
+        await wait_for(
+            pilot,
+            lambda: (
+                app.verdict is not None
+                and app.verdict.findings is not None
+                and any(f.id == TRACE_COMM_FINDING.id for f in app.verdict.findings)
+                and any(f.id.startswith("check.") for f in app.verdict.findings)
+            ),
+            "the trace's and the check's findings on screen",
+        )
         path = await write_the_report(pilot, tmp_path)
         screen = [f.title for f in app.verdict.findings]
         command = [f.title for f in findings(app.history, None, app.last_trace, app.last_check, window=None)]

@@ -50,8 +50,10 @@ def test_one_strip_object_at_several_x_draws_each_place():
 def test_random_chops_with_shared_strips_draw_what_textual_draws():
     rng = random.Random(15)
     for _ in range(500):
-        pool = [Strip([Segment("".join(rng.choice("abcdef") for _ in range(rng.randint(1, 6))))
-                       for _ in range(rng.randint(1, 4))]) for _ in range(3)]
+        pool = [
+            Strip([Segment("".join(rng.choice("abcdef") for _ in range(rng.randint(1, 6)))) for _ in range(rng.randint(1, 4))])
+            for _ in range(3)
+        ]
         chops, spans = [], []
         for y in range(3):
             line, x = {}, 0

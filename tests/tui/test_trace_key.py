@@ -33,9 +33,11 @@ async def test_trace_key_asks_then_traces_the_job_and_adds_its_finding(close_sou
         body = str(app.screen.query_one("#bench-body").render())
         assert "comm" in body and "41%" in body and "Communication takes 41%" in body
         await pilot.press("escape")
-        await wait_for(pilot, lambda: app.verdict is not None and any(f.id == "trace_communication"
-                                                                       for f in app.verdict.findings or ()),
-                       "the trace's finding in the diagnosis")
+        await wait_for(
+            pilot,
+            lambda: app.verdict is not None and any(f.id == "trace_communication" for f in app.verdict.findings or ()),
+            "the trace's finding in the diagnosis",
+        )
 
 
 async def test_trace_key_without_a_job_says_what_to_do(close_sources):

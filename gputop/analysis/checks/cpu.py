@@ -27,7 +27,11 @@ class CpuFacts:
 
     @property
     def saturated(self) -> bool:
-        return self.host_cpu is not None and self.host_cpu >= CORES_SATURATED_PERCENT and bool(self.pinned_workers or self.pinned_ranks)
+        return (
+            self.host_cpu is not None
+            and self.host_cpu >= CORES_SATURATED_PERCENT
+            and bool(self.pinned_workers or self.pinned_ranks)
+        )
 
     @property
     def oversubscribed(self) -> bool:
@@ -76,11 +80,17 @@ def check_cpu_bound(ctx: Context, facts: CpuFacts, *, input_bound: bool) -> list
     if facts.saturated:
         evidence.append(f"host CPU: median {facts.host_cpu:.0f}% over {facts.cores:g} cores for {ctx.duration:.0f} s")
         if facts.pinned_workers:
-            evidence.append(f"{len(facts.pinned_workers)}/{facts.n_workers} DataLoader workers at ≥{PROCESS_PINNED_PERCENT:.0f}% of a core")
+            evidence.append(
+                f"{len(facts.pinned_workers)}/{facts.n_workers} DataLoader workers at ≥{PROCESS_PINNED_PERCENT:.0f}% of a core"
+            )
         if facts.pinned_ranks:
-            evidence.append(f"{len(facts.pinned_ranks)} rank(s) decode on their main thread at ≥{PROCESS_PINNED_PERCENT:.0f}% (num_workers=0)")
+            evidence.append(
+                f"{len(facts.pinned_ranks)} rank(s) decode on their main thread at ≥{PROCESS_PINNED_PERCENT:.0f}% (num_workers=0)"
+            )
     if facts.oversubscribed:
-        evidence.append(f"{facts.n_workers} DataLoader workers on {facts.cores:g} cores ({facts.n_workers / facts.cores:.1f} per core)")
+        evidence.append(
+            f"{facts.n_workers} DataLoader workers on {facts.cores:g} cores ({facts.n_workers / facts.cores:.1f} per core)"
+        )
     if facts.saturated:
         summary = f"CPU-bound input: cores {facts.host_cpu:.0f}% busy, {len(facts.pinned_workers) or len(facts.pinned_ranks)} loader process(es) pinned at 100%"
     else:
@@ -97,7 +107,9 @@ def check_cpu_bound(ctx: Context, facts: CpuFacts, *, input_bound: bool) -> list
     return [
         Finding(
             id="cpu_bound",
-            title="CPU-bound input: the cores cannot preprocess fast enough" if facts.saturated else "More DataLoader workers than cores",
+            title="CPU-bound input: the cores cannot preprocess fast enough"
+            if facts.saturated
+            else "More DataLoader workers than cores",
             severity="warning" if input_bound else "info",
             confidence=confidence_from(facts.samples, 15, 1.0 if facts.saturated else 0.6),
             label=LABEL_CODE,

@@ -104,7 +104,9 @@ class FrozenRun:
         return self.still_seconds if self.still else self.seconds
 
 
-def frozen_run(pid: int, samples: Sequence[StackSample], *, cpu_counts: bool = True, io_counts: bool = True) -> Optional[FrozenRun]:
+def frozen_run(
+    pid: int, samples: Sequence[StackSample], *, cpu_counts: bool = True, io_counts: bool = True
+) -> Optional[FrozenRun]:
     """`cpu_counts` / `io_counts`: whether CPU time / I/O bytes are evidence of life (see Movement.alive)."""
     if not samples:
         return None
@@ -160,7 +162,9 @@ def stuck_worker(rank: RankObs) -> Optional[StuckWorker]:
     `__getitem__` shows the same stack in every dump, and its context switches climb all the while."""
     for w in rank.workers.values():
         if w.last is not None and (w.last.exited or w.last.state in ("Z", "X")):
-            return StuckWorker(w, f"DataLoader worker PID {w.pid} of {rank.name} is dead (state {w.last.state}, exited={w.last.exited})", ())
+            return StuckWorker(
+                w, f"DataLoader worker PID {w.pid} of {rank.name} is dead (state {w.last.state}, exited={w.last.exited})", ()
+            )
     for w in rank.workers.values():
         run = frozen_run(w.pid, w.samples)
         if run is None or not _in_dataset_code(run.last.frames) or not run.long_enough():
@@ -255,7 +259,9 @@ def _rank_hang(ctx: Context, rank: RankObs) -> Optional[_Hung]:
     gpu_spin = spin_secs is not None and spin_secs >= min(need, stuck_secs)
     if gpus and not (gpu_idle or gpu_spin):
         return None  # the GPU computes: the job moves on the device while the host waits
-    evidence = [f"{rank.label}: main thread {state} in {run.count} consecutive dumps over {run.seconds:.0f} s, same frame{_counters_text(run)}"]
+    evidence = [
+        f"{rank.label}: main thread {state} in {run.count} consecutive dumps over {run.seconds:.0f} s, same frame{_counters_text(run)}"
+    ]
     cpu = mean(rank.cpu[-5:])
     if cpu is not None:
         evidence.append(f"{rank.name} CPU {cpu:.0f}%" + (" (CUDA spin-waits at a sync)" if gpu_spin and cpu >= 50 else ""))
@@ -294,15 +300,21 @@ def _rank_hang(ctx: Context, rank: RankObs) -> Optional[_Hung]:
             "# e.g. requests.get(url, timeout=30); open files from local disk, not a stalled mount"
         )
     elif state == COLLECTIVE or gpu_spin:
-        where = "it waits in a collective the other ranks never reached" if state == COLLECTIVE else (
-            "its host is parked at a sync while its GPU spins in a collective (a peer never joined)"
+        where = (
+            "it waits in a collective the other ranks never reached"
+            if state == COLLECTIVE
+            else ("its host is parked at a sync while its GPU spins in a collective (a peer never joined)")
         )
-        fix = "find the rank that did not reach the collective (a crashed or stuck rank, an uneven last batch)\n" + NCCL_FIX + (
-            "\nDistributedSampler(..., drop_last=True)  # every rank runs the same number of steps"
+        fix = (
+            "find the rank that did not reach the collective (a crashed or stuck rank, an uneven last batch)\n"
+            + NCCL_FIX
+            + ("\nDistributedSampler(..., drop_last=True)  # every rank runs the same number of steps")
         )
     else:
-        where = "it waits in an explicit sync (torch.cuda.synchronize / .item())" if synced is None else (
-            f"it waits at a sync for GPU work that never finishes ({synced[1]})"
+        where = (
+            "it waits in an explicit sync (torch.cuda.synchronize / .item())"
+            if synced is None
+            else (f"it waits at a sync for GPU work that never finishes ({synced[1]})")
         )
         fix = (
             "the host waits for GPU work that never finishes: check the last kernel/collective before it\n"
@@ -315,14 +327,21 @@ def _rank_hang(ctx: Context, rank: RankObs) -> Optional[_Hung]:
         severity="critical",
         confidence=confidence_from(run.count, 6, stuck_secs / (2 * HANG_MIN_SECONDS) if run.still is None else 1.0),
         label=LABEL_CODE,
-        summary=f"Hang: {rank.name} stuck for {stuck_secs:.0f} s: {where}" + (f"; GPU {held[0].index} holds memory at 0%" if held else ""),
+        summary=f"Hang: {rank.name} stuck for {stuck_secs:.0f} s: {where}"
+        + (f"; GPU {held[0].index} holds memory at 0%" if held else ""),
         evidence=tuple(evidence),
         frames=frames,
         fix=fix,
         gpus=tuple(o.index for o in gpus),
         pids=(rank.pid,),
     )
-    return _Hung(finding, rank, stuck_secs, waiter=state == COLLECTIVE or (gpu_spin and state not in (WAITING_FOR_DATA, IN_DATASET)), state=state)
+    return _Hung(
+        finding,
+        rank,
+        stuck_secs,
+        waiter=state == COLLECTIVE or (gpu_spin and state not in (WAITING_FOR_DATA, IN_DATASET)),
+        state=state,
+    )
 
 
 def _suspect_worker(rank: RankObs) -> Optional[tuple[WorkerObs, FrozenRun]]:
@@ -396,7 +415,9 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
         merged = dataclasses.replace(
             first,
             summary=first.summary + f"; {len(waiting)} other rank(s) {how}",
-            evidence=first.evidence + (f"{len(waiting)} other rank(s) frozen waiting for it: {names}",) + tuple(spinning[:EVIDENCE_RANKS]),
+            evidence=first.evidence
+            + (f"{len(waiting)} other rank(s) frozen waiting for it: {names}",)
+            + tuple(spinning[:EVIDENCE_RANKS]),
             fix=fix,
             gpus=first.gpus + gpus,
             pids=first.pids + pids,
@@ -428,7 +449,8 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
                 frames=odd_frames,
                 fix=(
                     (
-                        f"if {rank.name} is not in a long evaluation or checkpoint, it skipped a collective the others wait in\n" + NCCL_FIX
+                        f"if {rank.name} is not in a long evaluation or checkpoint, it skipped a collective the others wait in\n"
+                        + NCCL_FIX
                     )
                     if long_wait
                     else (
@@ -478,7 +500,9 @@ def _gpu_only_hangs(ctx: Context, claimed: set[int]) -> list[Finding]:
         idle = _trailing_idle_seconds(o)
         if idle < HANG_MIN_SECONDS or not o.holds_memory(o.memory[-1] if o.memory else None):
             continue
-        was_busy = any(u is not None and u > LOW_UTILIZATION for u in o.util[: max(1, len(o.util) - int(idle / max(ctx.interval, 1e-3)))])
+        was_busy = any(
+            u is not None and u > LOW_UTILIZATION for u in o.util[: max(1, len(o.util) - int(idle / max(ctx.interval, 1e-3)))]
+        )
         stuck.append((o, idle, was_busy))
     if spinning:
         gpus_txt = ", ".join(f"GPU {o.index}" for o, _s in spinning[:8])
@@ -493,7 +517,11 @@ def _gpu_only_hangs(ctx: Context, claimed: set[int]) -> list[Finding]:
                 summary=f"Likely NCCL hang: {gpus_txt} spin at ~100% utilization and low power for {max(s for _o, s in spinning):.0f} s",
                 evidence=tuple(_spin_evidence(o, s) for o, s in spinning[:EVIDENCE_RANKS])
                 + (f"processes on them: {', '.join(map(str, pids)) or 'n/a'}",),
-                fix=(f"attach with `--pid {pids[0]}` to name the rank that never joined the collective\n" if pids else "attach with `--pid PID` to name the rank that never joined the collective\n")
+                fix=(
+                    f"attach with `--pid {pids[0]}` to name the rank that never joined the collective\n"
+                    if pids
+                    else "attach with `--pid PID` to name the rank that never joined the collective\n"
+                )
                 + NCCL_FIX,
                 gpus=tuple(o.index for o, _s in spinning),
                 pids=pids,

@@ -22,22 +22,29 @@ def healthy_finding(ctx: Context) -> Finding:
         evidence.append(f"GPU utilization: mean {gpu_mean:.0f}% over {len(focus)} GPU(s) for {ctx.duration:.0f} s")
     elif ctx.history.machine.gpu_error:
         evidence.append(f"no GPU data: {ctx.history.machine.gpu_error}")
-    gpu_text = f"GPUs busy ({gpu_mean:.0f}%)" if gpu_mean is not None and gpu_mean >= LOW_UTILIZATION else (
-        f"GPUs at {gpu_mean:.0f}%" if gpu_mean is not None else ""
+    gpu_text = (
+        f"GPUs busy ({gpu_mean:.0f}%)"
+        if gpu_mean is not None and gpu_mean >= LOW_UTILIZATION
+        else (f"GPUs at {gpu_mean:.0f}%" if gpu_mean is not None else "")
     )
     live = [r for r in ctx.ranks.values() if not (r.last is not None and r.last.exited)]
     measured = [r for r in live if r.measured]
     latest_job = next((s.job for s in reversed(ctx.snaps) if s.job is not None), None)
-    stacks_error = (latest_job.stacks_error if latest_job else None) or next((r.stacks_error for r in live if r.stacks_error), None)
+    stacks_error = (latest_job.stacks_error if latest_job else None) or next(
+        (r.stacks_error for r in live if r.stacks_error), None
+    )
     fix = ""
     if live and not measured and stacks_error:
         evidence.append(f"stacks unavailable: {stacks_error}")
         summary = "No problem in the GPU/CPU data; stacks unavailable, so the input pipeline was not checked"
-        return Finding("healthy", "No problem found (without stacks)", "info", 0.4, "", summary, tuple(evidence), fix=stacks_error)
+        return Finding(
+            "healthy", "No problem found (without stacks)", "info", 0.4, "", summary, tuple(evidence), fix=stacks_error
+        )
     if live and not measured and all(r.starting_up for r in live):
         left_out = sum(r.counts.startup_left_out for r in live)
         summary = "Starting up: no training step seen yet (imports, model build, workers starting)" + (
-            f"; {gpu_text}" if gpu_text else "")
+            f"; {gpu_text}" if gpu_text else ""
+        )
         evidence.append(f"{left_out:,} samples so far, left out of the shares until the first step")
         return Finding("collecting", "Starting up", "info", 0.3, "", summary, tuple(evidence))
     if live and not measured:
@@ -55,7 +62,8 @@ def healthy_finding(ctx: Context) -> Finding:
         wait = share.point
         evidence.append(
             f"the ranks wait for data {share.text()} of the time ({ctx.share_span(pooled_counts(measured))}; "
-            "TF Profiler: < 5% is not input-bound)")
+            "TF Profiler: < 5% is not input-bound)"
+        )
         noise = ", within noise of 5%" if wait >= INPUT_BOUND_MODERATE else ""
         parts.append(f"not input-bound (data wait {share.text()}{noise})")
         states = Counter()

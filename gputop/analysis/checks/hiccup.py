@@ -118,7 +118,9 @@ def collapse_starts(values: Sequence[Optional[float]]) -> list[int]:
     return starts
 
 
-def detect_collapse_period(series_list: Sequence[Sequence[Optional[float]]], timestamps: Sequence[float]) -> Optional[tuple[float, int, list[float]]]:
+def detect_collapse_period(
+    series_list: Sequence[Sequence[Optional[float]]], timestamps: Sequence[float]
+) -> Optional[tuple[float, int, list[float]]]:
     """(period s, collapses, gaps) from regular collapse events, using the GPU with the most collapses."""
     best: Optional[tuple[float, int, list[float]]] = None
     for values in series_list:
@@ -173,8 +175,14 @@ def _worker_restarts(ctx: Context) -> tuple[int, Optional[float], list[str]]:
     return int(round(restarts)), period, evidence
 
 
-def check_hiccup(ctx: Context, *, exclude_gpus: set[int] = frozenset(), max_period_s: float = HICCUP_MAX_PERIOD_S) -> list[Finding]:
-    gpus = [o for o in ctx.focus_gpus() if o.index not in exclude_gpus and o.lost_at is None and len(o.util_values) >= HICCUP_MIN_SAMPLES]
+def check_hiccup(
+    ctx: Context, *, exclude_gpus: set[int] = frozenset(), max_period_s: float = HICCUP_MAX_PERIOD_S
+) -> list[Finding]:
+    gpus = [
+        o
+        for o in ctx.focus_gpus()
+        if o.index not in exclude_gpus and o.lost_at is None and len(o.util_values) >= HICCUP_MIN_SAMPLES
+    ]
     restarts, restart_period, restart_evidence = _worker_restarts(ctx)
     epoch_starts = sum(1 for r in ctx.ranks.values() for s in r.samples if has_frame(s.frames, EPOCH_START_FRAME_NAMES))
     found = None
@@ -246,7 +254,9 @@ def check_hiccup(ctx: Context, *, exclude_gpus: set[int] = frozenset(), max_peri
         confidence = 0.85
     elif wait is not None and wait >= INPUT_BOUND_MODERATE and (coll is None or wait >= coll):
         cause = "loader stalls"
-        evidence.append(f"ranks wait for data {wait_share.text()} of the time ({ctx.share_span(pooled)}, {len(measured)} rank(s))")
+        evidence.append(
+            f"ranks wait for data {wait_share.text()} of the time ({ctx.share_span(pooled)}, {len(measured)} rank(s))"
+        )
         sample = next((s for r in measured for s in reversed(r.samples) if s.state == WAITING_FOR_DATA and s.frames), None)
         if sample is not None:
             frames = frames_from(sample.frames, WAIT_FRAMES)
@@ -258,8 +268,10 @@ def check_hiccup(ctx: Context, *, exclude_gpus: set[int] = frozenset(), max_peri
         confidence = 0.75
     elif coll is not None and coll >= COMMUNICATION_HEAVY:
         cause = "collective waits"
-        evidence.append(f"ranks wait in collectives {coll_share.text()} of the time ({ctx.share_span(pooled)}; "
-                        f"torch-tb-profiler flags > {pct(COMMUNICATION_HEAVY)})")
+        evidence.append(
+            f"ranks wait in collectives {coll_share.text()} of the time ({ctx.share_span(pooled)}; "
+            f"torch-tb-profiler flags > {pct(COMMUNICATION_HEAVY)})"
+        )
         sample = next((s for r in measured for s in reversed(r.samples) if s.state == COLLECTIVE and s.frames), None)
         if sample is not None:
             frames = outer_frames(sample.frames, 4)

@@ -40,11 +40,12 @@ def _throttle_kind(reason: str) -> Optional[tuple[str, str]]:
 
 
 def check_infrastructure(ctx: Context) -> list[Finding]:
-    return (check_lost_gpu(ctx) + check_pcie(ctx) + check_throttle(ctx) + check_ecc(ctx) + check_nvlink(ctx)
-            + check_xids(ctx))
+    return check_lost_gpu(ctx) + check_pcie(ctx) + check_throttle(ctx) + check_ecc(ctx) + check_nvlink(ctx) + check_xids(ctx)
 
 
-def _infra(id: str, title: str, severity: str, summary: str, evidence: Sequence[str], fix: str, gpus: Sequence[int], confidence: float) -> Finding:
+def _infra(
+    id: str, title: str, severity: str, summary: str, evidence: Sequence[str], fix: str, gpus: Sequence[int], confidence: float
+) -> Finding:
     return Finding(
         id=id,
         title=title,
@@ -64,7 +65,11 @@ def check_lost_gpu(ctx: Context) -> list[Finding]:
     seen = len(ctx.gpus)
     evidence = [
         f"GPU {o.index} ({o.samples[-1].pci_bus_id}): "
-        + (f"lost at +{o.lost_at - ctx.snaps[0].timestamp:.0f} s (fell off the bus)" if o.lost_at is not None else f"missing since +{o.missing_after - ctx.snaps[0].timestamp:.0f} s")
+        + (
+            f"lost at +{o.lost_at - ctx.snaps[0].timestamp:.0f} s (fell off the bus)"
+            if o.lost_at is not None
+            else f"missing since +{o.missing_after - ctx.snaps[0].timestamp:.0f} s"
+        )
         for o in lost
     ]
     if expected and seen < expected and not ctx.history.machine.gpu_error:
@@ -95,10 +100,16 @@ def check_pcie(ctx: Context) -> list[Finding]:
     for o in ctx.gpus.values():
         loaded = [s for s in o.samples if not s.lost and (s.utilization_gpu or 0) >= PCIE_LOAD_UTILIZATION]
         any_s = [s for s in o.samples if not s.lost]
-        width_down = [s for s in any_s if None not in (s.pcie.width_current, s.pcie.width_max) and s.pcie.width_current < s.pcie.width_max]
+        width_down = [
+            s for s in any_s if None not in (s.pcie.width_current, s.pcie.width_max) and s.pcie.width_current < s.pcie.width_max
+        ]
         gen_down = [s for s in loaded if None not in (s.pcie.gen_current, s.pcie.gen_max) and s.pcie.gen_current < s.pcie.gen_max]
         # width does not drop for power saving; generation does when idle, so it counts only under load
-        bad = width_down if len(width_down) >= max(1, len(any_s) // 2) else (gen_down if len(gen_down) >= max(1, len(loaded) // 2) else [])
+        bad = (
+            width_down
+            if len(width_down) >= max(1, len(any_s) // 2)
+            else (gen_down if len(gen_down) >= max(1, len(loaded) // 2) else [])
+        )
         if bad:
             s = bad[-1]
             p = s.pcie
@@ -138,7 +149,9 @@ def check_throttle(ctx: Context) -> list[Finding]:
             for what, sev in {k for k in (_throttle_kind(r) for r in s.throttle_reasons or ()) if k}:
                 counts[what] += 1
                 severity_of[what] = sev
-        hits[o.index] = Counter({w: n for w, n in counts.items() if totals[o.index] and n / totals[o.index] >= THROTTLE_MIN_FRACTION})
+        hits[o.index] = Counter(
+            {w: n for w, n in counts.items() if totals[o.index] and n / totals[o.index] >= THROTTLE_MIN_FRACTION}
+        )
     findings: list[Finding] = []
     serious = {g: {w: n for w, n in c.items() if severity_of[w] != "info"} for g, c in hits.items()}
     serious = {g: c for g, c in serious.items() if c}
@@ -150,12 +163,16 @@ def check_throttle(ctx: Context) -> list[Finding]:
             o = ctx.gpus[g]
             temp = max((s.temperature for s in o.samples if not s.lost and s.temperature is not None), default=None)
             clocks = [s.clock_sm for s in o.samples if not s.lost and s.clock_sm]
-            peers = [s.clock_sm for p in ctx.gpus.values() if p.index not in serious for s in p.samples if not s.lost and s.clock_sm]
+            peers = [
+                s.clock_sm for p in ctx.gpus.values() if p.index not in serious for s in p.samples if not s.lost and s.clock_sm
+            ]
             line = f"GPU {g}: " + ", ".join(f"{w} in {n}/{totals[g]} samples" for w, n in sorted(c.items()))
             if temp is not None:
                 line += f"; max {temp:.0f} °C"
             if clocks:
-                line += f"; SM clock median {statistics.median(clocks):.0f} MHz" + (f" (others {statistics.median(peers):.0f} MHz)" if peers else "")
+                line += f"; SM clock median {statistics.median(clocks):.0f} MHz" + (
+                    f" (others {statistics.median(peers):.0f} MHz)" if peers else ""
+                )
             evidence.append(line)
         gpus_txt = ", ".join(f"GPU {g}" for g in sorted(serious))
         if any("thermal" in w for w in kinds):
@@ -164,13 +181,21 @@ def check_throttle(ctx: Context) -> list[Finding]:
         else:
             summary = f"{kinds[0][0].upper() + kinds[0][1:]} on {gpus_txt}"
             fix = "file a ticket: power delivery or the board asserts a slowdown\nnvidia-smi -q -d PERFORMANCE -i GPU_INDEX   # 'Clocks Event Reasons'"
-        findings.append(_infra("throttle", f"Clock throttling: {', '.join(kinds)}", sev, summary, evidence, fix, sorted(serious), 0.85))
+        findings.append(
+            _infra("throttle", f"Clock throttling: {', '.join(kinds)}", sev, summary, evidence, fix, sorted(serious), 0.85)
+        )
     capped = sorted(g for g, c in hits.items() if "power cap" in c)
     if capped:
-        limits = {g: statistics.median([s.power_limit for s in ctx.gpus[g].samples if not s.lost and s.power_limit] or [0]) for g in ctx.gpus}
+        limits = {
+            g: statistics.median([s.power_limit for s in ctx.gpus[g].samples if not s.lost and s.power_limit] or [0])
+            for g in ctx.gpus
+        }
         top_limit = max(limits.values()) if limits else 0
         lowered = [g for g in capped if top_limit and limits[g] < POWER_LIMIT_LOWERED * top_limit]
-        evidence = [f"GPU {g}: power cap active in {hits[g]['power cap']}/{totals[g]} samples, enforced limit {limits[g]:.0f} W" for g in capped]
+        evidence = [
+            f"GPU {g}: power cap active in {hits[g]['power cap']}/{totals[g]} samples, enforced limit {limits[g]:.0f} W"
+            for g in capped
+        ]
         if lowered:
             evidence.append(f"the other GPUs' limit is {top_limit:.0f} W")
             findings.append(
@@ -212,11 +237,15 @@ def check_ecc(ctx: Context) -> list[Finding]:
             last, first = eccs[-1], eccs[0]
             unc = max(last.volatile_uncorrected or 0, last.aggregate_uncorrected or 0)
             if unc:
-                crit.append(f"GPU {o.index}: {unc} uncorrectable ECC error(s) (volatile {last.volatile_uncorrected}, aggregate {last.aggregate_uncorrected})")
+                crit.append(
+                    f"GPU {o.index}: {unc} uncorrectable ECC error(s) (volatile {last.volatile_uncorrected}, aggregate {last.aggregate_uncorrected})"
+                )
                 gpus.add(o.index)
             grown = (last.volatile_corrected or 0) - (first.volatile_corrected or 0)
             if grown > 0:
-                warn.append(f"GPU {o.index}: corrected ECC errors rose by {grown} during the window (now {last.volatile_corrected})")
+                warn.append(
+                    f"GPU {o.index}: corrected ECC errors rose by {grown} during the window (now {last.volatile_corrected})"
+                )
                 gpus.add(o.index)
         rows = [s.remapped_rows for s in samples if s.remapped_rows is not None]
         if rows:
@@ -258,7 +287,9 @@ def check_nvlink(ctx: Context) -> list[Finding]:
     for g, links in sorted(latest.items()):
         down = [link.link for link in links if not link.active]
         if down and (machine_has_nvlink or any(link.active for link in links)):
-            evidence.append(f"GPU {g}: {len(down)} of {len(links)} NVLink links inactive (links {', '.join(map(str, down[:12]))})")
+            evidence.append(
+                f"GPU {g}: {len(down)} of {len(links)} NVLink links inactive (links {', '.join(map(str, down[:12]))})"
+            )
             gpus.append(g)
     if not evidence:
         return []
@@ -290,15 +321,30 @@ def check_xids(ctx: Context) -> list[Finding]:
         gpus = sorted({gpu for (gpu, _t, _c), _m in events})
         codes = list(dict.fromkeys(code for (_g, _t, code), _m in events))
         first = events[0][1]
-        summary = (f"XID {first.code} on GPU {gpus[0]}: {first.meaning}" if len(events) == 1 else
-                   f"XIDs {', '.join(map(str, codes))} on {', '.join(f'GPU {g}' for g in gpus)}")
-        evidence = [f"GPU {gpu}: XID {code} at {time.strftime('%H:%M:%S UTC', time.gmtime(t))}: {m.meaning}"
-                    for (gpu, t, code), m in events]
+        summary = (
+            f"XID {first.code} on GPU {gpus[0]}: {first.meaning}"
+            if len(events) == 1
+            else f"XIDs {', '.join(map(str, codes))} on {', '.join(f'GPU {g}' for g in gpus)}"
+        )
+        evidence = [
+            f"GPU {gpu}: XID {code} at {time.strftime('%H:%M:%S UTC', time.gmtime(t))}: {m.meaning}"
+            for (gpu, t, code), m in events
+        ]
         evidence.append("the driver's own lines: dmesg -T | grep -i xid")
         fix = "\n".join(dict.fromkeys(m.action for _key, m in events))
         severity = "critical" if any(m.severity == "critical" for _key, m in events) else "warning"
         title = "GPU errors reported by the driver (XID)" if label == LABEL_INFRA else "GPU faults caused by the job (XID)"
-        findings.append(Finding(id="xid" if label == LABEL_INFRA else "xid_code", title=title, severity=severity,
-                                confidence=0.95, label=label, summary=summary, evidence=tuple(evidence), fix=fix,
-                                gpus=tuple(gpus)))
+        findings.append(
+            Finding(
+                id="xid" if label == LABEL_INFRA else "xid_code",
+                title=title,
+                severity=severity,
+                confidence=0.95,
+                label=label,
+                summary=summary,
+                evidence=tuple(evidence),
+                fix=fix,
+                gpus=tuple(gpus),
+            )
+        )
     return findings

@@ -70,8 +70,11 @@ def input_timeline(rank: RankObs) -> list[tuple[float, bool]]:
     more than the share window shows), start-up left out: one per second of dense samples (mostly input
     or not), else one per stack dump."""
     if not rank.stretches:
-        return [(s.timestamp, s.state in INPUT_WAIT_STATES) for s in rank.samples
-                if s.state and not rank.starting_up and (rank.loop_started is None or s.timestamp >= rank.loop_started)]
+        return [
+            (s.timestamp, s.state in INPUT_WAIT_STATES)
+            for s in rank.samples
+            if s.state and not rank.starting_up and (rank.loop_started is None or s.timestamp >= rank.loop_started)
+        ]
     counts = dense_counts(rank.stretches, None, rank.loop_started, rank.starting_up)
     bins: dict[int, list[int]] = {}
     for stretch, runs in zip(counts.stretches, counts.runs):
@@ -191,9 +194,13 @@ def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound
         kwargs = rec
         measured_workers = rec.get("num_workers")
         action = "apply the benchmark's loader settings" + (
-            f": num_workers = {measured_workers} (measured by the active benchmark)" if measured_workers is not None else "")
-        figures["workers"] = {"num_workers": measured_workers, "source": "active benchmark",
-                              "workers_needed": (ctx.bench or {}).get("recommendation", {}).get("workers_needed")}
+            f": num_workers = {measured_workers} (measured by the active benchmark)" if measured_workers is not None else ""
+        )
+        figures["workers"] = {
+            "num_workers": measured_workers,
+            "source": "active benchmark",
+            "workers_needed": (ctx.bench or {}).get("recommendation", {}).get("workers_needed"),
+        }
     else:
         advice = suggested_workers(ctx, measured or ranks, job_share, gpu_idle_share(ctx))
         arithmetic = advice.arithmetic
@@ -285,7 +292,9 @@ def check_low_utilization(ctx: Context, *, exclude_gpus: set[int] = frozenset())
     if not ctx.have_gpu_data or len(ctx.snaps) < MIN_STACK_SAMPLES:
         return []
     busy_candidates = [
-        o for o in ctx.focus_gpus() if o.index not in exclude_gpus and (o.process_pids or any(o.holds_memory(m) for m in o.memory))
+        o
+        for o in ctx.focus_gpus()
+        if o.index not in exclude_gpus and (o.process_pids or any(o.holds_memory(m) for m in o.memory))
     ]
     low = [o for o in busy_candidates if o.mean_util is not None and HANG_UTILIZATION_MAX < o.mean_util < LOW_UTILIZATION]
     if not low:

@@ -26,7 +26,10 @@ def check_memory_pressure(ctx: Context) -> list[Finding]:
             confidence=0.7,
             label=LABEL_CODE,
             summary=f"GPU memory nearly full: {', '.join(f'GPU {o.index} {100 * f:.0f}%' for o, f in full[:4])}",
-            evidence=tuple(f"GPU {o.index}: up to {gib(max(m for m in o.memory if m is not None))} of {gib(o.memory_total)}" for o, _f in full),
+            evidence=tuple(
+                f"GPU {o.index}: up to {gib(max(m for m in o.memory if m is not None))} of {gib(o.memory_total)}"
+                for o, _f in full
+            ),
             fix=(
                 "reduce fragmentation, or fix input shapes\n"
                 "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True   # or max_split_size_mb:128\n"

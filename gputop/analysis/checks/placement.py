@@ -34,7 +34,10 @@ def check_misplacement(ctx: Context) -> list[Finding]:
             evidence = [f"{len(with_gpu)} ranks hold memory on GPU {', '.join(map(str, used))}"]
             if idle:
                 idle_util = mean(ctx.gpus[i].mean_util for i in idle)
-                evidence.append(f"{len(idle)} of {n_gpus} GPUs unused" + (f" (mean utilization {idle_util:.0f}%)" if idle_util is not None else ""))
+                evidence.append(
+                    f"{len(idle)} of {n_gpus} GPUs unused"
+                    + (f" (mean utilization {idle_util:.0f}%)" if idle_util is not None else "")
+                )
             if g in ctx.gpus and ctx.gpus[g].mean_util is not None:
                 evidence.append(f"GPU {g}: mean utilization {ctx.gpus[g].mean_util:.0f}%")
             evidence += [f"collector: {w}" for w in warnings]
@@ -68,7 +71,10 @@ def check_misplacement(ctx: Context) -> list[Finding]:
                     confidence=0.8,
                     label=LABEL_CODE,
                     summary=f"{share[g]} ranks also hold memory on GPU {g} (stray CUDA context)",
-                    evidence=tuple([f"{r.name}: GPUs {', '.join(map(str, sorted(r.gpus)))}" for r in with_gpu[:8]] + [f"collector: {w}" for w in warnings]),
+                    evidence=tuple(
+                        [f"{r.name}: GPUs {', '.join(map(str, sorted(r.gpus)))}" for r in with_gpu[:8]]
+                        + [f"collector: {w}" for w in warnings]
+                    ),
                     fix=(
                         "call torch.cuda.set_device(local_rank) first, and map checkpoints off cuda:0\n"
                         "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n"
@@ -118,8 +124,14 @@ def _idle_beside_busy(ctx: Context, n_gpus: int) -> list[Finding]:
     The machine view cannot see the ranks, so it names the processes on the busy GPU(s) and the two usual
     causes, and sends the user to `--pid`.  A mean over the busy GPU alone would call this healthy.
     """
-    busy = [o for o in ctx.gpus.values() if o.lost_at is None and o.process_pids and (o.mean_util or 0) >= MISPLACED_IDLE_UTILIZATION]
-    idle = [o for o in ctx.gpus.values() if o.lost_at is None and not o.process_pids and (o.mean_util or 0) < MISPLACED_IDLE_UTILIZATION]
+    busy = [
+        o for o in ctx.gpus.values() if o.lost_at is None and o.process_pids and (o.mean_util or 0) >= MISPLACED_IDLE_UTILIZATION
+    ]
+    idle = [
+        o
+        for o in ctx.gpus.values()
+        if o.lost_at is None and not o.process_pids and (o.mean_util or 0) < MISPLACED_IDLE_UTILIZATION
+    ]
     if not busy or 2 * len(idle) < n_gpus:
         return []
     pids = sorted({p for o in busy for p in o.process_pids})
@@ -132,7 +144,8 @@ def _idle_beside_busy(ctx: Context, n_gpus: int) -> list[Finding]:
     else:
         cause = "a job of fewer processes than GPUs: DDP not launched on all GPUs, or ranks crowded on a few GPUs"
     evidence = [
-        f"GPU {o.index}: mean utilization {o.mean_util:.0f}%, PID(s) {', '.join(map(str, sorted(o.process_pids)))}" for o in busy[:4]
+        f"GPU {o.index}: mean utilization {o.mean_util:.0f}%, PID(s) {', '.join(map(str, sorted(o.process_pids)))}"
+        for o in busy[:4]
     ]
     evidence.append(f"idle GPUs (no process, < {MISPLACED_IDLE_UTILIZATION:.0f}%): {', '.join(str(o.index) for o in idle)}")
     evidence.append(f"likely cause: {cause}")

@@ -39,9 +39,7 @@ def check_straggler(ctx: Context, *, exclude: set[int] = frozenset()) -> list[Fi
         frames += frames_from(sample.frames, WAIT_FRAMES)
     if other_sample is not None:
         frames += outer_frames(other_sample.frames, 2)
-    evidence = [
-        f"{r.label}: waits for data {r.input_share.text()} of {r.n:,} {r.counts.unit}" for r in slow
-    ] + [
+    evidence = [f"{r.label}: waits for data {r.input_share.text()} of {r.n:,} {r.counts.unit}" for r in slow] + [
         f"the other {len(fast)} ranks: input {pct(mean(r.input_fraction for r in fast) or 0)}, in collective/backward/sync {pct(others_sync)} "
         f"(collective alone {pct(others_coll)})"
     ]
@@ -53,7 +51,9 @@ def check_straggler(ctx: Context, *, exclude: set[int] = frozenset()) -> list[Fi
             id="straggler",
             title="Straggler rank: one rank's loader holds back the others",
             severity="warning",
-            confidence=confidence_from(min(r.n for r in ranks), 15, (worst.input_fraction - INPUT_BOUND_MODERATE) / INPUT_BOUND_HIGH),
+            confidence=confidence_from(
+                min(r.n for r in ranks), 15, (worst.input_fraction - INPUT_BOUND_MODERATE) / INPUT_BOUND_HIGH
+            ),
             label=LABEL_CODE,
             summary=f"Straggler: {worst.name} waits for data {worst.input_share.text()} of the time while "
             f"{len(fast)} other ranks wait for it",

@@ -51,7 +51,10 @@ def check_sync_bound(ctx: Context, *, exclude: set[int] = frozenset()) -> list[F
     worst = max(synced, key=lambda r: r.fraction(EXPLICIT_SYNC))
     found = describe_sync(worst)
     share = worst.fraction(EXPLICIT_SYNC)
-    evidence = [f"{r.label}: at a host-device sync in {r.share(EXPLICIT_SYNC).text()} of {r.n:,} {r.counts.unit}" for r in synced[:EVIDENCE_RANKS]]
+    evidence = [
+        f"{r.label}: at a host-device sync in {r.share(EXPLICIT_SYNC).text()} of {r.n:,} {r.counts.unit}"
+        for r in synced[:EVIDENCE_RANKS]
+    ]
     if len(synced) > EVIDENCE_RANKS:
         evidence.append(f"… {len(synced) - EVIDENCE_RANKS} more rank(s)")
     if gpu_mean is not None:

@@ -38,11 +38,31 @@ def _pids(ranks: Sequence[dict[str, Any]]) -> tuple[int, ...]:
     return tuple(r["pid"] for r in ranks if isinstance(r.get("pid"), int))
 
 
-def _code_warning(id: str, title: str, confidence: float, summary: str, evidence: Iterable[str], fix: str,
-                  ranks: Sequence[dict[str, Any]], frames: Iterable[str] = ()) -> list[Finding]:
+def _code_warning(
+    id: str,
+    title: str,
+    confidence: float,
+    summary: str,
+    evidence: Iterable[str],
+    fix: str,
+    ranks: Sequence[dict[str, Any]],
+    frames: Iterable[str] = (),
+) -> list[Finding]:
     """Every trace rule's finding: a warning about the user's code, on the ranks that broke the rule."""
-    return [Finding(id=id, title=title, severity="warning", confidence=confidence, label=LABEL_CODE, summary=summary,
-                    evidence=tuple(evidence), frames=tuple(frames), fix=fix, pids=_pids(ranks))]
+    return [
+        Finding(
+            id=id,
+            title=title,
+            severity="warning",
+            confidence=confidence,
+            label=LABEL_CODE,
+            summary=summary,
+            evidence=tuple(evidence),
+            frames=tuple(frames),
+            fix=fix,
+            pids=_pids(ranks),
+        )
+    ]
 
 
 def comm_share(rank: dict[str, Any]) -> float:
@@ -58,8 +78,11 @@ def check_communication(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
         return []
     worst = max(heavy, key=comm_share)
     evidence = [f"{_who(r)}: communication {r['phases']['comm']:.0%} of the main thread's wall time" for r in heavy]
-    evidence += [f"{_who(r)}: NCCL kernels {r['gpu']['comm']:.0%} of the GPU's time, {r['gpu']['exposed_comm']:.0%} not hidden by compute"
-                 for r in heavy if r.get("gpu") and r["gpu"].get("exposed_comm") is not None]
+    evidence += [
+        f"{_who(r)}: NCCL kernels {r['gpu']['comm']:.0%} of the GPU's time, {r['gpu']['exposed_comm']:.0%} not hidden by compute"
+        for r in heavy
+        if r.get("gpu") and r["gpu"].get("exposed_comm") is not None
+    ]
     gpu_overlap = [(r, r["gpu"]["comm_overlap"]) for r in heavy if r.get("gpu") and r["gpu"].get("comm_overlap") is not None]
     evidence += [f"{_who(r)}: {o:.0%} of NCCL kernel time overlaps compute kernels" for r, o in gpu_overlap]
     return _code_warning(
@@ -97,8 +120,11 @@ def check_amp(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
         title="fp32 matrix multiplies on a GPU with tensor cores",
         confidence=0.7,
         summary=f"{share:.0%} of {_who(r)}'s GEMM time runs in fp32 on a compute-capability {capability} GPU: use AMP",
-        evidence=(f"{_who(x)}: {s:.0%} of {x['gpu']['gemm_time_s'] * 1000:.1f} ms of GEMM kernels are fp32 "
-                  f"({x['gpu'].get('device_name') or 'GPU'}, sm_{c}x)" for x, s, c in hits),
+        evidence=(
+            f"{_who(x)}: {s:.0%} of {x['gpu']['gemm_time_s'] * 1000:.1f} ms of GEMM kernels are fp32 "
+            f"({x['gpu'].get('device_name') or 'GPU'}, sm_{c}x)"
+            for x, s, c in hits
+        ),
         fix=(
             "run the forward pass under autocast (the low-hanging fruit on Ampere and newer)\n"
             f"with torch.autocast('cuda', dtype={dtype}):\n"
@@ -110,8 +136,14 @@ def check_amp(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
 
 
 def check_launch_bound(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
-    hits = [r for r in ranks if (g := r.get("gpu")) and g.get("short_kernel_share") is not None
-            and g["short_kernel_share"] >= TRACE_SHORT_KERNEL_SHARE and g["idle"] >= TRACE_LAUNCH_BOUND_IDLE]
+    hits = [
+        r
+        for r in ranks
+        if (g := r.get("gpu"))
+        and g.get("short_kernel_share") is not None
+        and g["short_kernel_share"] >= TRACE_SHORT_KERNEL_SHARE
+        and g["idle"] >= TRACE_LAUNCH_BOUND_IDLE
+    ]
     if not hits:
         return []
     r = max(hits, key=lambda x: x["gpu"]["idle"])
@@ -120,10 +152,14 @@ def check_launch_bound(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
         id="trace_launch_bound",
         title="Many tiny kernels: launch-bound",
         confidence=0.6,
-        summary=(f"{g['short_kernel_share']:.0%} of {_who(r)}'s kernels run under {TRACE_SHORT_KERNEL_US:g} µs and "
-                 f"the GPU idles {g['idle']:.0%} of the time: the host cannot launch them fast enough"),
-        evidence=(f"{_who(x)}: {x['gpu']['kernels']} kernels, median {x['gpu']['median_kernel_us']} µs, "
-                  f"GPU idle {x['gpu']['idle']:.0%}" for x in hits),
+        summary=(
+            f"{g['short_kernel_share']:.0%} of {_who(r)}'s kernels run under {TRACE_SHORT_KERNEL_US:g} µs and "
+            f"the GPU idles {g['idle']:.0%} of the time: the host cannot launch them fast enough"
+        ),
+        evidence=(
+            f"{_who(x)}: {x['gpu']['kernels']} kernels, median {x['gpu']['median_kernel_us']} µs, GPU idle {x['gpu']['idle']:.0%}"
+            for x in hits
+        ),
         fix=(
             "fuse the small kernels, or replay them as one graph\n"
             "model = torch.compile(model)                       # fuses elementwise ops\n"
@@ -165,8 +201,7 @@ def check_sync(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
         title="Host-device sync in every step",
         confidence=0.7,
         summary=f"{_who(r)} waits on the GPU {r['syncs_per_step']:g} times a step{where} ({r['phases']['sync']:.0%} of its time)",
-        evidence=(f"{_who(x)}: {x['syncs_per_step']:g} syncs per step, {x['phases']['sync']:.0%} of wall time"
-                  for x in hits),
+        evidence=(f"{_who(x)}: {x['syncs_per_step']:g} syncs per step, {x['phases']['sync']:.0%} of wall time" for x in hits),
         frames=(f"{_sync_place(s)} ({s['count']} syncs)" for s in named),
         fix=(
             "remove the sync from the step: keep values on the GPU and read them every N steps\n"
@@ -195,10 +230,14 @@ def check_allocator(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
         id="trace_allocator",
         title="CUDA caching allocator: retries or fragmentation",
         confidence=0.7,
-        summary=(f"{_who(r)} cuda:{device}: {retries} allocation retries, {gib(inactive)} of {gib(reserved)} reserved "
-                 "sits in inactive split blocks (fragmentation)"),
-        evidence=(f"{_who(x)} cuda:{d}: num_alloc_retries={n}, inactive_split_bytes={gib(i)}, reserved={gib(res)}"
-                  for x, d, n, i, res in hits),
+        summary=(
+            f"{_who(r)} cuda:{device}: {retries} allocation retries, {gib(inactive)} of {gib(reserved)} reserved "
+            "sits in inactive split blocks (fragmentation)"
+        ),
+        evidence=(
+            f"{_who(x)} cuda:{d}: num_alloc_retries={n}, inactive_split_bytes={gib(i)}, reserved={gib(res)}"
+            for x, d, n, i, res in hits
+        ),
         fix=(
             "let the allocator grow segments instead of splitting them, and fix input shapes\n"
             "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True   # or max_split_size_mb:128\n"

@@ -146,7 +146,9 @@ class CpuHeatmap(LineCanvas):
         line.add("n/a" if iow is None else f"{iow:.1f}%", look.DIM if iow is None else look.WARN if iow >= 10 else look.PLAIN)
         line.add("  load ", look.LABEL).add(f"{host.load_average[0]:.1f}")
         if host.steal_percent and host.steal_percent >= 1:
-            line.add("  steal ", look.LABEL).add(f"{host.steal_percent:.0f}%", look.WARN if host.steal_percent >= 5 else look.PLAIN)
+            line.add("  steal ", look.LABEL).add(
+                f"{host.steal_percent:.0f}%", look.WARN if host.steal_percent >= 5 else look.PLAIN
+            )
         if self.job_cores and line.length + 18 <= width:
             line.right("▁ underlined = job", width - 1, look.LABEL)
         return line

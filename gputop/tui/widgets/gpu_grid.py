@@ -228,9 +228,7 @@ class GpuGrid(LineCanvas):
             self.redraw()
 
     # ------------------------------------------------------------------ geometry
-    def _state(
-        self, gpu: GpuSample, problems: Optional[tuple[list[str], list[str]]] = None
-    ) -> tuple[str, str, Style]:
+    def _state(self, gpu: GpuSample, problems: Optional[tuple[list[str], list[str]]] = None) -> tuple[str, str, Style]:
         """The card's state, FAULT or WARN too where the latest machine check failed or warned on this GPU."""
         state = gpu_state(gpu, problems)
         mark = self.check_marks.get(gpu.index)
@@ -303,9 +301,7 @@ class GpuGrid(LineCanvas):
                 lines.append(Strip.blank(width, PLAIN))
         return lines
 
-    def _card_segments(
-        self, gpu: GpuSample, w: int, spark: list[Optional[float]], per_cell: float
-    ) -> list[list[Segment]]:
+    def _card_segments(self, gpu: GpuSample, w: int, spark: list[Optional[float]], per_cell: float) -> list[list[Segment]]:
         """The card's lines as segments; a line whose runs (text and style) are what they were last time
         keeps its segments, so the row's strip and the screen's diff see the very same objects."""
         out = []
@@ -333,7 +329,9 @@ class GpuGrid(LineCanvas):
         util = gpu.utilization_gpu
         text = spark_text(spark)
         lines[1].add(text, look.DIM if gpu.lost else look.SPARK)
-        lines[1].add(" " + ("LOST" if gpu.lost else card_text("utilization", gpu)), look.BAD_BOLD if gpu.lost else util_style(util))
+        lines[1].add(
+            " " + ("LOST" if gpu.lost else card_text("utilization", gpu)), look.BAD_BOLD if gpu.lost else util_style(util)
+        )
 
         if gpu.lost:
             lines[2].add(look.ellipsize("not answering: fell off the bus", w), look.BAD)
@@ -380,7 +378,10 @@ class GpuGrid(LineCanvas):
         l6 = lines[6]
         faults, warnings = problems
         l6.add("thr ", look.LABEL)
-        l6.add(card_text("throttle_reasons", gpu), look.WARN if _is_slowdown(gpu) else look.PLAIN if active_throttles(gpu) else look.DIM)
+        l6.add(
+            card_text("throttle_reasons", gpu),
+            look.WARN if _is_slowdown(gpu) else look.PLAIN if active_throttles(gpu) else look.DIM,
+        )
         health = [p for p in faults + warnings if p not in ("throttled", "PCIe down")]
         mark = self.check_marks.get(gpu.index)
         if mark is not None:
@@ -431,8 +432,10 @@ class GpuGrid(LineCanvas):
             line.add(" " + card_text("utilization", gpu), util_style(gpu.utilization_gpu))
             line.add(card_text("memory_used", gpu).rjust(8))
             temp = gpu.temperature
-            line.add(card_text("temperature", gpu).rjust(5),
-                     look.PLAIN if temp is None or temp < 75 else look.WARN if temp < 85 else look.BAD)
+            line.add(
+                card_text("temperature", gpu).rjust(5),
+                look.PLAIN if temp is None or temp < 75 else look.WARN if temp < 85 else look.BAD,
+            )
             if show_power:
                 line.add(("n/a" if gpu.power is None else f"{gpu.power:.0f}W").rjust(6))
             if show_pcie:
@@ -444,7 +447,7 @@ class GpuGrid(LineCanvas):
                     line.add(text.rjust(7))
             faults, warnings = health_problems(gpu)
             throttles = active_throttles(gpu) if _is_slowdown(gpu) else []
-            problem = (faults + [t for t in throttles] + [w for w in warnings if w != "throttled"])
+            problem = faults + [t for t in throttles] + [w for w in warnings if w != "throttled"]
             mark = self.check_marks.get(gpu.index)
             if mark is not None and (mark[1] or not faults):  # the machine check's word, unless a worse fault shows
                 problem = [mark[0].removeprefix("chk ")] + problem

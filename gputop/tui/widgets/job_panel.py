@@ -273,5 +273,7 @@ class JobPanel(LineCanvas, can_focus=True):
                 line.add(row.note, look.WARN if row.note == "waiting for data" else look.LABEL)
             lines.append(line.strip(width))
         if self._top + room < len(self.rows):
-            lines[-1] = LineBuilder().add(f"   … {len(self.rows) - self._top - room + 1} more (j/k to scroll)", look.DIM).strip(width)
+            lines[-1] = (
+                LineBuilder().add(f"   … {len(self.rows) - self._top - room + 1} more (j/k to scroll)", look.DIM).strip(width)
+            )
         return lines

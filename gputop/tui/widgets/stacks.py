@@ -101,7 +101,11 @@ class StacksPanel(LineCanvas, can_focus=True):
         if stacks is not None and stacks.timestamp and self.now:
             title.add(f"  {max(0.0, self.now - stacks.timestamp):.0f}s old", look.DIM)
         if row.kind == "rank" and row.note:
-            body.append(LineBuilder().add("  main thread: ", look.LABEL).add(row.note, look.WARN_BOLD if row.note == "waiting for data" else look.BOLD))
+            body.append(
+                LineBuilder()
+                .add("  main thread: ", look.LABEL)
+                .add(row.note, look.WARN_BOLD if row.note == "waiting for data" else look.BOLD)
+            )
         if stacks is None:
             if not job.stacks_error:
                 body.append(LineBuilder().add("  no stacks yet (py-spy refreshes every few seconds)", look.DIM))
@@ -138,7 +142,7 @@ class StacksPanel(LineCanvas, can_focus=True):
         if not job.ranks:
             return
         body.append(LineBuilder().add("  main thread per rank", look.LABEL))
-        for rank in sorted(job.ranks, key=lambda r: (r.rank if r.rank is not None else 1 << 30)):
+        for rank in sorted(job.ranks, key=lambda r: r.rank if r.rank is not None else 1 << 30):
             state = rank.main_thread_state or "n/a"
             name = f"rank {rank.rank}" if rank.rank is not None else f"pid {rank.proc.pid}"
             body.append(
@@ -170,5 +174,9 @@ class StacksPanel(LineCanvas, can_focus=True):
             title.right(f"↑{self._offset} ", width, look.DIM)
         lines = [title.section(width)] + [line.strip(width) for line in shown]
         if self._offset + room < len(body) and shown:
-            lines[-1] = LineBuilder().add(f"    … {len(body) - self._offset - room + 1} more lines (Tab here, j/k)", look.DIM).strip(width)
+            lines[-1] = (
+                LineBuilder()
+                .add(f"    … {len(body) - self._offset - room + 1} more lines (Tab here, j/k)", look.DIM)
+                .strip(width)
+            )
         return lines

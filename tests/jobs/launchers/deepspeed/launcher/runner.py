@@ -1,5 +1,6 @@
 """Stand-in for deepspeed.launcher.runner (the `deepspeed` command) on one node: like the real one it
 starts `python -u -m deepspeed.launcher.launch --world_info=... program ...`, which starts the ranks."""
+
 import base64
 import json
 import subprocess
