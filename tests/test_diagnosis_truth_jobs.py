@@ -9,12 +9,10 @@ import time
 
 import pytest
 
-from tests.harness.processes import finish, run_gputop, start_gputop
+from tests.harness.processes import run_gputop
 from tests.harness.train_jobs import start_diagnosis_job
 
-# The Done-when bar (issue 11): 10 reports in a row per loader.  Fixed, not taken from the environment: a
-# lower count would let the test pass without showing the bar.
-REPORTS = 10
+# Issue 11's 10 reports in a row per slow loader run beside issue 21's series, in tests/test_numbers_hold_still.py
 REPORT_SECONDS = 12
 
 
@@ -29,26 +27,6 @@ def _json(ran) -> dict:
 
 def _report(spawn, pid: int) -> dict:
     return _json(run_gputop(spawn, *_report_args(pid), timeout=120))
-
-
-@pytest.mark.slow
-def test_slow_but_steady_loaders_are_input_bound_never_hung(spawn, tmp_path):
-    """Both loaders of the bar (num_workers 0 and 2) run side by side, each watched by its own 10 reports in a
-    row: the two series share the wall clock, not a job or a report.  The two sleeping jobs and two reports
-    use about a fifth of one core together (25 s of CPU in 134 s), so neither series slows the other."""
-    jobs = {mode: start_diagnosis_job(spawn, tmp_path, mode) for mode in ("slow0", "slow2")}
-    for i in range(REPORTS):
-        running = {mode: start_gputop(spawn, *_report_args(proc.pid)) for mode, proc in jobs.items()}
-        for mode, report in running.items():
-            data = _json(finish(report, timeout=120))
-            findings = {f["id"]: f for f in data["findings"]}
-            assert "hang" not in findings, (mode, i, data["verdict"])
-            assert "starvation" in findings and findings["starvation"]["severity"] in ("critical", "warning"), (
-                mode,
-                i,
-                data["verdict"],
-            )
-            assert data["findings"][0]["id"] == "starvation", (mode, i, data["verdict"])
 
 
 @pytest.mark.slow
