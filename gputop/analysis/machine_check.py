@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from gputop.analysis.gpu_health import (
     ECC,
@@ -227,7 +227,7 @@ def check_models(inp: CheckInput) -> Optional[CheckResult]:
     if len(inp.after) < 2:
         return None
     expected = "the same VBIOS on every GPU of a model"
-    by_model: dict[str, Counter] = {}
+    by_model: dict[str, Counter[str]] = {}
     for d in inp.after:
         if d.vbios:
             by_model.setdefault(d.name, Counter())[d.vbios] += 1
@@ -337,8 +337,8 @@ def check_nvlink_errors(inp: CheckInput) -> Optional[CheckResult]:
         return CheckResult("nvlink.errors", title, SKIP, f"not available ({_unsupported(inp.after, 'nvlink_errors')})", expected)
     failing, standing = [], []
     for a, b in pairs:
-        start = {e.link: e for e in a.nvlink_errors}
-        for e in b.nvlink_errors:
+        start = {e.link: e for e in a.nvlink_errors or ()}
+        for e in b.nvlink_errors or ():
             s = start.get(e.link)
             for name, label in (
                 ("crc_flit", "CRC (flit)"),
@@ -412,7 +412,7 @@ def check_nic_numa(inp: CheckInput) -> CheckResult:
         return CheckResult(
             "numa.nic", title, SKIP, f"no NIC reports a NUMA node (NICs: {names}; a virtual NIC or a one-node machine)", expected
         )
-    nic_nodes = {n.numa_node for n in placed}
+    nic_nodes = {n.numa_node for n in placed if n.numa_node is not None}
     if not gpu_nodes:
         return CheckResult(
             "numa.nic",
@@ -442,12 +442,12 @@ def _fault_check(
     check_id: str,
     title: str,
     expected: str,
-    items: Sequence[GpuDetails | GpuSample],
+    items: Sequence[GpuDetails],
     key: str,
-    readable: Callable,
-    faulty: Callable,
-    describe: Callable,
-    passed: Callable,
+    readable: Callable[[GpuDetails], bool],
+    faulty: Callable[[GpuDetails], object],
+    describe: Callable[[GpuDetails], str],
+    passed: Callable[[Sequence[GpuDetails]], str],
 ) -> Optional[CheckResult]:
     """A memory-fault reading per GPU: not available where no GPU that answers gives `key`, FAIL naming each
     faulty GPU with `describe(gpu)`, else PASS saying `passed(the readable GPUs)`."""
@@ -549,7 +549,7 @@ def check_xids(inp: CheckInput) -> CheckResult:
             value += f" ({inp.host_after.kernel_log_records} kernel log records)"
         return CheckResult("xid", title, PASS, value, expected)
     first: dict[tuple[Optional[int], int], tuple[Optional[float], str]] = {}
-    counts: Counter = Counter()
+    counts: Counter[tuple[Optional[int], int]] = Counter()
     evidence, gpus = [], set()
     status = STATUS_OF[max(xid_severity(code) for _, code, _, _ in events)]  # the health module's XID rule
     for gpu, code, when, source in events:
@@ -599,7 +599,7 @@ def _same_mode(
             check_id,
             title,
             WARN,
-            "; ".join(n for _, n in notes),
+            "; ".join(n for _, n in notes if n),
             expected + ", no change waiting for a reset",
             gpus=tuple(i for i, _ in notes),
         )
@@ -634,7 +634,7 @@ def check_app_clocks(inp: CheckInput) -> Optional[CheckResult]:
     low = [
         d
         for d in known
-        if d.app_clock_sm < d.app_clock_sm_default
+        if (d.app_clock_sm or 0) < (d.app_clock_sm_default or 0)
         or (
             d.app_clock_memory is not None
             and d.app_clock_memory_default is not None
@@ -729,10 +729,10 @@ def expected_busbw(machine: MachineInfo, gpus: Sequence[GpuSample]) -> Optional[
     matrix = machine.topology.matrix
     if len(matrix) < 2:
         return None
-    nv_counts = []
+    nv_counts: list[int] = []
     for i, row in enumerate(matrix):
-        links = [int(cell[2:]) for j, cell in enumerate(row) if j != i and cell.startswith("NV") and cell[2:].isdigit()]
-        nv_counts.append(min(links) if len(links) == len(row) - 1 else 0)
+        counts = [int(cell[2:]) for j, cell in enumerate(row) if j != i and cell.startswith("NV") and cell[2:].isdigit()]
+        nv_counts.append(min(counts) if len(counts) == len(row) - 1 else 0)
     if all(nv_counts):
         rate = nvlink_gbps(machine.gpu_names[0] if machine.gpu_names else "")
         links = min(nv_counts)
@@ -830,7 +830,7 @@ def failing_gpus(results: Sequence[CheckResult]) -> dict[int, list[CheckResult]]
     return out
 
 
-def identity(inp: CheckInput) -> list[dict]:
+def identity(inp: CheckInput) -> list[dict[str, object]]:
     """Per GPU: what the ticket identifies it by."""
     return [
         {
@@ -853,8 +853,8 @@ class CheckReport:
 
     results: tuple[CheckResult, ...]
     seconds: float
-    identity: tuple[dict, ...] = ()
-    machine: dict = field(default_factory=dict)  # hostname, kernel, driver, CUDA, NVML
+    identity: tuple[dict[str, object], ...] = ()
+    machine: dict[str, object] = field(default_factory=dict)  # hostname, kernel, driver, CUDA, NVML
     xids: tuple[str, ...] = ()  # one line per XID with its time
 
     @property
@@ -888,7 +888,7 @@ def build_report(inp: CheckInput) -> CheckReport:
     )
 
 
-def report_jsonable(report: CheckReport) -> dict:
+def report_jsonable(report: CheckReport) -> dict[str, Any]:
     return {
         "status": {EXIT_INFRA: "fail", EXIT_CONFIG: "warn", EXIT_HEALTHY: "pass"}[report.exit_code],
         "exit_code": report.exit_code,

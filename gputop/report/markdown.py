@@ -190,8 +190,8 @@ def _state(h: dict[str, Any]) -> str:
     """The Health table's State cell: the health module's state and the card's words (older reports: lost or ok)."""
     if "state" not in h:
         return "LOST" if h["lost"] else "ok"
-    words = ", ".join(p["word"] for p in h["problems"])
-    return h["state"] + (f": {words}" if words else "")
+    words = ", ".join(str(p["word"]) for p in h["problems"])
+    return str(h["state"]) + (f": {words}" if words else "")
 
 
 def _health(data: dict[str, Any]) -> list[str]:
