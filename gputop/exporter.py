@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequen
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gputop import __version__, gpu_fields
+from gputop.analysis.gpu_health import FINDING_SEVERITY, judge_snapshot, pcie_degraded
 from gputop.analysis.observations import collect_rank_observations
 from gputop.analysis.stack_classes import (
     COLLECTIVE,
@@ -43,7 +44,18 @@ from gputop.collect.stack_schedule import main_thread_counters
 from gputop.collect.stacks import error_reason
 from gputop.errors import GputopError
 from gputop.history import History
-from gputop.model import LABEL_CODE, LABEL_INFRA, THROTTLE_REASONS, Finding, GpuSample, JobTree, ProcessStacks, Rank, Snapshot
+from gputop.model import (
+    LABEL_CODE,
+    LABEL_INFRA,
+    THROTTLE_REASONS,
+    Finding,
+    GpuSample,
+    JobTree,
+    ProcessStacks,
+    Rank,
+    Snapshot,
+    XidEvent,
+)
 from gputop.source import Batch
 
 # gputop_rank_state's states, and the stack classes they come from ("hung" comes from the hang finding)
@@ -236,7 +248,7 @@ class Exporter:
         self._ranks: dict[tuple[str, int], _RankTrack] = {}
         self._findings_seen: dict[str, set[tuple[str, str, str]]] = {}
         self._pcie_degraded: dict[int, bool] = {}
-        self._xids_seen: dict[int, frozenset] = {}
+        self._xids_seen: dict[int, frozenset[XidEvent]] = {}
         self._xid_counts: Counter[tuple[str, str, str]] = Counter()
         self._dump_seen: dict[int, float] = {}  # pid -> timestamp of the last dump counted (ok or failed)
         self._pyspy_errors: Counter[str] = Counter()
@@ -311,6 +323,18 @@ class Exporter:
             "1 while this clock-event (throttle) reason is active",
             labels=gpu_labels + ["reason"],
         )
+        health = GaugeMetricFamily(
+            "gputop_gpu_health",
+            "The GPU's health as the card, the diagnosis and gputop check judge it: 0 ok, 1 warning, 2 critical",
+            labels=gpu_labels,
+        )
+        problem = GaugeMetricFamily(
+            "gputop_gpu_health_problem",
+            "1 per health rule the GPU breaks now (lost, ecc, remap, xid, slowdown, power_limit, pcie, nvlink), with its severity",
+            labels=gpu_labels + ["rule", "severity"],
+        )
+        gpus = tuple(gpus)
+        judged = judge_snapshot(gpus)  # the one health judgement (analysis/gpu_health.py)
         readings = [  # the gauges the table of GPU fields declares
             (f, GaugeMetricFamily(*f.metric, labels=gpu_labels)) for f in gpu_fields.shown_in(gpu_fields.METRICS) if f.metric
         ]
@@ -322,9 +346,12 @@ class Exporter:
                 self._xid_counts[(str(gpu.index), gpu.uuid, str(event.code))] += 1
             if gpu.xids is not None:
                 self._xids_seen[gpu.index] = now_held
+            health.add_metric(labels, float(judged[gpu.index].severity))
+            for found in judged[gpu.index].problems:
+                problem.add_metric(labels + [found.rule, FINDING_SEVERITY[found.severity]], 1.0)
             if gpu.lost:
                 continue
-            verdict = gpu_fields.pcie_degraded_now(gpu)
+            verdict = pcie_degraded(gpu)
             if verdict is not None:
                 self._pcie_degraded[gpu.index] = verdict
             if gpu.pcie.width_current is not None:
@@ -348,7 +375,7 @@ class Exporter:
                         family.add_metric(labels, value)
         for (gpu_index, uuid, code), count in sorted(self._xid_counts.items()):
             xids.add_metric([gpu_index, uuid, self.hostname, code], count)
-        families: list[Metric] = [xids, degraded, generation, width, clock_events]
+        families: list[Metric] = [xids, degraded, generation, width, clock_events, health, problem]
         if self.dcgm_fields:
             families += [family for _, family in readings]
         return families

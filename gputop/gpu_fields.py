@@ -25,6 +25,7 @@ from operator import attrgetter
 from typing import Any, Callable, Optional, Sequence
 
 from gputop import units
+from gputop.analysis.gpu_health import reason_key
 from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION
 from gputop.analysis.xids import distinct_xids, meaning_of
 from gputop.model import GpuSample, to_jsonable
@@ -84,29 +85,17 @@ def _latest(samples: Sequence[GpuSample], attr: str) -> Optional[float]:
 
 # ---------------------------------------------------------------- clock-event reasons, in short
 
-_SHORT_REASON = {
+_SHORT_REASON = {  # by reason_key
     "swpowercap": "PwrCap",
-    "sw_power_cap": "PwrCap",
     "hwslowdown": "HwSlow",
-    "hw_slowdown": "HwSlow",
     "swthermal": "SwTherm",
-    "sw_thermal": "SwTherm",
     "hwthermal": "HwTherm",
-    "hw_thermal": "HwTherm",
     "hwpowerbrake": "PwrBrake",
-    "hw_power_brake": "PwrBrake",
     "syncboost": "SyncBoost",
-    "sync_boost": "SyncBoost",
     "applicationsclocks": "AppClk",
     "appclocks": "AppClk",
-    "app_clocks": "AppClk",
 }
-_HARMLESS_REASONS = ("gpuidle", "gpu_idle", "idle")
-
-
-def reason_key(name: str) -> str:
-    """A clock-event reason as one spelling: NVML's constant names and pynvml's words differ."""
-    return name.replace(" ", "").lower()
+_HARMLESS_REASONS = ("gpuidle", "idle")
 
 
 def active_throttles(gpu: GpuSample) -> list[str]:
@@ -219,26 +208,13 @@ def _temperature_max(alive: Sequence[GpuSample]) -> Optional[float]:
     return max(temps) if temps else None
 
 
-def pcie_degraded_now(gpu: GpuSample) -> Optional[bool]:
-    """Is this GPU's PCIe link degraded?  True/False when this sample can tell (the width never drops to
-    save power; the generation does, so it counts only under load); None when the GPU is idle and the width
-    is fine.  The one predicate the TUI's marks and `gputop serve`'s gputop_gpu_pcie_link_degraded share."""
-    link = gpu.pcie
-    if None in (link.width_current, link.width_max):
-        return None
-    if link.width_current < link.width_max:
-        return True
-    if link.gen_current is None or link.gen_max is None:
-        return None
-    if (gpu.utilization_gpu or 0.0) < PCIE_LOAD_UTILIZATION:  # the one bar for "under load" (thresholds.py)
-        return None
-    return link.gen_current < link.gen_max
-
-
 def _pcie_under_load(alive: Sequence[GpuSample]) -> Optional[dict[str, Any]]:
     under_load = [g for g in alive if (g.utilization_gpu or 0) >= PCIE_LOAD_UTILIZATION]  # idle GPUs slow the link on purpose
-    link = (under_load or alive or [None])[-1]
-    return to_jsonable(link.pcie) if link is not None else None
+    shown = under_load or alive
+    if not shown:
+        return None
+    found: dict[str, Any] = to_jsonable(shown[-1].pcie)
+    return found
 
 
 def _throttle_counts(alive: Sequence[GpuSample]) -> dict[str, int]:
@@ -446,7 +422,7 @@ FIELDS: tuple[GpuField, ...] = (
         "NVLink",
         "",
         _ALL,
-        read=lambda g: None if g.nvlink is None else _nvlink_active(g)[0],
+        read=lambda g: None if (counts := _nvlink_active(g)) is None else counts[0],
         short=_nvlink_short,
         long=_nvlink_long,
         snapshot_line=1,
@@ -569,7 +545,7 @@ def snapshot_lines(gpu: GpuSample) -> list[str]:
 def report_health(alive: Sequence[GpuSample]) -> dict[str, Any]:
     """The JSON report's health values of every REPORT field with a Health column: key -> value, from one
     GPU's live samples in the window (oldest first)."""
-    return {f.health_key: f.health_value(alive) for f in shown_in(REPORT) if f.health_value is not None}
+    return {f.health_key: f.health_value(alive) for f in shown_in(REPORT) if f.health_key and f.health_value is not None}
 
 
 def report_stats(series: Sequence[Optional[GpuSample]], stats: Callable[..., Any]) -> dict[str, Any]:

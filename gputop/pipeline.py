@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from gputop.collect.gpu import GpuCollector, GpuUnavailableError
 from gputop.collect.host import HostCollector, numa_layout_from_affinity
 from gputop.collect.sysfs import HostReader
-from gputop.model import JobTree, MachineInfo, Snapshot, Topology
+from gputop.model import GpuDetails, JobTree, MachineInfo, Snapshot, Topology
 
 
 class Pipeline:
@@ -151,6 +151,10 @@ class Pipeline:
 
             jobs = tuple(discover_jobs(gpus))
         return Snapshot(timestamp=now, host=host, gpus=gpus, job=job, simulated=self.simulated, jobs=jobs)
+
+    def gpu_details(self) -> tuple[GpuDetails, ...]:
+        """Each GPU's identity, modes and error counters (`gputop check`'s start and end); () without a driver."""
+        return self.gpu.details() if self.gpu is not None else ()
 
     def close(self) -> None:
         if self._closed:

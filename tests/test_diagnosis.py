@@ -615,12 +615,23 @@ def test_uncorrectable_ecc_and_remapped_rows():
     assert "2 uncorrectable" in f.evidence[0]
 
 
-def test_rising_corrected_ecc_and_pending_remap_are_warnings():
+def test_pending_remap_is_a_warning_and_corrected_ecc_is_no_problem():
+    """Corrected errors were corrected (a high rate is XID 92): rising alone is no finding (gpu_health.py)."""
     findings = infra(
         lambda g, t: {"ecc": EccCounts(int(t), 0, int(t), 0), "remapped_rows": RemappedRows(0, 0, True, False)} if g == 1 else {}
     )
     f = by_id(findings, "ecc")
-    assert f.severity == "warning" and any("rose by 59" in e for e in f.evidence) and any("pending" in e for e in f.evidence)
+    assert f.severity == "warning" and f.gpus == (1,) and any("pending" in e for e in f.evidence)
+    assert "ecc" not in ids(infra(lambda g, t: {"ecc": EccCounts(int(t), 0, int(t), 0)} if g == 1 else {}))
+
+
+def test_past_uncorrectable_errors_already_remapped_are_a_warning():
+    """Uncorrectable errors only in the lifetime count, their rows remapped (not pending): repaired, a warning."""
+    findings = infra(
+        lambda g, t: {"ecc": EccCounts(0, 0, 5, 2), "remapped_rows": RemappedRows(0, 2, False, False)} if g == 3 else {}
+    )
+    f = by_id(findings, "ecc")
+    assert f.severity == "warning" and f.gpus == (3,) and any("none since the last reset" in e for e in f.evidence)
 
 
 def test_inactive_nvlink_links():

@@ -5,23 +5,39 @@ details (identity, modes, error counters) at the start and at the end, and the k
 kernel log) at the start and at the end.  Counters are judged by what they did *while we watched*: a
 count since boot says little, a count that climbs in 10 s is a live fault.
 
-Expectations come from the machine itself: the link's own maximum, the other GPUs' NVLink count and
+Whatever a GPU's samples show (lost, the PCIe link, NVLink, ECC, row remapping, XIDs, slowdowns, the power
+limit) is judged by `analysis/gpu_health.py` over the window, as the card, the diagnosis, the report and the
+exporter judge it: CRITICAL is fail, WARN is warn.  Expectations come from the machine itself: the link's own maximum, the other GPUs' NVLink count and
 topology row, the NUMA nodes the GPUs hang off, the modes the other GPUs run in, the board's default
-clocks.  Statuses: pass, warn (a configuration to look at: exit 4), fail (an infrastructure problem:
-exit 3), skip (could not be checked here; the line says why; never changes the exit code).
+clocks.  Statuses: pass, warn (a configuration or a degraded part to look at: exit 4), fail (an
+infrastructure fault: exit 3), skip (could not be checked here; the line says why; never changes the exit code).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any, Callable, Iterable, Optional, Sequence
 
-from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION
+from gputop.analysis.gpu_health import (
+    ECC,
+    NVLINK,
+    PCIE,
+    PCIE_LANE_BYTES_PER_S,
+    POWER_LIMIT,
+    REMAP,
+    SLOWDOWN,
+    GpuHealth,
+    Severity,
+    judge_window,
+    pcie_degraded,
+    worst,
+    xid_severity,
+)
 from gputop.analysis.xids import meaning_of
 from gputop.collect.sysfs import xid_bus_id  # a pure string helper (the module reads files only when asked)
 from gputop.model import (
-    LABEL_CODE,
     LABEL_INFRA,
     AllReduceResult,
     Finding,
@@ -50,8 +66,8 @@ BUSBW_FAIL_SHARE = 0.4
 # GB/s one NVLink carries each way, by GPU generation (NVIDIA's NVLink specs: NVLink 2-4 25 GB/s, 5: 50 GB/s)
 NVLINK_GBPS = (("B200", 50.0), ("B100", 50.0), ("GB200", 50.0))
 NVLINK_GBPS_DEFAULT = 25.0
-# GB/s one PCIe lane carries each way after encoding, by generation
-PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+# The health module's severities as statuses (analysis/gpu_health.py: one judgement for every consumer).
+STATUS_OF = {Severity.CRITICAL: FAIL, Severity.WARN: WARN, Severity.OK: PASS}
 
 NEXT_COMMANDS = (
     ("sudo nvidia-bug-report.sh", "the full driver log bundle NVIDIA support asks for (needs root)"),
@@ -103,6 +119,11 @@ class CheckInput:
     def gpus(self) -> tuple[GpuSample, ...]:
         return self.snapshots[-1].gpus if self.snapshots else ()
 
+    @cached_property
+    def health(self) -> dict[int, GpuHealth]:
+        """The health module's judgement of each GPU over the window's snapshots."""
+        return judge_window(self.snapshots)
+
     def pairs(self) -> list[tuple[GpuDetails, GpuDetails]]:
         """(start, end) details per GPU that answered both times."""
         start = {d.index: d for d in self.before if not d.lost}
@@ -144,6 +165,16 @@ def _counter_check(
     if standing:
         value += "; since the driver loaded: " + ", ".join(f"GPU {i}: {n}" for i, n in standing)
     return CheckResult(check_id, title, PASS, value, expected)
+
+
+def _health_check(inp: CheckInput, rules: tuple[str, ...], check_id: str, title: str, expected: str, passed: str) -> CheckResult:
+    """A line from the health module's judgement: its worst severity as the status, its evidence as the value."""
+    flagged = {i: found for i, h in sorted(inp.health.items()) if (found := h.of(*rules))}
+    if not flagged:
+        return CheckResult(check_id, title, PASS, passed, expected)
+    problems = [p for found in flagged.values() for p in found]
+    value = "; ".join(p.evidence for p in problems)
+    return CheckResult(check_id, title, STATUS_OF[worst(problems)], value, expected, gpus=tuple(flagged))
 
 
 # ------------------------------------------------------------------ the checks
@@ -196,7 +227,7 @@ def check_models(inp: CheckInput) -> Optional[CheckResult]:
     if len(inp.after) < 2:
         return None
     expected = "the same VBIOS on every GPU of a model"
-    by_model: dict[str, Counter] = {}
+    by_model: dict[str, Counter[str]] = {}
     for d in inp.after:
         if d.vbios:
             by_model.setdefault(d.name, Counter())[d.vbios] += 1
@@ -218,32 +249,18 @@ def check_models(inp: CheckInput) -> Optional[CheckResult]:
 def check_pcie_link(inp: CheckInput) -> Optional[CheckResult]:
     if not inp.gpus:
         return None
-    title = "PCIe link under load"
-    expected = "each GPU at its own maximum gen and width while busy"
-    loaded: dict[int, GpuSample] = {}
-    for snap in inp.snapshots:
-        for g in snap.gpus:
-            if not g.lost and (g.utilization_gpu or 0.0) >= PCIE_LOAD_UTILIZATION and g.pcie.gen_current is not None:
-                loaded[g.index] = g  # the latest busy sample
-    idle = sorted({g.index for g in inp.gpus if not g.lost} - set(loaded))
-    if not loaded:
-        return CheckResult(
-            "pcie.link",
-            title,
-            SKIP,
-            f"every GPU idle in {_window(inp)}: idle links downtrain to save power (run with --load, or while a job runs)",
-            expected,
-        )
-    down = [g for g in loaded.values() if g.pcie.downgraded]
-    note = f" ({gpu_list(idle)} idle: not judged, idle links downtrain)" if idle else ""
-    if down:
-        value = "; ".join(
-            f"GPU {g.index}: Gen{g.pcie.gen_current} x{g.pcie.width_current} of Gen{g.pcie.gen_max} x{g.pcie.width_max}"
-            for g in sorted(down, key=lambda g: g.index)
-        )
-        return CheckResult("pcie.link", title, FAIL, value + note, expected, gpus=tuple(sorted(g.index for g in down)))
-    links = Counter(f"Gen{g.pcie.gen_current} x{g.pcie.width_current}" for g in loaded.values())
-    return CheckResult("pcie.link", title, PASS, ", ".join(f"{n} GPUs at {k}" for k, n in links.items()) + note, expected)
+    title = "PCIe link"
+    expected = "each GPU at its own maximum width, and at its maximum gen while busy"
+    told = {g.index for s in inp.snapshots for g in s.gpus if not g.lost and pcie_degraded(g) is not None}
+    idle = sorted({g.index for g in inp.gpus if not g.lost} - told)
+    if not told:
+        value = f"every GPU idle at its full width in {_window(inp)}: idle links lower their gen to save power"
+        return CheckResult("pcie.link", title, SKIP, value + " (run with --load, or while a job runs)", expected)
+    note = f" ({gpu_list(idle)} idle at full width: gen not judged, idle links downtrain)" if idle else ""
+    links = Counter(f"Gen{g.pcie.gen_current} x{g.pcie.width_current}" for g in inp.gpus if g.index in told)
+    passed = ", ".join(f"{n} GPUs at {k}" for k, n in links.items())
+    result = _health_check(inp, (PCIE,), "pcie.link", title, expected, passed)
+    return replace(result, value=result.value + note)
 
 
 def check_pcie_replay(inp: CheckInput) -> Optional[CheckResult]:
@@ -305,17 +322,9 @@ def check_nvlink_state(inp: CheckInput) -> Optional[CheckResult]:
     if not with_links:
         reason = sorted({g.unavailable.get("nvlink", "not available") for g in gpus})
         return CheckResult("nvlink.state", title, SKIP, f"no NVLink on these GPUs ({'/'.join(reason)})", "every link up")
-    total = Counter(len(g.nvlink) for g in with_links).most_common(1)[0][0]
-    expected = f"all {total} links up on every GPU, the same count on each"
-    down = []
-    for g in with_links:
-        active = sum(1 for link in g.nvlink if link.active)
-        if active < total:
-            links = [link.link for link in g.nvlink if not link.active]
-            down.append((g.index, f"GPU {g.index}: {active} of {total} up (down: {', '.join(map(str, links))})"))
-    if down:
-        return CheckResult("nvlink.state", title, FAIL, "; ".join(t for _, t in down), expected, gpus=tuple(i for i, _ in down))
-    return CheckResult("nvlink.state", title, PASS, f"{total} of {total} up on {len(with_links)} GPUs", expected)
+    total = Counter(len(g.nvlink or ()) for g in with_links).most_common(1)[0][0]
+    expected = f"all {total} links up on every GPU"
+    return _health_check(inp, (NVLINK,), "nvlink.state", title, expected, f"{total} of {total} up on {len(with_links)} GPUs")
 
 
 def check_nvlink_errors(inp: CheckInput) -> Optional[CheckResult]:
@@ -328,8 +337,8 @@ def check_nvlink_errors(inp: CheckInput) -> Optional[CheckResult]:
         return CheckResult("nvlink.errors", title, SKIP, f"not available ({_unsupported(inp.after, 'nvlink_errors')})", expected)
     failing, standing = [], []
     for a, b in pairs:
-        start = {e.link: e for e in a.nvlink_errors}
-        for e in b.nvlink_errors:
+        start = {e.link: e for e in a.nvlink_errors or ()}
+        for e in b.nvlink_errors or ():
             s = start.get(e.link)
             for name, label in (
                 ("crc_flit", "CRC (flit)"),
@@ -372,7 +381,9 @@ def check_topology(inp: CheckInput) -> Optional[CheckResult]:
     signature = {i: tuple(sorted(c.items())) for i, c in rows.items()}
     common, count = Counter(signature.values()).most_common(1)[0]
     expected = "every GPU's row like its peers'"
-    odd = [i for i in present if signature[i] != common]
+    # a row narrowed by the GPU's own NVLinks down is the "NVLink links up" line's (the health module's NVLink
+    # rule): judged there once, at its severity
+    odd = [i for i in present if signature[i] != common and not (i in inp.health and inp.health[i].of(NVLINK))]
     if not odd:
         return CheckResult("topology", title, PASS, f"{len(present)} GPUs alike: {_describe_row(common)}", expected)
     if count == 1 and len(present) > 2:
@@ -401,7 +412,7 @@ def check_nic_numa(inp: CheckInput) -> CheckResult:
         return CheckResult(
             "numa.nic", title, SKIP, f"no NIC reports a NUMA node (NICs: {names}; a virtual NIC or a one-node machine)", expected
         )
-    nic_nodes = {n.numa_node for n in placed}
+    nic_nodes = {n.numa_node for n in placed if n.numa_node is not None}
     if not gpu_nodes:
         return CheckResult(
             "numa.nic",
@@ -431,12 +442,12 @@ def _fault_check(
     check_id: str,
     title: str,
     expected: str,
-    items: Sequence[GpuDetails | GpuSample],
+    items: Sequence[GpuDetails],
     key: str,
-    readable: Callable,
-    faulty: Callable,
-    describe: Callable,
-    passed: Callable,
+    readable: Callable[[GpuDetails], bool],
+    faulty: Callable[[GpuDetails], object],
+    describe: Callable[[GpuDetails], str],
+    passed: Callable[[Sequence[GpuDetails]], str],
 ) -> Optional[CheckResult]:
     """A memory-fault reading per GPU: not available where no GPU that answers gives `key`, FAIL naming each
     faulty GPU with `describe(gpu)`, else PASS saying `passed(the readable GPUs)`."""
@@ -452,40 +463,34 @@ def _fault_check(
     return CheckResult(check_id, title, PASS, passed(known), expected)
 
 
+def _memory_check(inp: CheckInput, rule: str, key: str, check_id: str, title: str, expected: str) -> Optional[CheckResult]:
+    live = [g for g in inp.gpus if not g.lost]
+    if not live:
+        return None
+    known = [g for g in live if getattr(g, key) is not None]
+    if not known:
+        return CheckResult(check_id, title, SKIP, f"not available ({_unsupported(live, key)})", expected)
+    return _health_check(inp, (rule,), check_id, title, expected, f"none on {len(known)} GPUs")
+
+
 def check_ecc_errors(inp: CheckInput) -> Optional[CheckResult]:
-    return _fault_check(
-        "memory.ecc",
-        "Uncorrectable ECC errors",
-        "0 volatile uncorrectable errors",
-        inp.gpus,
-        "ecc",
-        readable=lambda g: g.ecc is not None and g.ecc.volatile_uncorrected is not None,
-        faulty=lambda g: g.ecc.volatile_uncorrected,
-        describe=lambda g: (
-            f"GPU {g.index}: {g.ecc.volatile_uncorrected} since the last reset ({g.ecc.aggregate_uncorrected} lifetime)"
-        ),
-        passed=lambda known: f"none on {len(known)} GPUs",
-    )
-
-
-def _remap_state(g: GpuSample) -> str:
-    r = g.remapped_rows
-    state = "FAILED (no spare rows left: RMA)" if r.failed else "pending (a GPU reset applies it)"
-    return f"GPU {g.index}: remap {state}, {r.uncorrectable} uncorrectable + {r.correctable} correctable rows"
+    expected = "no uncorrectable errors (since the last reset: fail; only in the lifetime count: warn)"
+    return _memory_check(inp, ECC, "ecc", "memory.ecc", "Uncorrectable ECC errors", expected)
 
 
 def check_remap(inp: CheckInput) -> Optional[CheckResult]:
-    return _fault_check(
-        "memory.remap",
-        "Row remapping",
-        "no remap pending or failed",
-        inp.gpus,
-        "remapped_rows",
-        readable=lambda g: g.remapped_rows is not None,
-        faulty=lambda g: g.remapped_rows.pending or g.remapped_rows.failed,
-        describe=_remap_state,
-        passed=lambda known: f"none pending on {len(known)} GPUs",
-    )
+    expected = "no row remap failed (fail) or pending, no rows remapped for uncorrectable errors (warn)"
+    return _memory_check(inp, REMAP, "remapped_rows", "memory.remap", "Row remapping", expected)
+
+
+def check_power_limit(inp: CheckInput) -> Optional[CheckResult]:
+    live = [g for g in inp.gpus if not g.lost and g.power_limit]
+    if not live:
+        return None
+    expected = "each GPU's enforced power limit at its peers' (the same model in this machine)"
+    limits = Counter(f"{g.power_limit:.0f} W" for g in live)
+    passed = ", ".join(f"{k} on {n} GPUs" for k, n in limits.items())
+    return _health_check(inp, (POWER_LIMIT,), "power.limit", "Power limit", expected, passed)
 
 
 def _retired(d: GpuDetails) -> int:
@@ -544,13 +549,11 @@ def check_xids(inp: CheckInput) -> CheckResult:
             value += f" ({inp.host_after.kernel_log_records} kernel log records)"
         return CheckResult("xid", title, PASS, value, expected)
     first: dict[tuple[Optional[int], int], tuple[Optional[float], str]] = {}
-    counts: Counter = Counter()
+    counts: Counter[tuple[Optional[int], int]] = Counter()
     evidence, gpus = [], set()
-    status = WARN
+    status = STATUS_OF[max(xid_severity(code) for _, code, _, _ in events)]  # the health module's XID rule
     for gpu, code, when, source in events:
         meaning = meaning_of(code)
-        if meaning.label != LABEL_CODE:
-            status = FAIL
         who = f"GPU {gpu}" if gpu is not None else "a GPU NVML does not list"
         first.setdefault((gpu, code), (when, source))
         counts[(gpu, code)] += 1
@@ -596,7 +599,7 @@ def _same_mode(
             check_id,
             title,
             WARN,
-            "; ".join(n for _, n in notes),
+            "; ".join(n for _, n in notes if n),
             expected + ", no change waiting for a reset",
             gpus=tuple(i for i, _ in notes),
         )
@@ -631,7 +634,7 @@ def check_app_clocks(inp: CheckInput) -> Optional[CheckResult]:
     low = [
         d
         for d in known
-        if d.app_clock_sm < d.app_clock_sm_default
+        if (d.app_clock_sm or 0) < (d.app_clock_sm_default or 0)
         or (
             d.app_clock_memory is not None
             and d.app_clock_memory_default is not None
@@ -657,8 +660,22 @@ def check_app_clocks(inp: CheckInput) -> Optional[CheckResult]:
 
 # clock-event reasons (nvmlDeviceGetViolationStatus) that mean the machine, not the job, held the clocks
 _SLOWDOWNS = ("thermal", "reliability", "board_limit")
-# sampled reasons (GpuSample.throttle_reasons) that are the hardware's own slowdowns
-_HW_REASONS = ("hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal")
+
+
+def _held(inp: CheckInput) -> tuple[list[tuple[int, str]], list[str]]:
+    """From the GPUs' clock-event durations at the start and the end: (GPU, line) for each slowdown held
+    longer than SLOWDOWN_SHARE of the window, and notes on the power cap."""
+    window_ns = max(1.0, inp.seconds * 1e9)
+    failing, notes = [], []
+    for a, b in inp.pairs():
+        held = {k: b.clock_event_ns[k] - a.clock_event_ns.get(k, 0) for k in b.clock_event_ns if k in a.clock_event_ns}
+        bad = {k: v for k, v in held.items() if k in _SLOWDOWNS and v > SLOWDOWN_SHARE * window_ns}
+        if bad:
+            text = ", ".join(f"{k} {v / 1e9:.1f} s" for k, v in bad.items())
+            failing.append((b.index, f"GPU {b.index}: {text} of {_window(inp)}"))
+        elif held.get("power", 0) > SLOWDOWN_SHARE * window_ns:
+            notes.append(f"GPU {b.index}: power cap {held['power'] / 1e9:.1f} s")
+    return failing, notes
 
 
 def check_clock_events(inp: CheckInput) -> Optional[CheckResult]:
@@ -667,25 +684,17 @@ def check_clock_events(inp: CheckInput) -> Optional[CheckResult]:
         return None
     title = "Clock-event reasons"
     expected = f"no thermal, reliability or board-limit slowdown for more than {SLOWDOWN_SHARE:.0%} of the window"
-    window_ns = max(1.0, inp.seconds * 1e9)
-    failing, notes = [], []
-    for a, b in pairs:
-        held = {k: b.clock_event_ns[k] - a.clock_event_ns.get(k, 0) for k in b.clock_event_ns if k in a.clock_event_ns}
-        bad = {k: v for k, v in held.items() if k in _SLOWDOWNS and v > SLOWDOWN_SHARE * window_ns}
-        if bad:
-            failing.append(
-                (b.index, f"GPU {b.index}: " + ", ".join(f"{k} {v / 1e9:.1f} s" for k, v in bad.items()) + f" of {_window(inp)}")
-            )
-        elif held.get("power", 0) > SLOWDOWN_SHARE * window_ns:
-            notes.append(f"GPU {b.index}: power cap {held['power'] / 1e9:.1f} s")
-    sampled = Counter((g.index, r) for s in inp.snapshots for g in s.gpus for r in g.throttle_reasons or () if r in _HW_REASONS)
-    for (index, reason), n in sorted(sampled.items()):
-        if index not in {i for i, _ in failing}:
-            failing.append((index, f"GPU {index}: {reason} in {n} of {len(inp.snapshots)} samples"))
+    failing, notes = _held(inp)
+    sampled = _health_check(inp, (SLOWDOWN,), "clocks.events", title, expected, "")
     if failing:
-        return CheckResult(
-            "clocks.events", title, FAIL, "; ".join(t for _, t in failing), expected, gpus=tuple(sorted({i for i, _ in failing}))
-        )
+        held_gpus = {i for i, _ in failing}
+        lines = [t for _, t in failing] + [
+            p.evidence for i, h in inp.health.items() if i not in held_gpus for p in h.of(SLOWDOWN)
+        ]
+        gpus = tuple(sorted(held_gpus | set(sampled.gpus)))
+        return CheckResult("clocks.events", title, FAIL, "; ".join(lines), expected, gpus=gpus)
+    if sampled.status != PASS:
+        return sampled
     if not pairs or not any(b.clock_event_ns for _, b in pairs):
         return CheckResult(
             "clocks.events", title, PASS, f"no hardware slowdown sampled in {_window(inp)} (durations not available)", expected
@@ -720,10 +729,10 @@ def expected_busbw(machine: MachineInfo, gpus: Sequence[GpuSample]) -> Optional[
     matrix = machine.topology.matrix
     if len(matrix) < 2:
         return None
-    nv_counts = []
+    nv_counts: list[int] = []
     for i, row in enumerate(matrix):
-        links = [int(cell[2:]) for j, cell in enumerate(row) if j != i and cell.startswith("NV") and cell[2:].isdigit()]
-        nv_counts.append(min(links) if len(links) == len(row) - 1 else 0)
+        counts = [int(cell[2:]) for j, cell in enumerate(row) if j != i and cell.startswith("NV") and cell[2:].isdigit()]
+        nv_counts.append(min(counts) if len(counts) == len(row) - 1 else 0)
     if all(nv_counts):
         rate = nvlink_gbps(machine.gpu_names[0] if machine.gpu_names else "")
         links = min(nv_counts)
@@ -731,8 +740,10 @@ def expected_busbw(machine: MachineInfo, gpus: Sequence[GpuSample]) -> Optional[
     lanes = [(g.pcie.gen_max, g.pcie.width_max) for g in gpus if g.pcie.gen_max and g.pcie.width_max]
     if not lanes:
         return None
-    gen, width = min(lanes, key=lambda gw: PCIE_LANE_GBPS.get(gw[0], 0.25) * gw[1])
-    return PCIE_LANE_GBPS.get(gen, 0.25) * width * 1e9, f"PCIe Gen{gen} x{width} (no NVLink between every pair)"
+    gen, width = min(lanes, key=lambda gw: PCIE_LANE_BYTES_PER_S.get(gw[0], PCIE_LANE_BYTES_PER_S[1]) * gw[1])
+    return PCIE_LANE_BYTES_PER_S.get(
+        gen, PCIE_LANE_BYTES_PER_S[1]
+    ) * width, f"PCIe Gen{gen} x{width} (no NVLink between every pair)"
 
 
 def check_allreduce(inp: CheckInput) -> Optional[CheckResult]:
@@ -782,6 +793,7 @@ CHECKS: tuple[Callable[[CheckInput], Optional[CheckResult]], ...] = (
     check_persistence,
     check_ecc_mode,
     check_app_clocks,
+    check_power_limit,
     check_clock_events,
     check_allreduce,
     check_sources,
@@ -818,7 +830,7 @@ def failing_gpus(results: Sequence[CheckResult]) -> dict[int, list[CheckResult]]
     return out
 
 
-def identity(inp: CheckInput) -> list[dict]:
+def identity(inp: CheckInput) -> list[dict[str, object]]:
     """Per GPU: what the ticket identifies it by."""
     return [
         {
@@ -841,8 +853,8 @@ class CheckReport:
 
     results: tuple[CheckResult, ...]
     seconds: float
-    identity: tuple[dict, ...] = ()
-    machine: dict = field(default_factory=dict)  # hostname, kernel, driver, CUDA, NVML
+    identity: tuple[dict[str, object], ...] = ()
+    machine: dict[str, object] = field(default_factory=dict)  # hostname, kernel, driver, CUDA, NVML
     xids: tuple[str, ...] = ()  # one line per XID with its time
 
     @property
@@ -876,7 +888,7 @@ def build_report(inp: CheckInput) -> CheckReport:
     )
 
 
-def report_jsonable(report: CheckReport) -> dict:
+def report_jsonable(report: CheckReport) -> dict[str, Any]:
     return {
         "status": {EXIT_INFRA: "fail", EXIT_CONFIG: "warn", EXIT_HEALTHY: "pass"}[report.exit_code],
         "exit_code": report.exit_code,
@@ -910,6 +922,7 @@ _SAID_BY_DIAGNOSIS = {
     "gpus": ("gpu_lost",),
     "pcie.link": ("pcie_downgrade",),
     "clocks.events": ("throttle",),
+    "power.limit": ("power_cap",),
     "memory.ecc": ("ecc",),
     "memory.remap": ("ecc",),
     "nvlink.state": ("nvlink_down",),

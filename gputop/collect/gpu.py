@@ -67,6 +67,7 @@ from typing import Any, Callable, Optional
 
 import pynvml
 
+from gputop.analysis.gpu_health import PCIE_LANE_BYTES_PER_S
 from gputop.errors import GputopError
 from gputop.model import (
     THROTTLE_REASONS,
@@ -134,7 +135,7 @@ _COUNTER_64 = ("ullVal", 64)
 # Bytes a second one PCIe lane carries each way, per generation (after line coding): with the link's width, the most
 # a PCIe byte counter can count between two samples.  A narrower counter that could wrap more than once in that
 # time cannot be read (a 32-bit one on a Gen4 x16 link wraps every 0.14 s): the GPU falls back (see _pcie_rates).
-_PCIE_LANE_BYTES_PER_S = {1: 250e6, 2: 500e6, 3: 985e6, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
+_PCIE_LANE_BYTES_PER_S = PCIE_LANE_BYTES_PER_S  # the one table (analysis/gpu_health.py)
 # What an entry may answer for a field the GPU or the driver does not have; kept as a permanent refusal. A driver
 # older than R555 does not know the PCIe byte fields: which of these it answers is not checked on a real one.
 _PERMANENT_ENTRY_REASONS = PERMANENT_REASONS | {"InvalidArgument"}

@@ -14,11 +14,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from gputop.analysis.machine_check import CheckInput, CheckReport, LoadOutcome, build_report, report_jsonable
 from gputop.commands.observing import Progress, observe
-from gputop.model import HostReadings
+from gputop.model import HostReadings, Snapshot
+
+if TYPE_CHECKING:
+    from gputop.pipeline import Pipeline
 
 # What the end of the window needs (the last details, the kernel log, printing): the observation stops
 # this much before --seconds so the whole command fits in it.
@@ -30,7 +33,7 @@ MIN_WINDOW_S = 1.0
 class HostSource:
     """The kernel's side of the machine: the real /sys and kernel log, or the simulated machine's tree."""
 
-    def __init__(self, pipeline: Any, root: Optional[str]) -> None:
+    def __init__(self, pipeline: Pipeline, root: Optional[str]) -> None:
         self._tree = None
         if pipeline.fake_library is not None and root is None:
             from gputop.sim.fake_sysfs import FakeHostTree
@@ -54,17 +57,15 @@ class Evidence:
     """The start and the end of a check's window around any poll loop (`gputop check`, `gputop report`):
     GPU details and the kernel's side read at `start`, again at `finish`, checked with the snapshots between."""
 
-    def __init__(self, pipeline: Any, host_root: Optional[str] = None) -> None:
+    def __init__(self, pipeline: Pipeline, host_root: Optional[str] = None) -> None:
         self.pipeline = pipeline
         self.host = HostSource(pipeline, host_root)
-        gpu = pipeline.gpu
-        self.before = gpu.details() if gpu is not None else ()
+        self.before = pipeline.gpu_details()
         self.bus_ids = [d.pci_bus_id for d in self.before if d.pci_bus_id]
         self.host_before = self.host.read(self.bus_ids)
 
-    def finish(self, snapshots: Any, load: Optional[LoadOutcome] = None, window: float = 0.0) -> CheckReport:
-        gpu = self.pipeline.gpu
-        after = gpu.details() if gpu is not None else ()
+    def finish(self, snapshots: Iterable[Snapshot], load: Optional[LoadOutcome] = None, window: float = 0.0) -> CheckReport:
+        after = self.pipeline.gpu_details()
         host_after = self.host.read(self.bus_ids)
         snaps = tuple(snapshots)
         seconds = snaps[-1].timestamp - snaps[0].timestamp if len(snaps) > 1 else 0.0
@@ -101,7 +102,7 @@ def collect(args: Any, *, started: Optional[float] = None) -> CheckReport:
         pipeline.close()
 
 
-def _collect(args: Any, pipeline: Any, evidence: Evidence, started: float) -> CheckReport:
+def _collect(args: Any, pipeline: Pipeline, evidence: Evidence, started: float) -> CheckReport:
     load_run = None
     if getattr(args, "load", False):
         from gputop.collect.gpu_load import start_load

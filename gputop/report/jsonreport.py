@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 
 from gputop import __version__, gpu_fields
 from gputop.analysis.diagnosis import verdict_line
+from gputop.analysis.gpu_health import FINDING_SEVERITY, GpuHealth, judge_window
 from gputop.analysis.numbers import mean, percentile
 from gputop.analysis.observations import RankObs, collect_rank_observations
 from gputop.analysis.stack_classes import aggregate_worker_leaves, format_frame
@@ -84,7 +85,7 @@ def _gpu_stats(snaps: Sequence[Snapshot], index: int) -> dict[str, Any]:
     }
 
 
-def _health(snaps: Sequence[Snapshot], index: int) -> dict[str, Any]:
+def _health(snaps: Sequence[Snapshot], index: int, judged: Optional[GpuHealth]) -> dict[str, Any]:
     samples = [g for s in snaps for g in s.gpus if g.index == index]
     alive = [g for g in samples if not g.lost]
     last = alive[-1] if alive else (samples[-1] if samples else None)
@@ -94,6 +95,12 @@ def _health(snaps: Sequence[Snapshot], index: int) -> dict[str, Any]:
         "uuid": last.uuid if last else None,
         "pci_bus_id": last.pci_bus_id if last else None,
         "lost": any(g.lost for g in samples),
+        # the health module's judgement over the window (analysis/gpu_health.py): ok / warning / critical
+        "state": FINDING_SEVERITY[judged.severity] if judged is not None and judged.problems else "ok",
+        "problems": [
+            {"rule": p.rule, "severity": FINDING_SEVERITY[p.severity], "word": p.word, "evidence": p.evidence}
+            for p in (judged.problems if judged is not None else ())
+        ],
         **gpu_fields.report_health(alive),  # temperature, PCIe, throttling, ECC, remapped rows, NVLink, XIDs
         "samples": len(alive),
         "unavailable": dict(last.unavailable) if last is not None else {},
@@ -228,6 +235,7 @@ def report_data(
     m = history.machine
     latest = snaps[-1] if snaps else None
     indices = sorted({g.index for s in snaps for g in s.gpus})
+    judged = judge_window(snaps)
     host_cpu = [statistics.fmean(s.host.cpu_percent) for s in snaps if s.host.cpu_percent]
     bench_part = None
     if bench is not None:
@@ -265,7 +273,7 @@ def report_data(
             "simulated": m.simulated,
         },
         "topology": to_jsonable(m.topology),
-        "health": [_health(snaps, i) for i in indices],
+        "health": [_health(snaps, i, judged.get(i)) for i in indices],
         "gpus": [_gpu_stats(snaps, i) for i in indices],
         "host": {
             "cpu_percent": _stats(host_cpu, 0.0, 100.0),

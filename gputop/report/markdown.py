@@ -186,14 +186,20 @@ def _topology(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def _state(h: dict[str, Any]) -> str:
+    """The Health table's State cell: the health module's state and the card's words (older reports: lost or ok)."""
+    if "state" not in h:
+        return "LOST" if h["lost"] else "ok"
+    words = ", ".join(str(p["word"]) for p in h["problems"])
+    return str(h["state"]) + (f": {words}" if words else "")
+
+
 def _health(data: dict[str, Any]) -> list[str]:
     columns = [f for f in gpu_fields.shown_in(gpu_fields.REPORT) if f.health_cell is not None]
     rows = []
     for h in data["health"]:
         na = ", ".join(f"{k}: {v}" for k, v in h["unavailable"].items())
-        rows.append(
-            [h["index"], h["pci_bus_id"], "LOST" if h["lost"] else "ok", *(f.health_cell(h) for f in columns), na or None]
-        )
+        rows.append([h["index"], h["pci_bus_id"], _state(h), *(f.health_cell(h) for f in columns), na or None])
     if not rows:
         return []
     headers = ["GPU", "Bus", "State", *(f.health_header for f in columns), "Not available"]

@@ -17,13 +17,13 @@ def simulated_check_input(spec: str = "h100-sxm-8", seconds: float = 5.0) -> Che
     pipeline = Pipeline(simulate=spec, clock=clock)
     tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
     try:
-        before = pipeline.gpu.details()
+        before = pipeline.gpu_details()
         bus = [d.pci_bus_id for d in before]
         host_before = tree.read(bus)
         snaps = [pipeline.poll()]
         clock.advance(seconds)
         snaps.append(pipeline.poll())
-        return CheckInput(pipeline.machine, tuple(snaps), before, pipeline.gpu.details(), host_before, tree.read(bus), seconds)
+        return CheckInput(pipeline.machine, tuple(snaps), before, pipeline.gpu_details(), host_before, tree.read(bus), seconds)
     finally:
         tree.close()
         pipeline.close()

@@ -14,9 +14,9 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
 
-from gputop.analysis.xids import meaning_of
-from gputop.gpu_fields import active_throttles, card_text, pcie_degraded_now, reason_key
-from gputop.model import LABEL_INFRA, GpuSample, Snapshot
+from gputop.analysis.gpu_health import NO_PEERS, Peers, Severity, judge_sample, pcie_degraded, peers_of, slowdowns
+from gputop.gpu_fields import active_throttles, card_text
+from gputop.model import GpuSample, Snapshot
 from gputop.tui import look
 from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas
 
@@ -25,52 +25,25 @@ MIN_CARD_WIDTH = 30
 CARD_LINES = 7
 MIN_SPARK_SECONDS = 60  # the sparkline always spans at least this much history
 
-# Clock-event reasons that mean the GPU is being slowed by the machine (not by being idle or by app clocks).
-_SLOWDOWN_WORDS = ("thermal", "hwslowdown", "hw_slowdown", "powerbrake", "power_brake")
-
 
 def _is_slowdown(gpu: GpuSample) -> bool:
-    return any(word in reason_key(name) for name in gpu.throttle_reasons or () for word in _SLOWDOWN_WORDS)
+    return bool(slowdowns(gpu))
 
 
-def health_problems(gpu: GpuSample) -> tuple[list[str], list[str]]:
-    """(faults, warnings) as short words; faults are things to file a ticket about."""
-    faults: list[str] = []
-    warnings: list[str] = []
-    if gpu.lost:
-        return ["LOST"], []
-    ecc = gpu.ecc
-    if ecc is not None:
-        if (ecc.volatile_uncorrected or 0) > 0:
-            faults.append(f"ECC {ecc.volatile_uncorrected} uncorr")
-        elif (ecc.volatile_corrected or 0) > 0:
-            warnings.append(f"ECC {ecc.volatile_corrected} corr")
-    rows = gpu.remapped_rows
-    if rows is not None:
-        if rows.failed:
-            faults.append("remap FAILED")
-        elif rows.pending:
-            warnings.append("remap pending")
-        elif rows.uncorrectable:
-            warnings.append(f"remap {rows.uncorrectable}")
-    for code in dict.fromkeys(event.code for event in reversed(gpu.xids or ())):  # newest first, once each
-        meaning = meaning_of(code)
-        (faults if meaning.label == LABEL_INFRA and meaning.severity == "critical" else warnings).append(f"XID {code}")
-    if _is_slowdown(gpu):
-        warnings.append("throttled")
-    if pcie_flagged(gpu):
-        warnings.append("PCIe down")
-    if gpu.nvlink:
-        inactive = len([link for link in gpu.nvlink if not link.active])
-        if inactive and inactive < len(gpu.nvlink):
-            warnings.append(f"NVLink {inactive} down")
-    return faults, warnings
+def health_problems(gpu: GpuSample, peers: Peers = NO_PEERS) -> tuple[list[str], list[str]]:
+    """(faults, warnings) as the card's short words, from the one health module (`analysis.gpu_health`):
+    faults are its CRITICAL problems, warnings its WARN ones.  `peers`: `peers_of` the GPU's
+    snapshot."""
+    problems = judge_sample(gpu, peers).problems
+    return [p.word for p in problems if p.severity == Severity.CRITICAL], [
+        p.word for p in problems if p.severity == Severity.WARN
+    ]
 
 
 def pcie_flagged(gpu: GpuSample) -> bool:
     """Link narrower than its maximum, or slower while the GPU works (idle GPUs drop the speed on purpose):
-    the exporter's and the report's predicate, so the screen marks what they say."""
-    return pcie_degraded_now(gpu) is True
+    the health module's PCIe rule, so the screen marks what the exporter, the check and the report say."""
+    return pcie_degraded(gpu) is True
 
 
 def gpu_state(gpu: GpuSample, problems: Optional[tuple[list[str], list[str]]] = None) -> tuple[str, str, Style]:
@@ -198,8 +171,9 @@ class GpuGrid(LineCanvas):
         # What the last frame drew, reused where nothing changed (see _card_segments): per (GPU index, card
         # line) its runs and segments; per (first GPU of the row, line) the card pieces and their strip.
         self._cache_width = -1
-        self._card_lines: dict[tuple[int, int], tuple[tuple, list[Segment]]] = {}
-        self._row_strips: dict[tuple[int, int], tuple[tuple, Strip]] = {}
+        self._card_lines: dict[tuple[int, int], tuple[tuple[object, ...], list[Segment]]] = {}
+        self._row_strips: dict[tuple[int, int], tuple[tuple[object, ...], Strip]] = {}
+        self._peers: Peers = NO_PEERS  # what the GPUs drawn are judged against (peers_of)
 
     # ------------------------------------------------------------------ data
     def update_data(
@@ -262,6 +236,7 @@ class GpuGrid(LineCanvas):
             text = self.message or "waiting for the first sample…"
             return [LineBuilder().add(" " + text, look.WARN if self.message else look.DIM).strip(width)]
         gpus = self.snapshots[-1].gpus
+        self._peers = peers_of(gpus)
         if self.compact:
             return self._build_compact(gpus, width)
         return self._build_cards(gpus, width)
@@ -314,7 +289,7 @@ class GpuGrid(LineCanvas):
         return out
 
     def _card(self, gpu: GpuSample, w: int, spark: list[Optional[float]], per_cell: float) -> list[LineBuilder]:
-        problems = None if gpu.lost else health_problems(gpu)
+        problems = None if gpu.lost else health_problems(gpu, self._peers)
         symbol, word, state_style = self._state(gpu, problems)
         lines = [LineBuilder() for _ in range(CARD_LINES)]
         head = lines[0]
@@ -376,7 +351,7 @@ class GpuGrid(LineCanvas):
             l5.add("n/a", look.DIM)
 
         l6 = lines[6]
-        faults, warnings = problems
+        faults, warnings = problems if problems is not None else ([], [])  # None only for a lost GPU, drawn above
         l6.add("thr ", look.LABEL)
         l6.add(
             card_text("throttle_reasons", gpu),
@@ -421,7 +396,8 @@ class GpuGrid(LineCanvas):
             head.add(" user", look.LABEL)
         lines = [head.strip(width)]
         for gpu in gpus:
-            symbol, word, state_style = self._state(gpu)
+            problems = health_problems(gpu, self._peers)
+            symbol, word, state_style = self._state(gpu, problems)
             line = LineBuilder()
             line.add(f"{symbol}{gpu.index:>2} {word:<5} ", state_style)
             line.add(spark_text(buckets[gpu.index]), look.DIM if gpu.lost else look.SPARK)
@@ -445,9 +421,10 @@ class GpuGrid(LineCanvas):
                     line.add((text + "!").rjust(7), look.WARN_BOLD)
                 else:
                     line.add(text.rjust(7))
-            faults, warnings = health_problems(gpu)
+            faults, warnings = problems
             throttles = active_throttles(gpu) if _is_slowdown(gpu) else []
-            problem = faults + [t for t in throttles] + [w for w in warnings if w != "throttled"]
+            # the slowdown's own reasons stand for the word "throttled", whatever its severity
+            problem = [f for f in faults if f != "throttled"] + throttles + [w for w in warnings if w != "throttled"]
             mark = self.check_marks.get(gpu.index)
             if mark is not None and (mark[1] or not faults):  # the machine check's word, unless a worse fault shows
                 problem = [mark[0].removeprefix("chk ")] + problem

@@ -1,0 +1,311 @@
+"""One judgement of a GPU's health, for every place that shows it.
+
+The card (`tui/widgets/gpu_grid.py`), the diagnosis (`analysis/checks/infra.py`), `gputop check`
+(`analysis/machine_check.py`), the report's health table and infra section and `gputop serve`'s
+`gputop_gpu_health` gauge all call the rules here; each place only words and lays out what they return.
+
+A rule looks at one sample (`judge_sample`; the power limit also at the other GPUs of the same snapshot)
+and returns `Problem`s: a `Severity`, a short word for the card and one line of evidence.  Over a window
+(`judge_window`) a GPU's state rules (lost, ECC, remapping, XIDs, NVLink, power limit) are read from its
+latest sample, and the rules that flicker from sample to sample (clock slowdowns, the PCIe link) count when
+they hold in a share of the samples that could tell.
+
+One severity vocabulary, mapped once onto each consumer's words (`FINDING_SEVERITY`; `gputop check` turns
+CRITICAL into FAIL and WARN into WARN; the card into FAULT and WARN; the exporter's gauge into 2 and 1):
+
+- CRITICAL: the GPU loses or may corrupt work, or its hardware protects itself: lost, uncorrectable ECC
+  errors since the last reset, a failed row remap, a critical XID, a hardware slowdown or thermal brake.
+- WARN: it runs, below what it should or with a fault that was repaired: a link narrower or slower than its
+  maximum, NVLink links down, a power limit below its peers', a software thermal slowdown, a row remap
+  waiting for a reset, uncorrectable errors only in the lifetime count or in rows already remapped, an XID
+  that is the job's or a warning.
+- Corrected ECC errors are not a problem by themselves: the hardware corrected them (NVIDIA reports a high
+  rate as XID 92, which the XID rule catches).
+
+The PCIe link (decided here for every consumer): an idle GPU drops the link *generation* to save power
+(FACTS.md; `nvidia-smi -q` documents the current generation as lowered while idle), so a lower generation
+counts only at or above PCIE_LOAD_UTILIZATION.  The *width* is trained once and does not step down for
+power saving on these boards, so missing lanes count idle or busy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Iterable, Mapping, Optional, Sequence
+
+from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION, POWER_LIMIT_LOWERED, THROTTLE_MIN_FRACTION
+from gputop.analysis.xids import meaning_of
+from gputop.model import LABEL_INFRA, GpuSample, Snapshot
+
+
+class Severity(IntEnum):
+    OK = 0
+    WARN = 1
+    CRITICAL = 2
+
+
+# The diagnosis' Finding.severity words.
+FINDING_SEVERITY = {Severity.OK: "info", Severity.WARN: "warning", Severity.CRITICAL: "critical"}
+
+# Bytes a second one PCIe lane carries each way, per generation, after line coding (PCI-SIG: 2.5/5 GT/s with
+# 8b/10b for Gen1/2, 8/16/32 GT/s with 128b/130b for Gen3-5, Gen6's 64 GT/s PAM4 with FLIT overhead).
+PCIE_LANE_BYTES_PER_S = {1: 250e6, 2: 500e6, 3: 985e6, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
+
+# The rules' names (Problem.rule): what `gputop check`'s lines and the diagnosis' findings select on.
+LOST = "lost"
+ECC = "ecc"
+REMAP = "remap"
+XID = "xid"
+SLOWDOWN = "slowdown"
+POWER_LIMIT = "power_limit"
+PCIE = "pcie"
+NVLINK = "nvlink"
+FLICKERING = (SLOWDOWN, PCIE)  # judged over a window by their share of the samples
+
+# Clock-event reasons (normalised: lower case, no separators) that mean the machine slows the GPU, with
+# their severity: the hardware's own slowdowns and brakes protect the board (NVML's clocks-event reasons,
+# FACTS.md); the driver's thermal slowdown comes first and warns.  Idle, app clocks, sync boost and the
+# power cap are not faults (reaching the cap at full load is normal; a lowered limit is POWER_LIMIT).
+_SLOWDOWNS = (
+    ("hwthermal", "HW thermal slowdown", Severity.CRITICAL),
+    ("hwpowerbrake", "HW power brake", Severity.CRITICAL),
+    ("hwslowdown", "HW slowdown", Severity.CRITICAL),
+    ("swthermal", "SW thermal slowdown", Severity.WARN),
+)
+# A slowdown counts over a window when it holds in this share of the samples (thresholds.py).
+SLOWDOWN_MIN_SHARE = THROTTLE_MIN_FRACTION
+# A degraded link counts over a window when it shows in at least half of the samples that could tell: one
+# sample caught while the link steps up from the idle generation is not a degraded link.
+PCIE_MIN_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Problem:
+    rule: str  # one of the rule names above
+    severity: Severity
+    word: str  # the card's short word ("ECC 2 uncorr")
+    evidence: str  # one line with the numbers, naming the GPU
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """One GPU's problems (in one sample, or over a window), worst first."""
+
+    index: int
+    problems: tuple[Problem, ...] = ()
+
+    @property
+    def severity(self) -> Severity:
+        return max((p.severity for p in self.problems), default=Severity.OK)
+
+    def of(self, *rules: str) -> tuple[Problem, ...]:
+        return tuple(p for p in self.problems if p.rule in rules)
+
+
+def worst(problems: Iterable[Problem]) -> Severity:
+    return max((p.severity for p in problems), default=Severity.OK)
+
+
+def reason_key(name: str) -> str:
+    """A clock-event reason as one spelling: NVML's constant names and pynvml's words differ."""
+    return name.replace("_", "").replace(" ", "").replace("-", "").lower()
+
+
+# ---------------------------------------------------------------- the per-sample rules
+
+
+def pcie_degraded(gpu: GpuSample) -> Optional[bool]:
+    """True/False when this sample can tell whether the link runs below its maximum; None when it cannot (the
+    width is fine and the GPU idles, so a lower generation is power saving; or NVML did not say)."""
+    link = gpu.pcie
+    if link.width_current is None or link.width_max is None:
+        return None
+    if link.width_current < link.width_max:
+        return True
+    if link.gen_current is None or link.gen_max is None:
+        return None
+    if (gpu.utilization_gpu or 0.0) < PCIE_LOAD_UTILIZATION:
+        return None
+    return link.gen_current < link.gen_max
+
+
+def _pcie(gpu: GpuSample) -> list[Problem]:
+    if not pcie_degraded(gpu):
+        return []
+    p = gpu.pcie
+    load = f" at {gpu.utilization_gpu:.0f}% utilization" if gpu.utilization_gpu is not None else ""
+    text = f"GPU {gpu.index}: PCIe Gen{p.gen_current} x{p.width_current} of Gen{p.gen_max} x{p.width_max}{load}"
+    return [Problem(PCIE, Severity.WARN, "PCIe down", text)]
+
+
+def _ecc(gpu: GpuSample) -> list[Problem]:
+    ecc = gpu.ecc
+    if ecc is None:
+        return []
+    if ecc.volatile_uncorrected:
+        text = f"GPU {gpu.index}: {ecc.volatile_uncorrected} uncorrectable ECC error(s) since the last reset"
+        text += f" ({ecc.aggregate_uncorrected} lifetime)" if ecc.aggregate_uncorrected is not None else ""
+        return [Problem(ECC, Severity.CRITICAL, f"ECC {ecc.volatile_uncorrected} uncorr", text)]
+    if ecc.aggregate_uncorrected:
+        text = (
+            f"GPU {gpu.index}: {ecc.aggregate_uncorrected} uncorrectable ECC error(s) in its lifetime, none since the last reset"
+        )
+        return [Problem(ECC, Severity.WARN, f"ECC {ecc.aggregate_uncorrected} past", text)]
+    return []
+
+
+def _remap(gpu: GpuSample) -> list[Problem]:
+    rows = gpu.remapped_rows
+    if rows is None:
+        return []
+    counts = f"{rows.uncorrectable} uncorrectable + {rows.correctable} correctable rows"
+    if rows.failed:
+        return [
+            Problem(REMAP, Severity.CRITICAL, "remap FAILED", f"GPU {gpu.index}: row remap FAILED (no spare rows: RMA), {counts}")
+        ]
+    if rows.pending:
+        return [
+            Problem(
+                REMAP, Severity.WARN, "remap pending", f"GPU {gpu.index}: row remap pending (a GPU reset applies it), {counts}"
+            )
+        ]
+    if rows.uncorrectable:
+        return [Problem(REMAP, Severity.WARN, f"remap {rows.uncorrectable}", f"GPU {gpu.index}: {counts} remapped (done)")]
+    return []
+
+
+def xid_severity(code: int) -> Severity:
+    """The XID catalogue (xids.py, after NVIDIA's XID list) says whose and how bad: the hardware's critical
+    XIDs are CRITICAL; the job's, and the hardware's warnings, WARN."""
+    meaning = meaning_of(code)
+    return Severity.CRITICAL if meaning.label == LABEL_INFRA and meaning.severity == "critical" else Severity.WARN
+
+
+def _xids(gpu: GpuSample) -> list[Problem]:
+    codes = dict.fromkeys(event.code for event in reversed(gpu.xids or ()))  # newest first, once each
+    return [
+        Problem(XID, xid_severity(code), f"XID {code}", f"GPU {gpu.index}: XID {code}: {meaning_of(code).meaning}")
+        for code in codes
+    ]
+
+
+def slowdowns(gpu: GpuSample) -> list[tuple[str, Severity]]:
+    """The machine's slowdowns among this sample's clock-event reasons: (what, severity)."""
+    keys = [reason_key(r) for r in gpu.throttle_reasons or ()]
+    return [(what, severity) for fragment, what, severity in _SLOWDOWNS if any(fragment in key for key in keys)]
+
+
+def _slowdown(gpu: GpuSample) -> list[Problem]:
+    found = slowdowns(gpu)
+    if not found:
+        return []
+    temp = f"; {gpu.temperature:.0f} °C" if gpu.temperature is not None else ""
+    clock = f", SM clock {gpu.clock_sm} MHz" if gpu.clock_sm else ""
+    text = f"GPU {gpu.index}: {', '.join(what for what, _ in found)}{temp}{clock}"
+    return [Problem(SLOWDOWN, max(s for _, s in found), "throttled", text)]
+
+
+def _nvlink(gpu: GpuSample, peers: Peers) -> list[Problem]:
+    """Links down on a GPU that has some up, or whose peers of its model have some up (a board whose links
+    are all down where no GPU of its model has one up does not use NVLink, as PCIe-only boards)."""
+    links = gpu.nvlink or ()
+    down = [link.link for link in links if not link.active]
+    if not down or (len(down) == len(links) and gpu.name not in peers.nvlink_up):
+        return []
+    text = f"GPU {gpu.index}: {len(down)} of {len(links)} NVLink links inactive (links {', '.join(map(str, down[:12]))})"
+    return [Problem(NVLINK, Severity.WARN, f"NVLink {len(down)} down", text)]
+
+
+@dataclass(frozen=True)
+class Peers:
+    """What a GPU is judged against: the other GPUs of its model in the same snapshot."""
+
+    power_limit: Mapping[str, float] = field(default_factory=dict)  # model -> the highest enforced limit
+    nvlink_up: frozenset[str] = frozenset()  # the models with NVLink links up on some GPU
+
+
+NO_PEERS = Peers()
+
+
+def peers_of(gpus: Sequence[GpuSample]) -> Peers:
+    """The live GPUs of one snapshot, by model."""
+    limits: dict[str, float] = {}
+    for g in gpus:
+        if not g.lost and g.power_limit:
+            limits[g.name] = max(limits.get(g.name, 0.0), g.power_limit)
+    nvlink_up = frozenset(g.name for g in gpus if not g.lost and any(link.active for link in g.nvlink or ()))
+    return Peers(limits, nvlink_up)
+
+
+def _power_limit(gpu: GpuSample, peers: Peers) -> list[Problem]:
+    top = peers.power_limit.get(gpu.name)
+    if not gpu.power_limit or not top or gpu.power_limit >= POWER_LIMIT_LOWERED * top:
+        return []
+    text = f"GPU {gpu.index}: enforced power limit {gpu.power_limit:.0f} W where its peers' is {top:.0f} W"
+    return [Problem(POWER_LIMIT, Severity.WARN, "power limit", text)]
+
+
+def judge_sample(gpu: GpuSample, peers: Peers = NO_PEERS) -> GpuHealth:
+    """Every rule on one sample; `peers`: `peers_of` the sample's snapshot (without them a lowered power
+    limit, or a GPU with every NVLink down, cannot be told)."""
+    if gpu.lost:
+        return GpuHealth(
+            gpu.index, (Problem(LOST, Severity.CRITICAL, "LOST", f"GPU {gpu.index} ({gpu.pci_bus_id}): lost (fell off the bus)"),)
+        )
+    found = _ecc(gpu) + _remap(gpu) + _xids(gpu) + _slowdown(gpu) + _power_limit(gpu, peers) + _pcie(gpu) + _nvlink(gpu, peers)
+    return GpuHealth(gpu.index, tuple(sorted(found, key=lambda p: -p.severity)))
+
+
+def judge_snapshot(gpus: Sequence[GpuSample]) -> dict[int, GpuHealth]:
+    """Every GPU of one snapshot (what the card and the exporter show)."""
+    peers = peers_of(gpus)
+    return {g.index: judge_sample(g, peers) for g in gpus}
+
+
+# ---------------------------------------------------------------- over a window
+
+
+def _flickering(judged: Sequence[tuple[GpuSample, GpuHealth]], rule: str) -> list[Problem]:
+    """`rule` over the samples that could tell: a problem when it held in its share of them, at the worst
+    severity that held in that share."""
+    if rule == PCIE:
+        could_tell = [h for g, h in judged if pcie_degraded(g) is not None]
+        share = PCIE_MIN_SHARE
+    else:
+        could_tell = [h for g, h in judged if g.throttle_reasons is not None]
+        share = SLOWDOWN_MIN_SHARE
+    hits = [p for h in could_tell for p in h.of(rule)]
+    needed = max(1.0, share * len(could_tell))
+    if len(hits) < needed:
+        return []
+    severity = max(
+        s for s in (Severity.WARN, Severity.CRITICAL) if s == Severity.WARN or sum(p.severity >= s for p in hits) >= needed
+    )
+    last = hits[-1]
+    return [Problem(rule, severity, last.word, f"{last.evidence}; in {len(hits)} of {len(could_tell)} samples")]
+
+
+def judge_gpu_window(index: int, judged: Sequence[tuple[GpuSample, GpuHealth]]) -> GpuHealth:
+    """One GPU over a window: (sample, judge_sample of it) oldest first."""
+    if not judged:
+        return GpuHealth(index)
+    alive = [(g, h) for g, h in judged if not g.lost]
+    lost = [h for g, h in judged if g.lost]
+    found: list[Problem] = list(lost[-1].problems) if lost else []
+    if alive:
+        latest = alive[-1][1]
+        found += [p for p in latest.problems if p.rule not in FLICKERING]
+        for rule in FLICKERING:
+            found += _flickering(alive, rule)
+    return GpuHealth(index, tuple(sorted(found, key=lambda p: -p.severity)))
+
+
+def judge_window(snapshots: Sequence[Snapshot]) -> dict[int, GpuHealth]:
+    """Every GPU seen in the snapshots (oldest first), judged over all of them."""
+    series: dict[int, list[tuple[GpuSample, GpuHealth]]] = {}
+    for snap in snapshots:
+        peers = peers_of(snap.gpus)
+        for g in snap.gpus:
+            series.setdefault(g.index, []).append((g, judge_sample(g, peers)))
+    return {index: judge_gpu_window(index, judged) for index, judged in sorted(series.items())}
