@@ -339,20 +339,27 @@ class SmiGpu:
     ecc_aggregate: Optional[tuple[int, int]]
 
 
+# the counters NVML's total ECC count adds up, per schema: -q -x tags, and -q's keys as `_key` spells them
+_ECC_CORRECTED = ("sram_correctable", "dram_correctable", "single_bit/total")
+_ECC_UNCORRECTED = (
+    "sram_uncorrectable",  # (R535-R580; later split in two)
+    "sram_uncorrectable_parity",
+    "sram_uncorrectable_secded",
+    "sram_uncorrectable_sec_ded",
+    "dram_uncorrectable",
+    "double_bit/total",  # (Pascal/Volta-era drivers)
+)
+
+
 def _ecc(tree: Tree, scope: str) -> Optional[tuple[int, int]]:
-    """(corrected, uncorrected) of one ECC scope ("volatile"/"aggregate"), in -q -x or -q's layout."""
-    pairs = (
-        (f"ecc_errors/{scope}/sram_correctable", f"ecc_errors/{scope}/sram_uncorrectable"),
-        (f"ecc_errors/{scope}/single_bit/total", f"ecc_errors/{scope}/double_bit/total"),
-        (f"ecc_errors/{scope}/dram_correctable", f"ecc_errors/{scope}/dram_uncorrectable"),
-    )
-    total: Optional[tuple[int, int]] = None
-    for corrected_path, uncorrected_path in pairs:
-        corrected, uncorrected = _number(_get(tree, corrected_path)), _number(_get(tree, uncorrected_path))
-        if corrected is not None and uncorrected is not None:
-            c0, u0 = total or (0, 0)
-            total = (c0 + int(corrected), u0 + int(uncorrected))
-    return total
+    """(corrected, uncorrected) of one ECC scope ("volatile"/"aggregate"); None where every counter reads N/A."""
+    totals = []
+    for names in (_ECC_CORRECTED, _ECC_UNCORRECTED):
+        values = [_number(_get(tree, f"ecc_errors/{scope}/{name}")) for name in names]
+        totals.append([int(v) for v in values if v is not None])
+    if not totals[0] and not totals[1]:
+        return None
+    return sum(totals[0]), sum(totals[1])
 
 
 def parse_smi_q(text: str, path: Path) -> tuple[dict[str, str], tuple[SmiGpu, ...]]:
