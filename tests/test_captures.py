@@ -110,6 +110,35 @@ def test_an_old_driver_lacks_the_newer_symbols() -> None:
     assert gpu.memory_total == 1998 * 1024**2  # the capture's FB total, read through the v1 call
 
 
+def test_what_the_capture_reads_n_a_nvml_refuses() -> None:
+    """Quadro P400 (418): power draw and limit N/A; A100 with MIG on: utilization N/A. gputop gets NOT_SUPPORTED
+    for exactly those, and the numbers the captures do hold."""
+    with Pipeline(simulate=f"capture:{CAPTURES / 'quadro-p400-418'}") as pipeline:
+        quadro = pipeline.poll().gpus[0]
+    with Pipeline(simulate=f"capture:{CAPTURES / 'a100-sxm4-80gb-535'}") as pipeline:
+        a100 = pipeline.poll().gpus[0]
+    assert (quadro.power, quadro.power_limit) == (None, None)
+    assert quadro.unavailable["power"] == quadro.unavailable["power_limit"] == "NotSupported"
+    assert quadro.utilization_gpu is not None
+    assert a100.utilization_gpu is None and a100.unavailable["utilization_gpu"] == "NotSupported"
+    assert a100.power_limit == 500.0  # <gpu_power_readings><current_power_limit>500.00 W
+    assert a100.ecc is not None and a100.ecc.volatile_uncorrected == 0  # ECC on, nothing counted
+
+
+def test_each_link_ends_where_the_matrix_says() -> None:
+    """DGX-1's hybrid cube mesh: GPU 0's six links go to GPUs 1, 2 (one each), 3, 4 (two each), GPU to GPU; on
+    an NVSwitch board (NV18 everywhere) every link ends at a switch."""
+    with Pipeline(simulate=f"capture:{CAPTURES / 'dgx1-v100-hybrid-cube-mesh'}") as pipeline:
+        gpus = pipeline.poll().gpus
+    bus = [g.pci_bus_id for g in gpus]
+    links = gpus[0].nvlink or ()
+    assert sorted(bus.index(link.remote_bus_id or "") for link in links) == [1, 2, 3, 3, 4, 4]
+    assert {link.remote_kind for link in links} == {"gpu"} and all(link.active for link in links)
+    with Pipeline(simulate=f"capture:{CAPTURES / 'hgx-h100-nv18-rail-nics'}") as pipeline:
+        gpu = pipeline.poll().gpus[0]
+    assert len(gpu.nvlink or ()) == 18 and {link.remote_kind for link in gpu.nvlink or ()} == {"switch"}
+
+
 def test_a_link_the_capture_shows_inactive_is_down(tmp_path: Path) -> None:
     """nvlink -s's <inactive> links: a bridged pair and a third card whose links lead nowhere (constructed in
     the layout of `nvidia-smi topo -m` / `nvlink -s`, not a capture)."""
