@@ -139,6 +139,18 @@ def test_each_link_ends_where_the_matrix_says() -> None:
     assert len(gpu.nvlink or ()) == 18 and {link.remote_kind for link in gpu.nvlink or ()} == {"switch"}
 
 
+def test_an_affinity_printed_empty_is_an_empty_mask() -> None:
+    """vLLM #19607's job: topo -m printed no CPU or NUMA affinity. NVML answered (empty masks), it did not refuse;
+    gputop shows no affinity for either GPU (issue 25 item 3: it should say that no CPU of the job is near)."""
+    board = parse_spec(f"capture:{CAPTURES / 'slurm-2gpu-empty-affinity'}").profile.capture
+    assert board is not None
+    assert [(g.cpu_affinity, g.numa_affinity) for g in board.gpus] == [((), ())] * 2
+    with Pipeline(simulate=f"capture:{CAPTURES / 'slurm-2gpu-empty-affinity'}") as pipeline:
+        topology = pipeline.machine.topology
+    assert topology.cpu_affinity == (None, None) and topology.numa_node == (None, None)
+    assert topology.matrix == (("X", "NV12"), ("NV12", "X"))
+
+
 def test_a_link_the_capture_shows_inactive_is_down(tmp_path: Path) -> None:
     """nvlink -s's <inactive> links: a bridged pair and a third card whose links lead nowhere (constructed in
     the layout of `nvidia-smi topo -m` / `nvlink -s`, not a capture)."""

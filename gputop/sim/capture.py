@@ -143,12 +143,14 @@ class TopoTable:
 
 
 _CELL = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|N/A)$")
+_NIC_CELLS = re.compile(r"^(?:X|NV\d+|PIX|PXB|PHB|NODE|SYS)+$")  # (+: cells a paste ran together, "NODENODE")
 
 
 def parse_topo(text: str, path: Path) -> TopoTable:
     """`nvidia-smi topo -m` -> the GPU rows: cells under the GPU columns, and the last columns (CPU Affinity,
     NUMA Affinity, GPU NUMA ID, as the header names them) read from the end of the row, so that a NIC
-    column lost in a copy and paste does not shift them."""
+    column lost in a copy and paste does not shift them.  A value nvidia-smi printed empty (an empty affinity
+    mask) leaves no word in the row: the words after the NIC cells fill the last columns from the right."""
     lines = text.splitlines()
     header_at = next((i for i, line in enumerate(lines) if line.split()[:1] == ["GPU0"]), None)
     if header_at is None:
@@ -172,17 +174,19 @@ def parse_topo(text: str, path: Path) -> TopoTable:
     levels, cpus, numas, ids = [], [], [], []
     for gpu in range(n):
         tokens = rows[gpu]
-        cells = tokens[:n]
-        if len(tokens) < n + len(tail) or not all(_CELL.match(c) for c in cells) or cells[gpu] != "X":
+        cells, rest = tokens[:n], tokens[n:]
+        while rest and _NIC_CELLS.match(rest[0]):
+            rest = rest[1:]
+        if len(cells) < n or not all(_CELL.match(c) for c in cells) or cells[gpu] != "X" or len(rest) > len(tail):
             raise _bad(path, f"GPU{gpu}'s row does not read as {n} topology cells then {', '.join(tail) or 'nothing'}")
-        values = dict(zip(tail, tokens[len(tokens) - len(tail) :]))
+        values = dict(zip(tail, [""] * (len(tail) - len(rest)) + rest))
         cpu = parse_cpu_ids(values["CPU Affinity"]) if "CPU Affinity" in values else None
         if "CPU Affinity" in values and cpu is None:
             raise _bad(path, f"GPU{gpu}'s CPU Affinity {values['CPU Affinity']!r} is not a CPU list")
         numa = parse_cpu_ids(values["NUMA Affinity"]) if "NUMA Affinity" in values else None
         if "NUMA Affinity" in values and numa is None:
             raise _bad(path, f"GPU{gpu}'s NUMA Affinity {values['NUMA Affinity']!r} is not a node list")
-        gpu_numa = values.get("GPU NUMA ID", "N/A")
+        gpu_numa = values.get("GPU NUMA ID") or "N/A"
         levels.append(tuple(cells))
         cpus.append(cpu)
         numas.append(numa)
