@@ -242,6 +242,7 @@ def faults_help() -> str:
     for name, profile in PROFILES.items():
         default = " (default)" if name == DEFAULT_PROFILE else ""
         lines.append(f"  {name:<22} {profile.description}{default}")
+    lines.append(f"  {'capture:DIR':<22} a machine's own nvidia-smi output (topo.txt, smi_q.txt|.xml, nvlink.txt in DIR)")
     lines += ["", "Faults (IDX is a GPU index, several may be combined):"]
     for form, text in FAULTS.values():
         lines.append(f"  {form:<24} {text}")
