@@ -45,7 +45,8 @@ def expected_topology(folder: Path) -> Optional[tuple[list[list[str]], list[Opti
         cells.append(fields[:n])
         numbers = [f for f in fields[n:] if f[0].isdigit()]
         affinity.append(numbers[0] if numbers else None)
-        numa.append(int(numbers[1]) if "NUMA Affinity" in header and len(numbers) > 1 else None)
+        # a NUMA Affinity list ("0-1") reads as its first node, as gputop keeps one node per GPU
+        numa.append(int(re.split(r"\D", numbers[1])[0]) if "NUMA Affinity" in header and len(numbers) > 1 else None)
     return cells, affinity, numa
 
 
