@@ -33,7 +33,6 @@ TOPO_FILE = "topo.txt"
 SMI_Q_FILES = ("smi_q.txt", "smi_q.xml")
 NVLINK_FILE = "nvlink.txt"
 
-PCIE_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
 # an NVLink-connected GPU has at most this many links (H100: 18); more NV# per GPU than this can only be
 # counted through NVSwitches, which is how `nvidia-smi topo -m` counts them there
 MAX_DIRECT_LINKS = 18
@@ -102,11 +101,17 @@ class CapturedBoard:
 # ---------------------------------------------------------------- small readers
 
 
+_COMMANDS = {
+    TOPO_FILE: "nvidia-smi topo -m",
+    "smi_q.txt": "nvidia-smi -q",
+    "smi_q.xml": "nvidia-smi -q -x",
+    NVLINK_FILE: "nvidia-smi nvlink -s",
+}
+
+
 def _bad(path: Path, what: str) -> UsageError:
-    return UsageError(
-        f"--simulate capture: {path}: {what} (expected the output of `nvidia-smi topo -m`, `nvidia-smi -q [-x]` "
-        f"or `nvidia-smi nvlink -s` as the command printed it)"
-    )
+    command = _COMMANDS.get(path.name, "nvidia-smi")
+    return UsageError(f"--simulate capture: {path}: {what} (save it again with `{command} > {path.name}` on that machine)")
 
 
 def parse_cpu_ids(text: str) -> Optional[tuple[int, ...]]:
