@@ -124,6 +124,15 @@ def test_what_the_capture_reads_n_a_nvml_refuses() -> None:
     assert a100.utilization_gpu is None and a100.unavailable["utilization_gpu"] == "NotSupported"
     assert a100.power_limit == 500.0  # <gpu_power_readings><current_power_limit>500.00 W
     assert a100.ecc is not None and a100.ecc.volatile_uncorrected == 0  # ECC on, nothing counted
+    with Pipeline(simulate=f"capture:{CAPTURES / 'a100-sxm4-40gb-mig-510'}") as pipeline:
+        mig = pipeline.poll().gpus[0]
+    with Pipeline(simulate=f"capture:{CAPTURES / 'tesla-p100-pcie-510'}") as pipeline:
+        p100 = pipeline.poll().gpus[0]
+    # MIG on R510: the volatile counters read N/A, the aggregate ones 0
+    assert mig.ecc is not None and (mig.ecc.volatile_corrected, mig.ecc.aggregate_corrected) == (None, 0)
+    assert mig.unavailable["ecc.volatile_corrected"] == "NotSupported"
+    # the P100's real count: <aggregate><single_bit><total>3</total>
+    assert p100.ecc is not None and (p100.ecc.aggregate_corrected, p100.ecc.aggregate_uncorrected) == (3, 0)
 
 
 def test_each_link_ends_where_the_matrix_says() -> None:

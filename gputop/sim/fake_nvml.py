@@ -364,11 +364,12 @@ class FakeNvmlLibrary:
             self._count(st, now)
         return st, now
 
-    def ecc_count(self, gpu: int, error_type: int, counter: int) -> int:
+    def ecc_count(self, gpu: int, error_type: int, counter: int) -> Optional[int]:
+        """The count NVML answers; None: it refuses (a capture that reads N/A there, e.g. volatile under MIG)."""
         if self.profile.capture is not None:  # what the capture counted: (corrected, uncorrected)
             captured = self.profile.capture.gpus[gpu]
             pair = captured.ecc_volatile if counter == VOLATILE_ECC else captured.ecc_aggregate
-            return (pair or (0, 0))[1 if error_type == MEMORY_ERROR_UNCORRECTED else 0]
+            return pair[1 if error_type == MEMORY_ERROR_UNCORRECTED else 0] if pair is not None else None
         if gpu not in self.faults.ecc:
             return 0
         if error_type == MEMORY_ERROR_UNCORRECTED:
@@ -661,7 +662,10 @@ class FakeNvmlLibrary:
         def nvmlDeviceGetTotalEccErrors(gpu, error_type, counter, out):
             if not profile.model(gpu).ecc:
                 return ERROR_NOT_SUPPORTED
-            out._obj.value = lib.ecc_count(gpu, _int(error_type), _int(counter))
+            count = lib.ecc_count(gpu, _int(error_type), _int(counter))
+            if count is None:
+                return ERROR_NOT_SUPPORTED
+            out._obj.value = count
             return SUCCESS
 
         @device
