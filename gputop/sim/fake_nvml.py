@@ -28,10 +28,12 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from gputop.sim.load import LoadModel
 from gputop.sim.profiles import OLD_DRIVER_MISSING_SYMBOLS, SimSpec
+
+NvmlFunction = Callable[..., Any]  # a C function as pynvml calls it: ctypes arguments in, an nvmlReturn_t out
 
 # ---------------------------------------------------------------- nvml.h constants
 SUCCESS = 0
@@ -235,6 +237,10 @@ class FakeNvmlLibrary:
         if self.faults.old_driver:
             for name in OLD_DRIVER_MISSING_SYMBOLS:
                 symbols.pop(name, None)
+        if self.profile.capture is not None:
+            symbols.update(self._capture_symbols(symbols))
+            for name in self.profile.capture.missing_symbols:
+                symbols.pop(name, None)
         self._symbols = symbols
 
     # pynvml asks for symbols by attribute; a missing one must be AttributeError (-> FunctionNotFound)
@@ -258,6 +264,8 @@ class FakeNvmlLibrary:
         return after is not None and self.elapsed() >= after
 
     def link_active(self, gpu: int, link: int) -> bool:
+        if self.profile.capture is not None:
+            return self.profile.capture.gpus[gpu].nvlink_active[link]
         return not (gpu in self.faults.nvlink_down and link < NVLINK_DOWN_LINKS)
 
     def state(self, gpu: int) -> _GpuState:
@@ -273,7 +281,7 @@ class FakeNvmlLibrary:
         return st
 
     def _advance(self, gpu: int, st: _GpuState, now: float) -> None:
-        model = self.profile.gpu
+        model = self.profile.model(gpu)
         faults = self.faults
         util = max(0.0, min(100.0, float(self.load.utilization(gpu, now))))
         idle = util < IDLE_UTILIZATION
@@ -356,7 +364,12 @@ class FakeNvmlLibrary:
             self._count(st, now)
         return st, now
 
-    def ecc_count(self, gpu: int, error_type: int, counter: int) -> int:
+    def ecc_count(self, gpu: int, error_type: int, counter: int) -> Optional[int]:
+        """The count NVML answers; None: it refuses (a capture that reads N/A there, e.g. volatile under MIG)."""
+        if self.profile.capture is not None:  # what the capture counted: (corrected, uncorrected)
+            captured = self.profile.capture.gpus[gpu]
+            pair = captured.ecc_volatile if counter == VOLATILE_ECC else captured.ecc_aggregate
+            return pair[1 if error_type == MEMORY_ERROR_UNCORRECTED else 0] if pair is not None else None
         if gpu not in self.faults.ecc:
             return 0
         if error_type == MEMORY_ERROR_UNCORRECTED:
@@ -434,7 +447,7 @@ class FakeNvmlLibrary:
         # ---- identity
         @device
         def nvmlDeviceGetName(gpu, buf, size):
-            return write_str(buf, model.name, size)
+            return write_str(buf, profile.model(gpu).name, size)
 
         @device
         def nvmlDeviceGetUUID(gpu, buf, size):
@@ -469,11 +482,11 @@ class FakeNvmlLibrary:
         @device
         def nvmlDeviceGetMemoryInfo(gpu, out):
             # v1: `used` includes the reserved memory
-            st = lib.state(gpu)
+            st, card = lib.state(gpu), profile.model(gpu)
             mem = out._obj
-            mem.total = model.memory_total
-            mem.used = st.memory_used + model.memory_reserved
-            mem.free = model.memory_total - mem.used
+            mem.total = card.memory_total
+            mem.used = st.memory_used + card.memory_reserved
+            mem.free = card.memory_total - mem.used
             return SUCCESS
 
         @device
@@ -481,11 +494,11 @@ class FakeNvmlLibrary:
             mem = out._obj
             if mem.version != MEMORY_V2_VERSION:
                 return ERROR_ARGUMENT_VERSION_MISMATCH
-            st = lib.state(gpu)
-            mem.total = model.memory_total
-            mem.reserved = model.memory_reserved
+            st, card = lib.state(gpu), profile.model(gpu)
+            mem.total = card.memory_total
+            mem.reserved = card.memory_reserved
             mem.used = st.memory_used
-            mem.free = model.memory_total - model.memory_reserved - st.memory_used
+            mem.free = card.memory_total - card.memory_reserved - st.memory_used
             return SUCCESS
 
         @device
@@ -539,12 +552,12 @@ class FakeNvmlLibrary:
 
         @device
         def nvmlDeviceGetMaxPcieLinkGeneration(gpu, out):
-            out._obj.value = model.pcie_gen_max
+            out._obj.value = profile.model(gpu).pcie_gen_max
             return SUCCESS
 
         @device
         def nvmlDeviceGetMaxPcieLinkWidth(gpu, out):
-            out._obj.value = model.pcie_width_max
+            out._obj.value = profile.model(gpu).pcie_width_max
             return SUCCESS
 
         @device
@@ -568,11 +581,12 @@ class FakeNvmlLibrary:
 
         # ---- NVLink
         def nvlink_check(gpu, link) -> int:
-            if not model.nvlink_links:
+            links = profile.model(gpu).nvlink_links
+            if not links:
                 return ERROR_NOT_SUPPORTED
             if not 0 <= link < NVLINK_MAX_LINKS:
                 return ERROR_INVALID_ARGUMENT
-            if link >= model.nvlink_links:
+            if link >= links:
                 return ERROR_NOT_SUPPORTED
             return SUCCESS
 
@@ -646,14 +660,17 @@ class FakeNvmlLibrary:
         # ---- health
         @device
         def nvmlDeviceGetTotalEccErrors(gpu, error_type, counter, out):
-            if not model.ecc:
+            if not profile.model(gpu).ecc:
                 return ERROR_NOT_SUPPORTED
-            out._obj.value = lib.ecc_count(gpu, _int(error_type), _int(counter))
+            count = lib.ecc_count(gpu, _int(error_type), _int(counter))
+            if count is None:
+                return ERROR_NOT_SUPPORTED
+            out._obj.value = count
             return SUCCESS
 
         @device
         def nvmlDeviceGetRemappedRows(gpu, corr, unc, pending, failure):
-            if not model.row_remap:
+            if not profile.model(gpu).row_remap:
                 return ERROR_NOT_SUPPORTED
             bad = gpu in lib.faults.ecc
             corr._obj.value = 0
@@ -904,6 +921,112 @@ class FakeNvmlLibrary:
         out["nvmlDeviceGetApplicationsClock"] = device(_named(applications_clock, "applications"))
         out["nvmlDeviceGetDefaultApplicationsClock"] = device(_named(applications_clock, "default"))
         return out
+
+    # ------------------------------------------------------------ a bug report's captures (gputop.sim.capture)
+    def _capture_symbols(self, symbols: dict[str, NvmlFunction]) -> dict[str, NvmlFunction]:
+        """What `Profile.capture` says in place of the profile's made-up layout: every GPU pair's level, each
+        link's far end, the affinity lists and NUMA ids as captured, and NOT_SUPPORTED wherever the capture
+        reads N/A (or holds nothing: a capture without `nvidia-smi topo -m` does not know the topology)."""
+        profile = self.profile
+        board = profile.capture
+        assert board is not None
+        n = profile.gpu_count
+
+        def index(handle: object) -> Optional[int]:
+            address = _address(handle)
+            return address - 1 if address and 1 <= address <= n else None
+
+        def set_bits(mask: Any, ids: tuple[int, ...], words: object) -> None:
+            for i in ids:
+                if i // 64 < _int(words):
+                    mask[i // 64] |= 1 << (i % 64)
+
+        def nvmlDeviceGetTopologyCommonAncestor(handle1: object, handle2: object, out: Any) -> int:
+            a, b = index(handle1), index(handle2)
+            if a is None or b is None:
+                return ERROR_INVALID_ARGUMENT
+            if a == b:
+                out._obj.value = 0
+                return SUCCESS
+            cell = board.levels[a][b] if board.levels else "N/A"
+            if cell.startswith("NV"):  # topo -m shows the links, not the PCIe path under them: the NUMA split
+                cell = "NODE" if profile.numa_nodes[a] == profile.numa_nodes[b] else "SYS"
+            if cell not in TOPOLOGY_LEVELS:
+                return ERROR_NOT_SUPPORTED
+            out._obj.value = TOPOLOGY_LEVELS[cell]
+            return SUCCESS
+
+        def nvmlDeviceGetCpuAffinity(handle: object, words: object, out: Any) -> int:
+            gpu = index(handle)
+            cpus = board.gpus[gpu].cpu_affinity if gpu is not None else None
+            if cpus is None:
+                return ERROR_NOT_SUPPORTED if gpu is not None else ERROR_INVALID_ARGUMENT
+            set_bits(out._obj, cpus, words)
+            return SUCCESS
+
+        def nvmlDeviceGetMemoryAffinity(handle: object, words: object, out: Any, scope: object) -> int:
+            gpu = index(handle)
+            nodes = board.gpus[gpu].numa_affinity if gpu is not None else None
+            if nodes is None:
+                return ERROR_NOT_SUPPORTED if gpu is not None else ERROR_INVALID_ARGUMENT
+            set_bits(out._obj, nodes, words)
+            return SUCCESS
+
+        def nvmlDeviceGetNumaNodeId(handle: object, out: Any) -> int:
+            gpu = index(handle)
+            node = board.gpus[gpu].numa_id if gpu is not None else None
+            if node is None:
+                return ERROR_NOT_SUPPORTED if gpu is not None else ERROR_INVALID_ARGUMENT
+            out._obj.value = node
+            return SUCCESS
+
+        def remote(handle: object, link: object) -> tuple[int, Optional[int]]:
+            """(NVML return, the GPU at the far end or None for an NVSwitch)."""
+            gpu, number = index(handle), _int(link)
+            if gpu is None:
+                return ERROR_INVALID_ARGUMENT, None
+            links = board.gpus[gpu].nvlink_remote
+            return (SUCCESS, links[number]) if 0 <= number < len(links) else (ERROR_NOT_SUPPORTED, None)
+
+        def nvmlDeviceGetNvLinkRemotePciInfo_v2(handle: object, link: object, out: Any) -> int:
+            ret, peer = remote(handle, link)
+            if ret == SUCCESS and peer is None and not profile.switch_bus_ids:
+                return ERROR_NOT_SUPPORTED  # a link nvlink -s lists and topo -m places nowhere
+            if ret == SUCCESS:
+                switch = profile.switch_bus_ids[_int(link) % len(profile.switch_bus_ids)] if peer is None else ""
+                fill_pci(out._obj, profile.bus_ids[peer] if peer is not None else switch)
+            return ret
+
+        def nvmlDeviceGetNvLinkRemoteDeviceType(handle: object, link: object, out: Any) -> int:
+            ret, peer = remote(handle, link)
+            if ret == SUCCESS and peer is None and not profile.switch_bus_ids:
+                return ERROR_NOT_SUPPORTED
+            if ret == SUCCESS:
+                out._obj.value = NVLINK_DEVICE_TYPE_GPU if peer is not None else NVLINK_DEVICE_TYPE_SWITCH
+            return ret
+
+        def fill_pci(info: Any, bus_id: str) -> None:
+            domain, bus, rest = bus_id.split(":")
+            info.busId = bus_id.encode()
+            info.busIdLegacy = f"{int(domain, 16):04x}:{bus}:{rest}".encode()
+            info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+
+        out = {name: fn for name, fn in locals().items() if name.startswith("nvml") and callable(fn)}
+        # the capture's N/A: those GPUs' calls answer NOT_SUPPORTED
+        for name in sorted(set().union(*(gpu.refused for gpu in board.gpus))):
+            if name in symbols:
+                out[name] = _refusing(symbols[name], frozenset(i for i, g in enumerate(board.gpus) if name in g.refused), index)
+        return out
+
+
+def _refusing(fn: NvmlFunction, gpus: frozenset[int], index: Callable[[object], Optional[int]]) -> NvmlFunction:
+    """`fn`, answering NOT_SUPPORTED for `gpus` (a distinct function object: pynvml sets restype on it)."""
+
+    def call(handle: object, *args: object) -> Any:
+        return ERROR_NOT_SUPPORTED if index(handle) in gpus else fn(handle, *args)
+
+    call.__name__ = f"{getattr(fn, '__name__', 'nvml')}_refusing"
+    return call
 
 
 def _named(fn: Callable, suffix: str) -> Callable:

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from gputop.errors import UsageError
+
+if TYPE_CHECKING:
+    from gputop.sim.capture import CapturedBoard
 
 MIB = 1024**2
 
@@ -99,10 +102,15 @@ class Profile:
     driver_version: str = "560.35.03"  # R560: has the PCIe byte counters (R555+) the H100 profile serves
     cuda_version: int = 12060  # 1000*major + 10*minor
     nvml_version: str = "12.560.35.03"
+    gpu_models: tuple[GpuModel, ...] = ()  # per GPU where they differ (a capture); empty: all are `gpu`
+    capture: Optional[CapturedBoard] = None  # a bug report's captures (`capture:DIR`, gputop.sim.capture)
 
     @property
     def gpu_count(self) -> int:
         return len(self.bus_ids)
+
+    def model(self, gpu: int) -> GpuModel:
+        return self.gpu_models[gpu] if self.gpu_models else self.gpu
 
     def cpu_affinity(self, gpu: int, host_cpus: int) -> tuple[int, ...]:
         """The host CPUs local to a GPU: the real host's cores split evenly across the profile's NUMA nodes.
@@ -234,6 +242,7 @@ def faults_help() -> str:
     for name, profile in PROFILES.items():
         default = " (default)" if name == DEFAULT_PROFILE else ""
         lines.append(f"  {name:<22} {profile.description}{default}")
+    lines.append(f"  {'capture:DIR':<22} a machine's own nvidia-smi output (topo.txt, smi_q.txt|.xml, nvlink.txt in DIR)")
     lines += ["", "Faults (IDX is a GPU index, several may be combined):"]
     for form, text in FAULTS.values():
         lines.append(f"  {form:<24} {text}")
@@ -338,8 +347,12 @@ def _parse_infra_fault(faults: InfraFaults, key: str, value: str, profile: Profi
 
 
 def parse_spec(spec: str | None) -> SimSpec:
-    """`PROFILE[+FAULT...]` -> SimSpec; anything wrong raises UsageError with one line."""
+    """`PROFILE[+FAULT...]` or `capture:DIR` -> SimSpec; anything wrong raises UsageError with one line."""
     text = (spec or DEFAULT_PROFILE).strip()
+    if text.startswith("capture:"):  # a folder's name may hold "+": no faults on a capture
+        from gputop.sim.capture import load_capture
+
+        return SimSpec(text=text, profile=load_capture(text[len("capture:") :]), faults=Faults())
     name, *fault_texts = text.split("+")
     name = name.strip() or DEFAULT_PROFILE
     profile = PROFILES.get(name)
