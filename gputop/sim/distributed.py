@@ -197,7 +197,7 @@ class DistributedDataParallel(nn.Module):
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._ready = 0
         for p in self._params:
-            p.register_post_accumulate_grad_hook(self._grad_ready)  # type: ignore[no-untyped-call]  # (unannotated in torch)
+            p.register_post_accumulate_grad_hook(self._grad_ready)
 
     def _grad_ready(self, _param: torch.Tensor) -> None:
         self._ready += 1
