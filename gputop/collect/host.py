@@ -118,7 +118,7 @@ class HostCollector:
         memory = psutil.virtual_memory()
         swap = psutil.swap_memory()
         try:
-            load = tuple(float(x) for x in os.getloadavg())
+            load = os.getloadavg()
         except OSError:
             load = (0.0, 0.0, 0.0)
         core_numa = self.core_numa if len(self.core_numa) == len(percents) else read_core_numa(len(percents))
@@ -132,7 +132,7 @@ class HostCollector:
             memory_available=int(memory.available),
             swap_total=int(swap.total),
             swap_used=int(swap.used),
-            load_average=load,  # type: ignore[arg-type]
+            load_average=load,
         )
 
     def close(self) -> None:

@@ -712,7 +712,7 @@ def _try_thread(
             struct.pack_into(
                 "<QQQQQQ",
                 control,
-                0,
+                CB_MALLOC,
                 api["malloc"],
                 api["pthread_create"],
                 api["pthread_detach"],

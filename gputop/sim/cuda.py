@@ -174,7 +174,7 @@ class DeviceTensor(torch.Tensor):
         return current_stream().value_when_drained(torch.Tensor.tolist(self))
 
     @property
-    def cpu(self) -> Callable[[], torch.Tensor]:  # type: ignore[override]
+    def cpu(self) -> Callable[[], torch.Tensor]:  # type: ignore[override]  # (a property in the method's place, as above)
         return current_stream().value_when_drained(self.as_subclass(torch.Tensor))
 
 
