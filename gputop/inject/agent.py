@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
+    from torch.utils.data import DataLoader
+
     # What the agent writes and reads back: JSON objects (config.json, plan.json, result.json, sweep.json)
     Json = dict[str, Any]
     # loader_math.py executed into a namespace (`RunDir.load_sibling`): its functions by name
@@ -222,7 +224,7 @@ def _describe_iterator(it: object) -> dict[str, Any]:
     return {"settings": settings, "refs": refs, "iterators": set(), "iterator_ref": weakref.ref(it)}
 
 
-def _describe_loader(loader: Any) -> tuple[Json, dict[str, object]]:
+def _describe_loader(loader: DataLoader[Any]) -> tuple[Json, dict[str, object]]:
     """Settings of a DataLoader object (offline mode) in the same shape as `_describe_iterator`."""
     settings = _common_settings(
         dataset=loader.dataset,
@@ -324,7 +326,7 @@ def refuse_reason(settings: Json, refs: dict[str, object]) -> str | None:
 
 def make_loader(
     torch_mod: ModuleType, settings: Json, refs: dict[str, Any], num_workers: int, prefetch_factor: int | None, notes: list[str]
-) -> Any:
+) -> DataLoader[Any]:
     """A NEW DataLoader like the live one. The explicit Generator keeps the global RNG untouched."""
     from torch.utils.data import DataLoader
 

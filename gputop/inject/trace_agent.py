@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
+    from torch.utils.hooks import RemovableHandle
+
     Json = dict[str, Any]  # what the agent reads (config.json) and writes (result.json)
 
 MAX_SECONDS = 10.0  # the bound on the window, whatever the config says
@@ -83,7 +85,7 @@ class StepCounter:
 
     def __init__(self, torch_mod: ModuleType) -> None:
         self.count = 0
-        self.handle: Any = None  # torch's RemovableHandle
+        self.handle: RemovableHandle | None = None
         self.reached = threading.Event()
         self.target = 0
         register = getattr(optimizer_module(torch_mod), "register_optimizer_step_post_hook", None)

@@ -20,14 +20,14 @@ if TYPE_CHECKING:
     from gputop.tracing import TraceResult
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     """A table cell: no newlines, pipes escaped, None as a dash."""
     if value is None or value == "":
         return "—"
     return str(value).replace("\n", " ").replace("|", "\\|")
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
     return lines + [""]
@@ -38,8 +38,8 @@ def _fence(text: str, lang: str = "text") -> list[str]:
     return [f"{fence}{lang}", text.rstrip("\n"), fence, ""]
 
 
-def _code(text: Any) -> str:
-    text = str(text)
+def _code(value: object) -> str:
+    text = str(value)
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
