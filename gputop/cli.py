@@ -13,7 +13,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from gputop import __version__
 from gputop.errors import GputopError, UsageError
@@ -27,7 +27,7 @@ EXIT_USAGE = 2
 class _Parser(argparse.ArgumentParser):
     """argparse prints a usage block and exits 2; we want one line and the same code."""
 
-    def error(self, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 

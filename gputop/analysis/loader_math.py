@@ -129,7 +129,7 @@ def plan_worker_counts(current: int, needed: Optional[int], cap: int, limit: int
 
 
 def _fmt_s(seconds: float) -> str:
-    # gputop.units.short_seconds, repeated: this file runs inside the job without gputop (see above)
+    # '12.3 ms' below a second, '1.25 s' above (this file runs inside the job without gputop: see above)
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 

@@ -7,6 +7,7 @@ Values NVML refused are null and each GPU's ``unavailable`` says why.
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import sys
@@ -23,7 +24,7 @@ CPU_SAMPLE_INTERVAL_S = 0.3
 STACKS_WAIT_S = 5.0  # bound on waiting for the first py-spy round with --pid
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     if getattr(args, "help_faults", False):
         from gputop.sim.profiles import faults_help
 
