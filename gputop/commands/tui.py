@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from gputop.collect.host import HostCollector
     from gputop.collect.job_tree import JobCollector
     from gputop.pipeline import Pipeline
+    from gputop.tui.starting import StartingPipeline
 
 
 def run(args: argparse.Namespace) -> int:
@@ -18,20 +19,11 @@ def run(args: argparse.Namespace) -> int:
     # turns it back on once the first frame is drawn (GputopApp._started).
     gc.disable()
     from gputop.source import PollLoop
-    from gputop.tui.starting import StartingPipeline
-
-    simulate: Optional[str] = getattr(args, "simulate", None)
-    stack_interval: float = getattr(args, "stack_interval", 2.0)
-
-    def build(host: "HostCollector", job: "Optional[JobCollector]") -> "Pipeline":
-        from gputop.pipeline import Pipeline  # (pynvml loads on the build thread too)
-
-        return Pipeline(simulate=simulate, stack_interval=stack_interval, host_collector=host, job_collector=job)
 
     # nvmlInit and the static GPU reads run on a thread while Textual loads: the first frame never waits
     # for them (the GPU cards say "reading GPUs…" until the first NVML sample lands).
     try:
-        source = StartingPipeline(build, pid=getattr(args, "pid", None), stack_interval=stack_interval, simulated=simulate)
+        source = starting_pipeline(args)
     except BaseException:
         gc.enable()
         raise
@@ -47,3 +39,18 @@ def run(args: argparse.Namespace) -> int:
         gc.enable()
         raise
     return run_app(source, interval=interval, poll_loop=poll_loop)
+
+
+def starting_pipeline(args: argparse.Namespace) -> "StartingPipeline":
+    """The pipeline the command line asks for (args.simulate, .pid, .stack_interval), built on a thread."""
+    from gputop.tui.starting import StartingPipeline
+
+    simulate: Optional[str] = getattr(args, "simulate", None)
+    stack_interval: float = getattr(args, "stack_interval", 2.0)
+
+    def build(host: "HostCollector", job: "Optional[JobCollector]") -> "Pipeline":
+        from gputop.pipeline import Pipeline  # (pynvml loads on the build thread too)
+
+        return Pipeline(simulate=simulate, stack_interval=stack_interval, host_collector=host, job_collector=job)
+
+    return StartingPipeline(build, pid=getattr(args, "pid", None), stack_interval=stack_interval, simulated=simulate)

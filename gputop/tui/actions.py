@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gputop.bench import BenchResult
     from gputop.tracing import TraceResult
     from gputop.tui.app import GputopApp
+    from gputop.tui.check_screen import CheckScreen
     from gputop.tui.screens import BenchScreen
 
 BENCH_SECONDS = 15.0  # the loader benchmark's bound (its active sweep is fitted into it)
@@ -103,7 +104,7 @@ class BackgroundActions:
         self.bench: Optional[BenchResult] = None  # the latest results: they join the diagnosis and the report
         self.trace: Optional[TraceResult] = None
         self.check: Optional[CheckReport] = None
-        self._check_screen = None  # check_screen.CheckScreen while the check's dialog is up
+        self._check_screen: Optional[CheckScreen] = None  # the check's dialog, once opened
 
     # ------------------------------------------------------------------ benchmark and trace: one flow
     def start_bench(self) -> None:
@@ -282,7 +283,7 @@ class BackgroundActions:
             path = (
                 Path(directory or os.getcwd()) / f"gputop-report-{history.machine.hostname}-{time.strftime('%Y%m%d-%H%M%S')}.md"
             )
-            write_report(path, text)
+            write_report(str(path), text)
         except ImportError:
             app.call_from_thread(app.notify, "reports are not available in this build", severity="error")
         except (GputopError, OSError) as exc:

@@ -21,13 +21,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 from textual import events, work
 from textual.app import App
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.message import Message
-from textual.screen import Screen
 
 from gputop import units
 from gputop.errors import GputopError
@@ -125,7 +124,7 @@ def _assembled(
     return found, verdict_line(found, count_more=False)
 
 
-class GputopApp(App):
+class GputopApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "gputop"
     # seconds from the first snapshot to the first verdict: after the first frame is on screen, not inside it
@@ -248,7 +247,7 @@ class GputopApp(App):
 
         return quiet_driver(super().get_driver_class())  # Textual's, with an input thread that sleeps
 
-    def get_default_screen(self) -> Screen:
+    def get_default_screen(self) -> MainScreen:
         return MainScreen(self.machine, self.key_hints(), on_ready=self._main_ready)
 
     @property
@@ -380,7 +379,7 @@ class GputopApp(App):
 
     def on_could_not_start(self, message: CouldNotStart) -> None:
         self.start_error = message.error  # run_app raises it once the terminal is restored: the command's one line
-        self.exit(1)
+        self.exit(return_code=1)
 
     def _stop_collector(self) -> None:
         self._poll_loop.stop()
@@ -546,19 +545,19 @@ class GputopApp(App):
         # a core, for good, on a machine people pay for by the hour.  So notice the hang-up ourselves.
         if terminal_hung_up():
             self._stop_collector()
-            self.exit(1, message="gputop: the terminal went away (hang-up); exiting")
+            self.exit(return_code=1, message="gputop: the terminal went away (hang-up); exiting")
 
     # ------------------------------------------------------------------ the monitor's own keys
     async def action_quit(self) -> None:
         self._stop_collector()
-        self.exit(0)
+        self.exit()
 
     def action_help(self) -> None:
         from gputop.tui.screens import BenchScreen, HelpScreen
 
         if isinstance(self.screen, HelpScreen):
             return
-        sections = [
+        sections: list[tuple[str, Iterable[BindingType]]] = [
             ("Global", self.global_bindings()),
             ("Job panel", JobPanel.BINDINGS),
             ("Stacks panel", StacksPanel.BINDINGS),
@@ -608,10 +607,11 @@ class GputopApp(App):
         if isinstance(self.source, Focusable):
             self.source.focus_sampling(focused)
 
-    def action_screenshot(self) -> None:
-        directory = self.screenshot_dir or os.getcwd()
+    def action_screenshot(self, filename: Optional[str] = None, path: Optional[str] = None) -> None:
+        """Key s: the screen as SVG, named after the host and the time, into screenshot_dir (or `path`)."""
+        directory = path or self.screenshot_dir or os.getcwd()
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        filename = f"gputop-{self.machine.hostname}-{stamp}.svg"
+        filename = filename or f"gputop-{self.machine.hostname}-{stamp}.svg"
         try:
             path = self.save_screenshot(filename=filename, path=directory)
         except OSError as exc:
@@ -673,17 +673,20 @@ def gpu_users(snapshot: Snapshot) -> dict[int, str]:
             for gpu in rank.gpus:
                 label = f"r{rank.rank} {rank.proc.pid}" if rank.rank is not None else f"pid {rank.proc.pid}"
                 users[gpu] = label if gpu not in users else users[gpu].split(" ")[0] + "+…"
-    for gpu in snapshot.gpus:
-        if gpu.index in users or not gpu.processes:
+    for sample in snapshot.gpus:
+        if sample.index in users or not sample.processes:
             continue
-        pids = [p.pid for p in gpu.processes]
-        users[gpu.index] = f"pid {pids[0]}" + (f" +{len(pids) - 1}" if len(pids) > 1 else "")
+        pids = [p.pid for p in sample.processes]
+        users[sample.index] = f"pid {pids[0]}" + (f" +{len(pids) - 1}" if len(pids) > 1 else "")
     return users
 
 
 def _stdin_fd() -> Optional[int]:
+    stdin = sys.__stdin__
+    if stdin is None:
+        return None
     try:
-        return sys.__stdin__.fileno()
+        return stdin.fileno()
     except (AttributeError, ValueError, OSError):  # no stdin at all
         return None
 

@@ -132,6 +132,7 @@ class CheckScreen(_Modal):
             body.update(Text(self.error, style=look.BAD_BOLD))
             return
         report = self.report
+        assert report is not None  # (checked on entry: a report or an error)
         text = Text()
         order = {FAIL: 0, WARN: 1}  # what needs a look first: a small terminal shows the top of the list
         for i, result in enumerate(sorted(report.results, key=lambda r: order.get(r.status, 2))):

@@ -34,7 +34,7 @@ CHROME_ROWS = 3  # header, verdict, key bar
 RANKS_SHOWN = 5  # fewer ranks than this on screen: each rank's workers fold into its row
 
 
-class MainScreen(Screen):
+class MainScreen(Screen[None]):
     """The monitor's one screen; dialogs and the too-small screen go on top of it."""
 
     class AttachWanted(Message):

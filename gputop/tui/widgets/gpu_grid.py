@@ -18,7 +18,7 @@ from gputop.analysis.xids import meaning_of
 from gputop.gpu_fields import active_throttles, card_text, pcie_degraded_now, reason_key
 from gputop.model import LABEL_INFRA, GpuSample, Snapshot
 from gputop.tui import look
-from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas
+from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas, RunsKey
 
 READING_GPUS = "reading GPUs…"  # the placeholder until the first NVML sample lands (a starting pipeline)
 
@@ -201,8 +201,8 @@ class GpuGrid(LineCanvas):
         # What the last frame drew, reused where nothing changed (see _card_segments): per (GPU index, card
         # line) its runs and segments; per (first GPU of the row, line) the card pieces and their strip.
         self._cache_width = -1
-        self._card_lines: dict[tuple[int, int], tuple[tuple, list[Segment]]] = {}
-        self._row_strips: dict[tuple[int, int], tuple[tuple, Strip]] = {}
+        self._card_lines: dict[tuple[int, int], tuple[RunsKey, list[Segment]]] = {}
+        self._row_strips: dict[tuple[int, int], tuple[tuple[list[Segment], ...], Strip]] = {}
 
     # ------------------------------------------------------------------ data
     def update_data(
@@ -382,6 +382,7 @@ class GpuGrid(LineCanvas):
             l5.add("n/a", look.DIM)
 
         l6 = lines[6]
+        assert problems is not None  # (only a lost GPU has none, and its card ended above)
         faults, warnings = problems
         l6.add("thr ", look.LABEL)
         l6.add(

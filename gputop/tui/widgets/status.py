@@ -61,7 +61,7 @@ class HeaderLine(LineCanvas):
         if self.paused:
             tags.append((" ‖ PAUSED ", look.BAD_BOLD))
         # (label, value, drop order): the least useful parts go first when the terminal is narrow
-        parts = [
+        candidates: list[tuple[str, Optional[str], int]] = [
             ("", m.hostname, 99),
             ("driver ", m.driver_version, 2),
             ("CUDA ", m.cuda_version, 1),
@@ -69,7 +69,7 @@ class HeaderLine(LineCanvas):
             ("⟳ ", f"{self.interval:g}s", 99),
             ("", self.subtitle, 0),
         ]
-        parts = [p for p in parts if p[1]]
+        parts = [(label, value, drop) for label, value, drop in candidates if value]
         room = width - sum(len(t) for t, _ in tags) - len(" gputop ")
         while sum(len(label) + len(value) + 2 for label, value, _ in parts) > room and any(p[2] < 99 for p in parts):
             parts.remove(min(parts, key=lambda p: p[2]))
