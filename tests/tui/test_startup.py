@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from gputop.commands.tui import starting_pipeline
 from gputop.errors import GputopError
 from gputop.sim import fake_nvml
@@ -196,3 +198,23 @@ async def test_a_pipeline_that_fails_to_start_ends_the_monitor_with_its_error():
     finally:
         go.set()
         source.close()
+
+
+@pytest.mark.slow  # a real process to attach to, and py-spy dumping it
+async def test_the_attached_jobs_tree_is_drawn_while_nvml_init_is_held(monkeypatch, spawn):
+    """`gputop --pid PID`: the job tree comes from /proc, so it is on the first frame too, NVML or not."""
+    monkeypatch.setattr(fake_nvml, "FakeNvmlLibrary", _SlowInitNvml)
+    job = spawn([sys.executable, "-c", "import time; time.sleep(120)"])
+    source = starting_pipeline(argparse.Namespace(simulate="h100-sxm-8", pid=job.pid, stack_interval=2.0))
+    app = GputopApp(source, interval=0.2, diagnose=fixed_diagnose)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            jobs = app.query_one(JobPanel)
+            await wait_for(pilot, lambda: jobs.title.startswith("JOB "), "the job tree", timeout=NVML_INIT_HELD_S)
+            assert source.reading_gpus  # nvmlInit is still held
+            assert f"{job.pid}" in jobs.title and [row.pid for row in jobs.rows][:1] == [job.pid]
+            await wait_for(pilot, lambda: not app.reading_gpus, "the GPUs", timeout=10)
+            assert jobs.title.startswith("JOB ") and app.history.latest.job is not None  # the same job, now with GPUs
+    finally:
+        if app.wait_for_collector(5):
+            source.close()
