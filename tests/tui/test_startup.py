@@ -218,3 +218,24 @@ async def test_the_attached_jobs_tree_is_drawn_while_nvml_init_is_held(monkeypat
     finally:
         if app.wait_for_collector(5):
             source.close()
+
+
+def test_a_bad_spec_or_a_gone_pid_is_still_one_line_before_any_frame(spawn):
+    """The pipeline is built on a thread now; what it refuses is still the command's one line and exit code."""
+    gone = 2**22 + 12345
+    cases = [
+        (["--simulate", "no-such-profile"], 2, "gputop: bad --simulate spec: unknown profile 'no-such-profile'"),
+        (["--simulate", "--pid", str(gone)], 1, f"gputop: no process with PID {gone} (it may have exited"),
+    ]
+    for args, rc, line in cases:
+        proc = spawn(
+            [sys.executable, "-m", "gputop", "tui", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+        )
+        out, err = proc.communicate(timeout=60)
+        lines = err.decode().splitlines()
+        assert proc.returncode == rc and len(lines) == 1 and lines[0].startswith(line), err.decode()[-2000:]
+        assert b"\x1b[" not in out + err  # no screen was drawn
