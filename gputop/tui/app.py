@@ -34,7 +34,7 @@ from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
 from gputop.source import Attachable, Batch, Focusable, PollLoop, Seekable, Source
 from gputop.tui import partial_updates
-from gputop.tui.actions import BackgroundActions, MachineCheck, TraceRunner
+from gputop.tui.actions import BackgroundActions
 from gputop.tui.look import key_display
 from gputop.tui.main_screen import MainScreen
 from gputop.tui.starting import StartingPipeline
@@ -204,43 +204,6 @@ class GputopApp(App[None]):
         self._machine_posted = self.machine  # the collector's: the machine its last MachineKnown carried
         self._first_verdict_asked = False
         self._too_small: Optional[TooSmallScreen] = None  # shown while the terminal is below MIN_SIZE
-
-    # --- the background actions' seams and results (tests script the runs; the diagnosis reads the results)
-    @property
-    def trace_runner(self) -> TraceRunner:
-        return self.actions.trace_runner
-
-    @trace_runner.setter
-    def trace_runner(self, runner: TraceRunner) -> None:
-        self.actions.trace_runner = runner
-
-    @property
-    def machine_check(self) -> MachineCheck:
-        return self.actions.machine_check
-
-    @machine_check.setter
-    def machine_check(self, check: MachineCheck) -> None:
-        self.actions.machine_check = check
-
-    @property
-    def check_seconds(self) -> Optional[float]:
-        return self.actions.check_seconds
-
-    @check_seconds.setter
-    def check_seconds(self, seconds: Optional[float]) -> None:
-        self.actions.check_seconds = seconds
-
-    @property
-    def last_bench(self) -> "Optional[BenchResult]":
-        return self.actions.bench
-
-    @property
-    def last_trace(self) -> "Optional[TraceResult]":
-        return self.actions.trace
-
-    @property
-    def last_check(self) -> "Optional[CheckReport]":
-        return self.actions.check
 
     def get_driver_class(self) -> type:
         from gputop.tui.input_thread import quiet_driver

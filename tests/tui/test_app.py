@@ -431,7 +431,7 @@ async def test_bench_modal_confirms_tier_and_shows_result(close_sources, monkeyp
         await wait_for(pilot, lambda: type(app.screen).__name__ == "BenchScreen", "the bench dialog")
         assert calls == []  # nothing runs before the user picks a tier
         await pilot.press("a")
-        await wait_for(pilot, lambda: app.last_bench is not None, "the benchmark result")
+        await wait_for(pilot, lambda: app.actions.bench is not None, "the benchmark result")
         await pilot.pause()
         body = str(app.screen.query_one("#bench-body").render())
         assert "num_workers=8" in body
