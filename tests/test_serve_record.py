@@ -130,6 +130,30 @@ def test_report_from_a_recording_gives_the_findings_serve_exported_for_each_job(
     assert "holds 2 jobs; reporting on job 100 (the others: 200; choose with --job PID)" in err
 
 
+def test_a_recording_of_several_jobs_reads_back_equal_with_unchanged_dumps_shared(tmp_path):
+    """Each tree's stack dumps are written once per refresh, as the one attached job's are (a dump taken
+    every 2 s, snapshots every 1 s); read back, equal snapshots, the unchanged dumps shared objects, and a
+    read from the middle (a seek, `report --from`'s window) restores them from the keyframe before it."""
+    import gzip
+
+    from gputop.recording import RecordingIndex
+
+    machine, snapshots = two_jobs(seconds=9)
+    path = hb.record(tmp_path / "machine.gtr", machine, snapshots)
+    _machine, read, warning = read_recording(str(path))
+    assert warning is None and read == snapshots
+    first, second, third = (snap.jobs for snap in read[:3])
+    assert first[1].stacks[2000] is second[1].stacks[2000] and second[1].stacks[2000] is not third[1].stacks[2000]
+    with RecordingIndex(str(path)) as index:
+        assert list(index.snapshots(5, 7)) == snapshots[5:7]
+    # on disk, the second snapshot repeats none of the first one's dumps: it names them instead
+    with gzip.open(path, "rt") as f:
+        lines = [json.loads(line) for line in f]
+    second_line = lines[2]
+    assert [tree["stacks"] for tree in second_line["snapshot"]["jobs"]] == [{}, {}]
+    assert [sorted(pids) for pids in second_line["jobs_stacks_unchanged"]] == [sorted(t.stacks) for t in first]
+
+
 def test_report_from_names_the_jobs_a_recording_holds_for_a_job_it_does_not(tmp_path, capsys):
     machine, snapshots = two_jobs(seconds=4)
     path = hb.record(tmp_path / "machine.gtr", machine, snapshots)
