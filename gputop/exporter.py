@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gputop import __version__, gpu_fields
-from gputop.analysis.freeze import main_thread_moved, main_thread_sample
+from gputop.analysis.freeze import freeze_start, main_thread_sample
 from gputop.analysis.observations import StackSample, collect_rank_observations
 from gputop.analysis.stack_classes import (
     COLLECTIVE,
@@ -86,7 +86,8 @@ MACHINE_JOB = "machine"
 class _RankTrack:
     """What one rank's successive stack dumps say over time."""
 
-    last_dump: Optional[StackSample] = None  # the main thread in the rank's newest dump
+    last_dump_at: Optional[float] = None  # the timestamp of the rank's newest dump taken in
+    moved_at: Optional[StackSample] = None  # the main thread in the dump it was last seen to move at
     last_progress: Optional[float] = None
 
 
@@ -405,18 +406,17 @@ class Exporter:
             and stacks.error is None
             and stacks.threads
             and rank.main_thread_state is not None
-            and (track.last_dump is None or stacks.timestamp > track.last_dump.timestamp)
+            and (track.last_dump_at is None or stacks.timestamp > track.last_dump_at)
         )
         sample = main_thread_sample(stacks) if fresh and stacks is not None else None
         if sample is not None:
-            # the one freeze detector: the stack, else its counters (CPU time is no progress where they are:
-            # CUDA spin-waits), else, for dumps without counters, the process's CPU use
-            moved = track.last_dump is not None and main_thread_moved(
-                rank.proc.pid, track.last_dump, sample, cpu_counts=False, cpu_percent=rank.proc.cpu_percent
-            )
-            if track.last_dump is None or (moved and not hung):
+            # the one freeze detector, from the dump it was last seen to move at: the stack, else the counters
+            # (CPU time is no progress where they are: CUDA spin-waits), else, without counters, the CPU use
+            start = freeze_start(rank.proc.pid, track.moved_at, sample, cpu_counts=False, cpu_percent=rank.proc.cpu_percent)
+            if start is sample and (track.moved_at is None or not hung):
+                track.moved_at = sample
                 track.last_progress = sample.timestamp
-            track.last_dump = sample
+            track.last_dump_at = sample.timestamp
         return track
 
     def _add_findings(self, finding: GaugeMetricFamily, verdict: GaugeMetricFamily, job: str, findings: list[Finding]) -> None:

@@ -4,6 +4,12 @@ Three places ask it, and all ask here: the hang check (`checks.hang.frozen_run`:
 stood still), the collector (`collect.stack_schedule.FreezeWatch`: when a frozen main thread is due its
 one native dump) and the exporter (`gputop_rank_last_progress_timestamp_seconds`: when a rank last moved).
 
+Each asks it the same way: from the dump where the thread was last seen to move (the freeze's start)
+to the newest one, never only between the last two dumps: a thread woken once every two seconds shows
+one switch in half the one-second pairs, and would look alive in those, while over the freeze it wakes
+at half the rate that counts as life.  `freeze_start` keeps that start for the watchers that follow
+dumps as they come; `checks.hang.frozen_run` looks back over a window for the earliest one.
+
 Equal stacks alone do not say a thread stood still: a loop waiting for data shows the same frames in
 every dump.  A thread moved when its stack stands at another place, or when the progress counters read
 beside the dumps show life (`observations.Movement.alive`: it woke, used CPU or moved bytes at the rates
@@ -59,3 +65,20 @@ def main_thread_moved(
     if counters is None:
         return None if cpu_percent is None else cpu_percent >= PROGRESS_CPU_PERCENT
     return counters.alive(cpu_counts=cpu_counts, io_counts=io_counts)
+
+
+def freeze_start(
+    pid: int,
+    start: Optional[StackSample],
+    sample: StackSample,
+    *,
+    cpu_counts: bool = True,
+    io_counts: bool = True,
+    cpu_percent: Optional[float] = None,
+) -> StackSample:
+    """Where the main thread's freeze began, after the newer dump `sample`: `start` while the thread stood
+    still from it to `sample`, else `sample` (it moved, or nothing tells: a new freeze starts there)."""
+    if start is None:
+        return sample
+    moved = main_thread_moved(pid, start, sample, cpu_counts=cpu_counts, io_counts=io_counts, cpu_percent=cpu_percent)
+    return start if moved is False else sample

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from gputop.analysis.freeze import main_thread_moved, main_thread_sample
+from gputop.analysis.freeze import freeze_start, main_thread_sample
 from gputop.analysis.observations import StackSample
 from gputop.collect.procfs import ProcKey, Tracked
 from gputop.model import ProcessStacks, ThreadStack
@@ -83,18 +83,18 @@ NATIVE_AFTER_S = 10.0
 
 @dataclass
 class _Freeze:
-    since: float  # timestamp of the first dump of the freeze
-    last: StackSample  # the main thread in the latest dump (or the native dump's counters)
+    start: StackSample  # the main thread in the first dump of the freeze (its counters: after the native dump)
+    since: float  # that dump's timestamp
     native_taken: bool = False
 
 
 class FreezeWatch:
     """Follows each process's main thread across regular dumps and says when one is due its single
     native dump: it stood still (`gputop.analysis.freeze`, the judgement the hang check makes: the same
-    Python frames, and no wake-up or I/O of the main thread) from dump to dump for `after` seconds.  CPU
-    time is not asked to stand still: CUDA spin-waits at a sync by default, so a rank stuck in `.item()`
-    behind a hung collective burns a core.  A dump without counters ends the freeze (nothing tells a
-    slow thread from a stuck one then)."""
+    Python frames, and no wake-up or I/O of the main thread) for `after` seconds.  CPU time is not asked
+    to stand still: CUDA spin-waits at a sync by default, so a rank stuck in `.item()` behind a hung
+    collective burns a core.  A dump without counters ends the freeze (nothing tells a slow thread from
+    a stuck one then)."""
 
     def __init__(self, after: float = NATIVE_AFTER_S) -> None:
         self.after = after
@@ -107,11 +107,11 @@ class FreezeWatch:
             self._freezes.pop(key, None)
             return False
         freeze = self._freezes.get(key)
-        if freeze is None or main_thread_moved(key[0], freeze.last, sample, cpu_counts=False) is not False:
-            self._freezes[key] = _Freeze(stacks.timestamp, sample)
+        start = freeze_start(key[0], freeze.start if freeze else None, sample, cpu_counts=False)
+        if freeze is None or start is sample:
+            self._freezes[key] = _Freeze(sample, sample.timestamp)
             return False
-        freeze.last = sample
-        return not freeze.native_taken and stacks.timestamp - freeze.since >= self.after
+        return not freeze.native_taken and sample.timestamp - freeze.since >= self.after
 
     def taken(self, key: ProcKey, native: ProcessStacks) -> None:
         """The native dump was taken.  Its pause (ptrace) itself costs the target context switches, so the
@@ -120,8 +120,8 @@ class FreezeWatch:
         if freeze is None:
             return
         freeze.native_taken = True
-        if native.progress is not None and native.timestamp >= freeze.last.timestamp:
-            freeze.last = replace(freeze.last, timestamp=native.timestamp, progress=native.progress)
+        if native.progress is not None and native.timestamp >= freeze.start.timestamp:
+            freeze.start = replace(freeze.start, timestamp=native.timestamp, progress=native.progress)
 
     def frozen(self, key: ProcKey) -> bool:
         """Has this process's native dump been taken in a freeze that still lasts?"""
