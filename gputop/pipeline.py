@@ -40,8 +40,9 @@ class FollowedJobs:
     """Several jobs followed at once, each by its own `JobCollector` (stacks, dense state samples).
 
     The jobs behind `pids` (GputopError at once for a PID that is not there), or with `discover` every
-    job on the GPUs, grouped as the machine view groups them, followed while it holds a GPU.  A job that
-    exits is handed over once more, marked exited, and then no longer followed."""
+    job on the GPUs, grouped as the machine view groups them, followed while it holds a GPU.  A job of
+    `pids` that exits stays, marked exited with its last stacks, as an attached job does (a recording
+    ends on it); a discovered one is handed over once so marked, and then no longer followed."""
 
     def __init__(
         self, pids: Sequence[int] = (), *, discover: bool = False, stack_interval: float = 2.0, stacks_wanted: bool = True
@@ -78,7 +79,7 @@ class FollowedJobs:
         for pid, collector in list(self._collectors.items()):
             tree = collector.collect(gpus, now)
             trees.append(tree)
-            if tree.exited:  # gone, or its PID names another process now: the exit is told once
+            if tree.exited and self.discover:  # gone (or its PID names another process): the exit is told once
                 self._collectors.pop(pid).close()
         return trees
 
