@@ -66,7 +66,8 @@ def _one_job(path: str, snapshots: list[Snapshot], job: Optional[int]) -> list[S
         named = ", ".join(map(str, anchors)) or "none"
         raise UsageError(f"--job {job}: {path} holds no such job (its jobs: {named})")
     if job is None:
-        if not any(snap.job is None and len(snap.jobs) > 1 for snap in snapshots):
+        followed = any(tree.stacks for snap in snapshots for tree in snap.jobs)  # not only grouped (no stacks)
+        if not followed or not any(snap.job is None and len(snap.jobs) > 1 for snap in snapshots):
             return snapshots  # one job at a time (or none): the snapshots are that job's already
         job = anchors[0]
         others = ", ".join(map(str, anchors[1:]))
