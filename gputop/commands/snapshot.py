@@ -65,14 +65,14 @@ def snapshot_json(machine: MachineInfo, snap: Snapshot) -> dict[str, Any]:
         "topology": to_jsonable(machine.topology),
     }
     if snap.job is not None:
-        from gputop.collect.job_tree import job_json
+        from gputop.report.job_json import job_json
 
         out["job"] = job_json(snap.job)
     return out
 
 
 def _job_from_json(data: dict[str, Any]) -> JobTree:
-    from gputop.collect.job_tree import job_from_json
+    from gputop.report.job_json import job_from_json
 
     return job_from_json(data)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from gputop.analysis.checks.sync import describe_sync
+from gputop.analysis.freeze import main_thread_moved, same_place
 from gputop.analysis.numbers import confidence_from, mean
 from gputop.analysis.observations import (
     WAIT_FRAMES,
@@ -113,17 +114,17 @@ def frozen_run(
     last = samples[-1]
     run: list[StackSample] = []
     for s in reversed(samples):
-        if s.signature != last.signature or s.state != last.state:
+        if not same_place(s, last):
             break
         run.append(s)
     run.reverse()
     out = FrozenRun(last.timestamp - run[0].timestamp, len(run), run[0], last, None)
     if last.progress is None or len(run) < 2:
         return out
-    # the earliest dump from which on nothing moved
+    # the earliest dump from which on nothing moved (the one freeze detector, analysis/freeze.py, judges)
     for i, s in enumerate(run[:-1]):
         moved = movement(pid, s, last)
-        if moved is not None and not moved.alive(cpu_counts=cpu_counts, io_counts=io_counts):
+        if moved is not None and main_thread_moved(pid, s, last, cpu_counts=cpu_counts, io_counts=io_counts) is False:
             out.still, out.still_seconds, out.still_count, out.moved = True, moved.seconds, len(run) - i, moved
             return out
     out.still, out.moved = False, movement(pid, run[-2], last)
