@@ -191,26 +191,32 @@ def _is_device(e: dict[str, Any]) -> bool:
     return e.get("cat") in DEVICE_CATS
 
 
-def _host_pid(events: Sequence[dict[str, Any]]) -> Any:
+# a process or thread id as the trace writes it: a number, or a name for a pseudo-process ("Spans")
+TraceId = Union[int, str, None]
+
+
+def _host_pid(events: Sequence[dict[str, Any]]) -> TraceId:
     """The process the host events belong to (the most host events)."""
-    counts = Counter(e.get("pid") for e in events if not _is_device(e) and e.get("cat") != "Trace")
+    counts: Counter[TraceId] = Counter(e.get("pid") for e in events if not _is_device(e) and e.get("cat") != "Trace")
     return counts.most_common(1)[0][0] if counts else None
 
 
-def main_thread(events: Sequence[dict[str, Any]], pid: Any = None) -> Any:
+def main_thread(events: Sequence[dict[str, Any]], pid: TraceId = None) -> TraceId:
     """The training loop's thread: the one with PyTorch's DataLoader / optimizer annotations, else the one
     whose id is the process id (Linux's main thread), else the busiest host thread."""
     host = [e for e in events if not _is_device(e) and e.get("cat") != "Trace" and (pid is None or e.get("pid") == pid)]
-    marked = Counter(e.get("tid") for e in host if str(e.get("name", "")).startswith((DATA_PREFIX, STEP_PREFIX)))
+    marked: Counter[TraceId] = Counter(
+        e.get("tid") for e in host if str(e.get("name", "")).startswith((DATA_PREFIX, STEP_PREFIX))
+    )
     if marked:
         return marked.most_common(1)[0][0]
     tids = {e.get("tid") for e in host}
     if pid in tids:
         return pid
-    busy: Counter = Counter()
+    busy: dict[TraceId, float] = {}
     for e in host:
-        busy[e.get("tid")] += float(e["dur"])
-    return busy.most_common(1)[0][0] if busy else None
+        busy[e.get("tid")] = busy.get(e.get("tid"), 0.0) + float(e["dur"])
+    return max(busy, key=busy.__getitem__) if busy else None
 
 
 def _step_bounds(data_starts: list[float], step_starts: list[float], lo: float, hi: float) -> list[tuple[float, float]]:
@@ -270,7 +276,7 @@ def _phase_seconds(ordered: Sequence[tuple[str, list[Interval]]], wall: float) -
 
 
 def _main_thread_phases(
-    host: Sequence[dict[str, Any]], main: Sequence[dict[str, Any]], tid: Any, lo: float, hi: float
+    host: Sequence[dict[str, Any]], main: Sequence[dict[str, Any]], tid: TraceId, lo: float, hi: float
 ) -> tuple[dict[str, float], int]:
     """(seconds per phase, steps) of the training loop's thread over [lo, hi]."""
     sync = merge(clip([_span(e) for e in main if e.get("name") in SYNC_NAMES], lo, hi))
@@ -385,7 +391,7 @@ def sync_sites(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if e.get("cat") == "python_function" and _user_frame(str(e.get("name", "")))
     )
     starts = [f[0] for f in frames]
-    sites: Counter = Counter()
+    sites: Counter[str] = Counter()
     for e in events:
         if e.get("name") not in SYNC_COUNTED:
             continue
@@ -413,7 +419,7 @@ def gpu_summary(device: Sequence[dict[str, Any]], data: dict[str, Any]) -> dict[
     gemms = [e for e in kernels if GEMM_RE.search(str(e.get("name", "")))]
     fp32 = [e for e in gemms if FP32_GEMM_RE.search(str(e.get("name", ""))) and not HALF_GEMM_RE.search(str(e.get("name", "")))]
     props = data.get("deviceProperties") or []
-    majors = [p.get("computeMajor") for p in props if isinstance(p, dict) and p.get("computeMajor") is not None]
+    majors = [int(p["computeMajor"]) for p in props if isinstance(p, dict) and isinstance(p.get("computeMajor"), (int, float))]
     return {
         "span_s": round(span / 1e6, 6),
         "busy": round(busy / span, 4) if span else 0.0,

@@ -52,7 +52,8 @@ def _is_spin(s: GpuSample) -> bool:
         not s.lost
         and (s.utilization_gpu or 0.0) >= SPIN_UTILIZATION_MIN
         and s.power is not None
-        and bool(s.power_limit)
+        and s.power_limit is not None
+        and s.power_limit != 0
         and s.power <= SPIN_POWER_MAX_SHARE * s.power_limit
     )
 

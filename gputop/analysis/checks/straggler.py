@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Collection
+
 from gputop.analysis.checks.input import hot_worker_frames
 from gputop.analysis.numbers import confidence_from, mean
 from gputop.analysis.observations import WAIT_FRAMES, Context, frames_from, outer_frames
@@ -17,7 +19,7 @@ from gputop.units import fraction as pct
 _SYNC_STATES = (COLLECTIVE, FORWARD_BACKWARD, EXPLICIT_SYNC)
 
 
-def check_straggler(ctx: Context, *, exclude: set[int] = frozenset()) -> list[Finding]:
+def check_straggler(ctx: Context, *, exclude: Collection[int] = frozenset()) -> list[Finding]:
     ranks = [r for r in ctx.ranks.values() if r.pid not in exclude and r.measured]
     if len(ranks) < 2:
         return []

@@ -5,7 +5,7 @@ next launches: they take turns, and both sit half idle."""
 from __future__ import annotations
 
 import re
-from typing import Optional, Sequence
+from typing import Collection, Optional, Sequence
 
 from gputop.analysis.numbers import mean
 from gputop.analysis.observations import Context, RankObs, StackSample, outer_frames
@@ -38,7 +38,7 @@ def describe_sync(rank: RankObs) -> Optional[tuple[SyncPoint, str]]:
     return None
 
 
-def check_sync_bound(ctx: Context, *, exclude: set[int] = frozenset()) -> list[Finding]:
+def check_sync_bound(ctx: Context, *, exclude: Collection[int] = frozenset()) -> list[Finding]:
     """Ranks caught at a host-device sync in a large share of their dumps while the GPUs are not busy."""
     ranks = [r for r in ctx.ranks.values() if r.pid not in exclude and r.measured]
     synced = [r for r in ranks if r.fraction(EXPLICIT_SYNC) >= SYNC_BOUND_FRACTION]
