@@ -10,6 +10,12 @@ and per-GPU series built once: the `Context`), `advice` (worker counts and their
 caps), one module per family in `checks/`, and this module: the order the checks
 run in, how their results feed each other, and the sort.
 
+Each check is a decision and its wording, kept apart: a function that returns a frozen dataclass of what
+was decided and the numbers behind it (`starvation` -> `Starvation`, `hiccup` -> `Hiccup`, `_rank_hang`
+-> `RankHang`, `misplacement` -> `CrowdedRanks`/..., `quiet` -> `Quiet`), and one function per finding
+kind that makes the title, summary, evidence and fix from it (`starvation_finding`, `hiccup_finding`, ...).
+A wording change touches only the latter; `check_*` joins the two.
+
 The findings follow the three idle profiles and the troubleshooting table of
 the seed article ("8 GPUs, 7 idle"):
 
