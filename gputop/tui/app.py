@@ -414,7 +414,9 @@ class GputopApp(App):
         self._draw_verdict()  # one that came since the last frame (see on_diagnosed)
         snapshots = self.history.window(self._spark_window())
         job = snapshot.job
-        self._main(GpuGrid).update_data(snapshots, self.interval, gpu_users(snapshot), self.machine.gpu_error)
+        self._main(GpuGrid).update_data(
+            snapshots, self.interval, gpu_users(snapshot), self.machine.gpu_error, self.machine.topology.gpus_without_near_cpus()
+        )
         self._main(CpuHeatmap).update_data(
             snapshot.host, frozenset(job.cores) if job is not None else frozenset()
         )  # the collector's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from gputop.analysis.checks.near_cpus import check_near_cpus
 from gputop.analysis.numbers import mean
 from gputop.analysis.observations import Context
 from gputop.analysis.thresholds import MISPLACED_IDLE_UTILIZATION
@@ -115,7 +116,7 @@ def check_misplacement(ctx: Context) -> list[Finding]:
                 fix="torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before any CUDA call\ntorch.cuda.set_device(int(os.environ['LOCAL_RANK']))",
             )
         )
-    return findings
+    return findings + check_near_cpus(ctx)  # the CPUs' side of the placement
 
 
 def _idle_beside_busy(ctx: Context, n_gpus: int) -> list[Finding]:
