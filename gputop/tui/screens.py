@@ -150,8 +150,8 @@ def _node_cores(topo: Topology, members: Sequence[int]) -> str:
     """ " · cores 0-31" for a NUMA node's line: its GPUs' affinity, or that none of the job's CPUs are near them
     (NVML's empty mask), or n/a."""
     lists = [topo.cpu_affinity[i] for i in members if i < len(topo.cpu_affinity)]
-    cores = next((cpus for cpus in lists if cpus), None)
-    if cores is None and NO_NEAR_CPUS in lists:
+    cores = " / ".join(dict.fromkeys(cpus for cpus in lists if cpus))  # (GPUs of no known node may differ)
+    if not cores and NO_NEAR_CPUS in lists:
         return f" · none of this job's CPUs are near {'GPU' if len(members) == 1 else 'GPUs'} {', '.join(map(str, members))}"
     return f" · cores {cores or 'n/a'}"
 
