@@ -326,9 +326,9 @@ def check_nvlink_state(inp: CheckInput) -> Optional[CheckResult]:
         reason = sorted({g.unavailable.get("nvlink", "not available") for g in gpus})
         return CheckResult("nvlink.state", title, SKIP, f"no NVLink on these GPUs ({'/'.join(reason)})", "every link up")
     total = Counter(len(g.nvlink or ()) for g in with_links).most_common(1)[0][0]
-    expected = f"all {total} links up on every GPU (a card without an NVLink bridge has none up)"
     peers = peers_of(inp.gpus)
     unused = [g for g in with_links if nvlink_unused(g, peers)]
+    expected = f"all {total} links up on every GPU" + (" with an NVLink bridge or board" if unused else "")
     used = len(with_links) - len(unused)
     passed = f"{total} of {total} up on {used} GPUs" if used else f"none up on {len(unused)} GPUs: no NVLink bridge or board"
     if used and unused:
