@@ -208,3 +208,38 @@ def test_cpus_above_the_cpu_count_stay_on_the_affinity_list(tmp_path: Path, monk
     possible_cpus_for(capture("dgx-a100-slurm-2of8"), tmp_path, monkeypatch)
     machine, _ = poll("dgx-a100-slurm-2of8")
     assert machine.topology.cpu_affinity == ("48-63,176-191", "48-63,176-191")
+
+
+def test_the_topology_dialog_on_a_dgx1_shows_every_pair() -> None:
+    """The real app's T dialog over the DGX-1 capture, at 80x24 (the picture below the matrix) and 160x48."""
+    import asyncio
+
+    from rich.console import Console
+    from textual.widgets import Static
+
+    from gputop.tui.screens import TopologyScreen
+    from tests.harness.histories import ScriptedSource
+    from tests.harness.tui import build_app, settle, wait_for
+
+    machine, snaps = poll("dgx1-v100-hybrid-cube-mesh", polls=3)
+
+    async def shown(size: tuple[int, int]) -> str:
+        app, source = build_app(source=ScriptedSource(machine, snaps))
+        try:
+            async with app.run_test(size=size) as pilot:
+                await settle(pilot, app, source, diagnosis=False)
+                await pilot.press("T")
+                await wait_for(pilot, lambda: isinstance(app.screen, TopologyScreen), "the topology dialog")
+                await pilot.pause()
+                # each part as drawn at the width the dialog gives it (the dialog scrolls; nothing is cut)
+                console = Console(record=True, width=app.screen.query_one("#topology").content_region.width)
+                for part in app.screen.query(Static):
+                    console.print(part.content)
+                return console.export_text()
+        finally:
+            source.close()
+
+    for size in ((80, 24), (160, 48)):
+        text = asyncio.run(shown(size))
+        assert "NVLink, 16 pairs GPU to GPU:" in text and "NVSwitch" not in text, text
+        assert "NV1 ×8: 0═1 0═2 1═3 2═6 3═7 4═5 4═6 5═7" in text and "NV2 ×8: 0═3 0═4 1═2 1═5 2═3 4═7 5═6 6═7" in text
