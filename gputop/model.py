@@ -137,18 +137,34 @@ class NicInfo:
     netdev: Optional[str] = None  # the RDMA device's network interface, e.g. "ibp25s0"
 
 
+NO_NEAR_CPUS = ""  # Topology.cpu_affinity of a GPU whose affinity mask NVML answered empty
+
+
 @dataclass(frozen=True, slots=True)
 class Topology:
     """`nvidia-smi topo -m` between GPUs and NICs, plus each GPU's host affinity (read once per run)."""
 
     matrix: tuple[tuple[str, ...], ...] = ()  # matrix[i][j]: "X", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS"
-    cpu_affinity: tuple[Optional[str], ...] = ()  # per GPU, e.g. "0-31,64-95"
+    # per GPU, e.g. "0-31,64-95"; NO_NEAR_CPUS: NVML's mask is empty; None: NVML refused (see near_cpus_text)
+    cpu_affinity: tuple[Optional[str], ...] = ()
     numa_node: tuple[Optional[int], ...] = ()  # per GPU
     # Every NIC backed by a PCI function (sysfs); None: not read (no sysfs, or a recording older than NICs)
     nics: Optional[tuple[NicInfo, ...]] = None
     # nic_matrix[k]: NIC k's link to each GPU, then to each NIC, labelled as the GPU matrix ("PIX", "NODE", ...)
     nic_matrix: tuple[tuple[str, ...], ...] = ()
     nics_unreadable: tuple[str, ...] = ()  # why NICs could not be read, one line each
+
+    def near_cpus_text(self, gpu: int) -> str:
+        """GPU `gpu`'s CPU affinity in words: the list, "none of this job's CPUs are near GPU N" for an empty
+        mask (NVML answers only the CPUs this process may use: a Slurm job's cgroup on the other socket), or
+        "n/a" where NVML did not say."""
+        cpus = self.cpu_affinity[gpu] if gpu < len(self.cpu_affinity) else None
+        if cpus == NO_NEAR_CPUS:
+            return f"none of this job's CPUs are near GPU {gpu}"
+        return cpus or "n/a"
+
+    def gpus_without_near_cpus(self) -> tuple[int, ...]:
+        return tuple(i for i, cpus in enumerate(self.cpu_affinity) if cpus == NO_NEAR_CPUS)
 
     def matrix_nics(self) -> tuple[int, ...]:
         """Indices into `nics` of the NICs `nvidia-smi topo -m` shows: the RDMA devices, in order."""

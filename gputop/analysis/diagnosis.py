@@ -56,6 +56,7 @@ from gputop.analysis.checks.hiccup import check_hiccup, detect_period
 from gputop.analysis.checks.infra import check_infrastructure
 from gputop.analysis.checks.input import check_low_utilization, check_starvation
 from gputop.analysis.checks.memory import check_memory_pressure
+from gputop.analysis.checks.near_cpus import check_near_cpus
 from gputop.analysis.checks.placement import check_misplacement
 from gputop.analysis.checks.straggler import check_straggler
 from gputop.analysis.checks.sync import check_sync_bound
@@ -221,6 +222,7 @@ def _job_findings(ctx: Context, long_context: Callable[[], Optional[Context]]) -
     hung_pids = {p for f in hangs for p in f.pids}
     hung_gpus = {g for f in hangs for g in f.gpus}
     findings += check_misplacement(ctx)
+    findings += check_near_cpus(ctx)  # the CPUs' side of the placement
     stragglers = check_straggler(ctx, exclude=hung_pids)
     findings += stragglers
     facts = cpu_facts(ctx)

@@ -22,6 +22,10 @@ CRITICAL into FAIL and WARN into WARN; the card into FAULT and WARN; the exporte
 - Corrected ECC errors are not a problem by themselves: the hardware corrected them (NVIDIA reports a high
   rate as XID 92, which the XID rule catches).
 
+The board decides what is normal: NVLinks a card reports inactive where its model's links are bridges
+between pairs of PCIe cards (`Peers.bridged`) are a card without a bridge, not links down; `nvlink_class`
+says which GPUs `gputop check` compares topology rows between (the same model and NVLink class).
+
 The PCIe link (decided here for every consumer): an idle GPU drops the link *generation* to save power
 (FACTS.md; `nvidia-smi -q` documents the current generation as lowered while idle), so a lower generation
 counts only at or above PCIE_LOAD_UTILIZATION.  The *width* is trained once and does not step down for
@@ -207,11 +211,13 @@ def _slowdown(gpu: GpuSample) -> list[Problem]:
 
 
 def _nvlink(gpu: GpuSample, peers: Peers) -> list[Problem]:
-    """Links down on a GPU that has some up, or whose peers of its model have some up (a board whose links
-    are all down where no GPU of its model has one up does not use NVLink, as PCIe-only boards)."""
+    """Links down on a GPU that has some up, or whose peers of its model have some up.  Every link down is the
+    board's normal state where no GPU of its model has one up (PCIe-only boards), and on a card of a bridged
+    model (`Peers.bridged`): an NVLink bridge joins two cards, and a card without one reports its links
+    inactive."""
     links = gpu.nvlink or ()
     down = [link.link for link in links if not link.active]
-    if not down or (len(down) == len(links) and gpu.name not in peers.nvlink_up):
+    if not down or nvlink_unused(gpu, peers):
         return []
     text = f"GPU {gpu.index}: {len(down)} of {len(links)} NVLink links inactive (links {', '.join(map(str, down[:12]))})"
     return [Problem(NVLINK, Severity.WARN, f"NVLink {len(down)} down", text)]
@@ -223,9 +229,50 @@ class Peers:
 
     power_limit: Mapping[str, float] = field(default_factory=dict)  # model -> the highest enforced limit
     nvlink_up: frozenset[str] = frozenset()  # the models with NVLink links up on some GPU
+    # the models whose links, where up, join each GPU to one other GPU and to no switch: NVLink bridges
+    # between pairs of PCIe cards (2x RTX 3090, RTX A6000 pairs), not an SXM board's mesh or NVSwitch
+    bridged: frozenset[str] = frozenset()
 
 
 NO_PEERS = Peers()
+
+# A GPU's NVLink class (`nvlink_class`): what its topology row is compared within
+NVLINK_BOARD = ""  # an SXM board's links (NVSwitch or a direct mesh), or no NVLink on its model
+NVLINK_BRIDGED = "bridged"  # a PCIe card joined to one other by an NVLink bridge
+NVLINK_UNBRIDGED = "no bridge"  # a card of a bridged model without a bridge: its links inactive, as they should be
+
+
+def _bridge_partner(gpu: GpuSample) -> Optional[str]:
+    """The one GPU this GPU's active links all lead to (its bridge partner); None if they lead to a switch,
+    to several GPUs, or NVML did not say where."""
+    active = [link for link in gpu.nvlink or () if link.active]
+    ends = {link.remote_bus_id for link in active}
+    if not active or len(ends) != 1 or any(link.remote_kind not in ("gpu", None) for link in active):
+        return None
+    return next(iter(ends))
+
+
+def _bridged_models(gpus: Sequence[GpuSample]) -> frozenset[str]:
+    partners: dict[str, list[Optional[str]]] = {}
+    for g in gpus:
+        if not g.lost and any(link.active for link in g.nvlink or ()):
+            partners.setdefault(g.name, []).append(_bridge_partner(g))
+    return frozenset(name for name, ends in partners.items() if all(ends))
+
+
+def nvlink_unused(gpu: GpuSample, peers: Peers) -> bool:
+    """Every link of this GPU inactive, as its board has them: no GPU of its model has one up (a PCIe-only
+    board), or a card of a bridged model without a bridge."""
+    links = gpu.nvlink or ()
+    inactive = bool(links) and not any(link.active for link in links)
+    return inactive and (gpu.name not in peers.nvlink_up or gpu.name in peers.bridged)
+
+
+def nvlink_class(gpu: GpuSample, peers: Peers) -> str:
+    """NVLINK_BRIDGED / NVLINK_UNBRIDGED for a card of a bridged model, NVLINK_BOARD for the others."""
+    if gpu.name not in peers.bridged:
+        return NVLINK_BOARD
+    return NVLINK_BRIDGED if any(link.active for link in gpu.nvlink or ()) else NVLINK_UNBRIDGED
 
 
 def peers_of(gpus: Sequence[GpuSample]) -> Peers:
@@ -235,7 +282,7 @@ def peers_of(gpus: Sequence[GpuSample]) -> Peers:
         if not g.lost and g.power_limit:
             limits[g.name] = max(limits.get(g.name, 0.0), g.power_limit)
     nvlink_up = frozenset(g.name for g in gpus if not g.lost and any(link.active for link in g.nvlink or ()))
-    return Peers(limits, nvlink_up)
+    return Peers(limits, nvlink_up, _bridged_models(gpus))
 
 
 def _power_limit(gpu: GpuSample, peers: Peers) -> list[Problem]:

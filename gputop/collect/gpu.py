@@ -217,6 +217,23 @@ def format_cpu_list(cpus: list[int]) -> str:
     return ",".join(parts)
 
 
+# The kernel's possible-CPU list ("0-255"): the CPU ids this machine can ever have, online or not.  The
+# affinity mask is sized from it: os.cpu_count() counts the CPUs online (or PYTHON_CPU_COUNT), and the
+# highest id is at or above that where CPUs are offline or SMT is off (POWER), so CPUs would fall off the mask.
+POSSIBLE_CPUS_FILE = "/sys/devices/system/cpu/possible"
+
+
+def possible_cpus(path: Optional[str] = None) -> int:
+    """How many CPU ids the affinity mask must hold: the highest possible CPU id + 1 (os.cpu_count() where the
+    kernel's list cannot be read)."""
+    try:
+        with open(path or POSSIBLE_CPUS_FILE) as f:
+            text = f.read().strip()
+        return max(int(part.rpartition("-")[2]) for part in text.split(",")) + 1
+    except (OSError, ValueError):
+        return os.cpu_count() or 1
+
+
 def _bits(words) -> list[int]:
     return [w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1]
 
@@ -666,13 +683,15 @@ class GpuCollector:
                     row.append("N/A")
             matrix.append(tuple(row))
 
-        words = max(1, math.ceil((os.cpu_count() or 1) / 64))
+        words = max(1, math.ceil(possible_cpus() / 64))
         affinity: list[Optional[str]] = []
         numa: list[Optional[int]] = []
         for gpu in self._gpus:
             try:
                 cpus = _bits(pynvml.nvmlDeviceGetCpuAffinity(gpu.handle, words))
-                affinity.append(format_cpu_list(cpus) if cpus else None)
+                # an empty mask is an answer (model.NO_NEAR_CPUS, ""): none of the CPUs this process may use are near the
+                # GPU (a Slurm cgroup on the other socket); None is NVML refusing
+                affinity.append(format_cpu_list(cpus))
             except (pynvml.NVMLError, TypeError):
                 affinity.append(None)
             numa.append(self._numa_node(gpu))

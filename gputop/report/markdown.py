@@ -173,7 +173,7 @@ def _topology(data: dict[str, Any]) -> list[str]:
     for i, (name, row) in enumerate(zip(names, rows)):
         cells = [f"{name:<5}"] + [f"{c:<6}" for c in row]
         if i < len(topo.matrix):
-            cells.append(str(topo.cpu_affinity[i]) if i < len(topo.cpu_affinity) and topo.cpu_affinity[i] is not None else "n/a")
+            cells.append(topo.near_cpus_text(i))
             cells.append(str(topo.numa_node[i]) if i < len(topo.numa_node) and topo.numa_node[i] is not None else "n/a")
         lines.append("  ".join(cells).rstrip())
     legend = (

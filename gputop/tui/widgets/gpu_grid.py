@@ -14,7 +14,16 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
 
-from gputop.analysis.gpu_health import NO_PEERS, Peers, Severity, judge_sample, pcie_degraded, peers_of, slowdowns
+from gputop.analysis.gpu_health import (
+    NO_PEERS,
+    Peers,
+    Severity,
+    judge_sample,
+    nvlink_unused,
+    pcie_degraded,
+    peers_of,
+    slowdowns,
+)
 from gputop.gpu_fields import active_throttles, card_text
 from gputop.model import GpuSample, Snapshot
 from gputop.tui import look
@@ -26,6 +35,8 @@ _GAP = Segment(" ", PLAIN)
 MIN_CARD_WIDTH = 30
 CARD_LINES = 7
 MIN_SPARK_SECONDS = 60  # the sparkline always spans at least this much history
+# the card's word for an empty CPU-affinity mask: none of this job's CPUs are near the GPU (the T dialog says it whole)
+NO_NEAR_CPUS_WORD = "no job CPU near"
 
 
 def _is_slowdown(gpu: GpuSample) -> bool:
@@ -177,6 +188,7 @@ class GpuGrid(LineCanvas):
         self._card_lines: dict[tuple[int, int], tuple[RunsKey, list[Segment]]] = {}
         self._row_strips: dict[tuple[int, int], tuple[tuple[list[Segment], ...], Strip]] = {}
         self._peers: Peers = NO_PEERS  # what the GPUs drawn are judged against (peers_of)
+        self.no_near_cpus: frozenset[int] = frozenset()  # GPUs NVML gave an empty CPU-affinity mask for
 
     # ------------------------------------------------------------------ data
     def update_data(
@@ -185,9 +197,12 @@ class GpuGrid(LineCanvas):
         interval: float,
         gpu_users: dict[int, str],
         message: Optional[str] = None,
+        no_near_cpus: Sequence[int] = (),
         *,
         reading: bool = False,
     ) -> None:
+        """`no_near_cpus`: the GPUs none of this job's CPUs are near (`Topology.gpus_without_near_cpus`)."""
+        self.no_near_cpus = frozenset(no_near_cpus)
         count = len(snapshots[-1].gpus) if snapshots else 0
         relayout = count != self.gpu_count or (message is None) != (self.message is None)
         self.snapshots = snapshots
@@ -351,7 +366,9 @@ class GpuGrid(LineCanvas):
         l5.add("NVL  ", look.LABEL)
         if gpu.nvlink:
             all_up = all(link.active for link in gpu.nvlink)
-            l5.add(card_text("nvlink", gpu), look.PLAIN if all_up else look.WARN_BOLD)
+            # links a card reports inactive without a bridge are its normal state (the health module's rule)
+            unused = not all_up and nvlink_unused(gpu, self._peers)
+            l5.add(card_text("nvlink", gpu), look.PLAIN if all_up else look.DIM if unused else look.WARN_BOLD)
             l5.add(f" ↑{card_text('nvlink_tx_bytes_per_s', gpu)} ↓{card_text('nvlink_rx_bytes_per_s', gpu)}")
         else:
             l5.add("n/a", look.DIM)
@@ -364,6 +381,8 @@ class GpuGrid(LineCanvas):
             look.WARN if _is_slowdown(gpu) else look.PLAIN if active_throttles(gpu) else look.DIM,
         )
         health = [p for p in faults + warnings if p not in ("throttled", "PCIe down")]
+        if gpu.index in self.no_near_cpus:
+            health.append(NO_NEAR_CPUS_WORD)
         mark = self.check_marks.get(gpu.index)
         if mark is not None:
             health.append(mark[0])
