@@ -75,11 +75,12 @@ from gputop.model import (
     GpuProcess,
     GpuSample,
     NvLinkErrors,
-    NvLinkLink,
+    NvLinks,
     PcieLink,
     RemappedRows,
     Topology,
     XidEvent,
+    shared_wiring,
 )
 
 # Refusals that will not change while we run: stop asking.
@@ -354,7 +355,6 @@ class _NvLink:
     # previous cumulative reading per direction: (KiB, timestamp µs, width), see _counter_reading
     last_tx: Optional[tuple[int, int, int]] = None
     last_rx: Optional[tuple[int, int, int]] = None
-    last_reading: Optional[NvLinkLink] = None  # what the previous sample carried for this link (shared if unchanged)
 
 
 @dataclass
@@ -382,6 +382,7 @@ class _Gpu:
     width_max: Optional[int] = None
     static_unavailable: dict[str, str] = field(default_factory=dict)
     nvlinks: Optional[list[_NvLink]] = None  # None: NVLink not available (reason in static_unavailable)
+    last_nvlink: Optional[NvLinks] = None  # what the previous sample carried (shared by the next if equal)
     # the (field, scope) pairs of the one field-values call a sample: each link's NVLink TX/RX, then, while
     # `pcie_counters`, the PCIe TX/RX bytes (None: not built yet)
     counter_ids: Optional[list[tuple[int, int]]] = None
@@ -951,9 +952,7 @@ class GpuCollector:
         lane = _PCIE_LANE_BYTES_PER_S.get(gpu.gen_max or 0, max(_PCIE_LANE_BYTES_PER_S.values()))
         return lane * (gpu.width_max or 16)
 
-    def _read_nvlink(
-        self, gpu: _Gpu, r: _Reading, refresh_states: bool, readings: Optional[list[Any]]
-    ) -> Optional[tuple[NvLinkLink, ...]]:
+    def _read_nvlink(self, gpu: _Gpu, r: _Reading, refresh_states: bool, readings: Optional[list[Any]]) -> Optional[NvLinks]:
         """Every link's state and TX/RX rates; `readings` is this sample's `_read_counters` (None: refused)."""
         if gpu.nvlinks is None:
             return None
@@ -975,27 +974,26 @@ class GpuCollector:
         if readings is None:
             r.unavailable["nvlink.throughput"] = "FieldValues refused"
         rate = _counter_rate
-        out = []
+        link_wiring = []
+        rates: list[Optional[float]] = []
         for link, (tx, rx) in zip(gpu.nvlinks, self._nvlink_readings(gpu, readings)):
             prev_tx, prev_rx = link.last_tx, link.last_rx
             if readings is not None:  # a refused call keeps the last readings: the next rate spans both intervals
                 link.last_tx, link.last_rx = tx, rx
             active = bool(states[link.link])
-            reading = NvLinkLink(
-                link=link.link,
-                active=active,
-                remote_bus_id=link.remote_bus_id,
-                remote_kind=link.remote_kind,
-                tx_bytes_per_s=rate(prev_tx, tx, 1024.0) if active else None,  # the counters count KiB
-                rx_bytes_per_s=rate(prev_rx, rx, 1024.0) if active else None,
-            )
-            # An inactive or idle link reads the same every sample: the history then holds one object for it,
-            # not one a sample (8 GPUs x 18 links: 18 KB a sample, 11 MiB over the TUI's 10 minutes).
-            if reading == link.last_reading:
-                reading = link.last_reading
-            link.last_reading = reading
-            out.append(reading)
-        return tuple(out)
+            link_wiring.append((link.link, active, link.remote_bus_id, link.remote_kind))
+            if active:
+                rates += (rate(prev_tx, tx, 1024.0), rate(prev_rx, rx, 1024.0))  # the counters count KiB
+            else:
+                rates += (None, None)
+        # The history keeps 600 samples: the wiring (which rarely changes) is one object shared by every sample
+        # while it is the same, and a sample whose rates did not move either (idle or inactive links) is shared whole.
+        reading = NvLinks(shared_wiring(tuple(link_wiring)), rates)
+        last = gpu.last_nvlink
+        if reading == last:
+            reading = last
+        gpu.last_nvlink = reading
+        return reading
 
     # ------------------------------------------------------------ details for `gputop check` and the report
     def details(self) -> tuple[GpuDetails, ...]:
