@@ -159,6 +159,24 @@ def test_the_samples_a_history_keeps_share_the_link_wiring_and_unchanged_rates(c
             assert now == then and now.tx_bytes_per_s is None
 
 
+def test_a_reading_that_repeats_is_the_previous_samples_object(collector):
+    # the TUI keeps 600 samples: limits, clocks, the PCIe link and the refusals repeat; each is one object then
+    clock, load = ManualClock(), ScriptedLoad(util=50.0)
+    gpu, _ = collector("rtx-4090-2", load=load, clock=clock)  # no NVLink, no ECC: `unavailable` says so
+    clock.advance(1.0)
+    before = gpu.sample()[0]
+    load.util = 90.0
+    clock.advance(1.0)
+    after = gpu.sample()[0]
+    assert after.power_limit == before.power_limit and after.power_limit is before.power_limit
+    assert after.memory_total is before.memory_total and after.pcie.gen_max == before.pcie.gen_max
+    assert after.unavailable == {"ecc": "NotSupported", "nvlink": "NotSupported", "remapped_rows": "NotSupported"}
+    assert after.unavailable is before.unavailable
+    # what moved is read anew
+    assert after.utilization_gpu == 90.0 and before.utilization_gpu == 50.0
+    assert after.power > before.power and after.pcie != before.pcie
+
+
 def test_nvlink_rate_is_delta_over_time(collector):
     clock = ManualClock()
     gpu, _ = collector("h100-sxm-8", load=ScriptedLoad(util=100.0), clock=clock)

@@ -288,6 +288,21 @@ def _counter_rate(
     return delta * unit / (dt_us / 1e6)
 
 
+def _shared_with(previous: Optional[GpuSample], fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` of a new sample, each value equal to the previous sample's replaced by that sample's object.
+
+    The TUI keeps 600 samples of every GPU, and most readings repeat from one to the next (the limits, the clocks,
+    the PCIe link, an idle GPU's NVLinks, the refusals): shared, each costs one object, not one a sample, and the
+    allocator has fewer small objects to scatter.  Samples are never changed once made (`unavailable` included)."""
+    if previous is None:
+        return fields
+    for name, value in fields.items():
+        before = getattr(previous, name)
+        if value is not before and value is not None and type(value) is type(before) and value == before:
+            fields[name] = before
+    return fields
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -382,7 +397,6 @@ class _Gpu:
     width_max: Optional[int] = None
     static_unavailable: dict[str, str] = field(default_factory=dict)
     nvlinks: Optional[list[_NvLink]] = None  # None: NVLink not available (reason in static_unavailable)
-    last_nvlink: Optional[NvLinks] = None  # what the previous sample carried (shared by the next if equal)
     # the (field, scope) pairs of the one field-values call a sample: each link's NVLink TX/RX, then, while
     # `pcie_counters`, the PCIe TX/RX bytes (None: not built yet)
     counter_ids: Optional[list[tuple[int, int]]] = None
@@ -810,8 +824,7 @@ class GpuCollector:
             if gpu.supported_reasons is not None:
                 mask &= gpu.supported_reasons
             throttle = tuple(name for bit, name in _REASON_BITS if mask & bit)
-        sample = self._identity(
-            gpu,
+        fields = dict(
             utilization_gpu=float(util.gpu) if util is not None else None,
             utilization_memory=float(util.memory) if util is not None else None,
             memory_used=int(memory.used) if memory is not None else None,
@@ -829,6 +842,7 @@ class GpuCollector:
             xids=self._read_xids(gpu, r),
             unavailable=r.unavailable,
         )
+        sample = self._identity(gpu, **_shared_with(gpu.last, fields))
         if refresh_slow:  # only once everything read without the GPU being lost
             gpu.slow.due = now + SLOW_FIELDS_PERIOD_S
         return sample
@@ -986,14 +1000,9 @@ class GpuCollector:
                 rates += (rate(prev_tx, tx, 1024.0), rate(prev_rx, rx, 1024.0))  # the counters count KiB
             else:
                 rates += (None, None)
-        # The history keeps 600 samples: the wiring (which rarely changes) is one object shared by every sample
-        # while it is the same, and a sample whose rates did not move either (idle or inactive links) is shared whole.
-        reading = NvLinks(shared_wiring(tuple(link_wiring)), rates)
-        last = gpu.last_nvlink
-        if reading == last:
-            reading = last
-        gpu.last_nvlink = reading
-        return reading
+        # the wiring (which rarely changes) is one object shared by every sample while it is the same; a sample
+        # whose rates did not move either (idle or inactive links) is shared whole (see _shared_with)
+        return NvLinks(shared_wiring(tuple(link_wiring)), rates)
 
     # ------------------------------------------------------------ details for `gputop check` and the report
     def details(self) -> tuple[GpuDetails, ...]:
