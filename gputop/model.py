@@ -112,6 +112,20 @@ class NvLinks(Sequence[NvLinkLink]):
         )
         return cls(wiring, (k.get(key) for k in data for key in ("tx_bytes_per_s", "rx_bytes_per_s")))
 
+    def to_jsonable(self) -> list[dict[str, Any]]:
+        """What `to_jsonable` writes for it: one object per link, the fields of `NvLinkLink` (made without them)."""
+        return [
+            {
+                "link": w.link,
+                "active": w.active,
+                "remote_bus_id": w.remote_bus_id,
+                "remote_kind": w.remote_kind,
+                "tx_bytes_per_s": self._rate(2 * i),
+                "rx_bytes_per_s": self._rate(2 * i + 1),
+            }
+            for i, w in enumerate(self.wiring)
+        ]
+
     def _rate(self, i: int) -> Optional[float]:
         value = self.rates[i]
         return None if value != value else value  # NaN: not measured
@@ -588,7 +602,9 @@ def to_jsonable(value: Any) -> Any:
     """Dataclasses -> dicts, tuples -> lists, dict keys -> str. Properties are not included."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple, NvLinks)):  # NvLinks: a list of link objects, as before it was compact
+    if isinstance(value, NvLinks):
+        return value.to_jsonable()
+    if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
