@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -31,19 +34,141 @@ class PcieLink:
     @property
     def downgraded(self) -> bool:
         """Link trained below what the card and slot support (only meaningful under load)."""
-        if None in (self.gen_current, self.gen_max, self.width_current, self.width_max):
+        gen, gen_max, width, width_max = self.gen_current, self.gen_max, self.width_current, self.width_max
+        if gen is None or gen_max is None or width is None or width_max is None:
             return False
-        return self.gen_current < self.gen_max or self.width_current < self.width_max
+        return gen < gen_max or width < width_max
 
 
 @dataclass(frozen=True, slots=True)
 class NvLinkLink:
+    """One NVLink at one instant, as readers see it (`GpuSample.nvlink` builds these on demand)."""
+
     link: int
     active: bool
     remote_bus_id: Optional[str] = None
     remote_kind: Optional[str] = None  # "gpu" | "switch" | "ibmnpu" | None
     tx_bytes_per_s: Optional[float] = None
     rx_bytes_per_s: Optional[float] = None
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkWiring:
+    """What one NVLink is, as opposed to what it carries: the same sample after sample."""
+
+    link: int
+    active: bool
+    remote_bus_id: Optional[str] = None
+    remote_kind: Optional[str] = None  # "gpu" | "switch" | "ibmnpu" | None
+
+
+_NOT_MEASURED = math.nan  # a rate NVML gave none for (None to readers); no measured rate is NaN
+
+
+@functools.lru_cache(maxsize=256)
+def shared_wiring(links: tuple[tuple[int, bool, Optional[str], Optional[str]], ...]) -> tuple[NvLinkWiring, ...]:
+    """One GPU's wiring from (link, active, remote_bus_id, remote_kind) per link: equal wirings come back as the
+    same object, so snapshots decoded from JSON or built from `NvLinkLink`s share it as the collector's do."""
+    return tuple(NvLinkWiring(*link) for link in links)
+
+
+class NvLinks(Sequence[NvLinkLink]):
+    """One GPU's NVLinks at one instant: a sequence of `NvLinkLink`, stored compactly.
+
+    The history keeps 600 samples of every GPU; as 18 `NvLinkLink` objects a GPU with two boxed rates
+    each, the links were 18 KB of a 24.6 KB snapshot of 8 H100s.  Here the wiring (a tuple of
+    `NvLinkWiring`) is shared by reference with the samples before it while it does not change, and the
+    rates are one array of doubles, TX then RX of each link in wiring order (NaN: not measured).  Reading
+    an item builds its `NvLinkLink`; nothing but the wiring and the array is kept.  Immutable."""
+
+    __slots__ = ("wiring", "rates")
+    wiring: tuple[NvLinkWiring, ...]
+    rates: array[float]
+
+    def __init__(self, wiring: tuple[NvLinkWiring, ...], rates: Iterable[Optional[float]]) -> None:
+        """`rates`: TX and RX bytes/s of each link of `wiring`, in order (None: not measured)."""
+        # from a list, not a generator: the array is then allocated at its size, not grown with room to spare;
+        # + 0.0 turns -0.0 into 0.0, so equal rates are equal bytes (__eq__, __hash__)
+        values = array("d", [_NOT_MEASURED if rate is None else rate + 0.0 for rate in rates])
+        if len(values) != 2 * len(wiring):
+            raise ValueError(f"NvLinks: {len(wiring)} links need {2 * len(wiring)} rates, got {len(values)}")
+        object.__setattr__(self, "wiring", wiring)
+        object.__setattr__(self, "rates", values)
+
+    @classmethod
+    def of(cls, links: Iterable[NvLinkLink]) -> NvLinks:
+        """The compact form of `NvLinkLink`s (samples built by hand, older code)."""
+        links = tuple(links)
+        wiring = shared_wiring(tuple((k.link, k.active, k.remote_bus_id, k.remote_kind) for k in links))
+        return cls(wiring, (rate for k in links for rate in (k.tx_bytes_per_s, k.rx_bytes_per_s)))
+
+    @classmethod
+    def from_jsonable(cls, data: Optional[list[dict[str, Any]]]) -> Optional[NvLinks]:
+        """Inverse of `to_jsonable`: a list of link objects, as `gputop snapshot --json` and recordings hold them."""
+        if data is None:
+            return None
+        wiring = shared_wiring(
+            tuple((int(k["link"]), bool(k["active"]), k.get("remote_bus_id"), k.get("remote_kind")) for k in data)
+        )
+        return cls(wiring, (k.get(key) for k in data for key in ("tx_bytes_per_s", "rx_bytes_per_s")))
+
+    def to_jsonable(self) -> list[dict[str, Any]]:
+        """What `to_jsonable` writes for it: one object per link, the fields of `NvLinkLink` (made without them)."""
+        return [
+            {
+                "link": w.link,
+                "active": w.active,
+                "remote_bus_id": w.remote_bus_id,
+                "remote_kind": w.remote_kind,
+                "tx_bytes_per_s": self._rate(2 * i),
+                "rx_bytes_per_s": self._rate(2 * i + 1),
+            }
+            for i, w in enumerate(self.wiring)
+        ]
+
+    def _rate(self, i: int) -> Optional[float]:
+        value = self.rates[i]
+        return None if value != value else value  # NaN: not measured
+
+    def _link(self, i: int) -> NvLinkLink:
+        w = self.wiring[i]
+        return NvLinkLink(w.link, w.active, w.remote_bus_id, w.remote_kind, self._rate(2 * i), self._rate(2 * i + 1))
+
+    def __len__(self) -> int:
+        return len(self.wiring)
+
+    @typing.overload
+    def __getitem__(self, index: int) -> NvLinkLink: ...
+
+    @typing.overload
+    def __getitem__(self, index: slice) -> tuple[NvLinkLink, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> NvLinkLink | tuple[NvLinkLink, ...]:
+        if isinstance(index, slice):
+            return tuple(self._link(i) for i in range(len(self.wiring))[index])
+        return self._link(range(len(self.wiring))[index])  # negative indices; IndexError past the end
+
+    def __iter__(self) -> Iterator[NvLinkLink]:
+        return (self._link(i) for i in range(len(self.wiring)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, NvLinks):
+            return self.wiring == other.wiring and self.rates.tobytes() == other.rates.tobytes()
+        if isinstance(other, tuple):
+            return tuple(self) == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.wiring, self.rates.tobytes()))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"NvLinks is immutable (tried to set {name})")
+
+    def __reduce__(self) -> tuple[type[NvLinks], tuple[tuple[NvLinkWiring, ...], list[Optional[float]]]]:
+        return NvLinks, (self.wiring, [self._rate(i) for i in range(len(self.rates))])
+
+    def __repr__(self) -> str:
+        return f"NvLinks({list(self)!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +235,8 @@ class GpuSample:
     clock_sm: Optional[int] = None  # MHz
     clock_memory: Optional[int] = None  # MHz
     pcie: PcieLink = field(default_factory=PcieLink)
-    nvlink: Optional[tuple[NvLinkLink, ...]] = None  # None: NVLink not available on this card
+    # None: NVLink not available on this card.  A tuple of NvLinkLink given here is stored as NvLinks.
+    nvlink: Optional[NvLinks] = None
     throttle_reasons: Optional[tuple[str, ...]] = None  # active clock-event reasons by name
     ecc: Optional[EccCounts] = None
     remapped_rows: Optional[RemappedRows] = None
@@ -118,6 +244,10 @@ class GpuSample:
     # XIDs seen since gputop started (the newest XID_EVENTS_KEPT); None: NVML cannot report them here
     xids: Optional[tuple[XidEvent, ...]] = None
     unavailable: dict[str, str] = field(default_factory=dict)  # field name -> reason
+
+    def __post_init__(self) -> None:
+        if self.nvlink is not None and not isinstance(self.nvlink, NvLinks):
+            object.__setattr__(self, "nvlink", NvLinks.of(self.nvlink))
 
     @property
     def memory_fraction(self) -> Optional[float]:
@@ -489,6 +619,8 @@ def to_jsonable(value: Any) -> Any:
     """Dataclasses -> dicts, tuples -> lists, dict keys -> str. Properties are not included."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, NvLinks):
+        return value.to_jsonable()
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
     if isinstance(value, dict):
@@ -515,9 +647,11 @@ def _converter(tp: Any) -> Converter:
     """A function turning JSON data (or None) into a value of type `tp`."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _converter(args[0]) if len(args) == 1 else _keep
-    if dataclasses.is_dataclass(tp):
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _converter(members[0]) if len(members) == 1 else _keep
+    if tp is NvLinks:
+        return NvLinks.from_jsonable
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _dataclass_converter(tp)
     if origin is tuple:
         args = typing.get_args(tp)

@@ -76,11 +76,12 @@ from gputop.model import (
     GpuProcess,
     GpuSample,
     NvLinkErrors,
-    NvLinkLink,
+    NvLinks,
     PcieLink,
     RemappedRows,
     Topology,
     XidEvent,
+    shared_wiring,
 )
 
 # Refusals that will not change while we run: stop asking.
@@ -305,6 +306,21 @@ def _counter_rate(
     return delta * unit / (dt_us / 1e6)
 
 
+def _shared_with(previous: Optional[GpuSample], fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` of a new sample, each value equal to the previous sample's replaced by that sample's object.
+
+    The TUI keeps 600 samples of every GPU, and most readings repeat from one to the next (the limits, the clocks,
+    the PCIe link, an idle GPU's NVLinks, the refusals): shared, each costs one object, not one a sample, and the
+    allocator has fewer small objects to scatter.  Samples are never changed once made (`unavailable` included)."""
+    if previous is None:
+        return fields
+    for name, value in fields.items():
+        before = getattr(previous, name)
+        if value is not before and value is not None and type(value) is type(before) and value == before:
+            fields[name] = before
+    return fields
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -372,7 +388,6 @@ class _NvLink:
     # previous cumulative reading per direction: (KiB, timestamp µs, width), see _counter_reading
     last_tx: Optional[tuple[int, int, int]] = None
     last_rx: Optional[tuple[int, int, int]] = None
-    last_reading: Optional[NvLinkLink] = None  # what the previous sample carried for this link (shared if unchanged)
 
 
 @dataclass
@@ -829,8 +844,7 @@ class GpuCollector:
             if gpu.supported_reasons is not None:
                 mask &= gpu.supported_reasons
             throttle = tuple(name for bit, name in _REASON_BITS if mask & bit)
-        sample = self._identity(
-            gpu,
+        fields = dict(
             utilization_gpu=float(util.gpu) if util is not None else None,
             utilization_memory=float(util.memory) if util is not None else None,
             memory_used=int(memory.used) if memory is not None else None,
@@ -848,6 +862,7 @@ class GpuCollector:
             xids=self._read_xids(gpu, r),
             unavailable=r.unavailable,
         )
+        sample = self._identity(gpu, **_shared_with(gpu.last, fields))
         if refresh_slow:  # only once everything read without the GPU being lost
             gpu.slow.due = now + SLOW_FIELDS_PERIOD_S
         return sample
@@ -971,9 +986,7 @@ class GpuCollector:
         lane = _PCIE_LANE_BYTES_PER_S.get(gpu.gen_max or 0, max(_PCIE_LANE_BYTES_PER_S.values()))
         return lane * (gpu.width_max or 16)
 
-    def _read_nvlink(
-        self, gpu: _Gpu, r: _Reading, refresh_states: bool, readings: Optional[list[Any]]
-    ) -> Optional[tuple[NvLinkLink, ...]]:
+    def _read_nvlink(self, gpu: _Gpu, r: _Reading, refresh_states: bool, readings: Optional[list[Any]]) -> Optional[NvLinks]:
         """Every link's state and TX/RX rates; `readings` is this sample's `_read_counters` (None: refused)."""
         if gpu.nvlinks is None:
             return None
@@ -995,27 +1008,21 @@ class GpuCollector:
         if readings is None:
             r.unavailable["nvlink.throughput"] = "FieldValues refused"
         rate = _counter_rate
-        out = []
+        link_wiring = []
+        rates: list[Optional[float]] = []
         for link, (tx, rx) in zip(gpu.nvlinks, self._nvlink_readings(gpu, readings)):
             prev_tx, prev_rx = link.last_tx, link.last_rx
             if readings is not None:  # a refused call keeps the last readings: the next rate spans both intervals
                 link.last_tx, link.last_rx = tx, rx
             active = bool(states[link.link])
-            reading = NvLinkLink(
-                link=link.link,
-                active=active,
-                remote_bus_id=link.remote_bus_id,
-                remote_kind=link.remote_kind,
-                tx_bytes_per_s=rate(prev_tx, tx, 1024.0) if active else None,  # the counters count KiB
-                rx_bytes_per_s=rate(prev_rx, rx, 1024.0) if active else None,
-            )
-            # An inactive or idle link reads the same every sample: the history then holds one object for it,
-            # not one a sample (8 GPUs x 18 links: 18 KB a sample, 11 MiB over the TUI's 10 minutes).
-            if reading == link.last_reading:
-                reading = link.last_reading
-            link.last_reading = reading
-            out.append(reading)
-        return tuple(out)
+            link_wiring.append((link.link, active, link.remote_bus_id, link.remote_kind))
+            if active:
+                rates += (rate(prev_tx, tx, 1024.0), rate(prev_rx, rx, 1024.0))  # the counters count KiB
+            else:
+                rates += (None, None)
+        # the wiring (which rarely changes) is one object shared by every sample while it is the same; a sample
+        # whose rates did not move either (idle or inactive links) is shared whole (see _shared_with)
+        return NvLinks(shared_wiring(tuple(link_wiring)), rates)
 
     # ------------------------------------------------------------ details for `gputop check` and the report
     def details(self) -> tuple[GpuDetails, ...]:
