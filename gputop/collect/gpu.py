@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import functools
 import math
 import os
 import queue
@@ -203,19 +204,13 @@ def reason_of(exc: Exception) -> str:
 
 def format_cpu_list(cpus: list[int]) -> str:
     """[0, 1, 2, 3, 8, 10, 11] -> "0-3,8,10-11" (the kernel's cpulist format)."""
-    parts: list[str] = []
-    start = prev = None
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive ids
     for cpu in sorted(cpus):
-        if start is None:
-            start = prev = cpu
-        elif cpu == prev + 1:
-            prev = cpu
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
         else:
-            parts.append(f"{start}-{prev}" if prev != start else f"{start}")
-            start = prev = cpu
-    if start is not None:
-        parts.append(f"{start}-{prev}" if prev != start else f"{start}")
-    return ",".join(parts)
+            runs.append([cpu, cpu])
+    return ",".join(f"{first}-{last}" if last != first else f"{first}" for first, last in runs)
 
 
 # The kernel's possible-CPU list ("0-255"): the CPU ids this machine can ever have, online or not.  The
@@ -598,8 +593,8 @@ class GpuCollector:
         # sample has rates
         readings, refusal = self._read_counters(gpu)
         self._pcie_rates(gpu, readings, refusal)
-        for link, (tx, rx) in zip(gpu.nvlinks or (), self._nvlink_readings(gpu, readings)):
-            link.last_tx, link.last_rx = tx, rx
+        for nvlink, (tx, rx) in zip(gpu.nvlinks or (), self._nvlink_readings(gpu, readings)):
+            nvlink.last_tx, nvlink.last_rx = tx, rx
         self._watch_xids(gpu)
         # keep only the static refusals that describe fields (name/uuid problems are rare and cosmetic)
         gpu.static_unavailable.update(
@@ -687,9 +682,9 @@ class GpuCollector:
                 if a == b:
                     row.append("X")
                     continue
-                links = nvlinks_between(a, b)
-                if links:
-                    row.append(f"NV{links}")
+                count = nvlinks_between(a, b)
+                if count:
+                    row.append(f"NV{count}")
                     continue
                 try:
                     level = pynvml.nvmlDeviceGetTopologyCommonAncestor(self._gpus[a].handle, self._gpus[b].handle)
@@ -753,7 +748,7 @@ class GpuCollector:
             for gpu in self._gpus:
                 if gpu.future is None or gpu.future.done():
                     gpu.future = self._pool.submit(self._read_gpu, gpu, take_turns)
-            futures = [g.future for g in self._gpus]
+            futures = [g.future for g in self._gpus if g.future is not None]  # every GPU's: submitted above
             concurrent.futures.wait(futures, timeout=self.sample_timeout_s)
             samples = []
             for gpu, future in zip(self._gpus, futures):
@@ -1038,10 +1033,12 @@ class GpuCollector:
             return tuple(self._read_details(gpu) for gpu in self._gpus)
 
     def _read_details(self, gpu: _Gpu) -> GpuDetails:
-        identity = dict(index=gpu.index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id, timestamp=time.time())
+        identity = functools.partial(
+            GpuDetails, index=gpu.index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id, timestamp=time.time()
+        )
         if gpu.handle is None:
             reason = gpu.static_unavailable["gpu"]
-            return GpuDetails(**identity, lost=reason == "GpuIsLost", unavailable={"gpu": reason})
+            return identity(lost=reason == "GpuIsLost", unavailable={"gpu": reason})
         r = _Reading(gpu)
         r.unavailable.clear()  # only what these reads refused
         try:
@@ -1050,8 +1047,7 @@ class GpuCollector:
             single = r.get("retired_pages", pynvml.nvmlDeviceGetRetiredPages, _RETIRED_SINGLE_BIT)
             double = r.get("retired_pages", pynvml.nvmlDeviceGetRetiredPages, _RETIRED_DOUBLE_BIT)
             pending = r.get("retired_pages_pending", pynvml.nvmlDeviceGetRetiredPagesPendingStatus)
-            return GpuDetails(
-                **identity,
+            return identity(
                 serial=_optional_text(r.get("serial", pynvml.nvmlDeviceGetSerial)),
                 vbios=_optional_text(r.get("vbios", pynvml.nvmlDeviceGetVbiosVersion)),
                 board_part_number=_optional_text(r.get("board_part_number", pynvml.nvmlDeviceGetBoardPartNumber)),
@@ -1075,7 +1071,7 @@ class GpuCollector:
                 unavailable=r.unavailable,
             )
         except _Lost:
-            return GpuDetails(**identity, lost=True, unavailable={"gpu": "GpuIsLost"})
+            return identity(lost=True, unavailable={"gpu": "GpuIsLost"})
 
     @staticmethod
     def _read_nvlink_errors(gpu: _Gpu, r: _Reading) -> Optional[tuple[NvLinkErrors, ...]]:
@@ -1130,8 +1126,8 @@ class GpuCollector:
                     except pynvml.NVMLError:
                         continue
                     total = sums[gpu.index]
-                    total[0] += self._kb_to_bytes(tx)
-                    total[1] += self._kb_to_bytes(rx)
+                    total[0] += self._kb_to_bytes(tx) or 0.0  # a reading was taken: tx and rx are numbers
+                    total[1] += self._kb_to_bytes(rx) or 0.0
                     total[2] += 1
             last = {gpu.index: counters(gpu) for gpu in gpus}
         out = []
