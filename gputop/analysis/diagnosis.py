@@ -184,7 +184,12 @@ def findings(
     """Everything gputop concludes about `history`, assembled in this one place for every sink (the TUI's
     verdict, the `r` report, `gputop report`, `gputop serve`, `gputop demo --no-tui`): the diagnosis (with
     the loader benchmark's result, when one ran), plus the trace's findings (`gputop.tracing.TraceResult`)
-    and the machine check's (`gputop.analysis.machine_check.CheckReport`) when they ran.  Most severe first."""
+    and the machine check's (`gputop.analysis.machine_check.CheckReport`) when they ran.  Most severe first.
+    Without a machine check, the pipeline's counter watch stands for it when it ran (`Snapshot.counter_health`)."""
+    if check is None:
+        from gputop.analysis.counter_health import counter_report_of
+
+        check = counter_report_of(history.latest)
     return with_extra_findings(diagnose(history, bench, window=window), trace, check)
 
 
