@@ -7,6 +7,7 @@ simulated machine's tree, on a manual clock."""
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
@@ -90,6 +91,21 @@ def test_a_recording_keeps_the_window_and_an_older_one_reads_without_it(watched,
     old = to_jsonable(snaps[-1])
     del old["counter_health"]  # as a recording written before the watch existed
     assert from_jsonable(Snapshot, old).counter_health is None
+
+
+def test_report_from_a_recording_finds_what_the_watch_saw(watched, tmp_path, capsys):
+    """`gputop report --from` a recording of a watched machine: the window's lines are findings on their GPU,
+    as `serve` exported them, without a machine check of its own."""
+    pipeline, clock = watched
+    path, out = str(tmp_path / "rec.gz"), tmp_path / "report.json"
+    with RecordingWriter(path, pipeline.machine) as writer:
+        for _ in range(3):
+            writer.write(pipeline.poll())
+            clock.advance(CADENCE)
+    assert main(["report", "--from", path, "--format", "json", "-o", str(out)]) == 0
+    found = {f["id"]: (f["gpus"], f["severity"]) for f in json.loads(out.read_text())["findings"]}
+    assert found["check.pcie.replay"] == ([3], "critical")
+    assert found["check.xid"] == ([5], "critical")  # the kernel log's XID 48: NVML's events do not have it
 
 
 def test_serve_and_record_watch_every_minute_unless_told(tmp_path):
