@@ -67,6 +67,27 @@ def test_a_log_xid_counts_at_once_and_a_climbing_counter_after_one_cadence(watch
     assert {i for i, v in health.items() if v} == {3, 5} and health[3] == health[5] == 2.0
 
 
+def test_an_xid_both_sources_see_is_one_series():
+    """NVML's XID event (the samples' rule) and the check's XID line (the watch's) name the same rule: one
+    series per GPU and rule, or the exposition would repeat a label set."""
+    clock = ManualClock(1_700_000_000.0)
+    with Pipeline(simulate="h100-sxm-8+xid=2:48", clock=clock, watch_counters=CADENCE) as pipeline:
+        pipeline.fake_library.pcie_latency_s = 0.0
+        exporter = Exporter(pipeline, diagnose=lambda history: [], log=lambda line: None)
+        for _ in range(2):
+            snap = pipeline.poll()
+            exporter.update(snap)
+            clock.advance(CADENCE)
+    assert flagged(snap) == {"xid": ((2,), "fail")}
+    series = [
+        (s.labels["gpu"], s.labels["rule"], s.labels["severity"])
+        for family in exporter.collect()
+        if family.name == "gputop_gpu_health_problem"
+        for s in family.samples
+    ]
+    assert series == [("2", "xid", "critical")]
+
+
 def test_unwatched_snapshots_carry_nothing():
     clock = ManualClock(1_700_000_000.0)
     with Pipeline(simulate=SPEC, clock=clock) as pipeline:

@@ -90,9 +90,3 @@ def counter_problems(health: Optional[CounterHealth]) -> dict[int, dict[str, Sev
             rules = out.setdefault(index, {})
             rules[check.id] = max(rules.get(check.id, Severity.OK), severity)
     return out
-
-
-def counter_report_of(snapshot: Optional[Snapshot]) -> Optional[CheckReport]:
-    """The snapshot's counter window as a `CheckReport`; None when the counters were not watched."""
-    health = snapshot.counter_health if snapshot is not None else None
-    return as_check_report(health) if health is not None else None

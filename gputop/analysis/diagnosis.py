@@ -186,10 +186,11 @@ def findings(
     the loader benchmark's result, when one ran), plus the trace's findings (`gputop.tracing.TraceResult`)
     and the machine check's (`gputop.analysis.machine_check.CheckReport`) when they ran.  Most severe first.
     Without a machine check, the pipeline's counter watch stands for it when it ran (`Snapshot.counter_health`)."""
-    if check is None:
-        from gputop.analysis.counter_health import counter_report_of
+    latest = history.latest
+    if check is None and latest is not None and latest.counter_health is not None:
+        from gputop.analysis.counter_health import as_check_report  # the check's code: only when watched
 
-        check = counter_report_of(history.latest)
+        check = as_check_report(latest.counter_health)
     return with_extra_findings(diagnose(history, bench, window=window), trace, check)
 
 

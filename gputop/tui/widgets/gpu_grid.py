@@ -215,7 +215,7 @@ class GpuGrid(LineCanvas):
         health = self.snapshots[-1].counter_health if self.snapshots else None
         if health is None:
             return self.check_marks
-        if self._counter_marks[0] is not health:
+        if self._counter_marks[0] != health:  # a replay decodes an equal window per snapshot
             from gputop.analysis.counter_health import as_check_report
             from gputop.tui.check_screen import card_marks
 
