@@ -29,8 +29,9 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gputop import __version__, gpu_fields
+from gputop.analysis.counter_health import counter_problems
 from gputop.analysis.freeze import freeze_start, main_thread_sample
-from gputop.analysis.gpu_health import FINDING_SEVERITY, judge_snapshot, pcie_degraded
+from gputop.analysis.gpu_health import FINDING_SEVERITY, Severity, judge_snapshot, pcie_degraded
 from gputop.analysis.observations import StackSample, collect_rank_observations
 from gputop.analysis.stack_classes import (
     COLLECTIVE,
@@ -49,6 +50,7 @@ from gputop.model import (
     LABEL_CODE,
     LABEL_INFRA,
     THROTTLE_REASONS,
+    CounterHealth,
     Finding,
     GpuSample,
     JobTree,
@@ -194,7 +196,7 @@ class Exporter:
         started = time.perf_counter()
         trees = self._live_jobs(snap)
         families = self._static_families()
-        families += self._gpu_families(snap.gpus)
+        families += self._gpu_families(snap.gpus, snap.counter_health)
         families += self._job_families(snap, trees)
         families.append(self._pyspy_family())
         self._families = families
@@ -219,7 +221,9 @@ class Exporter:
         build.add_metric([], {"version": __version__, "Hostname": self.hostname})
         return [build]
 
-    def _gpu_families(self, gpus: Iterable[GpuSample]) -> list[Metric]:
+    def _gpu_families(self, gpus: Iterable[GpuSample], counter_health: Optional[CounterHealth] = None) -> list[Metric]:
+        """The GPUs' gauges; their health from the samples (the health module) and from the pipeline's counter
+        watch (`Snapshot.counter_health`: `gputop check`'s counter lines, rule = the check's id)."""
         gpu_labels = ["gpu", "UUID", "Hostname"]
         xids = CounterMetricFamily(
             "gputop_xid_events", "XID errors the driver reported since gputop started", labels=gpu_labels + ["xid"]
@@ -241,11 +245,13 @@ class Exporter:
         )
         problem = GaugeMetricFamily(
             "gputop_gpu_health_problem",
-            "1 per health rule the GPU breaks now (lost, ecc, remap, xid, slowdown, power_limit, pcie, nvlink), with its severity",
+            "1 per health rule the GPU breaks now (lost, ecc, remap, xid, slowdown, power_limit, pcie, nvlink; and the"
+            " counter checks: pcie.replay, pcie.aer, nvlink.errors, topology, memory.retired_pages), with its severity",
             labels=gpu_labels + ["rule", "severity"],
         )
         gpus = tuple(gpus)
         judged = judge_snapshot(gpus)  # the one health judgement (analysis/gpu_health.py)
+        counted = counter_problems(counter_health)  # gputop check's counter lines (analysis/counter_health.py)
         readings = [  # the gauges the table of GPU fields declares
             (f, GaugeMetricFamily(*f.metric, labels=gpu_labels)) for f in gpu_fields.shown_in(gpu_fields.METRICS) if f.metric
         ]
@@ -257,9 +263,12 @@ class Exporter:
                 self._xid_counts[(str(gpu.index), gpu.uuid, str(event.code))] += 1
             if gpu.xids is not None:
                 self._xids_seen[gpu.index] = now_held
-            health.add_metric(labels, float(judged[gpu.index].severity))
-            for found in judged[gpu.index].problems:
-                problem.add_metric(labels + [found.rule, FINDING_SEVERITY[found.severity]], 1.0)
+            rules = {p.rule: p.severity for p in reversed(judged[gpu.index].problems)}  # worst last: it stays
+            for rule, severity in counted.get(gpu.index, {}).items():
+                rules[rule] = max(rules.get(rule, Severity.OK), severity)
+            health.add_metric(labels, float(max(rules.values(), default=Severity.OK)))
+            for rule, severity in rules.items():
+                problem.add_metric(labels + [rule, FINDING_SEVERITY[severity]], 1.0)
             if gpu.lost:
                 continue
             verdict = pcie_degraded(gpu)

@@ -600,6 +600,31 @@ class JobTree:
 
 
 @dataclass(frozen=True, slots=True)
+class CounterCheck:
+    """A line of `gputop check` (`analysis.machine_check.CheckResult`'s fields) that warns or fails over the
+    pipeline's counter window: as a snapshot carries it and a recording keeps it."""
+
+    id: str  # the check's id, e.g. "pcie.replay"
+    title: str
+    status: str  # "warn" or "fail"
+    value: str
+    expected: str
+    gpus: tuple[int, ...] = ()
+    evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CounterHealth:
+    """What the GPUs' error counters and the kernel's side (AER, kernel-log XIDs, topology) showed between
+    two readings `seconds` apart, the later at `timestamp` (`Pipeline(watch_counters=...)`,
+    `analysis/counter_health.py`): `gputop check`'s counter lines that warn or fail, none when all pass."""
+
+    timestamp: float
+    seconds: float
+    checks: tuple[CounterCheck, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     timestamp: float
     host: HostSample
@@ -610,6 +635,9 @@ class Snapshot:
     # no stacks), so what the screen offers to attach to is in recordings and reports too.  With several
     # jobs followed (`serve`, `record`): their trees with their stacks.  Read both with `source.jobs_of`.
     jobs: tuple[JobTree, ...] = ()
+    # The latest counter window's judgement, carried by every snapshot until the next one (None: not watched,
+    # or an older recording).
+    counter_health: Optional[CounterHealth] = None
 
 
 # --------------------------------------------------------------------- JSON

@@ -185,7 +185,13 @@ def findings(
     """Everything gputop concludes about `history`, assembled in this one place for every sink (the TUI's
     verdict, the `r` report, `gputop report`, `gputop serve`, `gputop demo --no-tui`): the diagnosis (with
     the loader benchmark's result, when one ran), plus the trace's findings (`gputop.tracing.TraceResult`)
-    and the machine check's (`gputop.analysis.machine_check.CheckReport`) when they ran.  Most severe first."""
+    and the machine check's (`gputop.analysis.machine_check.CheckReport`) when they ran.  Most severe first.
+    Without a machine check, the pipeline's counter watch stands for it when it ran (`Snapshot.counter_health`)."""
+    latest = history.latest
+    if check is None and latest is not None and latest.counter_health is not None:
+        from gputop.analysis.counter_health import as_check_report  # the check's code: only when watched
+
+        check = as_check_report(latest.counter_health)
     return with_extra_findings(diagnose(history, bench, window=window), trace, check)
 
 

@@ -17,8 +17,9 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from gputop.analysis.machine_check import CheckInput, CheckReport, LoadOutcome, build_report, report_jsonable
+from gputop.collect.counters import HostSource  # the kernel's side, read here and by the pipeline's counter watch
 from gputop.commands.observing import Progress, observe
-from gputop.model import HostReadings, Snapshot
+from gputop.model import Snapshot
 
 if TYPE_CHECKING:
     from gputop.pipeline import Pipeline
@@ -28,29 +29,6 @@ if TYPE_CHECKING:
 FINISH_S = 0.7
 POLL_INTERVAL_S = 1.0
 MIN_WINDOW_S = 1.0
-
-
-class HostSource:
-    """The kernel's side of the machine: the real /sys and kernel log, or the simulated machine's tree."""
-
-    def __init__(self, pipeline: Pipeline, root: Optional[str]) -> None:
-        self._tree = None
-        if pipeline.fake_library is not None and root is None:
-            from gputop.sim.fake_sysfs import FakeHostTree
-
-            self._tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
-            self._read = self._tree.read
-        else:
-            from gputop.collect.sysfs import HostReader
-
-            self._read = HostReader(root or "/").read
-
-    def read(self, bus_ids: list[str]) -> HostReadings:
-        return self._read(bus_ids)
-
-    def close(self) -> None:
-        if self._tree is not None:
-            self._tree.close()
 
 
 class Evidence:

@@ -25,7 +25,7 @@ from gputop.analysis.gpu_health import (
     slowdowns,
 )
 from gputop.gpu_fields import active_throttles, card_text
-from gputop.model import GpuSample, Snapshot
+from gputop.model import CounterHealth, GpuSample, Snapshot
 from gputop.tui import look
 from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas, RunsKey
 
@@ -189,6 +189,8 @@ class GpuGrid(LineCanvas):
         self._row_strips: dict[tuple[int, int], tuple[tuple[list[Segment], ...], Strip]] = {}
         self._peers: Peers = NO_PEERS  # what the GPUs drawn are judged against (peers_of)
         self.no_near_cpus: frozenset[int] = frozenset()  # GPUs NVML gave an empty CPU-affinity mask for
+        # the pipeline's counter watch on the newest snapshot, and the marks made of it (made once per window)
+        self._counter_marks: tuple[Optional[CounterHealth], dict[int, tuple[str, bool]]] = (None, {})
 
     # ------------------------------------------------------------------ data
     def update_data(
@@ -222,11 +224,24 @@ class GpuGrid(LineCanvas):
             self.refresh(layout=True)
             self.redraw()
 
+    def _marks(self) -> dict[int, tuple[str, bool]]:
+        """The card marks: the counter watch's lines on the newest snapshot (`Snapshot.counter_health`, the same
+        marks a machine check makes), under those of the latest machine check (key c)."""
+        health = self.snapshots[-1].counter_health if self.snapshots else None
+        if health is None:
+            return self.check_marks
+        if self._counter_marks[0] != health:  # a replay decodes an equal window per snapshot
+            from gputop.analysis.counter_health import as_check_report
+            from gputop.tui.check_screen import card_marks
+
+            self._counter_marks = (health, card_marks(as_check_report(health)))
+        return {**self._counter_marks[1], **self.check_marks} if self.check_marks else self._counter_marks[1]
+
     # ------------------------------------------------------------------ geometry
     def _state(self, gpu: GpuSample, problems: Optional[tuple[list[str], list[str]]] = None) -> tuple[str, str, Style]:
         """The card's state, FAULT or WARN too where the latest machine check failed or warned on this GPU."""
         state = gpu_state(gpu, problems)
-        mark = self.check_marks.get(gpu.index)
+        mark = self._marks().get(gpu.index)
         if mark is None or gpu.lost or state[1] == look.STATE_FAULT[1]:
             return state
         return look.STATE_FAULT if mark[1] else look.STATE_WARN
@@ -383,7 +398,7 @@ class GpuGrid(LineCanvas):
         health = [p for p in faults + warnings if p not in ("throttled", "PCIe down")]
         if gpu.index in self.no_near_cpus:
             health.append(NO_NEAR_CPUS_WORD)
-        mark = self.check_marks.get(gpu.index)
+        mark = self._marks().get(gpu.index)
         if mark is not None:
             health.append(mark[0])
             faults = faults + [mark[0]] if mark[1] else faults
@@ -450,7 +465,7 @@ class GpuGrid(LineCanvas):
             throttles = active_throttles(gpu) if _is_slowdown(gpu) else []
             # the slowdown's own reasons stand for the word "throttled", whatever its severity
             problem = [f for f in faults if f != "throttled"] + throttles + [w for w in warnings if w != "throttled"]
-            mark = self.check_marks.get(gpu.index)
+            mark = self._marks().get(gpu.index)
             if mark is not None and (mark[1] or not faults):  # the machine check's word, unless a worse fault shows
                 problem = [mark[0].removeprefix("chk ")] + problem
                 faults = faults + [mark[0]] if mark[1] else faults
