@@ -201,19 +201,34 @@ def test_each_nic_fault_fails_one_check_line_naming_the_nic(fault):
     }
 
 
-def test_a_lone_ethernet_port_that_went_down_fails(capsys):
+def test_a_lone_ethernet_interface_that_went_down_warns():
+    """A plain interface may be down on purpose (a second port set down): a warning (exit 4), not a fault."""
     results = mc.run_checks(simulated_check_input("rtx-4090-2+nic-down=enp5s0", seconds=6.0))
-    (failing,) = [r for r in results if r.status == mc.FAIL]
-    assert failing.line().startswith("FAIL  NIC ports up: enp5s0: port down where it has carried traffic")
+    (warning,) = [r for r in results if r.status == mc.WARN]
+    assert warning.line().startswith("WARN  NIC ports up: enp5s0: port down where it has carried traffic")
+    assert mc.exit_code(results) == mc.EXIT_CONFIG
+
+
+def test_wireless_interfaces_are_not_nics_of_the_job(tmp_path):
+    for n, (name, marker) in enumerate((("enp1s0", None), ("wlp2s0", "wireless"), ("wlan1", "phy80211"))):
+        folder = tmp_path / "sys/class/net" / name
+        device = tmp_path / "sys/devices/pci0000:00" / f"0000:00:0{n + 1}.0"  # a PCI function each
+        device.mkdir(parents=True)
+        folder.mkdir(parents=True)
+        (folder / "device").symlink_to(device)
+        (folder / "operstate").write_text("up\n")
+        if marker:
+            (folder / marker).mkdir()
+    assert [p.device for p in NicReader(tmp_path).read() or ()] == ["enp1s0"]
 
 
 @pytest.mark.parametrize("spec", ["h100-sxm-8", "rtx-4090-2"])
 def test_a_healthy_simulated_machine_passes_the_nic_checks(spec):
     results = {r.id: r for r in mc.run_checks(simulated_check_input(spec, seconds=6.0))}
     assert [results[i].status for i in NIC_CHECK_IDS] == [mc.PASS] * 3, [results[i].line() for i in NIC_CHECK_IDS]
-    ports = 8 if spec == "h100-sxm-8" else 1
-    assert results["nic.state"].value == f"{ports} of {ports} ports up"
-    assert results["nic.errors"].value == f"none climbing on {ports} ports in 6 s"
+    ports = "8 ports" if spec == "h100-sxm-8" else "1 port"
+    assert results["nic.state"].value == f"{ports[0]} of {ports} up"
+    assert results["nic.errors"].value == f"none climbing on {ports} in 6 s"
 
 
 def test_a_machine_without_nics_skips_them_with_one_line():

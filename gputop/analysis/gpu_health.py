@@ -318,8 +318,9 @@ def judge_window(snapshots: Sequence[Snapshot]) -> dict[int, GpuHealth]:
 # the same kind on the machine: RDMA ports of one driver and link layer (the eight mlx5 "rails" of a DGX);
 # a plain Ethernet interface has no peers (a 1 GbE management port beside a 100 GbE one is no fault).
 #
-# - down (CRITICAL): not ACTIVE / not up, while a peer is up or the port has carried traffic since the driver
-#   loaded.  A port that never carried a byte and whose peers are down too is not cabled: not a fault.
+# - down (CRITICAL for an RDMA port, WARN for a plain Ethernet interface, which may be down on purpose): not
+#   ACTIVE / not up, while a peer is up or the port has carried traffic since the driver loaded.  A port that
+#   never carried a byte and whose peers are down too is not cabled: not a fault.
 # - rate (CRITICAL): up, but trained below its peers' highest rate, or below its own highest in the window
 #   (it retrained lower while we watched).  A half-rate rail holds every collective of the job back.
 # - errors (CRITICAL): an error counter grew between the first and the last reading of the window; counts
@@ -379,7 +380,8 @@ def _nic_down(port: NicPortSample, peers_up: bool) -> list[Problem]:
     phys = f" ({port.phys_state})" if port.phys_state else ""
     why = "its peers are up" if peers_up else "it has carried traffic since the driver loaded"
     text = f"{nic_port_name(port.device, port.port, port.rdma)}: port {port.state}{phys} where {why}"
-    return [Problem(NIC_DOWN, Severity.CRITICAL, "down", text)]
+    # an RDMA port is the job's fabric; a plain interface may be down on purpose (a second port, set down)
+    return [Problem(NIC_DOWN, Severity.CRITICAL if port.rdma else Severity.WARN, "down", text)]
 
 
 def _nic_rate(port: NicPortSample, peers_best: Optional[float], own_best: Optional[float]) -> list[Problem]:

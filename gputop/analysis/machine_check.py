@@ -478,13 +478,20 @@ def _nic_check(inp: CheckInput, rule: str) -> Optional[CheckResult]:
         return CheckResult(check_id, title, SKIP, "read once only (a window too short to see them climb)", expected)
     up = [p for p in judged.latest if p.up]
     rates = sorted({p.rate_gbps for p in up if p.rate_gbps is not None}, reverse=True)
+    if rule == NIC_RATE and not rates:
+        why = "no port up reports its rate (a virtual NIC reports none)" if up else "no port up"
+        return CheckResult(check_id, title, SKIP, why, expected)
     value = {
-        NIC_DOWN: f"{len(up)} of {len(judged.latest)} ports up"
+        NIC_DOWN: f"{len(up)} of {_ports(len(judged.latest))} up"
         + (f" ({', '.join(_down_unused(judged))} unused)" if len(up) < len(judged.latest) else ""),
-        NIC_RATE: f"{len(up)} ports at " + ", ".join(f"{r:g}" for r in rates) + " Gb/s" if rates else "no port up to judge",
-        NIC_ERRORS: f"none climbing on {len(judged.latest)} ports in {judged.errors_watched_s:.0f} s",
+        NIC_RATE: f"{_ports(len(up))} at " + ", ".join(f"{r:g}" for r in rates) + " Gb/s",
+        NIC_ERRORS: f"none climbing on {_ports(len(judged.latest))} in {judged.errors_watched_s:.0f} s",
     }[rule]
     return CheckResult(check_id, title, PASS, value, expected)
+
+
+def _ports(count: int) -> str:
+    return f"{count} port" + ("" if count == 1 else "s")
 
 
 def _down_unused(judged: NicJudgement) -> list[str]:

@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence
@@ -366,7 +367,9 @@ class NicReader:
             found = []
             for nic in nics:
                 if not nic.rdma:
-                    found.append(_Port(nic.name, 1, self.root / "sys/class/net" / nic.name, False, None))
+                    folder = self.root / "sys/class/net" / nic.name
+                    if not ((folder / "wireless").exists() or (folder / "phy80211").exists()):  # Wi-Fi carries no job
+                        found.append(_Port(nic.name, 1, folder, False, None))
                     continue
                 base = self.root / "sys/class/infiniband" / nic.name / "ports"
                 try:
@@ -417,16 +420,17 @@ class NicReader:
         if key not in self._errors or now - errors_at >= self.errors_every_s:
             errors_at, errors = now, self._read_errors(port)
             self._errors[key] = (errors_at, errors)
+        # the texts repeat poll after poll: one object each, not one per sample a history keeps
         return NicPortSample(
             device=port.device,
             port=port.port,
             rdma=port.rdma,
-            link_layer=layer,
+            link_layer=sys.intern(layer),
             up=up,
-            state=state,
-            phys_state=phys,
+            state=sys.intern(state),
+            phys_state=sys.intern(phys) if phys is not None else None,
             rate_gbps=rate,
-            rate_text=rate_text,
+            rate_text=sys.intern(rate_text) if rate_text is not None else None,
             netdev=port.netdev,
             rx_bytes=rx,
             tx_bytes=tx,
