@@ -5,6 +5,7 @@
 - every NIC backed by a PCI function (/sys/class/infiniband/*, /sys/class/net/*): its NUMA node and where
   its PCI path meets each GPU's, i.e. the NIC rows of `nvidia-smi topo -m` (read once, into the machine's
   `Topology`, by the pipeline);
+- each NIC port's state, rate, traffic and error counters, every poll (`NicReader`: the snapshot's `nics`);
 - `NVRM: Xid` lines in the kernel log (/dev/kmsg, else `dmesg`): NVML's event path misses some codes
   (79, 119 and 120 are reported missing from DCGM's tracker) and keeps no history;
 - the kernel release and the loaded nvidia module's version.
