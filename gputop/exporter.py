@@ -54,6 +54,7 @@ from gputop.model import (
     Finding,
     GpuSample,
     JobTree,
+    NicPortSample,
     ProcessStacks,
     Rank,
     Snapshot,
@@ -198,6 +199,7 @@ class Exporter:
         families = self._static_families()
         families += self._gpu_families(snap.gpus, snap.counter_health)
         families += self._job_families(snap, trees)
+        families += nic_families(snap.nics, self.hostname)
         families.append(self._pyspy_family())
         self._families = families
         self.cycles += 1
@@ -484,3 +486,32 @@ class Exporter:
             del self._ranks[key]
         for pid in [p for p in self._dump_seen if p not in pids]:
             del self._dump_seen[pid]
+
+
+def nic_families(nics: Optional[Sequence[NicPortSample]], hostname: str) -> list[Metric]:
+    """The NIC ports as sysfs counts them (collect/sysfs.NicReader), labelled device, port, Hostname; the
+    counters are the kernel's own cumulative ones (since the driver loaded), for PromQL's rate().  Whether a
+    port is down, slow or erring is `gputop check`'s judgement (analysis/gpu_health.py): from these, a
+    rate below its peers' reads `gputop_nic_rate_gbps < on(Hostname) group_left max by (Hostname) (...)`."""
+    labels = ["device", "port", "Hostname"]
+    up = GaugeMetricFamily("gputop_nic_up", "1 while the NIC port is ACTIVE (RDMA) / up (Ethernet)", labels=labels)
+    rate = GaugeMetricFamily("gputop_nic_rate_gbps", "the rate the NIC port trained to, Gb/s (absent while down)", labels=labels)
+    errors = CounterMetricFamily(
+        "gputop_nic_errors",
+        "the NIC port's error counters (sysfs counters/, hw_counters/, statistics/)",
+        labels=labels + ["counter"],
+    )
+    received = CounterMetricFamily("gputop_nic_receive_bytes", "bytes the NIC port received", labels=labels)
+    sent = CounterMetricFamily("gputop_nic_transmit_bytes", "bytes the NIC port sent", labels=labels)
+    for port in nics or ():
+        values = [port.device, str(port.port), hostname]
+        up.add_metric(values, 1.0 if port.up else 0.0)
+        if port.rate_gbps is not None:
+            rate.add_metric(values, port.rate_gbps)
+        for counter, count in sorted(port.errors.items()):
+            errors.add_metric(values + [counter], count)
+        if port.rx_bytes is not None:
+            received.add_metric(values, port.rx_bytes)
+        if port.tx_bytes is not None:
+            sent.add_metric(values, port.tx_bytes)
+    return [up, rate, errors, received, sent]

@@ -271,6 +271,30 @@ NO_NEAR_CPUS = ""  # Topology.cpu_affinity of a GPU whose affinity mask NVML ans
 
 
 @dataclass(frozen=True, slots=True)
+class NicPortSample:
+    """One NIC port as /sys shows it at one poll: an InfiniBand/RoCE port (/sys/class/infiniband/DEV/ports/N)
+    or a plain Ethernet interface (/sys/class/net/DEV, port 1).  Counters are cumulative since the driver
+    loaded; the rates are over the time since the previous poll (None on the first)."""
+
+    device: str  # "mlx5_3", or the interface ("enp5s0") of a NIC without an RDMA device
+    port: int
+    rdma: bool  # under /sys/class/infiniband
+    link_layer: str  # "InfiniBand" | "Ethernet"
+    up: bool  # state ACTIVE (RDMA) / operstate up (Ethernet)
+    state: str  # as the kernel words it: "ACTIVE", "DOWN", "INIT"; "up", "down", "lowerlayerdown"
+    phys_state: Optional[str] = None  # "LinkUp", "Polling", "Disabled" (RDMA only)
+    rate_gbps: Optional[float] = None  # the trained rate; None when the kernel does not know (a link down)
+    rate_text: Optional[str] = None  # "400 Gb/sec (4X NDR)"
+    netdev: Optional[str] = None  # the RDMA device's interface
+    rx_bytes: Optional[int] = None
+    tx_bytes: Optional[int] = None
+    rx_bytes_per_s: Optional[float] = None
+    tx_bytes_per_s: Optional[float] = None
+    errors: dict[str, int] = field(default_factory=dict)  # the error counters by their sysfs name, cumulative
+    errors_at: float = 0.0  # time.time() the error counters were read (a slower cadence than traffic)
+
+
+@dataclass(frozen=True, slots=True)
 class Topology:
     """`nvidia-smi topo -m` between GPUs and NICs, plus each GPU's host affinity (read once per run)."""
 
@@ -638,6 +662,8 @@ class Snapshot:
     # The latest counter window's judgement, carried by every snapshot until the next one (None: not watched,
     # or an older recording).
     counter_health: Optional[CounterHealth] = None
+    # the NIC ports (collect/sysfs.NicReader); None where none was read (no /sys, older recordings)
+    nics: Optional[tuple[NicPortSample, ...]] = None
 
 
 # --------------------------------------------------------------------- JSON

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from gputop.collect.gpu import GpuCollector, GpuUnavailableError
 from gputop.collect.host import HostCollector, numa_layout_from_affinity
-from gputop.collect.sysfs import HostReader
+from gputop.collect.sysfs import HostReader, NicReader, NicSource
 from gputop.errors import GputopError
 from gputop.model import GpuDetails, GpuSample, JobTree, MachineInfo, Snapshot, Topology
 from gputop.source import job_anchor
@@ -172,6 +172,7 @@ class Pipeline:
         self.gpu: Optional[GpuCollector] = None
         self.fake_library = None
         self.counters: Optional[CounterWatch] = None
+        self.nics: Optional[NicSource] = None  # the NIC ports each poll (collect/sysfs.NicReader)
         self._closed = False
         spec = None
         library = None
@@ -207,6 +208,12 @@ class Pipeline:
             topology = nic_topology(spec.profile, topology, bus_ids)
         else:
             topology = HostReader("/", use_dmesg=False).nic_topology(topology, bus_ids)
+        if spec is not None and self.fake_library is not None:
+            from gputop.sim.fake_sysfs import FakeNicTree
+
+            self.nics = FakeNicTree(spec, self.fake_library.elapsed, clock=clock)
+        elif spec is None:
+            self.nics = NicReader("/", clock=clock)
         machine_kwargs: dict[str, Any] = {"topology": topology}
         self.machine = MachineInfo(
             hostname=getattr(self.host, "hostname", ""),
@@ -293,12 +300,21 @@ class Pipeline:
             from gputop.collect.job_tree import discover_jobs  # /proc only: no py-spy, no stacks
 
             jobs = tuple(discover_jobs(gpus))
+        nics = self.nics.read() if self.nics is not None else None
         counters = self.counters
         latest = counters.latest if counters is not None else None
-        snap = Snapshot(timestamp=now, host=host, gpus=gpus, job=job, simulated=self.simulated, jobs=jobs, counter_health=latest)
+        snap = Snapshot(
+            timestamp=now, host=host, gpus=gpus, job=job, simulated=self.simulated, jobs=jobs, counter_health=latest, nics=nics
+        )
         if counters is not None and counters.due(now):  # the slow cadence: most polls carry the last window's verdict
             snap = replace(snap, counter_health=counters.judge(snap))
         return snap
+
+    def watch_nic_errors(self) -> None:
+        """Read the NICs' error counters every poll rather than every few seconds: a check's short window
+        must see them twice to see them climb."""
+        if self.nics is not None:
+            self.nics.errors_every_s = 0.0
 
     def gpu_details(self) -> tuple[GpuDetails, ...]:
         """Each GPU's identity, modes and error counters (`gputop check`'s start and end); () without a driver."""
@@ -308,7 +324,7 @@ class Pipeline:
         if self._closed:
             return
         self._closed = True
-        for part in (self.job_collector, self.followed, self.counters, self.gpu, self.host):
+        for part in (self.job_collector, self.followed, self.counters, self.gpu, self.host, self.nics):
             if part is not None:
                 part.close()
 

@@ -1,4 +1,4 @@
-"""One judgement of a GPU's health, for every place that shows it.
+"""One judgement of a GPU's health, for every place that shows it; and of the NIC ports' (the last section).
 
 The card (`tui/widgets/gpu_grid.py`), the diagnosis (`analysis/checks/infra.py`), `gputop check`
 (`analysis/machine_check.py`), the report's health table and infra section and `gputop serve`'s
@@ -40,7 +40,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION, POWER_LIMIT_LOWERED, THROTTLE_MIN_FRACTION
 from gputop.analysis.xids import meaning_of
-from gputop.model import LABEL_INFRA, GpuSample, Snapshot
+from gputop.model import LABEL_INFRA, GpuSample, NicPortSample, Snapshot
 
 
 class Severity(IntEnum):
@@ -356,3 +356,136 @@ def judge_window(snapshots: Sequence[Snapshot]) -> dict[int, GpuHealth]:
         for g in snap.gpus:
             series.setdefault(g.index, []).append((g, judge_sample(g, peers)))
     return {index: judge_gpu_window(index, judged) for index, judged in sorted(series.items())}
+
+
+# ---------------------------------------------------------------- NIC ports
+#
+# The NICs multi-node training runs over, judged once here for `gputop check`, the diagnosis, the report and
+# the exporter, from the snapshots' `nics` (collect/sysfs.NicReader).  A port's peers are the other ports of
+# the same kind on the machine: RDMA ports of one driver and link layer (the eight mlx5 "rails" of a DGX);
+# a plain Ethernet interface has no peers (a 1 GbE management port beside a 100 GbE one is no fault).
+#
+# - down (CRITICAL for an RDMA port, WARN for a plain Ethernet interface, which may be down on purpose): not
+#   ACTIVE / not up, while a peer is up or the port has carried traffic since the driver loaded.  A port that
+#   never carried a byte and whose peers are down too is not cabled: not a fault.
+# - rate (CRITICAL): up, but trained below its peers' highest rate, or below its own highest in the window
+#   (it retrained lower while we watched).  A half-rate rail holds every collective of the job back.
+# - errors (CRITICAL): an error counter grew between the first and the last reading of the window; counts
+#   since the driver loaded say little (a link flapped once last month).
+
+NIC_DOWN = "nic_down"
+NIC_RATE = "nic_rate"
+NIC_ERRORS = "nic_errors"
+
+
+@dataclass(frozen=True)
+class NicHealth:
+    """One NIC port's problems over a window, worst first."""
+
+    device: str
+    port: int
+    rdma: bool
+    problems: tuple[Problem, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return nic_port_name(self.device, self.port, self.rdma)
+
+    @property
+    def severity(self) -> Severity:
+        return worst(self.problems)
+
+    def of(self, *rules: str) -> tuple[Problem, ...]:
+        return tuple(p for p in self.problems if p.rule in rules)
+
+
+@dataclass(frozen=True)
+class NicJudgement:
+    """Every NIC port of a window, and what the window could tell."""
+
+    ports: tuple[NicHealth, ...]
+    latest: tuple[NicPortSample, ...]  # each port's last sample
+    errors_watched_s: float  # the time between the first and the last error-counter reading (0: read once)
+
+
+def nic_port_name(device: str, port: int, rdma: bool) -> str:
+    """ "mlx5_3 port 1" (an RDMA device's port); an Ethernet interface is its name."""
+    return f"{device} port {port}" if rdma else device
+
+
+def _nic_group(port: NicPortSample) -> Optional[tuple[str, str]]:
+    """The peers' group: (driver prefix, link layer) for RDMA ports; None for plain Ethernet (no peers)."""
+    return (port.device.rstrip("0123456789"), port.link_layer) if port.rdma else None
+
+
+def _nic_down(port: NicPortSample, peers_up: bool) -> list[Problem]:
+    if port.up:
+        return []
+    used = bool(port.rx_bytes or port.tx_bytes)
+    if not (peers_up or used):
+        return []  # never cabled or unused, and no peer up either
+    phys = f" ({port.phys_state})" if port.phys_state else ""
+    why = "its peers are up" if peers_up else "it has carried traffic since the driver loaded"
+    text = f"{nic_port_name(port.device, port.port, port.rdma)}: port {port.state}{phys} where {why}"
+    # an RDMA port is the job's fabric; a plain interface may be down on purpose (a second port, set down)
+    return [Problem(NIC_DOWN, Severity.CRITICAL if port.rdma else Severity.WARN, "down", text)]
+
+
+def _nic_rate(port: NicPortSample, peers_best: Optional[float], own_best: Optional[float]) -> list[Problem]:
+    rate = port.rate_gbps
+    if not port.up or rate is None:
+        return []
+    name, shown = nic_port_name(port.device, port.port, port.rdma), port.rate_text or f"{rate:g} Gb/s"
+    if peers_best is not None and rate < peers_best:
+        return [
+            Problem(NIC_RATE, Severity.CRITICAL, f"{rate:g} Gb/s", f"{name}: {shown} where its peers run at {peers_best:g} Gb/s")
+        ]
+    if own_best is not None and rate < own_best:
+        text = f"{name}: {shown}, down from {own_best:g} Gb/s while we watched (it retrained)"
+        return [Problem(NIC_RATE, Severity.CRITICAL, f"{rate:g} Gb/s", text)]
+    return []
+
+
+def _nic_errors(first: NicPortSample, last: NicPortSample) -> list[Problem]:
+    if last.errors_at <= first.errors_at:
+        return []
+    grown = {k: v - first.errors.get(k, 0) for k, v in last.errors.items() if v > first.errors.get(k, 0)}
+    if not grown:
+        return []
+    seconds = last.errors_at - first.errors_at
+    named = ", ".join(f"{k} +{v} (now {last.errors[k]})" for k, v in sorted(grown.items(), key=lambda kv: -kv[1]))
+    text = f"{nic_port_name(last.device, last.port, last.rdma)}: {named} in {seconds:.0f} s"
+    return [Problem(NIC_ERRORS, Severity.CRITICAL, "errors", text)]
+
+
+def judge_nics(snapshots: Sequence[Snapshot]) -> Optional[NicJudgement]:
+    """Every NIC port seen in the snapshots (oldest first), judged over all of them; None where no snapshot
+    carries NIC readings (no /sys, a recording from before gputop read them)."""
+    series: dict[tuple[str, int], list[NicPortSample]] = {}
+    read = False
+    for snap in snapshots:
+        if snap.nics is None:
+            continue
+        read = True
+        for port in snap.nics:
+            series.setdefault((port.device, port.port), []).append(port)
+    if not read:
+        return None
+    latest = tuple(samples[-1] for samples in series.values())
+    best: dict[tuple[str, str], float] = {}
+    for port in latest:
+        group = _nic_group(port)
+        if group is not None and port.up and port.rate_gbps is not None:
+            best[group] = max(best.get(group, 0.0), port.rate_gbps)
+    ports = []
+    for samples in series.values():
+        first, last = samples[0], samples[-1]
+        group = _nic_group(last)
+        peers_up = group is not None and any(p is not last and p.up and _nic_group(p) == group for p in latest)
+        own_best = max((s.rate_gbps for s in samples if s.up and s.rate_gbps is not None), default=None)
+        found = (
+            _nic_down(last, peers_up) + _nic_rate(last, best.get(group) if group else None, own_best) + _nic_errors(first, last)
+        )
+        ports.append(NicHealth(last.device, last.port, last.rdma, tuple(found)))
+    watched = max((s[-1].errors_at - s[0].errors_at for s in series.values()), default=0.0)
+    return NicJudgement(tuple(ports), latest, watched)

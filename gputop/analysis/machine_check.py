@@ -22,6 +22,9 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from gputop.analysis.gpu_health import (
     ECC,
+    NIC_DOWN,
+    NIC_ERRORS,
+    NIC_RATE,
     NVLINK,
     PCIE,
     PCIE_LANE_BYTES_PER_S,
@@ -29,7 +32,9 @@ from gputop.analysis.gpu_health import (
     REMAP,
     SLOWDOWN,
     GpuHealth,
+    NicJudgement,
     Severity,
+    judge_nics,
     judge_window,
     nvlink_class,
     nvlink_unused,
@@ -126,6 +131,11 @@ class CheckInput:
     def health(self) -> dict[int, GpuHealth]:
         """The health module's judgement of each GPU over the window's snapshots."""
         return judge_window(self.snapshots)
+
+    @cached_property
+    def nic_health(self) -> Optional[NicJudgement]:
+        """The health module's judgement of the NIC ports over the window (None: not read)."""
+        return judge_nics(self.snapshots)
 
     def pairs(self) -> list[tuple[GpuDetails, GpuDetails]]:
         """(start, end) details per GPU that answered both times."""
@@ -531,6 +541,68 @@ def check_nic_numa(inp: CheckInput) -> CheckResult:
     )
 
 
+# ------------------------------------------------------------------ NIC ports (judged in analysis/gpu_health.py)
+
+_NIC_CHECKS = {
+    NIC_DOWN: ("nic.state", "NIC ports up", "every port in use ACTIVE (RDMA) / up (Ethernet)"),
+    NIC_RATE: ("nic.rate", "NIC port rates", "each port at its peers' rate and its own highest"),
+    NIC_ERRORS: ("nic.errors", "NIC error counters", "no error counter climbing while we watch"),
+}
+
+
+def _nic_check(inp: CheckInput, rule: str) -> Optional[CheckResult]:
+    """One line per NIC rule; a machine without NIC ports (or without /sys) gets one SKIP line, on the first."""
+    check_id, title, expected = _NIC_CHECKS[rule]
+    judged = inp.nic_health
+    if judged is None or not judged.ports:
+        if rule != NIC_DOWN:
+            return None
+        why = (
+            "not read (no NIC readings in the snapshots)"
+            if judged is None
+            else "none found (no PCI NIC in /sys/class/infiniband or /sys/class/net)"
+        )
+        return CheckResult("nic", "NIC ports", SKIP, why, "RDMA / Ethernet ports to check")
+    failing = [p for h in judged.ports for p in h.of(rule)]
+    if failing:
+        status = STATUS_OF[worst(failing)]
+        return CheckResult(check_id, title, status, "; ".join(p.evidence for p in failing), expected)
+    if rule == NIC_ERRORS and judged.errors_watched_s <= 0:
+        return CheckResult(check_id, title, SKIP, "read once only (a window too short to see them climb)", expected)
+    up = [p for p in judged.latest if p.up]
+    rates = sorted({p.rate_gbps for p in up if p.rate_gbps is not None}, reverse=True)
+    if rule == NIC_RATE and not rates:
+        why = "no port up reports its rate (a virtual NIC reports none)" if up else "no port up"
+        return CheckResult(check_id, title, SKIP, why, expected)
+    value = {
+        NIC_DOWN: f"{len(up)} of {_ports(len(judged.latest))} up"
+        + (f" ({', '.join(_down_unused(judged))} unused)" if len(up) < len(judged.latest) else ""),
+        NIC_RATE: f"{_ports(len(up))} at " + ", ".join(f"{r:g}" for r in rates) + " Gb/s",
+        NIC_ERRORS: f"none climbing on {_ports(len(judged.latest))} in {judged.errors_watched_s:.0f} s",
+    }[rule]
+    return CheckResult(check_id, title, PASS, value, expected)
+
+
+def _ports(count: int) -> str:
+    return f"{count} port" + ("" if count == 1 else "s")
+
+
+def _down_unused(judged: NicJudgement) -> list[str]:
+    return [h.name for h, p in zip(judged.ports, judged.latest) if not p.up]
+
+
+def check_nic_state(inp: CheckInput) -> Optional[CheckResult]:
+    return _nic_check(inp, NIC_DOWN)
+
+
+def check_nic_rate(inp: CheckInput) -> Optional[CheckResult]:
+    return _nic_check(inp, NIC_RATE)
+
+
+def check_nic_errors(inp: CheckInput) -> Optional[CheckResult]:
+    return _nic_check(inp, NIC_ERRORS)
+
+
 def _fault_check(
     check_id: str,
     title: str,
@@ -879,6 +951,9 @@ CHECKS: tuple[Callable[[CheckInput], Optional[CheckResult]], ...] = (
     check_nvlink_errors,
     check_topology,
     check_nic_numa,
+    check_nic_state,
+    check_nic_rate,
+    check_nic_errors,
     check_ecc_errors,
     check_remap,
     check_retired_pages,
@@ -1020,6 +1095,9 @@ _SAID_BY_DIAGNOSIS = {
     "memory.remap": ("ecc",),
     "nvlink.state": ("nvlink_down",),
     "xid": ("xid", "xid_code"),
+    "nic.state": ("nic_down",),
+    "nic.rate": ("nic_rate",),
+    "nic.errors": ("nic_errors",),
 }
 
 

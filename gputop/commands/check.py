@@ -37,6 +37,7 @@ class Evidence:
 
     def __init__(self, pipeline: Pipeline, host_root: Optional[str] = None) -> None:
         self.pipeline = pipeline
+        pipeline.watch_nic_errors()  # the window is seconds long: the NICs' error counters every poll
         self.host = HostSource(pipeline, host_root)
         self.before = pipeline.gpu_details()
         self.bus_ids = [d.pci_bus_id for d in self.before if d.pci_bus_id]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from rich.console import RenderableType
 from rich.measure import Measurement
@@ -15,7 +15,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import ProgressBar, Static
 
-from gputop.analysis.gpu_health import NO_PEERS, NVLINK, Peers, judge_sample, peers_of
+from gputop import units
+from gputop.analysis.gpu_health import NIC_RATE, NO_PEERS, NVLINK, Peers, Severity, judge_nics, judge_sample, peers_of
 from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION
 from gputop.model import NO_NEAR_CPUS, Finding, GpuSample, MachineInfo, Snapshot, Topology
 from gputop.tui import look
@@ -274,6 +275,34 @@ def affinity_table(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Table:
     return table
 
 
+def nic_ports_table(snapshot: Optional[Snapshot]) -> Optional[Table]:
+    """Per NIC port: its state, trained rate, traffic now and error counters (since the driver loaded), marked
+    as the health module judges it from this snapshot (down, below its peers' rate; a climbing error count
+    needs a window: `gputop check`).  None where the snapshot carries no NIC readings."""
+    judged = judge_nics([snapshot]) if snapshot is not None else None
+    if judged is None or not judged.ports:
+        return None
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", title="NIC ports", title_justify="left")
+    for name in ("Port", "Link", "State", "Rate", "rx/s", "tx/s", "Errors"):
+        table.add_column(name, no_wrap=True)
+    for health, port in zip(judged.ports, judged.latest):
+        style = look.BAD_BOLD if health.severity >= Severity.CRITICAL else ""
+        errors = sum(port.errors.values())
+        table.add_row(
+            Text(health.name, style="bold"),
+            port.link_layer,
+            Text(
+                port.state + (f" ({port.phys_state})" if port.phys_state and not port.up else ""),
+                style=style if not port.up else "",
+            ),
+            Text(port.rate_text or "n/a", style=style if health.of(NIC_RATE) else ""),
+            units.rate(port.rx_bytes_per_s) or "",
+            units.rate(port.tx_bytes_per_s) or "",
+            Text(str(errors), style=look.WARN if errors else "dim"),
+        )
+    return table
+
+
 class TopologyScreen(_Modal):
     BINDINGS = [Binding("escape,q,T", "app.pop_screen", "Close", id="topology.close")]
 
@@ -289,6 +318,7 @@ class TopologyScreen(_Modal):
             if not topo.matrix:
                 reason = self.machine.gpu_error or "NVML gave no topology for these GPUs"
                 yield Static(Text(reason, style=look.WARN))
+                yield from self._nic_ports()
                 return
             # the room inside the dialog (96% of the screen up to its widest, less border, padding and scroll bar)
             room = min(self.app.size.width * 96 // 100, TOPOLOGY_MAX_WIDTH) - 6  # as `need` below
@@ -317,6 +347,12 @@ class TopologyScreen(_Modal):
                     )
                 )
             yield Static(affinity_table(self.machine, self.snapshot), id="affinity")
+            yield from self._nic_ports()
+
+    def _nic_ports(self) -> Iterator[Static]:
+        table = nic_ports_table(self.snapshot)
+        if table is not None:
+            yield Static(table, id="nic-ports")
 
     def _width(self, renderable: RenderableType) -> int:
         return Measurement.get(self.app.console, self.app.console.options, renderable).maximum
