@@ -1,0 +1,239 @@
+"""One job across nodes: the job identity every node's exporter derives alike, and `gputop report
+--prometheus`'s cross-node view and verdict.
+
+The quick tests feed two real Exporters ("node0", "node1") with built histories of one 8-rank job, parse
+what each would serve, and answer the report's instant queries from the union, as a Prometheus scraping
+both would (`PromLike`, a tiny evaluator of just the selectors the report asks).  The slow test runs
+the real thing: two torchrun agents, two `gputop serve`, a real Prometheus."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from typing import Callable
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gputop.analysis.stack_classes import COLLECTIVE, FORWARD_BACKWARD, WAITING_FOR_DATA
+from gputop.cli import main
+from gputop.commands.fleet_report import build
+from gputop.errors import GputopError
+from gputop.exporter import Exporter
+from gputop.fleet.identity import cross_node_job_id, node_place
+from gputop.fleet.prometheus import PrometheusApi, Series
+from gputop.fleet.view import fleet_view, judge
+from gputop.history import History
+from tests.harness import histories as hb
+from tests.harness.processes import free_port
+
+RUN_ID = "llama-run-42"
+RANKS_PER_NODE = 4
+
+
+# ----------------------------------------------------------------- the identity
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"TORCHELASTIC_RUN_ID": "abc", "SLURM_JOB_ID": "7", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "abc"),
+        ({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}, "slurm-7.0"),
+        ({"SLURM_JOB_ID": "7"}, "slurm-7"),
+        ({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, "10.0.0.1:29500"),
+        ({"MASTER_ADDR": "10.0.0.1"}, None),  # no port: nothing every node shares for sure
+        ({}, None),
+    ],
+)
+def test_the_job_id_is_what_every_node_derives_alike(env, expected):
+    assert cross_node_job_id(env) == expected
+
+
+def test_the_node_place_from_torchrun_slurm_and_the_world_over_the_local_world():
+    torchrun = node_place({"GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "r"})
+    assert (torchrun.job_id, torchrun.node_rank, torchrun.nnodes) == ("r", 1, 2)
+    slurm = node_place({"SLURM_NODEID": "3", "SLURM_NNODES": "4", "SLURM_JOB_ID": "9"})
+    assert (slurm.node_rank, slurm.nnodes) == (3, 4)
+    assert node_place({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}).nnodes == 2
+    assert node_place({"WORLD_SIZE": "12", "LOCAL_WORLD_SIZE": "8"}).nnodes is None
+
+
+# ----------------------------------------------------------------- two nodes' exporters, one Prometheus-like view
+
+
+class NodeSource:
+    """A pipeline stand-in: a built history's snapshots, the job's ranks placed on `node` of two."""
+
+    def __init__(self, history: History, node: int) -> None:
+        self.machine = history.machine
+        self.snaps = [self._placed(s, node) for s in history]
+        self.i = 0
+
+    @staticmethod
+    def _placed(snap, node: int):
+        if snap.job is None:
+            return snap
+        ranks = tuple(
+            replace(
+                r,
+                rank=node * RANKS_PER_NODE + r.rank,
+                local_rank=r.rank,
+                world_size=2 * RANKS_PER_NODE,
+                job_id=RUN_ID,
+                node_rank=node,
+                nnodes=2,
+            )
+            for r in snap.job.ranks
+        )
+        return replace(snap, job=replace(snap.job, ranks=ranks))
+
+    def poll(self):
+        snap = self.snaps[self.i]
+        self.i += 1
+        return snap
+
+    def close(self) -> None:
+        pass
+
+
+def node_exporter(
+    node: int,
+    states: dict[int, Callable[[float], str]],
+    seconds: float = 60.0,
+    cpu: Callable[[float], float] = lambda t: 30.0,
+    **scenario,
+) -> Exporter:
+    """Node `node`'s serve after `seconds` of the job: local rank i runs `states[i]` (default: computing
+    and meeting the others in a collective)."""
+    default = hb.cycle([FORWARD_BACKWARD, COLLECTIVE])
+    specs = [hb.RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=states.get(i, default), cpu=cpu) for i in range(RANKS_PER_NODE)]
+    source = NodeSource(hb.build(hb.Scenario(seconds=seconds, ranks=specs, **scenario)), node)
+    exporter = Exporter(source, interval=1.0, hostname=f"node{node}", log=lambda line: None)
+    for _ in source.snaps:
+        exporter.cycle()
+    return exporter
+
+
+def exposition(exporter: Exporter) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(exporter)
+    return generate_latest(registry).decode()
+
+
+_SELECTOR = re.compile(r"^(\w+)(?:\{(.*)\})?(?:\s*==\s*(\d+))?$")
+_MATCHER = re.compile(r'(\w+)(=~|=)"((?:[^"\\]|\\.)*)"')
+
+
+class PromLike:
+    """Instant queries over the samples of several exporters, as Prometheus with honor_labels answers
+    them: a metric, label matchers (= and =~), and an optional `== N` filter; nothing more."""
+
+    def __init__(self, texts: list[str], at: float) -> None:
+        self.samples = [
+            (s.name, dict(s.labels), s.value) for text in texts for f in text_string_to_metric_families(text) for s in f.samples
+        ]
+        self.at = at
+        self.asked: list[str] = []
+
+    def __call__(self, expr: str) -> list[Series]:
+        self.asked.append(expr)
+        match = _SELECTOR.match(expr.strip())
+        assert match, f"the report asked what this stand-in cannot answer: {expr}"
+        name, matchers, equals = match.groups()
+        wanted = _MATCHER.findall(matchers or "")
+        out = []
+        for sample_name, labels, value in self.samples:
+            if sample_name != name or (equals is not None and value != float(equals)):
+                continue
+            if all(
+                re.fullmatch(pattern, labels.get(key, "")) if op == "=~" else labels.get(key, "") == pattern
+                for key, op, pattern in wanted
+            ):
+                out.append(Series(labels, value, self.at))
+        return out
+
+
+def two_nodes(node1_states: dict[int, Callable[[float], str]], **node1_scenario) -> PromLike:
+    node0 = node_exporter(0, {})
+    node1 = node_exporter(1, node1_states, **node1_scenario)
+    return PromLike([exposition(node0), exposition(node1)], at=hb.T0 + 60.0)
+
+
+def test_both_nodes_export_one_job_label_and_the_global_ranks():
+    prom = two_nodes({})
+    infos = prom("gputop_job_info")
+    assert {s.labels["job"] for s in infos} == {RUN_ID}
+    assert {(s.labels["Hostname"], s.labels["node_rank"], s.labels["nnodes"]) for s in infos} == {
+        ("node0", "0", "2"),
+        ("node1", "1", "2"),
+    }
+    ranks = {(s.labels["Hostname"], s.labels["rank"], s.labels["local_rank"], s.labels["node"]) for s in prom("gputop_rank_info")}
+    assert ranks == {(f"node{i // 4}", str(i), str(i % 4), str(i // 4)) for i in range(8)}
+
+
+def test_the_report_names_the_straggling_rank_and_its_node():
+    slow_loader = hb.cycle([WAITING_FOR_DATA, WAITING_FOR_DATA, WAITING_FOR_DATA, FORWARD_BACKWARD])
+    prom = two_nodes({1: slow_loader})  # global rank 5, on node1
+    data = json.loads(build(prom, "http://prometheus.test", None, "json"))
+    assert data["job"] == RUN_ID
+    assert sorted((r["node"], r["rank"]) for r in data["ranks"]) == [(f"node{i // 4}", i) for i in range(8)]
+    assert [n["node"] for n in data["nodes"]] == ["node0", "node1"]
+    assert data["verdict"]["kind"] == "straggler"
+    assert (data["verdict"]["node"], data["verdict"]["rank"]) == ("node1", 5)
+    assert "rank 5 on node node1" in data["verdict"]["summary"]
+    waits = {r["rank"]: r["data_wait_ratio"] for r in data["ranks"]}
+    assert waits[5] == pytest.approx(0.75, abs=0.1) and max(w for r, w in waits.items() if r != 5) < 0.1
+    text = build(prom, "http://prometheus.test", RUN_ID, "md")
+    assert "| 5 | node1 | 1 |" in text and "**Verdict (straggler):** rank 5 on node node1" in text
+
+
+def test_a_rank_stopped_outside_a_collective_is_named_with_its_node_not_the_waiting_ones():
+    """Global rank 6 (node1) stops in its forward pass at t=20; every other rank, on both nodes, waits for it
+    in a collective: the report names rank 6 and node1, never the waiting node0."""
+    still = hb.cycle([FORWARD_BACKWARD, COLLECTIVE])
+
+    def waits_from_20(t: float) -> str:
+        return still(t) if t < 20 else COLLECTIVE
+
+    def frozen_from_20(t: float) -> float:
+        return 30.0 if t < 20 else 0.0  # a frozen process burns no CPU
+
+    def idle_from_20(gpu: int, t: float) -> float:
+        return 95.0 if t < 20 else 0.0
+
+    node0 = node_exporter(0, dict.fromkeys(range(4), waits_from_20), cpu=frozen_from_20, util=idle_from_20)
+    node1_states = {0: waits_from_20, 1: waits_from_20, 2: lambda t: FORWARD_BACKWARD, 3: waits_from_20}
+    node1 = node_exporter(1, node1_states, cpu=frozen_from_20, util=idle_from_20)
+    prom = PromLike([exposition(node0), exposition(node1)], at=hb.T0 + 60.0)
+    verdict = judge(fleet_view(prom))
+    assert (verdict.kind, verdict.node, verdict.rank) == ("hung", "node1", 6), verdict
+    assert "rank 6 on node node1" in verdict.summary
+    # node0's own diagnosis: its ranks wait for a rank on another node, not a hang there
+    kinds = {(s.labels["Hostname"], s.labels["kind"]) for s in prom("gputop_finding == 1")}
+    assert ("node0", "remote_holdup") in kinds and ("node0", "hang") not in kinds, kinds
+
+
+def test_one_line_errors_for_an_unknown_job_and_a_prometheus_without_gputop():
+    prom = two_nodes({})
+    with pytest.raises(GputopError, match=rf"no job 'other' in Prometheus at P \(jobs there: {RUN_ID}\)"):
+        fleet_view(prom, "other", where="P")
+    empty = PromLike([], at=hb.T0)
+    with pytest.raises(GputopError, match="holds no gputop series: add each node's `gputop serve` to its scrape_configs"):
+        fleet_view(empty, None, where="P")
+
+
+def test_an_unreachable_prometheus_is_one_line(capsys):
+    port = free_port()  # nothing listens there
+    assert main(["report", "--prometheus", f"127.0.0.1:{port}", "--format", "json"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"gputop: cannot reach Prometheus at http://127.0.0.1:{port}: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    with pytest.raises(GputopError, match="cannot reach Prometheus"):
+        PrometheusApi(f"http://127.0.0.1:{port}").query("up")
+
+
+def test_report_prometheus_refuses_a_live_target(capsys):
+    assert main(["report", "--prometheus", "http://127.0.0.1:9", "--pid", "1"]) == 2
+    assert "drop --pid" in capsys.readouterr().err
