@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import sys
 from dataclasses import replace
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Optional
 
+import psutil
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,7 +32,8 @@ from gputop.fleet.prometheus import PrometheusApi, Series
 from gputop.fleet.view import fleet_view, judge
 from gputop.history import History
 from tests.harness import histories as hb
-from tests.harness.processes import free_port
+from tests.harness import train_jobs
+from tests.harness.processes import free_port, wait_until
 
 RUN_ID = "llama-run-42"
 RANKS_PER_NODE = 4
@@ -182,11 +188,11 @@ def test_the_report_names_the_straggling_rank_and_its_node():
     assert [n["node"] for n in data["nodes"]] == ["node0", "node1"]
     assert data["verdict"]["kind"] == "straggler"
     assert (data["verdict"]["node"], data["verdict"]["rank"]) == ("node1", 5)
-    assert "rank 5 on node node1" in data["verdict"]["summary"]
+    assert "rank 5 on node1 (node 1 of 2) is the straggler" in data["verdict"]["summary"]
     waits = {r["rank"]: r["data_wait_ratio"] for r in data["ranks"]}
     assert waits[5] == pytest.approx(0.75, abs=0.1) and max(w for r, w in waits.items() if r != 5) < 0.1
     text = build(prom, "http://prometheus.test", RUN_ID, "md")
-    assert "| 5 | node1 | 1 |" in text and "**Verdict (straggler):** rank 5 on node node1" in text
+    assert "| 5 | node1 | 1 |" in text and "**Verdict (straggler):** rank 5 on node1 (node 1 of 2)" in text
 
 
 def test_a_rank_stopped_outside_a_collective_is_named_with_its_node_not_the_waiting_ones():
@@ -209,10 +215,26 @@ def test_a_rank_stopped_outside_a_collective_is_named_with_its_node_not_the_wait
     prom = PromLike([exposition(node0), exposition(node1)], at=hb.T0 + 60.0)
     verdict = judge(fleet_view(prom))
     assert (verdict.kind, verdict.node, verdict.rank) == ("hung", "node1", 6), verdict
-    assert "rank 6 on node node1" in verdict.summary
+    assert "rank 6 on node1 (node 1 of 2) stopped making progress" in verdict.summary
     # node0's own diagnosis: its ranks wait for a rank on another node, not a hang there
     kinds = {(s.labels["Hostname"], s.labels["kind"]) for s in prom("gputop_finding == 1")}
     assert ("node0", "remote_holdup") in kinds and ("node0", "hang") not in kinds, kinds
+
+
+def test_a_node_with_a_degraded_link_is_named_when_no_rank_holds_the_job_back():
+    from gputop.model import PcieLink
+
+    def degraded_gpu_2(gpu: int, t: float) -> dict:
+        return {"pcie": PcieLink(3, 5, 16, 16)} if gpu == 2 else {}  # Gen3 of Gen5 under load
+
+    node0 = node_exporter(0, {})
+    node1 = node_exporter(1, {}, gpu_extra=degraded_gpu_2)
+    view = fleet_view(PromLike([exposition(node0), exposition(node1)], at=hb.T0 + 60.0))
+    assert {(f.node, f.gpu) for f in view.findings if f.label == "infrastructure"} >= {("node1", 2)}
+    assert not [f for f in view.findings if f.node == "node0" and f.label == "infrastructure"]
+    verdict = judge(view)
+    assert (verdict.kind, verdict.node) == ("infrastructure", "node1"), verdict
+    assert "GPU 2" in verdict.summary
 
 
 def test_one_line_errors_for_an_unknown_job_and_a_prometheus_without_gputop():
@@ -237,3 +259,124 @@ def test_an_unreachable_prometheus_is_one_line(capsys):
 def test_report_prometheus_refuses_a_live_target(capsys):
     assert main(["report", "--prometheus", "http://127.0.0.1:9", "--pid", "1"]) == 2
     assert "drop --pid" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- the real thing: two nodes on one machine
+
+PROMETHEUS = shutil.which("prometheus")
+SLOW_RANK = 3  # global rank 3 of 4: the second of node rank 1's two ranks
+RUN_ID_LIVE = "fleet-two-nodes"
+
+
+def torchrun_agent(rdzv_port: int, node_rank: int, ready: Path, *options: str) -> list[str]:
+    """One "node" of a 2-node job: a torchrun agent with c10d rendezvous on loopback, two CPU gloo ranks."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{rdzv_port}",
+        "--rdzv-id",
+        RUN_ID_LIVE,
+        "--max-restarts",
+        "0",
+        train_jobs.JOB,
+        *options,
+        "--ready",
+        str(ready),
+    ]
+
+
+def group_rank_of(rank_pid: int) -> int:
+    """The node rank torchrun's rendezvous gave this rank's agent (c10d orders the nodes as they join)."""
+    environ = Path(f"/proc/{rank_pid}/environ").read_bytes().split(b"\0")
+    return int(dict(item.decode().split("=", 1) for item in environ if b"=" in item)["GROUP_RANK"])
+
+
+def start_prometheus(spawn, tmp_path: Path, targets: list[str]) -> str:
+    """A real Prometheus on loopback scraping `targets` every second (honor_labels: Hostname is gputop's)."""
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n"
+        "  - job_name: gputop\n    honor_labels: true\n"
+        f"    static_configs:\n      - targets: [{', '.join(repr(t) for t in targets)}]\n"
+    )
+    spawn(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    PROMETHEUS is None, reason="the prometheus binary is not installed (.ci/run installs Debian's prometheus package)"
+)
+def test_report_over_prometheus_names_the_straggler_of_a_two_node_job_and_its_node(spawn, tmp_path, capsys):
+    rdzv = free_port()
+    ready = tmp_path / "job.ready"
+    # every rank: 1 DataLoader worker; only rank 3's samples cost anything (40 ms each, 4 a batch), so rank 3
+    # waits for its data while the three others wait for it in their all-reduce
+    options = ("--workers", "1", "--persistent", "--sample-ms", "40", "--slow-rank", str(SLOW_RANK))
+    agents = [
+        spawn(torchrun_agent(rdzv, n, ready, *options), stdout=subprocess.DEVNULL, stderr=(tmp_path / f"agent{n}.log").open("wb"))
+        for n in (0, 1)
+    ]
+    records = train_jobs.wait_ready(ready, 4, agents[0], log=tmp_path / "agent0.log")
+    # which agent the rendezvous made node rank 1 (the one that runs rank 3): each serve is named by its node
+    node_of_agent = {}
+    for pid in records:
+        node_of_agent[psutil.Process(pid).ppid()] = group_rank_of(pid)
+    assert set(node_of_agent) == {a.pid for a in agents} and sorted(node_of_agent.values()) == [0, 1], node_of_agent
+
+    targets = []
+    for agent in agents:
+        port = free_port()
+        targets.append(f"127.0.0.1:{port}")
+        argv = [sys.executable, "-m", "gputop", "serve", "--pid", str(agent.pid), "--simulate", "h100-sxm-8"]
+        argv += [
+            "--hostname",
+            f"node{node_of_agent[agent.pid]}",
+            "--listen",
+            targets[-1],
+            "--interval",
+            "1",
+            "--stack-interval",
+            "0.5",
+        ]
+        spawn(argv, stdout=subprocess.DEVNULL, stderr=(tmp_path / f"serve{node_of_agent[agent.pid]}.log").open("wb"))
+    url = start_prometheus(spawn, tmp_path, targets)
+    out = tmp_path / "report.json"
+
+    def reported() -> Optional[dict]:
+        if main(["report", "--prometheus", url, "--format", "json", "-o", str(out)]) != 0:
+            capsys.readouterr()  # not yet: Prometheus not up, or no rank series scraped yet
+            return None
+        data = json.loads(out.read_text())
+        return data if len(data["ranks"]) == 4 and data["verdict"]["kind"] == "straggler" else None
+
+    data = wait_until(reported, timeout=90, interval=1.0, what="the report to name a straggler over all 4 ranks")
+    assert data["job"] == RUN_ID_LIVE
+    assert sorted((r["node"], r["rank"]) for r in data["ranks"]) == [("node0", 0), ("node0", 1), ("node1", 2), ("node1", 3)]
+    assert (data["verdict"]["node"], data["verdict"]["rank"]) == ("node1", SLOW_RANK), data["verdict"]
+    assert {n["node"]: n["node_rank"] for n in data["nodes"]} == {"node0": 0, "node1": 1}
+    slow = next(r for r in data["ranks"] if r["rank"] == SLOW_RANK)
+    assert slow["data_wait_ratio"] > 0.5 and slow["state"] is not None
+    # node0's own diagnosis never calls its ranks, which wait for rank 3, a local hang
+    assert not [f for f in data["findings"] if f["node"] == "node0" and f["kind"] == "hang"], data["findings"]

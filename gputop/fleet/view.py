@@ -257,7 +257,7 @@ def judge(view: FleetView) -> FleetVerdict:
         f = infra[0]
         where = f"GPU {f.gpu}" if f.gpu is not None else (f"NIC {f.device}" if f.device else "the machine")
         return FleetVerdict(
-            "infrastructure", f"node {f.node} has a degraded part: {f.kind} on {where} (file a ticket for that node)", f.node
+            "infrastructure", f"{f.node} has a degraded part: {f.kind} on {where} (file a ticket for that node)", f.node
         )
     if not any(r.state for r in view.ranks):
         return FleetVerdict("unknown", "no rank's stacks have been read yet: no verdict")
@@ -265,8 +265,11 @@ def judge(view: FleetView) -> FleetVerdict:
 
 
 def _node_name(view: FleetView, rank: FleetRank) -> str:
+    """'gpu-a17 (node 1 of 2)': the host, and its place in the job where the ranks' environment said it."""
     place = next((n.node_rank for n in view.nodes if n.hostname == rank.node), None)
-    return f"node {rank.node}" + (f" (node rank {place})" if place is not None else "")
+    if place is None:
+        return rank.node
+    return f"{rank.node} (node {place}" + (f" of {view.nnodes})" if view.nnodes else ")")
 
 
 def _straggler(view: FleetView) -> Optional[tuple[FleetRank, float]]:
