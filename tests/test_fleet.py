@@ -380,3 +380,34 @@ def test_report_over_prometheus_names_the_straggler_of_a_two_node_job_and_its_no
     assert slow["data_wait_ratio"] > 0.5 and slow["state"] is not None
     # node0's own diagnosis never calls its ranks, which wait for rank 3, a local hang
     assert not [f for f in data["findings"] if f["node"] == "node0" and f["kind"] == "hang"], data["findings"]
+
+
+@pytest.mark.parametrize(("world_size", "expected"), [(8, "remote_holdup"), (4, "hang")])
+def test_ranks_all_waiting_in_a_collective_wait_for_another_node_only_when_the_job_is_bigger(world_size, expected):
+    from gputop.analysis.diagnosis import findings
+
+    def waits_from_20(t: float) -> str:
+        return FORWARD_BACKWARD if t < 20 else COLLECTIVE
+
+    scenario = hb.Scenario(
+        seconds=60,
+        util=lambda g, t: 95.0 if t < 20 else 0.0,
+        ranks=[
+            hb.RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=waits_from_20, cpu=lambda t: 30.0 if t < 20 else 0.0)
+            for i in range(4)
+        ],
+    )
+    built = hb.build(scenario)
+    history = History(built.machine, capacity=1000)
+    for snap in built:
+        ranks = tuple(
+            replace(r, world_size=world_size, node_rank=0, nnodes=world_size // 4, job_id=RUN_ID) for r in snap.job.ranks
+        )
+        history.append(replace(snap, job=replace(snap.job, ranks=ranks)))
+    found = findings(history)
+    ids = [f.id for f in found]
+    assert expected in ids and ({"hang", "remote_holdup"} - {expected}).isdisjoint(ids), ids
+    if expected == "remote_holdup":
+        summary = next(f.summary for f in found if f.id == expected)
+        assert "ranks 0–3 of 8, node 0 of 2" in summary and "for a rank on another node" in summary
+        assert f"gputop report --prometheus URL --job {RUN_ID}" in summary and "hang" not in summary.lower()

@@ -581,10 +581,12 @@ class RemoteHoldup:
 
 
 def remote_holdup(ctx: Context, waiting: Waiters) -> Optional[RemoteHoldup]:
-    live = [r for r in ctx.ranks.values() if not (r.last is not None and r.last.exited)]
+    """Every rank here waits, none of them exited (that one would be whom they wait for), and the job's
+    world is larger than the ranks this machine ever ran."""
+    live = list(ctx.ranks.values())
     world = max((r.world_size for r in live if r.world_size), default=0)
     waiting_pids = {h.decided.rank.pid for h in waiting.hung}
-    if not live or world <= len(live) or any(r.pid not in waiting_pids for r in live):
+    if not live or world <= len(live) or any(r.pid not in waiting_pids or (r.last is not None and r.last.exited) for r in live):
         return None
     first = live[0]
     return RemoteHoldup(
@@ -611,7 +613,7 @@ def remote_holdup_finding(h: RemoteHoldup) -> Finding:
         label=LABEL_CODE,
         summary=(
             f"All {len(h.waiting.hung)} rank(s) here ({ranks} of {h.world_size}{node}) wait {h.waiting.longest:.0f} s "
-            f"in a collective for a rank on another node: not a hang on this machine; find that rank with `{command}`"
+            f"in a collective for a rank on another node (this machine is not the one holding the job back); find that rank with `{command}`"
         ),
         evidence=(f"{len(h.waiting.hung)} rank(s) frozen in the same collective: {h.waiting.names}",)
         + first.evidence[:1]
