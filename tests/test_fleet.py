@@ -369,17 +369,19 @@ def test_report_over_prometheus_names_the_straggler_of_a_two_node_job_and_its_no
             capsys.readouterr()  # not yet: Prometheus not up, or no rank series scraped yet
             return None
         data = json.loads(out.read_text())
-        return data if len(data["ranks"]) == 4 and data["verdict"]["kind"] == "straggler" else None
+        waits_elsewhere = any(f["node"] == "node0" and f["kind"] == "remote_wait" for f in data["findings"])
+        return data if len(data["ranks"]) == 4 and data["verdict"]["kind"] == "straggler" and waits_elsewhere else None
 
-    data = wait_until(reported, timeout=90, interval=1.0, what="the report to name a straggler over all 4 ranks")
+    data = wait_until(reported, timeout=90, interval=1.0, what="a straggler over all 4 ranks, and node0 waiting for another node")
     assert data["job"] == RUN_ID_LIVE
     assert sorted((r["node"], r["rank"]) for r in data["ranks"]) == [("node0", 0), ("node0", 1), ("node1", 2), ("node1", 3)]
     assert (data["verdict"]["node"], data["verdict"]["rank"]) == ("node1", SLOW_RANK), data["verdict"]
     assert {n["node"]: n["node_rank"] for n in data["nodes"]} == {"node0": 0, "node1": 1}
     slow = next(r for r in data["ranks"] if r["rank"] == SLOW_RANK)
     assert slow["data_wait_ratio"] > 0.5 and slow["state"] is not None
-    # node0's own diagnosis never calls its ranks, which wait for rank 3, a local hang
+    # node0's own diagnosis: its ranks wait for a rank on another node, never a local hang
     assert not [f for f in data["findings"] if f["node"] == "node0" and f["kind"] == "hang"], data["findings"]
+    assert {"node": "node0", "kind": "remote_wait"}.items() <= next(f for f in data["findings"] if f["node"] == "node0").items()
 
 
 @pytest.mark.parametrize(("world_size", "expected"), [(8, "remote_holdup"), (4, "hang")])
@@ -411,3 +413,25 @@ def test_ranks_all_waiting_in_a_collective_wait_for_another_node_only_when_the_j
         summary = next(f.summary for f in found if f.id == expected)
         assert "ranks 0–3 of 8, node 0 of 2" in summary and "for a rank on another node" in summary
         assert f"gputop report --prometheus URL --job {RUN_ID}" in summary and "hang" not in summary.lower()
+
+
+@pytest.mark.parametrize(("world_size", "waits_elsewhere"), [(8, True), (4, False)])
+def test_ranks_mostly_in_collectives_while_moving_wait_for_another_node_when_the_job_is_bigger(world_size, waits_elsewhere):
+    from gputop.analysis.diagnosis import findings
+
+    mostly_collective = hb.cycle([COLLECTIVE, COLLECTIVE, COLLECTIVE, COLLECTIVE, FORWARD_BACKWARD])
+    built = hb.build(
+        hb.Scenario(seconds=60, ranks=[hb.RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=mostly_collective) for i in range(4)])
+    )
+    history = History(built.machine, capacity=1000)
+    for snap in built:
+        ranks = tuple(
+            replace(r, world_size=world_size, node_rank=0, nnodes=world_size // 4, job_id=RUN_ID) for r in snap.job.ranks
+        )
+        history.append(replace(snap, job=replace(snap.job, ranks=ranks)))
+    found = {f.id: f for f in findings(history)}
+    assert ("remote_wait" in found) == waits_elsewhere, list(found)
+    assert "hang" not in found and "remote_holdup" not in found
+    if waits_elsewhere:
+        assert "All 4 rank(s) here (ranks 0–3 of 8, node 0 of 2) wait in collectives" in found["remote_wait"].summary
+        assert f"gputop report --prometheus URL --job {RUN_ID}" in found["remote_wait"].summary
