@@ -268,6 +268,11 @@ SLOW_RANK = 3  # global rank 3 of 4: the second of node rank 1's two ranks
 RUN_ID_LIVE = "fleet-two-nodes"
 
 
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads((Path(__file__).resolve().parent.parent / "contrib" / "grafana" / "gputop.json").read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", ())]
+
+
 def torchrun_agent(rdzv_port: int, node_rank: int, ready: Path, *options: str) -> list[str]:
     """One "node" of a 2-node job: a torchrun agent with c10d rendezvous on loopback, two CPU gloo ranks."""
     return [
@@ -379,6 +384,16 @@ def test_report_over_prometheus_names_the_straggler_of_a_two_node_job_and_its_no
     assert {n["node"]: n["node_rank"] for n in data["nodes"]} == {"node0": 0, "node1": 1}
     slow = next(r for r in data["ranks"] if r["rank"] == SLOW_RANK)
     assert slow["data_wait_ratio"] > 0.5 and slow["state"] is not None
+    # the dashboard: every query runs here, and the cross-node row sees both nodes and the straggler margin
+    api = PrometheusApi(url)
+    for expr in dashboard_queries():
+        api.query(expr.replace("$Hostname", ".*").replace("$job", RUN_ID_LIVE))
+    per_node = api.query(f'count by (Hostname, state) (gputop_rank_state{{job="{RUN_ID_LIVE}"}} == 1)')
+    assert {s.labels["Hostname"] for s in per_node} == {"node0", "node1"}
+    margin = api.query(
+        f'max by (job) (gputop_rank_data_wait_ratio{{job=~"{RUN_ID_LIVE}"}}) - quantile by (job) (0.5, gputop_rank_data_wait_ratio{{job=~"{RUN_ID_LIVE}"}})'
+    )
+    assert margin and margin[0].value > 0.25
     # node0's own diagnosis: its ranks wait for a rank on another node, never a local hang
     assert not [f for f in data["findings"] if f["node"] == "node0" and f["kind"] == "hang"], data["findings"]
     assert {"node": "node0", "kind": "remote_wait"}.items() <= next(f for f in data["findings"] if f["node"] == "node0").items()

@@ -87,9 +87,14 @@ def _int(text: Optional[str]) -> Optional[int]:
         return None
 
 
-def _sel(job: str) -> str:
-    escaped = job.replace("\\", "\\\\").replace('"', '\\"')
-    return f'{{job="{escaped}"}}'
+def _quoted(value: str) -> str:
+    """A PromQL string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _sel(job: str, **more: str) -> str:
+    """`{job="…", …}`: the job's series (and more exact matchers)."""
+    return "{" + ",".join(f"{k}={_quoted(v)}" for k, v in {"job": job, **more}.items()) + "}"
 
 
 def pick_job(query: Query, job: Optional[str], where: str) -> tuple[str, list[Series], tuple[str, ...]]:
@@ -173,12 +178,12 @@ def _per_rank(query: Query, sel: str) -> dict[tuple[str, str], dict[str, float]]
 
 
 def _node(query: Query, host: str, node_rank: Optional[int], job: str) -> FleetNode:
-    hsel = f'{{Hostname="{host}"}}'
+    hsel = "{Hostname=" + _quoted(host) + "}"
     health = {g: int(s.value) for s in query(f"gputop_gpu_health{hsel}") if (g := _int(s.labels.get("gpu"))) is not None}
     util: dict[int, float] = {}
     for metric in ("gputop_gpu_utilization_percent", "DCGM_FI_DEV_GPU_UTIL"):  # dcgm-exporter's wins where present
         util.update({g: s.value for s in query(f"{metric}{hsel}") if (g := _int(s.labels.get("gpu"))) is not None})
-    verdicts = [s.labels.get("verdict") for s in query(f'gputop_verdict{{Hostname="{host}",job="{job}"}} == 1')]
+    verdicts = [s.labels.get("verdict") for s in query(f"gputop_verdict{_sel(job, Hostname=host)} == 1")]
     return FleetNode(host, node_rank, tuple(sorted(set(health) | set(util))), util, health, verdicts[0] if verdicts else None)
 
 
@@ -206,7 +211,7 @@ def _findings(query: Query, hosts: list[str], job: str) -> tuple[NodeFinding, ..
         host = s.labels.get("Hostname", "?")
         if host in wanted:
             found.append(NodeFinding(host, "nic_down", "critical", "infrastructure", device=s.labels.get("device", "")))
-    for s in query(f'gputop_finding{{job=~"{job}|{MACHINE_JOB}"}} == 1'):
+    for s in query(f"gputop_finding{_sel(job)} == 1") + query(f"gputop_finding{_sel(MACHINE_JOB)} == 1"):
         host = s.labels.get("Hostname", "?")
         if host in wanted and s.labels.get("kind") != "healthy":
             found.append(
