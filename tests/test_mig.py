@@ -162,6 +162,18 @@ def test_collector_reads_the_instances_and_snapshot_json_lists_them(tmp_path):
         None,
     ]
     assert all(m["uuid"].startswith("MIG-") and m["memory_total"] > 0 for g in listed[:2] for m in g["mig"])
+    table = subprocess.run(
+        [sys.executable, "-m", "gputop", "snapshot", "--simulate", "a100-sxm-4-mig"], capture_output=True, text=True, timeout=120
+    )
+    assert table.returncode == 0, table.stderr
+    assert [line.split()[:4] for line in table.stdout.splitlines() if line.strip().startswith("MIG ")] == [
+        ["MIG", "GI", "1", "3g.40gb"],
+        ["MIG", "GI", "3", "2g.20gb"],
+        ["MIG", "GI", "7", "1g.10gb"],
+        ["MIG", "GI", "8", "1g.10gb"],
+        ["MIG", "GI", "1", "4g.40gb"],
+        ["MIG", "GI", "2", "3g.40gb"],
+    ]
 
 
 # ---------------------------------------------------------------- jobs: ranks on instances
