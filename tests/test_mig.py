@@ -249,3 +249,31 @@ def test_a_mig_gpu_is_never_idle_in_the_machine_view():
     findings = diagnose(build(sc))
     assert "idle_gpus" not in [f.id for f in findings]
     assert not any("idle" in f.summary and "GPU" in f.summary for f in findings), [f.summary for f in findings]
+
+
+# ---------------------------------------------------------------- real captures of MIG-enabled A100s
+
+CAPTURES = __import__("pathlib").Path(__file__).parent / "fixtures" / "captures"
+
+
+@pytest.mark.parametrize(
+    ("capture", "instances"),
+    [
+        # telegraf's testdata: an A100-SXM4-80GB, driver 535, four 1g.20gb instances (GPU instances 3-6, 14 SMs each)
+        ("a100-sxm4-80gb-535", [(3, "1g.20gb", 19968), (4, "1g.20gb", 19968), (5, "1g.20gb", 19968), (6, "1g.20gb", 19968)]),
+        # netdata's testdata: an A100-SXM4-40GB, driver 510, two 3g.20gb instances (GPU instances 1 and 2, 42 SMs each)
+        ("a100-sxm4-40gb-mig-510", [(1, "3g.20gb", 19968), (2, "3g.20gb", 19968)]),
+    ],
+)
+def test_a_captured_mig_gpu_serves_its_instances_and_is_never_idle(capture, instances):
+    from gputop.analysis.diagnosis import diagnose
+    from tests.harness.histories import simulated_history
+
+    history = simulated_history(f"capture:{CAPTURES / capture}", seconds=20)
+    latest = history.latest
+    assert latest is not None
+    gpu = latest.gpus[0]
+    assert [(m.gpu_instance_id, m.profile, (m.memory_total or 0) // MIB) for m in gpu.mig or ()] == instances
+    assert gpu.utilization_gpu is None and gpu.unavailable["utilization_gpu"] == "NotSupported"
+    # a working machine whose utilization NVML does not measure: healthy, not idle nor starved
+    assert [(f.id, f.summary) for f in diagnose(history)] == [("healthy", "Healthy: nothing wrong found")]

@@ -987,6 +987,9 @@ class FakeNvmlLibrary:
     # ------------------------------------------------------------ MIG (profiles' `mig`, the `mig=` switch)
     def mig_devices(self, gpu: int) -> Optional[list[_MigDevice]]:
         """GPU `gpu`'s MIG devices in index order; None: MIG mode is off there."""
+        if self.profile.capture is not None:  # as captured: its GPU instance ids too
+            captured = self.profile.capture.gpus[gpu].mig_instances
+            return None if captured is None else [_MigDevice(gpu, i, p, gi) for i, (gi, p) in enumerate(captured)]
         layout = self.profile.mig_instances(gpu)
         if layout is None:
             return None
@@ -1047,7 +1050,7 @@ class FakeNvmlLibrary:
                 return ERROR_NOT_SUPPORTED if mig_device(handle) else ERROR_INVALID_ARGUMENT
             if lib.is_lost(gpu):
                 return ERROR_GPU_IS_LOST
-            if not profile.model(gpu).mig_profiles:
+            if not profile.model(gpu).mig_profiles and layouts[gpu] is None:  # (a capture's MIG GPU has no table)
                 return ERROR_NOT_SUPPORTED
             current._obj.value = pending._obj.value = 1 if layouts[gpu] is not None else 0
             return SUCCESS
