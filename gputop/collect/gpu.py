@@ -443,6 +443,7 @@ class _Gpu:
     slow: _SlowFields = field(default_factory=_SlowFields)
     # MIG: None until asked; False once NVML refused MIG mode for good (a card without MIG, an old driver)
     mig_supported: Optional[bool] = None
+    mig_devices: int = 0  # MIG mode on: how many MIG device indices to ask for (0: MIG off), read with the slow fields
     mig_static: dict[str, _MigStatic] = field(default_factory=dict)  # MIG device UUID -> what does not change
     xid_events: Any = None  # this GPU's own NVML event set (None: XIDs unavailable, reason in static_unavailable)
     xids: deque = field(default_factory=lambda: deque(maxlen=XID_EVENTS_KEPT))
@@ -877,7 +878,7 @@ class GpuCollector:
             processes=self._read_processes(r),
             xids=self._read_xids(gpu, r),
             unavailable=r.unavailable,
-            mig=self._read_mig(gpu),
+            mig=self._read_mig(gpu, refresh_slow),
         )
         if fields["mig"]:  # a process NVML lists on an instance only is on this GPU too
             fields["processes"] = self._with_mig_processes(fields["processes"], fields["mig"])
@@ -940,25 +941,29 @@ class GpuCollector:
 
     # ------------------------------------------------------------ MIG
     @staticmethod
-    def _read_mig(gpu: _Gpu) -> Optional[tuple[MigInstance, ...]]:
+    def _read_mig(gpu: _Gpu, refresh: bool) -> Optional[tuple[MigInstance, ...]]:
         """The GPU's MIG instances while MIG mode is on (None: off or not supported). NVML does not measure
-        utilization on a MIG-enabled GPU nor on its instances: memory and processes are what there is."""
+        utilization on a MIG-enabled GPU nor on its instances: memory and processes are what there is.  The
+        mode changes only with a GPU reset: it is read with the slow fields (`refresh`), the instances, which
+        come and go, every sample."""
         if gpu.mig_supported is False:
             return None
-        try:
-            current, _pending = pynvml.nvmlDeviceGetMigMode(gpu.handle)
-            gpu.mig_supported = True
-            if current != pynvml.NVML_DEVICE_MIG_ENABLE:
-                return None
-            count = pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu.handle)
-        except pynvml.NVMLError_GpuIsLost:
-            raise _Lost() from None
-        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
-            if reason_of(exc) in PERMANENT_REASONS:
-                gpu.mig_supported = False
+        if refresh or gpu.mig_supported is None:
+            try:
+                current, _pending = pynvml.nvmlDeviceGetMigMode(gpu.handle)
+                gpu.mig_supported = True
+                on = current == pynvml.NVML_DEVICE_MIG_ENABLE
+                gpu.mig_devices = pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu.handle) if on else 0
+            except pynvml.NVMLError_GpuIsLost:
+                raise _Lost() from None
+            except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
+                if reason_of(exc) in PERMANENT_REASONS:
+                    gpu.mig_supported = False
+                gpu.mig_devices = 0
+        if not gpu.mig_devices:
             return None
         instances = []
-        for index in range(count):
+        for index in range(gpu.mig_devices):
             try:
                 handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, index)
             except pynvml.NVMLError_GpuIsLost:
