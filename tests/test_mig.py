@@ -277,3 +277,22 @@ def test_a_captured_mig_gpu_serves_its_instances_and_is_never_idle(capture, inst
     assert gpu.utilization_gpu is None and gpu.unavailable["utilization_gpu"] == "NotSupported"
     # a working machine whose utilization NVML does not measure: healthy, not idle nor starved
     assert [(f.id, f.summary) for f in diagnose(history)] == [("healthy", "Healthy: nothing wrong found")]
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("h100-sxm-8+mig=1", "mig needs IDX:PROFILE[,PROFILE...] with profiles of 1g.10gb,"),
+        ("h100-sxm-8+mig=1:5g.50gb", "got '1:5g.50gb'"),
+        ("h100-sxm-8+mig=1:4g.40gb,4g.40gb", "more than 7 compute slices on one GPU"),
+        ("h100-sxm-8+mig=8:1g.10gb", "mig=8: h100-sxm-8 has GPUs 0..7"),
+        ("rtx-4090-2+mig=0:1g.10gb", "NVIDIA GeForce RTX 4090 has no MIG, so mig does not apply"),
+    ],
+)
+def test_a_wrong_mig_switch_is_one_line_saying_what_is_wrong(spec, says):
+    from gputop.errors import UsageError
+
+    with pytest.raises(UsageError) as caught:
+        parse_spec(spec)
+    message = str(caught.value)
+    assert says in message and "\n" not in message and "--help-faults" in message

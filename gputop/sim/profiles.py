@@ -298,8 +298,9 @@ FAULTS: dict[str, tuple[str, str]] = {
     "nvlink-down": ("nvlink-down=IDX", "4 of GPU IDX's NVLinks are inactive (NV14 to its peers)"),
     "power": ("power=IDX", "GPU IDX is capped at 55% of its power limit (SW power cap, lower clocks)"),
     "xid": ("xid=IDX:CODE[@SECONDS]", "the driver reports XID CODE on GPU IDX (SECONDS after start, default 0)"),
-    "mig": ("mig=IDX:PROFILE,...", "GPU IDX in MIG mode, split into instances of those profiles (e.g. mig=0:3g.40gb,4g.40gb)"),
 }
+# Not a fault: how a GPU is set up.  Parsed beside the faults, listed apart from them.
+MIG_SWITCH = ("mig=IDX:PROFILE,...", "GPU IDX in MIG mode, split into instances of those profiles (e.g. mig=0:3g.40gb,4g.40gb)")
 
 # The faults `gputop check` looks for (each makes it exit 3 with one failing line); see `_parse_infra_fault`.
 INFRA_FAULTS: dict[str, tuple[str, str]] = {
@@ -324,6 +325,7 @@ def faults_help() -> str:
         default = " (default)" if name == DEFAULT_PROFILE else ""
         lines.append(f"  {name:<22} {profile.description}{default}")
     lines.append(f"  {'capture:DIR':<22} a machine's own nvidia-smi output (topo.txt, smi_q.txt|.xml, nvlink.txt in DIR)")
+    lines += ["", "MIG (an A100 or H100 GPU in MIG mode):", f"  {MIG_SWITCH[0]:<24} {MIG_SWITCH[1]}"]
     lines += ["", "Faults (IDX is a GPU index, several may be combined):"]
     for form, text in FAULTS.values():
         lines.append(f"  {form:<24} {text}")
@@ -365,7 +367,7 @@ class SimSpec:
 
 
 def _valid_forms() -> str:
-    return f"profiles: {', '.join(PROFILES)}; faults: {', '.join(f[0] for f in FAULTS.values())}"
+    return f"profiles: {', '.join(PROFILES)}; {MIG_SWITCH[0]}; faults: {', '.join(f[0] for f in FAULTS.values())}"
 
 
 def _bad(message: str) -> UsageError:
@@ -464,6 +466,9 @@ def parse_spec(spec: str | None) -> SimSpec:
     for fault_text in fault_texts:
         fault_text = fault_text.strip()
         key, _, value = fault_text.partition("=")
+        if key == "mig":
+            profile = _with_mig(profile, value)
+            continue
         if key not in FAULTS:
             raise _bad(f"unknown fault {fault_text!r}")
         if key in INFRA_FAULTS:
@@ -484,8 +489,6 @@ def parse_spec(spec: str | None) -> SimSpec:
             lost[index] = seconds
         elif key == "xid":
             xids.append(_xid(value, profile))
-        elif key == "mig":
-            profile = _with_mig(profile, value)
         else:
             index = _gpu_index(value, key, profile)
             if key == "nvlink-down" and not profile.gpu.nvlink_links:
