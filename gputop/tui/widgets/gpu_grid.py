@@ -470,7 +470,11 @@ class GpuGrid(LineCanvas):
             symbol, word, state_style = self._state(gpu, problems)
             line = LineBuilder()
             line.add(f"{symbol}{gpu.index:>2} {word:<5} ", state_style)
-            line.add(spark_text(buckets[gpu.index]), look.DIM if gpu.lost else look.SPARK)
+            if gpu.mig is not None and gpu.utilization_gpu is None and not gpu.lost:  # its instances, not a blank line
+                slices = " ".join(m.profile.split(".")[0] for m in gpu.mig) or "no instances"  # "3g 2g 1g 1g"
+                line.add(look.ellipsize(slices, spark_cells).ljust(spark_cells), look.DIM)
+            else:
+                line.add(spark_text(buckets[gpu.index]), look.DIM if gpu.lost else look.SPARK)
             if gpu.lost:
                 line.add("  GPU not answering (fell off the bus?)", look.BAD_BOLD)
                 lines.append(line.strip(width))
