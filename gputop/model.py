@@ -201,6 +201,23 @@ class GpuProcess:
     used_memory: Optional[int] = None  # bytes; None when the driver hides it
 
 
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """One MIG device of a MIG-enabled GPU (a GPU instance's compute instance), as NVML's MIG handle answers.
+
+    NVML gives no utilization for it (nor for its parent GPU): only memory and processes."""
+
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str  # "MIG-...": what CUDA_VISIBLE_DEVICES names to put a process on this instance
+    profile: str  # "3g.40gb": compute slices and memory, from the MIG device's name
+    slices: Optional[int] = None  # the GPU instance's compute slices (of 7 on an A100/H100)
+    multiprocessors: Optional[int] = None
+    memory_used: Optional[int] = None  # bytes
+    memory_total: Optional[int] = None
+    processes: Optional[tuple[GpuProcess, ...]] = None
+
+
 # Names used in `GpuSample.throttle_reasons` (NVML clock-event reasons, in bit order 0x1..0x100).
 # "gpu_idle" and "applications_clocks" are harmless; the thermal, hw_slowdown and power ones are the machine.
 THROTTLE_REASONS = (
@@ -244,6 +261,9 @@ class GpuSample:
     # XIDs seen since gputop started (the newest XID_EVENTS_KEPT); None: NVML cannot report them here
     xids: Optional[tuple[XidEvent, ...]] = None
     unavailable: dict[str, str] = field(default_factory=dict)  # field name -> reason
+    # MIG mode on: the GPU's instances (utilization then reads None, never 0: NVML does not measure it).
+    # None: MIG is off or not supported on this card.
+    mig: Optional[tuple[MigInstance, ...]] = None
 
     def __post_init__(self) -> None:
         if self.nvlink is not None and not isinstance(self.nvlink, NvLinks):
@@ -580,6 +600,8 @@ class Rank:
     # another namespace, from /proc/PID/status NSpid), "inferred" (NVML's PIDs are not visible here, e.g.
     # in a container: from CUDA_VISIBLE_DEVICES + LOCAL_RANK); None: on no GPU
     gpu_mapping: Optional[str] = None
+    # (GPU index, GPU instance id) of the MIG instances among `gpus` its processes run on; empty: whole GPUs
+    mig_instances: tuple[tuple[int, int], ...] = ()
     workers: tuple[ProcInfo, ...] = ()
     pin_memory_tids: tuple[int, ...] = ()
     main_thread_state: Optional[str] = None  # see analysis.stack_classes

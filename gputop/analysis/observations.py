@@ -254,6 +254,7 @@ class RankObs:
     node_rank: Optional[int] = None
     nnodes: Optional[int] = None
     gpus: set[int] = field(default_factory=set)
+    mig_instances: set[tuple[int, int]] = field(default_factory=set)  # (GPU, GPU instance id): ranks on MIG instances
     samples: list[StackSample] = field(default_factory=list)  # one per distinct main-thread dump
     cpu: list[float] = field(default_factory=list)
     worker_sets: list[tuple[float, frozenset[int]]] = field(default_factory=list)
@@ -375,6 +376,7 @@ def collect_rank_observations(snaps: Sequence[Snapshot], share_since: Optional[f
             obs.local_rank = r.local_rank if r.local_rank is not None else obs.local_rank
             obs.world_size, obs.job_id, obs.node_rank, obs.nnodes = r.world_size, r.job_id, r.node_rank, r.nnodes
             obs.gpus.update(r.gpus)
+            obs.mig_instances.update(r.mig_instances)
             obs.last = r.proc
             if r.proc.cpu_percent is not None and not r.proc.exited:
                 obs.cpu.append(r.proc.cpu_percent)

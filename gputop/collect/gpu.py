@@ -76,6 +76,7 @@ from gputop.model import (
     GpuDetails,
     GpuProcess,
     GpuSample,
+    MigInstance,
     NvLinkErrors,
     NvLinks,
     PcieLink,
@@ -316,6 +317,12 @@ def _shared_with(previous: Optional[GpuSample], fields: dict[str, Any]) -> dict[
     return fields
 
 
+def _mig_profile_name(device_name: str) -> str:
+    """A MIG device's profile from its NVML name: "NVIDIA A100-SXM4-80GB MIG 3g.40gb" -> "3g.40gb"."""
+    _, marker, profile = device_name.rpartition(" MIG ")
+    return profile.strip() if marker else device_name
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -397,6 +404,17 @@ class _SlowFields:
     health_unavailable: dict[str, str] = field(default_factory=dict)  # "ecc"/"ecc.*"/"remapped_rows" -> reason
 
 
+@dataclass(frozen=True)
+class _MigStatic:
+    """A MIG device's readings that last as long as the instance (kept by its UUID)."""
+
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+    slices: Optional[int]
+    multiprocessors: Optional[int]
+
+
 @dataclass
 class _Gpu:
     """What we keep per GPU between samples."""
@@ -423,6 +441,10 @@ class _Gpu:
     last: Optional[GpuSample] = None
     future: Optional[concurrent.futures.Future] = None
     slow: _SlowFields = field(default_factory=_SlowFields)
+    # MIG: None until asked; False once NVML refused MIG mode for good (a card without MIG, an old driver)
+    mig_supported: Optional[bool] = None
+    mig_devices: int = 0  # MIG mode on: how many MIG device indices to ask for (0: MIG off), read with the slow fields
+    mig_static: dict[str, _MigStatic] = field(default_factory=dict)  # MIG device UUID -> what does not change
     xid_events: Any = None  # this GPU's own NVML event set (None: XIDs unavailable, reason in static_unavailable)
     xids: deque = field(default_factory=lambda: deque(maxlen=XID_EVENTS_KEPT))
 
@@ -856,7 +878,10 @@ class GpuCollector:
             processes=self._read_processes(r),
             xids=self._read_xids(gpu, r),
             unavailable=r.unavailable,
+            mig=self._read_mig(gpu, refresh_slow),
         )
+        if fields["mig"]:  # a process NVML lists on an instance only is on this GPU too
+            fields["processes"] = self._with_mig_processes(fields["processes"], fields["mig"])
         sample = self._identity(gpu, **_shared_with(gpu.last, fields))
         if refresh_slow:  # only once everything read without the GPU being lost
             gpu.slow.due = now + SLOW_FIELDS_PERIOD_S
@@ -913,6 +938,105 @@ class GpuCollector:
         if procs is None:
             return None
         return tuple(GpuProcess(pid=int(p.pid), used_memory=p.usedGpuMemory) for p in procs)
+
+    # ------------------------------------------------------------ MIG
+    @staticmethod
+    def _read_mig(gpu: _Gpu, refresh: bool) -> Optional[tuple[MigInstance, ...]]:
+        """The GPU's MIG instances while MIG mode is on (None: off or not supported). NVML does not measure
+        utilization on a MIG-enabled GPU nor on its instances: memory and processes are what there is.  The
+        mode changes only with a GPU reset: it is read with the slow fields (`refresh`), the instances, which
+        come and go, every sample."""
+        if gpu.mig_supported is False:
+            return None
+        if refresh or gpu.mig_supported is None:
+            try:
+                current, _pending = pynvml.nvmlDeviceGetMigMode(gpu.handle)
+                gpu.mig_supported = True
+                on = current == pynvml.NVML_DEVICE_MIG_ENABLE
+                gpu.mig_devices = pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu.handle) if on else 0
+            except pynvml.NVMLError_GpuIsLost:
+                raise _Lost() from None
+            except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
+                if reason_of(exc) in PERMANENT_REASONS:
+                    gpu.mig_supported = False
+                gpu.mig_devices = 0
+        if not gpu.mig_devices:
+            return None
+        instances = []
+        for index in range(gpu.mig_devices):
+            try:
+                handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, index)
+            except pynvml.NVMLError_GpuIsLost:
+                raise _Lost() from None
+            except pynvml.NVMLError:
+                continue  # NotFound: no instance holds this index
+            instance = GpuCollector._read_mig_device(gpu, handle)
+            if instance is not None:
+                instances.append(instance)
+        gpu.mig_static = {m.uuid: gpu.mig_static[m.uuid] for m in instances}  # destroyed instances' go
+        return tuple(instances)
+
+    @staticmethod
+    def _read_mig_device(gpu: _Gpu, handle: Any) -> Optional[MigInstance]:
+        """One MIG device: its ids and profile (once per UUID), its memory and processes (every sample)."""
+
+        def optional(fn: Callable, *args: Any) -> Any:
+            try:
+                return fn(handle, *args)
+            except pynvml.NVMLError_GpuIsLost:
+                raise _Lost() from None
+            except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError):
+                return None
+
+        uuid = optional(pynvml.nvmlDeviceGetUUID)
+        if uuid is None:
+            return None  # destroyed between the two calls
+        uuid = _text(uuid)
+        static = gpu.mig_static.get(uuid)
+        if static is None:
+            gi, ci = optional(pynvml.nvmlDeviceGetGpuInstanceId), optional(pynvml.nvmlDeviceGetComputeInstanceId)
+            if gi is None or ci is None:
+                return None
+            name = _text(optional(pynvml.nvmlDeviceGetName) or "")
+            attributes = optional(pynvml.nvmlDeviceGetAttributes_v2)
+            static = gpu.mig_static[uuid] = _MigStatic(
+                gpu_instance_id=int(gi),
+                compute_instance_id=int(ci),
+                profile=_mig_profile_name(name),
+                slices=int(attributes.gpuInstanceSliceCount) if attributes is not None else None,
+                multiprocessors=int(attributes.multiprocessorCount) if attributes is not None else None,
+            )
+        memory = optional(_memory_v2)
+        if memory is None:
+            memory = optional(_memory_v1)
+        procs = optional(pynvml.nvmlDeviceGetComputeRunningProcesses_v3)
+        if procs is None:
+            procs = optional(pynvml.nvmlDeviceGetComputeRunningProcesses_v2)
+        return MigInstance(
+            gpu_instance_id=static.gpu_instance_id,
+            compute_instance_id=static.compute_instance_id,
+            uuid=uuid,
+            profile=static.profile,
+            slices=static.slices,
+            multiprocessors=static.multiprocessors,
+            memory_used=int(memory.used) if memory is not None else None,
+            memory_total=int(memory.total) if memory is not None else None,
+            processes=tuple(GpuProcess(pid=int(p.pid), used_memory=p.usedGpuMemory) for p in procs)
+            if procs is not None
+            else None,
+        )
+
+    @staticmethod
+    def _with_mig_processes(
+        processes: Optional[tuple[GpuProcess, ...]], instances: tuple[MigInstance, ...]
+    ) -> Optional[tuple[GpuProcess, ...]]:
+        """The GPU's process list with every instance's process it lacks (without privileges NVML may list
+        a MIG-enabled GPU's processes only on their instances)."""
+        listed = {p.pid for p in processes or ()}
+        extra = tuple(p for m in instances for p in m.processes or () if p.pid not in listed)
+        if not extra:
+            return processes
+        return (*(processes or ()), *extra)
 
     # ------------------------------------------------------------ cumulative counters: NVLink and PCIe traffic
     def _read_counters(self, gpu: _Gpu) -> tuple[Optional[list[Any]], Optional[str]]:

@@ -24,7 +24,7 @@ import psutil
 from gputop.analysis.stack_classes import classify_main_thread, runs_worker_loop
 from gputop.collect import stacks as stacks_mod
 from gputop.collect.cgroup import job_limits
-from gputop.collect.placement import find_misplacements, gpus_of_pids, place_ranks
+from gputop.collect.placement import find_misplacements, gpus_of_pids, mig_instances_of_rank, place_ranks
 from gputop.collect.procfs import (
     ProcessTable,
     ProcKey,
@@ -376,6 +376,7 @@ class JobScanner:
                     cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
                     gpus=on_gpus,
                     gpu_mapping=mapping,
+                    mig_instances=mig_instances_of_rank(rank.key[0], env, identity.local_rank, mapping, gpus),
                     workers=workers,
                     pin_memory_tids=self.table.threads_named(rank.key[0], PIN_THREAD_COMM),
                     job_id=place.job_id,

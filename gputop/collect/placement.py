@@ -31,6 +31,41 @@ def gpus_of_pids(gpus: Iterable[GpuSample]) -> dict[int, tuple[int, ...]]:
     return {pid: tuple(sorted(idx)) for pid, idx in found.items()}
 
 
+def mig_instances_of_pids(gpus: Iterable[GpuSample]) -> dict[int, tuple[tuple[int, int], ...]]:
+    """pid -> (GPU index, GPU instance id) of the MIG instances where NVML lists it."""
+    found: dict[int, set[tuple[int, int]]] = {}
+    for gpu in gpus:
+        for instance in gpu.mig or () if not gpu.lost else ():
+            for gp in instance.processes or ():
+                found.setdefault(gp.pid, set()).add((gpu.index, instance.gpu_instance_id))
+    return {pid: tuple(sorted(where)) for pid, where in found.items()}
+
+
+def mig_instances_of_rank(
+    pid: int, env: Optional[dict[str, str]], local_rank: Optional[int], mapping: Optional[str], gpus: Iterable[GpuSample]
+) -> tuple[tuple[int, int], ...]:
+    """(GPU index, GPU instance id) of the MIG instances a placed rank runs on: where NVML lists its PID, or,
+    where its GPU was inferred from CUDA_VISIBLE_DEVICES, the instance whose MIG-<uuid> that names."""
+    if mapping == MAPPED_BY_NVML:
+        return mig_instances_of_pids(gpus).get(pid, ())
+    device = visible_device(env, local_rank) if mapping == MAPPED_BY_ENV else None
+    if device is None or not device.startswith("MIG-"):
+        return ()
+    return tuple((g.index, m.gpu_instance_id) for g in gpus if not g.lost for m in g.mig or () if m.uuid.startswith(device))
+
+
+def _devices(rank: Rank) -> tuple[tuple[int, Optional[int]], ...]:
+    """The devices a rank runs on: (GPU, None) for a whole GPU, (GPU, GPU instance id) for a MIG instance
+    (two ranks on two instances of one GPU share nothing)."""
+    on_instances = {gpu for gpu, _ in rank.mig_instances}
+    return tuple((g, None) for g in rank.gpus if g not in on_instances) + tuple(rank.mig_instances)
+
+
+def _device_name(device: tuple[int, Optional[int]]) -> str:
+    gpu, instance = device
+    return f"GPU {gpu}" if instance is None else f"GPU {gpu} MIG instance {instance}"
+
+
 def _rank_label(rank: Rank) -> str:
     return f"rank {rank.rank} (PID {rank.proc.pid})" if rank.rank is not None else f"PID {rank.proc.pid}"
 
@@ -49,27 +84,27 @@ def find_misplacements(ranks: tuple[Rank, ...], gpus: tuple[GpuSample, ...]) -> 
     placed = [r for r in ranks if r.gpus]
     if not placed:
         return ()
-    by_gpu: dict[int, list[Rank]] = {}
+    by_device: dict[tuple[int, Optional[int]], list[Rank]] = {}
     for rank in placed:
-        for index in rank.gpus:
-            by_gpu.setdefault(index, []).append(rank)
+        for device in _devices(rank):
+            by_device.setdefault(device, []).append(rank)
     visible_gpus = len([g for g in gpus if not g.lost])
-    shared = {index: rs for index, rs in by_gpu.items() if len(rs) > 1}
-    everyone_on_one = len(placed) > 1 and len(by_gpu) == 1
+    shared = {device: rs for device, rs in by_device.items() if len(rs) > 1}
+    everyone_on_one = len(placed) > 1 and len(by_device) == 1
     if everyone_on_one:
-        (index,) = by_gpu
+        ((index, instance),) = by_device
         idle = visible_gpus - 1
         message = (
-            f"all {len(placed)} ranks run on GPU {index}"
+            f"all {len(placed)} ranks run on {_device_name((index, instance))}"
             + (f" while {idle} other GPU{'s' if idle != 1 else ''} sit idle" if idle > 0 else "")
             + f": {SET_DEVICE_FIX}"
         )
         found.append(Misplacement("all_on_one_gpu", tuple(r.proc.pid for r in placed), (index,), message))
     else:
-        for index in sorted(shared):
-            names = ", ".join(_rank_label(r) for r in shared[index])
-            message = f"GPU {index} is shared by {len(shared[index])} ranks ({names}): {SET_DEVICE_FIX}"
-            found.append(Misplacement("shared_gpu", tuple(r.proc.pid for r in shared[index]), (index,), message))
+        for device in sorted(shared, key=lambda d: (d[0], -1 if d[1] is None else d[1])):
+            names = ", ".join(_rank_label(r) for r in shared[device])
+            message = f"{_device_name(device)} is shared by {len(shared[device])} ranks ({names}): {SET_DEVICE_FIX}"
+            found.append(Misplacement("shared_gpu", tuple(r.proc.pid for r in shared[device]), (device[0],), message))
     for rank in placed:
         if len(rank.gpus) > 1:
             message = (
@@ -103,8 +138,11 @@ def visible_device(env: Optional[dict[str, str]], local_rank: Optional[int]) -> 
 def _gpu_index_of(device: str, gpus: tuple[GpuSample, ...]) -> Optional[int]:
     """NVML index of a CUDA_VISIBLE_DEVICES entry: by UUID (or a unique prefix of one), else by index.
     (CUDA's index order can differ from NVML's; without CUDA_DEVICE_ORDER=PCI_BUS_ID that is a guess.)"""
-    if device.startswith(("GPU-", "MIG-")):
-        matches = [g.index for g in gpus if g.uuid.startswith(device) or (device.startswith("MIG-") and device in g.uuid)]
+    if device.startswith("MIG-"):  # a MIG instance's UUID: the GPU that holds that instance
+        matches = [g.index for g in gpus if any(m.uuid.startswith(device) for m in g.mig or ())]
+        return matches[0] if len(matches) == 1 else None
+    if device.startswith("GPU-"):
+        matches = [g.index for g in gpus if g.uuid.startswith(device)]
         return matches[0] if len(matches) == 1 else None
     index = int_or_none(device)
     return index if index is not None and any(g.index == index for g in gpus) else None

@@ -98,6 +98,11 @@ def _gpu_lines(gpu: GpuSample) -> list[str]:
         return [f"{gpu.index:>3}  {gpu.name:<24} LOST ({gpu.unavailable.get('gpu', 'GpuIsLost')}) bus {gpu.pci_bus_id}"]
     head, *rest = gpu_fields.snapshot_lines(gpu)  # the fields' cells, as the table of GPU fields places them
     lines = [f"{gpu.index:>3}  {gpu.name[:24]:<24}{head}"] + [f"     {line}" for line in rest]
+    for m in gpu.mig or ():  # MIG mode: its instances (NVML gives no utilization for them)
+        pids = ", ".join(str(p.pid) for p in m.processes or ()) or "none"
+        lines.append(
+            f"     MIG GI {m.gpu_instance_id} {m.profile:<8} {units.gib_pair(m.memory_used, m.memory_total)}  PIDs {pids}"
+        )
     if "stale" in gpu.unavailable:
         lines.append(f"     stale: {gpu.unavailable['stale']}")
     return lines

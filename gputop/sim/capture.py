@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional, Union
 
 from gputop.errors import UsageError
-from gputop.sim.profiles import MIB, GpuModel, Profile
+from gputop.sim.profiles import MIB, MIG_MAX_DEVICES, GpuModel, MigProfile, Profile
 
 TOPO_FILE = "topo.txt"
 SMI_Q_FILES = ("smi_q.txt", "smi_q.xml")
@@ -86,6 +86,8 @@ class CapturedGpu:
     refused: frozenset[str] = frozenset()  # NVML symbols that answer NOT_SUPPORTED (the capture's N/A)
     ecc_volatile: Optional[tuple[int, int]] = None  # (corrected, uncorrected) since the driver loaded
     ecc_aggregate: Optional[tuple[int, int]] = None  # (corrected, uncorrected) over the card's life
+    # MIG mode on: (GPU instance id, profile) of each MIG device in index order; None: MIG off (or not captured)
+    mig_instances: Optional[tuple[tuple[int, MigProfile], ...]] = None
 
 
 @dataclass(frozen=True)
@@ -346,6 +348,36 @@ class SmiGpu:
     refused: frozenset[str]
     ecc_volatile: Optional[tuple[int, int]]
     ecc_aggregate: Optional[tuple[int, int]]
+    mig_instances: Optional[tuple[tuple[int, MigProfile], ...]] = None  # see CapturedGpu
+
+
+def _mig_profile(card: str, multiprocessors: int, memory_mib: float) -> MigProfile:
+    """A captured MIG device's profile: -q -x gives its SMs and memory, not the profile's name, which says them
+    ("3g.20gb": 3 compute slices of 14 SMs on an A100/A30, 16 on a Hopper; memory rounded to NVIDIA's 5 GB steps)."""
+    per_slice = 16 if re.search(r"\b(GH|H)\d", card) else 14
+    slices = max(1, min(MIG_MAX_DEVICES, multiprocessors // per_slice))
+    gb = max(5, 5 * round(memory_mib / 1024 / 5))
+    return MigProfile(f"{slices}g.{gb}gb", slices, multiprocessors, int(memory_mib))
+
+
+def _xml_mig_instances(text: str) -> list[Optional[tuple[tuple[int, MigProfile], ...]]]:
+    """Per <gpu> of a -q -x capture, its MIG devices (see CapturedGpu.mig_instances).  Read from the XML itself:
+    the tree `_xml_tree` builds keeps one child per tag, and a MIG GPU lists several <mig_device>."""
+    root = ElementTree.fromstring(re.sub(r"<!DOCTYPE[^>]*>", "", text))
+    out: list[Optional[tuple[tuple[int, MigProfile], ...]]] = []
+    for gpu in root.findall("gpu"):
+        if (gpu.findtext("mig_mode/current_mig") or "").strip().lower() != "enabled":
+            out.append(None)
+            continue
+        devices = []
+        for device in gpu.findall("mig_devices/mig_device"):
+            gi = _number(device.findtext("gpu_instance_id"))
+            sms = _number(device.findtext("device_attributes/shared/multiprocessor_count"))
+            memory = _number(device.findtext("fb_memory_usage/total"))
+            if gi is not None and sms and memory:
+                devices.append((int(gi), _mig_profile(gpu.findtext("product_name") or "", int(sms), memory)))
+        out.append(tuple(devices))
+    return out
 
 
 # the counters NVML's total ECC count adds up, per schema: -q -x tags, and -q's keys as `_key` spells them
@@ -373,9 +405,12 @@ def _ecc(tree: Tree, scope: str) -> Optional[tuple[int, int]]:
 
 def parse_smi_q(text: str, path: Path) -> tuple[dict[str, str], tuple[SmiGpu, ...]]:
     """`nvidia-smi -q` or `-q -x` -> (header: driver_version, cuda_version, ...; each GPU's facts)."""
-    header, trees = _xml_tree(text, path) if text.lstrip().startswith("<") else _text_tree(text, path)
+    xml = text.lstrip().startswith("<")
+    header, trees = _xml_tree(text, path) if xml else _text_tree(text, path)
+    # MIG devices from -q -x; -q's text gives the mode only (its instances are not read: none listed)
+    migs = _xml_mig_instances(text) if xml else [() if _get(t, "mig_mode/current") == "Enabled" else None for t in trees]
     out = []
-    for tree in trees:
+    for tree, mig in zip(trees, migs):
         name = _get(tree, "product_name") or UNKNOWN_CARD.name
         bus = _get(tree, "pci/pci_bus_id", "pci/bus_id") or str(tree.get("id", ""))
         memory_mib = _number(_get(tree, "fb_memory_usage/total"))
@@ -403,7 +438,7 @@ def parse_smi_q(text: str, path: Path) -> tuple[dict[str, str], tuple[SmiGpu, ..
         )
         if not ecc_on:
             refused |= {"nvmlDeviceGetTotalEccErrors"}  # with ECC off NVML refuses the counts
-        out.append(SmiGpu(model, _nvml_bus_id(bus, path), refused, _ecc(tree, "volatile"), _ecc(tree, "aggregate")))
+        out.append(SmiGpu(model, _nvml_bus_id(bus, path), refused, _ecc(tree, "volatile"), _ecc(tree, "aggregate"), mig))
     return header, tuple(out)
 
 
@@ -506,6 +541,7 @@ def load_capture(folder_text: str) -> Profile:
                 refused=facts.refused if facts else frozenset(),
                 ecc_volatile=facts.ecc_volatile if facts else None,
                 ecc_aggregate=facts.ecc_aggregate if facts else None,
+                mig_instances=facts.mig_instances if facts else None,
             )
         )
     driver = header.get("driver_version") or ""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, cast
 
 from gputop.sim.load import LoadModel
-from gputop.sim.profiles import OLD_DRIVER_MISSING_SYMBOLS, SimSpec
+from gputop.sim.profiles import MIB, MIG_MAX_DEVICES, OLD_DRIVER_MISSING_SYMBOLS, MigProfile, SimSpec
 
 if TYPE_CHECKING:
     from ctypes import _CData, _SimpleCData
@@ -60,6 +60,7 @@ SUCCESS = 0
 ERROR_UNINITIALIZED = 1
 ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
+ERROR_NOT_FOUND = 6
 ERROR_INSUFFICIENT_SIZE = 7
 ERROR_TIMEOUT = 10
 ERROR_GPU_IS_LOST = 15
@@ -70,6 +71,7 @@ _ERROR_STRINGS = {
     ERROR_UNINITIALIZED: b"Uninitialized",
     ERROR_INVALID_ARGUMENT: b"Invalid Argument",
     ERROR_NOT_SUPPORTED: b"Not Supported",
+    ERROR_NOT_FOUND: b"Not Found",
     ERROR_INSUFFICIENT_SIZE: b"Insufficient Size",
     ERROR_TIMEOUT: b"Timeout",
     ERROR_GPU_IS_LOST: b"GPU is lost",
@@ -118,6 +120,13 @@ PCIE_THROUGHPUT_LATENCY_S = 0.02
 # Readings are recomputed at most this often (NVML itself refreshes on a ~1/6 s period); one
 # adapter sample makes ~20 calls per GPU and they should agree with each other.
 STATE_QUANTUM_S = 0.05
+
+# MIG device handles: an address per (GPU, MIG device index), far above the GPUs' own (1..n)
+MIG_HANDLE_BASE = 0x10000
+MIG_HANDLE_STRIDE = 0x10
+MIG_INSTANCE_IDLE_USED = 19 * MIB  # an empty instance's used memory (an A100's `nvidia-smi -q`: 19 MiB each)
+# the first GPU instance id NVML gives an instance of so many compute slices (A100/H100 placements), then counts up
+_MIG_FIRST_GI_ID = {7: 0, 4: 1, 3: 1, 2: 3, 1: 7}
 
 IDLE_UTILIZATION = 5.0  # below this a GPU is "idle": the link drops to Gen1, GpuIdle is set
 NVLINK_DOWN_LINKS = 4
@@ -183,6 +192,25 @@ def _address(handle: Handle) -> Optional[int]:
         return ctypes.c_void_p.from_buffer(handle).value  # a pointer-sized ctypes object: read its bytes
     except TypeError:
         return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+@dataclass(frozen=True)
+class _MigDevice:
+    """One MIG device of the simulation: GPU, MIG device index, its profile, its GPU instance id."""
+
+    gpu: int
+    index: int
+    profile: MigProfile
+    gpu_instance_id: int
+
+
+def _write(buf: CharBuffer, text: str, size: CScalar) -> int:
+    """A C string into the caller's buffer of `size` bytes (NUL included)."""
+    data = text.encode()
+    if len(data) + 1 > _int(size):
+        return ERROR_INSUFFICIENT_SIZE
+    buf.value = data
+    return SUCCESS
 
 
 @dataclass
@@ -259,6 +287,7 @@ class FakeNvmlLibrary:
         if self.faults.old_driver:
             for name in OLD_DRIVER_MISSING_SYMBOLS:
                 symbols.pop(name, None)
+        symbols.update(self._mig_symbols(symbols))  # (a card without MIG answers NOT_SUPPORTED, as a real one)
         if self.profile.capture is not None:
             symbols.update(self._capture_symbols(symbols))
             for name in self.profile.capture.missing_symbols:
@@ -953,6 +982,221 @@ class FakeNvmlLibrary:
         out: dict[str, CFunction] = {name: fn for name, fn in locals().items() if name.startswith("nvml") and callable(fn)}
         out["nvmlDeviceGetApplicationsClock"] = device(_named(applications_clock, "applications"))
         out["nvmlDeviceGetDefaultApplicationsClock"] = device(_named(applications_clock, "default"))
+        return out
+
+    # ------------------------------------------------------------ MIG (profiles' `mig`, the `mig=` switch)
+    def mig_devices(self, gpu: int) -> Optional[list[_MigDevice]]:
+        """GPU `gpu`'s MIG devices in index order; None: MIG mode is off there."""
+        if self.profile.capture is not None:  # as captured: its GPU instance ids too
+            captured = self.profile.capture.gpus[gpu].mig_instances
+            return None if captured is None else [_MigDevice(gpu, i, p, gi) for i, (gi, p) in enumerate(captured)]
+        layout = self.profile.mig_instances(gpu)
+        if layout is None:
+            return None
+        taken: set[int] = set()
+        devices = []
+        for index, mig in enumerate(layout):
+            gi = _MIG_FIRST_GI_ID.get(mig.slices, 0)
+            while gi in taken:
+                gi += 1
+            taken.add(gi)
+            devices.append(_MigDevice(gpu, index, mig, gi))
+        return devices
+
+    def mig_processes(self, device: _MigDevice) -> list[tuple[int, Optional[int]]]:
+        """(pid, used bytes) on one MIG device: the load model's optional `mig_processes(gpu, index)`."""
+        ask = getattr(self.load, "mig_processes", None)
+        return list(ask(device.gpu, device.index)) if ask is not None else []
+
+    def mig_memory_used(self, device: _MigDevice) -> int:
+        """Its processes' memory, else the instance's share of what the load puts on the whole GPU."""
+        total = device.profile.memory_mib * MIB
+        procs = self.mig_processes(device)
+        if procs:
+            used = MIG_INSTANCE_IDLE_USED + sum(max(0, u or 0) for _, u in procs)
+        else:
+            model = self.profile.model(device.gpu)
+            share = self.state(device.gpu).memory_used / max(1, model.memory_total - model.memory_reserved)
+            used = max(MIG_INSTANCE_IDLE_USED, int(total * share))
+        return min(used, total)
+
+    def _mig_symbols(self, symbols: dict[str, CFunction]) -> dict[str, CFunction]:
+        """NVML's MIG calls, and the calls that answer differently under MIG: on a MIG device handle name, UUID,
+        memory and processes are the instance's; on a MIG-enabled GPU memory is its instances' and processes
+        carry their instance ids; utilization is NOT_SUPPORTED on both (nvmlDeviceGetUtilizationRates: "On
+        MIG-enabled GPUs, querying device utilization rates is not currently supported")."""
+        lib = self
+        profile = self.profile
+        n = profile.gpu_count
+        layouts = [self.mig_devices(gpu) for gpu in range(n)]
+
+        def parent(handle: Handle) -> Optional[int]:
+            address = _address(handle)
+            return address - 1 if address and 1 <= address <= n else None
+
+        def mig_device(handle: Handle) -> Optional[_MigDevice]:
+            offset = (_address(handle) or 0) - MIG_HANDLE_BASE
+            gpu, index = divmod(offset, MIG_HANDLE_STRIDE)
+            devices = layouts[gpu] if offset >= 0 and gpu < n else None
+            return devices[index] if devices is not None and index < len(devices) else None
+
+        def set_handle(out: Ref, address: int) -> int:
+            ctypes.c_void_p.from_buffer(out._obj).value = address
+            return SUCCESS
+
+        def nvmlDeviceGetMigMode(handle: Handle, current: Ref, pending: Ref) -> int:
+            gpu = parent(handle)
+            if gpu is None:
+                return ERROR_NOT_SUPPORTED if mig_device(handle) else ERROR_INVALID_ARGUMENT
+            if lib.is_lost(gpu):
+                return ERROR_GPU_IS_LOST
+            if not profile.model(gpu).mig_profiles and layouts[gpu] is None:  # (a capture's MIG GPU has no table)
+                return ERROR_NOT_SUPPORTED
+            current._obj.value = pending._obj.value = 1 if layouts[gpu] is not None else 0
+            return SUCCESS
+
+        def nvmlDeviceGetMaxMigDeviceCount(handle: Handle, out: Ref) -> int:
+            gpu = parent(handle)
+            if gpu is None:
+                return ERROR_NOT_SUPPORTED if mig_device(handle) else ERROR_INVALID_ARGUMENT
+            out._obj.value = MIG_MAX_DEVICES if layouts[gpu] is not None else 0
+            return SUCCESS
+
+        def nvmlDeviceGetMigDeviceHandleByIndex(handle: Handle, index: CScalar, out: Ref) -> int:
+            gpu, number = parent(handle), _int(index)
+            if gpu is None or not 0 <= number < MIG_MAX_DEVICES:
+                return ERROR_INVALID_ARGUMENT
+            devices = layouts[gpu]
+            if devices is None:
+                return ERROR_NOT_SUPPORTED
+            if number >= len(devices):
+                return ERROR_NOT_FOUND  # an index no instance holds
+            return set_handle(out, MIG_HANDLE_BASE + gpu * MIG_HANDLE_STRIDE + number)
+
+        def nvmlDeviceIsMigDeviceHandle(handle: Handle, out: Ref) -> int:
+            is_mig = mig_device(handle) is not None
+            if not is_mig and parent(handle) is None:
+                return ERROR_INVALID_ARGUMENT
+            out._obj.value = 1 if is_mig else 0
+            return SUCCESS
+
+        def instance_id(which: str) -> CFunction:
+            def call(handle: Handle, out: Ref) -> int:
+                device = mig_device(handle)
+                if device is None:
+                    return ERROR_NOT_SUPPORTED if parent(handle) is not None else ERROR_INVALID_ARGUMENT
+                out._obj.value = device.gpu_instance_id if which == "gpu" else 0  # one compute instance each
+                return SUCCESS
+
+            call.__name__ = f"instance_id_{which}"
+            return call
+
+        def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle: Handle, out: Ref) -> int:
+            device = mig_device(handle)
+            return set_handle(out, device.gpu + 1) if device is not None else ERROR_INVALID_ARGUMENT
+
+        def nvmlDeviceGetAttributes_v2(handle: Handle, out: Ref) -> int:
+            device = mig_device(handle)
+            gpu = parent(handle)
+            if device is None and gpu is None:
+                return ERROR_INVALID_ARGUMENT
+            attrs = out._obj
+            if device is not None:
+                mig = device.profile
+                attrs.multiprocessorCount, attrs.memorySizeMB = mig.multiprocessors, mig.memory_mib
+                attrs.gpuInstanceSliceCount = attrs.computeInstanceSliceCount = mig.slices
+            else:
+                return ERROR_NOT_SUPPORTED  # (the whole GPU's attributes: not simulated)
+            return SUCCESS
+
+        def with_mig(name: str, on_mig: Callable[..., int], on_mig_gpu: Optional[Callable[..., int]] = None) -> CFunction:
+            """`symbols[name]`, answering `on_mig` for a MIG device handle and `on_mig_gpu` (if given) for a
+            MIG-enabled GPU."""
+            whole = symbols[name]
+
+            def call(handle: Handle, *args: Any) -> Any:
+                device = mig_device(handle)
+                if device is not None:
+                    return on_mig(device, *args)
+                gpu = parent(handle)
+                if on_mig_gpu is not None and gpu is not None and layouts[gpu] is not None and not lib.is_lost(gpu):
+                    return on_mig_gpu(gpu, *args)
+                return whole(handle, *args)
+
+            call.__name__ = f"{name}_mig"
+            return call
+
+        def not_supported(*args: object) -> int:
+            return ERROR_NOT_SUPPORTED
+
+        def name(device: _MigDevice, buf: CharBuffer, size: CScalar) -> int:
+            return _write(buf, f"{profile.model(device.gpu).name} MIG {device.profile.name}", size)
+
+        def uuid(device: _MigDevice, buf: CharBuffer, size: CScalar) -> int:
+            tag = sum(ord(c) for c in profile.name) & 0xFFFF
+            gpu, i = device.gpu, device.index
+            return _write(
+                buf, f"MIG-{tag:04x}{gpu:02x}{i:02x}-{gpu:04x}-5a1e-8c{i:02x}-{gpu * 7919 + i * 104729 + tag:012x}", size
+            )
+
+        def fill_memory(mem: Any, total: int, used: int, reserved: int, v2: bool) -> int:
+            if v2:
+                if mem.version != MEMORY_V2_VERSION:
+                    return ERROR_ARGUMENT_VERSION_MISMATCH
+                mem.reserved = reserved
+                mem.used, mem.free = used, total - reserved - used
+            else:
+                mem.used, mem.free = used + reserved, total - reserved - used
+            mem.total = total
+            return SUCCESS
+
+        def memory(v2: bool) -> tuple[Callable[..., int], Callable[..., int]]:
+            def on_mig(device: _MigDevice, out: Ref) -> int:
+                return fill_memory(out._obj, device.profile.memory_mib * MIB, lib.mig_memory_used(device), 0, v2)
+
+            def on_mig_gpu(gpu: int, out: Ref) -> int:  # the whole card: its instances' memory together
+                card = profile.model(gpu)
+                used = sum(lib.mig_memory_used(d) for d in layouts[gpu] or ())
+                return fill_memory(out._obj, card.memory_total, used, card.memory_reserved, v2)
+
+            return on_mig, on_mig_gpu
+
+        def fill_processes(procs: list[tuple[int, Optional[int], _MigDevice]], count: Ref, buffer: Any) -> int:
+            capacity = count._obj.value
+            count._obj.value = len(procs)
+            if not procs:
+                return SUCCESS
+            if buffer is None or capacity < len(procs):
+                return ERROR_INSUFFICIENT_SIZE
+            for i, (pid, used, device) in enumerate(procs):
+                buffer[i].pid = pid
+                buffer[i].usedGpuMemory = VALUE_NOT_AVAILABLE_ULL if used is None or used < 0 else int(used)
+                buffer[i].gpuInstanceId = device.gpu_instance_id
+                buffer[i].computeInstanceId = 0
+            return SUCCESS
+
+        def processes_on_mig(device: _MigDevice, count: Ref, buffer: Any) -> int:
+            return fill_processes([(pid, used, device) for pid, used in lib.mig_processes(device)], count, buffer)
+
+        def processes_on_mig_gpu(gpu: int, count: Ref, buffer: Any) -> int:  # every instance's, with its ids
+            procs = [(pid, used, d) for d in layouts[gpu] or () for pid, used in lib.mig_processes(d)]
+            return fill_processes(procs, count, buffer)
+
+        out: dict[str, CFunction] = {name: fn for name, fn in locals().items() if name.startswith("nvml") and callable(fn)}
+        out["nvmlDeviceGetGpuInstanceId"] = instance_id("gpu")
+        out["nvmlDeviceGetComputeInstanceId"] = instance_id("compute")
+        wrapped: dict[str, tuple[Callable[..., int], Optional[Callable[..., int]]]] = {
+            "nvmlDeviceGetName": (name, None),
+            "nvmlDeviceGetUUID": (uuid, None),
+            "nvmlDeviceGetUtilizationRates": (not_supported, not_supported),
+            "nvmlDeviceGetMemoryInfo": memory(False),
+            "nvmlDeviceGetMemoryInfo_v2": memory(True),
+            "nvmlDeviceGetComputeRunningProcesses_v2": (processes_on_mig, processes_on_mig_gpu),
+            "nvmlDeviceGetComputeRunningProcesses_v3": (processes_on_mig, processes_on_mig_gpu),
+        }
+        for key, (on_mig, on_mig_gpu) in wrapped.items():
+            if key in symbols:  # (an old driver lacks the _v2/_v3 ones)
+                out[key] = with_mig(key, on_mig, on_mig_gpu)
         return out
 
     # ------------------------------------------------------------ a bug report's captures (gputop.sim.capture)

@@ -5,6 +5,8 @@ A spec string names a profile and optional faults, joined by ``+``::
     h100-sxm-8                       the default: 8x H100 SXM on NVSwitch, two NUMA nodes
     rtx-4090-2+thermal=1             two consumer cards, GPU 1 thermally throttling
     h100-sxm-8+gpu-lost=3@10+ecc=5   GPU 3 falls off the bus after 10 s; GPU 5 has ECC errors
+    a100-sxm-4-mig                   4x A100, GPUs 0 and 1 split into MIG instances
+    h100-sxm-8+mig=2:3g.40gb,4g.40gb GPU 2 in MIG mode, split in two instances
 
 `parse_spec` turns the string into a `SimSpec`; the fake NVML library
 (`gputop.sim.fake_nvml`) reads it.  Nothing here imports pynvml.
@@ -22,6 +24,19 @@ if TYPE_CHECKING:
     from gputop.sim.capture import CapturedBoard
 
 MIB = 1024**2
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """A GPU instance profile (`nvidia-smi mig -lgip`): its name, compute slices, SMs and memory."""
+
+    name: str  # "3g.40gb": 3 of the 7 compute slices, 40 GB
+    slices: int
+    multiprocessors: int
+    memory_mib: int
+
+
+MIG_MAX_DEVICES = 7  # nvmlDeviceGetMaxMigDeviceCount on an A100/H100: one per compute slice
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,10 @@ class GpuModel:
     # gputop falls back to nvmlDeviceGetPcieThroughput.  NVML documents no architectures for them (see
     # gputop.collect.gpu._PCIE_TX_BYTES): the simulation gives them to Hopper and later, an assumption.
     pcie_byte_counters: bool = False
+    mig_profiles: tuple[MigProfile, ...] = ()  # the MIG instance profiles it offers; empty: no MIG (NOT_SUPPORTED)
+
+    def mig_profile(self, name: str) -> Optional[MigProfile]:
+        return next((p for p in self.mig_profiles if p.name == name), None)
 
 
 @dataclass(frozen=True)
@@ -105,6 +124,8 @@ class Profile:
     nvml_version: str = "12.560.35.03"
     gpu_models: tuple[GpuModel, ...] = ()  # per GPU where they differ (a capture); empty: all are `gpu`
     capture: Optional[CapturedBoard] = None  # a bug report's captures (`capture:DIR`, gputop.sim.capture)
+    # (GPU, the MIG instance profiles it is split into): MIG mode on; GPUs not listed run whole (MIG off)
+    mig: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
     @property
     def gpu_count(self) -> int:
@@ -112,6 +133,14 @@ class Profile:
 
     def model(self, gpu: int) -> GpuModel:
         return self.gpu_models[gpu] if self.gpu_models else self.gpu
+
+    def mig_instances(self, gpu: int) -> Optional[tuple[MigProfile, ...]]:
+        """The MIG instances GPU `gpu` is split into, in MIG device index order; None: MIG mode is off."""
+        names = dict(self.mig).get(gpu)
+        if names is None:
+            return None
+        model = self.model(gpu)
+        return tuple(p for p in map(model.mig_profile, names) if p is not None)
 
     def cpu_affinity(self, gpu: int, host_cpus: int) -> tuple[int, ...]:
         """The host CPUs local to a GPU: the real host's cores split evenly across the profile's NUMA nodes.
@@ -126,6 +155,22 @@ class Profile:
         last = host_cpus if node == nodes - 1 else min(host_cpus, first + per_node)
         return tuple(range(first, max(first + 1, last)))
 
+
+# Memory as the driver sizes the instances (a little under the profile's name), SMs per `nvidia-smi mig -lgip`
+_A100_80GB_MIG = (
+    MigProfile("1g.10gb", 1, 14, 9728),
+    MigProfile("2g.20gb", 2, 28, 19968),
+    MigProfile("3g.40gb", 3, 42, 40192),
+    MigProfile("4g.40gb", 4, 56, 40192),
+    MigProfile("7g.80gb", 7, 98, 80000),
+)
+_H100_80GB_MIG = (
+    MigProfile("1g.10gb", 1, 16, 9984),
+    MigProfile("2g.20gb", 2, 32, 20096),
+    MigProfile("3g.40gb", 3, 60, 40320),
+    MigProfile("4g.40gb", 4, 64, 40320),
+    MigProfile("7g.80gb", 7, 132, 80896),
+)
 
 H100_SXM = GpuModel(
     name="NVIDIA H100 80GB HBM3",
@@ -148,7 +193,33 @@ H100_SXM = GpuModel(
     ecc=True,
     row_remap=True,
     pcie_byte_counters=True,  # Hopper
+    mig_profiles=_H100_80GB_MIG,
 )
+
+A100_SXM = GpuModel(
+    name="NVIDIA A100-SXM4-80GB",
+    memory_total=81920 * MIB,
+    memory_reserved=1160 * MIB,
+    memory_idle_used=4 * MIB,
+    power_limit_w=400.0,
+    power_idle_w=62.0,
+    temp_idle_c=30.0,
+    temp_load_c=61.0,
+    sm_clock_idle_mhz=210,
+    sm_clock_max_mhz=1410,
+    mem_clock_mhz=1593,
+    pcie_gen_max=4,
+    pcie_width_max=16,
+    pcie_rx_peak_kbps=2_400_000,
+    pcie_tx_peak_kbps=320_000,
+    nvlink_links=12,
+    nvlink_peak_kibps=11_000_000,
+    ecc=True,
+    row_remap=True,
+    mig_profiles=_A100_80GB_MIG,
+)
+
+_A100_BUS_IDS = tuple(f"00000000:{b}:00.0" for b in ("07", "0F", "47", "4E"))
 
 RTX_4090 = GpuModel(
     name="NVIDIA GeForce RTX 4090",
@@ -195,6 +266,15 @@ PROFILES: dict[str, Profile] = {
         # the board's own 2.5 GbE port on a root port of the same host bridge: no RDMA, so not in topo -m
         nics=(SimNic(name="enp5s0", bus_id="0000:05:00.0", numa_node=0, rdma=False, rate_gbps=2.5),),
     ),
+    "a100-sxm-4-mig": Profile(
+        name="a100-sxm-4-mig",
+        description="4x A100 SXM4 80GB, NVSwitch, one NUMA node; MIG on GPU 0 (3g.40gb, 2g.20gb, 2x 1g.10gb) and GPU 1 (4g.40gb, 3g.40gb), GPUs 2-3 whole",
+        gpu=A100_SXM,
+        bus_ids=_A100_BUS_IDS,
+        numa_nodes=(0, 0, 0, 0),
+        switch_bus_ids=tuple(f"00000000:{b}:00.0" for b in ("C1", "C2", "C3", "C4", "C5", "C6")),
+        mig=((0, ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")), (1, ("4g.40gb", "3g.40gb"))),
+    ),
 }
 DEFAULT_PROFILE = "h100-sxm-8"
 
@@ -220,6 +300,8 @@ FAULTS: dict[str, tuple[str, str]] = {
     "power": ("power=IDX", "GPU IDX is capped at 55% of its power limit (SW power cap, lower clocks)"),
     "xid": ("xid=IDX:CODE[@SECONDS]", "the driver reports XID CODE on GPU IDX (SECONDS after start, default 0)"),
 }
+# Not a fault: how a GPU is set up.  Parsed beside the faults, listed apart from them.
+MIG_SWITCH = ("mig=IDX:PROFILE,...", "GPU IDX in MIG mode, split into instances of those profiles (e.g. mig=0:3g.40gb,4g.40gb)")
 
 # The faults `gputop check` looks for (each makes it exit 3 with one failing line); see `_parse_infra_fault`.
 INFRA_FAULTS: dict[str, tuple[str, str]] = {
@@ -251,6 +333,7 @@ def faults_help() -> str:
         default = " (default)" if name == DEFAULT_PROFILE else ""
         lines.append(f"  {name:<22} {profile.description}{default}")
     lines.append(f"  {'capture:DIR':<22} a machine's own nvidia-smi output (topo.txt, smi_q.txt|.xml, nvlink.txt in DIR)")
+    lines += ["", "MIG (an A100 or H100 GPU in MIG mode):", f"  {MIG_SWITCH[0]:<24} {MIG_SWITCH[1]}"]
     lines += ["", "Faults (IDX is a GPU index, several may be combined):"]
     for form, text in FAULTS.values():
         lines.append(f"  {form:<24} {text}")
@@ -299,7 +382,7 @@ class SimSpec:
 
 
 def _valid_forms() -> str:
-    return f"profiles: {', '.join(PROFILES)}; faults: {', '.join(f[0] for f in (*FAULTS.values(), *NIC_FAULTS.values()))}"
+    return f"profiles: {', '.join(PROFILES)}; {MIG_SWITCH[0]}; faults: {', '.join(f[0] for f in (*FAULTS.values(), *NIC_FAULTS.values()))}"
 
 
 def _bad(message: str) -> UsageError:
@@ -353,6 +436,23 @@ def _parse_nic_fault(faults: InfraFaults, key: str, value: str, profile: Profile
     return replace(faults, **{field_name: getattr(faults, field_name) | {name}})
 
 
+def _with_mig(profile: Profile, value: str) -> Profile:
+    """`IDX:PROFILE,...` -> `profile` with GPU IDX split into those MIG instances (at most 7 compute slices)."""
+    index_text, colon, names_text = value.partition(":")
+    index = _gpu_index(index_text, "mig", profile)
+    model = profile.model(index)
+    if not model.mig_profiles:
+        raise _bad(f"{model.name} has no MIG, so mig does not apply")
+    names = tuple(n.strip() for n in names_text.split(",") if n.strip()) if colon else ()
+    offered = ", ".join(p.name for p in model.mig_profiles)
+    chosen = [model.mig_profile(n) for n in names]
+    if not names or None in chosen:
+        raise _bad(f"mig needs IDX:PROFILE[,PROFILE...] with profiles of {offered}, got {value!r}")
+    if sum(p.slices for p in chosen if p is not None) > MIG_MAX_DEVICES:
+        raise _bad(f"mig={value}: more than {MIG_MAX_DEVICES} compute slices on one GPU")
+    return replace(profile, mig=(*((gpu, n) for gpu, n in profile.mig if gpu != index), (index, names)))
+
+
 def _parse_infra_fault(faults: InfraFaults, key: str, value: str, profile: Profile) -> InfraFaults:
     """One INFRA_FAULTS switch added to `faults`."""
     if key == "nvlink-crc":
@@ -403,6 +503,9 @@ def parse_spec(spec: str | None) -> SimSpec:
     for fault_text in fault_texts:
         fault_text = fault_text.strip()
         key, _, value = fault_text.partition("=")
+        if key == "mig":
+            profile = _with_mig(profile, value)
+            continue
         if key not in FAULTS and key not in NIC_FAULTS:
             raise _bad(f"unknown fault {fault_text!r}")
         if key in NIC_FAULTS:

@@ -62,6 +62,9 @@ def check_misplacement(ctx: Context) -> list[Finding]:
 def _shared_gpus(
     ctx: Context, with_gpu: Sequence[RankObs], n_gpus: int, warnings: tuple[str, ...]
 ) -> Union[CrowdedRanks, StrayContexts, None]:
+    instances = [r.mig_instances for r in with_gpu]
+    if all(len(i) == 1 for i in instances) and len(set().union(*instances)) == len(with_gpu):
+        return None  # each rank on a MIG instance of its own: instances of one GPU share nothing
     own: Counter[int] = Counter(g for r in with_gpu for g in r.gpus)
     used = sorted(own)
     share = {g: c for g, c in own.items() if c >= 2}
@@ -215,7 +218,8 @@ def _idle_beside_busy(ctx: Context, n_gpus: int) -> Optional[IdleBesideBusy]:
     idle = [
         o
         for o in ctx.gpus.values()
-        if o.lost_at is None and not o.process_pids and (o.mean_util or 0) < MISPLACED_IDLE_UTILIZATION
+        # (None: NVML measures no utilization there, as on a MIG GPU: unknown, not idle)
+        if o.lost_at is None and not o.process_pids and o.mean_util is not None and o.mean_util < MISPLACED_IDLE_UTILIZATION
     ]
     if not busy or 2 * len(idle) < n_gpus:
         return None

@@ -25,9 +25,10 @@ from gputop.analysis.gpu_health import (
     slowdowns,
 )
 from gputop.gpu_fields import active_throttles, card_text
-from gputop.model import CounterHealth, GpuSample, Snapshot
+from gputop.model import CounterHealth, GpuSample, MigInstance, Snapshot
 from gputop.tui import look
 from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas, RunsKey
+from gputop.units import gib_pair
 
 READING_GPUS = "reading GPUs…"  # the placeholder until the first NVML sample lands (a starting pipeline)
 
@@ -37,6 +38,20 @@ CARD_LINES = 7
 MIN_SPARK_SECONDS = 60  # the sparkline always spans at least this much history
 # the card's word for an empty CPU-affinity mask: none of this job's CPUs are near the GPU (the T dialog says it whole)
 NO_NEAR_CPUS_WORD = "no job CPU near"
+# a MIG-enabled GPU's state: NVML measures no utilization there, so it is neither busy nor idle
+STATE_MIG = ("◇", "MIG", look.ACCENT_BOLD)
+
+
+def mig_lines(gpu: GpuSample) -> int:
+    """Lines a GPU's card adds below the usual ones: one per MIG instance."""
+    return len(gpu.mig or ()) if not gpu.lost else 0
+
+
+def mig_instance_text(instance: MigInstance) -> str:
+    """One instance on the card: "GI1 3g.40gb  30/39G  4242,4343"."""
+    pids = ",".join(str(p.pid) for p in instance.processes or ())
+    memory = gib_pair(instance.memory_used, instance.memory_total)
+    return f"GI{instance.gpu_instance_id} {instance.profile}  {memory}  {pids or '-'}"
 
 
 def _is_slowdown(gpu: GpuSample) -> bool:
@@ -70,6 +85,8 @@ def gpu_state(gpu: GpuSample, problems: Optional[tuple[list[str], list[str]]] = 
     if warnings:
         return look.STATE_WARN
     util = gpu.utilization_gpu
+    if util is None and gpu.mig is not None:
+        return STATE_MIG
     if util is None:
         return look.STATE_IDLE if not gpu.processes else look.STATE_LOW
     if util >= look.BUSY_AT:
@@ -264,7 +281,13 @@ class GpuGrid(LineCanvas):
         count = max(1, gpu_count if gpu_count is not None else self.gpu_count)
         cols = self._columns(width, count)
         rows = math.ceil(count / cols)
-        return rows * CARD_LINES + (rows - 1)
+        gpus = self.snapshots[-1].gpus if self.snapshots else ()
+        return sum(self._row_lines(gpus[r * cols : (r + 1) * cols]) for r in range(rows)) + (rows - 1)
+
+    @staticmethod
+    def _row_lines(row: Sequence[GpuSample]) -> int:
+        """A row of cards is as tall as its tallest card (a MIG GPU's lists its instances)."""
+        return CARD_LINES + max((mig_lines(g) for g in row), default=0)
 
     # ------------------------------------------------------------------ drawing
     def build(self, width: int, height: int) -> list[Strip]:
@@ -291,9 +314,10 @@ class GpuGrid(LineCanvas):
         lines: list[Strip] = []
         for row_start in range(0, len(gpus), cols):
             row = gpus[row_start : row_start + cols]
-            cards = [self._card_segments(gpu, inner, buckets[gpu.index], per_cell) for gpu in row]
+            height = self._row_lines(row)
+            cards = [self._card_segments(gpu, inner, buckets[gpu.index], per_cell, height) for gpu in row]
             tail = width - card_width * len(row)
-            for y in range(CARD_LINES):
+            for y in range(height):
                 parts = tuple(card[y] for card in cards)
                 kept = self._row_strips.get((row_start, y))
                 if kept is not None and kept[0] == parts:  # the same cached pieces (compared by identity first)
@@ -312,11 +336,16 @@ class GpuGrid(LineCanvas):
                 lines.append(Strip.blank(width, PLAIN))
         return lines
 
-    def _card_segments(self, gpu: GpuSample, w: int, spark: list[Optional[float]], per_cell: float) -> list[list[Segment]]:
-        """The card's lines as segments; a line whose runs (text and style) are what they were last time
-        keeps its segments, so the row's strip and the screen's diff see the very same objects."""
+    def _card_segments(
+        self, gpu: GpuSample, w: int, spark: list[Optional[float]], per_cell: float, height: int = CARD_LINES
+    ) -> list[list[Segment]]:
+        """The card's lines as segments (`height` of them: blank below a shorter card than its row's); a line
+        whose runs (text and style) are what they were last time keeps its segments, so the row's strip and the
+        screen's diff see the very same objects."""
         out = []
-        for y, line in enumerate(self._card(gpu, w, spark, per_cell)):
+        card = self._card(gpu, w, spark, per_cell)
+        card += [LineBuilder().pad(w) for _ in range(height - len(card))]
+        for y, line in enumerate(card):
             key = line.key()
             kept = self._card_lines.get((gpu.index, y))
             if kept is None or kept[0] != key:
@@ -338,11 +367,15 @@ class GpuGrid(LineCanvas):
         head.pad(w)
 
         util = gpu.utilization_gpu
-        text = spark_text(spark)
-        lines[1].add(text, look.DIM if gpu.lost else look.SPARK)
-        lines[1].add(
-            " " + ("LOST" if gpu.lost else card_text("utilization", gpu)), look.BAD_BOLD if gpu.lost else util_style(util)
-        )
+        if gpu.mig is not None and util is None and not gpu.lost:  # no sparkline of nothing: say why
+            count = len(gpu.mig)
+            words = f"MIG, {count} instance{'s' if count != 1 else ''}, util not measured"
+            lines[1].add(look.ellipsize(words, w), look.DIM)
+        else:
+            lines[1].add(spark_text(spark), look.DIM if gpu.lost else look.SPARK)
+            lines[1].add(
+                " " + ("LOST" if gpu.lost else card_text("utilization", gpu)), look.BAD_BOLD if gpu.lost else util_style(util)
+            )
 
         if gpu.lost:
             lines[2].add(look.ellipsize("not answering: fell off the bus", w), look.BAD)
@@ -410,8 +443,20 @@ class GpuGrid(LineCanvas):
             l6.right("ECC n/a", w, look.DIM)
         else:
             l6.right("ECC ok", w, look.GOOD)
+        lines += self._mig_card_lines(gpu, w)
         for line in lines:
             line.pad(w)
+        return lines
+
+    @staticmethod
+    def _mig_card_lines(gpu: GpuSample, w: int) -> list[LineBuilder]:
+        """A MIG GPU's instances, one a line: GPU instance id, profile, memory, the PIDs on it."""
+        lines = []
+        for instance in gpu.mig or ():
+            line = LineBuilder().add("MIG ", look.LABEL)
+            busy = bool(instance.processes)
+            line.add(look.ellipsize(mig_instance_text(instance), max(0, w - 4)), look.PLAIN if busy else look.DIM)
+            lines.append(line)
         return lines
 
     def _build_compact(self, gpus: Sequence[GpuSample], width: int) -> list[Strip]:
@@ -440,7 +485,11 @@ class GpuGrid(LineCanvas):
             symbol, word, state_style = self._state(gpu, problems)
             line = LineBuilder()
             line.add(f"{symbol}{gpu.index:>2} {word:<5} ", state_style)
-            line.add(spark_text(buckets[gpu.index]), look.DIM if gpu.lost else look.SPARK)
+            if gpu.mig is not None and gpu.utilization_gpu is None and not gpu.lost:  # its instances, not a blank line
+                slices = " ".join(m.profile.split(".")[0] for m in gpu.mig) or "no instances"  # "3g 2g 1g 1g"
+                line.add(look.ellipsize(slices, spark_cells).ljust(spark_cells), look.DIM)
+            else:
+                line.add(spark_text(buckets[gpu.index]), look.DIM if gpu.lost else look.SPARK)
             if gpu.lost:
                 line.add("  GPU not answering (fell off the bus?)", look.BAD_BOLD)
                 lines.append(line.strip(width))
