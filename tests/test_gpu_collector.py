@@ -179,7 +179,8 @@ def test_consumer_card_reports_not_available_not_zero(collector):
         assert s.nvlink is None and s.unavailable["nvlink"] == "NotSupported"
         assert s.remapped_rows is None and s.unavailable["remapped_rows"] == "NotSupported"
         assert s.utilization_gpu == 80.0 and s.power > 0 and s.pcie.gen_max == 4
-        assert set(s.unavailable) == {"ecc", "nvlink", "remapped_rows"}
+        assert s.gpm is None and s.unavailable["gpm"] == "NotSupported"  # Ada: no GPM, absent rather than 0
+        assert set(s.unavailable) == {"ecc", "nvlink", "remapped_rows", "gpm"}
 
 
 def test_permanent_refusals_are_not_asked_again(collector):

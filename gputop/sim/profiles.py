@@ -51,6 +51,9 @@ class GpuModel:
     # gputop falls back to nvmlDeviceGetPcieThroughput.  NVML documents no architectures for them (see
     # gputop.collect.gpu._PCIE_TX_BYTES): the simulation gives them to Hopper and later, an assumption.
     pcie_byte_counters: bool = False
+    # NVML's GPU Performance Monitoring (nvmlGpmQueryDeviceSupport): Hopper and newer answer it, Ada and older do not
+    gpm: bool = False
+    compute_capability: Optional[tuple[int, int]] = None  # nvmlDeviceGetCudaComputeCapability; None: NOT_SUPPORTED
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,8 @@ H100_SXM = GpuModel(
     ecc=True,
     row_remap=True,
     pcie_byte_counters=True,  # Hopper
+    gpm=True,  # Hopper
+    compute_capability=(9, 0),
 )
 
 RTX_4090 = GpuModel(
@@ -170,6 +175,8 @@ RTX_4090 = GpuModel(
     ecc=False,
     row_remap=False,
     pcie_byte_counters=False,  # Ada: no report either way; refused here so that the fallback runs in --simulate
+    gpm=False,  # Ada: nvmlGpmQueryDeviceSupport says isSupportedDevice 0
+    compute_capability=(8, 9),
 )
 
 PROFILES: dict[str, Profile] = {

@@ -15,7 +15,7 @@ from rich.style import Style
 from textual.strip import Strip
 
 from gputop.analysis.gpu_health import NO_PEERS, Peers, Severity, judge_sample, pcie_degraded, peers_of, slowdowns
-from gputop.gpu_fields import active_throttles, card_text
+from gputop.gpu_fields import active_throttles, card_text, gpm_card_line
 from gputop.model import GpuSample, Snapshot
 from gputop.tui import look
 from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas
@@ -23,6 +23,7 @@ from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas
 _GAP = Segment(" ", PLAIN)
 MIN_CARD_WIDTH = 30
 CARD_LINES = 7
+GPM_MIN_SPARK_CELLS = 8  # the card's GPM line takes the sparkline's oldest cells only while this many stay
 MIN_SPARK_SECONDS = 60  # the sparkline always spans at least this much history
 
 
@@ -303,10 +304,18 @@ class GpuGrid(LineCanvas):
 
         util = gpu.utilization_gpu
         text = spark_text(spark)
+        # GPM beside GPU-Util (Hopper and newer): the sparkline's oldest cells give it room, if enough are left
+        gpm_text = None if gpu.lost else gpm_card_line(gpu)
+        if gpm_text is not None and len(text) - len(gpm_text) - 2 >= GPM_MIN_SPARK_CELLS:
+            text = text[len(gpm_text) + 2 :]
+        else:
+            gpm_text = None
         lines[1].add(text, look.DIM if gpu.lost else look.SPARK)
         lines[1].add(
             " " + ("LOST" if gpu.lost else card_text("utilization", gpu)), look.BAD_BOLD if gpu.lost else util_style(util)
         )
+        if gpm_text is not None:
+            lines[1].add("  " + gpm_text, look.PLAIN)
 
         if gpu.lost:
             lines[2].add(look.ellipsize("not answering: fell off the bus", w), look.BAD)
