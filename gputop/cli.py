@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--scenario",
         default="starved",
-        choices=["starved", "hiccup", "misfire", "single-gpu", "tuned", "nccl-hang", "eval-rank0", "sync-bound"],
+        choices=["starved", "hiccup", "misfire", "single-gpu", "tuned", "tuned-amp", "nccl-hang", "eval-rank0", "sync-bound"],
         help="which idle profile the job reproduces (default starved)",
     )
     p.add_argument(

@@ -49,6 +49,7 @@ from gputop.analysis.checks.healthy import healthy_finding
 from gputop.analysis.checks.hiccup import check_hiccup, detect_period
 from gputop.analysis.checks.infra import check_infrastructure
 from gputop.analysis.checks.input import check_low_utilization, check_starvation
+from gputop.analysis.checks.kernels import check_kernels
 from gputop.analysis.checks.memory import check_memory_pressure
 from gputop.analysis.checks.placement import check_misplacement
 from gputop.analysis.checks.straggler import check_straggler
@@ -98,6 +99,7 @@ SEVERE = "critical"
 INDEPENDENT_CHECKS: list[Callable[[Context], list[Finding]]] = [
     check_memory_pressure,
     check_infrastructure,
+    check_kernels,  # GPM: tensor cores idle, memory-bandwidth-bound
 ]
 
 

@@ -67,6 +67,7 @@ from torch.utils.data.distributed import DistributedSampler
 from gputop.sim import cuda, distributed
 from gputop.sim.busy_board import BusyBoard
 from gputop.sim.demo_launcher import StepCounters, die_with_parent, set_parent_death_signal
+from gputop.sim.kernels import BF16_GEMM, FP32_GEMM, KernelMix
 from gputop.sim.scenarios import (
     EVAL_BATCH_FACTOR,
     MEMORY_PER_RANK,
@@ -256,14 +257,21 @@ class SimulatedKernels(torch.autograd.Function):
     @staticmethod
     def forward(ctx, activations, forward_s: float, backward_s: float, host_s: float):  # type: ignore[override]
         ctx.backward_s = backward_s
+        ctx.mix = kernel_mix(activations.dtype)
         _dispatch_ops(host_s)
-        cuda.launch(forward_s)
+        cuda.launch(forward_s, ctx.mix)
         return activations.view_as(activations)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        cuda.launch(ctx.backward_s)
+        cuda.launch(ctx.backward_s, ctx.mix)
         return grad, None, None, None
+
+
+def kernel_mix(dtype: torch.dtype) -> KernelMix:
+    """What the model's kernels keep busy, from the dtype its layers really computed in: under bf16 (or fp16)
+    autocast the convolutions and matmuls run on the tensor cores; in fp32 they run on the FP32 pipe."""
+    return BF16_GEMM if dtype in (torch.bfloat16, torch.float16) else FP32_GEMM
 
 
 def _dispatch_ops(seconds: float) -> None:
@@ -384,7 +392,8 @@ def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: s
             sampler.set_epoch(epoch)
             for images, labels in loader:
                 optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(model(images), labels)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16"):  # AMP
+                    loss = loss_fn(model(images), labels)
                 loss.backward()  # with several ranks, DDP's hooks all-reduce the gradients from here
                 optimizer.step()
                 step += 1
