@@ -91,9 +91,9 @@ def gpm_means(obs: GpuObs) -> Optional[GpmMeans]:
     known = [row for row in rows if None not in row]
     if len(known) < GPM_MIN_SAMPLES:
         return None
-    columns = [mean(list(column)) or 0.0 for column in zip(*known)]
+    util, sm, tensor, dram, fp32 = (mean([float(v or 0.0) for v in column]) or 0.0 for column in zip(*known))
     capability = next((s.compute_capability for s in reversed(with_gpm) if s.compute_capability), None)
-    return GpmMeans(obs.index, len(known), *columns, compute_capability=capability)
+    return GpmMeans(obs.index, len(known), util, sm, tensor, dram, fp32, compute_capability=capability)
 
 
 def shapes_of(means: GpmMeans) -> list[KernelShape]:
