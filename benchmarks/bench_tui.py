@@ -3,11 +3,13 @@
 Both monitors run at the same time (so machine noise hits both), each in its own
 pty of 120x40 with a 1 s refresh and 8 simulated H100s.  For each we measure:
 
-- first frame: seconds from spawn until the terminal has received the GPU model name
-  (the first screen with GPU data on it);
+- first frame: seconds from spawn until the terminal has received the first screen (gputop: the CPU
+  heatmap's title, drawn while NVML may still be starting; nvitop: its first screen, which has GPU data);
+- first GPU readings: seconds from spawn until the GPU cards are on the terminal ("GPU0");
 - CPU: % of one core over the steady-state window (utime + stime of the process, all threads);
 - bytes/s written to the terminal over the same window;
-- RSS at the end of the window (and the peak, VmHWM).
+- RSS at start (the end of the warm-up), at the end of the window (and the peak, VmHWM), and the growth
+  between the two: `--seconds 600` gives issue 22's "RSS after 10 minutes" figure.
 
 nvitop reads pynvml, so a small wrapper installs the project's fake library below
 pynvml before nvitop starts (the same fake `gputop --simulate` uses).
@@ -16,6 +18,9 @@ pynvml before nvitop starts (the same fake `gputop --simulate` uses).
 
 Bars (issue 3): CPU <= 1.5 %, <= 5 KB/s, first frame <= 0.6 s, RSS <= 80 MiB.
 Bars (issue 15): CPU <= nvitop's, <= 3 KB/s, first frame <= 0.25 s, RSS <= 40 MiB; the table shows both.
+Bars (issue 22), side by side in the same run: CPU <= nvitop's; first frame <= the one-widget Textual app's
++ 0.15 s (that app imports pynvml and psutil, as any GPU monitor must); RSS at start <= that app's + 10 MiB;
+RSS growth since start <= 15 MiB over 10 minutes (`--seconds 600`; a shorter window is reported, not judged).
 
 Three things keep the comparison fair and say what is out of gputop's hands:
 
@@ -25,8 +30,8 @@ Three things keep the comparison fair and say what is out of gputop's hands:
   at a temporary folder and starts each tool once, uncounted, to fill it.
 - the simulated NVML is Python, the real library is C: in the steady window every fake NVML call is
   timed (thread CPU) inside each tool, and the CPU row is also shown without it ("less fake NVML").
-- Textual's own floor: a one-widget Textual app is started the same way, so first frame and RSS can
-  be read against what Textual alone costs on this box.
+- Textual's own floor: a one-widget Textual app that imports pynvml and psutil is started the same way,
+  so first frame and RSS can be read against what Textual and the two libraries cost on this box.
 """
 
 from __future__ import annotations
@@ -49,17 +54,32 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 COLUMNS, ROWS = 120, 40
-# Text each tool prints only once GPU readings are on screen (gputop's card titles, nvitop's memory column).
-FIRST_FRAME_MARKERS = {"gputop": b"GPU0", "nvitop": b"GiB / ", "collector only": b"\x00never"}
+# Per tool, text that its first frame prints ("frame") and text it prints only once GPU readings are on screen
+# ("gpus"): gputop's first frame has the CPU heatmap's title ("CPU 8 cores") and no GPU cards while NVML starts;
+# nvitop draws nothing before it has read the GPUs (its memory column); the floor's one line stands for both.
+FRAME_MARKERS = {
+    "gputop": {"frame": b" cores", "gpus": b"GPU0"},
+    "nvitop": {"frame": b"GiB / ", "gpus": b"GiB / "},
+    "textual floor": {"frame": b"GPU0", "gpus": b"GPU0"},
+    "collector only": {},
+}
+FRAME_MARKERS["gputop timed"] = FRAME_MARKERS["gputop"]
+FRAME_MARKERS["nvitop timed"] = FRAME_MARKERS["nvitop"]
 BARS = {"cpu_percent": 1.5, "bytes_per_s": 5 * 1024, "first_frame_s": 0.6, "rss_mib": 80.0}
 # issue 15's bars; CPU's is nvitop's own figure in the same run (None: compared in the ratio column)
 BARS_ISSUE_15 = {"cpu_percent": None, "bytes_per_s": 3 * 1024, "first_frame_s": 0.25, "rss_mib": 40.0}
-FIRST_FRAME_MARKERS["textual floor"] = b"GPU0"
-FIRST_FRAME_MARKERS["gputop timed"] = FIRST_FRAME_MARKERS["gputop"]
-FIRST_FRAME_MARKERS["nvitop timed"] = FIRST_FRAME_MARKERS["nvitop"]
+# issue 22's bars, each against a figure of the same run: the floor's first frame + 0.15 s, its RSS at start
+# + 10 MiB, nvitop's CPU; and gputop's own RSS at start + 15 MiB after 10 minutes
+FIRST_FRAME_OVER_FLOOR_S = 0.15
+RSS_OVER_FLOOR_MIB = 10.0
+RSS_GROWTH_MIB = 15.0
+RSS_GROWTH_OVER_S = 600.0
 
-# The smallest Textual app: one line of text.  What Textual alone costs to start and to hold in memory.
+# The smallest Textual app of a GPU monitor: one line of text, with pynvml and psutil imported (every GPU
+# monitor needs both).  What Textual and the two libraries cost to start and to hold in memory.
 TEXTUAL_FLOOR = r"""
+import psutil
+import pynvml
 from textual.app import App
 from textual.widgets import Static
 
@@ -174,6 +194,10 @@ sys.exit(main())
 class Result:
     name: str
     first_frame_s: Optional[float] = None
+    first_gpus_s: Optional[float] = None  # until the GPU readings are on screen (gputop: the cards)
+    rss_start_mib: Optional[float] = None  # at the end of the warm-up
+    rss_growth_mib: Optional[float] = None  # from the end of the warm-up to the end of the window
+    window_s: Optional[float] = None
     cpu_percent: Optional[float] = None
     bytes_per_s: Optional[float] = None
     rss_mib: Optional[float] = None
@@ -199,10 +223,19 @@ class PtyProcess:
         os.close(slave)
         os.set_blocking(master, False)
         self.total_bytes = 0
-        self.first_frame: Optional[float] = None
+        self.seen: dict[str, float] = {}  # marker name -> seconds from spawn until it was on the terminal
         self._tail = b""
         self.output_head = b""
-        self.marker = FIRST_FRAME_MARKERS[name]
+        self.markers = FRAME_MARKERS[name]
+        self._longest = max((len(m) for m in self.markers.values()), default=1)
+
+    @property
+    def first_frame(self) -> Optional[float]:
+        return self.seen.get("frame")
+
+    @property
+    def all_seen(self) -> bool:
+        return len(self.seen) == len(self.markers)
 
     def pump(self) -> None:
         """Read what is waiting (non-blocking)."""
@@ -218,11 +251,12 @@ class PtyProcess:
             self.total_bytes += len(chunk)
             if len(self.output_head) < 4096:
                 self.output_head += chunk[:4096]
-            if self.first_frame is None:
+            if not self.all_seen:
                 window = self._tail + chunk
-                if self.marker in window:
-                    self.first_frame = time.monotonic() - self.started
-                self._tail = window[-len(self.marker) :]
+                for key, marker in self.markers.items():
+                    if key not in self.seen and marker in window:
+                        self.seen[key] = time.monotonic() - self.started
+                self._tail = window[-self._longest :]
 
     def cpu_seconds(self) -> float:
         with open(f"/proc/{self.proc.pid}/stat") as fh:
@@ -303,18 +337,19 @@ def _env(fake_nvml_file: Optional[str] = None) -> dict[str, str]:
     return env
 
 
-def measure_first_frames(commands: list[tuple[str, list[str]]], repeats: int) -> dict[str, list[float]]:
-    """Start each tool alone (alternating, `repeats` times) and time its first frame with GPU data."""
-    times: dict[str, list[float]] = {name: [] for name, _ in commands}
+def measure_first_frames(commands: list[tuple[str, list[str]]], repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Start each tool alone (alternating, `repeats` times) and time its first frame and its first GPU readings."""
+    times: dict[str, dict[str, list[float]]] = {name: {"frame": [], "gpus": []} for name, _ in commands}
     for repeat in range(repeats + 1):  # the first round, uncounted, fills the bytecode cache
         for name, argv in commands:
             proc = PtyProcess(name, argv, _env())
             try:
                 deadline = time.monotonic() + 10
-                while proc.first_frame is None and time.monotonic() < deadline and proc.proc.poll() is None:
+                while not proc.all_seen and time.monotonic() < deadline and proc.proc.poll() is None:
                     pump_until([proc], min(deadline, time.monotonic() + 0.02))
-                if proc.first_frame is not None and repeat > 0:
-                    times[name].append(proc.first_frame)
+                if repeat > 0:
+                    for key, seconds in proc.seen.items():
+                        times[name][key].append(seconds)
             finally:
                 proc.stop()
     return times
@@ -335,6 +370,7 @@ def run(seconds: float, warmup: float, with_nvitop: bool, profile: str, repeats:
             if p.proc.poll() is not None:
                 results[p.name].error = f"exited early ({p.proc.returncode}): {p.output_head[-300:]!r}"
         live = [p for p in procs if p.proc.poll() is None]
+        rss0 = {p.name: p.rss_mib()[0] for p in live}
         cpu0 = {p.name: p.cpu_seconds() for p in live}
         bytes0 = {p.name: p.total_bytes for p in live}
         fake0 = {p.name: p.fake_nvml_seconds() for p in live}
@@ -346,6 +382,7 @@ def run(seconds: float, warmup: float, with_nvitop: bool, profile: str, repeats:
             r.cpu_percent = 100.0 * (p.cpu_seconds() - cpu0[p.name]) / elapsed
             r.bytes_per_s = (p.total_bytes - bytes0[p.name]) / elapsed
             r.rss_mib, r.peak_rss_mib = p.rss_mib()
+            r.rss_start_mib, r.rss_growth_mib, r.window_s = rss0[p.name], r.rss_mib - rss0[p.name], elapsed
             fake = p.fake_nvml_seconds()
             if fake is not None and fake0[p.name] is not None:
                 r.fake_nvml_cpu_percent = 100.0 * (fake - fake0[p.name]) / elapsed
@@ -354,10 +391,12 @@ def run(seconds: float, warmup: float, with_nvitop: bool, profile: str, repeats:
             p.stop()
     for name, _argv in timed:  # the twin's fake NVML share, charged to the plain tool
         results[name.removesuffix(" timed")].fake_nvml_cpu_percent = results[name].fake_nvml_cpu_percent
-    for name, values in first.items():
-        if values:
-            results[name].first_frame_s = statistics.median(values)
-            results[name].first_frame_all = [round(v, 3) for v in values]
+    for name, by_marker in first.items():
+        if by_marker["frame"]:
+            results[name].first_frame_s = statistics.median(by_marker["frame"])
+            results[name].first_frame_all = [round(v, 3) for v in by_marker["frame"]]
+        if by_marker["gpus"]:
+            results[name].first_gpus_s = statistics.median(by_marker["gpus"])
     return list(results.values())
 
 
@@ -405,11 +444,79 @@ def print_table(results: list[Result]) -> None:
             f"of gputop's CPU, collection alone (simulated NVML + psutil, 1 poll/s) is {c.cpu_percent:.2f}%; "
             f"the screen is the other {g.cpu_percent - c.cpu_percent:.2f}%"
         )
+    print_issue_22(results)
     for r in results:
         if r.first_frame_all:
             print(f"{r.name} first frames (s): {r.first_frame_all}  (median shown)")
         if r.error:
             print(f"{r.name}: {r.error}")
+
+
+@dataclass
+class Bar:
+    """One of issue 22's bars: gputop's figure against one measured in the same run."""
+
+    metric: str
+    gputop: Optional[float]
+    against: str  # what the bar is made of, e.g. "floor 0.41 + 0.15"
+    bar: Optional[float]
+    judged: bool = True  # False: reported only (a window shorter than the bar's)
+
+    @property
+    def met(self) -> Optional[bool]:
+        if not self.judged or self.gputop is None or self.bar is None:
+            return None
+        return self.gputop <= self.bar
+
+
+def issue_22_bars(results: list[Result]) -> list[Bar]:
+    by_name = {r.name: r for r in results}
+    g, n, floor = by_name.get("gputop", Result("gputop")), by_name.get("nvitop"), by_name.get("textual floor", Result(""))
+    bars = [
+        Bar(
+            "CPU, % of one core",
+            g.cpu_percent,
+            f"nvitop {_fmt(n.cpu_percent, '.2f')}" if n else "no nvitop",
+            n.cpu_percent if n else None,
+        ),
+        Bar(
+            "first frame, s",
+            g.first_frame_s,
+            f"floor {_fmt(floor.first_frame_s, '.2f')} + {FIRST_FRAME_OVER_FLOOR_S:g}",
+            None if floor.first_frame_s is None else floor.first_frame_s + FIRST_FRAME_OVER_FLOOR_S,
+        ),
+        Bar(
+            "RSS at start, MiB",
+            g.rss_start_mib,
+            f"floor {_fmt(floor.rss_start_mib, '.1f')} + {RSS_OVER_FLOOR_MIB:g}",
+            None if floor.rss_start_mib is None else floor.rss_start_mib + RSS_OVER_FLOOR_MIB,
+        ),
+        Bar(
+            "RSS growth since start, MiB",
+            g.rss_growth_mib,
+            f"own start + {RSS_GROWTH_MIB:g} over {RSS_GROWTH_OVER_S / 60:g} min",
+            RSS_GROWTH_MIB,
+            judged=(g.window_s or 0.0) >= RSS_GROWTH_OVER_S - 1,
+        ),
+    ]
+    return bars
+
+
+def print_issue_22(results: list[Result]) -> None:
+    by_name = {r.name: r for r in results}
+    g = by_name.get("gputop")
+    window = g.window_s if g is not None and g.window_s is not None else 0.0
+    print(f"\nissue 22, side by side in this run ({window:.0f} s window after the warm-up):")
+    print(f"  {'metric':30} {'gputop':>8}  {'bar':>10}  {'made of':36} {'met':>4}")
+    for bar in issue_22_bars(results):
+        met = {True: "yes", False: "NO", None: "n/a"}[bar.met]
+        if not bar.judged:
+            met = f"not judged: {window:.0f} s < {RSS_GROWTH_OVER_S:.0f} s (run --seconds {RSS_GROWTH_OVER_S:.0f})"
+        print(f"  {bar.metric:30} {_fmt(bar.gputop, '.2f'):>8}  {_fmt(bar.bar, '.2f'):>10}  {bar.against:36} {met:>4}")
+    if g is not None and g.first_gpus_s is not None:
+        n = by_name.get("nvitop")
+        nvitop = f" (nvitop's first screen, with its GPUs: {_fmt(n.first_gpus_s, '.2f')} s)" if n else ""
+        print(f"  gputop's GPU cards on screen after {g.first_gpus_s:.2f} s{nvitop}")
 
 
 def main() -> int:
@@ -440,6 +547,7 @@ def main() -> int:
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     gputop = next(r for r in results if r.name == "gputop")
     ok = all(getattr(gputop, k) is not None and getattr(gputop, k) <= v for k, v in BARS.items())
+    ok = ok and all(bar.met is not False for bar in issue_22_bars(results))
     return 0 if ok else 1
 
 

@@ -26,17 +26,19 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import psutil
 
 from gputop.analysis import loader_math
 from gputop.collect import cgroup
-from gputop.collect.procfs import read_stat
+from gputop.collect.procfs import process_alive, read_stat
 from gputop.collect.sampler import PassiveResult, PassiveSampler
-from gputop.collect.stacks import process_alive
 from gputop.errors import GputopError, UsageError
 from gputop.inject import injector
+
+if TYPE_CHECKING:
+    from gputop.model import JobTree
 
 Progress = Callable[[float, str], None]
 
@@ -81,7 +83,8 @@ class BenchResult:
         mine = [c["batches_per_s"] for c in self.configs if c.get("num_workers") == current and c.get("batches_per_s")]
         if not step or not rates:
             return None
-        return (max(mine) if mine else max(rates)) * step
+        ratio: float = (max(mine) if mine else max(rates)) * step
+        return ratio
 
     # ------------------------------------------------------------------ JSON
 
@@ -193,7 +196,7 @@ def _report(progress: Optional[Progress], fraction: float, message: str) -> None
             pass
 
 
-def training_job(pid: int):
+def training_job(pid: int) -> JobTree:
     """The job tree (no stacks) of the job `pid` belongs to; GputopError when it has no training process."""
     from gputop.collect.job_tree import JobCollector
 
@@ -220,9 +223,9 @@ def resolve_rank(pid: int) -> tuple[int, tuple[int, ...], int, str]:
     return rank_pid, workers, len(tree.ranks), target
 
 
-def _hard_max_workers(cpu_count: Optional[int]) -> int:
+def _hard_max_workers(cpu_count: Optional[float]) -> int:
     """Even workers that mostly wait on storage stop paying off at some point: 4 per core, at most 32."""
-    return min(loader_math.HARD_MAX_WORKERS, 4 * max(1, cpu_count or os.cpu_count() or 1))
+    return min(loader_math.HARD_MAX_WORKERS, 4 * max(1, int(cpu_count or os.cpu_count() or 1)))
 
 
 def _passive_worker_limit(rank_pid: int, passive: PassiveResult) -> tuple[int, str]:
@@ -230,7 +233,7 @@ def _passive_worker_limit(rank_pid: int, passive: PassiveResult) -> tuple[int, s
     rank may use, at most 32), and the job's free memory (its cgroup's memory.max when lower) over one
     process's RSS (a new worker is forked from the rank: it may grow to the rank's size)."""
     limits = cgroup.read_limits(rank_pid)
-    cores = passive.cpu_count
+    cores: Optional[float] = passive.cpu_count
     if limits.cpu:
         cores = min(cores or limits.cpu, max(1, int(limits.cpu)))
     hard = _hard_max_workers(cores)
@@ -253,7 +256,12 @@ def _passive_worker_limit(rank_pid: int, passive: PassiveResult) -> tuple[int, s
     return hard, why
 
 
-def _contention_notes(free_cores: Optional[float], configs, consumption, during) -> tuple[bool, list[str]]:
+def _contention_notes(
+    free_cores: Optional[float],
+    configs: Sequence[dict[str, Any]],
+    consumption: Optional[dict[str, Any]],
+    during: Optional[dict[str, Any]],
+) -> tuple[bool, list[str]]:
     notes = []
     contention = False
     busiest = max((c.get("cores_used") or 0.0 for c in configs), default=0.0)
@@ -335,7 +343,7 @@ def run_benchmark(
     _report(progress, 0.02, f"sampling PID {rank_pid} with py-spy for {sampler.duration}s")
     sampler.start()
     try:
-        if run is not None:
+        if run is not None and target is not None:  # (a run directory is made for a target only)
             try:
                 injector.inject_agent(target, run)
                 at_injection = injector.main_thread_progress(rank_pid)
@@ -386,7 +394,15 @@ def run_benchmark(
 
 
 def _finish_passive(
-    started, target_text, rank_pid, passive, n_workers, notes, ranks_on_host, free_cores, progress
+    started: float,
+    target_text: str,
+    rank_pid: int,
+    passive: PassiveResult,
+    n_workers: int,
+    notes: list[str],
+    ranks_on_host: int,
+    free_cores: Optional[float],
+    progress: Optional[Progress],
 ) -> BenchResult:
     if passive.error and not passive.main_samples:
         raise GputopError(f"cannot sample PID {rank_pid}: {passive.error}")
@@ -441,7 +457,7 @@ class _JobIdentity:
 
 def _wait_for_agent(
     run: injector.RunDir, hard_deadline: float, progress: Optional[Progress], job: Optional[_JobIdentity] = None
-) -> Optional[dict]:
+) -> Optional[dict[str, Any]]:
     """Poll the run directory for result.json, relaying the agent's progress; None at the deadline.
     Raises GputopError at once when the job dies (its agent died with it: nothing will answer)."""
     while True:
@@ -459,7 +475,7 @@ def _wait_for_agent(
         time.sleep(0.1)
 
 
-def _abandon(run: injector.RunDir, state: Optional[dict] = None) -> None:
+def _abandon(run: injector.RunDir, state: Optional[dict[str, Any]] = None) -> None:
     """Stop an agent that overran: tell it not to sweep, and kill a sweep child it left running."""
     try:
         injector.write_run_file(run, "plan.json", {"sweep": False, "sweep_off_reason": "gputop gave up waiting"})
@@ -474,7 +490,16 @@ def _abandon(run: injector.RunDir, state: Optional[dict] = None) -> None:
             pass
 
 
-def _combine(started, target_text, rank_pid, passive, agent, notes, ranks_on_host, free_cores) -> BenchResult:
+def _combine(
+    started: float,
+    target_text: str,
+    rank_pid: int,
+    passive: PassiveResult,
+    agent: Optional[dict[str, Any]],
+    notes: list[str],
+    ranks_on_host: int,
+    free_cores: Optional[float],
+) -> BenchResult:
     notes = list(notes)
     if agent is None:
         notes.append("the agent did not answer within the time bound; showing the passive numbers")

@@ -13,7 +13,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from gputop import __version__
 from gputop.errors import GputopError, UsageError
@@ -27,7 +27,7 @@ EXIT_USAGE = 2
 class _Parser(argparse.ArgumentParser):
     """argparse prints a usage block and exits 2; we want one line and the same code."""
 
-    def error(self, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
@@ -72,6 +72,18 @@ def _add_pid(p: argparse.ArgumentParser, required: bool = False, help_text: Opti
         type=_pid,
         required=required,
         help=help_text or "attach to this training job: the launcher (torchrun), one rank, or a plain python train.py",
+    )
+
+
+def _add_followed_pids(p: argparse.ArgumentParser, verb: str) -> None:
+    """`serve` and `record`: the jobs followed with their stacks (the same options give the same jobs)."""
+    p.add_argument(
+        "--pid",
+        type=_pid,
+        nargs="+",
+        action="extend",
+        metavar="PID",
+        help=f"{verb} these jobs only (a launcher, a rank or a plain python train.py); default: every job on the GPUs",
     )
 
 
@@ -183,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--trace-dir", metavar="DIR", default=None, help="with --trace: where the per-rank traces go")
     p.add_argument("--from", dest="from_file", metavar="FILE", help="build the report from a recording instead")
+    p.add_argument(
+        "--job",
+        type=_pid,
+        metavar="PID",
+        help="with --from, of a recording that follows several jobs: the job to report on (its `job` label in serve)",
+    )
     _add_interval(p)
 
     p = sub.add_parser(
@@ -207,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("record", help="write the snapshot stream to a file (compressed, append-only)")
     p.add_argument("-o", "--output", required=True, metavar="FILE")
-    _add_pid(p)
+    _add_followed_pids(p, "record")  # as serve's: a recording holds what serve exports with the same options
     _add_simulate(p)
     p.add_argument("--seconds", type=_positive_float, default=None, metavar="S", help="stop after S seconds")
     _add_interval(p)
@@ -223,14 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="address to serve /metrics on (default 127.0.0.1:9401, loopback only; 0.0.0.0:PORT must be asked for)",
     )
-    p.add_argument(
-        "--pid",
-        type=_pid,
-        nargs="+",
-        action="extend",
-        metavar="PID",
-        help="export these jobs only (a launcher, a rank or a plain python train.py); default: every job on the GPUs",
-    )
+    _add_followed_pids(p, "export")
     _add_simulate(p)
     _add_interval(p)
     p.add_argument(

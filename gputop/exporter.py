@@ -1,8 +1,11 @@
 """`gputop serve`'s metrics: the job-level signals (what each rank does, DataLoader wait, the verdict) and
 the GPU facts dcgm-exporter lacks (PCIe link state, clock-event reasons, XIDs), as Prometheus metrics.
 
-The one poll loop (`gputop.source.PollLoop`) runs in a background thread and hands each snapshot to
-`Exporter.deliver()`, which follows the jobs, runs the diagnosis and builds every metric family once.
+The one poll loop (`gputop.source.PollLoop`) runs in a background thread and hands each snapshot of the
+pipeline to `Exporter.deliver()`, which runs the diagnosis of each job the snapshot carries
+(`gputop.source.jobs_of`: the pipeline follows them, see `gputop.pipeline`) and builds every metric
+family once.  The exporter reads snapshots only, so a recording of the same pipeline (`gputop record`)
+holds everything it exported.
 A scrape (`Exporter.collect()`, called by prometheus_client's HTTP handler) only hands over the
 families of the last cycle, so it costs the formatting and nothing else, however slow NVML, /proc or
 py-spy are.
@@ -20,14 +23,15 @@ import math
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gputop import __version__, gpu_fields
+from gputop.analysis.freeze import freeze_start, main_thread_sample
 from gputop.analysis.gpu_health import FINDING_SEVERITY, judge_snapshot, pcie_degraded
-from gputop.analysis.observations import collect_rank_observations
+from gputop.analysis.observations import StackSample, collect_rank_observations
 from gputop.analysis.stack_classes import (
     COLLECTIVE,
     EXPLICIT_SYNC,
@@ -37,12 +41,9 @@ from gputop.analysis.stack_classes import (
     OPTIMIZER_STEP,
     WAITING_FOR_DATA,
     WAITING_FOR_RANK0_DATA,
-    main_thread,
 )
 from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S
-from gputop.collect.stack_schedule import main_thread_counters
 from gputop.collect.stacks import error_reason
-from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import (
     LABEL_CODE,
@@ -56,7 +57,7 @@ from gputop.model import (
     Snapshot,
     XidEvent,
 )
-from gputop.source import Batch
+from gputop.source import Batch, Source, for_job, job_anchor, jobs_of
 
 # gputop_rank_state's states, and the stack classes they come from ("hung" comes from the hang finding)
 RANK_STATES = ("compute", "data_wait", "in_dataset", "collective", "sync", "optimizer", "idle", "hung")
@@ -77,87 +78,6 @@ DATA_WAIT_WINDOW_S = 60.0  # gputop_rank_data_wait_ratio: the share of the main-
 # The findings and verdict when no job runs on the GPUs: the GPUs as a whole (a job label is a PID, so
 # it cannot collide).
 MACHINE_JOB = "machine"
-# Where a dump carries no progress counters (an older recording), a main thread with the same stack
-# counts as moved if its process used this much CPU.
-PROGRESS_CPU_PERCENT = 1.0
-
-
-class JobSource(Protocol):
-    """The jobs to export: `AttachedJobs` (--pid) or `DiscoveredJobs` (every GPU process)."""
-
-    def collect(self, gpus: tuple[GpuSample, ...], now: float) -> list[JobTree]: ...
-
-    def close(self) -> None: ...
-
-
-# ----------------------------------------------------------------- which jobs
-
-
-class AttachedJobs:
-    """The jobs behind the PIDs given with --pid, each with its stacks (raises GputopError for a PID that is not there)."""
-
-    def __init__(self, pids: Sequence[int], *, stack_interval: float = 2.0, log: Callable[[str], None] = print) -> None:
-        from gputop.collect.job_tree import JobCollector
-
-        self.collectors: list[Any] = []
-        self._log = log
-        self._said_exited: set[int] = set()
-        try:
-            for pid in dict.fromkeys(pids):
-                self.collectors.append(JobCollector(pid, stack_interval=stack_interval))
-        except BaseException:
-            self.close()
-            raise
-
-    def collect(self, gpus: tuple[GpuSample, ...], now: float) -> list[JobTree]:
-        trees = []
-        for collector in self.collectors:
-            tree = collector.collect(gpus, now)
-            if tree.exited:
-                if collector.pid not in self._said_exited:
-                    self._said_exited.add(collector.pid)
-                    self._log(f"job of PID {collector.pid} has exited; its metrics are no longer exported")
-                continue
-            trees.append(tree)
-        return trees
-
-    def close(self) -> None:
-        for collector in self.collectors:
-            collector.close()
-
-
-class DiscoveredJobs:
-    """Every GPU process grouped into jobs (as the machine view groups them), each followed with its stacks."""
-
-    def __init__(self, *, stack_interval: float = 2.0) -> None:
-        self.stack_interval = stack_interval
-        self._collectors: dict[int, Any] = {}  # the job's anchor PID (launcher or lone rank) -> its collector
-
-    def collect(self, gpus: tuple[GpuSample, ...], now: float) -> list[JobTree]:
-        from gputop.collect.job_tree import JobCollector, discover_jobs
-
-        anchors = [job_anchor(tree) for tree in discover_jobs(gpus)]
-        for pid in set(self._collectors) - set(anchors):
-            self._collectors.pop(pid).close()
-        trees = []
-        for pid in anchors:
-            collector = self._collectors.get(pid)
-            if collector is None:
-                try:
-                    collector = self._collectors[pid] = JobCollector(pid, stack_interval=self.stack_interval)
-                except GputopError:  # it exited between the scan and the attach
-                    continue
-            tree = collector.collect(gpus, now)
-            if tree.exited:  # gone, or its PID already names another process: attach afresh next time
-                self._collectors.pop(pid).close()
-            else:
-                trees.append(tree)
-        return trees
-
-    def close(self) -> None:
-        for collector in self._collectors.values():
-            collector.close()
-        self._collectors.clear()
 
 
 # ----------------------------------------------------------------- per-rank bookkeeping
@@ -167,13 +87,9 @@ class DiscoveredJobs:
 class _RankTrack:
     """What one rank's successive stack dumps say over time."""
 
-    last_dump: Optional[ProcessStacks] = None
+    last_dump_at: Optional[float] = None  # the timestamp of the rank's newest dump taken in
+    moved_at: Optional[StackSample] = None  # the main thread in the dump it was last seen to move at
     last_progress: Optional[float] = None
-
-
-def job_anchor(tree: JobTree) -> int:
-    """The PID that names a job: its launcher's, or the lone training process's."""
-    return tree.launcher.pid if tree.launcher else tree.root_pid
 
 
 def job_label(tree: JobTree) -> str:
@@ -183,22 +99,6 @@ def job_label(tree: JobTree) -> str:
 def rank_label(rank: Rank, position: int) -> str:
     """RANK from the environment; a process without one is numbered by its place in the job."""
     return str(rank.rank if rank.rank is not None else position)
-
-
-def _main_thread_moved(before: ProcessStacks, after: ProcessStacks, cpu_percent: Optional[float]) -> bool:
-    """Did the main thread move between two dumps?  Equal stacks alone do not say it stood still: a loop
-    waiting for data shows the same frames in every dump.  Its progress counters decide, as they decide
-    a freeze for the collector (a thread woken by each batch gains voluntary switches; a parked one
-    does not); where a dump has none (an older recording), the process's CPU use does."""
-    a, b = main_thread(before), main_thread(after)
-    if a is None or b is None:
-        return False
-    if a.frames != b.frames:
-        return True
-    counters_before, counters_after = main_thread_counters(before), main_thread_counters(after)
-    if counters_before is None or counters_after is None:
-        return cpu_percent is not None and cpu_percent >= PROGRESS_CPU_PERCENT
-    return counters_before != counters_after
 
 
 def verdict_of(findings: Sequence[Finding]) -> str:
@@ -217,6 +117,7 @@ def verdict_of(findings: Sequence[Finding]) -> str:
 class Exporter:
     """Collects in `cycle()` (a background thread), serves the last cycle's metrics in `collect()`.
 
+    `source` is polled by `cycle()` only (the first cycle, and tests); its `machine` names the host.
     `diagnose` is `gputop.analysis.diagnosis.findings` (the assembly every sink uses) unless a test gives another.  `dcgm_fields`
     also exports utilization, memory, power, temperature and SM clock (off by default: dcgm-exporter
     has them).
@@ -224,8 +125,7 @@ class Exporter:
 
     def __init__(
         self,
-        pipeline: Any,
-        jobs: JobSource,
+        source: Source,
         *,
         interval: float = 1.0,
         dcgm_fields: bool = False,
@@ -236,13 +136,12 @@ class Exporter:
             from gputop.analysis.diagnosis import findings  # the one assembly every sink uses
 
             diagnose = findings
-        self.pipeline = pipeline
-        self.jobs = jobs
+        self.source = source
         self.interval = interval
         self.dcgm_fields = dcgm_fields
         self._diagnose = diagnose
         self._log = log
-        self.hostname = pipeline.machine.hostname
+        self.hostname = source.machine.hostname
         self._capacity = int(math.ceil(max(DIAGNOSIS_WINDOW_S, DATA_WAIT_WINDOW_S) / interval)) + 2
         self._histories: dict[str, History] = {}
         self._ranks: dict[tuple[str, int], _RankTrack] = {}
@@ -253,6 +152,7 @@ class Exporter:
         self._dump_seen: dict[int, float] = {}  # pid -> timestamp of the last dump counted (ok or failed)
         self._pyspy_errors: Counter[str] = Counter()
         self._said: set[tuple[str, str]] = set()  # (job, reason) already logged
+        self._said_exited: set[int] = set()  # jobs (by the PID followed) whose exit was logged
         self._families: list[Metric] = self._static_families()
         self._said_failure: Optional[str] = None
         self.cycles = 0
@@ -287,12 +187,12 @@ class Exporter:
 
     def cycle(self) -> None:
         """One poll and update, synchronously (the first one, and tests)."""
-        self.update(self.pipeline.poll())
+        self.update(self.source.poll())
 
     def update(self, snap: Snapshot) -> None:
-        """Follow the jobs on this snapshot's GPUs, diagnose them, and build every metric family anew."""
+        """Diagnose the jobs this snapshot carries and build every metric family anew."""
         started = time.perf_counter()
-        trees = self.jobs.collect(snap.gpus, snap.timestamp)
+        trees = self._live_jobs(snap)
         families = self._static_families()
         families += self._gpu_families(snap.gpus)
         families += self._job_families(snap, trees)
@@ -300,6 +200,17 @@ class Exporter:
         self._families = families
         self.cycles += 1
         self.last_cycle_seconds = time.perf_counter() - started
+
+    def _live_jobs(self, snap: Snapshot) -> list[JobTree]:
+        """The snapshot's jobs that still run; a job seen exited is logged once and exported no more."""
+        trees = []
+        for tree in jobs_of(snap):
+            if not tree.exited:
+                trees.append(tree)
+            elif tree.root_pid not in self._said_exited:
+                self._said_exited.add(tree.root_pid)
+                self._log(f"job of PID {tree.root_pid} has exited; its metrics are no longer exported")
+        return trees
 
     # ---- families
 
@@ -432,7 +343,7 @@ class Exporter:
             job = job_label(tree)
             live_jobs.add(job)
             history = self._history(job)
-            history.append(replace(snap, job=tree))
+            history.append(for_job(snap, tree))
             findings = self._diagnose(history)
             # the shares as the diagnosis takes them: dense samples (or dumps), start-up left out, last minute
             observed = collect_rank_observations(history.window(DATA_WAIT_WINDOW_S), snap.timestamp - DATA_WAIT_WINDOW_S)
@@ -489,7 +400,7 @@ class Exporter:
             job = MACHINE_JOB
             live_jobs.add(job)
             history = self._history(job)
-            history.append(replace(snap, job=None))
+            history.append(for_job(snap, None))
             self._add_findings(finding, verdict, job, self._diagnose(history))
         self._forget(live_jobs, live_ranks, live_pids)
         return [job_info, rank_info, state, wait_ratio, wait_lower, wait_upper, wait_samples, workers, progress, finding, verdict]
@@ -497,7 +408,7 @@ class Exporter:
     def _history(self, job: str) -> History:
         history = self._histories.get(job)
         if history is None:
-            history = self._histories[job] = History(self.pipeline.machine, capacity=self._capacity)
+            history = self._histories[job] = History(self.source.machine, capacity=self._capacity)
         return history
 
     def _track(self, job: str, rank: Rank, stacks: Optional[ProcessStacks], hung: bool) -> _RankTrack:
@@ -511,13 +422,17 @@ class Exporter:
             and stacks.error is None
             and stacks.threads
             and rank.main_thread_state is not None
-            and (track.last_dump is None or stacks.timestamp > track.last_dump.timestamp)
+            and (track.last_dump_at is None or stacks.timestamp > track.last_dump_at)
         )
-        if fresh:
-            moved = track.last_dump is not None and _main_thread_moved(track.last_dump, stacks, rank.proc.cpu_percent)
-            if track.last_dump is None or (moved and not hung):
-                track.last_progress = stacks.timestamp
-            track.last_dump = stacks
+        sample = main_thread_sample(stacks) if fresh and stacks is not None else None
+        if sample is not None:
+            # the one freeze detector, from the dump it was last seen to move at: the stack, else the counters
+            # (CPU time is no progress where they are: CUDA spin-waits), else, without counters, the CPU use
+            start = freeze_start(rank.proc.pid, track.moved_at, sample, cpu_counts=False, cpu_percent=rank.proc.cpu_percent)
+            if start is sample and (track.moved_at is None or not hung):
+                track.moved_at = sample
+                track.last_progress = sample.timestamp
+            track.last_dump_at = sample.timestamp
         return track
 
     def _add_findings(self, finding: GaugeMetricFamily, verdict: GaugeMetricFamily, job: str, findings: list[Finding]) -> None:

@@ -478,7 +478,8 @@ class Snapshot:
     job: Optional[JobTree] = None
     simulated: bool = False
     # With no job attached: the machine's GPU processes grouped into jobs (launcher -> ranks -> workers,
-    # no stacks), so what the screen offers to attach to is in recordings and reports too.
+    # no stacks), so what the screen offers to attach to is in recordings and reports too.  With several
+    # jobs followed (`serve`, `record`): their trees with their stacks.  Read both with `source.jobs_of`.
     jobs: tuple[JobTree, ...] = ()
 
 

@@ -8,17 +8,114 @@ or simulated, so what the screen shows is what the report says.
     pipeline.poll()       # Snapshot; blocking (NVML, psutil, /proc): call it from a worker thread
     pipeline.attach(pid)  # follow a job (Attachable); until then poll() groups GPU processes into jobs
     pipeline.close()
+
+    Pipeline(pids=[a, b])       # follow several jobs with their stacks (`serve`, `record`)
+    Pipeline(follow_all=True)   # follow every job on the GPUs with its stacks, as they come and go
+
+What a snapshot carries of the jobs, whichever way they are followed:
+- `Snapshot.job`: the one job followed with its stacks (attached, or the only one followed);
+- `Snapshot.jobs`: the jobs followed with their stacks when there are several; with none followed, the
+  machine's GPU processes grouped into jobs (no stacks), what the TUI offers to attach to.
+`source.jobs_of(snapshot)` reads them back as one sequence: the jobs `serve` exports, `record` keeps and
+`report --from` diagnoses, so the three see the same trees.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from gputop.collect.gpu import GpuCollector, GpuUnavailableError
 from gputop.collect.host import HostCollector, numa_layout_from_affinity
 from gputop.collect.sysfs import HostReader
-from gputop.model import GpuDetails, JobTree, MachineInfo, Snapshot, Topology
+from gputop.errors import GputopError
+from gputop.model import GpuDetails, GpuSample, JobTree, MachineInfo, Snapshot, Topology
+from gputop.source import job_anchor
+
+if TYPE_CHECKING:
+    from gputop.collect.job_tree import JobCollector
+
+
+class FollowedJobs:
+    """Several jobs followed at once, each by its own `JobCollector` (stacks, dense state samples).
+
+    The jobs behind `pids` (GputopError at once for a PID that is not there), or with `discover` every
+    job on the GPUs, grouped as the machine view groups them, followed while it holds a GPU.  A job of
+    `pids` that exits stays, marked exited with its last stacks, as an attached job does (a recording
+    ends on it); a discovered one is handed over once so marked, and then no longer followed."""
+
+    def __init__(
+        self, pids: Sequence[int] = (), *, discover: bool = False, stack_interval: float = 2.0, stacks_wanted: bool = True
+    ) -> None:
+        self.discover = discover
+        self.stack_interval = stack_interval
+        self._stacks_wanted = stacks_wanted
+        self._focused = False
+        # the PID given (or the discovered job's anchor: its launcher or lone rank) -> its collector
+        self._collectors: dict[int, JobCollector] = {}
+        try:
+            for pid in dict.fromkeys(pids):
+                self._collectors[pid] = self._follow(pid)
+        except BaseException:
+            self.close()
+            raise
+
+    def _follow(self, pid: int) -> JobCollector:
+        from gputop.collect.job_tree import JobCollector  # /proc and py-spy: only where jobs are followed
+
+        collector = JobCollector(pid, stack_interval=self.stack_interval, stacks_wanted=self._stacks_wanted)
+        collector.focus_sampling(self._focused)
+        return collector
+
+    @property
+    def followed(self) -> list[int]:
+        """The PIDs (or anchors) followed now."""
+        return list(self._collectors)
+
+    def collect(self, gpus: tuple[GpuSample, ...], now: float) -> list[JobTree]:
+        if self.discover:
+            self._discover(gpus)
+        trees = []
+        for pid, collector in list(self._collectors.items()):
+            tree = collector.collect(gpus, now)
+            trees.append(tree)
+            if tree.exited and self.discover:  # gone (or its PID names another process): the exit is told once
+                self._collectors.pop(pid).close()
+        return trees
+
+    def _discover(self, gpus: tuple[GpuSample, ...]) -> None:
+        from gputop.collect.job_tree import discover_jobs
+
+        anchors = [job_anchor(tree) for tree in discover_jobs(gpus)] if any(g.processes for g in gpus) else []
+        for pid in set(self._collectors) - set(anchors):
+            self._collectors.pop(pid).close()
+        for pid in anchors:
+            if pid not in self._collectors:
+                try:
+                    self._collectors[pid] = self._follow(pid)
+                except GputopError:  # it exited between the scan and the attach
+                    continue
+        # discovery's order (by first GPU), so the jobs come in the same order every poll
+        self._collectors = {pid: self._collectors[pid] for pid in anchors if pid in self._collectors}
+
+    def want_stacks(self, wanted: bool) -> None:
+        self._stacks_wanted = wanted
+        for collector in self._collectors.values():
+            collector.stacks_wanted = wanted
+
+    def focus_sampling(self, focused: bool) -> None:
+        self._focused = focused
+        for collector in self._collectors.values():
+            collector.focus_sampling(focused)
+
+    def flush_samples(self) -> None:
+        for collector in self._collectors.values():
+            collector.flush_samples()
+
+    def close(self) -> None:
+        for collector in self._collectors.values():
+            collector.close()
+        self._collectors.clear()
 
 
 class Pipeline:
@@ -27,6 +124,8 @@ class Pipeline:
         simulate: Optional[str] = None,
         pid: Optional[int] = None,
         *,
+        pids: Sequence[int] = (),
+        follow_all: bool = False,
         load_model: Any = None,
         job_collector: Any = None,
         stack_interval: float = 2.0,
@@ -39,13 +138,19 @@ class Pipeline:
         (otherwise they run on time.monotonic, the clock `LoadModel`s use), so a test that
         controls the clock gets deterministic GPU readings.  `host_collector` replaces the
         psutil collector (tests that need deterministic host numbers).
+
+        `pid`: attach to that job (the TUI's one job, `attach()` swaps it).  `pids`: follow those jobs,
+        each with its stacks; `follow_all`: follow every job on the GPUs so (`serve`, `record`).
         """
+        if pid is not None and (pids or follow_all):
+            raise ValueError("pass pid (one attached job) or pids / follow_all (followed jobs), not both")
         self._clock = clock
         self._stack_interval = stack_interval
         self.simulated = simulate is not None
         self.job_collector = job_collector
         self._stacks_wanted = True
         self._sampling_focused = False
+        self.followed: Optional[FollowedJobs] = None
         self.gpu: Optional[GpuCollector] = None
         self.fake_library = None
         self._closed = False
@@ -98,12 +203,14 @@ class Pipeline:
             **machine_kwargs,
         )
 
-        if pid is not None and self.job_collector is None:
-            try:
+        try:
+            if pid is not None and self.job_collector is None:
                 self.attach(pid)
-            except BaseException:
-                self.close()
-                raise
+            elif pids or follow_all:
+                self.followed = FollowedJobs(pids, discover=follow_all, stack_interval=stack_interval)
+        except BaseException:
+            self.close()
+            raise
 
     def attach(self, pid: int) -> None:
         """Follow the job behind `pid` from the next poll on (also Enter on a process in the TUI).
@@ -124,6 +231,8 @@ class Pipeline:
         collector = self.job_collector
         if collector is not None:
             collector.stacks_wanted = wanted
+        if self.followed is not None:
+            self.followed.want_stacks(wanted)
 
     def focus_sampling(self, focused: bool) -> None:
         """Sample the attached job's ranks densely (a report, the findings screen) or at the screen's rate."""
@@ -131,12 +240,16 @@ class Pipeline:
         collector = self.job_collector
         if collector is not None and hasattr(collector, "focus_sampling"):
             collector.focus_sampling(focused)
+        if self.followed is not None:
+            self.followed.focus_sampling(focused)
 
     def flush_samples(self) -> None:
         """End the running dense stretches now, so the next poll carries them (a report's last seconds)."""
         collector = self.job_collector
         if collector is not None and hasattr(collector, "flush_samples"):
             collector.flush_samples()
+        if self.followed is not None:
+            self.followed.flush_samples()
 
     def poll(self) -> Snapshot:
         """One sample of everything. Per-field and per-GPU failures arrive as None / lost, never as exceptions."""
@@ -146,7 +259,12 @@ class Pipeline:
         job_collector = self.job_collector  # read once: attach() may swap it from another thread
         job = job_collector.collect(gpus, now) if job_collector is not None else None
         jobs: tuple[JobTree, ...] = ()
-        if job_collector is None and any(g.processes for g in gpus):
+        if job_collector is None and self.followed is not None:
+            followed = self.followed.collect(gpus, now)
+            # one job goes where an attached job goes (the TUI, a replay and the recording's stack sharing
+            # read it there); several go to `jobs`
+            job, jobs = (followed[0], ()) if len(followed) == 1 else (None, tuple(followed))
+        elif job_collector is None and any(g.processes for g in gpus):
             from gputop.collect.job_tree import discover_jobs  # /proc only: no py-spy, no stacks
 
             jobs = tuple(discover_jobs(gpus))
@@ -160,7 +278,7 @@ class Pipeline:
         if self._closed:
             return
         self._closed = True
-        for part in (self.job_collector, self.gpu, self.host):
+        for part in (self.job_collector, self.followed, self.gpu, self.host):
             if part is not None:
                 part.close()
 
@@ -176,5 +294,17 @@ def pipeline_from_args(args: Any) -> Pipeline:
     return Pipeline(
         simulate=getattr(args, "simulate", None),
         pid=getattr(args, "pid", None),
+        stack_interval=getattr(args, "stack_interval", 2.0),
+    )
+
+
+def following_pipeline(args: Any) -> Pipeline:
+    """The pipeline of `serve` and `record`, built from the same options so that a recording holds what
+    `serve` exports: the jobs of `args.pid` (a list), or every job on the GPUs, each with its stacks."""
+    pids = list(getattr(args, "pid", None) or ())
+    return Pipeline(
+        simulate=getattr(args, "simulate", None),
+        pids=pids,
+        follow_all=not pids,
         stack_interval=getattr(args, "stack_interval", 2.0),
     )

@@ -98,25 +98,39 @@ class RecordingWriter:
 
     def write(self, snapshot: Snapshot) -> None:
         data = to_jsonable(snapshot)
-        unchanged: list[int] = []
+        keyframe = self.count % KEYFRAME_EVERY == 0  # every dump in full: a reader can start here
+        written: dict[int, ProcessStacks] = {}
+        record: dict[str, Any] = {"snapshot": data}
         job = snapshot.job
         if job is not None and job.stacks:
-            fresh = {}
-            keyframe = self.count % KEYFRAME_EVERY == 0  # every dump in full: a reader can start here
-            for pid, stacks in job.stacks.items():
-                if not keyframe and (self._last_stacks.get(pid) is stacks or self._last_stacks.get(pid) == stacks):
-                    unchanged.append(pid)
-                else:
-                    fresh[str(pid)] = to_jsonable(stacks)
-            data["job"]["stacks"] = fresh
-            self._last_stacks = dict(job.stacks)
-        else:
-            self._last_stacks = {}
-        record: dict[str, Any] = {"snapshot": data}
-        if unchanged:
-            record["stacks_unchanged"] = unchanged
+            data["job"]["stacks"], unchanged = self._share(job.stacks, keyframe, written)
+            if unchanged:
+                record["stacks_unchanged"] = unchanged
+        # several jobs followed (`record` of a machine): each tree's dumps are shared the same way
+        jobs_unchanged = []
+        for tree_json, tree in zip(data["jobs"], snapshot.jobs):
+            tree_json["stacks"], unchanged = self._share(tree.stacks, keyframe, written)
+            jobs_unchanged.append(unchanged)
+        if any(jobs_unchanged):
+            record["jobs_stacks_unchanged"] = jobs_unchanged
+        self._last_stacks = written
         self._append(record)
         self.count += 1
+
+    def _share(
+        self, stacks: dict[int, ProcessStacks], keyframe: bool, written: dict[int, ProcessStacks]
+    ) -> tuple[dict[str, Any], list[int]]:
+        """(the dumps that changed since the previous line, as JSON; the PIDs of those that did not)."""
+        fresh: dict[str, Any] = {}
+        unchanged: list[int] = []
+        for pid, dump in stacks.items():
+            last = self._last_stacks.get(pid)
+            if not keyframe and (last is dump or last == dump):
+                unchanged.append(pid)
+            else:
+                fresh[str(pid)] = to_jsonable(dump)
+            written[pid] = dump
+        return fresh, unchanged
 
     def close(self) -> None:
         if self._fd is not None:
@@ -138,6 +152,7 @@ _FEED_CHUNK = 8192  # bytes fed to zlib at a time: a snapshot member is a few KB
 # A snapshot member begins {"snapshot":{"timestamp":T: the index reads T without parsing the whole line.
 _TIMESTAMP = re.compile(rb'\{"snapshot":\{"timestamp":(-?[0-9][0-9.eE+-]*)[,}]')
 _UNCHANGED = b',"stacks_unchanged":['
+_JOBS_UNCHANGED = b',"jobs_stacks_unchanged":['
 # The writer repeats every stack dump in full every KEYFRAME_EVERY snapshots (a "keyframe": a line with no
 # stacks_unchanged), so a reader can start decoding anywhere by going back at most that many lines.
 KEYFRAME_EVERY = 60
@@ -229,7 +244,7 @@ class RecordingIndex:
         members = _iter_members(self._file, 0, damage)
         header_member = next(members, None)
         header_lines = _lines(header_member[1]) if header_member is not None else []
-        if not header_lines:
+        if header_member is None or not header_lines:
             size = os.fstat(self._file.fileno()).st_size
             what = "is empty" if not size else "is not a gputop recording (no readable header)"
             raise GputopError(f"{self.path} {what}; record one with `gputop record -o FILE`")
@@ -259,7 +274,7 @@ class RecordingIndex:
                 return False
             # JSON escapes quotes inside strings, so this key followed by a list only appears as the record's
             # own key; a false match would only cost an earlier start, never a wrong stack
-            if _UNCHANGED not in line:
+            if _UNCHANGED not in line and _JOBS_UNCHANGED not in line:
                 self._keyframes.append(len(self))
             self._offsets.append(offset)
             self._line_numbers.append(line_number)
@@ -310,20 +325,29 @@ class RecordingIndex:
             try:
                 record = json.loads(self._line(i))
                 data = record["snapshot"]
+                read: dict[int, ProcessStacks] = {}
+
+                def restore(tree: dict[str, Any], unchanged: list[int]) -> dict[int, ProcessStacks]:
+                    stacks = {pid: last_stacks[pid] for pid in unchanged if pid in last_stacks}
+                    stacks.update((int(pid), from_jsonable(ProcessStacks, s)) for pid, s in (tree.get("stacks") or {}).items())
+                    tree["stacks"] = {}  # filled in after decoding, with the shared objects
+                    read.update(stacks)
+                    return stacks
+
                 job = data.get("job")
-                if job is None:
-                    last_stacks = {}
-                else:
-                    stacks = {pid: last_stacks[pid] for pid in record.get("stacks_unchanged", ()) if pid in last_stacks}
-                    stacks.update((int(pid), from_jsonable(ProcessStacks, s)) for pid, s in (job.get("stacks") or {}).items())
-                    last_stacks = stacks
+                job_stacks = restore(job, record.get("stacks_unchanged", [])) if job is not None else {}
+                trees = data.get("jobs") or []
+                jobs_unchanged = record.get("jobs_stacks_unchanged") or [[] for _ in trees]
+                jobs_stacks = [restore(tree, unchanged) for tree, unchanged in zip(trees, jobs_unchanged)]
+                last_stacks = read
                 if i < start:
                     continue  # decoded only for its stacks
-                if job is not None:
-                    job["stacks"] = {}
                 snap = from_jsonable(Snapshot, data)
+                # the dicts were built for this snapshot: filling them is safe
                 if snap.job is not None:
-                    snap.job.stacks.update(last_stacks)  # the dict was built for this snapshot: filling it is safe
+                    snap.job.stacks.update(job_stacks)
+                for tree_obj, stacks in zip(snap.jobs, jobs_stacks):
+                    tree_obj.stacks.update(stacks)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise _Unreadable(f"unreadable record {i + 2} ({type(exc).__name__})") from None
             yield snap

@@ -10,6 +10,9 @@ follow, not by attributes a consumer probes for:
     Seekable    .pause() .resume() .seek(t) .set_speed(x), .position .duration .speed .paused,
                 .generation, .drain(), .history_until()          a recording being replayed
 
+What a snapshot says of the jobs is read in one way too (`jobs_of`, `job_anchor`): the jobs `serve`
+exports, `record` keeps and `report --from` diagnoses are the same trees.
+
 `PollLoop` is the only poll loop: the TUI's collector thread, `report`, `record` and `demo --no-tui`
 all run it. It polls, hands the batch over, and waits for the next tick; polls never overlap, a
 slow poll delays the next tick instead of piling up, and `stop()` / `wake()` take effect at once.
@@ -19,9 +22,29 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
 
-from gputop.model import MachineInfo, Snapshot
+from gputop.model import JobTree, MachineInfo, Snapshot
+
+
+def jobs_of(snapshot: Snapshot) -> tuple[JobTree, ...]:
+    """The jobs a snapshot carries: `Snapshot.jobs` when it holds several (followed with their stacks, or
+    with none followed the GPU processes grouped into jobs), else the one job in `Snapshot.job`."""
+    if snapshot.jobs:
+        return snapshot.jobs
+    return (snapshot.job,) if snapshot.job is not None else ()
+
+
+def for_job(snapshot: Snapshot, tree: Optional[JobTree]) -> Snapshot:
+    """The snapshot as if `tree` were the only job followed (None: no job): what a job's diagnosis reads,
+    the same from a live pipeline that follows several jobs as from a recording of it."""
+    return replace(snapshot, job=tree, jobs=())
+
+
+def job_anchor(tree: JobTree) -> int:
+    """The PID that names a job: its launcher's, or the lone training process's."""
+    return tree.launcher.pid if tree.launcher else tree.root_pid
 
 
 @runtime_checkable

@@ -25,7 +25,7 @@ from gputop.analysis import stack_classes, trace_summary
 from gputop.analysis.checks.trace import check_trace
 from gputop.errors import GputopError, UsageError
 from gputop.inject import injector
-from gputop.model import Finding
+from gputop.model import Finding, ThreadProgress
 
 Progress = Callable[[float, str], None]
 
@@ -164,7 +164,7 @@ def run_trace(
             runs[rank_pid] = (target, injector.prepare_run_dir(target, config, results_root, files=injector.TRACE_AGENT_FILES))
         _report(progress, 0.05, f"injecting the trace agent into {len(ranks)} rank(s)")
         errors: dict[int, str] = {}
-        at_injection: dict[int, object] = {}
+        at_injection: dict[int, Optional[ThreadProgress]] = {}
 
         def inject(rank_pid: int) -> None:
             target, run = runs[rank_pid]
@@ -255,8 +255,10 @@ def _leftover_notes(pid: int, answer: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _wait_for_agents(runs: dict[int, injector.RunDir], deadline: float, progress: Optional[Progress]) -> dict[int, dict]:
-    answers: dict[int, dict] = {}
+def _wait_for_agents(
+    runs: dict[int, injector.RunDir], deadline: float, progress: Optional[Progress]
+) -> dict[int, dict[str, Any]]:
+    answers: dict[int, dict[str, Any]] = {}
     while len(answers) < len(runs) and time.monotonic() < deadline:
         fractions = []
         for pid, run in runs.items():

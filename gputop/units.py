@@ -79,11 +79,6 @@ def fraction(value: Optional[float], missing: Optional[str] = NA) -> Optional[st
     return missing if value is None else f"{100.0 * value:.0f}%"
 
 
-def short_seconds(seconds: float) -> str:
-    """A short span: '12.3 ms' below a second, '1.25 s' above."""
-    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
 def mmss(seconds: float) -> str:
     """A replay position: '01:05'."""
     seconds = max(0, int(seconds))

@@ -131,10 +131,10 @@ async def shoot(out: Path, name: str, size: tuple[int, int], keys: list[str], se
             # the header shows the interval the user would run with, not the script's fast-forward
             app.interval = 1.0
             app.query_one("#header").set_state(interval=1.0, paused=False)
-            app.check_seconds = 0.5  # the stepped source stands still after its last poll: nothing to wait for
+            app.actions.check_seconds = 0.5  # the stepped source stands still after its last poll: nothing to wait for
             for key in keys:
                 await pilot.press(key)
-            while "c" in keys and app.last_check is None:
+            while "c" in keys and app.actions.check is None:
                 await pilot.pause(0.05)
             await pilot.pause()
             return _save_svg(app, out, name)

@@ -95,13 +95,6 @@ def _gauges(history) -> dict[tuple[str, str], float]:
 
     from gputop.exporter import Exporter
 
-    class NoJobs:
-        def collect(self, gpus, now):
-            return []
-
-        def close(self):
-            pass
-
     class LatestOnly:  # the pipeline's part the exporter uses
         machine = history.machine
 
@@ -111,7 +104,7 @@ def _gauges(history) -> dict[tuple[str, str], float]:
         def close(self):
             pass
 
-    exporter = Exporter(LatestOnly(), NoJobs(), dcgm_fields=True, log=lambda line: None)
+    exporter = Exporter(LatestOnly(), dcgm_fields=True, log=lambda line: None)
     exporter.update(history.latest)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(exporter)

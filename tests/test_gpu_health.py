@@ -44,16 +44,6 @@ def fault_spec(name: str) -> str:
     return "h100-sxm-8+" + form.replace("IDX", str(GPU)).replace("SECONDS", "0").replace("CODE", str(XID_CODE))
 
 
-class NoJobs:
-    """The exporter's job source with no job on the GPUs (the GPU side is what is compared)."""
-
-    def collect(self, gpus: tuple[GpuSample, ...], now: float) -> list:
-        return []
-
-    def close(self) -> None:
-        pass
-
-
 def observe(spec: str) -> tuple[History, CheckReport, dict[int, float]]:
     """POLLS snapshots of the simulated machine, `gputop check`'s report over them, and the exporter's
     gputop_gpu_health per GPU after a real update with each snapshot."""
@@ -65,7 +55,7 @@ def observe(spec: str) -> tuple[History, CheckReport, dict[int, float]]:
             before = pipeline.gpu_details()
             bus = [d.pci_bus_id for d in before]
             host_before = tree.read(bus)
-            exporter = Exporter(pipeline, NoJobs(), diagnose=lambda history: [], log=lambda line: None)
+            exporter = Exporter(pipeline, diagnose=lambda history: [], log=lambda line: None)
             history = History(pipeline.machine, capacity=POLLS)
             for _ in range(POLLS):
                 snap = pipeline.poll()

@@ -34,6 +34,7 @@ from gputop.model import (
     from_jsonable,
     to_jsonable,
 )
+from gputop.report.job_json import job_json
 from tests.harness.processes import Spawner, wait_until
 from tests.harness.train_jobs import ATTACH_LOOP, PIN_THREAD, start_attach_loop, torchrun_command, wait_ready
 
@@ -120,7 +121,7 @@ def test_single_rank_with_workers_tree_and_stacks(spawn, tmp_path, collectors):
     # the whole tree, stacks included, goes through JSON and back unchanged
     assert from_jsonable(JobTree, to_jsonable(tree)) == tree
     # `snapshot --json`'s job key, in the issue's shape
-    as_json = json.loads(json.dumps(jobmod.job_json(tree)))
+    as_json = json.loads(json.dumps(job_json(tree)))
     [rank_json] = as_json["ranks"]
     assert rank_json["pid"] == pid and rank_json["rank"] is None and rank_json["gpus"] == []
     assert rank_json["workers"] == [w.pid for w in tree.ranks[0].workers]

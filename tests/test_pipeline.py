@@ -12,7 +12,7 @@ import pytest
 from gputop.cli import build_parser
 from gputop.errors import GputopError, UsageError
 from gputop.model import HostSample, JobTree, Snapshot
-from gputop.pipeline import Pipeline, pipeline_from_args
+from gputop.pipeline import Pipeline, following_pipeline, pipeline_from_args
 from gputop.sim.fake_nvml import ManualClock
 from tests.harness.memory import heap_growth_per_block
 from tests.harness.nvml import ScriptedLoad
@@ -239,3 +239,28 @@ def test_gpu_processes_are_grouped_into_jobs_in_the_snapshot_until_a_job_is_atta
     p.attach(proc.pid)
     attached = p.poll()
     assert attached.job is not None and attached.jobs == ()  # the attached job replaces the list
+
+
+def test_followed_jobs_go_to_the_snapshot_one_in_job_several_in_jobs_and_an_exit_stays(pipelines, spawn):
+    """serve's and record's pipeline with --pid (`following_pipeline`): one job where an attached job goes,
+    several in `Snapshot.jobs`, in the order given; a job that exits stays, marked exited."""
+    first = spawn.python("import time\nwhile True: time.sleep(0.1)")
+    second = spawn.python("import time\nwhile True: time.sleep(0.1)")
+    args = build_parser().parse_args(["record", "-o", "x", "--simulate", "rtx-4090-2", "--pid", str(second.pid)])
+    one = following_pipeline(args)
+    try:
+        snap = one.poll()
+        assert snap.jobs == () and snap.job is not None and snap.job.root_pid == second.pid
+    finally:
+        one.close()
+
+    both = pipelines(simulate="rtx-4090-2", pids=[second.pid, first.pid])
+    snap = both.poll()
+    assert snap.job is None and [t.root_pid for t in snap.jobs] == [second.pid, first.pid]
+    first.kill()
+    first.wait(timeout=10)
+    for _ in range(2):  # the exit is kept, poll after poll, as the TUI keeps an attached job's
+        assert [(t.root_pid, t.exited) for t in both.poll().jobs] == [(second.pid, False), (first.pid, True)]
+
+    with pytest.raises(GputopError, match="no process with PID"):
+        pipelines(simulate="rtx-4090-2", pids=[second.pid, 2**22 + 12345])  # above pid_max: never a process

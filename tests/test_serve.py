@@ -33,7 +33,7 @@ from gputop.cli import build_parser, main
 from gputop.collect.stacks import PtraceFacts, error_reason, permission_advice
 from gputop.commands.serve import DEFAULT_LISTEN, is_loopback, parse_listen, start_server
 from gputop.errors import UsageError
-from gputop.exporter import DATA_WAIT_WINDOW_S, RANK_STATES, DiscoveredJobs, Exporter
+from gputop.exporter import DATA_WAIT_WINDOW_S, RANK_STATES, Exporter
 from gputop.model import LABEL_CODE, LABEL_INFRA, Finding, ProcessStacks, XidEvent
 from tests.harness import histories as hb
 from tests.harness.memory import heap_growth_per_block
@@ -82,25 +82,11 @@ class HistorySource:
         pass
 
 
-class HistoryJobs:
-    """The job source beside a HistorySource: the job its last snapshot carries."""
-
-    def __init__(self, source: HistorySource) -> None:
-        self.source = source
-
-    def collect(self, gpus, now):
-        job = self.source.snaps[self.source.i - 1].job
-        return [job] if job is not None else []
-
-    def close(self) -> None:
-        pass
-
-
 def exporter_over(scenario: hb.Scenario, **kwargs) -> tuple[Exporter, HistorySource]:
     source = HistorySource(hb.build(scenario))
     kwargs.setdefault("interval", scenario.interval)
     kwargs.setdefault("log", lambda line: None)
-    return Exporter(source, HistoryJobs(source), **kwargs), source
+    return Exporter(source, **kwargs), source
 
 
 def run_cycles(exporter: Exporter, source: HistorySource, n: Optional[int] = None) -> None:
@@ -161,7 +147,7 @@ def simulated_exporter(spec: str) -> Exporter:
 
     pipeline = Pipeline(simulate=spec)
     pipeline.fake_library.pcie_latency_s = 0.0  # the fake's 20 ms per PCIe read only slows the test
-    return Exporter(pipeline, DiscoveredJobs(), interval=1.0, log=lambda line: None)
+    return Exporter(pipeline, interval=1.0, log=lambda line: None)
 
 
 # ----------------------------------------------------------------- GPU metrics
@@ -180,13 +166,13 @@ def test_simulated_degraded_link_is_one_for_that_gpu_and_zero_for_the_others():
         assert one(samples, "gputop_gpu_pcie_link_width", gpu="3", kind="current") == 8
         assert one(samples, "gputop_gpu_pcie_link_width", gpu="2", kind="current") == 16
         # the GPU labels are dcgm-exporter's, with the simulated board's UUID
-        uuid = exporter.pipeline.poll().gpus[3].uuid
+        uuid = exporter.source.poll().gpus[3].uuid
         assert one(samples, "gputop_gpu_pcie_link_degraded", gpu="3", UUID=uuid, Hostname=exporter.hostname) == 1
         # without a job on the GPUs the verdict is the machine's: the link is the infrastructure's problem
         assert one(samples, "gputop_finding", job="machine", kind="pcie_downgrade", label="infrastructure") == 1
         assert one(samples, "gputop_verdict", job="machine", verdict="infrastructure") == 1
     finally:
-        exporter.pipeline.close()
+        exporter.source.close()
 
 
 def test_an_idle_link_at_a_low_generation_is_not_degraded():
@@ -215,7 +201,7 @@ def test_clock_event_reasons_are_one_while_active():
         assert one(samples, "gputop_gpu_clock_event_active", gpu="1", reason="hw_thermal") == 0
         assert len(values(samples, "gputop_gpu_clock_event_active", gpu="1")) == 9  # every reason, 0 or 1
     finally:
-        exporter.pipeline.close()
+        exporter.source.close()
 
 
 def test_xid_counter_counts_each_event_once_although_every_sample_repeats_them():
@@ -411,7 +397,7 @@ def test_progress_follows_the_main_threads_counters_when_its_stack_stays_the_sam
         history = hb.build(scenario)
         source = HistorySource(history)
         source.snaps = [replace(s, job=replace(s.job, stacks={1000: d})) for s, d in zip(history, dumps)]
-        exporter = Exporter(source, HistoryJobs(source), interval=1.0, diagnose=lambda h: [], log=lambda line: None)
+        exporter = Exporter(source, interval=1.0, diagnose=lambda h: [], log=lambda line: None)
         run_cycles(exporter, source)
         return one(parse(scrape_text(exporter)), "gputop_rank_last_progress_timestamp_seconds", rank="0") - hb.T0
 
@@ -434,7 +420,7 @@ def test_refused_stacks_become_a_counter_and_one_log_line():
     source = HistorySource(history)
     source.snaps = list(refused_dumps(history))
     logged: list[str] = []
-    exporter = Exporter(source, HistoryJobs(source), interval=1.0, log=logged.append)
+    exporter = Exporter(source, interval=1.0, log=logged.append)
     run_cycles(exporter, source)
     samples = parse(scrape_text(exporter))
     dumps = len({s.job.stacks[1000].timestamp for s in source.snaps})
@@ -462,7 +448,7 @@ def test_a_failed_poll_is_logged_once_and_the_poll_loop_goes_on():
 
     source = FlakySource(hb.build(input_bound(seconds=6, ranks=1)))
     logged: list[str] = []
-    exporter = Exporter(source, HistoryJobs(source), interval=1.0, log=logged.append)
+    exporter = Exporter(source, interval=1.0, log=logged.append)
     loop = PollLoop(source, 0.001, on_error=exporter.failed)
     loop.run(exporter.deliver)
     assert source.failures == 3
@@ -639,41 +625,19 @@ def test_memory_stays_flat_over_many_cycles_in_compressed_time():
 PROMETHEUS = shutil.which("prometheus")
 
 
-class FixedGpus:
-    """A pipeline stand-in: GPUs whose process lists name the given real PIDs (there is no GPU here)."""
-
-    def __init__(self, gpu_pids: dict[int, list[int]]) -> None:
-        from gputop.model import GpuProcess, GpuSample
-
-        self.machine = hb.machine(gpus=len(gpu_pids))
-        self.gpus = tuple(
-            GpuSample(
-                index=i,
-                uuid=f"GPU-{i}",
-                name="Fake H100",
-                pci_bus_id=f"00000000:{0x10 + i:02X}:00.0",
-                utilization_gpu=50.0,
-                processes=tuple(GpuProcess(pid=p, used_memory=1 << 30) for p in pids),
-            )
-            for i, pids in gpu_pids.items()
-        )
-
-    def poll(self):
-        from gputop.model import HostSample, Snapshot
-
-        return Snapshot(timestamp=time.time(), host=HostSample(cpu_percent=(0.0,)), gpus=self.gpus)
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.mark.slow
 def test_without_pid_every_gpu_process_is_a_job_followed_with_its_stacks(spawn):
+    """serve's pipeline (`following_pipeline` without --pid): every job on the (simulated) GPUs, each
+    followed with its stacks in the snapshot the exporter reads; a job that leaves the GPUs is dropped."""
+    from gputop.pipeline import Pipeline
+    from tests.harness.nvml import ScriptedLoad
+
     first = spawn.python("import time\nwhile True: time.sleep(0.05)")
     second = spawn.python("import threading\nthreading.Event().wait()")
-    source = FixedGpus({0: [first.pid], 1: [second.pid]})
-    jobs = DiscoveredJobs(stack_interval=0.5)
-    exporter = Exporter(source, jobs, interval=1.0, log=lambda line: None)
+    load = ScriptedLoad(processes={0: [(first.pid, 1 << 30)], 1: [(second.pid, 1 << 30)]})
+    pipeline = Pipeline(simulate="h100-sxm-8", load_model=load, follow_all=True, stack_interval=0.5)
+    pipeline.fake_library.pcie_latency_s = 0.0  # the fake's 20 ms per PCIe read only slows the test
+    exporter = Exporter(pipeline, interval=1.0, log=lambda line: None)
     try:
 
         def states() -> dict[str, str]:
@@ -692,13 +656,14 @@ def test_without_pid_every_gpu_process_is_a_job_followed_with_its_stacks(spawn):
 
         second.kill()
         second.wait(timeout=10)
-        source.gpus = source.gpus[:1]  # the driver drops a dead process from the GPU
+        load.procs.pop(1)  # the driver drops a dead process from the GPU
         exporter.cycle()
         samples = parse(scrape_text(exporter))
         assert {dict(k)["job"] for k in values(samples, "gputop_job_info")} == {str(first.pid)}
-        assert set(jobs._collectors) == {first.pid} and set(exporter._histories) == {str(first.pid)}
+        assert pipeline.followed is not None and pipeline.followed.followed == [first.pid]
+        assert set(exporter._histories) == {str(first.pid)}
     finally:
-        jobs.close()
+        pipeline.close()
 
 
 @pytest.mark.slow

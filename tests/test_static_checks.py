@@ -1,8 +1,11 @@
-"""The lint every change passes (issue 22): `ruff check` over the package, the tests, the benchmarks and the
-scripts, with the rules in pyproject.toml.  A failure prints ruff's own report: fix it, or `ruff check --fix`."""
+"""The static checks every change passes (issue 22): `ruff check` and `ruff format` over the package, the tests,
+the benchmarks and the scripts, and `mypy` over the package, with the settings in pyproject.toml (strict on
+model, source, units, gpu_fields and analysis).  A failure prints the tool's own report: fix what it names
+(`ruff check --fix` and `ruff format` fix most lint and layout by themselves)."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -43,3 +46,19 @@ def test_ruff_format_is_applied():
         timeout=120,
     )
     assert result.returncode == 0, "run `ruff format gputop tests benchmarks scripts`:\n" + result.stdout + result.stderr
+
+
+def test_mypy_passes(tmp_path):
+    """Zero mypy errors in the package.  mypy runs on this Python (it is in the test extra), so it sees the
+    libraries installed here; its cache goes to a fresh folder, so the result never rests on an earlier run's."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.fail("mypy is not installed: `pip install -e '.[test]'` installs it")
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", "pyproject.toml", "--cache-dir", str(tmp_path / "mypy-cache")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, "run `mypy` from the repository root:\n" + result.stdout + result.stderr
+    assert result.stdout.startswith("Success: no issues found"), result.stdout + result.stderr

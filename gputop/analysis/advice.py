@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from gputop.analysis.loader_math import MARGIN as LOADER_MARGIN
 from gputop.analysis.loader_math import workers_needed
@@ -171,6 +171,6 @@ def suggested_workers(ctx: Context, ranks: Sequence[RankObs], input_share: Share
     return dataclasses.replace(advice, arithmetic=arithmetic)
 
 
-def loader_code(kwargs: dict[str, Any]) -> str:
+def loader_code(kwargs: Mapping[str, object]) -> str:
     args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
     return f"DataLoader(dataset, batch_size=..., {args})"

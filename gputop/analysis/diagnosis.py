@@ -10,6 +10,12 @@ and per-GPU series built once: the `Context`), `advice` (worker counts and their
 caps), one module per family in `checks/`, and this module: the order the checks
 run in, how their results feed each other, and the sort.
 
+Each check is a decision and its wording, kept apart: a function that returns a frozen dataclass of what
+was decided and the numbers behind it (`starvation` -> `Starvation`, `hiccup` -> `Hiccup`, `_rank_hang`
+-> `RankHang`, `misplacement` -> `CrowdedRanks`/..., `quiet` -> `Quiet`), and one function per finding
+kind that makes the title, summary, evidence and fix from it (`starvation_finding`, `hiccup_finding`, ...).
+A wording change touches only the latter; `check_*` joins the two.
+
 The findings follow the three idle profiles and the troubleshooting table of
 the seed article ("8 GPUs, 7 idle"):
 
@@ -41,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
 
 from gputop.analysis.checks.cpu import check_cpu_bound, cpu_facts
 from gputop.analysis.checks.hang import check_hang
@@ -55,7 +61,7 @@ from gputop.analysis.checks.placement import check_misplacement
 from gputop.analysis.checks.straggler import check_straggler
 from gputop.analysis.checks.sync import check_sync_bound
 from gputop.analysis.numbers import mean, percentile
-from gputop.analysis.observations import Context, bench_dict, collect_gpu_observations, collect_rank_observations
+from gputop.analysis.observations import BenchInput, Context, bench_dict, collect_gpu_observations, collect_rank_observations
 from gputop.analysis.thresholds import (
     DIAGNOSIS_WINDOW_S,
     HANG_MIN_SECONDS,
@@ -68,6 +74,9 @@ from gputop.analysis.thresholds import (
 )
 from gputop.history import History
 from gputop.model import SEVERITIES, Finding
+
+if TYPE_CHECKING:
+    from gputop.analysis.machine_check import CheckReport
 
 # Re-exported for callers that import them from here (older code and tests).
 __all__ = [
@@ -103,8 +112,15 @@ INDEPENDENT_CHECKS: list[Callable[[Context], list[Finding]]] = [
 ]
 
 
+class TraceResultLike(Protocol):
+    """A trace's result (`gputop.tracing.TraceResult`): the findings its checks made."""
+
+    @property
+    def findings(self) -> Sequence[Finding]: ...
+
+
 def build_context(
-    history: History, bench: Any = None, *, window: Optional[float] = DIAGNOSIS_WINDOW_S, stride_s: float = 0.0
+    history: History, bench: BenchInput = None, *, window: Optional[float] = DIAGNOSIS_WINDOW_S, stride_s: float = 0.0
 ) -> Optional[Context]:
     """The observations every check reads, over the last `window` seconds (None: all); None without data.
     `stride_s`: keep one snapshot per that many seconds (a cheap view of a long window)."""
@@ -133,7 +149,7 @@ def build_context(
     )
 
 
-def diagnose(history: History, bench: Any = None, *, window: Optional[float] = DIAGNOSIS_WINDOW_S) -> list[Finding]:
+def diagnose(history: History, bench: BenchInput = None, *, window: Optional[float] = DIAGNOSIS_WINDOW_S) -> list[Finding]:
     """All findings over the last `window` seconds of history (None: all of it), most severe first; never empty."""
     ctx = build_context(history, bench, window=window)
     if ctx is None:
@@ -160,7 +176,12 @@ def diagnose(history: History, bench: Any = None, *, window: Optional[float] = D
 
 
 def findings(
-    history: History, bench: Any = None, trace: Any = None, check: Any = None, *, window: Optional[float] = DIAGNOSIS_WINDOW_S
+    history: History,
+    bench: BenchInput = None,
+    trace: Optional[TraceResultLike] = None,
+    check: Optional[CheckReport] = None,
+    *,
+    window: Optional[float] = DIAGNOSIS_WINDOW_S,
 ) -> list[Finding]:
     """Everything gputop concludes about `history`, assembled in this one place for every sink (the TUI's
     verdict, the `r` report, `gputop report`, `gputop serve`, `gputop demo --no-tui`): the diagnosis (with
@@ -169,10 +190,12 @@ def findings(
     return with_extra_findings(diagnose(history, bench, window=window), trace, check)
 
 
-def with_extra_findings(found: Sequence[Finding], trace: Any = None, check: Any = None) -> list[Finding]:
+def with_extra_findings(
+    found: Sequence[Finding], trace: Optional[TraceResultLike] = None, check: Optional[CheckReport] = None
+) -> list[Finding]:
     """The diagnosis' findings joined by the trace's and the machine check's, when they ran (see `findings`)."""
     found = list(found)
-    if trace is not None and getattr(trace, "findings", None):
+    if trace is not None and trace.findings:
         from gputop.analysis.checks.trace import with_trace_findings
 
         found = with_trace_findings(found, trace.findings)
@@ -183,7 +206,9 @@ def with_extra_findings(found: Sequence[Finding], trace: Any = None, check: Any 
     return found
 
 
-_long_hiccups: list[Any] = [None, []]  # (key, findings) of the last long-window hiccup search
+# the last long-window hiccup search: (history, its first sample's time, the stride it fell in, GPUs left out)
+_LongHiccupKey = tuple[int, float, int, frozenset[int]]
+_long_hiccups: list[tuple[Optional[_LongHiccupKey], list[Finding]]] = [(None, [])]
 
 
 def _job_findings(ctx: Context, long_context: Callable[[], Optional[Context]]) -> list[Finding]:
@@ -205,17 +230,17 @@ def _job_findings(ctx: Context, long_context: Callable[[], Optional[Context]]) -
     if not hiccups and ctx.snaps[-1].timestamp - next(iter(ctx.history)).timestamp > 3 * HICCUP_MAX_PERIOD_S:
         # epoch-level hiccups: a period of minutes shows only in the longer history.  A period of minutes
         # does not change from one second to the next: the search runs once per LONG_WINDOW_STRIDE_S.
-        key = (
+        key: _LongHiccupKey = (
             id(ctx.history),
             next(iter(ctx.history)).timestamp,
             int(ctx.snaps[-1].timestamp // LONG_WINDOW_STRIDE_S),
             frozenset(hung_gpus),
         )
-        if _long_hiccups[0] != key:
+        if _long_hiccups[0][0] != key:
             long = long_context()
             found = check_hiccup(long, exclude_gpus=hung_gpus, max_period_s=LONG_HICCUP_MAX_PERIOD_S) if long else []
-            _long_hiccups[:] = [key, found]
-        hiccups = list(_long_hiccups[1])
+            _long_hiccups[0] = (key, found)
+        hiccups = list(_long_hiccups[0][1])
     starvation = check_starvation(ctx, exclude=hung_pids | {p for f in stragglers for p in f.pids}, cpu_bound=facts.saturated)
     if not ctx.ranks:
         starvation += check_low_utilization(ctx, exclude_gpus=hung_gpus)

@@ -16,7 +16,7 @@ Vocabulary (all per batch, seconds):
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 MARGIN = 1.25  # workers are not perfectly parallel, batches vary: ask for 25% more producing power
 NOT_BOTTLENECK_WAIT = 0.05  # TF input-pipeline analyzer: under 5% of the step waiting is "not input-bound"
@@ -69,7 +69,7 @@ MIN_CORE_BUDGET = 0.25  # on a saturated host, workers that barely use a CPU may
 HARD_MAX_WORKERS = 32
 
 
-def core_share_per_worker(config: Optional[dict]) -> float:
+def core_share_per_worker(config: Optional[dict[str, Any]]) -> float:
     """Fraction of a core one producer keeps busy, from a sweep configuration's CPU time per batch.
 
     1.0 for CPU-bound decoding; near 0 for a dataset that waits on storage.  Unknown -> 1.0 (cautious).
@@ -128,12 +128,17 @@ def plan_worker_counts(current: int, needed: Optional[int], cap: int, limit: int
     return chosen
 
 
-def _fmt_s(seconds: float) -> str:
-    # gputop.units.short_seconds, repeated: this file runs inside the job without gputop (see above)
+def _fmt_s(seconds: Optional[float]) -> str:
+    # '12.3 ms' below a second, '1.25 s' above (this file runs inside the job without gputop: see above)
+    if seconds is None:
+        return "unknown"
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def _best_rate(configs: Sequence[dict], num_workers: int, pin_memory: Optional[bool] = None) -> Optional[dict]:
+Config = dict[str, Any]  # one loader measurement: {num_workers, prefetch_factor, pin_memory, batches_per_s, cpu_s_per_batch}
+
+
+def _best_rate(configs: Sequence[Config], num_workers: int, pin_memory: Optional[bool] = None) -> Optional[Config]:
     matching = [
         c
         for c in configs
@@ -141,14 +146,18 @@ def _best_rate(configs: Sequence[dict], num_workers: int, pin_memory: Optional[b
         and c.get("batches_per_s")
         and (pin_memory is None or bool(c.get("pin_memory")) == pin_memory)
     ]
-    return max(matching, key=lambda c: c["batches_per_s"]) if matching else None
+    return max(matching, key=lambda c: float(c["batches_per_s"])) if matching else None
+
+
+def _rate(config: Config) -> float:
+    return float(config["batches_per_s"])
 
 
 def recommend(
     *,
     current: dict[str, Any],
     consumption: Optional[dict[str, Any]] = None,
-    configs: Sequence[dict[str, Any]] = (),
+    configs: Sequence[Config] = (),
     free_cores: Optional[float] = None,
     ranks_on_host: int = 1,
     uses_cuda: Optional[bool] = None,
@@ -168,37 +177,12 @@ def recommend(
     """
     lines: list[str] = []
     n_now = int(current.get("num_workers") or 0)
-    prefetch_now = current.get("prefetch_factor") or (DEFAULT_PREFETCH if n_now > 0 else None)
-    pin_now = bool(current.get("pin_memory"))
-    persistent_now = bool(current.get("persistent_workers"))
-    kwargs: dict[str, Any] = {"num_workers": n_now}
-    if n_now > 0:
-        kwargs["prefetch_factor"] = prefetch_now
-        kwargs["persistent_workers"] = persistent_now
-    kwargs["pin_memory"] = pin_now
-
-    wait_fraction = None
-    step_s = None
-    if consumption and consumption.get("batches_per_s"):
-        rate = float(consumption["batches_per_s"])
-        wait_b = float(consumption.get("wait_per_batch_s") or 0.0)
-        wait_fraction = float(consumption.get("wait_fraction") or 0.0)
-        step_s = step_time(rate, wait_b)
-        lines.append(f"training: {rate:.2f} batches/s, waiting {_fmt_s(wait_b)} per batch ({wait_fraction:.0%} of the time)")
-        lines.append(f"step time outside the loader = 1/{rate:.2f} − {_fmt_s(wait_b)} = {_fmt_s(step_s)}")
-    elif passive and passive.get("wait_fraction") is not None:
-        wait_fraction = float(passive["wait_fraction"])
-        lines.append(f"training waits for data {wait_fraction:.0%} of the time (py-spy samples)")
-
-    baseline = _best_rate(configs, n_now, pin_now) or _best_rate(configs, n_now)
-    core_share = core_share_per_worker(baseline)
-    busy = [float(w["busy"]) for w in (passive or {}).get("worker_busy") or () if w.get("busy") is not None]
-    if baseline is None and busy:
-        # no sweep: the workers' measured CPU share says whether they compute or wait on I/O
-        core_share = min(1.0, max(MIN_CORE_SHARE, sum(busy) / len(busy)))
+    kwargs = _current_kwargs(current, n_now)
+    wait_fraction, step_s = _training_wait(consumption, passive, lines)
+    baseline = _best_rate(configs, n_now, bool(current.get("pin_memory"))) or _best_rate(configs, n_now)
+    core_share = _core_share(baseline, passive)
     cap = worker_cap(n_now, free_cores, ranks_on_host, core_share) if free_cores is not None else None
-    if max_workers is not None:
-        cap = max(0, min(cap if cap is not None else max_workers, max(max_workers, 0)))
+    cap = max(0, min(cap if cap is not None else max_workers, max(max_workers, 0))) if max_workers is not None else cap
     result: dict[str, Any] = {
         "kwargs": kwargs,
         "bottleneck": None,
@@ -207,31 +191,98 @@ def recommend(
         "workers_needed": None,
         "worker_cap": cap,
     }
-
     if wait_fraction is None:
         result["verdict"] = "not enough data to advise: no batches were seen during the measurement"
         return result
-
     if wait_fraction < NOT_BOTTLENECK_WAIT:
-        result["bottleneck"] = False
-        result["verdict"] = (
-            f"your loader is not the bottleneck: the training waits for data {wait_fraction:.1%} of the time "
-            f"(under {NOT_BOTTLENECK_WAIT:.0%}); keep these settings"
-        )
-        if uses_cuda and not pin_now:
-            kwargs["pin_memory"] = True
-            lines.append("pin_memory=True: batches go to the GPU, pinned pages copy faster and asynchronously")
+        _keep_settings(result, wait_fraction, uses_cuda=bool(uses_cuda), pin_now=bool(current.get("pin_memory")))
         return result
     result["bottleneck"] = True
+    prep_s = _prep_time(n_now, consumption, baseline, lines)
+    if (prep_s is None or step_s is None) and consumption is None and passive:
+        _passive_estimate(result, n_now, wait_fraction, passive, cap, core_share, margin)
+    elif prep_s is None or step_s is None:
+        _unsized(result, n_now, wait_fraction, cap)
+    else:
+        cap_text = _cap_text(n_now, free_cores, ranks_on_host, core_share, cap) if cap is not None else None
+        plan = _sized_workers(lines, prep_s, step_s, margin, cap, cap_text, configs)
+        result["workers_needed"] = plan.needed if cap is None else min(plan.needed, cap)
+        _tune_kwargs(kwargs, lines, plan, current, configs, passive, consumption, uses_cuda=bool(uses_cuda))
+        result["verdict"] = _sized_verdict(plan, prep_s, n_now, wait_fraction)
+    return result
 
-    # Prep time per batch for one producer: the loader-only run of the current settings is the best
-    # witness; without one, at num_workers=0 the wait *is* the prep (the main process builds the batch).
-    # Prep time per batch for one producer.  The training itself is the best witness while it waits
-    # for data: at num_workers=0 its wait *is* the prep, and with workers that cannot keep up its rate
-    # *is* theirs.  That was measured before the sweep, so the sweep's own CPU use cannot skew it; the
-    # loader-alone run of the same settings is shown next to it as a cross-check.
+
+def _unsized(result: dict[str, Any], n_now: int, wait_fraction: float, cap: Optional[int]) -> None:
+    """Input-bound, but neither prep nor step time is known: say so, and move the work off the training thread."""
+    result["verdict"] = (
+        f"input-bound: the training waits for data {wait_fraction:.0%} of the time; "
+        "run the active benchmark (--yes) for the worker count that fixes it"
+    )
+    if n_now == 0:
+        result["kwargs"].update(num_workers=max(2, min(cap or 2, 4)), prefetch_factor=DEFAULT_PREFETCH, persistent_workers=True)
+        result["lines"].append("num_workers=0 builds every batch on the training thread: move it to workers")
+
+
+def _current_kwargs(current: dict[str, Any], n_now: int) -> dict[str, Any]:
+    """The live loader's settings as DataLoader kwargs (the advice starts from them)."""
+    kwargs: dict[str, Any] = {"num_workers": n_now}
+    if n_now > 0:
+        kwargs["prefetch_factor"] = current.get("prefetch_factor") or DEFAULT_PREFETCH
+        kwargs["persistent_workers"] = bool(current.get("persistent_workers"))
+    kwargs["pin_memory"] = bool(current.get("pin_memory"))
+    return kwargs
+
+
+def _training_wait(
+    consumption: Optional[dict[str, Any]], passive: Optional[dict[str, Any]], lines: list[str]
+) -> tuple[Optional[float], Optional[float]]:
+    """(the training's data-wait fraction, its step time) from timed batches, else py-spy's shares."""
+    if consumption and consumption.get("batches_per_s"):
+        rate = float(consumption["batches_per_s"])
+        wait_b = float(consumption.get("wait_per_batch_s") or 0.0)
+        wait_fraction = float(consumption.get("wait_fraction") or 0.0)
+        step_s = step_time(rate, wait_b)
+        lines.append(f"training: {rate:.2f} batches/s, waiting {_fmt_s(wait_b)} per batch ({wait_fraction:.0%} of the time)")
+        lines.append(f"step time outside the loader = 1/{rate:.2f} − {_fmt_s(wait_b)} = {_fmt_s(step_s)}")
+        return wait_fraction, step_s
+    if passive and passive.get("wait_fraction") is not None:
+        wait_fraction = float(passive["wait_fraction"])
+        lines.append(f"training waits for data {wait_fraction:.0%} of the time (py-spy samples)")
+        return wait_fraction, None
+    return None, None
+
+
+def _core_share(baseline: Optional[Config], passive: Optional[dict[str, Any]]) -> float:
+    """A core per worker: the sweep's CPU time per batch, else the workers' measured CPU share (no sweep)."""
+    busy = [float(w["busy"]) for w in (passive or {}).get("worker_busy") or () if w.get("busy") is not None]
+    if baseline is None and busy:
+        # no sweep: the workers' measured CPU share says whether they compute or wait on I/O
+        return min(1.0, max(MIN_CORE_SHARE, sum(busy) / len(busy)))
+    return core_share_per_worker(baseline)
+
+
+def _keep_settings(result: dict[str, Any], wait_fraction: float, *, uses_cuda: bool, pin_now: bool) -> None:
+    """The loader keeps up: keep its settings (pinning memory for a GPU job costs nothing)."""
+    result["bottleneck"] = False
+    result["verdict"] = (
+        f"your loader is not the bottleneck: the training waits for data {wait_fraction:.1%} of the time "
+        f"(under {NOT_BOTTLENECK_WAIT:.0%}); keep these settings"
+    )
+    if uses_cuda and not pin_now:
+        result["kwargs"]["pin_memory"] = True
+        result["lines"].append("pin_memory=True: batches go to the GPU, pinned pages copy faster and asynchronously")
+
+
+def _prep_time(
+    n_now: int, consumption: Optional[dict[str, Any]], baseline: Optional[Config], lines: list[str]
+) -> Optional[float]:
+    """Prep time per batch for one producer.  The training itself is the best witness while it waits
+    for data: at num_workers=0 its wait *is* the prep, and with workers that cannot keep up its rate
+    *is* theirs.  That was measured before the sweep, so the sweep's own CPU use cannot skew it; the
+    loader-alone run of the same settings is shown next to it as a cross-check (and stands in for it
+    when the training was not timed)."""
     prep_s = live_prep_time(n_now, consumption)
-    if prep_s is not None:
+    if prep_s is not None and consumption is not None:
         how = (
             "the wait at num_workers=0"
             if n_now == 0
@@ -240,67 +291,94 @@ def recommend(
         lines.append(f"prep time per batch = {how} = {_fmt_s(prep_s)}")
         if baseline:
             lines.append(
-                f"  cross-check, loader alone with these settings: {baseline['batches_per_s']:.2f} batches/s → "
-                f"{_fmt_s(prep_time_from_rate(n_now, baseline['batches_per_s']))} per batch"
+                f"  cross-check, loader alone with these settings: {_rate(baseline):.2f} batches/s → "
+                f"{_fmt_s(prep_time_from_rate(n_now, _rate(baseline)))} per batch"
             )
-    elif baseline:
-        prep_s = prep_time_from_rate(n_now, baseline["batches_per_s"])
+        return prep_s
+    if baseline:
+        prep_s = prep_time_from_rate(n_now, _rate(baseline))
         lines.append(
-            f"prep time per batch = max(1, {n_now} workers) ÷ {baseline['batches_per_s']:.2f} batches/s "
+            f"prep time per batch = max(1, {n_now} workers) ÷ {_rate(baseline):.2f} batches/s "
             f"(loader alone, current settings) = {_fmt_s(prep_s)}"
         )
+    return prep_s
 
-    if (prep_s is None or step_s is None) and consumption is None and passive:
-        _passive_estimate(result, n_now, wait_fraction, passive, cap, core_share, margin)
-        return result
-    if prep_s is None or step_s is None:
-        result["verdict"] = (
-            f"input-bound: the training waits for data {wait_fraction:.0%} of the time; "
-            "run the active benchmark (--yes) for the worker count that fixes it"
-        )
-        if n_now == 0:
-            kwargs.update(num_workers=max(2, min(cap or 2, 4)), prefetch_factor=DEFAULT_PREFETCH, persistent_workers=True)
-            lines.append("num_workers=0 builds every batch on the training thread: move it to workers")
-        return result
 
+def _cap_text(n_now: int, free_cores: Optional[float], ranks_on_host: int, core_share: float, cap: int) -> str:
+    if free_cores is None:
+        return f"cap: at most {cap} workers (the stated maximum)"
+    return (
+        f"cap: {n_now} current + {max(0.0, free_cores):.1f} idle cores"
+        + (f" ÷ {ranks_on_host} ranks" if ranks_on_host > 1 else "")
+        + (" + the main process's decoding share (num_workers=0)" if n_now == 0 else "")
+        + (f" ÷ {core_share:.2f} core per worker (measured CPU time)" if core_share < 1.0 else "")
+        + f" → at most {cap} workers"
+    )
+
+
+class _Plan(NamedTuple):
+    needed: int  # the estimate
+    chosen: int  # what to set: the estimate, capped, or the smallest measured count that meets demand
+    demand: float  # batches/s the training would use if it never waited (1 / step time)
+    measured: Optional[Config]  # the loader-alone measurement of the chosen count
+
+
+def _sized_workers(
+    lines: list[str],
+    prep_s: float,
+    step_s: float,
+    margin: float,
+    cap: Optional[int],
+    cap_text: Optional[str],
+    configs: Sequence[Config],
+) -> _Plan:
+    """Workers from prep ÷ step × margin, capped; measurements overrule the estimate."""
     needed = workers_needed(prep_s, step_s, margin)
-    result["workers_needed"] = needed if cap is None else min(needed, cap)
     lines.append(
         f"workers needed ≈ {_fmt_s(prep_s)} ÷ {_fmt_s(step_s)} × {margin:g} margin → "
         + (f"{needed}" if cap is None or needed <= cap else f"more than the cap of {cap}")
     )
     chosen = needed
-    if cap is not None:
-        lines.append(
-            f"cap: {n_now} current + {max(0.0, free_cores):.1f} idle cores"
-            + (f" ÷ {ranks_on_host} ranks" if ranks_on_host > 1 else "")
-            + (" + the main process's decoding share (num_workers=0)" if n_now == 0 else "")
-            + (f" ÷ {core_share:.2f} core per worker (measured CPU time)" if core_share < 1.0 else "")
-            + f" → at most {cap} workers"
-        )
-        if needed > cap:
-            chosen = cap
-
+    if cap is not None and cap_text is not None:
+        lines.append(cap_text)
+        chosen = min(chosen, cap)
     # Let measurements overrule the estimate: the smallest measured count that meets demand wins.
     demand = 1.0 / step_s if step_s > 0 else float("inf")
-    meeting = sorted({int(c["num_workers"]) for c in configs if c.get("batches_per_s") and c["batches_per_s"] >= demand * 1.05})
+    meeting = sorted({int(c["num_workers"]) for c in configs if c.get("batches_per_s") and _rate(c) >= demand * 1.05})
     if meeting and meeting[0] <= chosen and (cap is None or meeting[0] <= cap):
-        if meeting[0] < chosen:
+        fastest = _best_rate(configs, meeting[0])
+        if meeting[0] < chosen and fastest is not None:
             lines.append(
-                f"measured: num_workers={meeting[0]} already gives "
-                f"{_best_rate(configs, meeting[0])['batches_per_s']:.1f} batches/s ≥ {demand:.1f} needed (1/step)"
+                f"measured: num_workers={meeting[0]} already gives {_rate(fastest):.1f} batches/s ≥ {demand:.1f} needed (1/step)"
             )
         chosen = meeting[0]
     measured = _best_rate(configs, chosen)
     if measured:
-        verdict_rate = measured["batches_per_s"]
-        ok = verdict_rate >= demand
+        ok = _rate(measured) >= demand
         lines.append(
-            f"measured: num_workers={chosen} gives {verdict_rate:.1f} batches/s {'≥' if ok else '<'} {demand:.1f} needed"
+            f"measured: num_workers={chosen} gives {_rate(measured):.1f} batches/s {'≥' if ok else '<'} {demand:.1f} needed"
         )
+    return _Plan(needed, chosen, demand, measured)
 
+
+def _tune_kwargs(
+    kwargs: dict[str, Any],
+    lines: list[str],
+    plan: _Plan,
+    current: dict[str, Any],
+    configs: Sequence[Config],
+    passive: Optional[dict[str, Any]],
+    consumption: Optional[dict[str, Any]],
+    *,
+    uses_cuda: bool,
+) -> None:
+    """The chosen worker count with the prefetch depth, persistence and pinning that go with it."""
+    n_now = int(current.get("num_workers") or 0)
+    persistent_now = bool(current.get("persistent_workers"))
+    chosen, measured = plan.chosen, plan.measured
     kwargs["num_workers"] = chosen
     if chosen > 0:
+        prefetch_now = current.get("prefetch_factor") or (DEFAULT_PREFETCH if n_now > 0 else None)
         kwargs["prefetch_factor"] = max(prefetch_now or DEFAULT_PREFETCH, DEFAULT_PREFETCH)
         better = [
             c
@@ -308,44 +386,40 @@ def recommend(
             if c.get("num_workers") == chosen
             and (c.get("prefetch_factor") or 0) > kwargs["prefetch_factor"]
             and measured
-            and c.get("batches_per_s", 0) > measured["batches_per_s"] * PREFETCH_GAIN
+            and c.get("batches_per_s", 0) > _rate(measured) * PREFETCH_GAIN
         ]
         if better:
             kwargs["prefetch_factor"] = max(c["prefetch_factor"] for c in better)
             lines.append(f"prefetch_factor={kwargs['prefetch_factor']} measured >{PREFETCH_GAIN - 1:.0%} faster than the default")
         restarts = (passive or {}).get("epoch_restart_fraction") or 0.0
         restarts_seen = bool((consumption or {}).get("epoch_restarts")) or restarts > EPOCH_RESTART_FRACTION
-        if persistent_now or n_now == 0 or restarts_seen:
-            kwargs["persistent_workers"] = True
-            if restarts_seen and not persistent_now:
-                lines.append(
-                    f"persistent_workers=True: epoch restarts re-fork the workers "
-                    f"({restarts:.0%} of the main thread's time in DataLoader.__iter__)"
-                )
-        else:
-            kwargs["persistent_workers"] = persistent_now
+        kwargs["persistent_workers"] = persistent_now or n_now == 0 or restarts_seen
+        if restarts_seen and not persistent_now:
+            lines.append(
+                f"persistent_workers=True: epoch restarts re-fork the workers "
+                f"({restarts:.0%} of the main thread's time in DataLoader.__iter__)"
+            )
     if uses_cuda:
         kwargs["pin_memory"] = True
-        if not pin_now:
+        if not current.get("pin_memory"):
             lines.append("pin_memory=True: batches go to the GPU; pinned pages copy faster and asynchronously")
 
-    if chosen < needed:
+
+def _sized_verdict(plan: _Plan, prep_s: float, n_now: int, wait_fraction: float) -> str:
+    chosen = plan.chosen
+    if chosen < plan.needed:
         expected = chosen / prep_s
-        result["verdict"] = (
+        return (
             f"input-bound: needs more workers than the {chosen} that fit the idle cores and memory; expect "
-            f"~{expected:.1f} of {demand:.1f} batches/s — make each batch cheaper (cache decoded data, "
+            f"~{expected:.1f} of {plan.demand:.1f} batches/s — make each batch cheaper (cache decoded data, "
             "smaller images) or give the job more cores"
         )
-    elif chosen == n_now:
-        result["verdict"] = (
+    if chosen == n_now:
+        return (
             f"the training waits for data {wait_fraction:.0%} of the time although num_workers={n_now} "
             "should keep up; look at the hottest worker frames and at CPU contention"
         )
-    else:
-        result["verdict"] = (
-            f"input-bound: the training waits for data {wait_fraction:.0%} of the time; set num_workers={chosen} (now {n_now})"
-        )
-    return result
+    return f"input-bound: the training waits for data {wait_fraction:.0%} of the time; set num_workers={chosen} (now {n_now})"
 
 
 def _passive_estimate(

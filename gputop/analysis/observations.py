@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Protocol, Sequence, Union
 
 from gputop.analysis.numbers import Share, mean, share_of
 from gputop.analysis.stack_classes import (
@@ -92,7 +92,7 @@ def dataset_frames(frames: Sequence[Frame], limit: int = 4) -> tuple[str, ...]:
 class StackSample:
     timestamp: float
     state: Optional[str]
-    signature: tuple = ()
+    signature: tuple[Frame, ...] = ()  # frames_signature of its frames
     frames: tuple[Frame, ...] = ()  # Python frames only, innermost first (a native dump's C frames: `native`)
     active: bool = True
     progress: Optional[ProcessProgress] = None  # the process's counters read right after this dump
@@ -148,7 +148,7 @@ class StateCounts:
     """What a rank's main thread did over the share window, start-up left out: the counts every share
     is taken from.  From the dense samples when there are any (ordered: `runs`), else from the dumps."""
 
-    counts: Counter = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)
     n: int = 0
     seconds: float = 0.0  # the span the counted samples cover
     source: str = "stack dumps"
@@ -306,7 +306,7 @@ class RankObs:
         return f"rank {self.rank} (PID {self.pid})" if self.rank is not None else f"PID {self.pid}"
 
     @property
-    def states(self) -> Counter:
+    def states(self) -> Counter[str]:
         """Samples per main-thread state over the share window (start-up left out)."""
         return self.counts.counts
 
@@ -533,13 +533,24 @@ class Context:
         return free
 
 
-def bench_dict(bench: Any) -> Optional[dict[str, Any]]:
+class BenchResultLike(Protocol):
+    """A loader benchmark's result (`gputop.bench.BenchResult`): its JSON is what the checks read."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+# what the diagnosis takes as a benchmark: the result, its JSON (a report read back), or none
+BenchInput = Union[BenchResultLike, dict[str, Any], None]
+
+
+def bench_dict(bench: BenchInput) -> Optional[dict[str, Any]]:
     if bench is None:
         return None
     if isinstance(bench, dict):
         return bench
-    to_dict = getattr(bench, "to_dict", None)
-    return to_dict() if callable(to_dict) else None
+    to_dict = getattr(bench, "to_dict", None)  # anything else (a stale object) is no benchmark
+    data = to_dict() if callable(to_dict) else None
+    return data if isinstance(data, dict) else None
 
 
 def bench_wait_fraction(bench: Optional[dict[str, Any]]) -> tuple[Optional[float], str]:
@@ -609,7 +620,12 @@ def movement(pid: int, first: StackSample, last: StackSample) -> Optional[Moveme
     ta = next((t for t in a.threads if t.tid == pid), None)
     tb = next((t for t in b.threads if t.tid == pid), None)
     io = None
-    if None not in (a.io_read_chars, a.io_write_chars, b.io_read_chars, b.io_write_chars):
+    if (
+        a.io_read_chars is not None
+        and a.io_write_chars is not None
+        and b.io_read_chars is not None
+        and b.io_write_chars is not None
+    ):
         io = max(0, (b.io_read_chars - a.io_read_chars) + (b.io_write_chars - a.io_write_chars))
     return Movement(
         seconds=last.timestamp - first.timestamp,

@@ -42,7 +42,7 @@ import json
 import os
 import re
 from collections import Counter, defaultdict
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence, Union
 
 from gputop.analysis.thresholds import TRACE_SHORT_KERNEL_US
 
@@ -191,26 +191,32 @@ def _is_device(e: dict[str, Any]) -> bool:
     return e.get("cat") in DEVICE_CATS
 
 
-def _host_pid(events: Sequence[dict[str, Any]]) -> Any:
+# a process or thread id as the trace writes it: a number, or a name for a pseudo-process ("Spans")
+TraceId = Union[int, str, None]
+
+
+def _host_pid(events: Sequence[dict[str, Any]]) -> TraceId:
     """The process the host events belong to (the most host events)."""
-    counts = Counter(e.get("pid") for e in events if not _is_device(e) and e.get("cat") != "Trace")
+    counts: Counter[TraceId] = Counter(e.get("pid") for e in events if not _is_device(e) and e.get("cat") != "Trace")
     return counts.most_common(1)[0][0] if counts else None
 
 
-def main_thread(events: Sequence[dict[str, Any]], pid: Any = None) -> Any:
+def main_thread(events: Sequence[dict[str, Any]], pid: TraceId = None) -> TraceId:
     """The training loop's thread: the one with PyTorch's DataLoader / optimizer annotations, else the one
     whose id is the process id (Linux's main thread), else the busiest host thread."""
     host = [e for e in events if not _is_device(e) and e.get("cat") != "Trace" and (pid is None or e.get("pid") == pid)]
-    marked = Counter(e.get("tid") for e in host if str(e.get("name", "")).startswith((DATA_PREFIX, STEP_PREFIX)))
+    marked: Counter[TraceId] = Counter(
+        e.get("tid") for e in host if str(e.get("name", "")).startswith((DATA_PREFIX, STEP_PREFIX))
+    )
     if marked:
         return marked.most_common(1)[0][0]
     tids = {e.get("tid") for e in host}
     if pid in tids:
         return pid
-    busy: Counter = Counter()
+    busy: dict[TraceId, float] = {}
     for e in host:
-        busy[e.get("tid")] += float(e["dur"])
-    return busy.most_common(1)[0][0] if busy else None
+        busy[e.get("tid")] = busy.get(e.get("tid"), 0.0) + float(e["dur"])
+    return max(busy, key=busy.__getitem__) if busy else None
 
 
 def _step_bounds(data_starts: list[float], step_starts: list[float], lo: float, hi: float) -> list[tuple[float, float]]:
@@ -221,6 +227,80 @@ def _step_bounds(data_starts: list[float], step_starts: list[float], lo: float, 
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
+Interval = tuple[float, float]
+
+
+def _named(pool: Sequence[dict[str, Any]], prefixes: Union[str, tuple[str, ...]], lo: float, hi: float) -> list[Interval]:
+    """The merged spans of the events whose names start with `prefixes`, clipped to [lo, hi]."""
+    return merge(clip([_span(e) for e in pool if str(e.get("name", "")).startswith(prefixes)], lo, hi))
+
+
+def _trace_window(events: Sequence[dict[str, Any]], main: Sequence[dict[str, Any]]) -> Interval:
+    """The profiler's own window (its longest "Trace" event), else the main thread's events' extent."""
+    window = [e for e in events if e.get("cat") == "Trace"]
+    if window:
+        return _span(max(window, key=lambda e: float(e["dur"])))
+    if main:
+        return min(float(e["ts"]) for e in main), max(_span(e)[1] for e in main)
+    return 0.0, 0.0
+
+
+def _pass_envelopes(
+    steps: Sequence[Interval], backward_events: Sequence[Interval], data_iv: Sequence[Interval]
+) -> tuple[list[Interval], list[Interval]]:
+    """(backward, forward) per step: backward from its first backward op to its last; forward from the
+    end of the step's data fetch to that first backward op."""
+    backward_env: list[Interval] = []
+    forward_env: list[Interval] = []
+    for s_lo, s_hi in steps:
+        inside = [(a, b) for a, b in backward_events if s_lo <= a < s_hi]
+        data_end = max([b for a, b in data_iv if s_lo <= a < s_hi] or [s_lo])
+        if inside:
+            b_start, b_end = inside[0][0], max(b for _a, b in inside)
+            backward_env.append((b_start, min(b_end, s_hi)))
+            forward_env.append((data_end, b_start))
+    return merge(backward_env), merge(forward_env)
+
+
+def _phase_seconds(ordered: Sequence[tuple[str, list[Interval]]], wall: float) -> dict[str, float]:
+    """Seconds per phase, each claiming only the time no earlier phase claimed; "other" is the rest."""
+    claimed: list[Interval] = []
+    seconds: dict[str, float] = {}
+    for phase, intervals in ordered:
+        own = subtract(intervals, claimed)
+        seconds[phase] = total(own) / 1e6
+        claimed = merge(claimed + own)
+    seconds["comm"] += seconds.pop("comm_bg")
+    seconds["other"] = max(0.0, wall / 1e6 - total(claimed) / 1e6)
+    return seconds
+
+
+def _main_thread_phases(
+    host: Sequence[dict[str, Any]], main: Sequence[dict[str, Any]], tid: TraceId, lo: float, hi: float
+) -> tuple[dict[str, float], int]:
+    """(seconds per phase, steps) of the training loop's thread over [lo, hi]."""
+    sync = merge(clip([_span(e) for e in main if e.get("name") in SYNC_NAMES], lo, hi))
+    comm_main = merge(clip([_span(e) for e in main if _COLLECTIVE_RE.match(str(e.get("name", "")))], lo, hi))
+    comm_bg = merge(
+        clip([_span(e) for e in host if e.get("tid") != tid and _COLLECTIVE_RE.match(str(e.get("name", "")))], lo, hi)
+    )
+    data_iv = _named(main, DATA_PREFIX, lo, hi)
+    step_marks = _named(main, STEP_PREFIX, lo, hi)
+    backward_events = sorted(_span(e) for e in host if str(e.get("name", "")).startswith(BACKWARD_PREFIX))
+    steps = _step_bounds([s for s, _ in data_iv], [s for s, _ in step_marks], lo, hi)
+    backward_env, forward_env = _pass_envelopes(steps, backward_events, data_iv)
+    ordered = [
+        ("sync", sync),
+        ("comm", comm_main),
+        ("data", data_iv),
+        ("optimizer", _named(main, OPTIMIZER_PREFIXES, lo, hi)),
+        ("backward", backward_env),
+        ("comm_bg", comm_bg),
+        ("forward", forward_env),
+    ]
+    return _phase_seconds(ordered, hi - lo), len(step_marks) or len(data_iv)
+
+
 def summarize_trace(data: dict[str, Any], *, trace_file: Optional[str] = None) -> dict[str, Any]:
     """One rank's summary: phases (fractions of wall time), steps/s, GPU shares, top ops."""
     events = _complete_events(data)
@@ -229,61 +309,13 @@ def summarize_trace(data: dict[str, Any], *, trace_file: Optional[str] = None) -
     tid = main_thread(events, pid)
     host = [e for e in events if not _is_device(e) and e.get("cat") != "Trace" and e.get("pid") == pid]
     main = [e for e in host if e.get("tid") == tid]
-    device = [e for e in events if _is_device(e)]
-
-    window = [e for e in events if e.get("cat") == "Trace"]
-    if window:
-        lo, hi = _span(max(window, key=lambda e: e["dur"]))
-    elif main:
-        lo, hi = min(e["ts"] for e in main), max(_span(e)[1] for e in main)
-    else:
-        lo = hi = 0.0
+    lo, hi = _trace_window(events, main)
     wall = hi - lo
-
-    def named(prefixes, pool=main):
-        return merge(clip([_span(e) for e in pool if str(e.get("name", "")).startswith(prefixes)], lo, hi))
-
-    sync = merge(clip([_span(e) for e in main if e.get("name") in SYNC_NAMES], lo, hi))
-    comm_main = merge(clip([_span(e) for e in main if _COLLECTIVE_RE.match(str(e.get("name", "")))], lo, hi))
-    comm_bg = merge(
-        clip([_span(e) for e in host if e.get("tid") != tid and _COLLECTIVE_RE.match(str(e.get("name", "")))], lo, hi)
-    )
-    data_iv = named(DATA_PREFIX)
-    optimizer = named(OPTIMIZER_PREFIXES)
-    backward_events = sorted(_span(e) for e in host if str(e.get("name", "")).startswith(BACKWARD_PREFIX))
-    steps = _step_bounds([s for s, _ in data_iv], [s for s, _ in named(STEP_PREFIX)], lo, hi)
-
-    backward_env, forward_env = [], []
-    for s_lo, s_hi in steps:
-        inside = [(a, b) for a, b in backward_events if s_lo <= a < s_hi]
-        data_end = max([b for a, b in data_iv if s_lo <= a < s_hi] or [s_lo])
-        if inside:
-            b_start, b_end = inside[0][0], max(b for _a, b in inside)
-            backward_env.append((b_start, min(b_end, s_hi)))
-            forward_env.append((data_end, b_start))
-    backward_env = merge(backward_env)
-    forward_env = merge(forward_env)
-
-    claimed: list[tuple[float, float]] = []
-    seconds: dict[str, float] = {}
-    for phase, intervals in (
-        ("sync", sync),
-        ("comm", comm_main),
-        ("data", data_iv),
-        ("optimizer", optimizer),
-        ("backward", backward_env),
-        ("comm_bg", comm_bg),
-        ("forward", forward_env),
-    ):
-        own = subtract(intervals, claimed)
-        seconds[phase] = total(own) / 1e6
-        claimed = merge(claimed + own)
-    seconds["comm"] += seconds.pop("comm_bg")
-    seconds["other"] = max(0.0, wall / 1e6 - total(claimed) / 1e6)
+    seconds, n_steps = _main_thread_phases(host, main, tid, lo, hi)
     phases = {p: (seconds[p] / (wall / 1e6) if wall > 0 else 0.0) for p in PHASES}
-
-    n_steps = len(named(STEP_PREFIX)) or len(data_iv)
-    summary: dict[str, Any] = {
+    syncs = sum(1 for e in main if e.get("name") in SYNC_COUNTED)
+    device = complete_iterations([e for e in events if _is_device(e)], host)
+    return {
         "rank": dist.get("rank"),
         "pid": pid if isinstance(pid, int) else None,
         "trace_file": trace_file,
@@ -294,15 +326,13 @@ def summarize_trace(data: dict[str, Any], *, trace_file: Optional[str] = None) -
         "steps_per_s": round(n_steps / (wall / 1e6), 3) if wall > 0 and n_steps else None,
         "main_thread_events": len(main),
         "top_ops": top_ops(main),
-        "syncs": sum(1 for e in main if e.get("name") in SYNC_COUNTED),
-        "syncs_per_step": round(sum(1 for e in main if e.get("name") in SYNC_COUNTED) / n_steps, 2) if n_steps else None,
+        "syncs": syncs,
+        "syncs_per_step": round(syncs / n_steps, 2) if n_steps else None,
         "sync_sites": sync_sites(main),
         "backend": dist.get("backend"),
         "world_size": dist.get("world_size"),
+        "gpu": gpu_summary(device, data) if device else None,
     }
-    device = complete_iterations(device, host)
-    summary["gpu"] = gpu_summary(device, data) if device else None
-    return summary
 
 
 def complete_iterations(device: Sequence[dict[str, Any]], host: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -361,7 +391,7 @@ def sync_sites(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if e.get("cat") == "python_function" and _user_frame(str(e.get("name", "")))
     )
     starts = [f[0] for f in frames]
-    sites: Counter = Counter()
+    sites: Counter[str] = Counter()
     for e in events:
         if e.get("name") not in SYNC_COUNTED:
             continue
@@ -389,7 +419,7 @@ def gpu_summary(device: Sequence[dict[str, Any]], data: dict[str, Any]) -> dict[
     gemms = [e for e in kernels if GEMM_RE.search(str(e.get("name", "")))]
     fp32 = [e for e in gemms if FP32_GEMM_RE.search(str(e.get("name", ""))) and not HALF_GEMM_RE.search(str(e.get("name", "")))]
     props = data.get("deviceProperties") or []
-    majors = [p.get("computeMajor") for p in props if isinstance(p, dict) and p.get("computeMajor") is not None]
+    majors = [int(p["computeMajor"]) for p in props if isinstance(p, dict) and isinstance(p.get("computeMajor"), (int, float))]
     return {
         "span_s": round(span / 1e6, 6),
         "busy": round(busy / span, 4) if span else 0.0,

@@ -186,7 +186,7 @@ def limits_of(v2_path: Optional[str], v1_paths: dict[str, str], *, mounts: tuple
     for controller, reader in (("cpu", _v1_quota), ("memory", _v1_memory)):
         mount, path = v1_mounts.get(controller), v1_paths.get(controller)
         directory = _directory(mount, path) if mount and path is not None else None
-        if directory is not None:
+        if directory is not None and mount is not None:
             values = [reader(d) for d in _ancestors(directory, mount.point)]
             (cpu_quotas if controller == "cpu" else memories).extend(values)
     mount, path = v1_mounts.get("cpuset"), v1_paths.get("cpuset")
@@ -202,7 +202,7 @@ def job_limits(pids: Iterable[int], *, host_cpus: Optional[int] = None, host_mem
     """The cores and memory a job's ranks may use together.  Ranks in one cgroup share its limit; ranks
     in cgroups of their own (a Slurm task each) add theirs up.  None where any rank is unlimited, or
     where the limit is no smaller than the host's (`host_cpus`, `host_memory`)."""
-    by_cgroup: dict[tuple, Limits] = {}
+    by_cgroup: dict[tuple[Optional[str], tuple[tuple[str, str], ...]], Limits] = {}
     mounts: Optional[tuple[Optional[Mount], dict[str, Mount]]] = None
     for pid in pids:
         v2_path, v1_paths = read_cgroup_paths(pid)
@@ -215,8 +215,10 @@ def job_limits(pids: Iterable[int], *, host_cpus: Optional[int] = None, host_mem
     if not by_cgroup:
         return Limits()
     limits = list(by_cgroup.values())
-    cpu = None if any(lim.cpu is None for lim in limits) else sum(lim.cpu for lim in limits)
-    memory = None if any(lim.memory is None for lim in limits) else sum(lim.memory for lim in limits)
+    cpus = [lim.cpu for lim in limits if lim.cpu is not None]
+    memories = [lim.memory for lim in limits if lim.memory is not None]
+    cpu = sum(cpus) if len(cpus) == len(limits) else None  # None where any rank is unlimited
+    memory = sum(memories) if len(memories) == len(limits) else None
     host_cpus = host_cpus if host_cpus is not None else os.cpu_count()
     if cpu is not None and host_cpus and cpu >= host_cpus:
         cpu = None

@@ -17,10 +17,10 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Any, Optional
+from typing import Optional, Protocol
 
 from gputop.analysis.machine_check import LoadOutcome
-from gputop.model import AllReduceResult, Snapshot
+from gputop.model import AllReduceResult, MachineInfo, Snapshot
 
 STARTUP_TIMEOUT_S = 90.0  # torch import and a CUDA context on every GPU
 ALLREDUCE_TIMEOUT_S = 60.0  # after the load phase
@@ -38,7 +38,7 @@ def processes_on_gpus(snapshot: Snapshot) -> list[str]:
 class LoadRun:
     """The child running the load; `finish()` gives its outcome."""
 
-    def __init__(self, skipped: Optional[str] = None, proc: Optional[subprocess.Popen] = None) -> None:
+    def __init__(self, skipped: Optional[str] = None, proc: Optional[subprocess.Popen[str]] = None) -> None:
         self.skipped = skipped
         self.proc = proc
         self._started = threading.Event()
@@ -92,7 +92,22 @@ def outcome_from_job(lines: list[str], returncode: int, stderr: str = "") -> Loa
     return LoadOutcome(skipped=f"the load job failed: {last}")
 
 
-def start_load(pipeline: Any, seconds: float) -> LoadRun:
+class LoadablePipeline(Protocol):
+    """What `start_load` asks of the live pipeline (`gputop.pipeline.Pipeline`)."""
+
+    @property
+    def simulated(self) -> bool: ...
+
+    @property
+    def gpu(self) -> object: ...  # its GPU collector; None without NVML
+
+    @property
+    def machine(self) -> MachineInfo: ...
+
+    def poll(self) -> Snapshot: ...
+
+
+def start_load(pipeline: LoadablePipeline, seconds: float) -> LoadRun:
     """Start the load if this machine may be loaded; else a LoadRun that says why not."""
     if pipeline.simulated:
         return LoadRun("it needs a real GPU, and this is a simulated machine")

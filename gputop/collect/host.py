@@ -13,7 +13,8 @@ import os
 import platform
 import re
 import socket
-from typing import Optional
+from collections.abc import Iterator
+from typing import Optional, Protocol
 
 import psutil
 
@@ -64,7 +65,15 @@ def read_cpu_model(path: str = "/proc/cpuinfo") -> str:
     return platform.processor() or platform.machine()
 
 
-def _busy_and_total(times) -> tuple[float, float]:
+class CpuTimes(Protocol):
+    """psutil's `scputimes`: a named tuple of seconds, whose other fields (iowait, guest...) depend on the platform."""
+
+    idle: float
+
+    def __iter__(self) -> Iterator[float]: ...
+
+
+def _busy_and_total(times: CpuTimes) -> tuple[float, float]:
     """psutil's own accounting: guest time is already inside user/nice, and iowait counts as idle."""
     total = sum(times)
     total -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
@@ -109,7 +118,7 @@ class HostCollector:
         memory = psutil.virtual_memory()
         swap = psutil.swap_memory()
         try:
-            load = tuple(float(x) for x in os.getloadavg())
+            load = os.getloadavg()
         except OSError:
             load = (0.0, 0.0, 0.0)
         core_numa = self.core_numa if len(self.core_numa) == len(percents) else read_core_numa(len(percents))
@@ -123,7 +132,7 @@ class HostCollector:
             memory_available=int(memory.available),
             swap_total=int(swap.total),
             swap_used=int(swap.used),
-            load_average=load,  # type: ignore[arg-type]
+            load_average=load,
         )
 
     def close(self) -> None:

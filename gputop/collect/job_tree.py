@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Optional
 
 import psutil
 
-from gputop.analysis.stack_classes import classify_main_thread, main_thread, runs_worker_loop
+from gputop.analysis.stack_classes import classify_main_thread, runs_worker_loop
 from gputop.collect import stacks as stacks_mod
 from gputop.collect.cgroup import job_limits
 from gputop.collect.placement import find_misplacements, gpus_of_pids, place_ranks
@@ -38,7 +38,7 @@ from gputop.collect.procfs import (
 from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSchedule
 from gputop.collect.state_sampler import StartupWatch, StateSampler
 from gputop.errors import GputopError
-from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, from_jsonable, to_jsonable
+from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, StateSamples
 
 WORKER_COMM = "pt_data_worker"  # torch sets it in the DataLoader worker loop
 PIN_THREAD_COMM = "pt_data_pin"  # torch names the pin-memory thread so
@@ -258,7 +258,7 @@ class JobScanner:
         parent = self._parent(start)
         for rank_zero in (start, parent):
             others = self._self_launched(rank_zero)
-            if others:
+            if others and rank_zero is not None:  # others are found only below a rank zero
                 return self._self_launched_structure(rank_zero, others)
         if self._is_launcher(start, gpu_pids):
             return self._launcher_structure(start, gpu_pids)
@@ -276,7 +276,7 @@ class JobScanner:
         ranks_here = len(others) + 1
         identities = {child.key: identity_from_env(child.env, ranks_here) for child in others}
         child_env = others[0].env or {}
-        zero_env = {"LOCAL_RANK": "0", **{k: child_env[k] for k in ("NODE_RANK", "WORLD_SIZE") if k in child_env}}
+        zero_env: dict[str, str] = {"LOCAL_RANK": "0", **{k: child_env[k] for k in ("NODE_RANK", "WORLD_SIZE") if k in child_env}}
         identities[rank_zero.key] = identity_from_env(zero_env, ranks_here)
         ranks = sorted([rank_zero, *others], key=lambda t: _identity_sort_key(identities[t.key], t))
         return _Structure(None, ranks, identities)
@@ -395,10 +395,10 @@ class JobScanner:
 
 @functools.lru_cache(maxsize=1)
 def _host_memory() -> int:
-    return psutil.virtual_memory().total
+    return int(psutil.virtual_memory().total)
 
 
-def _identity_sort_key(identity: RankIdentity, tracked: Tracked) -> tuple:
+def _identity_sort_key(identity: RankIdentity, tracked: Tracked) -> tuple[bool, int, ProcKey]:
     number = identity.rank if identity.rank is not None else identity.local_rank
     return (number is None, number if number is not None else 0, tracked.key)
 
@@ -564,7 +564,7 @@ class JobCollector:
         self._last_tree = tree
         return tree
 
-    def _take_stretches(self, rank_pids: list[int]) -> tuple:
+    def _take_stretches(self, rank_pids: list[int]) -> tuple[StateSamples, ...]:
         """The ranks' dense stretches finished since the last collect (and the ranks to sample from now on)."""
         if self._sampler is None:
             return ()
@@ -686,8 +686,7 @@ class JobCollector:
             stacks = fresh.get(tracked.key[0])
             if stacks is None:
                 continue
-            thread = main_thread(stacks)
-            if self._freezes.observe(tracked.key, stacks, thread.frames if thread else None):
+            if self._freezes.observe(tracked.key, stacks):
                 due.append(tracked)
             elif not self._freezes.frozen(tracked.key):
                 with self._lock:
@@ -768,31 +767,6 @@ def _whole_job_error(fresh: dict[int, ProcessStacks]) -> Optional[str]:
         (error,) = errors
         return error
     return None
-
-
-def job_json(tree: JobTree) -> dict:
-    """The `job` key of `gputop snapshot --json` in the issue's shape: each rank has ``pid``, ``rank``,
-    ``local_rank``, ``gpus``, ``workers`` (PIDs) and ``main_thread_state``; the full worker details move
-    to ``worker_procs`` and the rank's own to ``proc``; ``stacks`` maps PID -> threads -> frames
-    (``name``, ``filename``, ``line``, innermost first)."""
-    out = to_jsonable(tree)
-    for rank_json, rank in zip(out["ranks"], tree.ranks):
-        rank_json["pid"] = rank.proc.pid
-        rank_json["worker_procs"] = rank_json["workers"]
-        rank_json["workers"] = [w.pid for w in rank.workers]
-    return out
-
-
-def job_from_json(data: dict) -> JobTree:
-    """The inverse of `job_json`: restores each rank's full worker records from ``worker_procs``."""
-    data = dict(data)
-    ranks = []
-    for rank_json in data.get("ranks", []):
-        rank_json = {k: v for k, v in rank_json.items() if k not in ("pid", "workers")}
-        rank_json["workers"] = rank_json.pop("worker_procs", [])
-        ranks.append(rank_json)
-    data["ranks"] = ranks
-    return from_jsonable(JobTree, data)
 
 
 # ----------------------------------------------------------------- no --pid: all jobs on the GPUs

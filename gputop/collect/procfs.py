@@ -34,9 +34,6 @@ _STATE_LETTERS = {
 ProcKey = tuple[int, float]  # (pid, create_time)
 
 
-ProcKey = tuple[int, float]  # (pid, create_time)
-
-
 def children_pids(pid: int) -> list[int]:
     """Direct children, from /proc/PID/task/*/children (no scan of all of /proc)."""
     kids: list[int] = []

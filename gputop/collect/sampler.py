@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import psutil
 
@@ -72,7 +72,7 @@ class PassiveResult:
     sample_errors: int = 0
     error: Optional[str] = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "pid": self.pid,
             "seconds": round(self.seconds, 3),
@@ -91,7 +91,7 @@ class PassiveResult:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "PassiveResult":
+    def from_dict(cls, data: dict[str, Any]) -> "PassiveResult":
         return cls(
             pid=int(data.get("pid") or 0),
             seconds=float(data.get("seconds") or 0.0),
@@ -169,18 +169,18 @@ def _thread(sample: Sample) -> ThreadStack:
     )
 
 
-def _top(counter: Counter, total: int, n: int = 5) -> tuple[tuple[str, float], ...]:
+def _top(counter: Counter[str], total: int, n: int = 5) -> tuple[tuple[str, float], ...]:
     if not total:
         return ()
     return tuple((text, count / total) for text, count in counter.most_common(n))
 
 
-def analyze(samples: Iterable[Sample], rank_pid: int, worker_pids: Iterable[int]) -> dict:
+def analyze(samples: Iterable[Sample], rank_pid: int, worker_pids: Iterable[int]) -> dict[str, Any]:
     """Fractions from parsed samples: the rank's main thread and the given workers only."""
     workers = set(worker_pids)
-    states: Counter = Counter()
-    main_leaves: Counter = Counter()
-    worker_leaves: Counter = Counter()
+    states: Counter[str] = Counter()
+    main_leaves: Counter[str] = Counter()
+    worker_leaves: Counter[str] = Counter()
     main_total = 0
     restart = 0
     worker_total = 0
@@ -195,7 +195,7 @@ def analyze(samples: Iterable[Sample], rank_pid: int, worker_pids: Iterable[int]
         elif sample.pid in workers and _is_main_thread(sample):
             worker_total += sample.count
             worker_leaves[worker_activity(_thread(sample))] += sample.count
-    out: dict = {"main_samples": main_total}
+    out: dict[str, Any] = {"main_samples": main_total}
     if main_total:
         out["state_fractions"] = {label: count / main_total for label, count in states.most_common()}
         out["wait_fraction"] = (states[WAITING_FOR_DATA] + states[IN_DATASET]) / main_total
@@ -214,12 +214,14 @@ def _cpu_seconds(pid: int) -> Optional[float]:
         times = psutil.Process(pid).cpu_times()
     except psutil.Error:
         return None
-    return times.user + times.system
+    seconds: float = times.user + times.system
+    return seconds
 
 
 def _idle_seconds() -> float:
     times = psutil.cpu_times()
-    return times.idle + getattr(times, "iowait", 0.0)
+    seconds: float = times.idle + getattr(times, "iowait", 0.0)
+    return seconds
 
 
 class PassiveSampler:
@@ -230,7 +232,7 @@ class PassiveSampler:
         self.worker_pids = tuple(worker_pids)
         self.duration = max(1, int(math.ceil(seconds - 1e-9)))  # py-spy takes whole seconds
         self.rate = rate
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: Optional[subprocess.Popen[bytes]] = None
         self._output: Optional[str] = None
         self._started = 0.0
 
@@ -293,7 +295,7 @@ class PassiveSampler:
                 pass
 
     def result(self, timeout: Optional[float] = None) -> PassiveResult:
-        assert self._proc is not None, "start() first"
+        assert self._proc is not None and self._output is not None, "start() first"
         try:
             _out, err = self._proc.communicate(timeout=timeout if timeout is not None else self.duration + 10)
         except subprocess.TimeoutExpired:
@@ -306,6 +308,7 @@ class PassiveSampler:
             after = _cpu_seconds(pid)
             if before is not None and after is not None:
                 busy.append((pid, min(1.0, (after - before) / wall)))
+        cpu_count: Optional[int]
         try:
             cpu_count = len(os.sched_getaffinity(self.rank_pid))
         except OSError:
@@ -318,6 +321,7 @@ class PassiveSampler:
             text = ""
         finally:
             self._cleanup()
+        error: Optional[str] = None
         if self._proc.returncode != 0 and not text:
             if "No python processes found" in stderr:  # record --subprocesses words it its own way
                 error = f"not a Python process (py-spy found no Python in PID {self.rank_pid} or its children)"
@@ -325,7 +329,6 @@ class PassiveSampler:
                 error = classify_failure(self.rank_pid, stderr)
             return PassiveResult(pid=self.rank_pid, seconds=wall, error=error, idle_cores=idle, cpu_count=cpu_count)
         found = analyze(parse_raw(text), self.rank_pid, self.worker_pids)
-        error = None
         if not found["main_samples"]:
             error = "py-spy saw no samples of the rank's main thread"
         return PassiveResult(

@@ -9,11 +9,13 @@ showed no change waits longer still (yet not forever: a worker hung in dataset c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
+from gputop.analysis.freeze import freeze_start, main_thread_sample
+from gputop.analysis.observations import StackSample
 from gputop.collect.procfs import ProcKey, Tracked
-from gputop.model import ProcessStacks
+from gputop.model import ProcessStacks, ThreadStack
 
 OTHERS_EVERY_ROUNDS = 3  # workers and the launcher: each dumped about once in this many rounds
 IDLE_EVERY_ROUNDS = 5  # ... at most this rarely when it sat still (no CPU, unchanged stacks)
@@ -24,7 +26,7 @@ IDLE_CPU_TICKS = 1  # "no CPU": at most one clock tick (10 ms) since its last du
 class _DumpRecord:
     round: int  # the round of its last dump
     cpu_ticks: int  # its CPU time at that dump
-    threads: Optional[tuple]  # the threads that dump found (None: it failed)
+    threads: Optional[tuple[ThreadStack, ...]]  # the threads that dump found (None: it failed)
     unchanged: bool  # that dump found the same threads as the one before
 
 
@@ -81,42 +83,35 @@ NATIVE_AFTER_S = 10.0
 
 @dataclass
 class _Freeze:
-    frames: tuple  # the main thread's frames when the freeze began
-    since: float  # timestamp of the first dump that showed them
-    counters: tuple  # (main thread's voluntary switches, I/O read chars, I/O write chars) then
+    start: StackSample  # the main thread in the first dump of the freeze (its counters: after the native dump)
+    since: float  # that dump's timestamp
     native_taken: bool = False
-
-
-def main_thread_counters(stacks: ProcessStacks) -> Optional[tuple]:
-    progress = stacks.progress
-    if progress is None:
-        return None
-    main = next((t for t in progress.threads if t.tid == stacks.pid), None)  # Linux: the main thread's TID is the PID
-    return (main.voluntary_switches if main else None, progress.io_read_chars, progress.io_write_chars)
 
 
 class FreezeWatch:
     """Follows each process's main thread across regular dumps and says when one is due its single
-    native dump: the same Python frames for `after` seconds, and no voluntary context switch of the main
-    thread and no I/O in that time (a thread that sleeps, polls or reads between identical dumps is slow,
-    not stuck).  CPU time is not asked to stand still: CUDA spin-waits at a sync by default, so a rank
-    stuck in `.item()` behind a hung collective burns a core."""
+    native dump: it stood still (`gputop.analysis.freeze`, the judgement the hang check makes: the same
+    Python frames, and no wake-up or I/O of the main thread) for `after` seconds.  CPU time is not asked
+    to stand still: CUDA spin-waits at a sync by default, so a rank stuck in `.item()` behind a hung
+    collective burns a core.  A dump without counters ends the freeze (nothing tells a slow thread from
+    a stuck one then)."""
 
     def __init__(self, after: float = NATIVE_AFTER_S) -> None:
         self.after = after
         self._freezes: dict[ProcKey, _Freeze] = {}
 
-    def observe(self, key: ProcKey, stacks: ProcessStacks, main_frames: Optional[tuple]) -> bool:
+    def observe(self, key: ProcKey, stacks: ProcessStacks) -> bool:
         """Take in a fresh regular dump of the process `key`; True when it is due its native dump now."""
-        counters = main_thread_counters(stacks)
-        if stacks.error is not None or main_frames is None or counters is None:
+        sample = main_thread_sample(stacks)
+        if sample is None or sample.progress is None:
             self._freezes.pop(key, None)
             return False
         freeze = self._freezes.get(key)
-        if freeze is None or freeze.frames != main_frames or freeze.counters != counters:
-            self._freezes[key] = _Freeze(main_frames, stacks.timestamp, counters)
+        start = freeze_start(key[0], freeze.start if freeze else None, sample, cpu_counts=False)
+        if freeze is None or start is sample:
+            self._freezes[key] = _Freeze(sample, sample.timestamp)
             return False
-        return not freeze.native_taken and stacks.timestamp - freeze.since >= self.after
+        return not freeze.native_taken and sample.timestamp - freeze.since >= self.after
 
     def taken(self, key: ProcKey, native: ProcessStacks) -> None:
         """The native dump was taken.  Its pause (ptrace) itself costs the target context switches, so the
@@ -125,9 +120,8 @@ class FreezeWatch:
         if freeze is None:
             return
         freeze.native_taken = True
-        counters = main_thread_counters(native)
-        if counters is not None:
-            freeze.counters = counters
+        if native.progress is not None and native.timestamp >= freeze.start.timestamp:
+            freeze.start = replace(freeze.start, timestamp=native.timestamp, progress=native.progress)
 
     def frozen(self, key: ProcKey) -> bool:
         """Has this process's native dump been taken in a freeze that still lasts?"""

@@ -20,6 +20,7 @@ for BACKGROUND (10 Hz a rank, ~0.5% of a core each); a report and the open findi
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -30,7 +31,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from gputop.analysis.stack_classes import (
     FORWARD_BACKWARD,
@@ -83,10 +84,10 @@ def rate_for(ranks: int, budget: SamplingBudget) -> int:
 # ----------------------------------------------------------------- parsing py-spy's speedscope output
 
 
-def main_thread_profile(data: dict, pid: int) -> Optional[dict]:
+def main_thread_profile(data: dict[str, Any], pid: int) -> Optional[dict[str, Any]]:
     """The main thread's profile: py-spy names each "Thread TID "NAME"" (--threads); the main thread's TID
     is the PID on Linux, and Pythons that give no thread names still give that."""
-    profiles = data.get("profiles") or ()
+    profiles: Sequence[dict[str, Any]] = data.get("profiles") or ()
     for profile in profiles:
         name = str(profile.get("name") or "")
         if '"MainThread"' in name:
@@ -103,7 +104,7 @@ class StateClassifier:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self._known: OrderedDict[tuple, str] = OrderedDict()
+        self._known: OrderedDict[tuple[Frame, ...], str] = OrderedDict()
 
     def state(self, frames: tuple[Frame, ...]) -> str:
         state = self._known.get(frames)
@@ -131,8 +132,8 @@ def parse_speedscope(text: str, pid: int, classifier: StateClassifier) -> list[s
     frames = [
         Frame(name=str(f.get("name") or "?"), filename=str(f.get("file") or "?"), line=int(f.get("line") or 0)) for f in shared
     ]
-    by_stack: dict[tuple, str] = {}
-    states = []
+    by_stack: dict[tuple[int, ...], str] = {}
+    states: list[str] = []
     for sample in profile.get("samples") or ():
         key = tuple(sample)
         state = by_stack.get(key)
@@ -145,13 +146,7 @@ def parse_speedscope(text: str, pid: int, classifier: StateClassifier) -> list[s
 
 
 def run_lengths(states: list[str]) -> tuple[tuple[str, int], ...]:
-    runs: list[list] = []
-    for state in states:
-        if runs and runs[-1][0] == state:
-            runs[-1][1] += 1
-        else:
-            runs.append([state, 1])
-    return tuple((s, n) for s, n in runs)
+    return tuple((state, sum(1 for _ in run)) for state, run in itertools.groupby(states))
 
 
 # ----------------------------------------------------------------- recording

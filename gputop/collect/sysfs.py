@@ -64,7 +64,7 @@ def _reason(exc: OSError) -> str:
 class HostReader:
     """Reads `HostReadings` under `root`; `read()` may be called again (a check reads at start and end)."""
 
-    def __init__(self, root: str | os.PathLike = "/", *, use_dmesg: Optional[bool] = None) -> None:
+    def __init__(self, root: str | os.PathLike[str] = "/", *, use_dmesg: Optional[bool] = None) -> None:
         self.root = Path(root)
         # `dmesg` reads the running kernel's log whatever `root` says: only on the real root
         self.use_dmesg = (self.root == Path("/")) if use_dmesg is None else use_dmesg
@@ -312,7 +312,7 @@ _BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _HOST_BRIDGE = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
 
 
-def pci_path(device: str | os.PathLike) -> Optional[PciPath]:
+def pci_path(device: str | os.PathLike[str]) -> Optional[PciPath]:
     """Where a PCI function sits: its sysfs path resolved (/sys/devices/pci0000:15/0000:15:01.0/.../0000:19:00.0)
     as (host bridge, bridges and function under it); None for a device that is not PCI or not there."""
     parts = Path(os.path.realpath(device)).parts
@@ -360,6 +360,6 @@ def _numa(text: Optional[str]) -> Optional[int]:
     return node if node >= 0 else None
 
 
-def _natural(name: str) -> list:
+def _natural(name: str) -> list[int | str]:
     """mlx5_2 before mlx5_10, as nvidia-smi numbers them."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]

@@ -7,6 +7,7 @@ it is a terminal; the result is text, or JSON with ``--json``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -35,7 +36,7 @@ class _StderrProgress:
             sys.stderr.flush()
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     progress = _StderrProgress()
     try:
         if getattr(args, "loader", None):

@@ -6,15 +6,23 @@ next to nothing (every snapshot goes to the file). Both run the one poll loop (`
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional, TextIO
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO, Union
 
 from gputop.history import History
 from gputop.model import Snapshot
 from gputop.source import Batch, PollLoop, Source
+
+if TYPE_CHECKING:
+    from gputop.pipeline import Pipeline
+
+# what signal.signal() returns and takes: a handler, SIG_DFL / SIG_IGN, or None (one not set from Python)
+SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, None]
 
 BAR_WIDTH = 30
 # `kill PID` (SIGTERM) and a closed SSH session (SIGHUP) end a watch the way Ctrl-C does: what was
@@ -28,14 +36,14 @@ class StopSignals:
     purpose, and that choice is the user's."""
 
     def __enter__(self) -> "StopSignals":
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, SignalHandler] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._interrupt)
         return self
 
     @staticmethod
-    def _interrupt(signum: int, _frame: Any) -> None:
+    def _interrupt(signum: int, _frame: Optional[FrameType]) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     def __exit__(self, *exc: object) -> None:
@@ -69,7 +77,7 @@ class Progress:
             self._shown = False
 
 
-def live_source(args: Any) -> Any:
+def live_source(args: argparse.Namespace) -> Pipeline:
     """The live pipeline a command asked for; with --pid, stacks are collected the whole time (kept)."""
     from gputop.pipeline import pipeline_from_args  # lazy: a --from report needs no collectors
 

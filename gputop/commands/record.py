@@ -1,12 +1,17 @@
-"""`gputop record -o FILE [--pid PID] [--seconds N] [--simulate]`: write the snapshot stream to a file."""
+"""`gputop record -o FILE [--pid PID ...] [--seconds N] [--simulate]`: write the snapshot stream to a file.
+
+The pipeline is `serve`'s (`gputop.pipeline.following_pipeline`): the jobs of --pid, or every job on the
+GPUs, each with its stacks, so a recording holds what `gputop serve` with the same options exports, and
+`gputop report --from` it gives the findings `serve` exported."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any
 
-from gputop.commands.observing import Progress, live_source, observe
+from gputop.commands.observing import Progress, observe
 from gputop.model import Snapshot
+from gputop.pipeline import following_pipeline
 from gputop.recording import RecordingWriter
 
 UNBOUNDED_SECONDS = 365 * 24 * 3600.0  # "until Ctrl-C"
@@ -16,7 +21,7 @@ RECORD_HISTORY = 2
 
 
 def run(args: Any) -> int:
-    pipeline = live_source(args)
+    pipeline = following_pipeline(args)
     try:
         with RecordingWriter(args.output, pipeline.machine) as writer:
             seconds = args.seconds or UNBOUNDED_SECONDS

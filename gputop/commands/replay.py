@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-from typing import Any
 
 from gputop.recording import ReplaySource
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     source = ReplaySource(args.file, speed=args.speed)  # a missing or unreadable file fails here, in one line
     if source.warning:
         print(f"gputop: warning: {source.warning}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """`gputop report`: observe a while (or read a recording), diagnose, and write a ticket-ready report.
 
 gputop report [--pid PID] [--seconds 30] [--simulate] [-o FILE] [--format md|json] [--bench [--yes]] [--trace]
-gputop report --from FILE
+gputop report --from FILE [--job PID]
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from gputop.analysis.diagnosis import verdict_line
 from gputop.commands.observing import Progress, live_source, observe
 from gputop.errors import GputopError, UsageError
 from gputop.history import History
+from gputop.model import Finding, Snapshot
+from gputop.source import for_job, job_anchor, jobs_of
 
 BENCH_SECONDS = 15.0  # the benchmark's own bound (issue 6: the active run is <= 15 s)
 # A short report still needs enough stack dumps to judge the input pipeline (diagnosis needs 5 per rank):
@@ -25,11 +27,15 @@ FASTEST_STACK_INTERVAL_S = 0.5
 REPORT_FROM_WINDOW = 1200
 
 
-def history_from_recording(path: str, limit: int = REPORT_FROM_WINDOW) -> tuple[History, dict[str, Any]]:
+def history_from_recording(
+    path: str, limit: int = REPORT_FROM_WINDOW, job: Optional[int] = None
+) -> tuple[History, dict[str, Any]]:
     """The last `limit` snapshots of a recording as a history, and what the whole recording spans.
 
     Only that window is decoded, so a day-long recording reports in bounded memory; the report says
-    which part of the recording its statistics, stacks and findings rest on."""
+    which part of the recording its statistics, stacks and findings rest on.  A recording that follows
+    several jobs (`record` of a machine) is reported one job at a time, as `serve` diagnoses each: `job`
+    (the job's anchor PID, serve's `job` label), else the first, with a line naming the others."""
     from gputop.recording import read_recording_tail
 
     machine, snapshots, warning, span = read_recording_tail(path, limit)
@@ -37,6 +43,7 @@ def history_from_recording(path: str, limit: int = REPORT_FROM_WINDOW) -> tuple[
         print(f"gputop: warning: {warning}", file=sys.stderr)
     if not snapshots:
         raise GputopError(f"{path} holds no snapshots (the recording stopped before its first sample)")
+    snapshots = _one_job(path, snapshots, job)
     history = History(machine, capacity=len(snapshots))
     for snap in snapshots:
         history.append(snap)
@@ -50,6 +57,25 @@ def history_from_recording(path: str, limit: int = REPORT_FROM_WINDOW) -> tuple[
         "whole": len(snapshots) == span.snapshots,
     }
     return history, recording
+
+
+def _one_job(path: str, snapshots: list[Snapshot], job: Optional[int]) -> list[Snapshot]:
+    """The snapshots as `serve` diagnoses the job `job` of them (see `history_from_recording`)."""
+    anchors = list(dict.fromkeys(job_anchor(tree) for snap in snapshots for tree in jobs_of(snap)))
+    if job is not None and job not in anchors:
+        named = ", ".join(map(str, anchors)) or "none"
+        raise UsageError(f"--job {job}: {path} holds no such job (its jobs: {named})")
+    if job is None:
+        followed = any(tree.stacks for snap in snapshots for tree in snap.jobs)  # not only grouped (no stacks)
+        if not followed or not any(snap.job is None and len(snap.jobs) > 1 for snap in snapshots):
+            return snapshots  # one job at a time (or none): the snapshots are that job's already
+        job = anchors[0]
+        others = ", ".join(map(str, anchors[1:]))
+        print(
+            f"gputop: {path} holds {len(anchors)} jobs; reporting on job {job} (the others: {others}; choose with --job PID)",
+            file=sys.stderr,
+        )
+    return [for_job(snap, next((t for t in jobs_of(snap) if job_anchor(t) == job), None)) for snap in snapshots]
 
 
 def run_bench(args: Any) -> Any:
@@ -77,7 +103,7 @@ def run_trace(args: Any) -> Any:
 
 def render(
     history: History,
-    findings: list,
+    findings: list[Finding],
     fmt: str,
     bench: Any,
     command: list[str],
@@ -105,8 +131,10 @@ def run(args: Any) -> int:
             raise UsageError("--trace needs a live job; it cannot be combined with --from")
         if args.pid or args.simulate:
             raise UsageError("--from reads a recording; drop --pid and --simulate")
-        history, recording = history_from_recording(args.from_file)
+        history, recording = history_from_recording(args.from_file, job=getattr(args, "job", None))
     else:
+        if getattr(args, "job", None) is not None:
+            raise UsageError("--job picks a job of a recording; use it with --from FILE (a live report takes --pid)")
         if args.bench and not args.pid:
             raise UsageError("--bench needs --pid PID (the training job to benchmark)")
         if getattr(args, "trace", False) and not args.pid:

@@ -1,7 +1,9 @@
 """`gputop serve [--listen 127.0.0.1:9401] [--pid PID ...] [--simulate [SPEC]] [--interval S]`: an
 OpenMetrics endpoint for Prometheus, next to dcgm-exporter.  Headless: it never imports Textual.
 
-It binds to loopback unless another address is asked for.  Collection is the one poll loop
+It binds to loopback unless another address is asked for.  Collection is the one pipeline
+(`gputop.pipeline.following_pipeline`, the same `gputop record` builds from the same options: the jobs
+of --pid, or every job on the GPUs, each with its stacks) polled by the one poll loop
 (`gputop.source.PollLoop`) in a background thread, feeding `gputop.exporter.Exporter`; a scrape gets
 the last cycle's values.
 """
@@ -82,38 +84,30 @@ def start_exporting(exporter: Any, host: str, port: int) -> Any:
     return start_server(host, port, registry)
 
 
-def stop_serving(loop: Any, server: Any, jobs: Any, pipeline: Any) -> None:
+def stop_serving(loop: Any, server: Any, pipeline: Any) -> None:
     """Take down what serving started, in order (whatever got started: None is skipped): the poll loop, the
-    HTTP server, the attached jobs' stack samplers, the pipeline."""
+    HTTP server, the pipeline (with the followed jobs' stack samplers)."""
     if loop is not None:
         loop.stop()
     if server is not None:
         server.shutdown()
         server.server_close()
-    if jobs is not None:
-        jobs.close()
     if pipeline is not None:
         pipeline.close()
 
 
 def run(args: Any) -> int:
-    from gputop.exporter import AttachedJobs, DiscoveredJobs, Exporter
-    from gputop.pipeline import Pipeline
+    from gputop.exporter import Exporter
+    from gputop.pipeline import following_pipeline
     from gputop.source import PollLoop
 
     host, port = parse_listen(args.listen)
     log = _log
-    pipeline = Pipeline(simulate=args.simulate, stack_interval=args.stack_interval)
-    jobs: Optional[Any] = None
+    pipeline = following_pipeline(args)
     server = None
     loop: Optional[PollLoop] = None
     try:
-        jobs = (
-            AttachedJobs(args.pid, stack_interval=args.stack_interval, log=log)
-            if args.pid
-            else DiscoveredJobs(stack_interval=args.stack_interval)
-        )
-        exporter = Exporter(pipeline, jobs, interval=args.interval, dcgm_fields=args.dcgm_fields, log=log)
+        exporter = Exporter(pipeline, interval=args.interval, dcgm_fields=args.dcgm_fields, log=log)
         server = start_exporting(exporter, host, port)
         if pipeline.machine.gpu_error:
             log(f"no GPU readings: {pipeline.machine.gpu_error}; job metrics are still served")
@@ -128,7 +122,7 @@ def run(args: Any) -> int:
         _wait_for_signal(loop)
         thread.join(timeout=max(5.0, 2 * args.interval))
     finally:
-        stop_serving(loop, server, jobs, pipeline)
+        stop_serving(loop, server, pipeline)
     return 0
 
 

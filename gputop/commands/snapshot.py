@@ -7,6 +7,7 @@ Values NVML refused are null and each GPU's ``unavailable`` says why.
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import sys
@@ -23,7 +24,7 @@ CPU_SAMPLE_INTERVAL_S = 0.3
 STACKS_WAIT_S = 5.0  # bound on waiting for the first py-spy round with --pid
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     if getattr(args, "help_faults", False):
         from gputop.sim.profiles import faults_help
 
@@ -64,14 +65,14 @@ def snapshot_json(machine: MachineInfo, snap: Snapshot) -> dict[str, Any]:
         "topology": to_jsonable(machine.topology),
     }
     if snap.job is not None:
-        from gputop.collect.job_tree import job_json
+        from gputop.report.job_json import job_json
 
         out["job"] = job_json(snap.job)
     return out
 
 
 def _job_from_json(data: dict[str, Any]) -> JobTree:
-    from gputop.collect.job_tree import job_from_json
+    from gputop.report.job_json import job_from_json
 
     return job_from_json(data)
 

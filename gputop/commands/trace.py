@@ -8,6 +8,7 @@ and ``findings``).  Progress goes to stderr when it is a terminal.
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from gputop.commands.bench import _StderrProgress
@@ -16,7 +17,7 @@ from gputop.report.writer import write_stdout
 from gputop.tracing import run_trace, trace_from_files
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.from_file:
         if args.seconds is not None or args.steps is not None or args.output or args.with_stack:
             raise UsageError("--seconds, --steps, -o and --with-stack apply to a live trace (--pid), not to --from")

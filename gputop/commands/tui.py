@@ -2,26 +2,55 @@
 
 from __future__ import annotations
 
+import argparse
 import gc
-from typing import Any
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from gputop.collect.host import HostCollector
+    from gputop.collect.job_tree import JobCollector
+    from gputop.pipeline import Pipeline
+    from gputop.tui.starting import StartingPipeline
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     # Start-up builds ~100k long-lived objects (Textual, pynvml, psutil, our modules) and no garbage worth
     # collecting: the cyclic collector would only rescan them, ~5% of the time to the first frame. The app
     # turns it back on once the first frame is drawn (GputopApp._started).
     gc.disable()
-    from gputop.pipeline import pipeline_from_args
     from gputop.source import PollLoop
 
+    # nvmlInit and the static GPU reads run on a thread while Textual loads: the first frame never waits
+    # for them (the GPU cards say "reading GPUs…" until the first NVML sample lands).
     try:
-        source = pipeline_from_args(args)
+        source = starting_pipeline(args)
     except BaseException:
         gc.enable()
         raise
-    interval = getattr(args, "interval", 1.0) or 1.0
-    poll_loop = PollLoop(source, interval)
-    poll_loop.prefetch()  # the first poll runs while Textual loads, so the first frame has GPU readings
-    from gputop.tui.app import run_app  # Textual loads only once the monitor is really wanted
+    try:
+        interval = getattr(args, "interval", 1.0) or 1.0
+        poll_loop = PollLoop(source, interval)
+        poll_loop.prefetch()  # the first poll (the host's side) runs while Textual loads: the first frame shows it
+        from gputop.tui.app import run_app  # Textual loads only once the monitor is really wanted
 
+        source.raise_if_failed()  # a bad spec or a PID that is gone: its one line, before any frame
+    except BaseException:
+        source.close()
+        gc.enable()
+        raise
     return run_app(source, interval=interval, poll_loop=poll_loop)
+
+
+def starting_pipeline(args: argparse.Namespace) -> "StartingPipeline":
+    """The pipeline the command line asks for (args.simulate, .pid, .stack_interval), built on a thread."""
+    from gputop.tui.starting import StartingPipeline
+
+    simulate: Optional[str] = getattr(args, "simulate", None)
+    stack_interval: float = getattr(args, "stack_interval", 2.0)
+
+    def build(host: "HostCollector", job: "Optional[JobCollector]") -> "Pipeline":
+        from gputop.pipeline import Pipeline  # (pynvml loads on the build thread too)
+
+        return Pipeline(simulate=simulate, stack_interval=stack_interval, host_collector=host, job_collector=job)
+
+    return StartingPipeline(build, pid=getattr(args, "pid", None), stack_interval=stack_interval, simulated=simulate)

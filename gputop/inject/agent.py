@@ -33,7 +33,23 @@ import threading
 import time
 import weakref
 
-AGENT_VERSION = 1
+# For the type checker only: the agent imports nothing at run time that the job has not (mypy takes any name
+# `TYPE_CHECKING` as true, so `typing` itself need not be imported here).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
+
+    from torch.utils.data import DataLoader
+
+    # What the agent writes and reads back: JSON objects (config.json, plan.json, result.json, sweep.json)
+    Json = dict[str, Any]
+    # loader_math.py executed into a namespace (`RunDir.load_sibling`): its functions by name
+    Namespace = dict[str, Any]
+    # (t_start, t_end, loader_key, ok) of one timed __next__ call
+    Record = tuple[float, float, int, bool]
+
 MAX_RECORDS = 200_000  # timing records kept (24 bytes-ish each): bounded memory whatever the step rate
 MAX_TRACKED_ITERATORS = 16
 MIN_CONFIG_SECONDS = 0.6  # a configuration measured for less than this says little
@@ -59,7 +75,7 @@ class RunDir:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def write_json(self, name: str, data: dict) -> None:
+    def write_json(self, name: str, data: Json) -> None:
         final = os.path.join(self.path, name)
         tmp = f"{final}.{os.getpid()}.{threading.get_ident()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -67,18 +83,18 @@ class RunDir:
             json.dump(data, f)
         os.replace(tmp, final)
 
-    def progress(self, fraction: float, message: str, **extra) -> None:
+    def progress(self, fraction: float, message: str, **extra: object) -> None:
         try:
             self.write_json("progress.json", dict(extra, fraction=round(fraction, 3), message=message, time=time.time()))
         except OSError:
             pass  # progress is a courtesy; the result file is what counts
 
-    def load_sibling(self, name: str) -> dict:
+    def load_sibling(self, name: str) -> Namespace:
         """Execute a module shipped next to the agent (loader_math.py) into a fresh namespace."""
         path = os.path.join(self.path, name)
         with open(path) as f:
             code = compile(f.read(), path, "exec")
-        namespace = {"__name__": "gputop_agent_" + name.split(".")[0], "__file__": path}
+        namespace: Namespace = {"__name__": "gputop_agent_" + name.split(".")[0], "__file__": path}
         exec(code, namespace)
         return namespace
 
@@ -95,14 +111,14 @@ class ConsumptionProbe:
     sweep needs and which the iterator may drop at the end of an epoch).
     """
 
-    def __init__(self, base_cls) -> None:
+    def __init__(self, base_cls: type) -> None:
         self.base_cls = base_cls
-        self.original = None
-        self.wrapper = None
-        self.records = collections.deque(maxlen=MAX_RECORDS)  # (t_start, t_end, loader_key, ok)
-        self.loaders: dict = {}  # loader_key -> {"settings": ..., "refs": ..., "iterators": set(ids)}
+        self.original: Callable[[object], object] | None = None
+        self.wrapper: Callable[[object], object] | None = None
+        self.records: collections.deque[Record] = collections.deque(maxlen=MAX_RECORDS)
+        self.loaders: dict[int, dict[str, Any]] = {}  # loader_key -> {"settings": ..., "refs": ..., "iterators": set(ids)}
         self.restored = True
-        self.restore_note = None
+        self.restore_note: str | None = None
 
     def install(self) -> None:
         original = self.base_cls.__dict__["__next__"]
@@ -110,7 +126,7 @@ class ConsumptionProbe:
         loaders = self.loaders
         describe = _describe_iterator
 
-        def gputop_timed_next(it):
+        def gputop_timed_next(it: object) -> object:
             started = time.perf_counter()
             ok = False
             try:
@@ -151,18 +167,18 @@ class ConsumptionProbe:
         for entry in self.loaders.values():
             entry["refs"] = {}
 
-    def dominant_loader(self):
+    def dominant_loader(self) -> int | None:
         counts = collections.Counter(key for _s, _e, key, ok in list(self.records) if ok)
         if not counts:
             return None
         key, _ = counts.most_common(1)[0]
         return key
 
-    def summarize(self, key, since: float, until: float) -> dict:
+    def summarize(self, key: int, since: float, until: float) -> Json:
         """Batches/s and wait per batch for one loader between two perf_counter times."""
         calls = [(s, e) for s, e, k, ok in list(self.records) if k == key and ok and since <= s < until]
         stops = sum(1 for s, _e, k, ok in list(self.records) if k == key and not ok and since <= s < until)
-        out = {"batches": len(calls), "epoch_ends": stops, "window_s": round(until - since, 3)}
+        out: Json = {"batches": len(calls), "epoch_ends": stops, "window_s": round(until - since, 3)}
         if len(calls) < 2:
             return out
         span = calls[-1][0] - calls[0][0]
@@ -176,7 +192,7 @@ class ConsumptionProbe:
         return out
 
 
-def _describe_iterator(it) -> dict:
+def _describe_iterator(it: object) -> dict[str, Any]:
     """Settings of a live DataLoader iterator (read-only attribute access) and refs the sweep needs."""
     index_sampler = getattr(it, "_index_sampler", None)
     workers = getattr(it, "_workers", None) or []
@@ -208,7 +224,7 @@ def _describe_iterator(it) -> dict:
     return {"settings": settings, "refs": refs, "iterators": set(), "iterator_ref": weakref.ref(it)}
 
 
-def _describe_loader(loader) -> tuple[dict, dict]:
+def _describe_loader(loader: DataLoader[Any]) -> tuple[Json, dict[str, object]]:
     """Settings of a DataLoader object (offline mode) in the same shape as `_describe_iterator`."""
     settings = _common_settings(
         dataset=loader.dataset,
@@ -234,7 +250,7 @@ def _describe_loader(loader) -> tuple[dict, dict]:
     return settings, refs
 
 
-def _name_of(obj) -> str:
+def _name_of(obj: object) -> str:
     if obj is None:
         return "None"
     target = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
@@ -243,18 +259,18 @@ def _name_of(obj) -> str:
 
 def _common_settings(
     *,
-    dataset,
-    index_sampler,
-    auto_collation,
-    num_workers,
-    prefetch_factor,
-    pin_memory,
-    persistent_workers,
-    drop_last,
-    timeout,
-    collate_fn,
-    dataset_kind,
-) -> dict:
+    dataset: Any,
+    index_sampler: object,
+    auto_collation: object,
+    num_workers: int | None,
+    prefetch_factor: int | None,
+    pin_memory: object,
+    persistent_workers: object,
+    drop_last: object,
+    timeout: float,
+    collate_fn: object,
+    dataset_kind: int | None,
+) -> Json:
     sampler = getattr(index_sampler, "sampler", index_sampler) if auto_collation else index_sampler
     batch_size = getattr(index_sampler, "batch_size", None) if auto_collation else None
     try:
@@ -280,7 +296,7 @@ def _common_settings(
     }
 
 
-def _sampler_kind(sampler) -> str:
+def _sampler_kind(sampler: object) -> str:
     names = [c.__name__ for c in type(sampler).__mro__]
     if "RandomSampler" in names:
         return "random"
@@ -294,7 +310,7 @@ def _sampler_kind(sampler) -> str:
 # ----------------------------------------------------------------------------------- (c) the sweep
 
 
-def refuse_reason(settings: dict, refs: dict):
+def refuse_reason(settings: Json, refs: dict[str, object]) -> str | None:
     """Why a new DataLoader over this dataset would not be safe or meaningful; None when it is."""
     if settings.get("dataset_kind") == "iterable":
         return "IterableDataset: re-iterating it may consume or disturb the job's stream; loader-only sweep not tried"
@@ -308,7 +324,9 @@ def refuse_reason(settings: dict, refs: dict):
     return None
 
 
-def make_loader(torch_mod, settings: dict, refs: dict, num_workers: int, prefetch_factor, notes: list):
+def make_loader(
+    torch_mod: ModuleType, settings: Json, refs: dict[str, Any], num_workers: int, prefetch_factor: int | None, notes: list[str]
+) -> DataLoader[Any]:
     """A NEW DataLoader like the live one. The explicit Generator keeps the global RNG untouched."""
     from torch.utils.data import DataLoader
 
@@ -318,7 +336,7 @@ def make_loader(torch_mod, settings: dict, refs: dict, num_workers: int, prefetc
         notes.append(f"custom sampler {settings.get('sampler')} replaced by a sequential one for the sweep")
     generator = torch_mod.Generator()
     generator.manual_seed(0)
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         batch_size=settings.get("batch_size") if settings.get("auto_collation") else None,
         shuffle=shuffle,
         drop_last=bool(settings.get("drop_last")),
@@ -334,7 +352,7 @@ def make_loader(torch_mod, settings: dict, refs: dict, num_workers: int, prefetc
     return DataLoader(refs["dataset"], **kwargs)
 
 
-def _steady_rate(segments: list, first_round: int):
+def _steady_rate(segments: list[list[float]], first_round: int) -> tuple[float, float]:
     """(batches, seconds) of steady state from arrival times, skipping each segment's first round.
 
     All n workers start together, so the first n batches arrive in a burst: the fit starts at the n-th
@@ -342,7 +360,7 @@ def _steady_rate(segments: list, first_round: int):
     over time, so one late or early arrival at either end does not swing it the way a two-point
     difference would.  Returned as (batches, seconds) with batches / seconds == the fitted rate.
     """
-    batches = 0
+    batches = 0.0
     seconds = 0.0
     for arrivals in segments:
         k0 = max(1, first_round)
@@ -363,17 +381,25 @@ def _steady_rate(segments: list, first_round: int):
     return batches, seconds
 
 
-def measure_config(torch_mod, settings, refs, num_workers, prefetch_factor, seconds, notes) -> dict:
+def measure_config(
+    torch_mod: ModuleType,
+    settings: Json,
+    refs: dict[str, Any],
+    num_workers: int,
+    prefetch_factor: int | None,
+    seconds: float,
+    notes: list[str],
+) -> Json:
     """Draw batches from a new loader for `seconds` (plus start-up) and return its steady rate."""
     loader = make_loader(torch_mod, settings, refs, num_workers, prefetch_factor, notes)
-    result = {"num_workers": num_workers, "prefetch_factor": prefetch_factor if num_workers else None, "pin_memory": False}
+    result: Json = {"num_workers": num_workers, "prefetch_factor": prefetch_factor if num_workers else None, "pin_memory": False}
     started = _now()
     cpu_before = _cpu_seconds()
-    segments = []
-    arrivals = []
+    segments: list[list[float]] = []
+    arrivals: list[float] = []
     iterator = iter(loader)
-    first_at = None
-    end = None
+    first_at: float | None = None
+    end = float("inf")  # set at the first batch
     try:
         while True:
             try:
@@ -422,17 +448,26 @@ def _cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def _shutdown(iterator) -> None:
+def _shutdown(iterator: object) -> None:
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
 
 
-def run_sweep(torch_mod, settings, refs, plan: dict, run_dir: RunDir, loader_math: dict, deadline: float, progress=None) -> dict:
+def run_sweep(
+    torch_mod: ModuleType,
+    settings: Json,
+    refs: dict[str, Any],
+    plan: Json,
+    run_dir: RunDir,
+    loader_math: Namespace,
+    deadline: float,
+    progress: Callable[[str], None] | None = None,
+) -> Json:
     """Baseline (current settings), then more workers, then a larger prefetch: within `deadline`."""
-    notes: list = []
-    configs: list = []
-    out = {"configs": configs, "notes": notes}
+    notes: list[str] = []
+    configs: list[Json] = []
+    out: Json = {"configs": configs, "notes": notes}
     n_now = int(settings.get("num_workers") or 0)
     p_now = settings.get("prefetch_factor") or 2
     step_s = plan.get("step_s")
@@ -442,7 +477,7 @@ def run_sweep(torch_mod, settings, refs, plan: dict, run_dir: RunDir, loader_mat
 
     overhead = [0.3]  # start-up + shutdown of the last configuration: kept out of its measuring time
 
-    def measure(n, p, share):
+    def measure(n: int, p: int, share: float) -> Json | None:
         budget = remaining() - overhead[0]
         seconds = max(MIN_CONFIG_SECONDS, min(budget * share, plan.get("config_seconds") or 3.0))
         if budget < MIN_CONFIG_SECONDS:
@@ -496,7 +531,7 @@ def run_sweep(torch_mod, settings, refs, plan: dict, run_dir: RunDir, loader_mat
     return out
 
 
-def _memory_worker_cap():
+def _memory_worker_cap() -> int | None:
     """How many job-sized processes fit in half of MemAvailable (fork shares pages, so this is cautious)."""
     try:
         with open("/proc/meminfo") as f:
@@ -541,7 +576,7 @@ def _privatize_read_only_files() -> None:
             continue
 
 
-def _detach_shared_channels(keep: tuple = ()) -> None:
+def _detach_shared_channels(keep: tuple[int, ...] = ()) -> None:
     """Put /dev/null over every inherited pipe, socket and anonymous-inode fd of this forked child.
 
     A copy of the job's descriptors is not harmless: the job may hold both ends of a pipe and wait for
@@ -572,8 +607,16 @@ def _detach_shared_channels(keep: tuple = ()) -> None:
 
 
 def sweep_in_forked_child(
-    torch_mod, settings, refs, plan, run_dir: RunDir, loader_math, seconds: float, probe: ConsumptionProbe, progress
-) -> dict:
+    torch_mod: ModuleType,
+    settings: Json,
+    refs: dict[str, Any],
+    plan: Json,
+    run_dir: RunDir,
+    loader_math: Namespace,
+    seconds: float,
+    probe: ConsumptionProbe,
+    progress: Callable[..., None],
+) -> Json:
     """Fork, sweep in the child (own process group, output to a log), kill the group at the deadline."""
     deadline = _now() + seconds
     pid = os.fork()
@@ -645,7 +688,7 @@ def sweep_in_forked_child(
     return result
 
 
-def _read_json(run_dir: RunDir, name: str):
+def _read_json(run_dir: RunDir, name: str) -> Any:
     try:
         with open(os.path.join(run_dir.path, name)) as f:
             return json.load(f)
@@ -656,7 +699,7 @@ def _read_json(run_dir: RunDir, name: str):
 # ------------------------------------------------------------------------------------------- live
 
 
-def _cuda_in_use(torch_mod) -> bool:
+def _cuda_in_use(torch_mod: ModuleType) -> bool:
     cuda = getattr(torch_mod, "cuda", None)
     try:
         return bool(cuda is not None and cuda.is_initialized())
@@ -668,15 +711,14 @@ def live_main(run_path: str) -> None:
     run_dir = RunDir(run_path)
     with open(os.path.join(run_path, "config.json")) as f:
         config = json.load(f)
-    result = {
-        "agent_version": AGENT_VERSION,
+    result: Json = {
         "mode": "live",
         "pid": os.getpid(),
         "python": sys.version.split()[0],
         "notes": [],
         "started": time.time(),
     }
-    probe = None
+    probe: ConsumptionProbe | None = None
     threads_before = threading.active_count()
     try:
         torch_mod = sys.modules.get("torch")
@@ -731,7 +773,7 @@ def live_main(run_path: str) -> None:
                 return
             plan = dict(config, step_s=result["consumption"].get("step_s"), consumption=result["consumption"])
 
-            def sweep_progress(_frac, message, **extra):
+            def sweep_progress(_frac: float, message: str, **extra: object) -> None:
                 done = _read_json(run_dir, "sweep.json") or {}
                 run_dir.progress(0.3 + 0.65 * min(1.0, len(done.get("configs", ())) / 5.0), message, **extra)
 
@@ -762,7 +804,7 @@ def live_main(run_path: str) -> None:
         run_dir.progress(1.0, "done")
 
 
-def _wait_for_json(run_dir: RunDir, name: str, seconds: float):
+def _wait_for_json(run_dir: RunDir, name: str, seconds: float) -> Any:
     end = _now() + seconds
     while True:
         data = _read_json(run_dir, name)
@@ -771,7 +813,7 @@ def _wait_for_json(run_dir: RunDir, name: str, seconds: float):
         time.sleep(0.05)
 
 
-def _wait(seconds: float, tick) -> None:
+def _wait(seconds: float, tick: Callable[[float], None]) -> None:
     """Sleep `seconds` in slices, reporting progress; this is the agent's own thread, not the job's."""
     end = _now() + seconds
     while True:
@@ -789,8 +831,7 @@ def offline_main(spec: str, run_path: str) -> int:
     run_dir = RunDir(run_path)
     with open(os.path.join(run_path, "config.json")) as f:
         config = json.load(f)
-    result = {
-        "agent_version": AGENT_VERSION,
+    result: Json = {
         "mode": "offline",
         "pid": os.getpid(),
         "python": sys.version.split()[0],
@@ -830,7 +871,7 @@ def offline_main(spec: str, run_path: str) -> int:
         # it passes an absolute CLOCK_MONOTONIC deadline, which every process on the machine shares.
         deadline = float(config["deadline"]) if config.get("deadline") else _now() + float(config.get("sweep_seconds", 10.0))
 
-        def progress(message):
+        def progress(message: str) -> None:
             done = _read_json(run_dir, "sweep.json") or {}
             run_dir.progress(0.1 + 0.85 * min(1.0, len(done.get("configs", ())) / 5.0), message)
 

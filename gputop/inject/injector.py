@@ -35,9 +35,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gputop.errors import GputopError
+
+if TYPE_CHECKING:
+    from gputop.model import ThreadProgress
 
 AGENT_FILES = ("inject/agent.py", "analysis/loader_math.py")  # relative to the gputop package
 TRACE_AGENT_FILES = ("inject/trace_agent.py", "inject/agent.py")
@@ -171,7 +174,7 @@ def check_owned_entries(path: str) -> None:
             _refuse_foreign(entry.path, entry.stat(follow_symlinks=False), "file")
 
 
-def read_private_json(run_dir: str, name: str) -> Optional[dict]:
+def read_private_json(run_dir: str, name: str) -> Optional[dict[str, Any]]:
     """A JSON file the agent wrote, after checking it is ours and a plain file. None when absent."""
     path = os.path.join(run_dir, name)
     try:
@@ -186,9 +189,10 @@ def read_private_json(run_dir: str, name: str) -> Optional[dict]:
         if not stat.S_ISREG(st.st_mode):
             raise GputopError(f"{path} is not a plain file; remove it and run again")
         try:
-            return json.load(f)
+            data: dict[str, Any] = json.load(f)  # the agent writes JSON objects only
         except ValueError:
             return None  # being written (the agent writes atomically, so only a stray file gets here)
+    return data
 
 
 def default_results_root(target: Target) -> tuple[str, str]:
@@ -201,7 +205,7 @@ def default_results_root(target: Target) -> tuple[str, str]:
 
 
 def prepare_run_dir(
-    target: Target, config: dict, results_root: Optional[tuple[str, str]] = None, files: tuple[str, ...] = AGENT_FILES
+    target: Target, config: dict[str, Any], results_root: Optional[tuple[str, str]] = None, files: tuple[str, ...] = AGENT_FILES
 ) -> RunDir:
     """A fresh 0700 run directory holding the agent's `files` (the benchmark's by default) and the config."""
     host_root, target_root = results_root or default_results_root(target)
@@ -220,7 +224,7 @@ def prepare_run_dir(
     return run
 
 
-def prepare_local_run_dir(config: dict, base: Optional[str] = None) -> RunDir:
+def prepare_local_run_dir(config: dict[str, Any], base: Optional[str] = None) -> RunDir:
     """The same, in this machine's /tmp, for the offline benchmark's helper process."""
     base = base or os.path.join(tempfile.gettempdir(), f"gputop-bench-{os.geteuid()}")
     secure_directory(base)
@@ -231,13 +235,13 @@ def prepare_local_run_dir(config: dict, base: Optional[str] = None) -> RunDir:
     return run
 
 
-def _populate(run: RunDir, config: dict, files: tuple[str, ...] = AGENT_FILES) -> None:
+def _populate(run: RunDir, config: dict[str, Any], files: tuple[str, ...] = AGENT_FILES) -> None:
     for rel in files:
         _write_private(os.path.join(run.host_path, os.path.basename(rel)), (_PACKAGE_DIR / rel).read_bytes())
     _write_private(os.path.join(run.host_path, "config.json"), json.dumps(config).encode())
 
 
-def write_run_file(run: RunDir, name: str, data: dict) -> None:
+def write_run_file(run: RunDir, name: str, data: dict[str, Any]) -> None:
     """A new JSON file for the agent (plan.json); never overwrites, never follows a symlink."""
     _write_private(os.path.join(run.host_path, name), json.dumps(data).encode())
 
@@ -254,7 +258,10 @@ def remove_run_dir(run: RunDir) -> None:
         shutil.rmtree(run.host_path, ignore_errors=True)
         return
     try:
-        shutil.rmtree(os.path.basename(run.host_path), dir_fd=run.base_fd, ignore_errors=True)
+        if sys.version_info >= (3, 11):
+            shutil.rmtree(os.path.basename(run.host_path), dir_fd=run.base_fd, ignore_errors=True)
+        else:  # (rmtree has no dir_fd before 3.11: reach the directory through the descriptor's /proc link)
+            shutil.rmtree(f"/proc/self/fd/{run.base_fd}/{os.path.basename(run.host_path)}", ignore_errors=True)
     finally:
         try:
             os.close(run.base_fd)
@@ -370,7 +377,7 @@ def _safepoint_inject(target: Target, code: str) -> None:
         raise GputopError(f"PID {target.pid}: {answer.get('reason') or 'nothing was injected'}")
 
 
-def _last_json_line(text: str) -> Optional[dict]:
+def _last_json_line(text: str) -> Optional[dict[str, Any]]:
     for line in reversed(text.splitlines()):
         try:
             answer = json.loads(line)
@@ -386,14 +393,14 @@ def _last_json_line(text: str) -> Optional[dict]:
 FROZEN_WATCH_S = 1.5  # a training loop's main thread moves its counters many times a second
 
 
-def main_thread_progress(pid: int):
+def main_thread_progress(pid: int) -> Optional[ThreadProgress]:
     """The main thread's counters now (CPU time, context switches): `frozen_evidence`'s `since`."""
     from gputop.collect import procfs
 
     return procfs.read_thread_progress(pid, pid)
 
 
-def frozen_evidence(pid: int, since=None, watch_s: float = FROZEN_WATCH_S) -> Optional[str]:
+def frozen_evidence(pid: int, since: Optional[ThreadProgress] = None, watch_s: float = FROZEN_WATCH_S) -> Optional[str]:
     """One line saying that `pid` is frozen, with its main thread's native stack, when the main thread's
     CPU time and context switches stood still: since `since` (`main_thread_progress` when the agent was
     started), else over a watch of `watch_s`; None while it moves (or once it is gone).

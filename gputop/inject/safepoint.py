@@ -53,7 +53,10 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from elftools.elf.segments import Segment
 
 # ----------------------------------------------------------------------------------- the trampoline
 
@@ -284,7 +287,7 @@ _libc.ptrace.restype = ctypes.c_long
 def _ptrace(request: int, tid: int, addr: int = 0, data: int | ctypes.c_void_p = 0) -> int:
     ctypes.set_errno(0)
     pointer = data if isinstance(data, ctypes.c_void_p) else ctypes.c_void_p(data)
-    result = _libc.ptrace(request, tid, ctypes.c_void_p(addr), pointer)
+    result: int = _libc.ptrace(request, tid, ctypes.c_void_p(addr), pointer)  # (restype c_long: an int)
     if result == -1:
         err = ctypes.get_errno()
         if err:
@@ -355,7 +358,7 @@ class ThreadSyscall:
 
 
 def blocked_threads(pid: int) -> list[ThreadSyscall]:
-    found = []
+    found: list[ThreadSyscall] = []
     try:
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError:
@@ -401,7 +404,7 @@ LIBC_FUNCTIONS = ("malloc", "free", "pthread_create", "pthread_detach")
 class TargetApi:
     """Addresses in the target: the functions the trampoline calls, and where the trampoline goes."""
 
-    functions: dict  # name -> address
+    functions: dict[str, int]  # name -> address
     cave: int
 
     def __getitem__(self, name: str) -> int:
@@ -452,6 +455,7 @@ def find_api(pid: int, maps: list[Mapping]) -> TargetApi:
 def _read_api(pid: int, maps: list[Mapping]) -> TargetApi:
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
+    from elftools.elf.hash import ELFHashSection, GNUHashSection
 
     functions: dict[str, int] = {}
     caves: list[int] = []
@@ -468,6 +472,8 @@ def _read_api(pid: int, maps: list[Mapping]) -> TargetApi:
                 bias = first_start - (min(seg["p_vaddr"] for seg in loads) & ~(PAGE - 1))
                 caves.extend(_caves(loads, bias, maps))
                 table = elf.get_section_by_name(".gnu.hash") or elf.get_section_by_name(".hash")
+                if table is not None and not isinstance(table, (GNUHashSection, ELFHashSection)):
+                    raise AttributeError(f"{path}: its hash section is not a hash table")  # (skipped below, as before)
                 for name in wanted:
                     symbol = table.get_symbol(name) if table is not None and name not in functions else None
                     if symbol is not None and symbol["st_shndx"] != "SHN_UNDEF" and symbol["st_value"]:
@@ -483,9 +489,9 @@ def _read_api(pid: int, maps: list[Mapping]) -> TargetApi:
     return TargetApi(functions, caves[0])
 
 
-def _caves(loads: list, bias: int, maps: list[Mapping]) -> list[int]:
+def _caves(loads: list[Segment], bias: int, maps: list[Mapping]) -> list[int]:
     """The unused tail of each executable segment's last page: mapped executable, never jumped to."""
-    found = []
+    found: list[int] = []
     for seg in loads:
         if not seg["p_flags"] & 1:  # PF_X
             continue
@@ -574,7 +580,7 @@ class Outcome:
     attempts: int = 0
     seconds: float = 0.0
     reason: str = ""
-    skipped: Counter = field(default_factory=Counter)  # why each thread seen was no safe point
+    skipped: Counter[str] = field(default_factory=Counter)  # why each thread seen was no safe point
 
 
 def resume_registers(regs: _Regs) -> _Regs:
@@ -599,7 +605,8 @@ def _xstate_size(tid: int) -> int:
         _ptrace(PTRACE_GETREGSET, tid, NT_X86_XSTATE, ctypes.c_void_p(ctypes.addressof(iov)))
     except OSError:
         raise Refused("this CPU or kernel offers no XSAVE state to preserve") from None
-    return (iov.len + 63) & ~63
+    length: int = iov.len  # (a c_size_t field)
+    return (length + 63) & ~63
 
 
 def inject(
@@ -705,7 +712,7 @@ def _try_thread(
             struct.pack_into(
                 "<QQQQQQ",
                 control,
-                0,
+                CB_MALLOC,
                 api["malloc"],
                 api["pthread_create"],
                 api["pthread_detach"],
@@ -806,7 +813,8 @@ def _run_call(
 
 
 def state_of(memory: _Memory, block: int) -> int:
-    return struct.unpack("<Q", memory.read(block + CB_STATE, 8))[0]
+    state: int = struct.unpack("<Q", memory.read(block + CB_STATE, 8))[0]
+    return state
 
 
 def _getregs(tid: int) -> _Regs:

@@ -28,7 +28,17 @@ import sys
 import threading
 import time
 
-AGENT_VERSION = 1
+# For the type checker only: the agent imports nothing at run time that the job has not (mypy takes any name
+# `TYPE_CHECKING` as true, so `typing` itself need not be imported here).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
+    from torch.utils.hooks import RemovableHandle
+
+    Json = dict[str, Any]  # what the agent reads (config.json) and writes (result.json)
+
 MAX_SECONDS = 10.0  # the issue's bound on the window, whatever the config says
 START_WAIT_S = 5.0  # the injected one-liner returns in milliseconds; this only guards a stuck start
 MEMORY_KEYS = (
@@ -42,27 +52,30 @@ MEMORY_KEYS = (
 )
 
 
-def _sibling(name: str) -> dict:
+def _sibling(name: str) -> dict[str, Any]:
     """Execute a module shipped next to this file (the benchmark agent) into a fresh namespace."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-    namespace = {"__name__": "gputop_agent_" + name.split(".")[0], "__file__": path}
+    namespace: dict[str, Any] = {"__name__": "gputop_agent_" + name.split(".")[0], "__file__": path}
     with open(path) as f:
         exec(compile(f.read(), path, "exec"), namespace)
     return namespace
 
 
-_base = _sibling("agent.py")  # the private run directory's atomic writes and one-line errors, shared
-RunDir = _base["RunDir"]
-_one_line = _base["_one_line"]
+if TYPE_CHECKING:
+    from gputop.inject.agent import RunDir, _one_line
+else:
+    _base = _sibling("agent.py")  # the private run directory's atomic writes and one-line errors, shared
+    RunDir = _base["RunDir"]
+    _one_line = _base["_one_line"]
 
 
-def optimizer_module(torch_mod):
+def optimizer_module(torch_mod: ModuleType) -> ModuleType | None:
     """torch.optim.optimizer (not an attribute of torch.optim: reach it through the Optimizer class)."""
     optimizer_cls = getattr(getattr(torch_mod, "optim", None), "Optimizer", None)
     return sys.modules.get(getattr(optimizer_cls, "__module__", ""), None)
 
 
-def global_step_hooks(torch_mod):
+def global_step_hooks(torch_mod: ModuleType) -> dict[int, object] | None:
     """The registered global post-step hooks (a dict), or None when this torch has none."""
     return getattr(optimizer_module(torch_mod), "_global_optimizer_post_hooks", None)
 
@@ -70,16 +83,16 @@ def global_step_hooks(torch_mod):
 class StepCounter:
     """Counts optimizer steps with a global post-step hook (removed by `remove`)."""
 
-    def __init__(self, torch_mod) -> None:
+    def __init__(self, torch_mod: ModuleType) -> None:
         self.count = 0
-        self.handle = None
+        self.handle: RemovableHandle | None = None
         self.reached = threading.Event()
         self.target = 0
         register = getattr(optimizer_module(torch_mod), "register_optimizer_step_post_hook", None)
         if register is not None:
             self.handle = register(self._hook)
 
-    def _hook(self, *_args, **_kwargs) -> None:
+    def _hook(self, *_args: object, **_kwargs: object) -> None:
         self.count += 1
         if self.target and self.count >= self.target:
             self.reached.set()
@@ -90,13 +103,13 @@ class StepCounter:
             self.handle = None
 
 
-def memory_stats(torch_mod) -> dict:
+def memory_stats(torch_mod: ModuleType) -> dict[str, dict[str, object]]:
     """The caching allocator's counters per CUDA device the job initialised ({} without CUDA)."""
     cuda = getattr(torch_mod, "cuda", None)
     try:
         if cuda is None or not cuda.is_initialized():
             return {}
-        out = {}
+        out: dict[str, dict[str, object]] = {}
         for device in range(cuda.device_count()):
             stats = cuda.memory_stats(device)
             if stats.get("reserved_bytes.all.current"):
@@ -106,14 +119,14 @@ def memory_stats(torch_mod) -> dict:
         return {}
 
 
-def _profiler_enabled(torch_mod) -> bool:
+def _profiler_enabled(torch_mod: ModuleType) -> bool:
     try:
         return bool(torch_mod._C._autograd._profiler_enabled())
     except Exception:
         return False
 
 
-def trace_window(torch_mod, run_dir: RunDir, config: dict, result: dict) -> None:
+def trace_window(torch_mod: ModuleType, run_dir: RunDir, config: Json, result: Json) -> None:
     """Record one window into ``trace.json``; fills `result`.  The profiler is stopped whatever happens."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -130,7 +143,7 @@ def trace_window(torch_mod, run_dir: RunDir, config: dict, result: dict) -> None
     if uses_cuda:
         activities.append(ProfilerActivity.CUDA)
     result["uses_cuda"] = uses_cuda
-    kwargs = {"activities": activities, "with_stack": bool(config.get("with_stack")), "record_shapes": False}
+    kwargs: dict[str, Any] = {"activities": activities, "with_stack": bool(config.get("with_stack")), "record_shapes": False}
     try:
         from torch._C._profiler import _ExperimentalConfig
 
@@ -172,12 +185,11 @@ def trace_window(torch_mod, run_dir: RunDir, config: dict, result: dict) -> None
     result["memory_stats"] = result["memory_after"]
 
 
-def live_main(run_path: str, started_event=None) -> None:
+def live_main(run_path: str, started_event: threading.Event | None = None) -> None:
     run_dir = RunDir(run_path)
     with open(os.path.join(run_path, "config.json")) as f:
         config = json.load(f)
-    result = {
-        "agent_version": AGENT_VERSION,
+    result: Json = {
         "pid": os.getpid(),
         "python": sys.version.split()[0],
         "notes": [],
@@ -219,7 +231,7 @@ def live_main(run_path: str, started_event=None) -> None:
         run_dir.progress(1.0, "done")
 
 
-def _env_int(name: str):
+def _env_int(name: str) -> int | None:
     try:
         return int(os.environ[name])
     except (KeyError, ValueError):

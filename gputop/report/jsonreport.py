@@ -12,7 +12,7 @@ import shlex
 import statistics
 import time
 from collections import Counter
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 from gputop import __version__, gpu_fields
 from gputop.analysis.diagnosis import verdict_line
@@ -21,9 +21,21 @@ from gputop.analysis.numbers import mean, percentile
 from gputop.analysis.observations import RankObs, collect_rank_observations
 from gputop.analysis.stack_classes import aggregate_worker_leaves, format_frame
 from gputop.history import History
-from gputop.model import Finding, GpuSample, Snapshot, to_jsonable
+from gputop.model import Finding, Frame, GpuSample, Snapshot, to_jsonable
 from gputop.report.infra import infra_data
 from gputop.report.redact import redact_cmdline, redact_jsonable, redact_text
+
+if TYPE_CHECKING:
+    from gputop.analysis.machine_check import CheckReport
+    from gputop.tracing import TraceResult
+
+
+class ReportedResult(Protocol):
+    """A benchmark's result as the report shows it (`gputop.bench.BenchResult`): its JSON, and its text
+    lines when it has a `summary_lines()`."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 40
@@ -50,6 +62,12 @@ def sparkline(values: Sequence[Optional[float]], lo: float, hi: float, width: in
     return "".join(out)
 
 
+def _percentile_of(data: Sequence[float], q: float) -> float:
+    value = percentile(data, q)
+    assert value is not None  # (None only for no data)
+    return value
+
+
 def _stats(values: Sequence[Optional[float]], lo: float, hi: Optional[float]) -> Optional[dict[str, Any]]:
     data = [v for v in values if v is not None]
     if not data:
@@ -57,8 +75,8 @@ def _stats(values: Sequence[Optional[float]], lo: float, hi: Optional[float]) ->
     top = hi if hi else max(data) or 1.0
     return {
         "mean": round(statistics.fmean(data), 2),
-        "p5": round(percentile(data, 5), 2),
-        "p95": round(percentile(data, 95), 2),
+        "p5": round(_percentile_of(data, 5), 2),
+        "p95": round(_percentile_of(data, 95), 2),
         "max": round(max(data), 2),
         "samples": len(data),
         "spark": sparkline(values, lo, top),
@@ -169,10 +187,10 @@ def _rank_shares(o: Optional[RankObs]) -> dict[str, Any]:
 def _stacks(snaps: Sequence[Snapshot]) -> dict[str, Any]:
     """Main threads: distinct dumps over the window grouped by stack; workers: the latest dumps' hottest frames."""
     obs = collect_rank_observations(snaps)
-    groups: Counter = Counter()
-    who: dict[tuple, set[str]] = {}
-    state_of: dict[tuple, Optional[str]] = {}
-    frames_of: dict[tuple, tuple] = {}
+    groups: Counter[tuple[Frame, ...]] = Counter()
+    who: dict[tuple[Frame, ...], set[str]] = {}
+    state_of: dict[tuple[Frame, ...], Optional[str]] = {}
+    frames_of: dict[tuple[Frame, ...], tuple[Frame, ...]] = {}
     total = 0
     for r in obs.values():
         for s in r.samples:
@@ -216,12 +234,12 @@ def report_data(
     history: History,
     findings: Sequence[Finding],
     *,
-    bench: Any = None,
+    bench: Optional[ReportedResult | dict[str, Any]] = None,
     command: Optional[Sequence[str] | str] = None,
     generated: Optional[float] = None,
     recording: Optional[dict[str, Any]] = None,
-    infra: Any = None,
-    trace: Any = None,
+    infra: Optional[CheckReport] = None,
+    trace: Optional[TraceResult] = None,
 ) -> dict[str, Any]:
     """Everything a report says, as JSON-ready data (redacted).
 
@@ -291,19 +309,20 @@ def report_data(
         "recording": dict(recording) if recording is not None else None,
         "infra": infra_data(history, findings, infra),
     }
-    return redact_jsonable(data)
+    redacted: dict[str, Any] = redact_jsonable(data)
+    return redacted
 
 
 def render_json(
     history: History,
     findings: Sequence[Finding],
     *,
-    bench: Any = None,
+    bench: Optional[ReportedResult | dict[str, Any]] = None,
     command: Optional[Sequence[str] | str] = None,
     generated: Optional[float] = None,
     recording: Optional[dict[str, Any]] = None,
-    infra: Any = None,
-    trace: Any = None,
+    infra: Optional[CheckReport] = None,
+    trace: Optional[TraceResult] = None,
 ) -> str:
     data = report_data(
         history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra, trace=trace

@@ -5,25 +5,29 @@ It renders `report_data` (the same structure the JSON report prints), so both fo
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from gputop import gpu_fields, units
 from gputop.analysis.numbers import Share
 from gputop.history import History
 from gputop.model import Finding, Topology, from_jsonable
-from gputop.report.jsonreport import report_data
+from gputop.report.jsonreport import ReportedResult, report_data
 from gputop.report.redact import redact_text
 from gputop.units import utc_time
 
+if TYPE_CHECKING:
+    from gputop.analysis.machine_check import CheckReport
+    from gputop.tracing import TraceResult
 
-def _cell(value: Any) -> str:
+
+def _cell(value: object) -> str:
     """A table cell: no newlines, pipes escaped, None as a dash."""
     if value is None or value == "":
         return "—"
     return str(value).replace("\n", " ").replace("|", "\\|")
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
     return lines + [""]
@@ -34,8 +38,8 @@ def _fence(text: str, lang: str = "text") -> list[str]:
     return [f"{fence}{lang}", text.rstrip("\n"), fence, ""]
 
 
-def _code(text: Any) -> str:
-    text = str(text)
+def _code(value: object) -> str:
+    text = str(value)
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
@@ -43,7 +47,7 @@ def _when(ts: Optional[float]) -> str:
     return utc_time(ts, missing="—")
 
 
-def _stat_cells(st: Optional[dict[str, Any]], fmt) -> list[Optional[str]]:
+def _stat_cells(st: Optional[dict[str, Any]], fmt: Callable[[Optional[float]], Optional[str]]) -> list[Optional[str]]:
     if not st:
         return [None, None, None]
     return [fmt(st["mean"]), fmt(st["p5"]), fmt(st["p95"])]
@@ -124,7 +128,7 @@ def _infra_team(data: dict[str, Any]) -> list[str]:
         out.append("")
     elif infra["source"] == "checks":
         out += ["No check failed.", ""]
-    unreadable = next((c["evidence"] for c in infra["checks"] if c["id"] == "sources"), [])
+    unreadable: list[str] = next((c["evidence"] for c in infra["checks"] if c["id"] == "sources"), [])
     if unreadable:
         out += ["**Not readable here**", ""] + [f"- {line}" for line in unreadable] + [""]
     out += ["**XIDs**", ""]
@@ -195,34 +199,36 @@ def _state(h: dict[str, Any]) -> str:
 
 
 def _health(data: dict[str, Any]) -> list[str]:
-    columns = [f for f in gpu_fields.shown_in(gpu_fields.REPORT) if f.health_cell is not None]
+    columns = [
+        (f.health_header or f.label, f.health_cell) for f in gpu_fields.shown_in(gpu_fields.REPORT) if f.health_cell is not None
+    ]
     rows = []
     for h in data["health"]:
         na = ", ".join(f"{k}: {v}" for k, v in h["unavailable"].items())
-        rows.append([h["index"], h["pci_bus_id"], _state(h), *(f.health_cell(h) for f in columns), na or None])
+        rows.append([h["index"], h["pci_bus_id"], _state(h), *(cell(h) for _, cell in columns), na or None])
     if not rows:
         return []
-    headers = ["GPU", "Bus", "State", *(f.health_header for f in columns), "Not available"]
+    headers = ["GPU", "Bus", "State", *(header for header, _ in columns), "Not available"]
     return ["## Health", ""] + _table(headers, rows)
 
 
 def _gpu_stats(data: dict[str, Any]) -> list[str]:
     if not data["gpus"]:
         return []
-    fields = [f for f in gpu_fields.shown_in(gpu_fields.REPORT) if f.stat is not None]
-    stats = [f for f in fields if f.report_table == gpu_fields.STATS]
+    fields = [(f, f.stat) for f in gpu_fields.shown_in(gpu_fields.REPORT) if f.stat is not None]
+    stats = [(f, stat) for f, stat in fields if f.report_table == gpu_fields.STATS]
     rows = []
     for g in data["gpus"]:
         cells: list[Any] = [g["index"]]
-        for f in stats:
-            cells += _stat_cells(g[f.key], f.stat)
+        for f, stat in stats:
+            cells += _stat_cells(g[f.key], stat)
             if f.stat_extra is not None:
                 _, extra, as_code = f.stat_extra
                 value = extra(g)
                 cells.append(_code(value) if as_code and value is not None else value)
         rows.append(cells)
     headers = ["GPU"]
-    for f in stats:
+    for f, _ in stats:
         headers += [f"{f.stat_label or f.label} mean", "p5", "p95"]
         if f.stat_extra is not None:
             headers.append(f.stat_extra[0])
@@ -234,25 +240,26 @@ def _gpu_stats(data: dict[str, Any]) -> list[str]:
     ]
     out += _table(headers, rows)
     for table in (gpu_fields.IO, gpu_fields.GPM):
-        out += _compact_stats(data, [f for f in fields if f.report_table == table], table == gpu_fields.GPM)
+        out += _compact_stats(data, [(f, stat) for f, stat in fields if f.report_table == table], table == gpu_fields.GPM)
     return out
 
 
-def _compact_stats(data: dict[str, Any], fields: list[gpu_fields.GpuField], only_known: bool) -> list[str]:
+def _compact_stats(
+    data: dict[str, Any], fields: list[tuple[gpu_fields.GpuField, Callable[[Optional[float]], Optional[str]]]], only_known: bool
+) -> list[str]:
     """A table of "mean (p5 …, p95 …)" cells, a GPU a row; `only_known`: rows (and the table) only for GPUs that
     have any value (GPM: a GPU before Hopper has none, and a table of empty cells says nothing)."""
     rows = []
     for g in data["gpus"]:
         cells: list[Any] = [g["index"]]
-        for f in fields:
-            st = g.get(f.key)
-            assert f.stat is not None
-            cells.append(None if not st else f"{f.stat(st['mean'])} (p5 {f.stat(st['p5'])}, p95 {f.stat(st['p95'])})")
+        for f, stat in fields:
+            st = g.get(f.key)  # a report written before a field existed lacks it
+            cells.append(None if not st else f"{stat(st['mean'])} (p5 {stat(st['p5'])}, p95 {stat(st['p95'])})")
         if not only_known or any(cell is not None for cell in cells[1:]):
             rows.append(cells)
     if not rows:
         return []
-    return _table(["GPU", *(f"{f.stat_label or f.label} mean" for f in fields)], rows)
+    return _table(["GPU", *(f"{f.stat_label or f.label} mean" for f, _ in fields)], rows)
 
 
 def _host(data: dict[str, Any]) -> list[str]:
@@ -414,12 +421,12 @@ def render_markdown(
     history: History,
     findings: Sequence[Finding],
     *,
-    bench: Any = None,
+    bench: Optional[ReportedResult | dict[str, Any]] = None,
     command: Optional[Sequence[str] | str] = None,
     generated: Optional[float] = None,
     recording: Optional[dict[str, Any]] = None,
-    infra: Any = None,
-    trace: Any = None,
+    infra: Optional[CheckReport] = None,
+    trace: Optional[TraceResult] = None,
 ) -> str:
     data = report_data(
         history, findings, bench=bench, command=command, generated=generated, recording=recording, infra=infra, trace=trace

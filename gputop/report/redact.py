@@ -56,7 +56,7 @@ def is_secret_name(name: str) -> bool:
     return bool(name) and bool(_SECRET_NAME.search(_normalise(name)))
 
 
-def _url_userinfo(m: re.Match) -> str:
+def _url_userinfo(m: re.Match[str]) -> str:
     if m.group("pw") is not None:
         return f"{m.group('scheme')}{m.group('user')}:{REDACTED}@"
     return f"{m.group('scheme')}{REDACTED}@"  # a lone user part is usually a token (https://TOKEN@github.com)
@@ -73,13 +73,14 @@ def redact_value(value: str) -> str:
 def redact_text(text: str) -> str:
     """Free text (a shell command in one string, a report): values after secret names, then `redact_value`."""
 
-    def assignment(m: re.Match) -> str:
+    def assignment(m: re.Match[str]) -> str:
         name, sep = m.group("name"), m.group("sep")
+        whole: str = m.group(0)
         if sep.strip() == "" and not name.startswith("-"):
-            return m.group(0)  # "word word": only options take a space-separated value
+            return whole  # "word word": only options take a space-separated value
         if is_secret_name(name) and m.group("value") != REDACTED:
             return f"{name}{sep}{REDACTED}"
-        return m.group(0)
+        return whole
 
     return redact_value(_ASSIGNMENT.sub(assignment, text))
 

@@ -96,7 +96,7 @@ class BusyBoard:
         return _HEADER.size + slot * _SLOT.size
 
     def _read(self, slot: int) -> tuple[int, int, int, float, float, float, float]:
-        return _SLOT.unpack_from(self._mm, self._offset(slot))[:7]  # type: ignore[return-value]
+        return _SLOT.unpack_from(self._mm, self._offset(slot))[:7]
 
     def _read_activity(self, slot: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """The slot's activity totals and its running kernel's mix (see the layout)."""

@@ -40,7 +40,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -93,7 +93,7 @@ class _Marker:
     __slots__ = ("done", "value")
 
     def __init__(self, value: Any) -> None:
-        self.done: queue.SimpleQueue = queue.SimpleQueue()
+        self.done: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.value = value
 
     def run(self, stream: "Stream") -> None:
@@ -108,7 +108,7 @@ class Stream:
         self.slot = slot
         self.gpu = gpu
         self.gpu_lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        self._ops: queue.Queue = queue.Queue(maxsize=max_queued)
+        self._ops: queue.Queue[Union[_Kernel, _Collective, _Marker]] = queue.Queue(maxsize=max_queued)
         self._device = threading.Thread(target=self._drain_forever, name=DEVICE_THREAD_NAME, daemon=True)
         self._device.start()
 
@@ -168,15 +168,15 @@ class DeviceTensor(torch.Tensor):
 
     # Each is a property returning the C callable that waits: see the module docstring for why.
     @property
-    def item(self) -> Callable[[], Any]:  # type: ignore[override]
+    def item(self) -> Callable[[], Any]:
         return current_stream().value_when_drained(torch.Tensor.item(self))
 
     @property
-    def tolist(self) -> Callable[[], Any]:  # type: ignore[override]
+    def tolist(self) -> Callable[[], Any]:
         return current_stream().value_when_drained(torch.Tensor.tolist(self))
 
     @property
-    def cpu(self) -> Callable[[], torch.Tensor]:  # type: ignore[override]
+    def cpu(self) -> Callable[[], torch.Tensor]:  # type: ignore[override]  # (a property in the method's place, as above)
         return current_stream().value_when_drained(self.as_subclass(torch.Tensor))
 
 

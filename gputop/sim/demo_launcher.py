@@ -62,7 +62,8 @@ def _prctl(option: int, value: int) -> bool:
     """Linux prctl(2); False where it does not exist (other systems fall back on the process group)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(option, value, 0, 0, 0) == 0
+        result: int = libc.prctl(option, value, 0, 0, 0)  # (an int: ctypes' default restype)
+        return result == 0
     except (OSError, AttributeError):
         return False
 
@@ -190,7 +191,7 @@ class DemoJob:
         self.launcher_pid: Optional[int] = None
         self._board: Optional[BusyBoard] = None
         self._counters: Optional[StepCounters] = None
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: Optional[subprocess.Popen[bytes]] = None
         self._stop_lock = threading.Lock()
         self._stopped = False
 
@@ -454,7 +455,7 @@ def launcher_main(argv: Optional[list[str]] = None) -> int:
     ]
     children: dict[int, int] = {}
     # keep the Popen objects: a dropped one is polled (and reaped) behind our back by the next Popen()
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         for rank in range(config.ranks):
             procs.append(subprocess.Popen(rank_argv, env=_rank_env(config, rank), stdin=subprocess.DEVNULL))
@@ -464,13 +465,13 @@ def launcher_main(argv: Optional[list[str]] = None) -> int:
                 pid, status = os.waitpid(-1, 0)
             except ChildProcessError:
                 break
-            rank = children.pop(pid, None)
+            ended_rank = children.pop(pid, None)
             code = os.waitstatus_to_exitcode(status)
-            if rank is not None and code != 0:
+            if ended_rank is not None and code != 0:
                 _ignore_shutdown_signals()
                 # torchrun's rule: one rank failed, so the job failed; stop the rest
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                print(f"demo launcher: rank {rank} {how}; stopping the other ranks", file=sys.stderr)
+                print(f"demo launcher: rank {ended_rank} {how}; stopping the other ranks", file=sys.stderr)
                 _stop_ranks(children)
                 return code if code > 0 else 128 - code
         return 0

@@ -38,7 +38,7 @@ import os
 import resource
 import sys
 import time
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -205,21 +205,28 @@ class DistributedDataParallel(nn.Module):
             return
         self._ready = 0
         params = self._params
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        flat = torch.cat([_grad(p).reshape(-1) for p in params])
 
         def write_back() -> None:
             flat.div_(self.group.world)
             offset = 0
             for p in params:
                 n = p.numel()
-                p.grad.copy_(flat[offset : offset + n].view_as(p))
+                _grad(p).copy_(flat[offset : offset + n].view_as(p))
                 offset += n
 
         self.group.all_reduce(flat, then=write_back)
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         self.group.fence()
         return self.module(*args, **kwargs)
+
+
+def _grad(param: torch.Tensor) -> torch.Tensor:
+    """The gradient of a parameter that has one (every parameter once its gradient hook has run)."""
+    grad = param.grad
+    assert grad is not None
+    return grad
 
 
 class StreamOrderedOptimizer:

@@ -28,12 +28,32 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, cast
 
 from gputop.sim.load import LoadModel
 from gputop.sim.profiles import OLD_DRIVER_MISSING_SYMBOLS, SimSpec
 
-NvmlFunction = Callable[..., Any]  # a C function as pynvml calls it: ctypes arguments in, an nvmlReturn_t out
+if TYPE_CHECKING:
+    from ctypes import _CData, _SimpleCData
+    from typing import Protocol, TypeAlias
+
+    # The C functions' arguments as pynvml passes them.  Their ctypes classes differ per symbol and per pynvml
+    # version (c_uint, c_ulonglong, a Structure, an array), and the fake reads and writes them by field name, as
+    # the C library reads memory: their roles have names here, their fields are not typed.
+    CScalar: TypeAlias = "int | _SimpleCData[Any]"  # a number passed by value: c_uint(3) or a plain int
+    Handle: TypeAlias = "_CData | int"  # a device or event-set handle: pynvml's pointer, a c_void_p or an int
+    CharBuffer: TypeAlias = "ctypes.Array[ctypes.c_char]"  # create_string_buffer(size)
+
+    class Ref(Protocol):
+        """`ctypes.byref(x)`, an output argument: `_obj` is the caller's ctypes object."""
+
+        _obj: Any
+
+
+# a C function the fake library serves: returns an nvmlReturn_t (nvmlErrorString: the message's bytes)
+CFunction = Callable[..., object]
+DeviceFunction = Callable[..., int]  # one whose first argument is the GPU's index (see `device`)
+_F = TypeVar("_F", bound=Callable[..., object])
 
 # ---------------------------------------------------------------- nvml.h constants
 SUCCESS = 0
@@ -135,7 +155,7 @@ class ManualClock:
         return self.now
 
 
-def _int(arg) -> int:
+def _int(arg: CScalar) -> int:
     """A ctypes scalar (c_uint(3)) or a plain int -> int."""
     return int(getattr(arg, "value", arg))
 
@@ -173,8 +193,10 @@ class _FieldValue(ctypes.Structure):
     ]
 
 
-def _address(handle) -> Optional[int]:
+def _address(handle: Handle) -> Optional[int]:
     """A device handle (pynvml's pointer, a c_void_p, or an int) -> the address it holds."""
+    if isinstance(handle, int):
+        return ctypes.c_void_p(handle).value  # (from_buffer refuses an int)
     try:
         return ctypes.c_void_p.from_buffer(handle).value  # a pointer-sized ctypes object: read its bytes
     except TypeError:
@@ -205,13 +227,13 @@ class _GpuState:
     pcie_tx_kbps: int = 0
     pcie_rx_kbps: int = 0
     reasons: int = 0
-    processes: list = field(default_factory=list)
-    nvlink_tx_kib: list = field(default_factory=list)  # cumulative per link
-    nvlink_rx_kib: list = field(default_factory=list)
+    processes: list[tuple[int, Optional[int]]] = field(default_factory=list)  # (pid, used bytes or None)
+    nvlink_tx_kib: list[float] = field(default_factory=list)  # cumulative per link
+    nvlink_rx_kib: list[float] = field(default_factory=list)
     pcie_tx_bytes: float = 0.0  # cumulative: the PCIe TX/RX rates integrated over time
     pcie_rx_bytes: float = 0.0
-    nvlink_tx_kibps: list = field(default_factory=list)  # the rates the NVLink counters count at, per link
-    nvlink_rx_kibps: list = field(default_factory=list)
+    nvlink_tx_kibps: list[float] = field(default_factory=list)  # the rates the NVLink counters count at, per link
+    nvlink_rx_kibps: list[float] = field(default_factory=list)
     counted_to: float = -math.inf  # the time the cumulative counters were last counted to (see `_count`)
     gpm_rates: list[float] = field(default_factory=lambda: [0.0] * len(GPM_METRICS))  # activity share per GPM metric
     gpm_seconds: list[float] = field(default_factory=lambda: [0.0] * len(GPM_METRICS))  # cumulative activity-seconds
@@ -266,8 +288,8 @@ class FakeNvmlLibrary:
         self._symbols = symbols
 
     # pynvml asks for symbols by attribute; a missing one must be AttributeError (-> FunctionNotFound)
-    def __getattr__(self, name: str):
-        symbols = self.__dict__.get("_symbols", {})
+    def __getattr__(self, name: str) -> CFunction:
+        symbols: dict[str, CFunction] = self.__dict__.get("_symbols", {})
         if name in symbols:
             return symbols[name]
         raise AttributeError(f"fake NVML library has no symbol {name}")
@@ -412,22 +434,22 @@ class FakeNvmlLibrary:
         return 14 if counter == VOLATILE_ECC else 37
 
     # ------------------------------------------------------------ the C functions
-    def _build_symbols(self) -> dict[str, Callable]:
+    def _build_symbols(self) -> dict[str, CFunction]:
         lib = self
         profile = self.profile
         model = profile.gpu
         n = profile.gpu_count
 
-        def gpu_of(handle) -> Optional[int]:
+        def gpu_of(handle: Handle) -> Optional[int]:
             address = _address(handle)
             if not address or not 1 <= address <= n:
                 return None
             return address - 1
 
-        def device(fn):
+        def device(fn: DeviceFunction) -> DeviceFunction:
             """Resolve the handle and answer GPU_IS_LOST for a lost GPU."""
 
-            def call(handle, *args):
+            def call(handle: Handle, *args: object) -> int:
                 gpu = gpu_of(handle)
                 if gpu is None:
                     return ERROR_INVALID_ARGUMENT
@@ -438,7 +460,7 @@ class FakeNvmlLibrary:
             call.__name__ = fn.__name__
             return call
 
-        def write_str(buf, text: str, size) -> int:
+        def write_str(buf: CharBuffer, text: str, size: CScalar) -> int:
             data = text.encode()
             if len(data) + 1 > _int(size):
                 return ERROR_INSUFFICIENT_SIZE
@@ -446,33 +468,33 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         # ---- system
-        def nvmlInitWithFlags(flags):
+        def nvmlInitWithFlags(flags: CScalar) -> int:
             return SUCCESS
 
-        def nvmlInit_v2():
+        def nvmlInit_v2() -> int:
             return nvmlInitWithFlags(0)
 
-        def nvmlShutdown():
+        def nvmlShutdown() -> int:
             return SUCCESS
 
-        def nvmlErrorString(result):
+        def nvmlErrorString(result: CScalar) -> bytes:
             return _ERROR_STRINGS.get(_int(result), b"Unknown Error")
 
-        def nvmlSystemGetDriverVersion(buf, size):
+        def nvmlSystemGetDriverVersion(buf: CharBuffer, size: CScalar) -> int:
             return write_str(buf, profile.driver_version, size)
 
-        def nvmlSystemGetNVMLVersion(buf, size):
+        def nvmlSystemGetNVMLVersion(buf: CharBuffer, size: CScalar) -> int:
             return write_str(buf, profile.nvml_version, size)
 
-        def nvmlSystemGetCudaDriverVersion(out):
+        def nvmlSystemGetCudaDriverVersion(out: Ref) -> int:
             out._obj.value = profile.cuda_version
             return SUCCESS
 
-        def nvmlDeviceGetCount_v2(out):
+        def nvmlDeviceGetCount_v2(out: Ref) -> int:
             out._obj.value = n
             return SUCCESS
 
-        def nvmlDeviceGetHandleByIndex_v2(index, out):
+        def nvmlDeviceGetHandleByIndex_v2(index: CScalar, out: Ref) -> int:
             index = _int(index)
             if not 0 <= index < n:
                 return ERROR_INVALID_ARGUMENT
@@ -481,16 +503,16 @@ class FakeNvmlLibrary:
 
         # ---- identity
         @device
-        def nvmlDeviceGetName(gpu, buf, size):
+        def nvmlDeviceGetName(gpu: int, buf: CharBuffer, size: CScalar) -> int:
             return write_str(buf, profile.model(gpu).name, size)
 
         @device
-        def nvmlDeviceGetUUID(gpu, buf, size):
+        def nvmlDeviceGetUUID(gpu: int, buf: CharBuffer, size: CScalar) -> int:
             # stable, profile-specific, looks like a real one
             tag = sum(ord(c) for c in profile.name) & 0xFFFF
             return write_str(buf, f"GPU-{tag:04x}5e1d-{gpu:04x}-4c0d-9a1e-{gpu * 7919 + tag:012x}", size)
 
-        def fill_pci(info, bus_id: str) -> None:
+        def fill_pci(info: Any, bus_id: str) -> None:  # info: a c_nvmlPciInfo_t
             domain, bus, rest = bus_id.split(":")
             dev = rest.split(".")[0]
             info.busId = bus_id.encode()
@@ -502,20 +524,20 @@ class FakeNvmlLibrary:
             info.pciSubSystemId = 0x16C110DE
 
         @device
-        def nvmlDeviceGetPciInfo_v3(gpu, out):
+        def nvmlDeviceGetPciInfo_v3(gpu: int, out: Ref) -> int:
             fill_pci(out._obj, profile.bus_ids[gpu])
             return SUCCESS
 
         # ---- readings
         @device
-        def nvmlDeviceGetUtilizationRates(gpu, out):
+        def nvmlDeviceGetUtilizationRates(gpu: int, out: Ref) -> int:
             st = lib.state(gpu)
             out._obj.gpu = int(round(st.utilization))
             out._obj.memory = int(round(st.memory_utilization))
             return SUCCESS
 
         @device
-        def nvmlDeviceGetMemoryInfo(gpu, out):
+        def nvmlDeviceGetMemoryInfo(gpu: int, out: Ref) -> int:
             # v1: `used` includes the reserved memory
             st, card = lib.state(gpu), profile.model(gpu)
             mem = out._obj
@@ -525,7 +547,7 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         @device
-        def nvmlDeviceGetMemoryInfo_v2(gpu, out):
+        def nvmlDeviceGetMemoryInfo_v2(gpu: int, out: Ref) -> int:
             mem = out._obj
             if mem.version != MEMORY_V2_VERSION:
                 return ERROR_ARGUMENT_VERSION_MISMATCH
@@ -537,14 +559,14 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         @device
-        def nvmlDeviceGetTemperature(gpu, sensor, out):
+        def nvmlDeviceGetTemperature(gpu: int, sensor: CScalar, out: Ref) -> int:
             if _int(sensor) != TEMPERATURE_GPU:
                 return ERROR_NOT_SUPPORTED
             out._obj.value = lib.state(gpu).temperature
             return SUCCESS
 
         @device
-        def nvmlDeviceGetTemperatureV(gpu, out):
+        def nvmlDeviceGetTemperatureV(gpu: int, out: Ref) -> int:
             temp = out._obj
             if temp.version != TEMPERATURE_V1_VERSION:
                 return ERROR_ARGUMENT_VERSION_MISMATCH
@@ -554,17 +576,17 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         @device
-        def nvmlDeviceGetPowerUsage(gpu, out):
+        def nvmlDeviceGetPowerUsage(gpu: int, out: Ref) -> int:
             out._obj.value = lib.state(gpu).power_mw
             return SUCCESS
 
         @device
-        def nvmlDeviceGetEnforcedPowerLimit(gpu, out):
+        def nvmlDeviceGetEnforcedPowerLimit(gpu: int, out: Ref) -> int:
             out._obj.value = lib.state(gpu).power_limit_mw
             return SUCCESS
 
         @device
-        def nvmlDeviceGetClockInfo(gpu, clock_type, out):
+        def nvmlDeviceGetClockInfo(gpu: int, clock_type: CScalar, out: Ref) -> int:
             kind = _int(clock_type)
             st = lib.state(gpu)
             if kind == CLOCK_SM:
@@ -576,27 +598,27 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         @device
-        def nvmlDeviceGetCurrPcieLinkGeneration(gpu, out):
+        def nvmlDeviceGetCurrPcieLinkGeneration(gpu: int, out: Ref) -> int:
             out._obj.value = lib.state(gpu).pcie_gen
             return SUCCESS
 
         @device
-        def nvmlDeviceGetCurrPcieLinkWidth(gpu, out):
+        def nvmlDeviceGetCurrPcieLinkWidth(gpu: int, out: Ref) -> int:
             out._obj.value = lib.state(gpu).pcie_width
             return SUCCESS
 
         @device
-        def nvmlDeviceGetMaxPcieLinkGeneration(gpu, out):
+        def nvmlDeviceGetMaxPcieLinkGeneration(gpu: int, out: Ref) -> int:
             out._obj.value = profile.model(gpu).pcie_gen_max
             return SUCCESS
 
         @device
-        def nvmlDeviceGetMaxPcieLinkWidth(gpu, out):
+        def nvmlDeviceGetMaxPcieLinkWidth(gpu: int, out: Ref) -> int:
             out._obj.value = profile.model(gpu).pcie_width_max
             return SUCCESS
 
         @device
-        def nvmlDeviceGetPcieThroughput(gpu, counter, out):
+        def nvmlDeviceGetPcieThroughput(gpu: int, counter: CScalar, out: Ref) -> int:
             kind = _int(counter)
             if kind not in (PCIE_UTIL_TX_BYTES, PCIE_UTIL_RX_BYTES):
                 return ERROR_INVALID_ARGUMENT
@@ -606,16 +628,16 @@ class FakeNvmlLibrary:
             out._obj.value = st.pcie_tx_kbps if kind == PCIE_UTIL_TX_BYTES else st.pcie_rx_kbps
             return SUCCESS
 
-        def reasons_now(gpu, out):
+        def reasons_now(gpu: int, out: Ref) -> int:
             out._obj.value = lib.state(gpu).reasons
             return SUCCESS
 
-        def reasons_supported(gpu, out):
+        def reasons_supported(gpu: int, out: Ref) -> int:
             out._obj.value = SUPPORTED_REASONS
             return SUCCESS
 
         # ---- NVLink
-        def nvlink_check(gpu, link) -> int:
+        def nvlink_check(gpu: int, link: int) -> int:
             links = profile.model(gpu).nvlink_links
             if not links:
                 return ERROR_NOT_SUPPORTED
@@ -626,7 +648,7 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         @device
-        def nvmlDeviceGetNvLinkState(gpu, link, out):
+        def nvmlDeviceGetNvLinkState(gpu: int, link: CScalar, out: Ref) -> int:
             link = _int(link)
             ret = nvlink_check(gpu, link)
             if ret == SUCCESS:
@@ -634,7 +656,7 @@ class FakeNvmlLibrary:
             return ret
 
         @device
-        def nvmlDeviceGetNvLinkRemotePciInfo_v2(gpu, link, out):
+        def nvmlDeviceGetNvLinkRemotePciInfo_v2(gpu: int, link: CScalar, out: Ref) -> int:
             link = _int(link)
             ret = nvlink_check(gpu, link)
             if ret == SUCCESS:
@@ -643,7 +665,7 @@ class FakeNvmlLibrary:
             return ret
 
         @device
-        def nvmlDeviceGetNvLinkRemoteDeviceType(gpu, link, out):
+        def nvmlDeviceGetNvLinkRemoteDeviceType(gpu: int, link: CScalar, out: Ref) -> int:
             link = _int(link)
             ret = nvlink_check(gpu, link)
             if ret == SUCCESS:
@@ -655,7 +677,7 @@ class FakeNvmlLibrary:
         pcie_value_type = VALUE_TYPE_UNSIGNED_INT if lib.pcie_counter_bits <= 32 else VALUE_TYPE_UNSIGNED_LONG_LONG
 
         @device
-        def nvmlDeviceGetFieldValues(gpu, count, out):
+        def nvmlDeviceGetFieldValues(gpu: int, count: CScalar, out: Ref) -> int:
             count = _int(count)
             if count <= 0:
                 return SUCCESS
@@ -694,7 +716,7 @@ class FakeNvmlLibrary:
 
         # ---- health
         @device
-        def nvmlDeviceGetTotalEccErrors(gpu, error_type, counter, out):
+        def nvmlDeviceGetTotalEccErrors(gpu: int, error_type: CScalar, counter: CScalar, out: Ref) -> int:
             if not profile.model(gpu).ecc:
                 return ERROR_NOT_SUPPORTED
             count = lib.ecc_count(gpu, _int(error_type), _int(counter))
@@ -704,7 +726,7 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         @device
-        def nvmlDeviceGetRemappedRows(gpu, corr, unc, pending, failure):
+        def nvmlDeviceGetRemappedRows(gpu: int, corr: Ref, unc: Ref, pending: Ref, failure: Ref) -> int:
             if not profile.model(gpu).row_remap:
                 return ERROR_NOT_SUPPORTED
             bad = gpu in lib.faults.ecc
@@ -715,30 +737,30 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         # ---- events: the XID fault queues its XID once in every event set registered for that GPU
-        def nvmlEventSetCreate(out):
+        def nvmlEventSetCreate(out: Ref) -> int:
             with lib._lock:
                 number = next(lib._event_set_numbers)  # never reused, as a freed set's handle must stay dead
                 lib._event_sets[number] = _EventSet()
             ctypes.c_void_p.from_buffer(out._obj).value = number
             return SUCCESS
 
-        def event_set(handle) -> Optional[_EventSet]:
+        def event_set(handle: Handle) -> Optional[_EventSet]:
             return lib._event_sets.get(_address(handle) or 0)
 
         @device
-        def nvmlDeviceGetSupportedEventTypes(gpu, out):
+        def nvmlDeviceGetSupportedEventTypes(gpu: int, out: Ref) -> int:
             out._obj.value = EVENT_TYPES_SUPPORTED
             return SUCCESS
 
         @device
-        def nvmlDeviceRegisterEvents(gpu, types, handle):
+        def nvmlDeviceRegisterEvents(gpu: int, types: CScalar, handle: Handle) -> int:
             events = event_set(handle)
             if events is None:
                 return ERROR_INVALID_ARGUMENT
             events.registered[gpu] = events.registered.get(gpu, 0) | _int(types)
             return SUCCESS
 
-        def nvmlEventSetWait_v2(handle, data, timeout_ms):
+        def nvmlEventSetWait_v2(handle: Handle, data: Ref, timeout_ms: CScalar) -> int:
             events = event_set(handle)
             if events is None:
                 return ERROR_INVALID_ARGUMENT
@@ -753,12 +775,12 @@ class FakeNvmlLibrary:
                     return SUCCESS
             return ERROR_TIMEOUT  # gputop only ever asks without waiting (timeout 0)
 
-        def nvmlEventSetFree(handle):
+        def nvmlEventSetFree(handle: Handle) -> int:
             with lib._lock:
                 return SUCCESS if lib._event_sets.pop(_address(handle) or 0, None) is not None else ERROR_INVALID_ARGUMENT
 
         # ---- processes (the two-call protocol: ask for the count, then fill a buffer)
-        def running_processes(gpu, count, buffer):
+        def running_processes(gpu: int, count: Ref, buffer: Optional[ctypes.Array[Any]]) -> int:
             procs = lib.state(gpu).processes
             capacity = count._obj.value
             count._obj.value = len(procs)
@@ -774,7 +796,7 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         # ---- topology and affinity
-        def nvmlDeviceGetTopologyCommonAncestor(handle1, handle2, out):
+        def nvmlDeviceGetTopologyCommonAncestor(handle1: Handle, handle2: Handle, out: Ref) -> int:
             a, b = gpu_of(handle1), gpu_of(handle2)
             if a is None or b is None:
                 return ERROR_INVALID_ARGUMENT
@@ -789,7 +811,7 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         @device
-        def nvmlDeviceGetCpuAffinity(gpu, words, out):
+        def nvmlDeviceGetCpuAffinity(gpu: int, words: CScalar, out: Ref) -> int:
             words = _int(words)
             mask = out._obj
             for cpu in profile.cpu_affinity(gpu, lib.spec.host_cpus):
@@ -798,19 +820,19 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         @device
-        def nvmlDeviceGetMemoryAffinity(gpu, words, out, scope):
+        def nvmlDeviceGetMemoryAffinity(gpu: int, words: CScalar, out: Ref, scope: CScalar) -> int:
             node = profile.numa_nodes[gpu]
             if node // 64 < _int(words):
                 out._obj[node // 64] |= 1 << (node % 64)
             return SUCCESS
 
         @device
-        def nvmlDeviceGetNumaNodeId(gpu, out):
+        def nvmlDeviceGetNumaNodeId(gpu: int, out: Ref) -> int:
             out._obj.value = profile.numa_nodes[gpu]
             return SUCCESS
 
         scope = dict(locals())  # (a comprehension would see its own locals)
-        symbols: dict[str, Callable] = {name: fn for name, fn in scope.items() if name.startswith("nvml") and callable(fn)}
+        symbols: dict[str, CFunction] = {name: fn for name, fn in scope.items() if name.startswith("nvml") and callable(fn)}
         # same implementation under the old and the new name
         symbols["nvmlDeviceGetCurrentClocksEventReasons"] = device(_named(reasons_now, "EventReasons"))
         symbols["nvmlDeviceGetCurrentClocksThrottleReasons"] = device(_named(reasons_now, "ThrottleReasons"))
@@ -824,7 +846,7 @@ class FakeNvmlLibrary:
         return symbols
 
     # ------------------------------------------------------------ GPM (issue 24)
-    def _gpm_symbols(self, *, device: NvmlFunction) -> dict[str, NvmlFunction]:
+    def _gpm_symbols(self, *, device: Callable[[DeviceFunction], DeviceFunction]) -> dict[str, CFunction]:
         """GPU Performance Monitoring as NVML serves it: an opaque sample buffer per `nvmlGpmSampleAlloc`, filled by
         `nvmlGpmSampleGet` with the GPU's counters at that moment, and `nvmlGpmMetricsGet` turning two samples of
         one GPU into percentages over the time between them.  A GPU whose model has no GPM (Ada and older) says
@@ -836,24 +858,24 @@ class FakeNvmlLibrary:
         numbers = itertools.count(0x6F0001)
 
         @device
-        def nvmlGpmQueryDeviceSupport(gpu: int, out: Any) -> int:
+        def nvmlGpmQueryDeviceSupport(gpu: int, out: Ref) -> int:
             support = out._obj
             if support.version != GPM_SUPPORT_VERSION:
                 return ERROR_ARGUMENT_VERSION_MISMATCH
             support.isSupportedDevice = 1 if profile.model(gpu).gpm else 0
             return SUCCESS
 
-        def nvmlGpmSampleAlloc(out: Any) -> int:
+        def nvmlGpmSampleAlloc(out: Ref) -> int:
             number = next(numbers)
             samples[number] = None
             ctypes.c_void_p.from_buffer(out._obj).value = number
             return SUCCESS
 
-        def nvmlGpmSampleFree(sample: Any) -> int:
+        def nvmlGpmSampleFree(sample: Handle) -> int:
             return SUCCESS if samples.pop(_address(sample) or 0, False) is not False else ERROR_INVALID_ARGUMENT
 
         @device
-        def nvmlGpmSampleGet(gpu: int, sample: Any) -> int:
+        def nvmlGpmSampleGet(gpu: int, sample: Handle) -> int:
             number = _address(sample) or 0
             if number not in samples:
                 return ERROR_INVALID_ARGUMENT
@@ -863,7 +885,7 @@ class FakeNvmlLibrary:
             samples[number] = (gpu, now, counters)
             return SUCCESS
 
-        def nvmlGpmMetricsGet(out: Any) -> int:
+        def nvmlGpmMetricsGet(out: Ref) -> int:
             request = out._obj
             if request.version != GPM_METRICS_GET_VERSION:
                 return ERROR_ARGUMENT_VERSION_MISMATCH
@@ -890,14 +912,14 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         @device
-        def nvmlDeviceGetMigMode(gpu: int, current: Any, pending: Any) -> int:
+        def nvmlDeviceGetMigMode(gpu: int, current: Ref, pending: Ref) -> int:
             if not profile.model(gpu).ecc:  # a GeForce card has no MIG (the data-centre cards here run without it)
                 return ERROR_NOT_SUPPORTED
             current._obj.value = pending._obj.value = 0
             return SUCCESS
 
         @device
-        def nvmlDeviceGetCudaComputeCapability(gpu: int, major: Any, minor: Any) -> int:
+        def nvmlDeviceGetCudaComputeCapability(gpu: int, major: Ref, minor: Ref) -> int:
             capability = profile.model(gpu).compute_capability
             if capability is None:
                 return ERROR_NOT_SUPPORTED
@@ -908,8 +930,13 @@ class FakeNvmlLibrary:
 
     # ------------------------------------------------------------ what `gputop check` reads (issue 16)
     def _infra_symbols(
-        self, symbols: dict[str, Callable], *, device: Callable, write_str: Callable, nvlink_check: Callable
-    ) -> dict[str, Callable]:
+        self,
+        symbols: dict[str, CFunction],
+        *,
+        device: Callable[[DeviceFunction], DeviceFunction],
+        write_str: Callable[[CharBuffer, str, CScalar], int],
+        nvlink_check: Callable[[int, int], int],
+    ) -> dict[str, CFunction]:
         """Identity, modes and error counters, and the INFRA_FAULTS (`profiles.InfraFaults`) that change them.
 
         A data-centre card (one with ECC) answers everything; a GeForce card refuses serial, part number,
@@ -923,34 +950,34 @@ class FakeNvmlLibrary:
             return int(base + per_s * max(0.0, lib.elapsed()))
 
         @device
-        def nvmlDeviceGetSerial(gpu, buf, size):
+        def nvmlDeviceGetSerial(gpu: int, buf: CharBuffer, size: CScalar) -> int:
             if not datacentre:
                 return ERROR_NOT_SUPPORTED
             return write_str(buf, f"165492200{gpu:04d}", size)
 
         @device
-        def nvmlDeviceGetVbiosVersion(gpu, buf, size):
+        def nvmlDeviceGetVbiosVersion(gpu: int, buf: CharBuffer, size: CScalar) -> int:
             return write_str(buf, "96.00.99.00.01" if datacentre else "95.02.18.80.5F", size)
 
         @device
-        def nvmlDeviceGetBoardPartNumber(gpu, buf, size):
+        def nvmlDeviceGetBoardPartNumber(gpu: int, buf: CharBuffer, size: CScalar) -> int:
             if not datacentre:
                 return ERROR_NOT_SUPPORTED
             return write_str(buf, "692-2G520-0200-000", size)
 
         @device
-        def nvmlDeviceGetPersistenceMode(gpu, out):
+        def nvmlDeviceGetPersistenceMode(gpu: int, out: Ref) -> int:
             out._obj.value = 1
             return SUCCESS
 
         @device
-        def nvmlDeviceGetEccMode(gpu, current, pending):
+        def nvmlDeviceGetEccMode(gpu: int, current: Ref, pending: Ref) -> int:
             if not datacentre:
                 return ERROR_NOT_SUPPORTED
             current._obj.value = pending._obj.value = 1
             return SUCCESS
 
-        def applications_clock(gpu, clock_type, out):
+        def applications_clock(gpu: int, clock_type: CScalar, out: Ref) -> int:
             if not datacentre:
                 return ERROR_NOT_SUPPORTED
             kind = _int(clock_type)
@@ -960,12 +987,12 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         @device
-        def nvmlDeviceGetPcieReplayCounter(gpu, out):
+        def nvmlDeviceGetPcieReplayCounter(gpu: int, out: Ref) -> int:
             out._obj.value = climbing(3, 40) if gpu in infra.pcie_replay else 0
             return SUCCESS
 
         @device
-        def nvmlDeviceGetNvLinkErrorCounter(gpu, link, counter, out):
+        def nvmlDeviceGetNvLinkErrorCounter(gpu: int, link: CScalar, counter: CScalar, out: Ref) -> int:
             link = _int(link)
             ret = nvlink_check(gpu, link)
             if ret == SUCCESS:
@@ -974,27 +1001,31 @@ class FakeNvmlLibrary:
             return ret
 
         @device
-        def nvmlDeviceGetRetiredPages(gpu, cause, count, addresses):
+        def nvmlDeviceGetRetiredPages(
+            gpu: int, cause: CScalar, count: Ref, addresses: Optional[ctypes.Array[ctypes.c_ulonglong]]
+        ) -> int:
             if not datacentre:
                 return ERROR_NOT_SUPPORTED
             pages = [0x3F2A1000] if gpu in infra.retired_page and _int(cause) == PAGE_RETIREMENT_DOUBLE_BIT else []
             capacity = count._obj.value
             count._obj.value = len(pages)
-            if pages and (addresses is None or capacity < len(pages)):
+            if not pages:
+                return SUCCESS
+            if addresses is None or capacity < len(pages):
                 return ERROR_INSUFFICIENT_SIZE
             for i, address in enumerate(pages):
                 addresses[i] = address
             return SUCCESS
 
         @device
-        def nvmlDeviceGetRetiredPagesPendingStatus(gpu, out):
+        def nvmlDeviceGetRetiredPagesPendingStatus(gpu: int, out: Ref) -> int:
             if not datacentre:
                 return ERROR_NOT_SUPPORTED
             out._obj.value = 1 if gpu in infra.retired_page else 0
             return SUCCESS
 
         @device
-        def nvmlDeviceGetViolationStatus(gpu, policy, out):
+        def nvmlDeviceGetViolationStatus(gpu: int, policy: CScalar, out: Ref) -> int:
             policy = _int(policy)
             share = 0.0  # of the time since start that the clocks were held back for this reason
             if policy == PERF_POLICY_THERMAL and gpu in lib.faults.thermal:
@@ -1007,42 +1038,44 @@ class FakeNvmlLibrary:
 
         # topology=IDX: the GPU's links come up but end nowhere NVML can name, so it meets its peers only
         # through the host bridge (what a GPU left out of the NVSwitch fabric looks like)
-        remote_type, remote_pci = symbols["nvmlDeviceGetNvLinkRemoteDeviceType"], symbols["nvmlDeviceGetNvLinkRemotePciInfo_v2"]
-        common_ancestor = symbols["nvmlDeviceGetTopologyCommonAncestor"]
+        # (every nvmlDevice* symbol answers an nvmlReturn_t)
+        remote_type = cast(DeviceFunction, symbols["nvmlDeviceGetNvLinkRemoteDeviceType"])
+        remote_pci = cast(DeviceFunction, symbols["nvmlDeviceGetNvLinkRemotePciInfo_v2"])
+        common_ancestor = cast(DeviceFunction, symbols["nvmlDeviceGetTopologyCommonAncestor"])
 
-        def odd_gpu(handle) -> bool:
+        def odd_gpu(handle: Handle) -> bool:
             return (_address(handle) or 0) - 1 in infra.topology
 
         @device
-        def remote_type_odd(gpu, link, out):
+        def remote_type_odd(gpu: int, link: CScalar, out: Ref) -> int:
             ret = nvlink_check(gpu, _int(link))
             if ret == SUCCESS:
                 out._obj.value = NVLINK_DEVICE_TYPE_GPU
             return ret
 
         @device
-        def remote_pci_odd(gpu, link, out):
+        def remote_pci_odd(gpu: int, link: CScalar, out: Ref) -> int:
             return ERROR_NOT_SUPPORTED
 
-        def nvmlDeviceGetNvLinkRemoteDeviceType(handle, link, out):
+        def nvmlDeviceGetNvLinkRemoteDeviceType(handle: Handle, link: CScalar, out: Ref) -> int:
             return (remote_type_odd if odd_gpu(handle) else remote_type)(handle, link, out)
 
-        def nvmlDeviceGetNvLinkRemotePciInfo_v2(handle, link, out):
+        def nvmlDeviceGetNvLinkRemotePciInfo_v2(handle: Handle, link: CScalar, out: Ref) -> int:
             return (remote_pci_odd if odd_gpu(handle) else remote_pci)(handle, link, out)
 
-        def nvmlDeviceGetTopologyCommonAncestor(handle1, handle2, out):
+        def nvmlDeviceGetTopologyCommonAncestor(handle1: Handle, handle2: Handle, out: Ref) -> int:
             ret = common_ancestor(handle1, handle2, out)
             if ret == SUCCESS and (odd_gpu(handle1) or odd_gpu(handle2)) and _address(handle1) != _address(handle2):
                 out._obj.value = TOPOLOGY_LEVELS["PHB"]
             return ret
 
-        out = {name: fn for name, fn in locals().items() if name.startswith("nvml") and callable(fn)}
+        out: dict[str, CFunction] = {name: fn for name, fn in locals().items() if name.startswith("nvml") and callable(fn)}
         out["nvmlDeviceGetApplicationsClock"] = device(_named(applications_clock, "applications"))
         out["nvmlDeviceGetDefaultApplicationsClock"] = device(_named(applications_clock, "default"))
         return out
 
     # ------------------------------------------------------------ a bug report's captures (gputop.sim.capture)
-    def _capture_symbols(self, symbols: dict[str, NvmlFunction]) -> dict[str, NvmlFunction]:
+    def _capture_symbols(self, symbols: dict[str, CFunction]) -> dict[str, CFunction]:
         """What `Profile.capture` says in place of the profile's made-up layout: every GPU pair's level, each
         link's far end, the affinity lists and NUMA ids as captured, and NOT_SUPPORTED wherever the capture
         reads N/A (or holds nothing: a capture without `nvidia-smi topo -m` does not know the topology)."""
@@ -1051,16 +1084,22 @@ class FakeNvmlLibrary:
         assert board is not None
         n = profile.gpu_count
 
-        def index(handle: object) -> Optional[int]:
+        def fill_pci(info: Any, bus_id: str) -> None:
+            domain, bus, rest = bus_id.split(":")
+            info.busId = bus_id.encode()
+            info.busIdLegacy = f"{int(domain, 16):04x}:{bus}:{rest}".encode()
+            info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+
+        def index(handle: Handle) -> Optional[int]:
             address = _address(handle)
             return address - 1 if address and 1 <= address <= n else None
 
-        def set_bits(mask: Any, ids: tuple[int, ...], words: object) -> None:
+        def set_bits(mask: Any, ids: tuple[int, ...], words: CScalar) -> None:
             for i in ids:
                 if i // 64 < _int(words):
                     mask[i // 64] |= 1 << (i % 64)
 
-        def nvmlDeviceGetTopologyCommonAncestor(handle1: object, handle2: object, out: Any) -> int:
+        def nvmlDeviceGetTopologyCommonAncestor(handle1: Handle, handle2: Handle, out: Any) -> int:
             a, b = index(handle1), index(handle2)
             if a is None or b is None:
                 return ERROR_INVALID_ARGUMENT
@@ -1075,7 +1114,7 @@ class FakeNvmlLibrary:
             out._obj.value = TOPOLOGY_LEVELS[cell]
             return SUCCESS
 
-        def nvmlDeviceGetCpuAffinity(handle: object, words: object, out: Any) -> int:
+        def nvmlDeviceGetCpuAffinity(handle: Handle, words: CScalar, out: Any) -> int:
             gpu = index(handle)
             cpus = board.gpus[gpu].cpu_affinity if gpu is not None else None
             if cpus is None:
@@ -1083,7 +1122,7 @@ class FakeNvmlLibrary:
             set_bits(out._obj, cpus, words)
             return SUCCESS
 
-        def nvmlDeviceGetMemoryAffinity(handle: object, words: object, out: Any, scope: object) -> int:
+        def nvmlDeviceGetMemoryAffinity(handle: Handle, words: CScalar, out: Any, scope: CScalar) -> int:
             gpu = index(handle)
             nodes = board.gpus[gpu].numa_affinity if gpu is not None else None
             if nodes is None:
@@ -1091,7 +1130,7 @@ class FakeNvmlLibrary:
             set_bits(out._obj, nodes, words)
             return SUCCESS
 
-        def nvmlDeviceGetNumaNodeId(handle: object, out: Any) -> int:
+        def nvmlDeviceGetNumaNodeId(handle: Handle, out: Any) -> int:
             gpu = index(handle)
             node = board.gpus[gpu].numa_id if gpu is not None else None
             if node is None:
@@ -1099,7 +1138,7 @@ class FakeNvmlLibrary:
             out._obj.value = node
             return SUCCESS
 
-        def remote(handle: object, link: object) -> tuple[int, Optional[int]]:
+        def remote(handle: Handle, link: CScalar) -> tuple[int, Optional[int]]:
             """(NVML return, the GPU at the far end or None for an NVSwitch)."""
             gpu, number = index(handle), _int(link)
             if gpu is None:
@@ -1107,7 +1146,7 @@ class FakeNvmlLibrary:
             links = board.gpus[gpu].nvlink_remote
             return (SUCCESS, links[number]) if 0 <= number < len(links) else (ERROR_NOT_SUPPORTED, None)
 
-        def nvmlDeviceGetNvLinkRemotePciInfo_v2(handle: object, link: object, out: Any) -> int:
+        def nvmlDeviceGetNvLinkRemotePciInfo_v2(handle: Handle, link: CScalar, out: Any) -> int:
             ret, peer = remote(handle, link)
             if ret == SUCCESS and peer is None and not profile.switch_bus_ids:
                 return ERROR_NOT_SUPPORTED  # a link nvlink -s lists and topo -m places nowhere
@@ -1116,19 +1155,13 @@ class FakeNvmlLibrary:
                 fill_pci(out._obj, profile.bus_ids[peer] if peer is not None else switch)
             return ret
 
-        def nvmlDeviceGetNvLinkRemoteDeviceType(handle: object, link: object, out: Any) -> int:
+        def nvmlDeviceGetNvLinkRemoteDeviceType(handle: Handle, link: CScalar, out: Any) -> int:
             ret, peer = remote(handle, link)
             if ret == SUCCESS and peer is None and not profile.switch_bus_ids:
                 return ERROR_NOT_SUPPORTED
             if ret == SUCCESS:
                 out._obj.value = NVLINK_DEVICE_TYPE_GPU if peer is not None else NVLINK_DEVICE_TYPE_SWITCH
             return ret
-
-        def fill_pci(info: Any, bus_id: str) -> None:
-            domain, bus, rest = bus_id.split(":")
-            info.busId = bus_id.encode()
-            info.busIdLegacy = f"{int(domain, 16):04x}:{bus}:{rest}".encode()
-            info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
 
         out = {name: fn for name, fn in locals().items() if name.startswith("nvml") and callable(fn)}
         # the capture's N/A: those GPUs' calls answer NOT_SUPPORTED
@@ -1138,25 +1171,25 @@ class FakeNvmlLibrary:
         return out
 
 
-def _refusing(fn: NvmlFunction, gpus: frozenset[int], index: Callable[[object], Optional[int]]) -> NvmlFunction:
+def _refusing(fn: CFunction, gpus: frozenset[int], index: "Callable[[Handle], Optional[int]]") -> CFunction:
     """`fn`, answering NOT_SUPPORTED for `gpus` (a distinct function object: pynvml sets restype on it)."""
 
-    def call(handle: object, *args: object) -> Any:
+    def call(handle: "Handle", *args: object) -> Any:
         return ERROR_NOT_SUPPORTED if index(handle) in gpus else fn(handle, *args)
 
     call.__name__ = f"{getattr(fn, '__name__', 'nvml')}_refusing"
     return call
 
 
-def _named(fn: Callable, suffix: str) -> Callable:
+def _named(fn: _F, suffix: str) -> _F:
     """A distinct function object per symbol: pynvml sets attributes (restype) on what it gets."""
 
-    def call(*args):
+    def call(*args: object) -> object:
         return fn(*args)
 
     call.__name__ = f"{fn.__name__}_{suffix}"
-    return call
+    return cast(_F, call)  # (it takes and returns what `fn` does)
 
 
-def _copy(fn: Callable) -> Callable:
+def _copy(fn: CFunction) -> CFunction:
     return _named(fn, "copy")

@@ -34,7 +34,7 @@ import argparse
 import math
 import os
 from dataclasses import MISSING, dataclass, fields, replace
-from typing import Optional
+from typing import Optional, TypedDict
 
 from gputop.errors import UsageError
 
@@ -83,8 +83,18 @@ class Scenario:
     precision: str = "fp32"  # "bf16": the forward under bf16 autocast (AMP), so the kernels use the tensor cores
 
 
+class _LoaderSettings(TypedDict):
+    """A `Scenario`'s DataLoader fields, shared by the scenarios that differ elsewhere."""
+
+    num_workers: Optional[int]
+    prefetch_factor: Optional[int]
+    pin_memory: bool
+    persistent_workers: bool
+    batches_per_epoch: int
+
+
 # enough workers (the arithmetic's count), prefetch, pinned memory, persistent workers, no epoch end in sight
-_TUNED_LOADER = dict(
+_TUNED_LOADER: _LoaderSettings = dict(
     num_workers=None, prefetch_factor=4, pin_memory=True, persistent_workers=True, batches_per_epoch=LONG_EPOCH_BATCHES
 )
 

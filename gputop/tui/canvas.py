@@ -15,11 +15,14 @@ from typing import Any, Optional
 
 from rich.segment import Segment
 from rich.style import Style
-from textual.geometry import Region
+from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
 from gputop.tui.look import SECTION
+
+# A line's runs (texts and styles) as a hashable value: two lines with equal keys draw the same cells.
+RunsKey = tuple[tuple[str, ...], tuple[Optional[Style], ...]]
 
 # Segments always carry a style: Textual's NO_COLOR filter reads `style.color` of every segment.
 PLAIN = Style()
@@ -61,7 +64,7 @@ class LineBuilder:
             self.add(text, style)
         return self
 
-    def key(self) -> tuple:
+    def key(self) -> RunsKey:
         """The runs as a hashable value: two builders with equal keys draw the same cells."""
         return (tuple(self._texts), tuple(self._styles))
 
@@ -227,7 +230,7 @@ class LineCanvas(Widget):
         if regions:
             self.refresh(*regions)
 
-    def get_content_height(self, container, viewport, width: int) -> int:
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return self.wanted_height(width)
 
     def on_resize(self) -> None:

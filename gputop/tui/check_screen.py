@@ -9,7 +9,7 @@ warning check also marks the GPU cards it names (`card_marks`).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -20,6 +20,7 @@ from textual.widgets import Static
 from gputop.analysis.machine_check import FAIL, PASS, SKIP, WARN, CheckReport, CheckResult, failing_gpus
 from gputop.errors import GputopError
 from gputop.model import Snapshot
+from gputop.source import Source
 from gputop.tui import look
 from gputop.tui.screens import _Modal
 
@@ -55,7 +56,7 @@ _CARD_WORDS = {
 
 
 def run_machine_check(
-    source: Any, window: Callable[[], Sequence[Snapshot]], stop: threading.Event, seconds: float = CHECK_SECONDS
+    source: Source, window: Callable[[], Sequence[Snapshot]], stop: threading.Event, seconds: float = CHECK_SECONDS
 ) -> CheckReport:
     """The check over a live pipeline: details and kernel readings at the start and the end of `seconds`,
     judged with the snapshots of the window (`window()`: the app's latest at the start and those since)."""
@@ -132,6 +133,7 @@ class CheckScreen(_Modal):
             body.update(Text(self.error, style=look.BAD_BOLD))
             return
         report = self.report
+        assert report is not None  # (checked on entry: a report or an error)
         text = Text()
         order = {FAIL: 0, WARN: 1}  # what needs a look first: a small terminal shows the top of the list
         for i, result in enumerate(sorted(report.results, key=lambda r: order.get(r.status, 2))):

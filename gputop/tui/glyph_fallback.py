@@ -11,8 +11,9 @@ and every state still reads (states are told by a word as well as a symbol; see 
 from __future__ import annotations
 
 import codecs
+import io
 import unicodedata
-from typing import Any
+from typing import Optional, TextIO
 
 ERRORS_NAME = "gputop-ascii-glyphs"
 
@@ -93,12 +94,12 @@ def _replace_unencodable(error: UnicodeError) -> tuple[str, int]:
 codecs.register_error(ERRORS_NAME, _replace_unencodable)
 
 
-def fit_glyphs_to(stream: Any) -> bool:
+def fit_glyphs_to(stream: Optional[TextIO]) -> bool:
     """If `stream` (a text stream on the terminal) cannot encode the screen's glyphs, have it write
     ASCII stand-ins for whatever it cannot encode.  Returns True when it did."""
-    encoding = getattr(stream, "encoding", None)
-    if not encoding or not hasattr(stream, "reconfigure"):
-        return False
+    if not isinstance(stream, io.TextIOWrapper) or not stream.encoding:
+        return False  # (only a TextIOWrapper can be told how to handle what it cannot encode)
+    encoding = stream.encoding
     try:
         " ▁█│─●".encode(encoding)
         return False

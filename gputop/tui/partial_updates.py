@@ -14,6 +14,7 @@ terminal), and leaves Textual alone if its internals are not what this was writt
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
 from rich.color import ColorSystem
@@ -21,10 +22,13 @@ from rich.console import Console
 from rich.segment import Segment
 from textual.strip import Strip
 
+if TYPE_CHECKING:
+    from textual._compositor import ChopsUpdate
+
 _installed = False
 
 
-def _render_segments(self, console: Console) -> str:
+def _render_segments(self: ChopsUpdate, console: Console) -> str:
     # Renders each span's cells straight from the chop's segments: no cropped Strip objects
     # (each Strip allocates seven caches) and no rich Control objects for the cursor moves; the
     # output is byte-for-byte what cropping the strips and rendering them would give.  A line
@@ -92,7 +96,7 @@ def _screen_after(updates: str, width: int) -> str:
     return "".join(cells)
 
 
-def _probe_ok(chops_update_cls) -> bool:
+def _probe_ok(chops_update_cls: type[ChopsUpdate]) -> bool:
     """The fixed method puts the same characters in the changed cells as Textual's own."""
     strip = Strip([Segment("aaaaa"), Segment("bbbbb"), Segment("ccccc"), Segment("ddddd")])
     spans = [(0, 11, 13), (0, 16, 18)]
@@ -118,6 +122,6 @@ def install() -> bool:
         return False
     if not hasattr(ChopsUpdate, "render_segments") or not _probe_ok(ChopsUpdate):
         return False
-    ChopsUpdate.render_segments = _render_segments
+    ChopsUpdate.render_segments = _render_segments  # type: ignore[method-assign]  # the patch this module is
     _installed = True
     return True

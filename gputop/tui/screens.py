@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Optional, Sequence
 
+from rich.console import RenderableType
 from rich.measure import Measurement
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import ProgressBar, Static
 
 from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION
-from gputop.model import Finding, MachineInfo, Snapshot
+from gputop.model import Finding, GpuSample, MachineInfo, Snapshot
 from gputop.tui import look
 from gputop.tui.look import key_display
 from gputop.tui.widgets.gpu_grid import pcie_flagged
@@ -22,7 +24,7 @@ from gputop.tui.widgets.gpu_grid import pcie_flagged
 TOPOLOGY_MAX_WIDTH = 150  # the dialog's widest: the matrix with 8 NICs (85 columns) and the picture beside it
 
 
-class _Modal(ModalScreen):
+class _Modal(ModalScreen[None]):
     BINDINGS = [Binding("escape", "app.pop_screen", "Close", id="modal.close")]
 
     DEFAULT_CSS = f"""
@@ -46,7 +48,7 @@ class HelpScreen(_Modal):
         Binding("escape,q,question_mark,h,f1", "app.pop_screen", "Close", id="help.close"),
     ]
 
-    def __init__(self, sections: Sequence[tuple[str, Iterable[Binding]]]) -> None:
+    def __init__(self, sections: Sequence[tuple[str, Iterable[BindingType]]]) -> None:
         super().__init__()
         self.sections = sections
 
@@ -55,7 +57,7 @@ class HelpScreen(_Modal):
         table.add_column(style="bold", no_wrap=True)
         table.add_column()
         for title, bindings in self.sections:
-            rows = [(key_display(b.key), b.description) for b in bindings if b.description]
+            rows = [(key_display(b.key), b.description) for b in bindings if isinstance(b, Binding) and b.description]
             if not rows:
                 continue
             table.add_row(Text(title, style="bold underline"), "")
@@ -77,7 +79,7 @@ class HelpScreen(_Modal):
 
 
 # link class -> style (the label itself says the class, so NO_COLOR loses nothing)
-def link_style(label: str):
+def link_style(label: str) -> Style:
     if label == "X":
         return look.DIM
     if label.startswith("NV"):
@@ -115,7 +117,7 @@ def nic_legend(machine: MachineInfo) -> Text:
     return text
 
 
-def _gpu_mark(gpu) -> tuple[str, object]:
+def _gpu_mark(gpu: Optional[GpuSample]) -> tuple[str, Style]:
     """A GPU's tag on the picture: '✖' lost or NVLink down, '▼' PCIe below max under load."""
     if gpu is None:
         return "", look.BOLD
@@ -126,7 +128,7 @@ def _gpu_mark(gpu) -> tuple[str, object]:
     return "", look.BOLD
 
 
-def _pcie_why(gpu) -> str:
+def _pcie_why(gpu: GpuSample) -> str:
     """Why a flagged link counts: slow while busy, or lanes missing (a width drop is never power saving)."""
     return "under load" if (gpu.utilization_gpu or 0) >= PCIE_LOAD_UTILIZATION else "lanes missing"
 
@@ -288,7 +290,7 @@ class TopologyScreen(_Modal):
                 )
             yield Static(affinity_table(self.machine, self.snapshot), id="affinity")
 
-    def _width(self, renderable) -> int:
+    def _width(self, renderable: RenderableType) -> int:
         return Measurement.get(self.app.console, self.app.console.options, renderable).maximum
 
 
@@ -406,7 +408,7 @@ class BenchScreen(_Modal):
         self.query_one("#bench-status", Static).update(Text("Esc closes · r writes a report with this result", style="dim"))
 
 
-class TooSmallScreen(Screen):
+class TooSmallScreen(Screen[None]):
     """btop-style: say what size is needed instead of drawing a broken layout."""
 
     BINDINGS = [Binding("q", "app.quit", "Quit", id="toosmall.quit")]

@@ -1,13 +1,14 @@
 """The TUI's trace (key `t`): `gputop trace` of the attached job, after asking, in the background.
 
 The dialog says what will be injected and for how long, and waits for `y`.  The trace then runs in an app
-worker (`run_trace`, the same call as the command), so closing the dialog does not stop it: the result
-shows in the dialog while it is open, and as a notification otherwise.  Its findings join the app's.
+worker (`run_trace`, the same call as the command) through the benchmark's flow (`actions.BackgroundActions`):
+closing the dialog does not stop it, the result shows in the dialog while it is open and as a notification
+otherwise, and its findings join the app's.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -15,13 +16,13 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
-from gputop.errors import GputopError
+from gputop.model import JobTree
 from gputop.tui.screens import BenchScreen
 
 TRACE_SECONDS = 5.0
 
 
-def trace_target(job: Any) -> Optional[tuple[int, str]]:
+def trace_target(job: Optional[JobTree]) -> Optional[tuple[int, str]]:
     """(PID to trace, label): the launcher when there is one (every rank is traced), else the first rank."""
     if job is None or not job.ranks:
         return None
@@ -66,45 +67,3 @@ class TraceScreen(BenchScreen):
     def show_result(self, lines: Sequence[str], error: Optional[str] = None) -> None:
         super().show_result(lines, error)
         self.query_one("#bench-status", Static).update(Text("Esc closes · f shows the findings", style="dim"))
-
-
-def start_trace(app: Any) -> None:
-    """Key `t`: open the dialog for the attached job; the trace starts on `y`."""
-    snapshot = app.history.latest
-    target = trace_target(snapshot.job if snapshot is not None else None)
-    if target is None:
-        app.notify("attach to a training job first (gputop --pid PID, or Enter on a process)", severity="warning")
-        return
-    pid, label = target
-    screen = TraceScreen(
-        pid, label, lambda p: app.run_worker(lambda: _run(app, screen, p), thread=True, group="trace", exclusive=True)
-    )
-    app.push_screen(screen)
-
-
-def _run(app: Any, screen: TraceScreen, pid: int) -> None:
-    def progress(fraction: float, message: str) -> None:
-        if screen.is_mounted:
-            app.call_from_thread(screen.show_progress, fraction, message)
-
-    try:
-        result = app.trace_runner(pid, seconds=TRACE_SECONDS, progress=progress)
-    except GputopError as exc:
-        app.call_from_thread(_done, app, screen, None, str(exc))
-    except Exception as exc:  # a trace bug must not take the monitor down
-        app.call_from_thread(_done, app, screen, None, f"trace failed: {type(exc).__name__}: {exc}")
-    else:
-        app.call_from_thread(_done, app, screen, result, None)
-
-
-def _done(app: Any, screen: TraceScreen, result: Any, error: Optional[str]) -> None:
-    if result is not None:
-        app.last_trace = result
-        app._diagnose_soon(force=True)
-    lines = list(result.summary_lines()) if result is not None else []
-    if screen.is_mounted:
-        screen.show_result(lines, error)
-    elif error:
-        app.notify(error, title="trace", severity="error", timeout=8)
-    else:
-        app.notify(lines[0] if lines else "trace done", title="trace", timeout=8)

@@ -30,7 +30,7 @@ def simulated_check_input(spec: str = "h100-sxm-8", seconds: float = 5.0) -> Che
 
 
 def scripted_check(spec: str) -> Callable[..., Any]:
-    """A TUI machine check (GputopApp.machine_check) that answers at once with what `gputop check` found on the
+    """A TUI machine check (GputopApp.actions.machine_check) that answers at once with what `gputop check` found on the
     simulated machine `spec`."""
     report = build_report(simulated_check_input(spec))
 

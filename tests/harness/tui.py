@@ -89,7 +89,7 @@ TRACE_RANK = {
 async def run_the_check(pilot, app: GputopApp) -> None:
     """Key c: the (scripted) machine check runs; its dialog is closed again."""
     await pilot.press("c")
-    await wait_for(pilot, lambda: app.last_check is not None, "the scripted check")
+    await wait_for(pilot, lambda: app.actions.check is not None, "the scripted check")
     await pilot.press("escape")
 
 

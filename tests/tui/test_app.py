@@ -237,7 +237,7 @@ async def test_too_small_screen_and_back(close_sources):
         assert "need 60×16" in str(app.screen.query_one("#too-small").render())
         await pilot.resize_terminal(120, 40)
         await pilot.pause()
-        assert type(app.screen).__name__ == "Screen"
+        assert type(app.screen).__name__ == "MainScreen"
         assert "GPU0" in "\n".join(app.query_one(GpuGrid).lines_text)
         await pilot.resize_terminal(40, 10)
         await pilot.pause()
@@ -366,7 +366,7 @@ async def test_attach_failure_is_one_line_notification(close_sources):
     close_sources(source)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
-        app._attach_job(4242)
+        app.attach_job(4242)
         await wait_for(pilot, lambda: any("4242" in n.message for n in app._notifications), "the error")
         assert app.is_running
 
@@ -431,7 +431,7 @@ async def test_bench_modal_confirms_tier_and_shows_result(close_sources, monkeyp
         await wait_for(pilot, lambda: type(app.screen).__name__ == "BenchScreen", "the bench dialog")
         assert calls == []  # nothing runs before the user picks a tier
         await pilot.press("a")
-        await wait_for(pilot, lambda: app.last_bench is not None, "the benchmark result")
+        await wait_for(pilot, lambda: app.actions.bench is not None, "the benchmark result")
         await pilot.pause()
         body = str(app.screen.query_one("#bench-body").render())
         assert "num_workers=8" in body

@@ -23,15 +23,15 @@ async def test_check_key_runs_the_check_on_the_live_machine():
     own collector feeding the check's window."""
     source = Pipeline(simulate="h100-sxm-8+pcie-replay=3")
     app = GputopApp(source, interval=0.2)
-    app.check_seconds = 1.5
+    app.actions.check_seconds = 1.5
     try:
         async with app.run_test(size=(160, 48)) as pilot:
             await wait_for(pilot, lambda: app.snapshots_seen >= 1, "the first sample")
             await pilot.press("c")
             assert isinstance(app.screen, CheckScreen)
-            await wait_for(pilot, lambda: app.last_check is not None, "the machine check", timeout=30)
+            await wait_for(pilot, lambda: app.actions.check is not None, "the machine check", timeout=30)
             await pilot.pause()
-            report = app.last_check
+            report = app.actions.check
             assert report.exit_code == 3
             (failing,) = [r for r in report.results if r.status == "fail"]
             assert failing.id == "pcie.replay" and failing.gpus == (3,)
@@ -56,7 +56,7 @@ async def test_check_key_without_a_live_machine_says_why_not(close_sources):
         await wait_for(
             pilot, lambda: "a replay has no NVML" in (getattr(app.screen, "error", None) or ""), "the reason on the check screen"
         )
-        assert app.last_check is None and app.query_one(GpuGrid).check_marks == {}
+        assert app.actions.check is None and app.query_one(GpuGrid).check_marks == {}
 
 
 async def test_help_lists_the_check_key(close_sources):
@@ -72,11 +72,11 @@ async def test_compact_layout_marks_the_gpu_line(close_sources):
 
     app, source = build_app(10)
     close_sources(source)
-    app.machine_check = scripted_check("h100-sxm-8+retired-page=4")
+    app.actions.machine_check = scripted_check("h100-sxm-8+retired-page=4")
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
         await pilot.press("c")
-        await wait_for(pilot, lambda: app.last_check is not None, "the scripted check")
+        await wait_for(pilot, lambda: app.actions.check is not None, "the scripted check")
         await pilot.press("escape")
         grid = app.query_one(GpuGrid)
         assert grid.compact
@@ -90,7 +90,7 @@ async def test_report_key_after_the_check_carries_its_infra_section(tmp_path, cl
 
     app, source = build_app(10, tmp_path=tmp_path)
     close_sources(source)
-    app.machine_check = scripted_check("h100-sxm-8+nvlink-crc=2:7")
+    app.actions.machine_check = scripted_check("h100-sxm-8+nvlink-crc=2:7")
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
         await run_the_check(pilot, app)
@@ -114,8 +114,8 @@ async def test_the_screen_the_r_report_and_gputop_report_give_the_same_findings(
     app, source = build_app(10, tmp_path=tmp_path, with_job=True)
     close_sources(source)
     app._diagnose = _default_diagnose  # the real diagnosis, as the monitor runs it
-    app.machine_check = scripted_check("h100-sxm-8+nvlink-crc=2:7")
-    app.trace_runner = lambda pid, *, seconds, progress: TraceResult(
+    app.actions.machine_check = scripted_check("h100-sxm-8+nvlink-crc=2:7")
+    app.actions.trace_runner = lambda pid, *, seconds, progress: TraceResult(
         target=f"PID {pid}", ranks=(TRACE_RANK,), findings=(TRACE_COMM_FINDING,), seconds=seconds
     )
     async with app.run_test(size=(160, 48)) as pilot:
@@ -123,7 +123,7 @@ async def test_the_screen_the_r_report_and_gputop_report_give_the_same_findings(
         await run_the_check(pilot, app)
         await pilot.press("t")
         await pilot.press("y")
-        await wait_for(pilot, lambda: app.last_trace is not None, "the scripted trace")
+        await wait_for(pilot, lambda: app.actions.trace is not None, "the scripted trace")
         await pilot.press("escape")
         await wait_for(
             pilot,
@@ -137,6 +137,6 @@ async def test_the_screen_the_r_report_and_gputop_report_give_the_same_findings(
         )
         path = await write_the_report(pilot, tmp_path)
         screen = [f.title for f in app.verdict.findings]
-        command = [f.title for f in findings(app.history, None, app.last_trace, app.last_check, window=None)]
+        command = [f.title for f in findings(app.history, None, app.actions.trace, app.actions.check, window=None)]
     written = re.findall(r"^### \d+\. (.+)$", path.read_text(), flags=re.M)
     assert screen == written == command, (screen, written, command)

@@ -14,12 +14,12 @@ FAULTS = "h100-sxm-8+pcie-replay=3+aer=5"
 
 def _snap(snap_compare, size, *, close: bool):
     app, source = build_app(with_job=True)
-    app.machine_check = scripted_check(FAULTS)
+    app.actions.machine_check = scripted_check(FAULTS)
 
     async def run_before(pilot):
         await settle(pilot, app, source)
         await pilot.press("c")
-        await wait_for(pilot, lambda: app.last_check is not None, "the scripted check")
+        await wait_for(pilot, lambda: app.actions.check is not None, "the scripted check")
         if close:
             await pilot.press("escape")
         await pilot.pause()

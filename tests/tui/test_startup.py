@@ -9,16 +9,30 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 import threading
+import time
 
+import pytest
+
+from gputop.commands.tui import starting_pipeline
+from gputop.errors import GputopError
+from gputop.sim import fake_nvml
+from gputop.sim.fake_nvml import FakeNvmlLibrary
 from gputop.source import PollLoop
 from gputop.tui.app import GputopApp
+from gputop.tui.starting import StartingPipeline
+from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
+from gputop.tui.widgets.gpu_grid import GpuGrid
+from gputop.tui.widgets.job_panel import JobPanel
+from gputop.tui.widgets.status import HeaderLine
 from tests.harness.histories import ScriptedSource, fixed_diagnose, make_machine, make_snapshots
 from tests.harness.processes import wait_until
 from tests.harness.train_jobs import REPO
+from tests.harness.tui import wait_for
 
 # Loaded only when their key is pressed (or their command runs): none of them may load at start.
 ON_DEMAND = [
@@ -108,3 +122,120 @@ def test_an_app_that_never_mounted_waits_for_the_prefetched_poll_before_its_sour
     finally:
         source.close()
     assert app.wait_for_collector(5)
+
+
+# ------------------------------------------------------------------ a first frame that never waits for NVML
+NVML_INIT_HELD_S = 3.0  # what nvmlInit takes on a real box without persistence mode, or more
+
+
+class _SlowInitNvml(FakeNvmlLibrary):
+    """The simulated NVML whose nvmlInit blocks for NVML_INIT_HELD_S (in C it would release the GIL: so does this)."""
+
+    def _build_symbols(self):
+        symbols = super()._build_symbols()
+        init = symbols["nvmlInitWithFlags"]
+
+        def held(flags):
+            threading.Event().wait(NVML_INIT_HELD_S)  # the driver call that takes its time, not synchronisation
+            return init(flags)
+
+        symbols["nvmlInitWithFlags"] = held
+        symbols["nvmlInit_v2"] = lambda: held(0)
+        return symbols
+
+
+async def test_the_first_frame_draws_the_cpu_and_jobs_while_nvml_init_is_held(monkeypatch):
+    """Issue 22: the window, the CPU heatmap and the job tree at once; the GPU cards say "reading GPUs…" until
+    the first NVML sample lands, then show it.  The pipeline is the command's (`gputop tui --simulate`)."""
+    monkeypatch.setattr(fake_nvml, "FakeNvmlLibrary", _SlowInitNvml)
+    started = time.monotonic()
+    source = starting_pipeline(argparse.Namespace(simulate="h100-sxm-8", pid=None, stack_interval=2.0))
+    app = GputopApp(source, interval=0.2, diagnose=fixed_diagnose)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            grid, heatmap, jobs = app.query_one(GpuGrid), app.query_one(CpuHeatmap), app.query_one(JobPanel)
+            await wait_for(
+                pilot,
+                lambda: heatmap.host is not None and any("reading GPUs…" in line for line in grid.lines_text),
+                "the first frame",
+                timeout=NVML_INIT_HELD_S,
+            )
+            first_frame = time.monotonic() - started
+            assert source.reading_gpus and app.reading_gpus  # nvmlInit is still held
+            assert first_frame < NVML_INIT_HELD_S / 2, f"the first frame took {first_frame:.2f} s"
+            assert heatmap.lines_text[0].lstrip().startswith(f"CPU {heatmap.host and len(heatmap.host.cpu_percent)} cores")
+            assert jobs.title == "GPU PROCESSES"
+            assert "reading GPUs…" in app.query_one(HeaderLine).lines_text[0]
+            assert app.diagnoses_done == 0  # no verdict on a machine whose GPUs are not read yet
+            await wait_for(pilot, lambda: any("GPU0" in line for line in grid.lines_text), "the GPU cards", timeout=10)
+            cards = time.monotonic() - started
+            assert cards >= NVML_INIT_HELD_S  # they waited for nvmlInit; the frame did not
+            assert not app.reading_gpus and app.machine.gpu_count == 8 and len(app.history.latest.gpus) == 8
+            assert "8× H100 80GB HBM3" in app.query_one(HeaderLine).lines_text[0]
+            await wait_for(pilot, lambda: app.diagnoses_done >= 1, "the first verdict, once the GPUs are read")
+    finally:
+        if app.wait_for_collector(5):
+            source.close()
+
+
+async def test_a_pipeline_that_fails_to_start_ends_the_monitor_with_its_error():
+    """A build that fails after the first frame (the PID exited meanwhile, NVML failed): the app ends, and run_app
+    raises the error for the command line's one-line message once the terminal is restored."""
+    go = threading.Event()
+
+    def build(host, job):
+        go.wait(10)
+        raise GputopError("no process with PID 4242")
+
+    source = StartingPipeline(build)
+    app = GputopApp(source, interval=0.05, diagnose=fixed_diagnose)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.query_one(CpuHeatmap).host is not None, "the first frame")
+            go.set()
+            await wait_for(pilot, lambda: app.start_error is not None, "the app to take the error")
+        assert str(app.start_error) == "no process with PID 4242" and app.return_code == 1
+    finally:
+        go.set()
+        source.close()
+
+
+@pytest.mark.slow  # a real process to attach to, and py-spy dumping it
+async def test_the_attached_jobs_tree_is_drawn_while_nvml_init_is_held(monkeypatch, spawn):
+    """`gputop --pid PID`: the job tree comes from /proc, so it is on the first frame too, NVML or not."""
+    monkeypatch.setattr(fake_nvml, "FakeNvmlLibrary", _SlowInitNvml)
+    job = spawn([sys.executable, "-c", "import time; time.sleep(120)"])
+    source = starting_pipeline(argparse.Namespace(simulate="h100-sxm-8", pid=job.pid, stack_interval=2.0))
+    app = GputopApp(source, interval=0.2, diagnose=fixed_diagnose)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            jobs = app.query_one(JobPanel)
+            await wait_for(pilot, lambda: jobs.title.startswith("JOB "), "the job tree", timeout=NVML_INIT_HELD_S)
+            assert source.reading_gpus  # nvmlInit is still held
+            assert f"{job.pid}" in jobs.title and [row.pid for row in jobs.rows][:1] == [job.pid]
+            await wait_for(pilot, lambda: not app.reading_gpus, "the GPUs", timeout=10)
+            assert jobs.title.startswith("JOB ") and app.history.latest.job is not None  # the same job, now with GPUs
+    finally:
+        if app.wait_for_collector(5):
+            source.close()
+
+
+def test_a_bad_spec_or_a_gone_pid_is_still_one_line_before_any_frame(spawn):
+    """The pipeline is built on a thread now; what it refuses is still the command's one line and exit code."""
+    gone = 2**22 + 12345
+    cases = [
+        (["--simulate", "no-such-profile"], 2, "gputop: bad --simulate spec: unknown profile 'no-such-profile'"),
+        (["--simulate", "--pid", str(gone)], 1, f"gputop: no process with PID {gone} (it may have exited"),
+    ]
+    for args, rc, line in cases:
+        proc = spawn(
+            [sys.executable, "-m", "gputop", "tui", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+        )
+        out, err = proc.communicate(timeout=60)
+        lines = err.decode().splitlines()
+        assert proc.returncode == rc and len(lines) == 1 and lines[0].startswith(line), err.decode()[-2000:]
+        assert b"\x1b[" not in out + err  # no screen was drawn

@@ -20,7 +20,7 @@ async def test_trace_key_asks_then_traces_the_job_and_adds_its_finding(close_sou
         progress(0.5, "profiling 1 rank(s): 0 done")
         return TraceResult(target=f"PID {pid}", ranks=(RANK,), findings=(COMM,), seconds=seconds)
 
-    app.trace_runner = scripted_trace
+    app.actions.trace_runner = scripted_trace
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(pilot, app, source)
         await pilot.press("t")
@@ -28,7 +28,7 @@ async def test_trace_key_asks_then_traces_the_job_and_adds_its_finding(close_sou
         await pilot.pause()
         assert calls == []  # nothing is injected before the user says yes
         await pilot.press("y")
-        await wait_for(pilot, lambda: app.last_trace is not None, "the trace")
+        await wait_for(pilot, lambda: app.actions.trace is not None, "the trace")
         assert calls == [(app.screen.pid, 5.0)]
         body = str(app.screen.query_one("#bench-body").render())
         assert "comm" in body and "41%" in body and "Communication takes 41%" in body

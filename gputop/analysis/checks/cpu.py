@@ -68,6 +68,18 @@ def cpu_facts(ctx: Context) -> CpuFacts:
     )
 
 
+@dataclass(frozen=True)
+class CpuBound:
+    """What `check_cpu_bound` decided from the CPU facts, and the worker cap it advises."""
+
+    facts: CpuFacts
+    input_bound: bool  # the job waits for input: the CPU's limit costs GPU time now
+    bound: str  # "cpu": the workers compute; "io": they sleep in the dataset
+    cap: int  # workers per rank to keep to
+    cap_why: str
+    duration_s: float
+
+
 def check_cpu_bound(ctx: Context, facts: CpuFacts, *, input_bound: bool) -> list[Finding]:
     """Producers pinned with every core busy, or more workers than cores.
 
@@ -76,9 +88,17 @@ def check_cpu_bound(ctx: Context, facts: CpuFacts, *, input_bound: bool) -> list
     """
     if not (facts.saturated or facts.oversubscribed):
         return []
+    ranks = list(ctx.ranks.values())
+    bound = "cpu" if facts.saturated else producer_bound(ranks)[0]
+    cap, cap_why = worker_cap(ctx, ranks, bound)
+    return [cpu_bound_finding(CpuBound(facts, input_bound, bound, cap, cap_why, ctx.duration))]
+
+
+def _cpu_evidence(d: CpuBound) -> list[str]:
+    facts = d.facts
     evidence: list[str] = []
     if facts.saturated:
-        evidence.append(f"host CPU: median {facts.host_cpu:.0f}% over {facts.cores:g} cores for {ctx.duration:.0f} s")
+        evidence.append(f"host CPU: median {facts.host_cpu:.0f}% over {facts.cores:g} cores for {d.duration_s:.0f} s")
         if facts.pinned_workers:
             evidence.append(
                 f"{len(facts.pinned_workers)}/{facts.n_workers} DataLoader workers at ≥{PROCESS_PINNED_PERCENT:.0f}% of a core"
@@ -91,35 +111,37 @@ def check_cpu_bound(ctx: Context, facts: CpuFacts, *, input_bound: bool) -> list
         evidence.append(
             f"{facts.n_workers} DataLoader workers on {facts.cores:g} cores ({facts.n_workers / facts.cores:.1f} per core)"
         )
+    if not d.input_bound:
+        evidence.append("the GPUs are not waiting for input, so this costs nothing now")
+    return evidence
+
+
+def cpu_bound_finding(d: CpuBound) -> Finding:
+    facts = d.facts
     if facts.saturated:
         summary = f"CPU-bound input: cores {facts.host_cpu:.0f}% busy, {len(facts.pinned_workers) or len(facts.pinned_ranks)} loader process(es) pinned at 100%"
     else:
         summary = f"CPU oversubscribed: {facts.n_workers} DataLoader workers on {facts.cores:g} cores"
-    if not input_bound:
-        evidence.append("the GPUs are not waiting for input, so this costs nothing now")
-    ranks = list(ctx.ranks.values())
-    bound = "cpu" if facts.saturated else producer_bound(ranks)[0]
-    cap, cap_why = worker_cap(ctx, ranks, bound)
-    if bound == "cpu":
-        first = f"make each sample cheaper, and keep num_workers ≤ {cap} per rank ({cap_why})"
+    if d.bound == "cpu":
+        first = f"make each sample cheaper, and keep num_workers ≤ {d.cap} per rank ({d.cap_why})"
     else:
-        first = f"the workers wait on I/O, so more of them than cores costs little; keep num_workers ≤ {cap} per rank ({cap_why})"
-    return [
-        Finding(
-            id="cpu_bound",
-            title="CPU-bound input: the cores cannot preprocess fast enough"
-            if facts.saturated
-            else "More DataLoader workers than cores",
-            severity="warning" if input_bound else "info",
-            confidence=confidence_from(facts.samples, 15, 1.0 if facts.saturated else 0.6),
-            label=LABEL_CODE,
-            summary=summary,
-            evidence=tuple(evidence),
-            fix=(
-                f"{first}\n"
-                f"DataLoader(..., num_workers={cap}, persistent_workers=True)\n"
-                "# cache decoded/resized samples once; pack small files (WebDataset); decode on the GPU (NVIDIA DALI)"
-            ),
-            pids=tuple(w.pid for w in facts.pinned_workers) + tuple(r.pid for r in facts.pinned_ranks),
+        first = (
+            f"the workers wait on I/O, so more of them than cores costs little; keep num_workers ≤ {d.cap} per rank ({d.cap_why})"
         )
-    ]
+    return Finding(
+        id="cpu_bound",
+        title="CPU-bound input: the cores cannot preprocess fast enough"
+        if facts.saturated
+        else "More DataLoader workers than cores",
+        severity="warning" if d.input_bound else "info",
+        confidence=confidence_from(facts.samples, 15, 1.0 if facts.saturated else 0.6),
+        label=LABEL_CODE,
+        summary=summary,
+        evidence=tuple(_cpu_evidence(d)),
+        fix=(
+            f"{first}\n"
+            f"DataLoader(..., num_workers={d.cap}, persistent_workers=True)\n"
+            "# cache decoded/resized samples once; pack small files (WebDataset); decode on the GPU (NVIDIA DALI)"
+        ),
+        pids=tuple(w.pid for w in facts.pinned_workers) + tuple(r.pid for r in facts.pinned_ranks),
+    )

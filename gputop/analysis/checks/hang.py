@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 
 from gputop.analysis.checks.kernels import is_collective_spin, spin_evidence
 from gputop.analysis.checks.sync import describe_sync
+from gputop.analysis.freeze import main_thread_moved, same_place
 from gputop.analysis.numbers import confidence_from, mean
 from gputop.analysis.observations import (
     WAIT_FRAMES,
@@ -56,7 +57,8 @@ def _is_spin(s: GpuSample) -> bool:
         not s.lost
         and (s.utilization_gpu or 0.0) >= SPIN_UTILIZATION_MIN
         and s.power is not None
-        and bool(s.power_limit)
+        and s.power_limit is not None
+        and s.power_limit != 0
         and s.power <= SPIN_POWER_MAX_SHARE * s.power_limit
     )
 
@@ -120,17 +122,17 @@ def frozen_run(
     last = samples[-1]
     run: list[StackSample] = []
     for s in reversed(samples):
-        if s.signature != last.signature or s.state != last.state:
+        if not same_place(s, last):
             break
         run.append(s)
     run.reverse()
     out = FrozenRun(last.timestamp - run[0].timestamp, len(run), run[0], last, None)
     if last.progress is None or len(run) < 2:
         return out
-    # the earliest dump from which on nothing moved
+    # the earliest dump from which on nothing moved (the one freeze detector, analysis/freeze.py, judges)
     for i, s in enumerate(run[:-1]):
         moved = movement(pid, s, last)
-        if moved is not None and not moved.alive(cpu_counts=cpu_counts, io_counts=io_counts):
+        if moved is not None and main_thread_moved(pid, s, last, cpu_counts=cpu_counts, io_counts=io_counts) is False:
             out.still, out.still_seconds, out.still_count, out.moved = True, moved.seconds, len(run) - i, moved
             return out
     out.still, out.moved = False, movement(pid, run[-2], last)
@@ -190,13 +192,30 @@ def stuck_worker(rank: RankObs) -> Optional[StuckWorker]:
     return None
 
 
-@dataclass
-class _Hung:
-    finding: Finding
+@dataclass(frozen=True)
+class RankHang:
+    """What was decided about one frozen rank (no wording): how long, on which GPUs, and what it waits on."""
+
     rank: RankObs
-    seconds: float
-    waiter: bool  # waits for another rank: frozen in a collective, or parked at a sync while its GPU spins
-    state: str
+    run: FrozenRun  # the main thread's frozen dumps
+    state: Optional[str]  # the main thread's state in them
+    gpus: tuple[GpuObs, ...]  # the rank's GPUs with utilization data
+    stuck_seconds: float
+    gpu_idle: bool  # its GPUs sit at ~0% as long as the host is frozen
+    gpu_spin: bool  # its GPUs spin in a collective (~100%, low power) as long
+    worker: Optional[StuckWorker]  # a dead or frozen DataLoader worker it waits for
+    synced: Optional[str]  # the sync it is parked at ("`loss.item()` at train.py:57 …"), when one is named
+
+    @property
+    def waiter(self) -> bool:
+        """It waits for another rank: frozen in a collective, or parked at a sync while its GPU spins."""
+        return self.state == COLLECTIVE or (self.gpu_spin and self.state not in (WAITING_FOR_DATA, IN_DATASET))
+
+
+@dataclass(frozen=True)
+class _Hung:
+    decided: RankHang
+    finding: Finding  # its wording
 
 
 NCCL_FIX = (
@@ -215,101 +234,112 @@ def check_hang(ctx: Context) -> list[Finding]:
     for rank in sorted(ctx.ranks.values(), key=lambda r: (r.rank is None, r.rank, r.pid)):
         if rank.last is not None and rank.last.exited:
             continue
-        h = _rank_hang(ctx, rank)
-        if h is not None:
-            hung.append(h)
+        decided = _rank_hang(ctx, rank)
+        if decided is not None:
+            hung.append(_Hung(decided, rank_hang_finding(decided)))
     findings = _merge_waiters(ctx, hung)
     claimed_gpus = {g for f in findings for g in f.gpus}
     findings += _gpu_only_hangs(ctx, claimed_gpus)
     return findings
 
 
-def _rank_hang(ctx: Context, rank: RankObs) -> Optional[_Hung]:
-    run = frozen_run(rank.pid, rank.samples)
-    if run is None:
-        return None
-    sample = run.last
-    state = sample.state
-    gpus = [ctx.gpus[g] for g in sorted(rank.gpus) if g in ctx.gpus and ctx.gpus[g].util_values]
-    idle_secs = min((_trailing_idle_seconds(o) for o in gpus), default=None)
-    spin_secs = min((trailing_spin_seconds(o) for o in gpus), default=None)
-    at_sync = state in (COLLECTIVE, EXPLICIT_SYNC)
-    stuck = None
+def _stuck_span(
+    rank: RankObs, run: FrozenRun, spin_secs: Optional[float]
+) -> Optional[tuple[FrozenRun, float, Optional[StuckWorker]]]:
+    """(the run judged, seconds stuck, the stuck worker) when the main thread's frozen run is a hang by its
+    state alone; None when it is not (yet)."""
+    state = run.last.state
     if state == WAITING_FOR_DATA:
         stuck = stuck_worker(rank)
         if stuck is None:
             return None  # a starving rank also waits; it hangs only if a worker is dead or frozen in dataset code
         # the worker's evidence carries the hang; the main thread needs only to have waited as long
         need = min(HANG_MIN_SECONDS, stuck.run.stuck_seconds if stuck.run is not None else HANG_STILL_MIN_SECONDS)
-        if run.count < 2 or run.seconds < need:
-            return None
-        stuck_secs = run.seconds
-    elif state == IN_DATASET:
-        if not run.long_enough():
-            return None
-        stuck_secs = run.stuck_seconds
-    else:
-        # a host parked at a sync: CUDA spin-waits, so its CPU is no evidence of life (nor is other threads'
-        # I/O); a GPU that spins (a collective waiting for a peer) outweighs the thread's wake-ups.
-        spinning = spin_secs is not None and spin_secs >= HANG_STILL_MIN_SECONDS
-        run = frozen_run(rank.pid, rank.samples, cpu_counts=False, io_counts=False) or run
-        if spinning:
-            if run.count < 2 or run.seconds < HANG_STILL_MIN_SECONDS:
-                return None
-            stuck_secs = run.seconds
-        else:
-            if not at_sync or not run.long_enough():
-                return None
-            stuck_secs = run.stuck_seconds
+        return (run, run.seconds, stuck) if run.count >= 2 and run.seconds >= need else None
+    if state == IN_DATASET:
+        return (run, run.stuck_seconds, None) if run.long_enough() else None
+    # a host parked at a sync: CUDA spin-waits, so its CPU is no evidence of life (nor is other threads'
+    # I/O); a GPU that spins (a collective waiting for a peer) outweighs the thread's wake-ups.
+    spinning = spin_secs is not None and spin_secs >= HANG_STILL_MIN_SECONDS
+    run = frozen_run(rank.pid, rank.samples, cpu_counts=False, io_counts=False) or run
+    if spinning:
+        return (run, run.seconds, None) if run.count >= 2 and run.seconds >= HANG_STILL_MIN_SECONDS else None
+    if state not in (COLLECTIVE, EXPLICIT_SYNC) or not run.long_enough():
+        return None
+    return run, run.stuck_seconds, None
+
+
+def _rank_hang(ctx: Context, rank: RankObs) -> Optional[RankHang]:
+    """The decision: is this rank hung (its main thread frozen, its GPUs idle or spinning as long)?"""
+    first = frozen_run(rank.pid, rank.samples)
+    if first is None:
+        return None
+    gpus = tuple(ctx.gpus[g] for g in sorted(rank.gpus) if g in ctx.gpus and ctx.gpus[g].util_values)
+    idle_secs = min((_trailing_idle_seconds(o) for o in gpus), default=None)
+    spin_secs = min((trailing_spin_seconds(o) for o in gpus), default=None)
+    span = _stuck_span(rank, first, spin_secs)
+    if span is None:
+        return None
+    run, stuck_secs, stuck = span
     need = HANG_STILL_MIN_SECONDS if run.still is not None else HANG_MIN_SECONDS
     gpu_idle = idle_secs is not None and idle_secs >= min(need, stuck_secs)
     gpu_spin = spin_secs is not None and spin_secs >= min(need, stuck_secs)
     if gpus and not (gpu_idle or gpu_spin):
         return None  # the GPU computes: the job moves on the device while the host waits
+    state = first.last.state
+    synced = describe_sync(rank) if state == EXPLICIT_SYNC else None
+    return RankHang(rank, run, state, gpus, stuck_secs, gpu_idle, gpu_spin, stuck, synced[1] if synced is not None else None)
+
+
+def _rank_hang_evidence(h: RankHang) -> list[str]:
+    rank, run = h.rank, h.run
     evidence = [
-        f"{rank.label}: main thread {state} in {run.count} consecutive dumps over {run.seconds:.0f} s, same frame{_counters_text(run)}"
+        f"{rank.label}: main thread {h.state} in {run.count} consecutive dumps over {run.seconds:.0f} s, same frame{_counters_text(run)}"
     ]
     cpu = mean(rank.cpu[-5:])
     if cpu is not None:
-        evidence.append(f"{rank.name} CPU {cpu:.0f}%" + (" (CUDA spin-waits at a sync)" if gpu_spin and cpu >= 50 else ""))
+        evidence.append(f"{rank.name} CPU {cpu:.0f}%" + (" (CUDA spin-waits at a sync)" if h.gpu_spin and cpu >= 50 else ""))
     native = _native_text(run, rank.native)
     if native:
         evidence.append(native)
-    synced = describe_sync(rank) if state == EXPLICIT_SYNC else None
-    if synced is not None:
-        evidence.append(f"its host is parked at a sync: {synced[1]}")
-    for o in gpus:
-        if gpu_spin:
+    if h.synced is not None:
+        evidence.append(f"its host is parked at a sync: {h.synced}")
+    for o in h.gpus:
+        if h.gpu_spin:
             evidence.append(_spin_evidence(o, trailing_spin_seconds(o)))
         else:
             evidence.append(
                 f"GPU {o.index}: utilization ≤{HANG_UTILIZATION_MAX:.0f}% for {_trailing_idle_seconds(o):.0f} s, memory {gib(o.memory[-1])} held"
             )
-    frames = frames_from(sample.frames, WAIT_FRAMES) if state == WAITING_FOR_DATA else outer_frames(sample.frames, 4)
-    if stuck is not None:
-        evidence.append(stuck.what)
-        if stuck.run is not None:
-            wnative = _native_text(stuck.run, stuck.worker.native)
+    if h.worker is not None:
+        evidence.append(h.worker.what)
+        if h.worker.run is not None:
+            wnative = _native_text(h.worker.run, h.worker.worker.native)
             if wnative:
                 evidence.append(f"worker {wnative}")
-        frames = stuck.frames or frames
-        where = "a DataLoader worker died" if not stuck.frames else "a DataLoader worker is stuck in dataset code"
+    return evidence
+
+
+def _rank_hang_cause(h: RankHang, waited_frames: tuple[str, ...]) -> tuple[str, tuple[str, ...], str]:
+    """(where it is stuck, the frames that show it, the fix) for a hung rank."""
+    if h.worker is not None:
+        where = "a DataLoader worker died" if not h.worker.frames else "a DataLoader worker is stuck in dataset code"
         fix = (
             "find why that sample never loads (see the stuck frame); bound the wait with a DataLoader timeout\n"
             f"{WORKER_TIMEOUT_FIX}\n"
             "# inside __getitem__: put timeouts on network/file reads; log and skip bad samples"
         )
-    elif state == IN_DATASET:
-        where = "its own dataset code never returns (num_workers=0)"
-        frames = dataset_frames(sample.frames)
+        return where, h.worker.frames or waited_frames, fix
+    if h.state == IN_DATASET:
         fix = (
             "find why __getitem__ never returns (see the stuck frame); add timeouts to its I/O\n"
             "# e.g. requests.get(url, timeout=30); open files from local disk, not a stalled mount"
         )
-    elif state == COLLECTIVE or gpu_spin:
+        return "its own dataset code never returns (num_workers=0)", dataset_frames(h.run.last.frames), fix
+    if h.state == COLLECTIVE or h.gpu_spin:
         where = (
             "it waits in a collective the other ranks never reached"
-            if state == COLLECTIVE
+            if h.state == COLLECTIVE
             else ("its host is parked at a sync while its GPU spins in a collective (a peer never joined)")
         )
         fix = (
@@ -317,37 +347,39 @@ def _rank_hang(ctx: Context, rank: RankObs) -> Optional[_Hung]:
             + NCCL_FIX
             + ("\nDistributedSampler(..., drop_last=True)  # every rank runs the same number of steps")
         )
-    else:
-        where = (
-            "it waits in an explicit sync (torch.cuda.synchronize / .item())"
-            if synced is None
-            else (f"it waits at a sync for GPU work that never finishes ({synced[1]})")
-        )
-        fix = (
-            "the host waits for GPU work that never finishes: check the last kernel/collective before it\n"
-            "CUDA_LAUNCH_BLOCKING=1 python train.py  # pinpoints the kernel (debug runs only)"
-        )
-    held = [o for o in gpus if gpu_idle and o.holds_memory(o.memory[-1] if o.memory else None)]
-    finding = Finding(
+        return where, waited_frames, fix
+    where = (
+        "it waits in an explicit sync (torch.cuda.synchronize / .item())"
+        if h.synced is None
+        else (f"it waits at a sync for GPU work that never finishes ({h.synced})")
+    )
+    fix = (
+        "the host waits for GPU work that never finishes: check the last kernel/collective before it\n"
+        "CUDA_LAUNCH_BLOCKING=1 python train.py  # pinpoints the kernel (debug runs only)"
+    )
+    return where, waited_frames, fix
+
+
+def rank_hang_finding(h: RankHang) -> Finding:
+    """The wording of one hung rank's finding."""
+    run = h.run
+    sample = run.last
+    waited = frames_from(sample.frames, WAIT_FRAMES) if h.state == WAITING_FOR_DATA else outer_frames(sample.frames, 4)
+    where, frames, fix = _rank_hang_cause(h, waited)
+    held = [o for o in h.gpus if h.gpu_idle and o.holds_memory(o.memory[-1] if o.memory else None)]
+    return Finding(
         id="hang",
         title="Silent misfire: the job is stuck",
         severity="critical",
-        confidence=confidence_from(run.count, 6, stuck_secs / (2 * HANG_MIN_SECONDS) if run.still is None else 1.0),
+        confidence=confidence_from(run.count, 6, h.stuck_seconds / (2 * HANG_MIN_SECONDS) if run.still is None else 1.0),
         label=LABEL_CODE,
-        summary=f"Hang: {rank.name} stuck for {stuck_secs:.0f} s: {where}"
+        summary=f"Hang: {h.rank.name} stuck for {h.stuck_seconds:.0f} s: {where}"
         + (f"; GPU {held[0].index} holds memory at 0%" if held else ""),
-        evidence=tuple(evidence),
+        evidence=tuple(_rank_hang_evidence(h)),
         frames=frames,
         fix=fix,
-        gpus=tuple(o.index for o in gpus),
-        pids=(rank.pid,),
-    )
-    return _Hung(
-        finding,
-        rank,
-        stuck_secs,
-        waiter=state == COLLECTIVE or (gpu_spin and state not in (WAITING_FOR_DATA, IN_DATASET)),
-        state=state,
+        gpus=tuple(o.index for o in h.gpus),
+        pids=(h.rank.pid,),
     )
 
 
@@ -370,9 +402,20 @@ def makes_progress(rank: RankObs) -> bool:
     return run is not None and (run.count < 2 or run.still is False)
 
 
-def _odd_one_out(ctx: Context, waiting: Sequence[_Hung]) -> Optional[tuple[RankObs, str, tuple[str, ...]]]:
+@dataclass(frozen=True)
+class OddRank:
+    """The live rank whose stack differs from the waiters': the one they wait for."""
+
+    rank: RankObs
+    what: str  # one evidence line: what it does instead
+    frames: tuple[str, ...]
+    waits_for_data: bool  # its main thread waits for a dead, frozen or suspect DataLoader worker
+    in_dataset_code: bool  # the stuck part (its worker, or its own main thread) sits in dataset code
+
+
+def _odd_one_out(ctx: Context, waiting: Sequence[_Hung]) -> Optional[OddRank]:
     """The live rank whose stack differs from the waiters': the one they wait for (its name, what it does)."""
-    waiting_pids = {h.rank.pid for h in waiting}
+    waiting_pids = {h.decided.rank.pid for h in waiting}
     for rank in sorted(ctx.ranks.values(), key=lambda r: (r.rank is None, r.rank, r.pid)):
         if rank.pid in waiting_pids or (rank.last is not None and rank.last.exited) or not rank.samples:
             continue
@@ -381,19 +424,55 @@ def _odd_one_out(ctx: Context, waiting: Sequence[_Hung]) -> Optional[tuple[RankO
             continue
         stuck = stuck_worker(rank) if sample.state == WAITING_FOR_DATA else None
         if stuck is not None:
-            return rank, f"{rank.label} is not in the collective: it waits for data; {stuck.what}", stuck.frames
+            what = f"{rank.label} is not in the collective: it waits for data; {stuck.what}"
+            return OddRank(rank, what, stuck.frames, True, bool(stuck.frames))
         suspect = _suspect_worker(rank) if sample.state == WAITING_FOR_DATA else None
         if suspect is not None:
             w, run = suspect
-            return (
-                rank,
+            what = (
                 f"{rank.label} is not in the collective: it waits for data, and its DataLoader worker PID {w.pid} has sat "
-                f"in dataset code for {run.seconds:.0f} s ({run.count} dump(s){', counters still' if run.still else ''})",
-                dataset_frames(run.last.frames),
+                f"in dataset code for {run.seconds:.0f} s ({run.count} dump(s){', counters still' if run.still else ''})"
             )
+            return OddRank(rank, what, dataset_frames(run.last.frames), True, True)
         frames = frames_from(sample.frames, WAIT_FRAMES) if sample.state == WAITING_FOR_DATA else outer_frames(sample.frames, 4)
-        return rank, f"{rank.label} is not in the collective: its main thread is {sample.state}", frames
+        what = f"{rank.label} is not in the collective: its main thread is {sample.state}"
+        return OddRank(rank, what, frames, False, sample.state == IN_DATASET)
     return None
+
+
+@dataclass(frozen=True)
+class Waiters:
+    """Ranks frozen waiting for another rank (in a collective, or parked at a sync while their GPU spins)."""
+
+    hung: tuple[_Hung, ...]
+
+    @property
+    def names(self) -> str:
+        return ", ".join(h.decided.rank.name for h in self.hung[:8]) + (" …" if len(self.hung) > 8 else "")
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(g for h in self.hung for g in h.finding.gpus)
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(p for h in self.hung for p in h.finding.pids)
+
+    @property
+    def longest(self) -> float:
+        return max(h.decided.stuck_seconds for h in self.hung)
+
+    def spin_lines(self) -> list[str]:
+        """Their GPUs' spin evidence, led by where their hosts are parked (when at a named sync)."""
+        lines = [_spin_evidence(o, trailing_spin_seconds(o)) for h in self.hung if h.decided.gpu_spin for o in h.decided.gpus]
+        parked = next((h.decided.synced for h in self.hung if h.decided.synced is not None), None)
+        if parked is not None:
+            lines.insert(0, f"the waiting ranks' hosts are parked at a sync: {parked}")
+        return lines
+
+    @property
+    def spinning(self) -> bool:
+        return any(h.decided.gpu_spin and h.decided.gpus for h in self.hung)
 
 
 def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
@@ -404,82 +483,84 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
     Without one, the live rank whose stack differs is named; failing that, a rank that exited; failing
     that, one finding says no rank shows why (the article's "NCCL timeout / incomplete group").
     """
-    waiting = [h for h in hung if h.waiter]
-    culprits = [h for h in hung if not h.waiter]
-    if not waiting:
+    waiting = Waiters(tuple(h for h in hung if h.decided.waiter))
+    culprits = [h for h in hung if not h.decided.waiter]
+    if not waiting.hung:
         return [h.finding for h in hung]
-    names = ", ".join(h.rank.name for h in waiting[:8]) + (" …" if len(waiting) > 8 else "")
-    gpus = tuple(g for h in waiting for g in h.finding.gpus)
-    pids = tuple(p for h in waiting for p in h.finding.pids)
-    spinning = [line for h in waiting for line in h.finding.evidence if "spinning" in line]
-    how = "wait for it in a collective" + (" (their GPUs spin at ~100%, low power)" if spinning else "")
-    parked = next((line for h in waiting for line in h.finding.evidence if line.startswith("its host is parked at a sync")), None)
-    if parked:
-        spinning.insert(0, "the waiting ranks' hosts are" + parked.removeprefix("its host is"))
     if culprits:
-        first = culprits[0].finding
-        fix = first.fix if NCCL_FIX in first.fix else first.fix + "\n" + NCCL_FIX
-        merged = dataclasses.replace(
-            first,
-            summary=first.summary + f"; {len(waiting)} other rank(s) {how}",
-            evidence=first.evidence
-            + (f"{len(waiting)} other rank(s) frozen waiting for it: {names}",)
-            + tuple(spinning[:EVIDENCE_RANKS]),
-            fix=fix,
-            gpus=first.gpus + gpus,
-            pids=first.pids + pids,
-        )
-        return [merged] + [h.finding for h in culprits[1:]]
-    first = waiting[0].finding
-    longest = max(h.seconds for h in waiting)
-    evidence = first.evidence + (f"{len(waiting)} rank(s) frozen waiting in the same collective: {names}",)
-    summary = f"Hang: {len(waiting)} rank(s) stuck in a collective for {longest:.0f} s"
-    frames = first.frames
-    odd = _odd_one_out(ctx, waiting)
-    exited = [r for r in ctx.ranks.values() if r.last is not None and r.last.exited]
-    fix = first.fix
-    if odd is not None and makes_progress(odd[0]) and "waits for data" not in odd[1]:
+        return [_culprit_finding(culprits[0].finding, waiting)] + [h.finding for h in culprits[1:]]
+    odd = _odd_one_out(ctx, waiting.hung)
+    if odd is not None and makes_progress(odd.rank) and not odd.waits_for_data:
         # One rank works (an evaluation, a checkpoint, logging) while the others wait for it in a barrier or
         # collective: a wait, not a hang, as long as that rank moves.
-        rank, what, odd_frames = odd
-        long_wait = longest >= RANK_WAIT_LONG_S
-        return [
-            Finding(
-                id="rank_wait",
-                title="Ranks wait for one busy rank",
-                severity="warning" if long_wait else "info",
-                confidence=0.6,
-                label=LABEL_CODE,
-                summary=f"{len(waiting)} rank(s) wait {longest:.0f} s in a collective while {rank.name} works ({rank.samples[-1].state})",
-                evidence=(what, f"{rank.label} makes progress (its stack or counters moved between its last dumps)")
-                + first.evidence[:1],
-                frames=odd_frames,
-                fix=(
-                    (
-                        f"if {rank.name} is not in a long evaluation or checkpoint, it skipped a collective the others wait in\n"
-                        + NCCL_FIX
-                    )
-                    if long_wait
-                    else (
-                        "nothing is stuck: rank-0-only work (evaluation, checkpointing) holds the others for its duration\n"
-                        "# to use that time: evaluate on every rank with a DistributedSampler, or save checkpoints asynchronously"
-                    )
-                ),
-                gpus=gpus,
-                pids=(rank.pid,) + pids,
-            )
-        ]
+        return [_rank_wait_finding(waiting, odd)]
+    exited = [r for r in ctx.ranks.values() if r.last is not None and r.last.exited]
+    return [_collective_hang_finding(waiting, odd, exited)]
+
+
+def _culprit_finding(first: Finding, waiting: Waiters) -> Finding:
+    """The culprit's finding with the ranks that wait for it as evidence."""
+    spinning = waiting.spin_lines()
+    how = "wait for it in a collective" + (" (their GPUs spin at ~100%, low power)" if waiting.spinning else "")
+    fix = first.fix if NCCL_FIX in first.fix else first.fix + "\n" + NCCL_FIX
+    n = len(waiting.hung)
+    return dataclasses.replace(
+        first,
+        summary=first.summary + f"; {n} other rank(s) {how}",
+        evidence=first.evidence
+        + (f"{n} other rank(s) frozen waiting for it: {waiting.names}",)
+        + tuple(spinning[:EVIDENCE_RANKS]),
+        fix=fix,
+        gpus=first.gpus + waiting.gpus,
+        pids=first.pids + waiting.pids,
+    )
+
+
+def _rank_wait_finding(waiting: Waiters, odd: OddRank) -> Finding:
+    """Ranks waiting for one rank that still moves: a wait, a warning only when it lasts."""
+    rank = odd.rank
+    first = waiting.hung[0].finding
+    long_wait = waiting.longest >= RANK_WAIT_LONG_S
+    if long_wait:
+        fix = f"if {rank.name} is not in a long evaluation or checkpoint, it skipped a collective the others wait in\n" + NCCL_FIX
+    else:
+        fix = (
+            "nothing is stuck: rank-0-only work (evaluation, checkpointing) holds the others for its duration\n"
+            "# to use that time: evaluate on every rank with a DistributedSampler, or save checkpoints asynchronously"
+        )
+    return Finding(
+        id="rank_wait",
+        title="Ranks wait for one busy rank",
+        severity="warning" if long_wait else "info",
+        confidence=0.6,
+        label=LABEL_CODE,
+        summary=f"{len(waiting.hung)} rank(s) wait {waiting.longest:.0f} s in a collective while {rank.name} works ({rank.samples[-1].state})",
+        evidence=(odd.what, f"{rank.label} makes progress (its stack or counters moved between its last dumps)")
+        + first.evidence[:1],
+        frames=odd.frames,
+        fix=fix,
+        gpus=waiting.gpus,
+        pids=(rank.pid,) + waiting.pids,
+    )
+
+
+def _collective_hang_finding(waiting: Waiters, odd: Optional[OddRank], exited: Sequence[RankObs]) -> Finding:
+    """Ranks frozen in a collective with no culprit among them: the odd rank, an exited one, or neither."""
+    first = waiting.hung[0].finding
+    n = len(waiting.hung)
+    evidence = first.evidence + (f"{n} rank(s) frozen waiting in the same collective: {waiting.names}",)
+    summary = f"Hang: {n} rank(s) stuck in a collective for {waiting.longest:.0f} s"
+    frames, fix, gpus, pids = first.frames, first.fix, waiting.gpus, waiting.pids
     if odd is not None:
-        rank, what, odd_frames = odd
-        evidence += (what,)
-        summary = f"Hang: {len(waiting)} rank(s) stuck for {longest:.0f} s waiting for {rank.name}"
-        if "dataset code" in what:
+        evidence += (odd.what,)
+        summary = f"Hang: {n} rank(s) stuck for {waiting.longest:.0f} s waiting for {odd.rank.name}"
+        if odd.in_dataset_code:
             summary += ", which waits for a DataLoader worker stuck in dataset code"
-        summary += " (their GPUs spin in a collective at ~100%, low power)" if spinning else " in a collective"
-        frames = odd_frames or frames
-        gpus += tuple(g for g in sorted(rank.gpus) if g not in gpus)
-        pids = (rank.pid,) + pids
-        if "waits for data" in what:
+        summary += " (their GPUs spin in a collective at ~100%, low power)" if waiting.spinning else " in a collective"
+        frames = odd.frames or frames
+        gpus += tuple(g for g in sorted(odd.rank.gpus) if g not in gpus)
+        pids = (odd.rank.pid,) + pids
+        if odd.waits_for_data:
             fix = fix + "\n" + WORKER_TIMEOUT_FIX
     elif exited:
         evidence += tuple(f"{r.label} exited: the others wait for it" for r in exited)
@@ -487,13 +568,19 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
         gpus += tuple(g for r in exited for g in sorted(r.gpus) if g not in gpus)
     else:
         summary += "; no rank shows why (a rank outside this view, or a mismatched collective)"
-    return [dataclasses.replace(first, summary=summary, evidence=evidence, frames=frames, fix=fix, gpus=gpus, pids=pids)]
+    return dataclasses.replace(first, summary=summary, evidence=evidence, frames=frames, fix=fix, gpus=gpus, pids=pids)
 
 
-def _gpu_only_hangs(ctx: Context, claimed: set[int]) -> list[Finding]:
-    """GPU evidence alone: memory held at ~0% for a sustained window (the third idle profile), or - with no
-    job attached to ask - GPUs spinning at ~100% and low power (collectives waiting for a missing peer)."""
-    out: list[Finding] = []
+@dataclass(frozen=True)
+class GpuOnlyHangs:
+    """GPU evidence alone (no frozen rank claims these GPUs)."""
+
+    spinning: tuple[tuple[GpuObs, float], ...]  # (GPU, seconds spinning) with no job attached
+    held: tuple[tuple[GpuObs, float, bool], ...]  # (GPU, seconds idle with memory held, busy before that)
+    job_attached: bool
+
+
+def _gpu_only_decision(ctx: Context, claimed: set[int]) -> GpuOnlyHangs:
     candidates = ctx.focus_gpus() if ctx.ranks else list(ctx.gpus.values())
     stuck: list[tuple[GpuObs, float, bool]] = []
     spinning: list[tuple[GpuObs, float]] = []
@@ -511,34 +598,48 @@ def _gpu_only_hangs(ctx: Context, claimed: set[int]) -> list[Finding]:
             u is not None and u > LOW_UTILIZATION for u in o.util[: max(1, len(o.util) - int(idle / max(ctx.interval, 1e-3)))]
         )
         stuck.append((o, idle, was_busy))
-    if spinning:
-        gpus_txt = ", ".join(f"GPU {o.index}" for o, _s in spinning[:8])
-        pids = tuple(sorted({p for o, _s in spinning for p in o.process_pids}))
-        out.append(
-            Finding(
-                id="hang",
-                title="Silent misfire: GPUs spin in a collective",
-                severity="warning",
-                confidence=0.5,
-                label=LABEL_CODE,
-                summary=f"Likely NCCL hang: {gpus_txt} spin at ~100% utilization and low power for {max(s for _o, s in spinning):.0f} s",
-                evidence=tuple(_spin_evidence(o, s) for o, s in spinning[:EVIDENCE_RANKS])
-                + (f"processes on them: {', '.join(map(str, pids)) or 'n/a'}",),
-                fix=(
-                    f"attach with `--pid {pids[0]}` to name the rank that never joined the collective\n"
-                    if pids
-                    else "attach with `--pid PID` to name the rank that never joined the collective\n"
-                )
-                + NCCL_FIX,
-                gpus=tuple(o.index for o, _s in spinning),
-                pids=pids,
-            )
+    return GpuOnlyHangs(tuple(spinning), tuple(stuck), bool(ctx.ranks))
+
+
+def _gpu_only_hangs(ctx: Context, claimed: set[int]) -> list[Finding]:
+    """GPU evidence alone: memory held at ~0% for a sustained window (the third idle profile), or - with no
+    job attached to ask - GPUs spinning at ~100% and low power (collectives waiting for a missing peer)."""
+    decided = _gpu_only_decision(ctx, claimed)
+    out: list[Finding] = []
+    if decided.spinning:
+        out.append(_spinning_finding(decided.spinning))
+    if decided.held:
+        out.append(_held_memory_finding(decided.held, decided.job_attached))
+    return out
+
+
+def _spinning_finding(spinning: Sequence[tuple[GpuObs, float]]) -> Finding:
+    gpus_txt = ", ".join(f"GPU {o.index}" for o, _s in spinning[:8])
+    pids = tuple(sorted({p for o, _s in spinning for p in o.process_pids}))
+    return Finding(
+        id="hang",
+        title="Silent misfire: GPUs spin in a collective",
+        severity="warning",
+        confidence=0.5,
+        label=LABEL_CODE,
+        summary=f"Likely NCCL hang: {gpus_txt} spin at ~100% utilization and low power for {max(s for _o, s in spinning):.0f} s",
+        evidence=tuple(_spin_evidence(o, s) for o, s in spinning[:EVIDENCE_RANKS])
+        + (f"processes on them: {', '.join(map(str, pids)) or 'n/a'}",),
+        fix=(
+            f"attach with `--pid {pids[0]}` to name the rank that never joined the collective\n"
+            if pids
+            else "attach with `--pid PID` to name the rank that never joined the collective\n"
         )
-    if not stuck:
-        return out
+        + NCCL_FIX,
+        gpus=tuple(o.index for o, _s in spinning),
+        pids=pids,
+    )
+
+
+def _held_memory_finding(stuck: Sequence[tuple[GpuObs, float, bool]], job_attached: bool) -> Finding:
     # a job whose ranks are all attached and none frozen is not hung on the GPU side alone - unless it stopped
     any_stopped = any(w for _o, _i, w in stuck)
-    severity = "critical" if any_stopped or ctx.ranks else "warning"
+    severity = "critical" if any_stopped or job_attached else "warning"
     gpus_txt = ", ".join(f"GPU {o.index}" for o, _i, _w in stuck[:8])
     evidence = tuple(
         f"GPU {o.index}: utilization ≤{HANG_UTILIZATION_MAX:.0f}% for {idle:.0f} s"
@@ -546,22 +647,19 @@ def _gpu_only_hangs(ctx: Context, claimed: set[int]) -> list[Finding]:
         + f", memory {gib(o.memory[-1])} held by PID(s) {', '.join(str(p) for p in sorted(o.process_pids)) or 'n/a'}"
         for o, idle, was_busy in stuck
     )
-    out.append(
-        Finding(
-            id="hang",
-            title="Silent misfire: memory held, nothing running",
-            severity=severity,
-            confidence=0.6 if any_stopped else 0.45,
-            label=LABEL_CODE,
-            summary=f"Silent misfire: {gpus_txt} {'holds' if len(stuck) == 1 else 'hold'} memory at 0% utilization for {max(i for _o, i, _w in stuck):.0f} s",
-            evidence=evidence,
-            fix=(
-                "dump the stacks of the processes holding the memory to see where they wait\n"
-                "py-spy dump --pid PID   # or: gputop --pid PID\n"
-                "# a stuck DataLoader worker, a rank waiting in NCCL for a dead peer, or an OOM-retry loop"
-            ),
-            gpus=tuple(o.index for o, _i, _w in stuck),
-            pids=tuple(sorted({p for o, _i, _w in stuck for p in o.process_pids})),
-        )
+    return Finding(
+        id="hang",
+        title="Silent misfire: memory held, nothing running",
+        severity=severity,
+        confidence=0.6 if any_stopped else 0.45,
+        label=LABEL_CODE,
+        summary=f"Silent misfire: {gpus_txt} {'holds' if len(stuck) == 1 else 'hold'} memory at 0% utilization for {max(i for _o, i, _w in stuck):.0f} s",
+        evidence=evidence,
+        fix=(
+            "dump the stacks of the processes holding the memory to see where they wait\n"
+            "py-spy dump --pid PID   # or: gputop --pid PID\n"
+            "# a stuck DataLoader worker, a rank waiting in NCCL for a dead peer, or an OOM-retry loop"
+        ),
+        gpus=tuple(o.index for o, _i, _w in stuck),
+        pids=tuple(sorted({p for o, _i, _w in stuck for p in o.process_pids})),
     )
-    return out

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import statistics
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Collection, Optional, Sequence, Union
 
 from gputop.analysis.advice import STACKS_HINT
-from gputop.analysis.numbers import mean, percentile
+from gputop.analysis.numbers import Share, mean, percentile
 from gputop.analysis.observations import (
     EPOCH_START_FRAME_NAMES,
     WAIT_FRAMES,
     Context,
     GpuObs,
+    RankObs,
     frames_from,
     has_frame,
     outer_frames,
@@ -136,169 +138,287 @@ def detect_collapse_period(
     return best
 
 
-def _worker_restarts(ctx: Context) -> tuple[int, Optional[float], list[str]]:
-    """How often the ranks' worker PID sets were replaced (epoch boundaries without persistent_workers)."""
+@dataclass(frozen=True)
+class WorkerRestarts:
+    """How often the ranks' DataLoader worker PID sets were replaced (epoch boundaries without
+    persistent_workers)."""
+
+    count: int  # restarts per rank, rounded
+    period_s: Optional[float]  # the median spacing of one rank's restarts
+    per_rank: tuple[int, ...]  # restarts seen on each rank that had any
+    duration_s: float  # over this long a window
+
+
+def _restart_times(rank: RankObs) -> list[float]:
+    """When this rank's worker PID set was replaced by a disjoint one."""
+    prev: Optional[frozenset[int]] = None
     times: list[float] = []
-    evidence: list[str] = []
-    counts: list[int] = []
-    for r in ctx.ranks.values():
-        prev: Optional[frozenset[int]] = None
-        rank_times = []
-        for t, pids in r.worker_sets:
-            if prev is not None and pids and prev and not (pids & prev):
-                rank_times.append(t)
-            if pids:
-                prev = pids
-        if rank_times:
-            counts.append(len(rank_times))
-            times += rank_times
-    if not times:
-        return 0, None, evidence
-    spread = f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
-    evidence.append(f"DataLoader worker PIDs replaced {spread} times on each of {len(counts)} rank(s) in {ctx.duration:.0f} s")
-    per_rank = max(1, len([r for r in ctx.ranks.values() if any(r.worker_sets)]))
-    restarts = len(times) / per_rank
+    for t, pids in rank.worker_sets:
+        if prev is not None and pids and prev and not (pids & prev):
+            times.append(t)
+        if pids:
+            prev = pids
+    return times
+
+
+def _worker_restarts(ctx: Context) -> WorkerRestarts:
+    per_rank = [times for times in (_restart_times(r) for r in ctx.ranks.values()) if times]
+    if not per_rank:
+        return WorkerRestarts(0, None, (), ctx.duration)
+    with_workers = max(1, len([r for r in ctx.ranks.values() if any(r.worker_sets)]))
+    restarts = sum(len(times) for times in per_rank) / with_workers
     period = None
     if restarts >= 1:
         # spacing per rank, then the median
-        gaps = []
-        for r in ctx.ranks.values():
-            rt = []
-            prev = None
-            for t, pids in r.worker_sets:
-                if prev is not None and pids and prev and not (pids & prev):
-                    rt.append(t)
-                if pids:
-                    prev = pids
-            gaps += [b - a for a, b in zip(rt, rt[1:])]
+        gaps = [b - a for times in per_rank for a, b in zip(times, times[1:])]
         period = statistics.median(gaps) if gaps else None
-    return int(round(restarts)), period, evidence
+    return WorkerRestarts(int(round(restarts)), period, tuple(len(times) for times in per_rank), ctx.duration)
+
+
+def _restart_evidence(r: WorkerRestarts) -> list[str]:
+    if not r.per_rank:
+        return []
+    low, high = min(r.per_rank), max(r.per_rank)
+    spread = f"{low}" if low == high else f"{low}-{high}"
+    return [f"DataLoader worker PIDs replaced {spread} times on each of {len(r.per_rank)} rank(s) in {r.duration_s:.0f} s"]
+
+
+@dataclass(frozen=True)
+class HiccupPeriod:
+    """The saw-tooth's period and how it was found: the autocorrelation's peak, or regular collapses."""
+
+    seconds: float
+    regularity: float  # the autocorrelation at the period's lag, or 1 − the collapse gaps' variation
+    lag: int  # samples (0: from collapse events)
+    interval_s: float  # seconds per sample
+    collapses: int = 0
+    gaps: tuple[float, ...] = ()  # seconds between collapses
+
+
+@dataclass(frozen=True)
+class GpuSwing:
+    index: int
+    p10: float
+    mean: float
+    p90: float
+
+
+HICCUP_CAUSES = {
+    "restarts": "epoch-boundary worker restarts",
+    "loader": "loader stalls",
+    "collective": "collective waits",
+    "unknown": "cause not determined",
+}
+
+
+@dataclass(frozen=True)
+class Hiccup:
+    """What `check_hiccup` decided: a periodic collapse of utilization, its period, and its cause."""
+
+    period: HiccupPeriod
+    swings: tuple[GpuSwing, ...]  # the GPUs whose utilization swings
+    cause: str  # a key of HICCUP_CAUSES
+    restarts: WorkerRestarts
+    epoch_starts: int  # stack dumps that caught a rank starting new workers
+    wait_share: Optional[Share]  # the ranks' pooled data-wait share
+    coll_share: Optional[Share]  # ... and collective-wait share
+    share_span: str  # where those shares come from, in words
+    frames: tuple[str, ...]
+    pids: tuple[int, ...]
+    duration_s: float
+
+    @property
+    def severity(self) -> str:
+        mean_util = mean(o.mean for o in self.swings) or 0.0
+        return "critical" if mean_util < LOW_UTILIZATION else "warning"
+
+
+@dataclass(frozen=True)
+class RestartStalls:
+    """No GPU data (a CPU-only job, no driver): worker restarts every epoch are periodic stalls on their own."""
+
+    restarts: WorkerRestarts
+    pids: tuple[int, ...]
 
 
 def check_hiccup(
-    ctx: Context, *, exclude_gpus: set[int] = frozenset(), max_period_s: float = HICCUP_MAX_PERIOD_S
+    ctx: Context, *, exclude_gpus: Collection[int] = frozenset(), max_period_s: float = HICCUP_MAX_PERIOD_S
 ) -> list[Finding]:
-    gpus = [
-        o
-        for o in ctx.focus_gpus()
-        if o.index not in exclude_gpus and o.lost_at is None and len(o.util_values) >= HICCUP_MIN_SAMPLES
-    ]
-    restarts, restart_period, restart_evidence = _worker_restarts(ctx)
-    epoch_starts = sum(1 for r in ctx.ranks.values() for s in r.samples if has_frame(s.frames, EPOCH_START_FRAME_NAMES))
-    found = None
-    swing_gpus: list[GpuObs] = []
-    for o in gpus:
+    decided = hiccup(ctx, exclude_gpus=exclude_gpus, max_period_s=max_period_s)
+    if isinstance(decided, RestartStalls):
+        return [restart_stalls_finding(decided)]
+    return [hiccup_finding(decided)] if decided is not None else []
+
+
+def _swinging_gpus(ctx: Context, exclude_gpus: Collection[int]) -> list[GpuObs]:
+    """The GPUs whose utilization swings widely: collapsing to near zero, or losing much of its peak."""
+    swing: list[GpuObs] = []
+    for o in ctx.focus_gpus():
+        if o.index in exclude_gpus or o.lost_at is not None or len(o.util_values) < HICCUP_MIN_SAMPLES:
+            continue
         p90, p10 = percentile(o.util_values, 90), percentile(o.util_values, 10)
         if p90 is None or p10 is None or p90 - p10 < HICCUP_MIN_SWING or p90 < HICCUP_MIN_PEAK:
             continue
         if p10 <= HICCUP_COLLAPSE or p90 - (o.mean_util or 0.0) >= HICCUP_MIN_LOSS:
-            swing_gpus.append(o)
-    evidence: list[str] = []
-    if swing_gpus:
-        found = detect_period([o.util for o in swing_gpus], max_lag=int(max_period_s / max(ctx.interval, 1e-3)))
+            swing.append(o)
+    return swing
+
+
+def _period(ctx: Context, swing: Sequence[GpuObs], max_period_s: float) -> Optional[HiccupPeriod]:
+    """The period shared by the swinging GPUs: the autocorrelation's, else that of regular collapses."""
+    if not swing:
+        return None
+    found = detect_period([o.util for o in swing], max_lag=int(max_period_s / max(ctx.interval, 1e-3)))
     if found is not None:
         lag, acf = found
-        period = lag * ctx.interval
-        evidence_period = f"period {period:.1f} s (autocorrelation {acf:.2f} at lag {lag} samples of {ctx.interval:.1f} s), {ctx.duration / period:.0f} cycles seen"
-    elif swing_gpus:
-        events = detect_collapse_period([o.util for o in swing_gpus], swing_gpus[0].timestamps)
-        if events is not None:
-            period, count, gaps = events
-            acf = 1.0 - statistics.pstdev(gaps) / statistics.fmean(gaps)  # regularity stands in for the ACF
-            found = (0, acf)
-            evidence_period = (
-                f"period ~{period:.0f} s: {count} collapses, {', '.join(f'{g:.0f}' for g in gaps)} s apart "
-                f"(regular within {HICCUP_MAX_GAP_CV:.0%})"
-            )
-    if found is None:
-        if restarts >= 3 and restart_period and not ctx.have_gpu_data:
-            # no GPU data (CPU-only job / no driver): worker restarts are periodic stalls on their own
-            return [
-                Finding(
-                    id="hiccup",
-                    title="Periodic stalls: DataLoader workers restart every epoch",
-                    severity="warning",
-                    confidence=0.6,
-                    label=LABEL_CODE,
-                    summary=f"Periodic stall: DataLoader workers restart every ~{restart_period:.0f} s (no persistent_workers)",
-                    evidence=tuple(restart_evidence),
-                    fix="keep the workers alive across epochs\nDataLoader(..., persistent_workers=True, prefetch_factor=4)",
-                    pids=tuple(ctx.ranks),
-                )
-            ]
-        return []
-    acf = found[1]
-    for o in swing_gpus[:EVIDENCE_RANKS]:
-        evidence.append(
-            f"GPU {o.index}: utilization p10 {percentile(o.util_values, 10):.0f}% / mean {o.mean_util:.0f}% / p90 {percentile(o.util_values, 90):.0f}%"
-        )
-    evidence.append(evidence_period)
+        return HiccupPeriod(lag * ctx.interval, acf, lag, ctx.interval)
+    events = detect_collapse_period([o.util for o in swing], swing[0].timestamps)
+    if events is None:
+        return None
+    period, count, gaps = events
+    regularity = 1.0 - statistics.pstdev(gaps) / statistics.fmean(gaps)  # regularity stands in for the ACF
+    return HiccupPeriod(period, regularity, 0, ctx.interval, count, tuple(gaps))
+
+
+def _swing(o: GpuObs) -> GpuSwing:
+    return GpuSwing(o.index, percentile(o.util_values, 10) or 0.0, o.mean_util or 0.0, percentile(o.util_values, 90) or 0.0)
+
+
+def _hiccup_cause(
+    ctx: Context, period_s: float, restarts: WorkerRestarts, epoch_starts: int, measured: Sequence[RankObs]
+) -> tuple[str, tuple[str, ...]]:
+    """(cause key, frames that show it): restarts that match the period, else the larger of the data and
+    collective waits, when large enough."""
+    pooled = pooled_counts(measured)
+    wait = pooled.share(*INPUT_WAIT_STATES).point if measured else None
+    coll = pooled.share(COLLECTIVE).point if measured else None
+    restart_matches = restarts.period_s is not None and abs(restarts.period_s - period_s) <= PERIOD_MATCH_TOLERANCE * period_s
+    if restarts.count >= 2 and (restart_matches or epoch_starts):
+        if not epoch_starts:
+            return "restarts", ()
+        sample = next(s for r in ctx.ranks.values() for s in r.samples if has_frame(s.frames, EPOCH_START_FRAME_NAMES))
+        return "restarts", frames_from(sample.frames, ("_MultiProcessingDataLoaderIter.__init__",), outer=3)
+    if wait is not None and wait >= INPUT_BOUND_MODERATE and (coll is None or wait >= coll):
+        found = next((s for r in measured for s in reversed(r.samples) if s.state == WAITING_FOR_DATA and s.frames), None)
+        return "loader", frames_from(found.frames, WAIT_FRAMES) if found is not None else ()
+    if coll is not None and coll >= COMMUNICATION_HEAVY:
+        found = next((s for r in measured for s in reversed(r.samples) if s.state == COLLECTIVE and s.frames), None)
+        return "collective", outer_frames(found.frames, 4) if found is not None else ()
+    return "unknown", ()
+
+
+def hiccup(
+    ctx: Context, *, exclude_gpus: Collection[int] = frozenset(), max_period_s: float = HICCUP_MAX_PERIOD_S
+) -> Union[Hiccup, RestartStalls, None]:
+    """The decision: does utilization collapse periodically, at what period, and why?"""
+    restarts = _worker_restarts(ctx)
+    swing = _swinging_gpus(ctx, exclude_gpus)
+    period = _period(ctx, swing, max_period_s)
+    if period is None:
+        if restarts.count >= 3 and restarts.period_s and not ctx.have_gpu_data:
+            return RestartStalls(restarts, tuple(ctx.ranks))
+        return None
+    epoch_starts = sum(1 for r in ctx.ranks.values() for s in r.samples if has_frame(s.frames, EPOCH_START_FRAME_NAMES))
     measured = [r for r in ctx.ranks.values() if r.n >= 2]
     pooled = pooled_counts(measured)
-    wait_share = pooled.share(*INPUT_WAIT_STATES) if measured else None
-    coll_share = pooled.share(COLLECTIVE) if measured else None
-    wait = wait_share.point if wait_share else None
-    coll = coll_share.point if coll_share else None
-    frames: tuple[str, ...] = ()
-    restart_matches = restart_period is not None and abs(restart_period - period) <= PERIOD_MATCH_TOLERANCE * period
-    if restarts >= 2 and (restart_matches or epoch_starts):
-        cause = "epoch-boundary worker restarts"
-        evidence += restart_evidence
-        if restart_period:
-            evidence.append(f"workers restart every {restart_period:.1f} s, matching the {period:.1f} s period")
-        if epoch_starts:
-            evidence.append(f"{epoch_starts} stack dump(s) caught a rank starting new workers (DataLoader.__iter__)")
-            sample = next(s for r in ctx.ranks.values() for s in r.samples if has_frame(s.frames, EPOCH_START_FRAME_NAMES))
-            frames = frames_from(sample.frames, ("_MultiProcessingDataLoaderIter.__init__",), outer=3)
-        fix = "keep the workers alive across epochs and prefetch deeper\nDataLoader(..., persistent_workers=True, prefetch_factor=4)"
-        confidence = 0.85
-    elif wait is not None and wait >= INPUT_BOUND_MODERATE and (coll is None or wait >= coll):
-        cause = "loader stalls"
-        evidence.append(
-            f"ranks wait for data {wait_share.text()} of the time ({ctx.share_span(pooled)}, {len(measured)} rank(s))"
+    cause, frames = _hiccup_cause(ctx, period.seconds, restarts, epoch_starts, measured)
+    return Hiccup(
+        period=period,
+        swings=tuple(_swing(o) for o in swing),
+        cause=cause,
+        restarts=restarts,
+        epoch_starts=epoch_starts,
+        wait_share=pooled.share(*INPUT_WAIT_STATES) if measured else None,
+        coll_share=pooled.share(COLLECTIVE) if measured else None,
+        share_span=ctx.share_span(pooled) if measured else "",
+        frames=frames,
+        pids=tuple(r.pid for r in measured),
+        duration_s=ctx.duration,
+    )
+
+
+# ----------------------------------------------------------------- the hiccup findings' wording
+
+_HICCUP_FIXES = {
+    "restarts": "keep the workers alive across epochs and prefetch deeper\nDataLoader(..., persistent_workers=True, prefetch_factor=4)",
+    "loader": (
+        "smooth the loader: more workers, deeper prefetch, cache slow samples\n"
+        "DataLoader(..., num_workers=N, prefetch_factor=4, pin_memory=True, persistent_workers=True)\n"
+        "# if every k-th batch is slow: pre-decode/cache those samples"
+    ),
+    "collective": (
+        "cut the all-reduce cost or its skew\n"
+        "with model.no_sync(): loss.backward()  # accumulate k micro-batches, all-reduce once\n"
+        "# check `nvidia-smi topo -m` (NVLink vs PIX/SYS) and stragglers; try NCCL_P2P_DISABLE=1 only as an experiment"
+    ),
+    "unknown": f"{STACKS_HINT}\n# loader stalls show as 'waiting for data', all-reduce waits as 'collective/barrier'",
+}
+_HICCUP_CONFIDENCE = {"restarts": 0.85, "loader": 0.75, "collective": 0.7, "unknown": 0.5}
+
+
+def _period_text(h: Hiccup) -> str:
+    p = h.period
+    if p.lag:
+        return (
+            f"period {p.seconds:.1f} s (autocorrelation {p.regularity:.2f} at lag {p.lag} samples of {p.interval_s:.1f} s), "
+            f"{h.duration_s / p.seconds:.0f} cycles seen"
         )
-        sample = next((s for r in measured for s in reversed(r.samples) if s.state == WAITING_FOR_DATA and s.frames), None)
-        if sample is not None:
-            frames = frames_from(sample.frames, WAIT_FRAMES)
-        fix = (
-            "smooth the loader: more workers, deeper prefetch, cache slow samples\n"
-            "DataLoader(..., num_workers=N, prefetch_factor=4, pin_memory=True, persistent_workers=True)\n"
-            "# if every k-th batch is slow: pre-decode/cache those samples"
-        )
-        confidence = 0.75
-    elif coll is not None and coll >= COMMUNICATION_HEAVY:
-        cause = "collective waits"
-        evidence.append(
-            f"ranks wait in collectives {coll_share.text()} of the time ({ctx.share_span(pooled)}; "
+    return (
+        f"period ~{p.seconds:.0f} s: {p.collapses} collapses, {', '.join(f'{g:.0f}' for g in p.gaps)} s apart "
+        f"(regular within {HICCUP_MAX_GAP_CV:.0%})"
+    )
+
+
+def _cause_evidence(h: Hiccup) -> list[str]:
+    if h.cause == "restarts":
+        lines = _restart_evidence(h.restarts)
+        if h.restarts.period_s:
+            lines.append(f"workers restart every {h.restarts.period_s:.1f} s, matching the {h.period.seconds:.1f} s period")
+        if h.epoch_starts:
+            lines.append(f"{h.epoch_starts} stack dump(s) caught a rank starting new workers (DataLoader.__iter__)")
+        return lines
+    if h.cause == "loader" and h.wait_share is not None:
+        return [f"ranks wait for data {h.wait_share.text()} of the time ({h.share_span}, {len(h.pids)} rank(s))"]
+    if h.cause == "collective" and h.coll_share is not None:
+        return [
+            f"ranks wait in collectives {h.coll_share.text()} of the time ({h.share_span}; "
             f"torch-tb-profiler flags > {pct(COMMUNICATION_HEAVY)})"
-        )
-        sample = next((s for r in measured for s in reversed(r.samples) if s.state == COLLECTIVE and s.frames), None)
-        if sample is not None:
-            frames = outer_frames(sample.frames, 4)
-        fix = (
-            "cut the all-reduce cost or its skew\n"
-            "with model.no_sync(): loss.backward()  # accumulate k micro-batches, all-reduce once\n"
-            "# check `nvidia-smi topo -m` (NVLink vs PIX/SYS) and stragglers; try NCCL_P2P_DISABLE=1 only as an experiment"
-        )
-        confidence = 0.7
-    else:
-        cause = "cause not determined"
-        fix = f"{STACKS_HINT}\n# loader stalls show as 'waiting for data', all-reduce waits as 'collective/barrier'"
-        confidence = 0.5
-    mean_util = mean(o.mean_util for o in swing_gpus) or 0.0
-    severity = "critical" if mean_util < LOW_UTILIZATION else "warning"
-    return [
-        Finding(
-            id="hiccup",
-            title=f"Periodic hiccup ({cause})",
-            severity=severity,
-            confidence=round(min(0.95, confidence * (0.6 + 0.4 * min(1.0, acf))), 2),
-            label=LABEL_CODE,
-            summary=f"Periodic hiccup every {period:.0f} s: utilization collapses ({cause})",
-            evidence=tuple(evidence),
-            frames=frames,
-            fix=fix,
-            gpus=tuple(o.index for o in swing_gpus),
-            pids=tuple(r.pid for r in measured),
-        )
+        ]
+    return []
+
+
+def hiccup_finding(h: Hiccup) -> Finding:
+    """The hiccup finding's wording, made from the decision."""
+    evidence = [
+        f"GPU {o.index}: utilization p10 {o.p10:.0f}% / mean {o.mean:.0f}% / p90 {o.p90:.0f}%" for o in h.swings[:EVIDENCE_RANKS]
     ]
+    evidence.append(_period_text(h))
+    cause = HICCUP_CAUSES[h.cause]
+    confidence = _HICCUP_CONFIDENCE[h.cause]
+    return Finding(
+        id="hiccup",
+        title=f"Periodic hiccup ({cause})",
+        severity=h.severity,
+        confidence=round(min(0.95, confidence * (0.6 + 0.4 * min(1.0, h.period.regularity))), 2),
+        label=LABEL_CODE,
+        summary=f"Periodic hiccup every {h.period.seconds:.0f} s: utilization collapses ({cause})",
+        evidence=tuple(evidence + _cause_evidence(h)),
+        frames=h.frames,
+        fix=_HICCUP_FIXES[h.cause],
+        gpus=tuple(o.index for o in h.swings),
+        pids=h.pids,
+    )
+
+
+def restart_stalls_finding(d: RestartStalls) -> Finding:
+    return Finding(
+        id="hiccup",
+        title="Periodic stalls: DataLoader workers restart every epoch",
+        severity="warning",
+        confidence=0.6,
+        label=LABEL_CODE,
+        summary=f"Periodic stall: DataLoader workers restart every ~{d.restarts.period_s:.0f} s (no persistent_workers)",
+        evidence=tuple(_restart_evidence(d.restarts)),
+        fix="keep the workers alive across epochs\nDataLoader(..., persistent_workers=True, prefetch_factor=4)",
+        pids=d.pids,
+    )

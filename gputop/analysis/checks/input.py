@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Collection, Optional, Sequence
 
-from gputop.analysis.advice import STACKS_HINT, loader_code, suggested_workers
-from gputop.analysis.checks.hang import WORKER_TIMEOUT_FIX, stuck_worker
+from gputop.analysis.advice import STACKS_HINT, WorkerAdvice, loader_code, suggested_workers
+from gputop.analysis.checks.hang import WORKER_TIMEOUT_FIX, StuckWorker, stuck_worker
 from gputop.analysis.numbers import Share, confidence_from, mean, mean_share, measured_share, wilson_interval
 from gputop.analysis.observations import (
     WAIT_FRAMES,
     Context,
     RankObs,
+    StateCounts,
     bench_recommendation,
     bench_wait_fraction,
     dataset_frames,
@@ -123,156 +125,250 @@ def input_phase(rank: RankObs) -> Optional[tuple[float, float, float]]:
     return start, end - start, outside_share
 
 
-def check_starvation(ctx: Context, *, exclude: set[int] = frozenset(), cpu_bound: bool = False) -> list[Finding]:
+InputPhase = tuple[float, float, float]  # (start, seconds, input share outside it): see `input_phase`
+
+
+@dataclass(frozen=True)
+class Starvation:
+    """What `check_starvation` decided and the numbers behind it; `starvation_finding` words it."""
+
+    measured: tuple[RankObs, ...]  # ranks with a measured state share
+    worst: Optional[RankObs]  # the rank with the largest input share (None: the benchmark alone)
+    job_share: Share  # the job's input share (the benchmark's when it ran)
+    pooled: Optional[StateCounts]  # the measured ranks' samples, pooled
+    share_span: str  # where the sampled share comes from, in words
+    window_s: Optional[float]  # the shares cover the last this many seconds (None: the whole window)
+    bench_wait: Optional[float]  # the benchmark's measured data-wait fraction
+    bench_how: str
+    gpu_mean: Optional[float]  # the job's GPUs' mean utilization
+    in_dataset: bool  # the worst rank runs dataset code itself (num_workers=0) more than it waits
+    frames: tuple[str, ...]  # where the worst rank waits (and where its workers are busiest)
+    hot_workers: Optional[str]  # "2/2 workers of rank 0 in X"
+    bench_settings: Optional[dict[str, Any]]  # the active benchmark's recommended loader settings
+    bench_workers_needed: Optional[int]
+    advice: Optional[WorkerAdvice]  # the worker estimate from the shares (without a benchmark's settings)
+    cpu_bound: bool  # every core is busy: more workers cannot help
+    phases: tuple[InputPhase, ...]  # the input-bound ranks' one stretch of input each (all or none)
+    stuck: Optional[StuckWorker]  # a dead or frozen worker the wait is for
+    n_samples: int
+
+    @property
+    def highly(self) -> bool:
+        return self.job_share.point >= INPUT_BOUND_HIGH
+
+    @property
+    def overlapped(self) -> bool:
+        """CUDA runs ahead of the host: a host wait while the GPUs stay busy is overlapped, not lost."""
+        return self.gpu_mean is not None and self.gpu_mean >= BUSY_UTILIZATION
+
+    @property
+    def one_pause(self) -> bool:
+        """One pause for data (an epoch start, an evaluation or checkpoint that ended with its own loader)
+        inside an otherwise fed window: a phase, not continuous starvation."""
+        return self.stuck is None and bool(self.phases) and self.bench_wait is None
+
+    @property
+    def severity(self) -> str:
+        if self.overlapped or self.one_pause or self.stuck is not None:
+            return "info"
+        return "critical" if self.highly else "warning"
+
+
+def check_starvation(ctx: Context, *, exclude: Collection[int] = frozenset(), cpu_bound: bool = False) -> list[Finding]:
+    decided = starvation(ctx, exclude=exclude, cpu_bound=cpu_bound)
+    return [starvation_finding(decided)] if decided is not None else []
+
+
+def _sampled_input(ctx: Context, measured: Sequence[RankObs]) -> tuple[Optional[StateCounts], Optional[Share], str]:
+    """(pooled counts, the job's input share, where it comes from) of the ranks' own samples."""
+    if not measured:
+        return None, None, ""
+    pooled = pooled_counts(measured)
+    return pooled, pooled.share(*INPUT_WAIT_STATES), ctx.share_span(pooled)
+
+
+def _waiting_frames(worst: RankObs) -> tuple[tuple[str, ...], Optional[str]]:
+    """(frames, hot workers line): where the worst rank waits for data, then its workers' hottest frame."""
+    frames: tuple[str, ...] = ()
+    sample = next((s for s in reversed(worst.samples) if s.state in (WAITING_FOR_DATA, IN_DATASET) and s.frames), None)
+    if sample is not None:
+        frames = dataset_frames(sample.frames) if sample.state == IN_DATASET else frames_from(sample.frames, WAIT_FRAMES)
+    hot = hot_worker_frames(worst)
+    if hot is None:
+        return frames, None
+    return frames + hot[1], hot[0]
+
+
+def _one_pause_phases(measured: Sequence[RankObs]) -> tuple[InputPhase, ...]:
+    """Each input-bound rank's one stretch of input, when every one of them has one; () otherwise."""
+    phases = [input_phase(r) for r in measured if r.input_fraction >= INPUT_BOUND_MODERATE]
+    found = tuple(ph for ph in phases if ph is not None)
+    return found if phases and len(found) == len(phases) else ()
+
+
+def starvation(ctx: Context, *, exclude: Collection[int] = frozenset(), cpu_bound: bool = False) -> Optional[Starvation]:
+    """The decision: is the job surely input-bound (at least INPUT_BOUND_MODERATE), by its samples or a benchmark?"""
     ranks = [r for r in ctx.ranks.values() if r.pid not in exclude and r.n >= 1]
     bench_wait, bench_how = bench_wait_fraction(ctx.bench)
-    gpu_mean = mean(o.mean_util for o in ctx.focus_gpus()) if ctx.have_gpu_data else None
-
     measured = [r for r in ranks if r.measured]
-    if not measured and bench_wait is None:
-        return []
-
-    evidence: list[str] = []
-    frames: tuple[str, ...] = ()
-    figures: dict = {}
-    if measured:
-        pooled = pooled_counts(measured)
-        job_share = pooled.share(*INPUT_WAIT_STATES)
-        worst = max(measured, key=lambda r: r.input_fraction)
-        for r in sorted(measured, key=lambda r: -r.input_fraction)[:EVIDENCE_RANKS]:
-            counts = r.states
-            evidence.append(
-                f"{r.label}: input {r.input_share.text()} of {r.n:,} {r.counts.unit} "
-                f"(waiting for data {counts[WAITING_FOR_DATA]:,}, in dataset code {counts[IN_DATASET]:,})"
-            )
-        if len(measured) > EVIDENCE_RANKS:
-            evidence.append(f"… {len(measured) - EVIDENCE_RANKS} more rank(s)")
-        evidence.append(f"all {len(measured)} rank(s): input {job_share.text()} of {ctx.share_span(pooled)}")
-        if pooled.startup_left_out:
-            evidence.append(f"start-up left out: {pooled.startup_left_out:,} samples before the training loop's first step")
-        figures["input_share"] = job_share.to_dict()
-        figures["ranks"] = {str(r.pid): r.input_share.to_dict() for r in measured}
-        figures["window_s"] = ctx.share_window
-        n_samples = pooled.n
-    else:
-        worst = None
-        n_samples = 0
+    pooled, job_share, span = _sampled_input(ctx, measured)
+    n_samples = pooled.n if pooled is not None else 0
     if bench_wait is not None:
         # the benchmark times every batch (or samples at 100 Hz): it replaces the sampled share
-        evidence.insert(0, f"benchmark: data wait {pct(bench_wait)} of wall time, measured by {bench_how}")
         job_share = measured_share(bench_wait, 100, bench_how)
-        figures["input_share"] = job_share.to_dict()
         n_samples = max(n_samples, 100)
-    job_fraction = job_share.point
-
-    if not surely_at_least(job_share, INPUT_BOUND_MODERATE):
-        return []  # not input-bound, or too few samples to tell 5% from noise
-    if gpu_mean is not None:
-        evidence.append(f"GPU utilization of the job's GPUs: mean {gpu_mean:.0f}%")
-
-    level = "highly" if job_fraction >= INPUT_BOUND_HIGH else "moderately"
-    severity = "critical" if level == "highly" else "warning"
-    if gpu_mean is not None and gpu_mean >= BUSY_UTILIZATION:
-        # CUDA runs ahead of the host: a host wait while the GPUs stay busy is overlapped, not lost.
-        severity = "info"
-        evidence.append(f"the GPUs stay busy (≥{BUSY_UTILIZATION:.0f}%), so the host-side wait overlaps GPU work")
-
-    who = worst.name if worst is not None else "the benchmarked rank"
-    shown = (worst.input_share if worst is not None and bench_wait is None else job_share).text()
-    in_dataset = worst is not None and worst.states[IN_DATASET] > worst.states[WAITING_FOR_DATA]
-    if worst is not None:
-        sample = next((s for s in reversed(worst.samples) if s.state in (WAITING_FOR_DATA, IN_DATASET) and s.frames), None)
-        if sample is not None:
-            frames = dataset_frames(sample.frames) if sample.state == IN_DATASET else frames_from(sample.frames, WAIT_FRAMES)
-        hot = hot_worker_frames(worst)
-        if hot:
-            frames = frames + hot[1]
-            evidence.append(hot[0])
-
+    if job_share is None or not surely_at_least(job_share, INPUT_BOUND_MODERATE):
+        return None  # not input-bound, or too few samples to tell 5% from noise
+    worst = max(measured, key=lambda r: r.input_fraction) if measured else None
+    frames, hot = _waiting_frames(worst) if worst is not None else ((), None)
     rec = bench_recommendation(ctx.bench)
-    if rec:
-        kwargs = rec
-        measured_workers = rec.get("num_workers")
-        action = "apply the benchmark's loader settings" + (
-            f": num_workers = {measured_workers} (measured by the active benchmark)" if measured_workers is not None else ""
-        )
-        figures["workers"] = {
-            "num_workers": measured_workers,
-            "source": "active benchmark",
-            "workers_needed": (ctx.bench or {}).get("recommendation", {}).get("workers_needed"),
-        }
-    else:
-        advice = suggested_workers(ctx, measured or ranks, job_share, gpu_idle_share(ctx))
-        arithmetic = advice.arithmetic
-        kwargs = {"num_workers": advice.workers, "prefetch_factor": 4, "pin_memory": True, "persistent_workers": True}
-        action = f"{advice.action()}, prefetch, pin memory"
-        if advice.capped and advice.bound == "cpu":
-            action += "; make each sample cheaper too (the cores cap the workers)"
-        figures["workers"] = advice.figures()
-    fix_lines = [action, loader_code(kwargs)]
-    if not rec:
-        fix_lines.append(arithmetic)
-    if in_dataset:
-        fix_lines.insert(1, "# num_workers=0: the training process decodes every batch itself")
-    if cpu_bound:
-        action = "make preprocessing cheaper (the cores are already saturated)"
-        fix_lines = [
-            action,
-            "# more workers cannot help while every core is busy:",
-            "# cache decoded/resized samples once (tensors in RAM or on local disk), pack files (WebDataset),",
-            "# or decode on the GPU (NVIDIA DALI); keep num_workers <= free cores",
-        ]
-    if in_dataset:
-        summary = f"Input-bound ({level}): {who} spends {shown} of its time in dataset code (num_workers=0)"
-    else:
-        summary = f"Input-bound ({level}): {who} waits for data {shown} of the time"
-    if severity == "info":
-        summary = f"Host waits for data {shown} of the time, but the GPUs stay busy"
-    phases = [input_phase(r) for r in measured if r.input_fraction >= INPUT_BOUND_MODERATE]
-    stuck = next((s for s in (stuck_worker(r) for r in ctx.ranks.values()) if s is not None), None)
-    if stuck is None and phases and all(phases) and bench_wait is None:
-        # One pause for data (an epoch start, an evaluation or checkpoint that ended with its own loader)
-        # inside an otherwise fed window: a phase, not continuous starvation.
-        longest = max(phases, key=lambda ph: ph[1])
-        severity = "info"
-        summary = (
-            f"One pause for data of {longest[1]:.0f} s (an epoch start, evaluation or checkpoint); "
-            f"otherwise not input-bound (data wait {pct(max(ph[2] for ph in phases))})"
-        )
+    needed = ((ctx.bench or {}).get("recommendation", {}).get("workers_needed")) if rec else None
+    advice = None if rec else suggested_workers(ctx, measured or ranks, job_share, gpu_idle_share(ctx))
+    return Starvation(
+        measured=tuple(measured),
+        worst=worst,
+        job_share=job_share,
+        pooled=pooled,
+        share_span=span,
+        window_s=ctx.share_window,
+        bench_wait=bench_wait,
+        bench_how=bench_how,
+        gpu_mean=mean(o.mean_util for o in ctx.focus_gpus()) if ctx.have_gpu_data else None,
+        in_dataset=worst is not None and worst.states[IN_DATASET] > worst.states[WAITING_FOR_DATA],
+        frames=frames,
+        hot_workers=hot,
+        bench_settings=rec,
+        bench_workers_needed=needed,
+        advice=advice,
+        cpu_bound=cpu_bound,
+        phases=_one_pause_phases(measured),
+        stuck=next((s for s in (stuck_worker(r) for r in ctx.ranks.values()) if s is not None), None),
+        n_samples=n_samples,
+    )
+
+
+# ----------------------------------------------------------------- the starvation finding's wording
+
+
+def _starvation_evidence(d: Starvation) -> list[str]:
+    evidence: list[str] = []
+    if d.bench_wait is not None:
+        evidence.append(f"benchmark: data wait {pct(d.bench_wait)} of wall time, measured by {d.bench_how}")
+    for r in sorted(d.measured, key=lambda r: -r.input_fraction)[:EVIDENCE_RANKS]:
+        counts = r.states
         evidence.append(
-            f"{len(phases)} rank(s): the input dumps fall in one stretch of at most {longest[1]:.0f} s; "
-            f"outside it they wait for data {pct(max(ph[2] for ph in phases))} of the time"
+            f"{r.label}: input {r.input_share.text()} of {r.n:,} {r.counts.unit} "
+            f"(waiting for data {counts[WAITING_FOR_DATA]:,}, in dataset code {counts[IN_DATASET]:,})"
         )
-        fix_lines = [
-            "nothing to do for a one-off pause; if it recurs every epoch, keep the workers alive",
-            "DataLoader(..., persistent_workers=True)  # no re-fork at each epoch start",
-        ]
-    if stuck is not None:
+    if len(d.measured) > EVIDENCE_RANKS:
+        evidence.append(f"… {len(d.measured) - EVIDENCE_RANKS} more rank(s)")
+    if d.pooled is not None:
+        sampled = d.pooled.share(*INPUT_WAIT_STATES)
+        evidence.append(f"all {len(d.measured)} rank(s): input {sampled.text()} of {d.share_span}")
+        if d.pooled.startup_left_out:
+            evidence.append(f"start-up left out: {d.pooled.startup_left_out:,} samples before the training loop's first step")
+    if d.gpu_mean is not None:
+        evidence.append(f"GPU utilization of the job's GPUs: mean {d.gpu_mean:.0f}%")
+    if d.overlapped:
+        evidence.append(f"the GPUs stay busy (≥{BUSY_UTILIZATION:.0f}%), so the host-side wait overlaps GPU work")
+    if d.hot_workers is not None:
+        evidence.append(d.hot_workers)
+    if d.one_pause:
+        longest = max(ph[1] for ph in d.phases)
+        evidence.append(
+            f"{len(d.phases)} rank(s): the input dumps fall in one stretch of at most {longest:.0f} s; "
+            f"outside it they wait for data {pct(max(ph[2] for ph in d.phases))} of the time"
+        )
+    if d.stuck is not None:
+        evidence.append(d.stuck.what)
+    return evidence
+
+
+def _starvation_fix(d: Starvation) -> str:
+    if d.stuck is not None:
         # The wait is the stuck (or dead) worker's, not a lack of throughput: more workers would not help.
-        severity = "info"
-        summary = f"{who} waits for data {shown} of the time because a DataLoader worker is stuck or dead"
-        evidence.append(stuck.what)
-        fix_lines = [
-            "fix the stuck worker first (see the hang finding); more workers would not help",
-            WORKER_TIMEOUT_FIX,
-        ]
-    margin = (job_fraction - INPUT_BOUND_MODERATE) / (INPUT_BOUND_HIGH - INPUT_BOUND_MODERATE)
-    return [
-        Finding(
-            id="starvation",
-            title="Continuous starvation: the DataLoader cannot feed the GPUs",
-            severity=severity,
-            confidence=confidence_from(n_samples, 15, margin),
-            label=LABEL_CODE,
-            summary=summary,
-            evidence=tuple(evidence),
-            frames=frames,
-            fix="\n".join(fix_lines),
-            gpus=tuple(sorted({g for r in measured for g in r.gpus})),
-            pids=tuple(r.pid for r in measured if r.input_fraction >= INPUT_BOUND_MODERATE),
-            figures=figures,
+        return "\n".join(["fix the stuck worker first (see the hang finding); more workers would not help", WORKER_TIMEOUT_FIX])
+    if d.one_pause:
+        return (
+            "nothing to do for a one-off pause; if it recurs every epoch, keep the workers alive\n"
+            "DataLoader(..., persistent_workers=True)  # no re-fork at each epoch start"
         )
-    ]
+    if d.cpu_bound:
+        return "\n".join(
+            [
+                "make preprocessing cheaper (the cores are already saturated)",
+                "# more workers cannot help while every core is busy:",
+                "# cache decoded/resized samples once (tensors in RAM or on local disk), pack files (WebDataset),",
+                "# or decode on the GPU (NVIDIA DALI); keep num_workers <= free cores",
+            ]
+        )
+    if d.bench_settings is not None:
+        workers = d.bench_settings.get("num_workers")
+        action = "apply the benchmark's loader settings" + (
+            f": num_workers = {workers} (measured by the active benchmark)" if workers is not None else ""
+        )
+        fix_lines = [action, loader_code(d.bench_settings)]
+    else:
+        assert d.advice is not None  # decided with the estimate whenever no benchmark settings came
+        kwargs = {"num_workers": d.advice.workers, "prefetch_factor": 4, "pin_memory": True, "persistent_workers": True}
+        action = f"{d.advice.action()}, prefetch, pin memory"
+        if d.advice.capped and d.advice.bound == "cpu":
+            action += "; make each sample cheaper too (the cores cap the workers)"
+        fix_lines = [action, loader_code(kwargs), d.advice.arithmetic]
+    if d.in_dataset:
+        fix_lines.insert(1, "# num_workers=0: the training process decodes every batch itself")
+    return "\n".join(fix_lines)
+
+
+def _starvation_summary(d: Starvation) -> str:
+    who = d.worst.name if d.worst is not None else "the benchmarked rank"
+    shown = (d.worst.input_share if d.worst is not None and d.bench_wait is None else d.job_share).text()
+    level = "highly" if d.highly else "moderately"
+    if d.stuck is not None:
+        return f"{who} waits for data {shown} of the time because a DataLoader worker is stuck or dead"
+    if d.one_pause:
+        longest = max(ph[1] for ph in d.phases)
+        return (
+            f"One pause for data of {longest:.0f} s (an epoch start, evaluation or checkpoint); "
+            f"otherwise not input-bound (data wait {pct(max(ph[2] for ph in d.phases))})"
+        )
+    if d.overlapped:
+        return f"Host waits for data {shown} of the time, but the GPUs stay busy"
+    if d.in_dataset:
+        return f"Input-bound ({level}): {who} spends {shown} of its time in dataset code (num_workers=0)"
+    return f"Input-bound ({level}): {who} waits for data {shown} of the time"
+
+
+def _starvation_figures(d: Starvation) -> dict[str, Any]:
+    figures: dict[str, Any] = {"input_share": d.job_share.to_dict()}
+    if d.measured:
+        figures["ranks"] = {str(r.pid): r.input_share.to_dict() for r in d.measured}
+        figures["window_s"] = d.window_s
+    if d.advice is not None:
+        figures["workers"] = d.advice.figures()
+    else:
+        workers = d.bench_settings.get("num_workers") if d.bench_settings else None
+        figures["workers"] = {"num_workers": workers, "source": "active benchmark", "workers_needed": d.bench_workers_needed}
+    return figures
+
+
+def starvation_finding(d: Starvation) -> Finding:
+    """The starvation finding's wording, all of it made here from the decision."""
+    margin = (d.job_share.point - INPUT_BOUND_MODERATE) / (INPUT_BOUND_HIGH - INPUT_BOUND_MODERATE)
+    return Finding(
+        id="starvation",
+        title="Continuous starvation: the DataLoader cannot feed the GPUs",
+        severity=d.severity,
+        confidence=confidence_from(d.n_samples, 15, margin),
+        label=LABEL_CODE,
+        summary=_starvation_summary(d),
+        evidence=tuple(_starvation_evidence(d)),
+        frames=d.frames,
+        fix=_starvation_fix(d),
+        gpus=tuple(sorted({g for r in d.measured for g in r.gpus})),
+        pids=tuple(r.pid for r in d.measured if r.input_fraction >= INPUT_BOUND_MODERATE),
+        figures=_starvation_figures(d),
+    )
 
 
 def hot_worker_frames(rank: RankObs) -> Optional[tuple[str, tuple[str, ...]]]:
@@ -287,7 +383,7 @@ def hot_worker_frames(rank: RankObs) -> Optional[tuple[str, tuple[str, ...]]]:
     return None
 
 
-def check_low_utilization(ctx: Context, *, exclude_gpus: set[int] = frozenset()) -> list[Finding]:
+def check_low_utilization(ctx: Context, *, exclude_gpus: Collection[int] = frozenset()) -> list[Finding]:
     """GPU data only (no job attached): say the utilization is low and how to learn why - never guess the cause."""
     if not ctx.have_gpu_data or len(ctx.snaps) < MIN_STACK_SAMPLES:
         return []

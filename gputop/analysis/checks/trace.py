@@ -69,7 +69,7 @@ def comm_share(rank: dict[str, Any]) -> float:
     """The rank's communication share: the host's time in collectives, or on a GPU the NCCL kernel time
     that no compute kernel hides (collectives are asynchronous there, so the host barely sees them)."""
     gpu = rank.get("gpu") or {}
-    return max(rank["phases"].get("comm", 0.0), gpu.get("exposed_comm") or 0.0)
+    return max(float(rank["phases"].get("comm", 0.0)), float(gpu.get("exposed_comm") or 0.0))
 
 
 def check_communication(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
@@ -184,7 +184,7 @@ def _sync_place(site: dict[str, Any]) -> str:
     parsed = trace_summary.parse_site(site["site"])
     lines = site.get("lines") or ()
     if parsed is None or not lines:
-        return site["site"]
+        return str(site["site"])
     file, _first, function = parsed
     return ", ".join(f"{file}:{x['line']} `{x['code']}`" for x in lines[:3]) + f" in {function}"
 

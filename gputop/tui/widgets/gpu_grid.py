@@ -18,7 +18,9 @@ from gputop.analysis.gpu_health import NO_PEERS, Peers, Severity, judge_sample, 
 from gputop.gpu_fields import active_throttles, card_text, gpm_card_line
 from gputop.model import GpuSample, Snapshot
 from gputop.tui import look
-from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas
+from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas, RunsKey
+
+READING_GPUS = "reading GPUs…"  # the placeholder until the first NVML sample lands (a starting pipeline)
 
 _GAP = Segment(" ", PLAIN)
 MIN_CARD_WIDTH = 30
@@ -167,13 +169,14 @@ class GpuGrid(LineCanvas):
         self.compact = False
         self.gpu_count = 0
         self.message: Optional[str] = None  # e.g. no driver
+        self.reading = False  # NVML has not answered yet (a starting pipeline): the placeholder says so
         # GPU index -> (words, is a failure): what the latest machine check (key c) found on that GPU
         self.check_marks: dict[int, tuple[str, bool]] = {}
         # What the last frame drew, reused where nothing changed (see _card_segments): per (GPU index, card
         # line) its runs and segments; per (first GPU of the row, line) the card pieces and their strip.
         self._cache_width = -1
-        self._card_lines: dict[tuple[int, int], tuple[tuple[object, ...], list[Segment]]] = {}
-        self._row_strips: dict[tuple[int, int], tuple[tuple[object, ...], Strip]] = {}
+        self._card_lines: dict[tuple[int, int], tuple[RunsKey, list[Segment]]] = {}
+        self._row_strips: dict[tuple[int, int], tuple[tuple[list[Segment], ...], Strip]] = {}
         self._peers: Peers = NO_PEERS  # what the GPUs drawn are judged against (peers_of)
 
     # ------------------------------------------------------------------ data
@@ -183,6 +186,8 @@ class GpuGrid(LineCanvas):
         interval: float,
         gpu_users: dict[int, str],
         message: Optional[str] = None,
+        *,
+        reading: bool = False,
     ) -> None:
         count = len(snapshots[-1].gpus) if snapshots else 0
         relayout = count != self.gpu_count or (message is None) != (self.message is None)
@@ -190,6 +195,7 @@ class GpuGrid(LineCanvas):
         self.interval = interval
         self.gpu_users = gpu_users
         self.message = message
+        self.reading = reading
         self.gpu_count = count
         if relayout:
             self.refresh(layout=True)
@@ -234,7 +240,7 @@ class GpuGrid(LineCanvas):
     # ------------------------------------------------------------------ drawing
     def build(self, width: int, height: int) -> list[Strip]:
         if not self.snapshots or not self.snapshots[-1].gpus:
-            text = self.message or "waiting for the first sample…"
+            text = self.message or (READING_GPUS if self.reading else "waiting for the first sample…")
             return [LineBuilder().add(" " + text, look.WARN if self.message else look.DIM).strip(width)]
         gpus = self.snapshots[-1].gpus
         self._peers = peers_of(gpus)

@@ -224,7 +224,7 @@ class JobPanel(LineCanvas, can_focus=True):
     def on_focus(self) -> None:
         self.redraw()
 
-    def on_resize(self, event) -> None:
+    def on_resize(self) -> None:
         self.post_message(self.Resized())
 
     def on_blur(self) -> None:

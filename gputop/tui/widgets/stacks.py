@@ -4,6 +4,7 @@ states, and the aggregated view across DataLoader workers ("6/8 workers in PIL.I
 from __future__ import annotations
 
 import os
+from types import ModuleType
 from typing import Optional
 
 from textual.binding import Binding
@@ -15,7 +16,7 @@ from gputop.tui.canvas import LineBuilder, LineCanvas
 from gputop.tui.widgets.job_panel import JobRow
 
 
-def _stack_classes():
+def _stack_classes() -> Optional[ModuleType]:
     """The attach engineer's helpers, or None while they are not there (the panel then shows less)."""
     try:
         from gputop.analysis import stack_classes
@@ -28,7 +29,8 @@ def main_thread_of(stacks: ProcessStacks) -> Optional[ThreadStack]:
     helpers = _stack_classes()
     finder = getattr(helpers, "main_thread", None)
     if finder is not None:
-        return finder(stacks)
+        found: Optional[ThreadStack] = finder(stacks)
+        return found
     for thread in stacks.threads:
         if thread.thread_name == "MainThread":
             return thread

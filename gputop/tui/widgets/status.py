@@ -10,7 +10,7 @@ from textual.strip import Strip
 from gputop.model import Finding, MachineInfo
 from gputop.tui import look
 from gputop.tui.canvas import LineBuilder, LineCanvas
-from gputop.tui.widgets.gpu_grid import short_name
+from gputop.tui.widgets.gpu_grid import READING_GPUS, short_name
 
 
 def gpu_summary(machine: MachineInfo) -> str:
@@ -34,6 +34,13 @@ class HeaderLine(LineCanvas):
         self.simulated = bool(machine.simulated)
         self.replay: Optional[str] = None  # "replay 00:12/01:40 ×2"
         self.subtitle = ""  # e.g. "demo: starved"
+        self.reading_gpus = False  # NVML has not answered yet: the GPUs are not known
+
+    def set_machine(self, machine: MachineInfo, reading_gpus: bool = False) -> None:
+        self.machine = machine
+        self.simulated = bool(machine.simulated)
+        self.reading_gpus = reading_gpus
+        self.redraw()
 
     def set_state(self, *, interval: float, paused: bool, replay: Optional[str] = None) -> None:
         self.interval = interval
@@ -54,15 +61,15 @@ class HeaderLine(LineCanvas):
         if self.paused:
             tags.append((" ‖ PAUSED ", look.BAD_BOLD))
         # (label, value, drop order): the least useful parts go first when the terminal is narrow
-        parts = [
+        candidates: list[tuple[str, Optional[str], int]] = [
             ("", m.hostname, 99),
             ("driver ", m.driver_version, 2),
             ("CUDA ", m.cuda_version, 1),
-            ("", gpu_summary(m), 3),
+            ("", READING_GPUS if self.reading_gpus else gpu_summary(m), 3),
             ("⟳ ", f"{self.interval:g}s", 99),
             ("", self.subtitle, 0),
         ]
-        parts = [p for p in parts if p[1]]
+        parts = [(label, value, drop) for label, value, drop in candidates if value]
         room = width - sum(len(t) for t, _ in tags) - len(" gputop ")
         while sum(len(label) + len(value) + 2 for label, value, _ in parts) > room and any(p[2] < 99 for p in parts):
             parts.remove(min(parts, key=lambda p: p[2]))

@@ -1,0 +1,292 @@
+"""The monitor's background actions: the loader benchmark (key b), the trace (t), the machine check (c) and
+the report (r), each with its confirmation, its progress and its result.
+
+`BackgroundActions` is the one helper the app hands these keys to.  Each action runs in an app worker
+thread, so the screen keeps drawing; closing a dialog does not stop its run: the result shows in the
+dialog while it is open, and as a notification otherwise.  The benchmark and the trace go through one
+flow (`DialogTask`, `_start`): ask in a dialog, run with progress, keep the result, show it.  What an
+action found is kept here (`bench`, `trace`, `check`) and joins the app's diagnosis and the `r` report.
+
+The code behind each key is imported when the key is pressed: a monitor that is never asked for a
+benchmark does not pay its import time and memory at start (the first frame, the RSS bar).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Generic, Optional, Protocol, Sequence, TypeVar
+
+from gputop.errors import GputopError
+from gputop.history import History
+from gputop.model import Snapshot
+from gputop.source import Source
+
+if TYPE_CHECKING:
+    from gputop.analysis.machine_check import CheckReport
+    from gputop.bench import BenchResult
+    from gputop.tracing import TraceResult
+    from gputop.tui.app import GputopApp
+    from gputop.tui.check_screen import CheckScreen
+    from gputop.tui.screens import BenchScreen
+
+BENCH_SECONDS = 15.0  # the loader benchmark's bound (its active sweep is fitted into it)
+
+
+class Progress(Protocol):
+    def __call__(self, fraction: float, message: str) -> None: ...
+
+
+class TraceRunner(Protocol):
+    """`gputop trace`'s call (`gputop.tracing.run_trace`); tests put a scripted one in its place."""
+
+    def __call__(self, pid: int, *, seconds: float, progress: Progress) -> "TraceResult": ...
+
+
+class MachineCheck(Protocol):
+    """The machine check over the live source (`check_screen.run_machine_check`); tests script it."""
+
+    def __call__(
+        self, source: Source, window: Callable[[], Sequence[Snapshot]], stop: threading.Event, seconds: float
+    ) -> "CheckReport": ...
+
+
+class Summarised(Protocol):
+    """A result a dialog can show: the benchmark's and the trace's."""
+
+    def summary_lines(self) -> list[str]: ...
+
+
+R = TypeVar("R", bound=Summarised)
+
+
+@dataclass(frozen=True)
+class DialogTask(Generic[R]):
+    """One run behind a dialog: the benchmark or the trace."""
+
+    name: str  # "benchmark", "trace": the notification's title, the failure's prefix, the worker group
+    feature: str  # what is missing when its code is not in this build ("the loader benchmark")
+    run: Callable[[Progress], R]  # blocking, in a worker thread
+    keep: Callable[[R], None]  # on the UI thread, with the result
+
+
+def _run_benchmark(pid: int, *, seconds: float, allow_inject: bool, progress: Progress) -> "BenchResult":
+    from gputop.bench import run_benchmark
+
+    return run_benchmark(pid, seconds=seconds, allow_inject=allow_inject, progress=progress)
+
+
+def _run_trace(pid: int, *, seconds: float, progress: Progress) -> "TraceResult":
+    from gputop.tracing import run_trace
+
+    return run_trace(pid, seconds=seconds, progress=progress)
+
+
+def _run_machine_check(
+    source: Source, window: Callable[[], Sequence[Snapshot]], stop: threading.Event, seconds: float
+) -> "CheckReport":
+    from gputop.tui.check_screen import run_machine_check
+
+    return run_machine_check(source, window, stop, seconds)
+
+
+class BackgroundActions:
+    """Keys b, t, c and r for `app`, and what their runs found."""
+
+    def __init__(self, app: "GputopApp") -> None:
+        self.app = app
+        self.trace_runner: TraceRunner = _run_trace
+        self.machine_check: MachineCheck = _run_machine_check
+        self.check_seconds: Optional[float] = None  # the check's window; None: check_screen.CHECK_SECONDS
+        self.bench: Optional[BenchResult] = None  # the latest results: they join the diagnosis and the report
+        self.trace: Optional[TraceResult] = None
+        self.check: Optional[CheckReport] = None
+        self._check_screen: Optional[CheckScreen] = None  # the check's dialog, once opened
+
+    # ------------------------------------------------------------------ benchmark and trace: one flow
+    def start_bench(self) -> None:
+        """Key b: the benchmark of the selected rank (or the job's first), once the user picks a tier."""
+        target = self._bench_target()
+        if target is None:
+            self._attach_first()
+            return
+        from gputop.tui.screens import BenchScreen
+
+        def confirmed(pid: int, allow_inject: bool) -> None:
+            def run(progress: Progress) -> "BenchResult":
+                return _run_benchmark(pid, seconds=BENCH_SECONDS, allow_inject=allow_inject, progress=progress)
+
+            self._start(dialog, DialogTask("benchmark", "the loader benchmark", run, self._keep_bench))
+
+        dialog = BenchScreen(*target, confirmed)
+        self.app.push_screen(dialog)
+
+    def start_trace(self) -> None:
+        """Key t: the trace of the attached job (every rank through its launcher), once the user says yes."""
+        from gputop.tui.trace_screen import TRACE_SECONDS, TraceScreen, trace_target
+
+        snapshot = self.app.history.latest
+        target = trace_target(snapshot.job if snapshot is not None else None)
+        if target is None:
+            self._attach_first()
+            return
+
+        def confirmed(pid: int) -> None:
+            def run(progress: Progress) -> "TraceResult":
+                return self.trace_runner(pid, seconds=TRACE_SECONDS, progress=progress)
+
+            self._start(dialog, DialogTask("trace", "the trace", run, self._keep_trace))
+
+        dialog = TraceScreen(*target, confirmed)
+        self.app.push_screen(dialog)
+
+    def _attach_first(self) -> None:
+        self.app.notify("attach to a training job first (gputop --pid PID, or Enter on a process)", severity="warning")
+
+    def _bench_target(self) -> Optional[tuple[int, str]]:
+        snapshot = self.app.history.latest
+        row = self.app.main.selected
+        job = snapshot.job if snapshot else None
+        if row is not None and row.kind == "rank":
+            return row.pid, row.label.lstrip("├└│ ")
+        if job is not None and job.ranks:
+            rank = min(job.ranks, key=lambda r: r.rank if r.rank is not None else 1 << 30)
+            name = f"rank {rank.rank}" if rank.rank is not None else "main process"
+            return rank.proc.pid, f"{name} {rank.proc.pid}"
+        if row is not None:
+            return row.pid, row.label
+        return None
+
+    def _keep_bench(self, result: "BenchResult") -> None:
+        self.bench = result
+
+    def _keep_trace(self, result: "TraceResult") -> None:
+        self.trace = result
+
+    def _start(self, dialog: "BenchScreen", task: DialogTask[R]) -> None:
+        """Run `task` in a worker; its progress and result go to `dialog` while it is open."""
+        self.app.run_worker(lambda: self._run(dialog, task), thread=True, group=task.name, exclusive=True)
+
+    def _run(self, dialog: "BenchScreen", task: DialogTask[R]) -> None:
+        app = self.app
+
+        def progress(fraction: float, message: str) -> None:
+            if dialog.is_mounted:
+                app.call_from_thread(dialog.show_progress, fraction, message)
+
+        try:
+            result = task.run(progress)
+        except ImportError:
+            app.call_from_thread(self._finished, dialog, task, None, f"{task.feature} is not available in this build")
+        except GputopError as exc:
+            app.call_from_thread(self._finished, dialog, task, None, str(exc))
+        except Exception as exc:  # a bug in a run must not take the monitor down
+            app.call_from_thread(self._finished, dialog, task, None, f"{task.name} failed: {type(exc).__name__}: {exc}")
+        else:
+            app.call_from_thread(self._finished, dialog, task, result, None)
+
+    def _finished(self, dialog: "BenchScreen", task: DialogTask[R], result: Optional[R], error: Optional[str]) -> None:
+        if result is not None:
+            task.keep(result)
+            self.app.diagnose_now()
+        lines = list(result.summary_lines()) if result is not None else []
+        if dialog.is_mounted:
+            dialog.show_result(lines, error)
+        elif error:
+            self.app.notify(error, title=task.name, severity="error", timeout=8)
+        else:
+            self.app.notify(lines[0] if lines else f"{task.name} done", title=task.name, timeout=8)
+
+    # ------------------------------------------------------------------ machine check (key c)
+    def start_check(self) -> None:
+        """`gputop check` over the live source: its window is the app's latest snapshot and those it takes
+        while the check runs (nothing is polled twice)."""
+        from gputop.tui.check_screen import CHECK_SECONDS, CheckScreen
+
+        if isinstance(self.app.screen, CheckScreen):
+            return
+        if self.check_seconds is None:
+            self.check_seconds = CHECK_SECONDS
+        seconds = self.check_seconds
+        screen = self._check_screen = CheckScreen(seconds)
+        self.app.push_screen(screen)
+        latest = self.app.history.latest
+        start = latest.timestamp if latest is not None else float("-inf")
+        app = self.app
+
+        def window() -> list[Snapshot]:
+            return app.call_from_thread(lambda: [s for s in app.history if s.timestamp >= start])
+
+        def run() -> None:
+            try:
+                report = self.machine_check(app.source, window, app.collection_stopped, seconds)
+            except GputopError as exc:
+                app.call_from_thread(self._check_done, None, str(exc))
+            except Exception as exc:  # a check bug must not take the monitor down
+                app.call_from_thread(self._check_done, None, f"the machine check failed: {type(exc).__name__}: {exc}")
+            else:
+                app.call_from_thread(self._check_done, report, None)
+
+        app.run_worker(run, thread=True, group="check", exclusive=True)
+
+    def _check_done(self, report: Optional["CheckReport"], error: Optional[str]) -> None:
+        from gputop.tui.check_screen import card_marks
+
+        screen = self._check_screen
+        if report is not None:
+            self.check = report
+            grid = self.app.main.grid
+            grid.check_marks = card_marks(report)
+            grid.redraw()
+        if screen is not None and not screen.closed:  # (it may not be mounted yet: it shows what it got on mount)
+            if report is not None:
+                screen.show_report(report)
+            else:
+                screen.show_error(error or "")
+        elif error:
+            self.app.notify(error, title="machine check", severity="error", timeout=8)
+        elif report is not None:
+            self.app.notify(report.summary, title="machine check", timeout=8)
+
+    # ------------------------------------------------------------------ report (key r)
+    def write_report(self, directory: Optional[str]) -> None:
+        """The markdown report of what the screen shows (its history, bench, trace and check) into
+        `directory` (None: the working directory)."""
+        app = self.app
+        if not len(app.history):
+            app.notify("nothing observed yet", severity="warning")
+            return
+        history = app.history_copy()
+        app.notify("writing the report…", timeout=2)
+        bench, trace, check = self.bench, self.trace, self.check
+        app.run_worker(lambda: self._write(history, bench, trace, check, directory), thread=True, group="report")
+
+    def _write(
+        self,
+        history: History,
+        bench: Optional["BenchResult"],
+        trace: Optional["TraceResult"],
+        check: Optional["CheckReport"],
+        directory: Optional[str],
+    ) -> None:
+        app = self.app
+        try:
+            from gputop.report.markdown import render_markdown
+            from gputop.report.writer import write_report
+
+            # the findings the screen shows (same window, bench, trace and check), so the ticket agrees with it
+            findings, _line = app.assess(history, bench, trace, check)
+            text = render_markdown(history, findings, bench=bench, command="gputop (TUI, key r)", infra=check, trace=trace)
+            path = (
+                Path(directory or os.getcwd()) / f"gputop-report-{history.machine.hostname}-{time.strftime('%Y%m%d-%H%M%S')}.md"
+            )
+            write_report(str(path), text)
+        except ImportError:
+            app.call_from_thread(app.notify, "reports are not available in this build", severity="error")
+        except (GputopError, OSError) as exc:
+            app.call_from_thread(app.notify, str(exc), title="report not written", severity="error", timeout=8)
+        else:
+            app.call_from_thread(app.notify, f"wrote {path}", title="report", timeout=8)
