@@ -81,11 +81,19 @@ class Focusable(Protocol):
 class Seekable(Protocol):
     """A recording played back: its own clock, which the reader can pause, seek and speed up."""
 
-    position: float
-    duration: float
-    speed: float
-    paused: bool
     generation: int  # changes on every seek: a reader rebuilds its history from history_until()
+
+    @property
+    def position(self) -> float: ...
+
+    @property
+    def duration(self) -> float: ...
+
+    @property
+    def speed(self) -> float: ...
+
+    @property
+    def paused(self) -> bool: ...
 
     def pause(self) -> None: ...
 

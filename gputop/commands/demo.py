@@ -43,7 +43,7 @@ class DemoSummary:
             return []
         means: list[Optional[float]] = []
         for gpu in range(len(self.samples[0])):
-            values = [row[gpu] for row in self.samples if gpu < len(row) and row[gpu] is not None]
+            values = [value for row in self.samples if gpu < len(row) and (value := row[gpu]) is not None]
             means.append(sum(values) / len(values) if values else None)
         return means
 

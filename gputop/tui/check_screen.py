@@ -60,9 +60,11 @@ def run_machine_check(
 ) -> CheckReport:
     """The check over a live pipeline: details and kernel readings at the start and the end of `seconds`,
     judged with the snapshots of the window (`window()`: the app's latest at the start and those since)."""
-    if not hasattr(source, "gpu") or not hasattr(source, "fake_library"):
-        raise GputopError("the machine check reads the live machine; a replay has no NVML or kernel log to read")
     from gputop.commands.check import Evidence
+    from gputop.pipeline import Pipeline
+
+    if not isinstance(source, Pipeline):
+        raise GputopError("the machine check reads the live machine; a replay has no NVML or kernel log to read")
 
     evidence = Evidence(source)
     try:

@@ -63,7 +63,7 @@ def quiet_driver(driver_class: type) -> type:
     from textual._time import get_time
     from textual._xterm_parser import XTermParser
 
-    class QuietLinuxDriver(driver_class):  # type: ignore[misc]
+    class QuietLinuxDriver(driver_class):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
