@@ -220,3 +220,35 @@ def test_the_fake_checks_the_request_as_nvml_does(collector):
         pynvml.nvmlGpmSampleFree(second)
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         pynvml.nvmlGpmSampleFree(first)  # already freed
+
+
+# ---------------------------------------------------------------- where it shows: the card and the one-line grid
+
+
+def _grid(spec):
+    from gputop.tui.widgets.gpu_grid import GpuGrid
+    from tests.harness.histories import simulated_history
+
+    history = simulated_history(spec, seconds=5)
+    grid = GpuGrid()  # not mounted: set what update_data sets, then draw
+    grid.snapshots, grid.gpu_count = list(history), len(history.latest.gpus)
+    return grid, history.latest.gpus
+
+
+def test_the_card_shows_the_gpm_line_beside_gpu_util_and_the_compact_grid_an_sm_column():
+    grid, gpus = _grid("h100-sxm-8")
+    line = next(strip.text for strip in grid.build(160, 40)[1:2])
+    gpm = gpus[0].gpm
+    expected = f"SM {gpm.sm_active:.0f}%  TC {gpm.tensor_active:.0f}%  DRAM {gpm.dram_bandwidth:.0f}%"
+    assert f"{gpus[0].utilization_gpu:.0f}%  {expected}" in line, line
+    compact = [strip.text for strip in grid._build_compact(gpus, 100)]
+    assert " SM " in compact[0]
+    assert f"{gpm.sm_active:.0f}%" in compact[1]
+    assert " SM " not in grid._build_compact(gpus, 80)[0].text  # no room: left out
+
+
+def test_a_gpu_without_gpm_has_no_gpm_line_and_no_sm_column():
+    grid, gpus = _grid("rtx-4090-2")
+    text = "\n".join(strip.text for strip in grid.build(160, 40))
+    assert "SM " not in text and "TC " not in text and "DRAM " not in text
+    assert " SM " not in grid._build_compact(gpus, 120)[0].text

@@ -25,6 +25,7 @@ READING_GPUS = "reading GPUs…"  # the placeholder until the first NVML sample 
 _GAP = Segment(" ", PLAIN)
 MIN_CARD_WIDTH = 30
 CARD_LINES = 7
+GPM_COMPACT_MIN_WIDTH = 90  # the one-line-per-GPU grid shows GPM's SM activity from this width
 GPM_MIN_SPARK_CELLS = 8  # the card's GPM line takes the sparkline's oldest cells only while this many stay
 MIN_SPARK_SECONDS = 60  # the sparkline always spans at least this much history
 
@@ -394,14 +395,18 @@ class GpuGrid(LineCanvas):
         show_power = width >= 70
         show_pcie = width >= 78
         show_user = width >= 64 and bool(self.gpu_users)
+        show_sm = width >= GPM_COMPACT_MIN_WIDTH and any(g.gpm is not None for g in gpus)  # GPM's SM activity
         user_width = min(12, max((len(u) for u in self.gpu_users.values()), default=0)) + 1
-        fixed = 10 + 5 + 8 + 5 + (6 if show_power else 0) + (7 if show_pcie else 0) + 9 + (user_width if show_user else 0)
+        fixed = 10 + 5 + 8 + 5 + (5 if show_sm else 0) + (6 if show_power else 0) + (7 if show_pcie else 0) + 9
+        fixed += user_width if show_user else 0
         spark_cells = max(4, width - fixed - 1)
         per_cell = spark_seconds_per_cell(spark_cells, self.interval)
         buckets = utilization_buckets(self.snapshots, [g.index for g in gpus], spark_cells, per_cell)
         head = LineBuilder()
         head.add(" GPU state ", look.LABEL).add(f"util, last {per_cell * spark_cells:.0f}s".ljust(spark_cells), look.LABEL)
         head.add("    %     mem temp", look.LABEL)
+        if show_sm:
+            head.add("   SM", look.LABEL)
         if show_power:
             head.add(" power", look.LABEL)
         if show_pcie:
@@ -427,6 +432,8 @@ class GpuGrid(LineCanvas):
                 card_text("temperature", gpu).rjust(5),
                 look.PLAIN if temp is None or temp < 75 else look.WARN if temp < 85 else look.BAD,
             )
+            if show_sm:
+                line.add(("" if gpu.gpm is None else card_text("sm_active", gpu)).rjust(5))
             if show_power:
                 line.add(("n/a" if gpu.power is None else f"{gpu.power:.0f}W").rjust(6))
             if show_pcie:
