@@ -39,6 +39,11 @@ BF16_GEMM = KernelMix(
 FP32_ELEMENTWISE = KernelMix(
     sm_active=0.35, sm_occupancy=0.30, tensor_active=0.0, dram_bandwidth=0.88, fp32_active=0.12, fp16_active=0.0
 )
+# an fp32 model of many small layers, run eagerly: its GEMMs are small and every activation, norm and residual is a
+# kernel of its own that streams memory (the article's case study after caching: "DRAM bandwidth limited")
+FP32_UNFUSED = KernelMix(
+    sm_active=0.45, sm_occupancy=0.35, tensor_active=0.0, dram_bandwidth=0.80, fp32_active=0.30, fp16_active=0.0
+)
 # a NCCL collective spinning on a missing peer: ~4 of an H100's 132 SMs (one block per channel), no math, no traffic
 NCCL_SPIN = KernelMix(sm_active=0.03, sm_occupancy=0.02, tensor_active=0.0, dram_bandwidth=0.0, fp32_active=0.0, fp16_active=0.0)
 IDLE = KernelMix(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)

@@ -204,10 +204,15 @@ class DemoConfig:
     max_steps: Optional[int] = None
     loss_log: Optional[str] = None
     precision: str = "fp32"  # "bf16": AMP (bf16 autocast) in the forward
+    augment_ms: float = 0.0  # CPU per sample after the decode (heavier augmentations; the case study's stage 2)
+    cached: bool = False  # the samples preprocessed once and kept in memory as tensors (no storage, no decode)
+    kernels: str = "gemm"  # "unfused": many small eager fp32 kernels that stream DRAM (the case study's model)
 
     @property
     def prep_ms_per_batch(self) -> float:
-        return self.batch_size * (decode_ms(self.image_side) + self.storage_ms)
+        if self.cached:
+            return 0.0  # preprocessed once, kept in memory
+        return self.batch_size * (decode_ms(self.image_side) + self.storage_ms + self.augment_ms)
 
     @property
     def workers_needed(self) -> float:
