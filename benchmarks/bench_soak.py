@@ -31,7 +31,8 @@ default settings, then reads gputop's RSS and CPU (its own and its py-spy childr
 **TUI.**  The real app (Textual, headless at 160×48) over the simulated machine, polled 50 times a
 second so its 600-snapshot history fills in about 30 s and then turns over again and again: RSS when the
 history is full, then after every 600 polls more.  The figure is the last RSS ÷ the RSS after the first
-turn-over (the allocator settles while the first whole history is replaced; growth after that is a leak).
+turn-over (the allocator settles while the first whole history is replaced; growth after that is a leak),
+and a second one the last RSS above the RSS after the first 30 polls (issue 22: at most 15 MiB).
 """
 
 from __future__ import annotations
@@ -376,6 +377,10 @@ def real_attach(args: argparse.Namespace) -> int:
     return 0 if rss_ratio <= FLAT_GOAL else 1
 
 
+START_POLLS = 30  # the TUI's "start": its first frames drawn, its history a few snapshots long
+ABOVE_START_GOAL_MIB = 15.0
+
+
 def tui(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -392,12 +397,17 @@ def tui(args: argparse.Namespace) -> int:
             if app.history.latest is not seen:
                 seen, done = app.history.latest, done + 1
 
+    start: list[float] = []  # RSS after START_POLLS polls: the app as it starts, before the history grows
+
     async def run() -> list[tuple[int, float]]:
         source = pipeline_from_args(argparse.Namespace(simulate=args.simulate, pid=None, interval=0.02))
         app = GputopApp(source, interval=0.02, history_capacity=600)
         rows = []
         try:
             async with app.run_test(size=(160, 48)) as pilot:
+                await polls(pilot, app, START_POLLS)
+                gc.collect()
+                start.append(rss())
                 while len(app.history) < app.history.capacity:
                     await pilot.pause(0.2)
                 gc.collect()
@@ -412,8 +422,18 @@ def tui(args: argparse.Namespace) -> int:
 
     rows = asyncio.run(run())
     print(machine_line())
-    print_table(["polls after the history filled", "RSS MiB"], [(n, f"{r:.1f}") for n, r in rows])
+    print_table(
+        ["polls after the history filled", "RSS MiB"],
+        [(f"start ({START_POLLS} polls)", f"{start[0]:.1f}")] + [(n, f"{r:.1f}") for n, r in rows],
+    )
     settled, last = rows[min(1, len(rows) - 1)][1], rows[-1][1]
+    emit_figure(
+        "TUI RSS above its own start once its 600-snapshot history has turned over",
+        f"≤ {ABOVE_START_GOAL_MIB:.0f} MiB (issue 22)",
+        f"+{last - start[0]:.1f} MiB ({start[0]:.1f} -> {last:.1f} MiB)",
+        f"python benchmarks/bench_soak.py --tui {args.tui}",
+        last - start[0] <= ABOVE_START_GOAL_MIB,
+    )
     ratio = last / settled
     emit_figure(
         f"Soak, TUI history turned over {args.tui // 600} times: RSS last ÷ after the first turn-over",

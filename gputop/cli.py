@@ -75,6 +75,17 @@ def _add_pid(p: argparse.ArgumentParser, required: bool = False, help_text: Opti
     )
 
 
+def _seconds_or_off(text: str) -> float:
+    """A cadence in seconds, 0 for off."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value < 0 or value != value:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 (off) or more seconds")
+    return value
+
+
 def _add_followed_pids(p: argparse.ArgumentParser, verb: str) -> None:
     """`serve` and `record`: the jobs followed with their stacks (the same options give the same jobs)."""
     p.add_argument(
@@ -84,6 +95,13 @@ def _add_followed_pids(p: argparse.ArgumentParser, verb: str) -> None:
         action="extend",
         metavar="PID",
         help=f"{verb} these jobs only (a launcher, a rank or a plain python train.py); default: every job on the GPUs",
+    )
+    p.add_argument(
+        "--watch-counters",
+        type=_seconds_or_off,
+        default=None,
+        metavar="SECONDS",
+        help="read gputop check's counters (PCIe replays, NVLink errors, AER, kernel-log XIDs) every SECONDS (default 60; 0: never)",
     )
 
 

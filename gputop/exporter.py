@@ -29,8 +29,9 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gputop import __version__, gpu_fields
+from gputop.analysis.counter_health import counter_problems
 from gputop.analysis.freeze import freeze_start, main_thread_sample
-from gputop.analysis.gpu_health import FINDING_SEVERITY, judge_snapshot, pcie_degraded
+from gputop.analysis.gpu_health import FINDING_SEVERITY, Severity, judge_snapshot, pcie_degraded
 from gputop.analysis.observations import StackSample, collect_rank_observations
 from gputop.analysis.stack_classes import (
     COLLECTIVE,
@@ -49,9 +50,11 @@ from gputop.model import (
     LABEL_CODE,
     LABEL_INFRA,
     THROTTLE_REASONS,
+    CounterHealth,
     Finding,
     GpuSample,
     JobTree,
+    NicPortSample,
     ProcessStacks,
     Rank,
     Snapshot,
@@ -194,8 +197,9 @@ class Exporter:
         started = time.perf_counter()
         trees = self._live_jobs(snap)
         families = self._static_families()
-        families += self._gpu_families(snap.gpus)
+        families += self._gpu_families(snap.gpus, snap.counter_health)
         families += self._job_families(snap, trees)
+        families += nic_families(snap.nics, self.hostname)
         families.append(self._pyspy_family())
         self._families = families
         self.cycles += 1
@@ -219,7 +223,9 @@ class Exporter:
         build.add_metric([], {"version": __version__, "Hostname": self.hostname})
         return [build]
 
-    def _gpu_families(self, gpus: Iterable[GpuSample]) -> list[Metric]:
+    def _gpu_families(self, gpus: Iterable[GpuSample], counter_health: Optional[CounterHealth] = None) -> list[Metric]:
+        """The GPUs' gauges; their health from the samples (the health module) and from the pipeline's counter
+        watch (`Snapshot.counter_health`: `gputop check`'s counter lines, rule = the check's id)."""
         gpu_labels = ["gpu", "UUID", "Hostname"]
         xids = CounterMetricFamily(
             "gputop_xid_events", "XID errors the driver reported since gputop started", labels=gpu_labels + ["xid"]
@@ -241,11 +247,13 @@ class Exporter:
         )
         problem = GaugeMetricFamily(
             "gputop_gpu_health_problem",
-            "1 per health rule the GPU breaks now (lost, ecc, remap, xid, slowdown, power_limit, pcie, nvlink), with its severity",
+            "1 per health rule the GPU breaks now (lost, ecc, remap, xid, slowdown, power_limit, pcie, nvlink; and the"
+            " counter checks: pcie.replay, pcie.aer, nvlink.errors, topology, memory.retired_pages), with its severity",
             labels=gpu_labels + ["rule", "severity"],
         )
         gpus = tuple(gpus)
         judged = judge_snapshot(gpus)  # the one health judgement (analysis/gpu_health.py)
+        counted = counter_problems(counter_health)  # gputop check's counter lines (analysis/counter_health.py)
         readings = [  # the gauges the table of GPU fields declares
             (f, GaugeMetricFamily(*f.metric, labels=gpu_labels)) for f in gpu_fields.shown_in(gpu_fields.METRICS) if f.metric
         ]
@@ -257,9 +265,12 @@ class Exporter:
                 self._xid_counts[(str(gpu.index), gpu.uuid, str(event.code))] += 1
             if gpu.xids is not None:
                 self._xids_seen[gpu.index] = now_held
-            health.add_metric(labels, float(judged[gpu.index].severity))
-            for found in judged[gpu.index].problems:
-                problem.add_metric(labels + [found.rule, FINDING_SEVERITY[found.severity]], 1.0)
+            rules = {p.rule: p.severity for p in reversed(judged[gpu.index].problems)}  # worst last: it stays
+            for rule, severity in counted.get(gpu.index, {}).items():
+                rules[rule] = max(rules.get(rule, Severity.OK), severity)
+            health.add_metric(labels, float(max(rules.values(), default=Severity.OK)))
+            for rule, severity in rules.items():
+                problem.add_metric(labels + [rule, FINDING_SEVERITY[severity]], 1.0)
             if gpu.lost:
                 continue
             verdict = pcie_degraded(gpu)
@@ -475,3 +486,32 @@ class Exporter:
             del self._ranks[key]
         for pid in [p for p in self._dump_seen if p not in pids]:
             del self._dump_seen[pid]
+
+
+def nic_families(nics: Optional[Sequence[NicPortSample]], hostname: str) -> list[Metric]:
+    """The NIC ports as sysfs counts them (collect/sysfs.NicReader), labelled device, port, Hostname; the
+    counters are the kernel's own cumulative ones (since the driver loaded), for PromQL's rate().  Whether a
+    port is down, slow or erring is `gputop check`'s judgement (analysis/gpu_health.py): from these, a
+    rate below its peers' reads `gputop_nic_rate_gbps < on(Hostname) group_left max by (Hostname) (...)`."""
+    labels = ["device", "port", "Hostname"]
+    up = GaugeMetricFamily("gputop_nic_up", "1 while the NIC port is ACTIVE (RDMA) / up (Ethernet)", labels=labels)
+    rate = GaugeMetricFamily("gputop_nic_rate_gbps", "the rate the NIC port trained to, Gb/s (absent while down)", labels=labels)
+    errors = CounterMetricFamily(
+        "gputop_nic_errors",
+        "the NIC port's error counters (sysfs counters/, hw_counters/, statistics/)",
+        labels=labels + ["counter"],
+    )
+    received = CounterMetricFamily("gputop_nic_receive_bytes", "bytes the NIC port received", labels=labels)
+    sent = CounterMetricFamily("gputop_nic_transmit_bytes", "bytes the NIC port sent", labels=labels)
+    for port in nics or ():
+        values = [port.device, str(port.port), hostname]
+        up.add_metric(values, 1.0 if port.up else 0.0)
+        if port.rate_gbps is not None:
+            rate.add_metric(values, port.rate_gbps)
+        for counter, count in sorted(port.errors.items()):
+            errors.add_metric(values + [counter], count)
+        if port.rx_bytes is not None:
+            received.add_metric(values, port.rx_bytes)
+        if port.tx_bytes is not None:
+            sent.add_metric(values, port.tx_bytes)
+    return [up, rate, errors, received, sent]

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -31,19 +34,141 @@ class PcieLink:
     @property
     def downgraded(self) -> bool:
         """Link trained below what the card and slot support (only meaningful under load)."""
-        if None in (self.gen_current, self.gen_max, self.width_current, self.width_max):
+        gen, gen_max, width, width_max = self.gen_current, self.gen_max, self.width_current, self.width_max
+        if gen is None or gen_max is None or width is None or width_max is None:
             return False
-        return self.gen_current < self.gen_max or self.width_current < self.width_max
+        return gen < gen_max or width < width_max
 
 
 @dataclass(frozen=True, slots=True)
 class NvLinkLink:
+    """One NVLink at one instant, as readers see it (`GpuSample.nvlink` builds these on demand)."""
+
     link: int
     active: bool
     remote_bus_id: Optional[str] = None
     remote_kind: Optional[str] = None  # "gpu" | "switch" | "ibmnpu" | None
     tx_bytes_per_s: Optional[float] = None
     rx_bytes_per_s: Optional[float] = None
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkWiring:
+    """What one NVLink is, as opposed to what it carries: the same sample after sample."""
+
+    link: int
+    active: bool
+    remote_bus_id: Optional[str] = None
+    remote_kind: Optional[str] = None  # "gpu" | "switch" | "ibmnpu" | None
+
+
+_NOT_MEASURED = math.nan  # a rate NVML gave none for (None to readers); no measured rate is NaN
+
+
+@functools.lru_cache(maxsize=256)
+def shared_wiring(links: tuple[tuple[int, bool, Optional[str], Optional[str]], ...]) -> tuple[NvLinkWiring, ...]:
+    """One GPU's wiring from (link, active, remote_bus_id, remote_kind) per link: equal wirings come back as the
+    same object, so snapshots decoded from JSON or built from `NvLinkLink`s share it as the collector's do."""
+    return tuple(NvLinkWiring(*link) for link in links)
+
+
+class NvLinks(Sequence[NvLinkLink]):
+    """One GPU's NVLinks at one instant: a sequence of `NvLinkLink`, stored compactly.
+
+    The history keeps 600 samples of every GPU; as 18 `NvLinkLink` objects a GPU with two boxed rates
+    each, the links were 18 KB of a 24.6 KB snapshot of 8 H100s.  Here the wiring (a tuple of
+    `NvLinkWiring`) is shared by reference with the samples before it while it does not change, and the
+    rates are one array of doubles, TX then RX of each link in wiring order (NaN: not measured).  Reading
+    an item builds its `NvLinkLink`; nothing but the wiring and the array is kept.  Immutable."""
+
+    __slots__ = ("wiring", "rates")
+    wiring: tuple[NvLinkWiring, ...]
+    rates: array[float]
+
+    def __init__(self, wiring: tuple[NvLinkWiring, ...], rates: Iterable[Optional[float]]) -> None:
+        """`rates`: TX and RX bytes/s of each link of `wiring`, in order (None: not measured)."""
+        # from a list, not a generator: the array is then allocated at its size, not grown with room to spare;
+        # + 0.0 turns -0.0 into 0.0, so equal rates are equal bytes (__eq__, __hash__)
+        values = array("d", [_NOT_MEASURED if rate is None else rate + 0.0 for rate in rates])
+        if len(values) != 2 * len(wiring):
+            raise ValueError(f"NvLinks: {len(wiring)} links need {2 * len(wiring)} rates, got {len(values)}")
+        object.__setattr__(self, "wiring", wiring)
+        object.__setattr__(self, "rates", values)
+
+    @classmethod
+    def of(cls, links: Iterable[NvLinkLink]) -> NvLinks:
+        """The compact form of `NvLinkLink`s (samples built by hand, older code)."""
+        links = tuple(links)
+        wiring = shared_wiring(tuple((k.link, k.active, k.remote_bus_id, k.remote_kind) for k in links))
+        return cls(wiring, (rate for k in links for rate in (k.tx_bytes_per_s, k.rx_bytes_per_s)))
+
+    @classmethod
+    def from_jsonable(cls, data: Optional[list[dict[str, Any]]]) -> Optional[NvLinks]:
+        """Inverse of `to_jsonable`: a list of link objects, as `gputop snapshot --json` and recordings hold them."""
+        if data is None:
+            return None
+        wiring = shared_wiring(
+            tuple((int(k["link"]), bool(k["active"]), k.get("remote_bus_id"), k.get("remote_kind")) for k in data)
+        )
+        return cls(wiring, (k.get(key) for k in data for key in ("tx_bytes_per_s", "rx_bytes_per_s")))
+
+    def to_jsonable(self) -> list[dict[str, Any]]:
+        """What `to_jsonable` writes for it: one object per link, the fields of `NvLinkLink` (made without them)."""
+        return [
+            {
+                "link": w.link,
+                "active": w.active,
+                "remote_bus_id": w.remote_bus_id,
+                "remote_kind": w.remote_kind,
+                "tx_bytes_per_s": self._rate(2 * i),
+                "rx_bytes_per_s": self._rate(2 * i + 1),
+            }
+            for i, w in enumerate(self.wiring)
+        ]
+
+    def _rate(self, i: int) -> Optional[float]:
+        value = self.rates[i]
+        return None if value != value else value  # NaN: not measured
+
+    def _link(self, i: int) -> NvLinkLink:
+        w = self.wiring[i]
+        return NvLinkLink(w.link, w.active, w.remote_bus_id, w.remote_kind, self._rate(2 * i), self._rate(2 * i + 1))
+
+    def __len__(self) -> int:
+        return len(self.wiring)
+
+    @typing.overload
+    def __getitem__(self, index: int) -> NvLinkLink: ...
+
+    @typing.overload
+    def __getitem__(self, index: slice) -> tuple[NvLinkLink, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> NvLinkLink | tuple[NvLinkLink, ...]:
+        if isinstance(index, slice):
+            return tuple(self._link(i) for i in range(len(self.wiring))[index])
+        return self._link(range(len(self.wiring))[index])  # negative indices; IndexError past the end
+
+    def __iter__(self) -> Iterator[NvLinkLink]:
+        return (self._link(i) for i in range(len(self.wiring)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, NvLinks):
+            return self.wiring == other.wiring and self.rates.tobytes() == other.rates.tobytes()
+        if isinstance(other, tuple):
+            return tuple(self) == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.wiring, self.rates.tobytes()))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"NvLinks is immutable (tried to set {name})")
+
+    def __reduce__(self) -> tuple[type[NvLinks], tuple[tuple[NvLinkWiring, ...], list[Optional[float]]]]:
+        return NvLinks, (self.wiring, [self._rate(i) for i in range(len(self.rates))])
+
+    def __repr__(self) -> str:
+        return f"NvLinks({list(self)!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +249,8 @@ class GpuSample:
     clock_sm: Optional[int] = None  # MHz
     clock_memory: Optional[int] = None  # MHz
     pcie: PcieLink = field(default_factory=PcieLink)
-    nvlink: Optional[tuple[NvLinkLink, ...]] = None  # None: NVLink not available on this card
+    # None: NVLink not available on this card.  A tuple of NvLinkLink given here is stored as NvLinks.
+    nvlink: Optional[NvLinks] = None
     throttle_reasons: Optional[tuple[str, ...]] = None  # active clock-event reasons by name
     ecc: Optional[EccCounts] = None
     remapped_rows: Optional[RemappedRows] = None
@@ -135,6 +261,10 @@ class GpuSample:
     # GPM over the last refresh interval; None: the GPU has no GPM (before Hopper, MIG) or NVML refused it
     gpm: Optional[GpmMetrics] = None
     compute_capability: Optional[tuple[int, int]] = None  # CUDA's (major, minor); None: NVML did not say
+
+    def __post_init__(self) -> None:
+        if self.nvlink is not None and not isinstance(self.nvlink, NvLinks):
+            object.__setattr__(self, "nvlink", NvLinks.of(self.nvlink))
 
     @property
     def memory_fraction(self) -> Optional[float]:
@@ -154,18 +284,58 @@ class NicInfo:
     netdev: Optional[str] = None  # the RDMA device's network interface, e.g. "ibp25s0"
 
 
+NO_NEAR_CPUS = ""  # Topology.cpu_affinity of a GPU whose affinity mask NVML answered empty
+
+
+@dataclass(frozen=True, slots=True)
+class NicPortSample:
+    """One NIC port as /sys shows it at one poll: an InfiniBand/RoCE port (/sys/class/infiniband/DEV/ports/N)
+    or a plain Ethernet interface (/sys/class/net/DEV, port 1).  Counters are cumulative since the driver
+    loaded; the rates are over the time since the previous poll (None on the first)."""
+
+    device: str  # "mlx5_3", or the interface ("enp5s0") of a NIC without an RDMA device
+    port: int
+    rdma: bool  # under /sys/class/infiniband
+    link_layer: str  # "InfiniBand" | "Ethernet"
+    up: bool  # state ACTIVE (RDMA) / operstate up (Ethernet)
+    state: str  # as the kernel words it: "ACTIVE", "DOWN", "INIT"; "up", "down", "lowerlayerdown"
+    phys_state: Optional[str] = None  # "LinkUp", "Polling", "Disabled" (RDMA only)
+    rate_gbps: Optional[float] = None  # the trained rate; None when the kernel does not know (a link down)
+    rate_text: Optional[str] = None  # "400 Gb/sec (4X NDR)"
+    netdev: Optional[str] = None  # the RDMA device's interface
+    rx_bytes: Optional[int] = None
+    tx_bytes: Optional[int] = None
+    rx_bytes_per_s: Optional[float] = None
+    tx_bytes_per_s: Optional[float] = None
+    errors: dict[str, int] = field(default_factory=dict)  # the error counters by their sysfs name, cumulative
+    errors_at: float = 0.0  # time.time() the error counters were read (a slower cadence than traffic)
+
+
 @dataclass(frozen=True, slots=True)
 class Topology:
     """`nvidia-smi topo -m` between GPUs and NICs, plus each GPU's host affinity (read once per run)."""
 
     matrix: tuple[tuple[str, ...], ...] = ()  # matrix[i][j]: "X", "NV18", "PIX", "PXB", "PHB", "NODE", "SYS"
-    cpu_affinity: tuple[Optional[str], ...] = ()  # per GPU, e.g. "0-31,64-95"
+    # per GPU, e.g. "0-31,64-95"; NO_NEAR_CPUS: NVML's mask is empty; None: NVML refused (see near_cpus_text)
+    cpu_affinity: tuple[Optional[str], ...] = ()
     numa_node: tuple[Optional[int], ...] = ()  # per GPU
     # Every NIC backed by a PCI function (sysfs); None: not read (no sysfs, or a recording older than NICs)
     nics: Optional[tuple[NicInfo, ...]] = None
     # nic_matrix[k]: NIC k's link to each GPU, then to each NIC, labelled as the GPU matrix ("PIX", "NODE", ...)
     nic_matrix: tuple[tuple[str, ...], ...] = ()
     nics_unreadable: tuple[str, ...] = ()  # why NICs could not be read, one line each
+
+    def near_cpus_text(self, gpu: int) -> str:
+        """GPU `gpu`'s CPU affinity in words: the list, "none of this job's CPUs are near GPU N" for an empty
+        mask (NVML answers only the CPUs this process may use: a Slurm job's cgroup on the other socket), or
+        "n/a" where NVML did not say."""
+        cpus = self.cpu_affinity[gpu] if gpu < len(self.cpu_affinity) else None
+        if cpus == NO_NEAR_CPUS:
+            return f"none of this job's CPUs are near GPU {gpu}"
+        return cpus or "n/a"
+
+    def gpus_without_near_cpus(self) -> tuple[int, ...]:
+        return tuple(i for i, cpus in enumerate(self.cpu_affinity) if cpus == NO_NEAR_CPUS)
 
     def matrix_nics(self) -> tuple[int, ...]:
         """Indices into `nics` of the NICs `nvidia-smi topo -m` shows: the RDMA devices, in order."""
@@ -471,6 +641,31 @@ class JobTree:
 
 
 @dataclass(frozen=True, slots=True)
+class CounterCheck:
+    """A line of `gputop check` (`analysis.machine_check.CheckResult`'s fields) that warns or fails over the
+    pipeline's counter window: as a snapshot carries it and a recording keeps it."""
+
+    id: str  # the check's id, e.g. "pcie.replay"
+    title: str
+    status: str  # "warn" or "fail"
+    value: str
+    expected: str
+    gpus: tuple[int, ...] = ()
+    evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CounterHealth:
+    """What the GPUs' error counters and the kernel's side (AER, kernel-log XIDs, topology) showed between
+    two readings `seconds` apart, the later at `timestamp` (`Pipeline(watch_counters=...)`,
+    `analysis/counter_health.py`): `gputop check`'s counter lines that warn or fail, none when all pass."""
+
+    timestamp: float
+    seconds: float
+    checks: tuple[CounterCheck, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     timestamp: float
     host: HostSample
@@ -481,6 +676,11 @@ class Snapshot:
     # no stacks), so what the screen offers to attach to is in recordings and reports too.  With several
     # jobs followed (`serve`, `record`): their trees with their stacks.  Read both with `source.jobs_of`.
     jobs: tuple[JobTree, ...] = ()
+    # The latest counter window's judgement, carried by every snapshot until the next one (None: not watched,
+    # or an older recording).
+    counter_health: Optional[CounterHealth] = None
+    # the NIC ports (collect/sysfs.NicReader); None where none was read (no /sys, older recordings)
+    nics: Optional[tuple[NicPortSample, ...]] = None
 
 
 # --------------------------------------------------------------------- JSON
@@ -490,6 +690,8 @@ def to_jsonable(value: Any) -> Any:
     """Dataclasses -> dicts, tuples -> lists, dict keys -> str. Properties are not included."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, NvLinks):
+        return value.to_jsonable()
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
     if isinstance(value, dict):
@@ -516,9 +718,11 @@ def _converter(tp: Any) -> Converter:
     """A function turning JSON data (or None) into a value of type `tp`."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _converter(args[0]) if len(args) == 1 else _keep
-    if dataclasses.is_dataclass(tp):
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _converter(members[0]) if len(members) == 1 else _keep
+    if tp is NvLinks:
+        return NvLinks.from_jsonable
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _dataclass_converter(tp)
     if origin is tuple:
         args = typing.get_args(tp)

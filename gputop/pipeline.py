@@ -11,6 +11,7 @@ or simulated, so what the screen shows is what the report says.
 
     Pipeline(pids=[a, b])       # follow several jobs with their stacks (`serve`, `record`)
     Pipeline(follow_all=True)   # follow every job on the GPUs with its stacks, as they come and go
+    Pipeline(watch_counters=60.0)  # read `gputop check`'s counters every 60 s onto Snapshot.counter_health
 
 What a snapshot carries of the jobs, whichever way they are followed:
 - `Snapshot.job`: the one job followed with its stacks (attached, or the only one followed);
@@ -23,17 +24,27 @@ What a snapshot carries of the jobs, whichever way they are followed:
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from gputop.collect.gpu import GpuCollector, GpuUnavailableError
 from gputop.collect.host import HostCollector, numa_layout_from_affinity
-from gputop.collect.sysfs import HostReader
+from gputop.collect.sysfs import HostReader, NicReader, NicSource
 from gputop.errors import GputopError
 from gputop.model import GpuDetails, GpuSample, JobTree, MachineInfo, Snapshot, Topology
 from gputop.source import job_anchor
 
 if TYPE_CHECKING:
+    from gputop.collect.counters import CounterWatch
     from gputop.collect.job_tree import JobCollector
+
+# The counter watch of `serve`, `record`, the TUI and the demo (collect/counters.py): one reading of the GPUs'
+# error counters, the AER files and the kernel log a minute costs a few ms (benchmarks/bench_counters.py); a
+# counter that climbs is seen within two minutes.
+WATCH_COUNTERS_S = 60.0
+# The TUI's first reading waits this long: its first frames (and the check's code, loaded by the first verdict
+# on a reading) come first.
+TUI_WATCH_FIRST_AFTER_S = 10.0
 
 
 class FollowedJobs:
@@ -131,6 +142,8 @@ class Pipeline:
         stack_interval: float = 2.0,
         clock: Callable[[], float] = time.time,
         host_collector: Any = None,
+        watch_counters: Optional[float] = None,
+        watch_first_after: float = 0.0,
     ) -> None:
         """`simulate`: a spec `PROFILE[+FAULT...]` (UsageError if bad) or None for the real driver.
 
@@ -141,6 +154,11 @@ class Pipeline:
 
         `pid`: attach to that job (the TUI's one job, `attach()` swaps it).  `pids`: follow those jobs,
         each with its stacks; `follow_all`: follow every job on the GPUs so (`serve`, `record`).
+
+        `watch_counters`: every that many seconds (on the pipeline's clock), read what `gputop check`
+        reads at the ends of its window (the GPUs' error counters, AER, the kernel log's XIDs) and put the
+        check's verdict on that window on the snapshots (`Snapshot.counter_health`; collect/counters.py);
+        the first reading `watch_first_after` seconds after the first poll (the TUI draws its first frames first).
         """
         if pid is not None and (pids or follow_all):
             raise ValueError("pass pid (one attached job) or pids / follow_all (followed jobs), not both")
@@ -153,6 +171,8 @@ class Pipeline:
         self.followed: Optional[FollowedJobs] = None
         self.gpu: Optional[GpuCollector] = None
         self.fake_library = None
+        self.counters: Optional[CounterWatch] = None
+        self.nics: Optional[NicSource] = None  # the NIC ports each poll (collect/sysfs.NicReader)
         self._closed = False
         spec = None
         library = None
@@ -188,6 +208,12 @@ class Pipeline:
             topology = nic_topology(spec.profile, topology, bus_ids)
         else:
             topology = HostReader("/", use_dmesg=False).nic_topology(topology, bus_ids)
+        if spec is not None and self.fake_library is not None:
+            from gputop.sim.fake_sysfs import FakeNicTree
+
+            self.nics = FakeNicTree(spec, self.fake_library.elapsed, clock=clock)
+        elif spec is None:
+            self.nics = NicReader("/", clock=clock)
         machine_kwargs: dict[str, Any] = {"topology": topology}
         self.machine = MachineInfo(
             hostname=getattr(self.host, "hostname", ""),
@@ -208,6 +234,12 @@ class Pipeline:
                 self.attach(pid)
             elif pids or follow_all:
                 self.followed = FollowedJobs(pids, discover=follow_all, stack_interval=stack_interval)
+            if watch_counters is not None and self.gpu is not None:
+                from gputop.collect.counters import CounterWatch, HostSource  # the check's rules: only where watched
+
+                self.counters = CounterWatch(
+                    self.gpu_details, HostSource(self, None), self.machine, watch_counters, first_after=watch_first_after
+                )
         except BaseException:
             self.close()
             raise
@@ -268,7 +300,21 @@ class Pipeline:
             from gputop.collect.job_tree import discover_jobs  # /proc only: no py-spy, no stacks
 
             jobs = tuple(discover_jobs(gpus))
-        return Snapshot(timestamp=now, host=host, gpus=gpus, job=job, simulated=self.simulated, jobs=jobs)
+        nics = self.nics.read() if self.nics is not None else None
+        counters = self.counters
+        latest = counters.latest if counters is not None else None
+        snap = Snapshot(
+            timestamp=now, host=host, gpus=gpus, job=job, simulated=self.simulated, jobs=jobs, counter_health=latest, nics=nics
+        )
+        if counters is not None and counters.due(now):  # the slow cadence: most polls carry the last window's verdict
+            snap = replace(snap, counter_health=counters.judge(snap))
+        return snap
+
+    def watch_nic_errors(self) -> None:
+        """Read the NICs' error counters every poll rather than every few seconds: a check's short window
+        must see them twice to see them climb."""
+        if self.nics is not None:
+            self.nics.errors_every_s = 0.0
 
     def gpu_details(self) -> tuple[GpuDetails, ...]:
         """Each GPU's identity, modes and error counters (`gputop check`'s start and end); () without a driver."""
@@ -278,7 +324,7 @@ class Pipeline:
         if self._closed:
             return
         self._closed = True
-        for part in (self.job_collector, self.followed, self.gpu, self.host):
+        for part in (self.job_collector, self.followed, self.counters, self.gpu, self.host, self.nics):
             if part is not None:
                 part.close()
 
@@ -302,9 +348,12 @@ def following_pipeline(args: Any) -> Pipeline:
     """The pipeline of `serve` and `record`, built from the same options so that a recording holds what
     `serve` exports: the jobs of `args.pid` (a list), or every job on the GPUs, each with its stacks."""
     pids = list(getattr(args, "pid", None) or ())
+    cadence = getattr(args, "watch_counters", None)
+    cadence = WATCH_COUNTERS_S if cadence is None else cadence
     return Pipeline(
         simulate=getattr(args, "simulate", None),
         pids=pids,
         follow_all=not pids,
         stack_interval=getattr(args, "stack_interval", 2.0),
+        watch_counters=cadence if cadence else None,  # 0: not watched
     )

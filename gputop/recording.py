@@ -18,6 +18,10 @@ dump is the same object as in the previous line under ``stacks_unchanged`` inste
 and the reader restores them (shared, as in the live `History`).  Every `KEYFRAME_EVERY`-th line repeats
 all dumps, so a reader can start decoding near any point (seek) without reading from the beginning.
 
+A snapshot of `serve`'s and `record`'s pipeline carries its counter watch's latest window
+(``counter_health``: `gputop check`'s counter lines that warn or fail); a recording written before it
+existed has no such key and reads back with ``counter_health`` None.
+
 Reading never holds the whole recording: `RecordingIndex` keeps each snapshot's place in the file
 (a few bytes each) and decodes the range asked for; `ReplaySource` plays through it, and `report
 --from` decodes only the window it reports on.  `read_recording` (everything as a list) is for short

@@ -111,6 +111,9 @@ class SteppedSource:
 def build_source(seconds: int, profile: str) -> SteppedSource:
     # The simulated GPUs' CPU affinity is laid out over the host's CPUs: make it the simulated host's.
     os.cpu_count = lambda: HOST_CORES  # type: ignore[assignment]  # this script's process only
+    import gputop.collect.gpu as gpu_collector
+
+    gpu_collector.possible_cpus = lambda path=None: HOST_CORES  # the affinity mask's size: the simulated host's CPUs
     from gputop.pipeline import Pipeline
     from gputop.sim.fake_nvml import ManualClock
 

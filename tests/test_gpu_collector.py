@@ -135,8 +135,9 @@ def test_nvlink_down_narrows_the_topology_and_links(collector):
     assert all(link.tx_bytes_per_s > 0 for link in links if link.active)
 
 
-def test_an_unchanged_link_reading_is_shared_by_the_samples_a_history_keeps(collector):
-    # the TUI keeps 600 samples: an inactive or idle link must cost one object, not one a sample
+def test_the_samples_a_history_keeps_share_the_link_wiring_and_unchanged_rates(collector):
+    # the TUI keeps 600 samples: the wiring of a GPU's links is one object for all of them, and a sample
+    # whose rates did not move (idle or inactive links) is the previous one
     clock, load = ManualClock(), ScriptedLoad(util=50.0)
     gpu, _ = collector("h100-sxm-8+nvlink-down=4", load=load, clock=clock)
     clock.advance(1.0)
@@ -146,15 +147,34 @@ def test_an_unchanged_link_reading_is_shared_by_the_samples_a_history_keeps(coll
     clock.advance(1.0)
     same_load = gpu.sample()[4].nvlink  # the same traffic as a second ago: every link reads the same
     assert sum(1 for link in same_load if not link.active) == 4
-    assert all(now is then for now, then in zip(same_load, first))
+    assert same_load is first
     load.util = 90.0
     clock.advance(1.0)
     busier = gpu.sample()[4].nvlink
+    assert busier is not same_load and busier.wiring is same_load.wiring
     for now, then in zip(busier, same_load):
-        if now.active:  # its rate moved: a reading of its own
-            assert now is not then and now.tx_bytes_per_s > then.tx_bytes_per_s
+        if now.active:  # its rate moved
+            assert now.tx_bytes_per_s > then.tx_bytes_per_s
         else:
-            assert now is then
+            assert now == then and now.tx_bytes_per_s is None
+
+
+def test_a_reading_that_repeats_is_the_previous_samples_object(collector):
+    # the TUI keeps 600 samples: limits, clocks, the PCIe link and the refusals repeat; each is one object then
+    clock, load = ManualClock(), ScriptedLoad(util=50.0)
+    gpu, _ = collector("rtx-4090-2", load=load, clock=clock)  # no NVLink, no ECC: `unavailable` says so
+    clock.advance(1.0)
+    before = gpu.sample()[0]
+    load.util = 90.0
+    clock.advance(1.0)
+    after = gpu.sample()[0]
+    assert after.power_limit == before.power_limit and after.power_limit is before.power_limit
+    assert after.memory_total is before.memory_total and after.pcie.gen_max == before.pcie.gen_max
+    assert after.unavailable == {"ecc": "NotSupported", "nvlink": "NotSupported", "remapped_rows": "NotSupported"}
+    assert after.unavailable is before.unavailable
+    # what moved is read anew
+    assert after.utilization_gpu == 90.0 and before.utilization_gpu == 50.0
+    assert after.power > before.power and after.pcie != before.pcie
 
 
 def test_nvlink_rate_is_delta_over_time(collector):

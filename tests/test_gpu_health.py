@@ -4,10 +4,13 @@ report and the exporter, which must agree on the GPU and on its severity class.
 The fault list is read from `gputop.sim.profiles.FAULTS`, so a new fault is covered here without a new line.
 Each machine is the real pynvml wrappers over the fake library (`Pipeline(simulate=...)`) on a manual clock.
 
-The faults of `INFRA_FAULTS` live in what only `gputop check` reads (the GPUs' error counters at the start
-and the end of its window, the kernel's AER counters and log, the topology): the samples the exporter and
-the card read do not carry them.  For those the card is compared as the TUI shows it after the machine
-check ran (its marks), and the exporter must stay at ok (it cannot know; see the module's docstring).
+The faults of `INFRA_FAULTS` live in what `gputop check` reads at the start and the end of its window (the
+GPUs' error counters, the kernel's AER counters and log, the topology), not in the samples.  The pipeline's
+counter watch (`Pipeline(watch_counters=...)`) reads the same on its cadence and puts the check's verdict on
+the snapshots (`Snapshot.counter_health`), so the exporter, the card without a check run and the findings
+without a check see them too.  A counter needs two readings to be seen climbing: the manual clock crosses
+the cadence twice within the polls (the first reading at the first poll, then every CADENCE seconds).
+The report's health table joins the samples' judgement (the health module's window) and the watch's lines.
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ from gputop.pipeline import Pipeline
 from gputop.report.jsonreport import report_data
 from gputop.sim.fake_nvml import ManualClock
 from gputop.sim.fake_sysfs import FakeHostTree
-from gputop.sim.profiles import FAULTS, INFRA_FAULTS
+from gputop.sim.profiles import FAULTS
 from gputop.tui.check_screen import card_marks
 from gputop.tui.widgets.gpu_grid import GpuGrid, health_problems
 
 GPU = 3  # the GPU every fault is put on
 XID_CODE = 48  # a double-bit ECC error: the hardware's, critical
 POLLS = 5
+POLL_S = 2.0
+CADENCE = 4.0  # the counter watch's: readings at the 1st, 3rd and 5th poll
 CLASS = {"critical": Severity.CRITICAL, "warning": Severity.WARN, FAIL: Severity.CRITICAL, WARN: Severity.WARN}
 CARD_CLASS = {"FAULT": Severity.CRITICAL, "LOST": Severity.CRITICAL, "WARN": Severity.WARN}
 
@@ -48,7 +53,7 @@ def observe(spec: str) -> tuple[History, CheckReport, dict[int, float]]:
     """POLLS snapshots of the simulated machine, `gputop check`'s report over them, and the exporter's
     gputop_gpu_health per GPU after a real update with each snapshot."""
     clock = ManualClock(1_700_000_000.0)
-    with Pipeline(simulate=spec, clock=clock) as pipeline:
+    with Pipeline(simulate=spec, clock=clock, watch_counters=CADENCE) as pipeline:
         pipeline.fake_library.pcie_latency_s = 0.0  # the fake's 20 ms PCIe sampling sleep is not under test
         tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
         try:
@@ -61,7 +66,7 @@ def observe(spec: str) -> tuple[History, CheckReport, dict[int, float]]:
                 snap = pipeline.poll()
                 history.append(snap)
                 exporter.update(snap)
-                clock.advance(2.0)
+                clock.advance(POLL_S)
             snaps = tuple(history)
             seconds = snaps[-1].timestamp - snaps[0].timestamp
             inp = CheckInput(pipeline.machine, snaps, before, pipeline.gpu_details(), host_before, tree.read(bus), seconds)
@@ -109,7 +114,10 @@ def test_every_simulated_fault_gets_one_class_on_one_gpu_everywhere(fault):
     data = report_data(history, found, infra=check)
     by_report = flagged(worst_per_gpu([(tuple(c["gpus"]), c["status"]) for c in data["infra"]["failing"]]))
     by_report_health = flagged({h["index"]: CLASS.get(h["state"], Severity.OK) for h in data["health"]})
-    # the card: as drawn from the samples, and as the TUI draws it once the machine check (key c) ran
+    # the findings without a machine check: the counter watch's window stands for it
+    found_watched = assemble_findings(history, window=None)
+    by_watch = flagged(worst_per_gpu([(f.gpus, f.severity) for f in found_watched]))
+    # the card: as drawn from the snapshot (with the counter watch's marks), and once the machine check (key c) ran
     by_card = flagged(card_classes(snaps[-1], {}))
     by_card_checked = flagged(card_classes(snaps[-1], card_marks(check)))
     by_exporter = flagged({i: Severity(int(v)) for i, v in exported.items()})
@@ -121,12 +129,10 @@ def test_every_simulated_fault_gets_one_class_on_one_gpu_everywhere(fault):
     assert by_diagnosis == expected, (fault, [(f.id, f.severity, f.gpus) for f in found])
     assert by_report == expected, (fault, data["infra"]["failing"])
     assert by_card_checked == expected, fault
-    if fault in INFRA_FAULTS:  # only `gputop check` reads these (see the module docstring)
-        assert by_card == by_exporter == by_report_health == {}, fault
-    else:
-        assert by_card == expected, fault
-        assert by_exporter == expected, (fault, exported)
-        assert by_report_health == expected, (fault, data["health"])
+    assert by_watch == expected, (fault, [(f.id, f.severity, f.gpus) for f in found_watched])
+    assert by_card == expected, fault
+    assert by_exporter == expected, (fault, exported)
+    assert by_report_health == expected, (fault, data["health"])
 
 
 def test_the_fault_list_is_all_covered():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
+import sys
 import types
 import typing
 
@@ -16,6 +18,7 @@ from gputop.model import (
     HostSample,
     MachineInfo,
     NvLinkLink,
+    NvLinks,
     PcieLink,
     Snapshot,
     from_jsonable,
@@ -35,6 +38,8 @@ def _example(tp, depth=0, none=False):
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return None if none else _example(args[0], depth, none)
+    if tp is model.NvLinks:
+        return model.NvLinks.of([build(model.NvLinkLink, depth + 1, none), build(model.NvLinkLink, depth + 1, none)])
     if dataclasses.is_dataclass(tp):
         return build(tp, depth + 1, none)
     if origin is tuple:
@@ -136,3 +141,55 @@ def test_realistic_simulated_snapshot_roundtrips():
     assert roundtrip(Snapshot, snap) == snap
     assert roundtrip(MachineInfo, machine) == machine
     assert snap.gpus[2].lost and isinstance(snap.gpus[1].ecc, EccCounts)
+
+
+# --------------------------------------------------------------------- NVLink: compact, read as NvLinkLinks
+
+
+def _links(rate):
+    return tuple(
+        NvLinkLink(k, k != 2, f"0000:{0xA0 + k:02X}:00.0", "switch", rate * (k + 1) if k != 2 else None, rate)
+        for k in range(18)  # an H100's
+    )
+
+
+def test_nvlinks_read_back_as_the_links_they_were_built_from():
+    links = _links(1e9)
+    gpu = GpuSample(index=0, uuid="GPU-1", name="n", pci_bus_id="b", nvlink=links)
+    assert isinstance(gpu.nvlink, NvLinks) and len(gpu.nvlink) == 18
+    assert tuple(gpu.nvlink) == links and gpu.nvlink == links
+    assert gpu.nvlink[2] == links[2] and gpu.nvlink[-1] == links[-1] and gpu.nvlink[1:3] == links[1:3]
+    assert gpu.nvlink[2].tx_bytes_per_s is None and gpu.nvlink[2].rx_bytes_per_s == 1e9  # None stays None
+    assert [link.link for link in gpu.nvlink if not link.active] == [2]
+    with pytest.raises(IndexError):
+        gpu.nvlink[18]
+    with pytest.raises(AttributeError):
+        gpu.nvlink.rates = None  # immutable, as the dataclasses around it
+
+
+def test_nvlinks_share_their_wiring_and_keep_rates_in_one_array():
+    a = GpuSample(index=0, uuid="GPU-1", name="n", pci_bus_id="b", nvlink=_links(1e9))
+    b = GpuSample(index=0, uuid="GPU-1", name="n", pci_bus_id="b", nvlink=_links(2e9))
+    assert a.nvlink.wiring is b.nvlink.wiring  # equal wiring: one object, whatever built it
+    assert a.nvlink != b.nvlink and a != b
+    assert a.nvlink.rates.typecode == "d" and len(a.nvlink.rates) == 36
+    # what a sample holds of its own is the array and the object around it, under half of one NvLinkLink a link
+    own = sys.getsizeof(a.nvlink) + sys.getsizeof(a.nvlink.rates)
+    assert own < len(a.nvlink) * sys.getsizeof(a.nvlink[0]) / 2, own
+
+
+def test_nvlinks_json_keeps_the_list_of_links_shape():
+    links = _links(1.5e9)
+    data = to_jsonable(GpuSample(index=0, uuid="GPU-1", name="n", pci_bus_id="b", nvlink=links))
+    assert data["nvlink"] == [dataclasses.asdict(link) for link in links]  # as before the layout changed
+    back = from_jsonable(GpuSample, json.loads(json.dumps(data)))
+    assert back.nvlink == links and isinstance(back.nvlink, NvLinks)
+    assert back.nvlink.wiring is GpuSample(index=0, uuid="u", name="n", pci_bus_id="b", nvlink=links).nvlink.wiring
+
+
+def test_nvlinks_pickle_and_hash():
+    links = NvLinks.of(_links(1e9))
+    assert pickle.loads(pickle.dumps(links)) == links
+    assert hash(NvLinks.of(_links(1e9))) == hash(links) and NvLinks.of(_links(-0.0)) == NvLinks.of(_links(0.0))
+    with pytest.raises(ValueError, match="18 links need 36 rates"):
+        NvLinks(links.wiring, [1.0])

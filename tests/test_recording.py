@@ -335,3 +335,62 @@ def test_record_keeps_a_tiny_history_however_long_it_runs(tmp_path, monkeypatch,
     assert len(snaps) >= 8 and len(histories[0]) == record_cmd.RECORD_HISTORY == histories[0].capacity
     span = snaps[-1].timestamp - snaps[0].timestamp
     assert f"recorded {len(snaps)} snapshots ({span:.0f} s)" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- NVLink rates: compact in memory, links on disk
+
+
+def test_simulated_nvlinks_round_trip_with_their_wiring_shared(tmp_path):
+    from gputop.model import NvLinks
+    from tests.harness.histories import simulated_history
+
+    hist = simulated_history("h100-sxm-8+nvlink-down=3", seconds=3)
+    snaps = list(hist)
+    path = record(tmp_path / "run.gtr", hist.machine, snaps)
+    with gzip.open(path, "rt") as f:
+        line = json.loads(f.readlines()[2])
+    links = line["snapshot"]["gpus"][3]["nvlink"]  # on disk: one object per link, as `gputop snapshot --json`
+    assert len(links) == 18 and sum(not link["active"] for link in links) == 4
+    assert {"link", "active", "remote_bus_id", "remote_kind", "tx_bytes_per_s", "rx_bytes_per_s"} == set(links[0])
+    _m, back, warning = read_recording(str(path))
+    assert warning is None and back == snaps
+    assert isinstance(back[1].gpus[3].nvlink, NvLinks)
+    # read back, the snapshots share each GPU's wiring as the live ones do: one object, not one per snapshot
+    assert back[1].gpus[3].nvlink.wiring is back[2].gpus[3].nvlink.wiring
+    assert back[1].gpus[3].nvlink.rates != back[2].gpus[3].nvlink.rates  # the load moved between them
+
+
+def test_a_recording_written_before_the_compact_layout_reads(tmp_path):
+    # a snapshot line as gputop wrote it when every link was an object of its own (and before `jobs` existed)
+    link = {"link": 0, "active": True, "remote_bus_id": "0000:A0:00.0", "remote_kind": "switch"}
+    old = {
+        "timestamp": 1700000000.0,
+        "host": {"cpu_percent": [12.5, 3]},
+        "gpus": [
+            {
+                "index": 0,
+                "uuid": "GPU-0",
+                "name": "NVIDIA H100 80GB HBM3",
+                "pci_bus_id": "00000000:18:00.0",
+                "nvlink": [
+                    {**link, "tx_bytes_per_s": 2.5e9, "rx_bytes_per_s": 2400000000},
+                    {**link, "link": 1, "active": False, "tx_bytes_per_s": None, "rx_bytes_per_s": None},
+                ],
+            }
+        ],
+    }
+    header = {"format": "gputop-recording", "version": 1, "gputop": "0.9", "machine": {"hostname": "old"}}
+    path = tmp_path / "old.gtr"
+    path.write_bytes(b"".join(gzip.compress(json.dumps(r).encode() + b"\n") for r in (header, {"snapshot": old})))
+    machine, (snap,), warning = read_recording(str(path))
+    assert warning is None and machine.hostname == "old"
+    first, second = snap.gpus[0].nvlink
+    assert (first.link, first.active, first.remote_kind, first.tx_bytes_per_s, first.rx_bytes_per_s) == (
+        0,
+        True,
+        "switch",
+        2.5e9,
+        2.4e9,
+    )
+    assert isinstance(first.rx_bytes_per_s, float)
+    assert (second.link, second.active, second.tx_bytes_per_s, second.rx_bytes_per_s) == (1, False, None, None)

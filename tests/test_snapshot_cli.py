@@ -14,6 +14,7 @@ import pytest
 
 from gputop.commands.snapshot import snapshot_from_json
 from gputop.commands.snapshot import snapshot_json as cli_snapshot_json
+from gputop.model import NvLinkLink, NvLinks
 from tests.harness.processes import run_gputop
 
 GPU_KEYS = {
@@ -212,7 +213,8 @@ def test_json_output_reads_back_into_the_model(spawn):
     machine, snap = snapshot_from_json(data)
     assert snap.simulated and machine.simulated == "h100-sxm-8+ecc=1+gpu-lost=2@0"
     assert snap.gpus[2].lost and snap.gpus[1].ecc.volatile_uncorrected > 0
-    assert isinstance(snap.gpus[0].nvlink, tuple) and isinstance(snap.host.cpu_percent, tuple)
+    assert isinstance(snap.gpus[0].nvlink, NvLinks) and isinstance(snap.host.cpu_percent, tuple)
+    assert all(isinstance(link, NvLinkLink) and link.tx_bytes_per_s > 0 for link in snap.gpus[0].nvlink)
     assert json.loads(json.dumps(cli_snapshot_json(machine, snap))) == data
 
 

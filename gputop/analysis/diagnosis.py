@@ -57,6 +57,7 @@ from gputop.analysis.checks.infra import check_infrastructure
 from gputop.analysis.checks.input import check_low_utilization, check_starvation
 from gputop.analysis.checks.kernels import check_kernels
 from gputop.analysis.checks.memory import check_memory_pressure
+from gputop.analysis.checks.near_cpus import check_near_cpus
 from gputop.analysis.checks.placement import check_misplacement
 from gputop.analysis.checks.straggler import check_straggler
 from gputop.analysis.checks.sync import check_sync_bound
@@ -186,7 +187,13 @@ def findings(
     """Everything gputop concludes about `history`, assembled in this one place for every sink (the TUI's
     verdict, the `r` report, `gputop report`, `gputop serve`, `gputop demo --no-tui`): the diagnosis (with
     the loader benchmark's result, when one ran), plus the trace's findings (`gputop.tracing.TraceResult`)
-    and the machine check's (`gputop.analysis.machine_check.CheckReport`) when they ran.  Most severe first."""
+    and the machine check's (`gputop.analysis.machine_check.CheckReport`) when they ran.  Most severe first.
+    Without a machine check, the pipeline's counter watch stands for it when it ran (`Snapshot.counter_health`)."""
+    latest = history.latest
+    if check is None and latest is not None and latest.counter_health is not None:
+        from gputop.analysis.counter_health import as_check_report  # the check's code: only when watched
+
+        check = as_check_report(latest.counter_health)
     return with_extra_findings(diagnose(history, bench, window=window), trace, check)
 
 
@@ -223,6 +230,7 @@ def _job_findings(ctx: Context, long_context: Callable[[], Optional[Context]]) -
     hung_pids = {p for f in hangs for p in f.pids}
     hung_gpus = {g for f in hangs for g in f.gpus}
     findings += check_misplacement(ctx)
+    findings += check_near_cpus(ctx)  # the CPUs' side of the placement
     stragglers = check_straggler(ctx, exclude=hung_pids)
     findings += stragglers
     facts = cpu_facts(ctx)

@@ -1,4 +1,4 @@
-"""One judgement of a GPU's health, for every place that shows it.
+"""One judgement of a GPU's health, for every place that shows it; and of the NIC ports' (the last section).
 
 The card (`tui/widgets/gpu_grid.py`), the diagnosis (`analysis/checks/infra.py`), `gputop check`
 (`analysis/machine_check.py`), the report's health table and infra section and `gputop serve`'s
@@ -22,6 +22,10 @@ CRITICAL into FAIL and WARN into WARN; the card into FAULT and WARN; the exporte
 - Corrected ECC errors are not a problem by themselves: the hardware corrected them (NVIDIA reports a high
   rate as XID 92, which the XID rule catches).
 
+The board decides what is normal: NVLinks a card reports inactive where its model's links are bridges
+between pairs of PCIe cards (`Peers.bridged`) are a card without a bridge, not links down; `nvlink_class`
+says which GPUs `gputop check` compares topology rows between (the same model and NVLink class).
+
 The PCIe link (decided here for every consumer): an idle GPU drops the link *generation* to save power
 (FACTS.md; `nvidia-smi -q` documents the current generation as lowered while idle), so a lower generation
 counts only at or above PCIE_LOAD_UTILIZATION.  The *width* is trained once and does not step down for
@@ -36,7 +40,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION, POWER_LIMIT_LOWERED, THROTTLE_MIN_FRACTION
 from gputop.analysis.xids import meaning_of
-from gputop.model import LABEL_INFRA, GpuSample, Snapshot
+from gputop.model import LABEL_INFRA, GpuSample, NicPortSample, Snapshot
 
 
 class Severity(IntEnum):
@@ -207,11 +211,13 @@ def _slowdown(gpu: GpuSample) -> list[Problem]:
 
 
 def _nvlink(gpu: GpuSample, peers: Peers) -> list[Problem]:
-    """Links down on a GPU that has some up, or whose peers of its model have some up (a board whose links
-    are all down where no GPU of its model has one up does not use NVLink, as PCIe-only boards)."""
+    """Links down on a GPU that has some up, or whose peers of its model have some up.  Every link down is the
+    board's normal state where no GPU of its model has one up (PCIe-only boards), and on a card of a bridged
+    model (`Peers.bridged`): an NVLink bridge joins two cards, and a card without one reports its links
+    inactive."""
     links = gpu.nvlink or ()
     down = [link.link for link in links if not link.active]
-    if not down or (len(down) == len(links) and gpu.name not in peers.nvlink_up):
+    if not down or nvlink_unused(gpu, peers):
         return []
     text = f"GPU {gpu.index}: {len(down)} of {len(links)} NVLink links inactive (links {', '.join(map(str, down[:12]))})"
     return [Problem(NVLINK, Severity.WARN, f"NVLink {len(down)} down", text)]
@@ -223,9 +229,50 @@ class Peers:
 
     power_limit: Mapping[str, float] = field(default_factory=dict)  # model -> the highest enforced limit
     nvlink_up: frozenset[str] = frozenset()  # the models with NVLink links up on some GPU
+    # the models whose links, where up, join each GPU to one other GPU and to no switch: NVLink bridges
+    # between pairs of PCIe cards (2x RTX 3090, RTX A6000 pairs), not an SXM board's mesh or NVSwitch
+    bridged: frozenset[str] = frozenset()
 
 
 NO_PEERS = Peers()
+
+# A GPU's NVLink class (`nvlink_class`): what its topology row is compared within
+NVLINK_BOARD = ""  # an SXM board's links (NVSwitch or a direct mesh), or no NVLink on its model
+NVLINK_BRIDGED = "bridged"  # a PCIe card joined to one other by an NVLink bridge
+NVLINK_UNBRIDGED = "no bridge"  # a card of a bridged model without a bridge: its links inactive, as they should be
+
+
+def _bridge_partner(gpu: GpuSample) -> Optional[str]:
+    """The one GPU this GPU's active links all lead to (its bridge partner); None if they lead to a switch,
+    to several GPUs, or NVML did not say where."""
+    active = [link for link in gpu.nvlink or () if link.active]
+    ends = {link.remote_bus_id for link in active}
+    if not active or len(ends) != 1 or any(link.remote_kind not in ("gpu", None) for link in active):
+        return None
+    return next(iter(ends))
+
+
+def _bridged_models(gpus: Sequence[GpuSample]) -> frozenset[str]:
+    partners: dict[str, list[Optional[str]]] = {}
+    for g in gpus:
+        if not g.lost and any(link.active for link in g.nvlink or ()):
+            partners.setdefault(g.name, []).append(_bridge_partner(g))
+    return frozenset(name for name, ends in partners.items() if all(ends))
+
+
+def nvlink_unused(gpu: GpuSample, peers: Peers) -> bool:
+    """Every link of this GPU inactive, as its board has them: no GPU of its model has one up (a PCIe-only
+    board), or a card of a bridged model without a bridge."""
+    links = gpu.nvlink or ()
+    inactive = bool(links) and not any(link.active for link in links)
+    return inactive and (gpu.name not in peers.nvlink_up or gpu.name in peers.bridged)
+
+
+def nvlink_class(gpu: GpuSample, peers: Peers) -> str:
+    """NVLINK_BRIDGED / NVLINK_UNBRIDGED for a card of a bridged model, NVLINK_BOARD for the others."""
+    if gpu.name not in peers.bridged:
+        return NVLINK_BOARD
+    return NVLINK_BRIDGED if any(link.active for link in gpu.nvlink or ()) else NVLINK_UNBRIDGED
 
 
 def peers_of(gpus: Sequence[GpuSample]) -> Peers:
@@ -235,7 +282,7 @@ def peers_of(gpus: Sequence[GpuSample]) -> Peers:
         if not g.lost and g.power_limit:
             limits[g.name] = max(limits.get(g.name, 0.0), g.power_limit)
     nvlink_up = frozenset(g.name for g in gpus if not g.lost and any(link.active for link in g.nvlink or ()))
-    return Peers(limits, nvlink_up)
+    return Peers(limits, nvlink_up, _bridged_models(gpus))
 
 
 def _power_limit(gpu: GpuSample, peers: Peers) -> list[Problem]:
@@ -309,3 +356,136 @@ def judge_window(snapshots: Sequence[Snapshot]) -> dict[int, GpuHealth]:
         for g in snap.gpus:
             series.setdefault(g.index, []).append((g, judge_sample(g, peers)))
     return {index: judge_gpu_window(index, judged) for index, judged in sorted(series.items())}
+
+
+# ---------------------------------------------------------------- NIC ports
+#
+# The NICs multi-node training runs over, judged once here for `gputop check`, the diagnosis, the report and
+# the exporter, from the snapshots' `nics` (collect/sysfs.NicReader).  A port's peers are the other ports of
+# the same kind on the machine: RDMA ports of one driver and link layer (the eight mlx5 "rails" of a DGX);
+# a plain Ethernet interface has no peers (a 1 GbE management port beside a 100 GbE one is no fault).
+#
+# - down (CRITICAL for an RDMA port, WARN for a plain Ethernet interface, which may be down on purpose): not
+#   ACTIVE / not up, while a peer is up or the port has carried traffic since the driver loaded.  A port that
+#   never carried a byte and whose peers are down too is not cabled: not a fault.
+# - rate (CRITICAL): up, but trained below its peers' highest rate, or below its own highest in the window
+#   (it retrained lower while we watched).  A half-rate rail holds every collective of the job back.
+# - errors (CRITICAL): an error counter grew between the first and the last reading of the window; counts
+#   since the driver loaded say little (a link flapped once last month).
+
+NIC_DOWN = "nic_down"
+NIC_RATE = "nic_rate"
+NIC_ERRORS = "nic_errors"
+
+
+@dataclass(frozen=True)
+class NicHealth:
+    """One NIC port's problems over a window, worst first."""
+
+    device: str
+    port: int
+    rdma: bool
+    problems: tuple[Problem, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return nic_port_name(self.device, self.port, self.rdma)
+
+    @property
+    def severity(self) -> Severity:
+        return worst(self.problems)
+
+    def of(self, *rules: str) -> tuple[Problem, ...]:
+        return tuple(p for p in self.problems if p.rule in rules)
+
+
+@dataclass(frozen=True)
+class NicJudgement:
+    """Every NIC port of a window, and what the window could tell."""
+
+    ports: tuple[NicHealth, ...]
+    latest: tuple[NicPortSample, ...]  # each port's last sample
+    errors_watched_s: float  # the time between the first and the last error-counter reading (0: read once)
+
+
+def nic_port_name(device: str, port: int, rdma: bool) -> str:
+    """ "mlx5_3 port 1" (an RDMA device's port); an Ethernet interface is its name."""
+    return f"{device} port {port}" if rdma else device
+
+
+def _nic_group(port: NicPortSample) -> Optional[tuple[str, str]]:
+    """The peers' group: (driver prefix, link layer) for RDMA ports; None for plain Ethernet (no peers)."""
+    return (port.device.rstrip("0123456789"), port.link_layer) if port.rdma else None
+
+
+def _nic_down(port: NicPortSample, peers_up: bool) -> list[Problem]:
+    if port.up:
+        return []
+    used = bool(port.rx_bytes or port.tx_bytes)
+    if not (peers_up or used):
+        return []  # never cabled or unused, and no peer up either
+    phys = f" ({port.phys_state})" if port.phys_state else ""
+    why = "its peers are up" if peers_up else "it has carried traffic since the driver loaded"
+    text = f"{nic_port_name(port.device, port.port, port.rdma)}: port {port.state}{phys} where {why}"
+    # an RDMA port is the job's fabric; a plain interface may be down on purpose (a second port, set down)
+    return [Problem(NIC_DOWN, Severity.CRITICAL if port.rdma else Severity.WARN, "down", text)]
+
+
+def _nic_rate(port: NicPortSample, peers_best: Optional[float], own_best: Optional[float]) -> list[Problem]:
+    rate = port.rate_gbps
+    if not port.up or rate is None:
+        return []
+    name, shown = nic_port_name(port.device, port.port, port.rdma), port.rate_text or f"{rate:g} Gb/s"
+    if peers_best is not None and rate < peers_best:
+        return [
+            Problem(NIC_RATE, Severity.CRITICAL, f"{rate:g} Gb/s", f"{name}: {shown} where its peers run at {peers_best:g} Gb/s")
+        ]
+    if own_best is not None and rate < own_best:
+        text = f"{name}: {shown}, down from {own_best:g} Gb/s while we watched (it retrained)"
+        return [Problem(NIC_RATE, Severity.CRITICAL, f"{rate:g} Gb/s", text)]
+    return []
+
+
+def _nic_errors(first: NicPortSample, last: NicPortSample) -> list[Problem]:
+    if last.errors_at <= first.errors_at:
+        return []
+    grown = {k: v - first.errors.get(k, 0) for k, v in last.errors.items() if v > first.errors.get(k, 0)}
+    if not grown:
+        return []
+    seconds = last.errors_at - first.errors_at
+    named = ", ".join(f"{k} +{v} (now {last.errors[k]})" for k, v in sorted(grown.items(), key=lambda kv: -kv[1]))
+    text = f"{nic_port_name(last.device, last.port, last.rdma)}: {named} in {seconds:.0f} s"
+    return [Problem(NIC_ERRORS, Severity.CRITICAL, "errors", text)]
+
+
+def judge_nics(snapshots: Sequence[Snapshot]) -> Optional[NicJudgement]:
+    """Every NIC port seen in the snapshots (oldest first), judged over all of them; None where no snapshot
+    carries NIC readings (no /sys, a recording from before gputop read them)."""
+    series: dict[tuple[str, int], list[NicPortSample]] = {}
+    read = False
+    for snap in snapshots:
+        if snap.nics is None:
+            continue
+        read = True
+        for port in snap.nics:
+            series.setdefault((port.device, port.port), []).append(port)
+    if not read:
+        return None
+    latest = tuple(samples[-1] for samples in series.values())
+    best: dict[tuple[str, str], float] = {}
+    for port in latest:
+        group = _nic_group(port)
+        if group is not None and port.up and port.rate_gbps is not None:
+            best[group] = max(best.get(group, 0.0), port.rate_gbps)
+    ports = []
+    for samples in series.values():
+        first, last = samples[0], samples[-1]
+        group = _nic_group(last)
+        peers_up = group is not None and any(p is not last and p.up and _nic_group(p) == group for p in latest)
+        own_best = max((s.rate_gbps for s in samples if s.up and s.rate_gbps is not None), default=None)
+        found = (
+            _nic_down(last, peers_up) + _nic_rate(last, best.get(group) if group else None, own_best) + _nic_errors(first, last)
+        )
+        ports.append(NicHealth(last.device, last.port, last.rdma, tuple(found)))
+    watched = max((s[-1].errors_at - s[0].errors_at for s in series.values()), default=0.0)
+    return NicJudgement(tuple(ports), latest, watched)

@@ -22,6 +22,9 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from gputop.analysis.gpu_health import (
     ECC,
+    NIC_DOWN,
+    NIC_ERRORS,
+    NIC_RATE,
     NVLINK,
     PCIE,
     PCIE_LANE_BYTES_PER_S,
@@ -29,9 +32,14 @@ from gputop.analysis.gpu_health import (
     REMAP,
     SLOWDOWN,
     GpuHealth,
+    NicJudgement,
     Severity,
+    judge_nics,
     judge_window,
+    nvlink_class,
+    nvlink_unused,
     pcie_degraded,
+    peers_of,
     worst,
     xid_severity,
 )
@@ -123,6 +131,11 @@ class CheckInput:
     def health(self) -> dict[int, GpuHealth]:
         """The health module's judgement of each GPU over the window's snapshots."""
         return judge_window(self.snapshots)
+
+    @cached_property
+    def nic_health(self) -> Optional[NicJudgement]:
+        """The health module's judgement of the NIC ports over the window (None: not read)."""
+        return judge_nics(self.snapshots)
 
     def pairs(self) -> list[tuple[GpuDetails, GpuDetails]]:
         """(start, end) details per GPU that answered both times."""
@@ -323,8 +336,15 @@ def check_nvlink_state(inp: CheckInput) -> Optional[CheckResult]:
         reason = sorted({g.unavailable.get("nvlink", "not available") for g in gpus})
         return CheckResult("nvlink.state", title, SKIP, f"no NVLink on these GPUs ({'/'.join(reason)})", "every link up")
     total = Counter(len(g.nvlink or ()) for g in with_links).most_common(1)[0][0]
-    expected = f"all {total} links up on every GPU"
-    return _health_check(inp, (NVLINK,), "nvlink.state", title, expected, f"{total} of {total} up on {len(with_links)} GPUs")
+    peers = peers_of(inp.gpus)
+    unused = [g for g in with_links if nvlink_unused(g, peers)]
+    expected = f"all {total} links up on every GPU" + (" with an NVLink bridge or board" if unused else "")
+    used = len(with_links) - len(unused)
+    passed = f"{total} of {total} up on {used} GPUs" if used else f"none up on {len(unused)} GPUs: no NVLink bridge or board"
+    if used and unused:
+        links = Counter(len(g.nvlink or ()) for g in unused)
+        passed += f"; {gpu_list(g.index for g in unused)}: no NVLink bridge ({'/'.join(map(str, links))} links inactive)"
+    return _health_check(inp, (NVLINK,), "nvlink.state", title, expected, passed)
 
 
 def check_nvlink_errors(inp: CheckInput) -> Optional[CheckResult]:
@@ -367,8 +387,72 @@ def _describe_row(signature: tuple[tuple[str, int], ...]) -> str:
     return ", ".join(f"{label}×{n}" for label, n in signature)
 
 
+Signature = tuple[tuple[str, int], ...]  # a row's cells, counted: (("NV18", 7),) or (("NODE", 2), ("PHB", 1))
+
+
+def _signature(cells: Iterable[str]) -> Signature:
+    return tuple(sorted(Counter(cells).items()))
+
+
+def _topology_groups(inp: CheckInput, present: Sequence[int]) -> list[list[int]]:
+    """The GPUs whose rows are compared with each other: one model and one NVLink class (the health module's
+    `nvlink_class`: a card without its bridge is not compared with the bridged pairs)."""
+    peers = peers_of(inp.gpus)
+    sample = {g.index: g for g in inp.gpus}
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i in present:
+        g = sample.get(i)
+        groups.setdefault((g.name, nvlink_class(g, peers)) if g is not None else ("", ""), []).append(i)
+    return list(groups.values())
+
+
+def _same_node(numa: Sequence[Optional[int]], i: int, j: int) -> bool:
+    a, b = (numa[k] if k < len(numa) else None for k in (i, j))
+    return a is None or b is None or a == b
+
+
+def _odd_rows(matrix: Sequence[Sequence[str]], rows: dict[int, Signature], group: Sequence[int]) -> list[tuple[int, str, bool]]:
+    """(GPU, line, is a fault) for each row unlike the most common one: a fault where the others read NVLink
+    to each other (a GPU left out of the fabric); with no two rows alike, every GPU a layout to look at.  The
+    line shows the GPU's cells to the rest of its `group`."""
+
+    def shown(i: int) -> str:
+        return _describe_row(_signature(matrix[i][j] for j in group if j != i))
+
+    common, count = Counter(rows.values()).most_common(1)[0]
+    odd = [i for i, sig in rows.items() if sig != common]
+    if not odd:
+        return []
+    if count == 1 and len(rows) > 2:
+        return [(i, f"GPU {i}: no two GPUs of its kind see their peers alike ({shown(i)})", False) for i in rows]
+    others = [i for i in rows if i not in odd]
+    usual = Counter(matrix[i][j] for i in others for j in others if i != j).most_common(1)
+    seen = usual[0][0] if usual else "?"
+    return [(i, f"GPU {i} reads {shown(i)} where the other GPUs read {seen} to each other", seen.startswith("NV")) for i in odd]
+
+
+def _compare_group(
+    inp: CheckInput, group: Sequence[int], judged_by_nvlink: set[int]
+) -> tuple[list[tuple[int, str, bool]], list[int]]:
+    """One group's odd rows, and its GPUs alone on their NUMA node.  Rows are compared twice: the NVLink cells
+    to every peer of the group, then the PCIe cells to the peers on the GPU's own NUMA node (across nodes every
+    path is SYS: the sockets' layout, and a node that holds one GPU is a fact of the board, not a finding)."""
+    matrix, numa = inp.machine.topology.matrix, inp.machine.topology.numa_node
+    compared = [i for i in group if i not in judged_by_nvlink]
+    fabric = {i: _signature(matrix[i][j] if matrix[i][j].startswith("NV") else "PCIe" for j in group if j != i) for i in compared}
+    odd = _odd_rows(matrix, fabric, group) if len(fabric) > 1 else []
+    rest = [i for i in compared if i not in {o[0] for o in odd}]  # (a GPU out of the fabric is said once)
+    near = {i: [j for j in rest if j != i and _same_node(numa, i, j)] for i in rest}
+    alone = [i for i in rest if not near[i]]
+    pcie = {i: _signature(matrix[i][j] for j in near[i] if not matrix[i][j].startswith("NV")) for i in rest if near[i]}
+    odd += _odd_rows(matrix, pcie, group) if len(pcie) > 1 else []
+    # a group where every GPU sits on a node of its own says nothing about the layout: only a lone one among pairs
+    return odd, alone if len(alone) < len(rest) else []
+
+
 def check_topology(inp: CheckInput) -> Optional[CheckResult]:
-    """Each GPU's `topo -m` row against its peers': one GPU reading PHB where the others read NV18 is a finding.
+    """Each GPU's `topo -m` row against its peers' (the GPUs of its model and NVLink class): one GPU reading PHB
+    where the others read NV18 is a finding; one alone on its NUMA node is the board's layout.
 
     Lost GPUs are left out (the GPUs line already fails them; NVML cannot say how they connect)."""
     lost = {g.index for g in inp.gpus if g.lost}
@@ -376,26 +460,45 @@ def check_topology(inp: CheckInput) -> Optional[CheckResult]:
     present = [i for i in range(len(matrix)) if i not in lost]
     if len(present) < 2:
         return None
-    title = "Topology (topo -m rows)"
-    rows = {i: Counter(matrix[i][j] for j in present if j != i) for i in present}
-    signature = {i: tuple(sorted(c.items())) for i, c in rows.items()}
-    common, count = Counter(signature.values()).most_common(1)[0]
-    expected = "every GPU's row like its peers'"
+    title, expected = "Topology (topo -m rows)", "every GPU's row like its peers'"
+    refused = sum(matrix[i][j] == "N/A" for i in present for j in present if i < j)
+    if refused:
+        pairs = len(present) * (len(present) - 1) // 2
+        where = "between the GPUs" if refused == pairs else f"for {refused} of {pairs} GPU pairs"
+        value = f"NVML refused the topology call (topo -m reads N/A {where}): not compared"
+        return CheckResult("topology", title, SKIP, value, expected)
     # a row narrowed by the GPU's own NVLinks down is the "NVLink links up" line's (the health module's NVLink
     # rule): judged there once, at its severity
-    odd = [i for i in present if signature[i] != common and not (i in inp.health and inp.health[i].of(NVLINK))]
-    if not odd:
-        return CheckResult("topology", title, PASS, f"{len(present)} GPUs alike: {_describe_row(common)}", expected)
-    if count == 1 and len(present) > 2:
-        return CheckResult("topology", title, WARN, "no two GPUs see their peers alike", expected, gpus=tuple(present))
-    # what the other GPUs read to each other
-    others = [i for i in present if i not in odd]
-    between = Counter(matrix[i][j] for i in others for j in others if i != j)
-    usual = between.most_common(1)[0][0] if between else "?"
-    failing = [(i, f"GPU {i} reads {_describe_row(signature[i])} where the other GPUs read {usual} to each other") for i in odd]
-    # a GPU left out of the NVLink fabric (or with links down) is a fault; PCIe-only rows that differ are a layout to look at
-    status = FAIL if usual.startswith("NV") else WARN
-    return CheckResult("topology", title, status, "; ".join(t for _, t in failing), expected, gpus=tuple(odd))
+    judged_by_nvlink = {i for i in present if i in inp.health and inp.health[i].of(NVLINK)}
+    odd: list[tuple[int, str, bool]] = []
+    notes: list[str] = []
+    groups = _topology_groups(inp, present)
+    for group in groups:
+        found, alone = _compare_group(inp, group, judged_by_nvlink)
+        odd += found
+        notes += [f"GPU {i} alone on NUMA node {inp.machine.topology.numa_node[i]} (the board's layout)" for i in alone]
+    if odd:
+        status = FAIL if any(fault for _, _, fault in odd) else WARN
+        return CheckResult("topology", title, status, "; ".join(t for _, t, _ in odd), expected, gpus=tuple(i for i, _, _ in odd))
+    return CheckResult("topology", title, PASS, _alike(matrix, groups, present) + "".join(f"; {n}" for n in notes), expected)
+
+
+def _alike(matrix: Sequence[Sequence[str]], groups: Sequence[Sequence[int]], present: Sequence[int]) -> str:
+    """The passing line: each group's rows (the count alone when one group holds every GPU), and the GPUs
+    without peers."""
+    parts = []
+    for group in groups:
+        rows: dict[Signature, list[int]] = {}
+        for i in group:
+            rows.setdefault(_signature(matrix[i][j] for j in present if j != i), []).append(i)
+        if len(group) == 1:
+            parts.append(f"GPU {group[0]}: {_describe_row(next(iter(rows)))} (no other GPU of its model and NVLink class)")
+        elif len(rows) == 1:
+            who = f"{len(group)} GPUs" if len(groups) == 1 else gpu_list(group)
+            parts.append(f"{who} alike: {_describe_row(next(iter(rows)))}")
+        else:  # rows that differ only across NUMA nodes
+            parts += [f"{gpu_list(members)}: {_describe_row(sig)}" for sig, members in rows.items()]
+    return "; ".join(parts)
 
 
 def check_nic_numa(inp: CheckInput) -> CheckResult:
@@ -436,6 +539,68 @@ def check_nic_numa(inp: CheckInput) -> CheckResult:
     return CheckResult(
         "numa.nic", title, PASS, f"GPUs on node(s) {', '.join(map(str, sorted(gpu_nodes)))}; NICs {by_node}", expected
     )
+
+
+# ------------------------------------------------------------------ NIC ports (judged in analysis/gpu_health.py)
+
+_NIC_CHECKS = {
+    NIC_DOWN: ("nic.state", "NIC ports up", "every port in use ACTIVE (RDMA) / up (Ethernet)"),
+    NIC_RATE: ("nic.rate", "NIC port rates", "each port at its peers' rate and its own highest"),
+    NIC_ERRORS: ("nic.errors", "NIC error counters", "no error counter climbing while we watch"),
+}
+
+
+def _nic_check(inp: CheckInput, rule: str) -> Optional[CheckResult]:
+    """One line per NIC rule; a machine without NIC ports (or without /sys) gets one SKIP line, on the first."""
+    check_id, title, expected = _NIC_CHECKS[rule]
+    judged = inp.nic_health
+    if judged is None or not judged.ports:
+        if rule != NIC_DOWN:
+            return None
+        why = (
+            "not read (no NIC readings in the snapshots)"
+            if judged is None
+            else "none found (no PCI NIC in /sys/class/infiniband or /sys/class/net)"
+        )
+        return CheckResult("nic", "NIC ports", SKIP, why, "RDMA / Ethernet ports to check")
+    failing = [p for h in judged.ports for p in h.of(rule)]
+    if failing:
+        status = STATUS_OF[worst(failing)]
+        return CheckResult(check_id, title, status, "; ".join(p.evidence for p in failing), expected)
+    if rule == NIC_ERRORS and judged.errors_watched_s <= 0:
+        return CheckResult(check_id, title, SKIP, "read once only (a window too short to see them climb)", expected)
+    up = [p for p in judged.latest if p.up]
+    rates = sorted({p.rate_gbps for p in up if p.rate_gbps is not None}, reverse=True)
+    if rule == NIC_RATE and not rates:
+        why = "no port up reports its rate (a virtual NIC reports none)" if up else "no port up"
+        return CheckResult(check_id, title, SKIP, why, expected)
+    value = {
+        NIC_DOWN: f"{len(up)} of {_ports(len(judged.latest))} up"
+        + (f" ({', '.join(_down_unused(judged))} unused)" if len(up) < len(judged.latest) else ""),
+        NIC_RATE: f"{_ports(len(up))} at " + ", ".join(f"{r:g}" for r in rates) + " Gb/s",
+        NIC_ERRORS: f"none climbing on {_ports(len(judged.latest))} in {judged.errors_watched_s:.0f} s",
+    }[rule]
+    return CheckResult(check_id, title, PASS, value, expected)
+
+
+def _ports(count: int) -> str:
+    return f"{count} port" + ("" if count == 1 else "s")
+
+
+def _down_unused(judged: NicJudgement) -> list[str]:
+    return [h.name for h, p in zip(judged.ports, judged.latest) if not p.up]
+
+
+def check_nic_state(inp: CheckInput) -> Optional[CheckResult]:
+    return _nic_check(inp, NIC_DOWN)
+
+
+def check_nic_rate(inp: CheckInput) -> Optional[CheckResult]:
+    return _nic_check(inp, NIC_RATE)
+
+
+def check_nic_errors(inp: CheckInput) -> Optional[CheckResult]:
+    return _nic_check(inp, NIC_ERRORS)
 
 
 def _fault_check(
@@ -786,6 +951,9 @@ CHECKS: tuple[Callable[[CheckInput], Optional[CheckResult]], ...] = (
     check_nvlink_errors,
     check_topology,
     check_nic_numa,
+    check_nic_state,
+    check_nic_rate,
+    check_nic_errors,
     check_ecc_errors,
     check_remap,
     check_retired_pages,
@@ -927,6 +1095,9 @@ _SAID_BY_DIAGNOSIS = {
     "memory.remap": ("ecc",),
     "nvlink.state": ("nvlink_down",),
     "xid": ("xid", "xid_code"),
+    "nic.state": ("nic_down",),
+    "nic.rate": ("nic_rate",),
+    "nic.errors": ("nic_errors",),
 }
 
 

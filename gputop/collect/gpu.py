@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import functools
 import math
 import os
 import queue
@@ -77,11 +78,12 @@ from gputop.model import (
     GpuProcess,
     GpuSample,
     NvLinkErrors,
-    NvLinkLink,
+    NvLinks,
     PcieLink,
     RemappedRows,
     Topology,
     XidEvent,
+    shared_wiring,
 )
 
 # Refusals that will not change while we run: stop asking.
@@ -215,19 +217,30 @@ def reason_of(exc: Exception) -> str:
 
 def format_cpu_list(cpus: list[int]) -> str:
     """[0, 1, 2, 3, 8, 10, 11] -> "0-3,8,10-11" (the kernel's cpulist format)."""
-    parts: list[str] = []
-    start = prev = None
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive ids
     for cpu in sorted(cpus):
-        if start is None:
-            start = prev = cpu
-        elif cpu == prev + 1:
-            prev = cpu
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
         else:
-            parts.append(f"{start}-{prev}" if prev != start else f"{start}")
-            start = prev = cpu
-    if start is not None:
-        parts.append(f"{start}-{prev}" if prev != start else f"{start}")
-    return ",".join(parts)
+            runs.append([cpu, cpu])
+    return ",".join(f"{first}-{last}" if last != first else f"{first}" for first, last in runs)
+
+
+# The kernel's possible-CPU list ("0-255"): the CPU ids this machine can ever have, online or not.  The
+# affinity mask is sized from it: os.cpu_count() counts the CPUs online (or PYTHON_CPU_COUNT), and the
+# highest id is at or above that where CPUs are offline or SMT is off (POWER), so CPUs would fall off the mask.
+POSSIBLE_CPUS_FILE = "/sys/devices/system/cpu/possible"
+
+
+def possible_cpus(path: Optional[str] = None) -> int:
+    """How many CPU ids the affinity mask must hold: the highest possible CPU id + 1 (os.cpu_count() where the
+    kernel's list cannot be read)."""
+    try:
+        with open(path or POSSIBLE_CPUS_FILE) as f:
+            text = f.read().strip()
+        return max(int(part.rpartition("-")[2]) for part in text.split(",")) + 1
+    except (OSError, ValueError):
+        return os.cpu_count() or 1
 
 
 def _bits(words) -> list[int]:
@@ -299,6 +312,21 @@ def _counter_rate(
     if dt_us <= 0:
         return None
     return delta * unit / (dt_us / 1e6)
+
+
+def _shared_with(previous: Optional[GpuSample], fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` of a new sample, each value equal to the previous sample's replaced by that sample's object.
+
+    The TUI keeps 600 samples of every GPU, and most readings repeat from one to the next (the limits, the clocks,
+    the PCIe link, an idle GPU's NVLinks, the refusals): shared, each costs one object, not one a sample, and the
+    allocator has fewer small objects to scatter.  Samples are never changed once made (`unavailable` included)."""
+    if previous is None:
+        return fields
+    for name, value in fields.items():
+        before = getattr(previous, name)
+        if value is not before and value is not None and type(value) is type(before) and value == before:
+            fields[name] = before
+    return fields
 
 
 def _text(value: Any) -> str:
@@ -425,7 +453,6 @@ class _NvLink:
     # previous cumulative reading per direction: (KiB, timestamp µs, width), see _counter_reading
     last_tx: Optional[tuple[int, int, int]] = None
     last_rx: Optional[tuple[int, int, int]] = None
-    last_reading: Optional[NvLinkLink] = None  # what the previous sample carried for this link (shared if unchanged)
 
 
 @dataclass
@@ -638,8 +665,8 @@ class GpuCollector:
         # sample has rates
         readings, refusal = self._read_counters(gpu)
         self._pcie_rates(gpu, readings, refusal)
-        for link, (tx, rx) in zip(gpu.nvlinks or (), self._nvlink_readings(gpu, readings)):
-            link.last_tx, link.last_rx = tx, rx
+        for nvlink, (tx, rx) in zip(gpu.nvlinks or (), self._nvlink_readings(gpu, readings)):
+            nvlink.last_tx, nvlink.last_rx = tx, rx
         self._watch_xids(gpu)
         self._start_gpm(gpu, reading)
         # keep only the static refusals that describe fields (name/uuid problems are rare and cosmetic)
@@ -782,9 +809,9 @@ class GpuCollector:
                 if a == b:
                     row.append("X")
                     continue
-                links = nvlinks_between(a, b)
-                if links:
-                    row.append(f"NV{links}")
+                count = nvlinks_between(a, b)
+                if count:
+                    row.append(f"NV{count}")
                     continue
                 try:
                     level = pynvml.nvmlDeviceGetTopologyCommonAncestor(self._gpus[a].handle, self._gpus[b].handle)
@@ -793,13 +820,15 @@ class GpuCollector:
                     row.append("N/A")
             matrix.append(tuple(row))
 
-        words = max(1, math.ceil((os.cpu_count() or 1) / 64))
+        words = max(1, math.ceil(possible_cpus() / 64))
         affinity: list[Optional[str]] = []
         numa: list[Optional[int]] = []
         for gpu in self._gpus:
             try:
                 cpus = _bits(pynvml.nvmlDeviceGetCpuAffinity(gpu.handle, words))
-                affinity.append(format_cpu_list(cpus) if cpus else None)
+                # an empty mask is an answer (model.NO_NEAR_CPUS, ""): none of the CPUs this process may use are near the
+                # GPU (a Slurm cgroup on the other socket); None is NVML refusing
+                affinity.append(format_cpu_list(cpus))
             except (pynvml.NVMLError, TypeError):
                 affinity.append(None)
             numa.append(self._numa_node(gpu))
@@ -846,7 +875,7 @@ class GpuCollector:
             for gpu in self._gpus:
                 if gpu.future is None or gpu.future.done():
                     gpu.future = self._pool.submit(self._read_gpu, gpu, take_turns)
-            futures = [g.future for g in self._gpus]
+            futures = [g.future for g in self._gpus if g.future is not None]  # every GPU's: submitted above
             concurrent.futures.wait(futures, timeout=self.sample_timeout_s)
             samples = []
             for gpu, future in zip(self._gpus, futures):
@@ -937,8 +966,7 @@ class GpuCollector:
             if gpu.supported_reasons is not None:
                 mask &= gpu.supported_reasons
             throttle = tuple(name for bit, name in _REASON_BITS if mask & bit)
-        sample = self._identity(
-            gpu,
+        fields = dict(
             utilization_gpu=float(util.gpu) if util is not None else None,
             utilization_memory=float(util.memory) if util is not None else None,
             memory_used=int(memory.used) if memory is not None else None,
@@ -958,6 +986,7 @@ class GpuCollector:
             compute_capability=gpu.compute_capability,
             unavailable=r.unavailable,
         )
+        sample = self._identity(gpu, **_shared_with(gpu.last, fields))
         if refresh_slow:  # only once everything read without the GPU being lost
             gpu.slow.due = now + SLOW_FIELDS_PERIOD_S
         return sample
@@ -1081,9 +1110,7 @@ class GpuCollector:
         lane = _PCIE_LANE_BYTES_PER_S.get(gpu.gen_max or 0, max(_PCIE_LANE_BYTES_PER_S.values()))
         return lane * (gpu.width_max or 16)
 
-    def _read_nvlink(
-        self, gpu: _Gpu, r: _Reading, refresh_states: bool, readings: Optional[list[Any]]
-    ) -> Optional[tuple[NvLinkLink, ...]]:
+    def _read_nvlink(self, gpu: _Gpu, r: _Reading, refresh_states: bool, readings: Optional[list[Any]]) -> Optional[NvLinks]:
         """Every link's state and TX/RX rates; `readings` is this sample's `_read_counters` (None: refused)."""
         if gpu.nvlinks is None:
             return None
@@ -1105,27 +1132,21 @@ class GpuCollector:
         if readings is None:
             r.unavailable["nvlink.throughput"] = "FieldValues refused"
         rate = _counter_rate
-        out = []
+        link_wiring = []
+        rates: list[Optional[float]] = []
         for link, (tx, rx) in zip(gpu.nvlinks, self._nvlink_readings(gpu, readings)):
             prev_tx, prev_rx = link.last_tx, link.last_rx
             if readings is not None:  # a refused call keeps the last readings: the next rate spans both intervals
                 link.last_tx, link.last_rx = tx, rx
             active = bool(states[link.link])
-            reading = NvLinkLink(
-                link=link.link,
-                active=active,
-                remote_bus_id=link.remote_bus_id,
-                remote_kind=link.remote_kind,
-                tx_bytes_per_s=rate(prev_tx, tx, 1024.0) if active else None,  # the counters count KiB
-                rx_bytes_per_s=rate(prev_rx, rx, 1024.0) if active else None,
-            )
-            # An inactive or idle link reads the same every sample: the history then holds one object for it,
-            # not one a sample (8 GPUs x 18 links: 18 KB a sample, 11 MiB over the TUI's 10 minutes).
-            if reading == link.last_reading:
-                reading = link.last_reading
-            link.last_reading = reading
-            out.append(reading)
-        return tuple(out)
+            link_wiring.append((link.link, active, link.remote_bus_id, link.remote_kind))
+            if active:
+                rates += (rate(prev_tx, tx, 1024.0), rate(prev_rx, rx, 1024.0))  # the counters count KiB
+            else:
+                rates += (None, None)
+        # the wiring (which rarely changes) is one object shared by every sample while it is the same; a sample
+        # whose rates did not move either (idle or inactive links) is shared whole (see _shared_with)
+        return NvLinks(shared_wiring(tuple(link_wiring)), rates)
 
     # ------------------------------------------------------------ details for `gputop check` and the report
     def details(self) -> tuple[GpuDetails, ...]:
@@ -1141,10 +1162,12 @@ class GpuCollector:
             return tuple(self._read_details(gpu) for gpu in self._gpus)
 
     def _read_details(self, gpu: _Gpu) -> GpuDetails:
-        identity = dict(index=gpu.index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id, timestamp=time.time())
+        identity = functools.partial(
+            GpuDetails, index=gpu.index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id, timestamp=time.time()
+        )
         if gpu.handle is None:
             reason = gpu.static_unavailable["gpu"]
-            return GpuDetails(**identity, lost=reason == "GpuIsLost", unavailable={"gpu": reason})
+            return identity(lost=reason == "GpuIsLost", unavailable={"gpu": reason})
         r = _Reading(gpu)
         r.unavailable.clear()  # only what these reads refused
         try:
@@ -1153,8 +1176,7 @@ class GpuCollector:
             single = r.get("retired_pages", pynvml.nvmlDeviceGetRetiredPages, _RETIRED_SINGLE_BIT)
             double = r.get("retired_pages", pynvml.nvmlDeviceGetRetiredPages, _RETIRED_DOUBLE_BIT)
             pending = r.get("retired_pages_pending", pynvml.nvmlDeviceGetRetiredPagesPendingStatus)
-            return GpuDetails(
-                **identity,
+            return identity(
                 serial=_optional_text(r.get("serial", pynvml.nvmlDeviceGetSerial)),
                 vbios=_optional_text(r.get("vbios", pynvml.nvmlDeviceGetVbiosVersion)),
                 board_part_number=_optional_text(r.get("board_part_number", pynvml.nvmlDeviceGetBoardPartNumber)),
@@ -1178,7 +1200,7 @@ class GpuCollector:
                 unavailable=r.unavailable,
             )
         except _Lost:
-            return GpuDetails(**identity, lost=True, unavailable={"gpu": "GpuIsLost"})
+            return identity(lost=True, unavailable={"gpu": "GpuIsLost"})
 
     @staticmethod
     def _read_nvlink_errors(gpu: _Gpu, r: _Reading) -> Optional[tuple[NvLinkErrors, ...]]:
@@ -1233,8 +1255,8 @@ class GpuCollector:
                     except pynvml.NVMLError:
                         continue
                     total = sums[gpu.index]
-                    total[0] += self._kb_to_bytes(tx)
-                    total[1] += self._kb_to_bytes(rx)
+                    total[0] += self._kb_to_bytes(tx) or 0.0  # a reading was taken: tx and rx are numbers
+                    total[1] += self._kb_to_bytes(rx) or 0.0
                     total[2] += 1
             last = {gpu.index: counters(gpu) for gpu in gpus}
         out = []

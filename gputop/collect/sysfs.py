@@ -5,6 +5,7 @@
 - every NIC backed by a PCI function (/sys/class/infiniband/*, /sys/class/net/*): its NUMA node and where
   its PCI path meets each GPU's, i.e. the NIC rows of `nvidia-smi topo -m` (read once, into the machine's
   `Topology`, by the pipeline);
+- each NIC port's state, rate, traffic and error counters, every poll (`NicReader`: the snapshot's `nics`);
 - `NVRM: Xid` lines in the kernel log (/dev/kmsg, else `dmesg`): NVML's event path misses some codes
   (79, 119 and 120 are reported missing from DCGM's tracker) and keeps no history;
 - the kernel release and the loaded nvidia module's version.
@@ -23,11 +24,12 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Protocol, Sequence
 
-from gputop.model import AerCounts, HostReadings, KernelXid, NicInfo, Topology
+from gputop.model import AerCounts, HostReadings, KernelXid, NicInfo, NicPortSample, Topology
 
 # The kernel log is read up to this much (a /dev/kmsg ring holds 128 KiB-16 MiB) and for at most this long.
 KERNEL_LOG_MAX_BYTES = 32 * 1024 * 1024
@@ -271,6 +273,221 @@ class HostReader:
         except (OSError, ValueError, IndexError):
             pass
         return None
+
+
+# ------------------------------------------------------------ NIC ports, per poll
+
+# The error counters read every ERRORS_EVERY_S rather than every poll: a port has 12 of them under counters/
+# and 20-40 under an mlx5 device's hw_counters/, against 6 files for its state and traffic.  Errors that
+# climb are judged over a window of seconds, so a 5 s cadence loses nothing (see the README's figures).
+ERRORS_EVERY_S = 5.0
+# ports/N/counters/port_{xmit,rcv}_data count 4-byte words (the IBA's PortXmitData is "octets divided by 4")
+IB_DATA_WORD_BYTES = 4
+# The IBA PortCounters under counters/ that count faults; the rest is traffic (data, packets) or congestion
+# (port_xmit_wait), which are not faults of the port.
+IB_ERROR_COUNTERS = frozenset(
+    {
+        "symbol_error",
+        "link_error_recovery",
+        "link_downed",
+        "port_rcv_errors",
+        "port_rcv_remote_physical_errors",
+        "port_rcv_switch_relay_errors",
+        "port_xmit_discards",
+        "port_xmit_constraint_errors",
+        "port_rcv_constraint_errors",
+        "local_link_integrity_errors",
+        "excessive_buffer_overrun_errors",
+        "VL15_dropped",
+    }
+)
+_RATE = re.compile(r"^\s*([0-9.]+)\s*Gb/sec")
+
+
+def _hw_error(name: str) -> bool:
+    """mlx5's hw_counters/ that count errors (local_ack_timeout_err, packet_seq_err, req_cqe_error, ...);
+    the others count congestion (np_cnp_sent) or traffic."""
+    return name.endswith(("_err", "_error", "_errors"))
+
+
+def _net_error(name: str) -> bool:
+    """/sys/class/net/DEV/statistics/ error counters (rx_crc_errors, tx_carrier_errors, ...); the drop
+    counters are left out: rx_dropped climbs on any frame of a protocol nobody listens to."""
+    return name.endswith("_errors")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Port:
+    """Where one port's files are: found once (ports do not come and go while gputop runs)."""
+
+    device: str
+    port: int
+    folder: Path  # ports/N for an RDMA port, the interface's folder for Ethernet
+    rdma: bool
+    netdev: Optional[str]
+
+
+class NicSource(Protocol):
+    """What the pipeline reads NIC ports from: a `NicReader`, or the simulated machine's tree."""
+
+    errors_every_s: float
+
+    def read(self) -> Optional[tuple[NicPortSample, ...]]: ...
+
+    def close(self) -> None: ...
+
+
+class NicReader:
+    """The NIC ports under `root`'s /sys, read each poll into `NicPortSample`s with their traffic rates.
+
+    State, rate and traffic every `read()`; the error counters every `errors_every_s` (carried over between).
+    `read()` returns () on a machine without NICs, None where /sys could not be listed."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] = "/",
+        *,
+        clock: Callable[[], float] = time.time,
+        errors_every_s: float = ERRORS_EVERY_S,
+    ) -> None:
+        self.root = Path(root)
+        self.clock = clock
+        self.errors_every_s = errors_every_s
+        self._ports: Optional[list[_Port]] = None
+        self.unreadable: tuple[str, ...] = ()
+        self._traffic: dict[tuple[str, int], tuple[float, Optional[int], Optional[int]]] = {}
+        self._errors: dict[tuple[str, int], tuple[float, dict[str, int]]] = {}
+
+    def ports(self) -> Optional[list[_Port]]:
+        if self._ports is None:
+            unreadable: list[str] = []
+            nics = [nic for nic, _ in HostReader(self.root, use_dmesg=False)._nics(unreadable)]
+            self.unreadable = tuple(unreadable)
+            if unreadable and not nics:
+                return None
+            found = []
+            for nic in nics:
+                if not nic.rdma:
+                    folder = self.root / "sys/class/net" / nic.name
+                    if not ((folder / "wireless").exists() or (folder / "phy80211").exists()):  # Wi-Fi carries no job
+                        found.append(_Port(nic.name, 1, folder, False, None))
+                    continue
+                base = self.root / "sys/class/infiniband" / nic.name / "ports"
+                try:
+                    numbers = sorted(int(n) for n in os.listdir(base) if n.isdigit())
+                except OSError:
+                    continue
+                found += [_Port(nic.name, n, base / str(n), True, nic.netdev) for n in numbers]
+            self._ports = found
+        return self._ports
+
+    def close(self) -> None:
+        pass  # nothing held open: each read opens and closes its files
+
+    def read(self) -> Optional[tuple[NicPortSample, ...]]:
+        ports = self.ports()
+        if ports is None:
+            return None
+        now = self.clock()
+        return tuple(self._read_port(port, now) for port in ports)
+
+    def _read_port(self, port: _Port, now: float) -> NicPortSample:
+        if port.rdma:
+            state = _after_colon(_first_line(port.folder / "state")) or "unknown"
+            up = state == "ACTIVE"
+            rate_text = _first_line(port.folder / "rate")
+            match = _RATE.match(rate_text or "")
+            rate = float(match.group(1)) if match and up else None
+            rx = _count(port.folder / "counters/port_rcv_data", IB_DATA_WORD_BYTES)
+            tx = _count(port.folder / "counters/port_xmit_data", IB_DATA_WORD_BYTES)
+            layer = _first_line(port.folder / "link_layer") or "InfiniBand"
+            phys = _after_colon(_first_line(port.folder / "phys_state"))
+        else:
+            state = _first_line(port.folder / "operstate") or "unknown"
+            up = state == "up"
+            speed = _count(port.folder / "speed")  # Mb/s; -1 or EINVAL without a link
+            rate = speed / 1000 if up and speed is not None and speed > 0 else None
+            rate_text = f"{speed} Mb/s" if rate is not None else None
+            rx = _count(port.folder / "statistics/rx_bytes")
+            tx = _count(port.folder / "statistics/tx_bytes")
+            layer, phys = "Ethernet", None
+        key = (port.device, port.port)
+        previous = self._traffic.get(key)
+        self._traffic[key] = (now, rx, tx)
+        rx_rate = tx_rate = None
+        if previous is not None and now > previous[0]:
+            rx_rate, tx_rate = _rate(previous[1], rx, now - previous[0]), _rate(previous[2], tx, now - previous[0])
+        errors_at, errors = self._errors.get(key, (0.0, {}))
+        if key not in self._errors or now - errors_at >= self.errors_every_s:
+            errors_at, errors = now, self._read_errors(port)
+            self._errors[key] = (errors_at, errors)
+        # the texts repeat poll after poll: one object each, not one per sample a history keeps
+        return NicPortSample(
+            device=port.device,
+            port=port.port,
+            rdma=port.rdma,
+            link_layer=sys.intern(layer),
+            up=up,
+            state=sys.intern(state),
+            phys_state=sys.intern(phys) if phys is not None else None,
+            rate_gbps=rate,
+            rate_text=sys.intern(rate_text) if rate_text is not None else None,
+            netdev=port.netdev,
+            rx_bytes=rx,
+            tx_bytes=tx,
+            rx_bytes_per_s=rx_rate,
+            tx_bytes_per_s=tx_rate,
+            errors=errors,
+            errors_at=errors_at,
+        )
+
+    @staticmethod
+    def _read_errors(port: _Port) -> dict[str, int]:
+        if not port.rdma:
+            return _counters_in(port.folder / "statistics", _net_error)
+        found = _counters_in(port.folder / "counters", IB_ERROR_COUNTERS.__contains__)
+        found.update(_counters_in(port.folder / "hw_counters", _hw_error))
+        return found
+
+
+def _first_line(path: Path) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.readline().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _after_colon(text: Optional[str]) -> Optional[str]:
+    """ "4: ACTIVE" -> "ACTIVE" (the IB state files give the number and the name)."""
+    return text.partition(":")[2].strip() or text if text is not None else None
+
+
+def _count(path: Path, scale: int = 1) -> Optional[int]:
+    text = _first_line(path)
+    try:
+        return int(text) * scale if text is not None else None
+    except ValueError:
+        return None
+
+
+def _rate(before: Optional[int], after: Optional[int], seconds: float) -> Optional[float]:
+    if before is None or after is None or after < before:  # a counter reset (driver reload): no rate this time
+        return None
+    return (after - before) / seconds
+
+
+def _counters_in(folder: Path, wanted: Callable[[str], bool]) -> dict[str, int]:
+    try:
+        names = sorted(n for n in os.listdir(folder) if wanted(n))
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        value = _count(folder / name)
+        if value is not None:
+            out[name] = value
+    return out
 
 
 def _parse_counters(text: str) -> dict[str, int]:

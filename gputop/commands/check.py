@@ -17,8 +17,9 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from gputop.analysis.machine_check import CheckInput, CheckReport, LoadOutcome, build_report, report_jsonable
+from gputop.collect.counters import HostSource  # the kernel's side, read here and by the pipeline's counter watch
 from gputop.commands.observing import Progress, observe
-from gputop.model import HostReadings, Snapshot
+from gputop.model import Snapshot
 
 if TYPE_CHECKING:
     from gputop.pipeline import Pipeline
@@ -30,35 +31,13 @@ POLL_INTERVAL_S = 1.0
 MIN_WINDOW_S = 1.0
 
 
-class HostSource:
-    """The kernel's side of the machine: the real /sys and kernel log, or the simulated machine's tree."""
-
-    def __init__(self, pipeline: Pipeline, root: Optional[str]) -> None:
-        self._tree = None
-        if pipeline.fake_library is not None and root is None:
-            from gputop.sim.fake_sysfs import FakeHostTree
-
-            self._tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
-            self._read = self._tree.read
-        else:
-            from gputop.collect.sysfs import HostReader
-
-            self._read = HostReader(root or "/").read
-
-    def read(self, bus_ids: list[str]) -> HostReadings:
-        return self._read(bus_ids)
-
-    def close(self) -> None:
-        if self._tree is not None:
-            self._tree.close()
-
-
 class Evidence:
     """The start and the end of a check's window around any poll loop (`gputop check`, `gputop report`):
     GPU details and the kernel's side read at `start`, again at `finish`, checked with the snapshots between."""
 
     def __init__(self, pipeline: Pipeline, host_root: Optional[str] = None) -> None:
         self.pipeline = pipeline
+        pipeline.watch_nic_errors()  # the window is seconds long: the NICs' error counters every poll
         self.host = HostSource(pipeline, host_root)
         self.before = pipeline.gpu_details()
         self.bus_ids = [d.pci_bus_id for d in self.before if d.pci_bus_id]

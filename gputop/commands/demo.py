@@ -139,7 +139,7 @@ def print_summary(summary: DemoSummary, out: TextIO) -> None:
 
 def run(args: Any) -> int:
     _check_demo_dependencies()
-    from gputop.pipeline import Pipeline
+    from gputop.pipeline import TUI_WATCH_FIRST_AFTER_S, WATCH_COUNTERS_S, Pipeline
     from gputop.sim.demo_launcher import DemoJob
 
     scenario = args.scenario
@@ -168,6 +168,8 @@ def run(args: Any) -> int:
                 pid=launcher_pid,
                 load_model=job.load_model(),
                 stack_interval=getattr(args, "stack_interval", 2.0),
+                watch_counters=WATCH_COUNTERS_S,
+                watch_first_after=TUI_WATCH_FIRST_AFTER_S,
             )
         except KeyboardInterrupt:
             return 130

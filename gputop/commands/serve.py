@@ -6,6 +6,13 @@ It binds to loopback unless another address is asked for.  Collection is the one
 of --pid, or every job on the GPUs, each with its stacks) polled by the one poll loop
 (`gputop.source.PollLoop`) in a background thread, feeding `gputop.exporter.Exporter`; a scrape gets
 the last cycle's values.
+
+GPU health (`gputop_gpu_health`, `gputop_gpu_health_problem{rule,severity}`) is the health module's
+judgement of the samples, joined by the pipeline's counter watch: every 60 s (`WATCH_COUNTERS_S`) the poll
+that falls due also reads what `gputop check` reads at the ends of its window (PCIe replay and NVLink error
+counters, retired pages, sysfs AER, the kernel log's XIDs, the topology) and judges the minute since the
+previous reading with the check's lines (`Snapshot.counter_health`).  A climbing counter shows within two
+minutes; a kernel-log XID or a pending page retirement at the first poll.
 """
 
 from __future__ import annotations
@@ -114,6 +121,10 @@ def run(args: Any) -> int:
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         what = f"the job(s) of PID {', '.join(map(str, args.pid))}" if args.pid else "every job on the GPUs"
         log(f"serving metrics for {what} on http://{shown}/metrics (Ctrl-C stops)")
+        if pipeline.counters is not None:
+            log(
+                f"reading gputop check's counters (PCIe replays, NVLink errors, AER, kernel-log XIDs) every {pipeline.counters.cadence:g} s"
+            )
         if not is_loopback(host):
             log(f"listening beyond loopback: anyone who can reach {shown} can read these metrics")
         loop = PollLoop(pipeline, args.interval, on_error=exporter.failed)

@@ -140,9 +140,8 @@ def write_table(machine: MachineInfo, snap: Snapshot, out: TextIO) -> None:
         for i, (name, row) in enumerate(zip(names, rows)):
             line = f"{name:<6}" + "".join(f"{cell:>6}" for cell in row)
             if i < len(topo.matrix):
-                affinity = topo.cpu_affinity[i] if i < len(topo.cpu_affinity) else None
                 numa = topo.numa_node[i] if i < len(topo.numa_node) else None
-                line += f"  {units.na(affinity):<16} {units.na(numa)}"
+                line += f"  {topo.near_cpus_text(i):<16} {units.na(numa)}"
             w(line + "\n")
         if topo.nic_legend():
             w("\nNIC Legend:\n\n" + "".join(f"  {entry}\n" for entry in topo.nic_legend()))

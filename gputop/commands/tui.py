@@ -49,8 +49,15 @@ def starting_pipeline(args: argparse.Namespace) -> "StartingPipeline":
     stack_interval: float = getattr(args, "stack_interval", 2.0)
 
     def build(host: "HostCollector", job: "Optional[JobCollector]") -> "Pipeline":
-        from gputop.pipeline import Pipeline  # (pynvml loads on the build thread too)
+        from gputop.pipeline import TUI_WATCH_FIRST_AFTER_S, WATCH_COUNTERS_S, Pipeline  # (pynvml loads on this thread too)
 
-        return Pipeline(simulate=simulate, stack_interval=stack_interval, host_collector=host, job_collector=job)
+        return Pipeline(
+            simulate=simulate,
+            stack_interval=stack_interval,
+            host_collector=host,
+            job_collector=job,
+            watch_counters=WATCH_COUNTERS_S,  # the cards show what `gputop check` and `gputop serve` would
+            watch_first_after=TUI_WATCH_FIRST_AFTER_S,
+        )
 
     return StartingPipeline(build, pid=getattr(args, "pid", None), stack_interval=stack_interval, simulated=simulate)

@@ -2,7 +2,8 @@
 
 Identity (host, kernel, driver, CUDA; per GPU its serial, VBIOS, board part number, bus id, UUID), the
 failing checks with their numbers, the XIDs with their times, the commands the team will ask for next, and
-the advice to capture it all before any reset.  A live report runs `gputop check`'s checks over its own
+the advice to capture it all before any reset; and the NIC ports (state, rate, traffic, error counters) with
+the health module's judgement of them.  A live report runs `gputop check`'s checks over its own
 window (`commands.check.Evidence`); a report from a recording has no NVML details or kernel readings, so
 the section is built from what the snapshots carry and says what is missing.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from gputop.analysis.gpu_health import judge_nics
 from gputop.analysis.machine_check import (
     CAPTURE_BEFORE_RESET,
     FAIL,
@@ -21,18 +23,43 @@ from gputop.analysis.machine_check import (
 )
 from gputop.analysis.xids import distinct_xids, meaning_of
 from gputop.history import History
-from gputop.model import LABEL_INFRA, Finding
+from gputop.model import LABEL_INFRA, Finding, Snapshot
 from gputop.units import utc_time
 
 
+def nic_rows(snaps: Sequence[Snapshot]) -> Optional[list[dict[str, Any]]]:
+    """Each NIC port as the window ends, with the health module's judgement over the window (None: the
+    snapshots carry no NIC readings)."""
+    judged = judge_nics(snaps)
+    if judged is None:
+        return None
+    return [
+        {
+            "device": p.device,
+            "port": p.port,
+            "name": h.name,
+            "link_layer": p.link_layer,
+            "state": p.state,
+            "up": p.up,
+            "rate_gbps": p.rate_gbps,
+            "rx_bytes_per_s": p.rx_bytes_per_s,
+            "tx_bytes_per_s": p.tx_bytes_per_s,
+            "errors": {k: v for k, v in p.errors.items() if v},  # the counters that are not 0, since the driver loaded
+            "problems": [q.evidence for q in h.problems],
+        }
+        for h, p in zip(judged.ports, judged.latest)
+    ]
+
+
 def infra_data(history: History, findings: Sequence[Finding], check: Optional[CheckReport]) -> dict[str, Any]:
+    snaps = list(history)
     if check is not None:
         data = report_jsonable(check)
         data["source"] = "checks"
         data["failing"] = [c for c in data["checks"] if c["status"] in (FAIL, WARN)]
         data["missing"] = None
+        data["nics"] = nic_rows(snaps)
         return data
-    snaps = list(history)
     latest = snaps[-1] if snaps else None
     m = history.machine
     gpus = [
@@ -85,6 +112,7 @@ def infra_data(history: History, findings: Sequence[Finding], check: Optional[Ch
         "checks": [],
         "summary": None,
         "xids": xids,
+        "nics": nic_rows(snaps),
         "next_commands": [{"command": c, "why": w} for c, w in NEXT_COMMANDS],
         "advice": CAPTURE_BEFORE_RESET,
         "missing": (

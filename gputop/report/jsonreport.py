@@ -15,8 +15,9 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 from gputop import __version__, gpu_fields
+from gputop.analysis.counter_health import counter_problems
 from gputop.analysis.diagnosis import verdict_line
-from gputop.analysis.gpu_health import FINDING_SEVERITY, GpuHealth, judge_window
+from gputop.analysis.gpu_health import FINDING_SEVERITY, GpuHealth, Severity, judge_window
 from gputop.analysis.numbers import mean, percentile
 from gputop.analysis.observations import RankObs, collect_rank_observations
 from gputop.analysis.stack_classes import aggregate_worker_leaves, format_frame
@@ -103,8 +104,18 @@ def _gpu_stats(snaps: Sequence[Snapshot], index: int) -> dict[str, Any]:
     }
 
 
-def _health(snaps: Sequence[Snapshot], index: int, judged: Optional[GpuHealth]) -> dict[str, Any]:
+def _health(snaps: Sequence[Snapshot], index: int, judged: Optional[GpuHealth], counted: dict[str, Severity]) -> dict[str, Any]:
+    """`counted`: the counter watch's lines naming this GPU (check id -> severity), as the exporter has them."""
     samples = [g for s in snaps for g in s.gpus if g.index == index]
+    problems = [
+        {"rule": p.rule, "severity": FINDING_SEVERITY[p.severity], "word": p.word, "evidence": p.evidence}
+        for p in (judged.problems if judged is not None else ())
+    ]
+    problems += [
+        {"rule": rule, "severity": FINDING_SEVERITY[severity], "word": rule, "evidence": "gputop check's line (counter watch)"}
+        for rule, severity in counted.items()
+    ]
+    worst = max([judged.severity if judged is not None and judged.problems else Severity.OK, *counted.values()])
     alive = [g for g in samples if not g.lost]
     last = alive[-1] if alive else (samples[-1] if samples else None)
     return {
@@ -114,11 +125,9 @@ def _health(snaps: Sequence[Snapshot], index: int, judged: Optional[GpuHealth]) 
         "pci_bus_id": last.pci_bus_id if last else None,
         "lost": any(g.lost for g in samples),
         # the health module's judgement over the window (analysis/gpu_health.py): ok / warning / critical
-        "state": FINDING_SEVERITY[judged.severity] if judged is not None and judged.problems else "ok",
-        "problems": [
-            {"rule": p.rule, "severity": FINDING_SEVERITY[p.severity], "word": p.word, "evidence": p.evidence}
-            for p in (judged.problems if judged is not None else ())
-        ],
+        # and the pipeline's counter watch (Snapshot.counter_health: gputop check's counter lines)
+        "state": FINDING_SEVERITY[worst] if worst is not Severity.OK else "ok",
+        "problems": problems,
         **gpu_fields.report_health(alive),  # temperature, PCIe, throttling, ECC, remapped rows, NVLink, XIDs
         "samples": len(alive),
         "unavailable": dict(last.unavailable) if last is not None else {},
@@ -254,6 +263,8 @@ def report_data(
     latest = snaps[-1] if snaps else None
     indices = sorted({g.index for s in snaps for g in s.gpus})
     judged = judge_window(snaps)
+    latest_counters = next((s.counter_health for s in reversed(snaps) if s.counter_health is not None), None)
+    counted = counter_problems(latest_counters)
     host_cpu = [statistics.fmean(s.host.cpu_percent) for s in snaps if s.host.cpu_percent]
     bench_part = None
     if bench is not None:
@@ -291,7 +302,7 @@ def report_data(
             "simulated": m.simulated,
         },
         "topology": to_jsonable(m.topology),
-        "health": [_health(snaps, i, judged.get(i)) for i in indices],
+        "health": [_health(snaps, i, judged.get(i), counted.get(i, {})) for i in indices],
         "gpus": [_gpu_stats(snaps, i) for i in indices],
         "host": {
             "cpu_percent": _stats(host_cpu, 0.0, 100.0),

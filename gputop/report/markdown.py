@@ -128,6 +128,7 @@ def _infra_team(data: dict[str, Any]) -> list[str]:
         out.append("")
     elif infra["source"] == "checks":
         out += ["No check failed.", ""]
+    out += _nic_ports(infra.get("nics"))
     unreadable: list[str] = next((c["evidence"] for c in infra["checks"] if c["id"] == "sources"), [])
     if unreadable:
         out += ["**Not readable here**", ""] + [f"- {line}" for line in unreadable] + [""]
@@ -139,6 +140,27 @@ def _infra_team(data: dict[str, Any]) -> list[str]:
     out += _fence("\n".join(f"{c['command']:<28} # {c['why']}" for c in infra["next_commands"]), "sh")
     out += [f"> {infra['advice']}", ""]
     return out
+
+
+def _nic_ports(nics: Optional[list[dict[str, Any]]]) -> list[str]:
+    """The NIC ports table of the infra section (report.infra.nic_rows)."""
+    if not nics:
+        return []
+    rows = [
+        [
+            n["name"],
+            n["link_layer"],
+            n["state"],
+            f"{n['rate_gbps']:g} Gb/s" if n["rate_gbps"] is not None else None,
+            " / ".join(units.rate(n[k]) or "" for k in ("rx_bytes_per_s", "tx_bytes_per_s")),
+            ", ".join(f"{k} {v}" for k, v in n["errors"].items()) or "0",
+            "; ".join(n["problems"]) or "ok",
+        ]
+        for n in nics
+    ]
+    return ["**NIC ports**", ""] + _table(
+        ["Port", "Link", "State", "Rate", "Traffic rx / tx", "Errors (since load)", "Health"], rows
+    )
 
 
 def _machine(data: dict[str, Any]) -> list[str]:
@@ -173,7 +195,7 @@ def _topology(data: dict[str, Any]) -> list[str]:
     for i, (name, row) in enumerate(zip(names, rows)):
         cells = [f"{name:<5}"] + [f"{c:<6}" for c in row]
         if i < len(topo.matrix):
-            cells.append(str(topo.cpu_affinity[i]) if i < len(topo.cpu_affinity) and topo.cpu_affinity[i] is not None else "n/a")
+            cells.append(topo.near_cpus_text(i))
             cells.append(str(topo.numa_node[i]) if i < len(topo.numa_node) and topo.numa_node[i] is not None else "n/a")
         lines.append("  ".join(cells).rstrip())
     legend = (

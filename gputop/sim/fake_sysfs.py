@@ -9,6 +9,10 @@ temporary root: the PCI tree with each GPU's AER counters, the nvidia module's v
 release, the boot time and a kernel log.  The INFRA_FAULTS change it: `aer=IDX` makes GPU IDX's
 correctable AER counter climb, `kernel-xid=IDX:CODE` puts an `NVRM: Xid` line in the log.
 
+`FakeNicTree` (the pipeline's NIC samples) writes the same PCI tree and each NIC's port as
+/sys/class/infiniband/DEV/ports/1 (an RDMA NIC) or /sys/class/net/DEV (Ethernet), healthy and carrying
+traffic, or as the NIC faults say: `nic-down=DEV`, `nic-rate=DEV:GBPS`, `nic-errors=DEV`.
+
 `read()` rewrites the counters for the time now (on the fake NVML library's clock, so the AER counter
 and the NVML counters share one timeline) and then reads the tree with the real reader.
 """
@@ -23,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from gputop.collect.sysfs import HostReader, sysfs_bus_id, xid_bus_id
-from gputop.model import HostReadings, Topology
-from gputop.sim.profiles import Profile, SimNic, SimSpec, bus_number
+from gputop.collect.sysfs import IB_DATA_WORD_BYTES, IB_ERROR_COUNTERS, HostReader, NicReader, sysfs_bus_id, xid_bus_id
+from gputop.model import HostReadings, NicPortSample, Topology
+from gputop.sim.profiles import InfraFaults, Profile, SimNic, SimSpec, bus_number
 
 KERNEL_RELEASE = "6.8.0-49-generic"
 UPTIME_S = 86400.0  # the simulated machine booted a day before the check
@@ -94,6 +98,122 @@ class _PciTree:
                 self._class_link("net", nic.netdev, device)
         else:
             self._class_link("net", nic.name, device)
+
+
+# A simulated port carries this share of its rate each way (a training job's all-reduce between steps), and
+# its counters start at an hour of it: counts since the driver loaded, as a machine in use shows them.
+TRAFFIC_SHARE = 0.3
+COUNTED_BEFORE_S = 3600.0
+_IB_TRAFFIC = ("port_rcv_data", "port_xmit_data", "port_rcv_packets", "port_xmit_packets")
+_IB_OTHER = ("port_xmit_wait", "unicast_rcv_packets", "unicast_xmit_packets", "multicast_rcv_packets", "multicast_xmit_packets")
+# an mlx5 device's hw_counters (a subset of what mlx5_ib exposes: its error counters and some congestion ones)
+_MLX5_HW = (
+    "duplicate_request",
+    "implied_nak_seq_err",
+    "local_ack_timeout_err",
+    "np_cnp_sent",
+    "out_of_buffer",
+    "out_of_sequence",
+    "packet_seq_err",
+    "req_cqe_error",
+    "req_remote_access_errors",
+    "resp_cqe_error",
+    "resp_local_length_error",
+    "rnr_nak_retry_err",
+    "rp_cnp_handled",
+    "rx_icrc_encapsulated",
+)
+_NET_STATS = ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_dropped", "tx_dropped", "multicast", "collisions")
+_NET_ERRORS = ("rx_errors", "tx_errors", "rx_crc_errors", "rx_frame_errors", "rx_missed_errors", "tx_carrier_errors")
+# the IBA's lane rates in Gb/s by generation: the rate file names the generation the port trained to
+_IB_LANES = ((100.0, "NDR"), (50.0, "HDR"), (25.0, "EDR"), (14.0625, "FDR"), (10.0, "QDR"), (5.0, "DDR"), (2.5, "SDR"))
+
+
+def _ib_rate_text(gbps: float) -> str:
+    """400 -> "400 Gb/sec (4X NDR)", as the kernel writes ports/N/rate for a 4-lane port."""
+    generation = next((name for lane, name in _IB_LANES if abs(4 * lane - gbps) < 0.01), None)
+    return f"{gbps:g} Gb/sec" + (f" (4X {generation})" if generation else "")
+
+
+class _SimPort:
+    """One simulated NIC port's files: the state written once, the counters for a time."""
+
+    def __init__(self, root: Path, nic: SimNic, faults: InfraFaults) -> None:
+        self.root = root
+        self.nic = nic
+        self.down = nic.name in faults.nic_down
+        self.errors = nic.name in faults.nic_errors
+        self.gbps = dict(faults.nic_rate).get(nic.name, nic.rate_gbps)
+        self.folder = f"sys/class/infiniband/{nic.name}/ports/1" if nic.rdma else f"sys/class/net/{nic.name}"
+
+    def write_state(self) -> None:
+        if self.nic.rdma:
+            state, phys = ("1: DOWN", "2: Polling") if self.down else ("4: ACTIVE", "5: LinkUp")
+            files = {"state": state, "phys_state": phys, "rate": _ib_rate_text(self.gbps), "link_layer": "InfiniBand"}
+            files.update({f"counters/{name}": "0" for name in (*IB_ERROR_COUNTERS, *_IB_TRAFFIC, *_IB_OTHER)})
+            files.update({f"hw_counters/{name}": "0" for name in _MLX5_HW})
+        else:
+            files = {"operstate": "down" if self.down else "up", "speed": "-1" if self.down else str(int(self.gbps * 1000))}
+            files.update({f"statistics/{name}": "0" for name in (*_NET_STATS, *_NET_ERRORS)})
+        for name, text in files.items():
+            _write(self.root, f"{self.folder}/{name}", text + "\n")
+
+    def write_counters(self, elapsed: float) -> None:
+        """The traffic counters `elapsed` seconds into the run (frozen at the start on a port that is down)
+        and, with nic-errors, the error counters climbing."""
+        seconds = COUNTED_BEFORE_S + (0.0 if self.down else max(0.0, elapsed))
+        nbytes = int(TRAFFIC_SHARE * self.gbps * 1e9 / 8 * seconds)
+        packets = nbytes // 4096
+        if self.nic.rdma:
+            words = nbytes // IB_DATA_WORD_BYTES
+            values = dict(zip(_IB_TRAFFIC, (words, words, packets, packets)))
+            if self.errors:
+                values.update(
+                    symbol_error=int(3 + 20 * elapsed), link_error_recovery=1 + int(elapsed / 2), port_rcv_errors=int(7 * elapsed)
+                )
+            folder = f"{self.folder}/counters"
+        else:
+            values = {"rx_bytes": nbytes, "tx_bytes": nbytes, "rx_packets": packets, "tx_packets": packets}
+            if self.errors:
+                values.update(rx_errors=int(7 * elapsed), rx_crc_errors=int(7 * elapsed))
+            folder = f"{self.folder}/statistics"
+        for name, value in values.items():
+            (self.root / folder / name).write_text(f"{value}\n")
+
+
+class FakeNicTree:
+    """The simulated machine's NIC ports under a private root (tmpfs), read each poll by the real
+    `NicReader`: the pipeline's NIC samples.  The counters follow `elapsed` (the fake NVML library's clock)."""
+
+    def __init__(self, spec: SimSpec, elapsed: Callable[[], float], clock: Callable[[], float] = time.time) -> None:
+        self.elapsed = elapsed
+        self.root = Path(tempfile.mkdtemp(prefix="gputop-sim-nic-", dir=_memory_backed_tmp()))
+        try:
+            _PciTree(self.root, spec.profile)
+            self._ports = [_SimPort(self.root, nic, spec.faults.infra) for nic in spec.profile.nics]
+            for port in self._ports:
+                port.write_state()
+        except BaseException:
+            self.close()
+            raise
+        self._reader = NicReader(self.root, clock=clock)
+
+    @property
+    def errors_every_s(self) -> float:
+        return self._reader.errors_every_s
+
+    @errors_every_s.setter
+    def errors_every_s(self, seconds: float) -> None:
+        self._reader.errors_every_s = seconds
+
+    def read(self) -> Optional[tuple[NicPortSample, ...]]:
+        elapsed = self.elapsed()
+        for port in self._ports:
+            port.write_counters(elapsed)
+        return self._reader.read()
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 @functools.lru_cache(maxsize=8)

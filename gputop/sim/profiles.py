@@ -66,6 +66,7 @@ class SimNic:
     beside_gpu: Optional[int] = None  # the GPU whose PCIe switch it shares; None: on a root port of its own
     rdma: bool = True
     netdev: Optional[str] = None  # an RDMA device's network interface
+    rate_gbps: float = 400.0  # what its port trains to: a ConnectX-7's NDR "400 Gb/sec (4X NDR)"
 
 
 def bus_number(bus_id: str) -> int:
@@ -199,7 +200,7 @@ PROFILES: dict[str, Profile] = {
         numa_nodes=(0, 0),
         same_node_ancestor="PHB",
         # the board's own 2.5 GbE port on a root port of the same host bridge: no RDMA, so not in topo -m
-        nics=(SimNic(name="enp5s0", bus_id="0000:05:00.0", numa_node=0, rdma=False),),
+        nics=(SimNic(name="enp5s0", bus_id="0000:05:00.0", numa_node=0, rdma=False, rate_gbps=2.5),),
     ),
 }
 DEFAULT_PROFILE = "h100-sxm-8"
@@ -237,6 +238,13 @@ INFRA_FAULTS: dict[str, tuple[str, str]] = {
     "kernel-xid": ("kernel-xid=IDX:CODE", "the kernel log holds `NVRM: Xid` CODE for GPU IDX (NVML's events do not)"),
 }
 FAULTS.update(INFRA_FAULTS)
+# The NIC faults `gputop check` looks for, in the simulated /sys (gputop.sim.fake_sysfs): a table of their own,
+# as they name a NIC (DEV: an RDMA device such as mlx5_3, or a plain interface such as enp5s0), not a GPU.
+NIC_FAULTS: dict[str, tuple[str, str]] = {
+    "nic-down": ("nic-down=DEV", "NIC DEV's port is down (state DOWN, phys_state Polling) after carrying traffic"),
+    "nic-rate": ("nic-rate=DEV:GBPS", "NIC DEV's port trained to GBPS Gb/s (e.g. nic-rate=mlx5_3:200, half of NDR)"),
+    "nic-errors": ("nic-errors=DEV", "NIC DEV's port counts symbol errors and link error recoveries (climbing)"),
+}
 
 
 def faults_help() -> str:
@@ -253,6 +261,9 @@ def faults_help() -> str:
     lines += ["", "Faults (IDX is a GPU index, several may be combined):"]
     for form, text in FAULTS.values():
         lines.append(f"  {form:<24} {text}")
+    lines += ["", "NIC faults (DEV is a NIC's name in /sys: the profile's mlx5_0..mlx5_7, or enp5s0):"]
+    for form, text in NIC_FAULTS.values():
+        lines.append(f"  {form:<24} {text}")
     lines += ["", "Example: gputop snapshot --simulate h100-sxm-8+thermal=2+gpu-lost=3@10"]
     return "\n".join(lines)
 
@@ -267,6 +278,10 @@ class InfraFaults:
     retired_page: frozenset[int] = frozenset()
     topology: frozenset[int] = frozenset()
     kernel_xids: tuple[tuple[int, int], ...] = ()  # (gpu, XID code)
+    # the NIC_FAULTS
+    nic_down: frozenset[str] = frozenset()  # NIC names
+    nic_rate: tuple[tuple[str, float], ...] = ()  # (NIC name, Gb/s)
+    nic_errors: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -291,7 +306,7 @@ class SimSpec:
 
 
 def _valid_forms() -> str:
-    return f"profiles: {', '.join(PROFILES)}; faults: {', '.join(f[0] for f in FAULTS.values())}"
+    return f"profiles: {', '.join(PROFILES)}; faults: {', '.join(f[0] for f in (*FAULTS.values(), *NIC_FAULTS.values()))}"
 
 
 def _bad(message: str) -> UsageError:
@@ -321,6 +336,28 @@ def _xid(value: str, profile: Profile) -> tuple[int, int, float]:
     if code <= 0 or not seconds >= 0:
         raise _bad(f"xid needs IDX:CODE[@SECONDS] (e.g. xid=3:79@10), got {value!r}")
     return index, code, seconds
+
+
+def _parse_nic_fault(faults: InfraFaults, key: str, value: str, profile: Profile) -> InfraFaults:
+    """One of the nic-* switches added to `faults`."""
+    name, colon, gbps_text = value.partition(":")
+    names = [nic.name for nic in profile.nics]
+    if not names:
+        raise _bad(f"{profile.name} has no NICs, so {key} does not apply")
+    if name not in names:
+        raise _bad(f"{key}={value}: {profile.name}'s NICs are {', '.join(names)}")
+    if key == "nic-rate":
+        try:
+            gbps = float(gbps_text) if colon else 0.0
+        except ValueError:
+            gbps = 0.0
+        if not gbps > 0:
+            raise _bad(f"nic-rate needs DEV:GBPS (e.g. nic-rate=mlx5_3:200), got {value!r}")
+        return replace(faults, nic_rate=(*faults.nic_rate, (name, gbps)))
+    if colon:
+        raise _bad(f"{key} needs a NIC name only (e.g. {key}={names[0]}), got {value!r}")
+    field_name = key.replace("-", "_")
+    return replace(faults, **{field_name: getattr(faults, field_name) | {name}})
 
 
 def _parse_infra_fault(faults: InfraFaults, key: str, value: str, profile: Profile) -> InfraFaults:
@@ -373,9 +410,11 @@ def parse_spec(spec: str | None) -> SimSpec:
     for fault_text in fault_texts:
         fault_text = fault_text.strip()
         key, _, value = fault_text.partition("=")
-        if key not in FAULTS:
+        if key not in FAULTS and key not in NIC_FAULTS:
             raise _bad(f"unknown fault {fault_text!r}")
-        if key in INFRA_FAULTS:
+        if key in NIC_FAULTS:
+            infra = _parse_nic_fault(infra, key, value, profile)
+        elif key in INFRA_FAULTS:
             infra = _parse_infra_fault(infra, key, value, profile)
         elif key == "old-driver":
             if value:

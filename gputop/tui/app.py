@@ -440,6 +440,12 @@ class GputopApp(App[None]):
     ) -> tuple[list[Finding], str]:
         """The findings and the verdict line for `history` with the background actions' results: what the
         verdict shows and the `r` report writes (blocking: call it from a worker)."""
+        latest = history.latest
+        if check is None and latest is not None and latest.counter_health is not None:
+            # as `findings()`: the counter watch's window on the newest snapshot (a replay of `record`)
+            from gputop.analysis.counter_health import as_check_report  # the check's code: only when watched
+
+            check = as_check_report(latest.counter_health)
         return _assembled(self._diagnose(history, bench), trace, check)
 
     def diagnose_now(self) -> None:

@@ -178,7 +178,14 @@ class MainScreen(Screen[None]):
         self.snapshots = snapshots
         snapshot = snapshots[-1]
         job = snapshot.job
-        self.grid.update_data(snapshots, interval, gpu_users, self.machine.gpu_error, reading=reading_gpus)
+        self.grid.update_data(
+            snapshots,
+            interval,
+            gpu_users,
+            self.machine.gpu_error,
+            self.machine.topology.gpus_without_near_cpus(),
+            reading=reading_gpus,
+        )
         self.heatmap.update_data(snapshot.host, frozenset(job.cores) if job is not None else frozenset())
         self._choose_grid(self.size.width, self.size.height, self.compact)
         panel = self.jobs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from rich.console import RenderableType
 from rich.measure import Measurement
@@ -15,8 +15,10 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import ProgressBar, Static
 
+from gputop import units
+from gputop.analysis.gpu_health import NIC_RATE, NO_PEERS, NVLINK, Peers, Severity, judge_nics, judge_sample, peers_of
 from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION
-from gputop.model import Finding, GpuSample, MachineInfo, Snapshot
+from gputop.model import NO_NEAR_CPUS, Finding, GpuSample, MachineInfo, Snapshot, Topology
 from gputop.tui import look
 from gputop.tui.look import key_display
 from gputop.tui.widgets.gpu_grid import pcie_flagged
@@ -117,11 +119,12 @@ def nic_legend(machine: MachineInfo) -> Text:
     return text
 
 
-def _gpu_mark(gpu: Optional[GpuSample]) -> tuple[str, Style]:
-    """A GPU's tag on the picture: '✖' lost or NVLink down, '▼' PCIe below max under load."""
+def _gpu_mark(gpu: Optional[GpuSample], peers: Peers = NO_PEERS) -> tuple[str, Style]:
+    """A GPU's tag on the picture: '✖' lost or NVLink down (the health module's rule: a card without an
+    NVLink bridge has its links inactive, as it should), '▼' PCIe below max under load."""
     if gpu is None:
         return "", look.BOLD
-    if gpu.lost or (gpu.nvlink and any(not link.active for link in gpu.nvlink)):
+    if gpu.lost or judge_sample(gpu, peers).of(NVLINK):
         return "✖", look.BAD_BOLD
     if pcie_flagged(gpu):
         return "▼", look.WARN_BOLD
@@ -146,6 +149,39 @@ def _pcie_switches(matrix: Sequence[Sequence[str]], members: Sequence[int]) -> l
     return groups
 
 
+def _node_cores(topo: Topology, members: Sequence[int]) -> str:
+    """ " · cores 0-31" for a NUMA node's line: its GPUs' affinity, or that none of the job's CPUs are near them
+    (NVML's empty mask), or n/a."""
+    lists = [topo.cpu_affinity[i] for i in members if i < len(topo.cpu_affinity)]
+    cores = " / ".join(dict.fromkeys(cpus for cpus in lists if cpus))  # (GPUs of no known node may differ)
+    if not cores and NO_NEAR_CPUS in lists:
+        return f" · none of this job's CPUs are near {'GPU' if len(members) == 1 else 'GPUs'} {', '.join(map(str, members))}"
+    return f" · cores {cores or 'n/a'}"
+
+
+def nvlink_fabric(matrix: Sequence[Sequence[str]], gpus: Mapping[int, GpuSample]) -> Text:
+    """The GPU-to-GPU links from NVML's facts: "═══ NVSwitch" for the GPUs whose links end at a switch (NVML's
+    remote device type), every other NVLink pair drawn, grouped by its link count; never cut short."""
+    count = len(matrix)
+    pairs = [(i, j, matrix[i][j]) for i in range(count) for j in range(i + 1, count) if matrix[i][j].startswith("NV")]
+    text = Text()
+    if not pairs:
+        return text.append("no NVLink: GPU to GPU over PCIe only\n", style=look.WARN)
+    switched = sorted(g.index for g in gpus.values() if any(link.remote_kind == "switch" for link in g.nvlink or ()))
+    via_switch = [(i, j, label) for i, j, label in pairs if i in switched and j in switched]
+    if via_switch:
+        widths = "/".join(sorted({label for _i, _j, label in via_switch}))
+        who = f"all {count} GPUs" if len(switched) == count else f"GPUs {', '.join(map(str, switched))}"
+        text.append("═══ NVSwitch", style=look.GOOD_BOLD).append(f": {who}, {widths} between any two\n")
+    direct = [pair for pair in pairs if pair not in via_switch]
+    if direct:
+        text.append(f"NVLink, {len(direct)} pair{'s' if len(direct) > 1 else ''} GPU to GPU:\n", style=look.GOOD_BOLD)
+        for label in sorted({label for _i, _j, label in direct}, key=lambda x: int(x[2:]) if x[2:].isdigit() else 0):
+            joined = [f"{i}═{j}" for i, j, width in direct if width == label]
+            text.append(f"  {label} ×{len(joined)}: ", style=look.GOOD).append(" ".join(joined) + "\n")
+    return text
+
+
 def machine_picture(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Text:
     """The machine as a picture: each NUMA node with its cores, its GPUs bracketed by PCIe switch and the
     NICs beside them (a NIC on a GPU's switch joins that switch's line; others get a line of their own),
@@ -167,16 +203,16 @@ def machine_picture(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Text:
             apart.setdefault(nic.numa_node, []).append(k)
             nodes.setdefault(nic.numa_node, [])
     text = Text()
+    peers = peers_of(list(gpus.values()))
     for node, members in nodes.items():
-        cores = next((topo.cpu_affinity[i] for i in members if i < len(topo.cpu_affinity) and topo.cpu_affinity[i]), None)
         title = "host" if node is None else f"NUMA {node}"
-        text.append(f"┌ {title}", style="bold").append(f" · cores {cores or 'n/a'}\n" if members else "\n", style="dim")
+        text.append(f"┌ {title}", style="bold").append(_node_cores(topo, members) + "\n" if members else "\n", style="dim")
         for group in _pcie_switches(matrix, members):
             group_nics = [k for i in group for k in on_switch.get(i, ())]
             shared = len(group) + len(group_nics) > 1
             text.append("│ " + ("PCIe switch ┬ " if shared else "PCIe ─────── "), style="dim")
             for n, i in enumerate(group):
-                mark, style = _gpu_mark(gpus.get(i))
+                mark, style = _gpu_mark(gpus.get(i), peers)
                 text.append(("┬ " if n and shared else "") + f"GPU{i}{mark}", style=style)
                 text.append(" ")
             for k in group_nics:
@@ -186,17 +222,9 @@ def machine_picture(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Text:
             text.append("│ NIC ──────── ", style="dim")
             text.append("  ".join(nics[k].name for k in apart[node]) + "\n", style=look.ACCENT)
         text.append("└\n", style="dim")
-    nvlinks = [(i, j, matrix[i][j]) for i in range(count) for j in range(i + 1, count) if matrix[i][j].startswith("NV")]
-    via_switch = any(link.remote_kind == "switch" for g in gpus.values() for link in (g.nvlink or ()))
-    if nvlinks and (via_switch or len(nvlinks) == count * (count - 1) // 2):
-        widths = sorted({label for _i, _j, label in nvlinks})
-        text.append("═══ NVSwitch", style=look.GOOD_BOLD).append(f": all {count} GPUs, {'/'.join(widths)} between any two\n")
-    elif nvlinks:
-        text.append("NVLink: ", style=look.GOOD_BOLD)
-        text.append("  ".join(f"GPU{i}═GPU{j} {label}" for i, j, label in nvlinks[:12]) + "\n")
-    else:
-        text.append("no NVLink: GPU to GPU over PCIe only\n", style=look.WARN)
-    marked = [(i, _gpu_mark(g)[0]) for i, g in sorted(gpus.items()) if _gpu_mark(g)[0]]
+    text.append_text(nvlink_fabric(matrix, gpus))
+    peers = peers_of(list(gpus.values()))
+    marked = [(i, _gpu_mark(g, peers)[0]) for i, g in sorted(gpus.items()) if _gpu_mark(g, peers)[0]]
     for i, mark in marked:
         gpu = gpus[i]
         why = (
@@ -230,7 +258,7 @@ def affinity_table(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Table:
         table.add_column(name, no_wrap=True)
     gpus = {g.index: g for g in snapshot.gpus} if snapshot else {}
     for i in range(len(topo.matrix)):
-        affinity = topo.cpu_affinity[i] if i < len(topo.cpu_affinity) else None
+        affinity = topo.near_cpus_text(i)
         numa = topo.numa_node[i] if i < len(topo.numa_node) else None
         gpu = gpus.get(i)
         pcie = Text("n/a", style="dim")
@@ -242,7 +270,36 @@ def affinity_table(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Table:
             if link.downgraded:
                 text += f" ▼ {_pcie_why(gpu)}!" if pcie_flagged(gpu) else " (idle: normal)"
             pcie = Text(text, style=look.WARN_BOLD if pcie_flagged(gpu) else "")
-        table.add_row(Text(f"GPU{i}", style="bold"), affinity or "n/a", "n/a" if numa is None else str(numa), pcie)
+        near = Text(affinity, style=look.WARN_BOLD) if i in topo.gpus_without_near_cpus() else affinity
+        table.add_row(Text(f"GPU{i}", style="bold"), near, "n/a" if numa is None else str(numa), pcie)
+    return table
+
+
+def nic_ports_table(snapshot: Optional[Snapshot]) -> Optional[Table]:
+    """Per NIC port: its state, trained rate, traffic now and error counters (since the driver loaded), marked
+    as the health module judges it from this snapshot (down, below its peers' rate; a climbing error count
+    needs a window: `gputop check`).  None where the snapshot carries no NIC readings."""
+    judged = judge_nics([snapshot]) if snapshot is not None else None
+    if judged is None or not judged.ports:
+        return None
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", title="NIC ports", title_justify="left")
+    for name in ("Port", "Link", "State", "Rate", "rx/s", "tx/s", "Errors"):
+        table.add_column(name, no_wrap=True)
+    for health, port in zip(judged.ports, judged.latest):
+        style = look.BAD_BOLD if health.severity >= Severity.CRITICAL else ""
+        errors = sum(port.errors.values())
+        table.add_row(
+            Text(health.name, style="bold"),
+            port.link_layer,
+            Text(
+                port.state + (f" ({port.phys_state})" if port.phys_state and not port.up else ""),
+                style=style if not port.up else "",
+            ),
+            Text(port.rate_text or "n/a", style=style if health.of(NIC_RATE) else ""),
+            units.rate(port.rx_bytes_per_s) or "",
+            units.rate(port.tx_bytes_per_s) or "",
+            Text(str(errors), style=look.WARN if errors else "dim"),
+        )
     return table
 
 
@@ -261,6 +318,7 @@ class TopologyScreen(_Modal):
             if not topo.matrix:
                 reason = self.machine.gpu_error or "NVML gave no topology for these GPUs"
                 yield Static(Text(reason, style=look.WARN))
+                yield from self._nic_ports()
                 return
             # the room inside the dialog (96% of the screen up to its widest, less border, padding and scroll bar)
             room = min(self.app.size.width * 96 // 100, TOPOLOGY_MAX_WIDTH) - 6  # as `need` below
@@ -289,6 +347,12 @@ class TopologyScreen(_Modal):
                     )
                 )
             yield Static(affinity_table(self.machine, self.snapshot), id="affinity")
+            yield from self._nic_ports()
+
+    def _nic_ports(self) -> Iterator[Static]:
+        table = nic_ports_table(self.snapshot)
+        if table is not None:
+            yield Static(table, id="nic-ports")
 
     def _width(self, renderable: RenderableType) -> int:
         return Measurement.get(self.app.console, self.app.console.options, renderable).maximum

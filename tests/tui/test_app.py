@@ -626,7 +626,7 @@ def test_machine_picture_draws_numa_nodes_switches_fabric_and_marks_a_degraded_l
     snap = dataclasses.replace(snap, gpus=tuple(gpus))
     text = machine_picture(machine, snap).plain
     assert "NUMA 0 · cores 0-31" in text and "NUMA 1 · cores 32-63" in text
-    assert "GPU0═GPU1 NV4" in text and "GPU2═GPU3 NV4" in text and "NVSwitch" not in text
+    assert "NV4 ×2: 0═1 2═3" in text and "NVSwitch" not in text
     assert "GPU3▼" in text and "GPU3: PCIe Gen3 x8 of Gen5 x16 under load" in text
     switched = dataclasses.replace(machine, topology=dataclasses.replace(machine.topology, matrix=pcie_matrix))
     assert "PCIe switch ┬ GPU0 ┬ GPU1" in machine_picture(switched, snap).plain  # one switch for both

@@ -14,6 +14,9 @@ from typing import Iterable, Mapping, Sequence
 from gputop.analysis.gpu_health import (
     ECC,
     FINDING_SEVERITY,
+    NIC_DOWN,
+    NIC_ERRORS,
+    NIC_RATE,
     NVLINK,
     PCIE,
     POWER_LIMIT,
@@ -21,6 +24,7 @@ from gputop.analysis.gpu_health import (
     SLOWDOWN,
     GpuHealth,
     Problem,
+    judge_nics,
     judge_window,
     reason_key,
     slowdowns,
@@ -42,6 +46,7 @@ def check_infrastructure(ctx: Context) -> list[Finding]:
         + check_ecc(health)
         + check_nvlink(health)
         + check_xids(ctx)
+        + check_nics(ctx)
     )
 
 
@@ -294,3 +299,54 @@ def check_xids(ctx: Context) -> list[Finding]:
             )
         )
     return findings
+
+
+# NIC rule -> (finding id, title, what it means for the job, the commands the infra team runs)
+_NIC_FINDINGS = {
+    NIC_DOWN: (
+        "nic_down",
+        "NIC port down",
+        "a port the job's traffic runs over is down",
+        "ibstat DEVICE; ip link; sudo mlxlink -d DEVICE",
+    ),
+    NIC_RATE: (
+        "nic_rate",
+        "NIC port below its rate",
+        "a port trained below its peers' rate slows every collective that crosses it",
+        "ibstat DEVICE   # Rate; reseat or replace the cable / transceiver\nsudo mlxlink -d DEVICE -m   # the cable's eye and errors",
+    ),
+    NIC_ERRORS: (
+        "nic_errors",
+        "NIC error counters climbing",
+        "a port counting link errors retransmits and can drop out of the job",
+        "perfquery -x   # or: ibqueryerrors; sudo mlxlink -d DEVICE -c   # the physical counters",
+    ),
+}
+
+
+def check_nics(ctx: Context) -> list[Finding]:
+    """One finding per NIC rule that some port breaks (the ports' judgement: analysis/gpu_health.py)."""
+    judged = judge_nics(ctx.snaps)
+    if judged is None:
+        return []
+    out = []
+    for rule, (finding_id, title, meaning, commands) in _NIC_FINDINGS.items():
+        flagged = [(h, h.of(rule)) for h in judged.ports if h.of(rule)]
+        if not flagged:
+            continue
+        names = ", ".join(h.name for h, _ in flagged)
+        problems = [p for _, found in flagged for p in found]
+        fix = f"file a network ticket for {names}: {meaning}\n" + commands.replace("DEVICE", flagged[0][0].device)
+        out.append(
+            _infra(
+                finding_id,
+                title,
+                FINDING_SEVERITY[worst(problems)],
+                f"{title}: {names}",
+                [p.evidence for p in problems],
+                fix,
+                (),
+                0.9,
+            )
+        )
+    return out

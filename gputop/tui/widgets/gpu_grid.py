@@ -14,9 +14,18 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
 
-from gputop.analysis.gpu_health import NO_PEERS, Peers, Severity, judge_sample, pcie_degraded, peers_of, slowdowns
+from gputop.analysis.gpu_health import (
+    NO_PEERS,
+    Peers,
+    Severity,
+    judge_sample,
+    nvlink_unused,
+    pcie_degraded,
+    peers_of,
+    slowdowns,
+)
 from gputop.gpu_fields import active_throttles, card_text, gpm_card_line
-from gputop.model import GpuSample, Snapshot
+from gputop.model import CounterHealth, GpuSample, Snapshot
 from gputop.tui import look
 from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas, RunsKey
 
@@ -28,6 +37,8 @@ CARD_LINES = 7
 GPM_COMPACT_MIN_WIDTH = 90  # the one-line-per-GPU grid shows GPM's SM activity from this width
 GPM_MIN_SPARK_CELLS = 8  # the card's GPM line takes the sparkline's oldest cells only while this many stay
 MIN_SPARK_SECONDS = 60  # the sparkline always spans at least this much history
+# the card's word for an empty CPU-affinity mask: none of this job's CPUs are near the GPU (the T dialog says it whole)
+NO_NEAR_CPUS_WORD = "no job CPU near"
 
 
 def _is_slowdown(gpu: GpuSample) -> bool:
@@ -179,6 +190,9 @@ class GpuGrid(LineCanvas):
         self._card_lines: dict[tuple[int, int], tuple[RunsKey, list[Segment]]] = {}
         self._row_strips: dict[tuple[int, int], tuple[tuple[list[Segment], ...], Strip]] = {}
         self._peers: Peers = NO_PEERS  # what the GPUs drawn are judged against (peers_of)
+        self.no_near_cpus: frozenset[int] = frozenset()  # GPUs NVML gave an empty CPU-affinity mask for
+        # the pipeline's counter watch on the newest snapshot, and the marks made of it (made once per window)
+        self._counter_marks: tuple[Optional[CounterHealth], dict[int, tuple[str, bool]]] = (None, {})
 
     # ------------------------------------------------------------------ data
     def update_data(
@@ -187,9 +201,12 @@ class GpuGrid(LineCanvas):
         interval: float,
         gpu_users: dict[int, str],
         message: Optional[str] = None,
+        no_near_cpus: Sequence[int] = (),
         *,
         reading: bool = False,
     ) -> None:
+        """`no_near_cpus`: the GPUs none of this job's CPUs are near (`Topology.gpus_without_near_cpus`)."""
+        self.no_near_cpus = frozenset(no_near_cpus)
         count = len(snapshots[-1].gpus) if snapshots else 0
         relayout = count != self.gpu_count or (message is None) != (self.message is None)
         self.snapshots = snapshots
@@ -209,11 +226,24 @@ class GpuGrid(LineCanvas):
             self.refresh(layout=True)
             self.redraw()
 
+    def _marks(self) -> dict[int, tuple[str, bool]]:
+        """The card marks: the counter watch's lines on the newest snapshot (`Snapshot.counter_health`, the same
+        marks a machine check makes), under those of the latest machine check (key c)."""
+        health = self.snapshots[-1].counter_health if self.snapshots else None
+        if health is None:
+            return self.check_marks
+        if self._counter_marks[0] != health:  # a replay decodes an equal window per snapshot
+            from gputop.analysis.counter_health import as_check_report
+            from gputop.tui.check_screen import card_marks
+
+            self._counter_marks = (health, card_marks(as_check_report(health)))
+        return {**self._counter_marks[1], **self.check_marks} if self.check_marks else self._counter_marks[1]
+
     # ------------------------------------------------------------------ geometry
     def _state(self, gpu: GpuSample, problems: Optional[tuple[list[str], list[str]]] = None) -> tuple[str, str, Style]:
         """The card's state, FAULT or WARN too where the latest machine check failed or warned on this GPU."""
         state = gpu_state(gpu, problems)
-        mark = self.check_marks.get(gpu.index)
+        mark = self._marks().get(gpu.index)
         if mark is None or gpu.lost or state[1] == look.STATE_FAULT[1]:
             return state
         return look.STATE_FAULT if mark[1] else look.STATE_WARN
@@ -361,7 +391,9 @@ class GpuGrid(LineCanvas):
         l5.add("NVL  ", look.LABEL)
         if gpu.nvlink:
             all_up = all(link.active for link in gpu.nvlink)
-            l5.add(card_text("nvlink", gpu), look.PLAIN if all_up else look.WARN_BOLD)
+            # links a card reports inactive without a bridge are its normal state (the health module's rule)
+            unused = not all_up and nvlink_unused(gpu, self._peers)
+            l5.add(card_text("nvlink", gpu), look.PLAIN if all_up else look.DIM if unused else look.WARN_BOLD)
             l5.add(f" ↑{card_text('nvlink_tx_bytes_per_s', gpu)} ↓{card_text('nvlink_rx_bytes_per_s', gpu)}")
         else:
             l5.add("n/a", look.DIM)
@@ -374,7 +406,9 @@ class GpuGrid(LineCanvas):
             look.WARN if _is_slowdown(gpu) else look.PLAIN if active_throttles(gpu) else look.DIM,
         )
         health = [p for p in faults + warnings if p not in ("throttled", "PCIe down")]
-        mark = self.check_marks.get(gpu.index)
+        if gpu.index in self.no_near_cpus:
+            health.append(NO_NEAR_CPUS_WORD)
+        mark = self._marks().get(gpu.index)
         if mark is not None:
             health.append(mark[0])
             faults = faults + [mark[0]] if mark[1] else faults
@@ -447,7 +481,7 @@ class GpuGrid(LineCanvas):
             throttles = active_throttles(gpu) if _is_slowdown(gpu) else []
             # the slowdown's own reasons stand for the word "throttled", whatever its severity
             problem = [f for f in faults if f != "throttled"] + throttles + [w for w in warnings if w != "throttled"]
-            mark = self.check_marks.get(gpu.index)
+            mark = self._marks().get(gpu.index)
             if mark is not None and (mark[1] or not faults):  # the machine check's word, unless a worse fault shows
                 problem = [mark[0].removeprefix("chk ")] + problem
                 faults = faults + [mark[0]] if mark[1] else faults
