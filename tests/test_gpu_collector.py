@@ -170,7 +170,12 @@ def test_a_reading_that_repeats_is_the_previous_samples_object(collector):
     after = gpu.sample()[0]
     assert after.power_limit == before.power_limit and after.power_limit is before.power_limit
     assert after.memory_total is before.memory_total and after.pcie.gen_max == before.pcie.gen_max
-    assert after.unavailable == {"ecc": "NotSupported", "nvlink": "NotSupported", "remapped_rows": "NotSupported"}
+    assert after.unavailable == {
+        "ecc": "NotSupported",
+        "nvlink": "NotSupported",
+        "remapped_rows": "NotSupported",
+        "gpm": "NotSupported",
+    }
     assert after.unavailable is before.unavailable
     # what moved is read anew
     assert after.utilization_gpu == 90.0 and before.utilization_gpu == 50.0
