@@ -119,3 +119,16 @@ def test_memory_bound_kernels_are_the_verdict_with_amp_and_compile():
 def test_a_few_samples_are_not_enough_for_a_kernel_verdict():
     findings = diagnose(build(dataclasses.replace(_busy_job(MEMORY_BOUND), seconds=3)))
     assert "memory_bound" not in ids(findings)
+
+
+def test_busy_in_the_verdict_means_sm_activity_where_gpm_knows_it():
+    healthy = diagnose(build(_busy_job(COMPUTING)))[0]
+    assert healthy.id == "healthy" and "GPUs busy (95%, SMs 90% active)" in healthy.summary
+    # GPU-Util 95% but a fifth of the SMs at work: not "busy", and both numbers say why
+    idle_sms = GpmMetrics(
+        sm_active=20.0, sm_occupancy=10.0, tensor_active=8.0, dram_bandwidth=15.0, fp32_active=5.0, fp16_active=1.0
+    )
+    top = diagnose(build(_busy_job(idle_sms)))[0]
+    assert "GPUs busy" not in top.summary and "GPUs at 95%, SMs 20% active" in top.summary, top.summary
+    # without GPM, GPU-Util decides, as before
+    assert "GPUs busy (95%)" in diagnose(build(_busy_job(None)))[0].summary

@@ -17,7 +17,7 @@ their wording is made.  Every number is in `thresholds.py`, with its source.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from gputop.analysis.numbers import mean
 from gputop.analysis.observations import Context, GpuObs
@@ -55,6 +55,18 @@ def spin_evidence(gpu: int, sample: GpuSample, seconds: float) -> Optional[str]:
         f"GPU {gpu}: {sample.utilization_gpu:.0f}% GPU-Util with {sample.gpm.sm_active:.0f}% of its SMs active for "
         f"{seconds:.0f} s: a collective kernel spinning on a missing peer, not compute"
     )
+
+
+def mean_sm_active(gpus: Sequence[GpuObs]) -> Optional[float]:
+    """The GPUs' mean SM activity over the window where GPM knows it (None: none of them has GPM)."""
+    values = [s.gpm.sm_active for o in gpus for s in o.samples if s.gpm is not None and s.gpm.sm_active is not None]
+    return mean(values) if values else None
+
+
+def busy(utilization: float, sm_active: Optional[float]) -> bool:
+    """ "Busy" in a verdict: the SMs active where GPM says (GPU-Util counts a spinning collective or a memory-bound
+    kernel as 100%), else GPU-Util."""
+    return sm_active >= GPM_SM_BUSY if sm_active is not None else utilization >= LOW_UTILIZATION
 
 
 @dataclass(frozen=True)
