@@ -229,9 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="from_file", metavar="FILE", help="build the report from a recording instead")
     p.add_argument(
         "--job",
-        type=_pid,
-        metavar="PID",
-        help="with --from, of a recording that follows several jobs: the job to report on (its `job` label in serve)",
+        metavar="ID",
+        help="the job to report on: with --from, of a recording that follows several jobs, its launcher's PID; "
+        "with --prometheus, its `job` label (default: the job with the most ranks)",
+    )
+    p.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="report on one job across nodes from what each node's `gputop serve` exported to this Prometheus",
     )
     _add_interval(p)
 
@@ -276,6 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_followed_pids(p, "export")
     _add_simulate(p)
     _add_interval(p)
+    p.add_argument(
+        "--hostname",
+        metavar="NAME",
+        help="the Hostname label of every metric (default: this machine's name; containers and tests set it)",
+    )
     p.add_argument(
         "--dcgm-fields",
         action="store_true",

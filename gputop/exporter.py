@@ -13,8 +13,11 @@ py-spy are.
 Label rules (bounded cardinality, nothing private):
 - dcgm-exporter's names, so PromQL joins work: ``gpu`` (the NVML index), ``UUID``, ``Hostname``;
   every gputop metric carries ``Hostname``.
-- ``job`` is the PID of the job's launcher (torchrun, or the lone training process); ``rank`` is the
-  process's RANK.  No stack, command line or environment value, and no worker PID, is ever a label.
+- ``job`` is the id every node of a job derives alike (`gputop.fleet.identity`: torchrun's rendezvous id,
+  Slurm's job and step, the rendezvous address), else ``HOSTNAME:launcher_pid`` for a job on one machine;
+  ``rank`` is the process's global RANK (``gputop_rank_info`` adds ``local_rank`` and ``node``, the node's
+  rank in the job).  Those ids are the only environment values that become labels: no stack, command
+  line or other environment value, and no worker PID, is ever a label.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from gputop.analysis.stack_classes import (
 )
 from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S
 from gputop.collect.stacks import error_reason
+from gputop.fleet.identity import fallback_job_id
 from gputop.history import History
 from gputop.model import (
     LABEL_CODE,
@@ -78,8 +82,8 @@ VERDICTS = ("healthy", "code", "infrastructure", "unknown")
 FINDING_LABELS = {LABEL_CODE: "code", LABEL_INFRA: "infrastructure"}
 
 DATA_WAIT_WINDOW_S = 60.0  # gputop_rank_data_wait_ratio: the share of the main-thread dumps of the last minute
-# The findings and verdict when no job runs on the GPUs: the GPUs as a whole (a job label is a PID, so
-# it cannot collide).
+# The findings and verdict when no job runs on the GPUs: the GPUs as a whole (a job's label carries a
+# host and PID or a launcher's id, so it cannot collide).
 MACHINE_JOB = "machine"
 
 
@@ -95,13 +99,31 @@ class _RankTrack:
     last_progress: Optional[float] = None
 
 
-def job_label(tree: JobTree) -> str:
-    return str(job_anchor(tree))
+def job_label(tree: JobTree, hostname: str) -> str:
+    """The job's id across nodes (from its ranks' environment), else this host and its launcher's PID."""
+    said = next((r.job_id for r in tree.ranks if r.job_id), None)
+    return said if said is not None else fallback_job_id(hostname, job_anchor(tree))
+
+
+def _first_said(values: Iterable[Optional[int]]) -> str:
+    return next((str(v) for v in values if v is not None), "")
 
 
 def rank_label(rank: Rank, position: int) -> str:
     """RANK from the environment; a process without one is numbered by its place in the job."""
     return str(rank.rank if rank.rank is not None else position)
+
+
+def hung_pids(findings: Sequence[Finding], tree: JobTree) -> set[int]:
+    """The ranks a hang finding names as stuck: those stuck outside a collective (the others wait for them
+    in theirs, and show "collective", so the rank holding a job back stands out across nodes), else all
+    of them (a hang in the collective itself)."""
+    in_collective = {r.proc.pid for r in tree.ranks if r.main_thread_state == COLLECTIVE}
+    out: set[int] = set()
+    for f in findings:
+        if f.id == "hang":
+            out |= {pid for pid in f.pids if pid not in in_collective} or set(f.pids)
+    return out
 
 
 def verdict_of(findings: Sequence[Finding]) -> str:
@@ -131,6 +153,7 @@ class Exporter:
         source: Source,
         *,
         interval: float = 1.0,
+        hostname: Optional[str] = None,
         dcgm_fields: bool = False,
         diagnose: Optional[Callable[[History], list[Finding]]] = None,
         log: Callable[[str], None] = lambda line: print(f"gputop serve: {line}", file=sys.stderr, flush=True),
@@ -144,7 +167,7 @@ class Exporter:
         self.dcgm_fields = dcgm_fields
         self._diagnose = diagnose
         self._log = log
-        self.hostname = source.machine.hostname
+        self.hostname = hostname or source.machine.hostname  # `serve --hostname` overrides the machine's name
         self._capacity = int(math.ceil(max(DIAGNOSIS_WINDOW_S, DATA_WAIT_WINDOW_S) / interval)) + 2
         self._histories: dict[str, History] = {}
         self._ranks: dict[tuple[str, int], _RankTrack] = {}
@@ -351,14 +374,14 @@ class Exporter:
         live_ranks: set[tuple[str, int]] = set()
         live_pids: set[int] = set()
         for tree in trees:
-            job = job_label(tree)
+            job = job_label(tree, h)
             live_jobs.add(job)
             history = self._history(job)
             history.append(for_job(snap, tree))
             findings = self._diagnose(history)
             # the shares as the diagnosis takes them: dense samples (or dumps), start-up left out, last minute
             observed = collect_rank_observations(history.window(DATA_WAIT_WINDOW_S), snap.timestamp - DATA_WAIT_WINDOW_S)
-            hung = {pid for f in findings if f.id == "hang" for pid in f.pids}
+            hung = hung_pids(findings, tree)
             world = max((r.world_size for r in tree.ranks if r.world_size), default=len(tree.ranks))
             job_info.add_metric(
                 [],
@@ -366,6 +389,8 @@ class Exporter:
                     "job": job,
                     "launcher_pid": str(tree.launcher.pid) if tree.launcher else "",
                     "world_size": str(world),
+                    "nnodes": _first_said(r.nnodes for r in tree.ranks),
+                    "node_rank": _first_said(r.node_rank for r in tree.ranks),
                     "Hostname": h,
                 },
             )
@@ -383,6 +408,7 @@ class Exporter:
                             "job": job,
                             "rank": label,
                             "local_rank": "" if rank.local_rank is None else str(rank.local_rank),
+                            "node": "" if rank.node_rank is None else str(rank.node_rank),
                             "pid": str(pid),
                             "gpu": "" if index is None else str(index),
                             "UUID": gpu.uuid if gpu is not None else "",

@@ -605,6 +605,11 @@ class Rank:
     # as in recordings made before gputop told them apart: nothing is left out then).
     starting_up: bool = False
     loop_started: Optional[float] = None
+    # The job beyond this machine, from the rank's environment (gputop.fleet.identity): the id every node
+    # derives alike (None: none said), this node's place and the number of nodes.
+    job_id: Optional[str] = None
+    node_rank: Optional[int] = None
+    nnodes: Optional[int] = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parent.parent
 # The issue's table: every metric and exactly its labels (each also carries dcgm-exporter's Hostname).
 METRIC_LABELS = {
     "gputop_build_info": {"version"},
-    "gputop_job_info": {"job", "launcher_pid", "world_size"},
-    "gputop_rank_info": {"job", "rank", "local_rank", "pid", "gpu", "UUID"},
+    "gputop_job_info": {"job", "launcher_pid", "world_size", "nnodes", "node_rank"},
+    "gputop_rank_info": {"job", "rank", "local_rank", "node", "pid", "gpu", "UUID"},
     "gputop_rank_state": {"job", "rank", "state"},
     "gputop_rank_data_wait_ratio": {"job", "rank"},
     "gputop_dataloader_workers": {"job", "rank"},
@@ -257,7 +257,7 @@ def test_input_bound_job_exports_its_ranks_wait_and_the_code_verdict():
     exporter, source = exporter_over(input_bound())
     run_cycles(exporter, source)
     samples = parse(scrape_text(exporter))
-    job = "100"  # the launcher's PID
+    job = "trainbox:100"  # a job on one machine (no rendezvous id in its environment): the host and launcher's PID
     assert one(samples, "gputop_job_info", job=job) == 1
     assert dict(next(iter(values(samples, "gputop_job_info"))))["world_size"] == "8"
     for rank in range(8):
@@ -341,13 +341,13 @@ def test_a_hung_job_shows_hung_ranks_and_progress_that_stopped():
     exporter, source = exporter_over(frozen)
     run_cycles(exporter, source)
     samples = parse(scrape_text(exporter))
-    assert one(samples, "gputop_finding", job="100", kind="hang", severity="critical", label="code") == 1
+    assert one(samples, "gputop_finding", job="trainbox:100", kind="hang", severity="critical", label="code") == 1
     for rank in range(8):
         assert one(samples, "gputop_rank_state", rank=str(rank), state="hung") == 1
         assert sum(values(samples, "gputop_rank_state", rank=str(rank)).values()) == 1
         # the last dump that moved is the first one in the collective (t=20); nothing moved after it
         assert one(samples, "gputop_rank_last_progress_timestamp_seconds", rank=str(rank)) == hb.T0 + 20
-    assert one(samples, "gputop_verdict", job="100", verdict="code") == 1
+    assert one(samples, "gputop_verdict", job="trainbox:100", verdict="code") == 1
 
 
 def test_a_finding_reads_zero_once_it_cleared_and_the_verdict_follows():
@@ -425,7 +425,7 @@ def test_refused_stacks_become_a_counter_and_one_log_line():
     samples = parse(scrape_text(exporter))
     dumps = len({s.job.stacks[1000].timestamp for s in source.snaps})
     assert one(samples, "gputop_pyspy_errors_total", reason="permission") == dumps == 11
-    assert logged == [f"job 100: cannot read stacks: {refused} (counted in gputop_pyspy_errors_total)"]
+    assert logged == [f"job trainbox:100: cannot read stacks: {refused} (counted in gputop_pyspy_errors_total)"]
     # no stacks: the state is unknown (every state 0) and there is no wait ratio to report
     assert sum(values(samples, "gputop_rank_state").values()) == 0
     assert values(samples, "gputop_rank_data_wait_ratio") == {}
@@ -499,13 +499,13 @@ def test_alert_rules_pass_their_promtool_unit_tests():
 
 def dashboard_queries() -> list[str]:
     dashboard = json.loads((CONTRIB / "grafana" / "gputop.json").read_text())
-    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", ())]  # a row has none
 
 
 def test_the_dashboard_reads_only_metrics_gputop_or_dcgm_exporter_export():
     import re
 
-    exported = set(METRIC_LABELS) | {"gputop_xid_events_total", "gputop_pyspy_errors_total"}
+    exported = set(METRIC_LABELS) | {"gputop_xid_events_total", "gputop_pyspy_errors_total", "gputop_gpu_health"}
     queries = dashboard_queries()
     names = {name for expr in queries for name in re.findall(r"\b((?:gputop|DCGM_FI)_[A-Za-z_]+)", expr)}
     assert {n for n in names if n.startswith("gputop_")} <= exported
@@ -645,23 +645,26 @@ def test_without_pid_every_gpu_process_is_a_job_followed_with_its_stacks(spawn):
             samples = parse(scrape_text(exporter))
             return {dict(k)["job"]: dict(k)["state"] for k, v in values(samples, "gputop_rank_state").items() if v == 1}
 
+        # a job on one machine (no rendezvous id in its environment) is named by the host and its PID
+        first_job, second_job = f"{exporter.hostname}:{first.pid}", f"{exporter.hostname}:{second.pid}"
+
         # both processes' stacks have been read: each job has a current state (a sleeping loop: idle)
         assert wait_until(lambda: len(states()) == 2 and states(), timeout=60, what="both jobs' stacks") == {
-            str(first.pid): "idle",
-            str(second.pid): "idle",
+            first_job: "idle",
+            second_job: "idle",
         }
         samples = parse(scrape_text(exporter))
         gpu_of = {dict(k)["job"]: dict(k)["gpu"] for k in values(samples, "gputop_rank_info")}
-        assert gpu_of == {str(first.pid): "0", str(second.pid): "1"}
+        assert gpu_of == {first_job: "0", second_job: "1"}
 
         second.kill()
         second.wait(timeout=10)
         load.procs.pop(1)  # the driver drops a dead process from the GPU
         exporter.cycle()
         samples = parse(scrape_text(exporter))
-        assert {dict(k)["job"] for k in values(samples, "gputop_job_info")} == {str(first.pid)}
+        assert {dict(k)["job"] for k in values(samples, "gputop_job_info")} == {first_job}
         assert pipeline.followed is not None and pipeline.followed.followed == [first.pid]
-        assert set(exporter._histories) == {str(first.pid)}
+        assert set(exporter._histories) == {first_job}
     finally:
         pipeline.close()
 
@@ -714,7 +717,9 @@ def test_serve_as_another_user_counts_and_says_the_refusal(spawn, tmp_path):
 
         assert wait_until(lambda: refusals() >= 3, timeout=60, what="refused dumps counted")
         samples = parse(get(url))
-        assert one(samples, "gputop_dataloader_workers", job=str(job.pid), rank="0") == 1  # /proc still works
+        assert (
+            one(samples, "gputop_dataloader_workers", job=f"{socket.gethostname()}:{job.pid}", rank="0") == 1
+        )  # /proc still works
         assert sum(values(samples, "gputop_rank_state").values()) == 0  # no stacks, no state
         serve.send_signal(signal.SIGTERM)
         _out, err = serve.communicate(timeout=30)
@@ -726,7 +731,10 @@ def test_serve_as_another_user_counts_and_says_the_refusal(spawn, tmp_path):
         "run gputop as root, or with sudo"
     )
     assert err.count("cannot read stacks") == 1, err
-    assert f"gputop serve: job {job.pid}: cannot read stacks: {denied} (counted in gputop_pyspy_errors_total)\n" in err
+    assert (
+        f"gputop serve: job {socket.gethostname()}:{job.pid}: cannot read stacks: {denied} (counted in gputop_pyspy_errors_total)\n"
+        in err
+    )
 
 
 @pytest.mark.slow
@@ -749,6 +757,8 @@ def test_prometheus_scrapes_serve_next_to_an_input_bound_job(spawn, tmp_path):
             str(job.pid),
             "--simulate",
             "h100-sxm-8+pcie-degraded=3",
+            "--hostname",
+            "node-a",
             "--listen",
             f"127.0.0.1:{serve_port}",
             "--interval",
@@ -787,7 +797,7 @@ def test_prometheus_scrapes_serve_next_to_an_input_bound_job(spawn, tmp_path):
         assert answer["status"] == "success", answer
         return answer["data"]["result"]
 
-    job_label = str(job.pid)
+    job_label = f"node-a:{job.pid}"  # --hostname names the host in the job's label and in Hostname
     ratio = wait_until(
         lambda: [r for r in query(f'gputop_rank_data_wait_ratio{{job="{job_label}"}}') if float(r["value"][1]) > 0.6],
         timeout=120,
@@ -795,6 +805,7 @@ def test_prometheus_scrapes_serve_next_to_an_input_bound_job(spawn, tmp_path):
         what="Prometheus to hold a data-wait ratio above 0.6",
     )
     assert ratio[0]["metric"]["rank"] == "0" and float(ratio[0]["value"][1]) <= 1.0
+    assert ratio[0]["metric"]["Hostname"] == "node-a"
     states = query(f'gputop_rank_state{{job="{job_label}"}}')
     assert {r["metric"]["state"] for r in states} == set(RANK_STATES)
     assert sum(float(r["value"][1]) for r in states) == 1.0  # exactly one current state

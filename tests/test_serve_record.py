@@ -117,15 +117,16 @@ def test_report_from_a_recording_gives_the_findings_serve_exported_for_each_job(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(exporter)
     exported = exported_findings(generate_latest(registry).decode())
-    assert set(exported) == {"100", "200"}
-    assert ("hang", "critical", "code") in exported["200"] and not any(kind == "hang" for kind, _, _ in exported["100"])
+    first, second = f"{machine.hostname}:100", f"{machine.hostname}:200"  # jobs on one machine: host and launcher PID
+    assert set(exported) == {first, second}
+    assert ("hang", "critical", "code") in exported[second] and not any(kind == "hang" for kind, _, _ in exported[first])
 
     path = hb.record(tmp_path / "machine.gtr", machine, snapshots)  # what `gputop record` writes of them
-    assert reported_findings(path, tmp_path / "100.json", "100") == exported["100"]
-    assert reported_findings(path, tmp_path / "200.json", "200") == exported["200"]
+    assert reported_findings(path, tmp_path / "100.json", first) == exported[first]  # serve's label picks the job
+    assert reported_findings(path, tmp_path / "200.json", "200") == exported[second]  # and so does its PID
     capsys.readouterr()
     # without --job: the first job, and a line that names the others and how to choose
-    assert reported_findings(path, tmp_path / "first.json") == exported["100"]
+    assert reported_findings(path, tmp_path / "first.json") == exported[first]
     err = capsys.readouterr().err
     assert "holds 2 jobs; reporting on job 100 (the others: 200; choose with --job PID)" in err
 

@@ -59,6 +59,7 @@ from gputop.analysis.checks.kernels import check_kernels
 from gputop.analysis.checks.memory import check_memory_pressure
 from gputop.analysis.checks.near_cpus import check_near_cpus
 from gputop.analysis.checks.placement import check_misplacement
+from gputop.analysis.checks.remote import check_remote_wait
 from gputop.analysis.checks.straggler import check_straggler
 from gputop.analysis.checks.sync import check_sync_bound
 from gputop.analysis.numbers import mean, percentile
@@ -109,6 +110,7 @@ SEVERE = "critical"
 INDEPENDENT_CHECKS: list[Callable[[Context], list[Finding]]] = [
     check_memory_pressure,
     check_infrastructure,
+    check_remote_wait,  # the job's ranks elsewhere set its pace
     check_kernels,  # GPM: tensor cores idle, memory-bandwidth-bound
 ]
 

@@ -248,6 +248,11 @@ class RankObs:
     pid: int
     rank: Optional[int] = None
     local_rank: Optional[int] = None
+    # the job beyond this machine (Rank's world_size, job_id, node_rank, nnodes): its ranks elsewhere
+    world_size: Optional[int] = None
+    job_id: Optional[str] = None
+    node_rank: Optional[int] = None
+    nnodes: Optional[int] = None
     gpus: set[int] = field(default_factory=set)
     samples: list[StackSample] = field(default_factory=list)  # one per distinct main-thread dump
     cpu: list[float] = field(default_factory=list)
@@ -368,6 +373,7 @@ def collect_rank_observations(snaps: Sequence[Snapshot], share_since: Optional[f
             obs.starting_up, obs.loop_started = r.starting_up, r.loop_started  # the latest word on start-up
             obs.rank = r.rank if r.rank is not None else obs.rank
             obs.local_rank = r.local_rank if r.local_rank is not None else obs.local_rank
+            obs.world_size, obs.job_id, obs.node_rank, obs.nnodes = r.world_size, r.job_id, r.node_rank, r.nnodes
             obs.gpus.update(r.gpus)
             obs.last = r.proc
             if r.proc.cpu_percent is not None and not r.proc.exited:

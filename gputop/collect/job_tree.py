@@ -38,6 +38,7 @@ from gputop.collect.procfs import (
 from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSchedule
 from gputop.collect.state_sampler import StartupWatch, StateSampler
 from gputop.errors import GputopError
+from gputop.fleet.identity import node_place
 from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, StateSamples
 
 WORKER_COMM = "pt_data_worker"  # torch sets it in the DataLoader worker loop
@@ -364,6 +365,7 @@ class JobScanner:
             env = rank.env or {}
             identity = identities[rank.key]
             on_gpus, mapping = placement[rank.key]
+            place = node_place(env)
             workers = tuple(self.table.info(w) for w in self.workers_of(rank))
             ranks.append(
                 Rank(
@@ -376,6 +378,9 @@ class JobScanner:
                     gpu_mapping=mapping,
                     workers=workers,
                     pin_memory_tids=self.table.threads_named(rank.key[0], PIN_THREAD_COMM),
+                    job_id=place.job_id,
+                    node_rank=place.node_rank,
+                    nnodes=place.nnodes,
                 )
             )
         ranks_t = tuple(ranks)

@@ -120,7 +120,21 @@ def render(
     return render_markdown(history, findings, bench=bench, command=command, recording=recording, infra=infra, trace=trace)
 
 
+def _recording_job(text: Optional[str]) -> Optional[int]:
+    """--job with --from: the job's launcher PID, or serve's `HOST:PID` label of a job on one machine."""
+    if text is None:
+        return None
+    pid = text.rsplit(":", 1)[-1]
+    if not pid.isdigit() or int(pid) <= 0:
+        raise UsageError(f"--job {text!r} with --from names a job of the recording by its launcher's PID (such as 12345)")
+    return int(pid)
+
+
 def run(args: Any) -> int:
+    if getattr(args, "prometheus", None):  # one job across nodes, read from Prometheus
+        from gputop.commands.fleet_report import run as fleet_run
+
+        return fleet_run(args)
     command = ["gputop", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["gputop", "report"]
     recording = None
     infra = None  # a report from a recording has no NVML details or kernel readings
@@ -131,10 +145,12 @@ def run(args: Any) -> int:
             raise UsageError("--trace needs a live job; it cannot be combined with --from")
         if args.pid or args.simulate:
             raise UsageError("--from reads a recording; drop --pid and --simulate")
-        history, recording = history_from_recording(args.from_file, job=getattr(args, "job", None))
+        history, recording = history_from_recording(args.from_file, job=_recording_job(getattr(args, "job", None)))
     else:
         if getattr(args, "job", None) is not None:
-            raise UsageError("--job picks a job of a recording; use it with --from FILE (a live report takes --pid)")
+            raise UsageError(
+                "--job picks a job of a recording (--from FILE) or of Prometheus (--prometheus URL); a live report takes --pid"
+            )
         if args.bench and not args.pid:
             raise UsageError("--bench needs --pid PID (the training job to benchmark)")
         if getattr(args, "trace", False) and not args.pid:

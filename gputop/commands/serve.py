@@ -114,7 +114,9 @@ def run(args: Any) -> int:
     server = None
     loop: Optional[PollLoop] = None
     try:
-        exporter = Exporter(pipeline, interval=args.interval, dcgm_fields=args.dcgm_fields, log=log)
+        exporter = Exporter(
+            pipeline, interval=args.interval, dcgm_fields=args.dcgm_fields, hostname=getattr(args, "hostname", None), log=log
+        )
         server = start_exporting(exporter, host, port)
         if pipeline.machine.gpu_error:
             log(f"no GPU readings: {pipeline.machine.gpu_error}; job metrics are still served")

@@ -20,7 +20,7 @@ from textual.widget import Widget
 from gputop.model import MachineInfo, Snapshot
 from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
 from gputop.tui.widgets.gpu_grid import GpuGrid
-from gputop.tui.widgets.job_panel import JobPanel, JobRow, gpu_process_rows, job_rows
+from gputop.tui.widgets.job_panel import JobPanel, JobRow, gpu_process_rows, job_rows, ranks_text
 from gputop.tui.widgets.stacks import StacksPanel
 from gputop.tui.widgets.status import HeaderLine, KeyBar, VerdictLine
 
@@ -198,7 +198,7 @@ class MainScreen(Screen[None]):
         if job is not None:
             name = job.launcher.name if job.launcher is not None else "job"
             workers = sum(len(r.workers) for r in job.ranks)
-            title = f"JOB {name} {job.root_pid} · {len(job.ranks)} ranks · {workers} workers"
+            title = f"JOB {name} {job.root_pid} · {ranks_text(job)} · {workers} workers"
             if job.exited:
                 title += " · EXITED"
             hint = "Enter: stacks" if self.compact else ""

@@ -489,6 +489,9 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
         return [h.finding for h in hung]
     if culprits:
         return [_culprit_finding(culprits[0].finding, waiting)] + [h.finding for h in culprits[1:]]
+    remote = remote_holdup(ctx, waiting)
+    if remote is not None:  # every rank here waits for one elsewhere: no local hang to name
+        return [remote_holdup_finding(remote)]
     odd = _odd_one_out(ctx, waiting.hung)
     if odd is not None and makes_progress(odd.rank) and not odd.waits_for_data:
         # One rank works (an evaluation, a checkpoint, logging) while the others wait for it in a barrier or
@@ -569,6 +572,64 @@ def _collective_hang_finding(waiting: Waiters, odd: Optional[OddRank], exited: S
     else:
         summary += "; no rank shows why (a rank outside this view, or a mismatched collective)"
     return dataclasses.replace(first, summary=summary, evidence=evidence, frames=frames, fix=fix, gpus=gpus, pids=pids)
+
+
+@dataclass(frozen=True)
+class RemoteHoldup:
+    """Every live rank here waits in a collective while the job has more ranks than this machine runs: the
+    rank holding them back is on another node (decided here; worded in `remote_holdup_finding`)."""
+
+    waiting: Waiters
+    here: tuple[int, ...]  # the global ranks on this machine
+    world_size: int
+    node_rank: Optional[int]
+    nnodes: Optional[int]
+    job_id: Optional[str]  # the job's cross-node id (gputop.fleet.identity), when its environment names one
+
+
+def remote_holdup(ctx: Context, waiting: Waiters) -> Optional[RemoteHoldup]:
+    """Every rank here waits, none of them exited (that one would be whom they wait for), and the job's
+    world is larger than the ranks this machine ever ran."""
+    live = list(ctx.ranks.values())
+    world = max((r.world_size for r in live if r.world_size), default=0)
+    waiting_pids = {h.decided.rank.pid for h in waiting.hung}
+    if not live or world <= len(live) or any(r.pid not in waiting_pids or (r.last is not None and r.last.exited) for r in live):
+        return None
+    first = live[0]
+    return RemoteHoldup(
+        waiting,
+        tuple(sorted(r.rank for r in live if r.rank is not None)),
+        world,
+        first.node_rank,
+        first.nnodes,
+        next((r.job_id for r in live if r.job_id), None),
+    )
+
+
+def remote_holdup_finding(h: RemoteHoldup) -> Finding:
+    """The wording: the ranks here wait for a rank on another node; which one, Prometheus says."""
+    first = h.waiting.hung[0].finding
+    ranks = f"ranks {h.here[0]}–{h.here[-1]}" if len(h.here) > 1 else (f"rank {h.here[0]}" if h.here else "the ranks")
+    node = f", node {h.node_rank} of {h.nnodes}" if h.node_rank is not None and h.nnodes else ""
+    command = f"gputop report --prometheus URL --job {h.job_id or 'ID'}"
+    return Finding(
+        id="remote_holdup",
+        title="Waiting for a rank on another node",
+        severity="warning",
+        confidence=0.7,
+        label=LABEL_CODE,
+        summary=(
+            f"All {len(h.waiting.hung)} rank(s) here ({ranks} of {h.world_size}{node}) wait {h.waiting.longest:.0f} s "
+            f"in a collective for a rank on another node (this machine is not the one holding the job back); find that rank with `{command}`"
+        ),
+        evidence=(f"{len(h.waiting.hung)} rank(s) frozen in the same collective: {h.waiting.names}",)
+        + first.evidence[:1]
+        + (f"the job has {h.world_size} ranks; {len(h.here) or len(h.waiting.hung)} run on this machine",),
+        frames=first.frames,
+        fix=f"{command}  # names the straggling or hung rank and its node, from every node's gputop serve\n" + NCCL_FIX,
+        gpus=h.waiting.gpus,
+        pids=h.waiting.pids,
+    )
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,22 @@ def command_text(proc: ProcInfo) -> str:
     return " ".join(argv)
 
 
+def ranks_text(job: JobTree) -> str:
+    """'8 ranks', or for a job with ranks on other machines too, 'ranks 0–7 of 16 here (node 0 of 2)'."""
+    world = max((r.world_size for r in job.ranks if r.world_size), default=0)
+    here = sorted(r.rank for r in job.ranks if r.rank is not None)
+    if world <= len(job.ranks) or not here:
+        return f"{len(job.ranks)} ranks"
+    if here == list(range(here[0], here[-1] + 1)):
+        span = f"rank {here[0]}" if len(here) == 1 else f"ranks {here[0]}–{here[-1]}"
+    else:
+        span = "ranks " + ",".join(str(r) for r in here)
+    node = next((r.node_rank for r in job.ranks if r.node_rank is not None), None)
+    nnodes = next((r.nnodes for r in job.ranks if r.nnodes), None)
+    where = "" if node is None else f" (node {node} of {nnodes})" if nnodes else f" (node {node})"
+    return f"{span} of {world} here{where}"
+
+
 def _proc_state(proc: ProcInfo) -> str:
     return "exited" if proc.exited else proc.state
 
