@@ -147,7 +147,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--scenario",
         default="starved",
-        choices=["starved", "hiccup", "misfire", "single-gpu", "tuned", "nccl-hang", "eval-rank0", "sync-bound"],
+        choices=[
+            "starved",
+            "hiccup",
+            "misfire",
+            "single-gpu",
+            "tuned",
+            "tuned-amp",
+            "nccl-hang",
+            "eval-rank0",
+            "sync-bound",
+            "case-study",
+        ],
         help="which idle profile the job reproduces (default starved)",
     )
     p.add_argument(
@@ -162,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-ms", type=_positive_float, default=None, metavar="MS", help="simulated GPU time per step")
     p.add_argument("--gpus", type=int, default=None, metavar="N", help="number of ranks / simulated GPUs (default 8)")
     p.add_argument("--no-tui", action="store_true", help="run headless and print a summary (for scripts)")
+    p.add_argument(
+        "--json", action="store_true", help="case-study: one JSON object per stage (stage, steps_per_s, verdict, finding, fix)"
+    )
     p.add_argument("--seconds", type=_positive_float, default=None, metavar="S", help="stop after S seconds")
     _add_interval(p)
 

@@ -38,6 +38,8 @@ METRICS = "metrics"  # `gputop serve`'s Prometheus gauges (with --dcgm-fields)
 # The report's two statistics tables.
 STATS = "stats"  # "GPU statistics": mean, p5, p95 (+ an extra column)
 IO = "io"  # the PCIe / NVLink traffic table: "mean (p5 …, p95 …)" in one cell
+GPM = "gpm"  # the GPM table (SM, tensor-core, DRAM activity), laid out as IO's; left out where no GPU has GPM
+GPM_CARD_KEYS = ("sm_active", "tensor_active", "dram_bandwidth")  # the card's compact GPM line, in order
 
 
 @dataclass(frozen=True)
@@ -284,6 +286,47 @@ def _rate_stat(value: Optional[float]) -> Optional[str]:
     return units.rate(value, None)
 
 
+# ---------------------------------------------------------------- GPM: what the SMs, tensor cores and memory did
+
+
+def _gpm_value(name: str) -> Callable[[GpuSample], Optional[float]]:
+    """One GPM metric of a sample (None: the GPU has no GPM, or NVML refused that metric)."""
+
+    def read(gpu: GpuSample) -> Optional[float]:
+        return None if gpu.gpm is None else getattr(gpu.gpm, name)
+
+    return read
+
+
+def gpm_card_line(gpu: GpuSample) -> Optional[str]:
+    """The card's compact GPM line, "SM 34%  TC 0%  DRAM 62%" (None: the GPU has no GPM, so no line)."""
+    if gpu.gpm is None:
+        return None
+    return "  ".join(f"{BY_KEY[key].label} {units.percent(BY_KEY[key].read(gpu))}" for key in GPM_CARD_KEYS)
+
+
+def _gpm_field(key: str, label: str, what: str, snapshot_cell: str, metric: str) -> GpuField:
+    """A GPM metric's row: in percent, on the snapshot's GPM line (left out where the GPU has none), in the report's
+    GPM statistics, and exported as a gauge."""
+    read = _gpm_value(key)
+    return GpuField(
+        key,
+        label,
+        "%",
+        frozenset((CARD, SNAPSHOT, REPORT, METRICS) if key in GPM_CARD_KEYS else (SNAPSHOT, REPORT, METRICS)),
+        read=read,
+        short=(lambda g: units.percent(read(g)) or units.NA) if key in GPM_CARD_KEYS else None,
+        long=lambda g: None if g.gpm is None else units.percent(read(g)),
+        snapshot_line=3,
+        snapshot_cell=snapshot_cell,
+        stat=lambda v: units.percent(v, None),
+        stat_label=label,
+        stat_top=lambda samples: 100.0,
+        report_table=GPM,
+        metric=(f"gputop_gpu_{metric}_percent", f"{what} (NVML GPM, Hopper and newer)"),
+    )
+
+
 # ---------------------------------------------------------------- the table
 
 _ALL = frozenset((CARD, SNAPSHOT, REPORT))
@@ -515,6 +558,12 @@ FIELDS: tuple[GpuField, ...] = (
         health_header="XIDs",
         health_cell=_health_xids,
     ),
+    _gpm_field("sm_active", "SM", "Share of SMs busy", "GPM SM {}", "sm_active"),
+    _gpm_field("sm_occupancy", "occupancy", "Resident warps against the SMs' maximum", " occupancy {}", "sm_occupancy"),
+    _gpm_field("tensor_active", "TC", "Tensor-core activity", " TC {}", "tensor_active"),
+    _gpm_field("dram_bandwidth", "DRAM", "DRAM bandwidth used against the peak", " DRAM {}", "dram_bandwidth"),
+    _gpm_field("fp32_active", "FP32", "FP32 pipe activity", " FP32 {}", "fp32_pipe_active"),
+    _gpm_field("fp16_active", "FP16", "FP16 pipe activity", " FP16 {}", "fp16_pipe_active"),
 )
 
 BY_KEY: dict[str, GpuField] = {f.key: f for f in FIELDS}

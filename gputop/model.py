@@ -218,6 +218,20 @@ class MigInstance:
     processes: Optional[tuple[GpuProcess, ...]] = None
 
 
+@dataclass(frozen=True, slots=True)
+class GpmMetrics:
+    """What the SMs, tensor cores and memory did over the last refresh interval: NVML's GPU Performance
+    Monitoring (GPM, Hopper and newer), from two GPM samples, in percent 0..100.  A metric NVML refused on its
+    own is None (`GpuSample.unavailable["gpm.<name>"]` says why); a GPU without GPM has no record at all."""
+
+    sm_active: Optional[float] = None  # share of SMs busy (NVML_GPM_METRIC_SM_UTIL)
+    sm_occupancy: Optional[float] = None  # resident warps against the most the SMs hold
+    tensor_active: Optional[float] = None  # SM time in any tensor-core instruction (ANY_TENSOR_UTIL)
+    dram_bandwidth: Optional[float] = None  # DRAM bandwidth used against the board's peak (DRAM_BW_UTIL)
+    fp32_active: Optional[float] = None  # SM time in non-tensor FP32 math (the FP32 pipe)
+    fp16_active: Optional[float] = None  # SM time in non-tensor FP16 math
+
+
 # Names used in `GpuSample.throttle_reasons` (NVML clock-event reasons, in bit order 0x1..0x100).
 # "gpu_idle" and "applications_clocks" are harmless; the thermal, hw_slowdown and power ones are the machine.
 THROTTLE_REASONS = (
@@ -264,6 +278,9 @@ class GpuSample:
     # MIG mode on: the GPU's instances (utilization then reads None, never 0: NVML does not measure it).
     # None: MIG is off or not supported on this card.
     mig: Optional[tuple[MigInstance, ...]] = None
+    # GPM over the last refresh interval; None: the GPU has no GPM (before Hopper, MIG) or NVML refused it
+    gpm: Optional[GpmMetrics] = None
+    compute_capability: Optional[tuple[int, int]] = None  # CUDA's (major, minor); None: NVML did not say
 
     def __post_init__(self) -> None:
         if self.nvlink is not None and not isinstance(self.nvlink, NvLinks):

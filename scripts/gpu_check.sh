@@ -20,6 +20,8 @@
 #      byte counters (NVML field values 197/198) and GetPcieThroughput side by side for 5 s, says whether
 #      the counters are supported (and at what valueType: 32-bit ones wrap every 4 GiB) and prints how far
 #      the two sources agree, beside the same figures from the simulated H100 machine;
+#      and reads GPM (SM, tensor-core, DRAM activity; Hopper and newer) under the tuned job: supported or not,
+#      the metrics' means and a sample's cost, beside the simulated H100 machine's;
 #   4. hangs rank 1 of a 2-rank NCCL job and checks that the report's hang finding names that rank;
 #   5. writes the reports and summary.json under benchmarks/gpu_check/HOST/ (commit them).
 #
@@ -205,6 +207,17 @@ pcie_check() {  # the PCIe byte counters against GetPcieThroughput, on this mach
     "$PYTHON" "$VERIFY" pcie "$OUT/pcie-real.json" "$OUT/pcie-simulated.json" | tee "$OUT/pcie-differences.txt"
 }
 
+gpm_check() {  # GPM under the tuned job, on this machine and on the simulated one
+    say "3c. GPM: supported or not, and the metrics under the tuned job (beside the simulated H100s)"
+    local real_args=()
+    [ "$NO_CUDA" = 1 ] && real_args=(--simulate rtx-4090-2)  # no driver: the simulated Ada cards (no GPM) stand in
+    timeout 60 "$PYTHON" "$VERIFY" gpm-measure "$OUT/gpm-real.json" ${real_args[@]+"${real_args[@]}"} \
+        || { fail "reading GPM failed"; return; }
+    timeout 60 "$PYTHON" "$VERIFY" gpm-measure "$OUT/gpm-simulated.json" --simulate h100-sxm-8 \
+        || { fail "reading the simulated GPM failed"; return; }
+    "$PYTHON" "$VERIFY" gpm "$OUT/gpm-real.json" "$OUT/gpm-simulated.json" | tee "$OUT/gpm-differences.txt"
+}
+
 report_on() {  # report_on NAME PID: gputop report --pid PID as JSON into $OUT/NAME.json
     timeout $((SECONDS_PER_REPORT + 90)) "${GPUTOP[@]}" report --pid "$2" --seconds "$SECONDS_PER_REPORT" \
         --format json -o "$OUT/$1.json" || fail "gputop report on the $1 job failed"
@@ -220,7 +233,7 @@ for variant in starved tuned; do
     fi
     pid=$JOB_PID
     if wait_ready "$OUT/$variant.ready" 1 180 "the $variant job's first step"; then
-        if [ "$variant" = tuned ]; then pcie_check; fi
+        if [ "$variant" = tuned ]; then pcie_check; gpm_check; fi
         report_on "$variant" "$pid"
         [ -e "$OUT/$variant.json" ] && { "$PYTHON" "$VERIFY" verdict "$OUT/$variant.json" --expect "$variant" || fail "the $variant verdict"; }
     fi

@@ -7,6 +7,8 @@
     python scripts/gpu_check_verify.py figures OUT_DIR                          # summary.json from the reports
     python scripts/gpu_check_verify.py pcie-measure OUT.json [--simulate SPEC] [--seconds S]  # reads NVML (below)
     python scripts/gpu_check_verify.py pcie REAL.json SIMULATED.json            # the PCIe sources compared
+    python scripts/gpu_check_verify.py gpm-measure OUT.json [--simulate SPEC] [--seconds S]   # reads NVML's GPM
+    python scripts/gpu_check_verify.py gpm REAL.json SIMULATED.json             # GPM support and metrics, side by side
 
 Each prints what it found; a check that fails exits 1 with one line saying what was expected.
 """
@@ -249,6 +251,81 @@ def pcie(real_path: str, sim_path: str) -> int:
     return 0
 
 
+GPM_METRICS = ("sm_active", "sm_occupancy", "tensor_active", "dram_bandwidth", "fp32_active", "fp16_active")
+
+
+def gpm_measure(out_path: str, simulate: str | None, seconds: float) -> int:
+    """Per GPU: does it answer GPM (and if not, why), the GPM metrics' means over `seconds` of 1 s refreshes, and
+    the wall and CPU time of one whole GPU sample (GPM included) into OUT.json.  Reads NVML."""
+    import time
+
+    from gputop.collect.gpu import GpuCollector
+
+    library = None
+    if simulate is not None:
+        from gputop.sim.fake_nvml import FakeNvmlLibrary
+        from gputop.sim.profiles import parse_spec
+        from gputop.sim.synthetic import SyntheticLoad
+
+        spec = parse_spec(simulate)
+        library = FakeNvmlLibrary(spec, SyntheticLoad(spec.profile.gpu_count, spec.profile.gpu.memory_total))
+    collector = GpuCollector(library=library)
+    samples, walls, cpus = [], [], []
+    try:
+        for _ in range(max(1, int(seconds))):
+            time.sleep(1.0)  # the refresh interval GPM averages over (a measurement window, not synchronisation)
+            wall, cpu = time.perf_counter(), time.process_time()
+            samples.append(collector.sample())
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+        machine = {"driver_version": collector.driver_version, "simulated": simulate}
+    finally:
+        collector.close()
+    gpus = []
+    for index, first in enumerate(samples[0]):
+        series = [row[index] for row in samples if row[index].gpm is not None]
+        means = {
+            name: (
+                sum(values) / len(values) if (values := [v for g in series if (v := getattr(g.gpm, name)) is not None]) else None
+            )
+            for name in GPM_METRICS
+        }
+        gpus.append(
+            {
+                "index": index,
+                "name": first.name,
+                "compute_capability": first.compute_capability,
+                "gpm": "supported" if series else samples[-1][index].unavailable.get("gpm", "no reading"),
+                "means": means,
+            }
+        )
+    cost = {"sample_wall_ms": 1000 * sorted(walls)[len(walls) // 2], "sample_cpu_ms": 1000 * sorted(cpus)[len(cpus) // 2]}
+    Path(out_path).write_text(json.dumps({"machine": machine, "gpus": gpus, "cost": cost}, indent=2) + "\n")
+    return 0
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.0f}%"
+
+
+def gpm(real_path: str, sim_path: str) -> int:
+    """Print, per GPU of each machine, GPM support and the metrics' means, and a sample's cost.  Informational:
+    exits 0 (no bar is set on real GPUs yet)."""
+    for label, data in {"real": _load(real_path), "simulated": _load(sim_path)}.items():
+        cost = data["cost"]
+        print(
+            f"{label} (driver {data['machine'].get('driver_version')}): one GPU sample with GPM "
+            f"{cost['sample_wall_ms']:.1f} ms wall, {cost['sample_cpu_ms']:.1f} ms CPU (median)"
+        )
+        for g in data["gpus"]:
+            if g["gpm"] != "supported":
+                print(f"  GPU {g['index']} {g['name']} (cc {g['compute_capability']}): GPM {g['gpm']}")
+                continue
+            metrics = ", ".join(f"{name} {_pct(g['means'][name])}" for name in GPM_METRICS)
+            print(f"  GPU {g['index']} {g['name']} (cc {g['compute_capability']}): {metrics}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -274,7 +351,18 @@ def main() -> int:
     p = sub.add_parser("pcie")
     p.add_argument("real")
     p.add_argument("simulated")
+    p = sub.add_parser("gpm-measure")
+    p.add_argument("out")
+    p.add_argument("--simulate", default=None, metavar="SPEC")
+    p.add_argument("--seconds", type=float, default=5.0)
+    p = sub.add_parser("gpm")
+    p.add_argument("real")
+    p.add_argument("simulated")
     args = parser.parse_args()
+    if args.what == "gpm-measure":
+        return gpm_measure(args.out, args.simulate, args.seconds)
+    if args.what == "gpm":
+        return gpm(args.real, args.simulated)
     if args.what == "pcie-measure":
         return pcie_measure(args.out, args.simulate, args.seconds)
     if args.what == "pcie":

@@ -170,7 +170,12 @@ def test_a_reading_that_repeats_is_the_previous_samples_object(collector):
     after = gpu.sample()[0]
     assert after.power_limit == before.power_limit and after.power_limit is before.power_limit
     assert after.memory_total is before.memory_total and after.pcie.gen_max == before.pcie.gen_max
-    assert after.unavailable == {"ecc": "NotSupported", "nvlink": "NotSupported", "remapped_rows": "NotSupported"}
+    assert after.unavailable == {
+        "ecc": "NotSupported",
+        "nvlink": "NotSupported",
+        "remapped_rows": "NotSupported",
+        "gpm": "NotSupported",
+    }
     assert after.unavailable is before.unavailable
     # what moved is read anew
     assert after.utilization_gpu == 90.0 and before.utilization_gpu == 50.0
@@ -199,7 +204,8 @@ def test_consumer_card_reports_not_available_not_zero(collector):
         assert s.nvlink is None and s.unavailable["nvlink"] == "NotSupported"
         assert s.remapped_rows is None and s.unavailable["remapped_rows"] == "NotSupported"
         assert s.utilization_gpu == 80.0 and s.power > 0 and s.pcie.gen_max == 4
-        assert set(s.unavailable) == {"ecc", "nvlink", "remapped_rows"}
+        assert s.gpm is None and s.unavailable["gpm"] == "NotSupported"  # Ada: no GPM, absent rather than 0
+        assert set(s.unavailable) == {"ecc", "nvlink", "remapped_rows", "gpm"}
 
 
 def test_permanent_refusals_are_not_asked_again(collector):

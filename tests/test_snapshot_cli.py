@@ -82,7 +82,13 @@ def test_consumer_card_says_not_available(spawn):
     assert len(data["gpus"]) == 2
     for g in data["gpus"]:
         assert g["ecc"] is None and g["nvlink"] is None and g["remapped_rows"] is None
-        assert g["unavailable"] == {"ecc": "NotSupported", "nvlink": "NotSupported", "remapped_rows": "NotSupported"}
+        assert g["gpm"] is None  # Ada has no GPM: the fields are absent, never zero
+        assert g["unavailable"] == {
+            "ecc": "NotSupported",
+            "nvlink": "NotSupported",
+            "remapped_rows": "NotSupported",
+            "gpm": "NotSupported",
+        }
         assert g["name"] == "NVIDIA GeForce RTX 4090" and g["utilization_gpu"] is not None
     assert data["topology"]["matrix"] == [["X", "PHB"], ["PHB", "X"]]
 

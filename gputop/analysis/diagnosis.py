@@ -55,6 +55,7 @@ from gputop.analysis.checks.healthy import healthy_finding
 from gputop.analysis.checks.hiccup import check_hiccup, detect_period
 from gputop.analysis.checks.infra import check_infrastructure
 from gputop.analysis.checks.input import check_low_utilization, check_starvation
+from gputop.analysis.checks.kernels import check_kernels
 from gputop.analysis.checks.memory import check_memory_pressure
 from gputop.analysis.checks.near_cpus import check_near_cpus
 from gputop.analysis.checks.placement import check_misplacement
@@ -110,6 +111,7 @@ INDEPENDENT_CHECKS: list[Callable[[Context], list[Finding]]] = [
     check_memory_pressure,
     check_infrastructure,
     check_remote_wait,  # the job's ranks elsewhere set its pace
+    check_kernels,  # GPM: tensor cores idle, memory-bandwidth-bound
 ]
 
 

@@ -142,3 +142,30 @@ TRACE_LAUNCH_BOUND_IDLE = 0.3
 TRACE_SYNC_SHARE = 0.02
 # Fragmentation: >= 30% of the reserved bytes sit in inactive split blocks (torch.cuda.memory_stats).
 TRACE_FRAGMENTED_SHARE = 0.3
+
+# GPM (NVML's GPU Performance Monitoring, Hopper and newer; gputop/analysis/checks/kernels.py).  GPU-Util is the
+# share of time at least one kernel ran, so a collective spinning on one SM, a memory-bound kernel and a tensor-core
+# GEMM all read 100% (issue 24); GPM says what the SMs, tensor cores and DRAM did.
+# A NCCL collective occupies one thread block per channel, and NCCL runs 2-32 channels (NCCL_MIN/MAX_NCHANNELS,
+# NCCL's environment documentation): 1.5-24% of an H100's 132 SMs, on the wire only while data moves.  Spinning
+# on a missing peer, those blocks poll and the other SMs idle; a compute kernel at ~100% GPU-Util keeps most SMs
+# active.  So at >= SPIN_UTILIZATION_MIN, SM activity at or under 10% is a collective waiting, whatever the power
+# (this replaces the power heuristic above where GPM exists, and the power heuristic stays where it does not).
+GPM_SPIN_SM_ACTIVE_MAX = 10.0
+# "SMs busy": at least half of them active over the interval (torch-tb-profiler's 0.5 rule for GPU utilization,
+# FACTS.md, applied to the SMs instead of to "a kernel ran").
+GPM_SM_BUSY = 50.0
+# Tensor cores "near zero": under 5% of the time (what a few stray ops give) while the FP32 pipe is busy at least
+# 20% of it: the model's matmuls and convolutions run in fp32, on the CUDA cores.  Ampere (compute capability 8)
+# is where bf16 tensor cores start, so bf16 autocast applies from there (the article's "Ampere and newer"
+# advice for AMP, 4.2); issue 24 asks for capability >= 8.
+GPM_TENSOR_IDLE_MAX = 5.0
+GPM_FP32_BUSY = 20.0
+TENSOR_CORE_BF16_MIN_CAPABILITY = 8
+# Memory-bandwidth-bound: DRAM at >= 60% of its peak bandwidth and busier than the SMs (the roofline reading: the
+# memory roof is the one being hit).  60% of peak is where a streaming kernel's achieved bandwidth sits on HBM
+# (about 2-2.7 of H100's 3.35 TB/s in STREAM-like copies), gputop's choice, to be checked on a lent GPU.
+GPM_DRAM_BOUND = 60.0
+# A GPM verdict needs this many samples with GPM in the window (~5 s at the default 1 s refresh), and the GPU
+# busy (LOW_UTILIZATION) on average: an idle or starving GPU's kernels are not its problem.
+GPM_MIN_SAMPLES = 5

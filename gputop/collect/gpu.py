@@ -73,6 +73,7 @@ from gputop.errors import GputopError
 from gputop.model import (
     THROTTLE_REASONS,
     EccCounts,
+    GpmMetrics,
     GpuDetails,
     GpuProcess,
     GpuSample,
@@ -164,6 +165,18 @@ _VIOLATION_POLICIES = (
     ("reliability", pynvml.NVML_PERF_POLICY_RELIABILITY),
     ("applications_clocks", pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS),
     ("base_clocks", pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS),
+)
+
+
+# GPM (GPU Performance Monitoring, Hopper and newer): GpmMetrics field -> NVML metric id, read between the GPM sample
+# of the previous refresh and this one's, so each value is the average over the whole interval.
+_GPM_METRICS = (
+    ("sm_active", pynvml.NVML_GPM_METRIC_SM_UTIL),
+    ("sm_occupancy", pynvml.NVML_GPM_METRIC_SM_OCCUPANCY),
+    ("tensor_active", pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
+    ("dram_bandwidth", pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL),
+    ("fp32_active", pynvml.NVML_GPM_METRIC_FP32_UTIL),
+    ("fp16_active", pynvml.NVML_GPM_METRIC_FP16_UTIL),
 )
 
 
@@ -382,6 +395,63 @@ class _Lost(Exception):
     """Raised inside a GPU read when NVML says the GPU is lost: abandon this GPU's sample."""
 
 
+class _Gpm:
+    """One GPU's GPM reads: two sample buffers allocated once and reused (the previous refresh's and this one's,
+    swapped after each read) and one metrics request whose ids are set once; `free` gives the buffers back.
+
+    Cost: one nvmlGpmSampleGet and one nvmlGpmMetricsGet a GPU a refresh (benchmarks/bench_gpm.py)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.buffers = [pynvml.nvmlGpmSampleAlloc()]
+        try:
+            self.buffers.append(pynvml.nvmlGpmSampleAlloc())
+        except pynvml.NVMLError:
+            self.free()
+            raise
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(_GPM_METRICS)
+        for i, (_name, metric_id) in enumerate(_GPM_METRICS):
+            request.metrics[i].metricId = metric_id
+        self.request = request
+        self.primed = False  # the previous buffer holds a sample
+
+    def prime(self) -> None:
+        """Take the first sample (at start), so that the first refresh already has an interval."""
+        pynvml.nvmlGpmSampleGet(self.handle, self.buffers[0])
+        self.primed = True
+
+    def read(self, r: "_Reading") -> Optional[GpmMetrics]:
+        """Sample now and the metrics since the previous sample (None before there are two); NVML errors propagate."""
+        previous, current = self.buffers
+        pynvml.nvmlGpmSampleGet(self.handle, current)
+        self.buffers = [current, previous]  # this sample is the next interval's start, whatever happens below
+        if not self.primed:
+            self.primed = True
+            return None
+        request = self.request
+        request.sample1, request.sample2 = previous, current
+        pynvml.nvmlGpmMetricsGet(request)
+        values: dict[str, Optional[float]] = {}
+        for i, (name, _metric_id) in enumerate(_GPM_METRICS):
+            metric = request.metrics[i]
+            if metric.nvmlReturn == pynvml.NVML_SUCCESS:
+                values[name] = float(metric.value)
+            else:
+                values[name] = None
+                r.unavailable[f"gpm.{name}"] = reason_of(pynvml.NVMLError(metric.nvmlReturn))
+        return GpmMetrics(**values)
+
+    def free(self) -> None:
+        for buffer in self.buffers:
+            try:
+                pynvml.nvmlGpmSampleFree(buffer)
+            except pynvml.NVMLError:
+                pass
+        self.buffers = []
+
+
 @dataclass
 class _NvLink:
     link: int
@@ -447,6 +517,8 @@ class _Gpu:
     mig_static: dict[str, _MigStatic] = field(default_factory=dict)  # MIG device UUID -> what does not change
     xid_events: Any = None  # this GPU's own NVML event set (None: XIDs unavailable, reason in static_unavailable)
     xids: deque = field(default_factory=lambda: deque(maxlen=XID_EVENTS_KEPT))
+    gpm: Optional[_Gpm] = None  # None: no GPM here (reason in static_unavailable["gpm"]) or refused for good
+    compute_capability: Optional[tuple[int, int]] = None
 
 
 class _Reading:
@@ -618,6 +690,7 @@ class GpuCollector:
         for nvlink, (tx, rx) in zip(gpu.nvlinks or (), self._nvlink_readings(gpu, readings)):
             nvlink.last_tx, nvlink.last_rx = tx, rx
         self._watch_xids(gpu)
+        self._start_gpm(gpu, reading)
         # keep only the static refusals that describe fields (name/uuid problems are rare and cosmetic)
         gpu.static_unavailable.update(
             {k: v for k, v in reading.unavailable.items() if k.startswith("pcie.") or k == "pci_bus_id"}
@@ -642,6 +715,60 @@ class GpuCollector:
                 pass
             return
         gpu.xid_events = events
+
+    @staticmethod
+    def _start_gpm(gpu: _Gpu, reading: _Reading) -> None:
+        """GPM where the GPU has it: not before Hopper (nvmlGpmQueryDeviceSupport), not on a driver without the
+        calls, and not in MIG mode (there GPM is per GPU instance, which gputop does not read)."""
+        capability = reading.get("compute_capability", pynvml.nvmlDeviceGetCudaComputeCapability)
+        gpu.compute_capability = (int(capability[0]), int(capability[1])) if capability is not None else None
+        support = reading.get("gpm", pynvml.nvmlGpmQueryDeviceSupport)
+        if support is None:
+            gpu.static_unavailable["gpm"] = reading.unavailable.pop("gpm")
+            return
+        if not support.isSupportedDevice:
+            gpu.static_unavailable["gpm"] = "NotSupported"  # before Hopper
+            return
+        mig = reading.get("mig_mode", pynvml.nvmlDeviceGetMigMode)
+        reading.unavailable.pop("mig_mode", None)  # a GPU without MIG (most) refuses the question
+        if mig is not None and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
+            gpu.static_unavailable["gpm"] = "MIG mode (GPM is per GPU instance there)"
+            return
+        try:
+            gpm = _Gpm(gpu.handle)
+        except pynvml.NVMLError as exc:
+            gpu.static_unavailable["gpm"] = reason_of(exc)
+            return
+        try:
+            gpm.prime()
+        except pynvml.NVMLError_GpuIsLost:
+            gpm.free()
+            raise _Lost() from None
+        except pynvml.NVMLError as exc:
+            if reason_of(exc) in PERMANENT_REASONS:
+                gpm.free()
+                gpu.static_unavailable["gpm"] = reason_of(exc)
+                return
+        gpu.gpm = gpm
+
+    @staticmethod
+    def _read_gpm(gpu: _Gpu, r: _Reading) -> Optional[GpmMetrics]:
+        """The GPM metrics over the interval since the previous refresh (see `_Gpm`); None where there are none."""
+        gpm = gpu.gpm
+        if gpm is None:
+            return None
+        try:
+            return gpm.read(r)
+        except pynvml.NVMLError_GpuIsLost:
+            raise _Lost() from None
+        except pynvml.NVMLError as exc:
+            reason = reason_of(exc)
+            if reason in PERMANENT_REASONS:  # stop asking, and give the buffers back
+                gpu.gpm = None
+                gpm.free()
+                gpu.static_unavailable["gpm"] = reason
+            r.unavailable["gpm"] = reason
+            return None
 
     @staticmethod
     def _read_xids(gpu: _Gpu, r: _Reading) -> Optional[tuple[XidEvent, ...]]:
@@ -877,6 +1004,8 @@ class GpuCollector:
             **self._read_health(gpu, r, refresh_slow),
             processes=self._read_processes(r),
             xids=self._read_xids(gpu, r),
+            gpm=self._read_gpm(gpu, r),
+            compute_capability=gpu.compute_capability,
             unavailable=r.unavailable,
             mig=self._read_mig(gpu, refresh_slow),
         )
@@ -1289,6 +1418,8 @@ class GpuCollector:
                             pynvml.nvmlEventSetFree(gpu.xid_events)
                         except pynvml.NVMLError:
                             pass
+                    if gpu.gpm is not None and (gpu.future is None or gpu.future.done()):
+                        gpu.gpm.free()
                 try:
                     pynvml.nvmlShutdown()
                 except pynvml.NVMLError:

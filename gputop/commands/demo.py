@@ -143,6 +143,14 @@ def run(args: Any) -> int:
     from gputop.sim.demo_launcher import DemoJob
 
     scenario = args.scenario
+    if scenario == "case-study":  # four jobs one after another (gputop/commands/case_study.py)
+        from gputop.commands.case_study import run as run_case_study
+
+        with StopSignals():
+            try:
+                return run_case_study(args)
+            except KeyboardInterrupt:
+                return 130
     job = DemoJob(
         scenario,
         workers=args.workers,

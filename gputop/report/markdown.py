@@ -261,16 +261,27 @@ def _gpu_stats(data: dict[str, Any]) -> list[str]:
         "",
     ]
     out += _table(headers, rows)
-    io = [(f, stat) for f, stat in fields if f.report_table == gpu_fields.IO]
-    io_rows = []
-    for g in data["gpus"]:
-        cells = [g["index"]]
-        for f, stat in io:
-            st = g[f.key]
-            cells.append(None if not st else f"{stat(st['mean'])} (p5 {stat(st['p5'])}, p95 {stat(st['p95'])})")
-        io_rows.append(cells)
-    out += _table(["GPU", *(f"{f.stat_label or f.label} mean" for f, _ in io)], io_rows)
+    for table in (gpu_fields.IO, gpu_fields.GPM):
+        out += _compact_stats(data, [(f, stat) for f, stat in fields if f.report_table == table], table == gpu_fields.GPM)
     return out
+
+
+def _compact_stats(
+    data: dict[str, Any], fields: list[tuple[gpu_fields.GpuField, Callable[[Optional[float]], Optional[str]]]], only_known: bool
+) -> list[str]:
+    """A table of "mean (p5 …, p95 …)" cells, a GPU a row; `only_known`: rows (and the table) only for GPUs that
+    have any value (GPM: a GPU before Hopper has none, and a table of empty cells says nothing)."""
+    rows = []
+    for g in data["gpus"]:
+        cells: list[Any] = [g["index"]]
+        for f, stat in fields:
+            st = g.get(f.key)  # a report written before a field existed lacks it
+            cells.append(None if not st else f"{stat(st['mean'])} (p5 {stat(st['p5'])}, p95 {stat(st['p95'])})")
+        if not only_known or any(cell is not None for cell in cells[1:]):
+            rows.append(cells)
+    if not rows:
+        return []
+    return _table(["GPU", *(f"{f.stat_label or f.label} mean" for f, _ in fields)], rows)
 
 
 def _host(data: dict[str, Any]) -> list[str]:

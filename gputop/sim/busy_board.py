@@ -12,7 +12,9 @@ GPU (the "all ranks on cuda:0" bug).
 Layout: a header (magic, slot count) then fixed-size slots of
   gpu (i32, -1 = free), pid (i32), memory bytes (i64),
   busy_total seconds (f64, closed busy periods), busy_since (f64, 0 = idle),
-  spin_total seconds (f64, closed spin periods, a part of busy), spin_since (f64, 0 = not spinning).
+  spin_total seconds (f64, closed spin periods, a part of busy), spin_since (f64, 0 = not spinning),
+  activity totals (6 x f64: the closed periods' `KernelMix` shares x seconds, GPM's counters),
+  the running kernel's mix (6 x f64).
 Each field is written with one aligned store, so a reader sees old or new
 values, never torn ones; a reader may briefly miss a period that is closing,
 which costs at most one sample's accuracy.
@@ -26,9 +28,13 @@ import struct
 import time
 from typing import Optional
 
-MAGIC = b"GPUTOPB2"
+from gputop.sim.kernels import FP32_GEMM, IDLE, KernelMix
+
+MAGIC = b"GPUTOPB3"
 _HEADER = struct.Struct("<8sI4x")
-_SLOT = struct.Struct("<iiqdddd")  # gpu, pid, memory, busy_total, busy_since, spin_total, spin_since
+# gpu, pid, memory, busy_total, busy_since, spin_total, spin_since, activity totals (6), running mix (6)
+_SLOT = struct.Struct("<iiqdddd6d6d")
+_NO_ACTIVITY = tuple(IDLE) * 2
 
 
 def create_shared_file(path: str, size: int) -> mmap.mmap:
@@ -63,7 +69,7 @@ class BusyBoard:
         mm = create_shared_file(path, _HEADER.size + slots * _SLOT.size)
         _HEADER.pack_into(mm, 0, MAGIC, slots)
         for slot in range(slots):
-            _SLOT.pack_into(mm, _HEADER.size + slot * _SLOT.size, -1, 0, 0, 0.0, 0.0, 0.0, 0.0)
+            _SLOT.pack_into(mm, _HEADER.size + slot * _SLOT.size, -1, 0, 0, 0.0, 0.0, 0.0, 0.0, *_NO_ACTIVITY)
         return cls(path, mm, slots, owner=True)
 
     @classmethod
@@ -90,10 +96,15 @@ class BusyBoard:
         return _HEADER.size + slot * _SLOT.size
 
     def _read(self, slot: int) -> tuple[int, int, int, float, float, float, float]:
-        return _SLOT.unpack_from(self._mm, self._offset(slot))
+        return _SLOT.unpack_from(self._mm, self._offset(slot))[:7]
 
-    def _write(self, slot: int, *fields: float) -> None:
-        _SLOT.pack_into(self._mm, self._offset(slot), *fields)
+    def _read_activity(self, slot: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """The slot's activity totals and its running kernel's mix (see the layout)."""
+        values = _SLOT.unpack_from(self._mm, self._offset(slot))
+        return values[7:13], values[13:19]
+
+    def _write(self, slot: int, *fields: float, activity: tuple[float, ...] = _NO_ACTIVITY) -> None:
+        _SLOT.pack_into(self._mm, self._offset(slot), *fields, *activity)
 
     def claim(self, slot: int, gpu: int, pid: int, memory_bytes: int) -> None:
         """A rank takes `slot`, bound to simulated GPU `gpu`, holding `memory_bytes` there."""
@@ -102,23 +113,28 @@ class BusyBoard:
     def release(self, slot: int) -> None:
         self._write(slot, -1, 0, 0, 0.0, 0.0, 0.0, 0.0)
 
-    def begin_busy(self, slot: int, now: Optional[float] = None, *, spin: bool = False) -> None:
-        """The slot's GPU starts running a kernel; `spin`: a collective waiting for its peers (low power)."""
+    def begin_busy(self, slot: int, now: Optional[float] = None, *, spin: bool = False, mix: KernelMix = FP32_GEMM) -> None:
+        """The slot's GPU starts running a kernel that keeps `mix` busy; `spin`: a collective waiting for its peers
+        (low power)."""
         gpu, pid, memory, total, since, spin_total, spin_since = self._read(slot)
         if since == 0.0:
             now = time.monotonic() if now is None else now
-            self._write(slot, gpu, pid, memory, total, now, spin_total, now if spin else 0.0)
+            totals, _running = self._read_activity(slot)
+            self._write(slot, gpu, pid, memory, total, now, spin_total, now if spin else 0.0, activity=totals + tuple(mix))
 
     def end_busy(self, slot: int, now: Optional[float] = None) -> None:
         gpu, pid, memory, total, since, spin_total, spin_since = self._read(slot)
         if since != 0.0:
             now = time.monotonic() if now is None else now
-            total += max(0.0, now - since)
+            ran = max(0.0, now - since)
+            total += ran
             spin_total += max(0.0, now - spin_since) if spin_since else 0.0
+            totals, running = self._read_activity(slot)
+            totals = tuple(t + share * ran for t, share in zip(totals, running))
             # totals first, then the open marks: a reader between the two stores counts the period twice
             # for one sample at worst; the load model clips utilization to 100%.
-            self._write(slot, gpu, pid, memory, total, since, spin_total, spin_since)
-            self._write(slot, gpu, pid, memory, total, 0.0, spin_total, 0.0)
+            self._write(slot, gpu, pid, memory, total, since, spin_total, spin_since, activity=totals + running)
+            self._write(slot, gpu, pid, memory, total, 0.0, spin_total, 0.0, activity=totals + tuple(IDLE))
 
     # ---------------------------------------------------------------- reader side (fake NVML)
     def busy_seconds(self, gpu: int, now: Optional[float] = None) -> tuple[float, float]:
@@ -131,6 +147,21 @@ class BusyBoard:
                 busy += busy_total + (max(0.0, now - since) if since else 0.0)
                 spin += spin_total + (max(0.0, now - spin_since) if spin_since else 0.0)
         return busy, spin
+
+    def activity_seconds(self, gpu: int, now: Optional[float] = None) -> tuple[float, ...]:
+        """Cumulative `KernelMix` shares x seconds of every slot bound to `gpu`, open periods included: the GPM
+        counters the fake NVML serves (per metric, in `KernelMix` order)."""
+        now = time.monotonic() if now is None else now
+        out = [0.0] * len(IDLE)
+        for slot in range(self.slots):
+            slot_gpu, _pid, _mem, _busy, since = self._read(slot)[:5]
+            if slot_gpu != gpu:
+                continue
+            totals, running = self._read_activity(slot)
+            ran = max(0.0, now - since) if since else 0.0
+            for metric, (total, share) in enumerate(zip(totals, running)):
+                out[metric] += total + share * ran
+        return tuple(out)
 
     def processes(self, gpu: int) -> list[tuple[int, int]]:
         """(pid, memory bytes) of every rank bound to `gpu`."""

@@ -45,21 +45,23 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from gputop.sim.busy_board import BusyBoard
+from gputop.sim.kernels import FP32_GEMM, NCCL_SPIN, KernelMix
 
 DEVICE_THREAD_NAME = "gputop-sim-gpu"  # the simulator's stand-in for the GPU: not a thread of real training code
 MAX_QUEUED = 16
 
 
 class _Kernel:
-    __slots__ = ("seconds",)
+    __slots__ = ("seconds", "mix")
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, mix: KernelMix) -> None:
         self.seconds = seconds
+        self.mix = mix  # what it keeps busy: the SMs, tensor cores, DRAM (GPM shows it)
 
     def run(self, stream: "Stream") -> None:
         fcntl.flock(stream.gpu_lock, fcntl.LOCK_EX)  # the GPU runs one process's kernels at a time
         try:
-            stream.board.begin_busy(stream.slot)
+            stream.board.begin_busy(stream.slot, mix=self.mix)
             try:
                 time.sleep(self.seconds)
             finally:
@@ -77,8 +79,8 @@ class _Collective:
         self.wait_for_peers = wait_for_peers
 
     def run(self, stream: "Stream") -> None:
-        # no GPU lock: a spinning collective leaves room for other processes' kernels
-        stream.board.begin_busy(stream.slot, spin=True)
+        # no GPU lock: a spinning collective leaves room for other processes' kernels; it holds a few SMs
+        stream.board.begin_busy(stream.slot, spin=True, mix=NCCL_SPIN)
         try:
             self.wait_for_peers()
         finally:
@@ -110,9 +112,9 @@ class Stream:
         self._device = threading.Thread(target=self._drain_forever, name=DEVICE_THREAD_NAME, daemon=True)
         self._device.start()
 
-    def launch(self, seconds: float) -> None:
-        """Queue a kernel of `seconds` GPU time; returns at once (unless the queue is full)."""
-        self._ops.put(_Kernel(seconds))
+    def launch(self, seconds: float, mix: KernelMix = FP32_GEMM) -> None:
+        """Queue a kernel of `seconds` GPU time keeping `mix` busy; returns at once (unless the queue is full)."""
+        self._ops.put(_Kernel(seconds, mix))
 
     def launch_collective(self, wait_for_peers: Callable[[], None]) -> None:
         """Queue a collective: when the GPU reaches it, it spins until `wait_for_peers` returns."""
@@ -149,8 +151,8 @@ def is_initialized() -> bool:
     return _current is not None
 
 
-def launch(seconds: float) -> None:
-    current_stream().launch(seconds)
+def launch(seconds: float, mix: KernelMix = FP32_GEMM) -> None:
+    current_stream().launch(seconds, mix)
 
 
 def synchronize() -> None:

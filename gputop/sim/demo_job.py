@@ -67,6 +67,7 @@ from torch.utils.data.distributed import DistributedSampler
 from gputop.sim import cuda, distributed
 from gputop.sim.busy_board import BusyBoard
 from gputop.sim.demo_launcher import StepCounters, die_with_parent, set_parent_death_signal
+from gputop.sim.kernels import BF16_GEMM, FP32_GEMM, FP32_UNFUSED, KernelMix
 from gputop.sim.scenarios import (
     EVAL_BATCH_FACTOR,
     MEMORY_PER_RANK,
@@ -166,8 +167,10 @@ class JpegDataset(Dataset[tuple[torch.Tensor, int]]):
         storage_ms: float,
         seed: int,
         hang_index: Optional[int] = None,
+        augment_ms: float = 0.0,
     ) -> None:
         self.blobs = blobs
+        self.augment_s = augment_ms / 1000.0
         self.labels = labels
         self.length = length
         self.seed = seed
@@ -194,7 +197,45 @@ class JpegDataset(Dataset[tuple[torch.Tensor, int]]):
                 image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
             pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
         tensor = pixels.view(MODEL_SIDE, MODEL_SIDE, 3).permute(2, 0, 1).float().div_(255.0).sub_(0.5)
+        _augment(self.augment_s)
         return tensor, self.labels[which]
+
+
+def _augment(cpu_s: float) -> None:
+    """More per-sample CPU work (the augmentations of a heavier pipeline), `cpu_s` of this thread's CPU time: under
+    contention it takes longer on the clock, as real work does, so it saturates the cores it is given."""
+    if cpu_s <= 0:
+        return
+    end = time.thread_time() + cpu_s
+    value = 0
+    while time.thread_time() < end:
+        for i in range(200):
+            value = (value * 31 + i) & 0xFFFF
+
+
+class CachedDataset(Dataset[tuple[torch.Tensor, int]]):
+    """The same samples preprocessed once and kept in memory as tensors (the article's "cache the preprocessed
+    results"): each distinct JPEG decoded and resized at start; a sample is then a flip of one cached tensor."""
+
+    def __init__(self, blobs: list[bytes], labels: list[int], length: int, seed: int) -> None:
+        self.length = length
+        self.seed = seed
+        self.labels = labels
+        self.tensors = []
+        for blob in blobs:
+            with Image.open(io.BytesIO(blob)) as image:
+                small = image.convert("RGB").resize((MODEL_SIDE, MODEL_SIDE), Image.Resampling.BILINEAR)
+                pixels = torch.frombuffer(bytearray(small.tobytes()), dtype=torch.uint8)
+            self.tensors.append(pixels.view(MODEL_SIDE, MODEL_SIDE, 3).permute(2, 0, 1).float().div_(255.0).sub_(0.5))
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        which = index % len(self.tensors)
+        flip = random.Random(self.seed * 1_000_003 + index).random() < 0.5
+        tensor = self.tensors[which]
+        return (tensor.flip(2) if flip else tensor.clone()), self.labels[which]
 
 
 def _open_shard_index(seconds: float, worker_id: int) -> None:
@@ -208,14 +249,20 @@ def build_loader(
     config: DemoConfig, rank: int = 0, world: int = 1, *, hang_index: Optional[int] = None
 ) -> tuple[DataLoader[tuple[torch.Tensor, int]], DistributedSampler[int]]:
     blobs, labels = make_jpegs(JPEG_COUNT, config.image_side, config.seed)
-    dataset = JpegDataset(
-        blobs,
-        labels,
-        length=config.batches_per_epoch * config.batch_size * world,
-        storage_ms=config.storage_ms,
-        seed=config.seed,
-        hang_index=hang_index,
-    )
+    length = config.batches_per_epoch * config.batch_size * world
+    dataset: Dataset[tuple[torch.Tensor, int]]
+    if config.cached:
+        dataset = CachedDataset(blobs, labels, length=length, seed=config.seed)
+    else:
+        dataset = JpegDataset(
+            blobs,
+            labels,
+            length=length,
+            storage_ms=config.storage_ms,
+            seed=config.seed,
+            hang_index=hang_index,
+            augment_ms=config.augment_ms,
+        )
     sampler: DistributedSampler[int] = DistributedSampler(
         dataset, num_replicas=world, rank=rank, shuffle=True, seed=config.seed, drop_last=True
     )
@@ -256,16 +303,28 @@ class SimulatedKernels(torch.autograd.Function):
     the loop it overlaps the GPU's previous step; with one, host and GPU take turns."""
 
     @staticmethod
-    def forward(ctx: Any, activations: torch.Tensor, forward_s: float, backward_s: float, host_s: float) -> torch.Tensor:
+    def forward(
+        ctx: Any, activations: torch.Tensor, forward_s: float, backward_s: float, host_s: float, unfused: bool = False
+    ) -> torch.Tensor:
         ctx.backward_s = backward_s
+        ctx.mix = kernel_mix(activations.dtype, unfused)
         _dispatch_ops(host_s)
-        cuda.launch(forward_s)
+        cuda.launch(forward_s, ctx.mix)
         return activations.view_as(activations)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        cuda.launch(ctx.backward_s)
-        return grad, None, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
+        cuda.launch(ctx.backward_s, ctx.mix)
+        return grad, None, None, None, None
+
+
+def kernel_mix(dtype: torch.dtype, unfused: bool = False) -> KernelMix:
+    """What the model's kernels keep busy, from the dtype its layers really computed in: under bf16 (or fp16)
+    autocast the convolutions and matmuls run on the tensor cores; in fp32 they run on the FP32 pipe, and an
+    `unfused` model (many small eager kernels) streams DRAM more than it computes."""
+    if dtype in (torch.bfloat16, torch.float16):
+        return BF16_GEMM
+    return FP32_UNFUSED if unfused else FP32_GEMM
 
 
 def _dispatch_ops(seconds: float) -> None:
@@ -278,7 +337,7 @@ class TinyConvNet(nn.Module):
     """A tiny CNN computed on the CPU (about a millisecond), "on the GPU": the simulated kernels in the middle
     take the step's GPU time, in proportion to the batch, and the output is a DeviceTensor."""
 
-    def __init__(self, step_ms: float, host_ms: float = 0.0, batch_size: int = 1) -> None:
+    def __init__(self, step_ms: float, host_ms: float = 0.0, batch_size: int = 1, unfused: bool = False) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
         self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
@@ -287,6 +346,7 @@ class TinyConvNet(nn.Module):
         self.forward_s = step_ms / 1000.0 * FORWARD_SHARE
         self.backward_s = step_ms / 1000.0 - self.forward_s
         self.host_s = host_ms / 1000.0
+        self.unfused = unfused  # the kernels' mix (see `kernel_mix`): many small eager kernels streaming DRAM
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.conv1(x))
@@ -294,7 +354,7 @@ class TinyConvNet(nn.Module):
             scale = x.shape[0] / self.batch_size
             # (torch leaves Function.apply unannotated, and untyped_calls_exclude misses it through a subclass; the
             # ignore is unused where disallow_untyped_calls is off for this module)
-            x = SimulatedKernels.apply(x, self.forward_s * scale, self.backward_s * scale, self.host_s)  # type: ignore[no-untyped-call, unused-ignore]
+            x = SimulatedKernels.apply(x, self.forward_s * scale, self.backward_s * scale, self.host_s, self.unfused)  # type: ignore[no-untyped-call, unused-ignore]
         x = torch.relu(self.conv2(x))
         out = self.head(x.mean(dim=(2, 3)))
         return cuda.on_device(out) if cuda.is_initialized() else out
@@ -354,7 +414,7 @@ def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: s
     cuda.init(board, slot=rank, gpu=gpu, lock_path=f"{board_path}.gpu{gpu}.lock")  # torch.cuda.set_device
 
     torch.manual_seed(config.seed)  # the same initial weights on every rank, as DDP's broadcast would give
-    model: nn.Module = TinyConvNet(config.step_ms, config.host_ms, config.batch_size)
+    model: nn.Module = TinyConvNet(config.step_ms, config.host_ms, config.batch_size, unfused=config.kernels == "unfused")
     optimizer: Union[torch.optim.Optimizer, distributed.StreamOrderedOptimizer]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     memory = MEMORY_PER_RANK + (RANK0_EXTRA_MEMORY if rank == 0 else 0)
@@ -391,7 +451,8 @@ def train(config: DemoConfig, board_path: str, counters_path: str, rendezvous: s
             sampler.set_epoch(epoch)
             for images, labels in loader:
                 optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(model(images), labels)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16"):  # AMP
+                    loss = loss_fn(model(images), labels)
                 loss.backward()  # with several ranks, DDP's hooks all-reduce the gradients from here
                 optimizer.step()
                 step += 1

@@ -171,9 +171,10 @@ class DemoJob:
         loss_log: Optional[str] = None,
         cpu_count: Optional[int] = None,
         collective_timeout_s: float = 600.0,
+        config: Optional[DemoConfig] = None,
     ) -> None:
-        # bad overrides fail here, before anything is started
-        self.config: DemoConfig = resolve(
+        # bad overrides fail here, before anything is started; `config`: a resolved one as it is (the case study's stages)
+        self.config: DemoConfig = config or resolve(
             scenario,
             workers=workers,
             batch_size=batch_size,

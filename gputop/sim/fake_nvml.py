@@ -129,6 +129,24 @@ MIG_INSTANCE_IDLE_USED = 19 * MIB  # an empty instance's used memory (an A100's 
 _MIG_FIRST_GI_ID = {7: 0, 4: 1, 3: 1, 2: 3, 1: 7}
 
 IDLE_UTILIZATION = 5.0  # below this a GPU is "idle": the link drops to Gen1, GpuIdle is set
+
+# ---- GPM (GPU Performance Monitoring, nvml.h `nvmlGpm*`)
+GPM_SUPPORT_VERSION = 1
+GPM_METRICS_GET_VERSION = 1
+GPM_METRIC_MAX = 477  # the size of nvmlGpmMetricsGet_t's metrics array (NVML_GPM_METRIC_MAX)
+# the metrics the simulated GPUs count, in `gputop.sim.busy_board.ACTIVITY_FIELDS` order: NVML id, names, unit
+GPM_METRICS = (
+    (2, b"sm_util", b"SM utilization", b"%"),  # NVML_GPM_METRIC_SM_UTIL
+    (3, b"sm_occupancy", b"SM occupancy", b"%"),  # NVML_GPM_METRIC_SM_OCCUPANCY
+    (5, b"any_tensor_util", b"Any tensor activity", b"%"),  # NVML_GPM_METRIC_ANY_TENSOR_UTIL
+    (10, b"dram_bw_util", b"DRAM bandwidth utilization", b"%"),  # NVML_GPM_METRIC_DRAM_BW_UTIL
+    (12, b"fp32_util", b"FP32 activity", b"%"),  # NVML_GPM_METRIC_FP32_UTIL
+    (13, b"fp16_util", b"FP16 activity", b"%"),  # NVML_GPM_METRIC_FP16_UTIL
+)
+_GPM_INDEX = {metric[0]: i for i, metric in enumerate(GPM_METRICS)}
+# What a busy second of a load model that declares no kernel mix (the synthetic `--simulate` load) does, per metric
+# above: a healthy bf16 training step, most SMs busy, tensor cores at about half, memory at a third.
+DEFAULT_ACTIVITY = (0.85, 0.40, 0.45, 0.35, 0.10, 0.05)
 NVLINK_DOWN_LINKS = 4
 
 
@@ -245,6 +263,8 @@ class _GpuState:
     nvlink_tx_kibps: list[float] = field(default_factory=list)  # the rates the NVLink counters count at, per link
     nvlink_rx_kibps: list[float] = field(default_factory=list)
     counted_to: float = -math.inf  # the time the cumulative counters were last counted to (see `_count`)
+    gpm_rates: list[float] = field(default_factory=lambda: [0.0] * len(GPM_METRICS))  # activity share per GPM metric
+    gpm_seconds: list[float] = field(default_factory=lambda: [0.0] * len(GPM_METRICS))  # cumulative activity-seconds
 
 
 class FakeNvmlLibrary:
@@ -272,6 +292,8 @@ class FakeNvmlLibrary:
         self._lock = threading.Lock()
         self._event_sets: dict[int, _EventSet] = {}
         self._event_set_numbers = itertools.count(1)
+        # GPM sample buffers allocated and not freed: buffer -> (gpu, time, counters) once a sample was taken into it
+        self.gpm_buffers: dict[int, Optional[tuple[int, float, tuple[float, ...]]]] = {}
         n = self.profile.gpu_count
         links = self.profile.gpu.nvlink_links
         self._states = [
@@ -377,6 +399,7 @@ class FakeNvmlLibrary:
             st.nvlink_tx_kibps[link] = nvlink_kibps * (1.0 + 0.01 * link) if active else 0.0
             st.nvlink_rx_kibps[link] = nvlink_kibps * (0.98 + 0.01 * link) if active else 0.0
         st.pcie_tx_kbps, st.pcie_rx_kbps = tx_kbps, rx_kbps
+        st.gpm_rates = [share * util / 100.0 for share in DEFAULT_ACTIVITY]  # unless the load counts them (gpm_counters)
         self._count(st, now)  # the time since the counters' last reading, at the rates just set
 
         st.utilization = util
@@ -405,6 +428,8 @@ class FakeNvmlLibrary:
             for link, (tx, rx) in enumerate(zip(st.nvlink_tx_kibps, st.nvlink_rx_kibps)):
                 st.nvlink_tx_kib[link] += tx * dt
                 st.nvlink_rx_kib[link] += rx * dt
+            for metric, rate in enumerate(st.gpm_rates):
+                st.gpm_seconds[metric] += rate * dt
         st.counted_to = now
 
     def counters(self, gpu: int) -> tuple[_GpuState, float]:
@@ -414,6 +439,16 @@ class FakeNvmlLibrary:
         with self._lock:
             self._count(st, now)
         return st, now
+
+    def gpm_counters(self, gpu: int) -> tuple[float, tuple[float, ...]]:
+        """(now, cumulative activity-seconds per GPM metric): counted by the load model where it declares its
+        kernels' mix (`activity_seconds`, the demo's busy board), else `DEFAULT_ACTIVITY` of the busy time."""
+        counted = getattr(self.load, "activity_seconds", None)
+        if counted is not None:
+            now = self.clock()
+            return now, tuple(counted(gpu, now))
+        st, now = self.counters(gpu)
+        return now, tuple(st.gpm_seconds)
 
     def ecc_count(self, gpu: int, error_type: int, counter: int) -> Optional[int]:
         """The count NVML answers; None: it refuses (a capture that reads N/A there, e.g. volatile under MIG)."""
@@ -836,7 +871,84 @@ class FakeNvmlLibrary:
         symbols["nvmlDeviceGetComputeRunningProcesses_v2"] = device(_named(running_processes, "v2"))
         symbols["nvmlSystemGetCudaDriverVersion_v2"] = _copy(nvmlSystemGetCudaDriverVersion)
         symbols.update(lib._infra_symbols(symbols, device=device, write_str=write_str, nvlink_check=nvlink_check))
+        symbols.update(lib._gpm_symbols(device=device))
         return symbols
+
+    # ------------------------------------------------------------ GPM (issue 24)
+    def _gpm_symbols(self, *, device: Callable[[DeviceFunction], DeviceFunction]) -> dict[str, CFunction]:
+        """GPU Performance Monitoring as NVML serves it: an opaque sample buffer per `nvmlGpmSampleAlloc`, filled by
+        `nvmlGpmSampleGet` with the GPU's counters at that moment, and `nvmlGpmMetricsGet` turning two samples of
+        one GPU into percentages over the time between them.  A GPU whose model has no GPM (Ada and older) says
+        isSupportedDevice 0 and refuses samples with NOT_SUPPORTED, as the real driver does; each requested metric
+        the fake does not count gets its own NOT_SUPPORTED in the metrics array."""
+        lib = self
+        profile = self.profile
+        samples = self.gpm_buffers
+        numbers = itertools.count(0x6F0001)
+
+        @device
+        def nvmlGpmQueryDeviceSupport(gpu: int, out: Ref) -> int:
+            support = out._obj
+            if support.version != GPM_SUPPORT_VERSION:
+                return ERROR_ARGUMENT_VERSION_MISMATCH
+            support.isSupportedDevice = 1 if profile.model(gpu).gpm else 0
+            return SUCCESS
+
+        def nvmlGpmSampleAlloc(out: Ref) -> int:
+            number = next(numbers)
+            samples[number] = None
+            ctypes.c_void_p.from_buffer(out._obj).value = number
+            return SUCCESS
+
+        def nvmlGpmSampleFree(sample: Handle) -> int:
+            return SUCCESS if samples.pop(_address(sample) or 0, False) is not False else ERROR_INVALID_ARGUMENT
+
+        @device
+        def nvmlGpmSampleGet(gpu: int, sample: Handle) -> int:
+            number = _address(sample) or 0
+            if number not in samples:
+                return ERROR_INVALID_ARGUMENT
+            if not profile.model(gpu).gpm:
+                return ERROR_NOT_SUPPORTED
+            now, counters = lib.gpm_counters(gpu)
+            samples[number] = (gpu, now, counters)
+            return SUCCESS
+
+        def nvmlGpmMetricsGet(out: Ref) -> int:
+            request = out._obj
+            if request.version != GPM_METRICS_GET_VERSION:
+                return ERROR_ARGUMENT_VERSION_MISMATCH
+            first, second = samples.get(_address(request.sample1) or 0), samples.get(_address(request.sample2) or 0)
+            count = int(request.numMetrics)
+            if first is None or second is None or first[0] != second[0] or count > GPM_METRIC_MAX:
+                return ERROR_INVALID_ARGUMENT
+            span = second[1] - first[1]
+            if span < 0:  # the second sample must be taken after the first
+                return ERROR_INVALID_ARGUMENT
+            # two samples at one instant (only a stopped test clock does that): the activity at that instant
+            rates = lib.state(first[0]).gpm_rates if span == 0 else None
+            for i in range(count):
+                entry = request.metrics[i]
+                index = _GPM_INDEX.get(int(entry.metricId))
+                if index is None:
+                    entry.nvmlReturn = ERROR_NOT_SUPPORTED
+                    continue
+                metric_id, short, long, unit = GPM_METRICS[index]
+                share = rates[index] if rates is not None else (second[2][index] - first[2][index]) / span
+                entry.value = 100.0 * max(0.0, min(1.0, share))
+                entry.nvmlReturn = SUCCESS
+                entry.metricInfo.shortName, entry.metricInfo.longName, entry.metricInfo.unit = short, long, unit
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetCudaComputeCapability(gpu: int, major: Ref, minor: Ref) -> int:
+            capability = profile.model(gpu).compute_capability
+            if capability is None:
+                return ERROR_NOT_SUPPORTED
+            major._obj.value, minor._obj.value = capability
+            return SUCCESS
+
+        return {name: fn for name, fn in locals().items() if name.startswith("nvml") and callable(fn)}
 
     # ------------------------------------------------------------ what `gputop check` reads (issue 16)
     def _infra_symbols(

@@ -34,6 +34,8 @@ class LoadModel(Protocol):
 
     # Optional: `power_load(gpu, now) -> float`, 0..1, how hard the busy time works the GPU (power and
     # heat); a load model without it draws power in proportion to utilization.
+    # Optional: `activity_seconds(gpu, now) -> tuple[float, ...]`, the GPM counters (the kernels' `KernelMix`
+    # integrated over time); without it the fake NVML counts `fake_nvml.DEFAULT_ACTIVITY` of the busy time.
 
 
 class BusyBoardLoad:
@@ -79,6 +81,10 @@ class BusyBoardLoad:
     def power_load(self, gpu: int, now: Optional[float] = None) -> float:
         busy, spin = self._shares(gpu, now)
         return (busy - spin) + SPIN_POWER_SHARE * spin
+
+    def activity_seconds(self, gpu: int, now: Optional[float] = None) -> tuple[float, ...]:
+        """The GPM counters: the running kernels' mixes integrated over their time (`BusyBoard.activity_seconds`)."""
+        return self.board.activity_seconds(gpu, time.monotonic() if now is None else now)
 
     def memory_used(self, gpu: int, now: Optional[float] = None) -> Optional[int]:
         procs = self.board.processes(gpu)

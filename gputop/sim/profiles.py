@@ -71,6 +71,10 @@ class GpuModel:
     def mig_profile(self, name: str) -> Optional[MigProfile]:
         return next((p for p in self.mig_profiles if p.name == name), None)
 
+    # NVML's GPU Performance Monitoring (nvmlGpmQueryDeviceSupport): Hopper and newer answer it, Ada and older do not
+    gpm: bool = False
+    compute_capability: Optional[tuple[int, int]] = None  # nvmlDeviceGetCudaComputeCapability; None: NOT_SUPPORTED
+
 
 @dataclass(frozen=True)
 class SimNic:
@@ -194,6 +198,8 @@ H100_SXM = GpuModel(
     row_remap=True,
     pcie_byte_counters=True,  # Hopper
     mig_profiles=_H100_80GB_MIG,
+    gpm=True,  # Hopper
+    compute_capability=(9, 0),
 )
 
 A100_SXM = GpuModel(
@@ -242,6 +248,8 @@ RTX_4090 = GpuModel(
     ecc=False,
     row_remap=False,
     pcie_byte_counters=False,  # Ada: no report either way; refused here so that the fallback runs in --simulate
+    gpm=False,  # Ada: nvmlGpmQueryDeviceSupport says isSupportedDevice 0
+    compute_capability=(8, 9),
 )
 
 PROFILES: dict[str, Profile] = {

@@ -80,6 +80,7 @@ class Scenario:
     sync_every_step: bool = False  # `running_loss += loss.item()` in the loop: a host-device sync per step
     host_share: float = 0.0  # the host's own time per step (Python, launches), as a share of the GPU step
     eval_every: Optional[int] = None  # rank 0 evaluates every N steps; the others wait in a barrier
+    precision: str = "fp32"  # "bf16": the forward under bf16 autocast (AMP), so the kernels use the tensor cores
 
 
 class _LoaderSettings(TypedDict):
@@ -134,6 +135,12 @@ SCENARIOS: dict[str, Scenario] = {
             "tuned",
             "enough workers, prefetch, pinned memory, persistent workers: GPUs busy",
             **_TUNED_LOADER,
+        ),
+        Scenario(
+            "tuned-amp",
+            "the tuned job under bf16 autocast (AMP): GPUs busy on the tensor cores",
+            **_TUNED_LOADER,
+            precision="bf16",
         ),
         Scenario(
             "nccl-hang",
@@ -196,10 +203,16 @@ class DemoConfig:
     seed: int = 0
     max_steps: Optional[int] = None
     loss_log: Optional[str] = None
+    precision: str = "fp32"  # "bf16": AMP (bf16 autocast) in the forward
+    augment_ms: float = 0.0  # CPU per sample after the decode (heavier augmentations; the case study's stage 2)
+    cached: bool = False  # the samples preprocessed once and kept in memory as tensors (no storage, no decode)
+    kernels: str = "gemm"  # "unfused": many small eager fp32 kernels that stream DRAM (the case study's model)
 
     @property
     def prep_ms_per_batch(self) -> float:
-        return self.batch_size * (decode_ms(self.image_side) + self.storage_ms)
+        if self.cached:
+            return 0.0  # preprocessed once, kept in memory
+        return self.batch_size * (decode_ms(self.image_side) + self.storage_ms + self.augment_ms)
 
     @property
     def workers_needed(self) -> float:
@@ -317,6 +330,7 @@ def resolve(
         sync_every_step=spec.sync_every_step,
         host_ms=round(spec.host_share * float(step_ms or DEFAULT_STEP_MS), 3),
         eval_every=spec.eval_every,
+        precision=spec.precision,
         collective_timeout_s=collective_timeout_s,
         seed=seed,
         max_steps=max_steps,

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from gputop.analysis.checks.kernels import is_collective_spin, spin_evidence
 from gputop.analysis.checks.sync import describe_sync
 from gputop.analysis.freeze import main_thread_moved, same_place
 from gputop.analysis.numbers import confidence_from, mean
@@ -49,6 +50,9 @@ def _trailing_idle_seconds(obs: GpuObs) -> float:
 
 def _is_spin(s: GpuSample) -> bool:
     """~100% utilization at a small share of the power limit: a collective spinning, not a compute kernel."""
+    by_sm = is_collective_spin(s)  # GPM (Hopper+): SM activity decides where it is known; power only elsewhere
+    if by_sm is not None:
+        return by_sm
     return (
         not s.lost
         and (s.utilization_gpu or 0.0) >= SPIN_UTILIZATION_MIN
@@ -71,6 +75,9 @@ def trailing_spin_seconds(obs: GpuObs) -> float:
 
 def _spin_evidence(o: GpuObs, secs: float) -> str:
     s = o.samples[-1]
+    by_sm = spin_evidence(o.index, s, secs)
+    if by_sm is not None:
+        return by_sm
     return (
         f"GPU {o.index}: {s.utilization_gpu:.0f}% utilization at {s.power:.0f} W of {s.power_limit:.0f} W for {secs:.0f} s:"
         " a collective kernel spinning on a missing peer, not compute"

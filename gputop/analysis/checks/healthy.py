@@ -8,6 +8,7 @@ from typing import Optional
 
 from gputop.analysis.advice import STACKS_HINT
 from gputop.analysis.checks.input import pooled_input_share
+from gputop.analysis.checks.kernels import busy, mean_sm_active
 from gputop.analysis.numbers import Share, confidence_from, mean
 from gputop.analysis.observations import Context, pooled_counts
 from gputop.analysis.thresholds import INPUT_BOUND_MODERATE, LOW_UTILIZATION, MIN_SAMPLED_SECONDS, MIN_STACK_SAMPLES
@@ -35,6 +36,7 @@ class Quiet:
     job_attached: bool
     job_processes: bool  # some GPU runs a process
     n_snaps: int
+    sm_mean: Optional[float] = None  # the focus GPUs' mean SM activity where GPM knows it: what "busy" means there
 
 
 def quiet(ctx: Context) -> Quiet:
@@ -72,6 +74,7 @@ def quiet(ctx: Context) -> Quiet:
         job_attached=bool(ctx.ranks),
         job_processes=any(o.process_pids for o in ctx.gpus.values()),
         n_snaps=len(ctx.snaps),
+        sm_mean=mean_sm_active(focus),
     )
 
 
@@ -83,7 +86,8 @@ def healthy_finding(ctx: Context) -> Finding:
 def _gpu_text(q: Quiet) -> str:
     if q.gpu_mean is None:
         return ""
-    return f"GPUs busy ({q.gpu_mean:.0f}%)" if q.gpu_mean >= LOW_UTILIZATION else f"GPUs at {q.gpu_mean:.0f}%"
+    sm = "" if q.sm_mean is None else f", SMs {q.sm_mean:.0f}% active"  # GPM: both numbers, busy by the SMs
+    return f"GPUs busy ({q.gpu_mean:.0f}%{sm})" if busy(q.gpu_mean, q.sm_mean) else f"GPUs at {q.gpu_mean:.0f}%{sm}"
 
 
 def _not_yet_finding(q: Quiet, evidence: list[str]) -> Finding:
@@ -110,7 +114,7 @@ def _not_yet_finding(q: Quiet, evidence: list[str]) -> Finding:
 
 
 def _healthy_summary(q: Quiet, parts: list[str]) -> str:
-    low = q.gpu_mean is not None and q.gpu_mean < LOW_UTILIZATION
+    low = q.gpu_mean is not None and not busy(q.gpu_mean, q.sm_mean)
     if low and not q.job_attached and not q.job_processes:
         return "Healthy: GPUs idle, no job running"
     if low:

@@ -24,7 +24,7 @@ from gputop.analysis.gpu_health import (
     peers_of,
     slowdowns,
 )
-from gputop.gpu_fields import active_throttles, card_text
+from gputop.gpu_fields import active_throttles, card_text, gpm_card_line
 from gputop.model import CounterHealth, GpuSample, MigInstance, Snapshot
 from gputop.tui import look
 from gputop.tui.canvas import PLAIN, LineBuilder, LineCanvas, RunsKey
@@ -35,6 +35,8 @@ READING_GPUS = "reading GPUs…"  # the placeholder until the first NVML sample 
 _GAP = Segment(" ", PLAIN)
 MIN_CARD_WIDTH = 30
 CARD_LINES = 7
+GPM_COMPACT_MIN_WIDTH = 90  # the one-line-per-GPU grid shows GPM's SM activity from this width
+GPM_MIN_SPARK_CELLS = 8  # the card's GPM line takes the sparkline's oldest cells only while this many stay
 MIN_SPARK_SECONDS = 60  # the sparkline always spans at least this much history
 # the card's word for an empty CPU-affinity mask: none of this job's CPUs are near the GPU (the T dialog says it whole)
 NO_NEAR_CPUS_WORD = "no job CPU near"
@@ -372,10 +374,19 @@ class GpuGrid(LineCanvas):
             words = f"MIG, {count} instance{'s' if count != 1 else ''}, util not measured"
             lines[1].add(look.ellipsize(words, w), look.DIM)
         else:
-            lines[1].add(spark_text(spark), look.DIM if gpu.lost else look.SPARK)
+            text = spark_text(spark)
+            # GPM beside GPU-Util (Hopper and newer): the sparkline's oldest cells give it room, if enough are left
+            gpm_text = None if gpu.lost else gpm_card_line(gpu)
+            if gpm_text is not None and len(text) - len(gpm_text) - 2 >= GPM_MIN_SPARK_CELLS:
+                text = text[len(gpm_text) + 2 :]
+            else:
+                gpm_text = None
+            lines[1].add(text, look.DIM if gpu.lost else look.SPARK)
             lines[1].add(
                 " " + ("LOST" if gpu.lost else card_text("utilization", gpu)), look.BAD_BOLD if gpu.lost else util_style(util)
             )
+            if gpm_text is not None:
+                lines[1].add("  " + gpm_text, look.PLAIN)
 
         if gpu.lost:
             lines[2].add(look.ellipsize("not answering: fell off the bus", w), look.BAD)
@@ -464,14 +475,18 @@ class GpuGrid(LineCanvas):
         show_power = width >= 70
         show_pcie = width >= 78
         show_user = width >= 64 and bool(self.gpu_users)
+        show_sm = width >= GPM_COMPACT_MIN_WIDTH and any(g.gpm is not None for g in gpus)  # GPM's SM activity
         user_width = min(12, max((len(u) for u in self.gpu_users.values()), default=0)) + 1
-        fixed = 10 + 5 + 8 + 5 + (6 if show_power else 0) + (7 if show_pcie else 0) + 9 + (user_width if show_user else 0)
+        fixed = 10 + 5 + 8 + 5 + (5 if show_sm else 0) + (6 if show_power else 0) + (7 if show_pcie else 0) + 9
+        fixed += user_width if show_user else 0
         spark_cells = max(4, width - fixed - 1)
         per_cell = spark_seconds_per_cell(spark_cells, self.interval)
         buckets = utilization_buckets(self.snapshots, [g.index for g in gpus], spark_cells, per_cell)
         head = LineBuilder()
         head.add(" GPU state ", look.LABEL).add(f"util, last {per_cell * spark_cells:.0f}s".ljust(spark_cells), look.LABEL)
         head.add("    %     mem temp", look.LABEL)
+        if show_sm:
+            head.add("   SM", look.LABEL)
         if show_power:
             head.add(" power", look.LABEL)
         if show_pcie:
@@ -501,6 +516,8 @@ class GpuGrid(LineCanvas):
                 card_text("temperature", gpu).rjust(5),
                 look.PLAIN if temp is None or temp < 75 else look.WARN if temp < 85 else look.BAD,
             )
+            if show_sm:
+                line.add(("" if gpu.gpm is None else card_text("sm_active", gpu)).rjust(5))
             if show_power:
                 line.add(("n/a" if gpu.power is None else f"{gpu.power:.0f}W").rjust(6))
             if show_pcie:

@@ -1,0 +1,89 @@
+"""`gputop demo --scenario case-study`: the article's four stages, their costs, and how a stage's verdict is named
+and settles.  The live run (four real jobs one after another) is the slow test at the end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+
+import pytest
+
+from gputop.commands import case_study
+from gputop.model import Finding
+from gputop.sim import scenarios
+
+
+def _finding(finding_id: str, severity: str = "warning") -> Finding:
+    return Finding(
+        id=finding_id, title=finding_id, severity=severity, confidence=0.9, label="", summary=finding_id, fix="do it\ncode"
+    )
+
+
+def test_the_four_stages_are_the_articles_rows():
+    first, second, third, fourth = (s.config for s in case_study.stages(8, 2.0))
+    assert (first.num_workers, first.cached, first.precision) == (0, False, "fp32")
+    assert (second.num_workers, second.prefetch_factor, second.pin_memory, second.persistent_workers) == (12, 4, True, True)
+    assert third.cached and not second.cached and third.kernels == "unfused"
+    assert (fourth.precision, fourth.kernels, fourth.cached) == ("bf16", "gemm", True)
+
+
+@pytest.mark.parametrize("ranks, cores", [(8, 2.0), (2, 2.0), (8, 16.0)])
+def test_the_costs_give_the_articles_step_times(ranks, cores):
+    first, second, third, fourth = (s.config for s in case_study.stages(ranks, cores))
+    step = third.step_ms
+    decode = scenarios.decode_ms(first.image_side)
+    # stage 1: a rank prepares its batch itself, storage latency and CPU: 72/22 of a GPU step
+    assert first.batch_size * (first.storage_ms + decode + first.augment_ms) == pytest.approx(step * 72 / 22, rel=0.01)
+    # stage 2: every rank's workers share the cores: a batch a rank every 31/22 of a step
+    cpu_per_batch = second.batch_size * (decode + second.augment_ms)
+    assert ranks * cpu_per_batch / cores == pytest.approx(step * 31 / 22, rel=0.01)
+    assert fourth.step_ms == pytest.approx(step * 18 / 22, rel=0.01)
+
+
+def test_a_stage_config_travels_to_the_ranks_whole():
+    parser = argparse.ArgumentParser()
+    scenarios.DemoConfig.add_arguments(parser)
+    for stage in case_study.stages(2, 2.0):
+        assert scenarios.DemoConfig.from_namespace(parser.parse_args(stage.config.to_argv())) == stage.config
+
+
+@pytest.mark.parametrize(
+    "found, words, finding_id",
+    [
+        ([_finding("starvation", "critical"), _finding("no_tensor_cores", "info")], "CPU data loading", "starvation"),
+        ([_finding("starvation", "critical"), _finding("cpu_bound")], "CPU preprocessing", "cpu_bound"),
+        ([_finding("memory_bound"), _finding("no_tensor_cores", "info")], "memory bandwidth", "memory_bound"),
+        ([_finding("healthy", "info"), _finding("cpu_bound", "info")], case_study.HEALTHY, "healthy"),
+        ([_finding("hang", "critical")], "hang", "hang"),  # no row of the article: the diagnosis' own words
+    ],
+)
+def test_the_bottleneck_is_read_from_the_findings(found, words, finding_id):
+    named, finding = case_study.bottleneck(found)
+    assert (named, finding.id) == (words, finding_id)
+
+
+def test_a_verdict_settles_when_it_holds_for_a_few_polls():
+    steady = ["CPU data loading"] * case_study.SETTLE_POLLS
+    assert case_study.settled(steady, case_study.MIN_STAGE_S)
+    assert not case_study.settled(steady, case_study.MIN_STAGE_S - 1)  # too early: stacks and GPM need a window
+    assert not case_study.settled(["healthy"] + steady[1:], case_study.MIN_STAGE_S)
+
+
+@pytest.mark.slow
+def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn):
+    """Four real jobs (2 ranks each, to fit the box), one after another; one JSON object per stage."""
+    proc = spawn.python(
+        ["-m", "gputop", "demo", "--scenario", "case-study", "--no-tui", "--json", "--gpus", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = proc.communicate(timeout=1200)
+    assert proc.returncode == 0, err[-2000:]
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["stage"] for r in rows] == [1, 2, 3, 4]
+    assert [r["verdict"] for r in rows] == ["CPU data loading", "CPU preprocessing", "memory bandwidth", case_study.HEALTHY]
+    assert all(set(r) >= {"stage", "steps_per_s", "verdict", "finding", "fix"} for r in rows)
+    steps = [r["steps_per_s"] for r in rows]
+    assert steps == sorted(steps) and steps[0] < steps[-1], steps
