@@ -23,6 +23,7 @@ What a snapshot carries of the jobs, whichever way they are followed:
 
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -335,7 +336,7 @@ class Pipeline:
         self.close()
 
 
-def pipeline_from_args(args: Any) -> Pipeline:
+def pipeline_from_args(args: argparse.Namespace) -> Pipeline:
     """Build the pipeline a subcommand asked for (uses args.simulate, args.pid, args.stack_interval if present)."""
     return Pipeline(
         simulate=getattr(args, "simulate", None),
@@ -344,7 +345,7 @@ def pipeline_from_args(args: Any) -> Pipeline:
     )
 
 
-def following_pipeline(args: Any) -> Pipeline:
+def following_pipeline(args: argparse.Namespace) -> Pipeline:
     """The pipeline of `serve` and `record`, built from the same options so that a recording holds what
     `serve` exports: the jobs of `args.pid` (a list), or every job on the GPUs, each with its stacks."""
     pids = list(getattr(args, "pid", None) or ())

@@ -11,6 +11,7 @@ Non-intrusive unless `--load` asks for a short load and all-reduce on idle GPUs.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -65,7 +66,7 @@ class Evidence:
         self.host.close()
 
 
-def collect(args: Any, *, started: Optional[float] = None) -> CheckReport:
+def collect(args: argparse.Namespace, *, started: Optional[float] = None) -> CheckReport:
     """Run the window and the checks (also what the TUI's hotkey runs, in a worker thread)."""
     from gputop.pipeline import Pipeline
 
@@ -81,7 +82,7 @@ def collect(args: Any, *, started: Optional[float] = None) -> CheckReport:
         pipeline.close()
 
 
-def _collect(args: Any, pipeline: Pipeline, evidence: Evidence, started: float) -> CheckReport:
+def _collect(args: argparse.Namespace, pipeline: Pipeline, evidence: Evidence, started: float) -> CheckReport:
     load_run = None
     if getattr(args, "load", False):
         from gputop.collect.gpu_load import start_load
@@ -105,7 +106,7 @@ def write_text(report: CheckReport, out: Any) -> None:
     out.write(f"\n{report.summary}; exit status {report.exit_code}\n")
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     # the 10 s bound counts from the process's start: Python and the imports take ~1-2 s of it on a busy box
     import psutil
 

@@ -5,6 +5,7 @@ names the node that holds the job back."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any, Optional
@@ -120,7 +121,7 @@ def build(query: Query, url: str, job: Optional[str], fmt: str) -> str:
     return report_markdown(view, verdict, url)
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     for option, given in (
         ("--pid", args.pid),
         ("--simulate", args.simulate),

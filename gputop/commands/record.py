@@ -6,8 +6,8 @@ GPUs, each with its stacks, so a recording holds what `gputop serve` with the sa
 
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import Any
 
 from gputop.commands.observing import Progress, observe
 from gputop.model import Snapshot
@@ -20,7 +20,7 @@ UNBOUNDED_SECONDS = 365 * 24 * 3600.0  # "until Ctrl-C"
 RECORD_HISTORY = 2
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     pipeline = following_pipeline(args)
     try:
         with RecordingWriter(args.output, pipeline.machine) as writer:

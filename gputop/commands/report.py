@@ -6,8 +6,9 @@ gputop report --from FILE [--job PID]
 
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gputop.analysis.diagnosis import findings as findings_of
 from gputop.analysis.diagnosis import verdict_line
@@ -16,6 +17,11 @@ from gputop.errors import GputopError, UsageError
 from gputop.history import History
 from gputop.model import Finding, Snapshot
 from gputop.source import for_job, job_anchor, jobs_of
+
+if TYPE_CHECKING:
+    from gputop.analysis.machine_check import CheckReport
+    from gputop.bench import BenchResult
+    from gputop.tracing import TraceResult
 
 BENCH_SECONDS = 15.0  # the benchmark's own bound (issue 6: the active run is <= 15 s)
 # A short report still needs enough stack dumps to judge the input pipeline (diagnosis needs 5 per rank):
@@ -78,7 +84,7 @@ def _one_job(path: str, snapshots: list[Snapshot], job: Optional[int]) -> list[S
     return [for_job(snap, next((t for t in jobs_of(snap) if job_anchor(t) == job), None)) for snap in snapshots]
 
 
-def run_bench(args: Any) -> Any:
+def run_bench(args: argparse.Namespace) -> "BenchResult":
     try:
         from gputop.bench import run_benchmark
     except ImportError as exc:  # the bench engineer's module, imported only when asked for
@@ -90,7 +96,7 @@ def run_bench(args: Any) -> Any:
         progress.done()
 
 
-def run_trace(args: Any) -> Any:
+def run_trace(args: argparse.Namespace) -> "TraceResult":
     from gputop.tracing import DEFAULT_SECONDS
     from gputop.tracing import run_trace as trace_job
 
@@ -105,11 +111,11 @@ def render(
     history: History,
     findings: list[Finding],
     fmt: str,
-    bench: Any,
+    bench: "Optional[BenchResult]",
     command: list[str],
     recording: Optional[dict[str, Any]] = None,
-    infra: Any = None,
-    trace: Any = None,
+    infra: "Optional[CheckReport]" = None,
+    trace: "Optional[TraceResult]" = None,
 ) -> str:
     if fmt == "json":
         from gputop.report.jsonreport import render_json
@@ -130,7 +136,7 @@ def _recording_job(text: Optional[str]) -> Optional[int]:
     return int(pid)
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     if getattr(args, "prometheus", None):  # one job across nodes, read from Prometheus
         from gputop.commands.fleet_report import run as fleet_run
 

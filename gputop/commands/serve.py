@@ -17,12 +17,22 @@ minutes; a kernel-log XID or a pending page retirement at the first poll.
 
 from __future__ import annotations
 
+import argparse
 import errno
 import ipaddress
 import signal
 import sys
 import threading
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client import CollectorRegistry
+
+    from gputop.exporter import Exporter
+    from gputop.pipeline import Pipeline
+    from gputop.source import PollLoop
 
 from gputop.errors import GputopError, UsageError
 
@@ -57,7 +67,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def start_server(host: str, port: int, registry: Any) -> Any:
+def start_server(host: str, port: int, registry: "CollectorRegistry") -> "WSGIServer":
     """prometheus_client's HTTP server on host:port; GputopError (one line) when it cannot bind."""
     from prometheus_client import start_http_server
 
@@ -80,7 +90,7 @@ def start_server(host: str, port: int, registry: Any) -> Any:
     return server
 
 
-def start_exporting(exporter: Any, host: str, port: int) -> Any:
+def start_exporting(exporter: "Exporter", host: str, port: int) -> "WSGIServer":
     """The exporter's first cycle (so the first scrape has values, and a broken machine fails here, not
     later), then the HTTP server that serves it on host:port."""
     from prometheus_client import CollectorRegistry
@@ -91,7 +101,7 @@ def start_exporting(exporter: Any, host: str, port: int) -> Any:
     return start_server(host, port, registry)
 
 
-def stop_serving(loop: Any, server: Any, pipeline: Any) -> None:
+def stop_serving(loop: "Optional[PollLoop]", server: "Optional[WSGIServer]", pipeline: "Optional[Pipeline]") -> None:
     """Take down what serving started, in order (whatever got started: None is skipped): the poll loop, the
     HTTP server, the pipeline (with the followed jobs' stack samplers)."""
     if loop is not None:
@@ -103,7 +113,7 @@ def stop_serving(loop: Any, server: Any, pipeline: Any) -> None:
         pipeline.close()
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     from gputop.exporter import Exporter
     from gputop.pipeline import following_pipeline
     from gputop.source import PollLoop
@@ -143,7 +153,7 @@ def _log(line: str) -> None:
     print(f"gputop serve: {line}", file=sys.stderr, flush=True)
 
 
-def _wait_for_signal(loop: Any) -> None:
+def _wait_for_signal(loop: "PollLoop") -> None:
     """Until SIGTERM (systemd's stop) or SIGINT (Ctrl-C) stops the poll loop."""
 
     def handle(_signum: int, _frame: Any) -> None:
