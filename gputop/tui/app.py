@@ -253,13 +253,15 @@ class GputopApp(App[None]):
         if not self.is_headless and stdin is not None and os.isatty(stdin):
             self.set_interval(HANGUP_CHECK_EVERY, self._exit_if_terminal_gone)
 
-    @staticmethod
-    def _started() -> None:
-        """After the first frame: the cyclic GC back on (commands/tui.py turns it off for start-up).
+    def _started(self) -> None:
+        """After the first frame: the cyclic GC back on (commands/tui.py turns it off for start-up), and a
+        pipeline held until now starts building (see starting.py).
 
         Not gc.freeze() as well: measured, it kept start-up's garbage for good (RSS +0.5 MiB at 35 s, +0.2
         after a gc.collect() first) and saved no CPU one could see at one poll a second."""
         gc.enable()
+        if isinstance(self.source, StartingPipeline):
+            self.source.release()
 
     def start_collecting(self) -> None:
         """Start the collector thread (idempotent). Without a prefetching loop `run_app` calls it before the UI
