@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Optional
 
 from gputop.errors import UsageError
+from gputop.sim import DEFAULT_PROFILE as DEFAULT_PROFILE  # there: the command line needs no more
 
 if TYPE_CHECKING:
     from gputop.sim.capture import CapturedBoard
@@ -195,7 +196,6 @@ PROFILES: dict[str, Profile] = {
         nics=(SimNic(name="enp5s0", bus_id="0000:05:00.0", numa_node=0, rdma=False),),
     ),
 }
-DEFAULT_PROFILE = "h100-sxm-8"
 
 # Symbols an old driver (before R510/R535) does not export. The adapter falls back to the v1 call
 # where one exists (memory, temperature, CUDA version, process list, throttle reasons).

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 from textual import events, work
@@ -34,7 +35,6 @@ from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
 from gputop.source import Attachable, Batch, Focusable, PollLoop, Seekable, Source
 from gputop.tui import partial_updates
-from gputop.tui.actions import BackgroundActions
 from gputop.tui.look import key_display
 from gputop.tui.main_screen import MainScreen
 from gputop.tui.starting import StartingPipeline
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from gputop.analysis.machine_check import CheckReport
     from gputop.bench import BenchResult
     from gputop.tracing import TraceResult
+    from gputop.tui.actions import BackgroundActions
     from gputop.tui.screens import TooSmallScreen
 
 partial_updates.install()  # write only the changed cells (see partial_updates.py)
@@ -185,7 +186,6 @@ class GputopApp(App[None]):
         self.screenshot_dir = screenshot_dir
         self.report_dir = report_dir
         self.history = History(self.machine, capacity=history_capacity or 600)
-        self.actions = BackgroundActions(self)  # keys b, t, c, r and what they found
         self.paused = False
         self.verdict: Optional[Verdict] = None
         self._verdict_drawn = True  # whether self.verdict is on the verdict line yet
@@ -204,6 +204,13 @@ class GputopApp(App[None]):
         self._machine_posted = self.machine  # the collector's: the machine its last MachineKnown carried
         self._first_verdict_asked = False
         self._too_small: Optional[TooSmallScreen] = None  # shown while the terminal is below MIN_SIZE
+
+    @cached_property
+    def actions(self) -> "BackgroundActions":
+        """Keys b, t, c, r and what they found (made at the first diagnosis or key: not before the first frame)."""
+        from gputop.tui.actions import BackgroundActions
+
+        return BackgroundActions(self)
 
     def get_driver_class(self) -> type:
         from gputop.tui.input_thread import quiet_driver
