@@ -218,7 +218,7 @@ class GputopApp(App[None]):
         return quiet_driver(super().get_driver_class())  # Textual's, with an input thread that sleeps
 
     def get_default_screen(self) -> MainScreen:
-        return MainScreen(self.machine, self.key_hints(), on_ready=self._main_ready)
+        return MainScreen(self.machine, self.key_hints(), on_ready=self._main_ready, on_drawn=self._release_pipeline)
 
     @property
     def main(self) -> MainScreen:
@@ -260,15 +260,19 @@ class GputopApp(App[None]):
         if not self.is_headless and stdin is not None and os.isatty(stdin):
             self.set_interval(HANGUP_CHECK_EVERY, self._exit_if_terminal_gone)
 
+    def _release_pipeline(self) -> None:
+        """The first frame is on the terminal: a pipeline held until now starts building (see starting.py)."""
+        if isinstance(self.source, StartingPipeline):
+            self.source.release()
+
     def _started(self) -> None:
-        """After the first frame: the cyclic GC back on (commands/tui.py turns it off for start-up), and a
-        pipeline held until now starts building (see starting.py).
+        """After the first frame: the cyclic GC back on (commands/tui.py turns it off for start-up); and the
+        pipeline released if the first frame was not the main screen's (a terminal too small for it).
 
         Not gc.freeze() as well: measured, it kept start-up's garbage for good (RSS +0.5 MiB at 35 s, +0.2
         after a gc.collect() first) and saved no CPU one could see at one poll a second."""
         gc.enable()
-        if isinstance(self.source, StartingPipeline):
-            self.source.release()
+        self._release_pipeline()
 
     def start_collecting(self) -> None:
         """Start the collector thread (idempotent). Without a prefetching loop `run_app` calls it before the UI

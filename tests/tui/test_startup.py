@@ -31,7 +31,7 @@ from gputop.sim import fake_nvml
 from gputop.sim.fake_nvml import FakeNvmlLibrary
 from gputop.source import PollLoop
 from gputop.tui.app import GputopApp
-from gputop.tui.starting import StartingPipeline
+from gputop.tui.starting import HELD_AT_MOST_S, StartingPipeline
 from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
 from gputop.tui.widgets.gpu_grid import GpuGrid
 from gputop.tui.widgets.job_panel import JobPanel
@@ -282,7 +282,10 @@ async def test_the_monitor_builds_its_pipeline_once_its_first_frame_is_drawn(mon
 
     monkeypatch.setattr(pipeline_module, "Pipeline", Recorded)
     source = starting_pipeline(argparse.Namespace(simulate="h100-sxm-8", pid=None, stack_interval=2.0))
-    app = GputopApp(source, interval=0.2, diagnose=fixed_diagnose)
+    loop = PollLoop(source, 0.2)
+    loop.prefetch()  # as the command does: the first frame draws this poll (the host's side)
+    wait_until(lambda: not any(t.name == "gputop-first-poll" for t in threading.enumerate()), what="the first poll")
+    app = GputopApp(source, interval=0.2, diagnose=fixed_diagnose, poll_loop=loop)
     apps.append(app)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
@@ -300,3 +303,16 @@ def test_a_held_build_that_is_never_released_ends_with_its_source():
     source = StartingPipeline(lambda host, job: built.append(1), held=True)
     source.close()
     assert source.wait_built(5) and built == [] and source.pipeline is None and source.failure is None
+
+
+async def test_a_terminal_too_small_for_the_monitor_still_releases_the_held_build():
+    """The first frame is the too-small screen, not the main one: the build must not wait for HELD_AT_MOST_S."""
+    source = starting_pipeline(argparse.Namespace(simulate="h100-sxm-8", pid=None, stack_interval=2.0))
+    app = GputopApp(source, interval=0.2, diagnose=fixed_diagnose)
+    try:
+        async with app.run_test(size=(50, 12)) as pilot:
+            await wait_for(pilot, lambda: source.wait_built(0), "the build", timeout=HELD_AT_MOST_S / 2)
+            assert source.failure is None
+    finally:
+        if app.wait_for_collector(5):
+            source.close()
