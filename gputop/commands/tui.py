@@ -57,5 +57,5 @@ def starting_pipeline(args: argparse.Namespace) -> "StartingPipeline":
 
         return Pipeline(simulate=simulate, stack_interval=stack_interval, host_collector=host, job_collector=job)
 
-    # held until the first frame is on the terminal (GputopApp._started): see starting.py
+    # held until the first frame is on the terminal (GputopApp._release_pipeline): see starting.py
     return StartingPipeline(build, pid=getattr(args, "pid", None), stack_interval=stack_interval, simulated=simulate, held=True)

@@ -7,10 +7,15 @@ heatmap from psutil and, with a PID, the job tree from /proc, no GPUs (the cards
 
 The monitor holds the build (`held=True`) until its first frame is on the terminal (`release`): the build
 is ~40 ms of Python before any driver call (importing pynvml and the collectors, assembling the pipeline;
-more with the simulated NVML), and on a thread it would take that much from the first frame's own Python
-under the one GIL (measured: CPU at the first frame 0.23 s built at once, 0.20 s held).  From its first poll after the build it is the pipeline: the snapshot is
-the pipeline's, and `machine` becomes the pipeline's machine (read by the poller between polls, so it always
-belongs to the snapshots that follow).
+more with the simulated NVML), and on a thread beside the first frame it takes that much from the frame
+under the one GIL, more on a loaded box where the two threads hand the GIL to each other.  Measured with
+`--simulate` (CPU the process had used at its first frame, medians): 0.23 s built at once, 0.19-0.20 s held
+(a one-widget Textual app: 0.16-0.17 s).  The price: where `nvmlInit` takes seconds, the cards come that
+much plus the first frame's ~0.2 s after start, not the `nvmlInit` alone.
+
+From its first poll after the build it is the pipeline: the snapshot is the pipeline's, and `machine`
+becomes the pipeline's machine (read by the poller between polls, so it always belongs to the snapshots that
+follow).
 
 Nothing here imports Textual: it is a `Source` like any other.
 """
