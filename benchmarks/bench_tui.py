@@ -4,7 +4,8 @@ Both monitors run at the same time (so machine noise hits both), each in its own
 pty of 120x40 with a 1 s refresh and 8 simulated H100s.  For each we measure:
 
 - first frame: seconds from spawn until the terminal has received the first screen (gputop: the CPU
-  heatmap's title, drawn while NVML may still be starting; nvitop: its first screen, which has GPU data);
+  heatmap's title, drawn while NVML may still be starting; nvitop: its first screen, which has GPU data),
+  and the CPU the process had used by then (less sensitive than wall time to the load on a busy box);
 - first GPU readings: seconds from spawn until the GPU cards are on the terminal ("GPU0");
 - CPU: % of one core over the steady-state window (utime + stime of the process, all threads);
 - bytes/s written to the terminal over the same window;
@@ -57,6 +58,10 @@ COLUMNS, ROWS = 120, 40
 # Per tool, text that its first frame prints ("frame") and text it prints only once GPU readings are on screen
 # ("gpus"): gputop's first frame has the CPU heatmap's title ("CPU 8 cores") and no GPU cards while NVML starts;
 # nvitop draws nothing before it has read the GPUs (its memory column); the floor's one line stands for both.
+# Each marker is in the tool's first whole screen: Textual writes a frame in one piece, and gputop's first
+# frame is its whole monitor (header, verdict, cards or "reading GPUs…", CPU, jobs, keys; tests/tui/test_startup
+# checks it), so the heatmap's title times that screen.  It needs the first poll's CPU readings: a first
+# frame drawn without them ("waiting for the first sample…") does not count, the next one does.
 FRAME_MARKERS = {
     "gputop": {"frame": b" cores", "gpus": b"GPU0"},
     "nvitop": {"frame": b"GiB / ", "gpus": b"GiB / "},
@@ -203,6 +208,7 @@ class Result:
     rss_mib: Optional[float] = None
     peak_rss_mib: Optional[float] = None
     first_frame_all: Optional[list[float]] = None  # every start, for the spread
+    first_frame_cpu_s: Optional[float] = None  # CPU seconds the process had used when its first frame arrived
     fake_nvml_cpu_percent: Optional[float] = None  # of cpu_percent, spent inside the simulated NVML
     error: Optional[str] = None
 
@@ -224,6 +230,7 @@ class PtyProcess:
         os.set_blocking(master, False)
         self.total_bytes = 0
         self.seen: dict[str, float] = {}  # marker name -> seconds from spawn until it was on the terminal
+        self.cpu_at: dict[str, float] = {}  # marker name -> CPU seconds the process had used by then
         self._tail = b""
         self.output_head = b""
         self.markers = FRAME_MARKERS[name]
@@ -256,6 +263,10 @@ class PtyProcess:
                 for key, marker in self.markers.items():
                     if key not in self.seen and marker in window:
                         self.seen[key] = time.monotonic() - self.started
+                        try:
+                            self.cpu_at[key] = self.cpu_seconds()
+                        except (OSError, IndexError, ValueError):  # it has exited meanwhile
+                            pass
                 self._tail = window[-self._longest :]
 
     def cpu_seconds(self) -> float:
@@ -338,8 +349,9 @@ def _env(fake_nvml_file: Optional[str] = None) -> dict[str, str]:
 
 
 def measure_first_frames(commands: list[tuple[str, list[str]]], repeats: int) -> dict[str, dict[str, list[float]]]:
-    """Start each tool alone (alternating, `repeats` times) and time its first frame and its first GPU readings."""
-    times: dict[str, dict[str, list[float]]] = {name: {"frame": [], "gpus": []} for name, _ in commands}
+    """Start each tool alone (alternating, `repeats` times) and time its first frame and its first GPU readings;
+    "frame_cpu": the CPU the process had used by its first frame."""
+    times: dict[str, dict[str, list[float]]] = {name: {"frame": [], "gpus": [], "frame_cpu": []} for name, _ in commands}
     for repeat in range(repeats + 1):  # the first round, uncounted, fills the bytecode cache
         for name, argv in commands:
             proc = PtyProcess(name, argv, _env())
@@ -350,6 +362,8 @@ def measure_first_frames(commands: list[tuple[str, list[str]]], repeats: int) ->
                 if repeat > 0:
                     for key, seconds in proc.seen.items():
                         times[name][key].append(seconds)
+                    if "frame" in proc.cpu_at:
+                        times[name]["frame_cpu"].append(proc.cpu_at["frame"])
             finally:
                 proc.stop()
     return times
@@ -397,6 +411,8 @@ def run(seconds: float, warmup: float, with_nvitop: bool, profile: str, repeats:
             results[name].first_frame_all = [round(v, 3) for v in by_marker["frame"]]
         if by_marker["gpus"]:
             results[name].first_gpus_s = statistics.median(by_marker["gpus"])
+        if by_marker["frame_cpu"]:
+            results[name].first_frame_cpu_s = statistics.median(by_marker["frame_cpu"])
     return list(results.values())
 
 
@@ -513,6 +529,12 @@ def print_issue_22(results: list[Result]) -> None:
         if not bar.judged:
             met = f"not judged: {window:.0f} s < {RSS_GROWTH_OVER_S:.0f} s (run --seconds {RSS_GROWTH_OVER_S:.0f})"
         print(f"  {bar.metric:30} {_fmt(bar.gputop, '.2f'):>8}  {_fmt(bar.bar, '.2f'):>10}  {bar.against:36} {met:>4}")
+    floor = by_name.get("textual floor")
+    if g is not None and g.first_frame_cpu_s is not None and floor is not None and floor.first_frame_cpu_s is not None:
+        print(
+            f"  CPU used by the first frame: gputop {g.first_frame_cpu_s:.2f} s, floor {floor.first_frame_cpu_s:.2f} s"
+            f" (+{g.first_frame_cpu_s - floor.first_frame_cpu_s:.2f}; medians, less sensitive to load than wall time)"
+        )
     if g is not None and g.first_gpus_s is not None:
         n = by_name.get("nvitop")
         nvitop = f" (nvitop's first screen, with its GPUs: {_fmt(n.first_gpus_s, '.2f')} s)" if n else ""

@@ -17,7 +17,7 @@ from typing import NoReturn, Optional, Sequence
 
 from gputop import __version__
 from gputop.errors import GputopError, UsageError
-from gputop.sim.profiles import DEFAULT_PROFILE
+from gputop.sim import DEFAULT_PROFILE
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -20,8 +20,8 @@ def run(args: argparse.Namespace) -> int:
     gc.disable()
     from gputop.source import PollLoop
 
-    # nvmlInit and the static GPU reads run on a thread while Textual loads: the first frame never waits
-    # for them (the GPU cards say "reading GPUs…" until the first NVML sample lands).
+    # nvmlInit and the static GPU reads run on a thread, started once the first frame is drawn: the first frame
+    # never waits for them (the GPU cards say "reading GPUs…" until the first NVML sample lands).
     try:
         source = starting_pipeline(args)
     except BaseException:
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         poll_loop.prefetch()  # the first poll (the host's side) runs while Textual loads: the first frame shows it
         from gputop.tui.app import run_app  # Textual loads only once the monitor is really wanted
 
-        source.raise_if_failed()  # a bad spec or a PID that is gone: its one line, before any frame
+        source.raise_if_failed()  # a PID that is gone (its collector is made at once): its one line, before any frame
     except BaseException:
         source.close()
         gc.enable()
@@ -47,6 +47,10 @@ def starting_pipeline(args: argparse.Namespace) -> "StartingPipeline":
 
     simulate: Optional[str] = getattr(args, "simulate", None)
     stack_interval: float = getattr(args, "stack_interval", 2.0)
+    if simulate is not None:
+        from gputop.sim.profiles import parse_spec
+
+        parse_spec(simulate)  # a bad spec is the command's one line before any frame (the build waits for one)
 
     def build(host: "HostCollector", job: "Optional[JobCollector]") -> "Pipeline":
         from gputop.pipeline import TUI_WATCH_FIRST_AFTER_S, WATCH_COUNTERS_S, Pipeline  # (pynvml loads on this thread too)
@@ -60,4 +64,5 @@ def starting_pipeline(args: argparse.Namespace) -> "StartingPipeline":
             watch_first_after=TUI_WATCH_FIRST_AFTER_S,
         )
 
-    return StartingPipeline(build, pid=getattr(args, "pid", None), stack_interval=stack_interval, simulated=simulate)
+    # held until the first frame is on the terminal (GputopApp._release_pipeline): see starting.py
+    return StartingPipeline(build, pid=getattr(args, "pid", None), stack_interval=stack_interval, simulated=simulate, held=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Optional
 
 from gputop.errors import UsageError
+from gputop.sim import DEFAULT_PROFILE as DEFAULT_PROFILE  # there: the command line needs no more
 
 if TYPE_CHECKING:
     from gputop.sim.capture import CapturedBoard
@@ -284,7 +285,6 @@ PROFILES: dict[str, Profile] = {
         mig=((0, ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")), (1, ("4g.40gb", "3g.40gb"))),
     ),
 }
-DEFAULT_PROFILE = "h100-sxm-8"
 
 # Symbols an old driver (before R510/R535) does not export. The adapter falls back to the v1 call
 # where one exists (memory, temperature, CUDA version, process list, throttle reasons).

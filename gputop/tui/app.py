@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 from textual import events, work
@@ -34,7 +35,6 @@ from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
 from gputop.source import Attachable, Batch, Focusable, PollLoop, Seekable, Source
 from gputop.tui import partial_updates
-from gputop.tui.actions import BackgroundActions
 from gputop.tui.look import key_display
 from gputop.tui.main_screen import MainScreen
 from gputop.tui.starting import StartingPipeline
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from gputop.analysis.machine_check import CheckReport
     from gputop.bench import BenchResult
     from gputop.tracing import TraceResult
+    from gputop.tui.actions import BackgroundActions
     from gputop.tui.screens import TooSmallScreen
 
 partial_updates.install()  # write only the changed cells (see partial_updates.py)
@@ -185,7 +186,6 @@ class GputopApp(App[None]):
         self.screenshot_dir = screenshot_dir
         self.report_dir = report_dir
         self.history = History(self.machine, capacity=history_capacity or 600)
-        self.actions = BackgroundActions(self)  # keys b, t, c, r and what they found
         self.paused = False
         self.verdict: Optional[Verdict] = None
         self._verdict_drawn = True  # whether self.verdict is on the verdict line yet
@@ -205,13 +205,20 @@ class GputopApp(App[None]):
         self._first_verdict_asked = False
         self._too_small: Optional[TooSmallScreen] = None  # shown while the terminal is below MIN_SIZE
 
+    @cached_property
+    def actions(self) -> "BackgroundActions":
+        """Keys b, t, c, r and what they found (made at the first diagnosis or key: not before the first frame)."""
+        from gputop.tui.actions import BackgroundActions
+
+        return BackgroundActions(self)
+
     def get_driver_class(self) -> type:
         from gputop.tui.input_thread import quiet_driver
 
         return quiet_driver(super().get_driver_class())  # Textual's, with an input thread that sleeps
 
     def get_default_screen(self) -> MainScreen:
-        return MainScreen(self.machine, self.key_hints(), on_ready=self._main_ready)
+        return MainScreen(self.machine, self.key_hints(), on_ready=self._main_ready, on_drawn=self._release_pipeline)
 
     @property
     def main(self) -> MainScreen:
@@ -253,13 +260,19 @@ class GputopApp(App[None]):
         if not self.is_headless and stdin is not None and os.isatty(stdin):
             self.set_interval(HANGUP_CHECK_EVERY, self._exit_if_terminal_gone)
 
-    @staticmethod
-    def _started() -> None:
-        """After the first frame: the cyclic GC back on (commands/tui.py turns it off for start-up).
+    def _release_pipeline(self) -> None:
+        """The first frame is on the terminal: a pipeline held until now starts building (see starting.py)."""
+        if isinstance(self.source, StartingPipeline):
+            self.source.release()
+
+    def _started(self) -> None:
+        """After the first frame: the cyclic GC back on (commands/tui.py turns it off for start-up); and the
+        pipeline released if the first frame was not the main screen's (a terminal too small for it).
 
         Not gc.freeze() as well: measured, it kept start-up's garbage for good (RSS +0.5 MiB at 35 s, +0.2
         after a gc.collect() first) and saved no CPU one could see at one poll a second."""
         gc.enable()
+        self._release_pipeline()
 
     def start_collecting(self) -> None:
         """Start the collector thread (idempotent). Without a prefetching loop `run_app` calls it before the UI

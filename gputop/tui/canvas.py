@@ -192,6 +192,7 @@ class LineCanvas(Widget):
         super().__init__(id=id, classes=classes)
         self._lines: list[Strip] = []
         self._drawn_width = -1
+        self._built_for = (-1, -1)  # the (width, height) the lines were last built for
 
     # ------------------------------------------------------------------ subclass API
     def build(self, width: int, height: int) -> list[Strip]:  # pragma: no cover - abstract
@@ -209,9 +210,7 @@ class LineCanvas(Widget):
         width, height = self.size.width, self.size.height
         if width <= 0:
             return
-        new_lines = self.build(width, height)
-        if self.app.no_color:
-            new_lines = [without_colour(line) for line in new_lines]
+        new_lines = self._built_lines(width, height)
         old_lines = self._lines
         self._lines = new_lines
         if width != self._drawn_width or len(old_lines) != len(new_lines):
@@ -230,15 +229,30 @@ class LineCanvas(Widget):
         if regions:
             self.refresh(*regions)
 
+    def _built_lines(self, width: int, height: int) -> list[Strip]:
+        self._built_for = (width, height)
+        lines = self.build(width, height)
+        if self.app.no_color:
+            lines = [without_colour(line) for line in lines]
+        return lines
+
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return self.wanted_height(width)
 
     def on_resize(self) -> None:
+        if self._built_for == (self.size.width, self.size.height):
+            return  # built at this size by the frame that gave it (render_line): nothing to redraw
         self._drawn_width = -1
         self.redraw()
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
+        if width != self._drawn_width and width > 0:
+            # The widget's first frame at this width: its data came before the layout gave it a size (the app
+            # hands the first snapshot over at mount), so build the lines now rather than paint it blank and
+            # draw them a frame later.
+            self._lines = self._built_lines(width, self.size.height)
+            self._drawn_width = width
         if 0 <= y < len(self._lines):
             strip = self._lines[y]
             if strip.cell_length != width:

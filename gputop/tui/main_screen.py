@@ -51,11 +51,19 @@ class MainScreen(Screen[None]):
             super().__init__()
             self.shown = shown
 
-    def __init__(self, machine: MachineInfo, key_hints: list[tuple[str, str]], on_ready: Callable[[], None]) -> None:
-        """`on_ready`: called once the widgets are mounted (the app draws its first snapshot then)."""
+    def __init__(
+        self,
+        machine: MachineInfo,
+        key_hints: list[tuple[str, str]],
+        on_ready: Callable[[], None],
+        on_drawn: Optional[Callable[[], None]] = None,
+    ) -> None:
+        """`on_ready`: called once the widgets are mounted (the app draws its first snapshot then); `on_drawn`:
+        once the first frame has gone to the terminal."""
         super().__init__()
         self.machine = machine
         self._on_ready = on_ready
+        self._on_drawn = on_drawn
         self.key_hints = key_hints
         self.compact = False  # the small-terminal layout: one line per GPU, stacks on demand
         self.compact_stacks = False  # in the compact layout: the stacks shown instead of the job tree
@@ -116,6 +124,12 @@ class MainScreen(Screen[None]):
     def on_mount(self) -> None:
         self._ready = True
         self._on_ready()
+
+    def on_screen_resume(self) -> None:
+        # Textual's own handler, which runs after this one, lays the screen out and writes its first frame
+        drawn, self._on_drawn = self._on_drawn, None
+        if drawn is not None:
+            self.call_next(drawn)
 
     def fit(self, width: int, height: int) -> None:
         """Choose the layout for a terminal of `width` x `height` (big enough: the app checks)."""

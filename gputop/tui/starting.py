@@ -1,12 +1,21 @@
 """The live pipeline while NVML starts, so that the monitor's first frame never waits for it.
 
 On a real machine without persistence mode, `nvmlInit` and the static reads (names, bus IDs, links,
-topology) can take seconds.  `StartingPipeline` builds the `Pipeline` on a thread of its own while Textual
-loads and draws (ctypes releases the GIL during the driver's calls) and, until it is built, answers polls
-with the host's side alone: the CPU heatmap from psutil and, with a PID, the job tree from /proc, no GPUs
-(the cards say "reading GPUs…").  From its first poll after the build it is the pipeline: the snapshot is
-the pipeline's, and `machine` becomes the pipeline's machine (read by the poller between polls, so it always
-belongs to the snapshots that follow).
+topology) can take seconds.  `StartingPipeline` builds the `Pipeline` on a thread of its own (ctypes releases
+the GIL during the driver's calls) and, until it is built, answers polls with the host's side alone: the CPU
+heatmap from psutil and, with a PID, the job tree from /proc, no GPUs (the cards say "reading GPUs…").
+
+The monitor holds the build (`held=True`) until its first frame is on the terminal (`release`): the build
+is ~40 ms of Python before any driver call (importing pynvml and the collectors, assembling the pipeline;
+more with the simulated NVML), and on a thread beside the first frame it takes that much from the frame
+under the one GIL, more on a loaded box where the two threads hand the GIL to each other.  Measured with
+`--simulate` (CPU the process had used at its first frame, medians): 0.23 s built at once, 0.19-0.20 s held
+(a one-widget Textual app: 0.16-0.17 s).  The price: where `nvmlInit` takes seconds, the cards come that
+much plus the first frame's ~0.2 s after start, not the `nvmlInit` alone.
+
+From its first poll after the build it is the pipeline: the snapshot is the pipeline's, and `machine`
+becomes the pipeline's machine (read by the poller between polls, so it always belongs to the snapshots that
+follow).
 
 Nothing here imports Textual: it is a `Source` like any other.
 """
@@ -25,6 +34,8 @@ if TYPE_CHECKING:
     from gputop.collect.job_tree import JobCollector
     from gputop.pipeline import Pipeline
 
+HELD_AT_MOST_S = 3.0  # a held build starts by itself after this long (a caller that never releases it)
+
 # Builds the pipeline around the host collector (and the job's collector, with a PID) already polling.
 BuildPipeline = Callable[["HostCollector", "Optional[JobCollector]"], "Pipeline"]
 
@@ -40,9 +51,11 @@ class StartingPipeline:
         stack_interval: float = 2.0,
         simulated: Optional[str] = None,
         clock: Callable[[], float] = time.time,
+        held: bool = False,
     ) -> None:
-        """`pid`: the job to follow from the start (its collector is made on the build thread, before the
-        pipeline, and handed to `build`); `simulated`: the `--simulate` spec, for the header's tag meanwhile."""
+        """`pid`: the job to follow from the start (its collector is made on the build thread at once, before
+        the pipeline, and handed to `build`); `simulated`: the `--simulate` spec, for the header's tag meanwhile;
+        `held`: `build` waits for `release()` (or HELD_AT_MOST_S)."""
         from gputop.collect.host import HostCollector
 
         self._host = HostCollector()
@@ -63,6 +76,9 @@ class StartingPipeline:
         self._lock = threading.Lock()  # close() against the build's end
         self._closed = False
         self._built = threading.Event()  # set when the build has ended, built or failed
+        self._released = threading.Event()  # the build may start
+        if not held:
+            self._released.set()
         self._when_built: list[Callable[[], None]] = []
         self._builder = threading.Thread(
             target=self._build, args=(build, pid, stack_interval), name="gputop-pipeline-start", daemon=True
@@ -81,6 +97,14 @@ class StartingPipeline:
                 from gputop.collect.job_tree import JobCollector
 
                 job = self._job = JobCollector(pid, stack_interval=stack_interval, stacks_wanted=self._stacks_wanted)
+            self._released.wait(HELD_AT_MOST_S)
+            if self._closed:  # closed while held (the monitor ended before its first frame): build nothing
+                self._job = None
+                if job is not None:
+                    job.close()
+                self._host.close()
+                self._ended()
+                return
             pipeline = build(self._host, job)
         except Exception as exc:  # raised by the next poll: the monitor ends with it (see GputopApp)
             self._job = None
@@ -102,6 +126,10 @@ class StartingPipeline:
             callbacks, self._when_built = self._when_built, []
         for callback in callbacks:
             callback()
+
+    def release(self) -> None:
+        """Let a held build start (the monitor calls it once its first frame is on the terminal)."""
+        self._released.set()
 
     def when_built(self, callback: Callable[[], None]) -> None:
         """Call `callback` (on the build thread) once the build has ended, or now if it has: a poller wakes
@@ -144,6 +172,7 @@ class StartingPipeline:
                 return
             self._closed = True
             pipeline = self.pipeline
+        self._released.set()  # a held build ends at once
         if pipeline is not None:
             pipeline.close()  # it closes the host's and the job's collectors too
         elif self._built.is_set():  # failed: only the host collector is left

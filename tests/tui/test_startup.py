@@ -2,6 +2,10 @@
 
 - The first poll, prefetched while Textual loads, is drawn by the first frame: it does not wait in the
   message queue behind Textual's own start-up (gputop/commands/tui.py, PollLoop.prefetch).
+- The first screen the terminal receives is the monitor's, not a blank one drawn before the widgets had
+  built their lines (canvas.LineCanvas.render_line).
+- The pipeline is built once the first frame is drawn, not beside it (its Python would share the GIL with
+  the first frame's: starting.py).
 - The cyclic GC, off during start-up, is back on once the first frame is drawn.
 - Starting the monitor loads none of the code behind its keys (dialogs, report, bench, trace, check,
   recording, the exporter) until a key asks for it: each would cost memory and time to every start.
@@ -11,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
 import threading
@@ -18,13 +24,14 @@ import time
 
 import pytest
 
+from gputop import pipeline as pipeline_module
 from gputop.commands.tui import starting_pipeline
 from gputop.errors import GputopError
 from gputop.sim import fake_nvml
 from gputop.sim.fake_nvml import FakeNvmlLibrary
 from gputop.source import PollLoop
 from gputop.tui.app import GputopApp
-from gputop.tui.starting import StartingPipeline
+from gputop.tui.starting import HELD_AT_MOST_S, StartingPipeline
 from gputop.tui.widgets.cpu_heatmap import CpuHeatmap
 from gputop.tui.widgets.gpu_grid import GpuGrid
 from gputop.tui.widgets.job_panel import JobPanel
@@ -33,6 +40,7 @@ from tests.harness.histories import ScriptedSource, fixed_diagnose, make_machine
 from tests.harness.processes import wait_until
 from tests.harness.train_jobs import REPO
 from tests.harness.tui import wait_for
+from tests.tui.test_terminal import TUI_ARGV, _quit, _read_until, _start_in_pty
 
 # Loaded only when their key is pressed (or their command runs): none of them may load at start.
 ON_DEMAND = [
@@ -239,3 +247,72 @@ def test_a_bad_spec_or_a_gone_pid_is_still_one_line_before_any_frame(spawn):
         lines = err.decode().splitlines()
         assert proc.returncode == rc and len(lines) == 1 and lines[0].startswith(line), err.decode()[-2000:]
         assert b"\x1b[" not in out + err  # no screen was drawn
+
+
+def test_the_first_screen_on_the_terminal_is_the_whole_monitor(spawn):
+    """The widgets are handed the first poll at mount, before the layout gives them a size; they used to paint
+    blank in the first frame and draw their lines in the next (~20 ms later). The first screen the terminal
+    receives (from its first cursor-home to the next) must already be the monitor: header, CPU, jobs, keys."""
+    env = dict(os.environ, TERM="xterm-256color", LANG="C.UTF-8")
+    env.pop("NO_COLOR", None)
+    proc, master = _start_in_pty(spawn, TUI_ARGV, env)
+    try:
+        out = _read_until(master, b"GPU7", timeout=60)  # well past the first frame: the GPU cards
+        _quit(master, proc)
+    finally:
+        os.close(master)
+    home = b"\x1b[1;1H"
+    assert out.count(home) >= 2, out[:400]
+    first = out.split(home)[1]
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", first.decode("utf-8", "replace"))
+    for shown in ("gputop", "SIMULATED", " cores", "GPU PROCESSES", "STACKS", "Quit"):
+        assert shown in text, f"{shown!r} is not on the first screen: {text[:600]!r}"
+
+
+async def test_the_monitor_builds_its_pipeline_once_its_first_frame_is_drawn(monkeypatch):
+    """The build is ~40 ms of Python before any driver call (pynvml and the collectors load, the pipeline is
+    assembled): on a thread beside the first frame it would take that from the frame under the GIL."""
+    apps: list[GputopApp] = []
+    at_build: list[list[str]] = []  # the CPU heatmap's lines when the build began
+
+    class Recorded(pipeline_module.Pipeline):
+        def __init__(self, *args, **kwargs):
+            at_build.append(list(apps[0].main.heatmap.lines_text) if apps and apps[0].snapshots_seen else [])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline_module, "Pipeline", Recorded)
+    source = starting_pipeline(argparse.Namespace(simulate="h100-sxm-8", pid=None, stack_interval=2.0))
+    loop = PollLoop(source, 0.2)
+    loop.prefetch()  # as the command does: the first frame draws this poll (the host's side)
+    wait_until(lambda: not any(t.name == "gputop-first-poll" for t in threading.enumerate()), what="the first poll")
+    app = GputopApp(source, interval=0.2, diagnose=fixed_diagnose, poll_loop=loop)
+    apps.append(app)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: not app.reading_gpus, "the GPUs", timeout=10)
+        assert len(at_build) == 1 and at_build[0][:1], f"the build began before the first frame: {at_build}"
+        assert " cores" in at_build[0][0]  # the heatmap, drawn from the first poll
+    finally:
+        if app.wait_for_collector(5):
+            source.close()
+
+
+def test_a_held_build_that_is_never_released_ends_with_its_source():
+    """The monitor ended before its first frame: closing the source lets the held build go, and it builds nothing."""
+    built = []
+    source = StartingPipeline(lambda host, job: built.append(1), held=True)
+    source.close()
+    assert source.wait_built(5) and built == [] and source.pipeline is None and source.failure is None
+
+
+async def test_a_terminal_too_small_for_the_monitor_still_releases_the_held_build():
+    """The first frame is the too-small screen, not the main one: the build must not wait for HELD_AT_MOST_S."""
+    source = starting_pipeline(argparse.Namespace(simulate="h100-sxm-8", pid=None, stack_interval=2.0))
+    app = GputopApp(source, interval=0.2, diagnose=fixed_diagnose)
+    try:
+        async with app.run_test(size=(50, 12)) as pilot:
+            await wait_for(pilot, lambda: source.wait_built(0), "the build", timeout=HELD_AT_MOST_S / 2)
+            assert source.failure is None
+    finally:
+        if app.wait_for_collector(5):
+            source.close()
