@@ -131,6 +131,11 @@ class StartingPipeline:
         """Let a held build start (the monitor calls it once its first frame is on the terminal)."""
         self._released.set()
 
+    @property
+    def released(self) -> bool:
+        """Whether the build may start (released, or never held)."""
+        return self._released.is_set()
+
     def when_built(self, callback: Callable[[], None]) -> None:
         """Call `callback` (on the build thread) once the build has ended, or now if it has: a poller wakes
         up to take the first GPU sample at once instead of at its next tick."""

@@ -311,7 +311,9 @@ async def test_a_terminal_too_small_for_the_monitor_still_releases_the_held_buil
     app = GputopApp(source, interval=0.2, diagnose=fixed_diagnose)
     try:
         async with app.run_test(size=(50, 12)) as pilot:
-            await wait_for(pilot, lambda: source.wait_built(0), "the build", timeout=HELD_AT_MOST_S / 2)
+            # released by the too-small screen's first frame, well before the fallback would have let it start
+            await wait_for(pilot, lambda: source.released, "the build's release", timeout=HELD_AT_MOST_S / 2)
+            await wait_for(pilot, lambda: source.wait_built(0), "the build", timeout=30)
             assert source.failure is None
     finally:
         if app.wait_for_collector(5):
