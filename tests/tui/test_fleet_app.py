@@ -21,6 +21,7 @@ from gputop.fleet.prometheus import PrometheusApi
 from gputop.fleet.view import fleet_view, judge
 from gputop.tui.fleet_app import FleetApp, FleetStatusLine, JobsScreen
 from gputop.tui.look import level_char
+from gputop.tui.screens import HelpScreen
 from tests.harness import histories as hb
 from tests.harness.processes import free_port
 from tests.harness.prometheus_api import PrometheusStandIn
@@ -192,3 +193,12 @@ def test_bad_starts_are_one_line_and_the_report_s_exit_codes(capsys):
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_fleet_screen(snap_compare, prom, size):
     assert snap_compare(fleet_app(prom), terminal_size=size)
+
+
+async def test_question_mark_lists_the_fleet_keys(prom):
+    app = fleet_app(prom)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
+        described = {b.description for _title, bindings in app.screen.sections for b in bindings}
+    assert {"Quit", "Help", "Report", "Pick a job", "Read now"} <= described, described
