@@ -292,6 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="also export utilization, memory, power, temperature and SM clock (for machines without dcgm-exporter)",
     )
 
+    p = sub.add_parser("fleet", help="one job across nodes, live: what every node's `gputop serve` exported to Prometheus")
+    p.add_argument("--prometheus", required=True, metavar="URL", help="the Prometheus that scrapes every node's gputop serve")
+    p.add_argument("--job", metavar="ID", help="the job's `job` label (default: the job with the most ranks; j picks another)")
+    p.add_argument(
+        "--interval", type=_positive_float, default=5.0, metavar="SECONDS", help="read Prometheus every SECONDS (default 5)"
+    )
+
     return parser
 
 
@@ -307,6 +314,7 @@ COMMAND_MODULES = {
     "record": "gputop.commands.record",
     "replay": "gputop.commands.replay",
     "serve": "gputop.commands.serve",
+    "fleet": "gputop.commands.fleet",
 }
 
 

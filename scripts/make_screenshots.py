@@ -172,6 +172,17 @@ async def shoot_trace(out: Path, seconds: int, profile: str) -> Path:
         source.close()
 
 
+async def shoot_fleet(out: Path) -> Path:
+    """`gputop fleet` over two nodes of one 8-rank job with a straggler on node1: the Prometheus stand-in the
+    tests answer from real Exporters (tests/tui/test_fleet_app.py), so the picture is the tested screen."""
+    from tests.tui.test_fleet_app import fleet_app, two_node_prometheus
+
+    app = fleet_app(two_node_prometheus(), url="http://prometheus:9090", interval=5.0)
+    async with app.run_test(size=(120, 32)) as pilot:
+        await pilot.pause()
+        return _save_svg(app, out, "fleet")
+
+
 def _save_svg(app, out: Path, name: str) -> Path:
     svg = app.export_screenshot(title=f"gputop — {name}")
     # rsvg drops leading no-break spaces of a text run unless whitespace is preserved
@@ -321,6 +332,7 @@ def main() -> int:
     )
     if not args.only_demo:
         shots.append(lambda: shoot_trace(out, args.seconds, args.profile))
+        shots.append(lambda: shoot_fleet(out))
     if not args.no_demo:
         shots += [lambda s=scenario, f=finding, r=state: shoot_demo(out, s, f, r) for scenario, finding, state in DEMO_SHOTS]
     for make in shots:

@@ -51,7 +51,7 @@ HEADLESS = {
 }
 STOP_AFTER_S = {"serve": 3.0}
 # Commands that are the UI itself, or run a torch job as a child (the monitor side still never imports torch).
-INTERACTIVE = {"tui", "demo", "replay"}
+INTERACTIVE = {"tui", "demo", "replay", "fleet"}
 
 
 def probe(spawn, tmp_path, argv: list[str], timeout: float = 120, stop_after: Optional[float] = None) -> dict:

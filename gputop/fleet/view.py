@@ -75,6 +75,7 @@ class FleetView:
     ranks: tuple[FleetRank, ...]
     findings: tuple[NodeFinding, ...]
     other_jobs: tuple[str, ...] = ()
+    job_sizes: tuple[tuple[str, int], ...] = ()  # every job Prometheus knows and its ranks, the most first
 
 
 # ----------------------------------------------------------------- reading
@@ -97,8 +98,19 @@ def _sel(job: str, **more: str) -> str:
     return "{" + ",".join(f"{k}={_quoted(v)}" for k, v in {"job": job, **more}.items()) + "}"
 
 
-def pick_job(query: Query, job: Optional[str], where: str) -> tuple[str, list[Series], tuple[str, ...]]:
-    """The job asked for (or the one with the most ranks), its gputop_job_info series and the other jobs."""
+def job_sizes(query: Query) -> dict[str, int]:
+    """Every job's number of ranks (distinct node and rank: a rank on two GPUs has two series), one query."""
+    ranks: dict[str, set[tuple[str, str]]] = {}
+    for s in query("gputop_rank_info"):
+        job = s.labels.get("job", "")
+        if job and job != MACHINE_JOB:
+            ranks.setdefault(job, set()).add((s.labels.get("Hostname", "?"), s.labels.get("rank", "")))
+    return {job: len(keys) for job, keys in ranks.items()}
+
+
+def pick_job(query: Query, job: Optional[str], where: str, sizes: dict[str, int]) -> tuple[str, list[Series], tuple[str, ...]]:
+    """The job asked for (or the one with the most ranks: `sizes`, from `job_sizes`), its gputop_job_info
+    series and the other jobs."""
     infos = query("gputop_job_info")
     jobs = sorted({s.labels.get("job", "") for s in infos} - {"", MACHINE_JOB})
     if not infos and not query("gputop_build_info"):
@@ -106,8 +118,7 @@ def pick_job(query: Query, job: Optional[str], where: str) -> tuple[str, list[Se
     if job is None:
         if not jobs:
             raise GputopError(f"Prometheus at {where} has gputop data but no job: no `gputop serve` sees a training job now")
-        sizes = {j: len(query(f"gputop_rank_info{_sel(j)}")) for j in jobs}
-        job = max(jobs, key=lambda j: (sizes[j], j))
+        job = max(jobs, key=lambda j: (sizes.get(j, 0), j))
     elif job not in jobs:
         known = ", ".join(jobs) if jobs else "none"
         raise GputopError(f"no job {job!r} in Prometheus at {where} (jobs there: {known}); give one with --job")
@@ -115,7 +126,8 @@ def pick_job(query: Query, job: Optional[str], where: str) -> tuple[str, list[Se
 
 
 def fleet_view(query: Query, job: Optional[str] = None, where: str = "Prometheus") -> FleetView:
-    job, infos, others = pick_job(query, job, where)
+    sizes = job_sizes(query)
+    job, infos, others = pick_job(query, job, where, sizes)
     sel = _sel(job)
     info_rows = query(f"gputop_rank_info{sel}")
     if not info_rows:
@@ -161,6 +173,7 @@ def fleet_view(query: Query, job: Optional[str] = None, where: str = "Prometheus
         ranks=tuple(sorted(ranks.values(), key=lambda r: (r.rank, r.node))),
         findings=_findings(query, hosts, job),
         other_jobs=others,
+        job_sizes=tuple(sorted(((j, sizes.get(j, 0)) for j in (job, *others)), key=lambda item: (-item[1], item[0]))),
     )
 
 

@@ -50,9 +50,11 @@ class HelpScreen(_Modal):
         Binding("escape,q,question_mark,h,f1", "app.pop_screen", "Close", id="help.close"),
     ]
 
-    def __init__(self, sections: Sequence[tuple[str, Iterable[BindingType]]]) -> None:
+    def __init__(self, sections: Sequence[tuple[str, Iterable[BindingType]]], footer: Optional[Text] = None) -> None:
+        """`footer`: what the screen's marks mean (default: the monitor's cards and CPU cells)."""
         super().__init__()
         self.sections = sections
+        self.footer = footer
 
     def compose(self) -> ComposeResult:
         table = Table.grid(padding=(0, 2))
@@ -69,7 +71,7 @@ class HelpScreen(_Modal):
                     continue
                 seen.add((key, description))
                 table.add_row(key, description)
-        footer = Text(
+        footer = self.footer or Text(
             "Cards: ● BUSY ≥50%  ◐ LOW  ○ IDLE <5%  ▲ WARN (throttle, PCIe below max, NVLink down)  ✖ FAULT/LOST. "
             "Sparklines are fixed 0–100%. CPU cells ▁..█ = load; underlined = cores running the job.",
             style="dim",
