@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
@@ -34,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from gputop import __version__, gpu_fields
 from gputop.analysis.counter_health import counter_problems
 from gputop.analysis.freeze import freeze_start, main_thread_sample
-from gputop.analysis.gpu_health import FINDING_SEVERITY, Severity, judge_snapshot, pcie_degraded
+from gputop.analysis.gpu_health import FINDING_SEVERITY, NicJudgement, Severity, judge_nics, judge_snapshot, pcie_degraded
 from gputop.analysis.observations import StackSample, collect_rank_observations
 from gputop.analysis.stack_classes import (
     COLLECTIVE,
@@ -173,6 +173,9 @@ class Exporter:
         self._ranks: dict[tuple[str, int], _RankTrack] = {}
         self._findings_seen: dict[str, set[tuple[str, str, str]]] = {}
         self._pcie_degraded: dict[int, bool] = {}
+        # the NIC readings of the last diagnosis window, for the health module's NIC judgement (a counter
+        # that climbs while we watch needs the window's first reading); each a snapshot of its NICs only
+        self._nic_window: deque[Snapshot] = deque()
         self._xids_seen: dict[int, frozenset[XidEvent]] = {}
         self._xid_counts: Counter[tuple[str, str, str]] = Counter()
         self._dump_seen: dict[int, float] = {}  # pid -> timestamp of the last dump counted (ok or failed)
@@ -222,11 +225,19 @@ class Exporter:
         families = self._static_families()
         families += self._gpu_families(snap.gpus, snap.counter_health)
         families += self._job_families(snap, trees)
-        families += nic_families(snap.nics, self.hostname)
+        families += nic_families(snap.nics, self.hostname, self._judge_nics(snap))
         families.append(self._pyspy_family())
         self._families = families
         self.cycles += 1
         self.last_cycle_seconds = time.perf_counter() - started
+
+    def _judge_nics(self, snap: Snapshot) -> Optional[NicJudgement]:
+        """`judge_nics` (gputop check's NIC rules) over the NIC readings of the last diagnosis window."""
+        if snap.nics is not None:
+            self._nic_window.append(Snapshot(snap.timestamp, snap.host, nics=snap.nics))
+        while self._nic_window and self._nic_window[0].timestamp < snap.timestamp - DIAGNOSIS_WINDOW_S:
+            self._nic_window.popleft()
+        return judge_nics(self._nic_window) if snap.nics is not None else None
 
     def _live_jobs(self, snap: Snapshot) -> list[JobTree]:
         """The snapshot's jobs that still run; a job seen exited is logged once and exported no more."""
@@ -514,11 +525,11 @@ class Exporter:
             del self._dump_seen[pid]
 
 
-def nic_families(nics: Optional[Sequence[NicPortSample]], hostname: str) -> list[Metric]:
+def nic_families(nics: Optional[Sequence[NicPortSample]], hostname: str, judged: Optional[NicJudgement] = None) -> list[Metric]:
     """The NIC ports as sysfs counts them (collect/sysfs.NicReader), labelled device, port, Hostname; the
     counters are the kernel's own cumulative ones (since the driver loaded), for PromQL's rate().  Whether a
-    port is down, slow or erring is `gputop check`'s judgement (analysis/gpu_health.py): from these, a
-    rate below its peers' reads `gputop_nic_rate_gbps < on(Hostname) group_left max by (Hostname) (...)`."""
+    port is down, slow or erring is `gputop check`'s judgement (analysis/gpu_health.judge_nics, over the
+    exporter's window: `judged`), exported as gputop_nic_health_problem, one series per port and rule."""
     labels = ["device", "port", "Hostname"]
     up = GaugeMetricFamily("gputop_nic_up", "1 while the NIC port is ACTIVE (RDMA) / up (Ethernet)", labels=labels)
     rate = GaugeMetricFamily("gputop_nic_rate_gbps", "the rate the NIC port trained to, Gb/s (absent while down)", labels=labels)
@@ -529,6 +540,17 @@ def nic_families(nics: Optional[Sequence[NicPortSample]], hostname: str) -> list
     )
     received = CounterMetricFamily("gputop_nic_receive_bytes", "bytes the NIC port received", labels=labels)
     sent = CounterMetricFamily("gputop_nic_transmit_bytes", "bytes the NIC port sent", labels=labels)
+    health_gauge = GaugeMetricFamily(
+        "gputop_nic_health",
+        "The NIC port's health as gputop check judges it: 0 ok, 1 warning, 2 critical",
+        labels=labels,
+    )
+    problem = GaugeMetricFamily(
+        "gputop_nic_health_problem",
+        "1 per NIC health rule the port breaks now, as gputop check judges it (nic_down, nic_rate: below its"
+        " peers' or its own best rate, nic_errors: error counters that climbed in the window), with its severity",
+        labels=labels + ["rule", "severity"],
+    )
     for port in nics or ():
         values = [port.device, str(port.port), hostname]
         up.add_metric(values, 1.0 if port.up else 0.0)
@@ -540,4 +562,12 @@ def nic_families(nics: Optional[Sequence[NicPortSample]], hostname: str) -> list
             received.add_metric(values, port.rx_bytes)
         if port.tx_bytes is not None:
             sent.add_metric(values, port.tx_bytes)
-    return [up, rate, errors, received, sent]
+    for health in judged.ports if judged is not None else ():
+        rules: dict[str, Severity] = {}
+        for p in health.problems:
+            rules[p.rule] = max(rules.get(p.rule, Severity.OK), p.severity)
+        values = [health.device, str(health.port), hostname]
+        health_gauge.add_metric(values, float(health.severity))
+        for rule, severity in rules.items():
+            problem.add_metric(values + [rule, FINDING_SEVERITY[severity]], 1.0)
+    return [up, rate, errors, received, sent, health_gauge, problem]

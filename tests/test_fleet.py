@@ -31,6 +31,10 @@ from gputop.fleet.identity import cross_node_job_id, node_place
 from gputop.fleet.prometheus import PrometheusApi, Series
 from gputop.fleet.view import fleet_view, judge
 from gputop.history import History
+from gputop.model import Snapshot
+from gputop.sim.fake_nvml import ManualClock
+from gputop.sim.fake_sysfs import FakeNicTree
+from gputop.sim.profiles import parse_spec
 from tests.harness import histories as hb
 from tests.harness import train_jobs
 from tests.harness.processes import free_port, wait_until
@@ -72,10 +76,27 @@ def test_the_node_place_from_torchrun_slurm_and_the_world_over_the_local_world()
 class NodeSource:
     """A pipeline stand-in: a built history's snapshots, the job's ranks placed on `node` of two."""
 
-    def __init__(self, history: History, node: int) -> None:
+    def __init__(self, history: History, node: int, nic_spec: Optional[str] = None) -> None:
         self.machine = history.machine
         self.snaps = [self._placed(s, node) for s in history]
+        if nic_spec is not None:
+            self.snaps = self._with_nics(self.snaps, nic_spec)
         self.i = 0
+
+    @staticmethod
+    def _with_nics(snaps: list[Snapshot], spec: str) -> list[Snapshot]:
+        """Each snapshot with the NIC ports the real NicReader reads, at its time, from the simulated
+        machine `spec`'s /sys (its NIC faults included)."""
+        clock = ManualClock(snaps[0].timestamp)
+        tree = FakeNicTree(parse_spec(spec), lambda: clock() - snaps[0].timestamp, clock=clock)
+        try:
+            out = []
+            for snap in snaps:
+                clock.advance(snap.timestamp - clock())
+                out.append(replace(snap, nics=tree.read()))
+            return out
+        finally:
+            tree.close()
 
     @staticmethod
     def _placed(snap, node: int):
@@ -109,13 +130,14 @@ def node_exporter(
     states: dict[int, Callable[[float], str]],
     seconds: float = 60.0,
     cpu: Callable[[float], float] = lambda t: 30.0,
+    nic_spec: Optional[str] = None,
     **scenario,
 ) -> Exporter:
     """Node `node`'s serve after `seconds` of the job: local rank i runs `states[i]` (default: computing
-    and meeting the others in a collective)."""
+    and meeting the others in a collective); with `nic_spec`, the NICs of that simulated machine."""
     default = hb.cycle([FORWARD_BACKWARD, COLLECTIVE])
     specs = [hb.RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=states.get(i, default), cpu=cpu) for i in range(RANKS_PER_NODE)]
-    source = NodeSource(hb.build(hb.Scenario(seconds=seconds, ranks=specs, **scenario)), node)
+    source = NodeSource(hb.build(hb.Scenario(seconds=seconds, ranks=specs, **scenario)), node, nic_spec)
     exporter = Exporter(source, interval=1.0, hostname=f"node{node}", log=lambda line: None)
     for _ in source.snaps:
         exporter.cycle()
@@ -237,6 +259,40 @@ def test_a_node_with_a_degraded_link_is_named_when_no_rank_holds_the_job_back():
     assert "GPU 2" in verdict.summary
 
 
+def test_a_nic_trained_below_its_peers_is_named_with_its_node():
+    """node0's mlx5_3 trained to 200 Gb/s where its peers run 400 (`gputop check`'s nic.rate), node1 healthy:
+    the report names node0 and the port, and nothing on node1, in its findings and its verdict."""
+    node0 = node_exporter(0, {}, nic_spec="h100-sxm-8+nic-rate=mlx5_3:200")
+    node1 = node_exporter(1, {}, nic_spec="h100-sxm-8")
+    texts = [exposition(node0), exposition(node1)]
+    assert (
+        "gputop_nic_health_problem" in texts[0] and 'gputop_nic_health{Hostname="node1",device="mlx5_0",port="1"} 0.0' in texts[1]
+    )
+    prom = PromLike(texts, at=hb.T0 + 60.0)
+    data = json.loads(build(prom, "http://prometheus.test", None, "json"))
+    nic_findings = [f for f in data["findings"] if f["device"]]
+    assert [(f["node"], f["device"], f["port"], f["kind"], f["severity"]) for f in nic_findings] == [
+        ("node0", "mlx5_3", 1, "nic_rate", "critical")
+    ], data["findings"]
+    assert data["verdict"]["kind"] == "infrastructure" and data["verdict"]["node"] == "node0", data["verdict"]
+    assert "NIC mlx5_3 port 1" in data["verdict"]["summary"]
+    text = build(prom, "http://prometheus.test", RUN_ID, "md")
+    assert "- **node0** NIC mlx5_3 port 1: nic_rate (critical, infrastructure)" in text
+    # `gputop fleet`'s findings panel: the same line, with the node and the port
+    from gputop.tui.fleet_app import findings_text
+
+    assert "node0 NIC mlx5_3 port 1: nic_rate (critical, infrastructure)" in findings_text(fleet_view(prom)).plain
+
+
+def test_a_nic_down_from_a_serve_without_the_nic_judgement_is_still_named():
+    """An older serve exports gputop_nic_up only: a port down there is still a finding of its node."""
+    node0 = node_exporter(0, {})
+    old_serve = '# TYPE gputop_nic_up gauge\ngputop_nic_up{device="mlx5_1",port="1",Hostname="node1"} 0.0\n'
+    view = fleet_view(PromLike([exposition(node0), exposition(node_exporter(1, {})) + old_serve], at=hb.T0 + 60.0))
+    assert [(f.node, f.kind, f.part) for f in view.findings if f.device] == [("node1", "nic_down", "NIC mlx5_1 port 1")]
+    assert (judge(view).kind, judge(view).node) == ("infrastructure", "node1")
+
+
 def test_one_line_errors_for_an_unknown_job_and_a_prometheus_without_gputop():
     prom = two_nodes({})
     with pytest.raises(GputopError, match=rf"no job 'other' in Prometheus at P \(jobs there: {RUN_ID}\)"):
@@ -265,6 +321,7 @@ def test_report_prometheus_refuses_a_live_target(capsys):
 
 PROMETHEUS = shutil.which("prometheus")
 SLOW_RANK = 3  # global rank 3 of 4: the second of node rank 1's two ranks
+NODE0_MACHINE = "h100-sxm-8+nic-rate=mlx5_3:200"  # node 0's rail 3 trained to half rate: named with its node
 RUN_ID_LIVE = "fleet-two-nodes"
 
 
@@ -354,7 +411,8 @@ def test_report_over_prometheus_names_the_straggler_of_a_two_node_job_and_its_no
     for agent in agents:
         port = free_port()
         targets.append(f"127.0.0.1:{port}")
-        argv = [sys.executable, "-m", "gputop", "serve", "--pid", str(agent.pid), "--simulate", "h100-sxm-8"]
+        machine = NODE0_MACHINE if node_of_agent[agent.pid] == 0 else "h100-sxm-8"
+        argv = [sys.executable, "-m", "gputop", "serve", "--pid", str(agent.pid), "--simulate", machine]
         argv += [
             "--hostname",
             f"node{node_of_agent[agent.pid]}",
@@ -375,9 +433,13 @@ def test_report_over_prometheus_names_the_straggler_of_a_two_node_job_and_its_no
             return None
         data = json.loads(out.read_text())
         waits_elsewhere = any(f["node"] == "node0" and f["kind"] == "remote_wait" for f in data["findings"])
-        return data if len(data["ranks"]) == 4 and data["verdict"]["kind"] == "straggler" and waits_elsewhere else None
+        nic_named = any(f["device"] == "mlx5_3" for f in data["findings"])
+        straggler = len(data["ranks"]) == 4 and data["verdict"]["kind"] == "straggler"
+        return data if straggler and waits_elsewhere and nic_named else None
 
-    data = wait_until(reported, timeout=90, interval=1.0, what="a straggler over all 4 ranks, and node0 waiting for another node")
+    data = wait_until(
+        reported, timeout=90, interval=1.0, what="a straggler over all 4 ranks, node0 waiting for another node, its NIC named"
+    )
     assert data["job"] == RUN_ID_LIVE
     assert sorted((r["node"], r["rank"]) for r in data["ranks"]) == [("node0", 0), ("node0", 1), ("node1", 2), ("node1", 3)]
     assert (data["verdict"]["node"], data["verdict"]["rank"]) == ("node1", SLOW_RANK), data["verdict"]
@@ -396,7 +458,12 @@ def test_report_over_prometheus_names_the_straggler_of_a_two_node_job_and_its_no
     assert margin and margin[0].value > 0.25
     # node0's own diagnosis: its ranks wait for a rank on another node, never a local hang
     assert not [f for f in data["findings"] if f["node"] == "node0" and f["kind"] == "hang"], data["findings"]
-    assert {"node": "node0", "kind": "remote_wait"}.items() <= next(f for f in data["findings"] if f["node"] == "node0").items()
+    assert any(f["node"] == "node0" and f["kind"] == "remote_wait" for f in data["findings"]), data["findings"]
+    # node 0's NIC fault, named with its node (and only there), while the verdict still names node 1's straggler
+    nics = [(f["node"], f["device"], f["port"], f["kind"]) for f in data["findings"] if f["device"]]
+    assert nics == [("node0", "mlx5_3", 1, "nic_rate")], data["findings"]
+    text = build(PrometheusApi(url), url, RUN_ID_LIVE, "md")
+    assert "- **node0** NIC mlx5_3 port 1: nic_rate (critical, infrastructure)" in text
 
 
 @pytest.mark.parametrize(("world_size", "expected"), [(8, "remote_holdup"), (4, "hang")])

@@ -295,7 +295,7 @@ def test_report_from_a_recording_names_the_nic_from_its_snapshots():
 
 
 def scraped(spec: str) -> tuple[dict[tuple[str, frozenset], float], str]:
-    pipeline, snaps = polled(spec, polls=2)
+    pipeline, snaps = polled(spec, polls=3)  # 6 s: two readings of the error counters (every 5 s), so they climb
     try:
         exporter = Exporter(pipeline, diagnose=lambda history: [], log=lambda line: None)
         for snap in snaps:
@@ -334,6 +334,15 @@ def test_each_nic_fault_in_the_exporter(fault):
         assert up[nic] == 1.0 and rate[nic] == 200.0
     else:
         assert up[nic] == 1.0 and symbols[nic] > 0
+    # gputop check's judgement of the exporter's window, one series per port and rule (the fleet view reads it)
+    health = nic_values(samples, "gputop_nic_health", port="1", Hostname=hostname)
+    problems = [
+        (dict(labels)["device"], dict(labels)["rule"], dict(labels)["severity"])
+        for (name, labels), value in samples.items()
+        if name == "gputop_nic_health_problem" and value == 1.0
+    ]
+    assert problems == [(nic, NIC_FAULT_CASES[fault][2], "critical")]
+    assert health[nic] == 2.0 and all(health[o] == 0.0 for o in others), health
 
 
 # ---------------------------------------------------------------- the topology dialog
@@ -379,5 +388,12 @@ def test_topology_dialog_shows_each_nic_ports_state_rate_and_traffic():
 
 def test_the_readme_documents_the_nic_metrics():
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    for name in ("gputop_nic_up", "gputop_nic_rate_gbps", "gputop_nic_errors_total", "nic-rate=DEV:GBPS"):
+    for name in (
+        "gputop_nic_up",
+        "gputop_nic_rate_gbps",
+        "gputop_nic_errors_total",
+        "gputop_nic_health",
+        "gputop_nic_health_problem",
+        "nic-rate=DEV:GBPS",
+    ):
         assert name in readme, name

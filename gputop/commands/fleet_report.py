@@ -52,7 +52,15 @@ def report_json(view: FleetView, verdict: FleetVerdict, url: str) -> dict[str, A
             for r in view.ranks
         ],
         "findings": [
-            {"node": f.node, "kind": f.kind, "severity": f.severity, "label": f.label, "gpu": f.gpu, "device": f.device or None}
+            {
+                "node": f.node,
+                "kind": f.kind,
+                "severity": f.severity,
+                "label": f.label,
+                "gpu": f.gpu,
+                "device": f.device or None,
+                "port": f.port,
+            }
             for f in view.findings
         ],
         "other_jobs": list(view.other_jobs),
@@ -106,7 +114,7 @@ def report_markdown(view: FleetView, verdict: FleetVerdict, url: str) -> str:
     if not view.findings:
         lines.append("None.")
     for f in view.findings:
-        where = f" GPU {f.gpu}" if f.gpu is not None else (f" {f.device}" if f.device else "")
+        where = f" {f.part}" if f.part else ""
         lines.append(f"- **{f.node}**{where}: {f.kind} ({f.severity}, {f.label})")
     if view.other_jobs:
         lines += ["", f"Other jobs in this Prometheus: {', '.join(view.other_jobs)} (pick one with --job)."]

@@ -40,11 +40,21 @@ class FleetRank:
 @dataclass(frozen=True, slots=True)
 class NodeFinding:
     node: str
-    kind: str  # a finding id (gputop_finding's kind), a GPU health rule, or "pcie_degraded"/"nic_down"
+    kind: str  # a finding id (gputop_finding's kind), a GPU or NIC health rule ("nic_down", "nic_rate", ...)
     severity: str
     label: str  # "infrastructure" or "code"
     gpu: Optional[int] = None
     device: str = ""  # a NIC's device, where the series names one
+    port: Optional[int] = None  # the NIC's port
+
+    @property
+    def part(self) -> str:
+        """The part it is about: 'GPU 2', 'NIC mlx5_3 port 1', 'NIC eth0', or '' (the machine, the job)."""
+        if self.gpu is not None:
+            return f"GPU {self.gpu}"
+        if self.device:
+            return f"NIC {self.device}" + (f" port {self.port}" if self.port is not None else "")
+        return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,10 +230,17 @@ def _findings(query: Query, hosts: list[str], job: str) -> tuple[NodeFinding, ..
         host = s.labels.get("Hostname", "?")
         if host in wanted and not any(f.node == host and f.gpu == _int(s.labels.get("gpu")) and f.kind == "pcie" for f in found):
             found.append(NodeFinding(host, "pcie", "warning", "infrastructure", _int(s.labels.get("gpu"))))
-    for s in query("gputop_nic_up == 0"):  # NIC health, where the serve exports it
-        host = s.labels.get("Hostname", "?")
+    # NIC health as each serve's `gputop check` rules judge it (down, below its peers' rate, errors climbing)
+    judged_nics = {_nic_key(s) for s in query("gputop_nic_health")}
+    for s in query("gputop_nic_health_problem == 1"):
+        host, device, port = _nic_key(s)
         if host in wanted:
-            found.append(NodeFinding(host, "nic_down", "critical", "infrastructure", device=s.labels.get("device", "")))
+            rule, severity = s.labels.get("rule", "?"), s.labels.get("severity", "warning")
+            found.append(NodeFinding(host, rule, severity, "infrastructure", device=device, port=_int(port)))
+    for s in query("gputop_nic_up == 0"):  # a serve older than the NIC judgement exports the port's state only
+        host, device, port = _nic_key(s)
+        if host in wanted and (host, device, port) not in judged_nics:
+            found.append(NodeFinding(host, "nic_down", "critical", "infrastructure", device=device, port=_int(port)))
     for s in query(f"gputop_finding{_sel(job)} == 1") + query(f"gputop_finding{_sel(MACHINE_JOB)} == 1"):
         host = s.labels.get("Hostname", "?")
         if host in wanted and s.labels.get("kind") != "healthy":
@@ -231,6 +248,10 @@ def _findings(query: Query, hosts: list[str], job: str) -> tuple[NodeFinding, ..
                 NodeFinding(host, s.labels.get("kind", "?"), s.labels.get("severity", "info"), s.labels.get("label", ""))
             )
     return tuple(found)
+
+
+def _nic_key(s: Series) -> tuple[str, str, str]:
+    return s.labels.get("Hostname", "?"), s.labels.get("device", ""), s.labels.get("port", "")
 
 
 # ----------------------------------------------------------------- the verdict across nodes
@@ -273,7 +294,7 @@ def judge(view: FleetView) -> FleetVerdict:
     infra = [f for f in view.findings if f.label == "infrastructure" and f.severity in ("critical", "warning")]
     if infra:
         f = infra[0]
-        where = f"GPU {f.gpu}" if f.gpu is not None else (f"NIC {f.device}" if f.device else "the machine")
+        where = f.part or "the machine"
         return FleetVerdict(
             "infrastructure", f"{f.node} has a degraded part: {f.kind} on {where} (file a ticket for that node)", f.node
         )

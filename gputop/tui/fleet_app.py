@@ -179,7 +179,7 @@ def findings_text(view: FleetView) -> Text:
         return Text("none: no node reports a GPU, link or NIC problem, nor a finding of its own", style=look.DIM)
     text = Text()
     for i, finding in enumerate(view.findings):
-        where = f" GPU {finding.gpu}" if finding.gpu is not None else (f" {finding.device}" if finding.device else "")
+        where = f" {finding.part}" if finding.part else ""
         symbol, style = {"critical": ("✖", look.BAD_BOLD), "warning": ("▲", look.WARN_BOLD)}.get(
             finding.severity, ("●", look.ACCENT)
         )
