@@ -21,6 +21,9 @@ def gpu_summary(machine: MachineInfo) -> str:
     return ", ".join(f"{count}× {name}" for name, count in counts.items())
 
 
+SUBTITLE_CUT_TO = 24  # the shortest a long subtitle is cut to before it goes
+
+
 class HeaderLine(LineCanvas):
     DEFAULT_CSS = """
     HeaderLine { height: 1; background: $panel; }
@@ -48,6 +51,11 @@ class HeaderLine(LineCanvas):
         self.replay = replay
         self.redraw()
 
+    def set_subtitle(self, subtitle: str) -> None:
+        if subtitle != self.subtitle:
+            self.subtitle = subtitle
+            self.redraw()
+
     def wanted_height(self, width: int) -> int:
         return 1
 
@@ -71,8 +79,15 @@ class HeaderLine(LineCanvas):
         ]
         parts = [(label, value, drop) for label, value, drop in candidates if value]
         room = width - sum(len(t) for t, _ in tags) - len(" gputop ")
-        while sum(len(label) + len(value) + 2 for label, value, _ in parts) > room and any(p[2] < 99 for p in parts):
-            parts.remove(min(parts, key=lambda p: p[2]))
+        while (excess := sum(len(label) + len(value) + 2 for label, value, _ in parts) - room) > 0 and any(
+            p[2] < 99 for p in parts
+        ):
+            least = min(parts, key=lambda p: p[2])
+            if least[1] == self.subtitle and len(self.subtitle) - excess >= SUBTITLE_CUT_TO:
+                # a long subtitle (the case study's stages) is cut, not dropped: its start says the most
+                parts[parts.index(least)] = ("", look.ellipsize(self.subtitle, len(self.subtitle) - excess), 0)
+                break
+            parts.remove(least)
         line = LineBuilder().add(" gputop ", look.ACCENT_BOLD)
         for i, (label, value, _) in enumerate(parts):
             if i:
