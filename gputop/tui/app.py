@@ -410,7 +410,7 @@ class GputopApp(App[None]):
             return
         self._draw_verdict()  # one that came since the last frame (see on_diagnosed)
         if isinstance(self.source, Restarting):  # where it stands (the case study's stage) in the subtitle's place
-            self.main.header.set_subtitle(self.source.narration)
+            self.main.header.set_subtitle(self.source.narration, before_versions=True)
         # The widest sparkline spans at most ~ width seconds-per-cell x cells; 10 minutes is a safe bound.
         snapshots = self.history.window(max(180.0, self.interval * 200))
         self.main.show(snapshots, self.interval, gpu_users(snapshot), reading_gpus=self.reading_gpus)

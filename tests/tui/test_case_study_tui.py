@@ -114,3 +114,19 @@ async def test_the_tui_follows_the_case_study_from_stage_1_to_stage_2(spawn):
     finally:
         source.close()
     assert study.job is None  # every stage's job stopped with the source
+
+
+def test_the_narration_is_cut_not_dropped_and_the_versions_give_way_first():
+    from gputop.tui.widgets.status import HeaderLine
+    from tests.harness.histories import make_machine
+
+    machine = make_machine(gpus=8)
+    narration = "case study: stage 3 of 4 — tensors cached in memory │ 1: 0.75 steps/s, CPU data loading · 2: 1.34 steps/s, CPU preprocessing"
+    header = HeaderLine(machine)
+    header.set_subtitle(narration, before_versions=True)
+    [line] = ["".join(segment.text for segment in strip) for strip in header.build(120, 1)]
+    assert "case study: stage 3 of 4 — tensors cached in memory │ 1: 0.7" in line and "…" in line
+    assert "driver" not in line and "CUDA" not in line  # the versions went first
+    assert "8× H100" in line  # the GPUs stay
+    wide = "".join(segment.text for segment in header.build(400, 1)[0])
+    assert narration in wide and "driver" in wide  # with room, all of it

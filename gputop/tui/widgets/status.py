@@ -22,6 +22,7 @@ def gpu_summary(machine: MachineInfo) -> str:
 
 
 SUBTITLE_CUT_TO = 24  # the shortest a long subtitle is cut to before it goes
+SUBTITLE_BEFORE_VERSIONS = 2.5  # a narration's drop order: after the CUDA (1) and driver (2) versions
 
 
 class HeaderLine(LineCanvas):
@@ -37,6 +38,7 @@ class HeaderLine(LineCanvas):
         self.simulated = bool(machine.simulated)
         self.replay: Optional[str] = None  # "replay 00:12/01:40 ×2"
         self.subtitle = ""  # e.g. "demo: starved"
+        self.subtitle_drop: float = 0  # its place in the order parts are dropped in (see build)
         self.reading_gpus = False  # NVML has not answered yet: the GPUs are not known
 
     def set_machine(self, machine: MachineInfo, reading_gpus: bool = False) -> None:
@@ -51,9 +53,11 @@ class HeaderLine(LineCanvas):
         self.replay = replay
         self.redraw()
 
-    def set_subtitle(self, subtitle: str) -> None:
-        if subtitle != self.subtitle:
-            self.subtitle = subtitle
+    def set_subtitle(self, subtitle: str, *, before_versions: bool = False) -> None:
+        """`before_versions`: the driver and CUDA versions give way to it on a narrow terminal (a source's narration)."""
+        drop = SUBTITLE_BEFORE_VERSIONS if before_versions else 0
+        if (subtitle, drop) != (self.subtitle, self.subtitle_drop):
+            self.subtitle, self.subtitle_drop = subtitle, drop
             self.redraw()
 
     def wanted_height(self, width: int) -> int:
@@ -69,13 +73,13 @@ class HeaderLine(LineCanvas):
         if self.paused:
             tags.append((" ‖ PAUSED ", look.BAD_BOLD))
         # (label, value, drop order): the least useful parts go first when the terminal is narrow
-        candidates: list[tuple[str, Optional[str], int]] = [
+        candidates: list[tuple[str, Optional[str], float]] = [
             ("", m.hostname, 99),
             ("driver ", m.driver_version, 2),
             ("CUDA ", m.cuda_version, 1),
             ("", READING_GPUS if self.reading_gpus else gpu_summary(m), 3),
             ("⟳ ", f"{self.interval:g}s", 99),
-            ("", self.subtitle, 0),
+            ("", self.subtitle, self.subtitle_drop),
         ]
         parts = [(label, value, drop) for label, value, drop in candidates if value]
         room = width - sum(len(t) for t, _ in tags) - len(" gputop ")
@@ -85,7 +89,7 @@ class HeaderLine(LineCanvas):
             least = min(parts, key=lambda p: p[2])
             if least[1] == self.subtitle and len(self.subtitle) - excess >= SUBTITLE_CUT_TO:
                 # a long subtitle (the case study's stages) is cut, not dropped: its start says the most
-                parts[parts.index(least)] = ("", look.ellipsize(self.subtitle, len(self.subtitle) - excess), 0)
+                parts[parts.index(least)] = ("", look.ellipsize(self.subtitle, len(self.subtitle) - excess), least[2])
                 break
             parts.remove(least)
         line = LineBuilder().add(" gputop ", look.ACCENT_BOLD)
