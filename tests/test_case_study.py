@@ -120,3 +120,28 @@ def test_one_machine_follows_the_jobs_and_its_gpm_counters_only_climb():
     assert (load.utilization(0, 2.0), load.activity_seconds(0, 2.0)) == (0.0, (5.0,) * 6)
     load.follow(Board(90.0, 1.0))  # the next job's board counts from its own start
     assert (load.utilization(0, 3.0), load.activity_seconds(0, 3.0)) == (90.0, (6.0,) * 6)
+
+
+def test_a_source_that_starts_over_resets_its_readers_history_once():
+    from gputop.source import PollLoop, Restarting
+    from tests.harness.histories import make_machine, make_snapshots
+
+    snaps = make_snapshots(4, gpus=2, cores=8)
+
+    class NextStage:
+        machine = make_machine(gpus=2, cores=8)
+        generation = 0
+        narration = "case study: stage 1 of 4"
+
+        def poll(self):
+            return snaps.pop(0)
+
+        def close(self) -> None:
+            pass
+
+    source = NextStage()
+    assert isinstance(source, Restarting)
+    loop = PollLoop(source, 1.0)
+    assert [loop.next_batch().reset for _ in range(2)] == [False, False]
+    source.generation += 1  # the next stage's job: its history starts over
+    assert [loop.next_batch().reset for _ in range(2)] == [True, False]

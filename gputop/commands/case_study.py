@@ -248,10 +248,12 @@ class CaseStudy:
                 raise GputopError("the case study was stopped")
             self.job = job = self._start_job(stage)
         job.wait_until_training()
-        with self._lock:
-            self.load.follow(job.load_model())
         assert job.launcher_pid is not None
-        self.pipeline.attach(job.launcher_pid)
+        with self._lock:  # (not once closed: the pipeline would follow a job nobody stops following)
+            if self._closed:
+                raise GputopError("the case study was stopped")
+            self.load.follow(job.load_model())
+            self.pipeline.attach(job.launcher_pid)
         self.watch = StageWatch(stage, self.pipeline.machine, job, min_s=self._bounds[0], max_s=self._bounds[1])
         return self.watch
 
