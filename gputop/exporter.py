@@ -411,7 +411,8 @@ class Exporter:
                 pid = rank.proc.pid
                 label = rank_label(rank, position)
                 live_ranks.add((job, pid))
-                for index in rank.gpus or (None,):
+                devices: Sequence[tuple[Optional[int], Optional[int]]] = rank.devices or ((None, None),)
+                for index, instance in devices:
                     gpu = gpu_by_index.get(index) if index is not None else None
                     rank_info.add_metric(
                         [],
@@ -422,6 +423,7 @@ class Exporter:
                             "node": "" if rank.node_rank is None else str(rank.node_rank),
                             "pid": str(pid),
                             "gpu": "" if index is None else str(index),
+                            "mig_instance": "" if instance is None else str(instance),  # its GPU instance id (MIG)
                             "UUID": gpu.uuid if gpu is not None else "",
                             "Hostname": h,
                         },

@@ -633,6 +633,20 @@ class Rank:
     node_rank: Optional[int] = None
     nnodes: Optional[int] = None
 
+    @property
+    def devices(self) -> tuple[tuple[int, Optional[int]], ...]:
+        """The devices it runs on, by GPU: (GPU, None) for a whole GPU, (GPU, GPU instance id) for a MIG instance
+        (two ranks on two instances of one GPU share nothing)."""
+        on_instances = {gpu for gpu, _ in self.mig_instances}
+        whole: list[tuple[int, Optional[int]]] = [(g, None) for g in self.gpus if g not in on_instances]
+        return tuple(sorted(whole + list(self.mig_instances), key=lambda d: (d[0], -1 if d[1] is None else d[1])))
+
+
+def device_label(gpu: int, instance: Optional[int]) -> str:
+    """'GPU0', or 'GPU0/GI1' for GPU instance 1 of GPU 0 (MIG): where a rank runs, as the job tree, the report's
+    rank table and the exporter's rank labels name it."""
+    return f"GPU{gpu}" if instance is None else f"GPU{gpu}/GI{instance}"
+
 
 @dataclass(frozen=True, slots=True)
 class Misplacement:

@@ -78,6 +78,15 @@ class Focusable(Protocol):
 
 
 @runtime_checkable
+class Restarting(Protocol):
+    """A live source that starts over now and then (the case study's next stage, a new job on the same machine);
+    `narration` says where it stands (the header shows it)."""
+
+    generation: int  # changes when it starts over: the reader starts its history over
+    narration: str
+
+
+@runtime_checkable
 class Seekable(Protocol):
     """A recording played back: its own clock, which the reader can pause, seek and speed up."""
 
@@ -147,7 +156,7 @@ class PollLoop:
         self._sleep = sleep
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._generation = source.generation if isinstance(source, Seekable) else None
+        self._generation = source.generation if isinstance(source, (Seekable, Restarting)) else None
         self.started: Optional[float] = None
         self._first: Optional[threading.Thread] = None  # prefetch(): the first batch, taken ahead of run()
         self._first_result: Optional[tuple[Optional[Batch], Optional[Exception]]] = None
@@ -233,6 +242,11 @@ class PollLoop:
                 self._generation = generation
                 return Batch(list(source.history_until()), reset=True)
             return Batch(list(source.drain()))
+        if isinstance(source, Restarting):
+            generation = source.generation  # read before the poll: a restart under it resets the next batch
+            snapshot = source.poll()
+            reset, self._generation = generation != self._generation, generation
+            return Batch([snapshot], reset=reset)
         return Batch([source.poll()])
 
     def run(self, deliver: Callable[[Batch], None]) -> None:

@@ -87,3 +87,61 @@ def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn)
     assert all(set(r) >= {"stage", "steps_per_s", "verdict", "finding", "fix"} for r in rows)
     steps = [r["steps_per_s"] for r in rows]
     assert steps == sorted(steps) and steps[0] < steps[-1], steps
+
+
+def test_one_machine_follows_the_jobs_and_its_gpm_counters_only_climb():
+    from gputop.sim.load import FollowingLoad
+
+    class Board:
+        def __init__(self, util: float, counted: float) -> None:
+            self.util, self.counted = util, counted
+
+        def utilization(self, gpu, now):
+            return self.util
+
+        def power_load(self, gpu, now):
+            return self.util / 100
+
+        def activity_seconds(self, gpu, now):
+            return (self.counted,) * 6
+
+        def memory_used(self, gpu, now):
+            return 1 << 30
+
+        def processes(self, gpu):
+            return [(4242, 1 << 30)]
+
+    load = FollowingLoad()
+    assert (load.utilization(0, 0.0), load.memory_used(0, 0.0), load.processes(0)) == (0.0, None, [])  # no job yet: idle
+    assert load.activity_seconds(0, 0.0) == (0.0,) * 6
+    load.follow(Board(30.0, 5.0))
+    assert (load.utilization(0, 1.0), load.activity_seconds(0, 1.0)) == (30.0, (5.0,) * 6)
+    load.follow(None)  # between two stages: idle, the counters where they were
+    assert (load.utilization(0, 2.0), load.activity_seconds(0, 2.0)) == (0.0, (5.0,) * 6)
+    load.follow(Board(90.0, 1.0))  # the next job's board counts from its own start
+    assert (load.utilization(0, 3.0), load.activity_seconds(0, 3.0)) == (90.0, (6.0,) * 6)
+
+
+def test_a_source_that_starts_over_resets_its_readers_history_once():
+    from gputop.source import PollLoop, Restarting
+    from tests.harness.histories import make_machine, make_snapshots
+
+    snaps = make_snapshots(4, gpus=2, cores=8)
+
+    class NextStage:
+        machine = make_machine(gpus=2, cores=8)
+        generation = 0
+        narration = "case study: stage 1 of 4"
+
+        def poll(self):
+            return snaps.pop(0)
+
+        def close(self) -> None:
+            pass
+
+    source = NextStage()
+    assert isinstance(source, Restarting)
+    loop = PollLoop(source, 1.0)
+    assert [loop.next_batch().reset for _ in range(2)] == [False, False]
+    source.generation += 1  # the next stage's job: its history starts over
+    assert [loop.next_batch().reset for _ in range(2)] == [True, False]

@@ -296,3 +296,84 @@ def test_a_wrong_mig_switch_is_one_line_saying_what_is_wrong(spec, says):
         parse_spec(spec)
     message = str(caught.value)
     assert says in message and "\n" not in message and "--help-faults" in message
+
+
+def _history_on_mig_instances():
+    """Two ranks on GPU 0, each on a MIG instance of its own (GPU instances 1 and 3), a third on whole GPU 1."""
+    import dataclasses
+
+    from gputop.history import History
+    from tests.harness import histories as hb
+
+    built = hb.build(
+        hb.Scenario(
+            seconds=6.0, gpu_count=2, ranks=[hb.RankSpec(100, 0, (0,)), hb.RankSpec(101, 1, (0,)), hb.RankSpec(102, 2, (1,))]
+        )
+    )
+    instances = {100: ((0, 1),), 101: ((0, 3),)}
+    history = History(built.machine)
+    for snap in built:
+        assert snap.job is not None
+        ranks = tuple(dataclasses.replace(r, mig_instances=instances.get(r.proc.pid, ())) for r in snap.job.ranks)
+        history.append(dataclasses.replace(snap, job=dataclasses.replace(snap.job, ranks=ranks)))
+    return history
+
+
+def test_a_rank_on_a_mig_instance_is_named_by_it_in_the_job_tree_the_report_and_the_exporter():
+    import json
+
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gputop.exporter import Exporter
+    from gputop.report.jsonreport import render_json
+    from gputop.report.markdown import render_markdown
+    from gputop.tui.widgets.job_panel import JobPanel, job_rows
+
+    history = _history_on_mig_instances()
+    job = history.latest.job
+    # the job tree: "GPU0/GI1", and the column wide enough to show it whole
+    rows = {row.pid: row.gpus for row in job_rows(job) if row.kind == "rank"}
+    assert rows == {100: "GPU0/GI1", 101: "GPU0/GI3", 102: "GPU1"}
+    panel = JobPanel()
+    panel.rows = job_rows(job)
+    drawn = ["".join(segment.text for segment in strip) for strip in panel.build(100, 12)]
+    assert any("rank 0 100" in line and "GPU0/GI1 " in line for line in drawn), drawn
+
+    # the report's rank table
+    data = json.loads(render_json(history, []))
+    assert [(r["pid"], r["devices"], r["mig_instances"]) for r in data["job"]["ranks"]] == [
+        (100, ["GPU0/GI1"], [[0, 1]]),
+        (101, ["GPU0/GI3"], [[0, 3]]),
+        (102, ["GPU1"], []),
+    ]
+    table = render_markdown(history, [])
+    assert "| 0/GI1 |" in table and "| 0/GI3 |" in table and "| 1 |" in table
+
+    # the exporter's rank labels
+    snaps = list(history)
+
+    class Replay:
+        machine = history.machine
+
+        def poll(self):
+            return snaps.pop(0)
+
+        def close(self) -> None:
+            pass
+
+    exporter = Exporter(Replay(), interval=1.0, diagnose=lambda h: [], log=lambda line: None)
+    exporter.cycle()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(exporter)
+    info = [
+        s.labels
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+        if s.name == "gputop_rank_info"
+    ]
+    assert sorted((i["pid"], i["gpu"], i["mig_instance"]) for i in info) == [
+        ("100", "0", "1"),
+        ("101", "0", "3"),
+        ("102", "1", ""),
+    ]

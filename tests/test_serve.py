@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 METRIC_LABELS = {
     "gputop_build_info": {"version"},
     "gputop_job_info": {"job", "launcher_pid", "world_size", "nnodes", "node_rank"},
-    "gputop_rank_info": {"job", "rank", "local_rank", "node", "pid", "gpu", "UUID"},
+    "gputop_rank_info": {"job", "rank", "local_rank", "node", "pid", "gpu", "mig_instance", "UUID"},
     "gputop_rank_state": {"job", "rank", "state"},
     "gputop_rank_data_wait_ratio": {"job", "rank"},
     "gputop_dataloader_workers": {"job", "rank"},

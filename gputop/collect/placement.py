@@ -54,13 +54,6 @@ def mig_instances_of_rank(
     return tuple((g.index, m.gpu_instance_id) for g in gpus if not g.lost for m in g.mig or () if m.uuid.startswith(device))
 
 
-def _devices(rank: Rank) -> tuple[tuple[int, Optional[int]], ...]:
-    """The devices a rank runs on: (GPU, None) for a whole GPU, (GPU, GPU instance id) for a MIG instance
-    (two ranks on two instances of one GPU share nothing)."""
-    on_instances = {gpu for gpu, _ in rank.mig_instances}
-    return tuple((g, None) for g in rank.gpus if g not in on_instances) + tuple(rank.mig_instances)
-
-
 def _device_name(device: tuple[int, Optional[int]]) -> str:
     gpu, instance = device
     return f"GPU {gpu}" if instance is None else f"GPU {gpu} MIG instance {instance}"
@@ -86,7 +79,7 @@ def find_misplacements(ranks: tuple[Rank, ...], gpus: tuple[GpuSample, ...]) -> 
         return ()
     by_device: dict[tuple[int, Optional[int]], list[Rank]] = {}
     for rank in placed:
-        for device in _devices(rank):
+        for device in rank.devices:
             by_device.setdefault(device, []).append(rank)
     visible_gpus = len([g for g in gpus if not g.lost])
     shared = {device: rs for device, rs in by_device.items() if len(rs) > 1}

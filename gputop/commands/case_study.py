@@ -13,21 +13,31 @@ Each stage runs until gputop's verdict settles (the same bottleneck `SETTLE_POLL
 simulated costs are chosen so that the step times go as the article's epochs (72 : 31 : 22 : 18): stage 1's rank
 prepares a batch in 72/22 of a GPU step, stage 2's workers get the cores' share that makes one every 31/22, stage
 3 waits for the GPU alone, stage 4's bf16 kernels take 18/22 of it.  What the box measures is printed as it is.
+
+One simulated machine (one pipeline) outlives the jobs: its GPUs follow each stage's job in turn (`FollowingLoad`)
+and it attaches to that job's launcher (`CaseStudy`).  Headless, the stages print one line (or JSON object) each;
+in the TUI (`CaseStudySource`) they run on a thread of their own, each stage starts the monitor's history over
+(the verdict pane is gputop's diagnosis of the job running now), and the header says which stage runs and how
+the stages before went.  Both end a stage by the same rule (`StageWatch`, `settled`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Sequence, TextIO
+from typing import Any, Callable, Optional, Protocol, Sequence, TextIO
 
 from gputop.analysis.diagnosis import findings as diagnose_all
 from gputop.analysis.diagnosis import verdict_line
+from gputop.errors import GputopError
 from gputop.history import History
-from gputop.model import Finding
+from gputop.model import Finding, MachineInfo, Snapshot
+from gputop.sim.load import FollowingLoad, JobLoad
 from gputop.sim.scenarios import DEFAULT_STEP_MS, DemoConfig, decode_ms, resolve
 
 ARTICLE_MINUTES = (72.0, 31.0, 22.0, 18.0)  # an epoch at each stage, in the article's table
@@ -51,6 +61,7 @@ class Stage:
     number: int
     title: str
     config: DemoConfig
+    short: str = ""  # the title in a few words (the TUI's header)
 
 
 @dataclass(frozen=True)
@@ -106,10 +117,15 @@ def stages(ranks: int, cores: float, step_ms: float = DEFAULT_STEP_MS) -> list[S
     third = replace(second, cached=True)
     fourth = replace(third, precision="bf16", kernels="gemm", step_ms=round(step_at[3], 3))  # AMP + torch.compile
     return [
-        Stage(1, "num_workers=0, decode in the training process", first),
-        Stage(2, "num_workers=12, prefetch_factor=4, pin_memory, persistent_workers", second),
-        Stage(3, "preprocessed tensors cached in memory", third),
-        Stage(4, "AMP (bf16 autocast) and torch.compile", fourth),
+        Stage(1, "num_workers=0, decode in the training process", first, "num_workers=0, decode in the loop"),
+        Stage(
+            2,
+            "num_workers=12, prefetch_factor=4, pin_memory, persistent_workers",
+            second,
+            "num_workers=12, prefetch 4, pinned, persistent",
+        ),
+        Stage(3, "preprocessed tensors cached in memory", third, "tensors cached in memory"),
+        Stage(4, "AMP (bf16 autocast) and torch.compile", fourth, "AMP and torch.compile"),
     ]
 
 
@@ -125,61 +141,160 @@ def bottleneck(found: Sequence[Finding]) -> tuple[str, Finding]:
     return serious[0].title, serious[0]  # something the article's table has no row for: the diagnosis' words
 
 
-def settled(words: Sequence[str], elapsed: float) -> bool:
-    return elapsed >= MIN_STAGE_S and len(words) >= SETTLE_POLLS and len(set(words[-SETTLE_POLLS:])) == 1
+def settled(words: Sequence[str], elapsed: float, min_s: float = MIN_STAGE_S) -> bool:
+    """Whether a stage's verdict has held: the same bottleneck `SETTLE_POLLS` polls in a row, after `min_s`."""
+    return elapsed >= min_s and len(words) >= SETTLE_POLLS and len(set(words[-SETTLE_POLLS:])) == 1
 
 
-def run_stage(stage: Stage, *, interval: float, out: TextIO, quiet: bool) -> StageResult:
-    """Start the stage's job, watch it until the verdict settles, stop it."""
-    from gputop.commands.demo import DEMO_PROFILE
-    from gputop.pipeline import Pipeline
+class StageJob(Protocol):
+    """A stage's running job as the case study drives it: a started `DemoJob` (tests script their own)."""
+
+    launcher_pid: Optional[int]
+
+    def wait_until_training(self) -> float: ...
+
+    def load_model(self) -> JobLoad: ...
+
+    def step_counts(self) -> list[int]: ...
+
+    def failure(self) -> Optional[str]: ...
+
+    def stop(self) -> None: ...
+
+
+def start_demo_job(stage: Stage) -> StageJob:
     from gputop.sim.demo_launcher import DemoJob
 
-    with DemoJob(config=stage.config) as job:
-        launcher = job.start()
-        if not quiet:
-            print(f"stage {stage.number}: {stage.title} ({stage.config.describe()})", file=out, flush=True)
+    job = DemoJob(config=stage.config)
+    job.start()  # (a start that fails stops what it started)
+    return job
+
+
+class StageWatch:
+    """One stage's job watched from its first training step: a history of its own, the article's name for the
+    verdict at every poll, the steps its ranks take.  `observe` says when the stage is done: its verdict
+    `settled`, or `max_s` passed.  The headless run and the TUI both end a stage by it."""
+
+    def __init__(
+        self, stage: Stage, machine: MachineInfo, job: StageJob, *, min_s: float = MIN_STAGE_S, max_s: float = MAX_STAGE_S
+    ) -> None:
+        self.stage = stage
+        self.job = job
+        self.min_s, self.max_s = min_s, max_s
+        self.history = History(machine)
+        self.words: list[str] = []
+        self.found: list[Finding] = []
+        self.started = time.monotonic()
+        self.counts_start = job.step_counts()
+
+    def observe(self, snapshot: Snapshot) -> bool:
+        """Take one poll's snapshot; True once the stage is done.  GputopError if the job failed."""
+        self.history.append(snapshot)
+        self.found = diagnose_all(self.history)
+        self.words.append(bottleneck(self.found)[0])
+        failure = self.job.failure()
+        if failure:
+            raise GputopError(failure)
+        elapsed = time.monotonic() - self.started
+        return settled(self.words, elapsed, self.min_s) or elapsed >= self.max_s
+
+    def result(self) -> StageResult:
+        seconds = time.monotonic() - self.started
+        counts_end = self.job.step_counts()
+        ranks = max(1, len(counts_end))
+        steps_per_s = (sum(counts_end) - sum(self.counts_start)) / ranks / max(1e-9, seconds)
+        words, finding = bottleneck(self.found or diagnose_all(self.history))
+        settled_now = settled(self.words, seconds, self.min_s)
+        return StageResult(self.stage, steps_per_s, words, finding, verdict_line(self.found), settled_now, seconds)
+
+
+class CaseStudy:
+    """The stages on one simulated machine: one pipeline whose GPUs follow each stage's job in turn
+    (`FollowingLoad`) and which attaches to that job's launcher.  `start_job` starts a stage's job (the seam
+    tests script); `min_stage_s` / `max_stage_s` bound a stage (`StageWatch`)."""
+
+    def __init__(
+        self,
+        stage_list: Sequence[Stage],
+        *,
+        start_job: Callable[[Stage], StageJob] = start_demo_job,
+        min_stage_s: float = MIN_STAGE_S,
+        max_stage_s: float = MAX_STAGE_S,
+        stack_interval: float = 2.0,
+    ) -> None:
+        from gputop.commands.demo import DEMO_PROFILE
+        from gputop.pipeline import Pipeline
+
+        self.stages = list(stage_list)
+        self.results: list[StageResult] = []
+        self._start_job = start_job
+        self._bounds = (min_stage_s, max_stage_s)
+        self.load = FollowingLoad()
+        self.pipeline = Pipeline(simulate=DEMO_PROFILE, load_model=self.load, stack_interval=stack_interval)
+        self.job: Optional[StageJob] = None
+        self.watch: Optional[StageWatch] = None
+        self._lock = threading.Lock()  # a poll, and a switch of the job under the GPUs, one at a time
+        self._closed = False
+
+    def poll(self) -> Snapshot:
+        with self._lock:
+            return self.pipeline.poll()
+
+    def begin(self, stage: Stage) -> StageWatch:
+        """Stop the previous stage's job, start this one's, wait for its ranks, and watch it from then on."""
+        self._stop_job()
+        with self._lock:
+            if self._closed:
+                raise GputopError("the case study was stopped")
+            self.job = job = self._start_job(stage)
         job.wait_until_training()
-        pipeline = Pipeline(simulate=DEMO_PROFILE, pid=launcher, load_model=job.load_model())
-        try:
-            history = History(pipeline.machine)
-            words: list[str] = []
-            started = time.monotonic()
-            counts_start = job.step_counts()
-            found: list[Finding] = []
-            while True:
-                tick = time.monotonic()
-                history.append(pipeline.poll())
-                found = diagnose_all(history)
-                words.append(bottleneck(found)[0])
-                elapsed = time.monotonic() - started
-                failure = job.failure()
-                if failure:
-                    raise RuntimeError(failure)
-                if settled(words, elapsed) or elapsed >= MAX_STAGE_S:
-                    break
-                time.sleep(max(0.0, interval - (time.monotonic() - tick)))  # the refresh interval, as the TUI's
-            counts_end = job.step_counts()
-        finally:
-            pipeline.close()
-    seconds = time.monotonic() - started
-    ranks = max(1, len(counts_end))
-    steps_per_s = (sum(counts_end) - sum(counts_start)) / ranks / max(1e-9, seconds)
-    words_now, finding = bottleneck(found)
-    return StageResult(stage, steps_per_s, words_now, finding, verdict_line(found), settled(words, seconds), seconds)
+        assert job.launcher_pid is not None
+        with self._lock:  # (not once closed: the pipeline would follow a job nobody stops following)
+            if self._closed:
+                raise GputopError("the case study was stopped")
+            self.load.follow(job.load_model())
+            self.pipeline.attach(job.launcher_pid)
+        self.watch = StageWatch(stage, self.pipeline.machine, job, min_s=self._bounds[0], max_s=self._bounds[1])
+        return self.watch
+
+    def finish(self) -> StageResult:
+        """The watched stage's result (its job runs on until the next `begin` or `close`)."""
+        assert self.watch is not None
+        result = self.watch.result()
+        self.results.append(result)
+        return result
+
+    def _stop_job(self) -> None:
+        with self._lock:  # the GPUs go idle before the job's board goes away under a poll
+            job, self.job = self.job, None
+            self.load.follow(None)
+        if job is not None:
+            job.stop()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._stop_job()
+        self.pipeline.close()
 
 
-def run(args: Any) -> int:
-    """The headless case study: one stage after another; text, or one JSON object per stage with --json."""
-    out = sys.stdout
-    as_json = bool(getattr(args, "json", False))
-    if not args.no_tui and not as_json:
-        print("gputop demo: the case study runs headless, one stage after another (as with --no-tui)", file=out, flush=True)
-    cores = float(len(os.sched_getaffinity(0)))
-    ranks = args.gpus or 8
+def run_headless(study: CaseStudy, *, interval: float, out: TextIO, as_json: bool) -> None:
+    """One stage after another, polled every `interval`; text, or one JSON object per stage with `as_json`."""
     previous: Optional[StageResult] = None
-    for stage in stages(ranks, cores, args.step_ms or DEFAULT_STEP_MS):
-        result = run_stage(stage, interval=args.interval, out=out, quiet=as_json)
+    for stage in study.stages:
+        if not as_json:
+            print(f"stage {stage.number}: {stage.title} ({stage.config.describe()})", file=out, flush=True)
+        watch = study.begin(stage)
+        while True:
+            tick = time.monotonic()
+            if watch.observe(study.poll()):
+                break
+            time.sleep(max(0.0, interval - (time.monotonic() - tick)))  # the refresh interval, as the TUI's
+        result = study.finish()
         record = result.json(previous)
         if as_json:
             print(json.dumps(record), file=out, flush=True)
@@ -192,4 +307,97 @@ def run(args: Any) -> int:
                 flush=True,
             )
         previous = result
-    return 0
+
+
+class CaseStudySource:
+    """The case study as the TUI's source (a `source.Restarting`): the stages run on a thread of their own, each
+    poll's snapshot also goes to the running stage's watch, a new stage starts the TUI's history over (its
+    verdict is then the new job's), and `narration` is the header's line: the stage now and those before."""
+
+    def __init__(self, study: CaseStudy) -> None:
+        self.study = study
+        self.machine = study.pipeline.machine
+        self.generation = 0
+        self.narration = "case study: starting"
+        self.error: Optional[str] = None  # why the stages stopped early, if they did
+        self.finished = threading.Event()  # every stage ran (or one failed)
+        self._watching: Optional[queue.Queue[Snapshot]] = None  # the running stage's snapshots
+        self._thread = threading.Thread(target=self._drive, name="gputop-case-study", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poll(self) -> Snapshot:
+        snapshot = self.study.poll()
+        watching = self._watching
+        if watching is not None:
+            watching.put(snapshot)
+        return snapshot
+
+    def attach(self, pid: int) -> None:
+        self.study.pipeline.attach(pid)
+
+    def want_stacks(self, wanted: bool) -> None:
+        self.study.pipeline.want_stacks(wanted)
+
+    def focus_sampling(self, focused: bool) -> None:
+        self.study.pipeline.focus_sampling(focused)
+
+    def _narrate(self, stage: Optional[Stage], starting: bool = False) -> str:
+        done = " · ".join(f"{r.stage.number}: {r.steps_per_s:.2f} steps/s, {r.bottleneck}" for r in self.study.results)
+        if stage is None:
+            return f"case study done │ {done}"
+        now = f"case study: stage {stage.number} of {len(self.study.stages)} — {stage.short or stage.title}"
+        return now + (" (starting the job)" if starting else "") + (f" │ {done}" if done else "")
+
+    def _drive(self) -> None:
+        try:
+            for stage in self.study.stages:
+                self.narration = self._narrate(stage, starting=True)
+                watch = self.study.begin(stage)
+                snapshots: queue.Queue[Snapshot] = queue.Queue()
+                self._watching = snapshots
+                self.generation += 1  # the TUI's history starts over with this job
+                self.narration = self._narrate(stage)
+                while True:
+                    try:
+                        snapshot = snapshots.get(timeout=0.5)
+                    except queue.Empty:
+                        if self.study.closed:
+                            return
+                        continue
+                    if watch.observe(snapshot):
+                        break
+                self._watching = None
+                self.study.finish()
+            self.narration = self._narrate(None)
+        except GputopError as exc:
+            if not self.study.closed:
+                self.error = str(exc)
+                self.narration = f"case study stopped: {exc}"
+        finally:
+            self.finished.set()
+
+    def close(self) -> None:
+        self.study.close()  # a stage still starting fails at once: its job is stopped
+        self._thread.join(timeout=5.0)
+
+
+def run(args: Any) -> int:
+    """The case study in the TUI (the header says which stage runs and how the ones before went; the verdict is
+    gputop's own), or headless with --no-tui / --json: one line (or JSON object) per stage."""
+    from gputop.commands.demo import run_tui
+
+    as_json = bool(getattr(args, "json", False))
+    cores = float(len(os.sched_getaffinity(0)))
+    stage_list = stages(args.gpus or 8, cores, args.step_ms or DEFAULT_STEP_MS)
+    study = CaseStudy(stage_list, stack_interval=getattr(args, "stack_interval", 2.0))
+    if args.no_tui or as_json:
+        try:
+            run_headless(study, interval=args.interval, out=sys.stdout, as_json=as_json)
+        finally:
+            study.close()
+        return 0
+    source = CaseStudySource(study)
+    source.start()
+    return run_tui(source, args, subtitle="case study", failure=lambda: source.error)

@@ -17,12 +17,15 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 from gputop.analysis.diagnosis import findings, verdict_line
 from gputop.commands.observing import StopSignals
 from gputop.errors import GputopError
 from gputop.history import History
+
+if TYPE_CHECKING:
+    from gputop.source import Source
 
 # The simulated machine. Its 8 GPUs bound --gpus; with fewer ranks the remaining GPUs sit idle.
 DEMO_PROFILE = "h100-sxm-8"
@@ -137,13 +140,32 @@ def print_summary(summary: DemoSummary, out: TextIO) -> None:
     out.flush()
 
 
+def run_tui(source: "Source", args: Any, *, subtitle: str, failure: Callable[[], Optional[str]]) -> int:
+    """The TUI on a demo's `source` until q (or --seconds); then the job's `failure()`, if any, as the one line."""
+    from gputop.tui.app import run_app  # the core never loads Textual unless the TUI is wanted
+
+    if args.seconds is not None:
+        # ends the TUI the way SIGTERM does (see StopSignals), from outside its event loop
+        timer = threading.Timer(args.seconds, signal.raise_signal, (signal.SIGTERM,))
+        timer.daemon = True
+        timer.start()
+    try:
+        code = run_app(source, interval=args.interval, subtitle=subtitle)
+    except KeyboardInterrupt:
+        code = 0
+    failed = failure()
+    if failed:
+        raise GputopError(failed)
+    return code
+
+
 def run(args: Any) -> int:
     _check_demo_dependencies()
     from gputop.pipeline import TUI_WATCH_FIRST_AFTER_S, WATCH_COUNTERS_S, Pipeline
     from gputop.sim.demo_launcher import DemoJob
 
     scenario = args.scenario
-    if scenario == "case-study":  # four jobs one after another (gputop/commands/case_study.py)
+    if scenario == "case-study":  # four jobs one after another on one machine (gputop/commands/case_study.py)
         from gputop.commands.case_study import run as run_case_study
 
         with StopSignals():
@@ -174,21 +196,7 @@ def run(args: Any) -> int:
         except KeyboardInterrupt:
             return 130
         if not args.no_tui:
-            from gputop.tui.app import run_app  # the core never loads Textual unless the TUI is wanted
-
-            if args.seconds is not None:
-                # ends the TUI the way SIGTERM does (see StopSignals), from outside its event loop
-                timer = threading.Timer(args.seconds, signal.raise_signal, (signal.SIGTERM,))
-                timer.daemon = True
-                timer.start()
-            try:
-                code = run_app(pipeline, interval=args.interval, subtitle=f"demo: {scenario}")
-            except KeyboardInterrupt:
-                code = 0
-            failure = job.failure()
-            if failure:
-                raise GputopError(failure)
-            return code
+            return run_tui(pipeline, args, subtitle=f"demo: {scenario}", failure=job.failure)
         try:
             print(
                 f"gputop demo: {scenario} ({job.config.describe()}); launcher PID {launcher_pid}",

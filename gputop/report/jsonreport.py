@@ -22,7 +22,7 @@ from gputop.analysis.numbers import mean, percentile
 from gputop.analysis.observations import RankObs, collect_rank_observations
 from gputop.analysis.stack_classes import aggregate_worker_leaves, format_frame
 from gputop.history import History
-from gputop.model import Finding, Frame, GpuSample, Snapshot, to_jsonable
+from gputop.model import Finding, Frame, GpuSample, Snapshot, device_label, to_jsonable
 from gputop.report.infra import infra_data
 from gputop.report.redact import redact_cmdline, redact_jsonable, redact_text
 
@@ -149,6 +149,8 @@ def _job(snaps: Sequence[Snapshot]) -> Optional[dict[str, Any]]:
                 "world_size": r.world_size,
                 "pid": r.proc.pid,
                 "gpus": list(r.gpus),
+                "devices": [device_label(*d) for d in r.devices],  # "GPU0", or "GPU0/GI1" on a MIG instance
+                "mig_instances": [list(pair) for pair in r.mig_instances],  # [GPU, GPU instance id]
                 "gpu_mapping": r.gpu_mapping,  # "nvml" | "nspid" | "inferred" (see model.Rank)
                 "cuda_visible_devices": r.cuda_visible_devices,
                 "main_thread_state": r.main_thread_state,

@@ -323,7 +323,8 @@ def _job(data: dict[str, Any]) -> list[str]:
                 r["rank"],
                 r["local_rank"],
                 r["pid"],
-                ", ".join(map(str, r["gpus"])) or None,
+                # "0", or "0/GI1" on a MIG instance (a report written before MIG was known has no devices)
+                ", ".join(d.removeprefix("GPU") for d in r.get("devices") or map(str, r["gpus"])) or None,
                 r["cuda_visible_devices"],
                 r["main_thread_state"],
                 _share_cell(wait, r["samples"]) if wait else ("starting up" if r["starting_up"] else None),

@@ -11,6 +11,7 @@ from collections import deque
 from typing import Optional, Protocol
 
 from gputop.sim.busy_board import BusyBoard
+from gputop.sim.kernels import IDLE
 
 # NVML averages utilization over a sample period of 1/6 s to 1 s; we use 1 s.
 UTILIZATION_WINDOW_S = 1.0
@@ -36,6 +37,14 @@ class LoadModel(Protocol):
     # heat); a load model without it draws power in proportion to utilization.
     # Optional: `activity_seconds(gpu, now) -> tuple[float, ...]`, the GPM counters (the kernels' `KernelMix`
     # integrated over time); without it the fake NVML counts `fake_nvml.DEFAULT_ACTIVITY` of the busy time.
+
+
+class JobLoad(LoadModel, Protocol):
+    """A load model that a running job drives, with every optional part (`BusyBoardLoad`)."""
+
+    def power_load(self, gpu: int, now: float) -> float: ...
+
+    def activity_seconds(self, gpu: int, now: float) -> tuple[float, ...]: ...
 
 
 class BusyBoardLoad:
@@ -92,3 +101,45 @@ class BusyBoardLoad:
 
     def processes(self, gpu: int) -> list[tuple[int, int]]:
         return self.board.processes(gpu)
+
+
+class FollowingLoad:
+    """The load of whichever demo job runs now, on one simulated machine that outlives its jobs (the case study's
+    stages, one after another): idle between jobs.  The GPM counters carry on across a switch, so they only
+    climb, as a real GPU's do (a new job's board counts from zero)."""
+
+    def __init__(self) -> None:
+        self._current: Optional[JobLoad] = None
+        self._carried: dict[int, tuple[float, ...]] = {}  # per GPU: the counters the previous jobs left
+        self._last: dict[int, tuple[float, ...]] = {}  # per GPU: the counters last answered
+
+    def follow(self, load: Optional[JobLoad]) -> None:
+        """Drive the GPUs from `load` from now on (None: idle)."""
+        self._carried = dict(self._last)
+        self._current = load
+
+    def utilization(self, gpu: int, now: float) -> float:
+        current = self._current
+        return current.utilization(gpu, now) if current is not None else 0.0
+
+    def power_load(self, gpu: int, now: float) -> float:
+        current = self._current
+        return current.power_load(gpu, now) if current is not None else 0.0
+
+    def activity_seconds(self, gpu: int, now: float) -> tuple[float, ...]:
+        current, carried = self._current, self._carried.get(gpu, ())
+        if current is None:
+            return self._last.get(gpu, (0.0,) * len(IDLE))
+        counted = current.activity_seconds(gpu, now)
+        if carried:
+            counted = tuple(a + b for a, b in zip(counted, carried))
+        self._last[gpu] = counted
+        return counted
+
+    def memory_used(self, gpu: int, now: float) -> Optional[int]:
+        current = self._current
+        return current.memory_used(gpu, now) if current is not None else None
+
+    def processes(self, gpu: int) -> list[tuple[int, int]]:
+        current = self._current
+        return current.processes(gpu) if current is not None else []

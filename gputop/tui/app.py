@@ -33,7 +33,7 @@ from gputop import units
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
-from gputop.source import Attachable, Batch, Focusable, PollLoop, Seekable, Source
+from gputop.source import Attachable, Batch, Focusable, PollLoop, Restarting, Seekable, Source
 from gputop.tui import partial_updates
 from gputop.tui.look import key_display
 from gputop.tui.main_screen import MainScreen
@@ -422,6 +422,8 @@ class GputopApp(App[None]):
         if snapshot is None:
             return
         self._draw_verdict()  # one that came since the last frame (see on_diagnosed)
+        if isinstance(self.source, Restarting):  # where it stands (the case study's stage) in the subtitle's place
+            self.main.header.set_subtitle(self.source.narration, before_versions=True)
         # The widest sparkline spans at most ~ width seconds-per-cell x cells; 10 minutes is a safe bound.
         snapshots = self.history.window(max(180.0, self.interval * 200))
         self.main.show(snapshots, self.interval, gpu_users(snapshot), reading_gpus=self.reading_gpus)

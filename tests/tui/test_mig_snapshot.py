@@ -79,3 +79,11 @@ def test_mig_card_lines_say_profile_memory_and_pids():
         "GI8 1g.10gb  0.0/9.0G  -",
     ]
     assert gpu_state(gpu)[1] == STATE_MIG[1]  # not IDLE: NVML does not measure a MIG GPU's utilization
+
+
+def test_the_process_list_names_the_mig_instance_a_process_runs_on():
+    from gputop.tui.widgets.job_panel import gpu_process_rows
+
+    snapshot = _mig_snapshots()[-1]
+    rows = {row.pid: row.gpus for row in gpu_process_rows(dataclasses.replace(snapshot, job=None, jobs=()))}
+    assert rows == {4242: "GPU0/GI1", 4243: "GPU0/GI3", 4244: "GPU1/GI1", 1003: "GPU2", 1004: "GPU3"}

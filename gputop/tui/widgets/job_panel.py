@@ -15,9 +15,12 @@ from textual.message import Message
 from textual.strip import Strip
 
 from gputop import units
-from gputop.model import JobTree, ProcInfo, Rank, Snapshot
+from gputop.model import JobTree, ProcInfo, Rank, Snapshot, device_label
 from gputop.tui import look
 from gputop.tui.canvas import LineBuilder, LineCanvas
+
+GPU_COLUMN = 6  # "GPU0" and room; a process on several GPUs is cut ("GPU0,…")
+MIG_GPU_COLUMN = 14  # "GPU0/GI1" (a MIG instance) and room for a second
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ def _rank_row(rank: Rank, branch: str, job_root: Optional[int], fold_workers: bo
         kind="rank",
         label=f"{branch}{name} {proc.pid}{folded}",
         # "?": inferred from CUDA_VISIBLE_DEVICES + LOCAL_RANK (NVML's PIDs are not visible in this container)
-        gpus=",".join(f"GPU{g}{'?' if rank.gpu_mapping == 'inferred' else ''}" for g in rank.gpus) if rank.gpus else "-",
+        # "GPU0/GI1": on GPU instance 1 of GPU 0 (MIG)
+        gpus=",".join(f"{device_label(*d)}{'?' if rank.gpu_mapping == 'inferred' else ''}" for d in rank.devices) or "-",
         cpu=proc.cpu_percent,
         state=_proc_state(proc),
         extra=units.short_bytes(proc.rss) if proc.rss is not None else "",
@@ -132,9 +136,13 @@ def _rank_row(rank: Rank, branch: str, job_root: Optional[int], fold_workers: bo
 def gpu_process_rows(snapshot: Snapshot) -> list[JobRow]:
     """Flat NVML process list: one row per PID with the GPUs it holds memory on."""
     by_pid: dict[int, list[tuple[int, Optional[int]]]] = {}
+    instances: dict[tuple[int, int], int] = {}  # (pid, GPU) -> the GPU instance NVML lists it on (MIG)
     for gpu in snapshot.gpus:
         for proc in gpu.processes or ():
             by_pid.setdefault(proc.pid, []).append((gpu.index, proc.used_memory))
+        for mig in gpu.mig or ():
+            for proc in mig.processes or ():
+                instances[(proc.pid, gpu.index)] = mig.gpu_instance_id
     rows = []
     for pid in sorted(by_pid):
         entries = by_pid[pid]
@@ -144,7 +152,7 @@ def gpu_process_rows(snapshot: Snapshot) -> list[JobRow]:
                 pid=pid,
                 kind="process",
                 label=f"pid {pid}",
-                gpus=",".join(f"GPU{g}" for g, _ in entries),
+                gpus=",".join(device_label(g, instances.get((pid, g))) for g, _ in entries),
                 extra=units.short_bytes(sum(memory)) if memory else "n/a",
                 note=_proc_cmdline(pid),
                 job_root=pid,
@@ -258,8 +266,10 @@ class JobPanel(LineCanvas, can_focus=True):
             lines.append(LineBuilder().add("   no GPU processes", look.DIM).strip(width))
             return lines
         name_w = max(12, min(34, max(len(r.label) for r in self.rows) + 1))
+        # wider for a rank on a MIG instance ("GPU0/GI1"), else as wide as "GPU0,…"
+        gpu_w = max([GPU_COLUMN] + [min(MIG_GPU_COLUMN, len(r.gpus) + 1) for r in self.rows if "/GI" in r.gpus])
         columns = LineBuilder().add(" " + "PROCESS".ljust(name_w), look.LABEL)
-        columns.add("GPU".ljust(6) + "  CPU% S ".ljust(9) + "RSS/core".ljust(9) + "state / command", look.LABEL)
+        columns.add("GPU".ljust(gpu_w) + "  CPU% S ".ljust(9) + "RSS/core".ljust(9) + "state / command", look.LABEL)
         lines.append(columns.strip(width))
         room = max(1, height - len(lines))
         index = next((i for i, r in enumerate(self.rows) if r.pid == self.selected_pid), 0)
@@ -277,7 +287,7 @@ class JobPanel(LineCanvas, can_focus=True):
             line.add(marker, look.ACCENT_BOLD)
             label_style = base or (look.DIM if row.exited else look.BOLD if row.kind in ("launcher", "rank") else look.PLAIN)
             line.add(look.ellipsize(row.label, name_w - 1).ljust(name_w), label_style)
-            line.add(look.ellipsize(row.gpus, 6).ljust(6), look.ACCENT)
+            line.add(look.ellipsize(row.gpus, gpu_w).ljust(gpu_w), look.ACCENT)
             cpu = "" if row.cpu is None else f"{row.cpu:5.0f}%"
             line.add(cpu.rjust(7), look.load_style(row.cpu) if row.cpu is not None else None)
             state_style = look.BAD_BOLD if row.state in ("D", "Z", "exited") else None

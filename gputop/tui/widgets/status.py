@@ -21,6 +21,10 @@ def gpu_summary(machine: MachineInfo) -> str:
     return ", ".join(f"{count}× {name}" for name, count in counts.items())
 
 
+SUBTITLE_CUT_TO = 24  # the shortest a long subtitle is cut to before it goes
+SUBTITLE_BEFORE_VERSIONS = 2.5  # a narration's drop order: after the CUDA (1) and driver (2) versions
+
+
 class HeaderLine(LineCanvas):
     DEFAULT_CSS = """
     HeaderLine { height: 1; background: $panel; }
@@ -34,6 +38,7 @@ class HeaderLine(LineCanvas):
         self.simulated = bool(machine.simulated)
         self.replay: Optional[str] = None  # "replay 00:12/01:40 ×2"
         self.subtitle = ""  # e.g. "demo: starved"
+        self.subtitle_drop: float = 0  # its place in the order parts are dropped in (see build)
         self.reading_gpus = False  # NVML has not answered yet: the GPUs are not known
 
     def set_machine(self, machine: MachineInfo, reading_gpus: bool = False) -> None:
@@ -48,6 +53,13 @@ class HeaderLine(LineCanvas):
         self.replay = replay
         self.redraw()
 
+    def set_subtitle(self, subtitle: str, *, before_versions: bool = False) -> None:
+        """`before_versions`: the driver and CUDA versions give way to it on a narrow terminal (a source's narration)."""
+        drop = SUBTITLE_BEFORE_VERSIONS if before_versions else 0
+        if (subtitle, drop) != (self.subtitle, self.subtitle_drop):
+            self.subtitle, self.subtitle_drop = subtitle, drop
+            self.redraw()
+
     def wanted_height(self, width: int) -> int:
         return 1
 
@@ -61,18 +73,25 @@ class HeaderLine(LineCanvas):
         if self.paused:
             tags.append((" ‖ PAUSED ", look.BAD_BOLD))
         # (label, value, drop order): the least useful parts go first when the terminal is narrow
-        candidates: list[tuple[str, Optional[str], int]] = [
+        candidates: list[tuple[str, Optional[str], float]] = [
             ("", m.hostname, 99),
             ("driver ", m.driver_version, 2),
             ("CUDA ", m.cuda_version, 1),
             ("", READING_GPUS if self.reading_gpus else gpu_summary(m), 3),
             ("⟳ ", f"{self.interval:g}s", 99),
-            ("", self.subtitle, 0),
+            ("", self.subtitle, self.subtitle_drop),
         ]
         parts = [(label, value, drop) for label, value, drop in candidates if value]
         room = width - sum(len(t) for t, _ in tags) - len(" gputop ")
-        while sum(len(label) + len(value) + 2 for label, value, _ in parts) > room and any(p[2] < 99 for p in parts):
-            parts.remove(min(parts, key=lambda p: p[2]))
+        while (excess := sum(len(label) + len(value) + 2 for label, value, _ in parts) - room) > 0 and any(
+            p[2] < 99 for p in parts
+        ):
+            least = min(parts, key=lambda p: p[2])
+            if least[1] == self.subtitle and len(self.subtitle) - excess >= SUBTITLE_CUT_TO:
+                # a long subtitle (the case study's stages) is cut, not dropped: its start says the most
+                parts[parts.index(least)] = ("", look.ellipsize(self.subtitle, len(self.subtitle) - excess), least[2])
+                break
+            parts.remove(least)
         line = LineBuilder().add(" gputop ", look.ACCENT_BOLD)
         for i, (label, value, _) in enumerate(parts):
             if i:
