@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gputop.analysis.stack_classes import COLLECTIVE, FORWARD_BACKWARD, WAITING_FOR_DATA
 from gputop.cli import main
-from gputop.exporter import FINDING_LABELS, Exporter
+from gputop.exporter import FINDING_LABELS, Exporter, job_label
 from gputop.recording import read_recording
-from gputop.source import job_anchor, jobs_of
+from gputop.source import jobs_of
 from tests.harness import histories as hb
 from tests.harness.processes import free_port, wait_until
 from tests.harness.train_jobs import ATTACH_LOOP, start
@@ -196,11 +196,11 @@ def exported_trees(samples: dict[str, list]) -> set[tuple]:
     }
 
 
-def recorded_trees(snapshot) -> set[tuple]:
-    """The same, from a recorded snapshot's job trees."""
+def recorded_trees(snapshot, hostname: str) -> set[tuple]:
+    """The same, from a recorded snapshot's job trees (the job labelled as serve labels it on `hostname`)."""
     return {
         (
-            str(job_anchor(tree)),
+            job_label(tree, hostname),
             str(rank.rank if rank.rank is not None else position),
             str(rank.proc.pid),
             str(gpu),
@@ -236,10 +236,11 @@ def test_record_and_serve_of_the_same_machine_and_job_hold_the_same_job_trees(sp
     _out, err = record.communicate(timeout=120)
     assert record.returncode == 0, err
 
-    _machine, snapshots, warning = read_recording(str(path))
+    machine, snapshots, warning = read_recording(str(path))
     assert warning is None and snapshots
-    recorded = recorded_trees(snapshots[-1])
-    assert recorded == {(str(pid), "0", str(pid), "3", 2.0)}  # the job's rank on GPU 3 with its two workers
+    recorded = recorded_trees(snapshots[-1], machine.hostname)
+    # the job's rank on GPU 3 with its two workers, the job named by this host and its launcher's PID
+    assert recorded == {(f"{machine.hostname}:{pid}", "0", str(pid), "3", 2.0)}
     assert any(tree.stacks for snap in snapshots for tree in jobs_of(snap))  # followed with its stacks
 
     def exported() -> set[tuple]:
@@ -250,7 +251,10 @@ def test_record_and_serve_of_the_same_machine_and_job_hold_the_same_job_trees(sp
         except OSError:  # not listening yet
             return set()
 
-    assert wait_until(lambda: exported() == recorded, timeout=60, what="serve to export the recorded tree")
+    try:
+        wait_until(lambda: exported() == recorded, timeout=60, what="serve to export the recorded tree")
+    except AssertionError as exc:  # say what differs
+        raise AssertionError(f"{exc}: recorded {recorded}, exported {exported()}") from None
     serve.send_signal(signal.SIGTERM)
     _out, err = serve.communicate(timeout=30)
     assert serve.returncode == 0 and "Traceback" not in err, err

@@ -395,21 +395,25 @@ def collect_rank_observations(snaps: Sequence[Snapshot], share_since: Optional[f
                 # a state without a dump (collector that classifies in place): one sample per snapshot
                 obs.samples.append(StackSample(snap.timestamp, r.main_thread_state))
             for w in r.workers:
-                wobs = obs.workers.get(w.pid)
-                if wobs is None:
-                    wobs = obs.workers[w.pid] = WorkerObs(w.pid)
-                wobs.last = w
-                wobs.native = native_frames(job.native_stacks.get(w.pid))
-                if w.cpu_percent is not None and not w.exited:
-                    wobs.cpu.append(w.cpu_percent)
-                ws = job.stacks.get(w.pid)
-                if ws is not None and not ws.error and ws.threads:
-                    if not wobs.samples or ws.timestamp > wobs.samples[-1].timestamp:
-                        wm = main_thread(ws)
-                        wf = own_frames(wm) if wm else ()
-                        wobs.last_stacks = ws
-                        wobs.samples.append(stack_sample(ws, wm, None, wf))
+                _observe_worker(obs, w, job)
     return ranks
+
+
+def _observe_worker(obs: RankObs, w: ProcInfo, job: JobTree) -> None:
+    """A DataLoader worker of the rank in one snapshot: its CPU, its native frames and its distinct dumps."""
+    wobs = obs.workers.get(w.pid)
+    if wobs is None:
+        wobs = obs.workers[w.pid] = WorkerObs(w.pid)
+    wobs.last = w
+    wobs.native = native_frames(job.native_stacks.get(w.pid))
+    if w.cpu_percent is not None and not w.exited:
+        wobs.cpu.append(w.cpu_percent)
+    ws = job.stacks.get(w.pid)
+    if ws is not None and not ws.error and ws.threads:
+        if not wobs.samples or ws.timestamp > wobs.samples[-1].timestamp:
+            wm = main_thread(ws)
+            wobs.last_stacks = ws
+            wobs.samples.append(stack_sample(ws, wm, None, own_frames(wm) if wm else ()))
 
 
 # ----------------------------------------------------------------- per-GPU series
