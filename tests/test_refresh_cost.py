@@ -72,12 +72,23 @@ def test_a_window_moved_by_three_snapshots_judges_only_those(snapshots, monkeypa
     assert judged[0] == 3 * GPUS  # the 27 snapshots both windows hold were judged once
 
 
-def test_another_window_between_leaves_the_judgement_right(snapshots, monkeypatch):
+def test_another_window_between_is_no_reason_to_judge_again(snapshots, monkeypatch):
     """The counter watch (`gputop check`'s rules on its own snapshots) judges between two diagnoses: the next
-    diagnosis judges its window again, and gets the same answer."""
+    diagnosis still reuses its last window's judgements."""
     window = snapshots[5:35]
     judge_window(window)
     judge_window(snapshots[38:40])
+    judged = count_judged(monkeypatch)
+    assert judge_window(window) == fresh_judgement(window)
+    assert judged[0] == 0
+
+
+def test_what_is_no_longer_kept_is_judged_again_and_right(snapshots, monkeypatch):
+    """Only the last two calls' judgements are kept: after two other windows, the first is judged anew."""
+    window = snapshots[5:35]
+    judge_window(window)
+    judge_window(snapshots[38:40])
+    judge_window(snapshots[36:38])
     judged = count_judged(monkeypatch)
     assert judge_window(window) == fresh_judgement(window)
     assert judged[0] == 30 * GPUS

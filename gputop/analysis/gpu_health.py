@@ -358,37 +358,40 @@ def judge_gpu_window(index: int, judged: Sequence[tuple[GpuSample, GpuHealth]]) 
 JudgedSnapshot = tuple[tuple[GpuSample, GpuHealth], ...]
 
 
-class _LastWindow:
-    """The judged snapshots of the last `judge_window` call, by identity.  The TUI judges a sliding window
-    every few seconds (the diagnosis) that differs from the last by a few new snapshots: those are judged,
-    the rest are reused.  Only the last window's are kept (references to snapshots its caller holds), so
-    memory stays what one window's judgements take; two threads judging in turn only judge more."""
+class _LastWindows:
+    """The judged snapshots of the last two `judge_window` calls, by identity.  The TUI judges a sliding
+    window every few seconds (the diagnosis) that differs from the last by a few new snapshots: those are
+    judged, the rest are reused.  Two calls' worth, so that another caller between two diagnoses (the
+    counter watch judges its own snapshots every minute) does not make the next one judge its whole window
+    again.  Only those are kept (references to snapshots their callers held), so memory stays what two
+    windows' judgements take; threads judging at once only judge more."""
 
     def __init__(self) -> None:
-        self.judged: dict[int, tuple[Snapshot, JudgedSnapshot]] = {}
+        self.judged: tuple[dict[int, tuple[Snapshot, JudgedSnapshot]], ...] = ()
 
 
-_LAST_WINDOW = _LastWindow()
+_LAST_WINDOWS = _LastWindows()
 
 
-def _judged(snap: Snapshot, previous: Mapping[int, tuple[Snapshot, JudgedSnapshot]]) -> JudgedSnapshot:
-    kept = previous.get(id(snap))
-    if kept is not None and kept[0] is snap:
-        return kept[1]
+def _judged(snap: Snapshot, previous: Sequence[Mapping[int, tuple[Snapshot, JudgedSnapshot]]]) -> JudgedSnapshot:
+    for window in previous:
+        kept = window.get(id(snap))
+        if kept is not None and kept[0] is snap:
+            return kept[1]
     peers = peers_of(snap.gpus)
     return tuple((g, judge_sample(g, peers)) for g in snap.gpus)
 
 
 def judge_window(snapshots: Sequence[Snapshot]) -> dict[int, GpuHealth]:
     """Every GPU seen in the snapshots (oldest first), judged over all of them."""
-    previous = _LAST_WINDOW.judged
+    previous = _LAST_WINDOWS.judged
     judged_now: dict[int, tuple[Snapshot, JudgedSnapshot]] = {}
     series: dict[int, list[tuple[GpuSample, GpuHealth]]] = {}
     for snap in snapshots:
         judged = judged_now[id(snap)] = (snap, _judged(snap, previous))
         for g, health in judged[1]:
             series.setdefault(g.index, []).append((g, health))
-    _LAST_WINDOW.judged = judged_now
+    _LAST_WINDOWS.judged = (judged_now, *previous[:1])
     return {index: judge_gpu_window(index, judged) for index, judged in sorted(series.items())}
 
 
