@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, Callable, Optional, Sequence
 
 from gputop import units
@@ -75,10 +74,7 @@ def _why(gpu: GpuSample, key: str) -> str:
 
 def _link_total(gpu: GpuSample, attr: str) -> Optional[float]:
     """Traffic summed over the GPU's NVLinks (None: no NVLink, or no rate read yet)."""
-    if gpu.nvlink is None:
-        return None
-    values = [value for value in map(attrgetter(attr), gpu.nvlink) if value is not None]
-    return sum(values) if values else None
+    return None if gpu.nvlink is None else gpu.nvlink.total(attr)
 
 
 def _latest(samples: Sequence[GpuSample], attr: str) -> Optional[float]:
@@ -147,7 +143,7 @@ def _pcie_long(gpu: GpuSample) -> str:
 def _nvlink_active(gpu: GpuSample) -> Optional[tuple[int, int]]:
     if gpu.nvlink is None:
         return None
-    return len([link for link in gpu.nvlink if link.active]), len(gpu.nvlink)
+    return gpu.nvlink.active_count(), len(gpu.nvlink)
 
 
 def _nvlink_short(gpu: GpuSample) -> str:

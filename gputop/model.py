@@ -63,6 +63,7 @@ class NvLinkWiring:
 
 
 _NOT_MEASURED = math.nan  # a rate NVML gave none for (None to readers); no measured rate is NaN
+_RATE_OFFSET = {"tx_bytes_per_s": 0, "rx_bytes_per_s": 1}  # NvLinks.rates: TX then RX of each link
 
 
 @functools.lru_cache(maxsize=256)
@@ -125,6 +126,16 @@ class NvLinks(Sequence[NvLinkLink]):
             }
             for i, w in enumerate(self.wiring)
         ]
+
+    def active_count(self) -> int:
+        """How many links are up (read from the wiring: no `NvLinkLink` built, as the card's every frame needs)."""
+        return sum(1 for w in self.wiring if w.active)
+
+    def total(self, attr: str) -> Optional[float]:
+        """`attr` ("tx_bytes_per_s" or "rx_bytes_per_s") summed over the links that measured it, in link order
+        (None: none did); from the array, no `NvLinkLink` built."""
+        values = [value for value in self.rates[_RATE_OFFSET[attr] :: 2] if value == value]  # NaN: not measured
+        return sum(values) if values else None
 
     def _rate(self, i: int) -> Optional[float]:
         value = self.rates[i]

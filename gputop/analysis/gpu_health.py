@@ -40,7 +40,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION, POWER_LIMIT_LOWERED, THROTTLE_MIN_FRACTION
 from gputop.analysis.xids import meaning_of
-from gputop.model import LABEL_INFRA, GpuSample, NicPortSample, Snapshot
+from gputop.model import LABEL_INFRA, GpuSample, NicPortSample, NvLinkWiring, Snapshot
 
 
 class Severity(IntEnum):
@@ -210,12 +210,18 @@ def _slowdown(gpu: GpuSample) -> list[Problem]:
     return [Problem(SLOWDOWN, max(s for _, s in found), "throttled", text)]
 
 
+def _wiring(gpu: GpuSample) -> tuple[NvLinkWiring, ...]:
+    """The GPU's links as they are wired (up or down, and to what): all the NVLink rules read.  Not
+    `gpu.nvlink`, whose items are built on each read: the rules run over every sample of a window."""
+    return gpu.nvlink.wiring if gpu.nvlink is not None else ()
+
+
 def _nvlink(gpu: GpuSample, peers: Peers) -> list[Problem]:
     """Links down on a GPU that has some up, or whose peers of its model have some up.  Every link down is the
     board's normal state where no GPU of its model has one up (PCIe-only boards), and on a card of a bridged
     model (`Peers.bridged`): an NVLink bridge joins two cards, and a card without one reports its links
     inactive."""
-    links = gpu.nvlink or ()
+    links = _wiring(gpu)
     down = [link.link for link in links if not link.active]
     if not down or nvlink_unused(gpu, peers):
         return []
@@ -245,7 +251,7 @@ NVLINK_UNBRIDGED = "no bridge"  # a card of a bridged model without a bridge: it
 def _bridge_partner(gpu: GpuSample) -> Optional[str]:
     """The one GPU this GPU's active links all lead to (its bridge partner); None if they lead to a switch,
     to several GPUs, or NVML did not say where."""
-    active = [link for link in gpu.nvlink or () if link.active]
+    active = [link for link in _wiring(gpu) if link.active]
     ends = {link.remote_bus_id for link in active}
     if not active or len(ends) != 1 or any(link.remote_kind not in ("gpu", None) for link in active):
         return None
@@ -255,7 +261,7 @@ def _bridge_partner(gpu: GpuSample) -> Optional[str]:
 def _bridged_models(gpus: Sequence[GpuSample]) -> frozenset[str]:
     partners: dict[str, list[Optional[str]]] = {}
     for g in gpus:
-        if not g.lost and any(link.active for link in g.nvlink or ()):
+        if not g.lost and any(link.active for link in _wiring(g)):
             partners.setdefault(g.name, []).append(_bridge_partner(g))
     return frozenset(name for name, ends in partners.items() if all(ends))
 
@@ -263,7 +269,7 @@ def _bridged_models(gpus: Sequence[GpuSample]) -> frozenset[str]:
 def nvlink_unused(gpu: GpuSample, peers: Peers) -> bool:
     """Every link of this GPU inactive, as its board has them: no GPU of its model has one up (a PCIe-only
     board), or a card of a bridged model without a bridge."""
-    links = gpu.nvlink or ()
+    links = _wiring(gpu)
     inactive = bool(links) and not any(link.active for link in links)
     return inactive and (gpu.name not in peers.nvlink_up or gpu.name in peers.bridged)
 
@@ -272,7 +278,7 @@ def nvlink_class(gpu: GpuSample, peers: Peers) -> str:
     """NVLINK_BRIDGED / NVLINK_UNBRIDGED for a card of a bridged model, NVLINK_BOARD for the others."""
     if gpu.name not in peers.bridged:
         return NVLINK_BOARD
-    return NVLINK_BRIDGED if any(link.active for link in gpu.nvlink or ()) else NVLINK_UNBRIDGED
+    return NVLINK_BRIDGED if any(link.active for link in _wiring(gpu)) else NVLINK_UNBRIDGED
 
 
 def peers_of(gpus: Sequence[GpuSample]) -> Peers:
@@ -281,7 +287,7 @@ def peers_of(gpus: Sequence[GpuSample]) -> Peers:
     for g in gpus:
         if not g.lost and g.power_limit:
             limits[g.name] = max(limits.get(g.name, 0.0), g.power_limit)
-    nvlink_up = frozenset(g.name for g in gpus if not g.lost and any(link.active for link in g.nvlink or ()))
+    nvlink_up = frozenset(g.name for g in gpus if not g.lost and any(link.active for link in _wiring(g)))
     return Peers(limits, nvlink_up, _bridged_models(gpus))
 
 
@@ -322,7 +328,7 @@ def _flickering(judged: Sequence[tuple[GpuSample, GpuHealth]], rule: str) -> lis
     else:
         could_tell = [h for g, h in judged if g.throttle_reasons is not None]
         share = SLOWDOWN_MIN_SHARE
-    hits = [p for h in could_tell for p in h.of(rule)]
+    hits = [p for h in could_tell for p in h.problems if p.rule == rule]  # h.of(rule), without a tuple per sample
     needed = max(1.0, share * len(could_tell))
     if len(hits) < needed:
         return []
@@ -348,13 +354,44 @@ def judge_gpu_window(index: int, judged: Sequence[tuple[GpuSample, GpuHealth]]) 
     return GpuHealth(index, tuple(sorted(found, key=lambda p: -p.severity)))
 
 
+# A snapshot's GPUs, each with judge_sample of it: a pure function of the (frozen) snapshot.
+JudgedSnapshot = tuple[tuple[GpuSample, GpuHealth], ...]
+
+
+class _LastWindows:
+    """The judged snapshots of the last two `judge_window` calls, by identity.  The TUI judges a sliding
+    window every few seconds (the diagnosis) that differs from the last by a few new snapshots: those are
+    judged, the rest are reused.  Two calls' worth, so that another caller between two diagnoses (the
+    counter watch judges its own snapshots every minute) does not make the next one judge its whole window
+    again.  Only those are kept (references to snapshots their callers held), so memory stays what two
+    windows' judgements take; threads judging at once only judge more."""
+
+    def __init__(self) -> None:
+        self.judged: tuple[dict[int, tuple[Snapshot, JudgedSnapshot]], ...] = ()
+
+
+_LAST_WINDOWS = _LastWindows()
+
+
+def _judged(snap: Snapshot, previous: Sequence[Mapping[int, tuple[Snapshot, JudgedSnapshot]]]) -> JudgedSnapshot:
+    for window in previous:
+        kept = window.get(id(snap))
+        if kept is not None and kept[0] is snap:
+            return kept[1]
+    peers = peers_of(snap.gpus)
+    return tuple((g, judge_sample(g, peers)) for g in snap.gpus)
+
+
 def judge_window(snapshots: Sequence[Snapshot]) -> dict[int, GpuHealth]:
     """Every GPU seen in the snapshots (oldest first), judged over all of them."""
+    previous = _LAST_WINDOWS.judged
+    judged_now: dict[int, tuple[Snapshot, JudgedSnapshot]] = {}
     series: dict[int, list[tuple[GpuSample, GpuHealth]]] = {}
     for snap in snapshots:
-        peers = peers_of(snap.gpus)
-        for g in snap.gpus:
-            series.setdefault(g.index, []).append((g, judge_sample(g, peers)))
+        judged = judged_now[id(snap)] = (snap, _judged(snap, previous))
+        for g, health in judged[1]:
+            series.setdefault(g.index, []).append((g, health))
+    _LAST_WINDOWS.judged = (judged_now, *previous[:1])
     return {index: judge_gpu_window(index, judged) for index, judged in sorted(series.items())}
 
 

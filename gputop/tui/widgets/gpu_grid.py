@@ -424,7 +424,7 @@ class GpuGrid(LineCanvas):
         l5 = lines[5]
         l5.add("NVL  ", look.LABEL)
         if gpu.nvlink:
-            all_up = all(link.active for link in gpu.nvlink)
+            all_up = gpu.nvlink.active_count() == len(gpu.nvlink)
             # links a card reports inactive without a bridge are its normal state (the health module's rule)
             unused = not all_up and nvlink_unused(gpu, self._peers)
             l5.add(card_text("nvlink", gpu), look.PLAIN if all_up else look.DIM if unused else look.WARN_BOLD)
