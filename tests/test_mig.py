@@ -184,7 +184,10 @@ import os, subprocess, sys, time
 children = []
 for rank, device in enumerate(sys.argv[1:]):
     env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", CUDA_VISIBLE_DEVICES=device)
-    children.append(subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)"], env=env))
+    child = "import time\\nprint('up', flush=True)\\nwhile True: time.sleep(1)"
+    children.append(subprocess.Popen([sys.executable, "-c", child], env=env, stdout=subprocess.PIPE, text=True))
+for c in children:  # exec'd with its own environment (between fork and exec /proc shows the launcher's)
+    c.stdout.readline()
 print(" ".join(str(c.pid) for c in children), flush=True)
 while True:
     time.sleep(1)
