@@ -103,6 +103,42 @@ def test_error_counters_on_their_slower_cadence_carry_over_between_reads(tmp_pat
     assert reads[1].errors == reads[0].errors and reads[3].errors["symbol_error"] > reads[0].errors["symbol_error"]
 
 
+def test_rate_and_link_layer_read_on_their_slower_cadence_and_at_once_when_the_state_changes(monkeypatch):
+    """Counts the files read: the state and traffic each poll, the rate only every DETAILS_EVERY_S or on a
+    change of state (so a link that goes down and comes back at another rate shows it at once)."""
+    clock = ManualClock(1_700_000_000.0)
+    tree = FakeNicTree(parse_spec("h100-sxm-8"), lambda: clock() - 1_700_000_000.0, clock=clock)
+    opened: list[str] = []
+    real_open = open
+
+    def counting_open(path, *args, **kwargs):
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    try:
+        ports = tree.read() or ()
+        folder = Path(tree.root, "sys/class/infiniband", ports[0].device, "ports/1")
+        reads = []
+        for _ in range(4):  # 4 s on a 1 s poll: within the 5 s cadence
+            clock.advance(1.0)
+            reads.append({p.device: p for p in tree.read() or ()}[ports[0].device])
+        assert sum(name.endswith("/rate") for name in opened) == len(ports)  # the first read's only
+        assert sum(name.endswith("/state") and "phys" not in name for name in opened) == 5 * len(ports)
+        (folder / "state").write_text("1: DOWN\n")
+        clock.advance(1.0)
+        down = {p.device: p for p in tree.read() or ()}[ports[0].device]
+        (folder / "state").write_text("4: ACTIVE\n")
+        (folder / "rate").write_text("200 Gb/sec (4X HDR)\n")
+        clock.advance(1.0)
+        back = {p.device: p for p in tree.read() or ()}[ports[0].device]
+    finally:
+        tree.close()
+    assert all(r.rate_gbps == 400.0 for r in reads)
+    assert (down.up, down.state, down.rate_gbps) == (False, "DOWN", None)
+    assert (back.up, back.rate_gbps, back.rate_text) == (True, 200.0, "200 Gb/sec (4X HDR)")
+
+
 def test_ethernet_interface_and_a_machine_without_nics(tmp_path):
     clock = ManualClock(1_700_000_000.0)
     tree = FakeNicTree(parse_spec("rtx-4090-2"), lambda: clock() - 1_700_000_000.0, clock=clock)

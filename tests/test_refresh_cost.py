@@ -129,3 +129,38 @@ def test_the_window_and_the_card_build_no_nvlink_objects(snapshots, monkeypatch)
         assert g.nvlink.total("tx_bytes_per_s") == (sum(tx) if tx else None)
     assert "14/18" in texts[3 * 1]  # GPU 1: 4 of its 18 links down
     assert "GPU1 WARN" in text
+
+
+def test_long_window_hiccup_search_runs_once_per_stride_over_fresh_copies_of_a_full_history(monkeypatch):
+    """The TUI diagnoses a fresh copy of its history each time, and a full history drops its first sample each
+    poll: the 600 s window's observations must still be built once per LONG_WINDOW_STRIDE_S, not each time.
+    Counts collect_gpu_observations' calls (one per window built)."""
+    from gputop.analysis import diagnosis
+    from gputop.analysis.thresholds import HICCUP_MAX_PERIOD_S, LONG_WINDOW_STRIDE_S
+    from gputop.history import History
+
+    clock = ManualClock(1_700_000_000.0)
+    with Pipeline(simulate="h100-sxm-8", clock=clock) as pipeline:
+        pipeline.fake_library.pcie_latency_s = 0.0
+        live = History(pipeline.machine, capacity=int(3 * HICCUP_MAX_PERIOD_S) + 20)
+        for _ in range(live.capacity):
+            clock.advance(1.0)
+            live.append(pipeline.poll())
+        calls = [0]
+        real = diagnosis.collect_gpu_observations
+
+        def counting(snaps):
+            calls[0] += 1
+            return real(snaps)
+
+        monkeypatch.setattr(diagnosis, "collect_gpu_observations", counting)
+        diagnoses = 20
+        for _ in range(diagnoses):
+            clock.advance(1.0)
+            live.append(pipeline.poll())
+            copy = History(live.machine, capacity=live.capacity)
+            for snap in live:
+                copy.append(snap)
+            diagnosis.diagnose(copy)
+    long_windows = calls[0] - diagnoses  # one short window per diagnosis
+    assert 1 <= long_windows <= diagnoses / LONG_WINDOW_STRIDE_S + 1

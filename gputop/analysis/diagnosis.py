@@ -75,7 +75,7 @@ from gputop.analysis.thresholds import (
     SHARE_WINDOW_S,
 )
 from gputop.history import History
-from gputop.model import SEVERITIES, Finding
+from gputop.model import SEVERITIES, Finding, Snapshot
 
 if TYPE_CHECKING:
     from gputop.analysis.machine_check import CheckReport
@@ -215,9 +215,25 @@ def with_extra_findings(
     return found
 
 
-# the last long-window hiccup search: (history, its first sample's time, the stride it fell in, GPUs left out)
-_LongHiccupKey = tuple[int, float, int, frozenset[int]]
-_long_hiccups: list[tuple[Optional[_LongHiccupKey], list[Finding]]] = [(None, [])]
+# the last long-window hiccup search: (the machine, the stride it fell in, GPUs left out), the newest snapshot
+# it read, and its findings.  Not keyed on the history object nor its first sample: the TUI diagnoses a fresh
+# copy of its history each time, and a full history drops its first sample every poll, so either key missed
+# every time and the long window (collect_gpu_observations over 600 s) was rebuilt on each diagnosis.
+_LongHiccupKey = tuple[int, int, frozenset[int]]
+_long_hiccups: list[tuple[Optional[_LongHiccupKey], Optional[Snapshot], list[Finding]]] = [(None, None, [])]
+
+
+def _still_holds(ctx: Context, anchor: Optional[Snapshot]) -> bool:
+    """Whether `ctx`'s window holds `anchor` itself (the same snapshot object, not an equal one): the same
+    history moved on (or a copy of it), not another history of the same machine at the same times."""
+    if anchor is None:
+        return False
+    for snap in reversed(ctx.snaps):
+        if snap is anchor:
+            return True
+        if snap.timestamp < anchor.timestamp:
+            return False
+    return False
 
 
 def _job_findings(ctx: Context, long_context: Callable[[], Optional[Context]]) -> list[Finding]:
@@ -241,16 +257,16 @@ def _job_findings(ctx: Context, long_context: Callable[[], Optional[Context]]) -
         # epoch-level hiccups: a period of minutes shows only in the longer history.  A period of minutes
         # does not change from one second to the next: the search runs once per LONG_WINDOW_STRIDE_S.
         key: _LongHiccupKey = (
-            id(ctx.history),
-            next(iter(ctx.history)).timestamp,
+            id(ctx.history.machine),
             int(ctx.snaps[-1].timestamp // LONG_WINDOW_STRIDE_S),
             frozenset(hung_gpus),
         )
-        if _long_hiccups[0][0] != key:
+        cached_key, anchor, found = _long_hiccups[0]
+        if cached_key != key or not _still_holds(ctx, anchor):
             long = long_context()
             found = check_hiccup(long, exclude_gpus=hung_gpus, max_period_s=LONG_HICCUP_MAX_PERIOD_S) if long else []
-            _long_hiccups[0] = (key, found)
-        hiccups = list(_long_hiccups[0][1])
+            _long_hiccups[0] = (key, ctx.snaps[-1], found)
+        hiccups = list(found)
     starvation = check_starvation(ctx, exclude=hung_pids | {p for f in stragglers for p in f.pids}, cpu_bound=facts.saturated)
     if not ctx.ranks:
         starvation += check_low_utilization(ctx, exclude_gpus=hung_gpus)

@@ -281,6 +281,7 @@ class HostReader:
 # and 20-40 under an mlx5 device's hw_counters/, against 6 files for its state and traffic.  Errors that
 # climb are judged over a window of seconds, so a 5 s cadence loses nothing (see the README's figures).
 ERRORS_EVERY_S = 5.0
+DETAILS_EVERY_S = 5.0  # a port's rate, link layer and physical state, between changes of its state
 # ports/N/counters/port_{xmit,rcv}_data count 4-byte words (the IBA's PortXmitData is "octets divided by 4")
 IB_DATA_WORD_BYTES = 4
 # The IBA PortCounters under counters/ that count faults; the rest is traffic (data, packets) or congestion
@@ -357,6 +358,8 @@ class NicReader:
         self.unreadable: tuple[str, ...] = ()
         self._traffic: dict[tuple[str, int], tuple[float, Optional[int], Optional[int]]] = {}
         self._errors: dict[tuple[str, int], tuple[float, dict[str, int]]] = {}
+        # per port: (read at, the state then, rate, rate text, link layer, physical state)
+        self._details: dict[tuple[str, int], tuple[float, str, Optional[float], Optional[str], str, Optional[str]]] = {}
 
     def ports(self) -> Optional[list[_Port]]:
         if self._ports is None:
@@ -392,27 +395,25 @@ class NicReader:
         return tuple(self._read_port(port, now) for port in ports)
 
     def _read_port(self, port: _Port, now: float) -> NicPortSample:
-        folder = str(port.folder)  # strings: six files a port every poll, and pathlib's joins cost more than the reads
+        folder = str(port.folder)  # strings: files of every port every poll, and pathlib's joins cost more than the reads
+        key = (port.device, port.port)
+        # the state and the traffic every poll; the rate, the link layer and the physical state only when the
+        # state changed or every `DETAILS_EVERY_S` (a link renegotiates its rate by going down and up)
         if port.rdma:
             state = _after_colon(_first_line(f"{folder}/state")) or "unknown"
             up = state == "ACTIVE"
-            rate_text = _first_line(f"{folder}/rate")
-            match = _RATE.match(rate_text or "")
-            rate = float(match.group(1)) if match and up else None
             rx = _count(f"{folder}/counters/port_rcv_data", IB_DATA_WORD_BYTES)
             tx = _count(f"{folder}/counters/port_xmit_data", IB_DATA_WORD_BYTES)
-            layer = _first_line(f"{folder}/link_layer") or "InfiniBand"
-            phys = _after_colon(_first_line(f"{folder}/phys_state"))
         else:
             state = _first_line(f"{folder}/operstate") or "unknown"
             up = state == "up"
-            speed = _count(f"{folder}/speed")  # Mb/s; -1 or EINVAL without a link
-            rate = speed / 1000 if up and speed is not None and speed > 0 else None
-            rate_text = f"{speed} Mb/s" if rate is not None else None
             rx = _count(f"{folder}/statistics/rx_bytes")
             tx = _count(f"{folder}/statistics/tx_bytes")
-            layer, phys = "Ethernet", None
-        key = (port.device, port.port)
+        details = self._details.get(key)
+        if details is None or details[1] != state or now - details[0] >= DETAILS_EVERY_S or now < details[0]:
+            details = (now, state, *self._read_details(port, folder, up))
+            self._details[key] = details
+        rate, rate_text, layer, phys = details[2:]
         previous = self._traffic.get(key)
         self._traffic[key] = (now, rx, tx)
         rx_rate = tx_rate = None
@@ -443,6 +444,19 @@ class NicReader:
         )
 
     @staticmethod
+    def _read_details(port: _Port, folder: str, up: bool) -> tuple[Optional[float], Optional[str], str, Optional[str]]:
+        """The port's rate (Gb/s, None while down), the rate as the kernel words it, its link layer and physical state."""
+        if port.rdma:
+            rate_text = _first_line(f"{folder}/rate")
+            match = _RATE.match(rate_text or "")
+            rate = float(match.group(1)) if match and up else None
+            layer = _first_line(f"{folder}/link_layer") or "InfiniBand"
+            return rate, rate_text, layer, _after_colon(_first_line(f"{folder}/phys_state"))
+        speed = _count(f"{folder}/speed")  # Mb/s; -1 or EINVAL without a link
+        rate = speed / 1000 if up and speed is not None and speed > 0 else None
+        return rate, f"{speed} Mb/s" if rate is not None else None, "Ethernet", None
+
+    @staticmethod
     def _read_errors(port: _Port) -> dict[str, int]:
         if not port.rdma:
             return _counters_in(port.folder / "statistics", _net_error)
@@ -452,9 +466,9 @@ class NicReader:
 
 
 def _first_line(path: str | Path) -> Optional[str]:
-    try:
-        with open(path) as f:
-            return f.readline().strip() or None
+    try:  # unbuffered bytes: sysfs files are short, and a text wrapper and its decoder cost more than the read
+        with open(path, "rb", buffering=0) as f:
+            return f.read(4096).split(b"\n", 1)[0].decode().strip() or None
     except (OSError, UnicodeDecodeError):
         return None
 
