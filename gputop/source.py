@@ -23,9 +23,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
 
 from gputop.model import JobTree, MachineInfo, Snapshot
+
+if TYPE_CHECKING:
+    from gputop.pipeline import Pipeline
 
 
 def jobs_of(snapshot: Snapshot) -> tuple[JobTree, ...]:
@@ -84,6 +87,15 @@ class Restarting(Protocol):
 
     generation: int  # changes when it starts over: the reader starts its history over
     narration: str
+
+
+@runtime_checkable
+class OverPipeline(Protocol):
+    """A source that polls a live pipeline of its own (a stepped clock, the case study's stages): what needs
+    the live machine itself (the machine check's NVML and kernel readings) reads `live_pipeline`."""
+
+    @property
+    def live_pipeline(self) -> "Pipeline": ...
 
 
 @runtime_checkable

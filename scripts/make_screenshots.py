@@ -100,12 +100,8 @@ class SteppedSource:
 
     # the machine check (key c) reads the live pipeline's NVML and its simulated kernel tree
     @property
-    def gpu(self):
-        return self.pipeline.gpu
-
-    @property
-    def fake_library(self):
-        return self.pipeline.fake_library
+    def live_pipeline(self):
+        return self.pipeline
 
 
 def build_source(seconds: int, profile: str) -> SteppedSource:

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, Protocol, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, TextIO
 
 from gputop.analysis.diagnosis import findings as diagnose_all
 from gputop.analysis.diagnosis import verdict_line
@@ -39,6 +39,9 @@ from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
 from gputop.sim.load import FollowingLoad, JobLoad
 from gputop.sim.scenarios import DEFAULT_STEP_MS, DemoConfig, decode_ms, resolve
+
+if TYPE_CHECKING:
+    from gputop.pipeline import Pipeline
 
 ARTICLE_MINUTES = (72.0, 31.0, 22.0, 18.0)  # an epoch at each stage, in the article's table
 ARTICLE_WORKERS = 12  # the article's stage 2 DataLoader
@@ -333,6 +336,11 @@ class CaseStudySource:
         if watching is not None:
             watching.put(snapshot)
         return snapshot
+
+    @property
+    def live_pipeline(self) -> "Pipeline":
+        """The one simulated machine every stage runs on (the machine check reads it)."""
+        return self.study.pipeline
 
     def attach(self, pid: int) -> None:
         self.study.pipeline.attach(pid)

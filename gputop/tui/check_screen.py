@@ -20,7 +20,7 @@ from textual.widgets import Static
 from gputop.analysis.machine_check import FAIL, PASS, SKIP, WARN, CheckReport, CheckResult, failing_gpus
 from gputop.errors import GputopError
 from gputop.model import Snapshot
-from gputop.source import Source
+from gputop.source import OverPipeline, Source
 from gputop.tui import look
 from gputop.tui.screens import _Modal
 
@@ -63,10 +63,11 @@ def run_machine_check(
     from gputop.commands.check import Evidence
     from gputop.pipeline import Pipeline
 
-    if not isinstance(source, Pipeline):
+    live = source.live_pipeline if isinstance(source, OverPipeline) else source
+    if not isinstance(live, Pipeline):
         raise GputopError("the machine check reads the live machine; a replay has no NVML or kernel log to read")
 
-    evidence = Evidence(source)
+    evidence = Evidence(live)
     try:
         stop.wait(seconds)  # the app's collector keeps polling meanwhile: a window, not synchronisation
         return evidence.finish(window(), window=seconds)
