@@ -286,38 +286,14 @@ class FakeHostTree:
             self._write(
                 f"{device}/aer_dev_nonfatal",
                 _aer_text(
-                    ("Undefined", 0),
-                    ("DLP", 0),
-                    ("SDES", 0),
-                    ("TLP", 0),
-                    ("FCP", 0),
-                    ("CmpltTO", 0),
-                    ("CmpltAbrt", 0),
-                    ("UnxCmplt", 0),
-                    ("RxOF", 0),
-                    ("MalfTLP", 0),
-                    ("ECRC", 0),
-                    ("UnsupReq", 0),
-                    ("ACSViol", 0),
+                    *((name, 0) for name in _AER_UNCORRECTABLE),
                     ("TOTAL_ERR_NONFATAL", 0),
                 ),
             )
             self._write(
                 f"{device}/aer_dev_fatal",
                 _aer_text(
-                    ("Undefined", 0),
-                    ("DLP", 0),
-                    ("SDES", 0),
-                    ("TLP", 0),
-                    ("FCP", 0),
-                    ("CmpltTO", 0),
-                    ("CmpltAbrt", 0),
-                    ("UnxCmplt", 0),
-                    ("RxOF", 0),
-                    ("MalfTLP", 0),
-                    ("ECRC", 0),
-                    ("UnsupReq", 0),
-                    ("ACSViol", 0),
+                    *((name, 0) for name in _AER_UNCORRECTABLE),
                     ("TOTAL_ERR_FATAL", 0),
                 ),
             )
@@ -328,6 +304,24 @@ class FakeHostTree:
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+# the uncorrectable error kinds the kernel lists in aer_dev_nonfatal and aer_dev_fatal (the same in both)
+_AER_UNCORRECTABLE = (
+    "Undefined",
+    "DLP",
+    "SDES",
+    "TLP",
+    "FCP",
+    "CmpltTO",
+    "CmpltAbrt",
+    "UnxCmplt",
+    "RxOF",
+    "MalfTLP",
+    "ECRC",
+    "UnsupReq",
+    "ACSViol",
+)
 
 
 def _aer_text(*counters: tuple[str, int]) -> str:
