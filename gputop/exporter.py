@@ -22,6 +22,7 @@ Label rules (bounded cardinality, nothing private):
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
@@ -159,9 +160,11 @@ class Exporter:
         log: Callable[[str], None] = lambda line: print(f"gputop serve: {line}", file=sys.stderr, flush=True),
     ) -> None:
         if diagnose is None:
+            from gputop.advice_memory import AdviceMemory
             from gputop.analysis.diagnosis import findings  # the one assembly every sink uses
 
-            diagnose = findings
+            memory = AdviceMemory()  # the advice holds still from one cycle (and one `gputop report`) to the next
+            diagnose = functools.partial(findings, memory=memory)
         self.source = source
         self.interval = interval
         self.dcgm_fields = dcgm_fields

@@ -1,3 +1,4 @@
+import os
 import signal
 
 import pytest
@@ -11,6 +12,14 @@ from tests.harness.processes import Spawner
 # SIGINT's default, as they do when pytest runs in a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def advice_memory_of_this_run(tmp_path_factory):
+    """gputop keeps the workers it advised per job under $XDG_STATE_HOME (gputop/advice_memory.py): the tests
+    and every gputop they start keep theirs in this run's temporary directory, not the box's home."""
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+    yield
 
 
 @pytest.fixture

@@ -60,7 +60,7 @@ def result(results, check_id):
 
 
 def test_check_simulate_exits_0(spawn):
-    ran = run_gputop(spawn, "check", "--simulate", "--seconds", "2")
+    ran = run_gputop(spawn, "check", "--simulate", "--seconds", "0.3")
     assert ran.rc == 0, ran
     lines = [line for line in ran.out.splitlines() if line.strip()]
     statuses = [line.split()[0] for line in lines[:-1]]
@@ -71,7 +71,7 @@ def test_check_simulate_exits_0(spawn):
 @pytest.mark.parametrize("fault", sorted(INFRA_FAULT_CASES))
 def test_each_infra_fault_fails_one_line(capsys, fault):
     title, gpu, number = INFRA_FAULT_CASES[fault]
-    rc, out = check_cli(capsys, "--simulate", f"h100-sxm-8+{fault}", "--seconds", "2")
+    rc, out = check_cli(capsys, "--simulate", f"h100-sxm-8+{fault}", "--seconds", "0.3")
     failing = [line for line in out.splitlines() if line.startswith("FAIL")]
     assert rc == mc.EXIT_INFRA, out
     assert len(failing) == 1, out
@@ -81,7 +81,7 @@ def test_each_infra_fault_fails_one_line(capsys, fault):
 
 
 def test_json_names_the_failing_check_and_its_gpu(capsys):
-    rc, out = check_cli(capsys, "--simulate", "h100-sxm-8+aer=2", "--seconds", "2", "--json")
+    rc, out = check_cli(capsys, "--simulate", "h100-sxm-8+aer=2", "--seconds", "0.3", "--json")
     data = json.loads(out)
     assert rc == data["exit_code"] == mc.EXIT_INFRA and data["status"] == "fail"
     (failing,) = [c for c in data["checks"] if c["status"] == mc.FAIL]
@@ -96,7 +96,7 @@ def test_every_new_fault_is_listed_in_help_faults(spawn):
 
 
 def test_json_lists_every_check(capsys):
-    rc, out = check_cli(capsys, "--simulate", "--seconds", "1.2", "--json")
+    rc, out = check_cli(capsys, "--simulate", "--seconds", "0.3", "--json")
     data = json.loads(out)
     assert rc == 0 and data["exit_code"] == 0 and data["status"] == "pass"
     ids = [c["id"] for c in data["checks"]]
@@ -321,7 +321,7 @@ def test_xid_of_the_code_is_a_warning_and_kernel_xids_map_to_gpus():
 
 
 def test_load_is_skipped_on_a_simulated_machine(capsys):
-    rc, out = check_cli(capsys, "--simulate", "--seconds", "1.2", "--load")
+    rc, out = check_cli(capsys, "--simulate", "--seconds", "0.3", "--load")
     assert rc == 0
     line = next(line for line in out.splitlines() if "All-reduce" in line)
     assert line.startswith("SKIP") and "needs a real GPU" in line

@@ -20,7 +20,7 @@ def section(markdown: str) -> str:
 
 
 def test_live_report_carries_the_infra_section(capsys):
-    rc = cli.main(["report", "--simulate", "h100-sxm-8+kernel-xid=3:79+nvlink-crc=1:2", "--seconds", "2"])
+    rc = cli.main(["report", "--simulate", "h100-sxm-8+kernel-xid=3:79+nvlink-crc=1:2", "--seconds", "0.6", "--interval", "0.2"])
     out = capsys.readouterr().out
     assert rc == 0
     infra = section(out)
@@ -43,7 +43,9 @@ def test_live_report_carries_the_infra_section(capsys):
 
 
 def test_json_report_carries_the_same(capsys):
-    rc = cli.main(["report", "--simulate", "h100-sxm-8+retired-page=4", "--seconds", "1.5", "--format", "json"])
+    rc = cli.main(
+        ["report", "--simulate", "h100-sxm-8+retired-page=4", "--seconds", "0.6", "--interval", "0.2", "--format", "json"]
+    )
     data = json.loads(capsys.readouterr().out)
     assert rc == 0
     infra = data["infra"]
@@ -56,7 +58,7 @@ def test_json_report_carries_the_same(capsys):
 
 
 def test_healthy_machine_says_no_check_failed(capsys):
-    assert cli.main(["report", "--simulate", "--seconds", "1.2"]) == 0
+    assert cli.main(["report", "--simulate", "--seconds", "0.6", "--interval", "0.2"]) == 0
     infra = section(capsys.readouterr().out)
     assert "No check failed." in infra and "**XIDs**\n\nNone seen." in infra
     assert "healthy (" in infra

@@ -781,6 +781,8 @@ def test_worker_advice_follows_the_loader_arithmetic():
         "capped": False,
         "bound": "cpu",
         "source": "estimate from the shares",
+        "point_estimate": 5,
+        "advised_before": False,  # no memory given: this window's count alone
     }
     # with GPU data the GPUs' idle share (85%, surely above the samples' 74–85%) bounds the input share:
     # 0.85/0.15 × 1.25 → 8

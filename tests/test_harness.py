@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.harness.processes import Spawner, wait_until
 
@@ -48,6 +49,7 @@ SPAWN_CONTEXT_JOB = (
 )
 
 
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_reap_all_leaves_no_named_semaphore_behind(tmp_path):
     job = tmp_path / "job.py"
     job.write_text(SPAWN_CONTEXT_JOB)

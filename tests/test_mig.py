@@ -116,6 +116,7 @@ def test_mig_switch_splits_any_mig_capable_gpu_and_a_card_without_mig_refuses(nv
 # ---------------------------------------------------------------- the collector and the snapshot
 
 
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_collector_reads_the_instances_and_snapshot_json_lists_them(tmp_path):
     import json
     import subprocess

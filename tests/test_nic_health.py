@@ -215,7 +215,7 @@ def test_rate_below_its_own_highest_in_the_window_and_errors_counted_since_load_
 
 
 def test_done_when_a_half_rate_rail_fails_the_check_with_one_line_naming_it(capsys):
-    rc, out = check_cli(capsys, "--simulate", "h100-sxm-8+nic-rate=mlx5_3:200", "--seconds", "2")
+    rc, out = check_cli(capsys, "--simulate", "h100-sxm-8+nic-rate=mlx5_3:200", "--seconds", "0.3")
     failing = [line for line in out.splitlines() if line.startswith("FAIL")]
     assert rc == mc.EXIT_INFRA, out
     assert failing == [

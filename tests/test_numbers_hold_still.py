@@ -6,7 +6,9 @@ STEADY_JOBS) the active benchmark (`gputop bench --yes`) first measures what the
 step times per batch give the workers that would feed it.  Then over the 10 reports:
 
 (a) the verdict is the same every time: the top finding's id and, for starvation, its level word;
-(b) the advised num_workers moves by at most x1.3 (max / min);
+(b) the advised num_workers moves by at most x1.3 (max / min).  gputop keeps the count it advised for a job
+    while a later window's interval still holds it (gputop/advice_memory.py), as a user who asks twice expects;
+    the table also shows each report's own point estimate, so a failure shows the noise beneath;
 (c) the range the report states (low-high, or "at least low") holds the benchmark's need in 9 of 10.
 
 The three jobs run side by side, one thread each running its benchmark and then its reports one after
@@ -73,7 +75,7 @@ class Series:
         return next((f for f in report["findings"] if f["id"] == "starvation"), None)
 
     def rows(self) -> list[tuple]:
-        """Per report: (verdict, advised, low, high, share (low-high))."""
+        """Per report: (verdict, advised, low, high, "share (low-high)" [", point alone N" when the advice stood])."""
         out = []
         for report in self.reports:
             finding = self.starvation(report)
@@ -82,6 +84,8 @@ class Series:
             share_text = (
                 f"{share['share']:.3f} ({share['low']:.3f}-{share['high']:.3f})" if share.get("share") is not None else None
             )
+            point = workers.get("point_estimate")
+            share_text = f"{share_text}, point alone {point}" if workers.get("advised_before") else share_text
             out.append((self.verdict(report), workers.get("num_workers"), workers.get("low"), workers.get("high"), share_text))
         return out
 

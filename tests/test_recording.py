@@ -316,6 +316,7 @@ def test_report_from_reads_only_the_tail_and_says_which_span(tmp_path):
     assert f"Read from the recording `{path}`: all of it." in render_markdown(hist, [], recording=rec)
 
 
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_record_keeps_a_tiny_history_however_long_it_runs(tmp_path, monkeypatch, capsys):
     from gputop.cli import build_parser
     from gputop.commands import record as record_cmd

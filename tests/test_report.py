@@ -434,6 +434,7 @@ def test_dev_stdout_writes_to_the_callers_stdout_and_keeps_the_link(spawn, tmp_p
     assert os.path.islink("/dev/stdout") and os.readlink("/dev/stdout") == link
 
 
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_report_is_utf8_under_an_ascii_locale(spawn):
     """LANG=C without PEP 538 coercion or UTF-8 mode: Python's stdout is ASCII, the report still prints."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONIOENCODING", "PYTHONUTF8") and not k.startswith("LC_")}

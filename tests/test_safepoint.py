@@ -193,6 +193,7 @@ lib.park_and_check(os.open(sys.argv[2], os.O_RDWR | os.O_CREAT), 10**9)
 
 
 @pytest.mark.skipif(not shutil.which("cc"), reason="no C compiler to build tests/jobs/live_registers.c")
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_sse_registers_and_mxcsr_live_across_the_parked_syscall_survive(spawn, tmp_path):
     library = tmp_path / "live_registers.so"
     subprocess.run(
@@ -257,6 +258,7 @@ def _allocating_job(spawn, tmp_path, name: str, *options: str, ranks: int = 1):
     return {pid: size_counter(Path(f"{prefix}.{r['rank']}")) for pid, r in records.items()}
 
 
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_100_injections_into_a_torch_job_living_in_the_allocator(spawn, tmp_path):
     pid, progress = start_allocating_job(spawn, tmp_path, "alloc")
     tally = hammer(pid, 100, progress, tmp_path / "markers")
@@ -311,6 +313,7 @@ def test_1000_injections_and_200_into_each_kind_of_job_harm_none(spawn, tmp_path
         wait_until(lambda: markers(tmp_path / name) >= 0.9 * each * ranks, timeout=30, what=f"{name}'s lines to run")
 
 
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_a_refusal_reaches_the_user_as_one_line_from_the_helper(spawn, tmp_path):
     from gputop.errors import GputopError
     from gputop.inject import injector
@@ -330,6 +333,7 @@ def test_a_refusal_reaches_the_user_as_one_line_from_the_helper(spawn, tmp_path)
     assert _moves(read)
 
 
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_a_frozen_job_is_said_so_with_its_native_stack(spawn, tmp_path):
     from gputop.inject import injector
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
 
@@ -348,3 +349,62 @@ def test_a_steady_share_in_dense_samples_is_no_pause_but_one_stretch_of_waiting_
     paused = RankObs(pid=1, stretches=[stretch(runs(k), end=5.0 * k, rate=100.0) for k in range(1, 13)])
     phase = input_phase(paused)
     assert phase is not None and 9.0 <= phase[1] <= 11.0 and phase[2] == 0.0
+
+
+# ---------------------------------------------------------------- asking twice
+
+
+def test_a_second_look_keeps_the_count_advised_before_while_the_interval_holds_it():
+    # 70% (63–76%) input: the point gives 0.7 / 0.3 × 1.25 = 2.9 → 3, the interval 3–4
+    hist = _dense_job([(IN_DATASET, 70), (FORWARD_BACKWARD, 30)] * 10, seconds=20.0)
+    memory: dict[str, int] = {}
+    first = by_id(diagnose(hist, memory=memory), "starvation").figures["workers"]
+    assert (first["num_workers"], first["low"], first["high"], first["advised_before"]) == (3, 3, 4, False)
+    (key,) = memory
+    assert memory[key] == 3 and key == "100@0.00"  # the launcher's PID and start time
+
+    memory[key] = 4  # an earlier look, whose share sat just above the step, advised 4: it stands
+    kept = by_id(diagnose(hist, memory=memory), "starvation")
+    workers = kept.figures["workers"]
+    assert (workers["num_workers"], workers["estimate"], workers["point_estimate"], workers["advised_before"]) == (4, 4, 3, True)
+    assert kept.fix.startswith("raise num_workers ≈ 4 (3–4)") and "num_workers=4," in kept.fix
+    assert "this window's point alone gives 3, and 4, advised before for this job, is inside the interval" in kept.fix
+    assert memory[key] == 4
+
+    memory[key] = 7  # outside this window's interval: the data moved, the advice follows them
+    moved = by_id(diagnose(hist, memory=memory), "starvation").figures["workers"]
+    assert (moved["num_workers"], moved["advised_before"]) == (3, False) and memory[key] == 3
+
+
+def test_at_least_and_capped_counts_are_not_remembered():
+    memory: dict[str, int] = {}
+    one_sided = _dense_job([(IN_DATASET, 475), (FORWARD_BACKWARD, 25)] * 2, gpu_error=None, seconds=15.0, ranks=1)
+    assert by_id(diagnose(one_sided, memory=memory), "starvation").figures["workers"]["one_sided"]
+    assert memory == {}
+
+
+def test_the_advice_memory_survives_the_process_and_bad_files(tmp_path):
+    from gputop.advice_memory import KEEP_S, AdviceMemory
+
+    path = tmp_path / "state" / "advice.json"
+    first = AdviceMemory(str(path))
+    assert first.get("1@2.00") is None
+    first["1@2.00"] = 4
+    assert AdviceMemory(str(path))["1@2.00"] == 4  # another process (a second `gputop report`) reads it
+    assert not [p for p in path.parent.iterdir() if p.name != "advice.json"]  # no temporary file left
+
+    path.write_text(
+        json.dumps({"1@2.00": {"workers": 4, "at": time.time() - KEEP_S - 1}, "3@4.00": {"workers": 5, "at": time.time()}})
+    )
+    assert dict(AdviceMemory(str(path))) == {"3@4.00": 5}  # over a week old: dropped
+    path.write_text("{not json")
+    broken = AdviceMemory(str(path))
+    assert len(broken) == 0
+    broken["1@2.00"] = 3  # a corrupt file is replaced, not a failed report
+    assert AdviceMemory(str(path))["1@2.00"] == 3
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    nowhere = AdviceMemory(str(blocked / "gputop" / "advice.json"))  # its folder cannot be made (even as root)
+    nowhere["1@2.00"] = 6
+    assert nowhere["1@2.00"] == 6  # kept for this process's life

@@ -13,6 +13,7 @@ from gputop.analysis.observations import Context, RankObs
 from gputop.analysis.thresholds import IO_BOUND_CPU_PERCENT, IO_MEMORY_SHARE, MAX_IO_WORKERS, MIN_STEP_SHARE
 from gputop.units import gib
 
+ESTIMATE_SOURCE = "estimate from the shares"  # `figures["workers"]["source"]` of the advice made here
 STACKS_HINT = "attach with `gputop --pid PID` (or `gputop report --pid PID`) to see the stacks"
 
 
@@ -21,12 +22,13 @@ class WorkerAdvice:
     """Workers per rank with the range the data allow, never above the cap, and the arithmetic behind it."""
 
     workers: int  # what to set: the estimate (the lower bound when one-sided), capped
-    needed: int  # the estimate from the share's point
+    needed: int  # the estimate: from the share's point, or the count advised before while the interval holds it
     low: int  # ... from the share's interval: its lower end
     high: Optional[int]  # ... its upper end; None: unbounded (the step was hardly ever caught)
     cap: int
     bound: str  # "cpu": the workers compute; "io": they sleep in __getitem__ (storage, network)
     arithmetic: str  # comment lines for the fix
+    point: Optional[int] = None  # the share's point alone, when `needed` is the count advised before instead
 
     @property
     def capped(self) -> bool:
@@ -62,7 +64,9 @@ class WorkerAdvice:
             "cap": self.cap,
             "capped": self.capped,
             "bound": self.bound,
-            "source": "estimate from the shares",
+            "source": ESTIMATE_SOURCE,
+            "point_estimate": self.needed if self.point is None else self.point,
+            "advised_before": self.point is not None,
         }
 
 
@@ -154,14 +158,22 @@ def suggested_workers(ctx: Context, ranks: Sequence[RankObs], input_share: Share
         high = None  # beyond anything advised: say "at least"
     bound, bound_why = producer_bound(ranks)
     cap, cap_why = worker_cap(ctx, ranks, bound)
+    point: Optional[int] = None
     if high is None or needed is None:
         needed = needed or low
         chosen = low
     else:
+        before = ctx.advised_before
+        if before is not None and before != needed and low <= before <= high and before <= cap:
+            # The count is a step function of a noisy share: near a step, two looks at one unchanged job would
+            # say 3 and 4.  While this window's interval holds what was advised before, that advice stands.
+            point, needed = needed, before
         chosen = needed
     workers = max(1, min(chosen, cap))
-    advice = WorkerAdvice(workers, needed, low, high, cap, bound, "")
+    advice = WorkerAdvice(workers, needed, low, high, cap, bound, "", point)
     result = advice.range_text().removeprefix("≈ ") + ("" if chosen <= cap else f", more than the cap, so {cap}")
+    if point is not None:
+        result += f"; this window's point alone gives {point}, and {needed}, advised before for this job, is inside the interval"
     prep = "f" if current == 0 else f"{current}"
     arithmetic = (
         f"# workers needed ≈ prep ÷ step × {LOADER_MARGIN:g} = {prep} ÷ (1 − f) × {LOADER_MARGIN:g} → {result}, "

@@ -47,8 +47,9 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, MutableMapping, Optional, Protocol, Sequence
 
+from gputop.analysis.advice import ESTIMATE_SOURCE
 from gputop.analysis.checks.cpu import check_cpu_bound, cpu_facts
 from gputop.analysis.checks.hang import check_hang
 from gputop.analysis.checks.healthy import healthy_finding
@@ -152,9 +153,43 @@ def build_context(
     )
 
 
-def diagnose(history: History, bench: BenchInput = None, *, window: Optional[float] = DIAGNOSIS_WINDOW_S) -> list[Finding]:
-    """All findings over the last `window` seconds of history (None: all of it), most severe first; never empty."""
+def advice_key(ctx: Context) -> Optional[str]:
+    """The job the window shows, as `advice_memory` keys it: its anchor process's PID and start time."""
+    job = ctx.job
+    if job is None:
+        return None
+    anchor = job.launcher or next((r.proc for r in job.ranks if r.proc.pid == job.root_pid), None)
+    if anchor is None and job.ranks:
+        anchor = job.ranks[0].proc
+    return f"{anchor.pid}@{anchor.create_time:.2f}" if anchor is not None else None
+
+
+def _remember_advice(ctx: Context, found: Sequence[Finding], memory: MutableMapping[str, int]) -> None:
+    """Keep the workers the starvation finding advised (a two-sided estimate under the cap) for the next look."""
+    key = advice_key(ctx)
+    advised = next((f.figures.get("workers") for f in found if f.id == "starvation" and f.figures), None)
+    if key is None or not advised or advised.get("source") != ESTIMATE_SOURCE:
+        return
+    if advised.get("one_sided") or advised.get("capped"):
+        return  # "at least N" and the cap are not estimates to hold on to
+    memory[key] = int(advised["num_workers"])
+
+
+def diagnose(
+    history: History,
+    bench: BenchInput = None,
+    *,
+    window: Optional[float] = DIAGNOSIS_WINDOW_S,
+    memory: Optional[MutableMapping[str, int]] = None,
+) -> list[Finding]:
+    """All findings over the last `window` seconds of history (None: all of it), most severe first; never empty.
+
+    `memory` (job key -> workers, `gputop.advice_memory.AdviceMemory`): the workers advised by an earlier look
+    at the same job; the advice keeps that count while this window's interval holds it, and is kept there."""
     ctx = build_context(history, bench, window=window)
+    if ctx is not None and memory is not None:
+        key = advice_key(ctx)
+        ctx.advised_before = memory.get(key) if key is not None else None
     if ctx is None:
         return [
             Finding(
@@ -175,6 +210,8 @@ def diagnose(history: History, bench: BenchInput = None, *, window: Optional[flo
         findings.insert(0, healthy_finding(ctx))
     # the plain-words summary (healthy / collecting) leads the info findings it sums up
     findings.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 9), f.id not in _SUMMARY_IDS, -f.confidence))
+    if memory is not None:
+        _remember_advice(ctx, findings, memory)
     return findings
 
 
@@ -185,6 +222,7 @@ def findings(
     check: Optional[CheckReport] = None,
     *,
     window: Optional[float] = DIAGNOSIS_WINDOW_S,
+    memory: Optional[MutableMapping[str, int]] = None,
 ) -> list[Finding]:
     """Everything gputop concludes about `history`, assembled in this one place for every sink (the TUI's
     verdict, the `r` report, `gputop report`, `gputop serve`, `gputop demo --no-tui`): the diagnosis (with
@@ -196,7 +234,7 @@ def findings(
         from gputop.analysis.counter_health import as_check_report  # the check's code: only when watched
 
         check = as_check_report(latest.counter_health)
-    return with_extra_findings(diagnose(history, bench, window=window), trace, check)
+    return with_extra_findings(diagnose(history, bench, window=window, memory=memory), trace, check)
 
 
 def with_extra_findings(

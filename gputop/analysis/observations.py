@@ -493,6 +493,7 @@ class Context:
     duration: float
     interval: float
     share_window: Optional[float] = None  # the shares cover the last this many seconds (None: the whole window)
+    advised_before: Optional[int] = None  # workers advised for this job by an earlier look (`advice_memory`)
 
     def share_span(self, counts: "StateCounts") -> str:
         """Where a share comes from, in words: "2,400 samples (py-spy record at 500 Hz) over the last 60 s"."""

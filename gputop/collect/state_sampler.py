@@ -187,7 +187,12 @@ class _RankRecorder:
     def _stretch(self) -> Optional[StateSamples]:
         budget = self.owner.budget_for(self)
         rate = rate_for(self.owner.ranks(), budget)
-        fd, out = tempfile.mkstemp(prefix=f"gputop-states-{self.pid}-", suffix=".json", dir=self.owner.tmpdir)
+        try:
+            fd, out = tempfile.mkstemp(prefix=f"gputop-states-{self.pid}-", suffix=".json", dir=self.owner.tmpdir)
+        except OSError as exc:  # closed meanwhile (its folder gone), or /tmp full
+            if self.stopped or self.owner.closed:
+                return None
+            return StateSamples(self.pid, time.time(), time.time(), rate, error=f"cannot write py-spy's output: {exc.strerror}")
         os.close(fd)
         err_path = out + ".err"
         argv = [
@@ -228,13 +233,15 @@ class _RankRecorder:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-            with open(err_path, encoding="utf-8", errors="replace") as f:
-                stderr = f.read()
+            if self.stopped or self.owner.closed:
+                return None  # closed meanwhile: its temporary folder, these files with it, may be gone
             try:
+                with open(err_path, encoding="utf-8", errors="replace") as f:
+                    stderr = f.read()
                 with open(out, encoding="utf-8", errors="replace") as f:
                     text = f.read()
             except OSError:
-                text = ""
+                text = stderr = ""
             if not text.strip():
                 if self.stopped or self.owner.closed or cut_short:
                     return None  # ended by us before py-spy's first sample (a new rate, a flush): no failure

@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any, Optional
 
+from gputop.advice_memory import AdviceMemory
 from gputop.analysis.diagnosis import findings as findings_of
 from gputop.analysis.diagnosis import verdict_line
 from gputop.commands.observing import Progress, live_source, observe
@@ -184,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
             pipeline.close()
     bench = run_bench(args) if args.bench else None
     trace = run_trace(args) if getattr(args, "trace", False) else None
-    found = findings_of(history, bench, trace, infra, window=None)  # the report covers everything it observed
+    # the report covers everything it observed; the memory: a second report on the job advises as the first did
+    found = findings_of(history, bench, trace, infra, window=None, memory=AdviceMemory())
     text = render(history, found, args.format, bench, command, recording, infra, trace)
     if args.output:
         from gputop.report.writer import write_report

@@ -30,6 +30,7 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 
 from gputop import units
+from gputop.advice_memory import AdviceMemory
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
@@ -104,10 +105,14 @@ class Diagnosed(Message):
         self.verdict = verdict
 
 
+# the screen advises as `gputop report` did on this job, and the other way round: one file (read on first use)
+_ADVICE_MEMORY = AdviceMemory()
+
+
 def _default_diagnose(history: History, bench: "Optional[BenchResult]") -> tuple[list[Finding], str]:
     from gputop.analysis.diagnosis import diagnose, verdict_line
 
-    found = diagnose(history, bench)
+    found = diagnose(history, bench, memory=_ADVICE_MEMORY)
     return found, verdict_line(found, count_more=False)  # the verdict line adds "+N more (f)" itself
 
 

@@ -3,6 +3,8 @@ shows its lines, and a failing check marks the GPU's card."""
 
 from __future__ import annotations
 
+import pytest
+
 from gputop.pipeline import Pipeline
 from gputop.tui.app import GputopApp
 from gputop.tui.check_screen import CheckScreen
@@ -18,6 +20,7 @@ from tests.harness.tui import (
 )
 
 
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 async def test_check_key_runs_the_check_on_the_live_machine():
     """End to end over a real simulated pipeline: the real pynvml wrappers, the fake kernel tree, the app's
     own collector feeding the check's window."""

@@ -109,6 +109,7 @@ async def test_the_screen_shows_both_nodes_every_rank_with_its_node_and_the_stra
     assert "Jobs in Prometheus: llama-run-42 (8 ranks, followed)" in text
 
 
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 async def test_a_prometheus_that_goes_away_mid_run_is_a_status_line_and_the_screen_retries(prom):
     server = PrometheusStandIn(prom).start()
     api = PrometheusApi(server.url, timeout=5.0)
@@ -165,6 +166,7 @@ async def test_without_job_it_follows_the_most_ranks_and_enter_on_j_follows_anot
 # ----------------------------------------------------------------- the command line
 
 
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_bad_starts_are_one_line_and_the_report_s_exit_codes(capsys):
     nobody = free_port()
     server = PrometheusStandIn(two_node_prometheus()).start()

@@ -69,6 +69,7 @@ def test_the_quiet_driver_replaces_only_textuals_linux_driver():
 
 
 @pytest.mark.parametrize("driver_class", [quiet_driver(LinuxDriver)], ids=["quiet"])
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 async def test_keys_arrive_stopping_is_prompt_and_the_thread_sleeps_between_keys(driver_class):
     # (async: a Textual driver is made inside a running event loop; the input thread itself needs none)
     recording = _Recording(driver_class)

@@ -152,6 +152,7 @@ class _SlowInitNvml(FakeNvmlLibrary):
         return symbols
 
 
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 async def test_the_first_frame_draws_the_cpu_and_jobs_while_nvml_init_is_held(monkeypatch):
     """Issue 22: the window, the CPU heatmap and the job tree at once; the GPU cards say "reading GPUs…" until
     the first NVML sample lands, then show it.  The pipeline is the command's (`gputop tui --simulate`)."""

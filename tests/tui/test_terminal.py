@@ -11,6 +11,7 @@ import sys
 import termios
 import time
 
+import pytest
 from rich.cells import cell_len
 from rich.text import Text
 
@@ -74,6 +75,7 @@ def test_simulated_tui_in_a_pty_draws_and_quits(spawn):
         os.close(master)
 
 
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_gputop_exits_when_its_terminal_goes_away_with_sighup_ignored(spawn):
     # Started from its own session it gets no SIGHUP when the terminal closes (as under `nohup`): before the
     # fix it stayed up with Textual's input thread spinning on end-of-file.
@@ -90,6 +92,7 @@ def test_gputop_exits_when_its_terminal_goes_away_with_sighup_ignored(spawn):
     assert proc.wait(timeout=20) == 1
 
 
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_an_ascii_terminal_gets_ascii_glyphs_in_every_column(spawn):
     # LANG=C without PEP 538 coercion or UTF-8 mode: stderr, which Textual draws on, really is ASCII.
     env = dict(os.environ, TERM="xterm-256color", LANG="C", LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")

@@ -1,0 +1,100 @@
+"""The worker count gputop last advised for each job, kept on disk so a user who asks twice gets one answer.
+
+A report estimates the workers a job needs from a sampled input share; the count is a step function of a noisy
+share, so two reports on an unchanged job whose share sits near a step (3.0 workers: share 0.706) would advise 3
+and then 4.  `suggested_workers` keeps the count advised before for the same job while the new window's interval
+still holds it, and says so; this mapping is where that count is kept between `gputop report` runs, the TUI and
+`gputop serve` (one file, so `r`, the screen and a second report agree).
+
+A job is its anchor process's PID with that process's start time (a reused PID is another job).  The file is
+`$XDG_STATE_HOME/gputop/advice.json` (default `~/.local/state/gputop/advice.json`); entries older than
+`KEEP_S` are dropped.  Nothing here may fail a report: an unreadable or unwritable file leaves the memory in
+this process only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator, MutableMapping
+from typing import Optional
+
+KEEP_S = 7 * 24 * 3600.0  # a week: a long training run is still the same job
+MAX_ENTRIES = 256  # the newest kept; one entry per job ever advised on
+
+
+def default_path() -> str:
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "gputop", "advice.json")
+
+
+class AdviceMemory(MutableMapping[str, int]):
+    """job key -> workers advised; read from `path` on first use, written back on every change."""
+
+    def __init__(self, path: Optional[str] = None) -> None:
+        self.path = path  # None: `default_path()`, resolved on first use (the environment of that moment)
+        self._entries: Optional[dict[str, dict[str, float]]] = None  # key -> {"workers": n, "at": unix time}
+
+    def _load(self) -> dict[str, dict[str, float]]:
+        if self.path is None:
+            self.path = default_path()
+        if self._entries is None:
+            import json  # on the first job advised on: the monitor's start loads nothing it may not need
+
+            entries: dict[str, dict[str, float]] = {}
+            try:
+                with open(self.path, encoding="utf-8") as f:
+                    raw = json.load(f)
+                now = time.time()
+                for key, entry in raw.items() if isinstance(raw, dict) else ():
+                    if (
+                        isinstance(entry, dict)
+                        and isinstance(entry.get("workers"), int)
+                        and now - float(entry.get("at", 0)) < KEEP_S
+                    ):
+                        entries[str(key)] = {"workers": entry["workers"], "at": float(entry["at"])}
+            except (OSError, ValueError, TypeError):
+                pass  # none yet, or unreadable: start empty (the advice is then this window's alone)
+            self._entries = entries
+        return self._entries
+
+    def _save(self) -> None:
+        entries = self._load()
+        newest = dict(sorted(entries.items(), key=lambda kv: kv[1]["at"])[-MAX_ENTRIES:])
+        import json
+        import tempfile
+
+        path = self.path or default_path()
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".advice-", dir=os.path.dirname(path))
+        except OSError:
+            return  # a read-only home: the memory lasts as long as this process
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(newest, f)
+            os.replace(tmp, path)  # a reader never sees half a file; two writers: the last one wins
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # a full disk: leave no half-written file behind
+
+    def __getitem__(self, key: str) -> int:
+        return int(self._load()[key]["workers"])
+
+    def __setitem__(self, key: str, workers: int) -> None:
+        entries = self._load()
+        if key in entries and entries[key]["workers"] == workers and time.time() - entries[key]["at"] < KEEP_S / 2:
+            return  # unchanged: no write per diagnosis
+        entries[key] = {"workers": int(workers), "at": time.time()}
+        self._save()
+
+    def __delitem__(self, key: str) -> None:
+        del self._load()[key]
+        self._save()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._load()))
+
+    def __len__(self) -> int:
+        return len(self._load())
