@@ -17,7 +17,7 @@ from typing import Optional
 
 import pytest
 
-from gputop.analysis.machine_check import EXIT_HEALTHY, CheckReport
+from gputop.analysis.machine_check import EXIT_CONFIG, EXIT_HEALTHY, CheckReport
 from gputop.collect import gpu as gpu_collector
 from gputop.commands.check import Evidence
 from gputop.errors import UsageError
@@ -38,7 +38,7 @@ def expected_topology(folder: Path) -> Optional[tuple[list[list[str]], list[Opti
     path = folder / "topo.txt"
     if not path.exists():
         return None
-    text = path.read_text()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", path.read_text())  # (a terminal's underline on the header)
     header = next(line for line in text.splitlines() if re.match(r"\s*GPU0\b", line))
     n = len(re.findall(r"\bGPU\d+\b", header))
     cells, affinity, numa = [], [], []
@@ -81,8 +81,10 @@ def gpu_count(folder: Path) -> int:
     topo = expected_topology(folder)
     if topo is not None:
         return len(topo[0])
-    text = next(p for p in folder.iterdir() if p.name.startswith("smi_q")).read_text()
-    return len(re.findall(r"<gpu id=|^GPU [0-9A-F]{8}:", text, re.M))
+    smi = [p for p in folder.iterdir() if p.name.startswith("smi_q")]
+    if smi:
+        return len(re.findall(r"<gpu id=|^GPU [0-9A-F]{8}:", smi[0].read_text(), re.M))
+    return len(re.findall(r"^GPU \d+: ", (folder / "nvlink.txt").read_text(), re.M))  # nvlink -s alone
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
@@ -178,8 +180,15 @@ def test_an_affinity_printed_empty_is_an_empty_mask() -> None:
     assert topology.matrix == (("X", "NV12"), ("NV12", "X"))
 
 
-# captures of machines that were not known to work: a bridge that made contact on only some links
-NOT_KNOWN_WORKING = {"bridged-pair-nv3-partial-bridge"}
+# captures of machines that were not known to work: a bridge that made contact on only some links; a V100 whose
+# nvlink -s shows two of its six links inactive (the fault the Azure issue asks a check for); a GH200 whose -q
+# counts an uncorrectable DRAM error in its lifetime, its row remapped: a repaired fault, which gputop warns of
+# by design (gpu_health: "a fault that was repaired" is WARN), so not a false alarm
+NOT_KNOWN_WORKING = {
+    "bridged-pair-nv3-partial-bridge",
+    "v100-sxm2-two-links-inactive-excerpt",
+    "gh200-480gb-550-c2c",
+}
 WORKING = [f for f in FOLDERS if f.name not in NOT_KNOWN_WORKING]
 
 
@@ -226,6 +235,69 @@ def test_a_link_the_capture_shows_inactive_is_down(tmp_path: Path) -> None:
     assert library is not None
     assert [library.link_active(2, k) for k in range(4)] == [False] * 4
     assert [library.link_active(0, k) for k in range(4)] == [True] * 4
+
+
+def test_issue_25_item_1_on_a_real_three_card_box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """siboehm/bench's 3x RTX A6000: GPUs 0 and 1 bridged (NV4), GPU 2 without a bridge. The real nvlink -s lists no
+    links for GPU 2 but "NVML: Unable to retrieve NVLink information as all links are inActive": NVML answers each of
+    the card's links (4, as its bridged peers list) inactive. gputop reads no bridge there, not links down, and
+    compares GPU 2's row with no peer (issue 25 item 1, as on the constructed folder)."""
+    folder = CAPTURES / "rtx-a6000x3-one-unbridged-siboehm"
+    with Pipeline(simulate=f"capture:{folder}") as pipeline:
+        gpus = pipeline.poll().gpus
+        library = pipeline.fake_library
+    assert library is not None
+    assert [library.link_active(2, k) for k in range(4)] == [False] * 4
+    assert [library.link_active(g, k) for g in (0, 1) for k in range(4)] == [True] * 8
+    assert [len(g.nvlink or ()) for g in gpus] == [4, 4, 4]
+    possible_cpus_for(folder, tmp_path, monkeypatch)
+    report = check_capture(folder)
+    lines = {r.id: r.line() for r in report.results}
+    assert report.exit_code == EXIT_HEALTHY
+    assert "GPU 2: no NVLink bridge (4 links inactive)" in lines["nvlink.state"]
+    assert "GPU 2: NODE×2 (no other GPU of its model and NVLink class)" in lines["topology"]
+
+
+def test_all_links_inactive_counts_its_models_links(tmp_path: Path) -> None:
+    """A card nvidia-smi says has all links inactive has as many as the cards of its model list; with no such card
+    its links are not known (none)."""
+    (tmp_path / "nvlink.txt").write_text(
+        "GPU 0: NVIDIA GeForce RTX 3090 (UUID: GPU-a)\n\t Link 0: 14.062 GB/s\n\t Link 1: 14.062 GB/s\n"
+        "GPU 1: NVIDIA GeForce RTX 3090 (UUID: GPU-b)\nNVML: Unable to retrieve NVLink information as all links are inActive\n"
+        "GPU 2: NVIDIA RTX A6000 (UUID: GPU-c)\nNVML: Unable to retrieve NVLink information as all links are inActive\n"
+    )
+    board = parse_spec(f"capture:{tmp_path}").profile.capture
+    assert board is not None
+    assert [g.nvlink_active for g in board.gpus] == [(True, True), (False, False), ()]
+
+
+def test_a_repaired_memory_fault_warns_and_nothing_else(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GH200's -q: 1 uncorrectable DRAM error in the card's lifetime, none since the reset, 1 row remapped for
+    it (not pending, no failure). gputop serves the captured Remapped Rows and warns of both (a repaired fault);
+    the x1 PCIe link (the card's own maximum: its host traffic crosses NVLink-C2C) is not flagged."""
+    folder = CAPTURES / "gh200-480gb-550-c2c"
+    with Pipeline(simulate=f"capture:{folder}") as pipeline:
+        gpu = pipeline.poll().gpus[0]
+    assert gpu.name == "NVIDIA GH200 480GB" and gpu.memory_total == 97871 * 1024**2
+    assert gpu.remapped_rows is not None
+    assert (gpu.remapped_rows.correctable, gpu.remapped_rows.uncorrectable) == (0, 1)
+    assert not gpu.remapped_rows.pending and not gpu.remapped_rows.failed
+    assert gpu.ecc is not None and (gpu.ecc.volatile_uncorrected, gpu.ecc.aggregate_uncorrected) == (0, 1)
+    possible_cpus_for(folder, tmp_path, monkeypatch)
+    report = check_capture(folder)
+    flagged = {r.id: r.status for r in report.results if r.status in ("fail", "warn")}
+    assert flagged == {"memory.ecc": "warn", "memory.remap": "warn"}
+    assert report.exit_code == EXIT_CONFIG
+
+
+def test_links_a_capture_shows_inactive_are_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Azure/azhpc-diagnostics#73's V100-SXM2 (an excerpt: one GPU's block): links 3 and 5 <inactive> on a board
+    whose links are all wired. gputop warns of 2 of 6 links down."""
+    folder = CAPTURES / "v100-sxm2-two-links-inactive-excerpt"
+    report = check_capture(folder)
+    lines = {r.id: r for r in report.results}
+    assert lines["nvlink.state"].status == "warn"
+    assert "2 of 6 NVLink links inactive (links 3, 5)" in lines["nvlink.state"].line()
 
 
 @pytest.mark.parametrize(

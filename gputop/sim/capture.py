@@ -6,7 +6,7 @@ DIR holds what a user ran on the machine, any subset of:
     smi_q.txt    `nvidia-smi -q`, or `nvidia-smi -q -x` (XML; smi_q.xml is read too): names, bus ids,
                  memory, power limits, PCIe generation and width, ECC mode and counts, driver version, and
                  every field the driver answered N/A
-    nvlink.txt   `nvidia-smi nvlink -s`: each GPU's links and which of them are inactive
+    nvlink.txt   `nvidia-smi nvlink -s`: each GPU's links and which of them are inactive (or that all are)
 
 `load_capture` parses them into the `Profile` the fake NVML library (`gputop.sim.fake_nvml`) already
 serves, with a `CapturedBoard` holding what a hand-written profile does not have: the level of every GPU
@@ -74,6 +74,16 @@ SYMBOL_SINCE_DRIVER = {
 
 
 @dataclass(frozen=True)
+class RemappedRows:
+    """`nvidia-smi -q`'s Remapped Rows block: what nvmlDeviceGetRemappedRows answers on that card."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failed: bool
+
+
+@dataclass(frozen=True)
 class CapturedGpu:
     """What one GPU's captures say beyond its `GpuModel`. None: not captured (NVML refuses the call)."""
 
@@ -86,6 +96,7 @@ class CapturedGpu:
     refused: frozenset[str] = frozenset()  # NVML symbols that answer NOT_SUPPORTED (the capture's N/A)
     ecc_volatile: Optional[tuple[int, int]] = None  # (corrected, uncorrected) since the driver loaded
     ecc_aggregate: Optional[tuple[int, int]] = None  # (corrected, uncorrected) over the card's life
+    remapped_rows: Optional[RemappedRows] = None  # as captured; None: not captured (the fake's own zeros)
     # MIG mode on: (GPU instance id, profile) of each MIG device in index order; None: MIG off (or not captured)
     mig_instances: Optional[tuple[tuple[int, MigProfile], ...]] = None
 
@@ -204,20 +215,50 @@ def parse_topo(text: str, path: Path) -> TopoTable:
 # ---------------------------------------------------------------- nvidia-smi nvlink -s
 
 
-def parse_nvlink(text: str, path: Path) -> tuple[tuple[str, tuple[bool, ...]], ...]:
-    """`nvidia-smi nvlink -s` -> per GPU (its name, each link active or not)."""
-    gpus: list[tuple[str, list[bool]]] = []
+# What nvidia-smi prints under a GPU in place of its links when NVML answers every link's state as inactive
+# (a PCIe card with no bridge on its NVLink connector: siboehm/bench's RTX A6000), rather than a
+# "Link N: <inactive>" line each; a card without NVLink prints "Device does not have or support Nvlink"
+ALL_LINKS_INACTIVE = re.compile(r"all links are inactive", re.I)
+
+
+@dataclass(frozen=True)
+class NvlinkStatus:
+    """One GPU's block of `nvidia-smi nvlink -s`."""
+
+    name: str
+    links: tuple[bool, ...]  # each listed link: active or not
+    all_inactive: bool = False  # "NVML: Unable to retrieve NVLink information as all links are inActive"
+
+
+def parse_nvlink(text: str, path: Path) -> tuple[NvlinkStatus, ...]:
+    """`nvidia-smi nvlink -s` -> per GPU its name and links (`NvlinkStatus`)."""
+    names: list[str] = []
+    links: list[list[bool]] = []
+    all_inactive: set[int] = set()
     for line in text.splitlines():
         head = re.match(r"\s*GPU (\d+): (.*?)(?: \(UUID: .*\))?\s*$", line)
         if head:
-            gpus.append((head.group(2), []))
+            names.append(head.group(2))
+            links.append([])
             continue
         link = re.match(r"\s*Link (\d+): (.*)$", line)
-        if link and gpus:
-            gpus[-1][1].append("inactive" not in link.group(2))
-    if not gpus:
+        if link and names:
+            links[-1].append("inactive" not in link.group(2))
+        elif names and ALL_LINKS_INACTIVE.search(line):
+            all_inactive.add(len(names) - 1)
+    if not names:
         raise _bad(path, "no 'GPU N: ...' lines")
-    return tuple((name, tuple(links)) for name, links in gpus)
+    return tuple(NvlinkStatus(name, tuple(links[i]), i in all_inactive) for i, name in enumerate(names))
+
+
+def _inactive_link_counts(nvlink: tuple[NvlinkStatus, ...]) -> tuple[int, ...]:
+    """How many links each GPU that nvidia-smi says has all links inactive has: nvlink -s lists none of them, NVML
+    answers a state for each of the card's links, and a card has as many as the other cards of its model list
+    (none where no card of its model lists any: then its links are not known)."""
+    listed: dict[str, int] = {}
+    for gpu in nvlink:
+        listed[gpu.name] = max(listed.get(gpu.name, 0), len(gpu.links))
+    return tuple(listed[gpu.name] if gpu.all_inactive and not gpu.links else 0 for gpu in nvlink)
 
 
 # ---------------------------------------------------------------- nvidia-smi -q and -q -x
@@ -349,6 +390,7 @@ class SmiGpu:
     ecc_volatile: Optional[tuple[int, int]]
     ecc_aggregate: Optional[tuple[int, int]]
     mig_instances: Optional[tuple[tuple[int, MigProfile], ...]] = None  # see CapturedGpu
+    remapped_rows: Optional[RemappedRows] = None  # see CapturedGpu
 
 
 def _mig_profile(card: str, multiprocessors: int, memory_mib: float) -> MigProfile:
@@ -403,6 +445,18 @@ def _ecc(tree: Tree, scope: str) -> Optional[tuple[int, int]]:
     return sum(totals[0]), sum(totals[1])
 
 
+def _remapped_rows(tree: Tree) -> Optional[RemappedRows]:
+    """The Remapped Rows block's counts and flags (-q -x tags | -q keys); None where it reads N/A or is absent (a
+    card or driver without row remapping)."""
+    corrected = _number(_get(tree, "remapped_rows/remapped_row_corr", "remapped_rows/correctable_error"))
+    uncorrected = _number(_get(tree, "remapped_rows/remapped_row_unc", "remapped_rows/uncorrectable_error"))
+    if corrected is None or uncorrected is None:
+        return None
+    pending = _get(tree, "remapped_rows/remapped_row_pending", "remapped_rows/pending") or ""
+    failed = _get(tree, "remapped_rows/remapped_row_failure", "remapped_rows/remapping_failure_occurred") or ""
+    return RemappedRows(int(corrected), int(uncorrected), pending.strip().lower() == "yes", failed.strip().lower() == "yes")
+
+
 def parse_smi_q(text: str, path: Path) -> tuple[dict[str, str], tuple[SmiGpu, ...]]:
     """`nvidia-smi -q` or `-q -x` -> (header: driver_version, cuda_version, ...; each GPU's facts)."""
     xml = text.lstrip().startswith("<")
@@ -438,7 +492,8 @@ def parse_smi_q(text: str, path: Path) -> tuple[dict[str, str], tuple[SmiGpu, ..
         )
         if not ecc_on:
             refused |= {"nvmlDeviceGetTotalEccErrors"}  # with ECC off NVML refuses the counts
-        out.append(SmiGpu(model, _nvml_bus_id(bus, path), refused, _ecc(tree, "volatile"), _ecc(tree, "aggregate"), mig))
+        volatile, aggregate = _ecc(tree, "volatile"), _ecc(tree, "aggregate")
+        out.append(SmiGpu(model, _nvml_bus_id(bus, path), refused, volatile, aggregate, mig, _remapped_rows(tree)))
     return header, tuple(out)
 
 
@@ -477,9 +532,15 @@ def _read(folder: Path, name: str) -> Optional[tuple[Path, str]]:
     if not path.is_file():
         return None
     try:
-        return path, path.read_text(encoding="utf-8", errors="replace")
+        text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise UsageError(f"--simulate capture: cannot read {path}: {exc.strerror}") from None
+    # nvidia-smi underlines `topo -m`'s header on a terminal (ESC[4m ... ESC[0m), and a copy from the terminal
+    # keeps the codes: they are not part of the table (siboehm/bench's capture has them)
+    return path, _TERMINAL_CODES.sub("", text)
+
+
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def _agree(counts: Iterable[tuple[str, int]]) -> int:
@@ -509,6 +570,7 @@ def load_capture(folder_text: str) -> Profile:
     topo = parse_topo(topo_file[1], topo_file[0]) if topo_file else None
     header, smi = parse_smi_q(smi_file[1], smi_file[0]) if smi_file else ({}, ())
     nvlink = parse_nvlink(nvlink_file[1], nvlink_file[0]) if nvlink_file else ()
+    unlisted = _inactive_link_counts(nvlink)
     counts = [(TOPO_FILE, len(topo.levels))] if topo else []
     counts += [(smi_file[0].name, len(smi))] if smi_file else []
     counts += [(NVLINK_FILE, len(nvlink))] if nvlink_file else []
@@ -517,15 +579,15 @@ def load_capture(folder_text: str) -> Profile:
     if topo is not None:
         remotes, switch_links = _wiring(topo.levels)
     else:  # links known only from nvlink -s: their far ends are not captured
-        remotes, switch_links = tuple(tuple([None] * len(links)) for _, links in nvlink) or ((),) * n, 0
+        remotes, switch_links = tuple(tuple([None] * len(g.links)) for g in nvlink) or ((),) * n, 0
     models = []
     gpus = []
     for gpu in range(n):
         facts = smi[gpu] if smi else None
         model = facts.model if facts else UNKNOWN_CARD
         if nvlink and not smi:
-            model = replace(model, name=nvlink[gpu][0])
-        active = nvlink[gpu][1] if nvlink else ()
+            model = replace(model, name=nvlink[gpu].name)
+        active = (nvlink[gpu].links or (False,) * unlisted[gpu]) if nvlink else ()
         links = remotes[gpu]
         if len(active) > len(links):  # nvlink -s lists links topo -m cannot place (inactive, or no topo)
             links = links + (None,) * (len(active) - len(links))
@@ -542,6 +604,7 @@ def load_capture(folder_text: str) -> Profile:
                 ecc_volatile=facts.ecc_volatile if facts else None,
                 ecc_aggregate=facts.ecc_aggregate if facts else None,
                 mig_instances=facts.mig_instances if facts else None,
+                remapped_rows=facts.remapped_rows if facts else None,
             )
         )
     driver = header.get("driver_version") or ""

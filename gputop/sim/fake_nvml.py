@@ -758,6 +758,11 @@ class FakeNvmlLibrary:
         def nvmlDeviceGetRemappedRows(gpu: int, corr: Ref, unc: Ref, pending: Ref, failure: Ref) -> int:
             if not profile.model(gpu).row_remap:
                 return ERROR_NOT_SUPPORTED
+            captured = profile.capture.gpus[gpu].remapped_rows if profile.capture is not None else None
+            if captured is not None:  # what the capture's Remapped Rows block counted
+                corr._obj.value, unc._obj.value = captured.correctable, captured.uncorrectable
+                pending._obj.value, failure._obj.value = int(captured.pending), int(captured.failed)
+                return SUCCESS
             bad = gpu in lib.faults.ecc
             corr._obj.value = 0
             unc._obj.value = 1 if bad else 0
