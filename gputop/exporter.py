@@ -337,7 +337,37 @@ class Exporter:
         families: list[Metric] = [xids, degraded, generation, width, clock_events, health, problem]
         if self.dcgm_fields:
             families += [family for _, family in readings]
-        return families
+        return families + self._mig_families(gpus)
+
+    def _mig_families(self, gpus: Sequence[GpuSample]) -> list[Metric]:
+        """Each MIG instance of a MIG-enabled GPU: what it is, its processes and (with the DCGM fields) its memory.
+        NVML gives no utilization for an instance, so these are what says whether one is in use."""
+        mig_gpus = [g for g in gpus if g.mig and not g.lost]
+        if not mig_gpus:
+            return []
+        labels = ["gpu", "UUID", "Hostname", "gpu_instance"]
+        info = InfoMetricFamily("gputop_mig_instance", "one MIG instance (a GPU instance's compute instance)", labels=labels)
+        processes = GaugeMetricFamily("gputop_mig_processes", "processes on the MIG instance", labels=labels)
+        used = GaugeMetricFamily("gputop_mig_memory_used_bytes", "memory used on the MIG instance", labels=labels)
+        total = GaugeMetricFamily("gputop_mig_memory_total_bytes", "memory of the MIG instance", labels=labels)
+        for gpu in mig_gpus:
+            for instance in gpu.mig or ():
+                values = [str(gpu.index), gpu.uuid, self.hostname, str(instance.gpu_instance_id)]
+                described = {
+                    "compute_instance": str(instance.compute_instance_id),
+                    "profile": instance.profile,
+                    "mig_uuid": instance.uuid,
+                    "slices": "" if instance.slices is None else str(instance.slices),
+                }
+                info.add_metric(values, described)
+                if instance.processes is not None:
+                    processes.add_metric(values, len(instance.processes))
+                if instance.memory_used is not None:
+                    used.add_metric(values, instance.memory_used)
+                if instance.memory_total is not None:
+                    total.add_metric(values, instance.memory_total)
+        # memory as the other GPU readings: with the DCGM fields (dcgm-exporter has it per instance otherwise)
+        return [info, processes] + ([used, total] if self.dcgm_fields else [])
 
     def _job_families(self, snap: Snapshot, trees: list[JobTree]) -> list[Metric]:
         h = self.hostname

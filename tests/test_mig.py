@@ -381,3 +381,60 @@ def test_a_rank_on_a_mig_instance_is_named_by_it_in_the_job_tree_the_report_and_
         ("101", "0", "3"),
         ("102", "1", ""),
     ]
+
+
+@pytest.mark.parametrize("dcgm_fields", [False, True], ids=["default", "dcgm-fields"])
+def test_the_exporter_lists_each_instance_with_its_processes_and_memory(dcgm_fields):
+    """`gputop serve` on a MIG box: one `gputop_mig_instance_info` per instance (its profile, MIG UUID, slices) and
+    its process count; its memory with the DCGM fields, as the whole GPUs' (NVML gives no utilization to show)."""
+    import dataclasses
+
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gputop.exporter import Exporter
+    from gputop.model import GpuProcess
+    from gputop.pipeline import Pipeline
+
+    with Pipeline(simulate="a100-sxm-4-mig") as pipeline:
+        snap = pipeline.poll()
+        machine = pipeline.machine
+    gpu0 = snap.gpus[0]
+    assert gpu0.mig is not None
+    busy = dataclasses.replace(gpu0.mig[0], processes=(GpuProcess(4242, 1 << 30), GpuProcess(4243, 2 << 30)))
+    gpus = (dataclasses.replace(gpu0, mig=(busy, *gpu0.mig[1:])), *snap.gpus[1:])
+    snaps = [dataclasses.replace(snap, gpus=gpus)]
+
+    class Replay:
+        def __init__(self) -> None:
+            self.machine = machine
+
+        def poll(self):
+            return snaps[0]
+
+        def close(self) -> None:
+            pass
+
+    exporter = Exporter(Replay(), interval=1.0, diagnose=lambda h: [], log=lambda line: None, dcgm_fields=dcgm_fields)
+    exporter.cycle()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(exporter)
+    samples = [s for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples]
+
+    def by(name):
+        return {(s.labels["gpu"], s.labels["gpu_instance"]): s for s in samples if s.name == name}
+
+    info = by("gputop_mig_instance_info")
+    expected = {(str(g.index), str(i.gpu_instance_id)): i for g in gpus for i in g.mig or ()}
+    assert set(info) == set(expected) and len(info) >= 2
+    first = info[("0", str(busy.gpu_instance_id))].labels
+    assert (first["profile"], first["mig_uuid"], first["slices"]) == (busy.profile, busy.uuid, str(busy.slices))
+    assert first["UUID"] == gpu0.uuid and first["compute_instance"] == str(busy.compute_instance_id)
+    processes = {key: s.value for key, s in by("gputop_mig_processes").items()}
+    assert processes[("0", str(busy.gpu_instance_id))] == 2 and sum(processes.values()) == 2
+    used = by("gputop_mig_memory_used_bytes")
+    if dcgm_fields:
+        assert {key: s.value for key, s in used.items()} == {key: i.memory_used for key, i in expected.items()}
+        assert by("gputop_mig_memory_total_bytes")[("0", str(busy.gpu_instance_id))].value == busy.memory_total
+    else:
+        assert used == {}  # memory comes with the DCGM fields, as the whole GPUs' does
