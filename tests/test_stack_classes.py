@@ -578,3 +578,27 @@ def test_sync_lines_are_read_from_the_function_the_profiler_names(tmp_path, monk
     assert sc.sync_lines_in_function(str(tmp_path / "broken.py"), 1, "train_step") == []
     monkeypatch.chdir(tmp_path)  # a relative path is looked up in the target's working directory
     assert sc.sync_lines_in_function("train.py", 4, "train_step", pid=os.getpid()) == [(12, "return loss.item()")]
+
+
+def test_a_source_under_a_non_ascii_path_is_read_under_a_c_locale(tmp_path):
+    """py-spy names a frame's file as it decoded it (UTF-8). Under LANG=C without PEP 538 coercion or UTF-8 mode
+    Python's file-system encoding is ASCII, and opening that name as a str raised UnicodeEncodeError, which ended
+    `gputop record` of a job under a Cyrillic folder whenever its main thread was sampled in the job's own code."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "данные"
+    folder.mkdir()
+    (folder / "обучение.py").write_text("def step(x):\n    return x.item()  # the sync\n", encoding="utf-8")
+    probe = (
+        "import sys\n"
+        "from gputop.analysis.stack_classes import read_source_line, sync_lines_in_function\n"
+        "name = sys.argv[1].encode('ascii').decode('unicode_escape')  # the name as py-spy gives it: real characters\n"
+        "print(sys.getfilesystemencoding(), ascii(read_source_line(name, 2)), sync_lines_in_function(name, 1, 'step'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONIOENCODING", "PYTHONUTF8") and not k.startswith("LC_")}
+    env.update(LANG="C", LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
+    name = str(folder / "обучение.py").encode("unicode_escape").decode("ascii")
+    ran = subprocess.run([sys.executable, "-c", probe, name], env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.split(" ", 1) == ["ascii", "'return x.item()  # the sync' [(2, 'return x.item()')]\n"]

@@ -201,10 +201,20 @@ def read_source_line(filename: str, line: int, pid: Optional[int] = None) -> Opt
     return None
 
 
+def _kernel_path(path: str) -> bytes:
+    """`path` as the bytes the kernel takes.  py-spy names files as it decoded them (UTF-8); under a C locale
+    without UTF-8 mode Python's file-system encoding is ASCII, and opening such a name as a str raises
+    UnicodeEncodeError (a job under `/data/данные/`): its UTF-8 bytes are what the file is called."""
+    try:
+        return os.fsencode(path)
+    except UnicodeEncodeError:
+        return path.encode("utf-8", "surrogateescape")
+
+
 @functools.lru_cache(maxsize=256)
 def _line_of(path: str, line: int) -> Optional[str]:
     try:
-        with open(path, "rb") as f:
+        with open(_kernel_path(path), "rb") as f:
             for number, raw in enumerate(f, start=1):
                 if number == line:
                     return raw.decode("utf-8", "replace").strip()
@@ -227,7 +237,7 @@ def sync_lines_in_function(filename: str, first_line: int, function: str, pid: O
     tree = None
     for path in _source_candidates(filename, pid):
         try:
-            changed = os.stat(path).st_mtime_ns
+            changed = os.stat(_kernel_path(path)).st_mtime_ns
         except OSError:
             continue
         tree = _parsed_source(path, changed)  # re-read when the file changes (the user edits and restarts)
@@ -282,7 +292,7 @@ def _source_candidates(filename: str, pid: Optional[int]) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=32)
 def _parsed_source(path: str, _changed: int) -> "Optional[tuple[list[str], ast.Module]]":
     try:
-        with open(path, "rb") as f:
+        with open(_kernel_path(path), "rb") as f:
             text = f.read(4 << 20).decode("utf-8", "replace")
         return text.splitlines(), ast.parse(text)
     except (OSError, SyntaxError, ValueError):
