@@ -58,9 +58,13 @@ def test_hung_worker_is_a_hang_with_its_frame(observe, spawn, tmp_path):
 def test_compute_bound_job_is_healthy_not_input_bound(observe, spawn, tmp_path):
     proc = start_diagnosis_job(spawn, tmp_path, "compute")
     obs = observe(proc.pid)
-    # enough distinct dumps for the input fraction to count (MIN_STACK_SAMPLES and then some)
+    # enough distinct dumps for the input fraction to count (MIN_STACK_SAMPLES and then some), and the verdict past
+    # "collecting" (it waits for 4 s of the loop's dense samples, which a loaded box may take longer to gather)
     wait_until(
-        lambda: obs.step() and dumps_of(obs, proc.pid) >= 12, timeout=VERDICT_DEADLINE_S, interval=0.3, what="12 stack dumps"
+        lambda: obs.step() and dumps_of(obs, proc.pid) >= 12 and obs.findings[0].id != "collecting",
+        timeout=VERDICT_DEADLINE_S,
+        interval=0.3,
+        what="12 stack dumps and a verdict",
     )
     top = obs.findings[0]
     assert top.id == "healthy", verdict_line(obs.findings)

@@ -88,12 +88,13 @@ def assert_input_bound(obs: Observer) -> None:
 
 
 def assert_healthy(obs: Observer, pid: int) -> None:
-    # enough distinct dumps for the input fraction to count, then nothing severe
+    # enough distinct dumps for the input fraction to count and a verdict past "collecting" (4 s of the loop's dense
+    # samples, which a loaded box may take longer to gather), then nothing severe
     wait_until(
-        lambda: obs.step() and dumps_of(obs, pid) >= 12,
+        lambda: obs.step() and dumps_of(obs, pid) >= 12 and obs.findings[0].id != "collecting",
         timeout=VERDICT_DEADLINE_S,
         interval=STACK_INTERVAL_S,
-        what="12 stack dumps",
+        what="12 stack dumps and a verdict",
     )
     assert obs.findings[0].id == "healthy", verdict_line(obs.findings)
     assert not severe_ids(obs), verdict_line(obs.findings)
