@@ -14,7 +14,6 @@ this process only.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Iterator, MutableMapping
@@ -60,24 +59,19 @@ class AdviceMemory(MutableMapping[str, int]):
         return self._entries
 
     def _save(self) -> None:
+        import json
+
+        from gputop.errors import GputopError
+        from gputop.report.writer import write_report  # all at once: a reader never sees half a file
+
         entries = self._load()
         newest = dict(sorted(entries.items(), key=lambda kv: kv[1]["at"])[-MAX_ENTRIES:])
-        import json
-        import tempfile
-
         path = self.path or default_path()
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".advice-", dir=os.path.dirname(path))
-        except OSError:
-            return  # a read-only home: the memory lasts as long as this process
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(newest, f)
-            os.replace(tmp, path)  # a reader never sees half a file; two writers: the last one wins
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)  # a full disk: leave no half-written file behind
+            write_report(path, json.dumps(newest))  # two writers: the last one wins
+        except (OSError, GputopError):
+            pass  # a read-only home or a full disk: the memory lasts as long as this process
 
     def __getitem__(self, key: str) -> int:
         return int(self._load()[key]["workers"])
