@@ -164,11 +164,10 @@ def advice_key(ctx: Context) -> Optional[str]:
     return f"{anchor.pid}@{anchor.create_time:.2f}" if anchor is not None else None
 
 
-def _remember_advice(ctx: Context, found: Sequence[Finding], memory: MutableMapping[str, int]) -> None:
+def _remember_advice(key: str, found: Sequence[Finding], memory: MutableMapping[str, int]) -> None:
     """Keep the workers the starvation finding advised (a two-sided estimate under the cap) for the next look."""
-    key = advice_key(ctx)
     advised = next((f.figures.get("workers") for f in found if f.id == "starvation" and f.figures), None)
-    if key is None or not advised or advised.get("source") != ESTIMATE_SOURCE:
+    if not advised or advised.get("source") != ESTIMATE_SOURCE:
         return
     if advised.get("one_sided") or advised.get("capped"):
         return  # "at least N" and the cap are not estimates to hold on to
@@ -187,9 +186,6 @@ def diagnose(
     `memory` (job key -> workers, `gputop.advice_memory.AdviceMemory`): the workers advised by an earlier look
     at the same job; the advice keeps that count while this window's interval holds it, and is kept there."""
     ctx = build_context(history, bench, window=window)
-    if ctx is not None and memory is not None:
-        key = advice_key(ctx)
-        ctx.advised_before = memory.get(key) if key is not None else None
     if ctx is None:
         return [
             Finding(
@@ -202,6 +198,9 @@ def diagnose(
                 fix="Wait a few seconds, or run `gputop report --seconds 30`.",
             )
         ]
+    key = advice_key(ctx) if memory is not None else None
+    if key is not None and memory is not None:
+        ctx.advised_before = memory.get(key)
     long_window = LONG_WINDOW_S if window is not None else None
     findings = _job_findings(ctx, lambda: build_context(history, bench, window=long_window, stride_s=LONG_WINDOW_STRIDE_S))
     for check in INDEPENDENT_CHECKS:
@@ -210,8 +209,8 @@ def diagnose(
         findings.insert(0, healthy_finding(ctx))
     # the plain-words summary (healthy / collecting) leads the info findings it sums up
     findings.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 9), f.id not in _SUMMARY_IDS, -f.confidence))
-    if memory is not None:
-        _remember_advice(ctx, findings, memory)
+    if key is not None and memory is not None:
+        _remember_advice(key, findings, memory)
     return findings
 
 
