@@ -56,6 +56,7 @@ def test_a_stage_config_travels_to_the_ranks_whole():
         ([_finding("memory_bound"), _finding("no_tensor_cores", "info")], "memory bandwidth", "memory_bound"),
         ([_finding("healthy", "info"), _finding("cpu_bound", "info")], case_study.HEALTHY, "healthy"),
         ([_finding("hang", "critical")], "hang", "hang"),  # no row of the article: the diagnosis' own words
+        ([_finding("collecting", "info"), _finding("cpu_bound", "info")], case_study.COLLECTING, "collecting"),
     ],
 )
 def test_the_bottleneck_is_read_from_the_findings(found, words, finding_id):
@@ -68,6 +69,8 @@ def test_a_verdict_settles_when_it_holds_for_a_few_polls():
     assert case_study.settled(steady, case_study.MIN_STAGE_S)
     assert not case_study.settled(steady, case_study.MIN_STAGE_S - 1)  # too early: stacks and GPM need a window
     assert not case_study.settled(["healthy"] + steady[1:], case_study.MIN_STAGE_S)
+    # a slow box still collecting stacks after MIN_STAGE_S has no verdict yet, not a healthy one
+    assert not case_study.settled([case_study.COLLECTING] * 50, case_study.MAX_STAGE_S - 1)
 
 
 @pytest.mark.slow

@@ -299,7 +299,11 @@ def test_demo_tuned_is_healthy_not_input_bound(demo):
     obs = demo("tuned")
     # healthy needs enough stack dumps to say "not input-bound" (collecting until then)
     wait_until(
-        lambda: _top_is(obs, "healthy", min_polls=15), timeout=VERDICT_DEADLINE_S, interval=1.0, what="tuned: healthy verdict"
+        lambda: _top_is(obs, "healthy", min_polls=15),
+        timeout=VERDICT_DEADLINE_S,
+        interval=1.0,
+        what="tuned: healthy verdict",
+        state=lambda: verdict_line(obs.findings),
     )
     assert "not input-bound" in obs.findings[0].summary, verdict_line(obs.findings)
     assert not [f for f in obs.findings if f.severity in ("critical", "warning")], verdict_line(obs.findings)

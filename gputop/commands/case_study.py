@@ -55,6 +55,9 @@ BOTTLENECKS = (  # finding id -> the article's words for that row's bottleneck, 
     ("hiccup", "CPU data loading"),
 )
 HEALTHY = "healthy, with a small communication cost"
+# the diagnosis still gathers its evidence (starting up, too few stacks): no bottleneck yet, and nothing to settle on;
+# on a loaded box that can outlast MIN_STAGE_S, and it must not pass for "healthy"
+COLLECTING = "collecting evidence"
 # the article's last step once nothing is wrong (its 5.2: the all-reduce took ~10%, so it left accumulation out)
 HEALTHY_NEXT = "nothing to fix now; if the all-reduce grows with the model, accumulate gradients (accum_steps 2-4)"
 
@@ -78,7 +81,9 @@ class StageResult:
     seconds: float
 
     def json(self, previous: Optional["StageResult"]) -> dict[str, Any]:
-        fix = self.finding.fix.splitlines()[0].strip() if self.finding.fix else HEALTHY_NEXT
+        fix = self.finding.fix.splitlines()[0].strip() if self.finding.fix else ""
+        if not fix and self.bottleneck == HEALTHY:
+            fix = HEALTHY_NEXT
         return {
             "stage": self.stage.number,
             "title": self.stage.title,
@@ -140,13 +145,15 @@ def bottleneck(found: Sequence[Finding]) -> tuple[str, Finding]:
         if finding_id in by_id:
             return words, by_id[finding_id]
     if not serious:
-        return HEALTHY, found[0]
+        return (COLLECTING if found[0].id == "collecting" else HEALTHY), found[0]
     return serious[0].title, serious[0]  # something the article's table has no row for: the diagnosis' words
 
 
 def settled(words: Sequence[str], elapsed: float, min_s: float = MIN_STAGE_S) -> bool:
-    """Whether a stage's verdict has held: the same bottleneck `SETTLE_POLLS` polls in a row, after `min_s`."""
-    return elapsed >= min_s and len(words) >= SETTLE_POLLS and len(set(words[-SETTLE_POLLS:])) == 1
+    """Whether a stage's verdict has held: the same bottleneck `SETTLE_POLLS` polls in a row, after `min_s`
+    (still collecting is no verdict, however long it holds)."""
+    last = set(words[-SETTLE_POLLS:])
+    return elapsed >= min_s and len(words) >= SETTLE_POLLS and len(last) == 1 and COLLECTING not in last
 
 
 class StageJob(Protocol):

@@ -16,10 +16,17 @@ import psutil
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 20.0, interval: float = 0.05, what: str = "condition") -> T:
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = 20.0,
+    interval: float = 0.05,
+    what: str = "condition",
+    state: Optional[Callable[[], object]] = None,
+) -> T:
     """Poll `predicate` until it returns something truthy; fail the test at the deadline.
 
-    This is a deadline on a condition, not a sleep used as synchronisation.
+    This is a deadline on a condition, not a sleep used as synchronisation. `state`, when given, says in the
+    failure what was seen instead (the verdict that stood at the deadline), so a failure on CI explains itself.
     """
     deadline = time.monotonic() + timeout
     last_exc: Optional[BaseException] = None
@@ -32,6 +39,8 @@ def wait_until(predicate: Callable[[], T], timeout: float = 20.0, interval: floa
             last_exc = exc
         if time.monotonic() >= deadline:
             detail = f" (last error: {last_exc!r})" if last_exc else ""
+            if state is not None:
+                detail += f"; at the deadline: {state()}"
             raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
         time.sleep(interval)
 

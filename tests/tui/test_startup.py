@@ -222,7 +222,8 @@ async def test_the_attached_jobs_tree_is_drawn_while_nvml_init_is_held(monkeypat
             await wait_for(pilot, lambda: jobs.title.startswith("JOB "), "the job tree", timeout=NVML_INIT_HELD_S)
             assert source.reading_gpus  # nvmlInit is still held
             assert f"{job.pid}" in jobs.title and [row.pid for row in jobs.rows][:1] == [job.pid]
-            await wait_for(pilot, lambda: not app.reading_gpus, "the GPUs", timeout=10)
+            # the machine is adopted (reading_gpus False) with an empty history; the next poll fills it
+            await wait_for(pilot, lambda: not app.reading_gpus and app.history.latest is not None, "the GPUs", timeout=10)
             assert jobs.title.startswith("JOB ") and app.history.latest.job is not None  # the same job, now with GPUs
     finally:
         if app.wait_for_collector(5):
@@ -290,7 +291,8 @@ async def test_the_monitor_builds_its_pipeline_once_its_first_frame_is_drawn(mon
     apps.append(app)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: not app.reading_gpus, "the GPUs", timeout=10)
+            # the machine is adopted (reading_gpus False) with an empty history; the next poll fills it
+            await wait_for(pilot, lambda: not app.reading_gpus and app.history.latest is not None, "the GPUs", timeout=10)
         assert len(at_build) == 1 and at_build[0][:1], f"the build began before the first frame: {at_build}"
         assert " cores" in at_build[0][0]  # the heatmap, drawn from the first poll
     finally:
