@@ -126,6 +126,7 @@ def _assert_verdict(obs: Observer, scenario: str, finding_id: str, words: str, s
         timeout=VERDICT_DEADLINE_S,
         interval=1.0,
         what=f"{scenario}: {finding_id} verdict naming {words!r}",
+        state=lambda: verdict_line(obs.findings),
     )
     assert time.monotonic() - started <= VERDICT_DEADLINE_S + 5
     others = [(f.id, f.summary) for f in severe(obs.findings) if f is not obs.findings[0]]
@@ -340,6 +341,7 @@ class TestNcclHang:
             timeout=VERDICT_DEADLINE_S,
             interval=1.0,
             what=f"a hang verdict naming rank {culprit}, its stuck worker's frame, a DataLoader timeout and NCCL advice",
+            state=lambda: verdict_line(obs.findings),
         )
         others = [(f.id, f.summary) for f in severe(obs.findings) if f is not obs.findings[0]]
         assert not others, others
@@ -434,7 +436,13 @@ class TestSyncBound:
             top = obs.step()[0]
             return top.severity in ("critical", "warning") and where in _text(top) and "sync" in top.summary.lower()
 
-        wait_until(verdict, timeout=VERDICT_DEADLINE_S, interval=1.0, what=f"a sync verdict naming {where}")
+        wait_until(
+            verdict,
+            timeout=VERDICT_DEADLINE_S,
+            interval=1.0,
+            what=f"a sync verdict naming {where}",
+            state=lambda: verdict_line(obs.findings),
+        )
         top = obs.findings[0]
         assert top.label == LABEL_CODE, top
         assert "loss.item()" in _text(top), _text(top)

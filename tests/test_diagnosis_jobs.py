@@ -34,6 +34,7 @@ def test_starved_job_is_input_bound(observe, spawn, tmp_path, mode, words):
         timeout=VERDICT_DEADLINE_S,
         interval=0.3,
         what=f"starvation verdict ({mode})",
+        state=lambda: verdict_line(obs.findings),
     )
     top = obs.findings[0]
     assert "Input-bound (highly)" in top.summary and words in top.summary, top.summary
@@ -46,7 +47,13 @@ def test_starved_job_is_input_bound(observe, spawn, tmp_path, mode, words):
 def test_hung_worker_is_a_hang_with_its_frame(observe, spawn, tmp_path):
     proc = start_diagnosis_job(spawn, tmp_path, "hang")
     obs = observe(proc.pid)
-    wait_until(lambda: obs.step()[0].id == "hang", timeout=VERDICT_DEADLINE_S, interval=0.3, what="hang verdict")
+    wait_until(
+        lambda: obs.step()[0].id == "hang",
+        timeout=VERDICT_DEADLINE_S,
+        interval=0.3,
+        what="hang verdict",
+        state=lambda: verdict_line(obs.findings),
+    )
     top = obs.findings[0]
     assert top.severity == "critical" and "a DataLoader worker is stuck in dataset code" in top.summary
     assert any(f.startswith("Samples.__getitem__ (train_job.py:") for f in top.frames), top.frames
@@ -65,6 +72,7 @@ def test_compute_bound_job_is_healthy_not_input_bound(observe, spawn, tmp_path):
         timeout=VERDICT_DEADLINE_S,
         interval=0.3,
         what="12 stack dumps and a verdict",
+        state=lambda: verdict_line(obs.findings),
     )
     top = obs.findings[0]
     assert top.id == "healthy", verdict_line(obs.findings)

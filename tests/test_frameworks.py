@@ -81,7 +81,8 @@ def assert_input_bound(obs: Observer) -> None:
         lambda: obs.step()[0].id == "starvation",
         timeout=VERDICT_DEADLINE_S,
         interval=STACK_INTERVAL_S,
-        what=f"an input-bound verdict (last: {verdict_line(obs.findings)})",
+        what="an input-bound verdict",
+        state=lambda: verdict_line(obs.findings),
     )
     assert "Input-bound" in obs.findings[0].summary, obs.findings[0].summary
     assert "straggler" not in [f.id for f in obs.findings], verdict_line(obs.findings)
@@ -105,7 +106,8 @@ def assert_hang(obs: Observer) -> None:
         lambda: obs.step()[0].id == "hang",
         timeout=VERDICT_DEADLINE_S,
         interval=STACK_INTERVAL_S,
-        what=f"a hang verdict (last: {verdict_line(obs.findings)})",
+        what="a hang verdict",
+        state=lambda: verdict_line(obs.findings),
     )
     assert any("__getitem__" in f for f in obs.findings[0].frames), obs.findings[0].frames
     high_starvation = [f for f in obs.findings if f.id == "starvation" and f.severity == "critical"]
@@ -166,7 +168,8 @@ def test_lightning_two_devices_straggler_only_when_there_is_one(job, observe, mo
             lambda: "straggler" in [f.id for f in obs.step()],
             timeout=VERDICT_DEADLINE_S,
             interval=STACK_INTERVAL_S,
-            what=f"a straggler finding (last: {verdict_line(obs.findings)})",
+            what="a straggler finding",
+            state=lambda: verdict_line(obs.findings),
         )
         straggler = next(f for f in obs.findings if f.id == "straggler")
         assert j.rank_pids[1] in straggler.pids, (straggler.pids, j.rank_pids)

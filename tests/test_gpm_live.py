@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gputop.analysis.checks import hang
+from gputop.analysis.diagnosis import verdict_line
 from gputop.pipeline import Pipeline
 from gputop.sim.demo_launcher import DemoJob
 from tests.harness.attach import Observer
@@ -86,5 +87,6 @@ def test_nccl_hang_demo_is_found_from_sm_activity_alone(attached, monkeypatch):
         timeout=120.0,
         interval=1.0,
         what="the nccl-hang verdict from SM activity",
+        state=lambda: verdict_line(obs.findings),
     )
     assert any("of its SMs active" in line and "spinning" in line for line in found.evidence), found.evidence

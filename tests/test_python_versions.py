@@ -42,7 +42,8 @@ def test_starved_job_reads_input_bound_and_names_the_loop_line(spawn, observe, t
         lambda: obs.step()[0].id == "starvation",
         timeout=VERDICT_DEADLINE_S,
         interval=STACK_INTERVAL_S,
-        what=f"an input-bound verdict (last: {verdict_line(obs.findings)})",
+        what="an input-bound verdict",
+        state=lambda: verdict_line(obs.findings),
     )
     top = obs.findings[0]
     assert "Input-bound (highly)" in top.summary, top.summary
@@ -58,6 +59,7 @@ def test_hung_worker_on_310_is_a_hang_naming_its_frame(spawn, observe, tmp_path)
         lambda: obs.step()[0].id == "hang",
         timeout=VERDICT_DEADLINE_S,
         interval=STACK_INTERVAL_S,
-        what=f"a hang verdict (last: {verdict_line(obs.findings)})",
+        what="a hang verdict",
+        state=lambda: verdict_line(obs.findings),
     )
     assert any(f.startswith("__getitem__ (train_job.py:") for f in obs.findings[0].frames), obs.findings[0].frames
