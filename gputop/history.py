@@ -26,6 +26,13 @@ class History:
         self.capacity = capacity
         self._snapshots: deque[Snapshot] = deque(maxlen=capacity)
 
+    def copy(self) -> "History":
+        """A History of its own with the same snapshots (references: snapshots are frozen), for a thread to
+        read while this one keeps growing."""
+        copy = History(self.machine, self.capacity)
+        copy._snapshots = self._snapshots.copy()
+        return copy
+
     def append(self, snapshot: Snapshot) -> None:
         self._snapshots.append(snapshot)
 

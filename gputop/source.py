@@ -168,6 +168,10 @@ class PollLoop:
         self._sleep = sleep
         self._stop = threading.Event()
         self._wake = threading.Event()
+        # what kind of source it is, decided once: a runtime Protocol check walks the protocol's members with
+        # hasattr every time, and two a poll were a tenth of the collector thread's CPU in the TUI
+        self._seekable = source if isinstance(source, Seekable) else None
+        self._restarting = source if isinstance(source, Restarting) else None
         self._generation = source.generation if isinstance(source, (Seekable, Restarting)) else None
         self.started: Optional[float] = None
         self._first: Optional[threading.Thread] = None  # prefetch(): the first batch, taken ahead of run()
@@ -247,19 +251,19 @@ class PollLoop:
         return batch
 
     def next_batch(self) -> Batch:
-        source = self.source
-        if isinstance(source, Seekable):
-            generation = source.generation
+        seekable, restarting = self._seekable, self._restarting
+        if seekable is not None:
+            generation = seekable.generation
             if generation != self._generation:
                 self._generation = generation
-                return Batch(list(source.history_until()), reset=True)
-            return Batch(list(source.drain()))
-        if isinstance(source, Restarting):
-            generation = source.generation  # read before the poll: a restart under it resets the next batch
-            snapshot = source.poll()
+                return Batch(list(seekable.history_until()), reset=True)
+            return Batch(list(seekable.drain()))
+        if restarting is not None:
+            generation = restarting.generation  # read before the poll: a restart under it resets the next batch
+            snapshot = restarting.poll()
             reset, self._generation = generation != self._generation, generation
             return Batch([snapshot], reset=reset)
-        return Batch([source.poll()])
+        return Batch([self.source.poll()])
 
     def run(self, deliver: Callable[[Batch], None]) -> None:
         start = self.started = self._clock()

@@ -9,6 +9,8 @@ the card's NVLink texts build `NvLinkLink`s.  The machine is the real pynvml wra
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gputop.analysis import gpu_health
@@ -158,9 +160,11 @@ def test_long_window_hiccup_search_runs_once_per_stride_over_fresh_copies_of_a_f
         for _ in range(diagnoses):
             clock.advance(1.0)
             live.append(pipeline.poll())
-            copy = History(live.machine, capacity=live.capacity)
-            for snap in live:
-                copy.append(snap)
+            copy = live.copy()  # as the TUI hands its diagnosis thread
             diagnosis.diagnose(copy)
+    # the copy is the TUI's history as it stood, however the live one moves on (a full ring drops its first)
+    assert [s.timestamp for s in copy] == [s.timestamp for s in live]
+    live.append(replace(live.latest, timestamp=live.latest.timestamp + 1.0))
+    assert copy.latest.timestamp == live.latest.timestamp - 1.0 and len(copy) == len(live) == live.capacity
     long_windows = calls[0] - diagnoses  # one short window per diagnosis
     assert 1 <= long_windows <= diagnoses / LONG_WINDOW_STRIDE_S + 1

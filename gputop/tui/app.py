@@ -14,6 +14,7 @@ and the CPU used per refresh small.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import select
@@ -177,7 +178,8 @@ class GputopApp(App[None]):
         poll_loop: Optional[PollLoop] = None,
     ) -> None:
         super().__init__()
-        self.source = source
+        self._source = source
+        self._restarting: Optional[Restarting] = source if isinstance(source, Restarting) else None
         self.machine = source.machine
         # a pipeline still starting answers with the host's side alone until NVML has read the GPUs
         self.reading_gpus = isinstance(source, StartingPipeline) and source.reading_gpus
@@ -209,6 +211,16 @@ class GputopApp(App[None]):
         self._machine_posted = self.machine  # the collector's: the machine its last MachineKnown carried
         self._first_verdict_asked = False
         self._too_small: Optional[TooSmallScreen] = None  # shown while the terminal is below MIN_SIZE
+
+    @property
+    def source(self) -> Source:
+        return self._source
+
+    @source.setter
+    def source(self, source: Source) -> None:
+        self._source = source
+        # decided once a source, not every frame: a runtime Protocol check walks its members with hasattr
+        self._restarting = source if isinstance(source, Restarting) else None
 
     @cached_property
     def actions(self) -> "BackgroundActions":
@@ -427,8 +439,8 @@ class GputopApp(App[None]):
         if snapshot is None:
             return
         self._draw_verdict()  # one that came since the last frame (see on_diagnosed)
-        if isinstance(self.source, Restarting):  # where it stands (the case study's stage) in the subtitle's place
-            self.main.header.set_subtitle(self.source.narration, before_versions=True)
+        if self._restarting is not None:  # where it stands (the case study's stage) in the subtitle's place
+            self.main.header.set_subtitle(self._restarting.narration, before_versions=True)
         # The widest sparkline spans at most ~ width seconds-per-cell x cells; 10 minutes is a safe bound.
         snapshots = self.history.window(max(180.0, self.interval * 200))
         self.main.show(snapshots, self.interval, gpu_users(snapshot), reading_gpus=self.reading_gpus)
@@ -477,16 +489,17 @@ class GputopApp(App[None]):
             return
         self._diagnosing = True
         actions = self.actions
-        self._run_diagnosis(self.history_copy(), actions.bench, actions.trace, actions.check)
+        # On the event loop's executor thread, as a Textual thread worker runs, without the worker: making one
+        # every DIAGNOSE_EVERY seconds cost the main thread as much as the verdict line it draws.  The call
+        # catches its own errors and posts its result (`_run_diagnosis`).
+        asyncio.get_running_loop().run_in_executor(
+            None, self._run_diagnosis, self.history_copy(), actions.bench, actions.trace, actions.check
+        )
 
     def history_copy(self) -> History:
         """A History of its own for a worker thread: the app keeps appending to the live one."""
-        copy = History(self.history.machine, capacity=self.history.capacity)
-        for snapshot in self.history:  # references only: snapshots are frozen
-            copy.append(snapshot)
-        return copy
+        return self.history.copy()
 
-    @work(thread=True, group="diagnose")
     def _run_diagnosis(
         self,
         history: History,
