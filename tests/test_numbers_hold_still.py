@@ -211,13 +211,14 @@ pytestmark = [pytest.mark.slow, TIMEOUT]  # every test here reads the same 2.5 m
 @pytest.mark.parametrize("name", JOBS)
 def test_the_job_is_input_bound_with_a_need_inside_the_cap(series, name):
     """The bar's premise: the benchmark measured a job that waits 50-90% of the time and needs 2-20
-    workers, well under the cap."""
+    workers, not cut by the cap.  The cap counts the cores idle while the benchmark runs, beside the other two
+    jobs of the series: on a busy 2-core box it came to the need itself (8 of 8), which still cuts nothing."""
     s = series[name]
     assert s.bench is not None, s.table()
     consumption, advice = s.bench.get("consumption") or {}, s.bench["advice"]
     assert s.bench["mode"] == "active" and consumption.get("batches_per_s"), s.table()
     assert 0.5 <= consumption["wait_fraction"] <= 0.9, s.table()
-    assert s.need is not None and 2 <= s.need <= 20 and s.need < advice["worker_cap"], s.table()
+    assert s.need is not None and 2 <= s.need <= 20 and s.need <= advice["worker_cap"], s.table()
 
 
 @pytest.mark.parametrize("name", JOBS)

@@ -22,7 +22,7 @@ class WorkerAdvice:
     """Workers per rank with the range the data allow, never above the cap, and the arithmetic behind it."""
 
     workers: int  # what to set: the estimate (the lower bound when one-sided), capped
-    needed: int  # the estimate: from the share's point, or the count advised before while the interval holds it
+    needed: int  # the estimate: the share's point, or the count advised before while the interval holds it or misses by one
     low: int  # ... from the share's interval: its lower end
     high: Optional[int]  # ... its upper end; None: unbounded (the step was hardly ever caught)
     cap: int
@@ -159,21 +159,31 @@ def suggested_workers(ctx: Context, ranks: Sequence[RankObs], input_share: Share
     bound, bound_why = producer_bound(ranks)
     cap, cap_why = worker_cap(ctx, ranks, bound)
     point: Optional[int] = None
+    own_range = ""  # this window's own range, when an earlier advice widened it
+    one_off = False  # ... and that advice missed it by one count
     if high is None or needed is None:
         needed = needed or low
         chosen = low
     else:
         before = ctx.advised_before
-        if before is not None and before != needed and low <= before <= high and before <= cap:
+        if before is not None and before != needed and low - 1 <= before <= high + 1 and before <= cap:
             # The count is a step function of a noisy share: near a step, two looks at one unchanged job would
-            # say 3 and 4.  While this window's interval holds what was advised before, that advice stands.
+            # say 3 and 4.  While this window's interval holds what was advised before, or misses it by one
+            # count, that advice stands and the range takes it in.  The interval covers sampling, not the job's
+            # drift between looks (a share that moved 0.60 -> 0.66 in two minutes on a busy box), and at 2 or 3
+            # workers one count is x1.5; a move of more than one count is the data moving, and the advice follows.
             point, needed = needed, before
+            own_range, one_off = f"{low}–{high}", not low <= before <= high
+            low, high = min(low, before), max(high, before)
         chosen = needed
     workers = max(1, min(chosen, cap))
     advice = WorkerAdvice(workers, needed, low, high, cap, bound, "", point)
     result = advice.range_text().removeprefix("≈ ") + ("" if chosen <= cap else f", more than the cap, so {cap}")
     if point is not None:
-        result += f"; this window's point alone gives {point}, and {needed}, advised before for this job, is inside the interval"
+        result += (
+            f"; this window's point alone gives {point} ({own_range}), and {needed}, advised before for this job,"
+            f" is {'one count from' if one_off else 'inside'} the interval"
+        )
     prep = "f" if current == 0 else f"{current}"
     arithmetic = (
         f"# workers needed ≈ prep ÷ step × {LOADER_MARGIN:g} = {prep} ÷ (1 − f) × {LOADER_MARGIN:g} → {result}, "
