@@ -515,6 +515,31 @@ def test_more_workers_than_cores_is_oversubscription():
     assert "32 DataLoader workers on 8 cores" in f.summary
 
 
+def test_workers_that_take_the_cores_from_idle_gpus_are_a_warning_though_no_rank_waits_for_data():
+    """24 workers on 2 cores: every core busy, the queue full, the ranks computing, yet the GPUs at ~20%: the
+    training processes wait for a core (the case study's stage 2 on a slow box)."""
+    sc = cpu_bound(cores=2, workers_per_rank=3, host=99.0)
+    for rank in sc.ranks:
+        rank.state = lambda t: FORWARD_BACKWARD
+        rank.worker_cpu = lambda t, w: 8.0  # each gets its share of two cores
+    sc.util = noisy(20, seed=6)
+    f = by_id(diagnose(build(sc)), "cpu_bound")
+    assert f.severity == "warning" and "24 DataLoader workers on 2 cores" in f.summary
+    assert any("the training processes wait for a core" in line for line in f.evidence), f.evidence
+    assert f.fix.startswith("make each sample cheaper, and keep num_workers ≤ 1 per rank"), f.fix
+
+    for rank in sc.ranks:  # ... and when the ranks wait for data too, more workers cannot help either
+        rank.state = cycle([WAITING_FOR_DATA, FORWARD_BACKWARD, FORWARD_BACKWARD])
+    starved = by_id(diagnose(build(sc)), "starvation")
+    assert starved.fix.startswith("make preprocessing cheaper (the cores are already saturated)"), starved.fix
+
+    for rank in sc.ranks:
+        rank.state = lambda t: FORWARD_BACKWARD
+    sc.util = noisy(90, seed=6)  # the same cores feeding busy GPUs: noted, costs nothing now
+    f = by_id(diagnose(build(sc)), "cpu_bound")
+    assert f.severity == "info" and "costs nothing now" in f.evidence[-1]
+
+
 def test_busy_cores_without_pinned_loader_is_not_cpu_bound():
     sc = compute_bound()
     sc.host_cpu = lambda c, t: 97.0

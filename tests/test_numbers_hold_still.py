@@ -7,7 +7,8 @@ step times per batch give the workers that would feed it.  Then over the 10 repo
 
 (a) the verdict is the same every time: the top finding's id and, for starvation, its level word;
 (b) the advised num_workers moves by at most x1.3 (max / min).  gputop keeps the count it advised for a job
-    while a later window's interval still holds it (gputop/advice_memory.py), as a user who asks twice expects;
+    while a later window's interval still holds it or misses it by one count (gputop/advice_memory.py,
+    analysis/advice.py), as a user who asks twice expects;
     the table also shows each report's own point estimate, so a failure shows the noise beneath;
 (c) the range the report states (low-high, or "at least low") holds the benchmark's need in 9 of 10.
 

@@ -304,7 +304,11 @@ def _job_findings(ctx: Context, long_context: Callable[[], Optional[Context]]) -
             found = check_hiccup(long, exclude_gpus=hung_gpus, max_period_s=LONG_HICCUP_MAX_PERIOD_S) if long else []
             _long_hiccups[0] = (key, ctx.snaps[-1], found)
         hiccups = list(found)
-    starvation = check_starvation(ctx, exclude=hung_pids | {p for f in stragglers for p in f.pids}, cpu_bound=facts.saturated)
+    starvation = check_starvation(
+        ctx,
+        exclude=hung_pids | {p for f in stragglers for p in f.pids},
+        cpu_bound=facts.saturated or facts.cores_taken_by_workers,
+    )
     if not ctx.ranks:
         starvation += check_low_utilization(ctx, exclude_gpus=hung_gpus)
     if hiccups and starvation and starvation[0].id == "starvation":

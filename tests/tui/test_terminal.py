@@ -99,7 +99,9 @@ def test_an_ascii_terminal_gets_ascii_glyphs_in_every_column(spawn):
     proc, master = _start_in_pty(spawn, TUI_ARGV, env)
     try:
         screen = _read_until(master, b"GPU7", timeout=60)
-        screen += _read_until(master, b"avg", timeout=30)  # the CPU heatmap: drawn with level glyphs
+        if b"avg" not in screen:  # the CPU heatmap, drawn with level glyphs: often in the frame before the cards
+            # (its label is drawn once; later frames repaint only the cells that changed)
+            screen += _read_until(master, b"avg", timeout=30)
         screen += _quit(master, proc)
         assert proc.returncode == 0
     finally:

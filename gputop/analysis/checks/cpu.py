@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from gputop.analysis.advice import producer_bound, worker_cap
-from gputop.analysis.numbers import confidence_from
+from gputop.analysis.checks.kernels import busy, mean_sm_active
+from gputop.analysis.numbers import confidence_from, mean
 from gputop.analysis.observations import Context, RankObs, WorkerObs
 from gputop.analysis.stack_classes import IN_DATASET
 from gputop.analysis.thresholds import CORES_SATURATED_PERCENT, PROCESS_PINNED_PERCENT
@@ -36,6 +37,12 @@ class CpuFacts:
     @property
     def oversubscribed(self) -> bool:
         return self.n_workers > self.cores
+
+    @property
+    def cores_taken_by_workers(self) -> bool:
+        """Every core busy with more workers than cores: more workers cannot help, however small each one's
+        share of a core looks (24 workers on 2 cores get 8% each)."""
+        return self.host_cpu is not None and self.host_cpu >= CORES_SATURATED_PERCENT and self.oversubscribed
 
 
 def cpu_facts(ctx: Context) -> CpuFacts:
@@ -74,6 +81,7 @@ class CpuBound:
 
     facts: CpuFacts
     input_bound: bool  # the job waits for input: the CPU's limit costs GPU time now
+    gpus_idle: Optional[float]  # the GPUs' mean utilization when they sit mostly idle while every core is busy
     bound: str  # "cpu": the workers compute; "io": they sleep in the dataset
     cap: int  # workers per rank to keep to
     cap_why: str
@@ -83,15 +91,32 @@ class CpuBound:
 def check_cpu_bound(ctx: Context, facts: CpuFacts, *, input_bound: bool) -> list[Finding]:
     """Producers pinned with every core busy, or more workers than cores.
 
-    It is a problem (warning) only while the job is input-bound: a saturated CPU that keeps the GPUs fed
-    costs nothing, and oversubscribed workers that mostly wait on storage are merely noted (info).
+    It is a problem (warning) only while it costs GPU time: the job is input-bound, or the GPUs sit mostly idle
+    while every core is busy (the ranks wait for a core).  A saturated CPU that keeps the GPUs fed costs
+    nothing, and oversubscribed workers that mostly wait on storage are merely noted (info).
     """
     if not (facts.saturated or facts.oversubscribed):
         return []
     ranks = list(ctx.ranks.values())
-    bound = "cpu" if facts.saturated else producer_bound(ranks)[0]
+    idle = _gpus_idle_on_busy_cores(ctx, facts)
+    # Workers that together keep every core busy compute, however small each one's share of a core looks
+    bound = "cpu" if facts.saturated or facts.cores_taken_by_workers else producer_bound(ranks)[0]
     cap, cap_why = worker_cap(ctx, ranks, bound)
-    return [cpu_bound_finding(CpuBound(facts, input_bound, bound, cap, cap_why, ctx.duration))]
+    return [cpu_bound_finding(CpuBound(facts, input_bound, idle, bound, cap, cap_why, ctx.duration))]
+
+
+def _gpus_idle_on_busy_cores(ctx: Context, facts: CpuFacts) -> Optional[float]:
+    """The GPUs' mean utilization when they sit mostly idle while every core is busy, else None.
+
+    More workers than cores can take the CPU from the training processes themselves: each worker gets its
+    share and the ranks' forward, backward and optimizer wait for a core.  The ranks then never wait for
+    data (the queue is full), yet the GPUs lose time all the same (the case study's stage 2 on a slow box:
+    24 workers on 2 cores, GPUs at 24%, data wait 5%)."""
+    if not (facts.saturated or facts.cores_taken_by_workers) or not ctx.have_gpu_data or not ctx.ranks:
+        return None
+    focus = ctx.focus_gpus()
+    util = mean(o.mean_util for o in focus) if focus else None
+    return util if util is not None and not busy(util, mean_sm_active(focus)) else None
 
 
 def _cpu_evidence(d: CpuBound) -> list[str]:
@@ -111,7 +136,9 @@ def _cpu_evidence(d: CpuBound) -> list[str]:
         evidence.append(
             f"{facts.n_workers} DataLoader workers on {facts.cores:g} cores ({facts.n_workers / facts.cores:.1f} per core)"
         )
-    if not d.input_bound:
+    if not d.input_bound and d.gpus_idle is not None:
+        evidence.append(f"the GPUs are at {d.gpus_idle:.0f}% while every core is busy: the training processes wait for a core")
+    elif not d.input_bound:
         evidence.append("the GPUs are not waiting for input, so this costs nothing now")
     return evidence
 
@@ -133,7 +160,7 @@ def cpu_bound_finding(d: CpuBound) -> Finding:
         title="CPU-bound input: the cores cannot preprocess fast enough"
         if facts.saturated
         else "More DataLoader workers than cores",
-        severity="warning" if d.input_bound else "info",
+        severity="warning" if d.input_bound or d.gpus_idle is not None else "info",
         confidence=confidence_from(facts.samples, 15, 1.0 if facts.saturated else 0.6),
         label=LABEL_CODE,
         summary=summary,
