@@ -172,7 +172,8 @@ class PollLoop:
         # hasattr every time, and two a poll were a tenth of the collector thread's CPU in the TUI
         self._seekable = source if isinstance(source, Seekable) else None
         self._restarting = source if isinstance(source, Restarting) else None
-        self._generation = source.generation if isinstance(source, (Seekable, Restarting)) else None
+        counted = self._seekable or self._restarting  # a source that says when it starts over
+        self._generation = counted.generation if counted is not None else None
         self.started: Optional[float] = None
         self._first: Optional[threading.Thread] = None  # prefetch(): the first batch, taken ahead of run()
         self._first_result: Optional[tuple[Optional[Batch], Optional[Exception]]] = None

@@ -307,7 +307,7 @@ def _job_findings(ctx: Context, long_context: Callable[[], Optional[Context]]) -
     starvation = check_starvation(
         ctx,
         exclude=hung_pids | {p for f in stragglers for p in f.pids},
-        cpu_bound=facts.saturated or facts.cores_taken_by_workers,
+        cpu_bound=facts.cores_busy,
     )
     if not ctx.ranks:
         starvation += check_low_utilization(ctx, exclude_gpus=hung_gpus)

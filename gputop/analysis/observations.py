@@ -512,6 +512,10 @@ class Context:
     def have_gpu_data(self) -> bool:
         return any(o.util_values for o in self.gpus.values())
 
+    def focus_utilization(self) -> Optional[float]:
+        """The focus GPUs' mean utilization over the window; None without GPU data."""
+        return mean(o.mean_util for o in self.focus_gpus()) if self.have_gpu_data else None
+
     def focus_gpus(self) -> list[GpuObs]:
         """GPUs the diagnosis is about: the job's, else those holding memory or processes, else all."""
         if self.job_gpus:

@@ -178,8 +178,8 @@ class GputopApp(App[None]):
         poll_loop: Optional[PollLoop] = None,
     ) -> None:
         super().__init__()
-        self._source = source
-        self._restarting: Optional[Restarting] = source if isinstance(source, Restarting) else None
+        self._restarting: Optional[Restarting] = None
+        self.source = source  # (the setter: what kind of source it is, too)
         self.machine = source.machine
         # a pipeline still starting answers with the host's side alone until NVML has read the GPUs
         self.reading_gpus = isinstance(source, StartingPipeline) and source.reading_gpus

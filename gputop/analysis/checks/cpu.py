@@ -8,7 +8,7 @@ from typing import Optional
 
 from gputop.analysis.advice import producer_bound, worker_cap
 from gputop.analysis.checks.kernels import busy, mean_sm_active
-from gputop.analysis.numbers import confidence_from, mean
+from gputop.analysis.numbers import confidence_from
 from gputop.analysis.observations import Context, RankObs, WorkerObs
 from gputop.analysis.stack_classes import IN_DATASET
 from gputop.analysis.thresholds import CORES_SATURATED_PERCENT, PROCESS_PINNED_PERCENT
@@ -39,10 +39,12 @@ class CpuFacts:
         return self.n_workers > self.cores
 
     @property
-    def cores_taken_by_workers(self) -> bool:
-        """Every core busy with more workers than cores: more workers cannot help, however small each one's
-        share of a core looks (24 workers on 2 cores get 8% each)."""
-        return self.host_cpu is not None and self.host_cpu >= CORES_SATURATED_PERCENT and self.oversubscribed
+    def cores_busy(self) -> bool:
+        """Every core busy with the loader's producers: pinned at 100% (`saturated`), or more workers than cores,
+        however small each one's share of a core looks (24 workers on 2 cores get 8% each).  More workers cannot
+        help, and the workers compute."""
+        busy_host = self.host_cpu is not None and self.host_cpu >= CORES_SATURATED_PERCENT
+        return self.saturated or (busy_host and self.oversubscribed)
 
 
 def cpu_facts(ctx: Context) -> CpuFacts:
@@ -99,8 +101,7 @@ def check_cpu_bound(ctx: Context, facts: CpuFacts, *, input_bound: bool) -> list
         return []
     ranks = list(ctx.ranks.values())
     idle = _gpus_idle_on_busy_cores(ctx, facts)
-    # Workers that together keep every core busy compute, however small each one's share of a core looks
-    bound = "cpu" if facts.saturated or facts.cores_taken_by_workers else producer_bound(ranks)[0]
+    bound = "cpu" if facts.cores_busy else producer_bound(ranks)[0]
     cap, cap_why = worker_cap(ctx, ranks, bound)
     return [cpu_bound_finding(CpuBound(facts, input_bound, idle, bound, cap, cap_why, ctx.duration))]
 
@@ -112,11 +113,8 @@ def _gpus_idle_on_busy_cores(ctx: Context, facts: CpuFacts) -> Optional[float]:
     share and the ranks' forward, backward and optimizer wait for a core.  The ranks then never wait for
     data (the queue is full), yet the GPUs lose time all the same (the case study's stage 2 on a slow box:
     24 workers on 2 cores, GPUs at 24%, data wait 5%)."""
-    if not (facts.saturated or facts.cores_taken_by_workers) or not ctx.have_gpu_data or not ctx.ranks:
-        return None
-    focus = ctx.focus_gpus()
-    util = mean(o.mean_util for o in focus) if focus else None
-    return util if util is not None and not busy(util, mean_sm_active(focus)) else None
+    util = ctx.focus_utilization() if facts.cores_busy and ctx.ranks else None
+    return util if util is not None and not busy(util, mean_sm_active(ctx.focus_gpus())) else None
 
 
 def _cpu_evidence(d: CpuBound) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Optional
 from gputop.analysis.advice import STACKS_HINT
 from gputop.analysis.checks.input import pooled_input_share
 from gputop.analysis.checks.kernels import busy, mean_sm_active
-from gputop.analysis.numbers import Share, confidence_from, mean
+from gputop.analysis.numbers import Share, confidence_from
 from gputop.analysis.observations import Context, pooled_counts
 from gputop.analysis.thresholds import INPUT_BOUND_MODERATE, LOW_UTILIZATION, MIN_SAMPLED_SECONDS, MIN_STACK_SAMPLES
 from gputop.model import Finding
@@ -58,7 +58,7 @@ def quiet(ctx: Context) -> Quiet:
     top = states.most_common(1)[0] if measured else None
     return Quiet(
         stage=stage,
-        gpu_mean=mean(o.mean_util for o in focus) if ctx.have_gpu_data else None,
+        gpu_mean=ctx.focus_utilization(),
         n_gpus=len(focus),
         duration_s=ctx.duration,
         gpu_error=ctx.history.machine.gpu_error,

@@ -7,7 +7,7 @@ from typing import Any, Collection, Optional, Sequence
 
 from gputop.analysis.advice import STACKS_HINT, WorkerAdvice, loader_code, suggested_workers
 from gputop.analysis.checks.hang import WORKER_TIMEOUT_FIX, StuckWorker, stuck_worker
-from gputop.analysis.numbers import Share, confidence_from, mean, mean_share, measured_share, wilson_interval
+from gputop.analysis.numbers import Share, confidence_from, mean_share, measured_share, wilson_interval
 from gputop.analysis.observations import (
     WAIT_FRAMES,
     Context,
@@ -233,7 +233,7 @@ def starvation(ctx: Context, *, exclude: Collection[int] = frozenset(), cpu_boun
         window_s=ctx.share_window,
         bench_wait=bench_wait,
         bench_how=bench_how,
-        gpu_mean=mean(o.mean_util for o in ctx.focus_gpus()) if ctx.have_gpu_data else None,
+        gpu_mean=ctx.focus_utilization(),
         in_dataset=worst is not None and worst.states[IN_DATASET] > worst.states[WAITING_FOR_DATA],
         frames=frames,
         hot_workers=hot,
