@@ -397,6 +397,40 @@ def test_a_hung_gpu_does_not_stall_the_sample(collector):
     assert recovered.utilization_gpu == 80.0
 
 
+def test_the_gpus_are_read_in_turn_by_one_task_while_none_is_stuck_and_each_on_its_own_after(collector):
+    """The usual sample wakes one reader thread, not one per GPU; when a GPU gets stuck in it, the GPUs after
+    it are read on threads of their own within the same sample, and so are the others from then on."""
+    readers: dict[int, set[str]] = collections.defaultdict(set)
+    release = threading.Event()
+    stuck = threading.Event()
+
+    def wrap(fake):
+        real = fake.nvmlDeviceGetUtilizationRates
+
+        def note_the_thread(handle, out):
+            gpu = ctypes.cast(handle, ctypes.c_void_p).value - 1
+            readers[gpu].add(threading.current_thread().name)
+            if gpu == 2 and stuck.is_set():
+                release.wait(30)
+            return real(handle, out)
+
+        return Wrapped(fake, nvmlDeviceGetUtilizationRates=note_the_thread)
+
+    gpu, _ = collector("h100-sxm-8", wrap=wrap, sample_timeout_s=0.3)
+    try:
+        for _ in range(3):
+            readers.clear()
+            gpu.sample()
+            assert len(readers) == 8 and len(set().union(*readers.values())) == 1, readers  # one task for all
+        stuck.set()
+        first = gpu.sample()  # GPU 2 hangs in the turn-taking task: 3-7 are then read on threads of their own
+        assert [i for i, s in enumerate(first) if "stale" in s.unavailable] == [2]
+        second = gpu.sample()  # still stuck: the others are read, each by a task of its own
+        assert [i for i, s in enumerate(second) if "stale" in s.unavailable] == [2]
+    finally:
+        release.set()
+
+
 def test_no_driver_message():
     """Where libnvidia-ml cannot load (this box), nvmlInit fails and the adapter says so in one line."""
     if ctypes.util.find_library("nvidia-ml"):

@@ -8,6 +8,7 @@ Each NIC fault goes through every consumer; the simulated machines run on a Manu
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -109,13 +110,13 @@ def test_rate_and_link_layer_read_on_their_slower_cadence_and_at_once_when_the_s
     clock = ManualClock(1_700_000_000.0)
     tree = FakeNicTree(parse_spec("h100-sxm-8"), lambda: clock() - 1_700_000_000.0, clock=clock)
     opened: list[str] = []
-    real_open = open
+    real_open = os.open
 
     def counting_open(path, *args, **kwargs):
         opened.append(str(path))
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr("builtins.open", counting_open)
+    monkeypatch.setattr(os, "open", counting_open)  # the reader opens sysfs files with a plain descriptor
     try:
         ports = tree.read() or ()
         folder = Path(tree.root, "sys/class/infiniband", ports[0].device, "ports/1")

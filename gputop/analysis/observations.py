@@ -430,6 +430,7 @@ class GpuObs:
     samples: list[GpuSample] = field(default_factory=list)
     lost_at: Optional[float] = None
     missing_after: Optional[float] = None
+    pids: set[int] = field(default_factory=set)  # every PID NVML listed on the GPU in the window
 
     @property
     def util_values(self) -> list[float]:
@@ -446,11 +447,7 @@ class GpuObs:
 
     @property
     def process_pids(self) -> set[int]:
-        pids: set[int] = set()
-        for s in self.samples:
-            for p in s.processes or ():
-                pids.add(p.pid)
-        return pids
+        return self.pids
 
 
 def collect_gpu_observations(snaps: Sequence[Snapshot]) -> dict[int, GpuObs]:
@@ -464,6 +461,7 @@ def collect_gpu_observations(snaps: Sequence[Snapshot]) -> dict[int, GpuObs]:
             present.add(g.index)
             obs.timestamps.append(snap.timestamp)
             obs.samples.append(g)
+            obs.pids.update(p.pid for p in g.processes or ())
             if g.lost:
                 if obs.lost_at is None:
                     obs.lost_at = snap.timestamp
@@ -494,6 +492,7 @@ class Context:
     interval: float
     share_window: Optional[float] = None  # the shares cover the last this many seconds (None: the whole window)
     advised_before: Optional[int] = None  # workers advised for this job by an earlier look (`advice_memory`)
+    _focus: Optional[list[GpuObs]] = field(default=None, init=False, repr=False, compare=False)
 
     def share_span(self, counts: "StateCounts") -> str:
         """Where a share comes from, in words: "2,400 samples (py-spy record at 500 Hz) over the last 60 s"."""
@@ -518,10 +517,13 @@ class Context:
 
     def focus_gpus(self) -> list[GpuObs]:
         """GPUs the diagnosis is about: the job's, else those holding memory or processes, else all."""
-        if self.job_gpus:
-            return [self.gpus[i] for i in self.job_gpus]
-        used = [o for o in self.gpus.values() if o.process_pids or any(o.holds_memory(m) for m in o.memory)]
-        return used or list(self.gpus.values())
+        if self._focus is None:  # asked by several checks of one diagnosis, over observations that do not change
+            if self.job_gpus:
+                self._focus = [self.gpus[i] for i in self.job_gpus]
+            else:
+                used = [o for o in self.gpus.values() if o.process_pids or any(o.holds_memory(m) for m in o.memory)]
+                self._focus = used or list(self.gpus.values())
+        return list(self._focus)
 
     def cores(self) -> int:
         latest = self.snaps[-1].host.cpu_percent if self.snaps else ()

@@ -1230,6 +1230,8 @@ class FakeNvmlLibrary:
             """`symbols[name]`, answering `on_mig` for a MIG device handle and `on_mig_gpu` (if given) for a
             MIG-enabled GPU."""
             whole = symbols[name]
+            if all(layout is None for layout in layouts):
+                return whole  # no MIG device on this machine: the wrapper would always answer as `whole` does
 
             def call(handle: Handle, *args: Any) -> Any:
                 device = mig_device(handle)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import os
 import select
 import sys
@@ -55,11 +56,25 @@ partial_updates.install()  # write only the changed cells (see partial_updates.p
 
 MIN_SIZE = (60, 16)  # below this: the "terminal too small" screen
 INTERVAL_STEPS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
-DIAGNOSE_EVERY = 3.0  # seconds between verdict updates
+# Seconds between verdict updates.  Each diagnosis reads the whole window (3-4 ms of CPU on eight GPUs, more
+# with a job): at 3 s it was a tenth of the TUI's CPU.  The first verdict is asked for at once
+# (`first_verdict_delay`), and the verdict's 30 s bar leaves room for a few of these steps.  Without an
+# attached job the verdict only sums up what the cards already show each second (health, idle GPUs), so it
+# is renewed half as often.
+DIAGNOSE_EVERY = 5.0
+DIAGNOSE_EVERY_WITHOUT_JOB = 10.0
+# Allocations between collections of the youngest generation in the monitor's process, instead of 700: a frame
+# and a poll make thousands of short-lived objects, and collecting 1.3 times a second promoted the survivors of
+# half-built frames to the older generations, which cost more to scan (150 s in a pty, gen-0 and gen-1
+# collections: 0.117 s of CPU at 700, 0.066 s at 7,000).  Reference counting frees all but cycles at once.
+GC_YOUNG_THRESHOLD = 7000
 VERDICT_WAITS_FOR_FRAME = 0.25  # seconds past the next snapshot's due time before a verdict is drawn alone
 SEEK_STEP = 10.0  # replay seek, seconds
 COLLECTOR_STOP_TIMEOUT = 3.0
-HANGUP_CHECK_EVERY = 1.0  # seconds between checks that the terminal is still there
+# Seconds between checks that the terminal is still there (`_exit_if_terminal_gone`): each is a poll(2) of stdin
+# and a wake-up of the event loop, which at one a second came to a tenth of the main thread's wake-ups; a hung-up
+# terminal is left within this long either way.
+HANGUP_CHECK_EVERY = 5.0
 
 # The diagnosis the app runs (tests put a scripted one in): (history, bench result) -> (findings, verdict line)
 Diagnose = Callable[[History, "Optional[BenchResult]"], tuple[list[Finding], str]]
@@ -200,6 +215,7 @@ class GputopApp(App[None]):
         self.diagnoses_done = 0
         self.poll_error: Optional[str] = None
         self._diagnosing = False
+        self._diagnosed_at = -math.inf  # when the last diagnosis was asked for (time.monotonic)
         # `poll_loop`: one made (and perhaps prefetched) before the app, on this source and interval
         self._poll_loop = poll_loop if poll_loop is not None else PollLoop(source, interval)
         self._poll_loop.on_error = self._poll_failed
@@ -287,7 +303,8 @@ class GputopApp(App[None]):
         pipeline released if the first frame was not the main screen's (a terminal too small for it).
 
         Not gc.freeze() as well: measured, it kept start-up's garbage for good (RSS +0.5 MiB at 35 s, +0.2
-        after a gc.collect() first) and saved no CPU one could see at one poll a second."""
+        after a gc.collect() first) and saved no CPU one could see at one poll a second.  (`run_app` sets how
+        often the youngest generation is collected.)"""
         gc.enable()
         self._release_pipeline()
 
@@ -487,6 +504,16 @@ class GputopApp(App[None]):
     def _diagnose_soon(self, force: bool = False) -> None:
         if self._diagnosing or not len(self.history) or self.reading_gpus or (self.paused and not force):
             return
+        latest = self.history.latest
+        now = time.monotonic()
+        if (
+            not force
+            and latest is not None
+            and latest.job is None
+            and now - self._diagnosed_at < DIAGNOSE_EVERY_WITHOUT_JOB - 0.5
+        ):
+            return
+        self._diagnosed_at = now
         self._diagnosing = True
         actions = self.actions
         # On the event loop's executor thread, as a Textual thread worker runs, without the worker: making one
@@ -720,6 +747,7 @@ def run_app(
 
     fit_glyphs_to(sys.__stderr__)  # Textual draws on stderr
     app = GputopApp(source, interval=interval, subtitle=subtitle, controls=controls, poll_loop=poll_loop)
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # this process is the monitor's from now on
     if poll_loop is None:
         app.start_collecting()  # the first poll runs while Textual sets up (a given loop has prefetched it)
     try:

@@ -512,6 +512,21 @@ def test_buckets_are_aligned_to_time_so_old_cells_never_change():
     assert before[0][:-1] == after[0][:-1]
 
 
+def test_buckets_kept_between_frames_are_the_buckets_computed_afresh():
+    """The grid keeps closed buckets between frames: frame after frame, a new history and a changed value in a
+    bucket the cache holds give what computing every bucket afresh gives."""
+    snaps = make_snapshots(60, gpus=2, cores=4, lose_gpu=(1, 40))  # a lost GPU's cells: -1.0, then none
+    closed: dict = {}
+    for end in range(1, len(snaps) + 1):
+        assert utilization_buckets(snaps[:end], [0, 1], 10, 3.0, closed) == utilization_buckets(snaps[:end], [0, 1], 10, 3.0)
+    assert closed and all(key[1] < int(snaps[-1].timestamp // 3.0) for key in closed)  # only closed buckets kept
+    assert len(closed) <= 9  # those that left the window are dropped
+    # a new history over the same seconds (a replay seeking back, the case study's next stage): other values
+    other = [dataclasses.replace(s, gpus=tuple(dataclasses.replace(g, utilization_gpu=5.0) for g in s.gpus)) for s in snaps]
+    again = utilization_buckets(other[:45], [0, 1], 10, 3.0, closed)
+    assert again == utilization_buckets(other[:45], [0, 1], 10, 3.0)
+
+
 def test_changed_span_covers_only_the_changed_cells():
     bold = Style(bold=True)  # the widgets reuse cached Style objects, and the diff compares them by identity
     a = LineBuilder().add("GPU0 ", bold).add("97%  62/80G").strip(20)

@@ -120,14 +120,42 @@ def spark_seconds_per_cell(cells: int, interval: float) -> float:
     return max(float(math.ceil(MIN_SPARK_SECONDS / cells)), interval)
 
 
+# A closed sparkline bucket, by (seconds per cell, bucket): its last snapshot (the very object) and how many it
+# had, with the value per GPU: see utilization_buckets' `closed` argument
+ClosedBuckets = dict[tuple[float, int], tuple[Snapshot, int, dict[int, Optional[float]]]]
+
+
+def _bucket_means(snapshots: Sequence[Snapshot]) -> dict[int, Optional[float]]:
+    """Per GPU in these snapshots: its mean utilization, -1.0 when seen but never measured."""
+    sums: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    for snap in snapshots:
+        for gpu in snap.gpus:
+            if gpu.utilization_gpu is not None and not gpu.lost:
+                sums[gpu.index] = sums.get(gpu.index, 0.0) + gpu.utilization_gpu
+                counts[gpu.index] = counts.get(gpu.index, 0) + 1
+            else:
+                counts.setdefault(gpu.index, 0)
+    return {i: (sums[i] / n if n else -1.0) for i, n in counts.items()}
+
+
 def utilization_buckets(
-    snapshots: Sequence[Snapshot], gpu_indices: Iterable[int], cells: int, seconds_per_cell: float
+    snapshots: Sequence[Snapshot],
+    gpu_indices: Iterable[int],
+    cells: int,
+    seconds_per_cell: float,
+    closed: Optional[ClosedBuckets] = None,
 ) -> dict[int, list[Optional[float]]]:
     """Per GPU, the mean utilization in each of the last `cells` time buckets, oldest first.
 
     Buckets are aligned to absolute time (timestamp // seconds_per_cell), so older cells
     never change as new samples arrive: only the newest cell is repainted.
     ``None``: no sample in that bucket; ``-1.0``: samples, but the value was not available.
+
+    `closed`: a cache the caller keeps between frames.  Every bucket but the newest is closed (snapshots come in
+    time order), so its values are kept there and the next frame reads only the newest bucket's GPUs; a
+    bucket is found again only with the very same last snapshot and sample count (a new history, a replay's
+    seek, computes it afresh).  Buckets that left the window are dropped from it.
     """
     indices = list(gpu_indices)
     out: dict[int, list[Optional[float]]] = {i: [None] * cells for i in indices}
@@ -135,28 +163,36 @@ def utilization_buckets(
         return out
     last_bucket = int(snapshots[-1].timestamp // seconds_per_cell)
     first_bucket = last_bucket - cells + 1
-    sums: dict[int, list[float]] = {i: [0.0] * cells for i in indices}
-    counts: dict[int, list[int]] = {i: [0] * cells for i in indices}
-    seen: dict[int, list[bool]] = {i: [False] * cells for i in indices}
-    for snap in reversed(snapshots):
-        bucket = int(snap.timestamp // seconds_per_cell)
+    # the snapshots of each bucket in the window, newest bucket first (timestamps only: cheap)
+    groups: list[tuple[int, int, int]] = []  # (bucket, start, end) into snapshots
+    end = len(snapshots)
+    position = end - 1
+    while position >= 0:
+        bucket = int(snapshots[position].timestamp // seconds_per_cell)
         if bucket < first_bucket:
             break
+        start = position
+        while start > 0 and int(snapshots[start - 1].timestamp // seconds_per_cell) == bucket:
+            start -= 1
+        groups.append((bucket, start, position + 1))
+        position = start - 1
+    kept: ClosedBuckets = {}
+    for bucket, start, stop in groups:
+        last, count = snapshots[stop - 1], stop - start
+        entry = closed.get((seconds_per_cell, bucket)) if closed is not None and bucket != last_bucket else None
+        if entry is not None and entry[0] is last and entry[1] == count:
+            means = entry[2]
+        else:
+            means = _bucket_means(snapshots[start:stop])
+        if bucket != last_bucket:
+            kept[(seconds_per_cell, bucket)] = (last, count, means)
         slot = bucket - first_bucket
-        for gpu in snap.gpus:
-            if gpu.index not in sums:
-                continue
-            seen[gpu.index][slot] = True
-            if gpu.utilization_gpu is not None and not gpu.lost:
-                sums[gpu.index][slot] += gpu.utilization_gpu
-                counts[gpu.index][slot] += 1
-    for i in indices:
-        row = out[i]
-        for slot in range(cells):
-            if counts[i][slot]:
-                row[slot] = sums[i][slot] / counts[i][slot]
-            elif seen[i][slot]:
-                row[slot] = -1.0
+        for i in indices:
+            if i in means:
+                out[i][slot] = means[i]
+    if closed is not None:
+        closed.clear()
+        closed.update(kept)
     return out
 
 
@@ -205,6 +241,7 @@ class GpuGrid(LineCanvas):
         # line) its runs and segments; per (first GPU of the row, line) the card pieces and their strip.
         self._cache_width = -1
         self._card_lines: dict[tuple[int, int], tuple[RunsKey, list[Segment]]] = {}
+        self._closed_buckets: ClosedBuckets = {}  # the sparklines' closed buckets (utilization_buckets)
         self._row_strips: dict[tuple[int, int], tuple[tuple[list[Segment], ...], Strip]] = {}
         self._peers: Peers = NO_PEERS  # what the GPUs drawn are judged against (peers_of)
         self.no_near_cpus: frozenset[int] = frozenset()  # GPUs NVML gave an empty CPU-affinity mask for
@@ -308,7 +345,7 @@ class GpuGrid(LineCanvas):
         inner = card_width - 1  # one column of gap between cards
         spark_cells = max(1, inner - 5)
         per_cell = spark_seconds_per_cell(spark_cells, self.interval)
-        buckets = utilization_buckets(self.snapshots, [g.index for g in gpus], spark_cells, per_cell)
+        buckets = utilization_buckets(self.snapshots, [g.index for g in gpus], spark_cells, per_cell, self._closed_buckets)
         if width != self._cache_width:  # the cached pieces are for one card width
             self._cache_width = width
             self._card_lines.clear()
@@ -481,7 +518,7 @@ class GpuGrid(LineCanvas):
         fixed += user_width if show_user else 0
         spark_cells = max(4, width - fixed - 1)
         per_cell = spark_seconds_per_cell(spark_cells, self.interval)
-        buckets = utilization_buckets(self.snapshots, [g.index for g in gpus], spark_cells, per_cell)
+        buckets = utilization_buckets(self.snapshots, [g.index for g in gpus], spark_cells, per_cell, self._closed_buckets)
         head = LineBuilder()
         head.add(" GPU state ", look.LABEL).add(f"util, last {per_cell * spark_cells:.0f}s".ljust(spark_cells), look.LABEL)
         head.add("    %     mem temp", look.LABEL)
