@@ -33,6 +33,7 @@ from textual.message import Message
 
 from gputop import units
 from gputop.advice_memory import AdviceMemory
+from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
@@ -68,6 +69,9 @@ DIAGNOSE_EVERY_WITHOUT_JOB = 10.0
 # half-built frames to the older generations, which cost more to scan (150 s in a pty, gen-0 and gen-1
 # collections: 0.117 s of CPU at 700, 0.066 s at 7,000).  Reference counting frees all but cycles at once.
 GC_YOUNG_THRESHOLD = 7000
+# The widest sparkline spans at most ~ width seconds-per-cell x cells: the frames read this window of history
+SPARKLINE_WINDOW_S = 180.0
+SPARKLINE_CELLS_MAX = 200
 VERDICT_WAITS_FOR_FRAME = 0.25  # seconds past the next snapshot's due time before a verdict is drawn alone
 SEEK_STEP = 10.0  # replay seek, seconds
 COLLECTOR_STOP_TIMEOUT = 3.0
@@ -207,7 +211,7 @@ class GputopApp(App[None]):
         self._diagnose: Diagnose = diagnose or _default_diagnose
         self.screenshot_dir = screenshot_dir
         self.report_dir = report_dir
-        self.history = History(self.machine, capacity=history_capacity or 600)
+        self.history = self._new_history(self.machine, history_capacity or 600)
         self.paused = False
         self.verdict: Optional[Verdict] = None
         self._verdict_drawn = True  # whether self.verdict is on the verdict line yet
@@ -412,7 +416,7 @@ class GputopApp(App[None]):
             return
         self.machine = machine
         self.reading_gpus = False
-        self.history = History(machine, capacity=self.history.capacity)  # the host-only samples are not kept
+        self.history = self._new_history(machine, self.history.capacity)  # the host-only samples are not kept
         if isinstance(self.source, StartingPipeline) and self.source.pipeline is not None:
             self.source = self.source.pipeline  # attach, stacks, the check: the pipeline itself from now on
         self.main.set_machine(machine)
@@ -423,7 +427,7 @@ class GputopApp(App[None]):
 
     def _receive(self, snapshots: list[Snapshot], reset: bool) -> None:
         if reset:
-            self.history = History(self.machine, capacity=self.history.capacity)
+            self.history = self._new_history(self.machine, self.history.capacity)
         for snapshot in snapshots:
             latest = self.history.latest
             if latest is not None and snapshot.timestamp <= latest.timestamp:
@@ -458,8 +462,7 @@ class GputopApp(App[None]):
         self._draw_verdict()  # one that came since the last frame (see on_diagnosed)
         if self._restarting is not None:  # where it stands (the case study's stage) in the subtitle's place
             self.main.header.set_subtitle(self._restarting.narration, before_versions=True)
-        # The widest sparkline spans at most ~ width seconds-per-cell x cells; 10 minutes is a safe bound.
-        snapshots = self.history.window(max(180.0, self.interval * 200))
+        snapshots = self.history.window(max(SPARKLINE_WINDOW_S, self.interval * SPARKLINE_CELLS_MAX))
         self.main.show(snapshots, self.interval, gpu_users(snapshot), reading_gpus=self.reading_gpus)
         if self.controls is not None:
             self._set_header()
@@ -522,6 +525,12 @@ class GputopApp(App[None]):
         asyncio.get_running_loop().run_in_executor(
             None, self._run_diagnosis, self.history_copy(), actions.bench, actions.trace, actions.check
         )
+
+    def _new_history(self, machine: MachineInfo, capacity: int) -> History:
+        """The screen's history: the snapshots the sparklines and the diagnosis read at full rate, the older part
+        of the 10 minutes thinned (`History.dense`): about half the memory a full-rate history takes."""
+        full_rate_s = max(SPARKLINE_WINDOW_S, self.interval * SPARKLINE_CELLS_MAX, DIAGNOSIS_WINDOW_S)
+        return History(machine, capacity=capacity, dense=math.ceil(full_rate_s / self.interval) + 10)
 
     def history_copy(self) -> History:
         """A History of its own for a worker thread: the app keeps appending to the live one."""
@@ -611,6 +620,10 @@ class GputopApp(App[None]):
         new = steps[max(0, min(len(steps) - 1, current + direction))]
         if new != self.interval:
             self.interval = self._poll_loop.interval = new
+            kept = self.history  # its full-rate part was sized for the old interval (`_new_history`)
+            self.history = self._new_history(kept.machine, kept.capacity)
+            for snapshot in kept:
+                self.history.append(snapshot)
             self._poll_loop.wake()  # start the new cadence now
             self._set_header()
             self.notify(f"refresh every {new:g} s", timeout=2)
@@ -681,7 +694,7 @@ class GputopApp(App[None]):
         position = getattr(self.controls, "position", 0.0) or 0.0
         self.controls.seek(max(0.0, position + direction * SEEK_STEP))
         if not isinstance(self.source, Seekable):
-            self.history = History(self.machine, capacity=self.history.capacity)  # keep the series in time order
+            self.history = self._new_history(self.machine, self.history.capacity)  # keep the series in time order
         self._poll_loop.wake()
 
     def action_speed(self, factor: float) -> None:
