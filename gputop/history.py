@@ -24,7 +24,7 @@ class History:
     `dense`: keep only the newest `dense` snapshots at full rate; older ones are thinned to one every
     `sparse_every_s` seconds, still within the span of `capacity` snapshots at full rate.  The TUI's history
     does this: its sparklines and the diagnosis read the last few minutes at full rate, and only the
-    long-hiccup search reads further back, already one snapshot per 5 s.  It holds 280 snapshots for 10
+    long-hiccup search reads further back, already one snapshot per 5 s.  It holds 288 snapshots for 10
     minutes instead of 600.  None (the default): every snapshot is kept.
     """
 

@@ -430,7 +430,7 @@ class GpuObs:
     samples: list[GpuSample] = field(default_factory=list)
     lost_at: Optional[float] = None
     missing_after: Optional[float] = None
-    pids: set[int] = field(default_factory=set)  # every PID NVML listed on the GPU in the window
+    process_pids: set[int] = field(default_factory=set)  # every PID NVML listed on the GPU in the window
 
     @property
     def util_values(self) -> list[float]:
@@ -445,10 +445,6 @@ class GpuObs:
             return False
         return used >= HELD_MEMORY_BYTES
 
-    @property
-    def process_pids(self) -> set[int]:
-        return self.pids
-
 
 def collect_gpu_observations(snaps: Sequence[Snapshot]) -> dict[int, GpuObs]:
     gpus: dict[int, GpuObs] = {}
@@ -461,7 +457,7 @@ def collect_gpu_observations(snaps: Sequence[Snapshot]) -> dict[int, GpuObs]:
             present.add(g.index)
             obs.timestamps.append(snap.timestamp)
             obs.samples.append(g)
-            obs.pids.update(p.pid for p in g.processes or ())
+            obs.process_pids.update(p.pid for p in g.processes or ())
             if g.lost:
                 if obs.lost_at is None:
                     obs.lost_at = snap.timestamp

@@ -462,7 +462,7 @@ class GputopApp(App[None]):
         self._draw_verdict()  # one that came since the last frame (see on_diagnosed)
         if self._restarting is not None:  # where it stands (the case study's stage) in the subtitle's place
             self.main.header.set_subtitle(self._restarting.narration, before_versions=True)
-        snapshots = self.history.window(max(SPARKLINE_WINDOW_S, self.interval * SPARKLINE_CELLS_MAX))
+        snapshots = self.history.window(self._sparkline_window_s())
         self.main.show(snapshots, self.interval, gpu_users(snapshot), reading_gpus=self.reading_gpus)
         if self.controls is not None:
             self._set_header()
@@ -529,8 +529,12 @@ class GputopApp(App[None]):
     def _new_history(self, machine: MachineInfo, capacity: int) -> History:
         """The screen's history: the snapshots the sparklines and the diagnosis read at full rate, the older part
         of the 10 minutes thinned (`History.dense`): about half the memory a full-rate history takes."""
-        full_rate_s = max(SPARKLINE_WINDOW_S, self.interval * SPARKLINE_CELLS_MAX, DIAGNOSIS_WINDOW_S)
+        full_rate_s = max(self._sparkline_window_s(), DIAGNOSIS_WINDOW_S)
         return History(machine, capacity=capacity, dense=math.ceil(full_rate_s / self.interval) + 10)
+
+    def _sparkline_window_s(self) -> float:
+        """The seconds of history a frame draws (the widest sparkline's span at this interval)."""
+        return max(SPARKLINE_WINDOW_S, self.interval * SPARKLINE_CELLS_MAX)
 
     def history_copy(self) -> History:
         """A History of its own for a worker thread: the app keeps appending to the live one."""
