@@ -402,7 +402,7 @@ def test_dataloader_worker_dies_while_recording(spawn, tmp_path, job_survives):
     os.kill(victim, signal.SIGKILL)
     if job_survives:
         # gputop follows the job to its new DataLoader: two live workers again, none of them the dead one
-        wait_until(lambda: "starting a new DataLoader" in job.log(), timeout=60, what="the job to notice")
+        wait_until(lambda: "starting a new DataLoader" in job.log(), timeout=60, what="the job to notice", state=job.log)
         last = wait_until(
             lambda: (
                 (s := snapshots(rec_path))

@@ -35,6 +35,7 @@ from gputop import units
 from gputop.advice_memory import AdviceMemory
 from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S
 from gputop.errors import GputopError
+from gputop.heap import give_back_freed_memory
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
 from gputop.source import Attachable, Batch, Focusable, PollLoop, Restarting, Seekable, Source
@@ -79,6 +80,9 @@ COLLECTOR_STOP_TIMEOUT = 3.0
 # and a wake-up of the event loop, which at one a second came to a tenth of the main thread's wake-ups; a hung-up
 # terminal is left within this long either way.
 HANGUP_CHECK_EVERY = 5.0
+# Seconds between hand-backs of the heap's freed pages (gputop/heap.py); the first is made once the first verdict
+# is on screen, when start-up's transient allocations (imports, the first frames and diagnosis) have been freed.
+HEAP_TRIM_EVERY = 60.0
 
 # The diagnosis the app runs (tests put a scripted one in): (history, bench result) -> (findings, verdict line)
 Diagnose = Callable[[History, "Optional[BenchResult]"], tuple[list[Finding], str]]
@@ -577,6 +581,9 @@ class GputopApp(App[None]):
             return
         self._verdict_drawn = True
         self.diagnoses_done += 1  # (counted once on screen: tests and screenshots wait for it)
+        if self.diagnoses_done == 1:  # start-up is over
+            give_back_freed_memory()
+            self.set_interval(HEAP_TRIM_EVERY, give_back_freed_memory)
         findings = self.verdict.findings or []
         extra = max(0, len([f for f in findings if f.id != "healthy"]) - 1)
         self.main.verdict.set_verdict(self.verdict.line, verdict_severity(findings), extra)

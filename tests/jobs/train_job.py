@@ -346,46 +346,48 @@ def train(rank: int, args: argparse.Namespace) -> None:
     started = time.monotonic()
     while True:
         batches = iter(loader)
-        while True:
-            t0, asked = time.time(), time.perf_counter()
-            try:
-                x, y = next(batches)
-            except StopIteration:
-                break  # the next epoch
-            except RuntimeError as exc:  # "DataLoader worker (pid(s) N) exited unexpectedly"
-                if not args.survive_worker_death or "DataLoader worker" not in str(exc):
-                    raise
-                print(f"train_job: {exc}; starting a new DataLoader", flush=True)
-                loader = make_loader(args, rank)
-                break
-            wait_s = time.perf_counter() - asked
-            if cuda:
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            t1 = time.time()
-            loss = batch_loss(model, x, y, args)
-            t2 = time.time()
-            optimizer.zero_grad()
-            loss.backward()
-            t3 = time.time()
-            if distributed:
-                for param in model.parameters():
-                    dist.all_reduce(param.grad)
-                    param.grad /= dist.get_world_size()
-                if extra is not None:
-                    dist.all_reduce(extra)
-            t4 = time.time()
-            optimizer.step()
-            t5 = time.time()
-            if args.step_ms:
-                time.sleep(args.step_ms / 1000.0)  # the simulated GPU
-            if args.sync_every_step:
-                loss.item()  # the host waits for the step's end
-            if rank == args.hang_rank and time.monotonic() - started > args.hang_rank_after_s:
-                threading.Event().wait()  # hung in plain Python: the peers wait in the all-reduce
-            if outputs.done(loss, wait_s, (t0, t1, t2, t3, t4, t5)):
+        # torch's SIGCHLD handler raises a dead worker's error wherever the main thread is (in the step too, not
+        # only in next()): the whole epoch is inside the try, so where it lands does not decide the job's fate
+        try:
+            while True:
+                t0, asked = time.time(), time.perf_counter()
+                try:
+                    x, y = next(batches)
+                except StopIteration:
+                    break  # the next epoch
+                wait_s = time.perf_counter() - asked
+                if cuda:
+                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                t1 = time.time()
+                loss = batch_loss(model, x, y, args)
+                t2 = time.time()
+                optimizer.zero_grad()
+                loss.backward()
+                t3 = time.time()
                 if distributed:
-                    dist.destroy_process_group()
-                return
+                    for param in model.parameters():
+                        dist.all_reduce(param.grad)
+                        param.grad /= dist.get_world_size()
+                    if extra is not None:
+                        dist.all_reduce(extra)
+                t4 = time.time()
+                optimizer.step()
+                t5 = time.time()
+                if args.step_ms:
+                    time.sleep(args.step_ms / 1000.0)  # the simulated GPU
+                if args.sync_every_step:
+                    loss.item()  # the host waits for the step's end
+                if rank == args.hang_rank and time.monotonic() - started > args.hang_rank_after_s:
+                    threading.Event().wait()  # hung in plain Python: the peers wait in the all-reduce
+                if outputs.done(loss, wait_s, (t0, t1, t2, t3, t4, t5)):
+                    if distributed:
+                        dist.destroy_process_group()
+                    return
+        except RuntimeError as exc:  # "DataLoader worker (pid(s) N) exited unexpectedly" / "is killed by signal"
+            if not args.survive_worker_death or "DataLoader worker" not in str(exc):
+                raise
+            print(f"train_job: {exc}; starting a new DataLoader", flush=True)
+            loader = make_loader(args, rank)
 
 
 def run_lightning(args: argparse.Namespace) -> None:

@@ -698,3 +698,16 @@ def test_topology_dialog_shows_the_nic_columns_and_legend_where_they_fit():
     assert "NIC Legend:" in wide and "need" not in wide
     assert "NIC Legend:" not in narrow, narrow
     assert "NIC0–NIC7 columns need a terminal 90 columns wide" in narrow, narrow  # 80 + 6 = 96% of 90
+
+
+async def test_the_heap_is_handed_back_once_the_first_verdict_is_on_screen_and_then_on_a_cadence(close_sources, monkeypatch):
+    import gputop.tui.app as app_module
+
+    calls: list[int] = []
+    app, source = build_app(30)
+    close_sources(source)
+    monkeypatch.setattr(app_module, "give_back_freed_memory", lambda: calls.append(app.diagnoses_done))
+    monkeypatch.setattr(app_module, "HEAP_TRIM_EVERY", 0.05)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: len(calls) >= 3, "the first hand-back and two on the cadence")
+    assert calls[0] == 1  # made with the first verdict drawn, not before it (start-up's frames come first)
