@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import time
 
 import pytest
@@ -424,3 +426,49 @@ def test_the_advice_memory_survives_the_process_and_bad_files(tmp_path):
     nowhere = AdviceMemory(str(blocked / "gputop" / "advice.json"))  # its folder cannot be made (even as root)
     nowhere["1@2.00"] = 6
     assert nowhere["1@2.00"] == 6  # kept for this process's life
+
+
+def test_a_long_lived_advice_memory_sees_what_another_process_wrote_and_drops_none_of_it(tmp_path):
+    """The TUI's memory lives for hours beside `gputop report` runs: it reads the file again when it changed,
+    so the screen advises what the last report did, and its own writes keep the report's entries."""
+    from gputop.advice_memory import AdviceMemory
+
+    path = str(tmp_path / "advice.json")
+    screen, report = AdviceMemory(path), AdviceMemory(path)
+    screen["1@2.00"] = 4
+    assert report["1@2.00"] == 4
+    report["1@2.00"] = 5  # a later report's window no longer held 4
+    report["7@8.00"] = 2  # ... and one on another job
+    assert screen["1@2.00"] == 5  # the screen follows, not its own 4
+    screen["9@9.00"] = 3
+    assert dict(AdviceMemory(path)) == {"1@2.00": 5, "7@8.00": 2, "9@9.00": 3}  # nobody's entry dropped
+
+
+# Two processes writing their own jobs' advice at once, each write a read-merge-rename: without the lock on the
+# folder, a write that read the file before the other's rename drops the other's newest entry.
+CONCURRENT_WRITER = """
+import sys
+from gputop.advice_memory import AdviceMemory
+memory = AdviceMemory(sys.argv[1])
+for i in range(60):
+    memory[f"{sys.argv[2]}{i}@1.00"] = 1 + i % 7
+"""
+
+
+def test_two_processes_writing_at_once_lose_no_entry(tmp_path):
+    path = str(tmp_path / "advice.json")
+    writers = [
+        subprocess.Popen([sys.executable, "-c", CONCURRENT_WRITER, path, prefix], stderr=subprocess.PIPE) for prefix in ("1", "2")
+    ]
+    try:
+        for writer in writers:
+            _, err = writer.communicate(timeout=60)
+            assert writer.returncode == 0, err.decode()
+    finally:
+        for writer in writers:
+            if writer.poll() is None:
+                writer.kill()
+                writer.wait()
+    from gputop.advice_memory import AdviceMemory
+
+    assert len(AdviceMemory(path)) == 120

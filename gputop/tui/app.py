@@ -129,7 +129,7 @@ class Diagnosed(Message):
         self.verdict = verdict
 
 
-# the screen advises as `gputop report` did on this job, and the other way round: one file (read on first use)
+# the screen advises as `gputop report` did on this job, and the other way round: one file (read again when changed)
 _ADVICE_MEMORY = AdviceMemory()
 
 
