@@ -57,6 +57,7 @@ PRELOAD = (
     "gputop.collect.sysfs",
     "gputop.analysis.machine_check",
     "gputop.report.writer",
+    "gputop.report.job_json",  # a recorded snapshot's job (commands/snapshot.py imports it on first use)
     "gputop.commands.serve",
     "gputop.exporter",
     "gputop.analysis.diagnosis",
