@@ -66,6 +66,27 @@ def test_canary_private_pynvml_names_we_rely_on():
     assert '"nvmlDeviceGetNvLinkRemotePciInfo_v2"' in inspect.getsource(pynvml.nvmlDeviceGetNvLinkRemotePciInfo)
 
 
+def _layout(struct: type) -> list[tuple[str, int, int]]:
+    """(field, offset, size) of a ctypes struct, nested arrays' elements included."""
+    return [(name, getattr(struct, name).offset, getattr(struct, name).size) for name, *_ in struct._fields_]
+
+
+def test_the_fakes_plain_structs_lay_out_memory_as_pynvmls():
+    """The fake reads and writes the caller's buffers through its own plain structs (no pynvml import there):
+    each must put every field where pynvml's struct (nvml.h's) does."""
+    from gputop.sim import fake_nvml
+
+    pairs = [
+        (fake_nvml._FieldValue, pynvml.c_nvmlFieldValue_t),
+        (fake_nvml._GpmMetric, pynvml.c_nvmlGpmMetric_t),
+        (fake_nvml._GpmMetricsGet, pynvml.c_nvmlGpmMetricsGet_t),
+    ]
+    for ours, theirs in pairs:
+        assert _layout(ours) == _layout(theirs), ours.__name__
+        assert ctypes.sizeof(ours) == ctypes.sizeof(theirs), ours.__name__
+    assert fake_nvml.GPM_METRIC_MAX == pynvml.NVML_GPM_METRIC_MAX
+
+
 def test_fake_serves_every_symbol_the_adapter_calls():
     """Every C symbol behind a pynvml wrapper that gputop.collect.gpu calls must be served by the fake."""
     import re

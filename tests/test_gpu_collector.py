@@ -70,6 +70,21 @@ def collector():
     use_nvml_library(None)
 
 
+def test_field_values_are_unpacked_where_pynvml_lays_them_out():
+    """The counters are read from the field-values array with one `struct` unpack: its format must put each field
+    where pynvml's (nvml.h's) struct has it, and a narrower member of the value union must come out as ctypes reads it."""
+    from gputop.collect.gpu import _FIELD_VALUE, _counter_readings, _FieldValueView
+
+    assert _FIELD_VALUE.size == ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
+    values = (_FieldValueView * 3)()
+    values[0].timestamp, values[0].valueType, values[0].value.ullVal = 1_000, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, 2**40 + 7
+    values[1].timestamp, values[1].valueType, values[1].value.uiVal = 2_000, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 2**32 - 5
+    values[2].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert _counter_readings(values) == [(2**40 + 7, 1_000, 64), (2**32 - 5, 2_000, 32), None]
+    values[1].value.ullVal = (123 << 32) | 9  # bytes beyond a 32-bit member are not its value
+    assert _counter_readings(values)[1] == (values[1].value.uiVal, 2_000, 32) == (9, 2_000, 32)
+
+
 def test_h100_every_field(collector):
     clock = ManualClock()
     procs = {0: [(4242, 3 * GIB)]}
@@ -266,6 +281,39 @@ def test_transient_error_is_asked_again(collector):
     assert gpu.sample()[3].unavailable == {"power": "Unknown"}
     gpu.sample()
     assert lib.counts["nvmlDeviceGetPowerUsage"] == 16
+
+
+def test_the_power_limit_is_read_with_the_slow_fields_and_its_refusal_carried_between(collector, monkeypatch):
+    """The enforced power limit moves only when someone sets it: read every SLOW_FIELDS_PERIOD_S, and between two
+    reads every sample carries the last value, or the last refusal's reason."""
+    from gputop.collect import gpu as gpu_module
+
+    now = [1000.0]
+    monkeypatch.setattr(gpu_module.time, "monotonic", lambda: now[0])
+    answers = [pynvml.NVML_ERROR_UNKNOWN] * 8  # the first read of each GPU fails, for a while
+
+    def flaky_limit(handle, out):
+        return answers.pop() if answers else fake.nvmlDeviceGetEnforcedPowerLimit(handle, out)
+
+    fake = None
+
+    def wrap(lib):
+        nonlocal fake
+        fake = lib
+        return Wrapped(lib, nvmlDeviceGetEnforcedPowerLimit=flaky_limit)
+
+    gpu, lib = collector("h100-sxm-8", wrap=wrap)
+    first = gpu.sample()
+    now[0] += 1.0
+    second = gpu.sample()
+    assert lib.counts["nvmlDeviceGetEnforcedPowerLimit"] == 8  # once per GPU in the period
+    assert all(s.power_limit is None and s.unavailable["power_limit"] == "Unknown" for s in first + second)
+    now[0] += gpu_module.SLOW_FIELDS_PERIOD_S
+    third = gpu.sample()
+    now[0] += 1.0
+    fourth = gpu.sample()
+    assert lib.counts["nvmlDeviceGetEnforcedPowerLimit"] == 16
+    assert all(s.power_limit == 700.0 and "power_limit" not in s.unavailable for s in third + fourth)
 
 
 def test_lost_gpu_is_marked_and_the_others_keep_updating(collector):

@@ -71,3 +71,51 @@ def test_a_busy_core_shows_busy(spawn):
         return host.sample().cpu_percent[0] > 80.0
 
     wait_until(core0_busy, timeout=20, interval=0.5, what="core 0 above 80%")
+
+
+def _times(**fields: float):
+    """A psutil-shaped per-core reading (Linux's fields)."""
+    from collections import namedtuple
+
+    names = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice")
+    return namedtuple("scputimes", names)(**{name: fields.get(name, 0.0) for name in names})
+
+
+def test_iowait_and_steal_are_the_cores_deltas_summed(monkeypatch):
+    """One read of /proc/stat a poll: the machine's iowait and steal come from the per-core lines, whose sum is
+    the file's first line."""
+    readings = iter(
+        [
+            [_times(user=10, idle=90), _times(user=10, idle=90)],
+            # core 0: 30 s of 100 in iowait; core 1: 10 s stolen, 40 s busy
+            [_times(user=20, idle=150, iowait=30), _times(user=50, idle=140, steal=10)],
+        ]
+    )
+    monkeypatch.setattr(psutil, "cpu_times", lambda percpu=False: next(readings))
+    host = HostCollector()
+    sample = host.sample()
+    # as psutil counts: iowait is idle, steal is busy (the core was taken from the guest)
+    assert sample.cpu_percent == pytest.approx((10.0, 50.0))
+    assert sample.iowait_percent == pytest.approx(30 / 200 * 100)
+    assert sample.steal_percent == pytest.approx(10 / 200 * 100)
+
+
+def test_swap_is_read_once_per_cadence(monkeypatch):
+    from gputop.collect.host import SWAP_EVERY_S
+    from gputop.sim.fake_nvml import ManualClock
+
+    clock = ManualClock(100.0)
+    reads = []
+    real_swap = psutil.swap_memory
+
+    def counting_swap():
+        reads.append(clock())
+        return real_swap()
+
+    monkeypatch.setattr(psutil, "swap_memory", counting_swap)
+    host = HostCollector(clock=clock)
+    for _ in range(int(SWAP_EVERY_S) * 2 + 1):  # a poll a second
+        sample = host.sample()
+        clock.advance(1.0)
+    assert reads == [100.0, 100.0 + SWAP_EVERY_S, 100.0 + 2 * SWAP_EVERY_S]
+    assert sample.swap_total == real_swap().total

@@ -21,7 +21,7 @@ from gputop import cli
 from gputop.analysis import machine_check as mc
 from gputop.analysis.diagnosis import findings as assemble_findings
 from gputop.analysis.gpu_health import NIC_DOWN, NIC_ERRORS, NIC_RATE, Severity, judge_nics
-from gputop.collect.sysfs import IB_DATA_WORD_BYTES, NicReader
+from gputop.collect.sysfs import IB_DATA_WORD_BYTES, HeldFiles, NicReader
 from gputop.exporter import Exporter
 from gputop.history import History
 from gputop.model import NicPortSample, Snapshot, from_jsonable, to_jsonable
@@ -109,14 +109,21 @@ def test_rate_and_link_layer_read_on_their_slower_cadence_and_at_once_when_the_s
     change of state (so a link that goes down and comes back at another rate shows it at once)."""
     clock = ManualClock(1_700_000_000.0)
     tree = FakeNicTree(parse_spec("h100-sxm-8"), lambda: clock() - 1_700_000_000.0, clock=clock)
-    opened: list[str] = []
-    real_open = os.open
+    opened: list[str] = []  # every read, by path: the reader keeps each file open and reads it from its start
+    paths: dict[int, str] = {}
+    real_open, real_pread = os.open, os.pread
 
-    def counting_open(path, *args, **kwargs):
-        opened.append(str(path))
-        return real_open(path, *args, **kwargs)
+    def path_keeping_open(path, *args, **kwargs):
+        fd = real_open(path, *args, **kwargs)
+        paths[fd] = str(path)
+        return fd
 
-    monkeypatch.setattr(os, "open", counting_open)  # the reader opens sysfs files with a plain descriptor
+    def counting_pread(fd, size, offset):
+        opened.append(paths.get(fd, "?"))
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(os, "open", path_keeping_open)  # the reader reads sysfs files through plain descriptors
+    monkeypatch.setattr(os, "pread", counting_pread)
     try:
         ports = tree.read() or ()
         folder = Path(tree.root, "sys/class/infiniband", ports[0].device, "ports/1")
@@ -138,6 +145,79 @@ def test_rate_and_link_layer_read_on_their_slower_cadence_and_at_once_when_the_s
     assert all(r.rate_gbps == 400.0 for r in reads)
     assert (down.up, down.state, down.rate_gbps) == (False, "DOWN", None)
     assert (back.up, back.rate_gbps, back.rate_text) == (True, 200.0, "200 Gb/sec (4X HDR)")
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_held_files_read_each_file_afresh_through_one_descriptor_and_close_them(tmp_path):
+    counter = tmp_path / "rx_bytes"
+    counter.write_text("100\n")
+    before = _open_descriptors()
+    files = HeldFiles()
+    assert files.first_line(str(counter)) == "100"
+    counter.write_text("250\n")  # rewritten in place, as the kernel's counter moves
+    assert files.first_line(str(counter)) == "250"
+    assert files.first_line(str(tmp_path / "missing")) is None
+    assert len(files) == 1 and _open_descriptors() == before + 1  # one descriptor, none for the missing file
+    files.close()
+    assert len(files) == 0 and _open_descriptors() == before
+
+
+def test_held_files_read_the_real_sysfs_afresh():
+    """pread at offset 0 makes sysfs run the attribute's show() again: the loopback counter moves under one
+    descriptor as traffic crosses it."""
+    import socket
+
+    path = "/sys/class/net/lo/statistics/tx_bytes"
+    if not os.path.exists(path):
+        pytest.skip("no /sys/class/net/lo on this machine")
+    files = HeldFiles()
+    try:
+        first = int(files.first_line(path) or 0)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            sender.sendto(b"x" * 1000, ("127.0.0.1", 9))  # the discard port: nobody need listen
+        assert int(files.first_line(path) or 0) >= first + 1000
+        assert len(files) == 1
+    finally:
+        files.close()
+
+
+def test_held_files_open_a_file_again_when_its_descriptor_fails_and_stop_holding_past_the_limit(tmp_path, monkeypatch):
+    """A device that went away answers ENODEV on its old descriptor: the path is opened anew on that read.
+    Past the limit, files are read with an open of their own and nothing more is held."""
+    import errno
+
+    paths = [tmp_path / f"counter{i}" for i in range(3)]
+    for i, path in enumerate(paths):
+        path.write_text(f"{i}\n")
+    files = HeldFiles(limit=2)
+    before = _open_descriptors()
+    assert [files.first_line(str(p)) for p in paths] == ["0", "1", "2"]
+    assert len(files) == 2 and _open_descriptors() == before + 2  # the third read through an open of its own
+    real_pread, failed = os.pread, []
+
+    def gone_once(fd, size, offset):
+        if not failed:
+            failed.append(fd)
+            raise OSError(errno.ENODEV, "No such device")
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", gone_once)
+    paths[0].write_text("7\n")
+    assert files.first_line(str(paths[0])) == "7"  # opened anew, read once
+    assert len(files) == 2 and _open_descriptors() == before + 2  # the failed descriptor closed
+    files.close()
+    assert _open_descriptors() == before
+
+
+def test_a_closed_pipeline_leaves_no_nic_descriptor_open():
+    before = _open_descriptors()
+    pipeline, _snaps = polled("h100-sxm-8", polls=2)
+    assert _open_descriptors() > before  # the ports' files are held between polls
+    pipeline.close()
+    assert _open_descriptors() == before
 
 
 def test_ethernet_interface_and_a_machine_without_nics(tmp_path):

@@ -64,6 +64,8 @@ import functools
 import math
 import os
 import queue
+import struct
+import sys
 import threading
 import time
 from collections import deque
@@ -94,11 +96,12 @@ from gputop.model import (
 # Refusals that will not change while we run: stop asking.
 PERMANENT_REASONS = frozenset({"NotSupported", "FunctionNotFound", "NoPermission"})
 DEFAULT_SAMPLE_TIMEOUT_S = 0.8
-# NVLink link state, ECC counters and remapped rows are re-read this often rather than every poll
-# (18 links x 8 GPUs alone is 144 NVML calls a poll).  This is safe because each changes only through
-# an event that then persists: a link that fails training stays down until the GPU is reset, and ECC
-# counters and row remaps only ever grow (volatile ones reset only with the driver).  So a change shows
-# at most this late and is never missed; the NVLink traffic counters are still read every poll.
+# NVLink link state, ECC counters, remapped rows and the enforced power limit are re-read this often rather
+# than every poll (18 links x 8 GPUs alone is 144 NVML calls a poll).  This is safe because each changes only
+# through an event that then persists: a link that fails training stays down until the GPU is reset, ECC
+# counters and row remaps only ever grow (volatile ones reset only with the driver), and a power limit stays
+# as someone set it.  So a change shows at most this late and is never missed; the NVLink traffic counters
+# are still read every poll.
 SLOW_FIELDS_PERIOD_S = 5.0
 # XIDs a sample carries per GPU (the newest; they are rare, and the first one usually tells the story).
 XID_EVENTS_KEPT = 16
@@ -131,15 +134,14 @@ _NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 # refusal falls back to nvmlDeviceGetPcieThroughput (see the module docstring).
 _PCIE_TX_BYTES = pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES
 _PCIE_RX_BYTES = pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
-# An entry's valueType -> the member of nvmlValue_t that holds a counter of that type, and its width in bits.
+# An entry's valueType -> the width in bits of the nvmlValue_t member that holds a counter of that type.
 # A counter narrower than 64 bits wraps; its delta is taken modulo its width, which is right as long as it wraps
 # at most once between two samples (a 32-bit byte counter: under 4 GiB between samples). Other types are read
 # as 64-bit, as NVLink's counters (unsigned long long) always were.
-_COUNTER_MEMBERS = {
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: ("uiVal", 32),
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: ("usVal", 16),
+_COUNTER_BITS = {
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: 32,  # nvmlValue_t's uiVal
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: 16,  # usVal
 }
-_COUNTER_64 = ("ullVal", 64)
 # Bytes a second one PCIe lane carries each way, per generation (after line coding): with the link's width, the most
 # a PCIe byte counter can count between two samples.  A narrower counter that could wrap more than once in that
 # time cannot be read (a 32-bit one on a Gen4 x16 link wraps every 0.14 s): the GPU falls back (see _pcie_rates).
@@ -260,6 +262,13 @@ class _FieldValueView(ctypes.Structure):
     _fields_ = pynvml.c_nvmlFieldValue_t._fields_
 
 
+class _GpmMetricView(ctypes.Structure):
+    """pynvml's `c_nvmlGpmMetric_t` layout as a plain ctypes struct, for the reason `_FieldValueView` is: the six
+    metrics' results were 18 of pynvml's attribute hooks a GPU a sample."""
+
+    _fields_ = pynvml.c_nvmlGpmMetric_t._fields_
+
+
 def _field_values_view(values: Any) -> Any:
     """The array pynvml.nvmlDeviceGetFieldValues returned, seen through `_FieldValueView` (same memory)."""
     return (_FieldValueView * len(values)).from_buffer(values)
@@ -287,10 +296,27 @@ def _field_values(handle: Any, ids: list[tuple[int, int]], kept: Any) -> Any:
     return values
 
 
-def _counter_reading(entry: Any) -> tuple[int, int, int]:
-    """A field-values entry of a cumulative counter -> (value, timestamp µs, width in bits)."""
-    member, bits = _COUNTER_MEMBERS.get(entry.valueType, _COUNTER_64)
-    return getattr(entry.value, member), entry.timestamp, bits
+# nvmlFieldValue_t as `struct` reads it: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn, and the
+# nvmlValue_t union's 8 bytes (tests/test_gpu_collector.py checks it against pynvml's layout).  One C-level unpack of
+# a GPU's 36 entries costs less than the ~150 ctypes attribute reads it replaces.
+_FIELD_VALUE = struct.Struct("@IIqqIIQ")
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def _counter_readings(values: Any) -> list[Optional[tuple[int, int, int]]]:
+    """A field-values array of cumulative counters -> per entry (value, timestamp µs, width in bits), None where
+    NVML refused the entry."""
+    success = pynvml.NVML_SUCCESS
+    out: list[Optional[tuple[int, int, int]]] = []
+    for _field, _scope, timestamp, _latency, value_type, returned, raw in _FIELD_VALUE.iter_unpack(values):
+        if returned != success:
+            out.append(None)
+            continue
+        bits = _COUNTER_BITS.get(value_type, 64)
+        if bits < 64:  # a narrower member of the union: its bytes are the union's first
+            raw = raw & ((1 << bits) - 1) if _LITTLE_ENDIAN else raw >> (64 - bits)
+        out.append((raw, timestamp, bits))
+    return out
 
 
 def _entry_refusal(entry: Any) -> Optional[str]:
@@ -303,7 +329,7 @@ def _entry_refusal(entry: Any) -> Optional[str]:
 def _counter_rate(
     previous: Optional[tuple[int, int, int]], current: Optional[tuple[int, int, int]], unit: float
 ) -> Optional[float]:
-    """Two readings of one cumulative counter (see `_counter_reading`) -> units per second, or None when either is
+    """Two readings of one cumulative counter (see `_counter_readings`) -> units per second, or None when either is
     missing, no time passed, or a 64-bit counter went back (it was reset: such a counter does not wrap)."""
     if previous is None or current is None:
         return None
@@ -313,7 +339,7 @@ def _counter_rate(
         bits = current[2]
         if bits >= 64:
             return None
-        delta += 1 << bits  # a narrower counter wrapped (once: see _COUNTER_MEMBERS)
+        delta += 1 << bits  # a narrower counter wrapped (once: see _COUNTER_BITS)
     if dt_us <= 0:
         return None
     return delta * unit / (dt_us / 1e6)
@@ -419,6 +445,7 @@ class _Gpm:
         for i, (_name, metric_id) in enumerate(_GPM_METRICS):
             request.metrics[i].metricId = metric_id
         self.request = request
+        self.metrics = (_GpmMetricView * len(_GPM_METRICS)).from_buffer(request.metrics)  # the results, same memory
         self.primed = False  # the previous buffer holds a sample
 
     def prime(self) -> None:
@@ -438,8 +465,7 @@ class _Gpm:
         request.sample1, request.sample2 = previous, current
         pynvml.nvmlGpmMetricsGet(request)
         values: dict[str, Optional[float]] = {}
-        for i, (name, _metric_id) in enumerate(_GPM_METRICS):
-            metric = request.metrics[i]
+        for (name, _metric_id), metric in zip(_GPM_METRICS, self.metrics):
             if metric.nvmlReturn == pynvml.NVML_SUCCESS:
                 values[name] = float(metric.value)
             else:
@@ -461,7 +487,7 @@ class _NvLink:
     link: int
     remote_bus_id: Optional[str] = None
     remote_kind: Optional[str] = None
-    # previous cumulative reading per direction: (KiB, timestamp µs, width), see _counter_reading
+    # previous cumulative reading per direction: (KiB, timestamp µs, width), see _counter_readings
     last_tx: Optional[tuple[int, int, int]] = None
     last_rx: Optional[tuple[int, int, int]] = None
 
@@ -476,6 +502,7 @@ class _SlowFields:
     ecc: Optional[EccCounts] = None
     remapped_rows: Optional[RemappedRows] = None
     health_unavailable: dict[str, str] = field(default_factory=dict)  # "ecc"/"ecc.*"/"remapped_rows" -> reason
+    readings: dict[str, tuple[Any, Optional[str]]] = field(default_factory=dict)  # key -> (value, refusal): get_slow
 
 
 @dataclass(frozen=True)
@@ -508,7 +535,7 @@ class _Gpu:
     counter_values: Any = None  # the array NVML fills with their values (see _field_values)
     # PCIe traffic from the byte counters (True until the GPU refuses them), else from GetPcieThroughput
     pcie_counters: bool = True
-    last_pcie: tuple[Any, Any] = (None, None)  # the previous PCIe TX/RX counter readings (see _counter_reading)
+    last_pcie: tuple[Any, Any] = (None, None)  # the previous PCIe TX/RX counter readings (see _counter_readings)
     supported_reasons: Optional[int] = None
     refused: dict[str, str] = field(default_factory=dict)  # field -> permanent reason
     chosen: dict[str, Callable] = field(default_factory=dict)  # field -> the call that works (after fallback)
@@ -551,6 +578,18 @@ class _Reading:
             return self._refuse(key, "FunctionNotFound")
         except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
             return self._refuse(key, reason_of(exc))
+
+    def get_slow(self, key: str, refresh: bool, fn: Callable, *args: Any) -> Any:
+        """`get` when `refresh` (every SLOW_FIELDS_PERIOD_S); between, the last reading, or its refusal."""
+        slow = self.gpu.slow
+        if refresh or key not in slow.readings:
+            value = self.get(key, fn, *args)
+            slow.readings[key] = (value, self.unavailable.get(key))
+            return value
+        value, reason = slow.readings[key]
+        if reason is not None:
+            self.unavailable[key] = reason
+        return value
 
     def _refuse(self, key: str, reason: str) -> None:
         if reason in PERMANENT_REASONS:
@@ -994,7 +1033,9 @@ class GpuCollector:
             r.unavailable["memory_used"] = r.unavailable["memory_total"] = r.unavailable.pop("memory")
         temperature = r.get("temperature", _temperature_v, fallback=_temperature_v1)
         power = r.get("power", pynvml.nvmlDeviceGetPowerUsage)
-        power_limit = r.get("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit)
+        # the enforced limit moves only when someone sets it (nvidia-smi -pl, a BMC's cap): one call in 13 a
+        # GPU a poll saved, and a new limit shows within SLOW_FIELDS_PERIOD_S
+        power_limit = r.get_slow("power_limit", refresh_slow, pynvml.nvmlDeviceGetEnforcedPowerLimit)
         clock_sm = r.get("clock_sm", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
         clock_memory = r.get("clock_memory", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM)
         readings, refusal = self._read_counters(gpu)
@@ -1202,7 +1243,7 @@ class GpuCollector:
     # ------------------------------------------------------------ cumulative counters: NVLink and PCIe traffic
     def _read_counters(self, gpu: _Gpu) -> tuple[Optional[list[Any]], Optional[str]]:
         """One field-values call for every cumulative counter read each sample (see `_Gpu.counter_ids`): their
-        readings in that order (see `_counter_reading`; None where NVML refused the entry) and None, or None and
+        readings in that order (see `_counter_readings`; None where NVML refused the entry) and None, or None and
         the reason when NVML refused the whole call.  No call when there is nothing to read."""
         ids = gpu.counter_ids
         if ids is None:
@@ -1218,8 +1259,7 @@ class GpuCollector:
             raise _Lost() from None
         except pynvml.NVMLError as exc:
             return None, reason_of(exc)
-        success = pynvml.NVML_SUCCESS
-        return [_counter_reading(value) if value.nvmlReturn == success else None for value in values], None
+        return _counter_readings(values), None
 
     @staticmethod
     def _nvlink_readings(gpu: _Gpu, readings: Optional[list[Any]]) -> list[tuple[Any, Any]]:
@@ -1394,7 +1434,8 @@ class GpuCollector:
                 values = _field_values(gpu.handle, ids, None)
             except pynvml.NVMLError as exc:
                 return [reason_of(exc)] * 2 + [None]
-            return [_entry_refusal(v) or _counter_reading(v) for v in values] + [int(values[0].valueType)]
+            readings = _counter_readings(values)
+            return [_entry_refusal(v) or reading for v, reading in zip(values, readings)] + [int(values[0].valueType)]
 
         with _LIBRARY_LOCK, self._lock:
             if pynvml.nvmlLib is not self._nvml_library:

@@ -360,6 +360,7 @@ class NicReader:
         self._errors: dict[tuple[str, int], tuple[float, dict[str, int]]] = {}
         # per port: (read at, the state then, rate, rate text, link layer, physical state)
         self._details: dict[tuple[str, int], tuple[float, str, Optional[float], Optional[str], str, Optional[str]]] = {}
+        self._files = HeldFiles()  # the files read again and again, kept open (see HeldFiles)
 
     def ports(self) -> Optional[list[_Port]]:
         if self._ports is None:
@@ -385,7 +386,7 @@ class NicReader:
         return self._ports
 
     def close(self) -> None:
-        pass  # nothing held open: each read opens and closes its files
+        self._files.close()
 
     def read(self) -> Optional[tuple[NicPortSample, ...]]:
         ports = self.ports()
@@ -399,19 +400,20 @@ class NicReader:
         key = (port.device, port.port)
         # the state and the traffic every poll; the rate, the link layer and the physical state only when the
         # state changed or every `DETAILS_EVERY_S` (a link renegotiates its rate by going down and up)
+        files = self._files
         if port.rdma:
-            state = _after_colon(_first_line(f"{folder}/state")) or "unknown"
+            state = _after_colon(files.first_line(f"{folder}/state")) or "unknown"
             up = state == "ACTIVE"
-            rx = _count(f"{folder}/counters/port_rcv_data", IB_DATA_WORD_BYTES)
-            tx = _count(f"{folder}/counters/port_xmit_data", IB_DATA_WORD_BYTES)
+            rx = _number(files.first_line(f"{folder}/counters/port_rcv_data"), IB_DATA_WORD_BYTES)
+            tx = _number(files.first_line(f"{folder}/counters/port_xmit_data"), IB_DATA_WORD_BYTES)
         else:
-            state = _first_line(f"{folder}/operstate") or "unknown"
+            state = files.first_line(f"{folder}/operstate") or "unknown"
             up = state == "up"
-            rx = _count(f"{folder}/statistics/rx_bytes")
-            tx = _count(f"{folder}/statistics/tx_bytes")
+            rx = _number(files.first_line(f"{folder}/statistics/rx_bytes"))
+            tx = _number(files.first_line(f"{folder}/statistics/tx_bytes"))
         details = self._details.get(key)
         if details is None or details[1] != state or now - details[0] >= DETAILS_EVERY_S or now < details[0]:
-            details = (now, state, *self._read_details(port, folder, up))
+            details = (now, state, *self._read_details(port, folder, up, files))
             self._details[key] = details
         rate, rate_text, layer, phys = details[2:]
         previous = self._traffic.get(key)
@@ -421,7 +423,7 @@ class NicReader:
             rx_rate, tx_rate = _rate(previous[1], rx, now - previous[0]), _rate(previous[2], tx, now - previous[0])
         errors_at, errors = self._errors.get(key, (0.0, {}))
         if key not in self._errors or now - errors_at >= self.errors_every_s:
-            errors_at, errors = now, self._read_errors(port)
+            errors_at, errors = now, self._read_errors(port, self._files)
             self._errors[key] = (errors_at, errors)
         # the texts repeat poll after poll: one object each, not one per sample a history keeps
         return NicPortSample(
@@ -444,24 +446,26 @@ class NicReader:
         )
 
     @staticmethod
-    def _read_details(port: _Port, folder: str, up: bool) -> tuple[Optional[float], Optional[str], str, Optional[str]]:
+    def _read_details(
+        port: _Port, folder: str, up: bool, files: HeldFiles
+    ) -> tuple[Optional[float], Optional[str], str, Optional[str]]:
         """The port's rate (Gb/s, None while down), the rate as the kernel words it, its link layer and physical state."""
         if port.rdma:
-            rate_text = _first_line(f"{folder}/rate")
+            rate_text = files.first_line(f"{folder}/rate")
             match = _RATE.match(rate_text or "")
             rate = float(match.group(1)) if match and up else None
-            layer = _first_line(f"{folder}/link_layer") or "InfiniBand"
-            return rate, rate_text, layer, _after_colon(_first_line(f"{folder}/phys_state"))
-        speed = _count(f"{folder}/speed")  # Mb/s; -1 or EINVAL without a link
+            layer = files.first_line(f"{folder}/link_layer") or "InfiniBand"
+            return rate, rate_text, layer, _after_colon(files.first_line(f"{folder}/phys_state"))
+        speed = _number(files.first_line(f"{folder}/speed"))  # Mb/s; -1 or EINVAL without a link
         rate = speed / 1000 if up and speed is not None and speed > 0 else None
         return rate, f"{speed} Mb/s" if rate is not None else None, "Ethernet", None
 
     @staticmethod
-    def _read_errors(port: _Port) -> dict[str, int]:
+    def _read_errors(port: _Port, files: HeldFiles) -> dict[str, int]:
         if not port.rdma:
-            return _counters_in(port.folder / "statistics", _net_error)
-        found = _counters_in(port.folder / "counters", IB_ERROR_COUNTERS.__contains__)
-        found.update(_counters_in(port.folder / "hw_counters", _hw_error))
+            return _counters_in(port.folder / "statistics", _net_error, files)
+        found = _counters_in(port.folder / "counters", IB_ERROR_COUNTERS.__contains__, files)
+        found.update(_counters_in(port.folder / "hw_counters", _hw_error, files))
         return found
 
 
@@ -471,8 +475,8 @@ def _first_line(path: str | Path) -> Optional[str]:
     except OSError:
         return None
     try:
-        return os.read(fd, 4096).split(b"\n", 1)[0].decode().strip() or None
-    except (OSError, UnicodeDecodeError):
+        return _line_of(os.read(fd, 4096))
+    except OSError:
         return None
     finally:
         os.close(fd)
@@ -483,12 +487,61 @@ def _after_colon(text: Optional[str]) -> Optional[str]:
     return text.partition(":")[2].strip() or text if text is not None else None
 
 
-def _count(path: str | Path, scale: int = 1) -> Optional[int]:
-    text = _first_line(path)
+def _number(text: Optional[str], scale: int = 1) -> Optional[int]:
     try:
         return int(text) * scale if text is not None else None
     except ValueError:
         return None
+
+
+def _line_of(data: bytes) -> Optional[str]:
+    try:
+        return data.split(b"\n", 1)[0].decode().strip() or None
+    except UnicodeDecodeError:
+        return None
+
+
+class HeldFiles:
+    """Files read again and again (a NIC port's state and counters, every poll or every few seconds), each kept
+    open and read from its start: `pread` at offset 0 makes sysfs run the attribute's show() anew, as a fresh
+    open does.  One system call a read instead of three (open, read, close): 1.5-1.7 us against 7-13 us a file
+    on this box, for ~30 files a second and ~280 every 5 s on a machine with eight InfiniBand ports.
+
+    A file whose device went away answers ENODEV on its old descriptor: it is closed and the path opened
+    afresh on that read.  Past `limit` descriptors a file is opened for each read, as before, so a machine with
+    hundreds of ports never runs a monitor out of descriptors."""
+
+    def __init__(self, limit: int = 512) -> None:
+        self.limit = limit
+        self._fds: dict[str, int] = {}
+
+    def first_line(self, path: str) -> Optional[str]:
+        fd = self._fds.get(path)
+        if fd is not None:
+            try:
+                return _line_of(os.pread(fd, 4096, 0))
+            except OSError:  # the device went away (ENODEV), or the file can no longer be read: open it anew
+                del self._fds[path]
+                os.close(fd)
+        if len(self._fds) >= self.limit:
+            return _first_line(path)
+        try:
+            fd = os.open(path, os.O_RDONLY)  # not inherited: Python opens descriptors close-on-exec
+        except OSError:
+            return None
+        self._fds[path] = fd
+        try:
+            return _line_of(os.pread(fd, 4096, 0))
+        except OSError:
+            return None
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def _rate(before: Optional[int], after: Optional[int], seconds: float) -> Optional[float]:
@@ -497,14 +550,15 @@ def _rate(before: Optional[int], after: Optional[int], seconds: float) -> Option
     return (after - before) / seconds
 
 
-def _counters_in(folder: Path, wanted: Callable[[str], bool]) -> dict[str, int]:
+def _counters_in(folder: Path, wanted: Callable[[str], bool], files: HeldFiles) -> dict[str, int]:
     try:
         names = sorted(n for n in os.listdir(folder) if wanted(n))
     except OSError:
         return {}
     out = {}
     for name in names:
-        value = _count(folder / name)
+        path = f"{folder}/{name}"
+        value = _number(files.first_line(path))
         if value is not None:
             out[name] = value
     return out

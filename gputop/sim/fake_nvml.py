@@ -202,6 +202,34 @@ class _FieldValue(ctypes.Structure):
     ]
 
 
+class _GpmMetricInfo(ctypes.Structure):
+    _fields_ = [("shortName", ctypes.c_char_p), ("longName", ctypes.c_char_p), ("unit", ctypes.c_char_p)]
+
+
+class _GpmMetric(ctypes.Structure):
+    """nvml.h `nvmlGpmMetric_t`."""
+
+    _fields_ = [
+        ("metricId", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),  # enum nvmlReturn_t
+        ("value", ctypes.c_double),
+        ("metricInfo", _GpmMetricInfo),
+    ]
+
+
+class _GpmMetricsGet(ctypes.Structure):
+    """nvml.h `nvmlGpmMetricsGet_t`, read and written as plain memory for the reason `_FieldValue` is (the
+    request's six metrics went through ~34 of pynvml's attribute hooks a GPU a sample)."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("numMetrics", ctypes.c_uint),
+        ("sample1", ctypes.c_void_p),  # nvmlGpmSample_t: an opaque handle
+        ("sample2", ctypes.c_void_p),
+        ("metrics", _GpmMetric * GPM_METRIC_MAX),
+    ]
+
+
 def _address(handle: Handle) -> Optional[int]:
     """A device handle (pynvml's pointer, a c_void_p, or an int) -> the address it holds."""
     if isinstance(handle, int):
@@ -676,6 +704,9 @@ class FakeNvmlLibrary:
                 return ERROR_NOT_SUPPORTED
             return SUCCESS
 
+        # nvlink_check's answer per GPU and link, for the field-values call's 36 entries a GPU (the profile is fixed)
+        link_returns = [tuple(nvlink_check(gpu, link) for link in range(NVLINK_MAX_LINKS)) for gpu in range(n)]
+
         @device
         def nvmlDeviceGetNvLinkState(gpu: int, link: CScalar, out: Ref) -> int:
             link = _int(link)
@@ -735,7 +766,7 @@ class FakeNvmlLibrary:
                     entry.nvmlReturn = ERROR_NOT_SUPPORTED
                     continue
                 link = entry.scopeId
-                ret = nvlink_check(gpu, link)
+                ret = link_returns[gpu][link] if link < NVLINK_MAX_LINKS else ERROR_INVALID_ARGUMENT
                 entry.nvmlReturn = ret
                 if ret != SUCCESS:
                     continue
@@ -920,7 +951,7 @@ class FakeNvmlLibrary:
             return SUCCESS
 
         def nvmlGpmMetricsGet(out: Ref) -> int:
-            request = out._obj
+            request = _GpmMetricsGet.from_address(ctypes.addressof(out._obj))
             if request.version != GPM_METRICS_GET_VERSION:
                 return ERROR_ARGUMENT_VERSION_MISMATCH
             first, second = samples.get(_address(request.sample1) or 0), samples.get(_address(request.sample2) or 0)

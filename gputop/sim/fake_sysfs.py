@@ -204,6 +204,7 @@ class FakeNicTree:
         self.elapsed = elapsed
         self.root = Path(tempfile.mkdtemp(prefix="gputop-sim-nic-", dir=_memory_backed_tmp()))
         self._ports: list[_SimPort] = []
+        self._reader = NicReader(self.root, clock=clock)  # lists the ports on its first read, once they are written
         try:
             _PciTree(self.root, spec.profile)
             self._ports += [_SimPort(self.root, nic, spec.faults.infra) for nic in spec.profile.nics]
@@ -212,7 +213,6 @@ class FakeNicTree:
         except BaseException:
             self.close()
             raise
-        self._reader = NicReader(self.root, clock=clock)
 
     @property
     def errors_every_s(self) -> float:
@@ -231,6 +231,7 @@ class FakeNicTree:
     def close(self) -> None:
         for port in self._ports:
             port.close()
+        self._reader.close()  # its held descriptors, before the tree goes
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -19,6 +19,7 @@ import gc
 import math
 import os
 import select
+import signal
 import sys
 import threading
 import time
@@ -34,12 +35,13 @@ from textual.message import Message
 from gputop import units
 from gputop.advice_memory import AdviceMemory
 from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S
+from gputop.commands.observing import STOP_SIGNALS
 from gputop.errors import GputopError
 from gputop.heap import give_back_freed_memory
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
 from gputop.source import Attachable, Batch, Focusable, PollLoop, Restarting, Seekable, Source
-from gputop.tui import partial_updates
+from gputop.tui import partial_updates, strip_cycles
 from gputop.tui.look import key_display
 from gputop.tui.main_screen import MainScreen
 from gputop.tui.starting import StartingPipeline
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from gputop.tui.screens import TooSmallScreen
 
 partial_updates.install()  # write only the changed cells (see partial_updates.py)
+strip_cycles.install()  # each frame's lines freed by refcounting, not the cyclic GC (see strip_cycles.py)
 
 MIN_SIZE = (60, 16)  # below this: the "terminal too small" screen
 INTERVAL_STEPS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
@@ -300,6 +303,25 @@ class GputopApp(App[None]):
         stdin = _stdin_fd()
         if not self.is_headless and stdin is not None and os.isatty(stdin):
             self.set_interval(HANGUP_CHECK_EVERY, self._exit_if_terminal_gone)
+        if not self.is_headless:
+            self._exit_on_stop_signals()
+
+    def _exit_on_stop_signals(self) -> None:
+        """`kill PID` (SIGTERM) and a closed terminal (SIGHUP) end the monitor as q does: the terminal restored and
+        the source closed (the simulated machine's trees under /dev/shm removed), where the default action killed
+        it mid-frame and left both.  A signal the user set to be ignored (`nohup`) stays ignored."""
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                continue
+            try:
+                loop.add_signal_handler(sig, self._exit_on_signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no such signal here
+                pass
+
+    def _exit_on_signal(self, sig: int) -> None:
+        self._stop_collector()
+        self.exit(return_code=128 + sig)  # the shell's code for a process a signal ended
 
     def _release_pipeline(self) -> None:
         """The first frame is on the terminal: a pipeline held until now starts building (see starting.py)."""

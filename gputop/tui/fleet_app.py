@@ -35,11 +35,14 @@ from gputop.errors import GputopError
 from gputop.fleet.live import FleetPoller, FleetRound
 from gputop.fleet.prometheus import Query
 from gputop.fleet.view import STALLED_AFTER_S, STRAGGLER_MIN_SHARE, FleetNode, FleetRank, FleetVerdict, FleetView
-from gputop.tui import look
+from gputop.tui import look, strip_cycles
 from gputop.tui.canvas import LineBuilder, LineCanvas
 from gputop.tui.look import key_display
 from gputop.tui.screens import HelpScreen, _Modal
 from gputop.tui.widgets.status import KeyBar
+
+strip_cycles.install()  # a view left open for hours: its lines freed by refcounting (see strip_cycles.py)
+
 
 # verdict kind -> (symbol, style): the symbol says it without colour too
 VERDICT_LOOK = {

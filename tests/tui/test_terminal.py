@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -90,6 +91,48 @@ def test_gputop_exits_when_its_terminal_goes_away_with_sighup_ignored(spawn):
     finally:
         os.close(master)  # the terminal goes away
     assert proc.wait(timeout=20) == 1
+
+
+def _simulated_trees(pid: int) -> set[str]:
+    """The simulated machine's folders (under /dev/shm or the temp folder) the process holds files open in."""
+    trees = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        parts = target.split(os.sep)
+        for i, part in enumerate(parts):
+            if part.startswith("gputop-sim-"):
+                trees.add(os.sep.join(parts[: i + 1]))
+    return trees
+
+
+@pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_ends_the_monitor_as_q_does(spawn, sig):
+    """`kill PID` and a closed terminal end it cleanly: the terminal restored (the alternate screen left) and the
+    simulated machine's trees removed; the default action killed it mid-frame and left both behind."""
+    env = dict(os.environ, TERM="xterm-256color", LANG="C.UTF-8")
+    proc, master = _start_in_pty(spawn, TUI_ARGV, env)
+    try:
+        _read_until(master, b"GPU7", timeout=60)
+        trees = _simulated_trees(proc.pid)
+        assert trees and all(os.path.isdir(tree) for tree in trees)  # the NIC ports' files, held between polls
+        proc.send_signal(getattr(signal, sig))
+        out = b""
+        deadline = time.monotonic() + 20
+        while proc.poll() is None and time.monotonic() < deadline:
+            select.select([master], [], [], 0.2)
+            try:
+                out += os.read(master, 65536)
+            except OSError:
+                pass
+    finally:
+        os.close(master)
+    assert proc.wait(timeout=20) == 128 + getattr(signal, sig)
+    assert b"\x1b[?1049l" in out  # Textual left the alternate screen: the user's terminal is back
+    assert not any(os.path.exists(tree) for tree in trees)
 
 
 @pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
