@@ -766,7 +766,7 @@ class FakeNvmlLibrary:
                     entry.nvmlReturn = ERROR_NOT_SUPPORTED
                     continue
                 link = entry.scopeId
-                ret = link_returns[gpu][link] if link < NVLINK_MAX_LINKS else ERROR_INVALID_ARGUMENT
+                ret = link_returns[gpu][link] if link < NVLINK_MAX_LINKS else nvlink_check(gpu, link)
                 entry.nvmlReturn = ret
                 if ret != SUCCESS:
                     continue
