@@ -112,8 +112,23 @@ def test_a_python_without_thread_names_is_found_by_its_tid():
 
 
 def test_the_sampling_budget_is_shared_among_the_ranks():
-    assert rate_for(1, FOCUSED) == 500 and rate_for(8, FOCUSED) == 250 and rate_for(1000, FOCUSED) == MIN_RATE_HZ
-    assert rate_for(1, BACKGROUND) == 10 and rate_for(16, BACKGROUND) == 6
+    fast = dict(cost_per_sample_s=0.00012, usable_cores=64)  # a sample's cost measured on a fast 64-core box
+    assert rate_for(1, FOCUSED, **fast) == 500 and rate_for(8, FOCUSED, **fast) == 250
+    assert rate_for(1000, FOCUSED, **fast) == MIN_RATE_HZ
+    assert rate_for(1, BACKGROUND, **fast) == 10 and rate_for(16, BACKGROUND, **fast) == 6
+
+
+def test_the_sampling_rate_keeps_py_spys_cpu_within_the_budget():
+    # a VM where a sample costs 0.7 ms: on 2 cores a report gets a tenth of a core (142 Hz), not 500 Hz's 0.35
+    assert rate_for(1, FOCUSED, cost_per_sample_s=0.0007, usable_cores=2) == 142
+    assert rate_for(4, FOCUSED, cost_per_sample_s=0.0007, usable_cores=2) == 35
+    # the same VM with 32 cores may spend 5% of them: 1.6 cores, the rate's own cap binds first
+    assert rate_for(1, FOCUSED, cost_per_sample_s=0.0007, usable_cores=32) == 500
+    # the screen's budget on 2 cores: 0.03 of a core, 42 samples a second over 8 ranks
+    assert rate_for(8, BACKGROUND, cost_per_sample_s=0.0007, usable_cores=2) == 5
+    assert rate_for(2, BACKGROUND, cost_per_sample_s=0.0007, usable_cores=2) == 10
+    # never under MIN_RATE_HZ, however dear a sample
+    assert rate_for(1, FOCUSED, cost_per_sample_s=1.0, usable_cores=1) == MIN_RATE_HZ
 
 
 # ---------------------------------------------------------------- intervals
@@ -351,6 +366,33 @@ def test_a_steady_share_in_dense_samples_is_no_pause_but_one_stretch_of_waiting_
     paused = RankObs(pid=1, stretches=[stretch(runs(k), end=5.0 * k, rate=100.0) for k in range(1, 13)])
     phase = input_phase(paused)
     assert phase is not None and 9.0 <= phase[1] <= 11.0 and phase[2] == 0.0
+
+
+def test_a_steady_share_under_half_with_one_second_over_it_is_no_pause():
+    """44% input in every second and one second at 60%: that second is the one "mostly input" second, but the
+    samples around it wait 44% of the time, so the rank starves throughout (on a loaded 2-core box a
+    transformers job read "healthy" in 3 of 10 reports this way: its one busy second was taken for a pause)."""
+    from gputop.analysis.checks.input import input_phase
+
+    def runs(k):
+        return (
+            [(WAITING_FOR_DATA, 60), (FORWARD_BACKWARD, 40)] * 5
+            if k == 6
+            else [(WAITING_FOR_DATA, 44), (FORWARD_BACKWARD, 56)] * 5
+        )
+
+    rank = RankObs(pid=1, stretches=[stretch(runs(k), end=5.0 * k, rate=100.0) for k in range(1, 13)])
+    assert input_phase(rank) is None
+    hist = _dense_job(
+        lambda t: (
+            [(WAITING_FOR_DATA, 60), (FORWARD_BACKWARD, 40)] * 5
+            if 30 < t <= 31
+            else [(WAITING_FOR_DATA, 44), (FORWARD_BACKWARD, 56)] * 5
+        ),
+        seconds=60.0,
+    )
+    found = by_id(diagnose(hist), "starvation")
+    assert found.severity == "critical" and "highly" in found.summary, found.summary
 
 
 # ---------------------------------------------------------------- asking twice

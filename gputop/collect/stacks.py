@@ -346,9 +346,10 @@ def dump_native(pid: int, *, py_spy: Optional[str] = None, timeout: float = DEFA
     return dump_one(pid, py_spy=py_spy, timeout=timeout, native=True)
 
 
-def _usable_cpus() -> int:
+def usable_cpus() -> int:
+    """The CPUs this process may run on: a container's cpuset, not the host's count."""
     try:
-        return len(os.sched_getaffinity(0))  # a container's cpuset, not the host's count
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 2
 
@@ -357,7 +358,7 @@ def background_parallelism() -> int:
     """py-spy processes a background refresh runs at once: a quarter of the usable CPUs, so that on a big
     machine the job keeps most cores, but at least two, so that one py-spy stuck until its timeout does not
     hold up every other process's stacks (a round of N dumps would take N timeouts)."""
-    return max(2, _usable_cpus() // 4)
+    return max(2, usable_cpus() // 4)
 
 
 def dump_stacks(
@@ -391,6 +392,6 @@ def dump_stacks(
     if not parallel or len(pids) == 1:
         return {pid: one(pid) for pid in pids}
     # The threads only wait on py-spy child processes; py-spy does the work.
-    workers = min(len(pids), max_parallel or max(2, _usable_cpus()))
+    workers = min(len(pids), max_parallel or max(2, usable_cpus()))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gputop-pyspy") as pool:
         return dict(zip(pids, pool.map(one, pids)))

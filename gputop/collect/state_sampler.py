@@ -33,6 +33,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+import psutil
+
 from gputop.analysis.stack_classes import (
     FORWARD_BACKWARD,
     INPUT_WAIT_STATES,
@@ -40,27 +42,41 @@ from gputop.analysis.stack_classes import (
     classify_thread,
     read_source_line,
 )
-from gputop.collect.stacks import classify_failure, record_errors
+from gputop.collect.stacks import classify_failure, record_errors, usable_cpus
 from gputop.model import Frame, StateSamples, ThreadStack
 
 
 @dataclass(frozen=True)
 class SamplingBudget:
     """At most `per_rank_hz` a rank, at most `total_hz` over all ranks, never under MIN_RATE_HZ; stretches
-    of `stretch_s` seconds (each costs one py-spy start, ~15 ms of CPU)."""
+    of `stretch_s` seconds (each costs one py-spy start, ~15 ms of CPU).  And py-spy's CPU over all ranks at
+    most `cpu_share` of the cores gputop may use, or `min_cores` on a small box: a sample costs 0.12 ms of
+    py-spy's CPU on one machine and 0.7 ms on a VM whose reads of another process's memory are slow, so a
+    rate alone would let a report take a third of a core there (`StateSampler.cost_per_sample_s`)."""
 
     per_rank_hz: int
     total_hz: int
     stretch_s: float
+    cpu_share: float
+    min_cores: float
+
+    def cores(self, usable_cores: int) -> float:
+        """The CPU py-spy may take over all ranks, in cores, on a machine where gputop may use `usable_cores`."""
+        return max(self.min_cores, self.cpu_share * usable_cores)
 
 
 # The screen: enough for a share over the last 60 s (600 samples a rank) at a cost the monitor can keep
 # up all day (~0.5% of a core a rank: benchmarks/bench_state_sampler.py).  A report or the findings
 # screen: enough that the advice holds still from one 12 s report to the next (issue 21: measured on a
-# Lightning job, the advised count moved by x1.3 across reports at 100 Hz and by x1.1 at 500 Hz).
-BACKGROUND = SamplingBudget(per_rank_hz=10, total_hz=100, stretch_s=10.0)
-FOCUSED = SamplingBudget(per_rank_hz=500, total_hz=2000, stretch_s=5.0)
+# Lightning job, the advised count moved by x1.3 across reports at 100 Hz and by x1.1 at 500 Hz), within
+# 5% of the cores (a tenth of one on a 2-core box: ~140 samples a second where a sample costs 0.7 ms).
+BACKGROUND = SamplingBudget(per_rank_hz=10, total_hz=100, stretch_s=10.0, cpu_share=0.005, min_cores=0.03)
+FOCUSED = SamplingBudget(per_rank_hz=500, total_hz=2000, stretch_s=5.0, cpu_share=0.05, min_cores=0.1)
 MIN_RATE_HZ = 5
+# What a sample costs before any stretch was measured: between a fast machine's 0.12 ms and a slow VM's 0.7.
+PRIOR_COST_PER_SAMPLE_S = 0.0003
+COST_WEIGHT = 0.5  # each measured stretch moves the estimate halfway to what it cost
+MIN_COSTED_S = 1.0  # a stretch cut shorter is mostly py-spy's start: it says little of a sample's cost
 # A rank whose training loop has not been seen yet is sampled at the FOCUSED rate for up to this long after
 # gputop starts following it: a starved rank steps 2% of the time, which 10 samples a second may miss for
 # many seconds (its loop's start, and so every share, would wait for it), and the first verdict rests on
@@ -76,9 +92,22 @@ CLASSIFIED_STACKS = 4096  # distinct stacks whose classification is remembered (
 STEP_STATES = (FORWARD_BACKWARD, OPTIMIZER_STEP)
 
 
-def rate_for(ranks: int, budget: SamplingBudget) -> int:
-    """Samples a second for each of `ranks` ranks under `budget`."""
-    return max(MIN_RATE_HZ, min(budget.per_rank_hz, budget.total_hz // max(1, ranks)))
+def rate_for(
+    ranks: int, budget: SamplingBudget, cost_per_sample_s: float = PRIOR_COST_PER_SAMPLE_S, usable_cores: int = 1
+) -> int:
+    """Samples a second for each of `ranks` ranks under `budget`, where a sample costs `cost_per_sample_s` of
+    py-spy's CPU and gputop may use `usable_cores`."""
+    total = min(budget.total_hz, int(budget.cores(usable_cores) / max(cost_per_sample_s, 1e-6)))
+    return max(MIN_RATE_HZ, min(budget.per_rank_hz, total // max(1, ranks)))
+
+
+def _cpu_seconds(pid: int) -> Optional[float]:
+    """A live child's CPU time so far (user + system), or None once it is gone."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
 
 
 # ----------------------------------------------------------------- parsing py-spy's speedscope output
@@ -186,7 +215,7 @@ class _RankRecorder:
 
     def _stretch(self) -> Optional[StateSamples]:
         budget = self.owner.budget_for(self)
-        rate = rate_for(self.owner.ranks(), budget)
+        rate = self.owner.rate(budget)
         try:
             fd, out = tempfile.mkstemp(prefix=f"gputop-states-{self.pid}-", suffix=".json", dir=self.owner.tmpdir)
         except OSError as exc:  # closed meanwhile (its folder gone), or /tmp full
@@ -227,6 +256,9 @@ class _RankRecorder:
                 self.cut.clear()
                 ended = time.time()
                 if proc.poll() is None:
+                    cpu = _cpu_seconds(proc.pid)
+                    if cpu is not None and ended - started >= MIN_COSTED_S:
+                        self.owner.measured_cost(cpu, rate * (ended - started))
                     proc.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
                 try:
                     proc.wait(FLUSH_TIMEOUT_S)
@@ -287,9 +319,21 @@ class StateSampler:
         self._lock = threading.Lock()
         self._recorders: dict[int, _RankRecorder] = {}
         self._done: list[StateSamples] = []
+        self.cost_per_sample_s = PRIOR_COST_PER_SAMPLE_S  # py-spy's CPU a sample, as measured on this machine
+        self.usable_cores = usable_cpus()
 
     def ranks(self) -> int:
         return len(self._recorders)
+
+    def rate(self, budget: SamplingBudget) -> int:
+        """Samples a second for each rank now: `budget` shared among the ranks, within its CPU."""
+        return rate_for(self.ranks(), budget, self.cost_per_sample_s, self.usable_cores)
+
+    def measured_cost(self, cpu_s: float, samples: float) -> None:
+        """A stretch's py-spy took `cpu_s` of CPU (its start included) for `samples` asked of it."""
+        if samples >= 1:
+            with self._lock:
+                self.cost_per_sample_s += COST_WEIGHT * (cpu_s / samples - self.cost_per_sample_s)
 
     def budget_for(self, recorder: _RankRecorder) -> SamplingBudget:
         """FOCUSED while someone reads the shares closely, or while this rank's loop is not yet seen (for

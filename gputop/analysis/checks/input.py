@@ -67,13 +67,13 @@ def gpu_idle_share(ctx: Context) -> Optional[Share]:
 PHASE_BIN_S = 1.0  # dense samples are judged a second at a time: a second mostly in input is an input second
 
 
-def input_timeline(rank: RankObs) -> list[tuple[float, bool]]:
-    """(time, in the input pipeline) in time order over the whole diagnosis window (a pause's shape needs
-    more than the share window shows), start-up left out: one per second of dense samples (mostly input
-    or not), else one per stack dump."""
+def input_timeline(rank: RankObs) -> list[tuple[float, int, int]]:
+    """(time, input samples, samples) in time order over the whole diagnosis window (a pause's shape needs
+    more than the share window shows), start-up left out: one per second of dense samples, else one per
+    stack dump (1 or 0 of 1)."""
     if not rank.stretches:
         return [
-            (s.timestamp, s.state in INPUT_WAIT_STATES)
+            (s.timestamp, int(s.state in INPUT_WAIT_STATES), 1)
             for s in rank.samples
             if s.state and not rank.starting_up and (rank.loop_started is None or s.timestamp >= rank.loop_started)
         ]
@@ -88,22 +88,25 @@ def input_timeline(rank: RankObs) -> list[tuple[float, bool]]:
                 hits[0] += state in INPUT_WAIT_STATES
                 hits[1] += 1
             t += n * period
-    return [(b * PHASE_BIN_S, hits * 2 > total) for b, (hits, total) in sorted(bins.items())]
+    return [(b * PHASE_BIN_S, hits, total) for b, (hits, total) in sorted(bins.items())]
 
 
 def input_phase(rank: RankObs) -> Optional[tuple[float, float, float]]:
     """(start, seconds, input share outside it) when this rank's input time forms one stretch: a phase.
 
-    It is one when the longest run of consecutive input dumps (or seconds, from dense samples) holds most
-    of them, lasted at most INPUT_PHASE_MAX_S (or, still going at the end of the window,
-    INPUT_PHASE_OPEN_MAX_S), and outside it the rank is not input-bound."""
+    It is one when the longest run of input items (dumps in input, or seconds mostly in input) lasted at
+    most INPUT_PHASE_MAX_S (or, still going at the end of the window, INPUT_PHASE_OPEN_MAX_S), and outside
+    it the rank is not input-bound: its samples there, not its seconds, are under INPUT_BOUND_MODERATE in
+    input.  A rank in input 44% of every second has no input second but the odd one; that is continuous
+    starvation, and its samples outside that second say so."""
     timeline = input_timeline(rank)
+    inside = [hits * 2 > total for _, hits, total in timeline]
     best: Optional[tuple[int, int]] = None  # [i, j) of the longest run
     i = 0
     while i < len(timeline):
-        if timeline[i][1]:
+        if inside[i]:
             j = i
-            while j < len(timeline) and timeline[j][1]:
+            while j < len(timeline) and inside[j]:
                 j += 1
             if best is None or j - i > best[1] - best[0]:
                 best = (i, j)
@@ -113,9 +116,9 @@ def input_phase(rank: RankObs) -> Optional[tuple[float, float, float]]:
     if best is None:
         return None
     i, j = best
-    hits = sum(1 for _, inside in timeline if inside)
     outside = timeline[:i] + timeline[j:]
-    outside_share = (hits - (j - i)) / len(outside) if outside else 1.0
+    outside_samples = sum(total for _, _, total in outside)
+    outside_share = sum(hits for _, hits, _ in outside) / outside_samples if outside_samples else 1.0
     # the stretch lasts from its first input item to the next other one (or its last one, if still open)
     start = timeline[i][0]
     end = timeline[j][0] if j < len(timeline) else timeline[j - 1][0]
