@@ -341,7 +341,9 @@ def resolve(
     elif spec.num_workers is not None:
         num_workers = spec.num_workers
     else:
-        num_workers = min(MAX_WORKERS, max(1, math.ceil(config.workers_needed * WORKER_MARGIN)))
+        # rounded first: storage_ms kept to the microsecond puts the need a hair over 2.0 on some boxes (2 cores,
+        # 4 ranks), and 3.00005 would ceil to 4 workers where the arithmetic says 3
+        num_workers = min(MAX_WORKERS, max(1, math.ceil(round(config.workers_needed * WORKER_MARGIN, 3))))
     return replace(
         config,
         num_workers=num_workers,
