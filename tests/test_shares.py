@@ -335,6 +335,35 @@ def test_start_up_does_not_dilute_the_first_verdict():
     assert any("start-up left out" in line for line in early.evidence)
 
 
+def _ranks_starting_at(loops, seconds):
+    """Two ranks of a job that waits for data 60% of the time; rank i's loop begins at loops[i] seconds."""
+    specs = [
+        RankSpec(
+            pid=1000 + i,
+            rank=i,
+            gpus=(i,),
+            state=cycle([IN_DATASET, FORWARD_BACKWARD]),
+            dense=lambda t, loop=loop: [(IDLE_OTHER, 1000)] if t <= loop else [(IN_DATASET, 60), (FORWARD_BACKWARD, 40)] * 10,
+            cpu=lambda t: 5.0,
+            loop_at=loop,
+            progress=lambda t, pid=1000 + i: progress_of(pid, t, switches_per_s=20.0, cpu_share=0.3),
+        )
+        for i, loop in enumerate(loops)
+    ]
+    return build(Scenario(seconds=seconds, gpu_error=NO_DRIVER, ranks=specs))
+
+
+def test_the_first_verdict_waits_for_a_rank_whose_loop_just_began():
+    """Rank 0 has trained for 10 s, rank 1 began 2 s ago: the job's share would be rank 0's alone (the starved
+    demo's first 4 s of one rank read 0.27 where the job waits 0.67), so the verdict says it is collecting,
+    not healthy and not yet starved; once rank 1 has its 4 s the two are pooled."""
+    early = diagnose(_ranks_starting_at((20.0, 28.0), seconds=30.0))
+    assert early[0].id == "collecting" and not [f for f in early if f.id == "starvation"], early[0].summary
+    assert early[0].summary.startswith("Collecting samples: 2.0/4 s"), early[0].summary
+    later = by_id(diagnose(_ranks_starting_at((20.0, 28.0), seconds=40.0)), "starvation")
+    assert "highly" in later.summary and later.figures["input_share"]["share"] == pytest.approx(0.6)
+
+
 def test_starting_up_is_said_until_the_first_step():
     hist = _dense_job([(IDLE_OTHER, 1000)], loop_at=100.0, seconds=30.0)
     top = diagnose(hist)[0]

@@ -21,6 +21,11 @@ MIN_STACK_SAMPLES = 5
 # ... or, sampled densely (py-spy record, 10-500 a second), samples over at least 4 s: a share of a
 # shorter stretch is one phase of the loop, not the loop.
 MIN_SAMPLED_SECONDS = 4.0
+# The job's input share pools its ranks.  A rank whose loop began less than this long ago and has not yet
+# got MIN_SAMPLED_SECONDS of samples is waited for, so that the first verdict does not rest on the first
+# rank measured alone: one rank's first 4 s of loop (6 steps of the starved demo, the first ones slower)
+# read 0.27-0.32 where the job waits 0.67, and the verdict a minute later differed by 40 points.
+POOL_WAIT_S = 15.0
 # The live shares cover the last minute (the screen says so): long enough for 1,500 samples a rank at the
 # screen's 25 Hz, short enough that a phase that ended (start-up, an evaluation) no longer dilutes the one
 # now.  A report's shares cover everything it observed.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from gputop.analysis.advice import STACKS_HINT
-from gputop.analysis.checks.input import pooled_input_share
+from gputop.analysis.checks.input import loop_just_began, pooled_input_share
 from gputop.analysis.checks.kernels import busy, mean_sm_active
 from gputop.analysis.numbers import Share, confidence_from
 from gputop.analysis.observations import Context, pooled_counts
@@ -28,7 +28,8 @@ class Quiet:
     stacks_error: Optional[str]
     startup_left_out: int  # samples left out before the first step ("starting")
     dense: bool  # the ranks are sampled densely ("collecting": seconds, not dumps)
-    most_seconds: float  # the best-sampled rank's seconds of loop so far ("collecting", dense)
+    most_seconds: float  # the best-sampled rank's seconds of loop so far ("collecting", dense; the least-sampled
+    # rank's while one whose loop just began is waited for)
     most_dumps: int  # ... its dumps ("collecting", not dense)
     input_share: Optional[Share]  # the measured ranks' pooled input share
     share_span: str
@@ -48,10 +49,12 @@ def quiet(ctx: Context) -> Quiet:
     stacks_error = (latest_job.stacks_error if latest_job else None) or next(
         (r.stacks_error for r in live if r.stacks_error), None
     )
+    # a rank whose loop just began is waited for, as the starvation check waits for it (POOL_WAIT_S)
+    pending = [r for r in live if loop_just_began(ctx, r)] if measured else []
     if live and not measured:
         stage = "no_stacks" if stacks_error else "starting" if all(r.starting_up for r in live) else "collecting"
     else:
-        stage = "healthy"
+        stage = "collecting" if pending else "healthy"
     states: Counter[str] = Counter()
     for r in measured:
         states.update(r.states)
@@ -65,7 +68,7 @@ def quiet(ctx: Context) -> Quiet:
         stacks_error=stacks_error,
         startup_left_out=sum(r.counts.startup_left_out for r in live),
         dense=any(r.counts.dense for r in live),
-        most_seconds=max((r.counts.seconds for r in live), default=0.0),
+        most_seconds=min(r.counts.seconds for r in pending) if pending else max((r.counts.seconds for r in live), default=0.0),
         most_dumps=max((r.n for r in live), default=0),
         # the job's figure, as check_starvation has it
         input_share=pooled_input_share(measured) if measured else None,

@@ -38,6 +38,7 @@ from gputop.analysis.thresholds import (
     INPUT_PHASE_OPEN_MAX_S,
     LOW_UTILIZATION,
     MIN_STACK_SAMPLES,
+    POOL_WAIT_S,
     WILSON_Z,
 )
 from gputop.model import LABEL_CODE, Finding
@@ -209,11 +210,23 @@ def _one_pause_phases(measured: Sequence[RankObs]) -> tuple[InputPhase, ...]:
     return found if phases and len(found) == len(phases) else ()
 
 
+def loop_just_began(ctx: Context, rank: RankObs) -> bool:
+    """The rank is in its loop, began it less than POOL_WAIT_S ago, and has too few samples yet to pool."""
+    return (
+        not rank.measured
+        and rank.loop_started is not None
+        and not rank.starting_up
+        and ctx.snaps[-1].timestamp - rank.loop_started < POOL_WAIT_S
+    )
+
+
 def starvation(ctx: Context, *, exclude: Collection[int] = frozenset(), cpu_bound: bool = False) -> Optional[Starvation]:
     """The decision: is the job surely input-bound (at least INPUT_BOUND_MODERATE), by its samples or a benchmark?"""
     ranks = [r for r in ctx.ranks.values() if r.pid not in exclude and r.n >= 1]
     bench_wait, bench_how = bench_wait_fraction(ctx.bench)
     measured = [r for r in ranks if r.measured]
+    if bench_wait is None and measured and any(loop_just_began(ctx, r) for r in ranks):
+        return None  # a rank whose loop just began is still being measured: the share waits to pool it
     pooled, job_share, span = _sampled_input(ctx, measured)
     n_samples = pooled.n if pooled is not None else 0
     if bench_wait is not None:
