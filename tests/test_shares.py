@@ -269,22 +269,24 @@ def by_id(findings, finding_id):
     return next(f for f in findings if f.id == finding_id)
 
 
+def _rank_spec(i, dense, loop_at):
+    """Rank i, densely sampled as `dense(t)` says; its dumps alternate (a live loop, not a hang)."""
+    return RankSpec(
+        pid=1000 + i,
+        rank=i,
+        gpus=(i,),
+        state=cycle([IN_DATASET, FORWARD_BACKWARD]),
+        dense=dense,
+        cpu=lambda t: 5.0,
+        loop_at=loop_at,
+        progress=lambda t, pid=1000 + i: progress_of(pid, t, switches_per_s=20.0, cpu_share=0.3),
+    )
+
+
 def _dense_job(runs, *, loop_at=None, seconds=59.0, gpu_error=NO_DRIVER, ranks=2):
-    # the dumps alternate (a live loop, not a hang); the shares come from the dense samples alone
-    specs = [
-        RankSpec(
-            pid=1000 + i,
-            rank=i,
-            gpus=(i,),
-            state=cycle([IN_DATASET, FORWARD_BACKWARD]),
-            dense=runs if callable(runs) else (lambda t: runs),
-            cpu=lambda t: 5.0,
-            loop_at=loop_at,
-            progress=lambda t, pid=1000 + i: progress_of(pid, t, switches_per_s=20.0, cpu_share=0.3),
-        )
-        for i in range(ranks)
-    ]
-    return build(Scenario(seconds=seconds, gpu_error=gpu_error, ranks=specs))
+    # the shares come from the dense samples alone
+    dense = runs if callable(runs) else (lambda t: runs)
+    return build(Scenario(seconds=seconds, gpu_error=gpu_error, ranks=[_rank_spec(i, dense, loop_at) for i in range(ranks)]))
 
 
 def test_the_step_hardly_ever_caught_gives_a_one_sided_count():
@@ -337,19 +339,11 @@ def test_start_up_does_not_dilute_the_first_verdict():
 
 def _ranks_starting_at(loops, seconds):
     """Two ranks of a job that waits for data 60% of the time; rank i's loop begins at loops[i] seconds."""
-    specs = [
-        RankSpec(
-            pid=1000 + i,
-            rank=i,
-            gpus=(i,),
-            state=cycle([IN_DATASET, FORWARD_BACKWARD]),
-            dense=lambda t, loop=loop: [(IDLE_OTHER, 1000)] if t <= loop else [(IN_DATASET, 60), (FORWARD_BACKWARD, 40)] * 10,
-            cpu=lambda t: 5.0,
-            loop_at=loop,
-            progress=lambda t, pid=1000 + i: progress_of(pid, t, switches_per_s=20.0, cpu_share=0.3),
-        )
-        for i, loop in enumerate(loops)
-    ]
+
+    def dense(t, loop):
+        return [(IDLE_OTHER, 1000)] if t <= loop else [(IN_DATASET, 60), (FORWARD_BACKWARD, 40)] * 10
+
+    specs = [_rank_spec(i, lambda t, loop=loop: dense(t, loop), loop) for i, loop in enumerate(loops)]
     return build(Scenario(seconds=seconds, gpu_error=NO_DRIVER, ranks=specs))
 
 
