@@ -487,9 +487,11 @@ class TooSmallScreen(Screen[None]):
     def __init__(self, need: tuple[int, int]) -> None:
         super().__init__()
         self.need = need
+        # held, not queried: the GPUs' arrival can resize it after the screen mounts and before its child does
+        self.message = Static(id="too-small")
 
     def compose(self) -> ComposeResult:
-        yield Static(id="too-small")
+        yield self.message
 
     def on_mount(self) -> None:
         self.show(self.app.size.width, self.app.size.height)
@@ -500,4 +502,4 @@ class TooSmallScreen(Screen[None]):
         text.append("terminal too small\n", style="bold")
         text.append(f"{width}×{height}, need {need_w}×{need_h}\n")
         text.append("q quits", style="dim")
-        self.query_one("#too-small", Static).update(text)
+        self.message.update(text)
