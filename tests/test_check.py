@@ -15,7 +15,9 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -565,3 +567,34 @@ def test_no_nvlink_lines_on_a_pcie_machine():
     assert result(results, "nvlink.state").status == mc.SKIP
     assert "nvlink.errors" not in {r.id for r in results}  # the link-state line already says there is none
     assert mc.exit_code(results) == mc.EXIT_HEALTHY
+
+
+def test_a_killed_simulated_pipelines_trees_are_removed_by_the_next_one(spawn):
+    """A simulated pipeline killed before its close (SIGKILL) leaves its /sys trees; the next simulated start
+    removes them, and leaves those of live processes alone."""
+    child = spawn.python(
+        "import sys\n"
+        "from gputop.pipeline import Pipeline\n"
+        "pipeline = Pipeline(simulate='h100-sxm-8')\n"
+        "pipeline.poll()\n"
+        "print(pipeline.fake_library.spec.profile.name, flush=True)\n"
+        "sys.stdin.read()\n",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout.readline().strip()  # its trees are written
+    pattern = f"gputop-sim-*-{child.pid}-*"
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    left = sorted(base.glob(pattern))
+    assert left, f"no {pattern} in {base}"
+    child.kill()
+    child.wait(timeout=30)
+    assert all(path.exists() for path in left)  # SIGKILL: no close, no exit handler ran
+    clock = ManualClock()
+    pipeline = Pipeline(simulate="h100-sxm-8", clock=clock)
+    try:
+        assert not [path for path in left if path.exists()]
+        assert list(base.glob(f"gputop-sim-*-{os.getpid()}-*"))  # this live process's trees stay
+    finally:
+        pipeline.close()

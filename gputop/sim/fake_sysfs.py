@@ -24,8 +24,11 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Callable, Iterable, Optional
+
+import psutil
 
 from gputop.collect.sysfs import IB_DATA_WORD_BYTES, IB_ERROR_COUNTERS, HostReader, NicReader, sysfs_bus_id, xid_bus_id
 from gputop.model import HostReadings, NicPortSample, Topology
@@ -44,6 +47,35 @@ def _memory_backed_tmp() -> Optional[str]:
     first frame, and 5 ms on tmpfs."""
     shm = "/dev/shm"
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+
+
+_TREE_PREFIX = "gputop-sim-"
+
+
+def _private_tree(kind: str) -> Path:
+    """A fresh folder for one simulated tree, named with this process's PID.
+
+    A simulated pipeline killed before its close (SIGKILL, a test's timeout) cannot remove its tree, so each
+    new one first removes this user's trees whose process is gone: none pile up in /dev/shm's memory."""
+    base = _memory_backed_tmp() or tempfile.gettempdir()
+    _remove_orphaned_trees(base)
+    return Path(tempfile.mkdtemp(prefix=f"{_TREE_PREFIX}{kind}-{os.getpid()}-", dir=base))
+
+
+def _remove_orphaned_trees(base: str) -> None:
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        parts = entry.name[len(_TREE_PREFIX) :].split("-")
+        if not entry.name.startswith(_TREE_PREFIX) or len(parts) < 3 or not parts[1].isdigit():
+            continue  # not ours, or named before trees carried their PID
+        try:
+            if entry.stat(follow_symlinks=False).st_uid == os.getuid() and not psutil.pid_exists(int(parts[1])):
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            continue  # removed meanwhile by another process's sweep
 
 
 def _write(root: Path, relative: str, text: str) -> None:
@@ -202,7 +234,9 @@ class FakeNicTree:
 
     def __init__(self, spec: SimSpec, elapsed: Callable[[], float], clock: Callable[[], float] = time.time) -> None:
         self.elapsed = elapsed
-        self.root = Path(tempfile.mkdtemp(prefix="gputop-sim-nic-", dir=_memory_backed_tmp()))
+        self.root = _private_tree("nic")
+        # a pipeline dropped without its close (a process that just exits) still removes the tree at exit
+        self._remove_tree = weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
         self._ports: list[_SimPort] = []
         self._reader = NicReader(self.root, clock=clock)  # lists the ports on its first read, once they are written
         try:
@@ -232,7 +266,7 @@ class FakeNicTree:
         for port in self._ports:
             port.close()
         self._reader.close()  # its held descriptors, before the tree goes
-        shutil.rmtree(self.root, ignore_errors=True)
+        self._remove_tree()
 
 
 @functools.lru_cache(maxsize=8)
@@ -242,7 +276,7 @@ def nic_topology(profile: Profile, topology: Topology, gpu_bus_ids: tuple[Option
     Once per profile and process: the tree is the same every time, and writing and removing its ~80
     folders costs tens of milliseconds, which every simulated start (the TUI's first frame, each test's
     pipeline) would pay."""
-    root = Path(tempfile.mkdtemp(prefix="gputop-sim-pci-", dir=_memory_backed_tmp()))
+    root = _private_tree("pci")
     try:
         _PciTree(root, profile)
         return HostReader(root, use_dmesg=False).nic_topology(topology, gpu_bus_ids)
@@ -254,7 +288,8 @@ class FakeHostTree:
     def __init__(self, spec: SimSpec, elapsed: Callable[[], float]) -> None:
         self.spec = spec
         self.elapsed = elapsed
-        self.root = Path(tempfile.mkdtemp(prefix="gputop-sim-host-", dir=_memory_backed_tmp()))
+        self.root = _private_tree("host")
+        self._remove_tree = weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
         self.boot = time.time() - UPTIME_S
         self._reader = HostReader(self.root, use_dmesg=False)
         _PciTree(self.root, spec.profile)
@@ -320,7 +355,7 @@ class FakeHostTree:
         return self._reader.read(gpu_bus_ids)
 
     def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        self._remove_tree()
 
 
 # the uncorrectable error kinds the kernel lists in aer_dev_nonfatal and aer_dev_fatal (the same in both)
