@@ -32,7 +32,7 @@ def test_the_four_stages_are_the_articles_rows():
 def test_the_costs_give_the_articles_step_times(ranks, cores):
     first, second, third, fourth = (s.config for s in case_study.stages(ranks, cores))
     step = third.step_ms
-    decode = scenarios.decode_ms(first.image_side)
+    decode = first.sample_cpu_ms
     # stage 1: a rank prepares its batch itself, storage latency and CPU: 72/22 of a GPU step
     assert first.batch_size * (first.storage_ms + decode + first.augment_ms) == pytest.approx(step * 72 / 22, rel=0.01)
     # stage 2: every rank's workers share the cores: a batch a rank every 31/22 of a step

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -23,6 +24,7 @@ import pytest
 from gputop import cli
 from gputop.commands import demo as demo_command
 from gputop.sim import scenarios
+from gputop.sim.cpu_speed import cpu_slowness
 from gputop.sim.demo_launcher import DemoJob
 from tests.harness.demo import alive, descendants, observe_quietly, rank_pids, stop_and_check_nothing_left, worker_pids
 from tests.harness.processes import wait_until
@@ -33,28 +35,63 @@ STARTUP_S = 240.0  # ranks import torch (~2 s of CPU each) on 2 cores that other
 # ----------------------------------------------------------------------------- the scenario arithmetic
 
 
+def _job_cores(config: scenarios.DemoConfig) -> float:
+    """The cores the whole job burns with every rank at full speed: its loops and its loaders."""
+    per_step_ms = config.cpu_slowness * scenarios.RANK_STEP_CPU_MS + config.batch_size * config.sample_cpu_ms
+    return config.ranks * per_step_ms / config.step_ms
+
+
 def test_scenarios_size_the_loader_by_the_arithmetic():
-    starved = scenarios.resolve("starved", cpu_count=2)
-    tuned = scenarios.resolve("tuned", cpu_count=2)
+    starved = scenarios.resolve("starved", cpu_count=2, slowness=1.0)
+    tuned = scenarios.resolve("tuned", cpu_count=2, slowness=1.0)
     assert starved.num_workers == 0 and starved.ranks == 8
     # the dataset costs PREP_TO_STEP steps per batch: num_workers=0 leaves the GPU busy ~1/3 of the time
     assert starved.prep_ms_per_batch == pytest.approx(scenarios.PREP_TO_STEP * starved.step_ms, rel=0.01)
     assert tuned.num_workers >= tuned.workers_needed * scenarios.WORKER_MARGIN - 0.001
-    # the tuned count is the arithmetic's 2 x 1.5 = 3 on every box, whatever the rounding of the storage latency
-    assert {scenarios.resolve("tuned", gpus=g, cpu_count=c).num_workers for g in (1, 4, 8) for c in (2, 4, 64)} == {3}
+    # the tuned count is the arithmetic's 2 x 1.5 = 3 on every box, fast or slow, whatever the rounding of the
+    # storage latency
+    shapes = [(g, c, slow) for g in (1, 4, 8) for c in (2, 4, 64) for slow in (0.5, 1.0, 4.4)]
+    assert {scenarios.resolve("tuned", gpus=g, cpu_count=c, slowness=slow).num_workers for g, c, slow in shapes} == {3}
     assert (tuned.prefetch_factor, tuned.pin_memory, tuned.persistent_workers) == (4, True, True)
-    # 8 ranks decoding flat out stay within the CPU share, on 2 cores and on 64
-    for cpus in (2, 64):
-        config = scenarios.resolve("tuned", cpu_count=cpus)
-        cores = config.ranks * config.batch_size * scenarios.decode_ms(config.image_side) / config.step_ms
-        assert cores <= scenarios.DATA_CPU_SHARE * cpus
-    assert scenarios.image_side_for(2, 8) < scenarios.image_side_for(64, 8)
+    # the ranks flat out stay within the CPU share, on 2 cores and on 64, on the reference box and on slower ones
+    for gpus, cpus, slowness in ((8, 2, 1.0), (8, 64, 1.0), (4, 2, 2.0), (8, 64, 4.4)):
+        config = scenarios.resolve("tuned", gpus=gpus, cpu_count=cpus, slowness=slowness)
+        assert _job_cores(config) <= scenarios.JOB_CPU_SHARE * cpus, (cpus, slowness, config.describe())
+    assert scenarios.loader_shape_for(2, 8)[1] < scenarios.loader_shape_for(64, 8)[1]
+    # a slower box gets smaller JPEGs, then smaller batches: the shared 2-core VM on which the unscaled tuned job
+    # needed 2.5 cores (4 ranks) gets the smallest dataset, and its job fits in half the cores
+    assert scenarios.loader_shape_for(2, 4, 1.0) == (16, 192)
+    assert scenarios.loader_shape_for(2, 4, 2.0) == (4, 288)
+    assert scenarios.loader_shape_for(2, 4, 4.0) == (2, 96)
+    slow = scenarios.resolve("tuned", gpus=4, cpu_count=2, slowness=4.0)
+    assert _job_cores(slow) < 0.5 * 2 and slow.prep_ms_per_batch == pytest.approx(2 * slow.step_ms, rel=0.01)
     # overrides win, and workers=0 drops the settings that need workers
     custom = scenarios.resolve("tuned", workers=0, batch_size=8, step_ms=50, gpus=3)
     assert (custom.num_workers, custom.prefetch_factor, custom.persistent_workers) == (0, None, False)
     assert (custom.batch_size, custom.step_ms, custom.ranks) == (8, 50.0, 3)
     assert scenarios.resolve("misfire", gpus=2).hang_rank == 1
     assert scenarios.resolve("single-gpu").ranks_on_gpu0
+
+
+def test_the_cpu_slowness_is_this_boxs_clock_against_the_reference(monkeypatch):
+    """The demo's costs scale by the workload's time on this box's clock: a clock that runs 3x fast (a box
+    that takes 3x as long, stolen time included) reads 3x the slowness; the sizing takes it on a ladder of
+    powers of two, so runs on one box get one dataset."""
+    from gputop.sim import cpu_speed
+
+    here = cpu_speed.measured_slowness()
+    real_clock = time.perf_counter
+    monkeypatch.setattr(cpu_speed.time, "perf_counter", lambda: 3.0 * real_clock())
+    slowed = cpu_speed.measured_slowness()
+    assert slowed == pytest.approx(3.0 * here, rel=0.5)  # two medians of five runs on a shared box
+    monkeypatch.setattr(cpu_speed, "measured_slowness", lambda: 3.1)
+    assert cpu_speed.cpu_slowness() == 4.0
+    monkeypatch.setattr(cpu_speed, "measured_slowness", lambda: 1.3)
+    assert cpu_speed.cpu_slowness() == 1.0
+    monkeypatch.setattr(cpu_speed, "measured_slowness", lambda: 1000.0)
+    assert cpu_speed.cpu_slowness() == 16.0
+    # the reading travels with the config to the ranks' arithmetic
+    assert scenarios.resolve("tuned", gpus=2, slowness=2.0).cpu_slowness == 2.0
 
 
 def test_config_round_trips_through_the_rank_command_line():
@@ -122,9 +159,11 @@ def test_tuned_keeps_the_gpus_busy(demo):
 def test_losses_are_identical_whatever_the_loader_timing(tmp_path):
     """Fixed seed: the same batches and bit-identical losses with 0 workers (serial) or 3 (parallel)."""
     logs = {}
+    slowness = cpu_slowness()  # one dataset for both (its size follows the box's speed, on a coarse ladder)
     for workers in (0, 3):
         template = str(tmp_path / f"w{workers}-loss-{{rank}}.txt")
-        with DemoJob("tuned", workers=workers, gpus=2, step_ms=5, max_steps=12, loss_log=template, seed=3) as job:
+        run = dict(workers=workers, gpus=2, step_ms=5, max_steps=12, loss_log=template, seed=3, slowness=slowness)
+        with DemoJob("tuned", **run) as job:
             job.start()
             wait_until(lambda: job.returncode is not None, timeout=STARTUP_S, what="the job to finish 12 steps")
             assert job.returncode == 0, job.log_tail()

@@ -37,8 +37,9 @@ from gputop.analysis.diagnosis import verdict_line
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
+from gputop.sim.cpu_speed import cpu_slowness
 from gputop.sim.load import FollowingLoad, JobLoad
-from gputop.sim.scenarios import DEFAULT_STEP_MS, DemoConfig, decode_ms, resolve
+from gputop.sim.scenarios import DEFAULT_BATCH, DEFAULT_STEP_MS, DemoConfig, resolve
 
 if TYPE_CHECKING:
     from gputop.pipeline import Pipeline
@@ -102,9 +103,19 @@ class StageResult:
 
 def stages(ranks: int, cores: float, step_ms: float = DEFAULT_STEP_MS) -> list[Stage]:
     """The four rows' jobs, costed so that their step times go as the article's epochs on a box of `cores`."""
-    base = resolve("tuned", gpus=ranks, step_ms=step_ms, cpu_count=max(1, int(cores)))
+    # the article's batch on every box (the demo's own sizing would shrink it on a slow one): the stages' CPU
+    # is costed below from what a sample takes on this box
+    slowness = cpu_slowness()
+    cpus = max(1, int(cores))
+    base = resolve("tuned", gpus=ranks, step_ms=step_ms, cpu_count=cpus, batch_size=DEFAULT_BATCH, slowness=slowness)
+    # stage 2 gives each sample its share of the cores; where decoding alone takes more (a slow box, many ranks
+    # on few cores), every stage's step stretches alike, with a quarter to spare for the augmentations
+    shortest_ms = 1.25 * ranks * base.batch_size * base.sample_cpu_ms * ARTICLE_MINUTES[2] / (cores * ARTICLE_MINUTES[1])
+    if shortest_ms > step_ms:
+        step_ms = round(shortest_ms, 3)
+        base = resolve("tuned", gpus=ranks, step_ms=step_ms, cpu_count=cpus, batch_size=DEFAULT_BATCH, slowness=slowness)
     step_at = [step_ms * minutes / ARTICLE_MINUTES[2] for minutes in ARTICLE_MINUTES]  # stage 3 is the GPU step
-    decode = decode_ms(base.image_side)
+    decode = base.sample_cpu_ms
     # stage 2: every rank's workers together get the cores; a batch every step_at[1] per rank needs this CPU a batch
     cpu_per_batch = cores * step_at[1] / ranks
     augment = max(0.0, cpu_per_batch / base.batch_size - decode)

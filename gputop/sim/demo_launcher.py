@@ -171,6 +171,7 @@ class DemoJob:
         loss_log: Optional[str] = None,
         cpu_count: Optional[int] = None,
         collective_timeout_s: float = 600.0,
+        slowness: Optional[float] = None,
         config: Optional[DemoConfig] = None,
     ) -> None:
         # bad overrides fail here, before anything is started; `config`: a resolved one as it is (the case study's stages)
@@ -185,6 +186,7 @@ class DemoJob:
             max_steps=max_steps,
             loss_log=loss_log,
             collective_timeout_s=collective_timeout_s,
+            slowness=slowness,
         )
         self.directory: Optional[str] = None
         self.board_path: Optional[str] = None

@@ -15,10 +15,15 @@ The arithmetic that sizes the job (see `resolve`):
 * Per-sample preparation is real Pillow work (decode a JPEG, crop, resize) plus,
   where the machine has too few cores for the decoding alone, simulated storage
   latency (the JPEG bytes arrive from a slow network filesystem while Pillow reads
-  them).  The decoding may use ``DATA_CPU_SHARE`` (30%) of the cores when every
-  rank runs flat out, so 8 ranks on a 2-core box stay responsive: the JPEGs are
-  small (~160 px) and storage latency makes up the rest of the cost.  On a box
-  with many cores the JPEGs grow (up to 512 px) and the latency shrinks toward 0.
+  them).  The whole job (its ranks' own loops and their loaders) may use
+  ``JOB_CPU_SHARE`` (30%) of the cores when every rank runs flat out, so 8 ranks
+  on a 2-core box stay responsive: the JPEGs are small and storage latency makes
+  up the rest of the cost.  On a box with many cores the JPEGs grow (up to 512 px)
+  and the latency shrinks toward 0.  Where even the smallest JPEGs would not fit,
+  the batch shrinks (16 down to 2 samples; a batch still costs 2 steps to prepare).
+* The CPU costs below were measured on one box; `cpu_speed.cpu_slowness` scales
+  them to this one, so the tuned job is tuned on a slow shared VM too (there the
+  unscaled job needed more than its 2 cores and really was input-bound).
 
 The last three scenarios use the simulated NCCL backend (`gputop.sim.distributed`) and a
 `loss.item()` every step: `nccl-hang` (the misfire's stuck worker, but the other GPUs spin
@@ -37,21 +42,27 @@ from dataclasses import MISSING, dataclass, fields, replace
 from typing import Optional, TypedDict
 
 from gputop.errors import UsageError
+from gputop.sim.cpu_speed import cpu_slowness
 
 DEFAULT_RANKS = 8
 MAX_RANKS = 8  # the simulated machine (h100-sxm-8) has 8 GPUs
 MAX_WORKERS = 32
 DEFAULT_STEP_MS = 200.0  # a ResNet-50-sized step on an H100
 DEFAULT_BATCH = 16
+BATCH_CHOICES = (16, 8, 4, 2)  # the default batch, then smaller ones where the cores cannot take it
 PREP_TO_STEP = 2.0  # preparing a batch costs twice the GPU step: "heavy decoding"
 WORKER_MARGIN = 1.5  # tuned workers = needed x margin, so jitter does not starve the GPU
-DATA_CPU_SHARE = 0.3  # share of the cores the input pipeline may burn with every GPU at 100%
+JOB_CPU_SHARE = 0.3  # share of the cores the whole job may burn with every GPU at 100%
 MODEL_SIDE = 32  # the network sees 32x32 crops
 
-# Pillow decode + crop + resize to 32 px, measured on the 2-core dev box (Pillow 11, libjpeg-turbo):
-# about 0.3 ms fixed plus 25 ns per source pixel (128 px: 0.5 ms, 256 px: 1.6 ms, 512 px: 6.7 ms).
-DECODE_FIXED_MS = 0.3
-DECODE_NS_PER_PIXEL = 25.0
+# CPU in a DataLoader worker, fitted by benchmarks/bench_demo_costs.py from the tuned job (4 ranks) on the 2-core
+# dev VM (Pillow 11, libjpeg-turbo, torch 2.13) at 96 and 224-288 px, batches of 4 and 16: a batch's collation
+# and hand-over to the rank, then per sample the storage read and tensor conversion, and the decode + crop +
+# resize, which grows with the pixels (224 px: 1.5 ms a sample in all; the Pillow decode alone is under half).
+BATCH_CPU_MS = 1.0
+SAMPLE_CPU_MS = 1.06
+SAMPLE_NS_PER_PIXEL = 9.0
+RANK_STEP_CPU_MS = 6.7  # a rank's own CPU per step (its loop, the gloo all-reduce, pinning), same box
 MIN_IMAGE_SIDE = 96
 MAX_IMAGE_SIDE = 512
 
@@ -207,12 +218,18 @@ class DemoConfig:
     augment_ms: float = 0.0  # CPU per sample after the decode (heavier augmentations; the case study's stage 2)
     cached: bool = False  # the samples preprocessed once and kept in memory as tensors (no storage, no decode)
     kernels: str = "gemm"  # "unfused": many small eager fp32 kernels that stream DRAM (the case study's model)
+    cpu_slowness: float = 1.0  # this box's time for the same CPU work against the box the costs were measured on
+
+    @property
+    def sample_cpu_ms(self) -> float:
+        """A worker's CPU per sample on this box, its share of the batch's included."""
+        return self.cpu_slowness * (BATCH_CPU_MS / self.batch_size + sample_cpu_ms(self.image_side))
 
     @property
     def prep_ms_per_batch(self) -> float:
         if self.cached:
             return 0.0  # preprocessed once, kept in memory
-        return self.batch_size * (decode_ms(self.image_side) + self.storage_ms + self.augment_ms)
+        return self.batch_size * (self.sample_cpu_ms + self.storage_ms + self.augment_ms)
 
     @property
     def workers_needed(self) -> float:
@@ -261,19 +278,26 @@ class DemoConfig:
         )
 
 
-def decode_ms(side: int) -> float:
-    """Nominal CPU cost of decoding + resizing one `side` x `side` JPEG (see the constants above)."""
-    return DECODE_FIXED_MS + DECODE_NS_PER_PIXEL * side * side / 1e6
+def sample_cpu_ms(side: int) -> float:
+    """A worker's CPU per sample for `side` x `side` JPEGs on the reference box, the batch's share left out."""
+    return SAMPLE_CPU_MS + SAMPLE_NS_PER_PIXEL * side * side / 1e6
 
 
-def image_side_for(cpu_count: int, ranks: int) -> int:
-    """The largest JPEG whose decoding keeps the input pipeline within DATA_CPU_SHARE of the cores."""
-    cores_per_rank = DATA_CPU_SHARE * cpu_count / ranks
-    budget_ms = cores_per_rank * DEFAULT_STEP_MS / DEFAULT_BATCH  # CPU per sample at full speed
-    budget_ms = min(budget_ms, PREP_TO_STEP * DEFAULT_STEP_MS / DEFAULT_BATCH)
-    side = math.sqrt(max(0.0, budget_ms - DECODE_FIXED_MS) * 1e6 / DECODE_NS_PER_PIXEL)
-    side = int(side // 32 * 32)
-    return max(MIN_IMAGE_SIDE, min(MAX_IMAGE_SIDE, side))
+def loader_shape_for(cpu_count: int, ranks: int, slowness: float = 1.0, batch: Optional[int] = None) -> tuple[int, int]:
+    """(batch, JPEG side): the largest batch (`batch` if given), then the largest JPEG, that keep the whole job
+    within JOB_CPU_SHARE of the cores at full speed, on a box `slowness` times slower than the reference."""
+    step_cpu_ms = JOB_CPU_SHARE * cpu_count / ranks * DEFAULT_STEP_MS  # CPU a rank may use per step
+    data_ms = step_cpu_ms - slowness * RANK_STEP_CPU_MS  # what its loop leaves to its loader
+    choices = (batch,) if batch else BATCH_CHOICES
+    for size in choices:
+        per_pixel_ms = slowness * size * SAMPLE_NS_PER_PIXEL / 1e6
+        fixed_ms = slowness * (BATCH_CPU_MS + size * SAMPLE_CPU_MS)
+        # a sample's CPU is at most its whole preparation time (the rest is storage latency)
+        data_cap_ms = min(data_ms, PREP_TO_STEP * DEFAULT_STEP_MS)
+        if fixed_ms + per_pixel_ms * MIN_IMAGE_SIDE**2 <= data_cap_ms or size == choices[-1]:
+            side = math.sqrt(max(0.0, data_cap_ms - fixed_ms) / per_pixel_ms)
+            return size, max(MIN_IMAGE_SIDE, min(MAX_IMAGE_SIDE, int(side // 32 * 32)))
+    raise AssertionError("unreachable: the last choice always returns")
 
 
 def _check_range(flag: str, value: Optional[float], low: float, high: float, what: str) -> None:
@@ -293,8 +317,10 @@ def resolve(
     max_steps: Optional[int] = None,
     loss_log: Optional[str] = None,
     collective_timeout_s: float = 600.0,
+    slowness: Optional[float] = None,
 ) -> DemoConfig:
-    """The scenario's settings with the user's overrides, sized for this machine's cores."""
+    """The scenario's settings with the user's overrides, sized for this machine's cores and their speed
+    (`slowness`: against the box the costs were measured on; None: measured here now)."""
     if scenario not in SCENARIOS:
         raise UsageError(f"unknown demo scenario {scenario!r} (choose one of: {', '.join(SCENARIOS)})")
     _check_range("--gpus", gpus, 1, MAX_RANKS, f"the simulated machine has 1 to {MAX_RANKS} GPUs")
@@ -307,13 +333,16 @@ def resolve(
     spec = SCENARIOS[scenario]
     ranks = gpus or DEFAULT_RANKS
     cpus = cpu_count or os.cpu_count() or 1
-    side = image_side_for(cpus, ranks)
+    slowness = cpu_slowness() if slowness is None else slowness
+    base_batch, side = loader_shape_for(cpus, ranks, slowness)
     # the dataset's cost is fixed by the defaults; --batch-size and --step-ms change the ratio, as they would
-    storage_ms = max(0.0, PREP_TO_STEP * DEFAULT_STEP_MS / DEFAULT_BATCH - decode_ms(side))
+    sample_ms = PREP_TO_STEP * DEFAULT_STEP_MS / base_batch
+    cpu_ms = slowness * (BATCH_CPU_MS / base_batch + sample_cpu_ms(side))
+    storage_ms = max(0.0, sample_ms - cpu_ms)
     config = DemoConfig(
         scenario=scenario,
         ranks=ranks,
-        batch_size=batch_size or DEFAULT_BATCH,
+        batch_size=batch_size or base_batch,
         step_ms=float(step_ms or DEFAULT_STEP_MS),
         num_workers=0,
         prefetch_factor=None,
@@ -335,6 +364,7 @@ def resolve(
         seed=seed,
         max_steps=max_steps,
         loss_log=loss_log,
+        cpu_slowness=slowness,
     )
     if workers is not None:
         num_workers = workers
