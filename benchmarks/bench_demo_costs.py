@@ -100,19 +100,20 @@ def main(argv: list[str] | None = None) -> int:
     cpus = os.cpu_count() or 1
     slowness_before = cpu_slowness()
     base = scenarios.resolve("tuned", gpus=args.ranks, slowness=slowness_before)
-    rows, measured = [], []
+    rows, measured, ratios = [], [], []
     for batch, side in SHAPES:
         config = replace(base, batch_size=batch, image_side=side)
         figures = measure(config, args.seconds)
         measured.append((batch, side, figures))
-        predicted_sample = slowness_before * (scenarios.BATCH_CPU_MS / batch + scenarios.sample_cpu_ms(side))
+        predicted_sample = scenarios.worker_ms_per_sample(side, batch, slowness_before)
         predicted_rank = slowness_before * scenarios.RANK_STEP_CPU_MS
+        ratios.append(figures["sample_ms"] / predicted_sample)
         rows.append(
             [
                 f"{batch} x {side} px",
                 f"{figures['steps_per_s']:.2f}",
                 f"{figures['sample_ms']:.2f} / {predicted_sample:.2f}",
-                f"{figures['sample_ms'] / predicted_sample:.2f}",
+                f"{ratios[-1]:.2f}",
                 f"{figures['rank_step_ms']:.1f} / {predicted_rank:.1f}",
                 f"{figures['rank_step_ms'] / predicted_rank:.2f}",
                 f"{100 * figures['job_cores'] / cpus:.0f}%",
@@ -135,9 +136,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{ns / slowness:.1f} ns per pixel [{scenarios.SAMPLE_NS_PER_PIXEL}], "
         f"rank step {rank_ms / slowness:.1f} ms [{scenarios.RANK_STEP_CPU_MS}]"
     )
-    ratios = [
-        f["sample_ms"] / (slowness_before * (scenarios.BATCH_CPU_MS / b + scenarios.sample_cpu_ms(s))) for b, s, f in measured
-    ]
     emit_figure(
         "Demo CPU per sample, measured ÷ predicted (tuned job, 4 shapes)",
         "≈ 1.0",

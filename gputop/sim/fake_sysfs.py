@@ -68,9 +68,11 @@ def _remove_orphaned_trees(base: str) -> None:
     except OSError:
         return
     for entry in entries:
+        if not entry.name.startswith(_TREE_PREFIX):
+            continue
         parts = entry.name[len(_TREE_PREFIX) :].split("-")
-        if not entry.name.startswith(_TREE_PREFIX) or len(parts) < 3 or not parts[1].isdigit():
-            continue  # not ours, or named before trees carried their PID
+        if len(parts) < 3 or not parts[1].isdigit():
+            continue  # named before trees carried their PID
         try:
             if entry.stat(follow_symlinks=False).st_uid == os.getuid() and not psutil.pid_exists(int(parts[1])):
                 shutil.rmtree(entry.path, ignore_errors=True)

@@ -223,7 +223,7 @@ class DemoConfig:
     @property
     def sample_cpu_ms(self) -> float:
         """A worker's CPU per sample on this box, its share of the batch's included."""
-        return self.cpu_slowness * (BATCH_CPU_MS / self.batch_size + sample_cpu_ms(self.image_side))
+        return worker_ms_per_sample(self.image_side, self.batch_size, self.cpu_slowness)
 
     @property
     def prep_ms_per_batch(self) -> float:
@@ -278,24 +278,24 @@ class DemoConfig:
         )
 
 
-def sample_cpu_ms(side: int) -> float:
-    """A worker's CPU per sample for `side` x `side` JPEGs on the reference box, the batch's share left out."""
-    return SAMPLE_CPU_MS + SAMPLE_NS_PER_PIXEL * side * side / 1e6
+def worker_ms_per_sample(side: int, batch: int, slowness: float = 1.0) -> float:
+    """A worker's CPU per sample for `side` x `side` JPEGs in batches of `batch`, its share of the batch's
+    included, on a box `slowness` times slower than the reference (the constants above)."""
+    return slowness * (BATCH_CPU_MS / batch + SAMPLE_CPU_MS + SAMPLE_NS_PER_PIXEL * side * side / 1e6)
 
 
-def loader_shape_for(cpu_count: int, ranks: int, slowness: float = 1.0, batch: Optional[int] = None) -> tuple[int, int]:
-    """(batch, JPEG side): the largest batch (`batch` if given), then the largest JPEG, that keep the whole job
-    within JOB_CPU_SHARE of the cores at full speed, on a box `slowness` times slower than the reference."""
+def loader_shape_for(cpu_count: int, ranks: int, slowness: float = 1.0) -> tuple[int, int]:
+    """(batch, JPEG side): the largest batch, then the largest JPEG, that keep the whole job within
+    JOB_CPU_SHARE of the cores at full speed, on a box `slowness` times slower than the reference."""
     step_cpu_ms = JOB_CPU_SHARE * cpu_count / ranks * DEFAULT_STEP_MS  # CPU a rank may use per step
     data_ms = step_cpu_ms - slowness * RANK_STEP_CPU_MS  # what its loop leaves to its loader
-    choices = (batch,) if batch else BATCH_CHOICES
-    for size in choices:
-        per_pixel_ms = slowness * size * SAMPLE_NS_PER_PIXEL / 1e6
-        fixed_ms = slowness * (BATCH_CPU_MS + size * SAMPLE_CPU_MS)
-        # a sample's CPU is at most its whole preparation time (the rest is storage latency)
-        data_cap_ms = min(data_ms, PREP_TO_STEP * DEFAULT_STEP_MS)
-        if fixed_ms + per_pixel_ms * MIN_IMAGE_SIDE**2 <= data_cap_ms or size == choices[-1]:
-            side = math.sqrt(max(0.0, data_cap_ms - fixed_ms) / per_pixel_ms)
+    # a batch's CPU is at most its whole preparation time (the rest is storage latency)
+    data_ms = min(data_ms, PREP_TO_STEP * DEFAULT_STEP_MS)
+    for size in BATCH_CHOICES:
+        if size * worker_ms_per_sample(MIN_IMAGE_SIDE, size, slowness) <= data_ms or size == BATCH_CHOICES[-1]:
+            # what a sample may spend on its pixels, beyond the costs that do not grow with them
+            pixel_ms = max(0.0, data_ms / size - worker_ms_per_sample(0, size, slowness))
+            side = math.sqrt(pixel_ms / (slowness * SAMPLE_NS_PER_PIXEL / 1e6))
             return size, max(MIN_IMAGE_SIDE, min(MAX_IMAGE_SIDE, int(side // 32 * 32)))
     raise AssertionError("unreachable: the last choice always returns")
 
@@ -337,8 +337,7 @@ def resolve(
     base_batch, side = loader_shape_for(cpus, ranks, slowness)
     # the dataset's cost is fixed by the defaults; --batch-size and --step-ms change the ratio, as they would
     sample_ms = PREP_TO_STEP * DEFAULT_STEP_MS / base_batch
-    cpu_ms = slowness * (BATCH_CPU_MS / base_batch + sample_cpu_ms(side))
-    storage_ms = max(0.0, sample_ms - cpu_ms)
+    storage_ms = max(0.0, sample_ms - worker_ms_per_sample(side, base_batch, slowness))
     config = DemoConfig(
         scenario=scenario,
         ranks=ranks,
