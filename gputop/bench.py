@@ -310,6 +310,7 @@ def run_benchmark(
     deadline = started + seconds
     _report(progress, 0.0, f"finding the training process of PID {pid}")
     rank_pid, workers, ranks_on_host, target_text = resolve_rank(pid)
+    injector.refuse_stopped(rank_pid)  # a frozen stack would read as a loader that never delivers
     job = _JobIdentity.of(rank_pid)
     notes: list[str] = []
     target = None

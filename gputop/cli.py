@@ -202,7 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--seconds", type=_positive_float, default=None, metavar="S", help="length of the profiled window, at most 10 (default 5)"
     )
     window.add_argument(
-        "--steps", type=int, default=None, metavar="N", help="profile N optimizer steps instead (bounded by 10 s)"
+        "--steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="profile N steps (batches the training loop draws) instead (bounded by 10 s)",
     )
     p.add_argument("-o", "--output", metavar="DIR", help="where the per-rank traces go (default ./gputop-trace-TIME)")
     p.add_argument(

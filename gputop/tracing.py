@@ -2,7 +2,8 @@
 
     gputop ── finds the ranks (any PID of the job) ── injects the trace agent into each, in parallel
                       │                                   (gputop/inject/trace_agent.py: profiler on for
-                      │                                    <= 10 s or N optimizer steps, then off)
+                      │                                    <= 10 s or N steps, then off: started and
+                      │                                    stopped by the job's main thread between two steps)
                       └── waits for each result.json ── copies each rank's Chrome trace to -o DIR (gzip)
                                                       ── summarises it (gputop/analysis/trace_summary.py)
                                                       ── findings (gputop/analysis/checks/trace.py)
@@ -145,7 +146,7 @@ def run_trace(
     if seconds is not None and not 0 < seconds <= MAX_SECONDS:
         raise UsageError(f"--seconds must be between 0 and {MAX_SECONDS:g} (got {seconds:g}): the window is bounded")
     if steps is not None and steps <= 0:
-        raise UsageError(f"--steps must be a positive number of optimizer steps (got {steps})")
+        raise UsageError(f"--steps must be a positive number of steps (batches the training loop draws; got {steps})")
     window = seconds if seconds is not None else (MAX_SECONDS if steps else DEFAULT_SECONDS)
     started = time.monotonic()
     _report(progress, 0.0, f"finding the ranks of PID {pid}")
@@ -248,8 +249,6 @@ def _leftover_notes(pid: int, answer: dict[str, Any]) -> list[str]:
     notes = []
     if answer.get("profiler_left_on"):
         notes.append(f"PID {pid}: a profiler is still enabled after the window (not ours to stop)")
-    if answer.get("global_step_hooks_after") != answer.get("global_step_hooks_before"):
-        notes.append(f"PID {pid}: the optimizer step hooks changed during the window")
     if answer.get("threads_left"):
         notes.append(f"PID {pid}: threads started during the window still run: {', '.join(answer['threads_left'])}")
     return notes

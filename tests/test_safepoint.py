@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -116,6 +117,17 @@ def test_what_counts_as_a_safe_point():
             assert "libc" in safepoint.unsafe_reason(os.getpid(), 202, (in_libc, 0x80, 2, 0, 0, 0), maps)
             assert "futex operation" in safepoint.unsafe_reason(os.getpid(), 202, (heap_word, 6, 0, 0, 0, 0), maps)
             assert safepoint.unsafe_reason(os.getpid(), 0, (read_end, 0, 0, 0, 0, 0), maps) is None
+            # a replacement allocator's futex words are locks the call takes too (here: _ctypes' data stands in)
+            data = next(m for m in maps if "_ctypes" in m.path and m.perms.startswith("rw"))
+            assert safepoint.unsafe_reason(os.getpid(), 202, (data.start, 0x80, 2, 0, 0, 0), maps) is None
+            assert "waiting on a lock of _ctypes" in safepoint.unsafe_reason(
+                os.getpid(), 202, (data.start, 0x80, 2, 0, 0, 0), maps, frozenset({data.path})
+            )
+            # calls that answer a ptrace interrupt with EINTR are never borrowed: epoll_wait, a socket read
+            assert safepoint.unsafe_reason(os.getpid(), 232, (0,) * 6, maps) == "in syscall 232"
+            a, b = socket.socketpair()
+            with a, b:
+                assert "read on socket:" in safepoint.unsafe_reason(os.getpid(), 0, (a.fileno(), 0, 0, 0, 0, 0), maps)
             assert "read on" in safepoint.unsafe_reason(os.getpid(), 0, (regular.fileno(), 0, 0, 0, 0, 0), maps)
             assert safepoint.unsafe_reason(os.getpid(), 9, (0,) * 6, maps) == "in syscall 9"  # mmap: inside malloc
     finally:
@@ -232,8 +244,11 @@ def test_killing_the_helper_at_any_phase_leaves_the_target_running(spawn, tmp_pa
     # the line makes syscalls while it runs (the "calling" pause waits for one with the call under way)
     helper = _helper(proc.pid, f"__import__('time').sleep(0.2); open({str(marker)!r}, 'w').close()", phase)
     try:
-        line = helper.stdout.readline()
-        assert json.loads(line) == {"paused": phase}
+        said = [json.loads(helper.stdout.readline())]
+        while "switched" in said[-1]:  # said as the registers switch, so that a killer knows the call runs
+            said.append(json.loads(helper.stdout.readline()))
+        assert said[-1] == {"paused": phase}
+        assert (len(said) == 2) == runs  # the switch was announced exactly when the call will run
         helper.kill()
     finally:
         helper.kill()

@@ -205,16 +205,20 @@ def _thread_names(pid: int) -> list[str]:
 
 @pytest.mark.slow  # imports torch and trains under the profiler for a second: ~3.5 s
 @pytest.mark.timeout(120)
-def test_agent_records_the_main_threads_training_loop_and_leaves_nothing_behind(tmp_path):
-    """The agent's thread starts the profiler while this (main) thread trains; the trace must hold the main
-    thread's ops, and afterwards no profiler, hook or thread of ours remains."""
+def test_agent_records_the_main_threads_training_loop_and_leaves_nothing_behind(tmp_path, capfd):
+    """The agent arms the window and this (main) thread, drawing its next batch, starts the profiler; the trace
+    must hold the main thread's ops, and afterwards no profiler, hook, wrapper or thread of ours remains, and
+    nothing was written to the job's stderr (Kineto's own start and stop lines included)."""
     import torch
 
     (tmp_path / "config.json").write_text(json.dumps({"seconds": 1.0, "steps": 0}))
     model = torch.nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 8)), batch_size=4)
-    hooks_before = dict(trace_agent.global_step_hooks(torch))
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    hooks_before = dict(_global_optimizer_post_hooks)
+    next_before = _next_method()
     threads_before = set(threading.enumerate())
     started = threading.Event()
     agent = threading.Thread(target=trace_agent.live_main, args=(str(tmp_path), started), name="gputop-trace-agent")
@@ -240,8 +244,10 @@ def test_agent_records_the_main_threads_training_loop_and_leaves_nothing_behind(
         e.get("tid") == main_tid and str(e.get("name")).startswith("Optimizer.step#SGD.step") for e in trace["traceEvents"]
     )
     assert result["profiler_left_on"] is False and not torch._C._autograd._profiler_enabled()
-    assert dict(trace_agent.global_step_hooks(torch)) == hooks_before
+    assert dict(_global_optimizer_post_hooks) == hooks_before
     assert result["threads_left"] == [] and set(threading.enumerate()) <= threads_before
+    assert result["next_restored"] is True and _next_method() is next_before
+    assert capfd.readouterr().err == ""
 
 
 @pytest.mark.timeout(60)
@@ -256,26 +262,118 @@ def test_agent_refuses_when_a_profiler_already_runs(tmp_path):
     assert not (tmp_path / "trace.json").exists()
 
 
+def _agent_thread(tmp_path, config: dict) -> threading.Thread:
+    """The trace agent on a thread of this process, as the injected bootstrap starts it."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    started = threading.Event()
+    agent = threading.Thread(target=trace_agent.live_main, args=(str(tmp_path), started), name="gputop-trace-agent")
+    agent.start()
+    started.set()
+    return agent
+
+
+def _batches(n: int = 64, features: int = 2):
+    import torch
+
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(n, features)), batch_size=1)
+
+
 @pytest.mark.timeout(60)
 def test_step_bound_stops_the_window_early(tmp_path):
     import torch
 
-    (tmp_path / "config.json").write_text(json.dumps({"seconds": 10.0, "steps": 3}))
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    started = threading.Event()
-    agent = threading.Thread(target=trace_agent.live_main, args=(str(tmp_path), started))
-    agent.start()
-    started.set()
+    agent = _agent_thread(tmp_path, {"seconds": 10.0, "steps": 3})
     t0 = time.monotonic()
     while agent.is_alive() and time.monotonic() - t0 < 30:
-        model(torch.ones(1, 2)).sum().backward()
-        optimizer.step()
-        time.sleep(0.02)
+        for (x,) in _batches():
+            model(x).sum().backward()
+            optimizer.step()
+            time.sleep(0.02)
+            if not agent.is_alive():
+                break
     agent.join(30)
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["window"]["steps"] >= 3
+    assert result["window"]["steps"] == 3 and result["window"]["stopped"] == "the window ended"
     assert result["window"]["end"] - result["window"]["start"] < 8  # well under the 10 s bound
+
+
+def _next_method():
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    return _BaseDataLoaderIter.__dict__["__next__"]
+
+
+@pytest.mark.timeout(60)
+def test_no_batch_on_the_main_thread_means_one_line_and_no_trace(tmp_path, monkeypatch, capfd):
+    """A job whose main thread draws no batch (not in its loop, or a loop on another thread) gets no profiler
+    at all: the start belongs to the main thread, between two steps, and none came."""
+    monkeypatch.setattr(trace_agent, "START_BOUND_S", 0.5)
+    original = _next_method()
+    trainer = threading.Thread(target=lambda: [b for _ in range(20) for b in _batches()])  # batches, off the main thread
+    agent = _agent_thread(tmp_path, {"seconds": 1.0})
+    trainer.start()
+    agent.join(30)
+    trainer.join(30)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert "drew no batch from a DataLoader within 0.5s" in result["error"] and "\n" not in result["error"]
+    assert not (tmp_path / "trace.json").exists()
+    assert _next_method() is original and result["profiler_left_on"] is False
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.timeout(60)
+def test_a_loop_that_stops_drawing_batches_is_stopped_on_its_main_thread_between_bytecodes(tmp_path, monkeypatch):
+    """Past the window the main thread draws no further batch (an evaluation, a checkpoint) but runs Python:
+    the stop is asked of it as a pending call, so the profiler still starts and stops on the same thread."""
+    import torch
+
+    monkeypatch.setattr(trace_agent, "STOP_GRACE_S", 0.2)
+    agent = _agent_thread(tmp_path, {"seconds": 0.3})
+    loader = iter(_batches())
+    deadline = time.monotonic() + 20
+    while not torch._C._autograd._profiler_enabled() and time.monotonic() < deadline:
+        next(loader)  # draws until the window opens at a batch
+        time.sleep(0.01)
+    stopped_on = []
+    while agent.is_alive() and time.monotonic() < deadline:  # Python without batches: the eval breaker runs
+        if not torch._C._autograd._profiler_enabled() and not stopped_on:
+            stopped_on.append(threading.get_ident())
+        sum(range(1000))
+    agent.join(30)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert "error" not in result, result
+    assert result["window"]["stopped"] == "the loop drew no batch after the window"
+    assert stopped_on == [threading.main_thread().ident]
+    assert (tmp_path / "trace.json").stat().st_size > 0
+
+
+@pytest.mark.timeout(60)
+def test_the_exit_handler_stops_a_recording_window_first(tmp_path):
+    """What the interpreter runs at exit (atexit): the profiler is stopped on the main thread before anything is
+    torn down, __next__ is put back, and the result says the job exited during the window."""
+    import torch
+
+    window = trace_agent.StepBoundaryWindow(
+        torch.utils.data.dataloader._BaseDataLoaderIter,
+        lambda: torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]),
+        seconds=30.0,
+        steps=0,
+    )
+    exits = []
+    window.on_exit = lambda: exits.append(True)
+    original = _next_method()
+    window.install()
+    loader = iter(_batches())
+    next(loader)
+    assert window.state == trace_agent.RECORDING and torch._C._autograd._profiler_enabled()
+    window.at_exit()
+    assert not torch._C._autograd._profiler_enabled() and window.state == trace_agent.EXITING
+    assert window.stop_reason == "the job began to exit" and exits == [True]
+    assert _next_method() is original
+    next(loader)  # the loop's next batch finds nothing of ours
+    assert not torch._C._autograd._profiler_enabled()
 
 
 def _train_step_that_syncs(model, optimizer, x):
@@ -290,23 +388,20 @@ def _train_step_that_syncs(model, optimizer, x):
 def test_with_stack_names_the_line_that_syncs(tmp_path):
     import torch
 
-    (tmp_path / "config.json").write_text(json.dumps({"seconds": 10.0, "steps": 6, "with_stack": True}))
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    started = threading.Event()
-    agent = threading.Thread(target=trace_agent.live_main, args=(str(tmp_path), started))
-    agent.start()
-    started.set()
+    agent = _agent_thread(tmp_path, {"seconds": 10.0, "steps": 6, "with_stack": True})
     t0 = time.monotonic()
     while agent.is_alive() and time.monotonic() - t0 < 60:
-        _train_step_that_syncs(model, optimizer, torch.randn(2, 4))
-        time.sleep(0.01)
+        for (x,) in _batches(features=4):
+            _train_step_that_syncs(model, optimizer, x)
+            time.sleep(0.01)
+            if not agent.is_alive():
+                break
     agent.join(30)
     summary = trace_summary.summarize_file(str(tmp_path / "trace.json"))
-    # The agent counts 6 optimizer steps with a post-step hook.  The first may have begun before the
-    # profiler started, and the window closes inside the 6th (its hook runs within the step's record), so
-    # the trace holds 4 to 6 whole steps; the last one's sync may fall after the window: one a step, less one.
-    assert summary["steps"] >= 4 and summary["syncs"] >= summary["steps"] - 1, summary
+    # The window opens as the loop draws a batch and closes as it draws the 7th: 6 whole steps, each with its sync.
+    assert summary["steps"] >= 5 and summary["syncs"] >= summary["steps"] - 1, summary
     top = summary["sync_sites"][0]
     assert "test_trace.py(" in top["site"] and top["site"].endswith(": _train_step_that_syncs"), summary["sync_sites"]
     # ...and, read from the source as this process sees it, the line in that function that syncs

@@ -242,6 +242,19 @@ def process_alive(pid: int) -> bool:
     return stat is not None and stat.state not in ("Z", "X") and not stat.flags & PF_EXITING
 
 
+def stopped_by(pid: int) -> Optional[str]:
+    """What holds `pid` stopped, in words, or None while it runs (or sleeps, or is gone).  State ``T`` is a
+    job-control stop (SIGSTOP, SIGTSTP from a Ctrl-Z, a scheduler's suspend: the kernel does not say which);
+    ``t`` is a debugger's stop, and /proc names the debugger (TracerPid)."""
+    stat = read_stat(pid)
+    if stat is None or stat.state not in ("T", "t"):
+        return None
+    if stat.state == "t":
+        tracer = int_or_none(read_status_field(pid, "TracerPid"))
+        return f"by the debugger PID {tracer}" if tracer else "by a debugger"
+    return "SIGSTOP"
+
+
 @dataclass
 class Tracked:
     """What we remember about one (pid, create_time): static facts read once, and the psutil handle

@@ -106,12 +106,22 @@ def python_version(pid: int) -> tuple[int, int, int]:
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
 
 
+def refuse_stopped(pid: int) -> None:
+    """One line, when `pid` is stopped (`safepoint.stopped_refusal`)."""
+    from gputop.inject.safepoint import stopped_refusal
+
+    refusal = stopped_refusal(pid)
+    if refusal is not None:
+        raise GputopError(refusal)
+
+
 def inspect_target(pid: int) -> Target:
-    """Checks before anything is injected: alive, same user, a supported Python. One-line refusals."""
+    """Checks before anything is injected: alive, not stopped, same user, a supported Python. One-line refusals."""
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
     except FileNotFoundError:
         raise GputopError(f"no process with PID {pid}; check the PID with `ps` or run `gputop` to find the job") from None
+    refuse_stopped(pid)
     our_uid = os.geteuid()
     if uid != our_uid:
         raise GputopError(
@@ -127,10 +137,19 @@ def inspect_target(pid: int) -> Target:
     root = f"/proc/{pid}/root"
     try:
         ours, theirs = os.stat("/"), os.stat(root)
-        foreign = (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino)
+        foreign = (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino) or _own_mounts(pid)
     except PermissionError:
         raise GputopError(f"cannot read {root} (permission denied); run gputop as the job's user or with sudo") from None
     return Target(pid=pid, uid=uid, python=version, root=root, foreign_root=foreign)
+
+
+def _own_mounts(pid: int) -> bool:
+    """True when the target lives in a mount namespace of its own: under the same root its /tmp may be another
+    directory (Slurm's job_container/tmpfs, systemd's PrivateTmp), reached only through /proc/PID/root."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------- the private directory
@@ -286,19 +305,20 @@ def remove_stale_runs(base: str) -> None:
 
 
 def bootstrap_code(agent_target_path: str, thread_name: str = "gputop-bench-agent") -> str:
-    """One expression: start a daemon thread that executes the agent file; binds no names in __main__.
+    """A statement that starts a daemon thread executing the agent file, and binds no names in __main__.
 
     The agent's namespace gets ``__gputop_started__``, an Event set once ``start()`` has returned, i.e.
     once the job's main thread is about to leave the injected code.  The trace agent waits for it before
-    it enables the profiler: enabling it while the main thread still sat in ``Thread.start`` deadlocked
-    (seen here with torch 2.13 when the main thread had used the profiler before).
+    it arms its window.  Every exception is swallowed where it is raised: ``PyRun_SimpleString`` turns a
+    ``SystemExit`` that escapes it into the job's own exit, and prints anything else into the job's stderr.
     """
     path = json.dumps(agent_target_path)
-    return (
+    start = (
         "(lambda th: (lambda e: (lambda t: (t.start(), e.set()))(th.Thread(target=lambda p: exec(compile(open(p).read(), "
         "p, 'exec'), {'__name__': '__gputop_agent__', '__file__': p, '__gputop_started__': e}), "
         f"args=({path},), name={json.dumps(thread_name)}, daemon=True)))(th.Event()))(__import__('threading'))"
     )
+    return f"try:\n    {start}\nexcept BaseException:\n    pass\n"
 
 
 def inject_agent(target: Target, run: RunDir, agent_file: str = "agent.py", thread_name: str = "gputop-bench-agent") -> None:
@@ -342,10 +362,20 @@ def _safepoint_inject(target: Target, code: str) -> None:
     gputop never sits inside ptrace itself, and killing the helper at any moment leaves the job running."""
     from gputop.inject import safepoint
 
+    # The helper holds ptrace rights over the job: it runs isolated (-I: no PYTHON* variables, no user site, no
+    # script directory on its path) from "/", so no json.py or elftools/ in the user's directory can stand in
+    # for the real ones; gputop's own directory goes last on its path, after the standard library and
+    # site-packages.  In a session of its own it hears no Ctrl-Z or Ctrl-C from gputop's terminal: a stopped
+    # or interrupted gputop never leaves the job held half-way through an injection.
+    launcher = (
+        f"import sys; sys.path.append({str(_PACKAGE_DIR.parent)!r}); "
+        "from gputop.inject.safepoint import main; sys.exit(main(sys.argv[1:]))"
+    )
     argv = [
         sys.executable,
-        "-m",
-        "gputop.inject.safepoint",
+        "-I",
+        "-c",
+        launcher,
         str(target.pid),
         "--code",
         code,
@@ -354,13 +384,24 @@ def _safepoint_inject(target: Target, code: str) -> None:
         "--call-seconds",
         f"{safepoint.CALL_BOUND_S:g}",
     ]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(_PACKAGE_DIR.parent), os.environ.get("PYTHONPATH")))))
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=HELPER_TIMEOUT, stdin=subprocess.DEVNULL, env=env)
-    except subprocess.TimeoutExpired:  # subprocess killed it: the job goes on (see safepoint's docstring)
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=HELPER_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+            cwd="/",
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as exc:  # subprocess killed it: the job goes on (see safepoint's docstring)
+        said = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        switched = (_last_json_line(said) or {}).get("switched")
+        if switched:
+            raise GputopError(safepoint.SWITCHED_TIMEOUT.format(tid=switched, pid=target.pid)) from None
         raise GputopError(
-            f"the injection into PID {target.pid} did not finish within {HELPER_TIMEOUT:g}s; the helper "
-            "was stopped and the job left running"
+            f"the injection into PID {target.pid} did not finish within {HELPER_TIMEOUT:g}s; the helper was stopped "
+            "before it touched a thread, and the job left running; nothing was injected"
         ) from None
     answer = _last_json_line(proc.stdout)
     if answer is None:

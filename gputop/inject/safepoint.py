@@ -42,6 +42,7 @@ x86-64 only; other machines get a one-line refusal (the passive benchmark still 
 from __future__ import annotations
 
 import argparse
+import bisect
 import ctypes
 import errno
 import json
@@ -53,7 +54,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 if TYPE_CHECKING:
     from elftools.elf.segments import Segment
@@ -178,6 +179,10 @@ PAGE = 4096
 # ----------------------------------------------------------------------------------- the safe points
 
 SLEEP, IO_WAIT, READ, FUTEX = 0, 1, 2, 3  # preference order: a sleeping thread is the safest to borrow
+# Only syscalls that the kernel resumes by itself after the ptrace stop (-ERESTART*, or a restart block for the
+# time left): the job sees no EINTR that it would not see without gputop.  Left out on purpose, since they
+# return EINTR to the job after any ptrace interrupt: epoll_wait/epoll_pwait/epoll_pwait2 (always), and socket
+# reads (recv*, accept*, read on a socket), which do whenever the socket has a receive timeout.
 SAFE_SYSCALLS: dict[int, tuple[str, int]] = {
     35: ("nanosleep", SLEEP),
     230: ("clock_nanosleep", SLEEP),
@@ -185,15 +190,8 @@ SAFE_SYSCALLS: dict[int, tuple[str, int]] = {
     271: ("ppoll", IO_WAIT),
     23: ("select", IO_WAIT),
     270: ("pselect6", IO_WAIT),
-    232: ("epoll_wait", IO_WAIT),
-    281: ("epoll_pwait", IO_WAIT),
-    441: ("epoll_pwait2", IO_WAIT),
     0: ("read", READ),
     19: ("readv", READ),
-    45: ("recvfrom", READ),
-    47: ("recvmsg", READ),
-    43: ("accept", READ),
-    288: ("accept4", READ),
     202: ("futex", FUTEX),
 }
 FUTEX_CMD_MASK = 0x7F  # without FUTEX_PRIVATE_FLAG and FUTEX_CLOCK_REALTIME
@@ -205,7 +203,14 @@ LOCK_OWNING_LIBRARY = re.compile(r"/(libc[.-][^/]*|libpthread[.-][^/]*|ld-linux[
 # waiter of the old group has woken (glibc's condition variables).  Borrowing such a waiter stalls the whole
 # interpreter for the call; when the call itself took the GIL (an earlier design) the job froze for good.
 PYTHON_IMAGE = re.compile(r"/libpython3[^/]*$")
-READABLE_FD = re.compile(r"^(pipe|socket):\[|^anon_inode:\[?eventfd")
+# Code whose callers may hold a lock the call takes: the dynamic loader (dlopen's constructors run under its
+# load lock, which pthread_create's TLS setup takes), fork (its at-fork handlers and the allocator's fork locks)
+# and a replacement allocator (pthread_create allocates through it).
+LOADER = re.compile(r"/(ld-linux[^/]*|ld-[0-9.]+\.so[^/]*|ld-musl[^/]*)$")
+ALLOCATOR = re.compile(r"/lib(jemalloc|tcmalloc[^/]*|mimalloc|tbbmalloc|hoard)[^/]*\.so[^/]*$")
+FORK_FUNCTIONS = ("fork", "__libc_fork", "_Fork", "vfork", "__fork")
+STACK_SCAN_BYTES = 64 * 1024
+READABLE_FD = re.compile(r"^pipe:\[|^anon_inode:\[?eventfd")  # a pipe or eventfd read restarts; a socket's may not
 
 ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND, ERESTART_RESTARTBLOCK = 512, 513, 514, 516
 NR_RESTART_SYSCALL = 219
@@ -213,6 +218,10 @@ NR_RESTART_SYSCALL = 219
 FIND_BOUND_S = 3.0  # how long to look for a safe thread
 RETRY_S = 0.005  # between rounds that found none
 CALL_BOUND_S = 5.0  # how long the call may run before the tracer lets go (the thread still restores itself)
+SWITCHED_TIMEOUT = (
+    "thread {tid} of PID {pid} was running the injected call when gputop let go; it finishes the call and goes "
+    "back to the job by itself, and the agent may still start: do not inject again until it has answered"
+)
 
 # ----------------------------------------------------------------------------------------- ptrace
 
@@ -374,8 +383,11 @@ def blocked_threads(pid: int) -> list[ThreadSyscall]:
     return found
 
 
-def unsafe_reason(pid: int, nr: int, args: tuple[int, ...], maps: list[Mapping]) -> Optional[str]:
-    """Why a thread blocked in syscall `nr` with `args` is no safe point; None when it is one."""
+def unsafe_reason(
+    pid: int, nr: int, args: tuple[int, ...], maps: list[Mapping], lock_owners: frozenset[str] = frozenset()
+) -> Optional[str]:
+    """Why a thread blocked in syscall `nr` with `args` is no safe point; None when it is one.  `lock_owners`:
+    more libraries whose futex words are locks the call takes (a replacement allocator's)."""
     known = SAFE_SYSCALLS.get(nr)
     if known is None:
         return f"in syscall {nr}"
@@ -384,7 +396,7 @@ def unsafe_reason(pid: int, nr: int, args: tuple[int, ...], maps: list[Mapping])
         if args[1] & FUTEX_CMD_MASK not in FUTEX_WAITS:
             return f"futex operation {args[1] & FUTEX_CMD_MASK}"
         owner = owning_file(maps, args[0])
-        if LOCK_OWNING_LIBRARY.search(owner) or PYTHON_IMAGE.search(owner) or owner == _executable(pid):
+        if LOCK_OWNING_LIBRARY.search(owner) or PYTHON_IMAGE.search(owner) or owner == _executable(pid) or owner in lock_owners:
             return f"waiting on a lock of {os.path.basename(owner)}"
     elif kind == READ:
         try:
@@ -406,6 +418,9 @@ class TargetApi:
 
     functions: dict[str, int]  # name -> address
     cave: int
+    # (start, end, why) of code a borrowed thread must not be inside, sorted: see `stack_danger`
+    danger: tuple[tuple[int, int, str], ...] = ()
+    lock_owners: frozenset[str] = frozenset()  # more libraries whose data hold locks the call takes (an allocator)
 
     def __getitem__(self, name: str) -> int:
         return self.functions[name]
@@ -459,6 +474,7 @@ def _read_api(pid: int, maps: list[Mapping]) -> TargetApi:
 
     functions: dict[str, int] = {}
     caves: list[int] = []
+    fork_code: set[tuple[int, int, str]] = set()
     for path, first_start, rank in _elf_objects(pid, maps):
         wanted = PYTHON_FUNCTIONS if rank <= 1 else LIBC_FUNCTIONS
         try:
@@ -478,6 +494,12 @@ def _read_api(pid: int, maps: list[Mapping]) -> TargetApi:
                     symbol = table.get_symbol(name) if table is not None and name not in functions else None
                     if symbol is not None and symbol["st_shndx"] != "SHN_UNDEF" and symbol["st_value"]:
                         functions[name] = bias + symbol["st_value"]
+                if rank == 2 and table is not None:
+                    for name in FORK_FUNCTIONS:
+                        symbol = table.get_symbol(name)
+                        if symbol is not None and symbol["st_shndx"] != "SHN_UNDEF" and symbol["st_value"] and symbol["st_size"]:
+                            start = bias + symbol["st_value"]
+                            fork_code.add((start, start + symbol["st_size"], "inside fork (its at-fork handlers hold locks)"))
         except (ELFError, ValueError, OSError, KeyError, AttributeError):
             continue
     missing = [n for n in PYTHON_FUNCTIONS + LIBC_FUNCTIONS if n not in functions]
@@ -486,7 +508,91 @@ def _read_api(pid: int, maps: list[Mapping]) -> TargetApi:
         raise Refused(f"the target's {', '.join(missing)} were not found in {where}")
     if not caves:
         raise Refused("no spare bytes at the end of an executable page of the target's Python or libc")
-    return TargetApi(functions, caves[0])
+    allocators = _allocators(pid, maps)
+    danger = fork_code | {
+        (m.start, m.end, f"inside {why}")
+        for m in maps
+        if "x" in m.perms
+        for why in (
+            ["the dynamic loader (dlopen, a symbol lookup)"] * bool(LOADER.search(m.path))
+            + [f"the allocator {os.path.basename(m.path)}"] * (m.path in allocators)
+        )
+    }
+    return TargetApi(functions, caves[0], tuple(sorted(danger)), frozenset(allocators))
+
+
+def _allocators(pid: int, maps: list[Mapping]) -> set[str]:
+    """Mapped libraries that replace malloc (jemalloc, tcmalloc, mimalloc, ...: by name, or any LD_PRELOADed
+    library that defines malloc).  pthread_create allocates through them, so their locks are the call's too."""
+    from gputop.collect.procfs import read_environ
+
+    preloaded = set(((read_environ(pid) or {}).get("LD_PRELOAD") or "").replace(":", " ").split())
+    found = set()
+    for path in {m.path for m in maps if m.path.startswith("/")}:
+        if ALLOCATOR.search(path):
+            found.add(path)
+        elif path in preloaded or os.path.basename(path) in preloaded:
+            if _defines(pid, path, "malloc"):
+                found.add(path)
+    return found
+
+
+def _defines(pid: int, path: str, name: str) -> bool:
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with open(f"/proc/{pid}/root{path}", "rb") as f:
+            table = ELFFile(f).get_section_by_name(".dynsym")
+            symbols = table.get_symbol_by_name(name) if table is not None else None  # type: ignore[attr-defined]
+            return any(sym["st_shndx"] != "SHN_UNDEF" for sym in symbols or ())
+    except (ELFError, OSError, ValueError, AttributeError):
+        return False
+
+
+def stack_danger(memory: _Memory, rip: int, rsp: int, stack: Mapping, danger: tuple[tuple[int, int, str], ...]) -> Optional[str]:
+    """Why the thread may hold a lock the call needs, read from its own stack; None when nothing says so.
+
+    Every return address of the thread's live frames lies between its stack pointer and the top of its stack:
+    a word there that points into fork's code, the dynamic loader or a replacement allocator means the thread
+    is inside one of them (a stale word in an unwritten slot can only make this refuse more, never less).  The
+    first STACK_SCAN_BYTES hold the frames between the blocking call and such a caller."""
+    if not danger:
+        return None
+    starts = [d[0] for d in danger]
+
+    def inside(address: int) -> Optional[str]:
+        i = bisect.bisect_right(starts, address) - 1
+        return danger[i][2] if i >= 0 and address < danger[i][1] else None
+
+    why = inside(rip)
+    if why is not None:
+        return why
+    end = min(stack.end, rsp + STACK_SCAN_BYTES)
+    try:
+        data = memory.read(rsp, max(0, end - rsp))
+    except OSError:
+        return "its stack could not be read"
+    for (word,) in struct.iter_unpack("<Q", data[: len(data) // 8 * 8]):
+        why = inside(word)
+        if why is not None and _follows_call(memory, word):
+            return why
+    return None
+
+
+def _follows_call(memory: _Memory, address: int) -> bool:
+    """Whether `address` is where a call returns: right after a call instruction.  A function pointer kept on
+    the stack (ld.so's _dl_fini, handed to __libc_start_main) follows padding, not a call."""
+    try:
+        b = memory.read(address - 7, 7)
+    except OSError:
+        return False
+    return (
+        b[2] == 0xE8  # call rel32
+        or (b[1] == 0xFF and (b[2] >> 3) & 7 == 2)  # call [rip+disp32] / [reg+disp32]
+        or (b[4] == 0xFF and (b[5] >> 3) & 7 == 2)  # call [reg+disp8], a REX-prefixed call reg
+        or (b[5] == 0xFF and (b[6] >> 3) & 7 == 2)  # call reg / [reg]
+    )
 
 
 def _caves(loads: list[Segment], bias: int, maps: list[Mapping]) -> list[int]:
@@ -551,9 +657,10 @@ def _wait_stop(tid: int, deadline: float) -> Optional[int]:
         pause = min(pause * 2, 0.002)
 
 
-def _stop_now(tid: int, deadline: float, pending: list[int]) -> None:
-    """Interrupt a seized, running thread and wait for the interrupt stop; signals met on the way are kept
-    in `pending` to be delivered on detach."""
+def _stop_now(tid: int, deadline: float) -> None:
+    """Interrupt a seized, running thread and wait for the interrupt stop.  A signal met on the way is delivered
+    there and then, as it would have been without us (its handler, or its default action, runs now); gputop
+    never holds a signal back, so none can be lost with the helper, and none arrives twice."""
     _ptrace(PTRACE_INTERRUPT, tid)
     while True:
         status = _wait_stop(tid, deadline)
@@ -563,9 +670,20 @@ def _stop_now(tid: int, deadline: float, pending: list[int]) -> None:
             raise TargetGone
         if (status >> 16) == PTRACE_EVENT_STOP:
             return
-        pending.append(os.WSTOPSIG(status))  # a signal-delivery stop: deliver it later, after the interrupt
-        _ptrace(PTRACE_CONT, tid, 0, 0)
+        _ptrace(PTRACE_CONT, tid, 0, os.WSTOPSIG(status))  # a signal-delivery stop: deliver it now
         _ptrace(PTRACE_INTERRUPT, tid)
+
+
+def stopped_refusal(pid: int) -> Optional[str]:
+    """The one line for a stopped process (a Ctrl-Z, a Slurm suspend, a debugger): nothing may be injected into
+    it, and its frozen stack says nothing about its loader.  None while it runs."""
+    from gputop.collect.procfs import stopped_by
+
+    by = stopped_by(pid)
+    if by is None:
+        return None
+    resume = f"; `kill -CONT {pid}` resumes it" if by == "SIGSTOP" else ""
+    return f"PID {pid} is stopped ({by}); nothing was injected{resume}"
 
 
 # ------------------------------------------------------------------------------------------ inject
@@ -610,12 +728,21 @@ def _xstate_size(tid: int) -> int:
 
 
 def inject(
-    pid: int, code: str, find_bound: float = FIND_BOUND_S, call_bound: float = CALL_BOUND_S, _pause_at: Optional[str] = None
+    pid: int,
+    code: str,
+    find_bound: float = FIND_BOUND_S,
+    call_bound: float = CALL_BOUND_S,
+    _pause_at: Optional[str] = None,
+    on_switch: Optional[Callable[[int], None]] = None,
 ) -> Outcome:
-    """Run `code` in `pid` on a thread parked at a safe point.  Raises Refused with one line."""
+    """Run `code` in `pid` on a thread parked at a safe point.  Raises Refused with one line.  `on_switch(tid)`
+    is called once a thread's registers point at the trampoline: from then on it runs the call whatever happens."""
     started = time.monotonic()
     if os.uname().machine != "x86_64":
         raise Refused(f"safe-point injection is built for x86-64; this machine is {os.uname().machine}")
+    refusal = stopped_refusal(pid)
+    if refusal is not None:
+        raise Refused(refusal)
     payload = code.encode() + b"\0"
     try:
         maps = read_maps(pid)
@@ -627,14 +754,14 @@ def inject(
     while True:
         candidates = []
         for t in blocked_threads(pid):
-            why = unsafe_reason(pid, t.nr, t.args, maps)
+            why = unsafe_reason(pid, t.nr, t.args, maps, api.lock_owners)
             if why is None:
                 candidates.append((SAFE_SYSCALLS[t.nr][1], t.tid == pid, t.tid))
             else:
                 outcome.skipped[why] += 1
         for _kind, _main, tid in sorted(candidates):
             outcome.attempts += 1
-            done = _try_thread(pid, tid, api, payload, maps, outcome, call_bound, _pause_at)
+            done = _try_thread(pid, tid, api, payload, maps, outcome, call_bound, _pause_at, on_switch)
             if done:
                 outcome.seconds = time.monotonic() - started
                 return outcome
@@ -665,6 +792,7 @@ def _try_thread(
     outcome: Outcome,
     call_bound: float,
     pause_at: Optional[str],
+    on_switch: Optional[Callable[[int], None]],
 ) -> bool:
     """One attach: stop `tid`, check it is parked safely, run the call.  False (thread untouched) when it
     is not a safe point after all."""
@@ -677,9 +805,9 @@ def _try_thread(
                 return False
             raise Refused(f"not permitted to trace PID {pid} (ptrace: {exc.strerror})") from None
         return False  # the thread ended
-    pending: list[int] = []
+    switched = False
     try:
-        _stop_now(tid, time.monotonic() + 1.0, pending)
+        _stop_now(tid, time.monotonic() + 1.0)
         regs = _getregs(tid)
         nr = _signed(regs.orig_rax)
         memory = _Memory(pid)
@@ -687,7 +815,7 @@ def _try_thread(
             why = (
                 "not stopped in a syscall"
                 if nr < 0
-                else unsafe_reason(pid, nr, (regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9), maps)
+                else unsafe_reason(pid, nr, (regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9), maps, api.lock_owners)
             )
             if why is None and memory.read(regs.rip - 2, 2) != SYSCALL_INSN:
                 why = "not at a syscall instruction"
@@ -697,6 +825,8 @@ def _try_thread(
             block = (regs.rsp - RED_ZONE - frame) & ~63
             if why is None and (stack is None or block - STACK_NEEDED < stack.start and "[stack]" not in stack.path):
                 why = "too little stack left"
+            if why is None and stack is not None:
+                why = stack_danger(memory, regs.rip, regs.rsp, stack, api.danger)
             if why is not None:
                 outcome.skipped[why] += 1
                 return False
@@ -734,20 +864,25 @@ def _try_thread(
             call.rax = 0
             call.orig_rax = (1 << 64) - 1
             _setregs(tid, call)
+            switched = True
+            if on_switch is not None:
+                on_switch(tid)
             _pause("switched", pause_at)
             # From here the thread runs the call and restores itself, with or without us.
             outcome.tid = tid
             outcome.syscall = SAFE_SYSCALLS[nr][0]
-            _run_call(tid, memory, api, block, resume, time.monotonic() + call_bound, pending, outcome, pause_at)
+            _run_call(tid, memory, api, block, resume, time.monotonic() + call_bound, outcome, pause_at)
             return True
         finally:
             memory.close()
     except TargetGone:
         raise Refused(f"PID {pid} exited during the injection") from None
     except TimeoutError:
+        if switched:
+            raise Refused(SWITCHED_TIMEOUT.format(tid=tid, pid=pid)) from None
         raise Refused(f"thread {tid} of PID {pid} did not stop when asked; nothing was injected") from None
     finally:
-        _detach_stopped(pid, tid, pending)
+        _detach_stopped(tid)
 
 
 def _run_call(
@@ -757,7 +892,6 @@ def _run_call(
     block: int,
     resume: _Regs,
     deadline: float,
-    pending: list[int],
     outcome: Outcome,
     pause_at: Optional[str],
 ) -> None:
@@ -827,15 +961,12 @@ def _setregs(tid: int, regs: _Regs) -> None:
     _ptrace(PTRACE_SETREGS, tid, 0, ctypes.c_void_p(ctypes.addressof(regs)))
 
 
-def _detach_stopped(pid: int, tid: int, pending: list[int]) -> None:
-    """Let the thread go, delivering the signals it received while we held it (the first with the detach,
-    any others to the thread itself, as tgkill)."""
+def _detach_stopped(tid: int) -> None:
+    """Let the thread go (it holds no signal of the job's: each was delivered when it came)."""
     try:
-        _ptrace(PTRACE_DETACH, tid, 0, pending[0] if pending else 0)
+        _ptrace(PTRACE_DETACH, tid, 0, 0)
     except OSError:
         return  # not stopped (it ran off after a failed interrupt) or gone: the kernel detaches at our exit
-    for sig in pending[1:]:
-        _libc.syscall(SYS_TGKILL, pid, tid, sig)
 
 
 def _traced_by_other(tid: int) -> bool:
@@ -862,8 +993,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--call-seconds", type=float, default=CALL_BOUND_S)
     args = parser.parse_args(argv)
     pause_at = os.environ.get("GPUTOP_SAFEPOINT_PAUSE_AT")  # tests: stop here and wait to be killed
+    # Deaf to the terminal: a Ctrl-Z or Ctrl-C meant for gputop must not stop or end this helper while it
+    # holds a thread of the job (gputop also starts it in a session of its own).  Only its deadline ends it.
+    for sig in (signal.SIGINT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+
+    def switched(tid: int) -> None:  # said at once, so a gputop that kills us past its deadline knows the state
+        print(json.dumps({"switched": tid}), flush=True)
+
     try:
-        out = inject(args.pid, args.code, args.find_seconds, args.call_seconds, pause_at)
+        out = inject(args.pid, args.code, args.find_seconds, args.call_seconds, pause_at, on_switch=switched)
         answer = {
             "ran": out.ran,
             "tid": out.tid,

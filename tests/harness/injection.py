@@ -43,11 +43,14 @@ class Tally:
         return bool(self.frozen_after or self.dead_after)
 
 
-def start_allocating_job(spawn, directory: Path, name: str, workers: int = 0) -> tuple[int, Callable[[], int]]:
-    """tests/jobs/allocating_job.py (issue 26's job), once it has taken steps: (pid, its step counter)."""
+def start_allocating_job(
+    spawn, directory: Path, name: str, workers: int = 0, seconds: float = 0.0
+) -> tuple[int, Callable[[], int]]:
+    """tests/jobs/allocating_job.py (issue 26's job), once it has taken steps: (pid, its step counter).
+    With `seconds` the job returns from main after that long in its loop; its stderr is in NAME.err."""
     counter = directory / f"{name}.count"
     proc = spawn(
-        [sys.executable, ALLOCATING_JOB, str(counter), "--workers", str(workers)],
+        [sys.executable, ALLOCATING_JOB, str(counter), "--workers", str(workers), "--seconds", str(seconds)],
         stdout=subprocess.DEVNULL,
         stderr=open(directory / f"{name}.err", "w"),
     )

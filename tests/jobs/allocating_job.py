@@ -3,13 +3,15 @@ dataset of small tensors, a Linear model, SGD.  Its main thread is inside torch'
 and the allocator nearly all the time, so a tool that hijacks it wherever it stands catches it there:
 hypno/pyinjector killed or froze it within a few injections.
 
-    python tests/jobs/allocating_job.py COUNTER [--workers N]
+    python tests/jobs/allocating_job.py COUNTER [--workers N] [--seconds S]
 
-COUNTER gets the number of steps taken, replaced atomically every 20 steps.
+COUNTER gets the number of steps taken, replaced atomically every 20 steps.  With --seconds the job returns
+from main after S seconds of training, as a job that reaches its last step does (exit status 0).
 """
 
 import argparse
 import os
+import time
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -31,12 +33,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("counter")
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--seconds", type=float, default=0.0, help="return from main after this long (0: never)")
     args = parser.parse_args()
+    end = time.monotonic() + args.seconds if args.seconds else float("inf")
     model = torch.nn.Linear(16, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(SmallTensors(), batch_size=64, num_workers=args.workers, shuffle=True)
     step = 0
-    while True:
+    while time.monotonic() < end:
         for x, y in loader:
             loss = torch.nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
@@ -47,6 +51,8 @@ def main() -> None:
                 with open(args.counter + ".tmp", "w") as f:
                     f.write(str(step))
                 os.replace(args.counter + ".tmp", args.counter)
+            if time.monotonic() >= end:
+                break
 
 
 if __name__ == "__main__":
