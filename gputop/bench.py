@@ -20,6 +20,7 @@ and show `BenchResult.summary_lines()`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -228,6 +229,21 @@ def _hard_max_workers(cpu_count: Optional[float]) -> int:
     return min(loader_math.HARD_MAX_WORKERS, 4 * max(1, int(cpu_count or os.cpu_count() or 1)))
 
 
+def job_memory_room(rank_pid: int, limits: Optional[cgroup.Limits] = None) -> Optional[tuple[int, int]]:
+    """(bytes the job may still take, its largest process's RSS): the host's available memory, or what the job's
+    cgroup (memory.max) leaves over the rank and its children when that is less.  None when unreadable."""
+    limits = limits if limits is not None else cgroup.read_limits(rank_pid)
+    try:
+        rank = psutil.Process(rank_pid)
+        sizes = [rank.memory_info().rss] + [c.memory_info().rss for c in rank.children()]
+        free = psutil.virtual_memory().available
+    except (psutil.Error, OSError):
+        return None
+    if limits.memory:
+        free = min(free, max(0, limits.memory - sum(sizes)))
+    return int(free), max(sizes)
+
+
 def _passive_worker_limit(rank_pid: int, passive: PassiveResult) -> tuple[int, str]:
     """The most workers per rank the passive advice may name, and why: the stated maximum (4 per core the
     rank may use, at most 32), and the job's free memory (its cgroup's memory.max when lower) over one
@@ -238,15 +254,10 @@ def _passive_worker_limit(rank_pid: int, passive: PassiveResult) -> tuple[int, s
         cores = min(cores or limits.cpu, max(1, int(limits.cpu)))
     hard = _hard_max_workers(cores)
     why = f"cap: {hard} workers (4 per core of the {cores or os.cpu_count()} the job may use, at most {loader_math.HARD_MAX_WORKERS})"
-    try:
-        rank = psutil.Process(rank_pid)
-        sizes = [rank.memory_info().rss] + [c.memory_info().rss for c in rank.children()]
-        rss = max(sizes)
-        free = psutil.virtual_memory().available
-        if limits.memory:
-            free = min(free, max(0, limits.memory - sum(sizes)))
-    except (psutil.Error, OSError):
+    room = job_memory_room(rank_pid, limits)
+    if room is None:
         return hard, why
+    free, rss = room
     by_memory = max(1, int(free * 0.5 // max(rss, 1)))
     if by_memory < hard:
         return (
@@ -306,11 +317,25 @@ def run_benchmark(
     """
     if seconds <= 0:
         raise UsageError(f"--seconds must be greater than 0 (got {seconds:g})")
+    with contextlib.ExitStack() as held:  # the injection lock, from before the agent starts until it has answered
+        return _run_benchmark(pid, seconds, allow_inject, progress, results_root, held)
+
+
+def _run_benchmark(
+    pid: int,
+    seconds: float,
+    allow_inject: bool,
+    progress: Optional[Progress],
+    results_root: Optional[tuple[str, str]],
+    held: contextlib.ExitStack,
+) -> BenchResult:
     started = time.monotonic()
     deadline = started + seconds
     _report(progress, 0.0, f"finding the training process of PID {pid}")
     rank_pid, workers, ranks_on_host, target_text = resolve_rank(pid)
     injector.refuse_stopped(rank_pid)  # a frozen stack would read as a loader that never delivers
+    if allow_inject:
+        held.enter_context(injector.InjectionLock(rank_pid, "gputop bench"))
     job = _JobIdentity.of(rank_pid)
     notes: list[str] = []
     target = None
@@ -373,7 +398,10 @@ def run_benchmark(
 
     # ---- active: tell the agent how many workers the idle cores allow and how long it has
     sweep_seconds = max(0.5, deadline - time.monotonic() - RESERVE_S + 0.5)
+    room = job_memory_room(rank_pid)
     plan = {
+        # the sweep sizes itself from this, not from the host's MemAvailable: a job in a cgroup may have less
+        "memory_free": room[0] if room is not None else None,
         "free_cores": free_cores or 0.0,
         "ranks_on_host": ranks_on_host,
         "sweep_seconds": sweep_seconds,

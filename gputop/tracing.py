@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import shutil
@@ -159,9 +160,11 @@ def run_trace(
     config = {"seconds": window, "steps": steps or 0, "with_stack": with_stack}
     runs: dict[int, tuple[injector.Target, injector.RunDir]] = {}
     notes: list[str] = []
+    held = contextlib.ExitStack()  # each rank's injection lock, until its agent has answered
     try:
         for rank_pid, _rank in ranks:
             target = injector.inspect_target(rank_pid)
+            held.enter_context(injector.InjectionLock(rank_pid, "gputop trace"))
             runs[rank_pid] = (target, injector.prepare_run_dir(target, config, results_root, files=injector.TRACE_AGENT_FILES))
         _report(progress, 0.05, f"injecting the trace agent into {len(ranks)} rank(s)")
         errors: dict[int, str] = {}
@@ -220,6 +223,7 @@ def run_trace(
     finally:
         for _target, run in runs.values():
             injector.remove_run_dir(run)
+        held.close()
     if not summaries:
         raise GputopError("no rank answered with a trace: " + "; ".join(notes[:3]))
     summaries.sort(key=lambda s: (s["rank"] is None, s["rank"] or 0, s["pid"]))

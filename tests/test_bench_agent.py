@@ -171,3 +171,14 @@ def test_detach_shared_channels_lets_the_parent_see_eof_while_the_child_lives():
         os.close(hold_w)
         os.waitpid(pid, 0)
         os.close(read_end)
+
+
+def test_the_sweep_sizes_itself_from_the_memory_gputop_read_for_the_job():
+    """The host's MemAvailable is not the job's: in a cgroup the job may have far less.  gputop reads the cgroup's
+    room (memory.max over the job's processes) and hands it over in plan.json; the worker cap follows the smaller."""
+    host = agent._memory_worker_cap()
+    assert host is not None and host > 2  # this box has far more than three times this process free
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    assert agent._memory_worker_cap(memory_free=4 * rss) == 1  # half of four processes' worth, less the sweep's own
+    assert agent._memory_worker_cap(memory_free=10**15) == host  # more room than the host has: the host's figure

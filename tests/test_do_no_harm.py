@@ -10,12 +10,19 @@ gputop's window is still open, as a job that reaches its last step does.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import pytest
 
+from gputop.errors import GputopError
+from gputop.inject import injector, safepoint
 from tests.harness.injection import start_allocating_job
-from tests.harness.processes import run_gputop, wait_until
+from tests.harness.processes import finish, run_gputop, start_gputop, wait_until
 
 pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64", reason="the safe-point injector is x86-64 only")
 
@@ -67,3 +74,171 @@ def test_a_stopped_job_is_refused_in_one_line_and_left_stopped(spawn, tmp_path, 
         os.kill(pid, signal.SIGCONT)
     before = read()
     wait_until(lambda: read() > before, timeout=20, what="the job to step again after SIGCONT")
+
+
+# ------------------------------------------------------------------ threads that hold a lock the call needs
+
+LOCK_HOLDERS = Path(__file__).resolve().parent / "jobs" / "lock_holders.c"
+PARK_MS = 8000  # long enough for the refusal (the injector looks for 3 s), short enough to see the job go on
+
+FORK_JOB = """
+import ctypes, os, sys, time
+ctypes.CDLL(sys.argv[1]).park_in_fork_for({park_ms})
+open(sys.argv[2], "w").close()
+child = os.fork()  # the prepare handler parks this thread inside glibc's fork()
+if child == 0:
+    os._exit(0)
+os.waitpid(child, 0)
+open(sys.argv[2] + ".after", "w").close()
+time.sleep(120)
+"""
+
+DLOPEN_JOB = """
+import ctypes, sys, time
+open(sys.argv[2], "w").close()
+ctypes.CDLL(sys.argv[1])  # its constructor parks this thread inside dlopen(), under ld.so's load lock
+open(sys.argv[2] + ".after", "w").close()
+time.sleep(120)
+"""
+
+
+def _build(tmp_path, name: str, *defines: str) -> Path:
+    library = tmp_path / f"{name}.so"
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", *defines, "-o", str(library), str(LOCK_HOLDERS), "-lpthread"], check=True)
+    return library
+
+
+def _parked_in_futex(pid: int) -> bool:
+    return Path(f"/proc/{pid}/task/{pid}/syscall").read_text().split()[0] == "202"
+
+
+@pytest.mark.skipif(not shutil.which("cc"), reason="no C compiler to build tests/jobs/lock_holders.c")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "where, source, defines, why",
+    [
+        ("fork", FORK_JOB, (), "inside fork"),
+        ("dlopen", DLOPEN_JOB, (f"-DPARK_IN_CONSTRUCTOR_MS={PARK_MS}",), "inside the dynamic loader"),
+    ],
+)
+def test_a_thread_parked_inside_fork_or_dlopen_is_never_borrowed(spawn, tmp_path, where, source, defines, why):
+    """The thread waits on a futex word of a library of its own, which the syscall rule alone would take for a
+    safe point; its stack says it is inside fork's at-fork handlers or ld.so's constructors, where it holds the
+    locks that malloc and pthread_create take.  The injector refuses, and the job goes on when the park ends."""
+    library = _build(tmp_path, where, *defines)
+    ready = tmp_path / "ready"
+    job = spawn([sys.executable, "-c", source.format(park_ms=PARK_MS), str(library), str(ready)])
+    wait_until(lambda: ready.exists() and _parked_in_futex(job.pid), timeout=30, what=f"the job to park inside {where}")
+    with pytest.raises(safepoint.Refused) as refused:
+        safepoint.inject(job.pid, "pass", find_bound=1.0)
+    assert why in str(refused.value), str(refused.value)
+    wait_until(lambda: Path(f"{ready}.after").exists(), timeout=30, what=f"the job to leave {where} and go on")
+    assert job.poll() is None
+
+
+@pytest.mark.skipif(not shutil.which("cc"), reason="no C compiler to build tests/jobs/lock_holders.c")
+@pytest.mark.timeout(120)
+def test_a_replacement_allocator_is_read_as_one_and_a_sleeping_thread_still_borrowed(spawn, tmp_path):
+    library = _build(tmp_path, "allocator", "-DREPLACE_MALLOC")
+    ready = tmp_path / "ready"
+    job = spawn(
+        [sys.executable, "-c", "import sys, time\nopen(sys.argv[1], 'w').close()\ntime.sleep(120)", str(ready)],
+        env=dict(os.environ, LD_PRELOAD=str(library)),
+    )
+    wait_until(ready.exists, timeout=30, what="the job to start")
+    api = safepoint.find_api(job.pid, safepoint.read_maps(job.pid))
+    assert str(library) in api.lock_owners  # its futex words are locks the call takes
+    assert any(why == f"inside the allocator {library.name}" for _s, _e, why in api.danger)
+    assert safepoint.inject(job.pid, "pass").ran  # asleep in time.sleep, it is inside none of them
+
+
+SIGNAL_JOB = """
+import ctypes, os, signal, sys, time
+lib = ctypes.CDLL(sys.argv[1])
+lib.count_signal(signal.SIGRTMIN)
+open(sys.argv[2], "w").close()
+while True:
+    time.sleep(0.002)  # a safe point, most of the time
+    with open(sys.argv[2] + ".tmp", "w") as f:
+        f.write(str(lib.signals_received()))
+    os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+"""
+
+
+@pytest.mark.skipif(not shutil.which("cc"), reason="no C compiler to build tests/jobs/lock_holders.c")
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_queued_signals_sent_during_injections_each_arrive_exactly_once(spawn, tmp_path):
+    """Real-time signals queue: each sent is delivered once.  Sent while the injector stops and borrows the job's
+    thread (50 injections), every one still arrives, once: none held back, none lost, none doubled."""
+    library = _build(tmp_path, "signals")
+    count = tmp_path / "count"
+    job = spawn([sys.executable, "-c", SIGNAL_JOB, str(library), str(count)])
+    wait_until(count.exists, timeout=30, what="the job to count signals")
+    sent = 0
+    stop = threading.Event()
+
+    def send() -> None:
+        nonlocal sent
+        while not stop.is_set():
+            os.kill(job.pid, signal.SIGRTMIN)
+            sent += 1
+            stop.wait(0.001)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    ran = 0
+    try:
+        for _ in range(50):
+            try:
+                ran += safepoint.inject(job.pid, "pass").ran
+            except safepoint.Refused:
+                pass
+    finally:
+        stop.set()
+        sender.join()
+
+    def received() -> int:
+        return int(count.read_text() or 0)
+
+    wait_until(lambda: received() >= sent, timeout=30, what=f"all {sent} signals to arrive", state=received)
+    assert received() == sent and ran >= 25, (received(), sent, ran)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_stopped_gputop_never_holds_the_job(spawn, tmp_path):
+    """Ctrl-Z on gputop's terminal stops gputop's process group; the injection helper lives in a session of its
+    own, so the job keeps stepping while gputop is stopped, and the trace finishes once it goes on.  (SIGSTOP
+    stands in for the terminal's SIGTSTP: the kernel discards SIGTSTP sent to an orphaned process group, which
+    is what a test's child in a session of its own is.)"""
+    pid, read = start_allocating_job(spawn, tmp_path, "ctrl-z")
+    gputop = start_gputop(spawn, "trace", "--pid", str(pid), "--seconds", "2", "-o", str(tmp_path / "out"))
+    for _ in range(3):
+        os.killpg(gputop.pid, signal.SIGSTOP)
+        wait_until(lambda: open(f"/proc/{gputop.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T", timeout=10)
+        before = read()
+        wait_until(lambda: read() > before, timeout=20, what="the job to step while gputop is stopped")
+        os.killpg(gputop.pid, signal.SIGCONT)
+    ran = finish(gputop, timeout=120)
+    assert ran.rc == 0, ran.err
+    before = read()
+    wait_until(lambda: read() > before, timeout=20, what="the job to go on stepping")
+
+
+@pytest.mark.timeout(30)
+def test_one_injection_at_a_time_per_process(tmp_path):
+    """The lock is keyed by PID and start time: a second holder is refused in one line that names the first; it is
+    free again once released (or once its holder dies: the kernel drops a flock with its process)."""
+    base = str(tmp_path / "locks")
+    with injector.InjectionLock(os.getpid(), "gputop bench", base=base):
+        with pytest.raises(GputopError) as second:
+            with injector.InjectionLock(os.getpid(), "gputop trace", base=base):
+                pass
+        assert f"({'gputop PID'} {os.getpid()}: gputop bench)" in str(second.value)
+        assert "\n" not in str(second.value)
+        with injector.InjectionLock(os.getppid(), "gputop trace", base=base):  # another process: its own lock
+            pass
+    with injector.InjectionLock(os.getpid(), "gputop trace", base=base):
+        pass
+    assert os.listdir(base) == []  # nothing left behind

@@ -509,7 +509,7 @@ def run_sweep(
         core_share,
         int(plan.get("hard_max_workers") or loader_math["HARD_MAX_WORKERS"]),
     )
-    mem_cap = _memory_worker_cap()
+    mem_cap = _memory_worker_cap(plan.get("memory_free"))
     if mem_cap is not None and mem_cap < cap:
         notes.append(f"workers capped at {mem_cap} by free memory (each new process may grow to the job's size)")
         cap = max(0, mem_cap)
@@ -531,8 +531,9 @@ def run_sweep(
     return out
 
 
-def _memory_worker_cap() -> int | None:
-    """How many job-sized processes fit in half of MemAvailable (fork shares pages, so this is cautious)."""
+def _memory_worker_cap(memory_free: int | None = None) -> int | None:
+    """How many job-sized processes fit in half of the memory free to the job: MemAvailable, or what gputop
+    read from the job's cgroup (`memory_free`) when less (fork shares pages, so this is cautious)."""
     try:
         with open("/proc/meminfo") as f:
             available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
@@ -542,6 +543,8 @@ def _memory_worker_cap() -> int | None:
         return None
     if rss <= 0:
         return None
+    if memory_free is not None:
+        available = min(available, int(memory_free))
     return max(0, int(available * MEMORY_SHARE // rss) - 1)  # minus the sweep's own main process
 
 

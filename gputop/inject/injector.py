@@ -301,6 +301,66 @@ def remove_stale_runs(base: str) -> None:
                     shutil.rmtree(entry.path, ignore_errors=True)
 
 
+# ------------------------------------------------------------------------- one injection at a time
+
+
+class InjectionLock:
+    """One bench or trace at a time per process: an exclusive ``flock`` on a file keyed by the target's PID and
+    start time (a new process that reuses the PID is another process), in this user's private directory.
+
+    Two benchmarks at once would stack their ``__next__`` wrappers (one could restore the other's, leaving a
+    wrapper in the job for good), size two sweeps from the same free memory, and race two trace agents past
+    the "a profiler is already running" check.  The second is refused in one line.  The kernel drops the lock
+    when its holder dies, however it dies.
+    """
+
+    def __init__(self, pid: int, what: str, base: Optional[str] = None) -> None:
+        from gputop.collect.procfs import read_stat
+
+        stat_now = read_stat(pid)
+        self.pid = pid
+        self.what = what
+        self.base = base or os.path.join(tempfile.gettempdir(), f"gputop-bench-{os.geteuid()}")
+        self.path = os.path.join(self.base, f"lock-{pid}-{stat_now.start_ticks if stat_now is not None else 0}")
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> "InjectionLock":
+        import fcntl
+
+        secure_directory(self.base)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another gputop"
+                os.close(fd)
+                raise GputopError(
+                    f"PID {self.pid} already has a gputop injection running ({holder}); one at a time: run this "
+                    "again when that one has finished"
+                ) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path, follow_symlinks=False).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # (else its holder removed it as we opened it: take the new file instead)
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"gputop PID {os.getpid()}: {self.what}".encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.fd is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+
 # ------------------------------------------------------------------------------------- injecting
 
 
