@@ -7,8 +7,9 @@ Issue 26's bar is 0 of each in 50 runs of each command.
     python scripts/inject_soak.py --runs 5         # a quick look
     python scripts/inject_soak.py --job train0     # the suite's train_job with num_workers=0 instead
 
-A refusal is no harm: issue 26's job has a single thread once a fork has shut OpenBLAS's pool down (the
-benchmark's sweep forks), and a main thread that never blocks is never a safe point.
+A refusal is no harm, but it is no pass either: the soak counts what really ran (a bench whose agent answered,
+a trace with a rank's trace), and fails unless at least --min-ran of each command's runs really ran
+(default: half, the issue's bar), as well as on any dead, frozen or hung outcome.
 
 One job serves every run: a second benchmark into the same process is where pyinjector killed it.  A job
 that dies is counted and replaced, so the remaining runs still mean something.
@@ -61,6 +62,8 @@ def one_run(argv: list[str]) -> tuple[str, float, str]:
     notes = " ".join(answer.get("notes") or ())
     if "active tier not run" in notes:
         return "refused", elapsed, notes[notes.index("active tier not run") :][:160]
+    if "ranks" in answer and not answer["ranks"]:
+        return "refused", elapsed, "no rank traced"
     return "ran", elapsed, ""
 
 
@@ -68,6 +71,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50, help="runs of each command")
     parser.add_argument("--bench-seconds", type=float, default=8.0)
+    parser.add_argument("--min-ran", type=float, default=0.5, help="the share of each command's runs that must really run")
     parser.add_argument(
         "--job",
         choices=["allocating", "train0"],
@@ -145,7 +149,10 @@ def main() -> int:
         print(f"  {n}x {why}")
     harmed = sum(tallies[c][k] for c in tallies for k in ("dead", "frozen", "hung"))
     print(f"dead + frozen + hung: {harmed}")
-    return 1 if harmed else 0
+    short = [c for c in tallies if tallies[c]["ran"] < args.min_ran * args.runs]
+    for command in short:
+        print(f"gputop {command}: only {tallies[command]['ran']} of {args.runs} runs really ran (bar: {args.min_ran:.0%})")
+    return 1 if harmed or short else 0
 
 
 if __name__ == "__main__":
