@@ -34,6 +34,10 @@ Progress = Callable[[float, str], None]
 MAX_SECONDS = 10.0  # the window's bound (the agent enforces it too)
 DEFAULT_SECONDS = 5.0
 EXPORT_GRACE_S = 30.0  # writing a busy 10 s trace can take a while on a loaded box
+# How long each agent waits for the loop's next batch to open the window: a large model's step, an epoch's start
+# that forks its workers.  Past the window it waits up to 8 s more for the stop (trace_agent's STOP_GRACE_S and
+# PENDING_STOP_S), inside EXPORT_GRACE_S.
+START_BOUND_S = 20.0
 TRACE_SUFFIX = ".pt.trace.json.gz"  # what TensorBoard's profiler plugin and HTA look for
 
 
@@ -157,7 +161,7 @@ def run_trace(
         os.makedirs(out_dir, exist_ok=True)
     except OSError as exc:
         raise GputopError(f"cannot create the output directory {out_dir}: {exc.strerror}") from None
-    config = {"seconds": window, "steps": steps or 0, "with_stack": with_stack}
+    config = {"seconds": window, "steps": steps or 0, "with_stack": with_stack, "start_bound_s": START_BOUND_S}
     runs: dict[int, tuple[injector.Target, injector.RunDir]] = {}
     notes: list[str] = []
     held = contextlib.ExitStack()  # each rank's injection lock, until its agent has answered
@@ -187,7 +191,9 @@ def run_trace(
             raise GputopError(next(iter(errors.values())))
         notes.extend(f"PID {p}: {e}" for p, e in errors.items())
         answers = _wait_for_agents(
-            {p: runs[p][1] for p, _r in ranks if p not in errors}, time.monotonic() + window + EXPORT_GRACE_S, progress
+            {p: runs[p][1] for p, _r in ranks if p not in errors},
+            time.monotonic() + START_BOUND_S + window + EXPORT_GRACE_S,
+            progress,
         )
         summaries = []
         for rank_pid, rank in ranks:
@@ -197,7 +203,7 @@ def run_trace(
             if answer is None:  # a job that stopped moving is the finding, not a silent agent
                 notes.append(
                     injector.frozen_evidence(rank_pid, since=at_injection.get(rank_pid))
-                    or f"PID {rank_pid}: the agent did not answer within {window + EXPORT_GRACE_S:g}s"
+                    or f"PID {rank_pid}: the agent did not answer within {START_BOUND_S + window + EXPORT_GRACE_S:g}s"
                 )
                 continue
             if answer.get("error"):

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "tests" / "jobs" / "harm_job.py"
 LOCK_HOLDERS = REPO / "tests" / "jobs" / "lock_holders.c"
 HANG_S = 120.0
-MOVE_S = 15.0
+MOVE_S = 30.0  # a re-forking job on a loaded 2-core box can take seconds an epoch
 
 
 class Drill:
@@ -110,7 +110,7 @@ def many_into_one(d: Drill, tally: Counter, plan: list[str], *options: str) -> N
         tally[f"{command} {outcome}"] += 1
         tally["ran"] += outcome == "ran"
         if outcome == "refused":
-            tally[f"refused: {last[:90]}"] += 1
+            tally[f"refused: {last[:200]}"] += 1
         harm = moves(proc, counter)
         if harm:
             tally[harm] += 1
@@ -136,12 +136,14 @@ def signals(d: Drill, tally: Counter, runs: int) -> None:
         sender = threading.Thread(target=send)
         sender.start()
         try:
-            outcome, _rc, _last = d.run(*trace_args(proc.pid, d.work))
+            outcome, _rc, last = d.run(*trace_args(proc.pid, d.work))
         finally:
             stop.set()
             sender.join()
         tally["ran"] += outcome == "ran"
-        tally[outcome] += 1
+        tally[f"trace {outcome}"] += 1
+        if outcome == "refused":
+            tally[f"refused: {last[:200]}"] += 1
 
     def received() -> int:
         try:
@@ -195,7 +197,7 @@ def fresh(d: Drill, tally: Counter, runs: int) -> None:
         proc, counter, _err = d.job()
         outcome, _rc, last = d.run(*trace_args(proc.pid, d.work))
         tally["ran"] += outcome == "ran"
-        tally[outcome] += 1
+        tally[f"trace {outcome}"] += 1
         harm = moves(proc, counter)
         tally["harmed"] += bool(harm)
         proc.kill()

@@ -73,7 +73,7 @@ else:
     _one_line = _base["_one_line"]
 
 
-START_BOUND_S = 5.0  # how long the agent waits for the training loop's next batch to open the window
+START_BOUND_S = 20.0  # how long the agent waits for the loop's next batch to open the window (config: start_bound_s)
 STOP_GRACE_S = 3.0  # past the window: how long for the loop's next batch before the stop is asked between bytecodes
 PENDING_STOP_S = 5.0  # ... and how long for that: a main thread stuck in C runs no bytecode
 EXPORT_AT_EXIT_S = 30.0  # an exit that meets an export in progress waits this long for it
@@ -328,6 +328,7 @@ def trace_window(torch_mod: ModuleType, run_dir: RunDir, config: Json, result: J
 
     seconds = min(MAX_SECONDS, max(0.1, float(config.get("seconds", 5.0))))
     steps = int(config.get("steps") or 0)
+    start_bound = float(config.get("start_bound_s") or START_BOUND_S)
     if _profiler_enabled(torch_mod):
         result["error"] = (
             "a profiler is already running in this process (the job's own, or another tool's); not starting a second one"
@@ -358,9 +359,9 @@ def trace_window(torch_mod: ModuleType, run_dir: RunDir, config: Json, result: J
     left_open = False
     try:
         run_dir.progress(0.02, "waiting for the training loop's next batch")
-        if not _wait_for(window.recording, START_BOUND_S, lambda: None) and window.cancel():
+        if not _wait_for(window.recording, start_bound, lambda: None) and window.cancel():
             result["error"] = (
-                f"the job's main thread drew no batch from a DataLoader within {START_BOUND_S:g}s, so no step boundary "
+                f"the job's main thread drew no batch from a DataLoader within {start_bound:g}s, so no step boundary "
                 "came to start the profiler at; no trace (is the job in its training loop?)"
             )
             return None
