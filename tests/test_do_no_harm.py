@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pytest
 
 from gputop.errors import GputopError
 from gputop.inject import injector, safepoint
-from tests.harness.injection import start_allocating_job
+from tests.harness.injection import hammer, markers, start_allocating_job
 from tests.harness.processes import finish, run_gputop, start_gputop, wait_until
 
 pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64", reason="the safe-point injector is x86-64 only")
@@ -242,3 +243,103 @@ def test_one_injection_at_a_time_per_process(tmp_path):
     with injector.InjectionLock(os.getpid(), "gputop trace", base=base):
         pass
     assert os.listdir(base) == []  # nothing left behind
+
+
+# ------------------------------------------------------------------------------------------ the helper
+
+SLEEPER = "import sys, time\nopen(sys.argv[1], 'w').close()\nwhile True:\n    time.sleep(0.05)\n"
+
+
+def _sleeper(spawn, tmp_path, *wrapper: str):
+    ready = tmp_path / "sleeper.ready"
+    proc = spawn([*wrapper, sys.executable, "-c", SLEEPER, str(ready)])
+    wait_until(ready.exists, timeout=30, what="the sleeper to start")
+    return proc
+
+
+@pytest.mark.timeout(60)
+def test_the_helper_runs_isolated_from_the_users_directory(spawn, tmp_path, monkeypatch):
+    """The helper holds ptrace rights over the job: a json.py or an elftools/ in the directory gputop runs in must
+    never be imported by it."""
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    for module in ("json.py", "elftools/__init__.py", "gputop/__init__.py"):
+        (planted / module).parent.mkdir(exist_ok=True)
+        (planted / module).write_text(f"open({str(tmp_path / 'imported')!r}, 'a').write({module!r} + '\\n')\n")
+    job = _sleeper(spawn, tmp_path)
+    target = injector.inspect_target(job.pid)
+    monkeypatch.chdir(planted)
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    injector._safepoint_inject(target, "pass")  # raises unless the helper ran and the line ran
+    assert not (tmp_path / "imported").exists(), (tmp_path / "imported").read_text()
+
+
+@pytest.mark.slow  # waits out the helper's deadline twice
+@pytest.mark.timeout(120)
+def test_a_helper_stopped_after_the_switch_says_the_call_still_runs(spawn, tmp_path, monkeypatch):
+    """Past gputop's deadline the helper is killed; if it had already pointed a thread at the trampoline, that
+    thread finishes the call by itself, and the line says so instead of "nothing was injected"."""
+    job = _sleeper(spawn, tmp_path)
+    target = injector.inspect_target(job.pid)
+    monkeypatch.setattr(injector, "HELPER_TIMEOUT", 15.0)  # room for the helper's start on a busy box
+    monkeypatch.setenv("GPUTOP_SAFEPOINT_PAUSE_AT", "switched")  # the helper waits there to be killed
+    with pytest.raises(GputopError) as said:
+        injector._safepoint_inject(target, "pass")
+    assert "was running the injected call when gputop let go" in str(said.value), str(said.value)
+    assert "nothing was injected" not in str(said.value)
+    monkeypatch.setenv("GPUTOP_SAFEPOINT_PAUSE_AT", "stopped")  # killed before it touched a thread
+    with pytest.raises(GputopError) as said:
+        injector._safepoint_inject(target, "pass")
+    assert "nothing was injected" in str(said.value), str(said.value)
+    assert job.poll() is None
+
+
+@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0, reason="needs unshare and root for a private /tmp")
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_job_with_a_private_tmp_is_traced_through_its_own_root(spawn, tmp_path):
+    """Slurm's job_container/tmpfs and systemd's PrivateTmp give the job a /tmp of its own under the same root:
+    the agent's files must be written where the job sees them (/proc/PID/root/tmp/...)."""
+    outside = Path(tempfile.mkdtemp(dir="/dev/shm"))  # the test's /tmp is not the job's
+    ready = outside / "count"
+    job = spawn(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'mount -t tmpfs tmpfs /tmp && exec "$0" "$@"',
+            sys.executable,
+            str(Path(__file__).resolve().parent / "jobs" / "harm_job.py"),
+            str(ready),
+        ]
+    )
+    wait_until(lambda: ready.exists() and int(ready.read_text()) > 0, timeout=120, what="the job to step")
+    assert injector.inspect_target(job.pid).foreign_root
+    ran = run_gputop(spawn, "trace", "--pid", str(job.pid), "--seconds", "1", "-o", str(tmp_path / "out"), "--json")
+    assert ran.rc == 0, ran.err
+    assert job.poll() is None
+    shutil.rmtree(outside)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_50_injections_into_a_job_that_reforks_its_workers_harm_none(spawn, tmp_path):
+    """A DataLoader without persistent workers forks new ones every epoch (here every 8 batches): the main
+    thread is in and out of fork all the time, with its at-fork handlers and the allocator's fork locks."""
+    counter = tmp_path / "refork.count"
+    job = spawn([sys.executable, str(Path(__file__).resolve().parent / "jobs" / "harm_job.py"), str(counter), "--refork"])
+
+    def steps() -> int:
+        try:
+            return int(counter.read_text())
+        except (OSError, ValueError):
+            return -1
+
+    wait_until(lambda: steps() > 0, timeout=120, what="the job to step")
+    tally = hammer(job.pid, 50, steps, tmp_path / "markers")
+    assert not tally.harmed and tally.failed_calls == 0, tally
+    assert tally.ran >= 25, tally.refused  # at least half really ran
+    wait_until(lambda: markers(tmp_path / "markers") == tally.ran, timeout=30, what="every started line to run")

@@ -456,7 +456,7 @@ def _safepoint_inject(target: Target, code: str) -> None:
         )
     except subprocess.TimeoutExpired as exc:  # subprocess killed it: the job goes on (see safepoint's docstring)
         said = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        switched = (_last_json_line(said) or {}).get("switched")
+        switched = next((line["switched"] for line in _json_lines(said) if "switched" in line), None)
         if switched:
             raise GputopError(safepoint.SWITCHED_TIMEOUT.format(tid=switched, pid=target.pid)) from None
         raise GputopError(
@@ -478,15 +478,22 @@ def _safepoint_inject(target: Target, code: str) -> None:
         raise GputopError(f"PID {target.pid}: {answer.get('reason') or 'nothing was injected'}")
 
 
-def _last_json_line(text: str) -> Optional[dict[str, Any]]:
-    for line in reversed(text.splitlines()):
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON objects the helper printed, one a line, in order."""
+    found = []
+    for line in text.splitlines():
         try:
             answer = json.loads(line)
         except ValueError:
             continue
         if isinstance(answer, dict):
-            return answer
-    return None
+            found.append(answer)
+    return found
+
+
+def _last_json_line(text: str) -> Optional[dict[str, Any]]:
+    found = _json_lines(text)
+    return found[-1] if found else None
 
 
 # ------------------------------------------------------------------------------- a job that stopped
