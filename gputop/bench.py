@@ -412,6 +412,9 @@ def _run_benchmark(
         agent = _wait_for_agent(run, deadline + ANSWER_GRACE_S, progress, job)
         # no answer: a job that stopped moving is the finding, not a failed benchmark (an answer stands:
         # a main thread may rightly sit still, e.g. in a long sleep or a join, while the agent measures)
+        failed = injector.bootstrap_error(run) if agent is None else None
+        if failed:
+            raise GputopError(f"the agent's thread could not start in PID {rank_pid}: {failed}; the job was left as it was")
         frozen = injector.frozen_evidence(rank_pid, since=at_injection) if agent is None else None
         if frozen:
             raise GputopError(frozen)

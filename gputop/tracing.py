@@ -201,8 +201,10 @@ def run_trace(
                 continue
             answer = answers.get(rank_pid)
             if answer is None:  # a job that stopped moving is the finding, not a silent agent
+                failed = injector.bootstrap_error(runs[rank_pid][1])
                 notes.append(
-                    injector.frozen_evidence(rank_pid, since=at_injection.get(rank_pid))
+                    (f"PID {rank_pid}: the agent's thread could not start: {failed}" if failed else None)
+                    or injector.frozen_evidence(rank_pid, since=at_injection.get(rank_pid))
                     or f"PID {rank_pid}: the agent did not answer within {START_BOUND_S + window + EXPORT_GRACE_S:g}s"
                 )
                 continue

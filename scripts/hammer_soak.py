@@ -107,7 +107,8 @@ def main() -> int:
             try:
                 wait_until(lambda: markers(work / kind) >= ran, timeout=60)
             except AssertionError:
-                harm = harm or f"{ran - markers(work / kind)} started lines never ran"
+                said = (work / "bootstrap-error.txt").read_text() if (work / "bootstrap-error.txt").exists() else "nothing"
+                harm = harm or f"{ran - markers(work / kind)} started lines never ran (the bootstrap raised: {said})"
             if kind == "signals":
                 try:
                     wait_until(lambda: first_field(counter, 1) >= sent, timeout=60)

@@ -46,6 +46,7 @@ AGENT_FILES = ("inject/agent.py", "analysis/loader_math.py")  # relative to the 
 TRACE_AGENT_FILES = ("inject/trace_agent.py", "inject/agent.py")
 MIN_PYTHON = (3, 10)
 REMOTE_EXEC_PYTHON = (3, 14)
+BOOTSTRAP_ERROR = "bootstrap-error.txt"  # beside the agent file: what the injected line raised, if anything
 VERSION_TIMEOUT = 5.0
 INJECT_TIMEOUT = 10.0
 HELPER_TIMEOUT = 12.0  # the safe-point helper's own bounds (3 s to find a thread, 5 s for the call) plus its start
@@ -369,16 +370,29 @@ def bootstrap_code(agent_target_path: str, thread_name: str = "gputop-bench-agen
 
     The agent's namespace gets ``__gputop_started__``, an Event set once ``start()`` has returned, i.e.
     once the job's main thread is about to leave the injected code.  The trace agent waits for it before
-    it arms its window.  Every exception is swallowed where it is raised: ``PyRun_SimpleString`` turns a
-    ``SystemExit`` that escapes it into the job's own exit, and prints anything else into the job's stderr.
+    it arms its window.  Every exception is caught where it is raised (``PyRun_SimpleString`` turns a
+    ``SystemExit`` that escapes it into the job's own exit, and prints anything else into the job's stderr)
+    and written to ``BOOTSTRAP_ERROR`` beside the agent file instead (`bootstrap_error` reads it): a thread
+    the job could not start (a pids limit reached) is then said, not mistaken for a silent agent.
     """
     path = json.dumps(agent_target_path)
+    error_path = json.dumps(os.path.join(os.path.dirname(agent_target_path), BOOTSTRAP_ERROR))
     start = (
         "(lambda th: (lambda e: (lambda t: (t.start(), e.set()))(th.Thread(target=lambda p: exec(compile(open(p).read(), "
         "p, 'exec'), {'__name__': '__gputop_agent__', '__file__': p, '__gputop_started__': e}), "
         f"args=({path},), name={json.dumps(thread_name)}, daemon=True)))(th.Event()))(__import__('threading'))"
     )
-    return f"try:\n    {start}\nexcept BaseException:\n    pass\n"
+    record = f"__import__('builtins').open({error_path}, 'w').write(repr(__import__('sys').exc_info()[1]))"
+    return f"try:\n    {start}\nexcept BaseException:\n    try:\n        {record}\n    except BaseException:\n        pass\n"
+
+
+def bootstrap_error(run: RunDir) -> Optional[str]:
+    """What the bootstrap raised in the job instead of starting the agent's thread; None when it did not."""
+    try:
+        with open(os.path.join(run.host_path, BOOTSTRAP_ERROR), errors="replace") as f:
+            return f.read(300).strip() or None
+    except OSError:
+        return None
 
 
 def inject_agent(target: Target, run: RunDir, agent_file: str = "agent.py", thread_name: str = "gputop-bench-agent") -> None:
