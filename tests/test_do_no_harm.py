@@ -343,3 +343,20 @@ def test_50_injections_into_a_job_that_reforks_its_workers_harm_none(spawn, tmp_
     assert not tally.harmed and tally.failed_calls == 0, tally
     assert tally.ran >= 25, tally.refused  # at least half really ran
     wait_until(lambda: markers(tmp_path / "markers") == tally.ran, timeout=30, what="every started line to run")
+
+
+def test_what_the_bootstrap_raises_is_written_beside_the_agent_never_raised_in_the_job(tmp_path):
+    """The injected line runs in the job's __main__ through PyRun_SimpleString: a SystemExit escaping it would end
+    the job, anything else would print into its stderr.  Both stay inside, and the reason lands beside the agent."""
+    import builtins
+    import types
+
+    def no_threads(name, *args):
+        if name == "threading":
+            return types.SimpleNamespace(Event=object, Thread=lambda **_kw: (_ for _ in ()).throw(SystemExit(3)))
+        return builtins.__import__(name, *args)
+
+    run = injector.RunDir(host_path=str(tmp_path), target_path=str(tmp_path))
+    code = injector.bootstrap_code(str(tmp_path / "agent.py"))
+    exec(code, {"__builtins__": dict(vars(builtins), __import__=no_threads)})  # no SystemExit gets out
+    assert injector.bootstrap_error(run) == "SystemExit(3)"
