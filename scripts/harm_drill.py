@@ -228,7 +228,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gputop-harm-"))
     for name in chosen:
         calls, body = cases[name]
-        drill = Drill(work)
+        (work / name).mkdir()
+        drill = Drill(work / name)  # a folder a case: a job's counter file is never an earlier case's
         tally: Counter = Counter()
         started = time.monotonic()
         try:
