@@ -26,22 +26,33 @@ from tests.harness.processes import Spawner
 
 LANES = ("unit", "integration", "acceptance")
 UNIT_BUDGET_S = 2.0
+COLLECTED = pytest.StashKey[list]()  # every test collected, before -m and -k deselect
+_LANE = pytest.StashKey[str]()
+_WAITED = pytest.StashKey[float]()  # the call's wait for a CPU (see pytest_runtest_call)
 TESTS = Path(__file__).resolve().parent
 # fixtures that start real processes, attach py-spy or ptrace, or serve on a socket (a fixture that uses one
 # of these counts too: pytest lists the whole closure in item.fixturenames)
 INTEGRATION_FIXTURES = frozenset({"spawn", "observe", "demo", "prom"})
-# modules whose tests drive real processes, terminals or tools without one of those fixtures (subprocess,
-# ptys, ruff and mypy, the installed interpreters)
+# modules whose tests drive real processes, servers, terminals, torch or tools without one of those fixtures
+# (subprocess, HTTP on loopback, ruff and mypy, the installed interpreters); a single test elsewhere that
+# does (Textual's pilot in a module of pure rules) carries the integration marker itself
 INTEGRATION_MODULES = frozenset(
     {
+        "test_check.py",
         "test_cli.py",
+        "test_demo_cuda.py",
+        "test_drills.py",
+        "test_fleet.py",
         "test_heap.py",
         "test_mig.py",
         "test_preinstalled_nvml.py",
         "test_python_versions.py",
+        "test_report.py",
         "test_safepoint.py",
+        "test_serve.py",
         "test_snapshot_cli.py",
         "test_static_checks.py",
+        "test_trace.py",
     }
 )
 
@@ -69,6 +80,7 @@ def lane_of(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: `-m unit` must see the markers added here
 def pytest_collection_modifyitems(config, items):
+    config.stash[COLLECTED] = list(items)  # every test collected, before -m and -k deselect (tests/test_lanes.py)
     for item in items:
         lane = lane_of(item)
         item.add_marker(lane)
@@ -77,34 +89,25 @@ def pytest_collection_modifyitems(config, items):
         item.stash[_LANE] = lane
 
 
-_LANE = pytest.StashKey[str]()
-_WAITED = pytest.StashKey[float]()
-
-
-def _cpu_wait_s() -> dict[int, float]:
-    """Seconds each thread of this process has spent runnable but waiting for a CPU (/proc schedstat's 2nd field)."""
-    waits = {}
+def _cpu_wait_s() -> float:
+    """Seconds this thread has spent runnable but waiting for a CPU (schedstat's 2nd field; 0 where the kernel
+    keeps no schedstats)."""
     try:
-        for task in os.scandir("/proc/self/task"):
-            try:
-                with open(f"{task.path}/schedstat") as f:
-                    waits[int(task.name)] = int(f.read().split()[1]) / 1e9
-            except (OSError, ValueError, IndexError):
-                continue
-    except OSError:
-        pass
-    return waits
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
+    # The budget is the test's, not the box's: the time the test's thread was kept off a CPU by other load (a
+    # shared 2-core box) is not counted.  Only that thread's: a pool thread's wait may not be on the test's path.
     before = _cpu_wait_s()
     try:
         return (yield)
     finally:
-        after = _cpu_wait_s()
-        # the longest any one thread that lived through the call was kept off a CPU by the box's other load
-        item.stash[_WAITED] = max((after[t] - before[t] for t in after.keys() & before.keys()), default=0.0)
+        item.stash[_WAITED] = _cpu_wait_s() - before
 
 
 @pytest.hookimpl(wrapper=True)
