@@ -73,6 +73,7 @@ def test_a_verdict_settles_when_it_holds_for_a_few_polls():
     assert not case_study.settled([case_study.COLLECTING] * 50, case_study.MAX_STAGE_S - 1)
 
 
+@pytest.mark.acceptance  # four live jobs, one after another
 @pytest.mark.slow
 def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn):
     """Four real jobs (2 ranks each, to fit the box), one after another; one JSON object per stage."""

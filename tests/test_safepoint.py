@@ -258,6 +258,7 @@ def _allocating_job(spawn, tmp_path, name: str, *options: str, ranks: int = 1):
     return {pid: size_counter(Path(f"{prefix}.{r['rank']}")) for pid, r in records.items()}
 
 
+@pytest.mark.acceptance  # a soak
 @pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_100_injections_into_a_torch_job_living_in_the_allocator(spawn, tmp_path):
     pid, progress = start_allocating_job(spawn, tmp_path, "alloc")
@@ -270,6 +271,7 @@ def test_100_injections_into_a_torch_job_living_in_the_allocator(spawn, tmp_path
     assert tally.slowest_s < safepoint.FIND_BOUND_S + safepoint.CALL_BOUND_S
 
 
+@pytest.mark.acceptance  # the injection soak
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_1000_injections_and_200_into_each_kind_of_job_harm_none(spawn, tmp_path):
