@@ -43,6 +43,7 @@ INTEGRATION_MODULES = frozenset(
         "test_demo_cuda.py",
         "test_drills.py",
         "test_fleet.py",
+        "test_harness.py",
         "test_heap.py",
         "test_mig.py",
         "test_preinstalled_nvml.py",

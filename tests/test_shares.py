@@ -520,6 +520,7 @@ for i in range(60):
 """
 
 
+@pytest.mark.integration  # two real processes
 def test_two_processes_writing_at_once_lose_no_entry(tmp_path):
     path = str(tmp_path / "advice.json")
     writers = [
