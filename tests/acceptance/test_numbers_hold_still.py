@@ -40,6 +40,7 @@ from typing import Optional
 
 import pytest
 
+from tests.harness.box_load import BoxLoad
 from tests.harness.processes import Spawner, run_gputop
 from tests.harness.train_jobs import DIAGNOSIS_MODES, FRAMEWORK_WARM_STEPS, REPO, STEADY_JOBS, start
 
@@ -66,6 +67,7 @@ class Series:
     error: Optional[str] = None
     started_s: float = 0.0  # the job ready, after this long
     wall_s: float = 0.0  # the whole series: start, benchmark, reports
+    box: str = ""  # how busy the box was meanwhile (tests/harness/box_load.py): a failure says so, never retries
 
     # ------------------------------------------------------------- what the reports say
 
@@ -132,6 +134,8 @@ class Series:
                 f"  advised max/min {max(advised)}/{min(advised)} = {max(advised) / min(advised):.2f}; "
                 f"the need inside {self.contained()}/{len(self.reports)} stated ranges"
             )
+        if self.box:
+            lines.append(f"  {self.box}")
         if self.error:
             lines.append(f"  stopped: {self.error}")
         return "\n".join(lines)
@@ -176,6 +180,7 @@ def _run_series(spawn: Spawner, tmp_path, name: str, stages: Stages) -> Series:
     if name == "hf":
         options = (*options, "--output-dir", str(tmp_path / "hf-out"))  # nothing is saved; keep it out of the repo
     series = Series(name, options)
+    box = BoxLoad()
     t0 = time.monotonic()
     try:
         if not benchmarked:
@@ -202,6 +207,7 @@ def _run_series(spawn: Spawner, tmp_path, name: str, stages: Stages) -> Series:
         series.error = f"{type(exc).__name__}: {exc}"
     finally:
         series.wall_s = time.monotonic() - t0
+        series.box = box.since()
         stages.end(name)
     return series
 
