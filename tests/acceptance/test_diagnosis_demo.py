@@ -25,6 +25,7 @@ from gputop.pipeline import Pipeline
 from gputop.sim import scenarios
 from gputop.sim.demo_launcher import DemoJob
 from tests.harness.attach import Observer
+from tests.harness.box_load import BoxLoad
 from tests.harness.demo import (
     column,
     dips,
@@ -36,7 +37,6 @@ from tests.harness.demo import (
     stop_and_check_nothing_left,
     worker_pids,
 )
-from tests.harness.box_load import BoxLoad
 from tests.harness.processes import wait_until
 
 VERDICT_DEADLINE_S = 30.0
