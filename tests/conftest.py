@@ -1,10 +1,132 @@
+"""Fixtures shared by every test, and the suite's three lanes.
+
+Every test runs in exactly one lane, named by its marker (README, Development):
+
+- ``unit`` (the default): pure code over the simulated machine, a ManualClock and recorded histories.  A unit
+  test whose call takes over `UNIT_BUDGET_S` fails (`pytest_runtest_makereport` below).
+- ``integration``: real processes, py-spy, ptrace, ptys, Prometheus, mpirun, Textual's pilot.  They assert
+  structure and counts, never rates or durations.
+- ``acceptance``: live training jobs and the statistical series, in tests/acceptance/.
+
+A test says its lane with the marker; without one, `lane_of` decides it from what the test depends on, so a
+new file lands in a sane lane: tests/acceptance/ is acceptance; tests/tui/ (Textual's pilot), a test that asks
+for a fixture starting real processes (`INTEGRATION_FIXTURES`), one marked ``slow`` or in
+`INTEGRATION_MODULES` is integration; the rest is unit.  ``slow`` keeps its meaning (the quick lane is
+``-m "not slow"``): every acceptance test is also ``slow``.
+"""
+
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
 from tests.harness.attach import Observer
 from tests.harness.processes import Spawner
+
+LANES = ("unit", "integration", "acceptance")
+UNIT_BUDGET_S = 2.0
+COLLECTED = pytest.StashKey[list]()  # every test collected, before -m and -k deselect
+_LANE = pytest.StashKey[str]()
+_WAITED = pytest.StashKey[float]()  # the call's wait for a CPU (see pytest_runtest_call)
+TESTS = Path(__file__).resolve().parent
+# fixtures that start real processes, attach py-spy or ptrace, or serve on a socket (a fixture that uses one
+# of these counts too: pytest lists the whole closure in item.fixturenames)
+INTEGRATION_FIXTURES = frozenset({"spawn", "observe", "demo", "prom"})
+# modules whose tests drive real processes, servers, terminals, torch or tools without one of those fixtures
+# (subprocess, HTTP on loopback, ruff and mypy, the installed interpreters); a single test elsewhere that
+# does (Textual's pilot in a module of pure rules) carries the integration marker itself
+INTEGRATION_MODULES = frozenset(
+    {
+        "test_check.py",
+        "test_cli.py",
+        "test_demo_cuda.py",
+        "test_drills.py",
+        "test_fleet.py",
+        "test_harness.py",
+        "test_heap.py",
+        "test_mig.py",
+        "test_preinstalled_nvml.py",
+        "test_python_versions.py",
+        "test_report.py",
+        "test_safepoint.py",
+        "test_serve.py",
+        "test_snapshot_cli.py",
+        "test_static_checks.py",
+        "test_trace.py",
+    }
+)
+
+
+def lane_of(item: pytest.Item) -> str:
+    """The lane a test runs in: its own marker, else what it depends on (see the module docstring)."""
+    named = [lane for lane in LANES if item.get_closest_marker(lane) is not None]
+    if len(named) > 1:
+        raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(named)}: a test runs in one lane; keep one marker")
+    if named:
+        return named[0]
+    path = Path(str(item.path)).resolve()
+    folders = path.relative_to(TESTS).parts[:-1] if path.is_relative_to(TESTS) else ()
+    if folders[:1] == ("acceptance",):
+        return "acceptance"
+    if (
+        folders[:1] == ("tui",)
+        or path.name in INTEGRATION_MODULES
+        or item.get_closest_marker("slow") is not None
+        or INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    ):
+        return "integration"
+    return "unit"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: `-m unit` must see the markers added here
+def pytest_collection_modifyitems(config, items):
+    config.stash[COLLECTED] = list(items)  # every test collected, before -m and -k deselect (tests/test_lanes.py)
+    for item in items:
+        lane = lane_of(item)
+        item.add_marker(lane)
+        if lane == "acceptance":
+            item.add_marker("slow")
+        item.stash[_LANE] = lane
+
+
+def _cpu_wait_s() -> float:
+    """Seconds this thread has spent runnable but waiting for a CPU (schedstat's 2nd field; 0 where the kernel
+    keeps no schedstats)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    # The budget is the test's, not the box's: the time the test's thread was kept off a CPU by other load (a
+    # shared 2-core box) is not counted.  Only that thread's: a pool thread's wait may not be on the test's path.
+    before = _cpu_wait_s()
+    try:
+        return (yield)
+    finally:
+        item.stash[_WAITED] = _cpu_wait_s() - before
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if call.when != "call" or item.stash.get(_LANE, None) != "unit" or not report.passed:
+        return report
+    waited = item.stash.get(_WAITED, 0.0)
+    took = call.duration - waited
+    if took > UNIT_BUDGET_S:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid}: a unit-lane test took {took:.2f} s ({call.duration:.2f} s wall, less {waited:.2f} s waiting "
+            f"for a CPU the box's other load held), over the unit lane's {UNIT_BUDGET_S:.0f} s: make it cheaper "
+            f"(a ManualClock, a recorded history) or mark it integration (tests/conftest.py, lane_of)"
+        )
+    return report
+
 
 # A shell starts a background job (`pytest &`, a CI step run in the background) with SIGINT ignored, and
 # an ignored signal is inherited: every `gputop record` the tests start would then ignore the Ctrl-C they

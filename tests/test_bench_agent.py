@@ -119,6 +119,7 @@ def test_new_loader_draws_nothing_from_the_global_rng():
     assert fresh is not loader and fresh.dataset is loader.dataset
 
 
+@pytest.mark.integration  # a forked child
 def test_privatize_read_only_files_gives_this_process_its_own_offset(tmp_path):
     path = tmp_path / "data.bin"
     path.write_bytes(bytes(range(100)))
@@ -144,6 +145,7 @@ def test_privatize_read_only_files_gives_this_process_its_own_offset(tmp_path):
         os.close(shared)
 
 
+@pytest.mark.integration  # a forked child
 def test_detach_shared_channels_lets_the_parent_see_eof_while_the_child_lives():
     # The job holds both ends of a pipe and reads until EOF (the demo's "storage" does this); a forked
     # copy of the write end would keep that read blocked for as long as the sweep child lives.

@@ -212,6 +212,7 @@ def test_cpus_above_the_cpu_count_stay_on_the_affinity_list(tmp_path: Path, monk
     assert machine.topology.cpu_affinity == ("48-63,176-191", "48-63,176-191")
 
 
+@pytest.mark.integration  # Textual's pilot
 def test_the_topology_dialog_on_a_dgx1_shows_every_pair() -> None:
     """The real app's T dialog over the DGX-1 capture, at 80x24 (the picture below the matrix) and 160x48."""
     import asyncio

@@ -12,6 +12,7 @@ import pytest
 from gputop.commands import case_study
 from gputop.model import Finding
 from gputop.sim import scenarios
+from tests.harness.box_load import BoxLoad
 
 
 def _finding(finding_id: str, severity: str = "warning") -> Finding:
@@ -73,9 +74,11 @@ def test_a_verdict_settles_when_it_holds_for_a_few_polls():
     assert not case_study.settled([case_study.COLLECTING] * 50, case_study.MAX_STAGE_S - 1)
 
 
+@pytest.mark.acceptance  # four live jobs, one after another
 @pytest.mark.slow
 def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn):
     """Four real jobs (2 ranks each, to fit the box), one after another; one JSON object per stage."""
+    box = BoxLoad()
     proc = spawn.python(
         ["-m", "gputop", "demo", "--scenario", "case-study", "--no-tui", "--json", "--gpus", "2"],
         stdout=subprocess.PIPE,
@@ -86,7 +89,8 @@ def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn)
     assert proc.returncode == 0, err[-2000:]
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [r["stage"] for r in rows] == [1, 2, 3, 4]
-    assert [r["verdict"] for r in rows] == ["CPU data loading", "CPU preprocessing", "memory bandwidth", case_study.HEALTHY]
+    verdicts = [r["verdict"] for r in rows]
+    assert verdicts == ["CPU data loading", "CPU preprocessing", "memory bandwidth", case_study.HEALTHY], (rows, box.since())
     assert all(set(r) >= {"stage", "steps_per_s", "verdict", "finding", "fix"} for r in rows)
     steps = [r["steps_per_s"] for r in rows]
     assert steps == sorted(steps) and steps[0] < steps[-1], steps

@@ -3,13 +3,16 @@
 In-process: a launch returns at once, the GPU's busy time runs after it on the board, and `.item()` waits
 for it.  Live (slow; real ranks): the watchdog takes a hung job down, and the headless demo ends with its
 verdict.  What the nccl-hang, eval-rank0 and sync-bound scenarios show on the machine is checked in
-tests/test_diagnosis_demo.py, on the job each scenario's verdict test attached to.
+tests/acceptance/test_diagnosis_demo.py, on the job each scenario's verdict test attached to.
 """
 
 from __future__ import annotations
 
+import fcntl
 import inspect
+import os
 import re
+import threading
 import time
 
 import psutil
@@ -38,13 +41,23 @@ def stream(tmp_path, monkeypatch):
     board.close()
 
 
-def test_a_launch_returns_at_once_and_item_waits_for_the_gpu(stream):
+def test_a_launch_returns_at_once_and_item_waits_for_the_gpu(stream, tmp_path):
     cuda, board, torch = stream
     loss = cuda.on_device(torch.tensor(2.5)) * 2
-    started = time.monotonic()
-    cuda.launch(0.4)
-    launched = time.monotonic() - started
-    assert launched < 0.1  # the host went on while the GPU works
+    # the GPU is held by another process (its lock, taken here): the kernel cannot start until the test lets
+    # it, so a launch that waited for its kernel would never return (an order of events, not a time)
+    gpu_lock = os.open(tmp_path / "gpu0.lock", os.O_RDWR)
+    try:
+        fcntl.flock(gpu_lock, fcntl.LOCK_EX)
+        started = time.monotonic()
+        launcher = threading.Thread(target=cuda.launch, args=(0.4,), daemon=True)
+        launcher.start()
+        launcher.join(30)
+        assert not launcher.is_alive(), "the launch waited for its kernel"
+        assert board.busy_seconds(0)[0] == 0.0  # the host went on while the kernel waits for the GPU
+    finally:
+        fcntl.flock(gpu_lock, fcntl.LOCK_UN)
+        os.close(gpu_lock)
     assert wait_until(lambda: board.busy_seconds(0)[0] > 0, timeout=5, what="the GPU to start the kernel")
     value = loss.item()  # the sync
     waited = time.monotonic() - started

@@ -37,6 +37,7 @@ from gputop.collect.job_tree import JobCollector
 from gputop.errors import GputopError
 from gputop.recording import ReplaySource, read_recording
 from tests.harness import train_jobs
+from tests.harness.box_load import BoxLoad
 from tests.harness.processes import Ran, wait_until
 from tests.harness.processes import run_gputop as gputop
 
@@ -360,7 +361,7 @@ def test_job_sigkilled_during_an_active_benchmark(spawn, tmp_path):
     assert bench.poll() is None, bench.communicate()[1].decode()
     run_dir = Path(os.readlink(f"/proc/{sweeper.pid}/fd/1")).parent  # the sweep logs into the run directory
     job_side = [job.pid] + [p.pid for p in live_children(job.pid)]
-    kill_at = time.monotonic()
+    box, kill_at = BoxLoad(), time.monotonic()
     os.killpg(job.pid, signal.SIGKILL)  # the job only (an OOM kill): the sweep's own group is not signalled
     job.proc.wait(timeout=10)
 
@@ -368,7 +369,7 @@ def test_job_sigkilled_during_an_active_benchmark(spawn, tmp_path):
     took = time.monotonic() - kill_at
     err_text = err.decode()
     assert "Traceback" not in err_text, err_text
-    assert took < 12 + 3 + 5, f"gputop bench took {took:.0f} s after the job died"
+    assert took < 12 + 3 + 5, f"gputop bench took {took:.0f} s after the job died; {box.since()}"
     if bench.returncode == 0:
         result = json.loads(out)
         assert any("exit" in n or "did not answer" in n for n in result["notes"]), result["notes"]
@@ -595,7 +596,7 @@ def test_py_spy_hangs_record_and_snapshot_commands_end_in_bounded_time(spawn, tm
     log = tmp_path / "py-spy-pids"
     env = dict(os.environ, FAKE_PY_SPY_LOG=str(log))
     rec = tmp_path / "hung.gputop"
-    t0 = time.monotonic()
+    box, t0 = BoxLoad(), time.monotonic()
     ran = gputop(
         spawn,
         "record",
@@ -613,18 +614,18 @@ def test_py_spy_hangs_record_and_snapshot_commands_end_in_bounded_time(spawn, tm
     )
     took = time.monotonic() - t0
     assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
-    assert took < 5 + 8, f"record --seconds 5 took {took:.1f} s with a hung py-spy"
+    assert took < 5 + 8, f"record --seconds 5 took {took:.1f} s with a hung py-spy; {box.since()}"
     assert recorded_stacks(rec, job.pid).error == f"py-spy took longer than 3s on PID {job.pid}; will retry"
     assert len(snapshots(rec)) >= 8, "the 0.5 s snapshots kept coming while py-spy hung"
     hung = [int(p) for p in log.read_text().split()]
     # gputop has exited: a py-spy it was still waiting on must not stay behind
     wait_until(lambda: all_dead(hung), timeout=10, what="the hung py-spy processes to be gone after gputop exited")
 
-    t0 = time.monotonic()
+    box, t0 = BoxLoad(), time.monotonic()
     ran = gputop(spawn, "snapshot", "--pid", str(job.pid), "--json", python=python, env=env, timeout=60)
     took = time.monotonic() - t0
     assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
-    assert took < 12, f"snapshot took {took:.1f} s with a hung py-spy"
+    assert took < 12, f"snapshot took {took:.1f} s with a hung py-spy; {box.since()}"
     hung = [int(p) for p in log.read_text().split()]
     wait_until(lambda: all_dead(hung), timeout=10, what="the hung py-spy processes to be gone")
     job.assert_trains()

@@ -465,6 +465,7 @@ def test_each_nic_fault_in_the_exporter(fault):
 # ---------------------------------------------------------------- the topology dialog
 
 
+@pytest.mark.integration  # Textual's pilot
 def test_topology_dialog_shows_each_nic_ports_state_rate_and_traffic():
     import asyncio
     import io

@@ -19,6 +19,7 @@ import pytest
 
 from gputop.inject import safepoint
 from tests.harness import train_jobs
+from tests.harness.box_load import BoxLoad
 from tests.harness.injection import ALLOCATING, hammer, markers, size_counter, start_allocating_job, step_counter
 from tests.harness.processes import wait_until
 
@@ -179,10 +180,10 @@ def test_other_pythons_and_a_static_interpreter(spawn, tmp_path, python):
 
 def test_no_safe_point_is_refused_within_the_bound_and_the_target_goes_on(spawn, tmp_path):
     proc, read = _start_script(spawn, tmp_path, NO_SAFE_POINT, "locked")
-    started = time.monotonic()
+    box, started = BoxLoad(), time.monotonic()
     with pytest.raises(safepoint.Refused) as refused:
         safepoint.inject(proc.pid, "raise SystemExit('must never run')", find_bound=1.0)
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 3.0, box.since()
     assert "no thread of PID" in str(refused.value) and "lock of libc" in str(refused.value)
     assert "\n" not in str(refused.value)
     assert _moves(read)
@@ -273,6 +274,7 @@ def _allocating_job(spawn, tmp_path, name: str, *options: str, ranks: int = 1):
     return {pid: size_counter(Path(f"{prefix}.{r['rank']}")) for pid, r in records.items()}
 
 
+@pytest.mark.acceptance  # a soak
 @pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_100_injections_into_a_torch_job_living_in_the_allocator(spawn, tmp_path):
     pid, progress = start_allocating_job(spawn, tmp_path, "alloc")
@@ -285,6 +287,7 @@ def test_100_injections_into_a_torch_job_living_in_the_allocator(spawn, tmp_path
     assert tally.slowest_s < safepoint.FIND_BOUND_S + safepoint.CALL_BOUND_S
 
 
+@pytest.mark.acceptance  # the injection soak
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_1000_injections_and_200_into_each_kind_of_job_harm_none(spawn, tmp_path):
@@ -336,13 +339,13 @@ def test_a_refusal_reaches_the_user_as_one_line_from_the_helper(spawn, tmp_path)
     proc, read = _start_script(spawn, tmp_path, NO_SAFE_POINT, "locked")
     target = injector.inspect_target(proc.pid)
     run = injector.prepare_run_dir(target, {}, (str(tmp_path / "runs"), str(tmp_path / "runs")))
-    started = time.monotonic()
+    box, started = BoxLoad(), time.monotonic()
     try:
         with pytest.raises(GputopError) as refused:
             injector.inject_agent(target, run)
     finally:
         injector.remove_run_dir(run)
-    assert time.monotonic() - started < injector.HELPER_TIMEOUT
+    assert time.monotonic() - started < injector.HELPER_TIMEOUT, box.since()
     assert str(refused.value).startswith(f"no thread of PID {proc.pid} reached a safe point within 3s")
     assert "\n" not in str(refused.value)
     assert _moves(read)

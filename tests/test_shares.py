@@ -1,6 +1,6 @@
 """Shares with their intervals, the dense samples they are counted from, start-up left out, and the advice's
 range (issue 21).  Pure functions over hand-built samples; the real py-spy runs are in
-tests/test_state_sampler_jobs.py and tests/test_numbers_hold_still.py."""
+tests/test_state_sampler_jobs.py and tests/acceptance/test_numbers_hold_still.py."""
 
 from __future__ import annotations
 
@@ -520,6 +520,7 @@ for i in range(60):
 """
 
 
+@pytest.mark.integration  # two real processes
 def test_two_processes_writing_at_once_lose_no_entry(tmp_path):
     path = str(tmp_path / "advice.json")
     writers = [

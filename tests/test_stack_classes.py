@@ -580,6 +580,7 @@ def test_sync_lines_are_read_from_the_function_the_profiler_names(tmp_path, monk
     assert sc.sync_lines_in_function("train.py", 4, "train_step", pid=os.getpid()) == [(12, "return loss.item()")]
 
 
+@pytest.mark.integration  # a Python under a C locale
 def test_a_source_under_a_non_ascii_path_is_read_under_a_c_locale(tmp_path):
     """py-spy names a frame's file as it decoded it (UTF-8). Under LANG=C without PEP 538 coercion or UTF-8 mode
     Python's file-system encoding is ASCII, and opening that name as a str raised UnicodeEncodeError, which ended

@@ -13,6 +13,8 @@ from typing import Callable, NamedTuple, Optional, Sequence, TypeVar
 
 import psutil
 
+from tests.harness.box_load import BoxLoad
+
 T = TypeVar("T")
 
 
@@ -29,6 +31,7 @@ def wait_until(
     failure what was seen instead (the verdict that stood at the deadline), so a failure on CI explains itself.
     """
     deadline = time.monotonic() + timeout
+    box = BoxLoad()
     last_exc: Optional[BaseException] = None
     while True:
         try:
@@ -41,7 +44,7 @@ def wait_until(
             detail = f" (last error: {last_exc!r})" if last_exc else ""
             if state is not None:
                 detail += f"; at the deadline: {state()}"
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}; {box.since()}")
         time.sleep(interval)
 
 

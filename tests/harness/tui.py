@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 from gputop.model import LABEL_CODE, Finding
 from gputop.tui.app import GputopApp
+from tests.harness.box_load import BoxLoad
 from tests.harness.histories import (
     ScriptedSource,
     fixed_diagnose,
@@ -19,9 +20,10 @@ from tests.harness.histories import (
 async def wait_for(pilot, condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
     """Let the app run until `condition()` holds; fail at the deadline (a condition, not a sleep)."""
     deadline = time.monotonic() + timeout
+    box = BoxLoad()
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; {box.since()}")
         await pilot.pause(0.02)
 
 

@@ -69,6 +69,7 @@ class ScriptedJob:
         self.proc.wait(timeout=10)
 
 
+@pytest.mark.acceptance  # the case study's live jobs
 @pytest.mark.slow
 async def test_the_tui_follows_the_case_study_from_stage_1_to_stage_2(spawn):
     # stage 1: one process holding two GPUs (gputop says: rank placement); stage 2: one GPU, busy

@@ -25,6 +25,7 @@ from gputop.pipeline import Pipeline
 from gputop.sim import scenarios
 from gputop.sim.demo_launcher import DemoJob
 from tests.harness.attach import Observer
+from tests.harness.box_load import BoxLoad
 from tests.harness.demo import (
     column,
     dips,
@@ -120,6 +121,7 @@ def _verdict_is(obs: Observer, finding_id: str, words: str, severities: tuple[st
 def _assert_verdict(obs: Observer, scenario: str, finding_id: str, words: str, severities: tuple[str, ...]) -> None:
     """The whole verdict (finding, cause and stuck frame) within the deadline, not just its headline, and
     nothing else scored as severe."""
+    box = BoxLoad()
     started = time.monotonic()
     wait_until(
         lambda: _verdict_is(obs, finding_id, words, severities),
@@ -128,7 +130,7 @@ def _assert_verdict(obs: Observer, scenario: str, finding_id: str, words: str, s
         what=f"{scenario}: {finding_id} verdict naming {words!r}",
         state=lambda: verdict_line(obs.findings),
     )
-    assert time.monotonic() - started <= VERDICT_DEADLINE_S + 5
+    assert time.monotonic() - started <= VERDICT_DEADLINE_S + 5, box.since()
     others = [(f.id, f.summary) for f in severe(obs.findings) if f is not obs.findings[0]]
     assert not others, others  # nothing else scores as severe
 
