@@ -25,7 +25,7 @@ from tests.harness.attach import Observer
 from tests.harness.processes import Spawner
 
 LANES = ("unit", "integration", "acceptance")
-UNIT_BUDGET_S = 2.0
+UNIT_BUDGET_S = 2.0  # on the reference box of gputop.sim.cpu_speed; scaled by this box's slowness (`unit_budget_s`)
 COLLECTED = pytest.StashKey[list]()  # every test collected, before -m and -k deselect
 _LANE = pytest.StashKey[str]()
 _WAITED = pytest.StashKey[float]()  # the call's wait for a CPU (see pytest_runtest_call)
@@ -111,6 +111,20 @@ def pytest_runtest_call(item):
         item.stash[_WAITED] = _cpu_wait_s() - before
 
 
+_BUDGET: list[float] = []
+
+
+def unit_budget_s() -> float:
+    """The unit lane's budget on this box: 2 s on the reference box, more on a slower one (a CI VM ran the same
+    Python 4.4 times slower than a developer's box on one day): measured once a session with the demo's own
+    fixed workload, never less than 2 s.  A test that needs more is slow code, not a slow box."""
+    if not _BUDGET:
+        from gputop.sim.cpu_speed import measured_slowness
+
+        _BUDGET.append(UNIT_BUDGET_S * max(1.0, measured_slowness()))
+    return _BUDGET[0]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
@@ -118,11 +132,12 @@ def pytest_runtest_makereport(item, call):
         return report
     waited = item.stash.get(_WAITED, 0.0)
     took = call.duration - waited
-    if took > UNIT_BUDGET_S:
+    budget = unit_budget_s()
+    if took > budget:
         report.outcome = "failed"
         report.longrepr = (
             f"{item.nodeid}: a unit-lane test took {took:.2f} s ({call.duration:.2f} s wall, less {waited:.2f} s waiting "
-            f"for a CPU the box's other load held), over the unit lane's {UNIT_BUDGET_S:.0f} s: make it cheaper "
+            f"for a CPU the box's other load held), over the unit lane's {budget:.1f} s ({UNIT_BUDGET_S:.0f} s on the reference box, scaled to this one's speed): make it cheaper "
             f"(a ManualClock, a recorded history) or mark it integration (tests/conftest.py, lane_of)"
         )
     return report
