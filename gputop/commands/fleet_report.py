@@ -7,22 +7,49 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-from typing import Any, Optional
+from collections import Counter
+from typing import Any, Optional, Sequence
 
 from gputop.errors import UsageError
 from gputop.fleet.prometheus import PrometheusApi, Query
-from gputop.fleet.view import FleetRank, FleetVerdict, FleetView, fleet_view, judge
+from gputop.fleet.view import (
+    FleetNode,
+    FleetRank,
+    FleetVerdict,
+    FleetView,
+    fleet_view,
+    judge,
+    nodes_outliers_first,
+    outliers,
+    ranks_outliers_first,
+)
+
+# The Markdown lists every node and rank up to these; a bigger job gets its outliers and a summary line
+# (the JSON always has all of them).
+MD_ALL_NODES_UP_TO = 16
+MD_ALL_RANKS_UP_TO = 16
+MD_OTHER_RANKS_SHOWN = 4  # beyond the outliers' ranks, the most stalled or waiting
+FINDING_GROUPED_FROM = 4  # the same finding on this many nodes is one line naming them
+
+
+def _verdict_json(verdict: FleetVerdict) -> dict[str, Any]:
+    return {"kind": verdict.kind, "node": verdict.node, "rank": verdict.rank, "summary": verdict.summary}
 
 
 def report_json(view: FleetView, verdict: FleetVerdict, url: str) -> dict[str, Any]:
+    ranks_of: dict[str, list[int]] = {}
+    for r in view.ranks:
+        ranks_of.setdefault(r.node, []).append(r.rank)
     return {
         "job": view.job,
         "prometheus": url,
         "at": view.at,
         "nnodes": view.nnodes,
         "world_size": view.world_size,
-        "verdict": {"kind": verdict.kind, "node": verdict.node, "rank": verdict.rank, "summary": verdict.summary},
+        "verdict": _verdict_json(verdict),
+        "outliers": [_verdict_json(v) for v in outliers(view)],
         "nodes": [
             {
                 "node": n.hostname,
@@ -30,8 +57,10 @@ def report_json(view: FleetView, verdict: FleetVerdict, url: str) -> dict[str, A
                 "gpus": list(n.gpus),
                 "utilization": {str(g): u for g, u in sorted(n.utilization.items())},
                 "gpu_health": {str(g): h for g, h in sorted(n.gpu_health.items())},
-                "ranks": [r.rank for r in view.ranks if r.node == n.hostname],
+                "ranks": ranks_of.get(n.hostname, []),
                 "verdict": n.verdict,
+                "reporting": n.reporting,
+                "last_seen": n.last_seen,
             }
             for n in view.nodes
         ],
@@ -80,28 +109,92 @@ def _rank_line(view: FleetView, r: FleetRank) -> str:
     )
 
 
+def _node_row(view: FleetView, n: FleetNode, ranks_of: dict[str, list[int]]) -> str:
+    unwell = [f"GPU{g}:{'critical' if h >= 2 else 'warning'}" for g, h in sorted(n.gpu_health.items()) if h]
+    place = "-" if n.node_rank is None else str(n.node_rank)
+    if not n.reporting:
+        ago = "" if n.last_seen is None else f", last seen {view.at - n.last_seen:.0f} s ago"
+        return f"| {n.hostname} | {place} | - | - | - | not reporting{ago} |"
+    ranks = rank_ranges(ranks_of.get(n.hostname, []))
+    return f"| {n.hostname} | {place} | {len(n.gpus)} | {ranks} | {' '.join(unwell) or 'ok'} | {n.verdict or '-'} |"
+
+
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """[0, 1, 2, 3, 6] -> '0–3,6'."""
+    spans: list[list[int]] = []
+    for rank in sorted(ranks):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ",".join(str(a) if a == b else f"{a}–{b}" for a, b in spans) or "-"
+
+
+def _finding_lines(view: FleetView) -> list[str]:
+    """A line per finding; one the same on FINDING_GROUPED_FROM nodes or more is one line naming them."""
+    groups: dict[tuple[str, str, str, str], list[str]] = {}
+    for f in view.findings:
+        groups.setdefault((f.part, f.kind, f.severity, f.label), []).append(f.node)
+    lines = []
+    for (part, kind, severity, label), nodes in groups.items():
+        where = f" {part}" if part else ""
+        if len(nodes) >= FINDING_GROUPED_FROM:
+            shown = ", ".join(nodes[:3])
+            lines.append(f"- **{len(nodes)} nodes** ({shown} …){where}: {kind} ({severity}, {label})")
+        else:
+            lines += [f"- **{node}**{where}: {kind} ({severity}, {label})" for node in nodes]
+    return lines
+
+
 def report_markdown(view: FleetView, verdict: FleetVerdict, url: str) -> str:
+    """The verdict, every outlier, then the nodes and ranks outliers first: all of them in a small job, the
+    outliers' and a summary line in a big one (`--format json` has every rank)."""
+    found = outliers(view)
+    reporting = [n for n in view.nodes if n.reporting]
     lines = [
         f"# gputop fleet report: job {view.job}",
         "",
         f"**Verdict ({verdict.kind}):** {verdict.summary}",
         "",
-        f"Read from Prometheus at {url}: {len(view.nodes)} nodes"
-        + (f" of {view.nnodes}" if view.nnodes and view.nnodes != len(view.nodes) else "")
+        f"Read from Prometheus at {url}: {len(reporting)} nodes"
+        + (f" of {view.nnodes}" if view.nnodes and view.nnodes != len(reporting) else "")
         + f", {len(view.ranks)} ranks"
         + (f" of {view.world_size}" if view.world_size and view.world_size != len(view.ranks) else "")
         + ".",
+        "",
+        "## Outliers",
+        "",
+    ]
+    lines += [f"- **{v.kind}**: {v.summary}" for v in found] or ["None: no rank or node stands out."]
+    ranks_of: dict[str, list[int]] = {}
+    for r in view.ranks:
+        ranks_of.setdefault(r.node, []).append(r.rank)
+    nodes = nodes_outliers_first(view, found)
+    shown_nodes = nodes if len(nodes) <= MD_ALL_NODES_UP_TO else nodes[: max(len({v.node for v in found}), 4)]
+    lines += [
         "",
         "## Nodes",
         "",
         "| node | node rank | GPUs | ranks | GPU health | its own verdict |",
         "|---|---|---|---|---|---|",
     ]
-    for n in view.nodes:
-        unwell = [f"GPU{g}:{'critical' if h >= 2 else 'warning'}" for g, h in sorted(n.gpu_health.items()) if h]
-        ranks = ",".join(str(r.rank) for r in view.ranks if r.node == n.hostname) or "-"
-        place = "-" if n.node_rank is None else str(n.node_rank)
-        lines.append(f"| {n.hostname} | {place} | {len(n.gpus)} | {ranks} | {' '.join(unwell) or 'ok'} | {n.verdict or '-'} |")
+    lines += [_node_row(view, n, ranks_of) for n in shown_nodes]
+    if len(shown_nodes) < len(nodes):
+        rest = nodes[len(shown_nodes) :]
+        unwell = sum(1 for n in rest if any(n.gpu_health.values()))
+        lines += [
+            "",
+            f"{len(rest)} more nodes, none an outlier"
+            + (f" ({unwell} with a GPU warning)" if unwell else ", every GPU healthy")
+            + ": `--format json` lists every node.",
+        ]
+    ranks = ranks_outliers_first(view, found)
+    named = {(v.node, v.rank) for v in found if v.rank is not None}
+    if len(ranks) <= MD_ALL_RANKS_UP_TO:
+        shown_ranks = ranks
+    else:
+        shown_ranks = [r for r in ranks if (r.node, r.rank) in named]
+        shown_ranks += [r for r in ranks if (r.node, r.rank) not in named][:MD_OTHER_RANKS_SHOWN]
     lines += [
         "",
         "## Ranks",
@@ -109,13 +202,19 @@ def report_markdown(view: FleetView, verdict: FleetVerdict, url: str) -> str:
         "| rank | node | local rank | GPU | state | data wait | last progress |",
         "|---|---|---|---|---|---|---|",
     ]
-    lines += [_rank_line(view, r) for r in view.ranks]
+    lines += [_rank_line(view, r) for r in shown_ranks]
+    if len(shown_ranks) < len(ranks):
+        states = Counter(r.state or "unknown" for r in ranks)
+        waits = [r.data_wait_ratio for r in ranks if r.data_wait_ratio is not None]
+        lines += [
+            "",
+            f"{len(ranks) - len(shown_ranks)} more ranks in `--format json`. All {len(ranks)}: "
+            + ", ".join(f"{count} {state}" for state, count in states.most_common())
+            + (f"; data wait median {statistics.median(waits):.0%}" if waits else "")
+            + ".",
+        ]
     lines += ["", "## Findings by node", ""]
-    if not view.findings:
-        lines.append("None.")
-    for f in view.findings:
-        where = f" {f.part}" if f.part else ""
-        lines.append(f"- **{f.node}**{where}: {f.kind} ({f.severity}, {f.label})")
+    lines += _finding_lines(view) or ["None."]
     if view.other_jobs:
         lines += ["", f"Other jobs in this Prometheus: {', '.join(view.other_jobs)} (pick one with --job)."]
     return "\n".join(lines) + "\n"

@@ -20,6 +20,9 @@ STRAGGLER_MIN_SHARE = 0.3
 STRAGGLER_MIN_GAP = 0.25
 # A rank whose main thread last moved this long before the job's newest progress: held up (or hung).
 STALLED_AFTER_S = 30.0
+# How far back a node of the job that no longer answers is still looked for: Prometheus drops a series from
+# instant queries 5 minutes after its last sample (at once when the scrape fails), a range query still has it.
+STOPPED_LOOKBACK = "30m"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,8 @@ class FleetNode:
     utilization: dict[int, float] = field(default_factory=dict)
     gpu_health: dict[int, int] = field(default_factory=dict)  # 0 ok, 1 warning, 2 critical
     verdict: Optional[str] = None  # that node's own verdict for the job
+    reporting: bool = True  # False: its serve was scraped within STOPPED_LOOKBACK but is not now
+    last_seen: Optional[float] = None  # (not reporting) its last sample's time, Unix seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +113,11 @@ def _sel(job: str, **more: str) -> str:
     return "{" + ",".join(f"{k}={_quoted(v)}" for k, v in {"job": job, **more}.items()) + "}"
 
 
-def job_sizes(query: Query) -> dict[str, int]:
-    """Every job's number of ranks (distinct node and rank: a rank on two GPUs has two series), one query."""
+def job_sizes(query: Query, rank_rows: Optional[list[Series]] = None) -> dict[str, int]:
+    """Every job's number of ranks (distinct node and rank: a rank on two GPUs has two series), one query
+    (none when `rank_rows`, every gputop_rank_info series, were read already)."""
     ranks: dict[str, set[tuple[str, str]]] = {}
-    for s in query("gputop_rank_info"):
+    for s in query("gputop_rank_info") if rank_rows is None else rank_rows:
         job = s.labels.get("job", "")
         if job and job != MACHINE_JOB:
             ranks.setdefault(job, set()).add((s.labels.get("Hostname", "?"), s.labels.get("rank", "")))
@@ -135,22 +141,26 @@ def pick_job(query: Query, job: Optional[str], where: str, sizes: dict[str, int]
     return job, [s for s in infos if s.labels.get("job") == job], tuple(j for j in jobs if j != job)
 
 
+def _host(s: Series) -> str:
+    return s.labels.get("Hostname", "?")
+
+
 def fleet_view(query: Query, job: Optional[str] = None, where: str = "Prometheus") -> FleetView:
-    sizes = job_sizes(query)
+    """The job's view from a fixed number of queries, one per metric family whatever the number of nodes
+    (each answer holds every node's series; they are joined here by Hostname and rank)."""
+    all_rank_rows = query("gputop_rank_info")
+    sizes = job_sizes(query, all_rank_rows)
     job, infos, others = pick_job(query, job, where, sizes)
     sel = _sel(job)
-    info_rows = query(f"gputop_rank_info{sel}")
+    info_rows = [s for s in all_rank_rows if s.labels.get("job") == job]
     if not info_rows:
         raise GputopError(f"job {job!r} has no rank series in Prometheus at {where}: gputop serve sees none of its ranks yet")
     at = max(s.at for s in info_rows)
     by_key = _per_rank(query, sel)
-    states = {
-        (s.labels.get("Hostname", "?"), s.labels.get("rank", "")): s.labels.get("state")
-        for s in query(f"gputop_rank_state{sel} == 1")
-    }
+    states = {(_host(s), s.labels.get("rank", "")): s.labels.get("state") for s in query(f"gputop_rank_state{sel} == 1")}
     ranks: dict[tuple[str, int], FleetRank] = {}
     for row in info_rows:
-        node, rank = row.labels.get("Hostname", "?"), _int(row.labels.get("rank"))
+        node, rank = _host(row), _int(row.labels.get("rank"))
         if rank is None:
             continue
         gpu = _int(row.labels.get("gpu"))
@@ -170,9 +180,16 @@ def fleet_view(query: Query, job: Optional[str] = None, where: str = "Prometheus
             data_wait_high=values.get("high"),
             last_progress=values.get("progress"),
         )
-    hosts = sorted({r.node for r in ranks.values()} | {s.labels.get("Hostname", "?") for s in infos})
-    node_rank_of = {s.labels.get("Hostname", "?"): _int(s.labels.get("node_rank")) for s in infos}
-    nodes = tuple(_node(query, host, node_rank_of.get(host), job) for host in hosts)
+    hosts = sorted({r.node for r in ranks.values()} | {_host(s) for s in infos})
+    node_rank_of = {_host(s): _int(s.labels.get("node_rank")) for s in infos}
+    nodes = _nodes(query, hosts, node_rank_of, job)
+    # nodes of the job seen in the last STOPPED_LOOKBACK but not now: their serve stopped being scraped
+    seen = {_host(s): s for s in query(f"gputop_job_info{sel}[{STOPPED_LOOKBACK}]")}
+    nodes += tuple(
+        FleetNode(host, _int(s.labels.get("node_rank")), reporting=False, last_seen=s.at)
+        for host, s in sorted(seen.items())
+        if host not in node_rank_of and host not in {r.node for r in ranks.values()}
+    )
     nodes = tuple(sorted(nodes, key=lambda n: (n.node_rank if n.node_rank is not None else 1 << 30, n.hostname)))
     return FleetView(
         job=job,
@@ -196,18 +213,37 @@ def _per_rank(query: Query, sel: str) -> dict[tuple[str, str], dict[str, float]]
         ("progress", "gputop_rank_last_progress_timestamp_seconds"),
     ):
         for s in query(f"{metric}{sel}"):
-            out.setdefault((s.labels.get("Hostname", "?"), s.labels.get("rank", "")), {})[key] = s.value
+            out.setdefault((_host(s), s.labels.get("rank", "")), {})[key] = s.value
     return out
 
 
-def _node(query: Query, host: str, node_rank: Optional[int], job: str) -> FleetNode:
-    hsel = "{Hostname=" + _quoted(host) + "}"
-    health = {g: int(s.value) for s in query(f"gputop_gpu_health{hsel}") if (g := _int(s.labels.get("gpu"))) is not None}
-    util: dict[int, float] = {}
-    for metric in ("gputop_gpu_utilization_percent", "DCGM_FI_DEV_GPU_UTIL"):  # dcgm-exporter's wins where present
-        util.update({g: s.value for s in query(f"{metric}{hsel}") if (g := _int(s.labels.get("gpu"))) is not None})
-    verdicts = [s.labels.get("verdict") for s in query(f"gputop_verdict{_sel(job, Hostname=host)} == 1")]
-    return FleetNode(host, node_rank, tuple(sorted(set(health) | set(util))), util, health, verdicts[0] if verdicts else None)
+def _per_gpu(series: list[Series], wanted: set[str]) -> dict[str, dict[int, float]]:
+    """Hostname -> GPU index -> value, for the wanted hosts."""
+    out: dict[str, dict[int, float]] = {}
+    for s in series:
+        host, gpu = _host(s), _int(s.labels.get("gpu"))
+        if host in wanted and gpu is not None:
+            out.setdefault(host, {})[gpu] = s.value
+    return out
+
+
+def _nodes(query: Query, hosts: list[str], node_rank_of: dict[str, Optional[int]], job: str) -> tuple[FleetNode, ...]:
+    """Every node's GPUs, their utilization and health and its own verdict: one query per metric for all
+    nodes (a per-node `{Hostname=…}` query would be 4 round trips a node, ~1,000 a refresh at 256)."""
+    wanted = set(hosts)
+    health = _per_gpu(query("gputop_gpu_health"), wanted)
+    util = _per_gpu(query("gputop_gpu_utilization_percent"), wanted)
+    for host, values in _per_gpu(query("DCGM_FI_DEV_GPU_UTIL"), wanted).items():  # dcgm-exporter's wins where present
+        util.setdefault(host, {}).update(values)
+    verdicts: dict[str, str] = {}
+    for s in query(f"gputop_verdict{_sel(job)} == 1"):
+        verdicts.setdefault(_host(s), s.labels.get("verdict", ""))
+    nodes = []
+    for host in hosts:
+        h = {g: int(v) for g, v in health.get(host, {}).items()}
+        u = util.get(host, {})
+        nodes.append(FleetNode(host, node_rank_of.get(host), tuple(sorted(set(h) | set(u))), u, h, verdicts.get(host)))
+    return tuple(nodes)
 
 
 def _findings(query: Query, hosts: list[str], job: str) -> tuple[NodeFinding, ...]:
@@ -215,7 +251,7 @@ def _findings(query: Query, hosts: list[str], job: str) -> tuple[NodeFinding, ..
     found: list[NodeFinding] = []
     wanted = set(hosts)
     for s in query("gputop_gpu_health_problem == 1"):
-        host = s.labels.get("Hostname", "?")
+        host = _host(s)
         if host in wanted:
             found.append(
                 NodeFinding(
@@ -226,10 +262,11 @@ def _findings(query: Query, hosts: list[str], job: str) -> tuple[NodeFinding, ..
                     _int(s.labels.get("gpu")),
                 )
             )
+    pcie_named = {(f.node, f.gpu) for f in found if f.kind == "pcie"}
     for s in query("gputop_gpu_pcie_link_degraded == 1"):
-        host = s.labels.get("Hostname", "?")
-        if host in wanted and not any(f.node == host and f.gpu == _int(s.labels.get("gpu")) and f.kind == "pcie" for f in found):
-            found.append(NodeFinding(host, "pcie", "warning", "infrastructure", _int(s.labels.get("gpu"))))
+        host, gpu = _host(s), _int(s.labels.get("gpu"))
+        if host in wanted and (host, gpu) not in pcie_named:
+            found.append(NodeFinding(host, "pcie", "warning", "infrastructure", gpu))
     # NIC health as each serve's `gputop check` rules judge it (down, below its peers' rate, errors climbing)
     judged_nics = {_nic_key(s) for s in query("gputop_nic_health")}
     for s in query("gputop_nic_health_problem == 1"):
@@ -242,7 +279,7 @@ def _findings(query: Query, hosts: list[str], job: str) -> tuple[NodeFinding, ..
         if host in wanted and (host, device, port) not in judged_nics:
             found.append(NodeFinding(host, "nic_down", "critical", "infrastructure", device=device, port=_int(port)))
     for s in query(f"gputop_finding{_sel(job)} == 1") + query(f"gputop_finding{_sel(MACHINE_JOB)} == 1"):
-        host = s.labels.get("Hostname", "?")
+        host = _host(s)
         if host in wanted and s.labels.get("kind") != "healthy":
             found.append(
                 NodeFinding(host, s.labels.get("kind", "?"), s.labels.get("severity", "info"), s.labels.get("label", ""))
@@ -257,47 +294,94 @@ def _nic_key(s: Series) -> tuple[str, str, str]:
 # ----------------------------------------------------------------- the verdict across nodes
 
 
-def judge(view: FleetView) -> FleetVerdict:
-    """Which node holds the job back: a rank that stopped outside a collective (the others wait for it in
-    theirs), else the straggler, else ranks that all hang, else a degraded node, else healthy."""
+def outliers(view: FleetView) -> tuple[FleetVerdict, ...]:
+    """Everything that holds the job back or hides part of it, the worst first: the ranks that stopped outside
+    a collective while the others wait for them (`hung`), the stragglers, ranks that all hang, the nodes whose
+    serve stopped being scraped (`stopped_reporting`), the nodes with a degraded part (`infrastructure`).
+    `judge` is the first of them."""
+    found: list[FleetVerdict] = []
     stalled = [r for r in view.ranks if r.last_progress is not None and view.at - r.last_progress > STALLED_AFTER_S]
     culprits = [r for r in stalled if r.state != "collective"]
-    if stalled and culprits and len(culprits) < len(view.ranks):
-        r = culprits[0]
-        return FleetVerdict(
-            "hung",
-            f"rank {r.rank} on {_node_name(view, r)} stopped making progress {view.at - (r.last_progress or view.at):.0f} s ago "
-            f"({r.state or 'state unknown'}); the other ranks wait for it",
-            r.node,
-            r.rank,
-        )
-    straggler = _straggler(view)
-    if straggler is not None:
-        r, others = straggler
-        return FleetVerdict(
-            "straggler",
-            f"rank {r.rank} on {_node_name(view, r)} is the straggler: it waits for its data {r.data_wait_ratio or 0.0:.0%} "
-            f"of the time, the job's other ranks {others:.0%} (median), and they wait for it in their collectives",
-            r.node,
-            r.rank,
+    if culprits and len(culprits) < len(view.ranks):
+        for r in culprits:
+            found.append(
+                FleetVerdict(
+                    "hung",
+                    f"rank {r.rank} on {_node_name(view, r)} stopped making progress {view.at - (r.last_progress or view.at):.0f} s ago "
+                    f"({r.state or 'state unknown'}); the other ranks wait for it",
+                    r.node,
+                    r.rank,
+                )
+            )
+    stragglers, others = _stragglers(view)
+    for r in stragglers:
+        found.append(
+            FleetVerdict(
+                "straggler",
+                f"rank {r.rank} on {_node_name(view, r)} is the straggler: it waits for its data {r.data_wait_ratio or 0.0:.0%} "
+                f"of the time, the job's other ranks {others:.0%} (median), and they wait for it in their collectives",
+                r.node,
+                r.rank,
+            )
         )
     hung = [r for r in view.ranks if r.state == "hung"] or stalled
-    if hung:
+    if hung and not found:
         r = hung[0]
         nodes = sorted({h.node for h in hung})
-        return FleetVerdict(
-            "hung",
-            f"{len(hung)} ranks on {', '.join(nodes)} stopped making progress, rank {r.rank} on {r.node} among them",
-            r.node,
-            r.rank,
+        found.append(
+            FleetVerdict(
+                "hung",
+                f"{len(hung)} ranks on {_listed(nodes)} stopped making progress, rank {r.rank} on {r.node} among them",
+                r.node,
+                r.rank,
+            )
         )
-    infra = [f for f in view.findings if f.label == "infrastructure" and f.severity in ("critical", "warning")]
-    if infra:
-        f = infra[0]
-        where = f.part or "the machine"
-        return FleetVerdict(
-            "infrastructure", f"{f.node} has a degraded part: {f.kind} on {where} (file a ticket for that node)", f.node
+    for node in view.nodes:
+        if not node.reporting:
+            ago = "" if node.last_seen is None else f" {max(0.0, view.at - node.last_seen):.0f} s ago"
+            found.append(
+                FleetVerdict(
+                    "stopped_reporting",
+                    f"{node.hostname} stopped reporting: Prometheus last scraped its gputop serve{ago}; its ranks are not in this view",
+                    node.hostname,
+                )
+            )
+    infra: dict[str, list[NodeFinding]] = {}
+    for f in view.findings:
+        if f.label == "infrastructure" and f.severity in ("critical", "warning"):
+            infra.setdefault(f.node, []).append(f)
+    for node_name, parts in sorted(infra.items(), key=lambda item: (not any(f.severity == "critical" for f in item[1]), item[0])):
+        f = min(parts, key=lambda f: f.severity != "critical")
+        kinds = len({p.kind for p in parts})  # a NIC down is both its serve's NIC rule and its own finding
+        more = f" and {counted_parts(kinds - 1)}" if kinds > 1 else ""
+        found.append(
+            FleetVerdict(
+                "infrastructure",
+                f"{node_name} has a degraded part: {f.kind} on {f.part or 'the machine'}{more} (file a ticket for that node)",
+                node_name,
+            )
         )
+    return tuple(found)
+
+
+def counted_parts(count: int) -> str:
+    return f"{count} more finding" + ("" if count == 1 else "s")
+
+
+def _listed(names: list[str], shown: int = 4) -> str:
+    """'a, b, c' or 'a, b, c, d and 12 more'."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return ", ".join(names[:shown]) + f" and {len(names) - shown} more"
+
+
+def judge(view: FleetView) -> FleetVerdict:
+    """Which node holds the job back: a rank that stopped outside a collective (the others wait for it in
+    theirs), else the straggler, else ranks that all hang, else a node that stopped reporting, else a
+    degraded node, else healthy."""
+    found = outliers(view)
+    if found:
+        return found[0]
     if not any(r.state for r in view.ranks):
         return FleetVerdict("unknown", "no rank's stacks have been read yet: no verdict")
     return FleetVerdict("healthy", f"no node holds the job back: {len(view.ranks)} ranks on {len(view.nodes)} nodes")
@@ -311,13 +395,68 @@ def _node_name(view: FleetView, rank: FleetRank) -> str:
     return f"{rank.node} (node {place}" + (f" of {view.nnodes})" if view.nnodes else ")")
 
 
-def _straggler(view: FleetView) -> Optional[tuple[FleetRank, float]]:
+def _stragglers(view: FleetView) -> tuple[list[FleetRank], float]:
+    """The ranks that wait for their data at least STRAGGLER_MIN_SHARE of the time and STRAGGLER_MIN_GAP more
+    than the median of the job's others, the most waiting first; and the median of the ranks that do not."""
     measured = [r for r in view.ranks if r.data_wait_ratio is not None]
     if len(measured) < 2:
-        return None
-    top = max(measured, key=lambda r: r.data_wait_ratio or 0.0)
-    others = statistics.median(r.data_wait_ratio or 0.0 for r in measured if r is not top)
-    share = top.data_wait_ratio or 0.0
-    if share >= STRAGGLER_MIN_SHARE and share - others >= STRAGGLER_MIN_GAP:
-        return top, others
-    return None
+        return [], 0.0
+    ordered = sorted(measured, key=lambda r: -(r.data_wait_ratio or 0.0))
+    baseline = statistics.median(r.data_wait_ratio or 0.0 for r in ordered[1:])
+    slow = [
+        r
+        for r in ordered
+        if (r.data_wait_ratio or 0.0) >= STRAGGLER_MIN_SHARE and (r.data_wait_ratio or 0.0) - baseline >= STRAGGLER_MIN_GAP
+    ]
+    rest = [r.data_wait_ratio or 0.0 for r in ordered if r not in slow]
+    return slow, statistics.median(rest) if rest else baseline
+
+
+# ----------------------------------------------------------------- outliers first (the screen and the report)
+
+
+def _worst_wait(view: FleetView) -> dict[str, float]:
+    worst: dict[str, float] = {}
+    for r in view.ranks:
+        if r.data_wait_ratio is not None:
+            worst[r.node] = max(worst.get(r.node, 0.0), r.data_wait_ratio)
+    return worst
+
+
+def nodes_outliers_first(view: FleetView, found: tuple[FleetVerdict, ...]) -> list[FleetNode]:
+    """The nodes the outliers name (in their order), then those with an unhealthy GPU or a finding of their
+    own, then the most waiting for their data; the job's node order among equals."""
+    named = {}
+    for i, verdict in enumerate(found):
+        if verdict.node is not None:
+            named.setdefault(verdict.node, i)
+    flagged = {f.node for f in view.findings if f.severity in ("critical", "warning")}
+    worst = _worst_wait(view)
+    return sorted(
+        view.nodes,
+        key=lambda n: (
+            named.get(n.hostname, len(found)),
+            not (any(n.gpu_health.values()) or n.hostname in flagged),
+            -worst.get(n.hostname, 0.0),
+            n.node_rank if n.node_rank is not None else 1 << 30,
+            n.hostname,
+        ),
+    )
+
+
+def ranks_outliers_first(view: FleetView, found: tuple[FleetVerdict, ...]) -> list[FleetRank]:
+    """The ranks the outliers name, then the stalled (oldest progress first), then the most waiting for data."""
+    named = {(v.node, v.rank): i for i, v in reversed(list(enumerate(found))) if v.rank is not None}
+
+    def age(r: FleetRank) -> float:
+        return 0.0 if r.last_progress is None else view.at - r.last_progress
+
+    return sorted(
+        view.ranks,
+        key=lambda r: (
+            named.get((r.node, r.rank), len(found)),
+            -(age(r) if age(r) > STALLED_AFTER_S else 0.0),
+            -(r.data_wait_ratio or 0.0),
+            r.rank,
+        ),
+    )
