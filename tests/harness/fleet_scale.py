@@ -58,9 +58,7 @@ class PlacedSource:
     with `per_node` ranks each, under the cross-node job id `job`; with `nic_spec`, each snapshot carries the
     NIC ports the real NicReader reads, at its time, from that simulated machine's /sys (its faults included)."""
 
-    def __init__(
-        self, history: History, node: int, nnodes: int, per_node: int, job: str, nic_spec: Optional[str] = None
-    ) -> None:
+    def __init__(self, history: History, node: int, nnodes: int, per_node: int, job: str, nic_spec: Optional[str] = None) -> None:
         self.machine = history.machine
         self.snaps = [self._placed(s, node, nnodes, per_node, job) for s in history]
         if nic_spec is not None:
@@ -143,9 +141,7 @@ def _role_scenario(role: str) -> tuple[hb.Scenario, Optional[str]]:
         util = lambda g, t: 95.0 if t < 20 else 0.0  # noqa: E731
     elif role == "nic_down":
         nic_spec = f"h100-sxm-8+nic-down={NIC_DOWN}"
-    specs = [
-        hb.RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=states.get(i, _STEADY), cpu=cpu) for i in range(RANKS_PER_NODE)
-    ]
+    specs = [hb.RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=states.get(i, _STEADY), cpu=cpu) for i in range(RANKS_PER_NODE)]
     return hb.Scenario(seconds=60.0, ranks=specs, util=util), nic_spec
 
 
@@ -244,7 +240,9 @@ def write_openmetrics(path: Path, fleet: Fleet, end: float, step: float = 60.0, 
     written = 0
     with path.open("w", encoding="utf-8") as out:
         for name, lines in by_name.items():
-            out.write(f"# TYPE {name} gauge\n")  # every sample name its own gauge family: OpenMetrics' suffix rules stay out of the way
+            out.write(
+                f"# TYPE {name} gauge\n"
+            )  # every sample name its own gauge family: OpenMetrics' suffix rules stay out of the way
             out.writelines(lines)
             written += len(lines)
         out.write("# EOF\n")
