@@ -426,7 +426,7 @@ def _worst_wait(view: FleetView) -> dict[str, float]:
 def nodes_outliers_first(view: FleetView, found: tuple[FleetVerdict, ...]) -> list[FleetNode]:
     """The nodes the outliers name (in their order), then those with an unhealthy GPU or a finding of their
     own, then the most waiting for their data; the job's node order among equals."""
-    named = {}
+    named: dict[str, int] = {}
     for i, verdict in enumerate(found):
         if verdict.node is not None:
             named.setdefault(verdict.node, i)
