@@ -10,7 +10,7 @@ import json
 import statistics
 import sys
 from collections import Counter
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from gputop.errors import UsageError
 from gputop.fleet.prometheus import PrometheusApi, Query
@@ -20,9 +20,11 @@ from gputop.fleet.view import (
     FleetVerdict,
     FleetView,
     fleet_view,
+    grouped_findings,
     judge,
     nodes_outliers_first,
     outliers,
+    rank_ranges,
     ranks_outliers_first,
 )
 
@@ -119,30 +121,15 @@ def _node_row(view: FleetView, n: FleetNode, ranks_of: dict[str, list[int]]) -> 
     return f"| {n.hostname} | {place} | {len(n.gpus)} | {ranks} | {' '.join(unwell) or 'ok'} | {n.verdict or '-'} |"
 
 
-def rank_ranges(ranks: Sequence[int]) -> str:
-    """[0, 1, 2, 3, 6] -> '0–3,6'."""
-    spans: list[list[int]] = []
-    for rank in sorted(ranks):
-        if spans and rank == spans[-1][1] + 1:
-            spans[-1][1] = rank
-        else:
-            spans.append([rank, rank])
-    return ",".join(str(a) if a == b else f"{a}–{b}" for a, b in spans) or "-"
-
-
 def _finding_lines(view: FleetView) -> list[str]:
     """A line per finding; one the same on FINDING_GROUPED_FROM nodes or more is one line naming them."""
-    groups: dict[tuple[str, str, str, str], list[str]] = {}
-    for f in view.findings:
-        groups.setdefault((f.part, f.kind, f.severity, f.label), []).append(f.node)
     lines = []
-    for (part, kind, severity, label), nodes in groups.items():
-        where = f" {part}" if part else ""
+    for f, nodes in grouped_findings(view.findings):
+        where = f" {f.part}" if f.part else ""
         if len(nodes) >= FINDING_GROUPED_FROM:
-            shown = ", ".join(nodes[:3])
-            lines.append(f"- **{len(nodes)} nodes** ({shown} …){where}: {kind} ({severity}, {label})")
+            lines.append(f"- **{len(nodes)} nodes** ({', '.join(nodes[:3])} …){where}: {f.kind} ({f.severity}, {f.label})")
         else:
-            lines += [f"- **{node}**{where}: {kind} ({severity}, {label})" for node in nodes]
+            lines += [f"- **{node}**{where}: {f.kind} ({f.severity}, {f.label})" for node in nodes]
     return lines
 
 

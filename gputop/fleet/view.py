@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 from gputop.errors import GputopError
 from gputop.fleet.prometheus import Query, Series
@@ -460,3 +460,23 @@ def ranks_outliers_first(view: FleetView, found: tuple[FleetVerdict, ...]) -> li
             r.rank,
         ),
     )
+
+
+def grouped_findings(findings: tuple[NodeFinding, ...]) -> list[tuple[NodeFinding, list[str]]]:
+    """The findings, one per part, kind, severity and label, with the nodes that report it (a finding every
+    node's serve reports alike, such as `remote_wait`, is one entry, not 255)."""
+    groups: dict[tuple[str, str, str, str], tuple[NodeFinding, list[str]]] = {}
+    for f in findings:
+        groups.setdefault((f.part, f.kind, f.severity, f.label), (f, []))[1].append(f.node)
+    return list(groups.values())
+
+
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """[0, 1, 2, 3, 6] -> '0–3,6'."""
+    spans: list[list[int]] = []
+    for rank in sorted(ranks):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ",".join(str(a) if a == b else f"{a}–{b}" for a, b in spans) or "-"
