@@ -238,6 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="report on one job across nodes from what each node's `gputop serve` exported to this Prometheus",
     )
+    p.add_argument(
+        "--slurm-job",
+        metavar="ID",
+        help="with --prometheus: the Slurm job to report on (its nodes from squeue/scontrol, its job label from them)",
+    )
     _add_interval(p)
 
     p = sub.add_parser(
@@ -295,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fleet", help="one job across nodes, live: what every node's `gputop serve` exported to Prometheus")
     p.add_argument("--prometheus", required=True, metavar="URL", help="the Prometheus that scrapes every node's gputop serve")
     p.add_argument("--job", metavar="ID", help="the job's `job` label (default: the job with the most ranks; j picks another)")
+    p.add_argument(
+        "--slurm-job", metavar="ID", help="the Slurm job to follow (its nodes from squeue/scontrol, its job label from them)"
+    )
     p.add_argument(
         "--interval", type=_positive_float, default=5.0, metavar="SECONDS", help="read Prometheus every SECONDS (default 5)"
     )

@@ -10,10 +10,11 @@ import json
 import statistics
 import sys
 from collections import Counter
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from gputop.errors import UsageError
 from gputop.fleet.prometheus import PrometheusApi, Query
+from gputop.fleet.slurm import resolve_job
 from gputop.fleet.view import (
     FleetNode,
     FleetRank,
@@ -207,8 +208,8 @@ def report_markdown(view: FleetView, verdict: FleetVerdict, url: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build(query: Query, url: str, job: Optional[str], fmt: str) -> str:
-    view = fleet_view(query, job, where=url)
+def build(query: Query, url: str, job: Optional[str], fmt: str, expected_hosts: Sequence[str] = ()) -> str:
+    view = fleet_view(query, job, where=url, expected_hosts=expected_hosts)
     verdict = judge(view)
     if fmt == "json":
         return json.dumps(report_json(view, verdict, url), indent=2) + "\n"
@@ -225,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
         if given:
             raise UsageError(f"--prometheus reads what the nodes' gputop serve exported; drop {option}")
     api = PrometheusApi(args.prometheus)
-    text = build(api, api.url, args.job, args.format)
+    job, slurm_hosts = resolve_job(api, args.job, getattr(args, "slurm_job", None), api.url)
+    text = build(api, api.url, job, args.format, slurm_hosts)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as out:
             out.write(text)

@@ -142,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         from gputop.commands.fleet_report import run as fleet_run
 
         return fleet_run(args)
+    if getattr(args, "slurm_job", None):
+        raise UsageError("--slurm-job finds a job across nodes in Prometheus: add --prometheus URL")
     command = ["gputop", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["gputop", "report"]
     recording = None
     infra = None  # a report from a recording has no NVML details or kernel readings

@@ -145,9 +145,17 @@ def _host(s: Series) -> str:
     return s.labels.get("Hostname", "?")
 
 
-def fleet_view(query: Query, job: Optional[str] = None, where: str = "Prometheus") -> FleetView:
+def short_hostname(host: str) -> str:
+    """A hostname as the scheduler and the Hostname label may both write it: `gpu-1.cluster` -> `gpu-1`."""
+    return host.split(".", 1)[0].lower()
+
+
+def fleet_view(
+    query: Query, job: Optional[str] = None, where: str = "Prometheus", expected_hosts: Sequence[str] = ()
+) -> FleetView:
     """The job's view from a fixed number of queries, one per metric family whatever the number of nodes
-    (each answer holds every node's series; they are joined here by Hostname and rank)."""
+    (each answer holds every node's series; they are joined here by Hostname and rank).  `expected_hosts`
+    (the scheduler's nodes of the job): those with no series of the job at all are nodes not reporting too."""
     all_rank_rows = query("gputop_rank_info")
     sizes = job_sizes(query, all_rank_rows)
     job, infos, others = pick_job(query, job, where, sizes)
@@ -185,11 +193,14 @@ def fleet_view(query: Query, job: Optional[str] = None, where: str = "Prometheus
     nodes = _nodes(query, hosts, node_rank_of, job)
     # nodes of the job seen in the last STOPPED_LOOKBACK but not now: their serve stopped being scraped
     seen = {_host(s): s for s in query(f"gputop_job_info{sel}[{STOPPED_LOOKBACK}]")}
+    current = set(hosts)
     nodes += tuple(
         FleetNode(host, _int(s.labels.get("node_rank")), reporting=False, last_seen=s.at)
         for host, s in sorted(seen.items())
-        if host not in node_rank_of and host not in {r.node for r in ranks.values()}
+        if host not in current
     )
+    reported = {short_hostname(n.hostname) for n in nodes}
+    nodes += tuple(FleetNode(host, reporting=False) for host in expected_hosts if short_hostname(host) not in reported)
     nodes = tuple(sorted(nodes, key=lambda n: (n.node_rank if n.node_rank is not None else 1 << 30, n.hostname)))
     return FleetView(
         job=job,
@@ -338,11 +349,14 @@ def outliers(view: FleetView) -> tuple[FleetVerdict, ...]:
         )
     for node in view.nodes:
         if not node.reporting:
-            ago = "" if node.last_seen is None else f" {max(0.0, view.at - node.last_seen):.0f} s ago"
+            if node.last_seen is None:
+                said = f"Prometheus has no gputop series of it in the last {STOPPED_LOOKBACK}, though the job runs there"
+            else:
+                said = f"Prometheus last scraped its gputop serve {max(0.0, view.at - node.last_seen):.0f} s ago"
             found.append(
                 FleetVerdict(
                     "stopped_reporting",
-                    f"{node.hostname} stopped reporting: Prometheus last scraped its gputop serve{ago}; its ranks are not in this view",
+                    f"{node.hostname} stopped reporting: {said}; its ranks are not in this view",
                     node.hostname,
                 )
             )

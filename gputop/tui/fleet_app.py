@@ -531,6 +531,7 @@ class FleetApp(App[None]):
         auto_picked: bool = False,
         interval: float = 5.0,
         report_dir: Optional[str] = None,
+        expected_hosts: Sequence[str] = (),
     ) -> None:
         super().__init__()
         if first.view is None or first.verdict is None:
@@ -545,7 +546,7 @@ class FleetApp(App[None]):
         self.rounds = 0  # refreshes received (tests wait on it)
         self._body: dict[str, RenderableType] = {}  # what the body's Statics show, by id
         self.filter_text = ""  # `/`: the nodes, ranks or states shown (empty: the outliers first, summarised)
-        self.poller = FleetPoller(query, url, self.view.job, interval, self._deliver)
+        self.poller = FleetPoller(query, url, self.view.job, interval, self._deliver, expected_hosts)
 
     def compose(self) -> ComposeResult:
         yield FleetHeader(self.url, self.interval, id="header")
@@ -708,12 +709,14 @@ class FleetApp(App[None]):
         self.notify(f"wrote {path}", title="report", timeout=8)
 
 
-def run_fleet_app(query: Query, url: str, first: FleetRound, *, auto_picked: bool, interval: float) -> int:
+def run_fleet_app(
+    query: Query, url: str, first: FleetRound, *, auto_picked: bool, interval: float, expected_hosts: Sequence[str] = ()
+) -> int:
     """Run the fleet screen until the user quits."""
     from gputop.tui.glyph_fallback import fit_glyphs_to
 
     fit_glyphs_to(sys.__stderr__)  # Textual draws on stderr
-    app = FleetApp(query, url, first, auto_picked=auto_picked, interval=interval)
+    app = FleetApp(query, url, first, auto_picked=auto_picked, interval=interval, expected_hosts=expected_hosts)
     try:
         app.run()
     finally:
