@@ -208,11 +208,25 @@ def report_markdown(view: FleetView, verdict: FleetVerdict, url: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def json_text(data: dict[str, Any]) -> str:
+    """The report's JSON: a key a line, and each node, rank, finding and outlier an object on a line of its own.
+    (`indent=2` would put each field on its own line, ~30,000 lines at 2,048 ranks, and runs json's pure-Python
+    encoder: 5× slower than the C one used for each line here.)"""
+    fields = []
+    for key, value in data.items():
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            items = ",\n".join("    " + json.dumps(item) for item in value)
+            fields.append(f"  {json.dumps(key)}: [\n{items}\n  ]")
+        else:
+            fields.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(fields) + "\n}\n"
+
+
 def build(query: Query, url: str, job: Optional[str], fmt: str, expected_hosts: Sequence[str] = ()) -> str:
     view = fleet_view(query, job, where=url, expected_hosts=expected_hosts)
     verdict = judge(view)
     if fmt == "json":
-        return json.dumps(report_json(view, verdict, url), indent=2) + "\n"
+        return json_text(report_json(view, verdict, url))
     return report_markdown(view, verdict, url)
 
 

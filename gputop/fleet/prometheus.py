@@ -60,7 +60,7 @@ def parse_answer(url: str, answer: Any) -> list[Series]:
             at, value = item["values"][-1]
         else:
             continue
-        series.append(Series(dict(item.get("metric") or {}), float(value), float(at)))
+        series.append(Series(item.get("metric") or {}, float(value), float(at)))  # json's own dict: no copy
     return series
 
 

@@ -8,6 +8,7 @@ data while the others wait for it), or a node whose GPU links or NICs are degrad
 from __future__ import annotations
 
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -23,6 +24,7 @@ STALLED_AFTER_S = 30.0
 # How far back a node of the job that no longer answers is still looked for: Prometheus drops a series from
 # instant queries 5 minutes after its last sample (at once when the scrape fails), a range query still has it.
 STOPPED_LOOKBACK = "30m"
+PARALLEL_QUERIES = 8  # a refresh's queries in flight at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,10 +126,11 @@ def job_sizes(query: Query, rank_rows: Optional[list[Series]] = None) -> dict[st
     return {job: len(keys) for job, keys in ranks.items()}
 
 
-def pick_job(query: Query, job: Optional[str], where: str, sizes: dict[str, int]) -> tuple[str, list[Series], tuple[str, ...]]:
+def pick_job(
+    query: Query, job: Optional[str], where: str, sizes: dict[str, int], infos: list[Series]
+) -> tuple[str, list[Series], tuple[str, ...]]:
     """The job asked for (or the one with the most ranks: `sizes`, from `job_sizes`), its gputop_job_info
-    series and the other jobs."""
-    infos = query("gputop_job_info")
+    series (of `infos`, every job's) and the other jobs."""
     jobs = sorted({s.labels.get("job", "") for s in infos} - {"", MACHINE_JOB})
     if not infos and not query("gputop_build_info"):
         raise GputopError(f"Prometheus at {where} holds no gputop series: add each node's `gputop serve` to its scrape_configs")
@@ -156,16 +159,17 @@ def fleet_view(
     """The job's view from a fixed number of queries, one per metric family whatever the number of nodes
     (each answer holds every node's series; they are joined here by Hostname and rank).  `expected_hosts`
     (the scheduler's nodes of the job): those with no series of the job at all are nodes not reporting too."""
-    all_rank_rows = query("gputop_rank_info")
+    all_rank_rows, all_infos = ask_together(query, ["gputop_rank_info", "gputop_job_info"])
     sizes = job_sizes(query, all_rank_rows)
-    job, infos, others = pick_job(query, job, where, sizes)
-    sel = _sel(job)
+    job, infos, others = pick_job(query, job, where, sizes, all_infos)
+    exprs = job_queries(job)
+    answers = dict(zip(exprs, ask_together(query, list(exprs.values()))))
     info_rows = [s for s in all_rank_rows if s.labels.get("job") == job]
     if not info_rows:
         raise GputopError(f"job {job!r} has no rank series in Prometheus at {where}: gputop serve sees none of its ranks yet")
     at = max(s.at for s in info_rows)
-    by_key = _per_rank(query, sel)
-    states = {(_host(s), s.labels.get("rank", "")): s.labels.get("state") for s in query(f"gputop_rank_state{sel} == 1")}
+    by_key = _per_rank(answers)
+    states = {(_host(s), s.labels.get("rank", "")): s.labels.get("state") for s in answers["state"]}
     ranks: dict[tuple[str, int], FleetRank] = {}
     for row in info_rows:
         node, rank = _host(row), _int(row.labels.get("rank"))
@@ -190,9 +194,9 @@ def fleet_view(
         )
     hosts = sorted({r.node for r in ranks.values()} | {_host(s) for s in infos})
     node_rank_of = {_host(s): _int(s.labels.get("node_rank")) for s in infos}
-    nodes = _nodes(query, hosts, node_rank_of, job)
+    nodes = _nodes(answers, hosts, node_rank_of)
     # nodes of the job seen in the last STOPPED_LOOKBACK but not now: their serve stopped being scraped
-    seen = {_host(s): s for s in query(f"gputop_job_info{sel}[{STOPPED_LOOKBACK}]")}
+    seen = {_host(s): s for s in answers["seen"]}
     current = set(hosts)
     nodes += tuple(
         FleetNode(host, _int(s.labels.get("node_rank")), reporting=False, last_seen=s.at)
@@ -209,21 +213,49 @@ def fleet_view(
         world_size=max((n for n in (_int(s.labels.get("world_size")) for s in infos) if n is not None), default=None),
         nodes=nodes,
         ranks=tuple(sorted(ranks.values(), key=lambda r: (r.rank, r.node))),
-        findings=_findings(query, hosts, job),
+        findings=_findings(answers, hosts),
         other_jobs=others,
         job_sizes=tuple(sorted(((j, sizes.get(j, 0)) for j in (job, *others)), key=lambda item: (-item[1], item[0]))),
     )
 
 
-def _per_rank(query: Query, sel: str) -> dict[tuple[str, str], dict[str, float]]:
+def job_queries(job: str) -> dict[str, str]:
+    """Every query a view of `job` asks beyond the first two, by what it is for: one per metric family, each
+    answered for every node at once."""
+    sel = _sel(job)
+    return {
+        "ratio": f"gputop_rank_data_wait_ratio{sel}",
+        "low": f"gputop_rank_data_wait_ratio_lower{sel}",
+        "high": f"gputop_rank_data_wait_ratio_upper{sel}",
+        "progress": f"gputop_rank_last_progress_timestamp_seconds{sel}",
+        "state": f"gputop_rank_state{sel} == 1",
+        "health": "gputop_gpu_health",
+        "util": "gputop_gpu_utilization_percent",
+        "dcgm_util": "DCGM_FI_DEV_GPU_UTIL",
+        "verdict": f"gputop_verdict{sel} == 1",
+        # the job's nodes seen in the last STOPPED_LOOKBACK (a range: each series' last sample)
+        "seen": f"gputop_job_info{sel}[{STOPPED_LOOKBACK}]",
+        "gpu_problem": "gputop_gpu_health_problem == 1",
+        "pcie": "gputop_gpu_pcie_link_degraded == 1",
+        "nic_health": "gputop_nic_health",
+        "nic_problem": "gputop_nic_health_problem == 1",
+        "nic_down": "gputop_nic_up == 0",
+        "finding": f"gputop_finding{sel} == 1",
+        "machine_finding": f"gputop_finding{_sel(MACHINE_JOB)} == 1",
+    }
+
+
+def ask_together(query: Query, exprs: list[str]) -> list[list[Series]]:
+    """Every query at once, on threads: Prometheus evaluates them side by side, so a refresh waits for the
+    slowest answer rather than the sum of them (the first failure is raised, as one line)."""
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_QUERIES, len(exprs)), thread_name_prefix="gputop-prom") as pool:
+        return list(pool.map(query, exprs))
+
+
+def _per_rank(answers: dict[str, list[Series]]) -> dict[tuple[str, str], dict[str, float]]:
     out: dict[tuple[str, str], dict[str, float]] = {}
-    for key, metric in (
-        ("ratio", "gputop_rank_data_wait_ratio"),
-        ("low", "gputop_rank_data_wait_ratio_lower"),
-        ("high", "gputop_rank_data_wait_ratio_upper"),
-        ("progress", "gputop_rank_last_progress_timestamp_seconds"),
-    ):
-        for s in query(f"{metric}{sel}"):
+    for key in ("ratio", "low", "high", "progress"):
+        for s in answers[key]:
             out.setdefault((_host(s), s.labels.get("rank", "")), {})[key] = s.value
     return out
 
@@ -238,16 +270,16 @@ def _per_gpu(series: list[Series], wanted: set[str]) -> dict[str, dict[int, floa
     return out
 
 
-def _nodes(query: Query, hosts: list[str], node_rank_of: dict[str, Optional[int]], job: str) -> tuple[FleetNode, ...]:
+def _nodes(answers: dict[str, list[Series]], hosts: list[str], node_rank_of: dict[str, Optional[int]]) -> tuple[FleetNode, ...]:
     """Every node's GPUs, their utilization and health and its own verdict: one query per metric for all
     nodes (a per-node `{Hostname=…}` query would be 4 round trips a node, ~1,000 a refresh at 256)."""
     wanted = set(hosts)
-    health = _per_gpu(query("gputop_gpu_health"), wanted)
-    util = _per_gpu(query("gputop_gpu_utilization_percent"), wanted)
-    for host, values in _per_gpu(query("DCGM_FI_DEV_GPU_UTIL"), wanted).items():  # dcgm-exporter's wins where present
+    health = _per_gpu(answers["health"], wanted)
+    util = _per_gpu(answers["util"], wanted)
+    for host, values in _per_gpu(answers["dcgm_util"], wanted).items():  # dcgm-exporter's wins where present
         util.setdefault(host, {}).update(values)
     verdicts: dict[str, str] = {}
-    for s in query(f"gputop_verdict{_sel(job)} == 1"):
+    for s in answers["verdict"]:
         verdicts.setdefault(_host(s), s.labels.get("verdict", ""))
     nodes = []
     for host in hosts:
@@ -257,11 +289,11 @@ def _nodes(query: Query, hosts: list[str], node_rank_of: dict[str, Optional[int]
     return tuple(nodes)
 
 
-def _findings(query: Query, hosts: list[str], job: str) -> tuple[NodeFinding, ...]:
+def _findings(answers: dict[str, list[Series]], hosts: list[str]) -> tuple[NodeFinding, ...]:
     """Each node's infra findings (GPU health rules, degraded links, NICs down) and the job's findings there."""
     found: list[NodeFinding] = []
     wanted = set(hosts)
-    for s in query("gputop_gpu_health_problem == 1"):
+    for s in answers["gpu_problem"]:
         host = _host(s)
         if host in wanted:
             found.append(
@@ -274,22 +306,22 @@ def _findings(query: Query, hosts: list[str], job: str) -> tuple[NodeFinding, ..
                 )
             )
     pcie_named = {(f.node, f.gpu) for f in found if f.kind == "pcie"}
-    for s in query("gputop_gpu_pcie_link_degraded == 1"):
+    for s in answers["pcie"]:
         host, gpu = _host(s), _int(s.labels.get("gpu"))
         if host in wanted and (host, gpu) not in pcie_named:
             found.append(NodeFinding(host, "pcie", "warning", "infrastructure", gpu))
     # NIC health as each serve's `gputop check` rules judge it (down, below its peers' rate, errors climbing)
-    judged_nics = {_nic_key(s) for s in query("gputop_nic_health")}
-    for s in query("gputop_nic_health_problem == 1"):
+    judged_nics = {_nic_key(s) for s in answers["nic_health"]}
+    for s in answers["nic_problem"]:
         host, device, port = _nic_key(s)
         if host in wanted:
             rule, severity = s.labels.get("rule", "?"), s.labels.get("severity", "warning")
             found.append(NodeFinding(host, rule, severity, "infrastructure", device=device, port=_int(port)))
-    for s in query("gputop_nic_up == 0"):  # a serve older than the NIC judgement exports the port's state only
+    for s in answers["nic_down"]:  # a serve older than the NIC judgement exports the port's state only
         host, device, port = _nic_key(s)
         if host in wanted and (host, device, port) not in judged_nics:
             found.append(NodeFinding(host, "nic_down", "critical", "infrastructure", device=device, port=_int(port)))
-    for s in query(f"gputop_finding{_sel(job)} == 1") + query(f"gputop_finding{_sel(MACHINE_JOB)} == 1"):
+    for s in answers["finding"] + answers["machine_finding"]:
         host = _host(s)
         if host in wanted and s.labels.get("kind") != "healthy":
             found.append(
