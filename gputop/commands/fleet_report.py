@@ -79,7 +79,8 @@ def report_json(view: FleetView, verdict: FleetVerdict, url: str) -> dict[str, A
                 "data_wait_ratio": r.data_wait_ratio,
                 "data_wait_interval": [r.data_wait_low, r.data_wait_high] if r.data_wait_low is not None else None,
                 "last_progress": r.last_progress,
-                "progress_age_s": None if r.last_progress is None else round(view.at - r.last_progress, 1),
+                # a node's clock a little ahead of Prometheus's makes a fresh rank's age negative: 0
+                "progress_age_s": None if r.last_progress is None else round(max(0.0, view.at - r.last_progress), 1),
             }
             for r in view.ranks
         ],
@@ -104,7 +105,7 @@ def _cell(value: Optional[float], fmt: str = "{:.0%}") -> str:
 
 
 def _rank_line(view: FleetView, r: FleetRank) -> str:
-    age = None if r.last_progress is None else view.at - r.last_progress
+    age = None if r.last_progress is None else max(0.0, view.at - r.last_progress)
     gpus = ",".join(str(g) for g in r.gpus) or "-"
     return (
         f"| {r.rank} | {r.node} | {'-' if r.local_rank is None else r.local_rank} | {gpus} | {r.state or '-'} | "

@@ -1,9 +1,11 @@
 """One job across nodes, as every node's `gputop serve` exported it to Prometheus, and a verdict across them.
 
-`fleet_view(query, job)` asks Prometheus for the job's series (the `job` label is the id every node
-derives alike: `gputop.fleet.identity`), joins them by node (the `Hostname` label) and global rank, and
-`judge()` says which node holds the job back: a hung rank, the straggler (the rank that waits for its
-data while the others wait for it), or a node whose GPU links or NICs are degraded."""
+`fleet_view(query, job)` asks Prometheus for the job's series, one query per metric family whatever the
+number of nodes (the `job` label is the id every node derives alike: `gputop.fleet.identity`), joins them
+by node (the `Hostname` label) and global rank; `outliers()` lists every rank and node that holds the job
+back or hides part of it, each with its node and rank: hung ranks, stragglers (a rank that waits for its
+data while the others wait for it), nodes that stopped reporting, nodes whose GPUs, links or NICs are
+degraded; `judge()` is the worst of them, the verdict."""
 
 from __future__ import annotations
 

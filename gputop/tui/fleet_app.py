@@ -1,9 +1,10 @@
 """`gputop fleet`: one job across nodes, live, from what every node's `gputop serve` exported to Prometheus.
 
 The local monitor's screen is one machine's (GPU indices clash across nodes, a CPU heatmap means nothing
-for a fleet), so this is a screen of its own in the same look: a header, the verdict across nodes, a
-status line for Prometheus, then the nodes × GPUs, every rank with its node, and each node's findings;
-the key bar at the bottom.  What it shows is `gputop.fleet.view`'s (the same view and verdict as
+for a fleet), so this is a screen of its own in the same look: a header, the verdict across nodes and
+the other outliers under it (each with its node and rank), a status line for Prometheus, then the nodes
+outliers first (from 64 nodes their rows and a heat strip of every node × GPU), the ranks outliers first,
+`/`'s filter, and each node's findings; the key bar at the bottom.  What it shows is `gputop.fleet.view`'s (the same view and verdict as
 `gputop report --prometheus`), read on a thread of its own (`gputop.fleet.live.FleetPoller`).
 """
 
@@ -494,8 +495,10 @@ class FleetRefreshed(Message):
 
 HELP_FOOTER = Text(
     "GPUs: one cell per GPU, ▁..█ its utilization (dcgm-exporter's DCGM_FI_DEV_GPU_UTIL, else gputop serve "
-    "--dcgm-fields; · not exported), ▲ warning / ✖ critical health. The rank the verdict names carries its symbol (▲ straggler, ✖ hung). "
-    "The verdict and `r`'s report are `gputop report --prometheus`'s.",
+    "--dcgm-fields; · not exported), ▲ warning / ✖ critical health. From 64 nodes a heat strip: a block of cells a node, "
+    "▲ a rank waiting for its data, ✖ hung or critical, red stalled or a node with a critical finding, ? not reporting. "
+    "Each rank an outlier names carries its symbol (▲ straggler, ✖ hung). / filters by node, rank number, state or outlier "
+    "kind (straggler, stopped, nic); Esc clears. The verdict and `r`'s report are `gputop report --prometheus`'s.",
     style="dim",
 )
 

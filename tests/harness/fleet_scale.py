@@ -9,7 +9,8 @@ pages with its own labels: `Hostname` nodeNNN, the global `rank` (node × 8 + lo
 `node_rank`, `nnodes`, `world_size`, one `job` label.
 
 `write_openmetrics` writes the fleet's samples as OpenMetrics with timestamps ending now, the node that
-stopped reporting with its last samples 8 minutes earlier (out of Prometheus's 5-minute lookback);
+stopped reporting with its last samples 8 minutes earlier (out of Prometheus's 5-minute lookback), the
+moving ranks' progress a few minutes ahead (Prometheus is read at the wall clock, after the backfill);
 `backfilled_prometheus` loads them with `promtool tsdb create-blocks-from openmetrics` into a TSDB and
 starts a real Prometheus on loopback over it (`benchmarks/bench_fleet_scale.py`, tests/test_fleet_scale.py).
 """
@@ -30,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gputop.analysis.stack_classes import COLLECTIVE, FORWARD_BACKWARD, WAITING_FOR_DATA
 from gputop.exporter import Exporter
+from gputop.fleet.view import STALLED_AFTER_S
 from gputop.history import History
 from gputop.model import Snapshot
 from gputop.sim.fake_nvml import ManualClock
@@ -44,6 +46,9 @@ STRAGGLER_LOCAL_RANK = 3
 HUNG_LOCAL_RANK = 5
 NIC_DOWN = "mlx5_2"
 STOPPED_BEFORE_S = 480.0  # the stopped node's last samples: 8 minutes before the others'
+# A backfilled fleet's moving ranks progress this far ahead of their samples' time: the time it may take to
+# backfill, start Prometheus and read it (under Prometheus's 5-minute lookback, after which the data is gone).
+BACKFILL_AHEAD_S = 240.0
 
 
 def exposition(exporter: Exporter) -> str:
@@ -196,9 +201,11 @@ class Fleet:
     def rank(self, node: int, local_rank: int) -> int:
         return node * RANKS_PER_NODE + local_rank
 
-    def samples(self, node: int, at: float) -> Iterator[tuple[str, dict[str, str], float]]:
+    def samples(self, node: int, at: float, ahead_s: float = 0.0) -> Iterator[tuple[str, dict[str, str], float]]:
         """Node `node`'s page as Prometheus stores it at time `at`: its own labels, its ranks global, its
-        timestamps (progress) moved from the page's time to `at`."""
+        timestamps (progress) moved from the page's time to `at`; a moving rank's progress `ahead_s` later
+        (a backfilled fleet is read at the wall clock, a minute or so after its last sample: its moving
+        ranks must not read as stalled then; a stalled rank keeps its age)."""
         per_node = {
             "Hostname": self.hostname(node),
             "node": str(node),
@@ -213,7 +220,8 @@ class Fleet:
             if labels.get("rank"):
                 labels["rank"] = str(self.rank(node, int(labels["rank"])))
             if name == "gputop_rank_last_progress_timestamp_seconds":
-                value = at - (PAGE_AT - value)
+                age = PAGE_AT - value
+                value = at - age if age > STALLED_AFTER_S else at + ahead_s
             yield name, labels, value
 
 
@@ -235,7 +243,7 @@ def write_openmetrics(path: Path, fleet: Fleet, end: float, step: float = 60.0, 
         node_times = [end - STOPPED_BEFORE_S] if node == fleet.stopped else times
         for at in node_times:
             stamp = f"{at:.3f}"
-            for name, labels, value in fleet.samples(node, at):
+            for name, labels, value in fleet.samples(node, at, BACKFILL_AHEAD_S):
                 by_name.setdefault(name, []).append(f"{name}{{{_labels_text(labels)}}} {value!r} {stamp}\n")
     written = 0
     with path.open("w", encoding="utf-8") as out:
