@@ -151,12 +151,13 @@ def exposition(exporter: Exporter) -> str:
 
 
 _SELECTOR = re.compile(r"^(\w+)(?:\{(.*)\})?(?:\[(\w+)\])?(?:\s*==\s*(\d+))?$")
+_COUNT_BY_JOB = re.compile(r"^count by \(job\) \(count by \(job, Hostname, rank\) \((\w+)\)\)$")
 _MATCHER = re.compile(r'(\w+)(=~|=)"((?:[^"\\]|\\.)*)"')
 
 
 class PromLike:
     """Instant queries over the samples of several exporters, as Prometheus with honor_labels answers
-    them: a metric, label matchers (= and =~), an optional range (`[30m]`: the `earlier` samples too, each
+    them: a metric, label matchers (= and =~), `A and on (Hostname) B`, the job sizes' nested count, an optional range (`[30m]`: the `earlier` samples too, each
     series' last) and an optional `== N` filter; nothing more.  `samples` are more samples now, beside the
     pages'; `earlier` samples (name, labels, value, time) only a range query sees.  `asked` keeps every query."""
 
@@ -175,6 +176,19 @@ class PromLike:
 
     def __call__(self, expr: str) -> list[Series]:
         self.asked.append(expr)
+        return self._answer(expr)
+
+    def _answer(self, expr: str) -> list[Series]:
+        if " and on (Hostname) " in expr:  # the left side's series on the right side's nodes
+            left, right = expr.split(" and on (Hostname) ")
+            hosts = {s.labels.get("Hostname") for s in self._answer(right)}
+            return [s for s in self._answer(left) if s.labels.get("Hostname") in hosts]
+        counted = _COUNT_BY_JOB.match(expr)
+        if counted:  # count by (job) (count by (job, Hostname, rank) (METRIC)): distinct ranks per job
+            per_job: dict[str, set[tuple[str, str]]] = {}
+            for s in self._answer(counted.group(1)):
+                per_job.setdefault(s.labels.get("job", ""), set()).add((s.labels.get("Hostname", ""), s.labels.get("rank", "")))
+            return [Series({"job": job}, float(len(keys)), self.at) for job, keys in per_job.items()]
         match = _SELECTOR.match(expr.strip())
         assert match, f"the report asked what this stand-in cannot answer: {expr}"
         name, matchers, window, equals = match.groups()

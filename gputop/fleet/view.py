@@ -117,15 +117,13 @@ def _sel(job: str, **more: str) -> str:
     return "{" + ",".join(f"{k}={_quoted(v)}" for k, v in {"job": job, **more}.items()) + "}"
 
 
-def job_sizes(query: Query, rank_rows: Optional[list[Series]] = None) -> dict[str, int]:
-    """Every job's number of ranks (distinct node and rank: a rank on two GPUs has two series), one query
-    (none when `rank_rows`, every gputop_rank_info series, were read already)."""
-    ranks: dict[str, set[tuple[str, str]]] = {}
-    for s in query("gputop_rank_info") if rank_rows is None else rank_rows:
-        job = s.labels.get("job", "")
-        if job and job != MACHINE_JOB:
-            ranks.setdefault(job, set()).add((s.labels.get("Hostname", "?"), s.labels.get("rank", "")))
-    return {job: len(keys) for job, keys in ranks.items()}
+# every job's number of ranks (distinct node and rank: a rank on two GPUs has two series), counted by Prometheus
+JOB_SIZES = "count by (job) (count by (job, Hostname, rank) (gputop_rank_info))"
+
+
+def job_sizes(answer: list[Series]) -> dict[str, int]:
+    """Every job's number of ranks, from JOB_SIZES's answer (a series a job, whatever the fleet)."""
+    return {job: int(s.value) for s in answer if (job := s.labels.get("job", "")) and job != MACHINE_JOB}
 
 
 def pick_job(
@@ -161,12 +159,12 @@ def fleet_view(
     """The job's view from a fixed number of queries, one per metric family whatever the number of nodes
     (each answer holds every node's series; they are joined here by Hostname and rank).  `expected_hosts`
     (the scheduler's nodes of the job): those with no series of the job at all are nodes not reporting too."""
-    all_rank_rows, all_infos = ask_together(query, ["gputop_rank_info", "gputop_job_info"])
-    sizes = job_sizes(query, all_rank_rows)
+    sizes_answer, all_infos = ask_together(query, [JOB_SIZES, "gputop_job_info"])
+    sizes = job_sizes(sizes_answer)
     job, infos, others = pick_job(query, job, where, sizes, all_infos)
     exprs = job_queries(job)
     answers = dict(zip(exprs, ask_together(query, list(exprs.values()))))
-    info_rows = [s for s in all_rank_rows if s.labels.get("job") == job]
+    info_rows = answers["rank_info"]
     if not info_rows:
         raise GputopError(f"job {job!r} has no rank series in Prometheus at {where}: gputop serve sees none of its ranks yet")
     at = max(s.at for s in info_rows)
@@ -223,27 +221,31 @@ def fleet_view(
 
 def job_queries(job: str) -> dict[str, str]:
     """Every query a view of `job` asks beyond the first two, by what it is for: one per metric family, each
-    answered for every node at once."""
+    answered for all the job's nodes at once.  The machine-wide families are kept to the job's nodes by
+    Prometheus (`and on (Hostname)` the job's gputop_job_info), so a Prometheus that scrapes a whole cluster
+    answers with the job's nodes only."""
     sel = _sel(job)
+    on_job_nodes = f" and on (Hostname) gputop_job_info{sel}"
     return {
+        "rank_info": f"gputop_rank_info{sel}",
         "ratio": f"gputop_rank_data_wait_ratio{sel}",
         "low": f"gputop_rank_data_wait_ratio_lower{sel}",
         "high": f"gputop_rank_data_wait_ratio_upper{sel}",
         "progress": f"gputop_rank_last_progress_timestamp_seconds{sel}",
         "state": f"gputop_rank_state{sel} == 1",
-        "health": "gputop_gpu_health",
-        "util": "gputop_gpu_utilization_percent",
-        "dcgm_util": "DCGM_FI_DEV_GPU_UTIL",
+        "health": "gputop_gpu_health" + on_job_nodes,
+        "util": "gputop_gpu_utilization_percent" + on_job_nodes,
+        "dcgm_util": "DCGM_FI_DEV_GPU_UTIL" + on_job_nodes,
         "verdict": f"gputop_verdict{sel} == 1",
         # the job's nodes seen in the last STOPPED_LOOKBACK (a range: each series' last sample)
         "seen": f"gputop_job_info{sel}[{STOPPED_LOOKBACK}]",
-        "gpu_problem": "gputop_gpu_health_problem == 1",
-        "pcie": "gputop_gpu_pcie_link_degraded == 1",
-        "nic_health": "gputop_nic_health",
-        "nic_problem": "gputop_nic_health_problem == 1",
-        "nic_down": "gputop_nic_up == 0",
+        "gpu_problem": "gputop_gpu_health_problem == 1" + on_job_nodes,
+        "pcie": "gputop_gpu_pcie_link_degraded == 1" + on_job_nodes,
+        "nic_health": "gputop_nic_health" + on_job_nodes,
+        "nic_problem": "gputop_nic_health_problem == 1" + on_job_nodes,
+        "nic_down": "gputop_nic_up == 0" + on_job_nodes,
         "finding": f"gputop_finding{sel} == 1",
-        "machine_finding": f"gputop_finding{_sel(MACHINE_JOB)} == 1",
+        "machine_finding": f"gputop_finding{_sel(MACHINE_JOB)} == 1" + on_job_nodes,
     }
 
 
