@@ -10,6 +10,8 @@ view, verdict and JSON, in this process) from every fleet in turn, the order rev
 a change in the shared machine's load lands on every size alike; the figure is each size's median over one
 node's.  It also counts the queries per report (they must not grow with the nodes) and times the whole command,
 `python -m gputop report --prometheus URL --format json`, interpreter start included, at the biggest fleet.
+Beside each wall time, the CPU it took (this process's; Prometheus's own a report), which a loaded shared box
+changes less.
 Needs Debian's prometheus package (prometheus and promtool).
 """
 
@@ -17,12 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -72,40 +77,63 @@ def main() -> int:
         for nodes, url in urls.items():
             wait_for(lambda u=url: _answers(u), 120, f"Prometheus over the {nodes}-node fleet")
         times: dict[int, list[float]] = {n: [] for n in sizes}
+        cpu: dict[int, list[float]] = {n: [] for n in sizes}  # this process's CPU a report
+        prom_cpu: dict[int, list[float]] = {n: [] for n in sizes}  # Prometheus's CPU a report
         asked: dict[int, int] = {}
         ranks: dict[int, int] = {}
+        meters = {n: psutil.Process(servers[n].pid) for n in sizes}
         for round_no in range(args.rounds + 1):  # round 0 warms Prometheus's caches and this process's imports
             for nodes in sizes if round_no % 2 else list(reversed(sizes)):
                 api = CountingApi(urls[nodes])
-                started = time.perf_counter()
+                prom_before = sum(meters[nodes].cpu_times()[:2])
+                started, cpu_started = time.perf_counter(), time.process_time()
                 data = json.loads(build(api, api.url, None, "json"))
                 if round_no:
                     times[nodes].append(time.perf_counter() - started)
+                    cpu[nodes].append(time.process_time() - cpu_started)
+                    prom_cpu[nodes].append(sum(meters[nodes].cpu_times()[:2]) - prom_before)
                 asked[nodes], ranks[nodes] = api.asked, len(data["ranks"])
         biggest = sizes[-1]
         command = [sys.executable, "-m", "gputop", "report", "--prometheus", urls[biggest], "--format", "json", "-o", "/dev/null"]
-        whole = []
+        whole, whole_cpu = [], []
         for _ in range(3):
-            started = time.perf_counter()
+            started, children = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
             whole.append(time.perf_counter() - started)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            whole_cpu.append(after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime)
     finally:
         for proc in servers.values():
             kill_group(proc)
     base = statistics.median(times[sizes[0]])
     rows = [
-        [n, ranks[n], asked[n], statistics.median(times[n]), min(times[n]), max(times[n]), statistics.median(times[n]) / base]
+        [
+            n,
+            ranks[n],
+            asked[n],
+            statistics.median(times[n]),
+            min(times[n]),
+            max(times[n]),
+            statistics.median(times[n]) / base,
+            statistics.median(cpu[n]),
+            statistics.median(prom_cpu[n]),
+        ]
         for n in sizes
     ]
     print(machine_line())
-    print_table(["nodes", "ranks", "queries", "median s", "min s", "max s", f"× {sizes[0]} node"], rows)
-    print(f"whole command at {biggest} nodes (interpreter start included), 3 runs: " + ", ".join(f"{t:.2f} s" for t in whole))
+    headers = ["nodes", "ranks", "queries", "median s", "min s", "max s", f"× {sizes[0]} node", "CPU s", "Prometheus CPU s"]
+    print_table(headers, rows)
+    print(
+        f"whole command at {biggest} nodes (interpreter start included), 3 runs: "
+        + ", ".join(f"{t:.2f} s (CPU {c:.2f} s)" for t, c in zip(whole, whole_cpu))
+    )
     median_big = statistics.median(times[biggest])
     emit_figure(
         f"cross-node report at {biggest} nodes × 8 GPUs from a real Prometheus",
         f"≤ {GOAL_S:g} s",
         f"{median_big:.2f} s in-process (median of {args.rounds}, range {min(times[biggest]):.2f}–{max(times[biggest]):.2f}); "
-        f"{statistics.median(whole):.2f} s the whole command; {median_big / base:.1f}× one node's; {asked[biggest]} queries "
+        f"{statistics.median(whole):.2f} s the whole command (CPU {statistics.median(whole_cpu):.2f} s; Prometheus's "
+        f"{statistics.median(prom_cpu[biggest]):.2f} s a report); {median_big / base:.1f}× one node's; {asked[biggest]} queries "
         f"(as at {sizes[0]} node{'s' if sizes[0] > 1 else ''}: {asked[sizes[0]]})",
         "python benchmarks/bench_fleet_scale.py",
         met=statistics.median(whole) <= GOAL_S,
