@@ -1,7 +1,9 @@
-"""`gputop report --prometheus URL [--job ID] [--format md|json]`: one job across nodes, as a ticket report.
+"""`gputop report --prometheus URL [--job ID | --slurm-job ID] [--format md|json]`: one job across nodes, as
+a ticket report.
 
-Reads what every node's `gputop serve` exported through Prometheus's HTTP API (`gputop.fleet.view`) and
-names the node that holds the job back."""
+Reads what every node's `gputop serve` exported through Prometheus's HTTP API (`gputop.fleet.view`), names
+the node and rank that hold the job back and every other outlier; the Markdown summarises a big job
+(outliers first), the JSON has every node and rank."""
 
 from __future__ import annotations
 
