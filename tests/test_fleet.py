@@ -151,13 +151,15 @@ def exposition(exporter: Exporter) -> str:
 
 
 _SELECTOR = re.compile(r"^(\w+)(?:\{(.*)\})?(?:\[(\w+)\])?(?:\s*==\s*(\d+))?$")
+_LAST_SEEN = re.compile(r"^max_over_time\(timestamp\((.+)\)\[(\w+):\w+\]\)$")
 _COUNT_BY_JOB = re.compile(r"^count by \(job\) \(count by \(job, Hostname, rank\) \((\w+)\)\)$")
 _MATCHER = re.compile(r'(\w+)(=~|=)"((?:[^"\\]|\\.)*)"')
 
 
 class PromLike:
     """Instant queries over the samples of several exporters, as Prometheus with honor_labels answers
-    them: a metric, label matchers (= and =~), `A and on (Hostname) B`, the job sizes' nested count, an optional range (`[30m]`: the `earlier` samples too, each
+    them: a metric, label matchers (= and =~), `A and/unless on (Hostname) B`, the job sizes' nested count, the
+    last-seen subquery, an optional range (`[30m]`: the `earlier` samples too, each
     series' last) and an optional `== N` filter; nothing more.  `samples` are more samples now, beside the
     pages'; `earlier` samples (name, labels, value, time) only a range query sees.  `asked` keeps every query."""
 
@@ -179,10 +181,14 @@ class PromLike:
         return self._answer(expr)
 
     def _answer(self, expr: str) -> list[Series]:
-        if " and on (Hostname) " in expr:  # the left side's series on the right side's nodes
-            left, right = expr.split(" and on (Hostname) ")
-            hosts = {s.labels.get("Hostname") for s in self._answer(right)}
-            return [s for s in self._answer(left) if s.labels.get("Hostname") in hosts]
+        for op, keep in ((" and on (Hostname) ", True), (" unless on (Hostname) ", False)):
+            if op in expr:  # the left side's series on (or not on) the right side's nodes
+                left, right = expr.split(op)
+                hosts = {s.labels.get("Hostname") for s in self._answer(right)}
+                return [s for s in self._answer(left) if (s.labels.get("Hostname") in hosts) == keep]
+        last = _LAST_SEEN.match(expr)
+        if last:  # max_over_time(timestamp(SELECTOR)[W:STEP]): each series' last sample time, now or earlier
+            return [Series(s.labels, s.at, self.at) for s in self._answer(f"{last.group(1)}[{last.group(2)}]")]
         counted = _COUNT_BY_JOB.match(expr)
         if counted:  # count by (job) (count by (job, Hostname, rank) (METRIC)): distinct ranks per job
             per_job: dict[str, set[tuple[str, str]]] = {}

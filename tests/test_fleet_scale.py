@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -94,7 +95,8 @@ PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
 )
 def test_256_nodes_backfilled_into_a_real_prometheus_name_every_outlier(spawn, tmp_path, capsys):
     fleet = fs.Fleet.of(256)
-    tsdb, written = fs.build_fleet_tsdb(fleet, tmp_path)
+    end = float(int(time.time()))
+    tsdb, written = fs.build_fleet_tsdb(fleet, tmp_path, end)
     assert written > 256 * 400
     port = free_port()
     spawn(fs.prometheus_argv(tsdb, tmp_path / "prometheus.yml", port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -116,5 +118,7 @@ def test_256_nodes_backfilled_into_a_real_prometheus_name_every_outlier(spawn, t
     assert kinds["stopped_reporting"]["node"] == want["stopped"], data["outliers"]
     assert kinds["infrastructure"]["node"] == want["nic_down"][0], data["outliers"]
     assert (data["verdict"]["node"], data["verdict"]["rank"]) == want["hung"]
+    stopped = next(n for n in data["nodes"] if n["node"] == want["stopped"])
+    assert stopped["reporting"] is False and stopped["last_seen"] == end - fs.STOPPED_BEFORE_S, stopped
     api = PrometheusApi(url)
     assert len(api.query("gputop_job_info")) == 255
