@@ -43,23 +43,16 @@ def normalize_url(url: str) -> str:
 
 
 def parse_answer(url: str, answer: Any) -> list[Series]:
-    """The `data.result` of an instant query, as Series; an error answer is one line.  A range selector's
-    answer (a matrix) gives each series' last sample, at that sample's time."""
+    """The `data.result` of an instant vector query, as Series; an error answer is one line."""
     if not isinstance(answer, dict) or answer.get("status") != "success":
         error = answer.get("error", "no status") if isinstance(answer, dict) else "not a JSON object"
         raise GputopError(f"Prometheus at {url} refused the query: {error}")
     data = answer.get("data") or {}
-    kind = data.get("resultType")
-    if kind not in ("vector", "matrix"):
-        raise GputopError(f"Prometheus at {url} answered a {kind!r}, not a vector")
+    if data.get("resultType") != "vector":
+        raise GputopError(f"Prometheus at {url} answered a {data.get('resultType')!r}, not a vector")
     series = []
     for item in data.get("result") or ():
-        if kind == "vector":
-            at, value = item["value"]
-        elif item.get("values"):
-            at, value = item["values"][-1]
-        else:
-            continue
+        at, value = item["value"]
         series.append(Series(item.get("metric") or {}, float(value), float(at)))  # json's own dict: no copy
     return series
 
