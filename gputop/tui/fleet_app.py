@@ -351,9 +351,8 @@ class FleetHeader(LineCanvas):
         view = self.view
         if view is not None:
             line.add(" job ", look.LABEL).add(view.job, look.BOLD)
-            nodes = counted(len(view.nodes), "node") + (
-                f" of {view.nnodes}" if view.nnodes and view.nnodes != len(view.nodes) else ""
-            )
+            reporting = sum(1 for n in view.nodes if n.reporting)  # the nodes that stopped reporting are not counted
+            nodes = counted(reporting, "node") + (f" of {view.nnodes}" if view.nnodes and view.nnodes != reporting else "")
             ranks = counted(len(view.ranks), "rank") + (
                 f" of {view.world_size}" if view.world_size and view.world_size != len(view.ranks) else ""
             )

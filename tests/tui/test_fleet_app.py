@@ -244,6 +244,7 @@ async def test_at_256_nodes_the_first_screen_names_every_outlier_and_the_heat_st
     assert blocks[fleet.stopped] == "?" * 8
     assert blocks[fleet.straggler][fs.STRAGGLER_LOCAL_RANK] == "▲" and blocks[fleet.hung][fs.HUNG_LOCAL_RANK] == "✖"
     assert f"{255 * 8 - 12} more ranks: / filters by node, rank or state" in text
+    assert "job llama-256  255 nodes of 256 · 2040 ranks of 2048" in text.splitlines()[0], text.splitlines()[0]
 
 
 async def test_slash_filters_by_node_rank_or_state_and_escape_clears():
