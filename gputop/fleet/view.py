@@ -406,7 +406,7 @@ def outliers(view: FleetView) -> tuple[FleetVerdict, ...]:
     for node_name, parts in sorted(infra.items(), key=lambda item: (not any(f.severity == "critical" for f in item[1]), item[0])):
         f = min(parts, key=lambda f: f.severity != "critical")
         kinds = len({p.kind for p in parts})  # a NIC down is both its serve's NIC rule and its own finding
-        more = f" and {counted_parts(kinds - 1)}" if kinds > 1 else ""
+        more = f" and {_more_findings(kinds - 1)}" if kinds > 1 else ""
         found.append(
             FleetVerdict(
                 "infrastructure",
@@ -417,7 +417,7 @@ def outliers(view: FleetView) -> tuple[FleetVerdict, ...]:
     return tuple(found)
 
 
-def counted_parts(count: int) -> str:
+def _more_findings(count: int) -> str:
     return f"{count} more finding" + ("" if count == 1 else "s")
 
 
