@@ -35,6 +35,7 @@ QUICK_ARGS = {
     "bench_tui.py": ["--seconds", "10", "--warmup", "3", "--repeats", "2"],
     "bench_stacks.py": ["--rounds", "3"],
     "bench_attach_overhead.py": ["--rounds", "2", "--window", "5"],
+    "bench_fleet_scale.py": ["--rounds", "3"],
 }
 # Extra arguments a script needs so that an adapter can read its figures.
 ADAPTER_ARGS = {"bench_tui.py": ["--json"], "bench_stacks.py": ["--json"], "bench_attach_overhead.py": ["--json"]}

@@ -179,6 +179,19 @@ async def shoot_fleet(out: Path) -> Path:
         return _save_svg(app, out, "fleet")
 
 
+async def shoot_fleet_256(out: Path) -> Path:
+    """`gputop fleet` over 256 nodes × 8 GPUs at 120×40: the synthetic fleet the scale tests answer from
+    (tests/harness/fleet_scale.py: real serve pages per node, a straggler, a hung rank, a NIC down, a node
+    that stopped reporting)."""
+    from tests.test_fleet_scale import fleet_prom
+    from tests.tui.test_fleet_app import fleet_app
+
+    app = fleet_app(fleet_prom(256), url="http://prometheus:9090", interval=5.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        return _save_svg(app, out, "fleet-256")
+
+
 def _save_svg(app, out: Path, name: str) -> Path:
     svg = app.export_screenshot(title=f"gputop — {name}")
     # rsvg drops leading no-break spaces of a text run unless whitespace is preserved
@@ -329,6 +342,7 @@ def main() -> int:
     if not args.only_demo:
         shots.append(lambda: shoot_trace(out, args.seconds, args.profile))
         shots.append(lambda: shoot_fleet(out))
+        shots.append(lambda: shoot_fleet_256(out))
     if not args.no_demo:
         shots += [lambda s=scenario, f=finding, r=state: shoot_demo(out, s, f, r) for scenario, finding, state in DEMO_SHOTS]
     for make in shots:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import psutil
 import pytest
@@ -150,37 +150,69 @@ def exposition(exporter: Exporter) -> str:
     return generate_latest(registry).decode()
 
 
-_SELECTOR = re.compile(r"^(\w+)(?:\{(.*)\})?(?:\s*==\s*(\d+))?$")
+_SELECTOR = re.compile(r"^(\w+)(?:\{(.*)\})?(?:\[(\w+)\])?(?:\s*==\s*(\d+))?$")
+_LAST_SEEN = re.compile(r"^max_over_time\(timestamp\((.+)\)\[(\w+):\w+\]\)$")
+_COUNT_BY_JOB = re.compile(r"^count by \(job\) \(count by \(job, Hostname, rank\) \((\w+)\)\)$")
 _MATCHER = re.compile(r'(\w+)(=~|=)"((?:[^"\\]|\\.)*)"')
 
 
 class PromLike:
     """Instant queries over the samples of several exporters, as Prometheus with honor_labels answers
-    them: a metric, label matchers (= and =~), and an optional `== N` filter; nothing more."""
+    them: a metric, label matchers (= and =~), `A and/unless on (Hostname) B`, the job sizes' nested count, the
+    last-seen subquery, an optional range (`[30m]`: the `earlier` samples too, each
+    series' last) and an optional `== N` filter; nothing more.  `samples` are more samples now, beside the
+    pages'; `earlier` samples (name, labels, value, time) only a range query sees.  `asked` keeps every query."""
 
-    def __init__(self, texts: list[str], at: float) -> None:
-        self.samples = [
-            (s.name, dict(s.labels), s.value) for text in texts for f in text_string_to_metric_families(text) for s in f.samples
-        ]
+    def __init__(
+        self,
+        texts: list[str],
+        at: float,
+        *,
+        samples: Sequence[tuple[str, dict[str, str], float]] = (),
+        earlier: Sequence[tuple[str, dict[str, str], float, float]] = (),
+    ) -> None:
+        self.samples = [(name, labels, value, at) for name, labels, value in (*_samples(texts), *samples)]
+        self.earlier = list(earlier)
         self.at = at
         self.asked: list[str] = []
 
     def __call__(self, expr: str) -> list[Series]:
         self.asked.append(expr)
+        return self._answer(expr)
+
+    def _answer(self, expr: str) -> list[Series]:
+        for op, keep in ((" and on (Hostname) ", True), (" unless on (Hostname) ", False)):
+            if op in expr:  # the left side's series on (or not on) the right side's nodes
+                left, right = expr.split(op)
+                hosts = {s.labels.get("Hostname") for s in self._answer(right)}
+                return [s for s in self._answer(left) if (s.labels.get("Hostname") in hosts) == keep]
+        last = _LAST_SEEN.match(expr)
+        if last:  # max_over_time(timestamp(SELECTOR)[W:STEP]): each series' last sample time, now or earlier
+            return [Series(s.labels, s.at, self.at) for s in self._answer(f"{last.group(1)}[{last.group(2)}]")]
+        counted = _COUNT_BY_JOB.match(expr)
+        if counted:  # count by (job) (count by (job, Hostname, rank) (METRIC)): distinct ranks per job
+            per_job: dict[str, set[tuple[str, str]]] = {}
+            for s in self._answer(counted.group(1)):
+                per_job.setdefault(s.labels.get("job", ""), set()).add((s.labels.get("Hostname", ""), s.labels.get("rank", "")))
+            return [Series({"job": job}, float(len(keys)), self.at) for job, keys in per_job.items()]
         match = _SELECTOR.match(expr.strip())
         assert match, f"the report asked what this stand-in cannot answer: {expr}"
-        name, matchers, equals = match.groups()
+        name, matchers, window, equals = match.groups()
         wanted = _MATCHER.findall(matchers or "")
-        out = []
-        for sample_name, labels, value in self.samples:
+        last: dict[tuple, Series] = {}
+        for sample_name, labels, value, t in (self.earlier if window else []) + self.samples:
             if sample_name != name or (equals is not None and value != float(equals)):
                 continue
             if all(
                 re.fullmatch(pattern, labels.get(key, "")) if op == "=~" else labels.get(key, "") == pattern
                 for key, op, pattern in wanted
             ):
-                out.append(Series(labels, value, self.at))
-        return out
+                last[tuple(sorted(labels.items()))] = Series(labels, value, t)
+        return list(last.values())
+
+
+def _samples(texts: list[str]) -> list[tuple[str, dict[str, str], float]]:
+    return [(s.name, dict(s.labels), s.value) for text in texts for f in text_string_to_metric_families(text) for s in f.samples]
 
 
 def two_nodes(node1_states: dict[int, Callable[[float], str]], **node1_scenario) -> PromLike:

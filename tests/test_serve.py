@@ -481,8 +481,9 @@ PROMTOOL = shutil.which("promtool")
     PROMTOOL is None, reason="promtool is not installed (it comes with Debian's prometheus package, which .ci/run installs)"
 )
 def test_alert_rules_pass_their_promtool_unit_tests():
-    """Hang (no progress 10 min while the GPU holds memory), input-bound 10 min, degraded link: each fires
-    for the series it should and stays quiet for the others (contrib/prometheus/gputop-alerts.test.yml)."""
+    """Hang (no progress 10 min while the GPU holds memory), gputop's hang finding, a straggler, input-bound
+    10 min, degraded link: each fires for the series it should and stays quiet for the others; the job alerts
+    once per job, naming the rank and node, for a job on 4 nodes too (contrib/prometheus/gputop-alerts.test.yml)."""
     result = subprocess.run(
         [PROMTOOL, "test", "rules", str(CONTRIB / "prometheus" / "gputop-alerts.test.yml")],
         capture_output=True,

@@ -138,10 +138,9 @@ def _recording_job(text: Optional[str]) -> Optional[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "prometheus", None):  # one job across nodes, read from Prometheus
-        from gputop.commands.fleet_report import run as fleet_run
-
-        return fleet_run(args)
+    # `--prometheus` runs gputop.commands.fleet_report instead (gputop.cli.command_module)
+    if getattr(args, "slurm_job", None):
+        raise UsageError("--slurm-job finds a job across nodes in Prometheus: add --prometheus URL")
     command = ["gputop", *sys.argv[1:]] if sys.argv and sys.argv[0] else ["gputop", "report"]
     recording = None
     infra = None  # a report from a recording has no NVML details or kernel readings

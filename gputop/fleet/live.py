@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from gputop.errors import GputopError
 from gputop.fleet.prometheus import Query
@@ -24,10 +24,10 @@ class FleetRound:
     error: Optional[str] = None
 
 
-def read_round(query: Query, job: Optional[str], where: str) -> FleetRound:
+def read_round(query: Query, job: Optional[str], where: str, expected_hosts: Sequence[str] = ()) -> FleetRound:
     """One refresh; any failure is one line (a bug in a round must not take the screen down either)."""
     try:
-        view = fleet_view(query, job, where=where)
+        view = fleet_view(query, job, where=where, expected_hosts=expected_hosts)
         return FleetRound(view, judge(view))
     except GputopError as exc:
         return FleetRound(error=str(exc))
@@ -46,10 +46,12 @@ class FleetPoller:
         job: Optional[str],
         interval: float,
         deliver: Callable[[FleetRound], None],
+        expected_hosts: Sequence[str] = (),
     ) -> None:
         self.query = query
         self.where = where
         self.job = job
+        self.expected_hosts = tuple(expected_hosts)  # the scheduler's nodes of `job` (--slurm-job)
         self.interval = interval
         self.deliver = deliver
         self._stop = threading.Event()
@@ -64,6 +66,8 @@ class FleetPoller:
             self._thread.start()
 
     def follow(self, job: str) -> None:
+        if job != self.job:
+            self.expected_hosts = ()  # the scheduler's nodes were the first job's
         self.job = job
         self._wake.set()
 
@@ -85,7 +89,7 @@ class FleetPoller:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            result = read_round(self.query, self.job, self.where)
+            result = read_round(self.query, self.job, self.where, self.expected_hosts)
             if not self._stop.is_set():
                 self.deliver(result)
             wait = self.interval

@@ -53,7 +53,7 @@ def parse_answer(url: str, answer: Any) -> list[Series]:
     series = []
     for item in data.get("result") or ():
         at, value = item["value"]
-        series.append(Series(dict(item.get("metric") or {}), float(value), float(at)))
+        series.append(Series(item.get("metric") or {}, float(value), float(at)))  # json's own dict: no copy
     return series
 
 

@@ -1,15 +1,18 @@
 """One job across nodes, as every node's `gputop serve` exported it to Prometheus, and a verdict across them.
 
-`fleet_view(query, job)` asks Prometheus for the job's series (the `job` label is the id every node
-derives alike: `gputop.fleet.identity`), joins them by node (the `Hostname` label) and global rank, and
-`judge()` says which node holds the job back: a hung rank, the straggler (the rank that waits for its
-data while the others wait for it), or a node whose GPU links or NICs are degraded."""
+`fleet_view(query, job)` asks Prometheus for the job's series, one query per metric family whatever the
+number of nodes (the `job` label is the id every node derives alike: `gputop.fleet.identity`), joins them
+by node (the `Hostname` label) and global rank; `outliers()` lists every rank and node that holds the job
+back or hides part of it, each with its node and rank: hung ranks, stragglers (a rank that waits for its
+data while the others wait for it), nodes that stopped reporting, nodes whose GPUs, links or NICs are
+degraded; `judge()` is the worst of them, the verdict."""
 
 from __future__ import annotations
 
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 from gputop.errors import GputopError
 from gputop.fleet.prometheus import Query, Series
@@ -20,6 +23,11 @@ STRAGGLER_MIN_SHARE = 0.3
 STRAGGLER_MIN_GAP = 0.25
 # A rank whose main thread last moved this long before the job's newest progress: held up (or hung).
 STALLED_AFTER_S = 30.0
+# How far back a node of the job that no longer answers is still looked for: Prometheus drops a series from
+# instant queries 5 minutes after its last sample (at once when the scrape fails), a range query still has it.
+STOPPED_LOOKBACK = "30m"
+STOPPED_STEP = "30s"  # ... looked for at these steps: its last sample's time, within a step and a scrape
+PARALLEL_QUERIES = 8  # a refresh's queries in flight at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +73,8 @@ class FleetNode:
     utilization: dict[int, float] = field(default_factory=dict)
     gpu_health: dict[int, int] = field(default_factory=dict)  # 0 ok, 1 warning, 2 critical
     verdict: Optional[str] = None  # that node's own verdict for the job
+    reporting: bool = True  # False: its serve was scraped within STOPPED_LOOKBACK but is not now
+    last_seen: Optional[float] = None  # (not reporting) its last sample's time, Unix seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,20 +118,20 @@ def _sel(job: str, **more: str) -> str:
     return "{" + ",".join(f"{k}={_quoted(v)}" for k, v in {"job": job, **more}.items()) + "}"
 
 
-def job_sizes(query: Query) -> dict[str, int]:
-    """Every job's number of ranks (distinct node and rank: a rank on two GPUs has two series), one query."""
-    ranks: dict[str, set[tuple[str, str]]] = {}
-    for s in query("gputop_rank_info"):
-        job = s.labels.get("job", "")
-        if job and job != MACHINE_JOB:
-            ranks.setdefault(job, set()).add((s.labels.get("Hostname", "?"), s.labels.get("rank", "")))
-    return {job: len(keys) for job, keys in ranks.items()}
+# every job's number of ranks (distinct node and rank: a rank on two GPUs has two series), counted by Prometheus
+JOB_SIZES = "count by (job) (count by (job, Hostname, rank) (gputop_rank_info))"
 
 
-def pick_job(query: Query, job: Optional[str], where: str, sizes: dict[str, int]) -> tuple[str, list[Series], tuple[str, ...]]:
+def job_sizes(answer: list[Series]) -> dict[str, int]:
+    """Every job's number of ranks, from JOB_SIZES's answer (a series a job, whatever the fleet)."""
+    return {job: int(s.value) for s in answer if (job := s.labels.get("job", "")) and job != MACHINE_JOB}
+
+
+def pick_job(
+    query: Query, job: Optional[str], where: str, sizes: dict[str, int], infos: list[Series]
+) -> tuple[str, list[Series], tuple[str, ...]]:
     """The job asked for (or the one with the most ranks: `sizes`, from `job_sizes`), its gputop_job_info
-    series and the other jobs."""
-    infos = query("gputop_job_info")
+    series (of `infos`, every job's) and the other jobs."""
     jobs = sorted({s.labels.get("job", "") for s in infos} - {"", MACHINE_JOB})
     if not infos and not query("gputop_build_info"):
         raise GputopError(f"Prometheus at {where} holds no gputop series: add each node's `gputop serve` to its scrape_configs")
@@ -135,22 +145,35 @@ def pick_job(query: Query, job: Optional[str], where: str, sizes: dict[str, int]
     return job, [s for s in infos if s.labels.get("job") == job], tuple(j for j in jobs if j != job)
 
 
-def fleet_view(query: Query, job: Optional[str] = None, where: str = "Prometheus") -> FleetView:
-    sizes = job_sizes(query)
-    job, infos, others = pick_job(query, job, where, sizes)
-    sel = _sel(job)
-    info_rows = query(f"gputop_rank_info{sel}")
+def _host(s: Series) -> str:
+    return s.labels.get("Hostname", "?")
+
+
+def short_hostname(host: str) -> str:
+    """A hostname as the scheduler and the Hostname label may both write it: `gpu-1.cluster` -> `gpu-1`."""
+    return host.split(".", 1)[0].lower()
+
+
+def fleet_view(
+    query: Query, job: Optional[str] = None, where: str = "Prometheus", expected_hosts: Sequence[str] = ()
+) -> FleetView:
+    """The job's view from a fixed number of queries, one per metric family whatever the number of nodes
+    (each answer holds every node's series; they are joined here by Hostname and rank).  `expected_hosts`
+    (the scheduler's nodes of the job): those with no series of the job at all are nodes not reporting too."""
+    sizes_answer, all_infos = ask_together(query, [JOB_SIZES, "gputop_job_info"])
+    sizes = job_sizes(sizes_answer)
+    job, infos, others = pick_job(query, job, where, sizes, all_infos)
+    exprs = job_queries(job)
+    answers = dict(zip(exprs, ask_together(query, list(exprs.values()))))
+    info_rows = answers["rank_info"]
     if not info_rows:
         raise GputopError(f"job {job!r} has no rank series in Prometheus at {where}: gputop serve sees none of its ranks yet")
     at = max(s.at for s in info_rows)
-    by_key = _per_rank(query, sel)
-    states = {
-        (s.labels.get("Hostname", "?"), s.labels.get("rank", "")): s.labels.get("state")
-        for s in query(f"gputop_rank_state{sel} == 1")
-    }
+    by_key = _per_rank(answers)
+    states = {(_host(s), s.labels.get("rank", "")): s.labels.get("state") for s in answers["state"]}
     ranks: dict[tuple[str, int], FleetRank] = {}
     for row in info_rows:
-        node, rank = row.labels.get("Hostname", "?"), _int(row.labels.get("rank"))
+        node, rank = _host(row), _int(row.labels.get("rank"))
         if rank is None:
             continue
         gpu = _int(row.labels.get("gpu"))
@@ -170,9 +193,19 @@ def fleet_view(query: Query, job: Optional[str] = None, where: str = "Prometheus
             data_wait_high=values.get("high"),
             last_progress=values.get("progress"),
         )
-    hosts = sorted({r.node for r in ranks.values()} | {s.labels.get("Hostname", "?") for s in infos})
-    node_rank_of = {s.labels.get("Hostname", "?"): _int(s.labels.get("node_rank")) for s in infos}
-    nodes = tuple(_node(query, host, node_rank_of.get(host), job) for host in hosts)
+    hosts = sorted({r.node for r in ranks.values()} | {_host(s) for s in infos})
+    node_rank_of = {_host(s): _int(s.labels.get("node_rank")) for s in infos}
+    nodes = _nodes(answers, hosts, node_rank_of)
+    # nodes of the job seen in the last STOPPED_LOOKBACK but not now: their serve stopped being scraped
+    seen = {_host(s): s for s in answers["seen"]}
+    current = set(hosts)
+    nodes += tuple(
+        FleetNode(host, _int(s.labels.get("node_rank")), reporting=False, last_seen=s.value)
+        for host, s in sorted(seen.items())
+        if host not in current
+    )
+    reported = {short_hostname(n.hostname) for n in nodes}
+    nodes += tuple(FleetNode(host, reporting=False) for host in expected_hosts if short_hostname(host) not in reported)
     nodes = tuple(sorted(nodes, key=lambda n: (n.node_rank if n.node_rank is not None else 1 << 30, n.hostname)))
     return FleetView(
         job=job,
@@ -181,41 +214,94 @@ def fleet_view(query: Query, job: Optional[str] = None, where: str = "Prometheus
         world_size=max((n for n in (_int(s.labels.get("world_size")) for s in infos) if n is not None), default=None),
         nodes=nodes,
         ranks=tuple(sorted(ranks.values(), key=lambda r: (r.rank, r.node))),
-        findings=_findings(query, hosts, job),
+        findings=_findings(answers, hosts),
         other_jobs=others,
         job_sizes=tuple(sorted(((j, sizes.get(j, 0)) for j in (job, *others)), key=lambda item: (-item[1], item[0]))),
     )
 
 
-def _per_rank(query: Query, sel: str) -> dict[tuple[str, str], dict[str, float]]:
+def job_queries(job: str) -> dict[str, str]:
+    """Every query a view of `job` asks beyond the first two, by what it is for: one per metric family, each
+    answered for all the job's nodes at once.  The machine-wide families are kept to the job's nodes by
+    Prometheus (`and on (Hostname)` the job's gputop_job_info), so a Prometheus that scrapes a whole cluster
+    answers with the job's nodes only."""
+    sel = _sel(job)
+    on_job_nodes = f" and on (Hostname) gputop_job_info{sel}"
+    return {
+        "rank_info": f"gputop_rank_info{sel}",
+        "ratio": f"gputop_rank_data_wait_ratio{sel}",
+        "low": f"gputop_rank_data_wait_ratio_lower{sel}",
+        "high": f"gputop_rank_data_wait_ratio_upper{sel}",
+        "progress": f"gputop_rank_last_progress_timestamp_seconds{sel}",
+        "state": f"gputop_rank_state{sel} == 1",
+        "health": "gputop_gpu_health" + on_job_nodes,
+        "util": "gputop_gpu_utilization_percent" + on_job_nodes,
+        "dcgm_util": "DCGM_FI_DEV_GPU_UTIL" + on_job_nodes,
+        "verdict": f"gputop_verdict{sel} == 1",
+        # the job's nodes seen in the last STOPPED_LOOKBACK but not now, each with its last sample's time (a
+        # subquery's steps: a vector a node, not a range's every sample, ~1 MB at 256 nodes scraped every 15 s)
+        "seen": f"max_over_time(timestamp(gputop_job_info{sel})[{STOPPED_LOOKBACK}:{STOPPED_STEP}])"
+        f" unless on (Hostname) gputop_job_info{sel}",
+        "gpu_problem": "gputop_gpu_health_problem == 1" + on_job_nodes,
+        "pcie": "gputop_gpu_pcie_link_degraded == 1" + on_job_nodes,
+        "nic_health": "gputop_nic_health" + on_job_nodes,
+        "nic_problem": "gputop_nic_health_problem == 1" + on_job_nodes,
+        "nic_down": "gputop_nic_up == 0" + on_job_nodes,
+        "finding": f"gputop_finding{sel} == 1",
+        "machine_finding": f"gputop_finding{_sel(MACHINE_JOB)} == 1" + on_job_nodes,
+    }
+
+
+def ask_together(query: Query, exprs: list[str]) -> list[list[Series]]:
+    """Every query at once, on threads: Prometheus evaluates them side by side, so a refresh waits for the
+    slowest answer rather than the sum of them (the first failure is raised, as one line)."""
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_QUERIES, len(exprs)), thread_name_prefix="gputop-prom") as pool:
+        return list(pool.map(query, exprs))
+
+
+def _per_rank(answers: dict[str, list[Series]]) -> dict[tuple[str, str], dict[str, float]]:
     out: dict[tuple[str, str], dict[str, float]] = {}
-    for key, metric in (
-        ("ratio", "gputop_rank_data_wait_ratio"),
-        ("low", "gputop_rank_data_wait_ratio_lower"),
-        ("high", "gputop_rank_data_wait_ratio_upper"),
-        ("progress", "gputop_rank_last_progress_timestamp_seconds"),
-    ):
-        for s in query(f"{metric}{sel}"):
-            out.setdefault((s.labels.get("Hostname", "?"), s.labels.get("rank", "")), {})[key] = s.value
+    for key in ("ratio", "low", "high", "progress"):
+        for s in answers[key]:
+            out.setdefault((_host(s), s.labels.get("rank", "")), {})[key] = s.value
     return out
 
 
-def _node(query: Query, host: str, node_rank: Optional[int], job: str) -> FleetNode:
-    hsel = "{Hostname=" + _quoted(host) + "}"
-    health = {g: int(s.value) for s in query(f"gputop_gpu_health{hsel}") if (g := _int(s.labels.get("gpu"))) is not None}
-    util: dict[int, float] = {}
-    for metric in ("gputop_gpu_utilization_percent", "DCGM_FI_DEV_GPU_UTIL"):  # dcgm-exporter's wins where present
-        util.update({g: s.value for s in query(f"{metric}{hsel}") if (g := _int(s.labels.get("gpu"))) is not None})
-    verdicts = [s.labels.get("verdict") for s in query(f"gputop_verdict{_sel(job, Hostname=host)} == 1")]
-    return FleetNode(host, node_rank, tuple(sorted(set(health) | set(util))), util, health, verdicts[0] if verdicts else None)
+def _per_gpu(series: list[Series], wanted: set[str]) -> dict[str, dict[int, float]]:
+    """Hostname -> GPU index -> value, for the wanted hosts."""
+    out: dict[str, dict[int, float]] = {}
+    for s in series:
+        host, gpu = _host(s), _int(s.labels.get("gpu"))
+        if host in wanted and gpu is not None:
+            out.setdefault(host, {})[gpu] = s.value
+    return out
 
 
-def _findings(query: Query, hosts: list[str], job: str) -> tuple[NodeFinding, ...]:
+def _nodes(answers: dict[str, list[Series]], hosts: list[str], node_rank_of: dict[str, Optional[int]]) -> tuple[FleetNode, ...]:
+    """Every node's GPUs, their utilization and health and its own verdict: one query per metric for all
+    nodes (a per-node `{Hostname=…}` query would be 4 round trips a node, ~1,000 a refresh at 256)."""
+    wanted = set(hosts)
+    health = _per_gpu(answers["health"], wanted)
+    util = _per_gpu(answers["util"], wanted)
+    for host, values in _per_gpu(answers["dcgm_util"], wanted).items():  # dcgm-exporter's wins where present
+        util.setdefault(host, {}).update(values)
+    verdicts: dict[str, str] = {}
+    for s in answers["verdict"]:
+        verdicts.setdefault(_host(s), s.labels.get("verdict", ""))
+    nodes = []
+    for host in hosts:
+        h = {g: int(v) for g, v in health.get(host, {}).items()}
+        u = util.get(host, {})
+        nodes.append(FleetNode(host, node_rank_of.get(host), tuple(sorted(set(h) | set(u))), u, h, verdicts.get(host)))
+    return tuple(nodes)
+
+
+def _findings(answers: dict[str, list[Series]], hosts: list[str]) -> tuple[NodeFinding, ...]:
     """Each node's infra findings (GPU health rules, degraded links, NICs down) and the job's findings there."""
     found: list[NodeFinding] = []
     wanted = set(hosts)
-    for s in query("gputop_gpu_health_problem == 1"):
-        host = s.labels.get("Hostname", "?")
+    for s in answers["gpu_problem"]:
+        host = _host(s)
         if host in wanted:
             found.append(
                 NodeFinding(
@@ -226,23 +312,24 @@ def _findings(query: Query, hosts: list[str], job: str) -> tuple[NodeFinding, ..
                     _int(s.labels.get("gpu")),
                 )
             )
-    for s in query("gputop_gpu_pcie_link_degraded == 1"):
-        host = s.labels.get("Hostname", "?")
-        if host in wanted and not any(f.node == host and f.gpu == _int(s.labels.get("gpu")) and f.kind == "pcie" for f in found):
-            found.append(NodeFinding(host, "pcie", "warning", "infrastructure", _int(s.labels.get("gpu"))))
+    pcie_named = {(f.node, f.gpu) for f in found if f.kind == "pcie"}
+    for s in answers["pcie"]:
+        host, gpu = _host(s), _int(s.labels.get("gpu"))
+        if host in wanted and (host, gpu) not in pcie_named:
+            found.append(NodeFinding(host, "pcie", "warning", "infrastructure", gpu))
     # NIC health as each serve's `gputop check` rules judge it (down, below its peers' rate, errors climbing)
-    judged_nics = {_nic_key(s) for s in query("gputop_nic_health")}
-    for s in query("gputop_nic_health_problem == 1"):
+    judged_nics = {_nic_key(s) for s in answers["nic_health"]}
+    for s in answers["nic_problem"]:
         host, device, port = _nic_key(s)
         if host in wanted:
             rule, severity = s.labels.get("rule", "?"), s.labels.get("severity", "warning")
             found.append(NodeFinding(host, rule, severity, "infrastructure", device=device, port=_int(port)))
-    for s in query("gputop_nic_up == 0"):  # a serve older than the NIC judgement exports the port's state only
+    for s in answers["nic_down"]:  # a serve older than the NIC judgement exports the port's state only
         host, device, port = _nic_key(s)
         if host in wanted and (host, device, port) not in judged_nics:
             found.append(NodeFinding(host, "nic_down", "critical", "infrastructure", device=device, port=_int(port)))
-    for s in query(f"gputop_finding{_sel(job)} == 1") + query(f"gputop_finding{_sel(MACHINE_JOB)} == 1"):
-        host = s.labels.get("Hostname", "?")
+    for s in answers["finding"] + answers["machine_finding"]:
+        host = _host(s)
         if host in wanted and s.labels.get("kind") != "healthy":
             found.append(
                 NodeFinding(host, s.labels.get("kind", "?"), s.labels.get("severity", "info"), s.labels.get("label", ""))
@@ -257,47 +344,97 @@ def _nic_key(s: Series) -> tuple[str, str, str]:
 # ----------------------------------------------------------------- the verdict across nodes
 
 
-def judge(view: FleetView) -> FleetVerdict:
-    """Which node holds the job back: a rank that stopped outside a collective (the others wait for it in
-    theirs), else the straggler, else ranks that all hang, else a degraded node, else healthy."""
+def outliers(view: FleetView) -> tuple[FleetVerdict, ...]:
+    """Everything that holds the job back or hides part of it, the worst first: the ranks that stopped outside
+    a collective while the others wait for them (`hung`), the stragglers, ranks that all hang, the nodes whose
+    serve stopped being scraped (`stopped_reporting`), the nodes with a degraded part (`infrastructure`).
+    `judge` is the first of them."""
+    found: list[FleetVerdict] = []
     stalled = [r for r in view.ranks if r.last_progress is not None and view.at - r.last_progress > STALLED_AFTER_S]
     culprits = [r for r in stalled if r.state != "collective"]
-    if stalled and culprits and len(culprits) < len(view.ranks):
-        r = culprits[0]
-        return FleetVerdict(
-            "hung",
-            f"rank {r.rank} on {_node_name(view, r)} stopped making progress {view.at - (r.last_progress or view.at):.0f} s ago "
-            f"({r.state or 'state unknown'}); the other ranks wait for it",
-            r.node,
-            r.rank,
-        )
-    straggler = _straggler(view)
-    if straggler is not None:
-        r, others = straggler
-        return FleetVerdict(
-            "straggler",
-            f"rank {r.rank} on {_node_name(view, r)} is the straggler: it waits for its data {r.data_wait_ratio or 0.0:.0%} "
-            f"of the time, the job's other ranks {others:.0%} (median), and they wait for it in their collectives",
-            r.node,
-            r.rank,
+    if culprits and len(culprits) < len(view.ranks):
+        for r in culprits:
+            found.append(
+                FleetVerdict(
+                    "hung",
+                    f"rank {r.rank} on {_node_name(view, r)} stopped making progress {view.at - (r.last_progress or view.at):.0f} s ago "
+                    f"({r.state or 'state unknown'}); the other ranks wait for it",
+                    r.node,
+                    r.rank,
+                )
+            )
+    stragglers, others = _stragglers(view)
+    for r in stragglers:
+        found.append(
+            FleetVerdict(
+                "straggler",
+                f"rank {r.rank} on {_node_name(view, r)} is the straggler: it waits for its data {r.data_wait_ratio or 0.0:.0%} "
+                f"of the time, the job's other ranks {others:.0%} (median), and they wait for it in their collectives",
+                r.node,
+                r.rank,
+            )
         )
     hung = [r for r in view.ranks if r.state == "hung"] or stalled
-    if hung:
+    if hung and not found:
         r = hung[0]
         nodes = sorted({h.node for h in hung})
-        return FleetVerdict(
-            "hung",
-            f"{len(hung)} ranks on {', '.join(nodes)} stopped making progress, rank {r.rank} on {r.node} among them",
-            r.node,
-            r.rank,
+        found.append(
+            FleetVerdict(
+                "hung",
+                f"{len(hung)} ranks on {_listed(nodes)} stopped making progress, rank {r.rank} on {r.node} among them",
+                r.node,
+                r.rank,
+            )
         )
-    infra = [f for f in view.findings if f.label == "infrastructure" and f.severity in ("critical", "warning")]
-    if infra:
-        f = infra[0]
-        where = f.part or "the machine"
-        return FleetVerdict(
-            "infrastructure", f"{f.node} has a degraded part: {f.kind} on {where} (file a ticket for that node)", f.node
+    for node in view.nodes:
+        if not node.reporting:
+            if node.last_seen is None:
+                said = f"Prometheus has no gputop series of it in the last {STOPPED_LOOKBACK}, though the job runs there"
+            else:
+                said = f"Prometheus last scraped its gputop serve {max(0.0, view.at - node.last_seen):.0f} s ago"
+            found.append(
+                FleetVerdict(
+                    "stopped_reporting",
+                    f"{node.hostname} stopped reporting: {said}; its ranks are not in this view",
+                    node.hostname,
+                )
+            )
+    infra: dict[str, list[NodeFinding]] = {}
+    for f in view.findings:
+        if f.label == "infrastructure" and f.severity in ("critical", "warning"):
+            infra.setdefault(f.node, []).append(f)
+    for node_name, parts in sorted(infra.items(), key=lambda item: (not any(f.severity == "critical" for f in item[1]), item[0])):
+        f = min(parts, key=lambda f: f.severity != "critical")
+        kinds = len({p.kind for p in parts})  # a NIC down is both its serve's NIC rule and its own finding
+        more = f" and {_more_findings(kinds - 1)}" if kinds > 1 else ""
+        found.append(
+            FleetVerdict(
+                "infrastructure",
+                f"{node_name} has a degraded part: {f.kind} on {f.part or 'the machine'}{more} (file a ticket for that node)",
+                node_name,
+            )
         )
+    return tuple(found)
+
+
+def _more_findings(count: int) -> str:
+    return f"{count} more finding" + ("" if count == 1 else "s")
+
+
+def _listed(names: list[str], shown: int = 4) -> str:
+    """'a, b, c' or 'a, b, c, d and 12 more'."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return ", ".join(names[:shown]) + f" and {len(names) - shown} more"
+
+
+def judge(view: FleetView) -> FleetVerdict:
+    """Which node holds the job back: a rank that stopped outside a collective (the others wait for it in
+    theirs), else the straggler, else ranks that all hang, else a node that stopped reporting, else a
+    degraded node, else healthy."""
+    found = outliers(view)
+    if found:
+        return found[0]
     if not any(r.state for r in view.ranks):
         return FleetVerdict("unknown", "no rank's stacks have been read yet: no verdict")
     return FleetVerdict("healthy", f"no node holds the job back: {len(view.ranks)} ranks on {len(view.nodes)} nodes")
@@ -311,13 +448,88 @@ def _node_name(view: FleetView, rank: FleetRank) -> str:
     return f"{rank.node} (node {place}" + (f" of {view.nnodes})" if view.nnodes else ")")
 
 
-def _straggler(view: FleetView) -> Optional[tuple[FleetRank, float]]:
+def _stragglers(view: FleetView) -> tuple[list[FleetRank], float]:
+    """The ranks that wait for their data at least STRAGGLER_MIN_SHARE of the time and STRAGGLER_MIN_GAP more
+    than the median of the job's others, the most waiting first; and the median of the ranks that do not."""
     measured = [r for r in view.ranks if r.data_wait_ratio is not None]
     if len(measured) < 2:
-        return None
-    top = max(measured, key=lambda r: r.data_wait_ratio or 0.0)
-    others = statistics.median(r.data_wait_ratio or 0.0 for r in measured if r is not top)
-    share = top.data_wait_ratio or 0.0
-    if share >= STRAGGLER_MIN_SHARE and share - others >= STRAGGLER_MIN_GAP:
-        return top, others
-    return None
+        return [], 0.0
+    ordered = sorted(measured, key=lambda r: -(r.data_wait_ratio or 0.0))
+    baseline = statistics.median(r.data_wait_ratio or 0.0 for r in ordered[1:])
+    slow = [
+        r
+        for r in ordered
+        if (r.data_wait_ratio or 0.0) >= STRAGGLER_MIN_SHARE and (r.data_wait_ratio or 0.0) - baseline >= STRAGGLER_MIN_GAP
+    ]
+    rest = [r.data_wait_ratio or 0.0 for r in ordered if r not in slow]
+    return slow, statistics.median(rest) if rest else baseline
+
+
+# ----------------------------------------------------------------- outliers first (the screen and the report)
+
+
+def _worst_wait(view: FleetView) -> dict[str, float]:
+    worst: dict[str, float] = {}
+    for r in view.ranks:
+        if r.data_wait_ratio is not None:
+            worst[r.node] = max(worst.get(r.node, 0.0), r.data_wait_ratio)
+    return worst
+
+
+def nodes_outliers_first(view: FleetView, found: tuple[FleetVerdict, ...]) -> list[FleetNode]:
+    """The nodes the outliers name (in their order), then those with an unhealthy GPU or a finding of their
+    own, then the most waiting for their data; the job's node order among equals."""
+    named: dict[str, int] = {}
+    for i, verdict in enumerate(found):
+        if verdict.node is not None:
+            named.setdefault(verdict.node, i)
+    flagged = {f.node for f in view.findings if f.severity in ("critical", "warning")}
+    worst = _worst_wait(view)
+    return sorted(
+        view.nodes,
+        key=lambda n: (
+            named.get(n.hostname, len(found)),
+            not (any(n.gpu_health.values()) or n.hostname in flagged),
+            -worst.get(n.hostname, 0.0),
+            n.node_rank if n.node_rank is not None else 1 << 30,
+            n.hostname,
+        ),
+    )
+
+
+def ranks_outliers_first(view: FleetView, found: tuple[FleetVerdict, ...]) -> list[FleetRank]:
+    """The ranks the outliers name, then the stalled (oldest progress first), then the most waiting for data."""
+    named = {(v.node, v.rank): i for i, v in reversed(list(enumerate(found))) if v.rank is not None}
+
+    def age(r: FleetRank) -> float:
+        return 0.0 if r.last_progress is None else view.at - r.last_progress
+
+    return sorted(
+        view.ranks,
+        key=lambda r: (
+            named.get((r.node, r.rank), len(found)),
+            -(age(r) if age(r) > STALLED_AFTER_S else 0.0),
+            -(r.data_wait_ratio or 0.0),
+            r.rank,
+        ),
+    )
+
+
+def grouped_findings(findings: tuple[NodeFinding, ...]) -> list[tuple[NodeFinding, list[str]]]:
+    """The findings, one per part, kind, severity and label, with the nodes that report it (a finding every
+    node's serve reports alike, such as `remote_wait`, is one entry, not 255)."""
+    groups: dict[tuple[str, str, str, str], tuple[NodeFinding, list[str]]] = {}
+    for f in findings:
+        groups.setdefault((f.part, f.kind, f.severity, f.label), (f, []))[1].append(f.node)
+    return list(groups.values())
+
+
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """[0, 1, 2, 3, 6] -> '0–3,6'."""
+    spans: list[list[int]] = []
+    for rank in sorted(ranks):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ",".join(str(a) if a == b else f"{a}–{b}" for a, b in spans) or "-"

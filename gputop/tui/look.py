@@ -106,6 +106,7 @@ def ellipsize(text: str, width: int) -> str:
 # ------------------------------------------------------------------ key names for help and the key bar
 _KEY_NAMES = {
     "question_mark": "?",
+    "slash": "/",
     "plus": "+",
     "equals_sign": "=",
     "minus": "-",

@@ -204,3 +204,73 @@ async def test_question_mark_lists_the_fleet_keys(prom):
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
         described = {b.description for _title, bindings in app.screen.sections for b in bindings}
     assert {"Quit", "Help", "Report", "Pick a job", "Read now"} <= described, described
+
+
+# ----------------------------------------------------------------- 256 nodes
+
+
+async def test_at_256_nodes_the_first_screen_names_every_outlier_and_the_heat_strip_marks_them():
+    """The first screen at 120×40 over 256 nodes × 8 GPUs (tests/harness/fleet_scale.py): the hung rank as
+    the verdict, the straggler, the node that stopped reporting and the NIC-down node right under it, each
+    with its node (and rank); then the outlier nodes' rows and the heat strip of every node."""
+    from tests.harness import fleet_scale as fs
+    from tests.test_fleet_scale import fleet_prom
+
+    fleet = fs.Fleet.of(256)
+    want = fs.expected(fleet)
+    app = fleet_app(fleet_prom(256))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        top = [
+            line
+            for widget in ("#verdict", "#outliers")
+            for line in app.query_one(widget).lines_text  # type: ignore[attr-defined]
+        ]
+        text = app.screen_text()
+        heat = app.query_one("#heat")
+        assert heat.display and heat.region.y < 40
+    hung_node, hung_rank = want["hung"]
+    slow_node, slow_rank = want["straggler"]
+    assert f"Verdict: rank {hung_rank} on {hung_node}" in top[0], top
+    assert any(f"rank {slow_rank} on {slow_node}" in line and "straggler" in line for line in top), top
+    assert any(line.startswith(f" ? {want['stopped']} stopped reporting") for line in top), top
+    assert any(f"{want['nic_down'][0]} has a degraded part: nic_down on NIC {fs.NIC_DOWN}" in line for line in top), top
+    # the outlier nodes' rows come first, then the strip: 256 nodes, each a block of 8 cells
+    rows = re.findall(r"^(node\d{3}) +\d+/256", text, re.M)
+    assert rows[:4] == [hung_node, slow_node, want["stopped"], want["nic_down"][0]], rows
+    strip = [line for line in text.splitlines() if re.match(r"^node\d{3} [^ ]{8}( [^ ]{8})+$", line)]
+    blocks = [b for line in strip for b in line.split()[1:]]
+    assert len(blocks) == 256, strip
+    assert blocks[fleet.stopped] == "?" * 8
+    assert blocks[fleet.straggler][fs.STRAGGLER_LOCAL_RANK] == "▲" and blocks[fleet.hung][fs.HUNG_LOCAL_RANK] == "✖"
+    assert f"{255 * 8 - 12} more ranks: / filters by node, rank or state" in text
+    assert "job llama-256  255 nodes of 256 · 2040 ranks of 2048" in text.splitlines()[0], text.splitlines()[0]
+
+
+async def test_slash_filters_by_node_rank_or_state_and_escape_clears():
+    from tests.harness import fleet_scale as fs
+    from tests.test_fleet_scale import fleet_prom
+
+    fleet = fs.Fleet.of(64)
+    want = fs.expected(fleet)
+    app = fleet_app(fleet_prom(64))
+
+    def rank_rows() -> list[tuple[int, str]]:
+        return [(int(r), n) for r, n in re.findall(r"^[ ✖▲?]*(\d+) +(node\d{3}) ", app.screen_text(), re.M)]
+
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("slash")
+        await pilot.press(*fleet.hostname(fleet.nic_down))
+        await wait_for(pilot, lambda: app.filter_text == fleet.hostname(fleet.nic_down), "the node filter")
+        assert sorted(rank_rows()) == [(fleet.rank(fleet.nic_down, i), fleet.hostname(fleet.nic_down)) for i in range(8)]
+        assert "filter 'node" in app.screen_text() and "1 node, 8 ranks" in app.screen_text()
+        await pilot.press("enter")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.filter_text == "", "the filter cleared")
+        await pilot.press("slash", *str(want["straggler"][1]))
+        await wait_for(pilot, lambda: rank_rows() == [want["straggler"][::-1]], "the rank filter")
+        await pilot.press("ctrl+a", "ctrl+k", *"hung q")  # a state, and q typed into the filter does not quit
+        await wait_for(pilot, lambda: app.filter_text == "hung q", "the state filter")
+        assert rank_rows() == [want["hung"][::-1]], rank_rows()
+        assert app.is_running
