@@ -39,6 +39,7 @@ from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSche
 from gputop.collect.state_sampler import StartupWatch, StateSampler
 from gputop.errors import GputopError
 from gputop.fleet.identity import node_place
+from gputop.collect.flight_recorder import FlightRecorderReader
 from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, StateSamples
 
 WORKER_COMM = "pt_data_worker"  # torch sets it in the DataLoader worker loop
@@ -489,6 +490,7 @@ class JobCollector:
         self._stacks_wanted = stacks_wanted
         self._stacks_enabled = stacks_enabled
         self._startup = StartupWatch()
+        self._recorders = FlightRecorderReader()
         self._sampler = sampler
         if sampler is None and stacks_enabled and dump is None:
             py_spy = stacks_mod.find_py_spy()
@@ -559,6 +561,8 @@ class JobCollector:
             native = {pid: self._native[pid] for pid in pids if pid in self._native}
             stacks_error = self._stacks_error
         stretches = self._take_stretches([r.proc.pid for r in tree.ranks])
+        self._recorders.forget_except({r.proc.pid for r in tree.ranks})
+        records = (self._recorders.read(r.proc.pid, r.rank) for r in tree.ranks)
         tree = replace(
             tree,
             ranks=tuple(self._with_states(r, stacks.get(r.proc.pid)) for r in tree.ranks),
@@ -566,6 +570,7 @@ class JobCollector:
             native_stacks=native,
             stacks_error=stacks_error,
             state_samples=stretches,
+            flight_records=tuple(r for r in records if r is not None),
         )
         self._last_tree = tree
         return tree
