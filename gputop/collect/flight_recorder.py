@@ -33,11 +33,6 @@ MAX_DUMP_BYTES = 64 << 20
 KEEP_DONE = 1  # completed collectives kept per process group before the pending ones
 KEEP_ENTRIES = 16  # at most this many per process group
 
-ENABLE_HINT = (
-    "export TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=/tmp/fr_rank_  # flight recorder; gputop reads "
-    "the dump the job writes (TORCH_NCCL_DUMP_ON_TIMEOUT=1, or a thread calling torch._C._distributed_c10d._dump_fr_trace())"
-)
-
 
 class _DataOnly(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
@@ -152,7 +147,9 @@ class FlightRecorderReader:
         try:
             st = os.stat(seen)
         except OSError:
-            return FlightRecord(pid, rank, path, error=f"no dump at {path} yet: the job writes it (see the README's hang section)")
+            return FlightRecord(
+                pid, rank, path, error=f"no dump at {path} yet: the job writes it (see the README's hang section)"
+            )
         if uid is not None and st.st_uid not in (uid, os.getuid()):
             return FlightRecord(pid, rank, path, error=f"{path} belongs to another user: not read")
         if st.st_size > MAX_DUMP_BYTES:

@@ -24,6 +24,7 @@ import psutil
 from gputop.analysis.stack_classes import classify_main_thread, runs_worker_loop
 from gputop.collect import stacks as stacks_mod
 from gputop.collect.cgroup import job_limits
+from gputop.collect.flight_recorder import FlightRecorderReader
 from gputop.collect.placement import find_misplacements, gpus_of_pids, mig_instances_of_rank, place_ranks
 from gputop.collect.procfs import (
     ProcessTable,
@@ -39,7 +40,6 @@ from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSche
 from gputop.collect.state_sampler import StartupWatch, StateSampler
 from gputop.errors import GputopError
 from gputop.fleet.identity import node_place
-from gputop.collect.flight_recorder import FlightRecorderReader
 from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, StateSamples
 
 WORKER_COMM = "pt_data_worker"  # torch sets it in the DataLoader worker loop
