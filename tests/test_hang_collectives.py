@@ -20,6 +20,12 @@ JOB = str(Path(__file__).parent / "jobs" / "collective_job.py")
 REPORT_S = "12"
 
 
+def _hang(report: dict) -> dict:
+    found = [f for f in report["findings"] if f["id"] == "hang"]
+    assert found, [(f["id"], f["summary"]) for f in report["findings"]]
+    return found[0]
+
+
 def _report(spawn, pid: int) -> dict:
     ran = run_gputop(spawn, "report", "--pid", str(pid), "--seconds", REPORT_S, "--format", "json", timeout=120)
     assert ran.rc == 0, ran.err[-2000:]
@@ -73,7 +79,7 @@ def test_flight_recorder_names_the_collective_and_the_missing_rank(spawn, tmp_pa
     # the ranks' dumps caught up (their first dump with frames takes seconds: torch symbolizes them once)
     wait_until(lambda: all(4 in _pending(dumps / f"rank_{r}") for r in (0, 1)), timeout=90, what="dumps with seq 4 pending")
     report = _report(spawn, proc.pid)
-    hang = next(f for f in report["findings"] if f["id"] == "hang")
+    hang = _hang(report)
     c = hang["figures"]["collective"]
     assert (c["op"], c["seq"], c["process_group"]) == ("gloo:all_reduce", 4, "0"), c
     assert c["entered"] == [0, 1] and c["missing"] == [2] and c["mismatched"] == {}, c
@@ -88,7 +94,7 @@ def test_flight_recorder_names_the_collective_and_the_missing_rank(spawn, tmp_pa
 def test_without_the_recorder_stacks_name_the_outlier_and_how_to_turn_it_on(spawn, tmp_path):
     proc, pids, _ = _collective_job(spawn, tmp_path, recorder=False)
     report = _report(spawn, proc.pid)
-    hang = next(f for f in report["findings"] if f["id"] == "hang")
+    hang = _hang(report)
     assert "collective" not in hang["figures"]
     text = "\n".join(hang["evidence"])
     assert "stacks: ranks 0, 1 at all_reduce" in text and "rank 2 elsewhere, at load_next_shard" in text, text

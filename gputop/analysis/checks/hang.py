@@ -567,11 +567,12 @@ def _suspect_worker(rank: RankObs) -> Optional[tuple[WorkerObs, FrozenRun]]:
     return max(found, key=lambda wr: wr[1].seconds) if found else None
 
 
-def makes_progress(rank: RankObs) -> bool:
-    """Its main thread moved between its last two dumps: another stack, or counters that moved."""
+def makes_progress(rank: RankObs, *, io_counts: bool = True) -> bool:
+    """Its main thread moved between its last two dumps: another stack, or counters that moved.
+    `io_counts=False`: the process's I/O is no evidence (another thread's, such as a recorder dumper's)."""
     if len(rank.samples) < 2:
         return False
-    run = frozen_run(rank.pid, rank.samples)
+    run = frozen_run(rank.pid, rank.samples, io_counts=io_counts)
     return run is not None and (run.count < 2 or run.still is False)
 
 
@@ -668,7 +669,8 @@ def _merge_waiters(ctx: Context, hung: list[_Hung], stopped: Sequence[RankObs] =
     if remote is not None:  # every rank here waits for one elsewhere: no local hang to name
         return [remote_holdup_finding(remote)]
     odd = _odd_one_out(ctx, waiting.hung)
-    if odd is not None and makes_progress(odd.rank) and not odd.waits_for_data:
+    # the odd rank's own thread must move: a helper thread's I/O (a dumper, a logger) does not make its loop go on
+    if odd is not None and makes_progress(odd.rank, io_counts=False) and not odd.waits_for_data:
         # One rank works (an evaluation, a checkpoint, logging) while the others wait for it in a barrier or
         # collective: a wait, not a hang, as long as that rank moves.
         return [_rank_wait_finding(waiting, odd)]
