@@ -114,3 +114,16 @@ def test_missing_ranks_and_seq_equal_torchs_fr_trace(case, tmp_path):
     (wait,) = align(records(case))
     assert [(c.collective_seq_id, set(c.missing_ranks or ())) for c in theirs] == [(wait.seq, set(wait.missing))]
     assert theirs[0].collective_name == wait.op
+
+
+@pytest.mark.parametrize("case", ["mismatch", "size"])
+def test_mismatches_split_the_ranks_as_torchs_fr_trace_does(case, tmp_path):
+    # fr_trace takes one rank's entry as the reference (here the odd rank's) and lists the others as mismatched;
+    # gputop takes the entry most ranks agree on: the same seq id, and the same two sides
+    pytest.importorskip("torch.distributed.flight_recorder")
+    (theirs,) = _fr_trace(FIXTURES / case, tmp_path)
+    (wait,) = align(records(case))
+    odd = set(wait.mismatched) | set(wait.other_sizes)
+    assert theirs.collective_seq_id == wait.seq and not theirs.missing_ranks and not wait.missing
+    sides = {frozenset(theirs.mismatch_collectives), frozenset(theirs.expected_ranks - set(theirs.mismatch_collectives))}
+    assert sides == {frozenset(wait.entered), frozenset(odd)}

@@ -161,7 +161,8 @@ def read_tracer(pid: int) -> Optional[str]:
 
 
 def read_exit_status(pid: int) -> Optional[int]:
-    """A zombie's exit status as waitpid(2) gives it (/proc/PID/stat field 52, Linux 3.5+); None where unreadable."""
+    """A zombie's exit status as waitpid(2) gives it (/proc/PID/stat field 52, Linux 3.5+; 0 while it runs); None
+    where unreadable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
