@@ -49,8 +49,9 @@ def test_stopped_job_is_stopped_not_hung_nor_input_bound(spawn, tmp_path):
     assert not {"hang", "starvation", "hiccup", "straggler"} & set(ids), ids
 
 
-def _collective_job(spawn, tmp_path: Path, *, recorder: bool) -> tuple:
-    """3 gloo ranks under torchrun; rank 2 stops in its own code after 3 all-reduces, the others enter the 4th."""
+def _collective_job(spawn, tmp_path: Path, *, recorder: bool, case: str = "stuck") -> tuple:
+    """3 gloo ranks under torchrun; after 3 all-reduces rank 2 breaks the pattern (`case`: stuck in its own
+    code, or a broadcast instead), the others enter the 4th."""
     dumps = tmp_path / "fr"
     dumps.mkdir()
     env = dict(os.environ)
@@ -60,7 +61,7 @@ def _collective_job(spawn, tmp_path: Path, *, recorder: bool) -> tuple:
         env.update(TORCH_FR_BUFFER_SIZE="100", TORCH_FR_DUMP_TEMP_FILE=str(dumps / "rank_"))
     argv = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), JOB, "--case", "stuck", "--odd-rank", "2", "--dump-every", "1",
+        "--master-port", str(free_port()), JOB, "--case", case, "--odd-rank", "2", "--dump-every", "1",
         "--ready", str(tmp_path / "ready"),
     ]  # fmt: skip
     with open(tmp_path / "job.log", "wb") as log:
@@ -100,3 +101,14 @@ def test_without_the_recorder_stacks_name_the_outlier_and_how_to_turn_it_on(spaw
     assert "stacks: ranks 0, 1 at all_reduce" in text and "rank 2 elsewhere, at load_next_shard" in text, text
     assert "no flight recorder: export TORCH_FR_BUFFER_SIZE" in text
     assert "TORCH_FR_BUFFER_SIZE" in hang["fix"]
+
+
+@pytest.mark.slow
+def test_a_rank_in_another_collective_is_named_as_a_mismatch(spawn, tmp_path):
+    proc, pids, dumps = _collective_job(spawn, tmp_path, recorder=True, case="mismatch")
+    wait_until(lambda: all(4 in _pending(dumps / f"rank_{r}") for r in (0, 1, 2)), timeout=90, what="dumps with seq 4 pending")
+    hang = _hang(_report(spawn, proc.pid))
+    c = hang["figures"]["collective"]
+    assert (c["op"], c["seq"]) == ("gloo:all_reduce", 4) and c["entered"] == [0, 1] and c["missing"] == []
+    assert c["mismatched"] == {"2": "gloo:broadcast"}, c
+    assert "rank 2" in hang["summary"] and "entered another collective" in hang["summary"], hang["summary"]
