@@ -82,7 +82,7 @@ def test_flight_recorder_names_the_collective_and_the_missing_rank(spawn, tmp_pa
     report = _report(spawn, proc.pid)
     hang = _hang(report)
     c = hang["figures"]["collective"]
-    assert (c["op"], c["seq"], c["process_group"]) == ("gloo:all_reduce", 4, "0"), c
+    assert (c["source"], c["op"], c["seq"], c["process_group"]) == ("flight recorder", "gloo:all_reduce", 4, "0"), c
     assert c["entered"] == [0, 1] and c["missing"] == [2] and c["mismatched"] == {}, c
     assert c["sizes"] == [[1024]] and c["dtype"] == "Float" and c["timeout_ms"] == 600_000
     assert c["where"]["2"].startswith("load_next_shard (collective_job.py:"), c["where"]
@@ -96,7 +96,9 @@ def test_without_the_recorder_stacks_name_the_outlier_and_how_to_turn_it_on(spaw
     proc, pids, _ = _collective_job(spawn, tmp_path, recorder=False)
     report = _report(spawn, proc.pid)
     hang = _hang(report)
-    assert "collective" not in hang["figures"]
+    c = hang["figures"]["collective"]  # what stacks alone say: the op, who waits in it and who is elsewhere
+    assert c["source"] == "stacks" and c["op"] == "all_reduce" and c["seq"] is None, c
+    assert c["entered"] == [0, 1] and c["missing"] == [2] and c["where"]["2"].startswith("load_next_shard ("), c
     text = "\n".join(hang["evidence"])
     assert "stacks: ranks 0, 1 at all_reduce" in text and "rank 2 elsewhere, at load_next_shard" in text, text
     assert "no flight recorder: export TORCH_FR_BUFFER_SIZE" in text

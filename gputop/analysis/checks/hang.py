@@ -343,7 +343,7 @@ def with_collective(ctx: Context, finding: Finding) -> Finding:
     wait = next((w for w in waits if w.broken), None)
     now = ctx.snaps[-1].timestamp
     if wait is not None:
-        figures = wait.figures(now)
+        figures = {"source": "flight recorder", **wait.figures(now)}
         where: dict[str, Optional[str]] = {}
         lines = [f"flight recorder: {wait.line()}"]
         for r in list(wait.missing) + sorted(wait.mismatched) + sorted(wait.other_sizes):
@@ -375,24 +375,37 @@ def with_collective(ctx: Context, finding: Finding) -> Finding:
             figures={**finding.figures, "collective": figures},
         )
     errors = [r.error for r in records if r.error is not None]
-    if errors:
-        return dataclasses.replace(finding, evidence=finding.evidence + (f"flight recorder on, not read: {errors[0]}",))
-    many, others = stack_groups(
-        {
-            r.rank: format_frame(r.samples[-1].frames[0])
-            for r in ctx.ranks.values()
-            if r.rank is not None and r.samples and r.samples[-1].frames and not (r.last is not None and r.last.exited)
-        }
-    )
+    live = [r for r in ctx.ranks.values() if r.rank is not None and r.samples and r.samples[-1].frames]
+    live = [r for r in live if not (r.last is not None and r.last.exited)]
+    many, others = stack_groups({r.rank: format_frame(r.samples[-1].frames[0]) for r in live if r.rank is not None})
     lines = []
+    figures = dict(finding.figures)
     if many is not None and others:
         lines.append(
             f"stacks: {_rank_list(many.ranks)} at {many.frame}; "
             + "; ".join(f"{_rank_list(g.ranks)} elsewhere, at {_frame_of(ctx, g.ranks[0]) or g.frame}" for g in others)
         )
-    lines.append("no flight recorder: " + ENABLE_HINT.split("  # ")[0] + " names the collective and the missing rank next time")
-    fix = finding.fix if ENABLE_HINT in finding.fix else finding.fix + "\n" + ENABLE_HINT
-    return dataclasses.replace(finding, evidence=finding.evidence + tuple(lines), fix=fix)
+        in_collective = all(r.samples[-1].state == COLLECTIVE for r in live if r.rank in many.ranks)
+        if in_collective:  # what the stacks alone say of the collective: no sequence id, sizes nor timeout
+            outliers = sorted(r for g in others for r in g.ranks)
+            figures["collective"] = {
+                "source": "stacks",
+                "op": many.frame.split(" (")[0],
+                "seq": None,
+                "process_group": None,
+                "entered": list(many.ranks),
+                "missing": outliers,
+                "mismatched": {},
+                "where": {str(r): _frame_of(ctx, r) for r in outliers},
+            }
+    if errors:
+        lines.append(f"flight recorder on, not read: {errors[0]}")
+    else:
+        lines.append(
+            "no flight recorder: " + ENABLE_HINT.split("  # ")[0] + " names the collective and the missing rank next time"
+        )
+    fix = finding.fix if ENABLE_HINT in finding.fix or errors else finding.fix + "\n" + ENABLE_HINT
+    return dataclasses.replace(finding, evidence=finding.evidence + tuple(lines), fix=fix, figures=figures)
 
 
 def _frame_of(ctx: Context, rank_number: int) -> Optional[str]:
