@@ -171,6 +171,20 @@ def align(records: Sequence[FlightRecord]) -> list[CollectiveWait]:
     return sorted(waits, key=lambda w: (not w.broken, w.since or 0.0))
 
 
+def last_collectives(record: FlightRecord) -> list[tuple[str, str, CollectiveEntry]]:
+    """Per process group: ("completed", its last completed collective) and ("pending", the first it waits in)."""
+    out = []
+    for group in sorted({e.process_group for e in record.entries}):
+        mine = sorted((e for e in record.entries if e.process_group == group), key=lambda e: e.seq)
+        done = [e for e in mine if e.done]
+        pending = [e for e in mine if not e.done]
+        if done:
+            out.append((group, "completed", done[-1]))
+        if pending:
+            out.append((group, "pending", pending[0]))
+    return out
+
+
 @dataclass(frozen=True)
 class StackGroup:
     """Ranks whose main threads stand at the same innermost frame."""
