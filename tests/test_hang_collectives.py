@@ -114,3 +114,34 @@ def test_a_rank_in_another_collective_is_named_as_a_mismatch(spawn, tmp_path):
     assert (c["op"], c["seq"]) == ("gloo:all_reduce", 4) and c["entered"] == [0, 1] and c["missing"] == []
     assert c["mismatched"] == {"2": "gloo:broadcast"}, c
     assert "rank 2" in hang["summary"] and "entered another collective" in hang["summary"], hang["summary"]
+
+
+# ---------------------------------------------------------------- the same decisions on built histories
+
+from gputop.analysis.diagnosis import diagnose  # noqa: E402
+from gputop.analysis.stack_classes import COLLECTIVE, IN_DATASET  # noqa: E402
+from tests.harness import histories as hb  # noqa: E402
+
+
+def _stopped_at(t0: float, tracer=None):
+    return lambda t: ("t" if tracer else "T", tracer) if t >= t0 else ("R", None)
+
+
+def test_a_rank_stopped_by_a_tracer_is_named_with_it_and_the_waiters_fold_into_it():
+    ranks = hb.eight_ranks(state=lambda t: COLLECTIVE if t >= 20 else IN_DATASET, cpu=lambda t: 0.0 if t >= 20 else 30.0)
+    ranks[3] = hb.RankSpec(
+        ranks[3].pid, 3, gpus=(3,), state=lambda t: IN_DATASET, cpu=lambda t: 0.0, proc_state=_stopped_at(20, "PID 812 (gdb)")
+    )
+    findings = diagnose(hb.build(hb.Scenario(seconds=60, util=lambda g, t: 0.0 if t >= 20 else 95.0, ranks=ranks)))
+    top = findings[0]
+    assert top.id == "stopped" and "by its tracer, PID 812 (gdb)" in top.summary, [(f.id, f.summary) for f in findings]
+    assert "7 other rank(s) wait for it" in top.summary and "detach" in top.fix
+    assert not {"hang", "starvation"} & {f.id for f in findings}
+
+
+def test_a_single_snapshot_in_state_t_is_not_a_stop():
+    # py-spy's dumps stop a process for milliseconds: one snapshot that caught it proves nothing
+    ranks = hb.eight_ranks(proc_state=lambda t: ("t", None) if t >= 30 else ("R", None))
+    history = hb.build(hb.Scenario(seconds=30, ranks=ranks))
+    assert history.latest.job.ranks[0].proc.state == "t"  # the newest snapshot caught it
+    assert "stopped" not in {f.id for f in diagnose(history)}
