@@ -4,16 +4,20 @@ by tests/jobs/record_fr_fixtures.py), and against PyTorch's own analyzer (`fr_tr
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gputop.analysis.collectives import align, stack_groups
-from gputop.collect.flight_recorder import parse_dump
+from gputop.collect.flight_recorder import FlightRecorderReader, parse_dump
 from gputop.model import FlightRecord
+from tests.harness.processes import wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures" / "flight_recorder"
 
@@ -127,3 +131,19 @@ def test_mismatches_split_the_ranks_as_torchs_fr_trace_does(case, tmp_path):
     assert theirs.collective_seq_id == wait.seq and not theirs.missing_ranks and not wait.missing
     sides = {frozenset(theirs.mismatch_collectives), frozenset(theirs.expected_ranks - set(theirs.mismatch_collectives))}
     assert sides == {frozenset(wait.entered), frozenset(odd)}
+
+
+def test_the_reader_finds_the_dump_by_the_ranks_environment_and_skips_an_earlier_runs(spawn, tmp_path):
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE="100", TORCH_FR_DUMP_TEMP_FILE=str(tmp_path / "fr_"))
+    rank = spawn(["sleep", "60"], env=env)
+    plain = spawn(["sleep", "60"], env={k: v for k, v in env.items() if not k.startswith("TORCH_FR")})
+    started = psutil.Process(rank.pid).create_time()
+    reader = FlightRecorderReader()
+    wait_until(lambda: reader.read(rank.pid, 2, started) is not None, what="the environment to be readable")
+    assert reader.read(plain.pid, 2, started) is None  # recorder off: nothing to say
+    assert "no dump at" in (reader.read(rank.pid, 2, started).error or "")
+    shutil.copyfile(FIXTURES / "stuck" / "rank_2", tmp_path / "fr_2")
+    got = reader.read(rank.pid, 2, started)
+    assert got.error is None and got.source == str(tmp_path / "fr_2") and max(e.seq for e in got.entries) == 3
+    os.utime(tmp_path / "fr_2", (started - 60, started - 60))
+    assert "predates this rank" in (reader.read(rank.pid, 2, started).error or "")

@@ -130,8 +130,9 @@ class FlightRecorderReader:
     def __init__(self) -> None:
         self._cache: dict[int, tuple[tuple[str, float, int], FlightRecord]] = {}
 
-    def read(self, pid: int, rank: Optional[int]) -> Optional[FlightRecord]:
-        """The rank's record (None: its recorder is off); a rank that exited keeps its last one."""
+    def read(self, pid: int, rank: Optional[int], started: float = 0.0) -> Optional[FlightRecord]:
+        """The rank's record (None: its recorder is off); a rank that exited keeps its last one.  A dump older
+        than the rank (`started`, its start time) is an earlier run's left in the same place: not read."""
         env = read_environ(pid)
         if env is None:
             cached = self._cache.get(pid)
@@ -152,6 +153,8 @@ class FlightRecorderReader:
             )
         if uid is not None and st.st_uid not in (uid, os.getuid()):
             return FlightRecord(pid, rank, path, error=f"{path} belongs to another user: not read")
+        if st.st_mtime < started:
+            return FlightRecord(pid, rank, path, error=f"the dump at {path} predates this rank (an earlier run's): not read")
         if st.st_size > MAX_DUMP_BYTES:
             return FlightRecord(pid, rank, path, error=f"{path} is {st.st_size >> 20} MiB: too large to read each second")
         key = (path, st.st_mtime, st.st_size)

@@ -562,7 +562,7 @@ class JobCollector:
             stacks_error = self._stacks_error
         stretches = self._take_stretches([r.proc.pid for r in tree.ranks])
         self._recorders.forget_except({r.proc.pid for r in tree.ranks})
-        records = (self._recorders.read(r.proc.pid, r.rank) for r in tree.ranks)
+        records = (self._recorders.read(r.proc.pid, r.rank, r.proc.create_time) for r in tree.ranks)
         tree = replace(
             tree,
             ranks=tuple(self._with_states(r, stacks.get(r.proc.pid)) for r in tree.ranks),
