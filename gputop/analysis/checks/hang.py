@@ -1,4 +1,8 @@
-"""Hang / silent misfire: a job that makes no progress."""
+"""Hang / silent misfire: a job that makes no progress.
+
+Stopped is not hung: a rank whose /proc state says stopped (T/t) gets the `stopped` finding and no verdict
+from its frozen stack.  A hang's finding carries the collective it waits in, from the ranks' flight
+recorders (`analysis.collectives`) or, without them, from how the ranks' stacks group."""
 
 from __future__ import annotations
 
@@ -274,9 +278,10 @@ def stopped_finding(ctx: Context, stopped: Sequence[RankObs], waiting: Optional[
     first = stopped[0]
     secs = max(stopped_seconds(ctx, r) or 0.0 for r in stopped)
     names = ", ".join(r.name for r in stopped[:8]) + (" …" if len(stopped) > 8 else "")
-    state = first.last.state if first.last is not None else "T"
     evidence = [
-        f"{r.label}: /proc state {state} (stopped) {_stopped_by(r)} for {stopped_seconds(ctx, r) or 0:.0f} s" for r in stopped
+        f"{r.label}: /proc state {r.last.state if r.last is not None else 'T'} (stopped) {_stopped_by(r)} "
+        f"for {stopped_seconds(ctx, r) or 0:.0f} s"
+        for r in stopped
     ]
     evidence.append("its stack and counters stand still because the process does: no verdict is drawn from them")
     pids = tuple(r.pid for r in stopped)
