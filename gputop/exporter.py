@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gputop import __version__, gpu_fields
+from gputop.analysis.collectives import last_collectives
 from gputop.analysis.counter_health import counter_problems
 from gputop.analysis.freeze import freeze_start, main_thread_sample
 from gputop.analysis.gpu_health import FINDING_SEVERITY, NicJudgement, Severity, judge_nics, judge_snapshot, pcie_degraded
@@ -406,6 +407,12 @@ class Exporter:
             "when the rank's main thread was last seen to move (Unix time)",
             labels=["job", "rank", "Hostname"],
         )
+        collective = GaugeMetricFamily(
+            "gputop_rank_collective_seq",
+            "from the rank's flight recorder, per process group: the last collective it completed (state=completed) "
+            "and the first it waits in (state=pending), by collective_seq_id",
+            labels=["job", "rank", "process_group", "state", "op", "Hostname"],
+        )
         finding = GaugeMetricFamily(
             "gputop_finding",
             "1 while the diagnosis reports this finding, 0 after it cleared",
@@ -478,6 +485,9 @@ class Exporter:
                 if track.last_progress is not None:
                     progress.add_metric([job, label, h], track.last_progress)
                 workers.add_metric([job, label, h], sum(1 for w in rank.workers if not w.exited))
+                record = next((r for r in tree.flight_records if r.pid == pid and r.error is None), None)
+                for group, state_name, entry in last_collectives(record) if record is not None else ():
+                    collective.add_metric([job, label, group, state_name, entry.op, h], float(entry.seq))
             self._add_findings(finding, verdict, job, findings)
         if not trees:
             job = MACHINE_JOB
@@ -486,7 +496,10 @@ class Exporter:
             history.append(for_job(snap, None))
             self._add_findings(finding, verdict, job, self._diagnose(history))
         self._forget(live_jobs, live_ranks, live_pids)
-        return [job_info, rank_info, state, wait_ratio, wait_lower, wait_upper, wait_samples, workers, progress, finding, verdict]
+        return [
+            job_info, rank_info, state, wait_ratio, wait_lower, wait_upper, wait_samples, workers, progress, collective,
+            finding, verdict,
+        ]  # fmt: skip
 
     def _history(self, job: str) -> History:
         history = self._histories.get(job)

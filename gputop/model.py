@@ -543,6 +543,11 @@ class ProcInfo:
     core: Optional[int] = None  # last core it ran on
     create_time: float = 0.0  # identifies the process together with pid (PID reuse)
     exited: bool = False
+    # state T/t: what holds it stopped, "PID 123 (gdb)" for a tracer (/proc/PID/status TracerPid); None:
+    # no tracer (a job-control stop: SIGSTOP, Ctrl-Z, a scheduler's suspend), or not stopped
+    tracer: Optional[str] = None
+    # a zombie's exit status as waitpid(2) words it (/proc/PID/stat field 52); None where not readable
+    exit_status: Optional[int] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -660,6 +665,37 @@ def device_label(gpu: int, instance: Optional[int]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class CollectiveEntry:
+    """One collective of a rank's flight recorder (torch's `TORCH_FR_BUFFER_SIZE`), as gputop keeps it."""
+
+    seq: int  # collective_seq_id: counts from 1 within its process group
+    op: str  # profiling_name, e.g. "nccl:all_reduce", "gloo:broadcast"
+    process_group: str  # the group's name ("0" for the default group)
+    group_desc: str  # its description ("default_pg", or the user's)
+    sizes: tuple[tuple[int, ...], ...]  # input_sizes
+    dtypes: tuple[str, ...]  # input_dtypes
+    state: str  # "scheduled", "started", "completed"
+    done: bool  # completed (or retired): no longer waited in
+    created: float  # time_created_ns, in seconds since the epoch
+    timeout_ms: Optional[int] = None
+    frames: tuple[str, ...] = ()  # where the job called it, "name (file:line)", innermost first
+
+
+@dataclass(frozen=True, slots=True)
+class FlightRecord:
+    """One rank's flight recorder as last read from the dump its job writes (gputop.collect.flight_recorder)."""
+
+    pid: int
+    rank: Optional[int]
+    source: str  # the file read ("" when none could be)
+    written: float = 0.0  # the dump's mtime
+    # per process group, its last completed collective and every one after it (the pending ones)
+    entries: tuple[CollectiveEntry, ...] = ()
+    groups: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (group name, its global ranks) from pg_config
+    error: Optional[str] = None  # why there is nothing to read (one line)
+
+
+@dataclass(frozen=True, slots=True)
 class Misplacement:
     """One rank-to-GPU placement problem, decided once by the collector (analysis and TUI read it)."""
 
@@ -687,6 +723,8 @@ class JobTree:
     native_stacks: dict[int, ProcessStacks] = field(default_factory=dict)
     # the ranks' densely sampled stretches that ended since the previous snapshot (each in one snapshot only)
     state_samples: tuple[StateSamples, ...] = ()
+    # the ranks' flight recorders, for the ranks whose environment turns the recorder on
+    flight_records: tuple[FlightRecord, ...] = ()
 
 
 # --------------------------------------------------------------------- snapshot

@@ -650,3 +650,31 @@ def test_cmdline_is_utf8_whatever_the_locale(spawn, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ascii((sys.executable, "-c", "import time; time.sleep(60)", arg))
     assert procfs.read_cmdline(proc.pid)[-1] == arg
+
+
+def test_a_zombies_exit_status_and_a_tracer_are_read(spawn):
+    import shutil
+
+    from gputop.collect.procfs import read_exit_status, read_tracer
+    from tests.harness.processes import wait_until
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    try:
+        wait_until(lambda: procfs.read_stat(pid).state == "Z", what="the child to be a zombie")
+        assert read_exit_status(pid) == 3 << 8
+    finally:
+        os.waitpid(pid, 0)
+    if shutil.which("gdb") is None:
+        pytest.skip("no gdb here to trace a process")
+    target = spawn(["sleep", "60"])
+    assert read_tracer(target.pid) is None
+    gdb = spawn(
+        ["gdb", "-q", "-p", str(target.pid), "-batch", "-ex", "shell sleep 30"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    tracer = wait_until(lambda: read_tracer(target.pid), timeout=30, what="gdb to attach")
+    assert tracer == f"PID {gdb.pid} (gdb)"
+    gdb.send_signal(signal.SIGKILL)

@@ -330,6 +330,34 @@ def test_loading_data_in_the_main_thread_counts_as_waiting_for_it():
     assert one(samples, "gputop_rank_data_wait_ratio", rank="0") == pytest.approx(0.5, abs=0.1)
 
 
+def test_each_ranks_last_collective_is_exported_from_its_flight_recorder():
+    """The recorded dumps of a gloo job whose rank 2 never entered all-reduce #4: ranks 0 and 1 wait in it."""
+    from tests.test_collectives import records
+
+    frozen = hb.Scenario(seconds=10, util=lambda g, t: 0.0, ranks=hb.eight_ranks(state=lambda t: COLLECTIVE))
+    exporter, source = exporter_over(frozen)
+    recs = records("stuck")
+    source.snaps = [
+        replace(
+            s,
+            job=replace(s.job, flight_records=tuple(replace(r, pid=s.job.ranks[r.rank].proc.pid) for r in recs)),
+        )
+        for s in source.snaps
+    ]
+    run_cycles(exporter, source)
+    samples = parse(scrape_text(exporter))
+    seqs = values(samples, "gputop_rank_collective_seq", process_group="0", op="gloo:all_reduce")
+    assert {k for labels in seqs for k, _ in labels} == {"job", "rank", "process_group", "state", "op", "Hostname"}
+    by_rank = {(dict(labels)["rank"], dict(labels)["state"]): v for labels, v in seqs.items()}
+    assert by_rank == {
+        ("0", "completed"): 3,
+        ("0", "pending"): 4,
+        ("1", "completed"): 3,
+        ("1", "pending"): 4,
+        ("2", "completed"): 3,
+    }
+
+
 def test_a_hung_job_shows_hung_ranks_and_progress_that_stopped():
     """Every rank parked in one collective with the same frames, the GPUs at 0% holding memory."""
     frozen = hb.Scenario(

@@ -267,6 +267,10 @@ class RankObs:
     starting_up: bool = False  # no training step seen yet: everything so far is start-up
     loop_started: Optional[float] = None  # the first step's time (None: unknown, or not yet)
     share_since: Optional[float] = None  # shares count samples from here on (None: the whole window)
+    # since when its /proc state has said stopped (T/t) in every snapshot to the last (None: it runs), and
+    # how many snapshots said so: a `py-spy dump` stops it for milliseconds, so one snapshot proves nothing
+    stopped_since: Optional[float] = None
+    stopped_count: int = 0
     _counts: Optional[StateCounts] = None
 
     @property
@@ -344,6 +348,14 @@ def pooled_counts(ranks: Sequence[RankObs]) -> StateCounts:
     return total
 
 
+STOPPED_STATES = ("T", "t")  # /proc state letters: stopped by a signal, stopped by a tracer
+
+
+def _stopped_by_py_spy(proc: ProcInfo) -> bool:
+    """py-spy (gputop's own stack dumps) holds it for a dump's few milliseconds: not a stop to report."""
+    return proc.tracer is not None and proc.tracer.endswith("(py-spy)")
+
+
 def _state_of(rank_state: Optional[str], stacks: Optional[ProcessStacks]) -> Optional[str]:
     """The collector's classification of this dump; classify it here when a recording lacks it."""
     return rank_state or (classify_main_thread(stacks) if stacks is not None else None)
@@ -378,6 +390,11 @@ def collect_rank_observations(snaps: Sequence[Snapshot], share_since: Optional[f
             obs.gpus.update(r.gpus)
             obs.mig_instances.update(r.mig_instances)
             obs.last = r.proc
+            if r.proc.state in STOPPED_STATES and not _stopped_by_py_spy(r.proc):
+                obs.stopped_since = obs.stopped_since if obs.stopped_since is not None else snap.timestamp
+                obs.stopped_count += 1
+            else:
+                obs.stopped_since, obs.stopped_count = None, 0
             if r.proc.cpu_percent is not None and not r.proc.exited:
                 obs.cpu.append(r.proc.cpu_percent)
             obs.worker_sets.append((snap.timestamp, frozenset(w.pid for w in r.workers)))

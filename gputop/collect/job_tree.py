@@ -24,6 +24,7 @@ import psutil
 from gputop.analysis.stack_classes import classify_main_thread, runs_worker_loop
 from gputop.collect import stacks as stacks_mod
 from gputop.collect.cgroup import job_limits
+from gputop.collect.flight_recorder import FlightRecorderReader
 from gputop.collect.placement import find_misplacements, gpus_of_pids, mig_instances_of_rank, place_ranks
 from gputop.collect.procfs import (
     ProcessTable,
@@ -489,6 +490,7 @@ class JobCollector:
         self._stacks_wanted = stacks_wanted
         self._stacks_enabled = stacks_enabled
         self._startup = StartupWatch()
+        self._recorders = FlightRecorderReader()
         self._sampler = sampler
         if sampler is None and stacks_enabled and dump is None:
             py_spy = stacks_mod.find_py_spy()
@@ -559,6 +561,8 @@ class JobCollector:
             native = {pid: self._native[pid] for pid in pids if pid in self._native}
             stacks_error = self._stacks_error
         stretches = self._take_stretches([r.proc.pid for r in tree.ranks])
+        self._recorders.forget_except({r.proc.pid for r in tree.ranks})
+        records = (self._recorders.read(r.proc.pid, r.rank, r.proc.create_time) for r in tree.ranks)
         tree = replace(
             tree,
             ranks=tuple(self._with_states(r, stacks.get(r.proc.pid)) for r in tree.ranks),
@@ -566,6 +570,7 @@ class JobCollector:
             native_stacks=native,
             stacks_error=stacks_error,
             state_samples=stretches,
+            flight_records=tuple(r for r in records if r is not None),
         )
         self._last_tree = tree
         return tree

@@ -151,6 +151,26 @@ def read_stat(pid: int, tid: Optional[int] = None) -> Optional[ProcStat]:
         return None
 
 
+def read_tracer(pid: int) -> Optional[str]:
+    """What traces the process ("PID 123 (gdb)", from TracerPid in /proc/PID/status); None: no tracer."""
+    tracer = int_or_none(read_status_fields(f"/proc/{pid}/status", ("TracerPid",)).get("TracerPid", "").strip())
+    if not tracer:
+        return None
+    stat = read_stat(tracer)
+    return f"PID {tracer} ({stat.comm})" if stat is not None else f"PID {tracer}"
+
+
+def read_exit_status(pid: int) -> Optional[int]:
+    """A zombie's exit status as waitpid(2) gives it (/proc/PID/stat field 52, Linux 3.5+; 0 while it runs); None
+    where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+        return int(raw[raw.rfind(b")") + 2 :].split()[49])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def read_status_fields(path: str, keys: tuple[str, ...]) -> dict[str, str]:
     """The named fields of a /proc status file (the text after each colon); {} where unreadable."""
     try:
@@ -384,6 +404,7 @@ class ProcessTable:
             return self.mark_exited(tracked)
         except psutil.AccessDenied:
             status, name, ppid, cpu, rss, core = "?", tracked.comm or "?", tracked.ppid, None, None, None
+        letter = _STATE_LETTERS.get(status, status[:1].upper() if status else "?")
         # psutil's first cpu_percent() has nothing to compare with and says 0.0: report "not yet known".
         cpu_percent = cpu if tracked.cpu_primed else None
         tracked.cpu_primed = True
@@ -392,12 +413,14 @@ class ProcessTable:
             ppid=ppid,
             name=name,
             cmdline=tracked.cmdline,
-            state=_STATE_LETTERS.get(status, status[:1].upper() if status else "?"),
+            state=letter,
             cpu_percent=cpu_percent,
             rss=rss,
             core=core,
             create_time=tracked.key[1],
             exited=status == psutil.STATUS_ZOMBIE,
+            tracer=read_tracer(tracked.key[0]) if letter in ("T", "t") else None,
+            exit_status=read_exit_status(tracked.key[0]) if letter == "Z" else None,
         )
         tracked.last = info
         return info

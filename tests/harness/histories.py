@@ -200,6 +200,8 @@ class RankSpec:
     # dense samples (py-spy record): the runs of the stretch ending at t, one stretch every DENSE_EVERY_S
     dense: Optional[Callable[[float], Sequence[tuple[str, int]]]] = None
     loop_at: Optional[float] = None  # the first training step's t: before it the rank is starting up
+    # its /proc state letter and tracer at t ("T", None: stopped by a signal); None: "R", or "X" once exited
+    proc_state: Optional[Callable[[float], tuple[str, Optional[str]]]] = None
 
 
 @dataclass
@@ -320,12 +322,13 @@ def build(sc: Scenario) -> History:
                         100,
                         "python",
                         ("python", "train.py", "--lr", "0.1"),
-                        "X" if spec.exited(t) else "R",
+                        "X" if spec.exited(t) else spec.proc_state(t)[0] if spec.proc_state else "R",
                         None if spec.exited(t) else spec.cpu(t),
                         2 << 30,
                         spec.pid % sc.cores,
                         T0,
                         spec.exited(t),
+                        tracer=spec.proc_state(t)[1] if spec.proc_state else None,
                     ),
                     rank=spec.rank,
                     local_rank=spec.rank,

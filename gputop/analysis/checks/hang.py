@@ -1,13 +1,19 @@
-"""Hang / silent misfire: a job that makes no progress."""
+"""Hang / silent misfire: a job that makes no progress.
+
+Stopped is not hung: a rank whose /proc state says stopped (T/t) gets the `stopped` finding and no verdict
+from its frozen stack.  A hang's finding carries the collective it waits in, from the ranks' flight
+recorders (`analysis.collectives`) or, without them, from how the ranks' stacks group."""
 
 from __future__ import annotations
 
 import dataclasses
+import signal
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from gputop.analysis.checks.kernels import is_collective_spin, spin_evidence
 from gputop.analysis.checks.sync import describe_sync
+from gputop.analysis.collectives import ENABLE_HINT, align, stack_groups
 from gputop.analysis.freeze import main_thread_moved, same_place
 from gputop.analysis.numbers import confidence_from, mean
 from gputop.analysis.observations import (
@@ -23,7 +29,7 @@ from gputop.analysis.observations import (
     movement,
     outer_frames,
 )
-from gputop.analysis.stack_classes import COLLECTIVE, EXPLICIT_SYNC, IN_DATASET, WAITING_FOR_DATA
+from gputop.analysis.stack_classes import COLLECTIVE, EXPLICIT_SYNC, IN_DATASET, WAITING_FOR_DATA, format_frame, is_library
 from gputop.analysis.thresholds import (
     EVIDENCE_RANKS,
     HANG_MIN_SECONDS,
@@ -231,16 +237,201 @@ def check_hang(ctx: Context) -> list[Finding]:
     """No progress, whatever the utilization: a stack frozen across dumps while the counters stand still,
     a dead or frozen DataLoader worker, GPUs holding memory at 0% or spinning in a collective."""
     hung: list[_Hung] = []
+    stopped: list[RankObs] = []
     for rank in sorted(ctx.ranks.values(), key=lambda r: (r.rank is None, r.rank, r.pid)):
         if rank.last is not None and rank.last.exited:
+            continue
+        if stopped_seconds(ctx, rank) is not None:
+            stopped.append(rank)  # frozen because the process is: its stack says nothing about its code
             continue
         decided = _rank_hang(ctx, rank)
         if decided is not None:
             hung.append(_Hung(decided, rank_hang_finding(decided)))
-    findings = _merge_waiters(ctx, hung)
+    findings = _merge_waiters(ctx, hung, stopped)
+    findings = [with_collective(ctx, f) if f.id in _COLLECTIVE_FINDINGS else f for f in findings]
     claimed_gpus = {g for f in findings for g in f.gpus}
     findings += _gpu_only_hangs(ctx, claimed_gpus)
     return findings
+
+
+_COLLECTIVE_FINDINGS = ("hang", "stopped", "rank_wait")
+STOPPED_MIN_SNAPSHOTS = 2
+
+
+def stopped_seconds(ctx: Context, rank: RankObs) -> Optional[float]:
+    """How long its /proc state has said stopped (T/t) to the window's end; None: it runs (or one snapshot
+    alone said so: py-spy's dumps stop a process for milliseconds)."""
+    if rank.stopped_since is None or rank.stopped_count < STOPPED_MIN_SNAPSHOTS:
+        return None
+    return ctx.snaps[-1].timestamp - rank.stopped_since
+
+
+def _stopped_by(rank: RankObs) -> str:
+    tracer = rank.last.tracer if rank.last is not None else None
+    if tracer is not None:
+        return f"by its tracer, {tracer}"
+    return "by a signal (SIGSTOP, Ctrl-Z, or a scheduler's suspend such as Slurm's)"
+
+
+def stopped_finding(ctx: Context, stopped: Sequence[RankObs], waiting: Optional["Waiters"]) -> Finding:
+    """Stopped, not hung: no verdict from its stack (frozen because the process is); how to resume it."""
+    first = stopped[0]
+    secs = max(stopped_seconds(ctx, r) or 0.0 for r in stopped)
+    names = ", ".join(r.name for r in stopped[:8]) + (" …" if len(stopped) > 8 else "")
+    evidence = [
+        f"{r.label}: /proc state {r.last.state if r.last is not None else 'T'} (stopped) {_stopped_by(r)} "
+        f"for {stopped_seconds(ctx, r) or 0:.0f} s"
+        for r in stopped
+    ]
+    evidence.append("its stack and counters stand still because the process does: no verdict is drawn from them")
+    pids = tuple(r.pid for r in stopped)
+    gpus = tuple(g for r in stopped for g in sorted(r.gpus))
+    summary = f"Stopped, not hung: {names} stopped {_stopped_by(first)} for {secs:.0f} s"
+    if waiting is not None and waiting.hung:
+        summary += f"; {len(waiting.hung)} other rank(s) wait for it in a collective"
+        evidence.append(f"{len(waiting.hung)} other rank(s) frozen waiting for it: {waiting.names}")
+        pids += waiting.pids
+        gpus += waiting.gpus
+    tracer = first.last.tracer if first.last is not None else None
+    if tracer is not None:
+        fix = f"detach the debugger that holds it ({tracer}): `detach` in gdb, or end it"
+    else:
+        pid_list = " ".join(str(r.pid) for r in stopped)
+        fix = f"resume it: kill -CONT {pid_list}   # or `fg` in its shell; `scontrol resume JOBID` for a Slurm suspend"
+    return Finding(
+        id="stopped",
+        title="Stopped, not hung",
+        severity="warning",
+        confidence=0.95,
+        label=LABEL_CODE,
+        summary=summary,
+        evidence=tuple(evidence),
+        fix=fix,
+        gpus=gpus,
+        pids=pids,
+    )
+
+
+def _own_frame(rank: RankObs) -> Optional[str]:
+    """The innermost frame of the job's own code in its latest dump (a library frame when it shows none)."""
+    if not rank.samples or not rank.samples[-1].frames:
+        return None
+    frames = rank.samples[-1].frames
+    return format_frame(next((f for f in frames if not is_library(f)), frames[0]))
+
+
+def _where_now(ctx: Context, rank_number: int) -> tuple[Optional[str], str]:
+    """(its frame, one line) for a rank the others wait for: its own code's innermost frame, or what holds it."""
+    rank = next((r for r in ctx.ranks.values() if r.rank == rank_number), None)
+    if rank is None:
+        return None, f"rank {rank_number}: not on this machine (see its node's gputop)"
+    if rank.last is not None and rank.last.exited:
+        status = f", {describe_exit_status(rank.last.exit_status)}" if rank.last.exit_status is not None else ""
+        return None, f"{rank.label} exited{status}"
+    if stopped_seconds(ctx, rank) is not None:
+        return _own_frame(rank), f"{rank.label} is stopped {_stopped_by(rank)}"
+    stuck = stuck_worker(rank) if rank.samples and rank.samples[-1].state == WAITING_FOR_DATA else None
+    if stuck is not None and stuck.frames:
+        return stuck.frames[-1], f"{rank.label} waits for data: {stuck.what}; stuck at {stuck.frames[-1]}"
+    frame = _own_frame(rank)
+    state = rank.samples[-1].state if rank.samples else None
+    return frame, f"{rank.label} is now at {frame or 'an unread stack'}" + (f" ({state})" if state else "")
+
+
+def with_collective(ctx: Context, finding: Finding) -> Finding:
+    """The hang finding with the collective evidence: from the ranks' flight recorders when the job has them
+    (the op, its sequence id, who entered, who never did and where that rank is now, how long until the
+    timeout), else from the stacks (the many at one frame against the few elsewhere) and how to turn it on."""
+    job = ctx.snaps[-1].job
+    records = job.flight_records if job is not None else ()
+    waits = align(records)
+    wait = next((w for w in waits if w.broken), None)
+    now = ctx.snaps[-1].timestamp
+    if wait is not None:
+        figures = {"source": "flight recorder", **wait.figures(now)}
+        where: dict[str, Optional[str]] = {}
+        lines = [f"flight recorder: {wait.line()}"]
+        for r in list(wait.missing) + sorted(wait.mismatched) + sorted(wait.other_sizes):
+            frame, line = _where_now(ctx, r)
+            where[str(r)] = frame
+            lines.append(line)
+        figures["where"] = where
+        waited = wait.waited(now)
+        if wait.timeout_ms and waited is not None:
+            left = wait.timeout_ms / 1000.0 - waited
+            lines.append(
+                f"waited {waited:.0f} s of its {wait.timeout_ms / 1000:.0f} s timeout (timeout_ms): "
+                + (f"about {left:.0f} s until the timeout ends the job" if left > 0 else "past the timeout")
+            )
+        missing = wait.missing or tuple(sorted(wait.mismatched)) or tuple(sorted(wait.other_sizes))
+        culprit = ", ".join(f"rank {r}" + (f" (at {where[str(r)]})" if where.get(str(r)) else "") for r in missing)
+        how = (
+            "never entered it"
+            if wait.missing
+            else "entered another collective"
+            if wait.mismatched
+            else "entered it with other sizes"
+        )
+        head = f"{wait.op} #{wait.seq}: {_rank_list(wait.entered)} wait in it, {culprit} {how}"
+        return dataclasses.replace(
+            finding,
+            summary=f"{finding.summary} — {head}",
+            evidence=tuple(lines) + finding.evidence,
+            figures={**finding.figures, "collective": figures},
+        )
+    errors = [r.error for r in records if r.error is not None]
+    live = [r for r in ctx.ranks.values() if r.rank is not None and r.samples and r.samples[-1].frames]
+    live = [r for r in live if not (r.last is not None and r.last.exited)]
+    many, others = stack_groups({r.rank: format_frame(r.samples[-1].frames[0]) for r in live if r.rank is not None})
+    lines = []
+    figures = dict(finding.figures)
+    if many is not None and others:
+        lines.append(
+            f"stacks: {_rank_list(many.ranks)} at {many.frame}; "
+            + "; ".join(f"{_rank_list(g.ranks)} elsewhere, at {_frame_of(ctx, g.ranks[0]) or g.frame}" for g in others)
+        )
+        in_collective = all(r.samples[-1].state == COLLECTIVE for r in live if r.rank in many.ranks)
+        if in_collective:  # what the stacks alone say of the collective: no sequence id, sizes nor timeout
+            outliers = sorted(r for g in others for r in g.ranks)
+            figures["collective"] = {
+                "source": "stacks",
+                "op": many.frame.split(" (")[0],
+                "seq": None,
+                "process_group": None,
+                "entered": list(many.ranks),
+                "missing": outliers,
+                "mismatched": {},
+                "where": {str(r): _frame_of(ctx, r) for r in outliers},
+            }
+    if errors:
+        lines.append(f"flight recorder on, not read: {errors[0]}")
+    else:
+        lines.append(
+            "no flight recorder: " + ENABLE_HINT.split("  # ")[0] + " names the collective and the missing rank next time"
+        )
+    fix = finding.fix if ENABLE_HINT in finding.fix or errors else finding.fix + "\n" + ENABLE_HINT
+    return dataclasses.replace(finding, evidence=finding.evidence + tuple(lines), fix=fix, figures=figures)
+
+
+def _frame_of(ctx: Context, rank_number: int) -> Optional[str]:
+    rank = next((r for r in ctx.ranks.values() if r.rank == rank_number), None)
+    return _own_frame(rank) if rank is not None else None
+
+
+def _rank_list(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks)) if ranks else "no rank"
+
+
+def describe_exit_status(status: int) -> str:
+    """waitpid(2)'s status in words: "exit status 3", "killed by signal 9 (SIGKILL)"."""
+    if status & 0x7F:
+        number = status & 0x7F
+        try:
+            name = f" ({signal.Signals(number).name})"
+        except ValueError:
+            name = ""
+        return f"killed by signal {number}{name}"
+    return f"exit status {(status >> 8) & 0xFF}"
 
 
 def _stuck_span(
@@ -394,11 +585,12 @@ def _suspect_worker(rank: RankObs) -> Optional[tuple[WorkerObs, FrozenRun]]:
     return max(found, key=lambda wr: wr[1].seconds) if found else None
 
 
-def makes_progress(rank: RankObs) -> bool:
-    """Its main thread moved between its last two dumps: another stack, or counters that moved."""
+def makes_progress(rank: RankObs, *, io_counts: bool = True) -> bool:
+    """Its main thread moved between its last two dumps: another stack, or counters that moved.
+    `io_counts=False`: the process's I/O is no evidence (another thread's, such as a recorder dumper's)."""
     if len(rank.samples) < 2:
         return False
-    run = frozen_run(rank.pid, rank.samples)
+    run = frozen_run(rank.pid, rank.samples, io_counts=io_counts)
     return run is not None and (run.count < 2 or run.still is False)
 
 
@@ -475,7 +667,7 @@ class Waiters:
         return any(h.decided.gpu_spin and h.decided.gpus for h in self.hung)
 
 
-def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
+def _merge_waiters(ctx: Context, hung: list[_Hung], stopped: Sequence[RankObs] = ()) -> list[Finding]:
     """One hang, one finding: ranks waiting in a collective (or parked at a sync while their GPU spins) wait
     for the rank whose stack differs.
 
@@ -485,6 +677,8 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
     """
     waiting = Waiters(tuple(h for h in hung if h.decided.waiter))
     culprits = [h for h in hung if not h.decided.waiter]
+    if stopped:  # a stopped rank is whom the waiters wait for, and no hang of its own
+        return [stopped_finding(ctx, stopped, waiting)] + [h.finding for h in culprits]
     if not waiting.hung:
         return [h.finding for h in hung]
     if culprits:
@@ -493,7 +687,8 @@ def _merge_waiters(ctx: Context, hung: list[_Hung]) -> list[Finding]:
     if remote is not None:  # every rank here waits for one elsewhere: no local hang to name
         return [remote_holdup_finding(remote)]
     odd = _odd_one_out(ctx, waiting.hung)
-    if odd is not None and makes_progress(odd.rank) and not odd.waits_for_data:
+    # the odd rank's own thread must move: a helper thread's I/O (a dumper, a logger) does not make its loop go on
+    if odd is not None and makes_progress(odd.rank, io_counts=False) and not odd.waits_for_data:
         # One rank works (an evaluation, a checkpoint, logging) while the others wait for it in a barrier or
         # collective: a wait, not a hang, as long as that rank moves.
         return [_rank_wait_finding(waiting, odd)]
@@ -566,12 +761,17 @@ def _collective_hang_finding(waiting: Waiters, odd: Optional[OddRank], exited: S
         if odd.waits_for_data:
             fix = fix + "\n" + WORKER_TIMEOUT_FIX
     elif exited:
-        evidence += tuple(f"{r.label} exited: the others wait for it" for r in exited)
-        summary += f"; {exited[0].name} exited"
+        evidence += tuple(f"{r.label} exited{_exit_text(r)}: the others wait for it" for r in exited)
+        summary += f"; {exited[0].name} exited{_exit_text(exited[0])}"
         gpus += tuple(g for r in exited for g in sorted(r.gpus) if g not in gpus)
     else:
         summary += "; no rank shows why (a rank outside this view, or a mismatched collective)"
     return dataclasses.replace(first, summary=summary, evidence=evidence, frames=frames, fix=fix, gpus=gpus, pids=pids)
+
+
+def _exit_text(rank: RankObs) -> str:
+    status = rank.last.exit_status if rank.last is not None else None
+    return f" ({describe_exit_status(status)})" if status is not None else ""
 
 
 @dataclass(frozen=True)

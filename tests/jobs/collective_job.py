@@ -1,0 +1,112 @@
+"""A small gloo job whose ranks all-reduce in a loop until one rank breaks the pattern: the hangs of issue 36.
+
+    torchrun --nproc-per-node 3 tests/jobs/collective_job.py --case stuck --odd-rank 2 [--dump-every 1]
+
+Every rank all-reduces a tensor of ``--numel`` floats once a step (``--step-ms`` apart).  After
+``--steps`` steps, rank ``--odd-rank`` breaks the pattern; the others go on into the next all-reduce:
+
+- ``stuck``: it waits forever in its own code (``load_next_shard``), outside any collective;
+- ``mismatch``: it enters a broadcast instead of the all-reduce;
+- ``size``: it enters the all-reduce with a tensor of another size;
+- ``exit``: it exits with status 3 (``--exit-status``);
+- ``none``: nothing breaks (a healthy job).
+
+``--dump-every S``: a thread of each rank writes its flight recorder (``_dump_fr_trace``, a pickle, the
+format torch's own ``fr_trace`` reads) to ``$TORCH_FR_DUMP_TEMP_FILE<rank>`` every S seconds, replaced
+atomically: what a job does to let gputop (or anyone) read its recorder while it hangs.  The recorder is on
+only when the environment sets ``TORCH_FR_BUFFER_SIZE``.  ``--ready PREFIX``: each rank writes
+``PREFIX.PID`` (JSON: pid, rank) once it has taken its steps and is about to break or wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def dump_recorder(path: str) -> None:
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    write_atomically(path, _dump_fr_trace())
+
+
+def dump_recorder_forever(path: str, every_s: float) -> None:
+    """The job's side of a live read: the recorder's contents on disk every `every_s` seconds."""
+    while True:
+        dump_recorder(path)
+        time.sleep(every_s)
+
+
+def load_next_shard() -> None:
+    """The rank's own code that never returns (a read on a stalled mount, a lock never released)."""
+    threading.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case", choices=("stuck", "mismatch", "size", "exit", "none"), default="stuck")
+    parser.add_argument("--odd-rank", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--numel", type=int, default=1024)
+    parser.add_argument("--step-ms", type=float, default=50.0)
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="the process group's collective timeout")
+    parser.add_argument("--dump-every", type=float, default=0.0)
+    parser.add_argument("--exit-status", type=int, default=3)
+    parser.add_argument("--ready", default=None)
+    parser.add_argument("--hold-s", type=float, default=0.0, help="the odd rank waits this long before it breaks")
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
+    rank = dist.get_rank()
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+    dump_path = f"{prefix}{rank}" if args.dump_every and prefix else None
+    if dump_path:
+        threading.Thread(target=dump_recorder_forever, args=(dump_path, args.dump_every), daemon=True).start()
+    grads = torch.ones(args.numel)
+    for _ in range(args.steps):
+        dist.all_reduce(grads)
+        time.sleep(args.step_ms / 1000.0)
+    if args.ready:
+        write_atomically(f"{args.ready}.{os.getpid()}", json.dumps({"pid": os.getpid(), "rank": rank}).encode())
+    odd = rank == args.odd_rank
+    if odd and args.case != "none":
+        time.sleep(args.hold_s)  # the others are in the next all-reduce by now, and their dumps say so
+    if odd and args.case == "stuck":
+        load_next_shard()
+    elif odd and args.case == "mismatch":
+        dist.broadcast(grads, src=0)
+    elif odd and args.case == "size":
+        # gloo aborts a rank once the sizes disagree: record the entry before the data moves
+        work = dist.all_reduce(torch.ones(args.numel * 2), async_op=True)
+        if dump_path:
+            dump_recorder(dump_path)
+        work.wait()
+    elif odd and args.case == "exit":
+        if dump_path:
+            dump_recorder(dump_path)  # its recorder as it left
+        sys.stdout.flush()
+        os._exit(args.exit_status)
+    else:
+        dist.all_reduce(grads)
+    while True:  # everyone who got through waits to be killed (the next step's all-reduce, or here)
+        dist.all_reduce(grads)
+        time.sleep(args.step_ms / 1000.0)
+
+
+if __name__ == "__main__":
+    main()
