@@ -29,6 +29,7 @@ def fleet_prom(nodes: int) -> PromLike:
     return PromLike([], fs.PAGE_AT, samples=fs.fleet_pages(fleet), earlier=earlier)
 
 
+@pytest.mark.integration  # builds and evaluates two synthetic fleets (8 and 64 nodes) in Python: seconds, not a unit
 def test_the_queries_per_refresh_do_not_grow_with_the_nodes():
     """One query per metric family, whatever the number of nodes: 8 and 64 nodes ask the very same queries,
     none of them for one node."""

@@ -270,8 +270,8 @@ def stopped_by(pid: int) -> Optional[str]:
     if stat is None or stat.state not in ("T", "t"):
         return None
     if stat.state == "t":
-        tracer = int_or_none(read_status_field(pid, "TracerPid"))
-        return f"by the debugger PID {tracer}" if tracer else "by a debugger"
+        tracer = read_tracer(pid)
+        return f"by the debugger {tracer}" if tracer else "by a debugger"
     return "SIGSTOP"
 
 
