@@ -111,6 +111,7 @@ def _fr_trace(folder: Path, tmp_path: Path) -> list:
     return [c for c in db.collectives if c.missing_ranks or not c.pass_check]
 
 
+@pytest.mark.integration  # runs torch's own fr_trace in a subprocess: seconds each
 @pytest.mark.parametrize("case", ["stuck", "exit"])
 def test_missing_ranks_and_seq_equal_torchs_fr_trace(case, tmp_path):
     pytest.importorskip("torch.distributed.flight_recorder")
@@ -120,6 +121,7 @@ def test_missing_ranks_and_seq_equal_torchs_fr_trace(case, tmp_path):
     assert theirs[0].collective_name == wait.op
 
 
+@pytest.mark.integration  # runs torch's own fr_trace in a subprocess: seconds each
 @pytest.mark.parametrize("case", ["mismatch", "size"])
 def test_mismatches_split_the_ranks_as_torchs_fr_trace_does(case, tmp_path):
     # fr_trace takes one rank's entry as the reference (here the odd rank's) and lists the others as mismatched;

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 from gputop.analysis.checks.kernels import is_collective_spin, spin_evidence
 from gputop.analysis.checks.sync import describe_sync
-from gputop.analysis.collectives import ENABLE_HINT, align, stack_groups
+from gputop.analysis.collectives import ENABLE_HINT, CollectiveWait, align, stack_groups
 from gputop.analysis.freeze import main_thread_moved, same_place
 from gputop.analysis.numbers import confidence_from, mean
 from gputop.analysis.observations import (
@@ -40,7 +40,7 @@ from gputop.analysis.thresholds import (
     SPIN_POWER_MAX_SHARE,
     SPIN_UTILIZATION_MIN,
 )
-from gputop.model import LABEL_CODE, Finding, Frame, GpuSample
+from gputop.model import LABEL_CODE, Finding, FlightRecord, Frame, GpuSample
 from gputop.units import gib
 
 
@@ -346,39 +346,45 @@ def with_collective(ctx: Context, finding: Finding) -> Finding:
     records = job.flight_records if job is not None else ()
     waits = align(records)
     wait = next((w for w in waits if w.broken), None)
-    now = ctx.snaps[-1].timestamp
     if wait is not None:
-        figures = {"source": "flight recorder", **wait.figures(now)}
-        where: dict[str, Optional[str]] = {}
-        lines = [f"flight recorder: {wait.line()}"]
-        for r in list(wait.missing) + sorted(wait.mismatched) + sorted(wait.other_sizes):
-            frame, line = _where_now(ctx, r)
-            where[str(r)] = frame
-            lines.append(line)
-        figures["where"] = where
-        waited = wait.waited(now)
-        if wait.timeout_ms and waited is not None:
-            left = wait.timeout_ms / 1000.0 - waited
-            lines.append(
-                f"waited {waited:.0f} s of its {wait.timeout_ms / 1000:.0f} s timeout (timeout_ms): "
-                + (f"about {left:.0f} s until the timeout ends the job" if left > 0 else "past the timeout")
-            )
-        missing = wait.missing or tuple(sorted(wait.mismatched)) or tuple(sorted(wait.other_sizes))
-        culprit = ", ".join(f"rank {r}" + (f" (at {where[str(r)]})" if where.get(str(r)) else "") for r in missing)
-        how = (
-            "never entered it"
-            if wait.missing
-            else "entered another collective"
-            if wait.mismatched
-            else "entered it with other sizes"
+        return _from_recorder(ctx, finding, wait)
+    return _from_stacks(ctx, finding, records)
+
+
+def _from_recorder(ctx: Context, finding: Finding, wait: CollectiveWait) -> Finding:
+    """The hang finding with the aligned recorders' collective: who waits in it, who does not and where."""
+    now = ctx.snaps[-1].timestamp
+    figures = {"source": "flight recorder", **wait.figures(now)}
+    where: dict[str, Optional[str]] = {}
+    lines = [f"flight recorder: {wait.line()}"]
+    for r in list(wait.missing) + sorted(wait.mismatched) + sorted(wait.other_sizes):
+        frame, line = _where_now(ctx, r)
+        where[str(r)] = frame
+        lines.append(line)
+    figures["where"] = where
+    waited = wait.waited(now)
+    if wait.timeout_ms and waited is not None:
+        left = wait.timeout_ms / 1000.0 - waited
+        lines.append(
+            f"waited {waited:.0f} s of its {wait.timeout_ms / 1000:.0f} s timeout (timeout_ms): "
+            + (f"about {left:.0f} s until the timeout ends the job" if left > 0 else "past the timeout")
         )
-        head = f"{wait.op} #{wait.seq}: {_rank_list(wait.entered)} wait in it, {culprit} {how}"
-        return dataclasses.replace(
-            finding,
-            summary=f"{finding.summary} — {head}",
-            evidence=tuple(lines) + finding.evidence,
-            figures={**finding.figures, "collective": figures},
-        )
+    missing = wait.missing or tuple(sorted(wait.mismatched)) or tuple(sorted(wait.other_sizes))
+    culprit = ", ".join(f"rank {r}" + (f" (at {where[str(r)]})" if where.get(str(r)) else "") for r in missing)
+    how = (
+        "never entered it" if wait.missing else "entered another collective" if wait.mismatched else "entered it with other sizes"
+    )
+    head = f"{wait.op} #{wait.seq}: {_rank_list(wait.entered)} wait in it, {culprit} {how}"
+    return dataclasses.replace(
+        finding,
+        summary=f"{finding.summary} — {head}",
+        evidence=tuple(lines) + finding.evidence,
+        figures={**finding.figures, "collective": figures},
+    )
+
+
+def _from_stacks(ctx: Context, finding: Finding, records: Sequence[FlightRecord]) -> Finding:
+    """Without a readable recorder: the many ranks at one frame against the few elsewhere, and how to turn it on."""
     errors = [r.error for r in records if r.error is not None]
     live = [r for r in ctx.ranks.values() if r.rank is not None and r.samples and r.samples[-1].frames]
     live = [r for r in live if not (r.last is not None and r.last.exited)]
