@@ -1,7 +1,7 @@
 """1,000 real safe-point injections (refusals do not count) of gputop's real bootstrap into each kind of job
 issue 34 names, one process each, checking after every injection that the job took another step:
 
-    allocating  tests/jobs/allocating_job.py: num_workers=0, the main thread inside torch's allocator
+    allocating  tests/jobs/harm_job.py: num_workers=0, the main thread inside torch's allocator
     refork      tests/jobs/harm_job.py --refork: 2 workers re-forked every 8 batches
     signals     tests/jobs/harm_job.py --signals: queued SIGRTMIN sent all along, each counted in C
     lightning   tests/jobs/train_job.py --framework lightning (2 persistent workers)

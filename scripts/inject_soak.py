@@ -1,5 +1,5 @@
 """Run `gputop bench --yes` and `gputop trace` many times against issue 26's torch job, which lives in the
-allocator (tests/jobs/allocating_job.py: num_workers=0, 64 small tensors collated a batch), and count what
+allocator (tests/jobs/harm_job.py: num_workers=0, 64 small tensors collated a batch), and count what
 a user would see go wrong: a dead job, a frozen job (its step counter stops), a gputop that hangs.
 Issue 26's bar is 0 of each in 50 runs of each command.
 

@@ -2,7 +2,7 @@
 it would have (status 0, nothing in its stderr), a stopped job is refused in one line, a second injection into a
 process that has one running is refused in one line.
 
-The jobs are tests/jobs/allocating_job.py (num_workers=0, 64 small tensors collated a batch: the main thread is
+The jobs are tests/jobs/harm_job.py (num_workers=0, 64 small tensors collated a batch: the main thread is
 inside torch's C++ and the allocator nearly all the time), run with ``--seconds`` so they return from main while
 gputop's window is still open, as a job that reaches its last step does.
 """

@@ -295,7 +295,7 @@ def test_1000_injections_and_200_into_each_kind_of_job_harm_none(spawn, tmp_path
     and 200 each into a job with 2 workers and a 2-rank torchrun job; and 50 each into a
     Lightning Trainer and an HF Trainer (2 persistent workers each), as users run them."""
     jobs = [
-        ("alloc", None, 1, 1000),  # issue 26's own job (tests/jobs/allocating_job.py), all into one process
+        ("alloc", None, 1, 1000),  # issue 26's own job (tests/jobs/harm_job.py), all into one process
         ("workers2", ("--workers", "2", "--batch-size", "64"), 1, 200),
         ("torchrun2", ALLOCATING, 2, 100),  # 100 into each rank
         ("lightning", "lightning", 1, 50),

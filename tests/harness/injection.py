@@ -22,7 +22,7 @@ from gputop.inject import safepoint
 from gputop.inject.injector import bootstrap_code
 from tests.harness.processes import wait_until
 
-ALLOCATING_JOB = str(Path(__file__).resolve().parents[1] / "jobs" / "allocating_job.py")
+ALLOCATING_JOB = str(Path(__file__).resolve().parents[1] / "jobs" / "harm_job.py")  # with no options: issue 26's job
 # train_job.py's nearest shape (num_workers=0, 64 small tensors collated a batch): for its torchrun ranks
 ALLOCATING = ("--workers", "0", "--batch-size", "64")
 MOVE_TIMEOUT_S = 10.0  # a step takes milliseconds: a job that takes no step in 10 s is frozen
@@ -46,7 +46,7 @@ class Tally:
 def start_allocating_job(
     spawn, directory: Path, name: str, workers: int = 0, seconds: float = 0.0
 ) -> tuple[int, Callable[[], int]]:
-    """tests/jobs/allocating_job.py (issue 26's job), once it has taken steps: (pid, its step counter).
+    """tests/jobs/harm_job.py as issue 26's job (num_workers=0, 64 small tensors a batch), once it has taken steps: (pid, its step counter).
     With `seconds` the job returns from main after that long in its loop; its stderr is in NAME.err."""
     counter = directory / f"{name}.count"
     proc = spawn(

@@ -1,9 +1,10 @@
 """A torch training job built to meet each of issue 34's harms, for scripts/harm_drill.py and the tests.
 
-    python tests/jobs/harm_job.py COUNTER [--seconds S] [--refork] [--signals LIB]
+    python tests/jobs/harm_job.py COUNTER [--workers N] [--seconds S] [--refork] [--signals LIB]
 
-The main thread trains a Linear model on small tensors drawn from a DataLoader (num_workers=0 by default: the
-main thread is inside torch's C++ and the allocator nearly all the time).  COUNTER gets the number of steps
+The main thread trains a Linear model on small tensors drawn from a DataLoader, batches of 64 (num_workers=0 by
+default: the main thread is inside torch's C++ and the allocator nearly all the time; issue 26's job, on which
+hypno/pyinjector killed or froze jobs within a few injections).  COUNTER gets the number of steps
 taken, replaced atomically every 20 steps, and with --signals the number of SIGRTMIN deliveries counted by
 the C handler of LIB (tests/jobs/lock_holders.c) as ``STEPS SIGNALS``.
 --seconds S: return from main after S seconds (exit status 0), as a job that reaches its last step does.
@@ -35,6 +36,7 @@ class SmallTensors(Dataset):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("counter")
+    parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--seconds", type=float, default=0.0)
     parser.add_argument("--refork", action="store_true")
     parser.add_argument("--signals", default=None, metavar="LIB")
@@ -48,7 +50,7 @@ def main() -> None:
     if args.refork:
         loader = DataLoader(SmallTensors(8 * 64), batch_size=64, num_workers=2, persistent_workers=False)
     else:
-        loader = DataLoader(SmallTensors(4096), batch_size=64, num_workers=0, shuffle=True)
+        loader = DataLoader(SmallTensors(4096), batch_size=64, num_workers=args.workers, shuffle=True)
     end = time.monotonic() + args.seconds if args.seconds else float("inf")
     step = 0
     while time.monotonic() < end:
