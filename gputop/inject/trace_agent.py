@@ -76,6 +76,7 @@ else:
 START_BOUND_S = 20.0  # how long the agent waits for the loop's next batch to open the window (config: start_bound_s)
 STOP_GRACE_S = 3.0  # past the window: how long for the loop's next batch before the stop is asked between bytecodes
 PENDING_STOP_S = 5.0  # ... and how long for that: a main thread stuck in C runs no bytecode
+PENDING_ASKS = 5  # asks in a row that found the wrapper holding the lock, before giving up
 EXPORT_AT_EXIT_S = 30.0  # an exit that meets an export in progress waits this long for it
 
 
@@ -308,6 +309,15 @@ class StepBoundaryWindow:
             return True
 
 
+def _poll(ready: Callable[[], bool], pause: threading.Event, seconds: float = PENDING_STOP_S) -> bool:
+    end = time.monotonic() + seconds
+    while not ready():
+        if time.monotonic() >= end:
+            return False
+        pause.wait(0.05)
+    return True
+
+
 def _wait_for(event: threading.Event, seconds: float, tick: Callable[[], None]) -> bool:
     end = time.monotonic() + seconds
     while not event.is_set():
@@ -370,14 +380,18 @@ def trace_window(torch_mod: ModuleType, run_dir: RunDir, config: Json, result: J
             done = (window.batches / steps) if steps else (1 - max(0.0, window.end - time.monotonic()) / seconds)
             run_dir.progress(0.05 + 0.75 * min(1.0, done), f"profiling: {window.batches} steps")
 
+        asks = 0
         if not _wait_for(window.done, seconds + STOP_GRACE_S, tick):
-            asked = window.ask_main_thread_to_stop()
-            while asked and not window.done.is_set() and window.pending_runs == 0:
-                if not _wait_for(window.done, PENDING_STOP_S, lambda: None) and window.pending_runs == 0:
+            # Ask the main thread between two bytecodes; again only if it ran the last ask (and found the wrapper
+            # holding the lock): a main thread that runs no Python at all would not run a second ask either.
+            while not window.done.is_set() and window.pending_runs == asks and asks < PENDING_ASKS:
+                if not window.ask_main_thread_to_stop():
                     break
-            while asked and not window.done.is_set():  # it ran while the wrapper held the lock: ask again
-                asked = window.ask_main_thread_to_stop() and _wait_for(window.done, PENDING_STOP_S, lambda: None)
-        if not window.done.is_set():
+                asks += 1
+                _wait_for(window.done, PENDING_STOP_S, lambda: None)
+        # A queued call holds our callback: until each has run, the window (and so the callback) must stay alive.
+        pause = threading.Event()  # never set: a wait that sleeps without a sleep call
+        if not window.done.is_set() or (window.pending_runs < asks and not _poll(lambda: window.pending_runs >= asks, pause)):
             left_open = True
             result["error"] = (
                 "the window ended but the job's main thread ran no Python since (stuck in C?); the profiler stops at "
