@@ -693,17 +693,22 @@ class JobTree:
 
 
 @dataclass(frozen=True, slots=True)
-class CounterCheck:
-    """A line of `gputop check` (`analysis.machine_check.CheckResult`'s fields) that warns or fails over the
-    pipeline's counter window: as a snapshot carries it and a recording keeps it."""
+class CheckResult:
+    """One line of `gputop check` (`analysis/machine_check.py`): what it looked at, the value, the expectation,
+    a status.  The one check-result type: the check's lines, and the pipeline's counter window's that warn or
+    fail as a snapshot carries them and a recording keeps them (`CounterHealth.checks`)."""
 
-    id: str  # the check's id, e.g. "pcie.replay"
-    title: str
-    status: str  # "warn" or "fail"
-    value: str
-    expected: str
-    gpus: tuple[int, ...] = ()
-    evidence: tuple[str, ...] = ()
+    id: str  # stable key, e.g. "pcie.replay"
+    title: str  # what it looked at, e.g. "PCIe replay counter"
+    status: str  # "pass" / "warn" / "fail" / "skip"
+    value: str  # what was found, with numbers
+    expected: str  # what the machine itself says it should be
+    gpus: tuple[int, ...] = ()  # the GPUs the warning or failure is about
+    evidence: tuple[str, ...] = ()  # more lines for the report and --json
+
+    def line(self) -> str:
+        """One line for a terminal or a log: STATUS  title: value (expected: ...)."""
+        return f"{self.status.upper():<4}  {self.title}: {self.value}; expected {self.expected}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -714,7 +719,7 @@ class CounterHealth:
 
     timestamp: float
     seconds: float
-    checks: tuple[CounterCheck, ...] = ()
+    checks: tuple[CheckResult, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from gputop.analysis.machine_check import (
     check_topology,
     check_xids,
 )
-from gputop.model import CounterCheck, CounterHealth, GpuDetails, HostReadings, MachineInfo, Snapshot
+from gputop.model import CounterHealth, GpuDetails, HostReadings, MachineInfo, Snapshot
 
 # `gputop check`'s lines whose evidence is not in the samples: the counters, the kernel's side, the topology.
 # (The XID line also reads NVML's events in the snapshot; its severity is the health module's XID rule, so
@@ -71,14 +71,12 @@ def judge_counters(machine: MachineInfo, before: CounterReading, after: CounterR
         seconds=max(0.0, after.timestamp - before.timestamp),
     )
     found = [result for check in COUNTER_CHECKS if (result := check(inp)) is not None and result.status in (FAIL, WARN)]
-    checks = tuple(CounterCheck(r.id, r.title, r.status, r.value, r.expected, r.gpus, r.evidence) for r in found)
-    return CounterHealth(timestamp=after.timestamp, seconds=inp.seconds, checks=checks)
+    return CounterHealth(timestamp=after.timestamp, seconds=inp.seconds, checks=tuple(found))
 
 
 def as_check_report(health: CounterHealth) -> CheckReport:
     """The window's lines as a `CheckReport`, for what reads a machine check (the card's marks, the findings)."""
-    results = tuple(CheckResult(c.id, c.title, c.status, c.value, c.expected, c.gpus, c.evidence) for c in health.checks)
-    return CheckReport(results=results, seconds=health.seconds)
+    return CheckReport(results=health.checks, seconds=health.seconds)
 
 
 def counter_problems(health: Optional[CounterHealth]) -> dict[int, dict[str, Severity]]:

@@ -13,10 +13,12 @@ they hold in a share of the samples that could tell.
 One severity vocabulary, mapped once onto each consumer's words (`FINDING_SEVERITY`; `gputop check` turns
 CRITICAL into FAIL and WARN into WARN; the card into FAULT and WARN; the exporter's gauge into 2 and 1):
 
-- CRITICAL: the GPU loses or may corrupt work, or its hardware protects itself: lost, uncorrectable ECC
-  errors since the last reset, a failed row remap, a critical XID, a hardware slowdown or thermal brake.
-- WARN: it runs, below what it should or with a fault that was repaired: a link narrower or slower than its
-  maximum, NVLink links down, a power limit below its peers', a software thermal slowdown, a row remap
+- CRITICAL: the GPU loses or may corrupt work, or its hardware protects itself, or a part must be reseated or
+  replaced: lost, uncorrectable ECC errors since the last reset, a failed row remap, a critical XID, a hardware
+  slowdown or thermal brake, a PCIe link trained below its maximum (narrower at any load, or slower while
+  busy: a seating, riser or signal-integrity fault, a ticket), an NVSwitch fabric not trained.
+- WARN: it runs, below what it should or with a fault that was repaired: NVLink links down, a fabric whose
+  health mask reports degraded bandwidth or a recovered route, a power limit below its peers', a software thermal slowdown, a row remap
   waiting for a reset, uncorrectable errors only in the lifetime count or in rows already remapped, an XID
   that is the job's or a warning.
 - Corrected ECC errors are not a problem by themselves: the hardware corrected them (NVIDIA reports a high
@@ -140,7 +142,7 @@ def _pcie(gpu: GpuSample) -> list[Problem]:
     p = gpu.pcie
     load = f" at {gpu.utilization_gpu:.0f}% utilization" if gpu.utilization_gpu is not None else ""
     text = f"GPU {gpu.index}: PCIe Gen{p.gen_current} x{p.width_current} of Gen{p.gen_max} x{p.width_max}{load}"
-    return [Problem(PCIE, Severity.WARN, "PCIe down", text)]
+    return [Problem(PCIE, Severity.CRITICAL, "PCIe down", text)]
 
 
 def _ecc(gpu: GpuSample) -> list[Problem]:

@@ -29,6 +29,7 @@ from gputop.analysis.gpu_health import (
     reason_key,
     slowdowns,
     worst,
+    xid_severity,
 )
 from gputop.analysis.observations import Context
 from gputop.analysis.thresholds import THROTTLE_MIN_FRACTION
@@ -283,7 +284,7 @@ def check_xids(ctx: Context) -> list[Finding]:
         ]
         evidence.append("the driver's own lines: dmesg -T | grep -i xid")
         fix = "\n".join(dict.fromkeys(m.action for _key, m in events))
-        severity = "critical" if any(m.severity == "critical" for _key, m in events) else "warning"
+        severity = FINDING_SEVERITY[max(xid_severity(m.code) for _key, m in events)]  # the health module's XID rule
         title = "GPU errors reported by the driver (XID)" if label == LABEL_INFRA else "GPU faults caused by the job (XID)"
         findings.append(
             Finding(
