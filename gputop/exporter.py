@@ -35,7 +35,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from gputop import __version__, gpu_fields
 from gputop.analysis.counter_health import counter_problems
 from gputop.analysis.freeze import freeze_start, main_thread_sample
-from gputop.analysis.gpu_health import FINDING_SEVERITY, NicJudgement, Severity, judge_nics, judge_snapshot, pcie_degraded
+from gputop.analysis.gpu_health import (
+    FINDING_SEVERITY,
+    NicJudgement,
+    Severity,
+    judge_nics,
+    judge_snapshot,
+    pcie_degraded,
+    xid_severity,
+)
 from gputop.analysis.observations import StackSample, collect_rank_observations
 from gputop.analysis.stack_classes import (
     COLLECTIVE,
@@ -48,6 +56,7 @@ from gputop.analysis.stack_classes import (
     WAITING_FOR_RANK0_DATA,
 )
 from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S
+from gputop.analysis.xids import meaning_of
 from gputop.collect.stacks import error_reason
 from gputop.fleet.identity import fallback_job_id
 from gputop.history import History
@@ -267,6 +276,24 @@ class Exporter:
         xids = CounterMetricFamily(
             "gputop_xid_events", "XID errors the driver reported since gputop started", labels=gpu_labels + ["xid"]
         )
+        xid_info = GaugeMetricFamily(
+            "gputop_xid_info",
+            "1 per XID code counted in gputop_xid_events: its meaning, severity and action from NVIDIA's XID catalogue"
+            " (bucket: the catalogue's immediate-action word)",
+            labels=["xid", "meaning", "severity", "bucket", "action", "Hostname"],
+        )
+        fabric_state = GaugeMetricFamily(
+            "gputop_gpu_fabric_state",
+            "The GPU's NVSwitch fabric as the Fabric Manager trained it: 1 not started, 2 in progress, 3 completed"
+            " (no series: no NVSwitch fabric)",
+            labels=gpu_labels + ["clique", "status"],
+        )
+        fabric_health = GaugeMetricFamily(
+            "gputop_gpu_fabric_health_mask",
+            "NVML's fabric health mask (2-bit fields, 1 = TRUE: degraded bandwidth bits 0-1, route recovery 2-3,"
+            " route unhealthy 4-5, access timeout recovery 6-7)",
+            labels=gpu_labels,
+        )
         degraded = GaugeMetricFamily(
             "gputop_gpu_pcie_link_degraded", "1 when the PCIe link runs below its maximum under load", labels=gpu_labels
         )
@@ -284,7 +311,7 @@ class Exporter:
         )
         problem = GaugeMetricFamily(
             "gputop_gpu_health_problem",
-            "1 per health rule the GPU breaks now (lost, ecc, remap, xid, slowdown, power_limit, pcie, nvlink; and the"
+            "1 per health rule the GPU breaks now (lost, ecc, remap, xid, slowdown, power_limit, pcie, nvlink, fabric; and the"
             " counter checks: pcie.replay, pcie.aer, nvlink.errors, topology, memory.retired_pages), with its severity",
             labels=gpu_labels + ["rule", "severity"],
         )
@@ -310,6 +337,11 @@ class Exporter:
                 problem.add_metric(labels + [rule, FINDING_SEVERITY[severity]], 1.0)
             if gpu.lost:
                 continue
+            if gpu.fabric is not None:
+                status = "success" if not gpu.fabric.status else f"error {gpu.fabric.status}"
+                fabric_state.add_metric(labels + [str(gpu.fabric.clique_id), status], float(gpu.fabric.state))
+                if gpu.fabric.health_mask is not None:
+                    fabric_health.add_metric(labels, float(gpu.fabric.health_mask))
             verdict = pcie_degraded(gpu)
             if verdict is not None:
                 self._pcie_degraded[gpu.index] = verdict
@@ -334,7 +366,13 @@ class Exporter:
                         family.add_metric(labels, value)
         for (gpu_index, uuid, code), count in sorted(self._xid_counts.items()):
             xids.add_metric([gpu_index, uuid, self.hostname, code], count)
-        families: list[Metric] = [xids, degraded, generation, width, clock_events, health, problem]
+        for xid in sorted({int(code) for _, _, code in self._xid_counts}):
+            m = meaning_of(xid)
+            xid_info.add_metric(
+                [str(xid), m.meaning, FINDING_SEVERITY[xid_severity(xid)], m.bucket, m.action, self.hostname], 1.0
+            )
+        families: list[Metric] = [xids, xid_info, degraded, generation, width, clock_events, health, problem]
+        families += [fabric_state, fabric_health]
         if self.dcgm_fields:
             families += [family for _, family in readings]
         return families + self._mig_families(gpus)

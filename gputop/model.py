@@ -207,6 +207,20 @@ class RemappedRows:
 
 
 @dataclass(frozen=True, slots=True)
+class FabricInfo:
+    """A GPU's place in an NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV, Hopper and later on HGX/DGX boards):
+    what the Fabric Manager trained.  The numbers are NVML's (nvml.h `NVML_GPU_FABRIC_*`); the health module
+    (analysis/gpu_health.py) words and judges them.  A GPU that answers NOT_SUPPORTED has no fabric (a PCIe
+    card, an NVLink bridge, a pre-Hopper board): `GpuSample.fabric` None, not a fault."""
+
+    state: int  # 1 not started, 2 in progress, 3 completed (0: not supported, not stored)
+    status: Optional[int] = None  # nvmlReturn_t of the training, meaningful once completed (0: success)
+    clique_id: Optional[int] = None  # the GPUs of one clique reach each other over the fabric
+    cluster_uuid: Optional[str] = None
+    health_mask: Optional[int] = None  # v2+: 2-bit fields (degraded bandwidth, route recovery, ...); None: v1
+
+
+@dataclass(frozen=True, slots=True)
 class GpuProcess:
     pid: int
     used_memory: Optional[int] = None  # bytes; None when the driver hides it
@@ -292,6 +306,8 @@ class GpuSample:
     # GPM over the last refresh interval; None: the GPU has no GPM (before Hopper, MIG) or NVML refused it
     gpm: Optional[GpmMetrics] = None
     compute_capability: Optional[tuple[int, int]] = None  # CUDA's (major, minor); None: NVML did not say
+    # the NVSwitch fabric as the Fabric Manager trained it; None: no fabric (NOT_SUPPORTED) or not read
+    fabric: Optional[FabricInfo] = None
 
     def __post_init__(self) -> None:
         if self.nvlink is not None and not isinstance(self.nvlink, NvLinks):

@@ -23,7 +23,6 @@ from gputop.analysis.machine_check import (
     WARN,
     CheckInput,
     CheckReport,
-    CheckResult,
     check_nvlink_errors,
     check_pcie_aer,
     check_pcie_replay,
@@ -31,7 +30,7 @@ from gputop.analysis.machine_check import (
     check_topology,
     check_xids,
 )
-from gputop.model import CounterHealth, GpuDetails, HostReadings, MachineInfo, Snapshot
+from gputop.model import CheckResult, CounterHealth, GpuDetails, HostReadings, MachineInfo, Snapshot
 
 # `gputop check`'s lines whose evidence is not in the samples: the counters, the kernel's side, the topology.
 # (The XID line also reads NVML's events in the snapshot; its severity is the health module's XID rule, so

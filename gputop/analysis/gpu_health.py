@@ -42,7 +42,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION, POWER_LIMIT_LOWERED, THROTTLE_MIN_FRACTION
 from gputop.analysis.xids import meaning_of
-from gputop.model import LABEL_INFRA, GpuSample, NicPortSample, NvLinkWiring, Snapshot
+from gputop.model import LABEL_INFRA, FabricInfo, GpuSample, NicPortSample, NvLinkWiring, Snapshot
 
 
 class Severity(IntEnum):
@@ -67,6 +67,7 @@ SLOWDOWN = "slowdown"
 POWER_LIMIT = "power_limit"
 PCIE = "pcie"
 NVLINK = "nvlink"
+FABRIC = "fabric"
 FLICKERING = (SLOWDOWN, PCIE)  # judged over a window by their share of the samples
 
 # Clock-event reasons (normalised: lower case, no separators) that mean the machine slows the GPU, with
@@ -231,6 +232,54 @@ def _nvlink(gpu: GpuSample, peers: Peers) -> list[Problem]:
     return [Problem(NVLINK, Severity.WARN, f"NVLink {len(down)} down", text)]
 
 
+# ---------------------------------------------------------------- the NVSwitch fabric (Fabric Manager)
+#
+# nvmlDeviceGetGpuFabricInfoV (nvml.h, NVML API reference "nvmlGpuFabricInfo_v2_t"): the state of the GPU's
+# training into the NVSwitch fabric, the training's status once completed, and (v2+) a health mask of 2-bit
+# fields, each 0 not supported, 1 TRUE, 2 FALSE.  A GPU whose fabric is not trained cannot run NCCL over NVLink:
+# a dead nvidia-fabricmanager leaves the node's GPUs unusable for multi-GPU jobs.
+
+FABRIC_STATES = {1: "Not Started", 2: "In Progress", 3: "Completed"}
+FABRIC_COMPLETED = 3
+# (bit shift, what a TRUE means, severity): route unhealthy loses traffic; the others run, slower or recovered
+_FABRIC_HEALTH = (
+    (0, "degraded bandwidth", Severity.WARN),
+    (2, "route recovery in progress", Severity.WARN),
+    (4, "route unhealthy", Severity.CRITICAL),
+    (6, "access timeout recovery in progress", Severity.WARN),
+)
+
+
+def fabric_health(info: FabricInfo) -> list[tuple[str, Severity]]:
+    """The health mask's TRUE fields: (what, severity); none for a v1 reading (no mask)."""
+    mask = info.health_mask
+    if mask is None:
+        return []
+    return [(what, severity) for shift, what, severity in _FABRIC_HEALTH if (mask >> shift) & 0x3 == 1]
+
+
+def _fabric(gpu: GpuSample) -> list[Problem]:
+    info = gpu.fabric
+    if info is None:  # NOT_SUPPORTED: no NVSwitch fabric on this board, not a fault
+        return []
+    state = FABRIC_STATES.get(info.state, f"state {info.state}")
+    where = f"GPU {gpu.index}: NVSwitch fabric {state}"
+    if info.state != FABRIC_COMPLETED:
+        if info.state == 2:  # the Fabric Manager is training it now (at boot, or after a GPU reset)
+            return [Problem(FABRIC, Severity.WARN, "fabric training", f"{where}: NCCL over NVLink waits for it")]
+        text = f"{where}: not trained, NCCL cannot use NVLink (is nvidia-fabricmanager running? systemctl status nvidia-fabricmanager)"
+        return [Problem(FABRIC, Severity.CRITICAL, "fabric down", text)]
+    if info.status:
+        text = f"{where} with error {info.status} (NVML return code): the training failed; see the Fabric Manager's log"
+        return [Problem(FABRIC, Severity.CRITICAL, "fabric failed", text)]
+    found = fabric_health(info)
+    if not found:
+        return []
+    mask = f"health mask 0x{info.health_mask:x}" if info.health_mask is not None else ""
+    text = f"{where}, {', '.join(what for what, _ in found)} ({mask}, clique {info.clique_id})"
+    return [Problem(FABRIC, max(s for _, s in found), "fabric degr", text)]
+
+
 @dataclass(frozen=True)
 class Peers:
     """What a GPU is judged against: the other GPUs of its model in the same snapshot."""
@@ -309,6 +358,7 @@ def judge_sample(gpu: GpuSample, peers: Peers = NO_PEERS) -> GpuHealth:
             gpu.index, (Problem(LOST, Severity.CRITICAL, "LOST", f"GPU {gpu.index} ({gpu.pci_bus_id}): lost (fell off the bus)"),)
         )
     found = _ecc(gpu) + _remap(gpu) + _xids(gpu) + _slowdown(gpu) + _power_limit(gpu, peers) + _pcie(gpu) + _nvlink(gpu, peers)
+    found += _fabric(gpu)
     return GpuHealth(gpu.index, tuple(sorted(found, key=lambda p: -p.severity)))
 
 

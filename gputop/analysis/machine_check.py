@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from gputop.analysis.gpu_health import (
     ECC,
+    FABRIC,
+    FABRIC_STATES,
     NIC_DOWN,
     NIC_ERRORS,
     NIC_RATE,
@@ -330,6 +332,26 @@ def check_nvlink_state(inp: CheckInput) -> Optional[CheckResult]:
         links = Counter(len(g.nvlink or ()) for g in unused)
         passed += f"; {gpu_list(g.index for g in unused)}: no NVLink bridge ({'/'.join(map(str, links))} links inactive)"
     return _health_check(inp, (NVLINK,), "nvlink.state", title, expected, passed)
+
+
+def check_fabric(inp: CheckInput) -> Optional[CheckResult]:
+    """The NVSwitch fabric as the Fabric Manager trained it (the health module's FABRIC rule): where no GPU
+    reports one (NOT_SUPPORTED: PCIe cards, bridges, pre-Hopper boards), one SKIP line saying so."""
+    gpus = [g for g in inp.gpus if not g.lost]
+    if not gpus:
+        return None
+    title = "NVSwitch fabric (Fabric Manager)"
+    expected = "every GPU's fabric Completed with success, no degraded bandwidth or unhealthy route in its health mask"
+    with_fabric = [g for g in gpus if g.fabric is not None]
+    if not with_fabric:
+        why = _unsupported(gpus, "fabric")
+        return CheckResult("fabric", title, SKIP, f"no NVSwitch fabric on these GPUs ({why})", expected)
+    states = Counter(FABRIC_STATES.get(g.fabric.state, str(g.fabric.state)) for g in with_fabric if g.fabric is not None)
+    cliques = sorted({g.fabric.clique_id for g in with_fabric if g.fabric is not None and g.fabric.clique_id is not None})
+    passed = ", ".join(f"{state} on {n} GPUs" for state, n in states.items()) + (
+        f" (clique {', '.join(map(str, cliques))})" if cliques else ""
+    )
+    return _health_check(inp, (FABRIC,), "fabric", title, expected, passed)
 
 
 def check_nvlink_errors(inp: CheckInput) -> Optional[CheckResult]:
@@ -707,14 +729,18 @@ def check_xids(inp: CheckInput) -> CheckResult:
         who = f"GPU {gpu}" if gpu is not None else "a GPU NVML does not list"
         first.setdefault((gpu, code), (when, source))
         counts[(gpu, code)] += 1
-        evidence.append(f"{utc_time(when)}  {who}  XID {code}: {meaning.meaning} [{source}]")
+        evidence.append(f"{utc_time(when)}  {who}  XID {code}: {meaning.meaning} [{source}] action {meaning.advice}")
         if gpu is not None:
             gpus.add(gpu)
     parts = []
     for (gpu, code), (when, source) in first.items():
         who = f"GPU {gpu}" if gpu is not None else "a GPU NVML does not list"
         times = f" ×{counts[(gpu, code)]}, first" if counts[(gpu, code)] > 1 else ""
-        parts.append(f"{who}: XID {code} ({meaning_of(code).meaning}){times} at {utc_time(when)} from the {source.split(',')[0]}")
+        meaning = meaning_of(code)
+        parts.append(
+            f"{who}: XID {code} ({meaning.meaning}){times} at {utc_time(when)} from the {source.split(',')[0]}"
+            f" [action {meaning.advice}]"
+        )
     value = "; ".join(parts)
     return CheckResult("xid", title, status, value, expected, gpus=tuple(sorted(gpus)), evidence=tuple(evidence))
 
@@ -916,6 +942,7 @@ CHECKS: tuple[Callable[[CheckInput], Optional[CheckResult]], ...] = (
     check_pcie_aer,
     check_nvlink_state,
     check_nvlink_errors,
+    check_fabric,
     check_topology,
     check_nic_numa,
     check_nic_state,
@@ -1061,6 +1088,7 @@ _SAID_BY_DIAGNOSIS = {
     "memory.ecc": ("ecc",),
     "memory.remap": ("ecc",),
     "nvlink.state": ("nvlink_down",),
+    "fabric": ("fabric",),
     "xid": ("xid", "xid_code"),
     "nic.state": ("nic_down",),
     "nic.rate": ("nic_rate",),

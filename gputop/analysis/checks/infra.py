@@ -13,6 +13,7 @@ from typing import Iterable, Mapping, Sequence
 
 from gputop.analysis.gpu_health import (
     ECC,
+    FABRIC,
     FINDING_SEVERITY,
     NIC_DOWN,
     NIC_ERRORS,
@@ -46,6 +47,7 @@ def check_infrastructure(ctx: Context) -> list[Finding]:
         + check_power_limit(ctx, health)
         + check_ecc(health)
         + check_nvlink(health)
+        + check_fabric(health)
         + check_xids(ctx)
         + check_nics(ctx)
     )
@@ -256,6 +258,18 @@ def check_nvlink(health: Mapping[int, GpuHealth]) -> list[Finding]:
         "Inactive NVLink links",
         "NVLink links down on",
         "file a ticket: collectives fall back to slower paths\nnvidia-smi nvlink --status -i GPU_INDEX",
+    )
+
+
+def check_fabric(health: Mapping[int, GpuHealth]) -> list[Finding]:
+    return _one_finding(
+        health,
+        (FABRIC,),
+        "fabric",
+        "NVSwitch fabric not trained or degraded",
+        "NVSwitch fabric problem on",
+        "file a ticket: NCCL cannot use NVLink on a GPU whose fabric is not trained\n"
+        "systemctl status nvidia-fabricmanager; journalctl -u nvidia-fabricmanager; nvidia-smi -q -i GPU_INDEX | grep -A6 Fabric",
     )
 
 
