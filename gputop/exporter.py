@@ -37,10 +37,11 @@ from gputop.analysis.counter_health import counter_problems
 from gputop.analysis.freeze import freeze_start, main_thread_sample
 from gputop.analysis.gpu_health import (
     FINDING_SEVERITY,
+    HEALTH_WINDOW_S,
     NicJudgement,
     Severity,
     judge_nics,
-    judge_snapshot,
+    judge_window,
     pcie_degraded,
     xid_severity,
 )
@@ -188,6 +189,8 @@ class Exporter:
         # the NIC readings of the last diagnosis window, for the health module's NIC judgement (a counter
         # that climbs while we watch needs the window's first reading); each a snapshot of its NICs only
         self._nic_window: deque[Snapshot] = deque()
+        # the snapshots of the live health window (HEALTH_WINDOW_S), judged as the card and the diagnosis judge them
+        self._gpu_window: deque[Snapshot] = deque()
         self._xids_seen: dict[int, frozenset[XidEvent]] = {}
         self._xid_counts: Counter[tuple[str, str, str]] = Counter()
         self._dump_seen: dict[int, float] = {}  # pid -> timestamp of the last dump counted (ok or failed)
@@ -235,7 +238,7 @@ class Exporter:
         started = time.perf_counter()
         trees = self._live_jobs(snap)
         families = self._static_families()
-        families += self._gpu_families(snap.gpus, snap.counter_health)
+        families += self._gpu_families(snap, snap.counter_health)
         families += self._job_families(snap, trees)
         families += nic_families(snap.nics, self.hostname, self._judge_nics(snap))
         families.append(self._pyspy_family())
@@ -269,9 +272,10 @@ class Exporter:
         build.add_metric([], {"version": __version__, "Hostname": self.hostname})
         return [build]
 
-    def _gpu_families(self, gpus: Iterable[GpuSample], counter_health: Optional[CounterHealth] = None) -> list[Metric]:
-        """The GPUs' gauges; their health from the samples (the health module) and from the pipeline's counter
-        watch (`Snapshot.counter_health`: `gputop check`'s counter lines, rule = the check's id)."""
+    def _gpu_families(self, snap: Snapshot, counter_health: Optional[CounterHealth] = None) -> list[Metric]:
+        """The GPUs' gauges; their health from the samples (the health module, over the live window the card
+        and the diagnosis judge: `HEALTH_WINDOW_S`) and from the pipeline's counter watch
+        (`Snapshot.counter_health`: `gputop check`'s counter lines, rule = the check's id)."""
         gpu_labels = ["gpu", "UUID", "Hostname"]
         xids = CounterMetricFamily(
             "gputop_xid_events", "XID errors the driver reported since gputop started", labels=gpu_labels + ["xid"]
@@ -315,8 +319,11 @@ class Exporter:
             " counter checks: pcie.replay, pcie.aer, nvlink.errors, topology, memory.retired_pages), with its severity",
             labels=gpu_labels + ["rule", "severity"],
         )
-        gpus = tuple(gpus)
-        judged = judge_snapshot(gpus)  # the one health judgement (analysis/gpu_health.py)
+        gpus = snap.gpus
+        self._gpu_window.append(Snapshot(snap.timestamp, snap.host, gpus=snap.gpus))  # (not the jobs' trees)
+        while self._gpu_window[0].timestamp < snap.timestamp - HEALTH_WINDOW_S:
+            self._gpu_window.popleft()
+        judged = judge_window(self._gpu_window)  # the one health judgement (analysis/gpu_health.py)
         counted = counter_problems(counter_health)  # gputop check's counter lines (analysis/counter_health.py)
         readings = [  # the gauges the table of GPU fields declares
             (f, GaugeMetricFamily(*f.metric, labels=gpu_labels)) for f in gpu_fields.shown_in(gpu_fields.METRICS) if f.metric

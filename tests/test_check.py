@@ -111,6 +111,7 @@ def test_json_lists_every_check(capsys):
         "pcie.aer",
         "nvlink.state",
         "nvlink.errors",
+        "fabric",
         "topology",
         "numa.nic",
         "nic.state",

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Iterable, Mapping, Optional, Sequence
 
-from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION, POWER_LIMIT_LOWERED, THROTTLE_MIN_FRACTION
+from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S, PCIE_LOAD_UTILIZATION, POWER_LIMIT_LOWERED, THROTTLE_MIN_FRACTION
 from gputop.analysis.xids import meaning_of
 from gputop.model import LABEL_INFRA, FabricInfo, GpuSample, NicPortSample, NvLinkWiring, Snapshot
 
@@ -445,6 +445,28 @@ def judge_window(snapshots: Sequence[Snapshot]) -> dict[int, GpuHealth]:
             series.setdefault(g.index, []).append((g, health))
     _LAST_WINDOWS.judged = (judged_now, *previous[:1])
     return {index: judge_gpu_window(index, judged) for index, judged in sorted(series.items())}
+
+
+# The window the live views judge a GPU over (the card, the exporter, the live diagnosis): the diagnosis' own,
+# so the card, /metrics and the findings flag a GPU at one severity at one time.  `gputop check` and a report
+# judge their whole window; one snapshot is a window of one.
+HEALTH_WINDOW_S = DIAGNOSIS_WINDOW_S
+
+
+def recent(snapshots: Sequence[Snapshot], seconds: float = HEALTH_WINDOW_S) -> Sequence[Snapshot]:
+    """The snapshots (oldest first) within `seconds` of the newest."""
+    if not snapshots:
+        return snapshots
+    since = snapshots[-1].timestamp - seconds
+    start = len(snapshots)
+    while start > 0 and snapshots[start - 1].timestamp >= since:
+        start -= 1
+    return snapshots[start:]
+
+
+def judge_recent(snapshots: Sequence[Snapshot]) -> dict[int, GpuHealth]:
+    """`judge_window` over the live views' window (`HEALTH_WINDOW_S`) ending at the newest snapshot."""
+    return judge_window(recent(snapshots))
 
 
 # ---------------------------------------------------------------- NIC ports
