@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from gputop.analysis.dcgm_diag import DcgmRun, dcgm_results
 from gputop.analysis.gpu_health import (
     ECC,
     FABRIC,
@@ -81,7 +82,7 @@ STATUS_OF = {Severity.CRITICAL: FAIL, Severity.WARN: WARN, Severity.OK: PASS}
 
 NEXT_COMMANDS = (
     ("sudo nvidia-bug-report.sh", "the full driver log bundle NVIDIA support asks for (needs root)"),
-    ("dcgmi diag -r 2", "DCGM's medium diagnostic (a few minutes, needs the GPUs idle)"),
+    ("gputop check --dcgm 2", "DCGM's medium diagnostic folded into these lines (dcgmi diag -r 2: ~2 minutes, GPUs idle)"),
     ("nvidia-smi -q", "every counter NVML has, per GPU"),
 )
 CAPTURE_BEFORE_RESET = (
@@ -109,6 +110,7 @@ class CheckInput:
     host_after: HostReadings
     seconds: float  # how long the window was
     load: Optional[LoadOutcome] = None  # None: --load not asked for
+    dcgm: Optional[DcgmRun] = None  # None: --dcgm not asked for
 
     @property
     def gpus(self) -> tuple[GpuSample, ...]:
@@ -963,7 +965,9 @@ CHECKS: tuple[Callable[[CheckInput], Optional[CheckResult]], ...] = (
 
 
 def run_checks(inp: CheckInput) -> list[CheckResult]:
-    return [result for check in CHECKS if (result := check(inp)) is not None]
+    """Every check's line, then DCGM's diagnostics' lines (`--dcgm`: one per test, `analysis/dcgm_diag.py`)."""
+    results = [result for check in CHECKS if (result := check(inp)) is not None]
+    return results + (dcgm_results(inp.dcgm) if inp.dcgm is not None else [])
 
 
 def exit_code(results: Sequence[CheckResult]) -> int:
