@@ -582,8 +582,10 @@ class GpuGrid(LineCanvas):
                     line.add(text.rjust(7))
             faults, warnings = problems
             throttles = active_throttles(gpu) if _is_slowdown(gpu) else []
-            # the slowdown's own reasons stand for the word "throttled", whatever its severity
-            problem = [f for f in faults if f != "throttled"] + throttles + [w for w in warnings if w != "throttled"]
+            # the slowdown's own reasons stand for the word "throttled", whatever its severity; a link trained down
+            # is the PCIe column's "!" where that column shows
+            elsewhere = ("throttled", "PCIe down") if show_pcie else ("throttled",)
+            problem = [f for f in faults if f not in elsewhere] + throttles + [w for w in warnings if w not in elsewhere]
             mark = self._marks().get(gpu.index)
             if mark is not None and (mark[1] or not faults):  # the machine check's word, unless a worse fault shows
                 problem = [mark[0].removeprefix("chk ")] + problem
