@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gputop import __version__, gpu_fields
-from gputop.analysis.counter_health import counter_problems
+from gputop.analysis.counter_health import counter_problems, rule_severities
 from gputop.analysis.freeze import freeze_start, main_thread_sample
 from gputop.analysis.gpu_health import (
     FINDING_SEVERITY,
@@ -336,9 +336,7 @@ class Exporter:
                 self._xid_counts[(str(gpu.index), gpu.uuid, str(event.code))] += 1
             if gpu.xids is not None:
                 self._xids_seen[gpu.index] = now_held
-            rules = {p.rule: p.severity for p in reversed(judged[gpu.index].problems)}  # worst last: it stays
-            for rule, severity in counted.get(gpu.index, {}).items():
-                rules[rule] = max(rules.get(rule, Severity.OK), severity)
+            rules = rule_severities(judged.get(gpu.index), counted.get(gpu.index, {}))
             health.add_metric(labels, float(max(rules.values(), default=Severity.OK)))
             for rule, severity in rules.items():
                 problem.add_metric(labels + [rule, FINDING_SEVERITY[severity]], 1.0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from gputop.analysis.gpu_health import Severity
+from gputop.analysis.gpu_health import GpuHealth, Severity
 from gputop.analysis.machine_check import (
     FAIL,
     STATUS_OF,
@@ -87,3 +87,13 @@ def counter_problems(health: Optional[CounterHealth]) -> dict[int, dict[str, Sev
             rules = out.setdefault(index, {})
             rules[check.id] = max(rules.get(check.id, Severity.OK), severity)
     return out
+
+
+def rule_severities(judged: Optional[GpuHealth], counted: dict[str, Severity]) -> dict[str, Severity]:
+    """One GPU's rules at their worst severity: the health module's over a window (`judged`) joined with the
+    counter watch's lines naming it (`counter_problems(...)[gpu]`): what /metrics and the report's health table
+    both show, so they say the same."""
+    rules = {p.rule: p.severity for p in reversed(judged.problems)} if judged is not None else {}  # worst last: it stays
+    for rule, severity in counted.items():
+        rules[rule] = max(rules.get(rule, Severity.OK), severity)
+    return rules
