@@ -320,7 +320,9 @@ class Exporter:
             labels=gpu_labels + ["rule", "severity"],
         )
         gpus = snap.gpus
-        self._gpu_window.append(Snapshot(snap.timestamp, snap.host, gpus=snap.gpus))  # (not the jobs' trees)
+        # the snapshot itself, not a copy: the diagnosis' window holds the same objects, so the health module
+        # judges each sample once for both (gpu_health._LAST_WINDOWS keys on identity)
+        self._gpu_window.append(snap)
         while self._gpu_window[0].timestamp < snap.timestamp - HEALTH_WINDOW_S:
             self._gpu_window.popleft()
         judged = judge_window(self._gpu_window)  # the one health judgement (analysis/gpu_health.py)

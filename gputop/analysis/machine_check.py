@@ -82,7 +82,7 @@ STATUS_OF = {Severity.CRITICAL: FAIL, Severity.WARN: WARN, Severity.OK: PASS}
 
 NEXT_COMMANDS = (
     ("sudo nvidia-bug-report.sh", "the full driver log bundle NVIDIA support asks for (needs root)"),
-    ("gputop check --dcgm 2", "DCGM's medium diagnostic folded into these lines (dcgmi diag -r 2: ~2 minutes, GPUs idle)"),
+    ("dcgmi diag -r 2", "DCGM's medium diagnostic (~2 minutes, GPUs idle); `gputop check --dcgm 2` folds it into these lines"),
     ("nvidia-smi -q", "every counter NVML has, per GPU"),
 )
 CAPTURE_BEFORE_RESET = (
