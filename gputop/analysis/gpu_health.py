@@ -6,9 +6,11 @@ The card (`tui/widgets/gpu_grid.py`), the diagnosis (`analysis/checks/infra.py`)
 
 A rule looks at one sample (`judge_sample`; the power limit also at the other GPUs of the same snapshot)
 and returns `Problem`s: a `Severity`, a short word for the card and one line of evidence.  Over a window
-(`judge_window`) a GPU's state rules (lost, ECC, remapping, XIDs, NVLink, power limit) are read from its
-latest sample, and the rules that flicker from sample to sample (clock slowdowns, the PCIe link) count when
-they hold in a share of the samples that could tell.
+(`judge_window`) a GPU's state rules (lost, ECC, remapping, XIDs, NVLink, power limit, fabric) are read from
+its latest sample, and the rules that flicker from sample to sample (clock slowdowns, the PCIe link) count
+when they hold in a share of the samples that could tell.  Every consumer judges a window: `gputop check` and
+a report theirs, the card, the exporter and the live diagnosis the last HEALTH_WINDOW_S (`judge_recent`);
+one sample is a window of one.
 
 One severity vocabulary, mapped once onto each consumer's words (`FINDING_SEVERITY`; `gputop check` turns
 CRITICAL into FAIL and WARN into WARN; the card into FAULT and WARN; the exporter's gauge into 2 and 1):
@@ -17,10 +19,10 @@ CRITICAL into FAIL and WARN into WARN; the card into FAULT and WARN; the exporte
   replaced: lost, uncorrectable ECC errors since the last reset, a failed row remap, a critical XID, a hardware
   slowdown or thermal brake, a PCIe link trained below its maximum (narrower at any load, or slower while
   busy: a seating, riser or signal-integrity fault, a ticket), an NVSwitch fabric not trained.
-- WARN: it runs, below what it should or with a fault that was repaired: NVLink links down, a fabric whose
-  health mask reports degraded bandwidth or a recovered route, a power limit below its peers', a software thermal slowdown, a row remap
-  waiting for a reset, uncorrectable errors only in the lifetime count or in rows already remapped, an XID
-  that is the job's or a warning.
+- WARN: it runs, below what it should or with a fault that was repaired: NVLink links down, a fabric still
+  training or whose health mask reports degraded bandwidth or a recovery, a power limit below its peers', a
+  software thermal slowdown, a row remap waiting for a reset, uncorrectable errors only in the lifetime count
+  or in rows already remapped, an XID that is the job's or a warning.
 - Corrected ECC errors are not a problem by themselves: the hardware corrected them (NVIDIA reports a high
   rate as XID 92, which the XID rule catches).
 
