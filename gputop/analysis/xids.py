@@ -7,7 +7,9 @@ address is XID 13/31/43) and belong to the code.  The table follows NVIDIA's XID
 Catalog", Ampere and newer) for the codes seen on data-centre GPUs: each entry carries the catalogue's
 "Resolution Bucket (Immediate Action)" word (`bucket`: RESTART_APP, RESET_GPU, RESTART_BM for a reboot of the
 node, CONTACT_SUPPORT for an RMA case, CHECK_MECHANICALS for seating/cabling/PCIe, IGNORE) and what to do in
-words (`action`).  An XID not in it is treated as the hardware's until someone shows otherwise, since the
+words (`action`).  (Only the catalogue's first rows could be re-read when the buckets were added, XID 13's
+RESTART_APP among them; the other codes' buckets are as the catalogue was known then and should be checked
+against its spreadsheet row by row.)  An XID not in it is treated as the hardware's until someone shows otherwise, since the
 ticket then carries the code.
 """
 
