@@ -254,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="quick health check before an infra ticket: one line per check; exit 0 healthy, 3 infra, 4 config",
         description=(
             "Checks the machine without disturbing it: PCIe link and error counters, AER, NVLink, topology, "
-            "GPU/NIC NUMA affinity, ECC, remaps, retired pages, XIDs (NVML and the kernel log), modes, clocks. "
+            "GPU/NIC NUMA affinity, NVSwitch fabric, ECC, remaps, retired pages, XIDs with NVIDIA's action (NVML and "
+            "the kernel log), modes, clocks; --dcgm adds DCGM's diagnostics. "
             "Exit status: 0 healthy, 3 an infrastructure problem, 4 a configuration warning, 1 gputop failed, 2 bad usage."
         ),
     )
@@ -266,6 +267,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only on idle GPUs: run a short load so the links train up, and with torch a short all-reduce "
         "whose bus bandwidth is compared with the topology's (adds up to ~60 s; needs a real GPU)",
+    )
+    p.add_argument(
+        "--dcgm",
+        nargs="?",
+        const=1,
+        type=int,
+        choices=(1, 2),
+        metavar="1|2",
+        help="also run NVIDIA DCGM's diagnostics (dcgmi diag -r N: 1 takes seconds, 2 about 2 minutes with PCIe and "
+        "memory tests; GPUs idle) and fold each test into the lines and the exit status; default level 1",
     )
     p.add_argument("--host-root", default=None, help=argparse.SUPPRESS)  # tests: read /sys, /proc and /dev/kmsg under here
 

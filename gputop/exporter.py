@@ -34,9 +34,18 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 
 from gputop import __version__, gpu_fields
 from gputop.analysis.collectives import last_collectives
-from gputop.analysis.counter_health import counter_problems
+from gputop.analysis.counter_health import counter_problems, rule_severities
 from gputop.analysis.freeze import freeze_start, main_thread_sample
-from gputop.analysis.gpu_health import FINDING_SEVERITY, NicJudgement, Severity, judge_nics, judge_snapshot, pcie_degraded
+from gputop.analysis.gpu_health import (
+    FINDING_SEVERITY,
+    HEALTH_WINDOW_S,
+    NicJudgement,
+    Severity,
+    judge_nics,
+    judge_window,
+    pcie_degraded,
+    xid_severity,
+)
 from gputop.analysis.observations import StackSample, collect_rank_observations
 from gputop.analysis.stack_classes import (
     COLLECTIVE,
@@ -49,6 +58,7 @@ from gputop.analysis.stack_classes import (
     WAITING_FOR_RANK0_DATA,
 )
 from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S
+from gputop.analysis.xids import meaning_of
 from gputop.collect.stacks import error_reason
 from gputop.fleet.identity import fallback_job_id
 from gputop.history import History
@@ -180,6 +190,8 @@ class Exporter:
         # the NIC readings of the last diagnosis window, for the health module's NIC judgement (a counter
         # that climbs while we watch needs the window's first reading); each a snapshot of its NICs only
         self._nic_window: deque[Snapshot] = deque()
+        # the snapshots of the live health window (HEALTH_WINDOW_S), judged as the card and the diagnosis judge them
+        self._gpu_window: deque[Snapshot] = deque()
         self._xids_seen: dict[int, frozenset[XidEvent]] = {}
         self._xid_counts: Counter[tuple[str, str, str]] = Counter()
         self._dump_seen: dict[int, float] = {}  # pid -> timestamp of the last dump counted (ok or failed)
@@ -227,7 +239,7 @@ class Exporter:
         started = time.perf_counter()
         trees = self._live_jobs(snap)
         families = self._static_families()
-        families += self._gpu_families(snap.gpus, snap.counter_health)
+        families += self._gpu_families(snap, snap.counter_health)
         families += self._job_families(snap, trees)
         families += nic_families(snap.nics, self.hostname, self._judge_nics(snap))
         families.append(self._pyspy_family())
@@ -261,12 +273,31 @@ class Exporter:
         build.add_metric([], {"version": __version__, "Hostname": self.hostname})
         return [build]
 
-    def _gpu_families(self, gpus: Iterable[GpuSample], counter_health: Optional[CounterHealth] = None) -> list[Metric]:
-        """The GPUs' gauges; their health from the samples (the health module) and from the pipeline's counter
-        watch (`Snapshot.counter_health`: `gputop check`'s counter lines, rule = the check's id)."""
+    def _gpu_families(self, snap: Snapshot, counter_health: Optional[CounterHealth] = None) -> list[Metric]:
+        """The GPUs' gauges; their health from the samples (the health module, over the live window the card
+        and the diagnosis judge: `HEALTH_WINDOW_S`) and from the pipeline's counter watch
+        (`Snapshot.counter_health`: `gputop check`'s counter lines, rule = the check's id)."""
         gpu_labels = ["gpu", "UUID", "Hostname"]
         xids = CounterMetricFamily(
             "gputop_xid_events", "XID errors the driver reported since gputop started", labels=gpu_labels + ["xid"]
+        )
+        xid_info = GaugeMetricFamily(
+            "gputop_xid_info",
+            "1 per XID code counted in gputop_xid_events: its meaning, severity and action from NVIDIA's XID catalogue"
+            " (bucket: the catalogue's immediate-action word)",
+            labels=["xid", "meaning", "severity", "bucket", "action", "Hostname"],
+        )
+        fabric_state = GaugeMetricFamily(
+            "gputop_gpu_fabric_state",
+            "The GPU's NVSwitch fabric as the Fabric Manager trained it: 1 not started, 2 in progress, 3 completed"
+            " (no series: no NVSwitch fabric)",
+            labels=gpu_labels + ["clique", "status"],
+        )
+        fabric_health = GaugeMetricFamily(
+            "gputop_gpu_fabric_health_mask",
+            "NVML's fabric health mask (2-bit fields, 1 = TRUE: degraded bandwidth bits 0-1, route recovery 2-3,"
+            " route unhealthy 4-5, access timeout recovery 6-7)",
+            labels=gpu_labels,
         )
         degraded = GaugeMetricFamily(
             "gputop_gpu_pcie_link_degraded", "1 when the PCIe link runs below its maximum under load", labels=gpu_labels
@@ -285,12 +316,17 @@ class Exporter:
         )
         problem = GaugeMetricFamily(
             "gputop_gpu_health_problem",
-            "1 per health rule the GPU breaks now (lost, ecc, remap, xid, slowdown, power_limit, pcie, nvlink; and the"
+            "1 per health rule the GPU breaks now (lost, ecc, remap, xid, slowdown, power_limit, pcie, nvlink, fabric; and the"
             " counter checks: pcie.replay, pcie.aer, nvlink.errors, topology, memory.retired_pages), with its severity",
             labels=gpu_labels + ["rule", "severity"],
         )
-        gpus = tuple(gpus)
-        judged = judge_snapshot(gpus)  # the one health judgement (analysis/gpu_health.py)
+        gpus = snap.gpus
+        # the snapshot itself, not a copy: the diagnosis' window holds the same objects, so the health module
+        # judges each sample once for both (gpu_health._LAST_WINDOWS keys on identity)
+        self._gpu_window.append(snap)
+        while self._gpu_window[0].timestamp < snap.timestamp - HEALTH_WINDOW_S:
+            self._gpu_window.popleft()
+        judged = judge_window(self._gpu_window)  # the one health judgement (analysis/gpu_health.py)
         counted = counter_problems(counter_health)  # gputop check's counter lines (analysis/counter_health.py)
         readings = [  # the gauges the table of GPU fields declares
             (f, GaugeMetricFamily(*f.metric, labels=gpu_labels)) for f in gpu_fields.shown_in(gpu_fields.METRICS) if f.metric
@@ -303,14 +339,17 @@ class Exporter:
                 self._xid_counts[(str(gpu.index), gpu.uuid, str(event.code))] += 1
             if gpu.xids is not None:
                 self._xids_seen[gpu.index] = now_held
-            rules = {p.rule: p.severity for p in reversed(judged[gpu.index].problems)}  # worst last: it stays
-            for rule, severity in counted.get(gpu.index, {}).items():
-                rules[rule] = max(rules.get(rule, Severity.OK), severity)
+            rules = rule_severities(judged.get(gpu.index), counted.get(gpu.index, {}))
             health.add_metric(labels, float(max(rules.values(), default=Severity.OK)))
             for rule, severity in rules.items():
                 problem.add_metric(labels + [rule, FINDING_SEVERITY[severity]], 1.0)
             if gpu.lost:
                 continue
+            if gpu.fabric is not None:
+                status = "success" if not gpu.fabric.status else f"error {gpu.fabric.status}"
+                fabric_state.add_metric(labels + [str(gpu.fabric.clique_id), status], float(gpu.fabric.state))
+                if gpu.fabric.health_mask is not None:
+                    fabric_health.add_metric(labels, float(gpu.fabric.health_mask))
             verdict = pcie_degraded(gpu)
             if verdict is not None:
                 self._pcie_degraded[gpu.index] = verdict
@@ -335,7 +374,13 @@ class Exporter:
                         family.add_metric(labels, value)
         for (gpu_index, uuid, code), count in sorted(self._xid_counts.items()):
             xids.add_metric([gpu_index, uuid, self.hostname, code], count)
-        families: list[Metric] = [xids, degraded, generation, width, clock_events, health, problem]
+        for xid in sorted({int(code) for _, _, code in self._xid_counts}):
+            m = meaning_of(xid)
+            xid_info.add_metric(
+                [str(xid), m.meaning, FINDING_SEVERITY[xid_severity(xid)], m.bucket, m.action, self.hostname], 1.0
+            )
+        families: list[Metric] = [xids, xid_info, degraded, generation, width, clock_events, health, problem]
+        families += [fabric_state, fabric_health]
         if self.dcgm_fields:
             families += [family for _, family in readings]
         return families + self._mig_families(gpus)

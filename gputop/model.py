@@ -207,6 +207,20 @@ class RemappedRows:
 
 
 @dataclass(frozen=True, slots=True)
+class FabricInfo:
+    """A GPU's place in an NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV, Hopper and later on HGX/DGX boards):
+    what the Fabric Manager trained.  The numbers are NVML's (nvml.h `NVML_GPU_FABRIC_*`); the health module
+    (analysis/gpu_health.py) words and judges them.  A GPU that answers NOT_SUPPORTED has no fabric (a PCIe
+    card, an NVLink bridge, a pre-Hopper board): `GpuSample.fabric` None, not a fault."""
+
+    state: int  # 1 not started, 2 in progress, 3 completed (0: not supported, not stored)
+    status: Optional[int] = None  # nvmlReturn_t of the training, meaningful once completed (0: success)
+    clique_id: Optional[int] = None  # the GPUs of one clique reach each other over the fabric
+    cluster_uuid: Optional[str] = None
+    health_mask: Optional[int] = None  # v2+: 2-bit fields (degraded bandwidth, route recovery, ...); None: v1
+
+
+@dataclass(frozen=True, slots=True)
 class GpuProcess:
     pid: int
     used_memory: Optional[int] = None  # bytes; None when the driver hides it
@@ -292,6 +306,8 @@ class GpuSample:
     # GPM over the last refresh interval; None: the GPU has no GPM (before Hopper, MIG) or NVML refused it
     gpm: Optional[GpmMetrics] = None
     compute_capability: Optional[tuple[int, int]] = None  # CUDA's (major, minor); None: NVML did not say
+    # the NVSwitch fabric as the Fabric Manager trained it; None: no fabric (NOT_SUPPORTED) or not read
+    fabric: Optional[FabricInfo] = None
 
     def __post_init__(self) -> None:
         if self.nvlink is not None and not isinstance(self.nvlink, NvLinks):
@@ -731,17 +747,22 @@ class JobTree:
 
 
 @dataclass(frozen=True, slots=True)
-class CounterCheck:
-    """A line of `gputop check` (`analysis.machine_check.CheckResult`'s fields) that warns or fails over the
-    pipeline's counter window: as a snapshot carries it and a recording keeps it."""
+class CheckResult:
+    """One line of `gputop check` (`analysis/machine_check.py`): what it looked at, the value, the expectation,
+    a status.  The one check-result type: the check's lines, and the pipeline's counter window's that warn or
+    fail as a snapshot carries them and a recording keeps them (`CounterHealth.checks`)."""
 
-    id: str  # the check's id, e.g. "pcie.replay"
-    title: str
-    status: str  # "warn" or "fail"
-    value: str
-    expected: str
-    gpus: tuple[int, ...] = ()
-    evidence: tuple[str, ...] = ()
+    id: str  # stable key, e.g. "pcie.replay"
+    title: str  # what it looked at, e.g. "PCIe replay counter"
+    status: str  # "pass" / "warn" / "fail" / "skip"
+    value: str  # what was found, with numbers
+    expected: str  # what the machine itself says it should be
+    gpus: tuple[int, ...] = ()  # the GPUs the warning or failure is about
+    evidence: tuple[str, ...] = ()  # more lines for the report and --json
+
+    def line(self) -> str:
+        """One line for a terminal or a log: STATUS  title: value (expected: ...)."""
+        return f"{self.status.upper():<4}  {self.title}: {self.value}; expected {self.expected}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -752,7 +773,7 @@ class CounterHealth:
 
     timestamp: float
     seconds: float
-    checks: tuple[CounterCheck, ...] = ()
+    checks: tuple[CheckResult, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,7 @@ def test_json_lists_every_check(capsys):
         "pcie.aer",
         "nvlink.state",
         "nvlink.errors",
+        "fabric",
         "topology",
         "numa.nic",
         "nic.state",
@@ -226,6 +227,13 @@ def test_bad_usage_exits_2(capsys, args, message):
 # ---------------------------------------------------------------- the checks' judgement
 
 
+def test_a_link_trained_down_exits_3_naming_its_gpu(capsys):
+    """Issue 35's regression: `gputop check --simulate h100-sxm-8+pcie-degraded=3` is an infra ticket."""
+    assert cli.main(["check", "--simulate", "h100-sxm-8+pcie-degraded=3"]) == mc.EXIT_INFRA
+    failing = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL")]
+    assert len(failing) == 1 and failing[0].startswith("FAIL  PCIe link: GPU 3: PCIe Gen3 x8 of Gen5 x16")
+
+
 def test_idle_links_are_not_judged():
     inp = simulated_check_input("h100-sxm-8+pcie-degraded=3")
     idle = tuple(
@@ -236,9 +244,9 @@ def test_idle_links_are_not_judged():
     )  # idle as the simulated link idles: Gen1 at full width
     link = result(mc.run_checks(replace(inp, snapshots=idle)), "pcie.link")
     assert link.status == mc.SKIP and "idle links lower their gen" in link.value
-    # the same machine under load: a degraded link is a warning, as on the card and in the diagnosis (gpu_health)
+    # the same machine under load: a link trained down is a ticket (fail), as on the card and in the diagnosis
     loaded = result(mc.run_checks(inp), "pcie.link")
-    assert loaded.status == mc.WARN and loaded.gpus == (3,)
+    assert loaded.status == mc.FAIL and loaded.gpus == (3,)
 
 
 @pytest.mark.parametrize("utilization, under_load", [(29.9, False), (30.0, True)])
@@ -263,12 +271,12 @@ def test_one_under_load_bar_for_the_screen_the_exporter_and_the_check(utilizatio
     gpu = gen3[-1].gpus[2]
     assert pcie_flagged(gpu) is under_load
     assert pcie_degraded(gpu) is (True if under_load else None)
-    assert result(mc.run_checks(replace(inp, snapshots=gen3)), "pcie.link").status == (mc.WARN if under_load else mc.SKIP)
+    assert result(mc.run_checks(replace(inp, snapshots=gen3)), "pcie.link").status == (mc.FAIL if under_load else mc.SKIP)
     narrow = replace(gpu, utilization_gpu=0.0, pcie=replace(gpu.pcie, gen_current=5, width_current=8))
     assert pcie_flagged(narrow) and pcie_degraded(narrow)  # lanes missing: never power saving, flagged when idle too
     narrow_idle = tuple(replace(s, gpus=tuple(narrow if g.index == 2 else g for g in s.gpus)) for s in gen3)
     link = result(mc.run_checks(replace(inp, snapshots=narrow_idle)), "pcie.link")
-    assert link.status == mc.WARN and link.gpus == (2,)  # ... and by the check too
+    assert link.status == mc.FAIL and link.gpus == (2,)  # ... and by the check too
 
 
 def test_counts_since_boot_are_shown_but_only_climbing_counts_fail():

@@ -190,6 +190,7 @@ def test_a_reading_that_repeats_is_the_previous_samples_object(collector):
         "nvlink": "NotSupported",
         "remapped_rows": "NotSupported",
         "gpm": "NotSupported",
+        "fabric": "NotSupported",  # no NVSwitch fabric on a consumer card
     }
     assert after.unavailable is before.unavailable
     # what moved is read anew
@@ -220,7 +221,8 @@ def test_consumer_card_reports_not_available_not_zero(collector):
         assert s.remapped_rows is None and s.unavailable["remapped_rows"] == "NotSupported"
         assert s.utilization_gpu == 80.0 and s.power > 0 and s.pcie.gen_max == 4
         assert s.gpm is None and s.unavailable["gpm"] == "NotSupported"  # Ada: no GPM, absent rather than 0
-        assert set(s.unavailable) == {"ecc", "nvlink", "remapped_rows", "gpm"}
+        assert s.fabric is None and s.unavailable["fabric"] == "NotSupported"  # no NVSwitch fabric: not a fault
+        assert set(s.unavailable) == {"ecc", "nvlink", "remapped_rows", "gpm", "fabric"}
 
 
 def test_permanent_refusals_are_not_asked_again(collector):

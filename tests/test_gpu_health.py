@@ -162,7 +162,10 @@ def test_past_uncorrectable_errors_and_done_remaps_are_one_warning_class():
     assert faults == [] and "ECC 2 past" in warnings and "remap 2" in warnings
 
 
-def test_narrow_link_counts_idle_but_a_lower_gen_only_under_load():
+def test_a_link_trained_down_fails_narrow_at_any_load_slower_only_while_busy():
+    """A width below maximum is a seating / riser / slot fault (NVIDIA GPUs do not narrow a link to save power);
+    a generation below maximum while busy is a signal-integrity fault: both are tickets (CRITICAL); an idle
+    link at a lower generation is power saving (nothing)."""
     from dataclasses import replace
 
     gpu = _sample()
@@ -170,5 +173,5 @@ def test_narrow_link_counts_idle_but_a_lower_gen_only_under_load():
     idle_narrow = replace(gpu, utilization_gpu=0.0, pcie=replace(gpu.pcie, width_current=8))
     busy_gen3 = replace(gpu, utilization_gpu=95.0, pcie=replace(gpu.pcie, gen_current=3))
     assert gpu_health.pcie_degraded(idle_gen1) is None and not gpu_health.judge_sample(idle_gen1).of("pcie")
-    assert gpu_health.judge_sample(idle_narrow).of("pcie")[0].severity == Severity.WARN
-    assert gpu_health.judge_sample(busy_gen3).of("pcie")[0].severity == Severity.WARN
+    assert gpu_health.judge_sample(idle_narrow).of("pcie")[0].severity == Severity.CRITICAL
+    assert gpu_health.judge_sample(busy_gen3).of("pcie")[0].severity == Severity.CRITICAL

@@ -88,6 +88,7 @@ def test_consumer_card_says_not_available(spawn):
             "nvlink": "NotSupported",
             "remapped_rows": "NotSupported",
             "gpm": "NotSupported",
+            "fabric": "NotSupported",
         }
         assert g["name"] == "NVIDIA GeForce RTX 4090" and g["utilization_gpu"] is not None
     assert data["topology"]["matrix"] == [["X", "PHB"], ["PHB", "X"]]

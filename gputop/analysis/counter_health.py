@@ -16,14 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from gputop.analysis.gpu_health import Severity
+from gputop.analysis.gpu_health import GpuHealth, Severity
 from gputop.analysis.machine_check import (
     FAIL,
     STATUS_OF,
     WARN,
     CheckInput,
     CheckReport,
-    CheckResult,
     check_nvlink_errors,
     check_pcie_aer,
     check_pcie_replay,
@@ -31,7 +30,7 @@ from gputop.analysis.machine_check import (
     check_topology,
     check_xids,
 )
-from gputop.model import CounterCheck, CounterHealth, GpuDetails, HostReadings, MachineInfo, Snapshot
+from gputop.model import CheckResult, CounterHealth, GpuDetails, HostReadings, MachineInfo, Snapshot
 
 # `gputop check`'s lines whose evidence is not in the samples: the counters, the kernel's side, the topology.
 # (The XID line also reads NVML's events in the snapshot; its severity is the health module's XID rule, so
@@ -71,14 +70,12 @@ def judge_counters(machine: MachineInfo, before: CounterReading, after: CounterR
         seconds=max(0.0, after.timestamp - before.timestamp),
     )
     found = [result for check in COUNTER_CHECKS if (result := check(inp)) is not None and result.status in (FAIL, WARN)]
-    checks = tuple(CounterCheck(r.id, r.title, r.status, r.value, r.expected, r.gpus, r.evidence) for r in found)
-    return CounterHealth(timestamp=after.timestamp, seconds=inp.seconds, checks=checks)
+    return CounterHealth(timestamp=after.timestamp, seconds=inp.seconds, checks=tuple(found))
 
 
 def as_check_report(health: CounterHealth) -> CheckReport:
     """The window's lines as a `CheckReport`, for what reads a machine check (the card's marks, the findings)."""
-    results = tuple(CheckResult(c.id, c.title, c.status, c.value, c.expected, c.gpus, c.evidence) for c in health.checks)
-    return CheckReport(results=results, seconds=health.seconds)
+    return CheckReport(results=health.checks, seconds=health.seconds)
 
 
 def counter_problems(health: Optional[CounterHealth]) -> dict[int, dict[str, Severity]]:
@@ -90,3 +87,13 @@ def counter_problems(health: Optional[CounterHealth]) -> dict[int, dict[str, Sev
             rules = out.setdefault(index, {})
             rules[check.id] = max(rules.get(check.id, Severity.OK), severity)
     return out
+
+
+def rule_severities(judged: Optional[GpuHealth], counted: dict[str, Severity]) -> dict[str, Severity]:
+    """One GPU's rules at their worst severity: the health module's over a window (`judged`) joined with the
+    counter watch's lines naming it (`counter_problems(...)[gpu]`): what /metrics and the report's health table
+    both show, so they say the same."""
+    rules = {p.rule: p.severity for p in reversed(judged.problems)} if judged is not None else {}  # worst last: it stays
+    for rule, severity in counted.items():
+        rules[rule] = max(rules.get(rule, Severity.OK), severity)
+    return rules

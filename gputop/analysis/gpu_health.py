@@ -6,19 +6,23 @@ The card (`tui/widgets/gpu_grid.py`), the diagnosis (`analysis/checks/infra.py`)
 
 A rule looks at one sample (`judge_sample`; the power limit also at the other GPUs of the same snapshot)
 and returns `Problem`s: a `Severity`, a short word for the card and one line of evidence.  Over a window
-(`judge_window`) a GPU's state rules (lost, ECC, remapping, XIDs, NVLink, power limit) are read from its
-latest sample, and the rules that flicker from sample to sample (clock slowdowns, the PCIe link) count when
-they hold in a share of the samples that could tell.
+(`judge_window`) a GPU's state rules (lost, ECC, remapping, XIDs, NVLink, power limit, fabric) are read from
+its latest sample, and the rules that flicker from sample to sample (clock slowdowns, the PCIe link) count
+when they hold in a share of the samples that could tell.  Every consumer judges a window: `gputop check` and
+a report theirs, the card, the exporter and the live diagnosis the last HEALTH_WINDOW_S (`judge_recent`);
+one sample is a window of one.
 
 One severity vocabulary, mapped once onto each consumer's words (`FINDING_SEVERITY`; `gputop check` turns
 CRITICAL into FAIL and WARN into WARN; the card into FAULT and WARN; the exporter's gauge into 2 and 1):
 
-- CRITICAL: the GPU loses or may corrupt work, or its hardware protects itself: lost, uncorrectable ECC
-  errors since the last reset, a failed row remap, a critical XID, a hardware slowdown or thermal brake.
-- WARN: it runs, below what it should or with a fault that was repaired: a link narrower or slower than its
-  maximum, NVLink links down, a power limit below its peers', a software thermal slowdown, a row remap
-  waiting for a reset, uncorrectable errors only in the lifetime count or in rows already remapped, an XID
-  that is the job's or a warning.
+- CRITICAL: the GPU loses or may corrupt work, or its hardware protects itself, or a part must be reseated or
+  replaced: lost, uncorrectable ECC errors since the last reset, a failed row remap, a critical XID, a hardware
+  slowdown or thermal brake, a PCIe link trained below its maximum (narrower at any load, or slower while
+  busy: a seating, riser or signal-integrity fault, a ticket), an NVSwitch fabric not trained.
+- WARN: it runs, below what it should or with a fault that was repaired: NVLink links down, a fabric still
+  training or whose health mask reports degraded bandwidth or a recovery, a power limit below its peers', a
+  software thermal slowdown, a row remap waiting for a reset, uncorrectable errors only in the lifetime count
+  or in rows already remapped, an XID that is the job's or a warning.
 - Corrected ECC errors are not a problem by themselves: the hardware corrected them (NVIDIA reports a high
   rate as XID 92, which the XID rule catches).
 
@@ -38,9 +42,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Iterable, Mapping, Optional, Sequence
 
-from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION, POWER_LIMIT_LOWERED, THROTTLE_MIN_FRACTION
+from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S, PCIE_LOAD_UTILIZATION, POWER_LIMIT_LOWERED, THROTTLE_MIN_FRACTION
 from gputop.analysis.xids import meaning_of
-from gputop.model import LABEL_INFRA, GpuSample, NicPortSample, NvLinkWiring, Snapshot
+from gputop.model import LABEL_INFRA, FabricInfo, GpuSample, NicPortSample, NvLinkWiring, Snapshot
 
 
 class Severity(IntEnum):
@@ -65,6 +69,7 @@ SLOWDOWN = "slowdown"
 POWER_LIMIT = "power_limit"
 PCIE = "pcie"
 NVLINK = "nvlink"
+FABRIC = "fabric"
 FLICKERING = (SLOWDOWN, PCIE)  # judged over a window by their share of the samples
 
 # Clock-event reasons (normalised: lower case, no separators) that mean the machine slows the GPU, with
@@ -140,7 +145,7 @@ def _pcie(gpu: GpuSample) -> list[Problem]:
     p = gpu.pcie
     load = f" at {gpu.utilization_gpu:.0f}% utilization" if gpu.utilization_gpu is not None else ""
     text = f"GPU {gpu.index}: PCIe Gen{p.gen_current} x{p.width_current} of Gen{p.gen_max} x{p.width_max}{load}"
-    return [Problem(PCIE, Severity.WARN, "PCIe down", text)]
+    return [Problem(PCIE, Severity.CRITICAL, "PCIe down", text)]
 
 
 def _ecc(gpu: GpuSample) -> list[Problem]:
@@ -229,6 +234,54 @@ def _nvlink(gpu: GpuSample, peers: Peers) -> list[Problem]:
     return [Problem(NVLINK, Severity.WARN, f"NVLink {len(down)} down", text)]
 
 
+# ---------------------------------------------------------------- the NVSwitch fabric (Fabric Manager)
+#
+# nvmlDeviceGetGpuFabricInfoV (nvml.h, NVML API reference "nvmlGpuFabricInfo_v2_t"): the state of the GPU's
+# training into the NVSwitch fabric, the training's status once completed, and (v2+) a health mask of 2-bit
+# fields, each 0 not supported, 1 TRUE, 2 FALSE.  A GPU whose fabric is not trained cannot run NCCL over NVLink:
+# a dead nvidia-fabricmanager leaves the node's GPUs unusable for multi-GPU jobs.
+
+FABRIC_STATES = {1: "Not Started", 2: "In Progress", 3: "Completed"}
+FABRIC_COMPLETED = 3
+# (bit shift, what a TRUE means, severity): route unhealthy loses traffic; the others run, slower or recovered
+_FABRIC_HEALTH = (
+    (0, "degraded bandwidth", Severity.WARN),
+    (2, "route recovery in progress", Severity.WARN),
+    (4, "route unhealthy", Severity.CRITICAL),
+    (6, "access timeout recovery in progress", Severity.WARN),
+)
+
+
+def fabric_health(info: FabricInfo) -> list[tuple[str, Severity]]:
+    """The health mask's TRUE fields: (what, severity); none for a v1 reading (no mask)."""
+    mask = info.health_mask
+    if mask is None:
+        return []
+    return [(what, severity) for shift, what, severity in _FABRIC_HEALTH if (mask >> shift) & 0x3 == 1]
+
+
+def _fabric(gpu: GpuSample) -> list[Problem]:
+    info = gpu.fabric
+    if info is None:  # NOT_SUPPORTED: no NVSwitch fabric on this board, not a fault
+        return []
+    state = FABRIC_STATES.get(info.state, f"state {info.state}")
+    where = f"GPU {gpu.index}: NVSwitch fabric {state}"
+    if info.state != FABRIC_COMPLETED:
+        if info.state == 2:  # the Fabric Manager is training it now (at boot, or after a GPU reset)
+            return [Problem(FABRIC, Severity.WARN, "fabric training", f"{where}: NCCL over NVLink waits for it")]
+        text = f"{where}: not trained, NCCL cannot use NVLink (is nvidia-fabricmanager running? systemctl status nvidia-fabricmanager)"
+        return [Problem(FABRIC, Severity.CRITICAL, "fabric down", text)]
+    if info.status:
+        text = f"{where} with error {info.status} (NVML return code): the training failed; see the Fabric Manager's log"
+        return [Problem(FABRIC, Severity.CRITICAL, "fabric failed", text)]
+    found = fabric_health(info)
+    if not found:
+        return []
+    mask = f"health mask 0x{info.health_mask:x}" if info.health_mask is not None else ""
+    text = f"{where}, {', '.join(what for what, _ in found)} ({mask}, clique {info.clique_id})"
+    return [Problem(FABRIC, max(s for _, s in found), "fabric degr", text)]
+
+
 @dataclass(frozen=True)
 class Peers:
     """What a GPU is judged against: the other GPUs of its model in the same snapshot."""
@@ -307,6 +360,7 @@ def judge_sample(gpu: GpuSample, peers: Peers = NO_PEERS) -> GpuHealth:
             gpu.index, (Problem(LOST, Severity.CRITICAL, "LOST", f"GPU {gpu.index} ({gpu.pci_bus_id}): lost (fell off the bus)"),)
         )
     found = _ecc(gpu) + _remap(gpu) + _xids(gpu) + _slowdown(gpu) + _power_limit(gpu, peers) + _pcie(gpu) + _nvlink(gpu, peers)
+    found += _fabric(gpu)
     return GpuHealth(gpu.index, tuple(sorted(found, key=lambda p: -p.severity)))
 
 
@@ -393,6 +447,28 @@ def judge_window(snapshots: Sequence[Snapshot]) -> dict[int, GpuHealth]:
             series.setdefault(g.index, []).append((g, health))
     _LAST_WINDOWS.judged = (judged_now, *previous[:1])
     return {index: judge_gpu_window(index, judged) for index, judged in sorted(series.items())}
+
+
+# The window the live views judge a GPU over (the card, the exporter, the live diagnosis): the diagnosis' own,
+# so the card, /metrics and the findings flag a GPU at one severity at one time.  `gputop check` and a report
+# judge their whole window; one snapshot is a window of one.
+HEALTH_WINDOW_S = DIAGNOSIS_WINDOW_S
+
+
+def recent(snapshots: Sequence[Snapshot], seconds: float = HEALTH_WINDOW_S) -> Sequence[Snapshot]:
+    """The snapshots (oldest first) within `seconds` of the newest."""
+    if not snapshots:
+        return snapshots
+    since = snapshots[-1].timestamp - seconds
+    start = len(snapshots)
+    while start > 0 and snapshots[start - 1].timestamp >= since:
+        start -= 1
+    return snapshots[start:]
+
+
+def judge_recent(snapshots: Sequence[Snapshot]) -> dict[int, GpuHealth]:
+    """`judge_window` over the live views' window (`HEALTH_WINDOW_S`) ending at the newest snapshot."""
+    return judge_window(recent(snapshots))
 
 
 # ---------------------------------------------------------------- NIC ports

@@ -20,8 +20,11 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from gputop.analysis.dcgm_diag import DcgmRun, dcgm_results
 from gputop.analysis.gpu_health import (
     ECC,
+    FABRIC,
+    FABRIC_STATES,
     NIC_DOWN,
     NIC_ERRORS,
     NIC_RATE,
@@ -31,6 +34,7 @@ from gputop.analysis.gpu_health import (
     POWER_LIMIT,
     REMAP,
     SLOWDOWN,
+    SLOWDOWN_MIN_SHARE,
     GpuHealth,
     NicJudgement,
     Severity,
@@ -48,6 +52,7 @@ from gputop.collect.sysfs import xid_bus_id  # a pure string helper (the module 
 from gputop.model import (
     LABEL_INFRA,
     AllReduceResult,
+    CheckResult,
     Finding,
     GpuDetails,
     GpuSample,
@@ -64,8 +69,6 @@ EXIT_INFRA = 3
 EXIT_CONFIG = 4
 LABEL_CONFIG = "configuration (the machine's settings)"
 
-# Share of the window a thermal / reliability / board-limit slowdown may hold the clocks before it fails.
-SLOWDOWN_SHARE = 0.01
 # --load: measured all-reduce busbw against what the links carry.  nccl-tests on an 8x H100 NVSwitch
 # node reach ~370 GB/s (~0.8 of 18 x 25 GB/s) without NVLS; a short run with one buffer size gets less,
 # so below 0.6 of the links' rate is worth a look and below 0.4 is a fault.
@@ -79,28 +82,13 @@ STATUS_OF = {Severity.CRITICAL: FAIL, Severity.WARN: WARN, Severity.OK: PASS}
 
 NEXT_COMMANDS = (
     ("sudo nvidia-bug-report.sh", "the full driver log bundle NVIDIA support asks for (needs root)"),
-    ("dcgmi diag -r 2", "DCGM's medium diagnostic (a few minutes, needs the GPUs idle)"),
+    ("dcgmi diag -r 2", "DCGM's medium diagnostic (~2 minutes, GPUs idle); `gputop check --dcgm 2` folds it into these lines"),
     ("nvidia-smi -q", "every counter NVML has, per GPU"),
 )
 CAPTURE_BEFORE_RESET = (
     "Capture this before any reset or reboot: a GPU reset clears the volatile ECC counters, "
     "and a reboot clears the kernel log that holds the XIDs."
 )
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    id: str  # stable key, e.g. "pcie.replay"
-    title: str  # what it looked at, e.g. "PCIe replay counter"
-    status: str  # PASS / WARN / FAIL / SKIP
-    value: str  # what was found, with numbers
-    expected: str  # what the machine itself says it should be
-    gpus: tuple[int, ...] = ()  # the GPUs the warning or failure is about
-    evidence: tuple[str, ...] = ()  # more lines for the report and --json
-
-    def line(self) -> str:
-        """One line for a terminal or a log: STATUS  title: value (expected: ...)."""
-        return f"{self.status.upper():<4}  {self.title}: {self.value}; expected {self.expected}"
 
 
 @dataclass(frozen=True)
@@ -122,6 +110,7 @@ class CheckInput:
     host_after: HostReadings
     seconds: float  # how long the window was
     load: Optional[LoadOutcome] = None  # None: --load not asked for
+    dcgm: Optional[DcgmRun] = None  # None: --dcgm not asked for
 
     @property
     def gpus(self) -> tuple[GpuSample, ...]:
@@ -345,6 +334,26 @@ def check_nvlink_state(inp: CheckInput) -> Optional[CheckResult]:
         links = Counter(len(g.nvlink or ()) for g in unused)
         passed += f"; {gpu_list(g.index for g in unused)}: no NVLink bridge ({'/'.join(map(str, links))} links inactive)"
     return _health_check(inp, (NVLINK,), "nvlink.state", title, expected, passed)
+
+
+def check_fabric(inp: CheckInput) -> Optional[CheckResult]:
+    """The NVSwitch fabric as the Fabric Manager trained it (the health module's FABRIC rule): where no GPU
+    reports one (NOT_SUPPORTED: PCIe cards, bridges, pre-Hopper boards), one SKIP line saying so."""
+    gpus = [g for g in inp.gpus if not g.lost]
+    if not gpus:
+        return None
+    title = "NVSwitch fabric (Fabric Manager)"
+    expected = "every GPU's fabric Completed with success, no degraded bandwidth or unhealthy route in its health mask"
+    with_fabric = [g for g in gpus if g.fabric is not None]
+    if not with_fabric:
+        why = _unsupported(gpus, "fabric")
+        return CheckResult("fabric", title, SKIP, f"no NVSwitch fabric on these GPUs ({why})", expected)
+    states = Counter(FABRIC_STATES.get(g.fabric.state, str(g.fabric.state)) for g in with_fabric if g.fabric is not None)
+    cliques = sorted({g.fabric.clique_id for g in with_fabric if g.fabric is not None and g.fabric.clique_id is not None})
+    passed = ", ".join(f"{state} on {n} GPUs" for state, n in states.items()) + (
+        f" (clique {', '.join(map(str, cliques))})" if cliques else ""
+    )
+    return _health_check(inp, (FABRIC,), "fabric", title, expected, passed)
 
 
 def check_nvlink_errors(inp: CheckInput) -> Optional[CheckResult]:
@@ -722,14 +731,18 @@ def check_xids(inp: CheckInput) -> CheckResult:
         who = f"GPU {gpu}" if gpu is not None else "a GPU NVML does not list"
         first.setdefault((gpu, code), (when, source))
         counts[(gpu, code)] += 1
-        evidence.append(f"{utc_time(when)}  {who}  XID {code}: {meaning.meaning} [{source}]")
+        evidence.append(f"{utc_time(when)}  {who}  XID {code}: {meaning.meaning} [{source}] action {meaning.advice}")
         if gpu is not None:
             gpus.add(gpu)
     parts = []
     for (gpu, code), (when, source) in first.items():
         who = f"GPU {gpu}" if gpu is not None else "a GPU NVML does not list"
         times = f" ×{counts[(gpu, code)]}, first" if counts[(gpu, code)] > 1 else ""
-        parts.append(f"{who}: XID {code} ({meaning_of(code).meaning}){times} at {utc_time(when)} from the {source.split(',')[0]}")
+        meaning = meaning_of(code)
+        parts.append(
+            f"{who}: XID {code} ({meaning.meaning}){times} at {utc_time(when)} from the {source.split(',')[0]}"
+            f" [action {meaning.advice}]"
+        )
     value = "; ".join(parts)
     return CheckResult("xid", title, status, value, expected, gpus=tuple(sorted(gpus)), evidence=tuple(evidence))
 
@@ -823,24 +836,16 @@ def check_app_clocks(inp: CheckInput) -> Optional[CheckResult]:
     )
 
 
-# clock-event reasons (nvmlDeviceGetViolationStatus) that mean the machine, not the job, held the clocks
-_SLOWDOWNS = ("thermal", "reliability", "board_limit")
-
-
-def _held(inp: CheckInput) -> tuple[list[tuple[int, str]], list[str]]:
-    """From the GPUs' clock-event durations at the start and the end: (GPU, line) for each slowdown held
-    longer than SLOWDOWN_SHARE of the window, and notes on the power cap."""
-    window_ns = max(1.0, inp.seconds * 1e9)
-    failing, notes = [], []
+def _held_seconds(inp: CheckInput) -> list[str]:
+    """Evidence only (the verdict is the health module's SLOWDOWN rule, as on the card and the exporter):
+    per GPU, the seconds NVML's violation counters say each clock-event policy held the clocks in the window."""
+    notes = []
     for a, b in inp.pairs():
         held = {k: b.clock_event_ns[k] - a.clock_event_ns.get(k, 0) for k in b.clock_event_ns if k in a.clock_event_ns}
-        bad = {k: v for k, v in held.items() if k in _SLOWDOWNS and v > SLOWDOWN_SHARE * window_ns}
-        if bad:
-            text = ", ".join(f"{k} {v / 1e9:.1f} s" for k, v in bad.items())
-            failing.append((b.index, f"GPU {b.index}: {text} of {_window(inp)}"))
-        elif held.get("power", 0) > SLOWDOWN_SHARE * window_ns:
-            notes.append(f"GPU {b.index}: power cap {held['power'] / 1e9:.1f} s")
-    return failing, notes
+        shown = ", ".join(f"{k} {v / 1e9:.1f} s" for k, v in held.items() if v > 0)
+        if shown:
+            notes.append(f"GPU {b.index}: {shown} of {_window(inp)}")
+    return notes
 
 
 def check_clock_events(inp: CheckInput) -> Optional[CheckResult]:
@@ -848,24 +853,14 @@ def check_clock_events(inp: CheckInput) -> Optional[CheckResult]:
     if not pairs and not inp.gpus:
         return None
     title = "Clock-event reasons"
-    expected = f"no thermal, reliability or board-limit slowdown for more than {SLOWDOWN_SHARE:.0%} of the window"
-    failing, notes = _held(inp)
-    sampled = _health_check(inp, (SLOWDOWN,), "clocks.events", title, expected, "")
-    if failing:
-        held_gpus = {i for i, _ in failing}
-        lines = [t for _, t in failing] + [
-            p.evidence for i, h in inp.health.items() if i not in held_gpus for p in h.of(SLOWDOWN)
-        ]
-        gpus = tuple(sorted(held_gpus | set(sampled.gpus)))
-        return CheckResult("clocks.events", title, FAIL, "; ".join(lines), expected, gpus=gpus)
-    if sampled.status != PASS:
-        return sampled
-    if not pairs or not any(b.clock_event_ns for _, b in pairs):
-        return CheckResult(
-            "clocks.events", title, PASS, f"no hardware slowdown sampled in {_window(inp)} (durations not available)", expected
-        )
-    value = f"none on {len(pairs)} GPUs in {_window(inp)}" + ("; " + ", ".join(notes) if notes else "")
-    return CheckResult("clocks.events", title, PASS, value, expected)
+    expected = (
+        f"no hardware slowdown or thermal brake (fail) or software thermal slowdown (warn) in "
+        f"{SLOWDOWN_MIN_SHARE:.0%} of the samples"
+    )
+    held = _held_seconds(inp)
+    passed = f"none in {len(inp.snapshots)} samples over {_window(inp)}"
+    result = _health_check(inp, (SLOWDOWN,), "clocks.events", title, expected, passed)
+    return replace(result, evidence=tuple(held)) if held else result
 
 
 def check_sources(inp: CheckInput) -> Optional[CheckResult]:
@@ -949,6 +944,7 @@ CHECKS: tuple[Callable[[CheckInput], Optional[CheckResult]], ...] = (
     check_pcie_aer,
     check_nvlink_state,
     check_nvlink_errors,
+    check_fabric,
     check_topology,
     check_nic_numa,
     check_nic_state,
@@ -969,7 +965,9 @@ CHECKS: tuple[Callable[[CheckInput], Optional[CheckResult]], ...] = (
 
 
 def run_checks(inp: CheckInput) -> list[CheckResult]:
-    return [result for check in CHECKS if (result := check(inp)) is not None]
+    """Every check's line, then DCGM's diagnostics' lines (`--dcgm`: one per test, `analysis/dcgm_diag.py`)."""
+    results = [result for check in CHECKS if (result := check(inp)) is not None]
+    return results + (dcgm_results(inp.dcgm) if inp.dcgm is not None else [])
 
 
 def exit_code(results: Sequence[CheckResult]) -> int:
@@ -1094,6 +1092,7 @@ _SAID_BY_DIAGNOSIS = {
     "memory.ecc": ("ecc",),
     "memory.remap": ("ecc",),
     "nvlink.state": ("nvlink_down",),
+    "fabric": ("fabric",),
     "xid": ("xid", "xid_code"),
     "nic.state": ("nic_down",),
     "nic.rate": ("nic_rate",),

@@ -3,8 +3,14 @@
 XIDs are the driver's error reports (the `NVRM: Xid` lines in `dmesg`).  Some come from the hardware
 or its firmware and go in a ticket; others are how a bad kernel in the job shows up (an illegal
 address is XID 13/31/43) and belong to the code.  The table follows NVIDIA's XID catalogue
-(docs.nvidia.com/deploy/xid-errors) for the codes seen on data-centre GPUs; an XID not in it is
-treated as the hardware's until someone shows otherwise, since the ticket then carries the code.
+(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, "Analyzing Xid Errors with the Xid
+Catalog", Ampere and newer) for the codes seen on data-centre GPUs: each entry carries the catalogue's
+"Resolution Bucket (Immediate Action)" word (`bucket`: RESTART_APP, RESET_GPU, RESTART_BM for a reboot of the
+node, CONTACT_SUPPORT for an RMA case, CHECK_MECHANICALS for seating/cabling/PCIe, IGNORE) and what to do in
+words (`action`).  (Only the catalogue's first rows could be re-read when the buckets were added, XID 13's
+RESTART_APP among them; the other codes' buckets are as the catalogue was known then and should be checked
+against its spreadsheet row by row.)  An XID not in it is treated as the hardware's until someone shows otherwise, since the
+ticket then carries the code.
 """
 
 from __future__ import annotations
@@ -21,19 +27,29 @@ class XidMeaning:
     meaning: str
     label: str  # LABEL_CODE or LABEL_INFRA
     severity: str  # "critical" or "warning"
-    action: str
+    action: str  # what to do, in words (the check line, the report's infra section, the exporter's info metric)
+    bucket: str = "CONTACT_SUPPORT"  # NVIDIA's catalogue: Resolution Bucket (Immediate Action)
+
+    @property
+    def advice(self) -> str:
+        """ "RESET_GPU: drain the node and reset the GPU ...": the catalogue's word, then ours."""
+        return f"{self.bucket}: {self.action}"
 
 
-def _infra(code: int, meaning: str, severity: str, action: str) -> XidMeaning:
-    return XidMeaning(code, meaning, LABEL_INFRA, severity, action)
+def _infra(code: int, meaning: str, severity: str, action: str, bucket: str) -> XidMeaning:
+    return XidMeaning(code, meaning, LABEL_INFRA, severity, action, bucket)
 
 
 def _code(code: int, meaning: str, action: str) -> XidMeaning:
-    return XidMeaning(code, meaning, LABEL_CODE, "warning", action)
+    return XidMeaning(code, meaning, LABEL_CODE, "warning", action, "RESTART_APP")
 
 
 _RESET = "drain the node and reset the GPU (nvidia-smi -r -i GPU_INDEX); file a ticket if it comes back"
-_TICKET = "file a ticket with the XID lines from `dmesg`; the GPU needs a reset or an RMA"
+_RMA = "drain the node and open an RMA case with the XID lines from `dmesg` and nvidia-bug-report.sh"
+_BUS = (
+    "drain the node and reboot it (a reset cannot reach a GPU off the bus); check the PCIe link, riser and "
+    "power cabling, and RMA if it comes back"
+)
 _KERNEL = (
     "a kernel in the job read or wrote outside its memory: rerun with CUDA_LAUNCH_BLOCKING=1 "
     "or under compute-sanitizer to find it"
@@ -51,26 +67,40 @@ CATALOGUE: dict[int, XidMeaning] = {
             LABEL_CODE,
             "warning",
             "look at the XID before it; on its own it follows a killed or crashed process",
+            "IGNORE",
         ),
-        _infra(48, "double-bit ECC error (uncorrectable memory error)", "critical", _RESET),
-        _infra(61, "internal micro-controller breakpoint/warning", "warning", _TICKET),
-        _infra(62, "internal micro-controller halt", "critical", _TICKET),
+        _infra(48, "double-bit ECC error (uncorrectable memory error)", "critical", _RESET, "RESET_GPU"),
+        _infra(61, "internal micro-controller breakpoint/warning", "warning", _RESET, "RESET_GPU"),
+        _infra(62, "internal micro-controller halt", "critical", _RESET, "RESET_GPU"),
         _infra(
             63,
             "ECC page retirement or row remapping recorded",
             "warning",
             "a reset applies the remap; watch for XID 64 or growing counts",
+            "RESET_GPU",
         ),
-        _infra(64, "ECC page retirement or row remapping failed", "critical", _TICKET),
-        _infra(74, "NVLink error", "critical", "file a ticket: NVLink failed on this GPU; collectives will slow or hang"),
-        _infra(79, "GPU has fallen off the bus", "critical", _TICKET),
-        _infra(92, "high single-bit ECC error rate", "warning", _TICKET),
-        _infra(94, "contained ECC error (the affected process was stopped)", "critical", _RESET),
-        _infra(95, "uncontained ECC error (every process on the GPU was stopped)", "critical", _RESET),
-        _infra(119, "GSP firmware RPC timeout", "critical", _TICKET),
-        _infra(120, "GSP firmware error", "critical", _TICKET),
-        _infra(121, "C2C (chip-to-chip) link error", "critical", _TICKET),
-        _infra(140, "unrecovered ECC error", "critical", _RESET),
+        _infra(64, "ECC page retirement or row remapping failed", "critical", _RMA, "CONTACT_SUPPORT"),
+        _infra(
+            74,
+            "NVLink error",
+            "critical",
+            "reset the GPU; if it comes back, file a ticket: check the NVLink cabling/baseboard (collectives slow or hang)",
+            "RESET_GPU",
+        ),
+        _infra(79, "GPU has fallen off the bus", "critical", _BUS, "RESTART_BM"),
+        _infra(92, "high single-bit ECC error rate", "warning", "watch the ECC counters; RMA if the rate keeps up", "IGNORE"),
+        _infra(
+            94,
+            "contained ECC error (the affected process was stopped)",
+            "critical",
+            "restart the application; the GPU keeps serving others, reset it when drained",
+            "RESTART_APP",
+        ),
+        _infra(95, "uncontained ECC error (every process on the GPU was stopped)", "critical", _RESET, "RESET_GPU"),
+        _infra(119, "GSP firmware RPC timeout", "critical", _RESET, "RESET_GPU"),
+        _infra(120, "GSP firmware error", "critical", _RESET, "RESET_GPU"),
+        _infra(121, "C2C (chip-to-chip) link error", "critical", _RESET, "RESET_GPU"),
+        _infra(140, "unrecovered ECC error", "critical", _RESET, "RESET_GPU"),
     )
 }
 
@@ -81,7 +111,11 @@ def meaning_of(code: int) -> XidMeaning:
     if known is not None:
         return known
     return _infra(
-        code, "not in gputop's table", "warning", "look it up in NVIDIA's XID catalogue and file a ticket with the `dmesg` lines"
+        code,
+        "not in gputop's table",
+        "warning",
+        "look it up in NVIDIA's XID catalogue and file a ticket with the `dmesg` lines",
+        "CONTACT_SUPPORT",
     )
 
 

@@ -79,6 +79,7 @@ from gputop.errors import GputopError
 from gputop.model import (
     THROTTLE_REASONS,
     EccCounts,
+    FabricInfo,
     GpmMetrics,
     GpuDetails,
     GpuProcess,
@@ -552,6 +553,40 @@ class _Gpu:
     compute_capability: Optional[tuple[int, int]] = None
 
 
+def _fabric_v(handle: Any) -> Optional[FabricInfo]:
+    """nvmlDeviceGetGpuFabricInfoV with the newest struct this pynvml knows (v3: health mask and summary; v2: the
+    mask); a driver that refuses the version gets the older one.  None: state NOT_SUPPORTED (no fabric)."""
+    structs = [getattr(pynvml, name, None) for name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t")]
+    for make in [s for s in structs if s is not None]:
+        info = make()
+        try:
+            pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+        except pynvml.NVMLError_ArgumentVersionMismatch:
+            continue
+        return _fabric_of(info, int(info.healthMask))
+    raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+
+
+def _fabric_v1(handle: Any) -> Optional[FabricInfo]:
+    """The deprecated nvmlDeviceGetGpuFabricInfo (drivers before the V call): no health mask."""
+    info = pynvml.c_nvmlGpuFabricInfo_t()
+    pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+    return _fabric_of(info, None)
+
+
+def _fabric_of(info: Any, mask: Optional[int]) -> Optional[FabricInfo]:
+    if int(info.state) == pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
+        return None
+    uuid = bytes(info.clusterUuid)
+    return FabricInfo(
+        state=int(info.state),
+        status=int(info.status),
+        clique_id=int(info.cliqueId),
+        cluster_uuid=uuid.hex() if any(uuid) else None,
+        health_mask=mask,
+    )
+
+
 class _Reading:
     """One GPU's reads for one sample: collects the reasons for what NVML refused."""
 
@@ -579,11 +614,11 @@ class _Reading:
         except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
             return self._refuse(key, reason_of(exc))
 
-    def get_slow(self, key: str, refresh: bool, fn: Callable, *args: Any) -> Any:
+    def get_slow(self, key: str, refresh: bool, fn: Callable, *args: Any, fallback: Optional[Callable] = None) -> Any:
         """`get` when `refresh` (every SLOW_FIELDS_PERIOD_S); between, the last reading, or its refusal."""
         slow = self.gpu.slow
         if refresh or key not in slow.readings:
-            value = self.get(key, fn, *args)
+            value = self.get(key, fn, *args, fallback=fallback)
             slow.readings[key] = (value, self.unavailable.get(key))
             return value
         value, reason = slow.readings[key]
@@ -1081,6 +1116,8 @@ class GpuCollector:
             compute_capability=gpu.compute_capability,
             unavailable=r.unavailable,
             mig=self._read_mig(gpu, refresh_slow),
+            # the Fabric Manager's training changes only when it (re)starts: read with the slow fields
+            fabric=r.get_slow("fabric", refresh_slow, _fabric_v, fallback=_fabric_v1),
         )
         if fields["mig"]:  # a process NVML lists on an instance only is on this GPU too
             fields["processes"] = self._with_mig_processes(fields["processes"], fields["mig"])

@@ -1,12 +1,13 @@
 """`gputop check`: the quick health check before an infra ticket, and the evidence the ticket needs.
 
-    gputop check [--json] [--seconds 10] [--simulate SPEC] [--load]
+    gputop check [--json] [--seconds 10] [--simulate SPEC] [--load] [--dcgm [1|2]]
 
 It reads the GPUs' identity, modes and error counters and the kernel's side (AER counters, NIC NUMA
 nodes, XIDs in the kernel log) at the start and at the end of a short window, samples the GPUs through
 it, and prints one line per check (`gputop.analysis.machine_check`).  Exit status: 0 healthy, 3 an
 infrastructure problem, 4 a configuration warning, 1 gputop itself failed, 2 bad usage.
-Non-intrusive unless `--load` asks for a short load and all-reduce on idle GPUs.
+Non-intrusive unless `--load` asks for a short load and all-reduce on idle GPUs.  `--dcgm [1|2]` runs
+NVIDIA's own diagnostics (`dcgmi diag -r N -j`) after the window, one line per test (`analysis/dcgm_diag.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
+from gputop.analysis.dcgm_diag import ABOUT, DcgmRun
 from gputop.analysis.machine_check import CheckInput, CheckReport, LoadOutcome, build_report, report_jsonable
 from gputop.collect.counters import HostSource  # the kernel's side, read here and by the pipeline's counter watch
 from gputop.commands.observing import Progress, observe
@@ -44,7 +46,13 @@ class Evidence:
         self.bus_ids = [d.pci_bus_id for d in self.before if d.pci_bus_id]
         self.host_before = self.host.read(self.bus_ids)
 
-    def finish(self, snapshots: Iterable[Snapshot], load: Optional[LoadOutcome] = None, window: float = 0.0) -> CheckReport:
+    def finish(
+        self,
+        snapshots: Iterable[Snapshot],
+        load: Optional[LoadOutcome] = None,
+        window: float = 0.0,
+        dcgm: Optional[DcgmRun] = None,
+    ) -> CheckReport:
         after = self.pipeline.gpu_details()
         host_after = self.host.read(self.bus_ids)
         snaps = tuple(snapshots)
@@ -59,6 +67,7 @@ class Evidence:
                 host_after=host_after,
                 seconds=max(seconds, window),
                 load=load,
+                dcgm=dcgm,
             )
         )
 
@@ -97,7 +106,15 @@ def _collect(args: argparse.Namespace, pipeline: Pipeline, evidence: Evidence, s
     progress = Progress(sys.stderr, "checking") if getattr(args, "progress", True) else None
     history = observe(pipeline, window, min(POLL_INTERVAL_S, max(window, 0.05)), progress=progress)
     load = load_run.finish() if load_run is not None else None
-    return evidence.finish(history, load, window)
+    dcgm = None
+    level = getattr(args, "dcgm", None)
+    if level is not None:
+        from gputop.collect.dcgm import collect_dcgm
+
+        if progress is not None:
+            sys.stderr.write(f"running dcgmi diag -r {level} ({ABOUT[level]})…\n")
+        dcgm = collect_dcgm(level)
+    return evidence.finish(history, load, window, dcgm)
 
 
 def write_text(report: CheckReport, out: Any) -> None:

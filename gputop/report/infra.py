@@ -78,8 +78,10 @@ def infra_data(history: History, findings: Sequence[Finding], check: Optional[Ch
     xids = []
     for index in sorted({g.index for s in snaps for g in s.gpus}):
         for event in distinct_xids(g for s in snaps for g in s.gpus if g.index == index):
+            meaning = meaning_of(event.code)
             xids.append(
-                f"{utc_time(event.timestamp)}  GPU {index}  XID {event.code}: {meaning_of(event.code).meaning} [NVML event]"
+                f"{utc_time(event.timestamp)}  GPU {index}  XID {event.code}: {meaning.meaning} [NVML event]"
+                f" action {meaning.advice}"
             )
     failing = [
         {

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 from gputop import __version__, gpu_fields
-from gputop.analysis.counter_health import counter_problems
+from gputop.analysis.counter_health import counter_problems, rule_severities
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.gpu_health import FINDING_SEVERITY, GpuHealth, Severity, judge_window
 from gputop.analysis.numbers import mean, percentile
@@ -115,7 +115,7 @@ def _health(snaps: Sequence[Snapshot], index: int, judged: Optional[GpuHealth], 
         {"rule": rule, "severity": FINDING_SEVERITY[severity], "word": rule, "evidence": "gputop check's line (counter watch)"}
         for rule, severity in counted.items()
     ]
-    worst = max([judged.severity if judged is not None and judged.problems else Severity.OK, *counted.values()])
+    worst = max(rule_severities(judged, counted).values(), default=Severity.OK)  # as /metrics has it
     alive = [g for g in samples if not g.lost]
     last = alive[-1] if alive else (samples[-1] if samples else None)
     return {

@@ -66,6 +66,14 @@ ERROR_TIMEOUT = 10
 ERROR_GPU_IS_LOST = 15
 ERROR_ARGUMENT_VERSION_MISMATCH = 25
 
+# nvmlGpuFabricInfo: states, and the health mask's 2-bit fields (each 1 TRUE, 2 FALSE): degraded bandwidth
+# (bits 0-1), route recovery (2-3), route unhealthy (4-5), access timeout recovery (6-7)
+FABRIC_UUID_LEN = 16
+FABRIC_STATE_NOT_STARTED = 1
+FABRIC_STATE_COMPLETED = 3
+FABRIC_HEALTHY = 2 | 2 << 2 | 2 << 4 | 2 << 6
+FABRIC_HEALTH_DEGRADED_BW = 1 | 2 << 2 | 2 << 4 | 2 << 6
+
 _ERROR_STRINGS = {
     SUCCESS: b"Success",
     ERROR_UNINITIALIZED: b"Uninitialized",
@@ -800,6 +808,31 @@ class FakeNvmlLibrary:
             pending._obj.value = 1 if bad else 0
             failure._obj.value = 0
             return SUCCESS
+
+        # ---- the NVSwitch fabric (nvml.h: nvmlGpuFabricInfo_v2/_v3 carry a version word first; v1 does not)
+        def fabric(gpu: int, out: Ref, versioned: bool) -> int:
+            if not (profile.switch_bus_ids and profile.model(gpu).fabric_info):
+                return ERROR_NOT_SUPPORTED  # no NVSwitch fabric on this board
+            info = out._obj
+            if versioned and (info.version >> 24) not in (2, 3):
+                return ERROR_ARGUMENT_VERSION_MISMATCH
+            ctypes.memset(ctypes.byref(info.clusterUuid), 0xAB, FABRIC_UUID_LEN)  # one cluster: the board
+            info.cliqueId = 1
+            info.state = FABRIC_STATE_NOT_STARTED if gpu in lib.faults.fabric_not_started else FABRIC_STATE_COMPLETED
+            info.status = SUCCESS
+            if versioned:
+                info.healthMask = FABRIC_HEALTH_DEGRADED_BW if gpu in lib.faults.fabric_degraded else FABRIC_HEALTHY
+                if info.version >> 24 == 3:
+                    info.healthSummary = 3 if gpu in lib.faults.fabric_degraded else 1  # LIMITED_CAPACITY / HEALTHY
+            return SUCCESS
+
+        @device
+        def nvmlDeviceGetGpuFabricInfoV(gpu: int, out: Ref) -> int:
+            return fabric(gpu, out, versioned=True)
+
+        @device
+        def nvmlDeviceGetGpuFabricInfo(gpu: int, out: Ref) -> int:
+            return fabric(gpu, out, versioned=False)
 
         # ---- events: the XID fault queues its XID once in every event set registered for that GPU
         def nvmlEventSetCreate(out: Ref) -> int:

@@ -75,6 +75,9 @@ class GpuModel:
     # NVML's GPU Performance Monitoring (nvmlGpmQueryDeviceSupport): Hopper and newer answer it, Ada and older do not
     gpm: bool = False
     compute_capability: Optional[tuple[int, int]] = None  # nvmlDeviceGetCudaComputeCapability; None: NOT_SUPPORTED
+    # nvmlDeviceGetGpuFabricInfoV answered where the board has NVSwitches (`Profile.switch_bus_ids`): NVML
+    # documents it for Hopper and newer; elsewhere (and on every PCIe or bridged card) NOT_SUPPORTED
+    fabric_info: bool = False
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,7 @@ H100_SXM = GpuModel(
     mig_profiles=_H100_80GB_MIG,
     gpm=True,  # Hopper
     compute_capability=(9, 0),
+    fabric_info=True,  # Hopper on an HGX board: the Fabric Manager trains its NVSwitch fabric
 )
 
 A100_SXM = GpuModel(
@@ -289,6 +293,7 @@ PROFILES: dict[str, Profile] = {
 # Symbols an old driver (before R510/R535) does not export. The adapter falls back to the v1 call
 # where one exists (memory, temperature, CUDA version, process list, throttle reasons).
 OLD_DRIVER_MISSING_SYMBOLS = (
+    "nvmlDeviceGetGpuFabricInfoV",  # (the deprecated nvmlDeviceGetGpuFabricInfo, without the health mask, stays)
     "nvmlDeviceGetMemoryInfo_v2",
     "nvmlDeviceGetTemperatureV",
     "nvmlSystemGetCudaDriverVersion_v2",
@@ -307,6 +312,14 @@ FAULTS: dict[str, tuple[str, str]] = {
     "nvlink-down": ("nvlink-down=IDX", "4 of GPU IDX's NVLinks are inactive (NV14 to its peers)"),
     "power": ("power=IDX", "GPU IDX is capped at 55% of its power limit (SW power cap, lower clocks)"),
     "xid": ("xid=IDX:CODE[@SECONDS]", "the driver reports XID CODE on GPU IDX (SECONDS after start, default 0)"),
+    "fabric-not-started": (
+        "fabric-not-started=IDX",
+        "GPU IDX's NVSwitch fabric is not trained (state Not Started: nvidia-fabricmanager down; NVSwitch profiles)",
+    ),
+    "fabric-degraded": (
+        "fabric-degraded=IDX",
+        "GPU IDX's fabric trained with degraded bandwidth (health mask: DEGRADED_BW; NVSwitch profiles)",
+    ),
 }
 # Not a fault: how a GPU is set up.  Parsed beside the faults, listed apart from them.
 MIG_SWITCH = ("mig=IDX:PROFILE,...", "GPU IDX in MIG mode, split into instances of those profiles (e.g. mig=0:3g.40gb,4g.40gb)")
@@ -378,6 +391,8 @@ class Faults:
     nvlink_down: frozenset[int] = frozenset()
     power_cap: frozenset[int] = frozenset()
     xids: tuple[tuple[int, int, float], ...] = ()  # (gpu, XID code, seconds after start)
+    fabric_not_started: frozenset[int] = frozenset()
+    fabric_degraded: frozenset[int] = frozenset()
     infra: InfraFaults = field(default_factory=InfraFaults)
 
 
@@ -504,7 +519,9 @@ def parse_spec(spec: str | None) -> SimSpec:
     if profile is None:
         raise _bad(f"unknown profile {name!r}")
     lost: dict[int, float] = {}
-    sets: dict[str, set[int]] = {k: set() for k in ("pcie-degraded", "thermal", "ecc", "nvlink-down", "power")}
+    sets: dict[str, set[int]] = {
+        k: set() for k in ("pcie-degraded", "thermal", "ecc", "nvlink-down", "power", "fabric-not-started", "fabric-degraded")
+    }
     old_driver = False
     xids: list[tuple[int, int, float]] = []
     infra = InfraFaults()
@@ -542,6 +559,8 @@ def parse_spec(spec: str | None) -> SimSpec:
                 raise _bad(f"{profile.name} has no NVLink, so nvlink-down does not apply")
             if key == "ecc" and not profile.gpu.ecc:
                 raise _bad(f"{profile.name} has no ECC, so ecc does not apply")
+            if key.startswith("fabric-") and not (profile.switch_bus_ids and profile.model(index).fabric_info):
+                raise _bad(f"{profile.name} has no NVSwitch fabric NVML reports, so {key} does not apply")
             sets[key].add(index)
     faults = Faults(
         lost_after=lost,
@@ -552,6 +571,8 @@ def parse_spec(spec: str | None) -> SimSpec:
         nvlink_down=frozenset(sets["nvlink-down"]),
         power_cap=frozenset(sets["power"]),
         xids=tuple(xids),
+        fabric_not_started=frozenset(sets["fabric-not-started"]),
+        fabric_degraded=frozenset(sets["fabric-degraded"]),
         infra=infra,
     )
     normalised = "+".join([name, *(f.strip() for f in fault_texts)])

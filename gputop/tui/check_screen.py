@@ -17,9 +17,9 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from gputop.analysis.machine_check import FAIL, PASS, SKIP, WARN, CheckReport, CheckResult, failing_gpus
+from gputop.analysis.machine_check import FAIL, PASS, SKIP, WARN, CheckReport, failing_gpus
 from gputop.errors import GputopError
-from gputop.model import Snapshot
+from gputop.model import CheckResult, Snapshot
 from gputop.source import OverPipeline, Source
 from gputop.tui import look
 from gputop.tui.screens import _Modal
@@ -39,6 +39,7 @@ _CARD_WORDS = {
     "pcie.aer": "AER",
     "nvlink.state": "NVLink",
     "nvlink.errors": "NVL err",
+    "fabric": "fabric",
     "topology": "topology",
     "numa.nic": "NIC NUMA",
     "memory.ecc": "ECC",

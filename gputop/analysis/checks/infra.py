@@ -13,6 +13,7 @@ from typing import Iterable, Mapping, Sequence
 
 from gputop.analysis.gpu_health import (
     ECC,
+    FABRIC,
     FINDING_SEVERITY,
     NIC_DOWN,
     NIC_ERRORS,
@@ -29,6 +30,7 @@ from gputop.analysis.gpu_health import (
     reason_key,
     slowdowns,
     worst,
+    xid_severity,
 )
 from gputop.analysis.observations import Context
 from gputop.analysis.thresholds import THROTTLE_MIN_FRACTION
@@ -45,6 +47,7 @@ def check_infrastructure(ctx: Context) -> list[Finding]:
         + check_power_limit(ctx, health)
         + check_ecc(health)
         + check_nvlink(health)
+        + check_fabric(health)
         + check_xids(ctx)
         + check_nics(ctx)
     )
@@ -258,6 +261,18 @@ def check_nvlink(health: Mapping[int, GpuHealth]) -> list[Finding]:
     )
 
 
+def check_fabric(health: Mapping[int, GpuHealth]) -> list[Finding]:
+    return _one_finding(
+        health,
+        (FABRIC,),
+        "fabric",
+        "NVSwitch fabric not trained or degraded",
+        "NVSwitch fabric problem on",
+        "file a ticket: NCCL cannot use NVLink on a GPU whose fabric is not trained\n"
+        "systemctl status nvidia-fabricmanager; journalctl -u nvidia-fabricmanager; nvidia-smi -q -i GPU_INDEX | grep -A6 Fabric",
+    )
+
+
 def check_xids(ctx: Context) -> list[Finding]:
     """XIDs the driver reported: the hardware's go in a ticket, the ones a bad kernel causes go to the code."""
     seen: dict[tuple[int, float, int], XidMeaning] = {}
@@ -283,7 +298,7 @@ def check_xids(ctx: Context) -> list[Finding]:
         ]
         evidence.append("the driver's own lines: dmesg -T | grep -i xid")
         fix = "\n".join(dict.fromkeys(m.action for _key, m in events))
-        severity = "critical" if any(m.severity == "critical" for _key, m in events) else "warning"
+        severity = FINDING_SEVERITY[max(xid_severity(m.code) for _key, m in events)]  # the health module's XID rule
         title = "GPU errors reported by the driver (XID)" if label == LABEL_INFRA else "GPU faults caused by the job (XID)"
         findings.append(
             Finding(

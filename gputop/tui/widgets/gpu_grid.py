@@ -16,8 +16,10 @@ from textual.strip import Strip
 
 from gputop.analysis.gpu_health import (
     NO_PEERS,
+    GpuHealth,
     Peers,
     Severity,
+    judge_recent,
     judge_sample,
     nvlink_unused,
     pcie_degraded,
@@ -60,14 +62,19 @@ def _is_slowdown(gpu: GpuSample) -> bool:
     return bool(slowdowns(gpu))
 
 
-def health_problems(gpu: GpuSample, peers: Peers = NO_PEERS) -> tuple[list[str], list[str]]:
-    """(faults, warnings) as the card's short words, from the one health module (`analysis.gpu_health`):
-    faults are its CRITICAL problems, warnings its WARN ones.  `peers`: `peers_of` the GPU's
-    snapshot."""
-    problems = judge_sample(gpu, peers).problems
+def health_words(health: GpuHealth) -> tuple[list[str], list[str]]:
+    """(faults, warnings) as the card's short words, of a judgement (`judge_recent`: the live window)."""
+    problems = health.problems
     return [p.word for p in problems if p.severity == Severity.CRITICAL], [
         p.word for p in problems if p.severity == Severity.WARN
     ]
+
+
+def health_problems(gpu: GpuSample, peers: Peers = NO_PEERS) -> tuple[list[str], list[str]]:
+    """(faults, warnings) as the card's short words, from the one health module (`analysis.gpu_health`) on one
+    sample (a window of one): faults are its CRITICAL problems, warnings its WARN ones.  `peers`: `peers_of`
+    the GPU's snapshot."""
+    return health_words(judge_sample(gpu, peers))
 
 
 def pcie_flagged(gpu: GpuSample) -> bool:
@@ -245,6 +252,8 @@ class GpuGrid(LineCanvas):
         self._row_strips: dict[tuple[int, int], tuple[tuple[list[Segment], ...], Strip]] = {}
         self._peers: Peers = NO_PEERS  # what the GPUs drawn are judged against (peers_of)
         self.no_near_cpus: frozenset[int] = frozenset()  # GPUs NVML gave an empty CPU-affinity mask for
+        # the health module's judgement over the live window (judge_recent), made once per newest snapshot
+        self._health: tuple[Optional[Snapshot], dict[int, GpuHealth]] = (None, {})
         # the pipeline's counter watch on the newest snapshot, and the marks made of it (made once per window)
         self._counter_marks: tuple[Optional[CounterHealth], dict[int, tuple[str, bool]]] = (None, {})
 
@@ -293,6 +302,11 @@ class GpuGrid(LineCanvas):
             self._counter_marks = (health, card_marks(as_check_report(health)))
         return {**self._counter_marks[1], **self.check_marks} if self.check_marks else self._counter_marks[1]
 
+    def _problems(self, gpu: GpuSample) -> tuple[list[str], list[str]]:
+        """The GPU's (faults, warnings) over the live window; a GPU the window has not judged, on its sample."""
+        health = self._health[1].get(gpu.index)
+        return health_words(health) if health is not None else health_problems(gpu, self._peers)
+
     # ------------------------------------------------------------------ geometry
     def _state(self, gpu: GpuSample, problems: Optional[tuple[list[str], list[str]]] = None) -> tuple[str, str, Style]:
         """The card's state, FAULT or WARN too where the latest machine check failed or warned on this GPU."""
@@ -335,6 +349,8 @@ class GpuGrid(LineCanvas):
             return [LineBuilder().add(" " + text, look.WARN if self.message else look.DIM).strip(width)]
         gpus = self.snapshots[-1].gpus
         self._peers = peers_of(gpus)
+        if self._health[0] is not self.snapshots[-1]:  # the exporter's and the live diagnosis' window
+            self._health = (self.snapshots[-1], judge_recent(self.snapshots))
         if self.compact:
             return self._build_compact(gpus, width)
         return self._build_cards(gpus, width)
@@ -393,7 +409,7 @@ class GpuGrid(LineCanvas):
         return out
 
     def _card(self, gpu: GpuSample, w: int, spark: list[Optional[float]], per_cell: float) -> list[LineBuilder]:
-        problems = None if gpu.lost else health_problems(gpu, self._peers)
+        problems = None if gpu.lost else self._problems(gpu)
         symbol, word, state_style = self._state(gpu, problems)
         lines = [LineBuilder() for _ in range(CARD_LINES)]
         head = lines[0]
@@ -533,7 +549,7 @@ class GpuGrid(LineCanvas):
             head.add(" user", look.LABEL)
         lines = [head.strip(width)]
         for gpu in gpus:
-            problems = health_problems(gpu, self._peers)
+            problems = self._problems(gpu)
             symbol, word, state_style = self._state(gpu, problems)
             line = LineBuilder()
             line.add(f"{symbol}{gpu.index:>2} {word:<5} ", state_style)
@@ -566,8 +582,10 @@ class GpuGrid(LineCanvas):
                     line.add(text.rjust(7))
             faults, warnings = problems
             throttles = active_throttles(gpu) if _is_slowdown(gpu) else []
-            # the slowdown's own reasons stand for the word "throttled", whatever its severity
-            problem = [f for f in faults if f != "throttled"] + throttles + [w for w in warnings if w != "throttled"]
+            # the slowdown's own reasons stand for the word "throttled", whatever its severity; a link trained down
+            # is the PCIe column's "!" where that column shows
+            elsewhere = ("throttled", "PCIe down") if show_pcie else ("throttled",)
+            problem = [f for f in faults if f not in elsewhere] + throttles + [w for w in warnings if w not in elsewhere]
             mark = self._marks().get(gpu.index)
             if mark is not None and (mark[1] or not faults):  # the machine check's word, unless a worse fault shows
                 problem = [mark[0].removeprefix("chk ")] + problem
