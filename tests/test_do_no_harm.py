@@ -297,11 +297,14 @@ def test_a_helper_stopped_after_the_switch_says_the_call_still_runs(spawn, tmp_p
 @pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0, reason="needs unshare and root for a private /tmp")
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_job_with_a_private_tmp_is_traced_through_its_own_root(spawn, tmp_path):
+def test_a_job_with_a_private_tmp_is_traced_through_its_own_root(spawn, tmp_path, request):
     """Slurm's job_container/tmpfs and systemd's PrivateTmp give the job a /tmp of its own under the same root:
     the agent's files must be written where the job sees them (/proc/PID/root/tmp/...)."""
-    outside = Path(tempfile.mkdtemp(dir="/dev/shm"))  # the test's /tmp is not the job's
+    outside = Path(tempfile.mkdtemp(dir="/dev/shm"))  # the test's /tmp is not the job's (nor a clone under /tmp)
+    request.addfinalizer(lambda: shutil.rmtree(outside, ignore_errors=True))
     ready = outside / "count"
+    job_file = outside / "harm_job.py"
+    shutil.copy(Path(__file__).resolve().parent / "jobs" / "harm_job.py", job_file)
     job = spawn(
         [
             "unshare",
@@ -312,7 +315,7 @@ def test_a_job_with_a_private_tmp_is_traced_through_its_own_root(spawn, tmp_path
             "-c",
             'mount -t tmpfs tmpfs /tmp && exec "$0" "$@"',
             sys.executable,
-            str(Path(__file__).resolve().parent / "jobs" / "harm_job.py"),
+            str(job_file),
             str(ready),
         ]
     )
@@ -321,7 +324,6 @@ def test_a_job_with_a_private_tmp_is_traced_through_its_own_root(spawn, tmp_path
     ran = run_gputop(spawn, "trace", "--pid", str(job.pid), "--seconds", "1", "-o", str(tmp_path / "out"), "--json")
     assert ran.rc == 0, ran.err
     assert job.poll() is None
-    shutil.rmtree(outside)
 
 
 @pytest.mark.slow
