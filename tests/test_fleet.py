@@ -32,11 +32,8 @@ from gputop.fleet.prometheus import PrometheusApi, Series
 from gputop.fleet.view import fleet_view, judge
 from gputop.history import History
 from gputop.model import Snapshot
-from gputop.sim.fake_nvml import ManualClock
-from gputop.sim.fake_sysfs import FakeNicTree
-from gputop.sim.profiles import parse_spec
+from tests.harness import fleet_scale, train_jobs
 from tests.harness import histories as hb
-from tests.harness import train_jobs
 from tests.harness.processes import free_port, wait_until
 
 RUN_ID = "llama-run-42"
@@ -85,18 +82,7 @@ class NodeSource:
 
     @staticmethod
     def _with_nics(snaps: list[Snapshot], spec: str) -> list[Snapshot]:
-        """Each snapshot with the NIC ports the real NicReader reads, at its time, from the simulated
-        machine `spec`'s /sys (its NIC faults included)."""
-        clock = ManualClock(snaps[0].timestamp)
-        tree = FakeNicTree(parse_spec(spec), lambda: clock() - snaps[0].timestamp, clock=clock)
-        try:
-            out = []
-            for snap in snaps:
-                clock.advance(snap.timestamp - clock())
-                out.append(replace(snap, nics=tree.read()))
-            return out
-        finally:
-            tree.close()
+        return fleet_scale.with_nics(snaps, spec)
 
     @staticmethod
     def _placed(snap, node: int):

@@ -72,16 +72,7 @@ class PlacedSource:
 
     @staticmethod
     def _with_nics(snaps: list[Snapshot], spec: str) -> list[Snapshot]:
-        clock = ManualClock(snaps[0].timestamp)
-        tree = FakeNicTree(parse_spec(spec), lambda: clock() - snaps[0].timestamp, clock=clock)
-        try:
-            out = []
-            for snap in snaps:
-                clock.advance(snap.timestamp - clock())
-                out.append(replace(snap, nics=tree.read()))
-            return out
-        finally:
-            tree.close()
+        return with_nics(snaps, spec)
 
     @staticmethod
     def _placed(snap: Snapshot, node: int, nnodes: int, per_node: int, job: str) -> Snapshot:
@@ -311,3 +302,18 @@ def expected(fleet: Fleet) -> dict[str, object]:
 def fleet_pages(fleet: Fleet, at: float = PAGE_AT, skip: Sequence[str] = ("stopped",)) -> list[tuple[str, dict[str, str], float]]:
     """Every node's samples at `at` (the roles in `skip` left out), for a Prometheus stand-in."""
     return [s for node in range(fleet.nodes) if fleet.role(node) not in skip for s in fleet.samples(node, at)]
+
+
+def with_nics(snaps: list[Snapshot], spec: str) -> list[Snapshot]:
+    """Each snapshot with the NIC ports the real NicReader reads, at its time, from the simulated machine
+    `spec`'s /sys (its NIC faults included)."""
+    clock = ManualClock(snaps[0].timestamp)
+    tree = FakeNicTree(parse_spec(spec), lambda: clock() - snaps[0].timestamp, clock=clock)
+    try:
+        out = []
+        for snap in snaps:
+            clock.advance(snap.timestamp - clock())
+            out.append(replace(snap, nics=tree.read()))
+        return out
+    finally:
+        tree.close()
