@@ -16,7 +16,7 @@ from gputop.analysis.advice import workers_for
 from gputop.analysis.diagnosis import diagnose
 from gputop.analysis.numbers import Share, effective_samples, mean_share, measured_share, share_of, wilson_interval
 from gputop.analysis.observations import RankObs, dense_counts, pooled_counts
-from gputop.analysis.stack_classes import FORWARD_BACKWARD, IDLE_OTHER, IN_DATASET, OPTIMIZER_STEP, WAITING_FOR_DATA
+from gputop.analysis.stack_classes import COLLECTIVE, FORWARD_BACKWARD, IDLE_OTHER, IN_DATASET, OPTIMIZER_STEP, WAITING_FOR_DATA
 from gputop.collect.state_sampler import (
     BACKGROUND,
     FOCUSED,
@@ -356,6 +356,32 @@ def test_the_first_verdict_waits_for_a_rank_whose_loop_just_began():
     assert early[0].summary.startswith("Collecting samples: 2.0/4 s"), early[0].summary
     later = by_id(diagnose(_ranks_starting_at((20.0, 28.0), seconds=40.0)), "starvation")
     assert "highly" in later.summary and later.figures["input_share"]["share"] == pytest.approx(0.6)
+
+
+def test_ranks_waiting_in_their_first_collective_for_a_late_rank_do_not_dilute_the_job_share():
+    """Issue 38's CI failure: three ranks began stepping at 10 s and waited in their first all-reduce for the
+    fourth, still importing until 40 s; the pooled share read 22% where every rank waits for data 60% of the
+    time.  While the fourth is seen starting up there is no verdict; once it steps, the job's share counts
+    from its start and is the steady one, the first time and a window later."""
+
+    def dense(t, loop, rank):
+        if t <= loop:
+            return [(IDLE_OTHER, 1000)]
+        if t <= 40.0:  # stepping, but every step waits for the late rank
+            return [(IN_DATASET, 60), (COLLECTIVE, 940)]
+        return [(IN_DATASET, 60), (FORWARD_BACKWARD, 40)] * 10
+
+    loops = (10.0, 10.0, 10.0, 40.0)
+    specs = [_rank_spec(i, lambda t, loop=loop, i=i: dense(t, loop, i), loop) for i, loop in enumerate(loops)]
+
+    def diagnosed(seconds):
+        return diagnose(build(Scenario(seconds=seconds, gpu_error=NO_DRIVER, ranks=specs)))
+
+    waiting = diagnosed(35.0)
+    assert not [f for f in waiting if f.id == "starvation"] and waiting[0].id == "collecting", waiting[0].summary
+    first, later = by_id(diagnosed(50.0), "starvation"), by_id(diagnosed(120.0), "starvation")
+    assert first.figures["input_share"]["share"] == pytest.approx(0.6)
+    assert abs(first.figures["input_share"]["share"] - later.figures["input_share"]["share"]) <= 0.10
 
 
 def test_starting_up_is_said_until_the_first_step():

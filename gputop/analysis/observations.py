@@ -413,7 +413,22 @@ def collect_rank_observations(snaps: Sequence[Snapshot], share_since: Optional[f
                 obs.samples.append(StackSample(snap.timestamp, r.main_thread_state))
             for w in r.workers:
                 _observe_worker(obs, w, job)
+    _start_loops_together(list(ranks.values()))
     return ranks
+
+
+def _start_loops_together(ranks: Sequence[RankObs]) -> None:
+    """A job's loop begins when its last rank's does: until then the ranks already stepping wait in their
+    first collective for the ones still starting (10-30 s on a busy box), and those waits are start-up skew,
+    not the job's steady state (a starved job's first pooled share read 22% where every rank was ~66%).
+    So each rank's samples count from the latest loop start among its job's ranks."""
+    latest: dict[Optional[str], float] = {}
+    for r in ranks:
+        if r.loop_started is not None:
+            latest[r.job_id] = max(r.loop_started, latest.get(r.job_id, r.loop_started))
+    for r in ranks:
+        if r.loop_started is not None:
+            r.loop_started = latest[r.job_id]
 
 
 def _observe_worker(obs: RankObs, w: ProcInfo, job: JobTree) -> None:

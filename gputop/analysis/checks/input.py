@@ -211,13 +211,14 @@ def _one_pause_phases(measured: Sequence[RankObs]) -> tuple[InputPhase, ...]:
 
 
 def loop_just_began(ctx: Context, rank: RankObs) -> bool:
-    """The rank is in its loop, began it less than POOL_WAIT_S ago, and has too few samples yet to pool."""
-    return (
-        not rank.measured
-        and rank.loop_started is not None
-        and not rank.starting_up
-        and ctx.snaps[-1].timestamp - rank.loop_started < POOL_WAIT_S
-    )
+    """The rank's share is not ready to pool yet: it is seen still starting up (the others, already stepping,
+    wait for it in their first collective: their loop has not begun either, until the collector gives up on
+    it), or it is in its loop, began it less than POOL_WAIT_S ago, and has too few samples yet."""
+    if rank.measured:
+        return False
+    if rank.starting_up:
+        return bool(rank.samples or rank.stretches)
+    return rank.loop_started is not None and ctx.snaps[-1].timestamp - rank.loop_started < POOL_WAIT_S
 
 
 def starvation(ctx: Context, *, exclude: Collection[int] = frozenset(), cpu_bound: bool = False) -> Optional[Starvation]:
@@ -225,7 +226,8 @@ def starvation(ctx: Context, *, exclude: Collection[int] = frozenset(), cpu_boun
     ranks = [r for r in ctx.ranks.values() if r.pid not in exclude and r.n >= 1]
     bench_wait, bench_how = bench_wait_fraction(ctx.bench)
     measured = [r for r in ranks if r.measured]
-    if bench_wait is None and measured and any(loop_just_began(ctx, r) for r in ranks):
+    pending = [r for r in ctx.ranks.values() if r.pid not in exclude and loop_just_began(ctx, r)]
+    if bench_wait is None and measured and pending:
         return None  # a rank whose loop just began is still being measured: the share waits to pool it
     pooled, job_share, span = _sampled_input(ctx, measured)
     n_samples = pooled.n if pooled is not None else 0
