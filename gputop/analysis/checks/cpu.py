@@ -100,6 +100,10 @@ def check_cpu_bound(ctx: Context, facts: CpuFacts, *, input_bound: bool) -> list
     if not (facts.saturated or facts.oversubscribed):
         return []
     ranks = list(ctx.ranks.values())
+    if ranks and all(r.starting_up for r in ranks):
+        # imports, the model build and the workers' first prefetch take every core while the GPUs wait for the
+        # first step: start-up's cost, not the loader's (the hiccup demo's 30 s start-up read "CPU oversubscribed")
+        return []
     idle = _gpus_idle_on_busy_cores(ctx, facts)
     bound = "cpu" if facts.cores_busy else producer_bound(ranks)[0]
     cap, cap_why = worker_cap(ctx, ranks, bound)

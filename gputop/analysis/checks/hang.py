@@ -861,11 +861,22 @@ def _gpu_only_decision(ctx: Context, claimed: set[int]) -> GpuOnlyHangs:
         idle = _trailing_idle_seconds(o)
         if idle < HANG_MIN_SECONDS or not o.holds_memory(o.memory[-1] if o.memory else None):
             continue
+        if _held_by_ranks_starting_up(ctx, o):
+            continue
         was_busy = any(
             u is not None and u > LOW_UTILIZATION for u in o.util[: max(1, len(o.util) - int(idle / max(ctx.interval, 1e-3)))]
         )
         stuck.append((o, idle, was_busy))
     return GpuOnlyHangs(tuple(spinning), tuple(stuck), bool(ctx.ranks))
+
+
+def _held_by_ranks_starting_up(ctx: Context, o: GpuObs) -> bool:
+    """Every process holding the GPU's memory is a rank still in its start-up (it took its memory at
+    `model.to(device)`, then waits for its peers in the rendezvous or builds its workers: 20-40 s of 0% on a
+    busy box).  Not a misfire while the collector still waits for its first step; one stuck there is
+    judged once the collector gives up waiting (STARTUP_GIVE_UP_S) and the rank counts as in its loop."""
+    pids = o.process_pids
+    return bool(pids) and all(p in ctx.ranks and ctx.ranks[p].starting_up for p in pids)
 
 
 def _gpu_only_hangs(ctx: Context, claimed: set[int]) -> list[Finding]:
