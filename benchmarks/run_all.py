@@ -264,7 +264,7 @@ def main() -> int:
     print("\n=== runs")
     for status in statuses:
         print(f"  {status}")
-    print('\n=== benchmarks/RESULTS.md rows\n')
+    print("\n=== benchmarks/RESULTS.md rows\n")
     print("| Figure | Goal | Measured | Command |")
     print("|---|---|---|---|")
     for f in figures:
