@@ -9,8 +9,8 @@
 * `ProcessMeter(pid)`: RSS and CPU (its own plus its reaped children's, e.g. py-spy) of a process
   through psutil, as deltas between readings.
 * `print_table(headers, rows)`: a plain aligned text table.
-* `emit_figure(...)`: one machine-readable line per README figure.  `benchmarks/run_all.py` collects
-  these lines from every script and prints the README "Performance" table rows.
+* `emit_figure(...)`: one machine-readable line per benchmark figure.  `benchmarks/run_all.py` collects
+  these lines from every script and prints the rows of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, spec: 
 
 
 def emit_figure(figure: str, goal: str, measured: str, command: str, met: Optional[bool] = None, **extra: Any) -> None:
-    """One README figure as a machine-readable line (run_all.py collects these)."""
+    """One benchmark figure as a machine-readable line (run_all.py collects these)."""
     record = {"figure": figure, "goal": goal, "measured": measured, "command": command, "met": met, **extra}
     print(FIGURE_PREFIX + json.dumps(record, ensure_ascii=False), flush=True)
 

@@ -1,4 +1,4 @@
-"""Run every benchmark script in benchmarks/ and print the README "Performance" table rows.
+"""Run every benchmark script in benchmarks/ and print the rows of benchmarks/RESULTS.md.
 
     python benchmarks/run_all.py [--quick] [--only NAME ...] [--with-real-attach] [--keep-output DIR]
 
@@ -6,7 +6,7 @@ Each `bench_*.py` runs one after another (never in parallel: they measure the ma
 reports its figures as `GPUTOP-FIGURE {json}` lines (see `common.emit_figure`); for scripts that
 print only their own text or `--json`, an adapter below reads those.  `--quick` passes each script
 its short mode (`--quick`, or the short arguments listed in QUICK_ARGS).  The output ends with the
-Markdown rows: | Figure | Goal | Measured | Command |, ready to paste into the README.
+Markdown rows: | Figure | Goal | Measured | Command |, ready to paste into benchmarks/RESULTS.md (add the date).
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ def main() -> int:
     print("\n=== runs")
     for status in statuses:
         print(f"  {status}")
-    print('\n=== README "Performance" rows\n')
+    print("\n=== benchmarks/RESULTS.md rows\n")
     print("| Figure | Goal | Measured | Command |")
     print("|---|---|---|---|")
     for f in figures:

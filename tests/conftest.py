@@ -1,6 +1,6 @@
 """Fixtures shared by every test, and the suite's three lanes.
 
-Every test runs in exactly one lane, named by its marker (README, Development):
+Every test runs in exactly one lane, named by its marker (docs/development.md, Lanes):
 
 - ``unit`` (the default): pure code over the simulated machine, a ManualClock and recorded histories.  A unit
   test whose call takes over `UNIT_BUDGET_S` fails (`pytest_runtest_makereport` below).
