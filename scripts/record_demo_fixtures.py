@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -66,11 +68,32 @@ def _every_rank_in_its_loop(snap) -> bool:
     return len(ranks) == RANKS and all(r.loop_started is not None for r in ranks)
 
 
+def _live_facts(job: DemoJob, last, steps: list[tuple[float, list[int]]]) -> dict:
+    """What the recording itself cannot hold, read from the job at the recording's end: each rank's steps a
+    second over the last 3 s (the job's own counters), the evaluations rank 0 printed, and whether a rank's
+    environment narrows its GPUs (CUDA_VISIBLE_DEVICES)."""
+    end_t, end_counts = steps[-1]
+    then_t, then_counts = next((t, c) for t, c in reversed(steps) if end_t - t >= 3.0)
+    rates = [round((a - b) / (end_t - then_t), 2) for a, b in zip(end_counts, then_counts)]
+    environ = {}
+    for rank in last.job.ranks if last.job is not None else ():
+        try:
+            environ[str(rank.rank)] = psutil.Process(rank.proc.pid).environ().get("CUDA_VISIBLE_DEVICES")
+        except psutil.Error:
+            environ[str(rank.rank)] = "unreadable"
+    return {
+        "steps_per_s_last_3s": rates,
+        "eval_lines": sum("eval accuracy" in line for line in job.log_tail(200)),
+        "cuda_visible_devices": environ,
+    }
+
+
 def record(scenario: str) -> Path:
     job = DemoJob(scenario, gpus=RANKS)
     path = FIXTURES / f"demo-{scenario}.gputop"
     partial = path.with_suffix(".partial")
-    loads = []
+    loads: list[float] = []
+    steps: list[tuple[float, list[int]]] = []
     job.start()
     try:
         pipeline = Pipeline(simulate="h100-sxm-8", pid=job.launcher_pid, load_model=job.load_model())
@@ -83,6 +106,7 @@ def record(scenario: str) -> Path:
                     snap = pipeline.poll()
                     writer.write(snap)
                     loads.append(os.getloadavg()[0])
+                    steps.append((time.monotonic(), job.step_counts()))
                     now = time.monotonic()
                     if in_loop_at is None and _every_rank_in_its_loop(snap):
                         in_loop_at = now
@@ -93,6 +117,7 @@ def record(scenario: str) -> Path:
                     tick += 1.0
                     time.sleep(max(0.0, tick - time.monotonic()))
                 count = writer.count
+            live = _live_facts(job, snap, steps)
         finally:
             pipeline.close()
     finally:
@@ -109,6 +134,7 @@ def record(scenario: str) -> Path:
         "recorded": datetime.date.today().isoformat(),
         "load_average": {"min": round(min(loads), 2), "max": round(max(loads), 2)},
         "cpus": os.cpu_count(),
+        "live": live,
     }
     path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"{scenario}: {count} snapshots, {path.stat().st_size // 1024} KiB, load {meta['load_average']}", flush=True)

@@ -3,9 +3,9 @@
 Every test runs the real demo job (torch ranks, gloo, DataLoader workers decoding JPEGs with
 Pillow) and reads the simulated GPUs through the real pipeline: pynvml over the fake library,
 driven by the job's busy board.  The ranks take a while to import torch on a shared 2-core
-box, so startup waits are long; the observations themselves are a few seconds each.  What the starved,
-hiccup, misfire and single-gpu scenarios show on the machine is checked in tests/acceptance/test_diagnosis_demo.py,
-on the job each scenario's verdict test attached to.
+box, so startup waits are long; the observations themselves are a few seconds each.  What each
+scenario shows on the machine is checked on its recording in tests/test_demo_replays.py (the starved one live too,
+in tests/acceptance/test_diagnosis_demo.py).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 In-process: a launch returns at once, the GPU's busy time runs after it on the board, and `.item()` waits
 for it.  Live (slow; real ranks): the watchdog takes a hung job down, and the headless demo ends with its
-verdict.  What the nccl-hang, eval-rank0 and sync-bound scenarios show on the machine is checked in
-tests/acceptance/test_diagnosis_demo.py, on the job each scenario's verdict test attached to.
+verdict.  What the nccl-hang, eval-rank0 and sync-bound scenarios show on the machine is checked on their
+recordings in tests/test_demo_replays.py.
 """
 
 from __future__ import annotations

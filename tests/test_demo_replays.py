@@ -101,8 +101,9 @@ class Replay:
             seen.append(f"{snap.timestamp - start:4.0f} s: {verdict_line(findings)}")
         raise AssertionError(f"{self.scenario}: no such verdict within {deadline_s:.0f} s of the loop:\n" + "\n".join(seen))
 
-    def util(self, gpu: int, last: Optional[int] = None) -> list[float]:
-        snaps = self.snaps[-last:] if last else self.snaps[self.in_loop :]
+    def util(self, gpu: int, last: Optional[int] = None, window: Optional[tuple[int, int]] = None) -> list[float]:
+        """The GPU's utilization in each snapshot: the last `last`, those in [start, stop), or all in the loop."""
+        snaps = self.snaps[-last:] if last else self.snaps[slice(*window)] if window else self.snaps[self.in_loop :]
         return [g.utilization_gpu or 0.0 for s in snaps for g in s.gpus if g.index == gpu]
 
     def main_threads(self, pid: int) -> list[tuple[str, list[str], Optional[int]]]:
@@ -255,10 +256,39 @@ def test_misfire_memory_held_at_zero_util_and_the_stuck_rank_waits_while_the_oth
     assert all(u == 0 for g in range(ranks) for u in r.util(g, last=3))
     last = r.snaps[-1]
     assert all(last.gpus[g].memory_used > 9 * 1024**3 for g in range(ranks))  # held: the processes are alive
+    assert r.meta["live"]["steps_per_s_last_3s"] == [0.0] * ranks
     assert r.main_threads(r.pids[stuck])[-1][0] == WAITING_FOR_DATA
     for rank, pid in enumerate(r.pids):
         if rank != stuck:
             assert r.main_threads(pid)[-1][0] == COLLECTIVE, (rank, r.main_threads(pid)[-1])
+
+
+def test_misfire_one_worker_of_the_stuck_rank_stays_inside_image_open():
+    """One sample hangs: one worker of the stuck rank waits inside Pillow's Image.open (reading the JPEG's
+    bytes), the same worker in every dump from the first that shows it; the other workers idle."""
+    r = replay("misfire")
+    stuck = r.pids[r.meta["hang_rank"]]
+    ranks = range(r.meta["ranks"])
+    # from when the hang shows (every rank's GPU at 0%, as the live test waited for), plus 5 s for the
+    # other workers to finish their prefetch
+    idle_at = next(i for i in range(r.in_loop, len(r.snaps)) if all(u == 0 for g in ranks for u in r.util(g, window=(i, i + 3))))
+    in_open: list[set[int]] = []
+    for snap in r.snaps[idle_at + 5 :]:
+        job = snap.job
+        rank = next((x for x in job.ranks if x.proc.pid == stuck), None) if job is not None else None
+        if rank is None:
+            continue
+        found = set()
+        for worker in rank.workers:
+            thread = main_thread(job.stacks[worker.pid]) if worker.pid in job.stacks else None
+            frames = thread.frames if thread is not None else ()
+            if frames and frames[0].name == "open" and frames[0].filename.endswith("PIL/Image.py"):
+                assert "JpegDataset.__getitem__" in [f.name for f in frames]
+                found.add(worker.pid)
+        in_open.append(found)
+    seen = [found for found in in_open if found]
+    assert seen and all(found == seen[0] for found in seen) and len(seen[0]) == 1, seen[:3]
+    assert in_open[-1] == seen[0]  # still the same worker, still in the same read
 
 
 def test_single_gpu_is_every_rank_on_gpu0():
@@ -271,6 +301,9 @@ def test_single_gpu_is_every_rank_on_gpu0():
     gpu0 = r.snaps[-1].gpus[0]
     assert sorted(p.pid for p in gpu0.processes) == sorted(r.pids)
     assert gpu0.memory_used >= ranks * scenarios.MEMORY_PER_RANK
+    # the ranks share one GPU's time: each gets about 1/ranks of a tuned rank's steps (~4.4 a second)
+    assert all(rate < 2.5 for rate in r.meta["live"]["steps_per_s_last_3s"]), r.meta["live"]
+    assert set(r.meta["live"]["cuda_visible_devices"].values()) == {None}
 
 
 def test_tuned_is_healthy_not_input_bound():
@@ -318,6 +351,7 @@ def test_nccl_hang_other_gpus_spin_at_low_power_with_hosts_parked_at_item():
         _state, names, line = r.main_threads(r.pids[rank])[-1]
         assert names[0] == "train" and line == r.meta["item_line"], (rank, names[:3], line)
     assert r.main_threads(r.pids[stuck])[-1][0] == WAITING_FOR_DATA
+    assert r.meta["live"]["steps_per_s_last_3s"] == [0.0] * r.meta["ranks"]
 
 
 def test_eval_on_rank0_is_healthy_not_a_straggler_and_stays_so():
@@ -325,7 +359,9 @@ def test_eval_on_rank0_is_healthy_not_a_straggler_and_stays_so():
     r = replay("eval-rank0")
     i, _findings = r.first(lambda fs: fs[0].id == "healthy")
     for k in range(i, len(r.snaps), 5):  # over the following evaluations (one every ~10 s, ~2.7 s long)
-        flagged = [(f.id, f.severity, f.summary) for f in r.diagnosed(k) if f.severity in ("critical", "warning") or f.id == "straggler"]
+        flagged = [
+            (f.id, f.severity, f.summary) for f in r.diagnosed(k) if f.severity in ("critical", "warning") or f.id == "straggler"
+        ]
         assert not flagged, (k, flagged)
 
 
@@ -334,6 +370,16 @@ def test_eval_on_rank0_the_others_wait_in_a_barrier():
     assert all(
         any(state == COLLECTIVE and names[0] == "barrier" for state, names, _line in r.main_threads(pid)) for pid in r.pids[1:]
     ), [r.main_threads(pid)[-3:] for pid in r.pids[1:]]
+    # rank 0's GPU runs the evaluation at high power while the others spin in the barrier at low power
+    assert any(
+        s.gpus[0].power > 0.6 * s.gpus[0].power_limit
+        and all(
+            (s.gpus[g].utilization_gpu or 0) >= 90 and s.gpus[g].power < 0.35 * s.gpus[g].power_limit
+            for g in range(1, r.meta["ranks"])
+        )
+        for s in r.snaps[r.in_loop :]
+    )
+    assert r.meta["live"]["eval_lines"] >= 1  # rank 0 printed its evaluation
 
 
 def test_sync_bound_names_the_item_line():
@@ -367,7 +413,6 @@ def test_a_fp32_job_gets_the_amp_finding_and_the_same_job_under_bf16_does_not():
     assert "no_tensor_cores" not in [f.id for f in bf16.diagnosed(len(bf16.snaps) - 1)]
     busy = [g for s in bf16.snaps[-5:] for g in s.gpus if g.index in ranks and (g.utilization_gpu or 0) >= 50 and g.gpm]
     assert busy and all(g.gpm.tensor_active > 30.0 for g in busy)
-
 
 
 def test_nccl_hang_is_found_from_sm_activity_alone(monkeypatch):

@@ -1,6 +1,6 @@
 """Findings that read GPM (gputop/analysis/checks/kernels.py): a collective spinning told by its SMs, tensor cores
-left idle, memory-bandwidth-bound kernels.  Hand-built histories here; the live ones (the simulated machine driven
-by a real torch job) are in tests/test_gpm_live.py."""
+left idle, memory-bandwidth-bound kernels.  Hand-built histories here; the same findings on recordings of the simulated machine
+driven by a real torch job are in tests/test_demo_replays.py."""
 
 from __future__ import annotations
 

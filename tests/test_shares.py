@@ -246,6 +246,20 @@ def test_a_loop_never_recognised_stops_counting_as_start_up_after_a_minute():
     assert watch.status(9) == (False, 2.0)  # from its first wait for data on
 
 
+def test_a_start_up_that_outlasts_the_watch_is_not_counted_from_an_early_fetch():
+    """The single-gpu demo on a busy box: a fetch seen 10 s into a start-up that then imported and waited in the
+    rendezvous for 50 s more.  Given up on at 60 s, the rank's loop is taken to begin then, not at the early fetch
+    (which made 50 s of start-up at 0% read as a silent misfire)."""
+    clock = [0.0]
+    watch = StartupWatch(clock=lambda: clock[0])
+    watch.saw_dump(9, 0.0, IDLE_OTHER)
+    watch.saw_dump(9, 10.0, WAITING_FOR_DATA)
+    watch.saw_dump(9, 12.0, IDLE_OTHER)
+    watch.saw_dump(9, 58.0, IDLE_OTHER)
+    clock[0] = STARTUP_GIVE_UP_S + 1
+    assert watch.status(9) == (False, STARTUP_GIVE_UP_S + 1)
+
+
 # ---------------------------------------------------------------- the advice's range
 
 

@@ -37,6 +37,7 @@ import psutil
 
 from gputop.analysis.stack_classes import (
     FORWARD_BACKWARD,
+    IDLE_OTHER,
     INPUT_WAIT_STATES,
     OPTIMIZER_STEP,
     classify_thread,
@@ -430,6 +431,9 @@ class StartupWatch:
         self._first_seen: dict[int, float] = {}
         self._first_input: dict[int, float] = {}
         self._first_step: dict[int, float] = {}
+        # the first step or fetch since the latest start-up-like sample (idle/other: imports, the model build,
+        # the rendezvous): where a loop never recognised is taken to begin when the watch gives up on it
+        self._loop_like_since: dict[int, float] = {}
         self._started: dict[int, float] = {}
 
     def saw_stretch(self, stretch: StateSamples) -> None:
@@ -449,6 +453,13 @@ class StartupWatch:
     def _saw(self, pid: int, at: float, state: str) -> None:
         """The loop began at the first step taken on a batch: a step after the rank was seen fetching one.
         A step with no fetch before it is set-up (a warm-up forward, a shape check), not the loop."""
+        if state == IDLE_OTHER:
+            since = self._loop_like_since.get(pid)
+            if since is not None and at >= since:
+                del self._loop_like_since[pid]
+            return
+        if state in STEP_STATES or state in INPUT_WAIT_STATES:
+            self._loop_like_since.setdefault(pid, at)
         if state in STEP_STATES:
             self._first_step.setdefault(pid, at)
             fetched = self._first_input.get(pid)
@@ -485,10 +496,12 @@ class StartupWatch:
         if first is None:
             return True, None
         if self._clock() - first >= STARTUP_GIVE_UP_S:
-            # no step on a fetched batch recognised (synthetic data, a loop gputop does not know): count
-            # from its first step or its first wait for data if it had either, else from now on
-            seen = [t for t in (self._first_step.get(pid), self._first_input.get(pid)) if t is not None]
-            self._started[pid] = min(seen) if seen else self._clock()
+            # no step on a fetched batch recognised (synthetic data, a loop gputop does not know): count from
+            # its first step or wait for data since it last looked like start-up, else from now on.  Not from
+            # its first ever: a fetch seen early in a start-up that then spent 50 s importing and waiting in
+            # the rendezvous (a busy box) would count all of that as the loop (a misfire read from it)
+            since = self._loop_like_since.get(pid)
+            self._started[pid] = since if since is not None else self._clock()
             return False, self._started[pid]
         return True, None
 
@@ -497,6 +510,6 @@ class StartupWatch:
             self._forget_except(pids)
 
     def _forget_except(self, pids: set[int]) -> None:
-        for table in (self._first_seen, self._first_input, self._first_step, self._started):
+        for table in (self._first_seen, self._first_input, self._first_step, self._loop_like_since, self._started):
             for pid in [p for p in table if p not in pids]:
                 del table[pid]
