@@ -153,6 +153,19 @@ def test_a_recorder_without_dump_files_is_read_in_process_and_the_job_goes_on(sp
     assert proc.wait(timeout=START_TIMEOUT_S) == 0, (tmp_path / "job.log").read_text()[-2000:]
 
 
+@pytest.mark.slow
+def test_a_refused_in_process_read_leaves_the_finding_from_stacks_and_says_why(spawn, tmp_path):
+    from gputop.inject.injector import InjectionLock
+
+    proc, pids, _ = _collective_job(spawn, tmp_path, recorder=True, dump_every=0)
+    with InjectionLock(pids[2], "a test holding rank 2"):  # another injection runs in rank 2: its read is refused
+        hang = _hang(_report(spawn, proc.pid))
+    c = hang["figures"]["collective"]
+    assert c["source"] == "stacks" and c["entered"] == [0, 1] and c["missing"] == [2], c
+    refused = [line for line in hang["evidence"] if line.startswith("flight recorder on, not read:")]
+    assert len(refused) == 1 and f"PID {pids[2]} already has a gputop injection running" in refused[0], hang["evidence"]
+
+
 # ---------------------------------------------------------------- the same decisions on built histories
 
 from gputop.analysis.diagnosis import diagnose  # noqa: E402
