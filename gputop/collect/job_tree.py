@@ -440,6 +440,17 @@ def _no_process_error(pid: int) -> GputopError:
     return GputopError(f"no process with PID {pid} (it may have exited; check with `ps -p {pid}`)")
 
 
+def _state_sampler(given: Optional[StateSampler], py_spy_stacks: bool, wanted: bool) -> Optional[StateSampler]:
+    """The sampler given, else py-spy's where stacks come from py-spy (without py-spy the dumps say why)."""
+    sampler = given
+    if given is None and py_spy_stacks:
+        py_spy = stacks_mod.find_py_spy()
+        sampler = StateSampler(py_spy) if py_spy else None
+    if sampler is not None:
+        sampler.set_wanted(wanted)
+    return sampler
+
+
 class JobCollector:
     """Attached to one job.  `collect()` is cheap (/proc via psutil); py-spy runs in a background thread
     every `stack_interval` seconds while `stacks_wanted` is True, and `collect()` returns its latest result.
@@ -496,12 +507,7 @@ class JobCollector:
         self._startup = StartupWatch()
         self._recorders = FlightRecorderReader()
         self._live_recorders = fr_read.LiveRecorderReads(recorder_read) if recorder_read is not None else None
-        self._sampler = sampler
-        if sampler is None and stacks_enabled and dump is None:
-            py_spy = stacks_mod.find_py_spy()
-            self._sampler = StateSampler(py_spy) if py_spy else None  # without py-spy the dumps say why
-        if self._sampler is not None:
-            self._sampler.set_wanted(stacks_wanted)
+        self._sampler = _state_sampler(sampler, stacks_enabled and dump is None, stacks_wanted)
         if stacks_enabled:
             self._learn_role_of_root(root)
         self.collect(())  # learn the job's PIDs before the first dump
