@@ -183,12 +183,14 @@ def test_live_reads_run_once_per_rank_at_a_time_and_say_why_a_read_failed():
             raise OSError("boom")
         return FlightRecord(pid, rank, "in-process")
 
-    reads = LiveRecorderReads(read, every_s=3600)
+    reads = LiveRecorderReads(read, every_s=3600, retry_s=0)
     assert reads.request([(1, 0), (2, 1)]) == [1, 2]
     assert reads.request([(1, 0), (2, 1)]) == []  # still running: never two reads of one rank at once
     go.set()
     wait_until(lambda: not reads.busy(), what="the reads to end")
     assert reads.get(1).error is None and "OSError: boom" in reads.get(2).error
     assert reads.request([(1, 0)]) == [] and sorted(calls) == [1, 2]  # read within every_s: not again
+    assert reads.request([(2, 1)]) == [2]  # a failed read is tried again after retry_s
+    wait_until(lambda: not reads.busy(), what="the retry to end")
     reads.forget_except({1})
     assert reads.get(2) is None and reads.request([(2, 1)]) == [2]

@@ -9,7 +9,8 @@ JSON goes through the same parser as the dump files (`gputop.collect.flight_reco
 failure comes back as the record's one-line `error`, never raised: the hang finding then comes from stacks
 and says why the recorder was not read.
 
-`LiveRecorderReads` runs these reads in the background for the collector, once per rank per `REREAD_S`.
+`LiveRecorderReads` runs these reads in the background for the collector, once per rank per `REREAD_S` (a
+failed one again after `RETRY_S`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gputop.model import FlightRecord
 FR_AGENT_FILES = ("inject/fr_agent.py", "inject/agent.py")
 ANSWER_S = 5.0  # the read itself takes milliseconds; this bounds a thread the job could not schedule
 REREAD_S = 60.0  # a rank's recorder is read again at most this often while the job still looks stuck
+RETRY_S = 10.0  # ... and a read that failed (no safe thread in time on a loaded box), this often
 
 Reader = Callable[[int, Optional[int]], FlightRecord]
 
@@ -79,29 +81,33 @@ class LiveRecorderReads:
     """The collector's in-process reads: started in the background (one thread a rank, never two at once for the
     same rank), each rank read at most once per `every_s`; the latest record of each rank kept for `get`."""
 
-    def __init__(self, read: Reader = read_in_process, every_s: float = REREAD_S) -> None:
+    def __init__(self, read: Reader = read_in_process, every_s: float = REREAD_S, retry_s: float = RETRY_S) -> None:
         self._read = read
         self._every_s = every_s
+        self._retry_s = retry_s
         self._lock = threading.Lock()
         self._records: dict[int, FlightRecord] = {}
         self._started: dict[int, float] = {}  # pid -> monotonic time its latest read started
         self._running: set[int] = set()
 
     def request(self, ranks: Sequence[tuple[int, Optional[int]]]) -> list[int]:
-        """Start a read of each (pid, rank) not read within `every_s` and not being read; the PIDs started."""
+        """Start a read of each (pid, rank) not being read and not read within `every_s` (`retry_s` after a
+        failed read); the PIDs started."""
         now = time.monotonic()
         with self._lock:
-            due = [
-                (pid, rank)
-                for pid, rank in ranks
-                if pid not in self._running and now - self._started.get(pid, -self._every_s) >= self._every_s
-            ]
+            due = [(pid, rank) for pid, rank in ranks if pid not in self._running and now >= self._next_read(pid)]
             for pid, _rank in due:
                 self._running.add(pid)
                 self._started[pid] = now
         for pid, rank in due:
             threading.Thread(target=self._run, args=(pid, rank), name=f"gputop-fr-read-{pid}", daemon=True).start()
         return [pid for pid, _rank in due]
+
+    def _next_read(self, pid: int) -> float:
+        if pid not in self._started:
+            return 0.0
+        last = self._records.get(pid)
+        return self._started[pid] + (self._retry_s if last is not None and last.error else self._every_s)
 
     def _run(self, pid: int, rank: Optional[int]) -> None:
         try:
