@@ -31,7 +31,7 @@ from gputop.fleet.identity import cross_node_job_id, node_place
 from gputop.fleet.prometheus import PrometheusApi, Series
 from gputop.fleet.view import fleet_view, judge
 from gputop.history import History
-from gputop.model import Snapshot
+from gputop.model import CollectiveEntry, FlightRecord, Snapshot
 from tests.harness import fleet_scale, train_jobs
 from tests.harness import histories as hb
 from tests.harness.processes import free_port, wait_until
@@ -73,12 +73,23 @@ def test_the_node_place_from_torchrun_slurm_and_the_world_over_the_local_world()
 class NodeSource:
     """A pipeline stand-in: a built history's snapshots, the job's ranks placed on `node` of two."""
 
-    def __init__(self, history: History, node: int, nic_spec: Optional[str] = None) -> None:
+    def __init__(
+        self, history: History, node: int, nic_spec: Optional[str] = None, records: Optional[Callable[[int], FlightRecord]] = None
+    ) -> None:
         self.machine = history.machine
         self.snaps = [self._placed(s, node) for s in history]
         if nic_spec is not None:
             self.snaps = self._with_nics(self.snaps, nic_spec)
+        if records is not None:  # each rank's flight recorder, by its global rank
+            self.snaps = [self._with_records(s, records) for s in self.snaps]
         self.i = 0
+
+    @staticmethod
+    def _with_records(snap, records: Callable[[int], FlightRecord]):
+        if snap.job is None:
+            return snap
+        recs = tuple(replace(records(r.rank), pid=r.proc.pid, rank=r.rank) for r in snap.job.ranks)
+        return replace(snap, job=replace(snap.job, flight_records=recs))
 
     @staticmethod
     def _with_nics(snaps: list[Snapshot], spec: str) -> list[Snapshot]:
@@ -117,13 +128,14 @@ def node_exporter(
     seconds: float = 60.0,
     cpu: Callable[[float], float] = lambda t: 30.0,
     nic_spec: Optional[str] = None,
+    records: Optional[Callable[[int], FlightRecord]] = None,
     **scenario,
 ) -> Exporter:
     """Node `node`'s serve after `seconds` of the job: local rank i runs `states[i]` (default: computing
     and meeting the others in a collective); with `nic_spec`, the NICs of that simulated machine."""
     default = hb.cycle([FORWARD_BACKWARD, COLLECTIVE])
     specs = [hb.RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=states.get(i, default), cpu=cpu) for i in range(RANKS_PER_NODE)]
-    source = NodeSource(hb.build(hb.Scenario(seconds=seconds, ranks=specs, **scenario)), node, nic_spec)
+    source = NodeSource(hb.build(hb.Scenario(seconds=seconds, ranks=specs, **scenario)), node, nic_spec, records)
     exporter = Exporter(source, interval=1.0, hostname=f"node{node}", log=lambda line: None)
     for _ in source.snaps:
         exporter.cycle()
@@ -259,6 +271,49 @@ def test_a_rank_stopped_outside_a_collective_is_named_with_its_node_not_the_wait
     # node0's own diagnosis: its ranks wait for a rank on another node, not a hang there
     kinds = {(s.labels["Hostname"], s.labels["kind"]) for s in prom("gputop_finding == 1")}
     assert ("node0", "remote_holdup") in kinds and ("node0", "hang") not in kinds, kinds
+
+
+def _all_reduce(seq: int, done: bool) -> CollectiveEntry:
+    return CollectiveEntry(
+        seq, "gloo:all_reduce", "0", "default_pg", ((1024,),), ("Float",), "completed" if done else "scheduled", done, hb.T0 + 20
+    )
+
+
+def test_the_rank_missing_from_the_collective_is_named_with_its_node_from_the_flight_recorders():
+    """Global rank 6 (node1) stops in its own code at t=20 before all-reduce #4; the recorders of the seven
+    others hold #4 pending: `report --prometheus` and `gputop fleet` (the same verdict) name the collective,
+    rank 6 and node1, and no other rank."""
+    still = hb.cycle([FORWARD_BACKWARD, COLLECTIVE])
+
+    def waits_from_20(t: float) -> str:
+        return still(t) if t < 20 else COLLECTIVE
+
+    def record(rank: int) -> FlightRecord:
+        entries = (_all_reduce(3, True),) + (() if rank == 6 else (_all_reduce(4, False),))
+        return FlightRecord(0, rank, "an in-process read", entries=entries, groups=(("0", tuple(range(8))),))
+
+    frozen = {"cpu": lambda t: 30.0 if t < 20 else 0.0, "util": lambda gpu, t: 95.0 if t < 20 else 0.0, "records": record}
+    node0 = node_exporter(0, dict.fromkeys(range(4), waits_from_20), **frozen)
+    node1 = node_exporter(1, {0: waits_from_20, 1: waits_from_20, 2: lambda t: FORWARD_BACKWARD, 3: waits_from_20}, **frozen)
+    prom = PromLike([exposition(node0), exposition(node1)], at=hb.T0 + 60.0)
+    verdict = judge(fleet_view(prom))
+    assert (verdict.kind, verdict.node, verdict.rank) == ("hung", "node1", 6), verdict
+    assert verdict.summary == (
+        "gloo:all_reduce #4 (process group 0): 7 rank(s) wait in it; rank 6 on node1 (node 1 of 2) never entered it"
+    )
+    data = json.loads(build(prom, "http://prometheus.test", None, "json"))
+    assert [(o["node"], o["rank"]) for o in data["outliers"]] == [("node1", 6)]  # not named twice, no waiting rank named
+    assert "never entered it" in build(prom, "http://prometheus.test", RUN_ID, "md")
+
+
+def test_ranks_a_collective_apart_in_a_moving_job_name_no_one():
+    # a scrape caught rank 6 a step behind the others, but no rank has stopped: nobody is missing
+    def record(rank: int) -> FlightRecord:
+        entries = (_all_reduce(3, True),) + (() if rank == 6 else (_all_reduce(4, False),))
+        return FlightRecord(0, rank, "an in-process read", entries=entries)
+
+    prom = PromLike([exposition(node_exporter(n, {}, records=record)) for n in (0, 1)], at=hb.T0 + 60.0)
+    assert judge(fleet_view(prom)).kind == "healthy"
 
 
 def test_a_node_with_a_degraded_link_is_named_when_no_rank_holds_the_job_back():
