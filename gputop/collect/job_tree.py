@@ -476,7 +476,7 @@ class JobCollector:
         (None: never pause a process); `sampler`: what samples the ranks' main threads densely (default:
         py-spy record, when stacks come from py-spy; none when `dump` replaces py-spy); `recorder_read`: what
         reads the flight recorder from inside a rank that has it on but writes no dump, once a rank has stood
-        still `LIVE_READ_AFTER_S` (None: never inject)."""
+        still `LIVE_READ_AFTER_S` (None, or $GPUTOP_NO_RECORDER_READ set: never inject)."""
         if pid <= 0:
             raise GputopError(f"{pid} is not a process id (it must be positive)")
         self.pid = pid
@@ -506,7 +506,8 @@ class JobCollector:
         self._stacks_enabled = stacks_enabled
         self._startup = StartupWatch()
         self._recorders = FlightRecorderReader()
-        self._live_recorders = fr_read.LiveRecorderReads(recorder_read) if recorder_read is not None else None
+        live = recorder_read is not None and not fr_read.reads_turned_off()
+        self._live_recorders = fr_read.LiveRecorderReads(recorder_read) if recorder_read is not None and live else None
         self._sampler = _state_sampler(sampler, stacks_enabled and dump is None, stacks_wanted)
         if stacks_enabled:
             self._learn_role_of_root(root)

@@ -171,6 +171,36 @@ def fleet_view(
     if not info_rows:
         raise GputopError(f"job {job!r} has no rank series in Prometheus at {where}: gputop serve sees none of its ranks yet")
     at = max(s.at for s in info_rows)
+    ranks = _ranks(answers, info_rows)
+    hosts = sorted({r.node for r in ranks.values()} | {_host(s) for s in infos})
+    node_rank_of = {_host(s): _int(s.labels.get("node_rank")) for s in infos}
+    nodes = _nodes(answers, hosts, node_rank_of)
+    # nodes of the job seen in the last STOPPED_LOOKBACK but not now: their serve stopped being scraped
+    seen = {_host(s): s for s in answers["seen"]}
+    current = set(hosts)
+    nodes += tuple(
+        FleetNode(host, _int(s.labels.get("node_rank")), reporting=False, last_seen=s.value)
+        for host, s in sorted(seen.items())
+        if host not in current
+    )
+    reported = {short_hostname(n.hostname) for n in nodes}
+    nodes += tuple(FleetNode(host, reporting=False) for host in expected_hosts if short_hostname(host) not in reported)
+    nodes = tuple(sorted(nodes, key=lambda n: (n.node_rank if n.node_rank is not None else 1 << 30, n.hostname)))
+    return FleetView(
+        job=job,
+        at=at,
+        nnodes=max((n for n in (_int(s.labels.get("nnodes")) for s in infos) if n is not None), default=None),
+        world_size=max((n for n in (_int(s.labels.get("world_size")) for s in infos) if n is not None), default=None),
+        nodes=nodes,
+        ranks=tuple(sorted(ranks.values(), key=lambda r: (r.rank, r.node))),
+        findings=_findings(answers, hosts),
+        other_jobs=others,
+        job_sizes=tuple(sorted(((j, sizes.get(j, 0)) for j in (job, *others)), key=lambda item: (-item[1], item[0]))),
+    )
+
+
+def _ranks(answers: dict[str, list[Series]], info_rows: list[Series]) -> dict[tuple[str, int], FleetRank]:
+    """(node, rank) -> the rank as every family's answer has it, joined by Hostname and rank."""
     by_key = _per_rank(answers)
     states = {(_host(s), s.labels.get("rank", "")): s.labels.get("state") for s in answers["state"]}
     collectives = _collectives(answers["collective"])
@@ -197,31 +227,7 @@ def fleet_view(
             last_progress=values.get("progress"),
             collectives=collectives.get((node, str(rank)), ()),
         )
-    hosts = sorted({r.node for r in ranks.values()} | {_host(s) for s in infos})
-    node_rank_of = {_host(s): _int(s.labels.get("node_rank")) for s in infos}
-    nodes = _nodes(answers, hosts, node_rank_of)
-    # nodes of the job seen in the last STOPPED_LOOKBACK but not now: their serve stopped being scraped
-    seen = {_host(s): s for s in answers["seen"]}
-    current = set(hosts)
-    nodes += tuple(
-        FleetNode(host, _int(s.labels.get("node_rank")), reporting=False, last_seen=s.value)
-        for host, s in sorted(seen.items())
-        if host not in current
-    )
-    reported = {short_hostname(n.hostname) for n in nodes}
-    nodes += tuple(FleetNode(host, reporting=False) for host in expected_hosts if short_hostname(host) not in reported)
-    nodes = tuple(sorted(nodes, key=lambda n: (n.node_rank if n.node_rank is not None else 1 << 30, n.hostname)))
-    return FleetView(
-        job=job,
-        at=at,
-        nnodes=max((n for n in (_int(s.labels.get("nnodes")) for s in infos) if n is not None), default=None),
-        world_size=max((n for n in (_int(s.labels.get("world_size")) for s in infos) if n is not None), default=None),
-        nodes=nodes,
-        ranks=tuple(sorted(ranks.values(), key=lambda r: (r.rank, r.node))),
-        findings=_findings(answers, hosts),
-        other_jobs=others,
-        job_sizes=tuple(sorted(((j, sizes.get(j, 0)) for j in (job, *others)), key=lambda item: (-item[1], item[0]))),
-    )
+    return ranks
 
 
 def job_queries(job: str) -> dict[str, str]:
@@ -405,6 +411,13 @@ def outliers(view: FleetView) -> tuple[FleetVerdict, ...]:
                     node.hostname,
                 )
             )
+    found += _infrastructure_verdicts(view)
+    return tuple(found)
+
+
+def _infrastructure_verdicts(view: FleetView) -> list[FleetVerdict]:
+    """A verdict per node with a degraded part (a warning or critical infrastructure finding), critical first."""
+    found = []
     infra: dict[str, list[NodeFinding]] = {}
     for f in view.findings:
         if f.label == "infrastructure" and f.severity in ("critical", "warning"):
@@ -420,7 +433,7 @@ def outliers(view: FleetView) -> tuple[FleetVerdict, ...]:
                 node_name,
             )
         )
-    return tuple(found)
+    return found
 
 
 def _stalled_verdict(view: FleetView, r: FleetRank) -> FleetVerdict:

@@ -30,7 +30,14 @@ ANSWER_S = 5.0  # the read itself takes milliseconds; this bounds a thread the j
 REREAD_S = 60.0  # a rank's recorder is read again at most this often while the job still looks stuck
 RETRY_S = 10.0  # ... and a read that failed (no safe thread in time on a loaded box), this often
 
+OFF_VAR = "GPUTOP_NO_RECORDER_READ"  # set (to anything but "" or "0"): gputop never injects to read a recorder
+
 Reader = Callable[[int, Optional[int]], FlightRecord]
+
+
+def reads_turned_off() -> bool:
+    """The user turned the in-process reads off (`OFF_VAR`): the hang finding then comes from dumps or stacks."""
+    return os.environ.get(OFF_VAR, "") not in ("", "0")
 
 
 def source_of(pid: int) -> str:
