@@ -9,6 +9,7 @@ the real thing: two torchrun agents, two `gputop serve`, a real Prometheus."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -403,7 +404,7 @@ def dashboard_queries() -> list[str]:
     return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", ())]
 
 
-def torchrun_agent(rdzv_port: int, node_rank: int, ready: Path, *options: str) -> list[str]:
+def torchrun_agent(rdzv_port: int, node_rank: int, ready: Path, *options: str, job: str = train_jobs.JOB) -> list[str]:
     """One "node" of a 2-node job: a torchrun agent with c10d rendezvous on loopback, two CPU gloo ranks."""
     return [
         sys.executable,
@@ -423,7 +424,7 @@ def torchrun_agent(rdzv_port: int, node_rank: int, ready: Path, *options: str) -
         RUN_ID_LIVE,
         "--max-restarts",
         "0",
-        train_jobs.JOB,
+        job,
         *options,
         "--ready",
         str(ready),
@@ -459,10 +460,67 @@ def start_prometheus(spawn, tmp_path: Path, targets: list[str]) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
+def serve_both_nodes(spawn, tmp_path: Path, agents: list, ready: Path, node0_machine: str = "h100-sxm-8") -> str:
+    """Once the 4 ranks are ready: a `gputop serve` on each agent, named by the node rank the rendezvous gave
+    it ("node0", "node1"), and a real Prometheus scraping both; its URL."""
+    records = train_jobs.wait_ready(ready, 4, agents[0], log=tmp_path / "agent0.log")
+    node_of_agent = {}
+    for pid in records:
+        node_of_agent[psutil.Process(pid).ppid()] = group_rank_of(pid)
+    assert set(node_of_agent) == {a.pid for a in agents} and sorted(node_of_agent.values()) == [0, 1], node_of_agent
+    targets = []
+    for agent in agents:
+        targets.append(f"127.0.0.1:{free_port()}")
+        node = node_of_agent[agent.pid]
+        argv = [sys.executable, "-m", "gputop", "serve", "--pid", str(agent.pid), "--simulate"]
+        argv += [node0_machine if node == 0 else "h100-sxm-8", "--hostname", f"node{node}", "--listen", targets[-1]]
+        argv += ["--interval", "1", "--stack-interval", "0.5"]
+        spawn(argv, stdout=subprocess.DEVNULL, stderr=(tmp_path / f"serve{node}.log").open("wb"))
+    return start_prometheus(spawn, tmp_path, targets)
+
+
+NEEDS_PROMETHEUS = pytest.mark.skipif(
     PROMETHEUS is None, reason="the prometheus binary is not installed (.ci/run installs Debian's prometheus package)"
 )
+
+
+@pytest.mark.slow
+@NEEDS_PROMETHEUS
+def test_report_and_fleet_over_prometheus_name_the_rank_missing_from_the_collective_and_its_node(spawn, tmp_path, capsys):
+    """A 2-node gloo job (2 ranks a node) with the flight recorder on and no dump: global rank 3 stops in its
+    own code before all-reduce #4, ranks 0-2 wait in it.  Each node's serve reads its ranks' recorders from
+    inside them and exports gputop_rank_collective_seq; `report --prometheus` names rank 3 and its node."""
+    rdzv = free_port()
+    ready = tmp_path / "job.ready"
+    job = str(Path(__file__).parent / "jobs" / "collective_job.py")
+    options = ("--case", "stuck", "--odd-rank", "3")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FR_", "TORCH_NCCL_"))}
+    env["TORCH_FR_BUFFER_SIZE"] = "100"
+    agents = [
+        spawn(torchrun_agent(rdzv, n, ready, *options, job=job), stdout=subprocess.DEVNULL,
+              stderr=(tmp_path / f"agent{n}.log").open("wb"), env=env)
+        for n in (0, 1)
+    ]  # fmt: skip
+    url = serve_both_nodes(spawn, tmp_path, agents, ready)
+    out = tmp_path / "report.json"
+
+    def named() -> Optional[dict]:
+        if main(["report", "--prometheus", url, "--format", "json", "-o", str(out)]) != 0:
+            capsys.readouterr()  # not yet: Prometheus not up, or no rank series scraped yet
+            return None
+        data = json.loads(out.read_text())
+        return data if "never entered it" in data["verdict"]["summary"] else None
+
+    data = wait_until(named, timeout=150, interval=2.0, what="the verdict naming the rank missing from the collective")
+    node3 = next(r["node"] for r in data["ranks"] if r["rank"] == 3)
+    assert (data["verdict"]["kind"], data["verdict"]["node"], data["verdict"]["rank"]) == ("hung", node3, 3), data["verdict"]
+    assert data["verdict"]["summary"].startswith("gloo:all_reduce #4 (process group 0): 3 rank(s) wait in it; rank 3 on ")
+    view = fleet_view(PrometheusApi(url))  # what `gputop fleet` shows: the same view and verdict
+    assert judge(view).summary == data["verdict"]["summary"]
+
+
+@pytest.mark.slow
+@NEEDS_PROMETHEUS
 def test_report_over_prometheus_names_the_straggler_of_a_two_node_job_and_its_node(spawn, tmp_path, capsys):
     rdzv = free_port()
     ready = tmp_path / "job.ready"
@@ -473,31 +531,7 @@ def test_report_over_prometheus_names_the_straggler_of_a_two_node_job_and_its_no
         spawn(torchrun_agent(rdzv, n, ready, *options), stdout=subprocess.DEVNULL, stderr=(tmp_path / f"agent{n}.log").open("wb"))
         for n in (0, 1)
     ]
-    records = train_jobs.wait_ready(ready, 4, agents[0], log=tmp_path / "agent0.log")
-    # which agent the rendezvous made node rank 1 (the one that runs rank 3): each serve is named by its node
-    node_of_agent = {}
-    for pid in records:
-        node_of_agent[psutil.Process(pid).ppid()] = group_rank_of(pid)
-    assert set(node_of_agent) == {a.pid for a in agents} and sorted(node_of_agent.values()) == [0, 1], node_of_agent
-
-    targets = []
-    for agent in agents:
-        port = free_port()
-        targets.append(f"127.0.0.1:{port}")
-        machine = NODE0_MACHINE if node_of_agent[agent.pid] == 0 else "h100-sxm-8"
-        argv = [sys.executable, "-m", "gputop", "serve", "--pid", str(agent.pid), "--simulate", machine]
-        argv += [
-            "--hostname",
-            f"node{node_of_agent[agent.pid]}",
-            "--listen",
-            targets[-1],
-            "--interval",
-            "1",
-            "--stack-interval",
-            "0.5",
-        ]
-        spawn(argv, stdout=subprocess.DEVNULL, stderr=(tmp_path / f"serve{node_of_agent[agent.pid]}.log").open("wb"))
-    url = start_prometheus(spawn, tmp_path, targets)
+    url = serve_both_nodes(spawn, tmp_path, agents, ready, node0_machine=NODE0_MACHINE)
     out = tmp_path / "report.json"
 
     def reported() -> Optional[dict]:
