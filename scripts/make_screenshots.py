@@ -5,7 +5,7 @@ clock that only moves one second per poll, so every run draws the same pictures.
 is simulated as well, as the 128-core, two-NUMA-node box such GPUs sit in: with this machine's own
 CPUs the pictures would change from one machine to the next.
 
-    python scripts/make_screenshots.py [--out screenshots] [--seconds 90] [--no-demo]
+    python scripts/make_screenshots.py [--out screenshots] [--seconds 90] [--no-demo | --only-demo [--demo S]]
 
 The demo pictures (`demo-starved`, `demo-tuned`) come from `gputop demo`'s real PyTorch job on this
 machine, so they differ a little from run to run: they are taken once the verdict has settled.
@@ -237,7 +237,7 @@ async def _shoot_running_demo(out: Path, pipeline, scenario: str, expected_findi
         while True:
             findings = app.verdict.findings if app.verdict is not None else None
             settled = time.monotonic() - trained_from >= DEMO_SETTLE_S
-            if settled and findings and findings[0].id == expected_finding:
+            if settled and findings and findings[0].id == expected_finding and _names_collective(findings[0], scenario):
                 break
             if time.monotonic() > deadline:
                 got = findings[0].id if findings else None
@@ -248,7 +248,23 @@ async def _shoot_running_demo(out: Path, pipeline, scenario: str, expected_findi
             while _rank0_state(app) != rank_state and time.monotonic() < deadline:
                 await pilot.pause(0.2)
             await pilot.pause(PANEL_CATCH_UP_S)
-        return _save_svg(app, out, name)
+        path = _save_svg(app, out, name)
+        if scenario in FINDINGS_SHOTS:  # the findings screen (f): the hang's collective line in full
+            await pilot.press("f")
+            await pilot.pause(PANEL_CATCH_UP_S)
+            _save_svg(app, out, f"{name}-findings")
+        return path
+
+
+# Scenarios whose ranks run with the flight recorder on: their hang's picture waits for the collective the
+# in-process read names, and a second picture shows the findings screen with it.
+FINDINGS_SHOTS = ("nccl-hang",)
+
+
+def _names_collective(finding, scenario: str) -> bool:
+    if scenario not in FINDINGS_SHOTS:
+        return True
+    return (finding.figures.get("collective") or {}).get("source") == "flight recorder"
 
 
 def _rank0_state(app) -> Optional[str]:
@@ -328,6 +344,7 @@ def main() -> int:
     parser.add_argument("--profile", default="h100-sxm-8", help="simulated machine (default h100-sxm-8)")
     parser.add_argument("--no-demo", action="store_true", help="skip the pictures of the real demo job")
     parser.add_argument("--only-demo", action="store_true", help="only the pictures of the real demo job")
+    parser.add_argument("--demo", choices=[s for s, _f, _r in DEMO_SHOTS], help="only this demo scenario's pictures")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -344,11 +361,13 @@ def main() -> int:
         shots.append(lambda: shoot_fleet(out))
         shots.append(lambda: shoot_fleet_256(out))
     if not args.no_demo:
-        shots += [lambda s=scenario, f=finding, r=state: shoot_demo(out, s, f, r) for scenario, finding, state in DEMO_SHOTS]
+        demos = [(s, f, r) for s, f, r in DEMO_SHOTS if args.demo in (None, s)]
+        shots += [lambda s=scenario, f=finding, r=state: shoot_demo(out, s, f, r) for scenario, finding, state in demos]
     for make in shots:
-        svg = asyncio.run(make())
-        png = to_png(svg)
-        print(f"wrote {svg}" + (f" and {png.name}" if png else " (no PNG converter: install librsvg2-bin or cairosvg)"))
+        first = asyncio.run(make())
+        for svg in [first] + sorted(out.glob(f"{first.stem}-findings.svg")):
+            png = to_png(svg)
+            print(f"wrote {svg}" + (f" and {png.name}" if png else " (no PNG converter: install librsvg2-bin or cairosvg)"))
     return 0
 
 

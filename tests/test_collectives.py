@@ -149,3 +149,48 @@ def test_the_reader_finds_the_dump_by_the_ranks_environment_and_skips_an_earlier
     assert got.error is None and got.source == str(tmp_path / "fr_2") and max(e.seq for e in got.entries) == 3
     os.utime(tmp_path / "fr_2", (started - 60, started - 60))
     assert "predates this rank" in (reader.read(rank.pid, 2, started).error or "")
+
+
+def test_an_in_process_read_stands_in_only_where_the_rank_writes_no_dump(spawn, tmp_path):
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE="100", TORCH_FR_DUMP_TEMP_FILE=str(tmp_path / "fr_"))
+    rank = spawn(["sleep", "60"], env=env)
+    plain = spawn(["sleep", "60"], env={k: v for k, v in env.items() if not k.startswith("TORCH_FR")})
+    started = psutil.Process(rank.pid).create_time()
+    reader = FlightRecorderReader()
+    live = FlightRecord(rank.pid, 2, "an in-process read", entries=records("stuck")[2].entries)
+    wait_until(lambda: reader.wants_live_read(rank.pid, 2, started), what="the environment to be readable")
+    assert not reader.wants_live_read(plain.pid, 2, started)  # recorder off: nothing to read, nothing injected
+    assert reader.read(rank.pid, 2, started, live) is live
+    shutil.copyfile(FIXTURES / "stuck" / "rank_2", tmp_path / "fr_2")  # the job writes dumps: those are read
+    assert not reader.wants_live_read(rank.pid, 2, started)
+    assert reader.read(rank.pid, 2, started, live).source == str(tmp_path / "fr_2")
+    os.utime(tmp_path / "fr_2", (started - 60, started - 60))  # an earlier run's dump is no dump of this one
+    assert reader.wants_live_read(rank.pid, 2, started) and reader.read(rank.pid, 2, started, live) is live
+
+
+def test_live_reads_run_once_per_rank_at_a_time_and_say_why_a_read_failed():
+    import threading
+
+    from gputop.inject.fr_read import LiveRecorderReads
+
+    calls: list[int] = []
+    go = threading.Event()
+
+    def read(pid, rank):
+        calls.append(pid)
+        go.wait(30)
+        if pid == 2:
+            raise OSError("boom")
+        return FlightRecord(pid, rank, "in-process")
+
+    reads = LiveRecorderReads(read, every_s=3600, retry_s=0)
+    assert reads.request([(1, 0), (2, 1)]) == [1, 2]
+    assert reads.request([(1, 0), (2, 1)]) == []  # still running: never two reads of one rank at once
+    go.set()
+    wait_until(lambda: not reads.busy(), what="the reads to end")
+    assert reads.get(1).error is None and "OSError: boom" in reads.get(2).error
+    assert reads.request([(1, 0)]) == [] and sorted(calls) == [1, 2]  # read within every_s: not again
+    assert reads.request([(2, 1)]) == [2]  # a failed read is tried again after retry_s
+    wait_until(lambda: not reads.busy(), what="the retry to end")
+    reads.forget_except({1})
+    assert reads.get(2) is None and reads.request([(2, 1)]) == [2]

@@ -110,6 +110,29 @@ def test_the_nccl_watchdog_takes_a_hung_job_down(demo):
     assert re.search(r"rank \d was killed by signal 6", log), log
 
 
+@pytest.mark.slow
+def test_the_nccl_hang_names_the_collective_from_the_ranks_flight_recorders(demo):
+    """The ranks run with the flight recorder on and write no dump: gputop reads it from inside them once a rank
+    stands still, and the hang names the all-reduce the others wait in and the stuck rank as missing."""
+    from tests.harness.attach import Observer
+
+    job, pipeline = demo("nccl-hang", gpus=3)
+    job.wait_until_training(timeout=STARTUP_S)
+    obs = Observer(job.launcher_pid, pipeline=pipeline)
+    culprit = job.config.hang_rank
+
+    def named():
+        top = obs.step()[0]
+        c = top.figures.get("collective") or {}
+        return top.id == "hang" and c.get("source") == "flight recorder" and c.get("missing") == [culprit] and c
+
+    c = wait_until(named, timeout=240, interval=1.0, what="the hang's collective from the recorders",
+                   state=lambda: [(f.id, f.summary) for f in obs.findings[:1]])  # fmt: skip
+    assert c["op"] == "gloo:all_reduce" and c["seq"] > 0 and c["entered"] == [r for r in range(3) if r != culprit], c
+    assert c["timeout_ms"] == job.config.collective_timeout_s * 1000  # the simulated watchdog's, as NCCL's is
+    assert "flight recorder: gloo:all_reduce #" in "\n".join(obs.findings[0].evidence)
+
+
 # ----------------------------------------------------------------------------- the headless verdict
 
 

@@ -9,6 +9,7 @@ the real thing: two torchrun agents, two `gputop serve`, a real Prometheus."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -31,7 +32,7 @@ from gputop.fleet.identity import cross_node_job_id, node_place
 from gputop.fleet.prometheus import PrometheusApi, Series
 from gputop.fleet.view import fleet_view, judge
 from gputop.history import History
-from gputop.model import Snapshot
+from gputop.model import CollectiveEntry, FlightRecord, Snapshot
 from tests.harness import fleet_scale, train_jobs
 from tests.harness import histories as hb
 from tests.harness.processes import free_port, wait_until
@@ -73,12 +74,23 @@ def test_the_node_place_from_torchrun_slurm_and_the_world_over_the_local_world()
 class NodeSource:
     """A pipeline stand-in: a built history's snapshots, the job's ranks placed on `node` of two."""
 
-    def __init__(self, history: History, node: int, nic_spec: Optional[str] = None) -> None:
+    def __init__(
+        self, history: History, node: int, nic_spec: Optional[str] = None, records: Optional[Callable[[int], FlightRecord]] = None
+    ) -> None:
         self.machine = history.machine
         self.snaps = [self._placed(s, node) for s in history]
         if nic_spec is not None:
             self.snaps = self._with_nics(self.snaps, nic_spec)
+        if records is not None:  # each rank's flight recorder, by its global rank
+            self.snaps = [self._with_records(s, records) for s in self.snaps]
         self.i = 0
+
+    @staticmethod
+    def _with_records(snap, records: Callable[[int], FlightRecord]):
+        if snap.job is None:
+            return snap
+        recs = tuple(replace(records(r.rank), pid=r.proc.pid, rank=r.rank) for r in snap.job.ranks)
+        return replace(snap, job=replace(snap.job, flight_records=recs))
 
     @staticmethod
     def _with_nics(snaps: list[Snapshot], spec: str) -> list[Snapshot]:
@@ -117,13 +129,14 @@ def node_exporter(
     seconds: float = 60.0,
     cpu: Callable[[float], float] = lambda t: 30.0,
     nic_spec: Optional[str] = None,
+    records: Optional[Callable[[int], FlightRecord]] = None,
     **scenario,
 ) -> Exporter:
     """Node `node`'s serve after `seconds` of the job: local rank i runs `states[i]` (default: computing
     and meeting the others in a collective); with `nic_spec`, the NICs of that simulated machine."""
     default = hb.cycle([FORWARD_BACKWARD, COLLECTIVE])
     specs = [hb.RankSpec(pid=1000 + i, rank=i, gpus=(i,), state=states.get(i, default), cpu=cpu) for i in range(RANKS_PER_NODE)]
-    source = NodeSource(hb.build(hb.Scenario(seconds=seconds, ranks=specs, **scenario)), node, nic_spec)
+    source = NodeSource(hb.build(hb.Scenario(seconds=seconds, ranks=specs, **scenario)), node, nic_spec, records)
     exporter = Exporter(source, interval=1.0, hostname=f"node{node}", log=lambda line: None)
     for _ in source.snaps:
         exporter.cycle()
@@ -261,6 +274,49 @@ def test_a_rank_stopped_outside_a_collective_is_named_with_its_node_not_the_wait
     assert ("node0", "remote_holdup") in kinds and ("node0", "hang") not in kinds, kinds
 
 
+def _all_reduce(seq: int, done: bool) -> CollectiveEntry:
+    return CollectiveEntry(
+        seq, "gloo:all_reduce", "0", "default_pg", ((1024,),), ("Float",), "completed" if done else "scheduled", done, hb.T0 + 20
+    )
+
+
+def test_the_rank_missing_from_the_collective_is_named_with_its_node_from_the_flight_recorders():
+    """Global rank 6 (node1) stops in its own code at t=20 before all-reduce #4; the recorders of the seven
+    others hold #4 pending: `report --prometheus` and `gputop fleet` (the same verdict) name the collective,
+    rank 6 and node1, and no other rank."""
+    still = hb.cycle([FORWARD_BACKWARD, COLLECTIVE])
+
+    def waits_from_20(t: float) -> str:
+        return still(t) if t < 20 else COLLECTIVE
+
+    def record(rank: int) -> FlightRecord:
+        entries = (_all_reduce(3, True),) + (() if rank == 6 else (_all_reduce(4, False),))
+        return FlightRecord(0, rank, "an in-process read", entries=entries, groups=(("0", tuple(range(8))),))
+
+    frozen = {"cpu": lambda t: 30.0 if t < 20 else 0.0, "util": lambda gpu, t: 95.0 if t < 20 else 0.0, "records": record}
+    node0 = node_exporter(0, dict.fromkeys(range(4), waits_from_20), **frozen)
+    node1 = node_exporter(1, {0: waits_from_20, 1: waits_from_20, 2: lambda t: FORWARD_BACKWARD, 3: waits_from_20}, **frozen)
+    prom = PromLike([exposition(node0), exposition(node1)], at=hb.T0 + 60.0)
+    verdict = judge(fleet_view(prom))
+    assert (verdict.kind, verdict.node, verdict.rank) == ("hung", "node1", 6), verdict
+    assert verdict.summary == (
+        "gloo:all_reduce #4 (process group 0): 7 rank(s) wait in it; rank 6 on node1 (node 1 of 2) never entered it"
+    )
+    data = json.loads(build(prom, "http://prometheus.test", None, "json"))
+    assert [(o["node"], o["rank"]) for o in data["outliers"]] == [("node1", 6)]  # not named twice, no waiting rank named
+    assert "never entered it" in build(prom, "http://prometheus.test", RUN_ID, "md")
+
+
+def test_ranks_a_collective_apart_in_a_moving_job_name_no_one():
+    # a scrape caught rank 6 a step behind the others, but no rank has stopped: nobody is missing
+    def record(rank: int) -> FlightRecord:
+        entries = (_all_reduce(3, True),) + (() if rank == 6 else (_all_reduce(4, False),))
+        return FlightRecord(0, rank, "an in-process read", entries=entries)
+
+    prom = PromLike([exposition(node_exporter(n, {}, records=record)) for n in (0, 1)], at=hb.T0 + 60.0)
+    assert judge(fleet_view(prom)).kind == "healthy"
+
+
 def test_a_node_with_a_degraded_link_is_named_when_no_rank_holds_the_job_back():
     from gputop.model import PcieLink
 
@@ -348,7 +404,7 @@ def dashboard_queries() -> list[str]:
     return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", ())]
 
 
-def torchrun_agent(rdzv_port: int, node_rank: int, ready: Path, *options: str) -> list[str]:
+def torchrun_agent(rdzv_port: int, node_rank: int, ready: Path, *options: str, job: str = train_jobs.JOB) -> list[str]:
     """One "node" of a 2-node job: a torchrun agent with c10d rendezvous on loopback, two CPU gloo ranks."""
     return [
         sys.executable,
@@ -368,7 +424,7 @@ def torchrun_agent(rdzv_port: int, node_rank: int, ready: Path, *options: str) -
         RUN_ID_LIVE,
         "--max-restarts",
         "0",
-        train_jobs.JOB,
+        job,
         *options,
         "--ready",
         str(ready),
@@ -404,10 +460,67 @@ def start_prometheus(spawn, tmp_path: Path, targets: list[str]) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
+def serve_both_nodes(spawn, tmp_path: Path, agents: list, ready: Path, node0_machine: str = "h100-sxm-8") -> str:
+    """Once the 4 ranks are ready: a `gputop serve` on each agent, named by the node rank the rendezvous gave
+    it ("node0", "node1"), and a real Prometheus scraping both; its URL."""
+    records = train_jobs.wait_ready(ready, 4, agents[0], log=tmp_path / "agent0.log")
+    node_of_agent = {}
+    for pid in records:
+        node_of_agent[psutil.Process(pid).ppid()] = group_rank_of(pid)
+    assert set(node_of_agent) == {a.pid for a in agents} and sorted(node_of_agent.values()) == [0, 1], node_of_agent
+    targets = []
+    for agent in agents:
+        targets.append(f"127.0.0.1:{free_port()}")
+        node = node_of_agent[agent.pid]
+        argv = [sys.executable, "-m", "gputop", "serve", "--pid", str(agent.pid), "--simulate"]
+        argv += [node0_machine if node == 0 else "h100-sxm-8", "--hostname", f"node{node}", "--listen", targets[-1]]
+        argv += ["--interval", "1", "--stack-interval", "0.5"]
+        spawn(argv, stdout=subprocess.DEVNULL, stderr=(tmp_path / f"serve{node}.log").open("wb"))
+    return start_prometheus(spawn, tmp_path, targets)
+
+
+NEEDS_PROMETHEUS = pytest.mark.skipif(
     PROMETHEUS is None, reason="the prometheus binary is not installed (.ci/run installs Debian's prometheus package)"
 )
+
+
+@pytest.mark.slow
+@NEEDS_PROMETHEUS
+def test_report_and_fleet_over_prometheus_name_the_rank_missing_from_the_collective_and_its_node(spawn, tmp_path, capsys):
+    """A 2-node gloo job (2 ranks a node) with the flight recorder on and no dump: global rank 3 stops in its
+    own code before all-reduce #4, ranks 0-2 wait in it.  Each node's serve reads its ranks' recorders from
+    inside them and exports gputop_rank_collective_seq; `report --prometheus` names rank 3 and its node."""
+    rdzv = free_port()
+    ready = tmp_path / "job.ready"
+    job = str(Path(__file__).parent / "jobs" / "collective_job.py")
+    options = ("--case", "stuck", "--odd-rank", "3")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FR_", "TORCH_NCCL_"))}
+    env["TORCH_FR_BUFFER_SIZE"] = "100"
+    agents = [
+        spawn(torchrun_agent(rdzv, n, ready, *options, job=job), stdout=subprocess.DEVNULL,
+              stderr=(tmp_path / f"agent{n}.log").open("wb"), env=env)
+        for n in (0, 1)
+    ]  # fmt: skip
+    url = serve_both_nodes(spawn, tmp_path, agents, ready)
+    out = tmp_path / "report.json"
+
+    def named() -> Optional[dict]:
+        if main(["report", "--prometheus", url, "--format", "json", "-o", str(out)]) != 0:
+            capsys.readouterr()  # not yet: Prometheus not up, or no rank series scraped yet
+            return None
+        data = json.loads(out.read_text())
+        return data if "never entered it" in data["verdict"]["summary"] else None
+
+    data = wait_until(named, timeout=150, interval=2.0, what="the verdict naming the rank missing from the collective")
+    node3 = next(r["node"] for r in data["ranks"] if r["rank"] == 3)
+    assert (data["verdict"]["kind"], data["verdict"]["node"], data["verdict"]["rank"]) == ("hung", node3, 3), data["verdict"]
+    assert data["verdict"]["summary"].startswith("gloo:all_reduce #4 (process group 0): 3 rank(s) wait in it; rank 3 on ")
+    view = fleet_view(PrometheusApi(url))  # what `gputop fleet` shows: the same view and verdict
+    assert judge(view).summary == data["verdict"]["summary"]
+
+
+@pytest.mark.slow
+@NEEDS_PROMETHEUS
 def test_report_over_prometheus_names_the_straggler_of_a_two_node_job_and_its_node(spawn, tmp_path, capsys):
     rdzv = free_port()
     ready = tmp_path / "job.ready"
@@ -418,31 +531,7 @@ def test_report_over_prometheus_names_the_straggler_of_a_two_node_job_and_its_no
         spawn(torchrun_agent(rdzv, n, ready, *options), stdout=subprocess.DEVNULL, stderr=(tmp_path / f"agent{n}.log").open("wb"))
         for n in (0, 1)
     ]
-    records = train_jobs.wait_ready(ready, 4, agents[0], log=tmp_path / "agent0.log")
-    # which agent the rendezvous made node rank 1 (the one that runs rank 3): each serve is named by its node
-    node_of_agent = {}
-    for pid in records:
-        node_of_agent[psutil.Process(pid).ppid()] = group_rank_of(pid)
-    assert set(node_of_agent) == {a.pid for a in agents} and sorted(node_of_agent.values()) == [0, 1], node_of_agent
-
-    targets = []
-    for agent in agents:
-        port = free_port()
-        targets.append(f"127.0.0.1:{port}")
-        machine = NODE0_MACHINE if node_of_agent[agent.pid] == 0 else "h100-sxm-8"
-        argv = [sys.executable, "-m", "gputop", "serve", "--pid", str(agent.pid), "--simulate", machine]
-        argv += [
-            "--hostname",
-            f"node{node_of_agent[agent.pid]}",
-            "--listen",
-            targets[-1],
-            "--interval",
-            "1",
-            "--stack-interval",
-            "0.5",
-        ]
-        spawn(argv, stdout=subprocess.DEVNULL, stderr=(tmp_path / f"serve{node_of_agent[agent.pid]}.log").open("wb"))
-    url = start_prometheus(spawn, tmp_path, targets)
+    url = serve_both_nodes(spawn, tmp_path, agents, ready, node0_machine=NODE0_MACHINE)
     out = tmp_path / "report.json"
 
     def reported() -> Optional[dict]:

@@ -49,9 +49,9 @@ def test_stopped_job_is_stopped_not_hung_nor_input_bound(spawn, tmp_path):
     assert not {"hang", "starvation", "hiccup", "straggler"} & set(ids), ids
 
 
-def _collective_job(spawn, tmp_path: Path, *, recorder: bool, case: str = "stuck") -> tuple:
+def _collective_job(spawn, tmp_path: Path, *, recorder: bool, case: str = "stuck", dump_every: int = 1, args=()) -> tuple:
     """3 gloo ranks under torchrun; after 3 all-reduces rank 2 breaks the pattern (`case`: stuck in its own
-    code, or a broadcast instead), the others enter the 4th."""
+    code, or a broadcast instead), the others enter the 4th.  `dump_every` 0: the ranks write no dump."""
     dumps = tmp_path / "fr"
     dumps.mkdir()
     env = dict(os.environ)
@@ -61,8 +61,8 @@ def _collective_job(spawn, tmp_path: Path, *, recorder: bool, case: str = "stuck
         env.update(TORCH_FR_BUFFER_SIZE="100", TORCH_FR_DUMP_TEMP_FILE=str(dumps / "rank_"))
     argv = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), JOB, "--case", case, "--odd-rank", "2", "--dump-every", "1",
-        "--ready", str(tmp_path / "ready"),
+        "--master-port", str(free_port()), JOB, "--case", case, "--odd-rank", "2", "--dump-every", str(dump_every),
+        "--ready", str(tmp_path / "ready"), *args,
     ]  # fmt: skip
     with open(tmp_path / "job.log", "wb") as log:
         proc = spawn(argv, stdout=log, stderr=log, env=env)
@@ -114,6 +114,56 @@ def test_a_rank_in_another_collective_is_named_as_a_mismatch(spawn, tmp_path):
     assert (c["op"], c["seq"]) == ("gloo:all_reduce", 4) and c["entered"] == [0, 1] and c["missing"] == []
     assert c["mismatched"] == {"2": "gloo:broadcast"}, c
     assert "rank 2" in hang["summary"] and "entered another collective" in hang["summary"], hang["summary"]
+
+
+def _release(path: Path, stuck_in: str) -> None:
+    if stuck_in == "sleep":
+        path.touch()
+    else:  # the FIFO the rank reads: a byte lets it go
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(fd, b"x")
+        finally:
+            os.close(fd)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stuck_in", ["sleep", "read"])
+def test_a_recorder_without_dump_files_is_read_in_process_and_the_job_goes_on(spawn, tmp_path, stuck_in):
+    # the recorder is on, no rank writes a dump: gputop reads each rank's recorder from inside it, on the ranks
+    # waiting in the all-reduce (main thread in gloo's wait) and on rank 2, stuck in a sleep loop or a read
+    release = tmp_path / "release"
+    if stuck_in == "read":
+        os.mkfifo(release)
+    proc, pids, dumps = _collective_job(
+        spawn, tmp_path, recorder=True, dump_every=0,
+        args=("--stuck-in", stuck_in, "--release", str(release), "--finish-steps", "3"),
+    )  # fmt: skip
+    report = _report(spawn, proc.pid)
+    assert not list(dumps.iterdir())  # nothing on disk: what gputop names came from the in-process reads
+    named = [f for f in report["findings"] if (f["figures"].get("collective") or {}).get("source") == "flight recorder"]
+    assert named, [(f["id"], f["summary"], f["evidence"]) for f in report["findings"]]
+    c = named[0]["figures"]["collective"]
+    assert (c["op"], c["seq"], c["process_group"]) == ("gloo:all_reduce", 4, "0"), c
+    assert c["entered"] == [0, 1] and c["missing"] == [2] and c["last_seq"] == {"0": 4, "1": 4, "2": 3}, c
+    assert c["where"]["2"].startswith("load_next_shard (collective_job.py:"), c["where"]
+    assert pids[2] in named[0]["pids"]
+    # unharmed: released, rank 2 enters the all-reduce, every rank takes its last steps and the job exits 0
+    _release(release, stuck_in)
+    assert proc.wait(timeout=START_TIMEOUT_S) == 0, (tmp_path / "job.log").read_text()[-2000:]
+
+
+@pytest.mark.slow
+def test_a_refused_in_process_read_leaves_the_finding_from_stacks_and_says_why(spawn, tmp_path):
+    from gputop.inject.injector import InjectionLock
+
+    proc, pids, _ = _collective_job(spawn, tmp_path, recorder=True, dump_every=0)
+    with InjectionLock(pids[2], "a test holding rank 2"):  # another injection runs in rank 2: its read is refused
+        hang = _hang(_report(spawn, proc.pid))
+    c = hang["figures"]["collective"]
+    assert c["source"] == "stacks" and c["entered"] == [0, 1] and c["missing"] == [2], c
+    refused = [line for line in hang["evidence"] if line.startswith("flight recorder on, not read:")]
+    assert len(refused) == 1 and f"PID {pids[2]} already has a gputop injection running" in refused[0], hang["evidence"]
 
 
 # ---------------------------------------------------------------- the same decisions on built histories

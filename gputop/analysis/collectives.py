@@ -22,10 +22,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 from gputop.model import CollectiveEntry, FlightRecord
 
-# how to turn the recorder on so gputop can read it live (gputop.collect.flight_recorder reads the dump)
+# how to turn the recorder on so gputop can read it live: from inside the ranks once one stands still
+# (gputop.inject.fr_read), or from the dumps the job writes (gputop.collect.flight_recorder)
 ENABLE_HINT = (
-    "export TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=/tmp/fr_rank_  # flight recorder; gputop reads the dump "
-    "the job writes there (TORCH_NCCL_DUMP_ON_TIMEOUT=1, or a thread calling torch._C._distributed_c10d._dump_fr_trace())"
+    "export TORCH_FR_BUFFER_SIZE=2000  # flight recorder: gputop reads it from inside the ranks once they stand still, "
+    "or the dumps the job writes ($TORCH_FR_DUMP_TEMP_FILE<rank>; see docs/hangs.md)"
 )
 
 

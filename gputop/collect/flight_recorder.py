@@ -130,9 +130,24 @@ class FlightRecorderReader:
     def __init__(self) -> None:
         self._cache: dict[int, tuple[tuple[str, float, int], FlightRecord]] = {}
 
-    def read(self, pid: int, rank: Optional[int], started: float = 0.0) -> Optional[FlightRecord]:
+    def wants_live_read(self, pid: int, rank: Optional[int], started: float = 0.0) -> bool:
+        """The rank's recorder is on and it has written no dump file (none, or only an earlier run's, older
+        than the rank's `started`): only an in-process read can see it."""
+        env = read_environ(pid)
+        if env is None or not recorder_on(env):
+            return False
+        path = dump_path(env, rank)
+        try:
+            return os.stat(f"/proc/{pid}/root{path}" if path.startswith("/") else path).st_mtime < started
+        except OSError:
+            return True
+
+    def read(
+        self, pid: int, rank: Optional[int], started: float = 0.0, live: Optional[FlightRecord] = None
+    ) -> Optional[FlightRecord]:
         """The rank's record (None: its recorder is off); a rank that exited keeps its last one.  A dump older
-        than the rank (`started`, its start time) is an earlier run's left in the same place: not read."""
+        than the rank (`started`, its start time) is an earlier run's left in the same place: not read.  With no
+        dump file, `live` (an in-process read, `gputop.inject.fr_read`) stands in for it."""
         env = read_environ(pid)
         if env is None:
             cached = self._cache.get(pid)
@@ -148,12 +163,17 @@ class FlightRecorderReader:
         try:
             st = os.stat(seen)
         except OSError:
+            if live is not None:
+                self._cache[pid] = ((path, -1.0, -1), live)  # kept should the rank exit
+                return live
             return FlightRecord(
-                pid, rank, path, error=f"no dump at {path} yet: the job writes it (see the README's hang section)"
+                pid, rank, path, error=f"no dump at {path}, and no in-process read yet (one starts once a rank stands still)"
             )
         if uid is not None and st.st_uid not in (uid, os.getuid()):
             return FlightRecord(pid, rank, path, error=f"{path} belongs to another user: not read")
         if st.st_mtime < started:
+            if live is not None:
+                return live
             return FlightRecord(pid, rank, path, error=f"the dump at {path} predates this rank (an earlier run's): not read")
         if st.st_size > MAX_DUMP_BYTES:
             return FlightRecord(pid, rank, path, error=f"{path} is {st.st_size >> 20} MiB: too large to read each second")

@@ -36,10 +36,11 @@ from gputop.collect.procfs import (
     read_ns_pids,
     read_stat,
 )
-from gputop.collect.stack_schedule import NATIVE_AFTER_S, FreezeWatch, StackSchedule
+from gputop.collect.stack_schedule import LIVE_READ_AFTER_S, NATIVE_AFTER_S, FreezeWatch, StackSchedule
 from gputop.collect.state_sampler import StartupWatch, StateSampler
 from gputop.errors import GputopError
 from gputop.fleet.identity import node_place
+from gputop.inject import fr_read
 from gputop.model import GpuSample, JobTree, ProcessStacks, ProcInfo, Rank, StateSamples
 
 WORKER_COMM = "pt_data_worker"  # torch sets it in the DataLoader worker loop
@@ -439,6 +440,17 @@ def _no_process_error(pid: int) -> GputopError:
     return GputopError(f"no process with PID {pid} (it may have exited; check with `ps -p {pid}`)")
 
 
+def _state_sampler(given: Optional[StateSampler], py_spy_stacks: bool, wanted: bool) -> Optional[StateSampler]:
+    """The sampler given, else py-spy's where stacks come from py-spy (without py-spy the dumps say why)."""
+    sampler = given
+    if given is None and py_spy_stacks:
+        py_spy = stacks_mod.find_py_spy()
+        sampler = StateSampler(py_spy) if py_spy else None
+    if sampler is not None:
+        sampler.set_wanted(wanted)
+    return sampler
+
+
 class JobCollector:
     """Attached to one job.  `collect()` is cheap (/proc via psutil); py-spy runs in a background thread
     every `stack_interval` seconds while `stacks_wanted` is True, and `collect()` returns its latest result.
@@ -455,13 +467,16 @@ class JobCollector:
         native_dump: Optional[Callable[[int], ProcessStacks]] = stacks_mod.dump_native,
         native_after: float = NATIVE_AFTER_S,
         sampler: Optional[StateSampler] = None,
+        recorder_read: Optional[fr_read.Reader] = fr_read.read_in_process,
     ) -> None:
         """Attach to the job `pid` belongs to.  `stacks_enabled=False`: never run py-spy (no thread);
         `stacks_wanted`: the initial state of the switch; `dump`: the stack reader (default: py-spy, a
         few at a time: each dump is CPU work, and on a small machine the job needs the cores);
         `native_dump`: what takes the one native dump of a process frozen for `native_after` seconds
         (None: never pause a process); `sampler`: what samples the ranks' main threads densely (default:
-        py-spy record, when stacks come from py-spy; none when `dump` replaces py-spy)."""
+        py-spy record, when stacks come from py-spy; none when `dump` replaces py-spy); `recorder_read`: what
+        reads the flight recorder from inside a rank that has it on but writes no dump, once a rank has stood
+        still `LIVE_READ_AFTER_S` (None, or $GPUTOP_NO_RECORDER_READ set: never inject)."""
         if pid <= 0:
             raise GputopError(f"{pid} is not a process id (it must be positive)")
         self.pid = pid
@@ -491,12 +506,9 @@ class JobCollector:
         self._stacks_enabled = stacks_enabled
         self._startup = StartupWatch()
         self._recorders = FlightRecorderReader()
-        self._sampler = sampler
-        if sampler is None and stacks_enabled and dump is None:
-            py_spy = stacks_mod.find_py_spy()
-            self._sampler = StateSampler(py_spy) if py_spy else None  # without py-spy the dumps say why
-        if self._sampler is not None:
-            self._sampler.set_wanted(stacks_wanted)
+        live = recorder_read is not None and not fr_read.reads_turned_off()
+        self._live_recorders = fr_read.LiveRecorderReads(recorder_read) if recorder_read is not None and live else None
+        self._sampler = _state_sampler(sampler, stacks_enabled and dump is None, stacks_wanted)
         if stacks_enabled:
             self._learn_role_of_root(root)
         self.collect(())  # learn the job's PIDs before the first dump
@@ -562,7 +574,13 @@ class JobCollector:
             stacks_error = self._stacks_error
         stretches = self._take_stretches([r.proc.pid for r in tree.ranks])
         self._recorders.forget_except({r.proc.pid for r in tree.ranks})
-        records = (self._recorders.read(r.proc.pid, r.rank, r.proc.create_time) for r in tree.ranks)
+        live = self._live_recorders
+        if live is not None:
+            live.forget_except({r.proc.pid for r in tree.ranks})
+        records = (
+            self._recorders.read(r.proc.pid, r.rank, r.proc.create_time, live.get(r.proc.pid) if live else None)
+            for r in tree.ranks
+        )
         tree = replace(
             tree,
             ranks=tuple(self._with_states(r, stacks.get(r.proc.pid)) for r in tree.ranks),
@@ -669,6 +687,7 @@ class JobCollector:
         self._learn_roles(ranks + others, chosen, fresh)
         if not job_gone:
             self._watch_freezes(ranks + others, chosen, fresh)
+            self._read_recorders_if_stuck(ranks, fresh)
         self._dumped.set()
 
     def _learn_role_of_root(self, root: Tracked) -> None:
@@ -711,6 +730,21 @@ class JobCollector:
             self._freezes.taken(tracked.key, native)
             with self._lock:
                 self._native[tracked.key[0]] = native
+
+    def _read_recorders_if_stuck(self, ranks: list[Tracked], fresh: dict[int, ProcessStacks]) -> None:
+        """Once a rank's main thread has stood still `LIVE_READ_AFTER_S` (a collective that does not finish, or
+        the rank the others wait for), read in-process the recorder of every rank that has it on and writes no
+        dump: the hang finding then names the collective.  A job that moves is never injected into."""
+        live = self._live_recorders
+        if live is None or self._closed.is_set() or not fresh:
+            return
+        at = max(s.timestamp for s in fresh.values())
+        if not any(self._freezes.frozen_for(t.key, at) >= LIVE_READ_AFTER_S for t in ranks):
+            return
+        tree = self._last_tree
+        numbers = {r.proc.pid: r.rank for r in tree.ranks} if tree is not None else {}
+        wanted = [(t.key[0], numbers.get(t.key[0]), t.key[1]) for t in ranks]
+        live.request([(pid, rank) for pid, rank, started in wanted if self._recorders.wants_live_read(pid, rank, started)])
 
     def wait_for_stacks(self, timeout: float = 5.0) -> bool:
         """Block until the background thread has finished a refresh (for one-shot `snapshot --json`)."""

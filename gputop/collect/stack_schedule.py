@@ -79,6 +79,10 @@ class StackSchedule:
 # still, gets one `py-spy dump --native` (a short pause) to name the C frame it waits in:
 # cudaStreamSynchronize, an NCCL kernel wait, a futex.
 NATIVE_AFTER_S = 10.0
+# A rank whose main thread has stood still this long gets the job's flight recorders read in-process
+# (`gputop.inject.fr_read`), where the recorder is on and no dump file is written: a healthy step moves its
+# main thread many times a second, and a hang's finding needs the read done within a 12 s report.
+LIVE_READ_AFTER_S = 3.0
 
 
 @dataclass
@@ -122,6 +126,11 @@ class FreezeWatch:
         freeze.native_taken = True
         if native.progress is not None and native.timestamp >= freeze.start.timestamp:
             freeze.start = replace(freeze.start, timestamp=native.timestamp, progress=native.progress)
+
+    def frozen_for(self, key: ProcKey, at: float) -> float:
+        """How long (seconds, up to the dump taken at `at`) this process's main thread has stood still; 0 while it moves."""
+        freeze = self._freezes.get(key)
+        return max(0.0, at - freeze.since) if freeze is not None else 0.0
 
     def frozen(self, key: ProcKey) -> bool:
         """Has this process's native dump been taken in a freeze that still lasts?"""

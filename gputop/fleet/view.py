@@ -43,6 +43,8 @@ class FleetRank:
     data_wait_low: Optional[float] = None
     data_wait_high: Optional[float] = None
     last_progress: Optional[float] = None  # Unix time
+    # gputop_rank_collective_seq: (process group, "completed" or "pending", op, collective_seq_id) per series
+    collectives: tuple[tuple[str, str, str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,30 +171,7 @@ def fleet_view(
     if not info_rows:
         raise GputopError(f"job {job!r} has no rank series in Prometheus at {where}: gputop serve sees none of its ranks yet")
     at = max(s.at for s in info_rows)
-    by_key = _per_rank(answers)
-    states = {(_host(s), s.labels.get("rank", "")): s.labels.get("state") for s in answers["state"]}
-    ranks: dict[tuple[str, int], FleetRank] = {}
-    for row in info_rows:
-        node, rank = _host(row), _int(row.labels.get("rank"))
-        if rank is None:
-            continue
-        gpu = _int(row.labels.get("gpu"))
-        known = ranks.get((node, rank))
-        gpus = (known.gpus if known else ()) + ((gpu,) if gpu is not None else ())
-        values = by_key.get((node, str(rank)), {})
-        ranks[(node, rank)] = FleetRank(
-            node=node,
-            rank=rank,
-            local_rank=_int(row.labels.get("local_rank")),
-            node_rank=_int(row.labels.get("node")),
-            pid=_int(row.labels.get("pid")),
-            gpus=tuple(sorted(set(gpus))),
-            state=states.get((node, str(rank))),
-            data_wait_ratio=values.get("ratio"),
-            data_wait_low=values.get("low"),
-            data_wait_high=values.get("high"),
-            last_progress=values.get("progress"),
-        )
+    ranks = _ranks(answers, info_rows)
     hosts = sorted({r.node for r in ranks.values()} | {_host(s) for s in infos})
     node_rank_of = {_host(s): _int(s.labels.get("node_rank")) for s in infos}
     nodes = _nodes(answers, hosts, node_rank_of)
@@ -220,6 +199,37 @@ def fleet_view(
     )
 
 
+def _ranks(answers: dict[str, list[Series]], info_rows: list[Series]) -> dict[tuple[str, int], FleetRank]:
+    """(node, rank) -> the rank as every family's answer has it, joined by Hostname and rank."""
+    by_key = _per_rank(answers)
+    states = {(_host(s), s.labels.get("rank", "")): s.labels.get("state") for s in answers["state"]}
+    collectives = _collectives(answers["collective"])
+    ranks: dict[tuple[str, int], FleetRank] = {}
+    for row in info_rows:
+        node, rank = _host(row), _int(row.labels.get("rank"))
+        if rank is None:
+            continue
+        gpu = _int(row.labels.get("gpu"))
+        known = ranks.get((node, rank))
+        gpus = (known.gpus if known else ()) + ((gpu,) if gpu is not None else ())
+        values = by_key.get((node, str(rank)), {})
+        ranks[(node, rank)] = FleetRank(
+            node=node,
+            rank=rank,
+            local_rank=_int(row.labels.get("local_rank")),
+            node_rank=_int(row.labels.get("node")),
+            pid=_int(row.labels.get("pid")),
+            gpus=tuple(sorted(set(gpus))),
+            state=states.get((node, str(rank))),
+            data_wait_ratio=values.get("ratio"),
+            data_wait_low=values.get("low"),
+            data_wait_high=values.get("high"),
+            last_progress=values.get("progress"),
+            collectives=collectives.get((node, str(rank)), ()),
+        )
+    return ranks
+
+
 def job_queries(job: str) -> dict[str, str]:
     """Every query a view of `job` asks beyond the first two, by what it is for: one per metric family, each
     answered for all the job's nodes at once.  The machine-wide families are kept to the job's nodes by
@@ -234,6 +244,7 @@ def job_queries(job: str) -> dict[str, str]:
         "high": f"gputop_rank_data_wait_ratio_upper{sel}",
         "progress": f"gputop_rank_last_progress_timestamp_seconds{sel}",
         "state": f"gputop_rank_state{sel} == 1",
+        "collective": f"gputop_rank_collective_seq{sel}",
         "health": "gputop_gpu_health" + on_job_nodes,
         "util": "gputop_gpu_utilization_percent" + on_job_nodes,
         "dcgm_util": "DCGM_FI_DEV_GPU_UTIL" + on_job_nodes,
@@ -250,6 +261,15 @@ def job_queries(job: str) -> dict[str, str]:
         "finding": f"gputop_finding{sel} == 1",
         "machine_finding": f"gputop_finding{_sel(MACHINE_JOB)} == 1" + on_job_nodes,
     }
+
+
+def _collectives(series: list[Series]) -> dict[tuple[str, str], tuple[tuple[str, str, str, int], ...]]:
+    """(node, rank) -> its flight recorder's last completed and first pending collective per process group."""
+    out: dict[tuple[str, str], list[tuple[str, str, str, int]]] = {}
+    for s in series:
+        entry = (s.labels.get("process_group", ""), s.labels.get("state", ""), s.labels.get("op", "?"), int(s.value))
+        out.setdefault((_host(s), s.labels.get("rank", "")), []).append(entry)
+    return {key: tuple(sorted(entries)) for key, entries in out.items()}
 
 
 def ask_together(query: Query, exprs: list[str]) -> list[list[Series]]:
@@ -349,20 +369,12 @@ def outliers(view: FleetView) -> tuple[FleetVerdict, ...]:
     a collective while the others wait for them (`hung`), the stragglers, ranks that all hang, the nodes whose
     serve stopped being scraped (`stopped_reporting`), the nodes with a degraded part (`infrastructure`).
     `judge` is the first of them."""
-    found: list[FleetVerdict] = []
     stalled = [r for r in view.ranks if r.last_progress is not None and view.at - r.last_progress > STALLED_AFTER_S]
+    found = missing_from_collectives(view, stalled)
+    named = {(v.node, v.rank) for v in found}
     culprits = [r for r in stalled if r.state != "collective"]
     if culprits and len(culprits) < len(view.ranks):
-        for r in culprits:
-            found.append(
-                FleetVerdict(
-                    "hung",
-                    f"rank {r.rank} on {_node_name(view, r)} stopped making progress {view.at - (r.last_progress or view.at):.0f} s ago "
-                    f"({r.state or 'state unknown'}); the other ranks wait for it",
-                    r.node,
-                    r.rank,
-                )
-            )
+        found += [_stalled_verdict(view, r) for r in culprits if (r.node, r.rank) not in named]
     stragglers, others = _stragglers(view)
     for r in stragglers:
         found.append(
@@ -399,6 +411,13 @@ def outliers(view: FleetView) -> tuple[FleetVerdict, ...]:
                     node.hostname,
                 )
             )
+    found += _infrastructure_verdicts(view)
+    return tuple(found)
+
+
+def _infrastructure_verdicts(view: FleetView) -> list[FleetVerdict]:
+    """A verdict per node with a degraded part (a warning or critical infrastructure finding), critical first."""
+    found = []
     infra: dict[str, list[NodeFinding]] = {}
     for f in view.findings:
         if f.label == "infrastructure" and f.severity in ("critical", "warning"):
@@ -414,7 +433,50 @@ def outliers(view: FleetView) -> tuple[FleetVerdict, ...]:
                 node_name,
             )
         )
-    return tuple(found)
+    return found
+
+
+def _stalled_verdict(view: FleetView, r: FleetRank) -> FleetVerdict:
+    return FleetVerdict(
+        "hung",
+        f"rank {r.rank} on {_node_name(view, r)} stopped making progress {view.at - (r.last_progress or view.at):.0f} s ago "
+        f"({r.state or 'state unknown'}); the other ranks wait for it",
+        r.node,
+        r.rank,
+    )
+
+
+def missing_from_collectives(view: FleetView, stalled: Sequence[FleetRank]) -> list[FleetVerdict]:
+    """From the ranks' flight recorders (gputop_rank_collective_seq), per process group: the collective the
+    most behind of its waiting ranks waits in (its lowest pending sequence id), and each rank that reports the
+    group but never entered it (its last completed id is below, and that id is not pending there), with its
+    node.  Only while a rank that entered it has stopped making progress (`stalled`): between two scrapes of a
+    healthy job the ranks stand a collective apart for milliseconds."""
+    stalled_keys = {(r.node, r.rank) for r in stalled}
+    found = []
+    for group in sorted({c[0] for r in view.ranks for c in r.collectives}):
+        pending = {
+            (r.node, r.rank): (op, seq) for r in view.ranks for g, st, op, seq in r.collectives if g == group and st == "pending"
+        }
+        if not pending:
+            continue
+        op, seq = min(pending.values(), key=lambda p: p[1])
+        entered = [key for key, (_op, s) in pending.items() if s == seq]
+        if not stalled_keys & set(entered):
+            continue
+        missing = [
+            r
+            for r in view.ranks
+            if (r.node, r.rank) not in entered
+            and any(g == group and st == "completed" and s < seq for g, st, _op, s in r.collectives)
+        ]
+        if missing:
+            where = ", ".join(f"rank {r.rank} on {_node_name(view, r)}" for r in missing[:4]) + (
+                f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+            )
+            summary = f"{op} #{seq} (process group {group}): {len(entered)} rank(s) wait in it; {where} never entered it"
+            found.append(FleetVerdict("hung", summary, missing[0].node, missing[0].rank))
+    return found
 
 
 def _more_findings(count: int) -> str:

@@ -49,6 +49,7 @@ REMOTE_EXEC_PYTHON = (3, 14)
 BOOTSTRAP_ERROR = "bootstrap-error.txt"  # beside the agent file: what the injected line raised, if anything
 VERSION_TIMEOUT = 5.0
 INJECT_TIMEOUT = 10.0
+MAX_RESULT_BYTES = 256 << 20  # an agent's JSON answer (a sweep, a trace's result) is far smaller
 HELPER_TIMEOUT = 12.0  # the safe-point helper's own bounds (3 s to find a thread, 5 s for the call) plus its start
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -194,8 +195,9 @@ def check_owned_entries(path: str) -> None:
             _refuse_foreign(entry.path, entry.stat(follow_symlinks=False), "file")
 
 
-def read_private_json(run_dir: str, name: str) -> Optional[dict[str, Any]]:
-    """A JSON file the agent wrote, after checking it is ours and a plain file. None when absent."""
+def read_private_bytes(run_dir: str, name: str, limit: int) -> Optional[bytes]:
+    """A file the agent wrote, after checking it is ours and a plain file; at most `limit` + 1 bytes (the
+    caller tells a file over `limit` by its length).  None when absent."""
     path = os.path.join(run_dir, name)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -203,16 +205,24 @@ def read_private_json(run_dir: str, name: str) -> Optional[dict[str, Any]]:
         return None
     except OSError as exc:
         raise GputopError(f"cannot read {path}: {exc.strerror}") from None
-    with os.fdopen(fd) as f:
+    with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         _refuse_foreign(path, st, "result file")
         if not stat.S_ISREG(st.st_mode):
             raise GputopError(f"{path} is not a plain file; remove it and run again")
-        try:
-            data: dict[str, Any] = json.load(f)  # the agent writes JSON objects only
-        except ValueError:
-            return None  # being written (the agent writes atomically, so only a stray file gets here)
-    return data
+        return f.read(limit + 1)
+
+
+def read_private_json(run_dir: str, name: str) -> Optional[dict[str, Any]]:
+    """A JSON file the agent wrote, after checking it is ours and a plain file. None when absent."""
+    data = read_private_bytes(run_dir, name, MAX_RESULT_BYTES)
+    if data is None:
+        return None
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        return None  # being written (the agent writes atomically, so only a stray file gets here)
+    return answer if isinstance(answer, dict) else None  # the agent writes JSON objects only
 
 
 def default_results_root(target: Target) -> tuple[str, str]:

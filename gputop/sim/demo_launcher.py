@@ -391,6 +391,8 @@ def _rank_env(config: DemoConfig, rank: int) -> dict[str, str]:
         GLOO_SOCKET_IFNAME="lo",  # the collectives stay on loopback
     )
     env[PARENT_PID_ENV] = str(os.getpid())
+    if config.flight_recorder:  # kept in memory only: gputop reads it from inside the ranks when they stand still
+        env["TORCH_FR_BUFFER_SIZE"] = "2000"
     if config.ranks_on_gpu0:
         # the bug: nothing binds a rank to its GPU, and the script uses `cuda` (= cuda:0) instead of cuda:LOCAL_RANK
         env.pop("CUDA_VISIBLE_DEVICES", None)

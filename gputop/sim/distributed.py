@@ -47,7 +47,16 @@ from torch import nn
 from gputop.sim import cuda
 
 DEFAULT_TIMEOUT_S = 600.0  # PyTorch's default NCCL timeout: 10 minutes
-GLOO_TIMEOUT = datetime.timedelta(days=1)  # gloo's own timeout stays out of the way: the watchdog decides
+GLOO_TIMEOUT = datetime.timedelta(days=1)  # the rendezvous's: ranks that start seconds apart still meet
+
+
+def _set_collective_timeout(timeout_s: float, group: Optional[dist.ProcessGroup] = None) -> None:
+    """The group's collectives time out after `timeout_s`, as NCCL's do under its watchdog: the flight recorder
+    (TORCH_FR_BUFFER_SIZE) then carries the timeout the watchdog enforces.  Set after the rendezvous, which
+    keeps `GLOO_TIMEOUT`; a torch without this private setter keeps that too (the watchdog still decides)."""
+    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if setter is not None:
+        setter(datetime.timedelta(seconds=timeout_s), group)
 
 
 class NcclGroup:
@@ -59,6 +68,8 @@ class NcclGroup:
         self.timeout_s = timeout_s
         dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world, timeout=GLOO_TIMEOUT)
         self._device_group = dist.new_group(backend="gloo", timeout=GLOO_TIMEOUT)
+        _set_collective_timeout(timeout_s)
+        _set_collective_timeout(timeout_s, self._device_group)
         self._device_token = torch.zeros(1)  # used by the device thread alone
         self._sequence = 0  # collectives launched, as NCCL's SeqNum
         self._pending: list[tuple[Optional[dist.Work], Callable[[], None]]] = []  # host work behind the exchange
@@ -109,7 +120,11 @@ class NcclGroup:
         while self._pending:
             work, then = self._pending.pop(0)
             if work is not None:
-                work.wait()
+                started = time.monotonic()
+                try:
+                    work.wait()
+                except RuntimeError:  # the exchange timed out (`timeout_s`): what the watchdog does then
+                    self._watchdog_timeout(self._sequence, "ALLREDUCE", time.monotonic() - started)
             then()
 
     def barrier(self) -> None:

@@ -92,6 +92,8 @@ class Scenario:
     host_share: float = 0.0  # the host's own time per step (Python, launches), as a share of the GPU step
     eval_every: Optional[int] = None  # rank 0 evaluates every N steps; the others wait in a barrier
     precision: str = "fp32"  # "bf16": the forward under bf16 autocast (AMP), so the kernels use the tensor cores
+    # the ranks run with PyTorch's flight recorder on (TORCH_FR_BUFFER_SIZE), recording their real gloo collectives
+    flight_recorder: bool = False
 
 
 class _LoaderSettings(TypedDict):
@@ -161,6 +163,7 @@ SCENARIOS: dict[str, Scenario] = {
             hang=True,
             backend="nccl",
             sync_every_step=True,
+            flight_recorder=True,
         ),
         Scenario(
             "eval-rank0",
@@ -219,6 +222,7 @@ class DemoConfig:
     cached: bool = False  # the samples preprocessed once and kept in memory as tensors (no storage, no decode)
     kernels: str = "gemm"  # "unfused": many small eager fp32 kernels that stream DRAM (the case study's model)
     cpu_slowness: float = 1.0  # this box's time for the same CPU work against the box the costs were measured on
+    flight_recorder: bool = False  # TORCH_FR_BUFFER_SIZE in the ranks' environment
 
     @property
     def sample_cpu_ms(self) -> float:
@@ -359,6 +363,7 @@ def resolve(
         host_ms=round(spec.host_share * float(step_ms or DEFAULT_STEP_MS), 3),
         eval_every=spec.eval_every,
         precision=spec.precision,
+        flight_recorder=spec.flight_recorder,
         collective_timeout_s=collective_timeout_s,
         seed=seed,
         max_steps=max_steps,

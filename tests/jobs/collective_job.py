@@ -5,11 +5,15 @@
 Every rank all-reduces a tensor of ``--numel`` floats once a step (``--step-ms`` apart).  After
 ``--steps`` steps, rank ``--odd-rank`` breaks the pattern; the others go on into the next all-reduce:
 
-- ``stuck``: it waits forever in its own code (``load_next_shard``), outside any collective;
+- ``stuck``: it waits in its own code (``load_next_shard``), outside any collective: forever, or
+  (``--stuck-in sleep|read --release PATH``) in a sleep loop or a blocking read until released, then
+  enters the collective;
 - ``mismatch``: it enters a broadcast instead of the all-reduce;
 - ``size``: it enters the all-reduce with a tensor of another size;
 - ``exit``: it exits with status 3 (``--exit-status``);
 - ``none``: nothing breaks (a healthy job).
+
+``--finish-steps N``: after the break every rank all-reduces N more times and exits 0 (else until killed).
 
 ``--dump-every S``: a thread of each rank writes its flight recorder (``_dump_fr_trace``, a pickle, the
 format torch's own ``fr_trace`` reads) to ``$TORCH_FR_DUMP_TEMP_FILE<rank>`` every S seconds, replaced
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import sys
@@ -52,9 +57,18 @@ def dump_recorder_forever(path: str, every_s: float) -> None:
         time.sleep(every_s)
 
 
-def load_next_shard() -> None:
-    """The rank's own code that never returns (a read on a stalled mount, a lock never released)."""
-    threading.Event().wait()
+def load_next_shard(how: str = "event", release: str | None = None) -> None:
+    """The rank's own code that does not return (a read on a stalled mount, a lock never released): `how` it
+    waits, until `release` (a file that appears, for "sleep"; a FIFO a byte is written into, for "read")."""
+    if how == "sleep":  # a polling loop: the main thread wakes ten times a second
+        while release is None or not os.path.exists(release):
+            time.sleep(0.1)
+    elif how == "read" and release is not None:  # blocked in read(2) on a pipe
+        fd = os.open(release, os.O_RDWR)
+        os.read(fd, 1)
+        os.close(fd)
+    else:
+        threading.Event().wait()
 
 
 def main() -> None:
@@ -69,6 +83,9 @@ def main() -> None:
     parser.add_argument("--exit-status", type=int, default=3)
     parser.add_argument("--ready", default=None)
     parser.add_argument("--hold-s", type=float, default=0.0, help="the odd rank waits this long before it breaks")
+    parser.add_argument("--stuck-in", choices=("event", "sleep", "read"), default="event", help="how the stuck rank waits")
+    parser.add_argument("--release", default=None, help="stuck: what lets it go (a file for sleep, a FIFO for read)")
+    parser.add_argument("--finish-steps", type=int, default=0, help="after the break, all-reduce this often and exit 0")
     args = parser.parse_args()
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
@@ -87,7 +104,8 @@ def main() -> None:
     if odd and args.case != "none":
         time.sleep(args.hold_s)  # the others are in the next all-reduce by now, and their dumps say so
     if odd and args.case == "stuck":
-        load_next_shard()
+        load_next_shard(args.stuck_in, args.release)
+        dist.all_reduce(grads)  # released: the collective the others wait in
     elif odd and args.case == "mismatch":
         dist.broadcast(grads, src=0)
     elif odd and args.case == "size":
@@ -103,9 +121,11 @@ def main() -> None:
         os._exit(args.exit_status)
     else:
         dist.all_reduce(grads)
-    while True:  # everyone who got through waits to be killed (the next step's all-reduce, or here)
+    steps = range(args.finish_steps) if args.finish_steps else itertools.count()
+    for _ in steps:  # everyone who got through goes on until killed (or for --finish-steps steps)
         dist.all_reduce(grads)
         time.sleep(args.step_ms / 1000.0)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -375,6 +375,9 @@ def _from_recorder(ctx: Context, finding: Finding, wait: CollectiveWait) -> Find
         "never entered it" if wait.missing else "entered another collective" if wait.mismatched else "entered it with other sizes"
     )
     head = f"{wait.op} #{wait.seq}: {_rank_list(wait.entered)} wait in it, {culprit} {how}"
+    if finding.id == "rank_wait" and waited is not None and waited >= RANK_WAIT_LONG_S and wait.missing:
+        # the recorder dates the wait from before the window: a long one is a warning however short the window
+        finding = dataclasses.replace(finding, severity="warning", fix=_rank_wait_fix(_rank_list(wait.missing), True))
     return dataclasses.replace(
         finding,
         summary=f"{finding.summary} — {head}",
@@ -725,13 +728,6 @@ def _rank_wait_finding(waiting: Waiters, odd: OddRank) -> Finding:
     rank = odd.rank
     first = waiting.hung[0].finding
     long_wait = waiting.longest >= RANK_WAIT_LONG_S
-    if long_wait:
-        fix = f"if {rank.name} is not in a long evaluation or checkpoint, it skipped a collective the others wait in\n" + NCCL_FIX
-    else:
-        fix = (
-            "nothing is stuck: rank-0-only work (evaluation, checkpointing) holds the others for its duration\n"
-            "# to use that time: evaluate on every rank with a DistributedSampler, or save checkpoints asynchronously"
-        )
     return Finding(
         id="rank_wait",
         title="Ranks wait for one busy rank",
@@ -742,9 +738,18 @@ def _rank_wait_finding(waiting: Waiters, odd: OddRank) -> Finding:
         evidence=(odd.what, f"{rank.label} makes progress (its stack or counters moved between its last dumps)")
         + first.evidence[:1],
         frames=odd.frames,
-        fix=fix,
+        fix=_rank_wait_fix(rank.name, long_wait),
         gpus=waiting.gpus,
         pids=(rank.pid,) + waiting.pids,
+    )
+
+
+def _rank_wait_fix(name: str, long_wait: bool) -> str:
+    if long_wait:
+        return f"if {name} is not in a long evaluation or checkpoint, it skipped a collective the others wait in\n" + NCCL_FIX
+    return (
+        f"nothing is stuck: work on {name} alone (evaluation, checkpointing) holds the others for its duration\n"
+        "# to use that time: evaluate on every rank with a DistributedSampler, or save checkpoints asynchronously"
     )
 
 
