@@ -87,10 +87,6 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(lane)
         if lane == "acceptance":
             item.add_marker("slow")
-            # one xdist worker runs the acceptance lane, one test after another (its live jobs and statistical
-            # series keep a core busy each); the other workers share the unit and integration tests, which
-            # mostly wait on real processes (~30% of a core each) and assert no rate or duration
-            item.add_marker(pytest.mark.xdist_group("acceptance"))
         item.stash[_LANE] = lane
 
 
