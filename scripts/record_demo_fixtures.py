@@ -54,13 +54,10 @@ def source_digest() -> str:
 
 
 def item_line() -> int:
-    """The line of `running_loss += loss.item()` in demo_job.py (where the sync-bound hosts park)."""
-    import inspect
-
-    from gputop.sim import demo_job
-
-    lines, first = inspect.getsourcelines(demo_job.train)
-    return first + next(i for i, text in enumerate(lines) if "running_loss += loss.item()" in text)
+    """The line of `running_loss += loss.item()` in demo_job.py (where the sync-bound hosts park), read from the
+    source text: importing the job would import torch."""
+    lines = (REPO / "gputop/sim/demo_job.py").read_text().splitlines()
+    return 1 + next(i for i, text in enumerate(lines) if "running_loss += loss.item()" in text)
 
 
 def _every_rank_in_its_loop(snap) -> bool:
