@@ -155,7 +155,7 @@ class Exporter:
     """Collects in `cycle()` (a background thread), serves the last cycle's metrics in `collect()`.
 
     `source` is polled by `cycle()` only (the first cycle, and tests); its `machine` names the host.
-    `diagnose` is `gputop.analysis.diagnosis.findings` (the assembly every sink uses) unless a test gives another.  `dcgm_fields`
+    `diagnose` is `gputop.analysis.findings.findings` (the assembly every sink uses) unless a test gives another.  `dcgm_fields`
     also exports utilization, memory, power, temperature and SM clock (off by default: dcgm-exporter
     has them).
     """
@@ -172,7 +172,7 @@ class Exporter:
     ) -> None:
         if diagnose is None:
             from gputop.advice_memory import AdviceMemory
-            from gputop.analysis.diagnosis import findings  # the one assembly every sink uses
+            from gputop.analysis.findings import findings  # the one assembly every sink uses
 
             memory = AdviceMemory()  # the advice holds still from one cycle (and one `gputop report`) to the next
             diagnose = functools.partial(findings, memory=memory)

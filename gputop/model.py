@@ -875,6 +875,7 @@ def from_jsonable(cls: type, data: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------- diagnosis
 
 SEVERITIES = ("critical", "warning", "info")
+SEVERITY_ORDER = {name: i for i, name in enumerate(SEVERITIES)}  # critical < warning < info
 LABEL_CODE = "your code"
 LABEL_INFRA = "infrastructure (file a ticket)"
 

@@ -20,7 +20,7 @@ import re
 import pytest
 
 from gputop.analysis import gpu_health
-from gputop.analysis.diagnosis import findings as assemble_findings
+from gputop.analysis.findings import findings as assemble_findings
 from gputop.analysis.gpu_health import Severity
 from gputop.analysis.machine_check import FAIL, WARN, CheckInput, CheckReport, build_report
 from gputop.exporter import Exporter

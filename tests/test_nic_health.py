@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gputop import cli
 from gputop.analysis import machine_check as mc
-from gputop.analysis.diagnosis import findings as assemble_findings
+from gputop.analysis.findings import findings as assemble_findings
 from gputop.analysis.gpu_health import NIC_DOWN, NIC_ERRORS, NIC_RATE, Severity, judge_nics
 from gputop.collect.sysfs import IB_DATA_WORD_BYTES, HeldFiles, NicReader
 from gputop.exporter import Exporter

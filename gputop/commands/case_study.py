@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, TextIO
 
-from gputop.analysis.diagnosis import findings as diagnose_all
 from gputop.analysis.diagnosis import verdict_line
+from gputop.analysis.findings import findings as diagnose_all
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot

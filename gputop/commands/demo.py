@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
-from gputop.analysis.diagnosis import findings, verdict_line
+from gputop.analysis.diagnosis import verdict_line
+from gputop.analysis.findings import findings
 from gputop.commands.observing import StopSignals
 from gputop.errors import GputopError
 from gputop.history import History

@@ -11,8 +11,8 @@ import sys
 from typing import TYPE_CHECKING, Any, Optional
 
 from gputop.advice_memory import AdviceMemory
-from gputop.analysis.diagnosis import findings as findings_of
 from gputop.analysis.diagnosis import verdict_line
+from gputop.analysis.findings import findings as findings_of
 from gputop.commands.observing import Progress, live_source, observe
 from gputop.errors import GputopError, UsageError
 from gputop.history import History

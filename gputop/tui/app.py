@@ -151,7 +151,8 @@ def _assembled(
     found, line = diagnosed
     if (trace is None or not trace.findings) and check is None:
         return list(found), line
-    from gputop.analysis.diagnosis import verdict_line, with_extra_findings
+    from gputop.analysis.diagnosis import verdict_line
+    from gputop.analysis.findings import with_extra_findings
 
     found = with_extra_findings(found, trace, check)
     return found, verdict_line(found, count_more=False)
