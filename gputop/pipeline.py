@@ -180,7 +180,7 @@ class Pipeline:
         if self.simulated:
             # imported here: a real run never loads the simulator
             from gputop.sim.fake_nvml import FakeNvmlLibrary
-            from gputop.sim.profiles import parse_spec
+            from gputop.sim.spec import parse_spec
             from gputop.sim.synthetic import SyntheticLoad
 
             spec = parse_spec(simulate)  # a bad spec fails before anything is started

@@ -23,7 +23,7 @@ from gputop.commands.check import Evidence
 from gputop.errors import UsageError
 from gputop.pipeline import Pipeline
 from gputop.sim.capture import UNKNOWN_CARD
-from gputop.sim.profiles import parse_spec
+from gputop.sim.spec import parse_spec
 
 CAPTURES = Path(__file__).parent / "fixtures" / "captures"
 FOLDERS = sorted(p for p in CAPTURES.iterdir() if p.is_dir())

@@ -137,7 +137,7 @@ def test_every_simulated_fault_gets_one_class_on_one_gpu_everywhere(fault):
 
 def test_the_fault_list_is_all_covered():
     """The parametrisation reads FAULTS itself: every form turns into a spec the parser accepts."""
-    from gputop.sim.profiles import parse_spec
+    from gputop.sim.spec import parse_spec
 
     for name in FAULTS:
         assert parse_spec(fault_spec(name)).text.endswith(fault_spec(name).split("+", 1)[1])

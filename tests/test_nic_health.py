@@ -30,7 +30,8 @@ from gputop.report.jsonreport import report_data
 from gputop.report.markdown import render_markdown
 from gputop.sim.fake_nvml import ManualClock
 from gputop.sim.fake_sysfs import TRAFFIC_SHARE, FakeNicTree
-from gputop.sim.profiles import NIC_FAULTS, faults_help, parse_spec
+from gputop.sim.profiles import NIC_FAULTS, faults_help
+from gputop.sim.spec import parse_spec
 from tests.harness.machine_check import simulated_check_input
 
 # fault -> (the check that fails, its title, the finding the diagnosis makes, the NIC it names)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional, Union
 
 from gputop.errors import UsageError
-from gputop.sim.profiles import MIB, MIG_MAX_DEVICES, GpuModel, MigProfile, Profile
+from gputop.sim.profiles import MIB, MIG_MAX_DEVICES, CapturedBoard, CapturedGpu, GpuModel, MigProfile, Profile, RemappedRows
 
 TOPO_FILE = "topo.txt"
 SMI_Q_FILES = ("smi_q.txt", "smi_q.xml")
@@ -71,44 +71,6 @@ SYMBOL_SINCE_DRIVER = {
     "nvmlDeviceGetSupportedClocksEventReasons": 535,
     "nvmlDeviceGetTemperatureV": 550,
 }
-
-
-@dataclass(frozen=True)
-class RemappedRows:
-    """`nvidia-smi -q`'s Remapped Rows block: what nvmlDeviceGetRemappedRows answers on that card."""
-
-    correctable: int
-    uncorrectable: int
-    pending: bool
-    failed: bool
-
-
-@dataclass(frozen=True)
-class CapturedGpu:
-    """What one GPU's captures say beyond its `GpuModel`. None: not captured (NVML refuses the call)."""
-
-    cpu_affinity: Optional[tuple[int, ...]] = None  # (): NVML's empty mask (topo -m prints N/A)
-    numa_affinity: Optional[tuple[int, ...]] = None  # nvmlDeviceGetMemoryAffinity's nodes
-    numa_id: Optional[int] = None  # nvmlDeviceGetNumaNodeId (topo -m's "GPU NUMA ID")
-    # per link: the GPU at its far end, or None where the link ends at an NVSwitch
-    nvlink_remote: tuple[Optional[int], ...] = ()
-    nvlink_active: tuple[bool, ...] = ()
-    refused: frozenset[str] = frozenset()  # NVML symbols that answer NOT_SUPPORTED (the capture's N/A)
-    ecc_volatile: Optional[tuple[int, int]] = None  # (corrected, uncorrected) since the driver loaded
-    ecc_aggregate: Optional[tuple[int, int]] = None  # (corrected, uncorrected) over the card's life
-    remapped_rows: Optional[RemappedRows] = None  # as captured; None: not captured (the fake's own zeros)
-    # MIG mode on: (GPU instance id, profile) of each MIG device in index order; None: MIG off (or not captured)
-    mig_instances: Optional[tuple[tuple[int, MigProfile], ...]] = None
-
-
-@dataclass(frozen=True)
-class CapturedBoard:
-    """The machine-wide part of a capture: every GPU pair's `nvidia-smi topo -m` cell, each GPU's extras."""
-
-    source: str  # the folder
-    gpus: tuple[CapturedGpu, ...]
-    levels: Optional[tuple[tuple[str, ...], ...]] = None  # [a][b]: "X", "NV4", "PIX".."SYS", "N/A"
-    missing_symbols: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- small readers
