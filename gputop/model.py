@@ -742,6 +742,11 @@ class JobTree:
     # the ranks' flight recorders, for the ranks whose environment turns the recorder on
     flight_records: tuple[FlightRecord, ...] = ()
 
+    @property
+    def anchor(self) -> int:
+        """The PID that names a job: its launcher's, or the lone training process's."""
+        return self.launcher.pid if self.launcher else self.root_pid
+
 
 # --------------------------------------------------------------------- snapshot
 

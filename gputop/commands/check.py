@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from gputop.analysis.dcgm_diag import ABOUT, DcgmRun
 from gputop.analysis.machine_check import CheckInput, CheckReport, LoadOutcome, build_report, report_jsonable
-from gputop.collect.counters import HostSource  # the kernel's side, read here and by the pipeline's counter watch
 from gputop.commands.observing import Progress, observe
 from gputop.model import Snapshot
 
@@ -41,7 +40,7 @@ class Evidence:
     def __init__(self, pipeline: Pipeline, host_root: Optional[str] = None) -> None:
         self.pipeline = pipeline
         pipeline.watch_nic_errors()  # the window is seconds long: the NICs' error counters every poll
-        self.host = HostSource(pipeline, host_root)
+        self.host = pipeline.host_source(host_root)  # the kernel's side, read here and by the counter watch
         self.before = pipeline.gpu_details()
         self.bus_ids = [d.pci_bus_id for d in self.before if d.pci_bus_id]
         self.host_before = self.host.read(self.bus_ids)
