@@ -22,6 +22,15 @@ from typing import Any, Callable, Optional
 # --------------------------------------------------------------------- GPUs
 
 
+def sysfs_bus_id(nvml_bus_id: str) -> str:
+    """NVML's "00000000:18:00.0" -> sysfs's "0000:18:00.0" (the form /sys/bus/pci/devices names a GPU by)."""
+    domain, _, rest = nvml_bus_id.strip().lower().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return nvml_bus_id.strip().lower()
+
+
 @dataclass(frozen=True, slots=True)
 class PcieLink:
     gen_current: Optional[int] = None

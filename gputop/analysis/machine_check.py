@@ -47,8 +47,7 @@ from gputop.analysis.gpu_health import (
     worst,
     xid_severity,
 )
-from gputop.analysis.xids import meaning_of
-from gputop.collect.sysfs import xid_bus_id  # a pure string helper (the module reads files only when asked)
+from gputop.analysis.xids import meaning_of, xid_bus_id
 from gputop.model import (
     AllReduceResult,
     CheckResult,
