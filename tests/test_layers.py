@@ -24,7 +24,19 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gputop"
 FLOORS: list[tuple[str, list[str]]] = [
     # the data every part passes around, the errors, the units; the simulator's package names only its default
     # profile (the command line offers it without loading the simulator)
-    ("model", ["gputop", "gputop.errors", "gputop.units", "gputop.model", "gputop.history", "gputop.heap", "gputop.sim"]),
+    (
+        "model",
+        [
+            "gputop",
+            "gputop.errors",
+            "gputop.units",
+            "gputop.model",
+            "gputop.history",
+            "gputop.heap",
+            "gputop.signals",
+            "gputop.sim",
+        ],
+    ),
     # pure functions of the model: the checks, the GPU-health rules, the field table that shows them
     ("analysis", ["gputop.analysis", "gputop.gpu_fields"]),
     # reading the machine and the job: NVML, /proc, /sys, py-spy, the injected agents, other nodes' exporters;

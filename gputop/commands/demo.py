@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.findings import findings
-from gputop.commands.observing import StopSignals
 from gputop.errors import GputopError
 from gputop.history import History
+from gputop.signals import StopSignals
 
 if TYPE_CHECKING:
     from gputop.source import Source

@@ -35,11 +35,11 @@ from textual.message import Message
 from gputop import units
 from gputop.advice_memory import AdviceMemory
 from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S
-from gputop.commands.observing import STOP_SIGNALS
 from gputop.errors import GputopError
 from gputop.heap import give_back_freed_memory
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
+from gputop.signals import STOP_SIGNALS
 from gputop.source import Attachable, Batch, Focusable, PollLoop, Restarting, Seekable, Source
 from gputop.tui import partial_updates, strip_cycles
 from gputop.tui.look import key_display
