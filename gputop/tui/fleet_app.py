@@ -698,7 +698,7 @@ class FleetApp(App[None]):
 
     def action_report(self) -> None:
         """Key r: `gputop report --prometheus`'s markdown of the view on screen, into a file; says where."""
-        from gputop.commands.fleet_report import report_markdown
+        from gputop.report.fleet import report_markdown
         from gputop.report.writer import write_report
 
         job = re.sub(r"[^A-Za-z0-9._-]+", "_", self.view.job)
