@@ -18,8 +18,8 @@ from typing import Optional
 import pytest
 
 from gputop.analysis.machine_check import EXIT_CONFIG, EXIT_HEALTHY, CheckReport
+from gputop.check_window import Evidence
 from gputop.collect import gpu as gpu_collector
-from gputop.commands.check import Evidence
 from gputop.errors import UsageError
 from gputop.pipeline import Pipeline
 from gputop.sim.capture import UNKNOWN_CARD

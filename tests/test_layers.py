@@ -45,7 +45,10 @@ FLOORS: list[tuple[str, list[str]]] = [
     # the simulated machine and job: fakes of what collect reads (a fake /sys parses as the real one does)
     ("sim", ["gputop.sim."]),
     # a source of snapshots built from the readers, real or simulated, and the measuring sessions over them
-    ("pipeline", ["gputop.pipeline", "gputop.source", "gputop.bench", "gputop.tracing", "gputop.recording"]),
+    (
+        "pipeline",
+        ["gputop.pipeline", "gputop.source", "gputop.bench", "gputop.tracing", "gputop.recording", "gputop.check_window"],
+    ),
     # what gputop writes down: reports, the Prometheus exporter, the advice already given
     ("report", ["gputop.report", "gputop.exporter", "gputop.advice_memory"]),
     # the terminal UI

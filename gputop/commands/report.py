@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         )
         pipeline = live_source(args)
         try:
-            from gputop.commands.check import Evidence  # `gputop check` over the same window: the infra section
+            from gputop.check_window import Evidence  # `gputop check` over the same window: the infra section
 
             pipeline.focus_sampling(True)  # the shares a report states come from dense samples (issue 21)
             evidence = Evidence(pipeline)

@@ -2,7 +2,7 @@
 
 The check runs in a worker thread (`run_machine_check`): it reads the GPU details and the kernel's side
 now, lets the app's own collector keep polling for a few seconds, reads them again and judges the
-snapshots the app took in between (`commands.check.Evidence`), so nothing is polled twice.  A failing or
+snapshots the app took in between (`check_window.Evidence`), so nothing is polled twice.  A failing or
 warning check also marks the GPU cards it names (`card_marks`).
 """
 
@@ -61,7 +61,7 @@ def run_machine_check(
 ) -> CheckReport:
     """The check over a live pipeline: details and kernel readings at the start and the end of `seconds`,
     judged with the snapshots of the window (`window()`: the app's latest at the start and those since)."""
-    from gputop.commands.check import Evidence
+    from gputop.check_window import Evidence
     from gputop.pipeline import Pipeline
 
     live = source.live_pipeline if isinstance(source, OverPipeline) else source
