@@ -31,7 +31,7 @@ from gputop.report.jsonreport import report_data
 from gputop.sim.fake_nvml import ManualClock
 from gputop.sim.fake_sysfs import FakeHostTree
 from gputop.sim.profiles import FAULTS
-from gputop.tui.check_screen import card_marks
+from gputop.tui.look import card_marks
 from gputop.tui.widgets.gpu_grid import GpuGrid, health_problems
 
 GPU = 3  # the GPU every fault is put on

@@ -233,7 +233,7 @@ class BackgroundActions:
         app.run_worker(run, thread=True, group="check", exclusive=True)
 
     def _check_done(self, report: Optional["CheckReport"], error: Optional[str]) -> None:
-        from gputop.tui.check_screen import card_marks
+        from gputop.tui.look import card_marks
 
         screen = self._check_screen
         if report is not None:

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
-from textual.screen import ModalScreen, Screen
+from textual.screen import Screen
 from textual.widgets import ProgressBar, Static
 
 from gputop import units
@@ -21,26 +21,8 @@ from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION
 from gputop.model import NO_NEAR_CPUS, Finding, GpuSample, MachineInfo, Snapshot, Topology
 from gputop.tui import look
 from gputop.tui.look import key_display
+from gputop.tui.modal import TOPOLOGY_MAX_WIDTH, _Modal
 from gputop.tui.widgets.gpu_grid import pcie_flagged
-
-TOPOLOGY_MAX_WIDTH = 150  # the dialog's widest: the matrix with 8 NICs (85 columns) and the picture beside it
-
-
-class _Modal(ModalScreen[None]):
-    BINDINGS = [Binding("escape", "app.pop_screen", "Close", id="modal.close")]
-
-    DEFAULT_CSS = f"""
-    _Modal {{ align: center middle; }}
-    _Modal > .dialog {{
-        width: 96%; max-width: 120; height: auto; max-height: 94%;
-        border: round $accent; background: $surface; padding: 0 1;
-    }}
-    _Modal > VerticalScroll.dialog {{ height: 94%; }}
-    #affinity {{ margin-top: 1; }}
-    .picture {{ margin-top: 1; }}
-    _Modal > #topology, _Modal > #findings {{ height: auto; }}
-    _Modal > #topology {{ max-width: {TOPOLOGY_MAX_WIDTH}; }}
-    """
 
 
 class HelpScreen(_Modal):

@@ -297,9 +297,8 @@ class GpuGrid(LineCanvas):
             return self.check_marks
         if self._counter_marks[0] != health:  # a replay decodes an equal window per snapshot
             from gputop.analysis.counter_health import as_check_report
-            from gputop.tui.check_screen import card_marks
 
-            self._counter_marks = (health, card_marks(as_check_report(health)))
+            self._counter_marks = (health, look.card_marks(as_check_report(health)))
         return {**self._counter_marks[1], **self.check_marks} if self.check_marks else self._counter_marks[1]
 
     def _problems(self, gpu: GpuSample) -> tuple[list[str], list[str]]:
