@@ -45,6 +45,8 @@ from gputop.errors import UsageError
 from gputop.sim.cpu_speed import cpu_slowness
 
 DEFAULT_RANKS = 8
+# The simulated machine the demo's jobs run on. Its 8 GPUs bound --gpus; with fewer ranks the others sit idle.
+DEMO_PROFILE = "h100-sxm-8"
 MAX_RANKS = 8  # the simulated machine (h100-sxm-8) has 8 GPUs
 MAX_WORKERS = 32
 DEFAULT_STEP_MS = 200.0  # a ResNet-50-sized step on an H100
