@@ -178,6 +178,13 @@ def test_the_graph_sees_lazy_and_type_only_imports():
     assert "gputop.tui.app" in graph["gputop.commands.tui"]  # imported inside run()
 
 
+def test_the_checks_catch_a_circle_and_an_upward_edge():
+    # a hand-made graph: the model importing the TUI is both a circle (with the TUI's import of it) and upward
+    graph = {"gputop.model": {"gputop.tui.app"}, "gputop.tui.app": {"gputop.model"}, "gputop.units": set()}
+    assert circles(graph) == [["gputop.model", "gputop.tui.app"]]
+    assert upward_imports(graph) == ["gputop.model (model) -> gputop.tui.app (tui)"]
+
+
 def test_no_import_circles():
     found = circles(import_graph())
     assert not found, "import circles (move the shared thing down a floor):\n" + "\n".join(map(str, found))
