@@ -107,7 +107,7 @@ def _cpu_seconds(pid: int) -> Optional[float]:
         times = psutil.Process(pid).cpu_times()
     except psutil.Error:
         return None
-    return times.user + times.system
+    return float(times.user + times.system)
 
 
 # ----------------------------------------------------------------- parsing py-spy's speedscope output

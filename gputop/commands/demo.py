@@ -25,6 +25,8 @@ from gputop.signals import StopSignals
 from gputop.tui.demo import run_tui
 
 if TYPE_CHECKING:
+    from gputop.model import Finding
+
     pass
 
 
@@ -36,7 +38,7 @@ class DemoSummary:
     seconds: float = 0.0  # observed after that
     samples: list[tuple[Optional[float], ...]] = field(default_factory=list)  # per interval, per GPU, percent
     steps_per_s: tuple[float, ...] = ()  # per rank
-    findings: list = field(default_factory=list)  # the diagnosis of everything observed, most severe first
+    findings: list[Finding] = field(default_factory=list)  # the diagnosis of everything observed, most severe first
 
     def mean_util(self) -> list[Optional[float]]:
         if not self.samples:

@@ -262,7 +262,8 @@ class BackgroundActions:
         app = self.app
 
         def window() -> list[Snapshot]:
-            return app.call_from_thread(lambda: [s for s in app.history if s.timestamp >= start])
+            snapshots: list[Snapshot] = app.call_from_thread(lambda: [s for s in app.history if s.timestamp >= start])
+            return snapshots
 
         def run() -> None:
             try:
