@@ -124,6 +124,31 @@ def _parse_infra_fault(faults: InfraFaults, key: str, value: str, profile: Profi
     return replace(faults, **{name: getattr(faults, name) | {index}})
 
 
+def _gpu_lost(value: str, profile: Profile) -> tuple[int, float]:
+    """gpu-lost=IDX@SECONDS -> (IDX, SECONDS)."""
+    index_text, at, seconds_text = value.partition("@")
+    index = _gpu_index(index_text, "gpu-lost", profile)
+    try:
+        seconds = float(seconds_text) if at else float("nan")
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0:  # also rejects NaN
+        raise _bad(f"gpu-lost needs IDX@SECONDS (e.g. gpu-lost=3@10), got {value!r}")
+    return index, seconds
+
+
+def _faulty_gpu(key: str, value: str, profile: Profile) -> int:
+    """The GPU a one-GPU fault (thermal=IDX, ecc=IDX, ...) names, where the profile has what the fault breaks."""
+    index = _gpu_index(value, key, profile)
+    if key == "nvlink-down" and not profile.gpu.nvlink_links:
+        raise _bad(f"{profile.name} has no NVLink, so nvlink-down does not apply")
+    if key == "ecc" and not profile.gpu.ecc:
+        raise _bad(f"{profile.name} has no ECC, so ecc does not apply")
+    if key.startswith("fabric-") and not (profile.switch_bus_ids and profile.model(index).fabric_info):
+        raise _bad(f"{profile.name} has no NVSwitch fabric NVML reports, so {key} does not apply")
+    return index
+
+
 def parse_spec(spec: str | None) -> SimSpec:
     """`PROFILE[+FAULT...]` or `capture:DIR` -> SimSpec; anything wrong raises UsageError with one line."""
     text = (spec or DEFAULT_PROFILE).strip()
@@ -160,26 +185,12 @@ def parse_spec(spec: str | None) -> SimSpec:
                 raise _bad("old-driver takes no value")
             old_driver = True
         elif key == "gpu-lost":
-            index_text, at, seconds_text = value.partition("@")
-            index = _gpu_index(index_text, key, profile)
-            try:
-                seconds = float(seconds_text) if at else float("nan")
-            except ValueError:
-                seconds = float("nan")
-            if not seconds >= 0:  # also rejects NaN
-                raise _bad(f"gpu-lost needs IDX@SECONDS (e.g. gpu-lost=3@10), got {value!r}")
+            index, seconds = _gpu_lost(value, profile)
             lost[index] = seconds
         elif key == "xid":
             xids.append(_xid(value, profile))
         else:
-            index = _gpu_index(value, key, profile)
-            if key == "nvlink-down" and not profile.gpu.nvlink_links:
-                raise _bad(f"{profile.name} has no NVLink, so nvlink-down does not apply")
-            if key == "ecc" and not profile.gpu.ecc:
-                raise _bad(f"{profile.name} has no ECC, so ecc does not apply")
-            if key.startswith("fabric-") and not (profile.switch_bus_ids and profile.model(index).fabric_info):
-                raise _bad(f"{profile.name} has no NVSwitch fabric NVML reports, so {key} does not apply")
-            sets[key].add(index)
+            sets[key].add(_faulty_gpu(key, value, profile))
     faults = Faults(
         lost_after=lost,
         old_driver=old_driver,
