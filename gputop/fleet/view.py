@@ -154,21 +154,8 @@ def short_hostname(host: str) -> str:
     return host.split(".", 1)[0].lower()
 
 
-def fleet_view(
-    query: Query, job: Optional[str] = None, where: str = "Prometheus", expected_hosts: Sequence[str] = ()
-) -> FleetView:
-    """The job's view from a fixed number of queries, one per metric family whatever the number of nodes
-    (each answer holds every node's series; they are joined here by Hostname and rank).  `expected_hosts`
-    (the scheduler's nodes of the job): those with no series of the job at all are nodes not reporting too."""
-    sizes_answer, all_infos = ask_together(query, [JOB_SIZES, "gputop_job_info"])
-    sizes = job_sizes(sizes_answer)
-    job, infos, others = pick_job(query, job, where, sizes, all_infos)
-    exprs = job_queries(job)
-    answers = dict(zip(exprs, ask_together(query, list(exprs.values()))))
-    info_rows = answers["rank_info"]
-    if not info_rows:
-        raise GputopError(f"job {job!r} has no rank series in Prometheus at {where}: gputop serve sees none of its ranks yet")
-    at = max(s.at for s in info_rows)
+def _ranks(answers: dict[str, list[Series]], info_rows: list[Series]) -> dict[tuple[str, int], FleetRank]:
+    """(node, rank) -> the rank, from its info series (one per GPU it uses) and its per-rank answers."""
     by_key = _per_rank(answers)
     states = {(_host(s), s.labels.get("rank", "")): s.labels.get("state") for s in answers["state"]}
     ranks: dict[tuple[str, int], FleetRank] = {}
@@ -193,6 +180,25 @@ def fleet_view(
             data_wait_high=values.get("high"),
             last_progress=values.get("progress"),
         )
+    return ranks
+
+
+def fleet_view(
+    query: Query, job: Optional[str] = None, where: str = "Prometheus", expected_hosts: Sequence[str] = ()
+) -> FleetView:
+    """The job's view from a fixed number of queries, one per metric family whatever the number of nodes
+    (each answer holds every node's series; they are joined here by Hostname and rank).  `expected_hosts`
+    (the scheduler's nodes of the job): those with no series of the job at all are nodes not reporting too."""
+    sizes_answer, all_infos = ask_together(query, [JOB_SIZES, "gputop_job_info"])
+    sizes = job_sizes(sizes_answer)
+    job, infos, others = pick_job(query, job, where, sizes, all_infos)
+    exprs = job_queries(job)
+    answers = dict(zip(exprs, ask_together(query, list(exprs.values()))))
+    info_rows = answers["rank_info"]
+    if not info_rows:
+        raise GputopError(f"job {job!r} has no rank series in Prometheus at {where}: gputop serve sees none of its ranks yet")
+    at = max(s.at for s in info_rows)
+    ranks = _ranks(answers, info_rows)
     hosts = sorted({r.node for r in ranks.values()} | {_host(s) for s in infos})
     node_rank_of = {_host(s): _int(s.labels.get("node_rank")) for s in infos}
     nodes = _nodes(answers, hosts, node_rank_of)
@@ -344,6 +350,40 @@ def _nic_key(s: Series) -> tuple[str, str, str]:
 # ----------------------------------------------------------------- the verdict across nodes
 
 
+def _node_outliers(view: FleetView) -> list[FleetVerdict]:
+    """The nodes that stopped reporting, then those with a degraded part (a critical one first)."""
+    found: list[FleetVerdict] = []
+    for node in view.nodes:
+        if not node.reporting:
+            if node.last_seen is None:
+                said = f"Prometheus has no gputop series of it in the last {STOPPED_LOOKBACK}, though the job runs there"
+            else:
+                said = f"Prometheus last scraped its gputop serve {max(0.0, view.at - node.last_seen):.0f} s ago"
+            found.append(
+                FleetVerdict(
+                    "stopped_reporting",
+                    f"{node.hostname} stopped reporting: {said}; its ranks are not in this view",
+                    node.hostname,
+                )
+            )
+    infra: dict[str, list[NodeFinding]] = {}
+    for f in view.findings:
+        if f.label == "infrastructure" and f.severity in ("critical", "warning"):
+            infra.setdefault(f.node, []).append(f)
+    for node_name, parts in sorted(infra.items(), key=lambda item: (not any(f.severity == "critical" for f in item[1]), item[0])):
+        f = min(parts, key=lambda f: f.severity != "critical")
+        kinds = len({p.kind for p in parts})  # a NIC down is both its serve's NIC rule and its own finding
+        more = f" and {_more_findings(kinds - 1)}" if kinds > 1 else ""
+        found.append(
+            FleetVerdict(
+                "infrastructure",
+                f"{node_name} has a degraded part: {f.kind} on {f.part or 'the machine'}{more} (file a ticket for that node)",
+                node_name,
+            )
+        )
+    return found
+
+
 def outliers(view: FleetView) -> tuple[FleetVerdict, ...]:
     """Everything that holds the job back or hides part of it, the worst first: the ranks that stopped outside
     a collective while the others wait for them (`hung`), the stragglers, ranks that all hang, the nodes whose
@@ -386,34 +426,7 @@ def outliers(view: FleetView) -> tuple[FleetVerdict, ...]:
                 r.rank,
             )
         )
-    for node in view.nodes:
-        if not node.reporting:
-            if node.last_seen is None:
-                said = f"Prometheus has no gputop series of it in the last {STOPPED_LOOKBACK}, though the job runs there"
-            else:
-                said = f"Prometheus last scraped its gputop serve {max(0.0, view.at - node.last_seen):.0f} s ago"
-            found.append(
-                FleetVerdict(
-                    "stopped_reporting",
-                    f"{node.hostname} stopped reporting: {said}; its ranks are not in this view",
-                    node.hostname,
-                )
-            )
-    infra: dict[str, list[NodeFinding]] = {}
-    for f in view.findings:
-        if f.label == "infrastructure" and f.severity in ("critical", "warning"):
-            infra.setdefault(f.node, []).append(f)
-    for node_name, parts in sorted(infra.items(), key=lambda item: (not any(f.severity == "critical" for f in item[1]), item[0])):
-        f = min(parts, key=lambda f: f.severity != "critical")
-        kinds = len({p.kind for p in parts})  # a NIC down is both its serve's NIC rule and its own finding
-        more = f" and {_more_findings(kinds - 1)}" if kinds > 1 else ""
-        found.append(
-            FleetVerdict(
-                "infrastructure",
-                f"{node_name} has a degraded part: {f.kind} on {f.part or 'the machine'}{more} (file a ticket for that node)",
-                node_name,
-            )
-        )
+    found += _node_outliers(view)
     return tuple(found)
 
 
