@@ -127,26 +127,9 @@ def _finding_lines(view: FleetView) -> list[str]:
     return lines
 
 
-def report_markdown(view: FleetView, verdict: FleetVerdict, url: str) -> str:
-    """The verdict, every outlier, then the nodes and ranks outliers first: all of them in a small job, the
-    outliers' and a summary line in a big one (`--format json` has every rank)."""
-    found = outliers(view)
-    reporting = [n for n in view.nodes if n.reporting]
-    lines = [
-        f"# gputop fleet report: job {view.job}",
-        "",
-        f"**Verdict ({verdict.kind}):** {verdict.summary}",
-        "",
-        f"Read from Prometheus at {url}: {len(reporting)} nodes"
-        + (f" of {view.nnodes}" if view.nnodes and view.nnodes != len(reporting) else "")
-        + f", {len(view.ranks)} ranks"
-        + (f" of {view.world_size}" if view.world_size and view.world_size != len(view.ranks) else "")
-        + ".",
-        "",
-        "## Outliers",
-        "",
-    ]
-    lines += [f"- **{v.kind}**: {v.summary}" for v in found] or ["None: no rank or node stands out."]
+def _nodes_section(view: FleetView, found: tuple[FleetVerdict, ...]) -> list[str]:
+    """The nodes' table, outliers first: every node in a small job, the outliers' and a line for the rest in a big one."""
+    lines: list[str] = []
     ranks_of: dict[str, list[int]] = {}
     for r in view.ranks:
         ranks_of.setdefault(r.node, []).append(r.rank)
@@ -169,6 +152,12 @@ def report_markdown(view: FleetView, verdict: FleetVerdict, url: str) -> str:
             + (f" ({unwell} with a GPU warning)" if unwell else ", every GPU healthy")
             + ": `--format json` lists every node.",
         ]
+    return lines
+
+
+def _ranks_section(view: FleetView, found: tuple[FleetVerdict, ...]) -> list[str]:
+    """The ranks' table, outliers first: every rank in a small job, the outliers', a few more and a line for the rest in a big one."""
+    lines: list[str] = []
     ranks = ranks_outliers_first(view, found)
     named = {(v.node, v.rank) for v in found if v.rank is not None}
     if len(ranks) <= MD_ALL_RANKS_UP_TO:
@@ -194,6 +183,31 @@ def report_markdown(view: FleetView, verdict: FleetVerdict, url: str) -> str:
             + (f"; data wait median {statistics.median(waits):.0%}" if waits else "")
             + ".",
         ]
+    return lines
+
+
+def report_markdown(view: FleetView, verdict: FleetVerdict, url: str) -> str:
+    """The verdict, every outlier, then the nodes and ranks outliers first: all of them in a small job, the
+    outliers' and a summary line in a big one (`--format json` has every rank)."""
+    found = outliers(view)
+    reporting = [n for n in view.nodes if n.reporting]
+    lines = [
+        f"# gputop fleet report: job {view.job}",
+        "",
+        f"**Verdict ({verdict.kind}):** {verdict.summary}",
+        "",
+        f"Read from Prometheus at {url}: {len(reporting)} nodes"
+        + (f" of {view.nnodes}" if view.nnodes and view.nnodes != len(reporting) else "")
+        + f", {len(view.ranks)} ranks"
+        + (f" of {view.world_size}" if view.world_size and view.world_size != len(view.ranks) else "")
+        + ".",
+        "",
+        "## Outliers",
+        "",
+    ]
+    lines += [f"- **{v.kind}**: {v.summary}" for v in found] or ["None: no rank or node stands out."]
+    lines += _nodes_section(view, found)
+    lines += _ranks_section(view, found)
     lines += ["", "## Findings by node", ""]
     lines += _finding_lines(view) or ["None."]
     if view.other_jobs:
