@@ -166,6 +166,36 @@ def nvlink_fabric(matrix: Sequence[Sequence[str]], gpus: Mapping[int, GpuSample]
     return text
 
 
+def _picture_notes(topo: Topology, gpus: Mapping[int, GpuSample]) -> Text:
+    """Under the machine's picture: why each marked GPU is marked, and what became of the NICs."""
+    text = Text()
+    nics = topo.nics or ()
+    peers = peers_of(list(gpus.values()))
+    marked = [(i, _gpu_mark(g, peers)[0]) for i, g in sorted(gpus.items()) if _gpu_mark(g, peers)[0]]
+    for i, mark in marked:
+        gpu = gpus[i]
+        why = (
+            ("lost" if gpu.lost else "NVLink link(s) down")
+            if mark == "✖"
+            else (
+                f"PCIe Gen{gpu.pcie.gen_current} x{gpu.pcie.width_current} of Gen{gpu.pcie.gen_max} x{gpu.pcie.width_max}"
+                + (" under load" if _pcie_why(gpu) == "under load" else f": {_pcie_why(gpu)}")
+            )
+        )
+        text.append(f"{mark} GPU{i}: {why}\n", style=look.BAD_BOLD if mark == "✖" else look.WARN_BOLD)
+    if topo.nics is None:
+        text.append("NICs: not read" + (f" ({'; '.join(topo.nics_unreadable)})" if topo.nics_unreadable else ""), style="dim")
+    elif not topo.nics:
+        text.append("NICs: none with a PCI function", style="dim")
+    else:
+        rdma = len(topo.matrix_nics())
+        shown = f"NIC0–NIC{rdma - 1} in topo -m" if rdma else "none RDMA, so none in topo -m"
+        text.append(
+            f"{len(nics)} NIC{'s' if len(nics) > 1 else ''} ({'all RDMA: ' if rdma == len(nics) else ''}{shown})", style="dim"
+        )
+    return text
+
+
 def machine_picture(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Text:
     """The machine as a picture: each NUMA node with its cores, its GPUs bracketed by PCIe switch and the
     NICs beside them (a NIC on a GPU's switch joins that switch's line; others get a line of their own),
@@ -207,29 +237,7 @@ def machine_picture(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Text:
             text.append("  ".join(nics[k].name for k in apart[node]) + "\n", style=look.ACCENT)
         text.append("└\n", style="dim")
     text.append_text(nvlink_fabric(matrix, gpus))
-    peers = peers_of(list(gpus.values()))
-    marked = [(i, _gpu_mark(g, peers)[0]) for i, g in sorted(gpus.items()) if _gpu_mark(g, peers)[0]]
-    for i, mark in marked:
-        gpu = gpus[i]
-        why = (
-            ("lost" if gpu.lost else "NVLink link(s) down")
-            if mark == "✖"
-            else (
-                f"PCIe Gen{gpu.pcie.gen_current} x{gpu.pcie.width_current} of Gen{gpu.pcie.gen_max} x{gpu.pcie.width_max}"
-                + (" under load" if _pcie_why(gpu) == "under load" else f": {_pcie_why(gpu)}")
-            )
-        )
-        text.append(f"{mark} GPU{i}: {why}\n", style=look.BAD_BOLD if mark == "✖" else look.WARN_BOLD)
-    if topo.nics is None:
-        text.append("NICs: not read" + (f" ({'; '.join(topo.nics_unreadable)})" if topo.nics_unreadable else ""), style="dim")
-    elif not topo.nics:
-        text.append("NICs: none with a PCI function", style="dim")
-    else:
-        rdma = len(topo.matrix_nics())
-        shown = f"NIC0–NIC{rdma - 1} in topo -m" if rdma else "none RDMA, so none in topo -m"
-        text.append(
-            f"{len(nics)} NIC{'s' if len(nics) > 1 else ''} ({'all RDMA: ' if rdma == len(nics) else ''}{shown})", style="dim"
-        )
+    text.append_text(_picture_notes(topo, gpus))
     return text
 
 
