@@ -522,6 +522,16 @@ def _abandon(run: injector.RunDir, state: Optional[dict[str, Any]] = None) -> No
             pass
 
 
+def _agent_notes(agent: dict[str, Any]) -> list[str]:
+    """What the agent said beside its numbers: its error, a patch it could not undo, its and its sweep's notes."""
+    notes = [agent["error"]] if agent.get("error") else []
+    if agent.get("restored") is False:
+        notes.append("WARNING: DataLoader.__next__ could not be restored in the job")
+    notes.extend(agent.get("notes") or ())
+    notes.extend((agent.get("sweep") or {}).get("notes") or ())
+    return notes
+
+
 def _combine(
     started: float,
     target_text: str,
@@ -545,14 +555,8 @@ def _combine(
             free_cores=free_cores,
             ranks_on_host=ranks_on_host,
         )
-    if agent.get("error"):
-        notes.append(agent["error"])
-    if agent.get("restored") is False:
-        notes.append("WARNING: DataLoader.__next__ could not be restored in the job")
-    notes.extend(agent.get("notes") or ())
-    sweep = agent.get("sweep") or {}
-    notes.extend(sweep.get("notes") or ())
-    configs = tuple(sweep.get("configs") or ())
+    notes.extend(_agent_notes(agent))
+    configs = tuple((agent.get("sweep") or {}).get("configs") or ())
     consumption = agent.get("consumption")
     during = agent.get("during_sweep")
     uses_cuda = agent.get("uses_cuda")
