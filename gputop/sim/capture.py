@@ -513,37 +513,17 @@ def _agree(counts: Iterable[tuple[str, int]]) -> int:
     return seen[0][1]
 
 
-def load_capture(folder_text: str) -> Profile:
-    """`capture:DIR`'s DIR -> the Profile the fake NVML library serves (UsageError, one line, if it cannot)."""
-    folder = Path(folder_text).expanduser()
-    if not folder.is_dir():
-        raise UsageError(
-            f"--simulate capture:{folder_text}: no such folder (put {TOPO_FILE}, smi_q.txt or smi_q.xml, "
-            f"{NVLINK_FILE} from the machine in one folder)"
-        )
-    topo_file = _read(folder, TOPO_FILE)
-    smi_file = next((f for f in (_read(folder, name) for name in SMI_Q_FILES) if f is not None), None)
-    nvlink_file = _read(folder, NVLINK_FILE)
-    if topo_file is None and smi_file is None and nvlink_file is None:
-        raise UsageError(
-            f"--simulate capture:{folder_text}: none of {TOPO_FILE}, {' or '.join(SMI_Q_FILES)}, {NVLINK_FILE} there "
-            f"(save `nvidia-smi topo -m`, `nvidia-smi -q -x` and `nvidia-smi nvlink -s` under those names)"
-        )
-    topo = parse_topo(topo_file[1], topo_file[0]) if topo_file else None
-    header, smi = parse_smi_q(smi_file[1], smi_file[0]) if smi_file else ({}, ())
-    nvlink = parse_nvlink(nvlink_file[1], nvlink_file[0]) if nvlink_file else ()
+def _captured_gpus(
+    n: int,
+    topo: Optional[TopoTable],
+    smi: tuple[SmiGpu, ...],
+    nvlink: tuple[NvlinkStatus, ...],
+    remotes: tuple[tuple[Optional[int], ...], ...],
+) -> tuple[list[GpuModel], list[CapturedGpu]]:
+    """Each GPU's model and what its captures say of it, from whichever of the three captures there are."""
+    models: list[GpuModel] = []
+    gpus: list[CapturedGpu] = []
     unlisted = _inactive_link_counts(nvlink)
-    counts = [(TOPO_FILE, len(topo.levels))] if topo else []
-    counts += [(smi_file[0].name, len(smi))] if smi_file else []
-    counts += [(NVLINK_FILE, len(nvlink))] if nvlink_file else []
-    n = _agree(counts)
-
-    if topo is not None:
-        remotes, switch_links = _wiring(topo.levels)
-    else:  # links known only from nvlink -s: their far ends are not captured
-        remotes, switch_links = tuple(tuple([None] * len(g.links)) for g in nvlink) or ((),) * n, 0
-    models = []
-    gpus = []
     for gpu in range(n):
         facts = smi[gpu] if smi else None
         model = facts.model if facts else UNKNOWN_CARD
@@ -569,6 +549,38 @@ def load_capture(folder_text: str) -> Profile:
                 remapped_rows=facts.remapped_rows if facts else None,
             )
         )
+    return models, gpus
+
+
+def load_capture(folder_text: str) -> Profile:
+    """`capture:DIR`'s DIR -> the Profile the fake NVML library serves (UsageError, one line, if it cannot)."""
+    folder = Path(folder_text).expanduser()
+    if not folder.is_dir():
+        raise UsageError(
+            f"--simulate capture:{folder_text}: no such folder (put {TOPO_FILE}, smi_q.txt or smi_q.xml, "
+            f"{NVLINK_FILE} from the machine in one folder)"
+        )
+    topo_file = _read(folder, TOPO_FILE)
+    smi_file = next((f for f in (_read(folder, name) for name in SMI_Q_FILES) if f is not None), None)
+    nvlink_file = _read(folder, NVLINK_FILE)
+    if topo_file is None and smi_file is None and nvlink_file is None:
+        raise UsageError(
+            f"--simulate capture:{folder_text}: none of {TOPO_FILE}, {' or '.join(SMI_Q_FILES)}, {NVLINK_FILE} there "
+            f"(save `nvidia-smi topo -m`, `nvidia-smi -q -x` and `nvidia-smi nvlink -s` under those names)"
+        )
+    topo = parse_topo(topo_file[1], topo_file[0]) if topo_file else None
+    header, smi = parse_smi_q(smi_file[1], smi_file[0]) if smi_file else ({}, ())
+    nvlink = parse_nvlink(nvlink_file[1], nvlink_file[0]) if nvlink_file else ()
+    counts = [(TOPO_FILE, len(topo.levels))] if topo else []
+    counts += [(smi_file[0].name, len(smi))] if smi_file else []
+    counts += [(NVLINK_FILE, len(nvlink))] if nvlink_file else []
+    n = _agree(counts)
+
+    if topo is not None:
+        remotes, switch_links = _wiring(topo.levels)
+    else:  # links known only from nvlink -s: their far ends are not captured
+        remotes, switch_links = tuple(tuple([None] * len(g.links)) for g in nvlink) or ((),) * n, 0
+    models, gpus = _captured_gpus(n, topo, smi, nvlink, remotes)
     driver = header.get("driver_version") or ""
     branch = _driver_branch(driver)
     missing = tuple(sorted(s for s, since in SYMBOL_SINCE_DRIVER.items() if branch is not None and branch < since))
