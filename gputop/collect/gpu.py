@@ -1082,26 +1082,8 @@ class GpuCollector:
         readings, refusal = self._read_counters(gpu)
         if throughput is None:
             throughput = self._pcie_rates(gpu, readings, refusal)
-        tx, rx, throughput_unavailable = throughput
-        pcie = PcieLink(
-            gen_current=r.get("pcie.gen_current", pynvml.nvmlDeviceGetCurrPcieLinkGeneration),
-            gen_max=gpu.gen_max,
-            width_current=r.get("pcie.width_current", pynvml.nvmlDeviceGetCurrPcieLinkWidth),
-            width_max=gpu.width_max,
-            tx_bytes_per_s=tx,
-            rx_bytes_per_s=rx,
-        )
-        r.unavailable.update(throughput_unavailable)  # where they were listed when read in this order
-        mask = r.get(
-            "throttle_reasons",
-            pynvml.nvmlDeviceGetCurrentClocksEventReasons,
-            fallback=pynvml.nvmlDeviceGetCurrentClocksThrottleReasons,
-        )
-        throttle = None
-        if mask is not None:
-            if gpu.supported_reasons is not None:
-                mask &= gpu.supported_reasons
-            throttle = tuple(name for bit, name in _REASON_BITS if mask & bit)
+        pcie = self._read_pcie(gpu, r, throughput)
+        throttle = self._read_throttle(gpu, r)
         fields = dict(
             utilization_gpu=float(util.gpu) if util is not None else None,
             utilization_memory=float(util.memory) if util is not None else None,
@@ -1131,6 +1113,35 @@ class GpuCollector:
         if refresh_slow:  # only once everything read without the GPU being lost
             gpu.slow.due = now + SLOW_FIELDS_PERIOD_S
         return sample
+
+    @staticmethod
+    def _read_pcie(gpu: _Gpu, r: _Reading, throughput: tuple[Optional[float], Optional[float], dict[str, str]]) -> PcieLink:
+        """The link's generation and width now, and the traffic (`throughput`: TX, RX bytes/s and refusals)."""
+        tx, rx, throughput_unavailable = throughput
+        pcie = PcieLink(
+            gen_current=r.get("pcie.gen_current", pynvml.nvmlDeviceGetCurrPcieLinkGeneration),
+            gen_max=gpu.gen_max,
+            width_current=r.get("pcie.width_current", pynvml.nvmlDeviceGetCurrPcieLinkWidth),
+            width_max=gpu.width_max,
+            tx_bytes_per_s=tx,
+            rx_bytes_per_s=rx,
+        )
+        r.unavailable.update(throughput_unavailable)  # where they were listed when read in this order
+        return pcie
+
+    @staticmethod
+    def _read_throttle(gpu: _Gpu, r: _Reading) -> Optional[tuple[str, ...]]:
+        """The clocks' event (throttle) reasons in force, of those the GPU supports."""
+        mask = r.get(
+            "throttle_reasons",
+            pynvml.nvmlDeviceGetCurrentClocksEventReasons,
+            fallback=pynvml.nvmlDeviceGetCurrentClocksThrottleReasons,
+        )
+        if mask is None:
+            return None
+        if gpu.supported_reasons is not None:
+            mask &= gpu.supported_reasons
+        return tuple(name for bit, name in _REASON_BITS if mask & bit)
 
     @staticmethod
     def _kb_to_bytes(kb: Optional[int]) -> Optional[float]:
