@@ -226,6 +226,16 @@ def spark_text(values: Sequence[Optional[float]]) -> str:
     return "".join(chars)
 
 
+def _compact_pcie(line: LineBuilder, gpu: GpuSample) -> None:
+    """A compact row's PCIe cell: the link's generation and width, "!" when it trained down."""
+    link = gpu.pcie
+    text = "n/a" if link.gen_current is None else f"G{link.gen_current}x{link.width_current}"
+    if pcie_flagged(gpu):
+        line.add((text + "!").rjust(7), look.WARN_BOLD)
+    else:
+        line.add(text.rjust(7))
+
+
 class GpuGrid(LineCanvas):
     """Cards (wide terminals) or one line per GPU (compact)."""
 
@@ -533,6 +543,24 @@ class GpuGrid(LineCanvas):
             lines.append(line)
         return lines
 
+    def _compact_health(self, line: LineBuilder, gpu: GpuSample, problems: tuple[list[str], list[str]], show_pcie: bool) -> None:
+        """A compact row's health cell: its worst problem in one word (the machine check's, unless a worse fault
+        shows), or ok."""
+        faults, warnings = problems
+        throttles = active_throttles(gpu) if _is_slowdown(gpu) else []
+        # the slowdown's own reasons stand for the word "throttled", whatever its severity; a link trained down
+        # is the PCIe column's "!" where that column shows
+        elsewhere = ("throttled", "PCIe down") if show_pcie else ("throttled",)
+        problem = [f for f in faults if f not in elsewhere] + throttles + [w for w in warnings if w not in elsewhere]
+        mark = self._marks().get(gpu.index)
+        if mark is not None and (mark[1] or not faults):  # the machine check's word, unless a worse fault shows
+            problem = [mark[0].removeprefix("chk ")] + problem
+            faults = faults + [mark[0]] if mark[1] else faults
+        if problem:
+            line.add(" " + look.ellipsize(problem[0], 8).ljust(8), look.BAD_BOLD if faults else look.WARN_BOLD)
+        else:
+            line.add(" ok      ", look.GOOD)
+
     def _build_compact(self, gpus: Sequence[GpuSample], width: int) -> list[Strip]:
         # fixed columns: state(10) util(5) mem(8) temp(5) power(6) pcie(7) health(8) user(rest)
         show_power = width >= 70
@@ -584,26 +612,8 @@ class GpuGrid(LineCanvas):
             if show_power:
                 line.add(("n/a" if gpu.power is None else f"{gpu.power:.0f}W").rjust(6))
             if show_pcie:
-                link = gpu.pcie
-                text = "n/a" if link.gen_current is None else f"G{link.gen_current}x{link.width_current}"
-                if pcie_flagged(gpu):
-                    line.add((text + "!").rjust(7), look.WARN_BOLD)
-                else:
-                    line.add(text.rjust(7))
-            faults, warnings = problems
-            throttles = active_throttles(gpu) if _is_slowdown(gpu) else []
-            # the slowdown's own reasons stand for the word "throttled", whatever its severity; a link trained down
-            # is the PCIe column's "!" where that column shows
-            elsewhere = ("throttled", "PCIe down") if show_pcie else ("throttled",)
-            problem = [f for f in faults if f not in elsewhere] + throttles + [w for w in warnings if w not in elsewhere]
-            mark = self._marks().get(gpu.index)
-            if mark is not None and (mark[1] or not faults):  # the machine check's word, unless a worse fault shows
-                problem = [mark[0].removeprefix("chk ")] + problem
-                faults = faults + [mark[0]] if mark[1] else faults
-            if problem:
-                line.add(" " + look.ellipsize(problem[0], 8).ljust(8), look.BAD_BOLD if faults else look.WARN_BOLD)
-            else:
-                line.add(" ok      ", look.GOOD)
+                _compact_pcie(line, gpu)
+            self._compact_health(line, gpu, problems, show_pcie)
             if show_user:
                 line.add(" " + look.ellipsize(self.gpu_users.get(gpu.index, ""), user_width - 1), look.ACCENT)
             lines.append(line.strip(width))
