@@ -597,6 +597,41 @@ def _combine(
 # ---------------------------------------------------------------------------------------- offline
 
 
+def _run_offline_helper(factory_spec: str, host_path: str, until: float, progress: Optional[Progress]) -> str:
+    """The offline sweep's helper process, in a session of its own, until it ends or `until` (then killed with
+    any DataLoader workers it left); what it wrote to stderr."""
+    _report(progress, 0.0, f"starting a helper process for {factory_spec}")
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(host_path, "agent.py"), "--offline", factory_spec, host_path],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        cwd=os.getcwd(),
+    )
+    try:
+        while proc.poll() is None and time.monotonic() < until:
+            state = injector.read_private_json(host_path, "progress.json") or {}
+            _report(progress, float(state.get("fraction") or 0.0), state.get("message") or "starting")
+            try:
+                proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # DataLoader workers the helper may have left
+            except (ProcessLookupError, PermissionError):
+                pass
+        proc.wait()
+        stderr = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
+        if proc.stderr:
+            proc.stderr.close()
+    return stderr
+
+
 def run_offline_benchmark(
     factory_spec: str, *, seconds: float = 15.0, progress: Optional[Progress] = None, results_root: Optional[str] = None
 ) -> BenchResult:
@@ -621,35 +656,7 @@ def run_offline_benchmark(
     run = injector.prepare_local_run_dir(config, results_root)
     host_path = run.host_path
     try:
-        _report(progress, 0.0, f"starting a helper process for {factory_spec}")
-        proc = subprocess.Popen(
-            [sys.executable, os.path.join(host_path, "agent.py"), "--offline", factory_spec, host_path],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            cwd=os.getcwd(),
-        )
-        try:
-            while proc.poll() is None and time.monotonic() < started + seconds + ANSWER_GRACE_S:
-                state = injector.read_private_json(host_path, "progress.json") or {}
-                _report(progress, float(state.get("fraction") or 0.0), state.get("message") or "starting")
-                try:
-                    proc.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # DataLoader workers the helper may have left
-                except (ProcessLookupError, PermissionError):
-                    pass
-            proc.wait()
-            stderr = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
-            if proc.stderr:
-                proc.stderr.close()
+        stderr = _run_offline_helper(factory_spec, host_path, started + seconds + ANSWER_GRACE_S, progress)
         agent = injector.read_private_json(host_path, "result.json")
         partial = injector.read_private_json(host_path, "sweep.json")
     finally:
