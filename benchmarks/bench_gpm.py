@@ -27,7 +27,7 @@ from common import emit_figure, interleave, machine_line, print_table
 
 from gputop.collect.gpu import GpuCollector, use_nvml_library
 from gputop.sim.fake_nvml import FakeNvmlLibrary
-from gputop.sim.profiles import parse_spec
+from gputop.sim.spec import parse_spec
 from gputop.sim.synthetic import SyntheticLoad
 
 COMMAND = "python benchmarks/bench_gpm.py"

@@ -28,7 +28,7 @@ from common import emit_figure, interleave, machine_line
 from gputop.collect.gpu import GpuCollector
 from gputop.pipeline import Pipeline
 from gputop.sim.fake_nvml import PCIE_THROUGHPUT_LATENCY_S, FakeNvmlLibrary
-from gputop.sim.profiles import parse_spec
+from gputop.sim.spec import parse_spec
 from gputop.sim.synthetic import SyntheticLoad
 
 

@@ -168,7 +168,7 @@ NVITOP_WRAPPER = r"""
 import sys, time
 from gputop.collect.gpu import use_nvml_library
 from gputop.sim.fake_nvml import FakeNvmlLibrary
-from gputop.sim.profiles import parse_spec
+from gputop.sim.spec import parse_spec
 from gputop.sim.synthetic import SyntheticLoad
 
 # nvitop asks for symbols our fake does not serve (encoder/decoder utilization, ...): answer them as

@@ -39,7 +39,7 @@ from gputop.errors import GputopError, UsageError
 from gputop.inject import injector
 
 if TYPE_CHECKING:
-    from gputop.model import JobTree
+    from gputop.model import JobTree, ThreadProgress
 
 Progress = Callable[[float, str], None]
 
@@ -321,6 +321,90 @@ def run_benchmark(
         return _run_benchmark(pid, seconds, allow_inject, progress, results_root, held)
 
 
+def _active_target(rank_pid: int, seconds: float, notes: list[str]) -> Optional[injector.Target]:
+    """The rank to inject the agent into, or None (and a note why) when the active tier cannot run there; a
+    bound too short for it, or a process that is no Python rank of this user's, is a one-line error instead."""
+    min_active = PASSIVE_MIN_S + AGENT_START_GRACE_S + RESERVE_S + 1.0
+    if seconds < min_active:
+        raise UsageError(f"--seconds {seconds:g} is too short for the active benchmark; give it at least {min_active:g}")
+    try:
+        return injector.inspect_target(rank_pid)
+    except GputopError as exc:
+        if "no process" in str(exc) or "not a Python process" in str(exc) or "belongs to" in str(exc):
+            raise
+        notes.append(f"active tier not run: {exc}")
+        return None
+
+
+def _agent_config(seconds: float, passive_s: float) -> dict[str, float]:
+    """How long the agent measures the loader's consumption, waits for the plan, sweeps and runs each config."""
+    return {
+        "consumption_seconds": passive_s + AGENT_START_GRACE_S,
+        "plan_wait_seconds": 2.0,
+        "sweep_seconds": max(1.0, seconds - passive_s - AGENT_START_GRACE_S - RESERVE_S),
+        "config_seconds": 3.0,
+    }
+
+
+def _sweep_plan(
+    rank_pid: int, free_cores: Optional[float], ranks_on_host: int, deadline: float, passive: PassiveResult
+) -> dict[str, Any]:
+    """What the agent's sweep may use: the job's memory room, the idle cores, the time left before `deadline`."""
+    sweep_seconds = max(0.5, deadline - time.monotonic() - RESERVE_S + 0.5)
+    room = job_memory_room(rank_pid)
+    return {
+        # the sweep sizes itself from this, not from the host's MemAvailable: a job in a cgroup may have less
+        "memory_free": room[0] if room is not None else None,
+        "free_cores": free_cores or 0.0,
+        "ranks_on_host": ranks_on_host,
+        "sweep_seconds": sweep_seconds,
+        "hard_max_workers": _hard_max_workers(passive.cpu_count),
+    }
+
+
+def _passive_seconds(seconds: float, active: bool) -> float:
+    """py-spy's share of the bound: most of it without the agent, a part before the agent's sweep with it."""
+    if active:
+        return min(PASSIVE_MAX_S, max(PASSIVE_MIN_S, seconds * PASSIVE_SHARE))
+    return min(PASSIVE_ONLY_MAX_S, max(PASSIVE_MIN_S, seconds - 1.0))
+
+
+def _inject(
+    target: injector.Target, run: injector.RunDir, rank_pid: int, notes: list[str], progress: Optional[Progress]
+) -> tuple[Optional[injector.RunDir], Optional[ThreadProgress]]:
+    """The agent into the rank: its run directory and the main thread's progress then, or (None, None) and a note
+    why the active tier did not run (its directory removed)."""
+    try:
+        injector.inject_agent(target, run)
+        at_injection = injector.main_thread_progress(rank_pid)
+        _report(progress, 0.05, "agent started; timing the training's DataLoader")
+        return run, at_injection
+    except GputopError as exc:
+        notes.append(f"active tier not run: {exc}")
+        injector.remove_run_dir(run)
+        return None, None
+
+
+def _usable_idle_cores(passive: PassiveResult, rank_pid: int) -> Optional[float]:
+    """The host's idle cores over the window, no more than the job's cgroup lets it use."""
+    free_cores = passive.idle_cores
+    cpu_limit = cgroup.read_limits(rank_pid).cpu
+    if free_cores is not None and cpu_limit:
+        free_cores = min(free_cores, cpu_limit)  # idle cores of the host the job's cgroup may not use
+    return free_cores
+
+
+def _raise_if_silent(run: injector.RunDir, rank_pid: int, at_injection: Optional[ThreadProgress]) -> None:
+    """No answer from the agent: a job that stopped moving is the finding, not a failed benchmark (an answer stands:
+    a main thread may rightly sit still, e.g. in a long sleep or a join, while the agent measures)."""
+    failed = injector.bootstrap_error(run)
+    if failed:
+        raise GputopError(f"the agent's thread could not start in PID {rank_pid}: {failed}; the job was left as it was")
+    frozen = injector.frozen_evidence(rank_pid, since=at_injection)
+    if frozen:
+        raise GputopError(frozen)
+
+
 def _run_benchmark(
     pid: int,
     seconds: float,
@@ -338,31 +422,12 @@ def _run_benchmark(
         held.enter_context(injector.InjectionLock(rank_pid, "gputop bench"))
     job = _JobIdentity.of(rank_pid)
     notes: list[str] = []
-    target = None
+    target = _active_target(rank_pid, seconds, notes) if allow_inject else None
     run = None
     at_injection = None
-    if allow_inject:
-        min_active = PASSIVE_MIN_S + AGENT_START_GRACE_S + RESERVE_S + 1.0
-        if seconds < min_active:
-            raise UsageError(f"--seconds {seconds:g} is too short for the active benchmark; give it at least {min_active:g}")
-        try:
-            target = injector.inspect_target(rank_pid)
-        except GputopError as exc:
-            if "no process" in str(exc) or "not a Python process" in str(exc) or "belongs to" in str(exc):
-                raise
-            notes.append(f"active tier not run: {exc}")
-    passive_s = (
-        min(PASSIVE_MAX_S, max(PASSIVE_MIN_S, seconds * PASSIVE_SHARE))
-        if target is not None
-        else min(PASSIVE_ONLY_MAX_S, max(PASSIVE_MIN_S, seconds - 1.0))
-    )
+    passive_s = _passive_seconds(seconds, active=target is not None)
     if target is not None:
-        config = {
-            "consumption_seconds": passive_s + AGENT_START_GRACE_S,
-            "plan_wait_seconds": 2.0,
-            "sweep_seconds": max(1.0, seconds - passive_s - AGENT_START_GRACE_S - RESERVE_S),
-            "config_seconds": 3.0,
-        }
+        config = _agent_config(seconds, passive_s)
         run = injector.prepare_run_dir(target, config, results_root)  # refuses a foreign-owned directory
 
     sampler = PassiveSampler(rank_pid, workers, passive_s)
@@ -370,14 +435,7 @@ def _run_benchmark(
     sampler.start()
     try:
         if run is not None and target is not None:  # (a run directory is made for a target only)
-            try:
-                injector.inject_agent(target, run)
-                at_injection = injector.main_thread_progress(rank_pid)
-                _report(progress, 0.05, "agent started; timing the training's DataLoader")
-            except GputopError as exc:
-                notes.append(f"active tier not run: {exc}")
-                injector.remove_run_dir(run)
-                run = None
+            run, at_injection = _inject(target, run, rank_pid, notes, progress)
         passive_share = 0.3 if run is not None else 0.95
         while not sampler.wait(0.2):
             elapsed = time.monotonic() - started
@@ -389,35 +447,17 @@ def _run_benchmark(
             _abandon(run)
             injector.remove_run_dir(run)
         raise
-    free_cores = passive.idle_cores
-    cpu_limit = cgroup.read_limits(rank_pid).cpu
-    if free_cores is not None and cpu_limit:
-        free_cores = min(free_cores, cpu_limit)  # idle cores of the host the job's cgroup may not use
+    free_cores = _usable_idle_cores(passive, rank_pid)
     if run is None:
         return _finish_passive(started, target_text, rank_pid, passive, len(workers), notes, ranks_on_host, free_cores, progress)
 
     # ---- active: tell the agent how many workers the idle cores allow and how long it has
-    sweep_seconds = max(0.5, deadline - time.monotonic() - RESERVE_S + 0.5)
-    room = job_memory_room(rank_pid)
-    plan = {
-        # the sweep sizes itself from this, not from the host's MemAvailable: a job in a cgroup may have less
-        "memory_free": room[0] if room is not None else None,
-        "free_cores": free_cores or 0.0,
-        "ranks_on_host": ranks_on_host,
-        "sweep_seconds": sweep_seconds,
-        "hard_max_workers": _hard_max_workers(passive.cpu_count),
-    }
+    plan = _sweep_plan(rank_pid, free_cores, ranks_on_host, deadline, passive)
     try:
         injector.write_run_file(run, "plan.json", plan)
         agent = _wait_for_agent(run, deadline + ANSWER_GRACE_S, progress, job)
-        # no answer: a job that stopped moving is the finding, not a failed benchmark (an answer stands:
-        # a main thread may rightly sit still, e.g. in a long sleep or a join, while the agent measures)
-        failed = injector.bootstrap_error(run) if agent is None else None
-        if failed:
-            raise GputopError(f"the agent's thread could not start in PID {rank_pid}: {failed}; the job was left as it was")
-        frozen = injector.frozen_evidence(rank_pid, since=at_injection) if agent is None else None
-        if frozen:
-            raise GputopError(frozen)
+        if agent is None:
+            _raise_if_silent(run, rank_pid, at_injection)
         result = _combine(started, target_text, rank_pid, passive, agent, notes, ranks_on_host, free_cores)
     finally:
         injector.remove_run_dir(run)
@@ -522,6 +562,16 @@ def _abandon(run: injector.RunDir, state: Optional[dict[str, Any]] = None) -> No
             pass
 
 
+def _agent_notes(agent: dict[str, Any]) -> list[str]:
+    """What the agent said beside its numbers: its error, a patch it could not undo, its and its sweep's notes."""
+    notes = [agent["error"]] if agent.get("error") else []
+    if agent.get("restored") is False:
+        notes.append("WARNING: DataLoader.__next__ could not be restored in the job")
+    notes.extend(agent.get("notes") or ())
+    notes.extend((agent.get("sweep") or {}).get("notes") or ())
+    return notes
+
+
 def _combine(
     started: float,
     target_text: str,
@@ -545,14 +595,8 @@ def _combine(
             free_cores=free_cores,
             ranks_on_host=ranks_on_host,
         )
-    if agent.get("error"):
-        notes.append(agent["error"])
-    if agent.get("restored") is False:
-        notes.append("WARNING: DataLoader.__next__ could not be restored in the job")
-    notes.extend(agent.get("notes") or ())
-    sweep = agent.get("sweep") or {}
-    notes.extend(sweep.get("notes") or ())
-    configs = tuple(sweep.get("configs") or ())
+    notes.extend(_agent_notes(agent))
+    configs = tuple((agent.get("sweep") or {}).get("configs") or ())
     consumption = agent.get("consumption")
     during = agent.get("during_sweep")
     uses_cuda = agent.get("uses_cuda")
@@ -593,6 +637,41 @@ def _combine(
 # ---------------------------------------------------------------------------------------- offline
 
 
+def _run_offline_helper(factory_spec: str, host_path: str, until: float, progress: Optional[Progress]) -> str:
+    """The offline sweep's helper process, in a session of its own, until it ends or `until` (then killed with
+    any DataLoader workers it left); what it wrote to stderr."""
+    _report(progress, 0.0, f"starting a helper process for {factory_spec}")
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(host_path, "agent.py"), "--offline", factory_spec, host_path],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        cwd=os.getcwd(),
+    )
+    try:
+        while proc.poll() is None and time.monotonic() < until:
+            state = injector.read_private_json(host_path, "progress.json") or {}
+            _report(progress, float(state.get("fraction") or 0.0), state.get("message") or "starting")
+            try:
+                proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # DataLoader workers the helper may have left
+            except (ProcessLookupError, PermissionError):
+                pass
+        proc.wait()
+        stderr = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
+        if proc.stderr:
+            proc.stderr.close()
+    return stderr
+
+
 def run_offline_benchmark(
     factory_spec: str, *, seconds: float = 15.0, progress: Optional[Progress] = None, results_root: Optional[str] = None
 ) -> BenchResult:
@@ -617,35 +696,7 @@ def run_offline_benchmark(
     run = injector.prepare_local_run_dir(config, results_root)
     host_path = run.host_path
     try:
-        _report(progress, 0.0, f"starting a helper process for {factory_spec}")
-        proc = subprocess.Popen(
-            [sys.executable, os.path.join(host_path, "agent.py"), "--offline", factory_spec, host_path],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            cwd=os.getcwd(),
-        )
-        try:
-            while proc.poll() is None and time.monotonic() < started + seconds + ANSWER_GRACE_S:
-                state = injector.read_private_json(host_path, "progress.json") or {}
-                _report(progress, float(state.get("fraction") or 0.0), state.get("message") or "starting")
-                try:
-                    proc.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # DataLoader workers the helper may have left
-                except (ProcessLookupError, PermissionError):
-                    pass
-            proc.wait()
-            stderr = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
-            if proc.stderr:
-                proc.stderr.close()
+        stderr = _run_offline_helper(factory_spec, host_path, started + seconds + ANSWER_GRACE_S, progress)
         agent = injector.read_private_json(host_path, "result.json")
         partial = injector.read_private_json(host_path, "sweep.json")
     finally:

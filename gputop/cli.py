@@ -116,33 +116,8 @@ def _add_interval(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="gputop",
-        description=(
-            "Terminal monitor for multi-GPU training. Tells a starving DataLoader, a straggling rank or "
-            "a hang (your code) from a degraded PCIe link, throttling or ECC errors (the machine)."
-        ),
-        epilog="Run `gputop demo` for a simulated 8-GPU machine driven by a real PyTorch job.",
-    )
-    parser.add_argument("--version", action="version", version=f"gputop {__version__}")
-    _add_pid(parser)
-    _add_simulate(parser)
-    _add_interval(parser)
-    parser.set_defaults(command="tui")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
-    p = sub.add_parser("tui", help="the live monitor (the default when no command is given)")
-    _add_pid(p)
-    _add_simulate(p)
-    _add_interval(p)
-
-    p = sub.add_parser("snapshot", help="take one sample and print it (a table, or --json)")
-    _add_pid(p)
-    _add_simulate(p)
-    p.add_argument("--json", action="store_true", help="print JSON (keys: host, gpus, topology, simulated[, job])")
-    p.add_argument("--help-faults", action="store_true", help="list the simulated fault switches and exit")
-
+def _add_demo_command(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`gputop demo`'s options."""
     p = sub.add_parser("demo", help="run a real PyTorch job on a simulated 8-GPU machine and watch it")
     p.add_argument(
         "--scenario",
@@ -179,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=_positive_float, default=None, metavar="S", help="stop after S seconds")
     _add_interval(p)
 
+
+def _add_bench_command(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`gputop bench`'s options."""
     p = sub.add_parser("bench", help="can this DataLoader feed the GPUs? measure it and advise settings")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--pid", type=_pid, help="a running rank (or its launcher) to benchmark")
@@ -187,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="allow the active tier: inject a small agent into the job")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
+
+def _add_trace_command(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`gputop trace`'s options."""
     p = sub.add_parser("trace", help="profile every rank of a live job for a few seconds: where each step's time goes")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--pid", type=_pid, help="the job: its launcher or any rank (every rank is traced)")
@@ -216,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
+
+def _add_report_command(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`gputop report`'s options."""
     p = sub.add_parser("report", help="observe for a while and write a ticket-ready report")
     _add_pid(p)
     _add_simulate(p)
@@ -249,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_interval(p)
 
+
+def _add_check_command(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`gputop check`'s options."""
     p = sub.add_parser(
         "check",
         help="quick health check before an infra ticket: one line per check; exit 0 healthy, 3 infra, 4 config",
@@ -280,17 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host-root", default=None, help=argparse.SUPPRESS)  # tests: read /sys, /proc and /dev/kmsg under here
 
-    p = sub.add_parser("record", help="write the snapshot stream to a file (compressed, append-only)")
-    p.add_argument("-o", "--output", required=True, metavar="FILE")
-    _add_followed_pids(p, "record")  # as serve's: a recording holds what serve exports with the same options
-    _add_simulate(p)
-    p.add_argument("--seconds", type=_positive_float, default=None, metavar="S", help="stop after S seconds")
-    _add_interval(p)
 
-    p = sub.add_parser("replay", help="play a recording in the TUI, with pause, seek and speed")
-    p.add_argument("file", metavar="FILE")
-    p.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
-
+def _add_serve_command(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """`gputop serve`'s options."""
     p = sub.add_parser("serve", help="an OpenMetrics endpoint for Prometheus (job-level signals beside dcgm-exporter)")
     p.add_argument(
         "--listen",
@@ -311,6 +290,53 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also export utilization, memory, power, temperature and SM clock (for machines without dcgm-exporter)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="gputop",
+        description=(
+            "Terminal monitor for multi-GPU training. Tells a starving DataLoader, a straggling rank or "
+            "a hang (your code) from a degraded PCIe link, throttling or ECC errors (the machine)."
+        ),
+        epilog="Run `gputop demo` for a simulated 8-GPU machine driven by a real PyTorch job.",
+    )
+    parser.add_argument("--version", action="version", version=f"gputop {__version__}")
+    _add_pid(parser)
+    _add_simulate(parser)
+    _add_interval(parser)
+    parser.set_defaults(command="tui")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("tui", help="the live monitor (the default when no command is given)")
+    _add_pid(p)
+    _add_simulate(p)
+    _add_interval(p)
+
+    p = sub.add_parser("snapshot", help="take one sample and print it (a table, or --json)")
+    _add_pid(p)
+    _add_simulate(p)
+    p.add_argument("--json", action="store_true", help="print JSON (keys: host, gpus, topology, simulated[, job])")
+    p.add_argument("--help-faults", action="store_true", help="list the simulated fault switches and exit")
+
+    _add_demo_command(sub)
+    _add_bench_command(sub)
+    _add_trace_command(sub)
+    _add_report_command(sub)
+    _add_check_command(sub)
+
+    p = sub.add_parser("record", help="write the snapshot stream to a file (compressed, append-only)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE")
+    _add_followed_pids(p, "record")  # as serve's: a recording holds what serve exports with the same options
+    _add_simulate(p)
+    p.add_argument("--seconds", type=_positive_float, default=None, metavar="S", help="stop after S seconds")
+    _add_interval(p)
+
+    p = sub.add_parser("replay", help="play a recording in the TUI, with pause, seek and speed")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--speed", type=_positive_float, default=1.0, help="playback speed (default 1)")
+
+    _add_serve_command(sub)
 
     p = sub.add_parser("fleet", help="one job across nodes, live: what every node's `gputop serve` exported to Prometheus")
     p.add_argument("--prometheus", required=True, metavar="URL", help="the Prometheus that scrapes every node's gputop serve")

@@ -76,7 +76,7 @@ from gputop.model import (
     Snapshot,
     XidEvent,
 )
-from gputop.source import Batch, Source, for_job, job_anchor, jobs_of
+from gputop.source import Batch, Source, for_job, jobs_of
 
 # gputop_rank_state's states, and the stack classes they come from ("hung" comes from the hang finding)
 RANK_STATES = ("compute", "data_wait", "in_dataset", "collective", "sync", "optimizer", "idle", "hung")
@@ -114,7 +114,7 @@ class _RankTrack:
 def job_label(tree: JobTree, hostname: str) -> str:
     """The job's id across nodes (from its ranks' environment), else this host and its launcher's PID."""
     said = next((r.job_id for r in tree.ranks if r.job_id), None)
-    return said if said is not None else fallback_job_id(hostname, job_anchor(tree))
+    return said if said is not None else fallback_job_id(hostname, tree.anchor)
 
 
 def _first_said(values: Iterable[Optional[int]]) -> str:
@@ -155,7 +155,7 @@ class Exporter:
     """Collects in `cycle()` (a background thread), serves the last cycle's metrics in `collect()`.
 
     `source` is polled by `cycle()` only (the first cycle, and tests); its `machine` names the host.
-    `diagnose` is `gputop.analysis.diagnosis.findings` (the assembly every sink uses) unless a test gives another.  `dcgm_fields`
+    `diagnose` is `gputop.analysis.findings.findings` (the assembly every sink uses) unless a test gives another.  `dcgm_fields`
     also exports utilization, memory, power, temperature and SM clock (off by default: dcgm-exporter
     has them).
     """
@@ -172,7 +172,7 @@ class Exporter:
     ) -> None:
         if diagnose is None:
             from gputop.advice_memory import AdviceMemory
-            from gputop.analysis.diagnosis import findings  # the one assembly every sink uses
+            from gputop.analysis.findings import findings  # the one assembly every sink uses
 
             memory = AdviceMemory()  # the advice holds still from one cycle (and one `gputop report`) to the next
             diagnose = functools.partial(findings, memory=memory)

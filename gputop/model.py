@@ -22,6 +22,15 @@ from typing import Any, Callable, Optional
 # --------------------------------------------------------------------- GPUs
 
 
+def sysfs_bus_id(nvml_bus_id: str) -> str:
+    """NVML's "00000000:18:00.0" -> sysfs's "0000:18:00.0" (the form /sys/bus/pci/devices names a GPU by)."""
+    domain, _, rest = nvml_bus_id.strip().lower().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return nvml_bus_id.strip().lower()
+
+
 @dataclass(frozen=True, slots=True)
 class PcieLink:
     gen_current: Optional[int] = None
@@ -742,6 +751,11 @@ class JobTree:
     # the ranks' flight recorders, for the ranks whose environment turns the recorder on
     flight_records: tuple[FlightRecord, ...] = ()
 
+    @property
+    def anchor(self) -> int:
+        """The PID that names a job: its launcher's, or the lone training process's."""
+        return self.launcher.pid if self.launcher else self.root_pid
+
 
 # --------------------------------------------------------------------- snapshot
 
@@ -875,6 +889,7 @@ def from_jsonable(cls: type, data: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------- diagnosis
 
 SEVERITIES = ("critical", "warning", "info")
+SEVERITY_ORDER = {name: i for i, name in enumerate(SEVERITIES)}  # critical < warning < info
 LABEL_CODE = "your code"
 LABEL_INFRA = "infrastructure (file a ticket)"
 

@@ -33,10 +33,9 @@ from gputop.collect.host import HostCollector, numa_layout_from_affinity
 from gputop.collect.sysfs import HostReader, NicReader, NicSource
 from gputop.errors import GputopError
 from gputop.model import GpuDetails, GpuSample, JobTree, MachineInfo, Snapshot, Topology
-from gputop.source import job_anchor
 
 if TYPE_CHECKING:
-    from gputop.collect.counters import CounterWatch
+    from gputop.collect.counters import CounterWatch, HostSource
     from gputop.collect.job_tree import JobCollector
 
 # The counter watch of `serve`, `record`, the TUI and the demo (collect/counters.py): one reading of the GPUs'
@@ -98,7 +97,7 @@ class FollowedJobs:
     def _discover(self, gpus: tuple[GpuSample, ...]) -> None:
         from gputop.collect.job_tree import discover_jobs
 
-        anchors = [job_anchor(tree) for tree in discover_jobs(gpus)] if any(g.processes for g in gpus) else []
+        anchors = [tree.anchor for tree in discover_jobs(gpus)] if any(g.processes for g in gpus) else []
         for pid in set(self._collectors) - set(anchors):
             self._collectors.pop(pid).close()
         for pid in anchors:
@@ -180,7 +179,7 @@ class Pipeline:
         if self.simulated:
             # imported here: a real run never loads the simulator
             from gputop.sim.fake_nvml import FakeNvmlLibrary
-            from gputop.sim.profiles import parse_spec
+            from gputop.sim.spec import parse_spec
             from gputop.sim.synthetic import SyntheticLoad
 
             spec = parse_spec(simulate)  # a bad spec fails before anything is started
@@ -236,10 +235,10 @@ class Pipeline:
             elif pids or follow_all:
                 self.followed = FollowedJobs(pids, discover=follow_all, stack_interval=stack_interval)
             if watch_counters is not None and self.gpu is not None:
-                from gputop.collect.counters import CounterWatch, HostSource  # the check's rules: only where watched
+                from gputop.collect.counters import CounterWatch  # the check's rules: only where watched
 
                 self.counters = CounterWatch(
-                    self.gpu_details, HostSource(self, None), self.machine, watch_counters, first_after=watch_first_after
+                    self.gpu_details, self.host_source(), self.machine, watch_counters, first_after=watch_first_after
                 )
         except BaseException:
             self.close()
@@ -316,6 +315,18 @@ class Pipeline:
         must see them twice to see them climb."""
         if self.nics is not None:
             self.nics.errors_every_s = 0.0
+
+    def host_source(self, root: Optional[str] = None) -> HostSource:
+        """The kernel's side of this machine (AER counters, the kernel log's XIDs): the simulated machine's tree
+        under `--simulate`, else /sys and the kernel log under `root` (default /)."""
+        from gputop.collect.counters import HostSource
+
+        if self.fake_library is not None and root is None:
+            from gputop.sim.fake_sysfs import FakeHostTree
+
+            tree = FakeHostTree(self.fake_library.spec, self.fake_library.elapsed)
+            return HostSource(tree.read, tree.close)
+        return HostSource(HostReader(root or "/").read)
 
     def gpu_details(self) -> tuple[GpuDetails, ...]:
         """Each GPU's identity, modes and error counters (`gputop check`'s start and end); () without a driver."""

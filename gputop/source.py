@@ -10,7 +10,7 @@ follow, not by attributes a consumer probes for:
     Seekable    .pause() .resume() .seek(t) .set_speed(x), .position .duration .speed .paused,
                 .generation, .drain(), .history_until()          a recording being replayed
 
-What a snapshot says of the jobs is read in one way too (`jobs_of`, `job_anchor`): the jobs `serve`
+What a snapshot says of the jobs is read in one way too (`jobs_of`, `JobTree.anchor`): the jobs `serve`
 exports, `record` keeps and `report --from` diagnoses are the same trees.
 
 `PollLoop` is the only poll loop: the TUI's collector thread, `report`, `record` and `demo --no-tui`
@@ -43,11 +43,6 @@ def for_job(snapshot: Snapshot, tree: Optional[JobTree]) -> Snapshot:
     """The snapshot as if `tree` were the only job followed (None: no job): what a job's diagnosis reads,
     the same from a live pipeline that follows several jobs as from a recording of it."""
     return replace(snapshot, job=tree, jobs=())
-
-
-def job_anchor(tree: JobTree) -> int:
-    """The PID that names a job: its launcher's, or the lone training process's."""
-    return tree.launcher.pid if tree.launcher else tree.root_pid
 
 
 @runtime_checkable

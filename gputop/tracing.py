@@ -137,6 +137,96 @@ def _gzip_copy(src: str, dst: str) -> None:
         shutil.copyfileobj(fin, fout, 1 << 20)
 
 
+def _window(seconds: Optional[float], steps: Optional[int]) -> float:
+    """The profiled window's bound in seconds (UsageError, one line, for a bad --seconds or --steps)."""
+    if seconds is not None and not 0 < seconds <= MAX_SECONDS:
+        raise UsageError(f"--seconds must be between 0 and {MAX_SECONDS:g} (got {seconds:g}): the window is bounded")
+    if steps is not None and steps <= 0:
+        raise UsageError(f"--steps must be a positive number of steps (batches the training loop draws; got {steps})")
+    return seconds if seconds is not None else (MAX_SECONDS if steps else DEFAULT_SECONDS)
+
+
+def _output_dir(out_dir: Optional[str]) -> str:
+    """The folder the per-rank traces go to, made now (GputopError, one line, if it cannot be)."""
+    out_dir = os.path.abspath(out_dir or f"gputop-trace-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise GputopError(f"cannot create the output directory {out_dir}: {exc.strerror}") from None
+    return out_dir
+
+
+def _inject_all(
+    runs: dict[int, tuple[injector.Target, injector.RunDir]],
+) -> tuple[dict[int, str], dict[int, Optional[ThreadProgress]]]:
+    """The trace agent into every rank at once, each on a thread of its own: why it failed, by rank PID, and each
+    injected rank's main-thread progress at injection (to tell a frozen rank from a silent agent later)."""
+    errors: dict[int, str] = {}
+    at_injection: dict[int, Optional[ThreadProgress]] = {}
+
+    def inject(rank_pid: int) -> None:
+        target, run = runs[rank_pid]
+        try:
+            injector.inject_agent(target, run, agent_file="trace_agent.py", thread_name="gputop-trace-agent")
+            at_injection[rank_pid] = injector.main_thread_progress(rank_pid)
+        except GputopError as exc:
+            errors[rank_pid] = str(exc)
+
+    threads = [threading.Thread(target=inject, args=(p,), daemon=True) for p in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(injector.INJECT_TIMEOUT + 5)
+    return errors, at_injection
+
+
+def _rank_summary(
+    rank_pid: int, rank: Optional[int], answer: dict[str, Any], run: injector.RunDir, out_dir: str
+) -> dict[str, Any]:
+    """One rank's trace copied (gzipped) into `out_dir` and summarised, with what its agent said of it."""
+    src = os.path.join(run.host_path, answer.get("trace") or "trace.json")
+    dst = os.path.join(out_dir, _file_name(answer.get("rank", rank), rank_pid))
+    _gzip_copy(src, dst)
+    summary = trace_summary.summarize_trace(trace_summary.load_trace(dst), trace_file=dst)
+    name_sync_lines(summary, rank_pid)
+    summary.update(
+        rank=summary["rank"] if summary["rank"] is not None else answer.get("rank", rank),
+        pid=rank_pid,
+        memory_stats=answer.get("memory_stats") or {},
+        window_steps=(answer.get("window") or {}).get("steps"),
+        main_thread_recorded=summary["main_thread_events"] > 0,
+    )
+    return summary
+
+
+def _rank_result(
+    rank_pid: int,
+    rank: Optional[int],
+    answer: Optional[dict[str, Any]],
+    run: injector.RunDir,
+    since: Optional[ThreadProgress],
+    window: float,
+    out_dir: str,
+) -> tuple[Optional[dict[str, Any]], list[str]]:
+    """One rank's summary (None: no trace from it) and the notes on it, from its agent's answer (None: none came;
+    `since`: its main thread's progress at injection, to tell a frozen rank from a silent agent)."""
+    if answer is None:  # a job that stopped moving is the finding, not a silent agent
+        failed = injector.bootstrap_error(run)
+        return None, [
+            (f"PID {rank_pid}: the agent's thread could not start: {failed}" if failed else None)
+            or injector.frozen_evidence(rank_pid, since=since)
+            or f"PID {rank_pid}: the agent did not answer within {START_BOUND_S + window + EXPORT_GRACE_S:g}s"
+        ]
+    if answer.get("error"):
+        return None, [f"PID {rank_pid}: {answer['error']}"]
+    notes = [f"PID {rank_pid}: {n}" for n in answer.get("notes") or ()]
+    notes.extend(_leftover_notes(rank_pid, answer))
+    summary = _rank_summary(rank_pid, rank, answer, run, out_dir)
+    if not summary["main_thread_recorded"]:
+        notes.append(f"PID {rank_pid}: the trace holds no op of the main thread")
+    return summary, notes
+
+
 def run_trace(
     pid: int,
     *,
@@ -148,19 +238,11 @@ def run_trace(
     results_root: Optional[tuple[str, str]] = None,
 ) -> TraceResult:
     """Trace every rank of the job for a bounded window; raises GputopError/UsageError with one line."""
-    if seconds is not None and not 0 < seconds <= MAX_SECONDS:
-        raise UsageError(f"--seconds must be between 0 and {MAX_SECONDS:g} (got {seconds:g}): the window is bounded")
-    if steps is not None and steps <= 0:
-        raise UsageError(f"--steps must be a positive number of steps (batches the training loop draws; got {steps})")
-    window = seconds if seconds is not None else (MAX_SECONDS if steps else DEFAULT_SECONDS)
+    window = _window(seconds, steps)
     started = time.monotonic()
     _report(progress, 0.0, f"finding the ranks of PID {pid}")
     ranks, label = job_ranks(pid)
-    out_dir = os.path.abspath(out_dir or f"gputop-trace-{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as exc:
-        raise GputopError(f"cannot create the output directory {out_dir}: {exc.strerror}") from None
+    out_dir = _output_dir(out_dir)
     config = {"seconds": window, "steps": steps or 0, "with_stack": with_stack, "start_bound_s": START_BOUND_S}
     runs: dict[int, tuple[injector.Target, injector.RunDir]] = {}
     notes: list[str] = []
@@ -171,22 +253,7 @@ def run_trace(
             held.enter_context(injector.InjectionLock(rank_pid, "gputop trace"))
             runs[rank_pid] = (target, injector.prepare_run_dir(target, config, results_root, files=injector.TRACE_AGENT_FILES))
         _report(progress, 0.05, f"injecting the trace agent into {len(ranks)} rank(s)")
-        errors: dict[int, str] = {}
-        at_injection: dict[int, Optional[ThreadProgress]] = {}
-
-        def inject(rank_pid: int) -> None:
-            target, run = runs[rank_pid]
-            try:
-                injector.inject_agent(target, run, agent_file="trace_agent.py", thread_name="gputop-trace-agent")
-                at_injection[rank_pid] = injector.main_thread_progress(rank_pid)
-            except GputopError as exc:
-                errors[rank_pid] = str(exc)
-
-        threads = [threading.Thread(target=inject, args=(p,), daemon=True) for p, _r in ranks]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(injector.INJECT_TIMEOUT + 5)
+        errors, at_injection = _inject_all(runs)
         if len(errors) == len(ranks):
             raise GputopError(next(iter(errors.values())))
         notes.extend(f"PID {p}: {e}" for p, e in errors.items())
@@ -199,35 +266,10 @@ def run_trace(
         for rank_pid, rank in ranks:
             if rank_pid in errors:
                 continue
-            answer = answers.get(rank_pid)
-            if answer is None:  # a job that stopped moving is the finding, not a silent agent
-                failed = injector.bootstrap_error(runs[rank_pid][1])
-                notes.append(
-                    (f"PID {rank_pid}: the agent's thread could not start: {failed}" if failed else None)
-                    or injector.frozen_evidence(rank_pid, since=at_injection.get(rank_pid))
-                    or f"PID {rank_pid}: the agent did not answer within {START_BOUND_S + window + EXPORT_GRACE_S:g}s"
-                )
-                continue
-            if answer.get("error"):
-                notes.append(f"PID {rank_pid}: {answer['error']}")
-                continue
-            notes.extend(f"PID {rank_pid}: {n}" for n in answer.get("notes") or ())
-            notes.extend(_leftover_notes(rank_pid, answer))
-            src = os.path.join(runs[rank_pid][1].host_path, answer.get("trace") or "trace.json")
-            dst = os.path.join(out_dir, _file_name(answer.get("rank", rank), rank_pid))
-            _gzip_copy(src, dst)
-            summary = trace_summary.summarize_trace(trace_summary.load_trace(dst), trace_file=dst)
-            name_sync_lines(summary, rank_pid)
-            summary.update(
-                rank=summary["rank"] if summary["rank"] is not None else answer.get("rank", rank),
-                pid=rank_pid,
-                memory_stats=answer.get("memory_stats") or {},
-                window_steps=(answer.get("window") or {}).get("steps"),
-                main_thread_recorded=summary["main_thread_events"] > 0,
-            )
-            if not summary["main_thread_recorded"]:
-                notes.append(f"PID {rank_pid}: the trace holds no op of the main thread")
-            summaries.append(summary)
+            answer, since = answers.get(rank_pid), at_injection.get(rank_pid)
+            summary, said = _rank_result(rank_pid, rank, answer, runs[rank_pid][1], since, window, out_dir)
+            notes.extend(said)
+            summaries += [summary] if summary is not None else []
     finally:
         for _target, run in runs.values():
             injector.remove_run_dir(run)

@@ -195,7 +195,7 @@ def pcie_measure(out_path: str, simulate: str | None, seconds: float) -> int:
     library = None
     if simulate is not None:
         from gputop.sim.fake_nvml import FakeNvmlLibrary
-        from gputop.sim.profiles import parse_spec
+        from gputop.sim.spec import parse_spec
         from gputop.sim.synthetic import SyntheticLoad
 
         spec = parse_spec(simulate)
@@ -264,7 +264,7 @@ def gpm_measure(out_path: str, simulate: str | None, seconds: float) -> int:
     library = None
     if simulate is not None:
         from gputop.sim.fake_nvml import FakeNvmlLibrary
-        from gputop.sim.profiles import parse_spec
+        from gputop.sim.spec import parse_spec
         from gputop.sim.synthetic import SyntheticLoad
 
         spec = parse_spec(simulate)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gputop.analysis import gpu_health
-from gputop.analysis.diagnosis import findings as assemble_findings
+from gputop.analysis.findings import findings as assemble_findings
 from gputop.analysis.machine_check import EXIT_CONFIG, EXIT_HEALTHY, PASS, SKIP, WARN, CheckReport, CheckResult
 from gputop.collect import gpu as gpu_collector
 from gputop.history import History

@@ -18,12 +18,12 @@ from typing import Optional
 import pytest
 
 from gputop.analysis.machine_check import EXIT_CONFIG, EXIT_HEALTHY, CheckReport
+from gputop.check_window import Evidence
 from gputop.collect import gpu as gpu_collector
-from gputop.commands.check import Evidence
 from gputop.errors import UsageError
 from gputop.pipeline import Pipeline
 from gputop.sim.capture import UNKNOWN_CARD
-from gputop.sim.profiles import parse_spec
+from gputop.sim.spec import parse_spec
 
 CAPTURES = Path(__file__).parent / "fixtures" / "captures"
 FOLDERS = sorted(p for p in CAPTURES.iterdir() if p.is_dir())

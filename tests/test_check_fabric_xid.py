@@ -9,7 +9,7 @@ import pytest
 
 from gputop import cli
 from gputop.analysis import machine_check as mc
-from gputop.analysis.diagnosis import findings as assemble_findings
+from gputop.analysis.findings import findings as assemble_findings
 from gputop.analysis.gpu_health import FABRIC, Severity, fabric_health, judge_window
 from gputop.analysis.xids import CATALOGUE, meaning_of
 from gputop.model import FabricInfo

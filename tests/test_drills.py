@@ -509,7 +509,7 @@ def _library_failing_init(code: int):
 
 def test_nvml_init_fails_collector_raises_one_line():
     from gputop.collect.gpu import GpuCollector, GpuUnavailableError, NoDriverError
-    from gputop.sim.profiles import parse_spec
+    from gputop.sim.spec import parse_spec
     from gputop.sim.synthetic import SyntheticLoad
 
     spec = parse_spec("h100-sxm-8")

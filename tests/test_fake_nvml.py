@@ -10,7 +10,8 @@ import pytest
 
 from gputop.collect.gpu import use_nvml_library
 from gputop.sim.fake_nvml import FakeNvmlLibrary, ManualClock
-from gputop.sim.profiles import OLD_DRIVER_MISSING_SYMBOLS, parse_spec
+from gputop.sim.profiles import OLD_DRIVER_MISSING_SYMBOLS
+from gputop.sim.spec import parse_spec
 from tests.harness.nvml import ScriptedLoad
 
 

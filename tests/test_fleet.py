@@ -575,7 +575,7 @@ def test_report_over_prometheus_names_the_straggler_of_a_two_node_job_and_its_no
 
 @pytest.mark.parametrize(("world_size", "expected"), [(8, "remote_holdup"), (4, "hang")])
 def test_ranks_all_waiting_in_a_collective_wait_for_another_node_only_when_the_job_is_bigger(world_size, expected):
-    from gputop.analysis.diagnosis import findings
+    from gputop.analysis.findings import findings
 
     def waits_from_20(t: float) -> str:
         return FORWARD_BACKWARD if t < 20 else COLLECTIVE
@@ -606,7 +606,7 @@ def test_ranks_all_waiting_in_a_collective_wait_for_another_node_only_when_the_j
 
 @pytest.mark.parametrize(("world_size", "waits_elsewhere"), [(8, True), (4, False)])
 def test_ranks_mostly_in_collectives_while_moving_wait_for_another_node_when_the_job_is_bigger(world_size, waits_elsewhere):
-    from gputop.analysis.diagnosis import findings
+    from gputop.analysis.findings import findings
 
     mostly_collective = hb.cycle([COLLECTIVE, COLLECTIVE, COLLECTIVE, COLLECTIVE, FORWARD_BACKWARD])
     built = hb.build(

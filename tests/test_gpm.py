@@ -8,7 +8,7 @@ import pytest
 from gputop.collect.gpu import GpuCollector, use_nvml_library
 from gputop.sim import fake_nvml
 from gputop.sim.fake_nvml import FakeNvmlLibrary, ManualClock
-from gputop.sim.profiles import parse_spec
+from gputop.sim.spec import parse_spec
 from tests.harness.nvml import ScriptedLoad
 
 GPM_FIELDS = ("sm_active", "sm_occupancy", "tensor_active", "dram_bandwidth", "fp32_active", "fp16_active")

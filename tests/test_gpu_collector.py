@@ -21,7 +21,8 @@ from gputop.collect.gpu import (
 from gputop.model import THROTTLE_REASONS
 from gputop.sim import fake_nvml
 from gputop.sim.fake_nvml import FakeNvmlLibrary, ManualClock
-from gputop.sim.profiles import H100_SXM, RTX_4090, parse_spec
+from gputop.sim.profiles import H100_SXM, RTX_4090
+from gputop.sim.spec import parse_spec
 from tests.harness.nvml import ScriptedLoad
 from tests.harness.processes import wait_until
 
@@ -571,7 +572,7 @@ def test_a_hung_nvml_call_does_not_keep_the_process_alive(spawn):
         "import ctypes, threading\n"
         "from gputop.collect.gpu import GpuCollector\n"
         "from gputop.sim.fake_nvml import FakeNvmlLibrary\n"
-        "from gputop.sim.profiles import parse_spec\n"
+        "from gputop.sim.spec import parse_spec\n"
         "from gputop.sim.synthetic import SyntheticLoad\n"
         "fake = FakeNvmlLibrary(parse_spec('rtx-4090-2'), SyntheticLoad(2, 2**34), pcie_latency_s=0)\n"
         "class Hanging:\n"

@@ -20,7 +20,7 @@ import re
 import pytest
 
 from gputop.analysis import gpu_health
-from gputop.analysis.diagnosis import findings as assemble_findings
+from gputop.analysis.findings import findings as assemble_findings
 from gputop.analysis.gpu_health import Severity
 from gputop.analysis.machine_check import FAIL, WARN, CheckInput, CheckReport, build_report
 from gputop.exporter import Exporter
@@ -31,7 +31,7 @@ from gputop.report.jsonreport import report_data
 from gputop.sim.fake_nvml import ManualClock
 from gputop.sim.fake_sysfs import FakeHostTree
 from gputop.sim.profiles import FAULTS
-from gputop.tui.check_screen import card_marks
+from gputop.tui.look import card_marks
 from gputop.tui.widgets.gpu_grid import GpuGrid, health_problems
 
 GPU = 3  # the GPU every fault is put on
@@ -137,7 +137,7 @@ def test_every_simulated_fault_gets_one_class_on_one_gpu_everywhere(fault):
 
 def test_the_fault_list_is_all_covered():
     """The parametrisation reads FAULTS itself: every form turns into a spec the parser accepts."""
-    from gputop.sim.profiles import parse_spec
+    from gputop.sim.spec import parse_spec
 
     for name in FAULTS:
         assert parse_spec(fault_spec(name)).text.endswith(fault_spec(name).split("+", 1)[1])

@@ -9,7 +9,8 @@ import pytest
 
 from gputop.collect.gpu import use_nvml_library
 from gputop.sim.fake_nvml import FakeNvmlLibrary, ManualClock
-from gputop.sim.profiles import MIB, parse_spec
+from gputop.sim.profiles import MIB
+from gputop.sim.spec import parse_spec
 
 GIB = 1024**3
 

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gputop import cli
 from gputop.analysis import machine_check as mc
-from gputop.analysis.diagnosis import findings as assemble_findings
+from gputop.analysis.findings import findings as assemble_findings
 from gputop.analysis.gpu_health import NIC_DOWN, NIC_ERRORS, NIC_RATE, Severity, judge_nics
 from gputop.collect.sysfs import IB_DATA_WORD_BYTES, HeldFiles, NicReader
 from gputop.exporter import Exporter
@@ -30,7 +30,8 @@ from gputop.report.jsonreport import report_data
 from gputop.report.markdown import render_markdown
 from gputop.sim.fake_nvml import ManualClock
 from gputop.sim.fake_sysfs import TRAFFIC_SHARE, FakeNicTree
-from gputop.sim.profiles import NIC_FAULTS, faults_help, parse_spec
+from gputop.sim.profiles import NIC_FAULTS, faults_help
+from gputop.sim.spec import parse_spec
 from tests.harness.machine_check import simulated_check_input
 
 # fault -> (the check that fails, its title, the finding the diagnosis makes, the NIC it names)

@@ -14,7 +14,7 @@ import pytest
 
 from gputop.collect.gpu import GpuCollector, use_nvml_library
 from gputop.sim.fake_nvml import FakeNvmlLibrary
-from gputop.sim.profiles import parse_spec
+from gputop.sim.spec import parse_spec
 from gputop.sim.synthetic import SyntheticLoad
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 SITE_HOOK = """
 import pynvml
 from gputop.sim.fake_nvml import FakeNvmlLibrary
-from gputop.sim.profiles import parse_spec
+from gputop.sim.spec import parse_spec
 from gputop.sim.synthetic import SyntheticLoad
 spec = parse_spec("rtx-4090-2")
 pynvml.nvmlLib = FakeNvmlLibrary(spec, SyntheticLoad(spec.profile.gpu_count, spec.profile.gpu.memory_total))

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gputop.analysis import trace_summary
-from gputop.analysis.checks.trace import check_trace, with_trace_findings
+from gputop.analysis.checks.trace import check_trace
+from gputop.analysis.findings import with_trace_findings
 from gputop.model import LABEL_CODE, Finding
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"

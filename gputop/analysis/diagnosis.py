@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import TYPE_CHECKING, Callable, MutableMapping, Optional, Protocol, Sequence
+from typing import Callable, MutableMapping, Optional, Sequence
 
 from gputop.analysis.advice import ESTIMATE_SOURCE
 from gputop.analysis.checks.cpu import check_cpu_bound, cpu_facts
@@ -76,10 +76,7 @@ from gputop.analysis.thresholds import (
     SHARE_WINDOW_S,
 )
 from gputop.history import History
-from gputop.model import SEVERITIES, Finding, Snapshot
-
-if TYPE_CHECKING:
-    from gputop.analysis.machine_check import CheckReport
+from gputop.model import SEVERITY_ORDER, Finding, Snapshot
 
 # Re-exported for callers that import them from here (older code and tests).
 __all__ = [
@@ -88,12 +85,10 @@ __all__ = [
     "INDEPENDENT_CHECKS",
     "INPUT_BOUND_HIGH",
     "SEVERE",
-    "SEVERITY_ORDER",
     "build_context",
     "collect_rank_observations",
     "detect_period",
     "diagnose",
-    "findings",
     "mean",
     "percentile",
     "severe",
@@ -101,7 +96,6 @@ __all__ = [
 ]
 
 _SUMMARY_IDS = ("healthy", "collecting", "no_data")
-SEVERITY_ORDER = {name: i for i, name in enumerate(SEVERITIES)}  # critical < warning < info
 SEVERE = "critical"
 
 
@@ -114,13 +108,6 @@ INDEPENDENT_CHECKS: list[Callable[[Context], list[Finding]]] = [
     check_remote_wait,  # the job's ranks elsewhere set its pace
     check_kernels,  # GPM: tensor cores idle, memory-bandwidth-bound
 ]
-
-
-class TraceResultLike(Protocol):
-    """A trace's result (`gputop.tracing.TraceResult`): the findings its checks made."""
-
-    @property
-    def findings(self) -> Sequence[Finding]: ...
 
 
 def build_context(
@@ -212,44 +199,6 @@ def diagnose(
     if key is not None and memory is not None:
         _remember_advice(key, findings, memory)
     return findings
-
-
-def findings(
-    history: History,
-    bench: BenchInput = None,
-    trace: Optional[TraceResultLike] = None,
-    check: Optional[CheckReport] = None,
-    *,
-    window: Optional[float] = DIAGNOSIS_WINDOW_S,
-    memory: Optional[MutableMapping[str, int]] = None,
-) -> list[Finding]:
-    """Everything gputop concludes about `history`, assembled in this one place for every sink (the TUI's
-    verdict, the `r` report, `gputop report`, `gputop serve`, `gputop demo --no-tui`): the diagnosis (with
-    the loader benchmark's result, when one ran), plus the trace's findings (`gputop.tracing.TraceResult`)
-    and the machine check's (`gputop.analysis.machine_check.CheckReport`) when they ran.  Most severe first.
-    Without a machine check, the pipeline's counter watch stands for it when it ran (`Snapshot.counter_health`)."""
-    latest = history.latest
-    if check is None and latest is not None and latest.counter_health is not None:
-        from gputop.analysis.counter_health import as_check_report  # the check's code: only when watched
-
-        check = as_check_report(latest.counter_health)
-    return with_extra_findings(diagnose(history, bench, window=window, memory=memory), trace, check)
-
-
-def with_extra_findings(
-    found: Sequence[Finding], trace: Optional[TraceResultLike] = None, check: Optional[CheckReport] = None
-) -> list[Finding]:
-    """The diagnosis' findings joined by the trace's and the machine check's, when they ran (see `findings`)."""
-    found = list(found)
-    if trace is not None and trace.findings:
-        from gputop.analysis.checks.trace import with_trace_findings
-
-        found = with_trace_findings(found, trace.findings)
-    if check is not None:
-        from gputop.analysis.machine_check import with_machine_findings
-
-        found = with_machine_findings(found, check)
-    return found
 
 
 # the last long-window hiccup search: (the machine, the stride it fell in, GPUs left out), the newest snapshot

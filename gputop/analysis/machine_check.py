@@ -47,13 +47,10 @@ from gputop.analysis.gpu_health import (
     worst,
     xid_severity,
 )
-from gputop.analysis.xids import meaning_of
-from gputop.collect.sysfs import xid_bus_id  # a pure string helper (the module reads files only when asked)
+from gputop.analysis.xids import meaning_of, xid_bus_id
 from gputop.model import (
-    LABEL_INFRA,
     AllReduceResult,
     CheckResult,
-    Finding,
     GpuDetails,
     GpuSample,
     HostReadings,
@@ -1079,51 +1076,3 @@ def report_jsonable(report: CheckReport) -> dict[str, Any]:
         "next_commands": [{"command": c, "why": w} for c, w in NEXT_COMMANDS],
         "advice": CAPTURE_BEFORE_RESET,
     }
-
-
-# ------------------------------------------------------------------ into the report's findings
-
-# check id -> the diagnosis finding ids that already say the same from the snapshots (no second finding then)
-_SAID_BY_DIAGNOSIS = {
-    "gpus": ("gpu_lost",),
-    "pcie.link": ("pcie_downgrade",),
-    "clocks.events": ("throttle",),
-    "power.limit": ("power_cap",),
-    "memory.ecc": ("ecc",),
-    "memory.remap": ("ecc",),
-    "nvlink.state": ("nvlink_down",),
-    "fabric": ("fabric",),
-    "xid": ("xid", "xid_code"),
-    "nic.state": ("nic_down",),
-    "nic.rate": ("nic_rate",),
-    "nic.errors": ("nic_errors",),
-}
-
-
-def with_machine_findings(findings: Sequence[Finding], report: CheckReport) -> list[Finding]:
-    """The diagnosis' findings plus one per failing or warning check that the diagnosis did not already make,
-    so a report's verdict agrees with its "For the infra team" section."""
-    from gputop.analysis.diagnosis import SEVERITY_ORDER
-
-    have = {f.id for f in findings}
-    added = [
-        Finding(
-            id=f"check.{r.id}",
-            title=r.title,
-            severity="critical" if r.status == FAIL else "warning",
-            confidence=0.9,
-            label=LABEL_INFRA if r.status == FAIL else LABEL_CONFIG,
-            summary=f"{r.title}: {r.value}",
-            evidence=(f"expected {r.expected}", *r.evidence),
-            fix='File a ticket with the "For the infra team" section of this report (see there for what to run next).'
-            if r.status == FAIL
-            else "Make the GPUs' settings match (see the value); `gputop check` exits 0 once they do.",
-            gpus=r.gpus,
-        )
-        for r in report.results
-        if r.status in (FAIL, WARN) and not have & set(_SAID_BY_DIAGNOSIS.get(r.id, ()))
-    ]
-    if not added:
-        return list(findings)
-    kept = [f for f in findings if f.id != "healthy"]
-    return sorted(added + kept, key=lambda f: SEVERITY_ORDER.get(f.severity, 9))

@@ -18,7 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from gputop.model import LABEL_CODE, LABEL_INFRA, GpuSample, XidEvent
+from gputop.model import LABEL_CODE, LABEL_INFRA, GpuSample, XidEvent, sysfs_bus_id
+
+
+def xid_bus_id(nvml_bus_id: str) -> str:
+    """NVML's "00000000:5D:00.0" -> "0000:5d:00", the form `NVRM: Xid (PCI:...)` lines use."""
+    return sysfs_bus_id(nvml_bus_id).rsplit(".", 1)[0]
 
 
 @dataclass(frozen=True)

@@ -21,30 +21,21 @@ from gputop.model import CounterHealth, GpuDetails, HostReadings, MachineInfo, S
 
 if TYPE_CHECKING:
     from gputop.analysis.counter_health import CounterReading
-    from gputop.pipeline import Pipeline
 
 
 class HostSource:
-    """The kernel's side of the machine: the real /sys and kernel log, or the simulated machine's tree."""
+    """The kernel's side of the machine: the real /sys and kernel log, or the simulated machine's tree; the
+    pipeline hands in which (`Pipeline.host_source`)."""
 
-    def __init__(self, pipeline: Pipeline, root: Optional[str]) -> None:
-        self._tree = None
-        if pipeline.fake_library is not None and root is None:
-            from gputop.sim.fake_sysfs import FakeHostTree
-
-            self._tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
-            self._read = self._tree.read
-        else:
-            from gputop.collect.sysfs import HostReader
-
-            self._read = HostReader(root or "/").read
+    def __init__(self, read: Callable[[list[str]], HostReadings], close: Callable[[], None] = lambda: None) -> None:
+        self._read = read
+        self._close = close
 
     def read(self, bus_ids: list[str]) -> HostReadings:
         return self._read(bus_ids)
 
     def close(self) -> None:
-        if self._tree is not None:
-            self._tree.close()
+        self._close()
 
 
 class CounterWatch:

@@ -251,7 +251,7 @@ def possible_cpus(path: Optional[str] = None) -> int:
         return os.cpu_count() or 1
 
 
-def _bits(words) -> list[int]:
+def _bits(words: Any) -> list[int]:
     return [w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1]
 
 
@@ -393,13 +393,15 @@ class _DaemonPool:
     """
 
     def __init__(self, workers: int, name: str) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Optional[tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...]]]] = (
+            queue.SimpleQueue()
+        )
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
         for thread in self._threads:
             thread.start()
 
-    def submit(self, fn: Callable, *args: Any) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._queue.put((future, fn, args))
         return future
 
@@ -539,16 +541,16 @@ class _Gpu:
     last_pcie: tuple[Any, Any] = (None, None)  # the previous PCIe TX/RX counter readings (see _counter_readings)
     supported_reasons: Optional[int] = None
     refused: dict[str, str] = field(default_factory=dict)  # field -> permanent reason
-    chosen: dict[str, Callable] = field(default_factory=dict)  # field -> the call that works (after fallback)
+    chosen: dict[str, Callable[..., Any]] = field(default_factory=dict)  # field -> the call that works (after fallback)
     last: Optional[GpuSample] = None
-    future: Optional[concurrent.futures.Future] = None
+    future: Optional[concurrent.futures.Future[GpuSample]] = None
     slow: _SlowFields = field(default_factory=_SlowFields)
     # MIG: None until asked; False once NVML refused MIG mode for good (a card without MIG, an old driver)
     mig_supported: Optional[bool] = None
     mig_devices: int = 0  # MIG mode on: how many MIG device indices to ask for (0: MIG off), read with the slow fields
     mig_static: dict[str, _MigStatic] = field(default_factory=dict)  # MIG device UUID -> what does not change
     xid_events: Any = None  # this GPU's own NVML event set (None: XIDs unavailable, reason in static_unavailable)
-    xids: deque = field(default_factory=lambda: deque(maxlen=XID_EVENTS_KEPT))
+    xids: deque[XidEvent] = field(default_factory=lambda: deque(maxlen=XID_EVENTS_KEPT))
     gpm: Optional[_Gpm] = None  # None: no GPM here (reason in static_unavailable["gpm"]) or refused for good
     compute_capability: Optional[tuple[int, int]] = None
 
@@ -594,7 +596,7 @@ class _Reading:
         self.gpu = gpu
         self.unavailable: dict[str, str] = dict(gpu.static_unavailable)
 
-    def get(self, key: str, fn: Callable, *args: Any, fallback: Optional[Callable] = None) -> Any:
+    def get(self, key: str, fn: Callable[..., Any], *args: Any, fallback: Optional[Callable[..., Any]] = None) -> Any:
         """fn(handle, *args), or None with unavailable[key] set; FunctionNotFound tries `fallback` once."""
         gpu = self.gpu
         refused = gpu.refused.get(key)
@@ -614,7 +616,9 @@ class _Reading:
         except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
             return self._refuse(key, reason_of(exc))
 
-    def get_slow(self, key: str, refresh: bool, fn: Callable, *args: Any, fallback: Optional[Callable] = None) -> Any:
+    def get_slow(
+        self, key: str, refresh: bool, fn: Callable[..., Any], *args: Any, fallback: Optional[Callable[..., Any]] = None
+    ) -> Any:
         """`get` when `refresh` (every SLOW_FIELDS_PERIOD_S); between, the last reading, or its refusal."""
         slow = self.gpu.slow
         if refresh or key not in slow.readings:
@@ -633,19 +637,19 @@ class _Reading:
         return None
 
 
-def _temperature_v(handle):
+def _temperature_v(handle: Any) -> Any:
     return pynvml.nvmlDeviceGetTemperatureV(handle, pynvml.NVML_TEMPERATURE_GPU)
 
 
-def _temperature_v1(handle):
+def _temperature_v1(handle: Any) -> Any:
     return pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
 
 
-def _memory_v2(handle):
+def _memory_v2(handle: Any) -> Any:
     return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
 
 
-def _memory_v1(handle):
+def _memory_v1(handle: Any) -> Any:
     # v1's `used` includes the driver's reserved memory: a little high, but still the right order
     return pynvml.nvmlDeviceGetMemoryInfo(handle)
 
@@ -701,7 +705,7 @@ class GpuCollector:
 
     # ------------------------------------------------------------ static, once per run
     def _read_static(self) -> None:
-        def optional(fn, *args):
+        def optional(fn: Callable[..., Any], *args: Any) -> Any:
             try:
                 return fn(*args)
             except pynvml.NVMLError:
@@ -976,7 +980,9 @@ class GpuCollector:
             if take_turns and all(gpu.pcie_counters for gpu in due):
                 # Nothing blocks for long and nobody is stuck: one task reads the GPUs in turn.  Eight threads
                 # woken for one GPU each cost ~8% more of the whole monitor's CPU (side by side in ptys).
-                turns: list[tuple[_Gpu, concurrent.futures.Future]] = [(gpu, concurrent.futures.Future()) for gpu in due]
+                turns: list[tuple[_Gpu, concurrent.futures.Future[GpuSample]]] = [
+                    (gpu, concurrent.futures.Future()) for gpu in due
+                ]
                 for gpu, future in turns:
                     gpu.future = future
                 self._pool.submit(self._read_in_turn, turns)
@@ -1008,7 +1014,7 @@ class GpuCollector:
                 samples.append(sample)
             return tuple(samples)
 
-    def _read_in_turn(self, turns: list[tuple[_Gpu, concurrent.futures.Future]]) -> None:
+    def _read_in_turn(self, turns: list[tuple[_Gpu, concurrent.futures.Future[GpuSample]]]) -> None:
         """Read each GPU in order, each into its own future; one cancelled by the sample that gave up waiting (a
         GPU before it got stuck) is skipped."""
         for gpu, future in turns:
@@ -1076,26 +1082,8 @@ class GpuCollector:
         readings, refusal = self._read_counters(gpu)
         if throughput is None:
             throughput = self._pcie_rates(gpu, readings, refusal)
-        tx, rx, throughput_unavailable = throughput
-        pcie = PcieLink(
-            gen_current=r.get("pcie.gen_current", pynvml.nvmlDeviceGetCurrPcieLinkGeneration),
-            gen_max=gpu.gen_max,
-            width_current=r.get("pcie.width_current", pynvml.nvmlDeviceGetCurrPcieLinkWidth),
-            width_max=gpu.width_max,
-            tx_bytes_per_s=tx,
-            rx_bytes_per_s=rx,
-        )
-        r.unavailable.update(throughput_unavailable)  # where they were listed when read in this order
-        mask = r.get(
-            "throttle_reasons",
-            pynvml.nvmlDeviceGetCurrentClocksEventReasons,
-            fallback=pynvml.nvmlDeviceGetCurrentClocksThrottleReasons,
-        )
-        throttle = None
-        if mask is not None:
-            if gpu.supported_reasons is not None:
-                mask &= gpu.supported_reasons
-            throttle = tuple(name for bit, name in _REASON_BITS if mask & bit)
+        pcie = self._read_pcie(gpu, r, throughput)
+        throttle = self._read_throttle(gpu, r)
         fields = dict(
             utilization_gpu=float(util.gpu) if util is not None else None,
             utilization_memory=float(util.memory) if util is not None else None,
@@ -1125,6 +1113,35 @@ class GpuCollector:
         if refresh_slow:  # only once everything read without the GPU being lost
             gpu.slow.due = now + SLOW_FIELDS_PERIOD_S
         return sample
+
+    @staticmethod
+    def _read_pcie(gpu: _Gpu, r: _Reading, throughput: tuple[Optional[float], Optional[float], dict[str, str]]) -> PcieLink:
+        """The link's generation and width now, and the traffic (`throughput`: TX, RX bytes/s and refusals)."""
+        tx, rx, throughput_unavailable = throughput
+        pcie = PcieLink(
+            gen_current=r.get("pcie.gen_current", pynvml.nvmlDeviceGetCurrPcieLinkGeneration),
+            gen_max=gpu.gen_max,
+            width_current=r.get("pcie.width_current", pynvml.nvmlDeviceGetCurrPcieLinkWidth),
+            width_max=gpu.width_max,
+            tx_bytes_per_s=tx,
+            rx_bytes_per_s=rx,
+        )
+        r.unavailable.update(throughput_unavailable)  # where they were listed when read in this order
+        return pcie
+
+    @staticmethod
+    def _read_throttle(gpu: _Gpu, r: _Reading) -> Optional[tuple[str, ...]]:
+        """The clocks' event (throttle) reasons in force, of those the GPU supports."""
+        mask = r.get(
+            "throttle_reasons",
+            pynvml.nvmlDeviceGetCurrentClocksEventReasons,
+            fallback=pynvml.nvmlDeviceGetCurrentClocksThrottleReasons,
+        )
+        if mask is None:
+            return None
+        if gpu.supported_reasons is not None:
+            mask &= gpu.supported_reasons
+        return tuple(name for bit, name in _REASON_BITS if mask & bit)
 
     @staticmethod
     def _kb_to_bytes(kb: Optional[int]) -> Optional[float]:
@@ -1219,7 +1236,7 @@ class GpuCollector:
     def _read_mig_device(gpu: _Gpu, handle: Any) -> Optional[MigInstance]:
         """One MIG device: its ids and profile (once per UUID), its memory and processes (every sample)."""
 
-        def optional(fn: Callable, *args: Any) -> Any:
+        def optional(fn: Callable[..., Any], *args: Any) -> Any:
             try:
                 return fn(handle, *args)
             except pynvml.NVMLError_GpuIsLost:

@@ -102,13 +102,32 @@ def rate_for(
     return max(MIN_RATE_HZ, min(budget.per_rank_hz, total // max(1, ranks)))
 
 
+def _record_argv(py_spy: str, pid: int, rate: int, out: str) -> list[str]:
+    """`py-spy record` of every thread of `pid`, idle ones included, without stopping it, into speedscope JSON."""
+    return [
+        py_spy,
+        "record",
+        "--pid",
+        str(pid),
+        "--idle",
+        "--nonblocking",
+        "--threads",
+        "--format",
+        "speedscope",
+        "--rate",
+        str(rate),
+        "--output",
+        out,
+    ]
+
+
 def _cpu_seconds(pid: int) -> Optional[float]:
     """A live child's CPU time so far (user + system), or None once it is gone."""
     try:
         times = psutil.Process(pid).cpu_times()
     except psutil.Error:
         return None
-    return times.user + times.system
+    return float(times.user + times.system)
 
 
 # ----------------------------------------------------------------- parsing py-spy's speedscope output
@@ -214,6 +233,37 @@ class _RankRecorder:
                 self.cut.wait(RETRY_AFTER_S)
                 self.cut.clear()
 
+    def _samples(
+        self, out: str, err_path: str, started: float, ended: float, rate: int, cut_short: bool
+    ) -> Optional[StateSamples]:
+        """The stretch py-spy recorded into `out` (its complaints in `err_path`): the runs of main-thread states,
+        or why there are none; None when we ended it before it had anything to say (a new rate, a flush)."""
+        try:
+            with open(err_path, encoding="utf-8", errors="replace") as f:
+                stderr = f.read()
+            with open(out, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            text = stderr = ""
+        if not text.strip():
+            if self.stopped or self.owner.closed or cut_short:
+                return None  # ended by us before py-spy's first sample (a new rate, a flush): no failure
+            return StateSamples(self.pid, started, ended, rate, error=classify_failure(self.pid, stderr))
+        try:
+            states = parse_speedscope(text, self.pid, self.classifier)
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            return StateSamples(self.pid, started, ended, rate, error=f"py-spy output unreadable ({exc})")
+        errors = record_errors(stderr)
+        if not states and (cut_short or self.stopped or self.owner.closed):
+            return None  # ended by us before py-spy caught the main thread (a new rate, a flush): no failure
+        if not states:
+            return StateSamples(
+                self.pid, started, ended, rate, errors=errors, error="py-spy saw no samples of the rank's main thread"
+            )
+        return StateSamples(
+            self.pid, max(started, ended - len(states) / rate), ended, rate, runs=run_lengths(states), errors=errors
+        )
+
     def _stretch(self) -> Optional[StateSamples]:
         budget = self.owner.budget_for(self)
         rate = self.owner.rate(budget)
@@ -225,21 +275,7 @@ class _RankRecorder:
             return StateSamples(self.pid, time.time(), time.time(), rate, error=f"cannot write py-spy's output: {exc.strerror}")
         os.close(fd)
         err_path = out + ".err"
-        argv = [
-            self.owner.py_spy,
-            "record",
-            "--pid",
-            str(self.pid),
-            "--idle",
-            "--nonblocking",
-            "--threads",
-            "--format",
-            "speedscope",
-            "--rate",
-            str(rate),
-            "--output",
-            out,
-        ]
+        argv = _record_argv(self.owner.py_spy, self.pid, rate, out)
         started = time.time()
         try:
             with open(err_path, "wb") as err:
@@ -268,31 +304,7 @@ class _RankRecorder:
                     proc.wait()
             if self.stopped or self.owner.closed:
                 return None  # closed meanwhile: its temporary folder, these files with it, may be gone
-            try:
-                with open(err_path, encoding="utf-8", errors="replace") as f:
-                    stderr = f.read()
-                with open(out, encoding="utf-8", errors="replace") as f:
-                    text = f.read()
-            except OSError:
-                text = stderr = ""
-            if not text.strip():
-                if self.stopped or self.owner.closed or cut_short:
-                    return None  # ended by us before py-spy's first sample (a new rate, a flush): no failure
-                return StateSamples(self.pid, started, ended, rate, error=classify_failure(self.pid, stderr))
-            try:
-                states = parse_speedscope(text, self.pid, self.classifier)
-            except (ValueError, TypeError, KeyError, IndexError) as exc:
-                return StateSamples(self.pid, started, ended, rate, error=f"py-spy output unreadable ({exc})")
-            errors = record_errors(stderr)
-            if not states and (cut_short or self.stopped or self.owner.closed):
-                return None  # ended by us before py-spy caught the main thread (a new rate, a flush): no failure
-            if not states:
-                return StateSamples(
-                    self.pid, started, ended, rate, errors=errors, error="py-spy saw no samples of the rank's main thread"
-                )
-            return StateSamples(
-                self.pid, max(started, ended - len(states) / rate), ended, rate, runs=run_lengths(states), errors=errors
-            )
+            return self._samples(out, err_path, started, ended, rate, cut_short)
         finally:
             for path in (out, err_path):
                 try:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
-from gputop.model import AerCounts, HostReadings, KernelXid, NicInfo, NicPortSample, Topology
+from gputop.model import AerCounts, HostReadings, KernelXid, NicInfo, NicPortSample, Topology, sysfs_bus_id
 
 # The kernel log is read up to this much (a /dev/kmsg ring holds 128 KiB-16 MiB) and for at most this long.
 KERNEL_LOG_MAX_BYTES = 32 * 1024 * 1024
@@ -43,20 +43,6 @@ _AER_FILES = (
     ("nonfatal", "aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"),
     ("fatal", "aer_dev_fatal", "TOTAL_ERR_FATAL"),
 )
-
-
-def sysfs_bus_id(nvml_bus_id: str) -> str:
-    """NVML's "00000000:18:00.0" -> sysfs's "0000:18:00.0"."""
-    domain, _, rest = nvml_bus_id.strip().lower().partition(":")
-    try:
-        return f"{int(domain, 16):04x}:{rest}"
-    except ValueError:
-        return nvml_bus_id.strip().lower()
-
-
-def xid_bus_id(nvml_bus_id: str) -> str:
-    """NVML's "00000000:5D:00.0" -> "0000:5d:00", the form `NVRM: Xid (PCI:...)` lines use."""
-    return sysfs_bus_id(nvml_bus_id).rsplit(".", 1)[0]
 
 
 def _reason(exc: OSError) -> str:

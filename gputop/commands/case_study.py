@@ -32,14 +32,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, TextIO
 
-from gputop.analysis.diagnosis import findings as diagnose_all
 from gputop.analysis.diagnosis import verdict_line
+from gputop.analysis.findings import findings as diagnose_all
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
 from gputop.sim.cpu_speed import cpu_slowness
 from gputop.sim.load import FollowingLoad, JobLoad
-from gputop.sim.scenarios import DEFAULT_BATCH, DEFAULT_STEP_MS, DemoConfig, resolve
+from gputop.sim.scenarios import DEFAULT_BATCH, DEFAULT_STEP_MS, DEMO_PROFILE, DemoConfig, resolve
 
 if TYPE_CHECKING:
     from gputop.pipeline import Pipeline
@@ -243,7 +243,6 @@ class CaseStudy:
         max_stage_s: float = MAX_STAGE_S,
         stack_interval: float = 2.0,
     ) -> None:
-        from gputop.commands.demo import DEMO_PROFILE
         from gputop.pipeline import Pipeline
 
         self.stages = list(stage_list)
@@ -412,7 +411,7 @@ class CaseStudySource:
 def run(args: Any) -> int:
     """The case study in the TUI (the header says which stage runs and how the ones before went; the verdict is
     gputop's own), or headless with --no-tui / --json: one line (or JSON object) per stage."""
-    from gputop.commands.demo import run_tui
+    from gputop.tui.demo import run_tui
 
     as_json = bool(getattr(args, "json", False))
     cores = float(len(os.sched_getaffinity(0)))

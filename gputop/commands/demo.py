@@ -12,23 +12,22 @@ gputop never imports torch: the job runs in other processes.
 from __future__ import annotations
 
 import importlib.util
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-from gputop.analysis.diagnosis import findings, verdict_line
-from gputop.commands.observing import StopSignals
+from gputop.analysis.diagnosis import verdict_line
+from gputop.analysis.findings import findings
 from gputop.errors import GputopError
 from gputop.history import History
+from gputop.signals import StopSignals
+from gputop.tui.demo import run_tui
 
 if TYPE_CHECKING:
-    from gputop.source import Source
+    from gputop.model import Finding
 
-# The simulated machine. Its 8 GPUs bound --gpus; with fewer ranks the remaining GPUs sit idle.
-DEMO_PROFILE = "h100-sxm-8"
+    pass
 
 
 @dataclass
@@ -39,7 +38,7 @@ class DemoSummary:
     seconds: float = 0.0  # observed after that
     samples: list[tuple[Optional[float], ...]] = field(default_factory=list)  # per interval, per GPU, percent
     steps_per_s: tuple[float, ...] = ()  # per rank
-    findings: list = field(default_factory=list)  # the diagnosis of everything observed, most severe first
+    findings: list[Finding] = field(default_factory=list)  # the diagnosis of everything observed, most severe first
 
     def mean_util(self) -> list[Optional[float]]:
         if not self.samples:
@@ -140,29 +139,11 @@ def print_summary(summary: DemoSummary, out: TextIO) -> None:
     out.flush()
 
 
-def run_tui(source: "Source", args: Any, *, subtitle: str, failure: Callable[[], Optional[str]]) -> int:
-    """The TUI on a demo's `source` until q (or --seconds); then the job's `failure()`, if any, as the one line."""
-    from gputop.tui.app import run_app  # the core never loads Textual unless the TUI is wanted
-
-    if args.seconds is not None:
-        # ends the TUI the way SIGTERM does (see StopSignals), from outside its event loop
-        timer = threading.Timer(args.seconds, signal.raise_signal, (signal.SIGTERM,))
-        timer.daemon = True
-        timer.start()
-    try:
-        code = run_app(source, interval=args.interval, subtitle=subtitle)
-    except KeyboardInterrupt:
-        code = 0
-    failed = failure()
-    if failed:
-        raise GputopError(failed)
-    return code
-
-
 def run(args: Any) -> int:
     _check_demo_dependencies()
     from gputop.pipeline import TUI_WATCH_FIRST_AFTER_S, WATCH_COUNTERS_S, Pipeline
     from gputop.sim.demo_launcher import DemoJob
+    from gputop.sim.scenarios import DEMO_PROFILE
 
     scenario = args.scenario
     if scenario == "case-study":  # four jobs one after another on one machine (gputop/commands/case_study.py)

@@ -11,13 +11,13 @@ import sys
 from typing import TYPE_CHECKING, Any, Optional
 
 from gputop.advice_memory import AdviceMemory
-from gputop.analysis.diagnosis import findings as findings_of
 from gputop.analysis.diagnosis import verdict_line
+from gputop.analysis.findings import findings as findings_of
 from gputop.commands.observing import Progress, live_source, observe
 from gputop.errors import GputopError, UsageError
 from gputop.history import History
 from gputop.model import Finding, Snapshot
-from gputop.source import for_job, job_anchor, jobs_of
+from gputop.source import for_job, jobs_of
 
 if TYPE_CHECKING:
     from gputop.analysis.machine_check import CheckReport
@@ -68,7 +68,7 @@ def history_from_recording(
 
 def _one_job(path: str, snapshots: list[Snapshot], job: Optional[int]) -> list[Snapshot]:
     """The snapshots as `serve` diagnoses the job `job` of them (see `history_from_recording`)."""
-    anchors = list(dict.fromkeys(job_anchor(tree) for snap in snapshots for tree in jobs_of(snap)))
+    anchors = list(dict.fromkeys(tree.anchor for snap in snapshots for tree in jobs_of(snap)))
     if job is not None and job not in anchors:
         named = ", ".join(map(str, anchors)) or "none"
         raise UsageError(f"--job {job}: {path} holds no such job (its jobs: {named})")
@@ -82,7 +82,7 @@ def _one_job(path: str, snapshots: list[Snapshot], job: Optional[int]) -> list[S
             f"gputop: {path} holds {len(anchors)} jobs; reporting on job {job} (the others: {others}; choose with --job PID)",
             file=sys.stderr,
         )
-    return [for_job(snap, next((t for t in jobs_of(snap) if job_anchor(t) == job), None)) for snap in snapshots]
+    return [for_job(snap, next((t for t in jobs_of(snap) if t.anchor == job), None)) for snap in snapshots]
 
 
 def run_bench(args: argparse.Namespace) -> "BenchResult":
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         )
         pipeline = live_source(args)
         try:
-            from gputop.commands.check import Evidence  # `gputop check` over the same window: the infra section
+            from gputop.check_window import Evidence  # `gputop check` over the same window: the infra section
 
             pipeline.focus_sampling(True)  # the shares a report states come from dense samples (issue 21)
             evidence = Evidence(pipeline)

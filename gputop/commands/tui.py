@@ -48,7 +48,7 @@ def starting_pipeline(args: argparse.Namespace) -> "StartingPipeline":
     simulate: Optional[str] = getattr(args, "simulate", None)
     stack_interval: float = getattr(args, "stack_interval", 2.0)
     if simulate is not None:
-        from gputop.sim.profiles import parse_spec
+        from gputop.sim.spec import parse_spec
 
         parse_spec(simulate)  # a bad spec is the command's one line before any frame (the build waits for one)
 

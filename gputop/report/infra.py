@@ -4,7 +4,7 @@ Identity (host, kernel, driver, CUDA; per GPU its serial, VBIOS, board part numb
 failing checks with their numbers, the XIDs with their times, the commands the team will ask for next, and
 the advice to capture it all before any reset; and the NIC ports (state, rate, traffic, error counters) with
 the health module's judgement of them.  A live report runs `gputop check`'s checks over its own
-window (`commands.check.Evidence`); a report from a recording has no NVML details or kernel readings, so
+window (`check_window.Evidence`); a report from a recording has no NVML details or kernel readings, so
 the section is built from what the snapshots carry and says what is missing.
 """
 

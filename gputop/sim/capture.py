@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional, Union
 
 from gputop.errors import UsageError
-from gputop.sim.profiles import MIB, MIG_MAX_DEVICES, GpuModel, MigProfile, Profile
+from gputop.sim.profiles import MIB, MIG_MAX_DEVICES, CapturedBoard, CapturedGpu, GpuModel, MigProfile, Profile, RemappedRows
 
 TOPO_FILE = "topo.txt"
 SMI_Q_FILES = ("smi_q.txt", "smi_q.xml")
@@ -71,44 +71,6 @@ SYMBOL_SINCE_DRIVER = {
     "nvmlDeviceGetSupportedClocksEventReasons": 535,
     "nvmlDeviceGetTemperatureV": 550,
 }
-
-
-@dataclass(frozen=True)
-class RemappedRows:
-    """`nvidia-smi -q`'s Remapped Rows block: what nvmlDeviceGetRemappedRows answers on that card."""
-
-    correctable: int
-    uncorrectable: int
-    pending: bool
-    failed: bool
-
-
-@dataclass(frozen=True)
-class CapturedGpu:
-    """What one GPU's captures say beyond its `GpuModel`. None: not captured (NVML refuses the call)."""
-
-    cpu_affinity: Optional[tuple[int, ...]] = None  # (): NVML's empty mask (topo -m prints N/A)
-    numa_affinity: Optional[tuple[int, ...]] = None  # nvmlDeviceGetMemoryAffinity's nodes
-    numa_id: Optional[int] = None  # nvmlDeviceGetNumaNodeId (topo -m's "GPU NUMA ID")
-    # per link: the GPU at its far end, or None where the link ends at an NVSwitch
-    nvlink_remote: tuple[Optional[int], ...] = ()
-    nvlink_active: tuple[bool, ...] = ()
-    refused: frozenset[str] = frozenset()  # NVML symbols that answer NOT_SUPPORTED (the capture's N/A)
-    ecc_volatile: Optional[tuple[int, int]] = None  # (corrected, uncorrected) since the driver loaded
-    ecc_aggregate: Optional[tuple[int, int]] = None  # (corrected, uncorrected) over the card's life
-    remapped_rows: Optional[RemappedRows] = None  # as captured; None: not captured (the fake's own zeros)
-    # MIG mode on: (GPU instance id, profile) of each MIG device in index order; None: MIG off (or not captured)
-    mig_instances: Optional[tuple[tuple[int, MigProfile], ...]] = None
-
-
-@dataclass(frozen=True)
-class CapturedBoard:
-    """The machine-wide part of a capture: every GPU pair's `nvidia-smi topo -m` cell, each GPU's extras."""
-
-    source: str  # the folder
-    gpus: tuple[CapturedGpu, ...]
-    levels: Optional[tuple[tuple[str, ...], ...]] = None  # [a][b]: "X", "NV4", "PIX".."SYS", "N/A"
-    missing_symbols: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- small readers
@@ -551,37 +513,17 @@ def _agree(counts: Iterable[tuple[str, int]]) -> int:
     return seen[0][1]
 
 
-def load_capture(folder_text: str) -> Profile:
-    """`capture:DIR`'s DIR -> the Profile the fake NVML library serves (UsageError, one line, if it cannot)."""
-    folder = Path(folder_text).expanduser()
-    if not folder.is_dir():
-        raise UsageError(
-            f"--simulate capture:{folder_text}: no such folder (put {TOPO_FILE}, smi_q.txt or smi_q.xml, "
-            f"{NVLINK_FILE} from the machine in one folder)"
-        )
-    topo_file = _read(folder, TOPO_FILE)
-    smi_file = next((f for f in (_read(folder, name) for name in SMI_Q_FILES) if f is not None), None)
-    nvlink_file = _read(folder, NVLINK_FILE)
-    if topo_file is None and smi_file is None and nvlink_file is None:
-        raise UsageError(
-            f"--simulate capture:{folder_text}: none of {TOPO_FILE}, {' or '.join(SMI_Q_FILES)}, {NVLINK_FILE} there "
-            f"(save `nvidia-smi topo -m`, `nvidia-smi -q -x` and `nvidia-smi nvlink -s` under those names)"
-        )
-    topo = parse_topo(topo_file[1], topo_file[0]) if topo_file else None
-    header, smi = parse_smi_q(smi_file[1], smi_file[0]) if smi_file else ({}, ())
-    nvlink = parse_nvlink(nvlink_file[1], nvlink_file[0]) if nvlink_file else ()
+def _captured_gpus(
+    n: int,
+    topo: Optional[TopoTable],
+    smi: tuple[SmiGpu, ...],
+    nvlink: tuple[NvlinkStatus, ...],
+    remotes: tuple[tuple[Optional[int], ...], ...],
+) -> tuple[list[GpuModel], list[CapturedGpu]]:
+    """Each GPU's model and what its captures say of it, from whichever of the three captures there are."""
+    models: list[GpuModel] = []
+    gpus: list[CapturedGpu] = []
     unlisted = _inactive_link_counts(nvlink)
-    counts = [(TOPO_FILE, len(topo.levels))] if topo else []
-    counts += [(smi_file[0].name, len(smi))] if smi_file else []
-    counts += [(NVLINK_FILE, len(nvlink))] if nvlink_file else []
-    n = _agree(counts)
-
-    if topo is not None:
-        remotes, switch_links = _wiring(topo.levels)
-    else:  # links known only from nvlink -s: their far ends are not captured
-        remotes, switch_links = tuple(tuple([None] * len(g.links)) for g in nvlink) or ((),) * n, 0
-    models = []
-    gpus = []
     for gpu in range(n):
         facts = smi[gpu] if smi else None
         model = facts.model if facts else UNKNOWN_CARD
@@ -607,6 +549,38 @@ def load_capture(folder_text: str) -> Profile:
                 remapped_rows=facts.remapped_rows if facts else None,
             )
         )
+    return models, gpus
+
+
+def load_capture(folder_text: str) -> Profile:
+    """`capture:DIR`'s DIR -> the Profile the fake NVML library serves (UsageError, one line, if it cannot)."""
+    folder = Path(folder_text).expanduser()
+    if not folder.is_dir():
+        raise UsageError(
+            f"--simulate capture:{folder_text}: no such folder (put {TOPO_FILE}, smi_q.txt or smi_q.xml, "
+            f"{NVLINK_FILE} from the machine in one folder)"
+        )
+    topo_file = _read(folder, TOPO_FILE)
+    smi_file = next((f for f in (_read(folder, name) for name in SMI_Q_FILES) if f is not None), None)
+    nvlink_file = _read(folder, NVLINK_FILE)
+    if topo_file is None and smi_file is None and nvlink_file is None:
+        raise UsageError(
+            f"--simulate capture:{folder_text}: none of {TOPO_FILE}, {' or '.join(SMI_Q_FILES)}, {NVLINK_FILE} there "
+            f"(save `nvidia-smi topo -m`, `nvidia-smi -q -x` and `nvidia-smi nvlink -s` under those names)"
+        )
+    topo = parse_topo(topo_file[1], topo_file[0]) if topo_file else None
+    header, smi = parse_smi_q(smi_file[1], smi_file[0]) if smi_file else ({}, ())
+    nvlink = parse_nvlink(nvlink_file[1], nvlink_file[0]) if nvlink_file else ()
+    counts = [(TOPO_FILE, len(topo.levels))] if topo else []
+    counts += [(smi_file[0].name, len(smi))] if smi_file else []
+    counts += [(NVLINK_FILE, len(nvlink))] if nvlink_file else []
+    n = _agree(counts)
+
+    if topo is not None:
+        remotes, switch_links = _wiring(topo.levels)
+    else:  # links known only from nvlink -s: their far ends are not captured
+        remotes, switch_links = tuple(tuple([None] * len(g.links)) for g in nvlink) or ((),) * n, 0
+    models, gpus = _captured_gpus(n, topo, smi, nvlink, remotes)
     driver = header.get("driver_version") or ""
     branch = _driver_branch(driver)
     missing = tuple(sorted(s for s, since in SYMBOL_SINCE_DRIVER.items() if branch is not None and branch < since))

@@ -30,8 +30,9 @@ from typing import Callable, Iterable, Optional
 
 import psutil
 
-from gputop.collect.sysfs import IB_DATA_WORD_BYTES, IB_ERROR_COUNTERS, HostReader, NicReader, sysfs_bus_id, xid_bus_id
-from gputop.model import HostReadings, NicPortSample, Topology
+from gputop.analysis.xids import xid_bus_id
+from gputop.collect.sysfs import IB_DATA_WORD_BYTES, IB_ERROR_COUNTERS, HostReader, NicReader
+from gputop.model import HostReadings, NicPortSample, Topology, sysfs_bus_id
 from gputop.sim.profiles import InfraFaults, Profile, SimNic, SimSpec, bus_number
 
 KERNEL_RELEASE = "6.8.0-49-generic"

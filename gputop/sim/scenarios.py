@@ -45,6 +45,8 @@ from gputop.errors import UsageError
 from gputop.sim.cpu_speed import cpu_slowness
 
 DEFAULT_RANKS = 8
+# The simulated machine the demo's jobs run on. Its 8 GPUs bound --gpus; with fewer ranks the others sit idle.
+DEMO_PROFILE = "h100-sxm-8"
 MAX_RANKS = 8  # the simulated machine (h100-sxm-8) has 8 GPUs
 MAX_WORKERS = 32
 DEFAULT_STEP_MS = 200.0  # a ResNet-50-sized step on an H100
@@ -309,6 +311,38 @@ def _check_range(flag: str, value: Optional[float], low: float, high: float, wha
         raise UsageError(f"{flag} {value:g} is out of range: {what}")
 
 
+def _check_overrides(
+    scenario: str,
+    workers: Optional[int],
+    batch_size: Optional[int],
+    step_ms: Optional[float],
+    gpus: Optional[int],
+    max_steps: Optional[int],
+    collective_timeout_s: float,
+) -> None:
+    """A UsageError with one line for an unknown scenario or an override out of range."""
+    if scenario not in SCENARIOS:
+        raise UsageError(f"unknown demo scenario {scenario!r} (choose one of: {', '.join(SCENARIOS)})")
+    _check_range("--gpus", gpus, 1, MAX_RANKS, f"the simulated machine has 1 to {MAX_RANKS} GPUs")
+    _check_range("--workers", workers, 0, MAX_WORKERS, f"use 0 to {MAX_WORKERS} DataLoader workers per rank")
+    _check_range("--batch-size", batch_size, 1, 1024, "use 1 to 1024 samples per batch")
+    _check_range("--step-ms", step_ms, 1, 60_000, "use 1 ms to 60 s of simulated GPU time per step")
+    _check_range("--nccl-timeout", collective_timeout_s, 1, 86_400, "use 1 s to 1 day for the NCCL watchdog")
+    if max_steps is not None and max_steps < 1:
+        raise UsageError(f"max steps must be at least 1 (got {max_steps})")
+
+
+def _num_workers(spec: Scenario, workers: Optional[int], config: DemoConfig) -> int:
+    """--workers, else the scenario's own count, else what the loader needs on this machine with a margin."""
+    if workers is not None:
+        return workers
+    if spec.num_workers is not None:
+        return spec.num_workers
+    # rounded first: storage_ms kept to the microsecond puts the need a hair over 2.0 on some boxes (2 cores,
+    # 4 ranks), and 3.00005 would ceil to 4 workers where the arithmetic says 3
+    return min(MAX_WORKERS, max(1, math.ceil(round(config.workers_needed * WORKER_MARGIN, 3))))
+
+
 def resolve(
     scenario: str = DEFAULT_SCENARIO,
     *,
@@ -325,15 +359,7 @@ def resolve(
 ) -> DemoConfig:
     """The scenario's settings with the user's overrides, sized for this machine's cores and their speed
     (`slowness`: against the box the costs were measured on; None: measured here now)."""
-    if scenario not in SCENARIOS:
-        raise UsageError(f"unknown demo scenario {scenario!r} (choose one of: {', '.join(SCENARIOS)})")
-    _check_range("--gpus", gpus, 1, MAX_RANKS, f"the simulated machine has 1 to {MAX_RANKS} GPUs")
-    _check_range("--workers", workers, 0, MAX_WORKERS, f"use 0 to {MAX_WORKERS} DataLoader workers per rank")
-    _check_range("--batch-size", batch_size, 1, 1024, "use 1 to 1024 samples per batch")
-    _check_range("--step-ms", step_ms, 1, 60_000, "use 1 ms to 60 s of simulated GPU time per step")
-    _check_range("--nccl-timeout", collective_timeout_s, 1, 86_400, "use 1 s to 1 day for the NCCL watchdog")
-    if max_steps is not None and max_steps < 1:
-        raise UsageError(f"max steps must be at least 1 (got {max_steps})")
+    _check_overrides(scenario, workers, batch_size, step_ms, gpus, max_steps, collective_timeout_s)
     spec = SCENARIOS[scenario]
     ranks = gpus or DEFAULT_RANKS
     cpus = cpu_count or os.cpu_count() or 1
@@ -370,14 +396,7 @@ def resolve(
         loss_log=loss_log,
         cpu_slowness=slowness,
     )
-    if workers is not None:
-        num_workers = workers
-    elif spec.num_workers is not None:
-        num_workers = spec.num_workers
-    else:
-        # rounded first: storage_ms kept to the microsecond puts the need a hair over 2.0 on some boxes (2 cores,
-        # 4 ranks), and 3.00005 would ceil to 4 workers where the arithmetic says 3
-        num_workers = min(MAX_WORKERS, max(1, math.ceil(round(config.workers_needed * WORKER_MARGIN, 3))))
+    num_workers = _num_workers(spec, workers, config)
     return replace(
         config,
         num_workers=num_workers,

@@ -18,19 +18,19 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Generic, Optional, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, Protocol, Sequence, TypeVar
 
 from gputop.errors import GputopError
 from gputop.history import History
-from gputop.model import Snapshot
+from gputop.model import Finding, Snapshot
 from gputop.source import Source
 
 if TYPE_CHECKING:
     from gputop.analysis.machine_check import CheckReport
     from gputop.bench import BenchResult
     from gputop.tracing import TraceResult
-    from gputop.tui.app import GputopApp
     from gputop.tui.check_screen import CheckScreen
+    from gputop.tui.main_screen import MainScreen
     from gputop.tui.screens import BenchScreen
 
 BENCH_SECONDS = 15.0  # the loader benchmark's bound (its active sweep is fitted into it)
@@ -93,10 +93,54 @@ def _run_machine_check(
     return run_machine_check(source, window, stop, seconds)
 
 
+class ActionsHost(Protocol):
+    """What the actions read and call on the monitor (`GputopApp`): its source and history, the verdict's
+    assembly, and Textual's calls to show dialogs, notify and run workers."""
+
+    @property
+    def source(self) -> Source: ...
+
+    @property
+    def history(self) -> History: ...
+
+    @property
+    def main(self) -> "MainScreen": ...
+
+    @property
+    def screen(self) -> Any: ...
+
+    @property
+    def collection_stopped(self) -> threading.Event: ...
+
+    def history_copy(self) -> History: ...
+
+    def diagnose_now(self) -> None: ...
+
+    def assess(
+        self,
+        history: History,
+        bench: "Optional[BenchResult]",
+        trace: "Optional[TraceResult]",
+        check: "Optional[CheckReport]",
+    ) -> tuple[list[Finding], str]: ...
+
+    @property
+    def notify(self) -> Callable[..., Any]: ...
+
+    @property
+    def call_from_thread(self) -> Callable[..., Any]: ...
+
+    @property
+    def push_screen(self) -> Callable[..., Any]: ...
+
+    @property
+    def run_worker(self) -> Callable[..., Any]: ...
+
+
 class BackgroundActions:
     """Keys b, t, c and r for `app`, and what their runs found."""
 
-    def __init__(self, app: "GputopApp") -> None:
+    def __init__(self, app: ActionsHost) -> None:
         self.app = app
         self.trace_runner: TraceRunner = _run_trace
         self.machine_check: MachineCheck = _run_machine_check
@@ -218,7 +262,8 @@ class BackgroundActions:
         app = self.app
 
         def window() -> list[Snapshot]:
-            return app.call_from_thread(lambda: [s for s in app.history if s.timestamp >= start])
+            snapshots: list[Snapshot] = app.call_from_thread(lambda: [s for s in app.history if s.timestamp >= start])
+            return snapshots
 
         def run() -> None:
             try:
@@ -233,7 +278,7 @@ class BackgroundActions:
         app.run_worker(run, thread=True, group="check", exclusive=True)
 
     def _check_done(self, report: Optional["CheckReport"], error: Optional[str]) -> None:
-        from gputop.tui.check_screen import card_marks
+        from gputop.tui.look import card_marks
 
         screen = self._check_screen
         if report is not None:

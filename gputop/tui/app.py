@@ -35,11 +35,11 @@ from textual.message import Message
 from gputop import units
 from gputop.advice_memory import AdviceMemory
 from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S
-from gputop.commands.observing import STOP_SIGNALS
 from gputop.errors import GputopError
 from gputop.heap import give_back_freed_memory
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
+from gputop.signals import STOP_SIGNALS
 from gputop.source import Attachable, Batch, Focusable, PollLoop, Restarting, Seekable, Source
 from gputop.tui import partial_updates, strip_cycles
 from gputop.tui.look import key_display
@@ -87,8 +87,11 @@ HANGUP_CHECK_EVERY = 5.0
 # is on screen, when start-up's transient allocations (imports, the first frames and diagnosis) have been freed.
 HEAP_TRIM_EVERY = 60.0
 
-# The diagnosis the app runs (tests put a scripted one in): (history, bench result) -> (findings, verdict line)
-Diagnose = Callable[[History, "Optional[BenchResult]"], tuple[list[Finding], str]]
+# The findings the app shows (tests put scripted ones in): (history, bench, trace, check results) -> (findings,
+# verdict line); `findings()` unless a test says otherwise
+Diagnose = Callable[
+    [History, "Optional[BenchResult]", "Optional[TraceResult]", "Optional[CheckReport]"], tuple[list[Finding], str]
+]
 
 
 @dataclass(frozen=True)
@@ -136,25 +139,16 @@ class Diagnosed(Message):
 _ADVICE_MEMORY = AdviceMemory()
 
 
-def _default_diagnose(history: History, bench: "Optional[BenchResult]") -> tuple[list[Finding], str]:
-    from gputop.analysis.diagnosis import diagnose, verdict_line
-
-    found = diagnose(history, bench, memory=_ADVICE_MEMORY)
-    return found, verdict_line(found, count_more=False)  # the verdict line adds "+N more (f)" itself
-
-
-def _assembled(
-    diagnosed: tuple[list[Finding], str], trace: "Optional[TraceResult]", check: "Optional[CheckReport]"
+def _default_diagnose(
+    history: History, bench: "Optional[BenchResult]", trace: "Optional[TraceResult]", check: "Optional[CheckReport]"
 ) -> tuple[list[Finding], str]:
-    """The diagnosis joined by the trace's and the machine check's findings: `findings()`'s assembly, so the
-    screen, the `r` report and `gputop report` say the same."""
-    found, line = diagnosed
-    if (trace is None or not trace.findings) and check is None:
-        return list(found), line
-    from gputop.analysis.diagnosis import verdict_line, with_extra_findings
+    """`findings()`, the one assembly every sink uses, so the screen, the `r` report and `gputop report` say the
+    same: the diagnosis, the trace's and the machine check's findings (the counter watch's when no check ran)."""
+    from gputop.analysis.diagnosis import verdict_line
+    from gputop.analysis.findings import findings
 
-    found = with_extra_findings(found, trace, check)
-    return found, verdict_line(found, count_more=False)
+    found = findings(history, bench, trace, check, memory=_ADVICE_MEMORY)
+    return found, verdict_line(found, count_more=False)  # the verdict line adds "+N more (f)" itself
 
 
 class GputopApp(App[None]):
@@ -518,13 +512,7 @@ class GputopApp(App[None]):
     ) -> tuple[list[Finding], str]:
         """The findings and the verdict line for `history` with the background actions' results: what the
         verdict shows and the `r` report writes (blocking: call it from a worker)."""
-        latest = history.latest
-        if check is None and latest is not None and latest.counter_health is not None:
-            # as `findings()`: the counter watch's window on the newest snapshot (a replay of `record`)
-            from gputop.analysis.counter_health import as_check_report  # the check's code: only when watched
-
-            check = as_check_report(latest.counter_health)
-        return _assembled(self._diagnose(history, bench), trace, check)
+        return self._diagnose(history, bench, trace, check)
 
     def diagnose_now(self) -> None:
         """A new verdict now (an action's result came in), even while paused."""

@@ -2,8 +2,8 @@
 
 The check runs in a worker thread (`run_machine_check`): it reads the GPU details and the kernel's side
 now, lets the app's own collector keep polling for a few seconds, reads them again and judges the
-snapshots the app took in between (`commands.check.Evidence`), so nothing is polled twice.  A failing or
-warning check also marks the GPU cards it names (`card_marks`).
+snapshots the app took in between (`check_window.Evidence`), so nothing is polled twice.  A failing or
+warning check also marks the GPU cards it names (`look.card_marks`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from gputop.analysis.machine_check import FAIL, PASS, SKIP, WARN, CheckReport, failing_gpus
+from gputop.analysis.machine_check import FAIL, PASS, SKIP, WARN, CheckReport
 from gputop.errors import GputopError
 from gputop.model import CheckResult, Snapshot
 from gputop.source import OverPipeline, Source
 from gputop.tui import look
-from gputop.tui.screens import _Modal
+from gputop.tui.modal import _Modal
 
 CHECK_SECONDS = 5.0  # the window the TUI's check watches (the command's default is 10 s)
 
@@ -32,28 +32,6 @@ _STATUS_LOOK = {
     PASS: ("●", look.GOOD),
     SKIP: ("○", look.DIM),
 }
-# check id -> the few words a GPU card has room for
-_CARD_WORDS = {
-    "pcie.link": "PCIe link",
-    "pcie.replay": "PCIe replay",
-    "pcie.aer": "AER",
-    "nvlink.state": "NVLink",
-    "nvlink.errors": "NVL err",
-    "fabric": "fabric",
-    "topology": "topology",
-    "numa.nic": "NIC NUMA",
-    "memory.ecc": "ECC",
-    "memory.remap": "remap",
-    "memory.retired_pages": "retired pg",
-    "xid": "XID",
-    "persistence": "persist",
-    "ecc.mode": "ECC mode",
-    "clocks.applications": "app clock",
-    "clocks.events": "slowdown",
-    "vbios": "VBIOS",
-    "driver": "driver",
-    "gpus": "lost",
-}
 
 
 def run_machine_check(
@@ -61,7 +39,7 @@ def run_machine_check(
 ) -> CheckReport:
     """The check over a live pipeline: details and kernel readings at the start and the end of `seconds`,
     judged with the snapshots of the window (`window()`: the app's latest at the start and those since)."""
-    from gputop.commands.check import Evidence
+    from gputop.check_window import Evidence
     from gputop.pipeline import Pipeline
 
     live = source.live_pipeline if isinstance(source, OverPipeline) else source
@@ -74,15 +52,6 @@ def run_machine_check(
         return evidence.finish(window(), window=seconds)
     finally:
         evidence.close()
-
-
-def card_marks(report: CheckReport) -> dict[int, tuple[str, bool]]:
-    """GPU index -> (the words its card shows, whether it is a failure) for each GPU a check names."""
-    marks = {}
-    for index, results in failing_gpus(report.results).items():
-        words = ",".join(dict.fromkeys(_CARD_WORDS.get(r.id, r.id) for r in results))
-        marks[index] = (f"chk {words}", any(r.status == FAIL for r in results))
-    return marks
 
 
 def result_text(result: CheckResult) -> Text:

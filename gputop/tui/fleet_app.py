@@ -51,7 +51,8 @@ from gputop.fleet.view import (
 from gputop.tui import look, strip_cycles
 from gputop.tui.canvas import LineBuilder, LineCanvas
 from gputop.tui.look import key_display
-from gputop.tui.screens import HelpScreen, _Modal
+from gputop.tui.modal import _Modal
+from gputop.tui.screens import HelpScreen
 from gputop.tui.widgets.status import KeyBar
 
 strip_cycles.install()  # a view left open for hours: its lines freed by refcounting (see strip_cycles.py)
@@ -698,7 +699,7 @@ class FleetApp(App[None]):
 
     def action_report(self) -> None:
         """Key r: `gputop report --prometheus`'s markdown of the view on screen, into a file; says where."""
-        from gputop.commands.fleet_report import report_markdown
+        from gputop.report.fleet import report_markdown
         from gputop.report.writer import write_report
 
         job = re.sub(r"[^A-Za-z0-9._-]+", "_", self.view.job)

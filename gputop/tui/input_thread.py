@@ -17,7 +17,10 @@ import os
 import selectors
 import threading
 from codecs import getincrementaldecoder
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from textual.driver import Driver
 
 
 class _WakingEvent(threading.Event):
@@ -52,7 +55,7 @@ def _fits(driver_class: type) -> bool:
     )
 
 
-def quiet_driver(driver_class: type) -> type:
+def quiet_driver(driver_class: type[Driver]) -> type[Driver]:
     """A subclass of Textual's LinuxDriver with the quiet input thread, or `driver_class` itself when it
     is another driver (Windows, headless, one set with TEXTUAL_DRIVER) or a Textual this does not fit."""
     if not _fits(driver_class):
@@ -62,8 +65,9 @@ def quiet_driver(driver_class: type) -> type:
     from textual._parser import ParseError
     from textual._time import get_time
     from textual._xterm_parser import XTermParser
+    from textual.drivers.linux_driver import LinuxDriver
 
-    class QuietLinuxDriver(driver_class):
+    class QuietLinuxDriver(LinuxDriver):  # `driver_class` is LinuxDriver (`_fits`)
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

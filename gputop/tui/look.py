@@ -7,9 +7,12 @@ monochrome terminal.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from rich.style import Style
+
+if TYPE_CHECKING:
+    from gputop.analysis.machine_check import CheckReport
 
 # ------------------------------------------------------------------ styles (cached objects: LineBuilder merges by identity)
 PLAIN = Style()
@@ -131,3 +134,39 @@ _KEY_NAMES = {
 
 def key_display(keys: str) -> str:
     return " ".join(_KEY_NAMES.get(k.strip(), k.strip()) for k in keys.split(","))
+
+
+# ------------------------------------------------------------------ the machine check's marks on the GPU cards
+# check id -> the few words a GPU card has room for
+_CARD_WORDS = {
+    "pcie.link": "PCIe link",
+    "pcie.replay": "PCIe replay",
+    "pcie.aer": "AER",
+    "nvlink.state": "NVLink",
+    "nvlink.errors": "NVL err",
+    "fabric": "fabric",
+    "topology": "topology",
+    "numa.nic": "NIC NUMA",
+    "memory.ecc": "ECC",
+    "memory.remap": "remap",
+    "memory.retired_pages": "retired pg",
+    "xid": "XID",
+    "persistence": "persist",
+    "ecc.mode": "ECC mode",
+    "clocks.applications": "app clock",
+    "clocks.events": "slowdown",
+    "vbios": "VBIOS",
+    "driver": "driver",
+    "gpus": "lost",
+}
+
+
+def card_marks(report: CheckReport) -> dict[int, tuple[str, bool]]:
+    """GPU index -> (the words its card shows, whether it is a failure) for each GPU a check names."""
+    from gputop.analysis.machine_check import FAIL, failing_gpus  # the check's code: only once a check ran
+
+    marks = {}
+    for index, results in failing_gpus(report.results).items():
+        words = ",".join(dict.fromkeys(_CARD_WORDS.get(r.id, r.id) for r in results))
+        marks[index] = (f"chk {words}", any(r.status == FAIL for r in results))
+    return marks

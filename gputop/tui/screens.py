@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
-from textual.screen import ModalScreen, Screen
+from textual.screen import Screen
 from textual.widgets import ProgressBar, Static
 
 from gputop import units
@@ -21,26 +21,8 @@ from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION
 from gputop.model import NO_NEAR_CPUS, Finding, GpuSample, MachineInfo, Snapshot, Topology
 from gputop.tui import look
 from gputop.tui.look import key_display
+from gputop.tui.modal import TOPOLOGY_MAX_WIDTH, _Modal
 from gputop.tui.widgets.gpu_grid import pcie_flagged
-
-TOPOLOGY_MAX_WIDTH = 150  # the dialog's widest: the matrix with 8 NICs (85 columns) and the picture beside it
-
-
-class _Modal(ModalScreen[None]):
-    BINDINGS = [Binding("escape", "app.pop_screen", "Close", id="modal.close")]
-
-    DEFAULT_CSS = f"""
-    _Modal {{ align: center middle; }}
-    _Modal > .dialog {{
-        width: 96%; max-width: 120; height: auto; max-height: 94%;
-        border: round $accent; background: $surface; padding: 0 1;
-    }}
-    _Modal > VerticalScroll.dialog {{ height: 94%; }}
-    #affinity {{ margin-top: 1; }}
-    .picture {{ margin-top: 1; }}
-    _Modal > #topology, _Modal > #findings {{ height: auto; }}
-    _Modal > #topology {{ max-width: {TOPOLOGY_MAX_WIDTH}; }}
-    """
 
 
 class HelpScreen(_Modal):
@@ -184,6 +166,36 @@ def nvlink_fabric(matrix: Sequence[Sequence[str]], gpus: Mapping[int, GpuSample]
     return text
 
 
+def _picture_notes(topo: Topology, gpus: Mapping[int, GpuSample]) -> Text:
+    """Under the machine's picture: why each marked GPU is marked, and what became of the NICs."""
+    text = Text()
+    nics = topo.nics or ()
+    peers = peers_of(list(gpus.values()))
+    marked = [(i, _gpu_mark(g, peers)[0]) for i, g in sorted(gpus.items()) if _gpu_mark(g, peers)[0]]
+    for i, mark in marked:
+        gpu = gpus[i]
+        why = (
+            ("lost" if gpu.lost else "NVLink link(s) down")
+            if mark == "✖"
+            else (
+                f"PCIe Gen{gpu.pcie.gen_current} x{gpu.pcie.width_current} of Gen{gpu.pcie.gen_max} x{gpu.pcie.width_max}"
+                + (" under load" if _pcie_why(gpu) == "under load" else f": {_pcie_why(gpu)}")
+            )
+        )
+        text.append(f"{mark} GPU{i}: {why}\n", style=look.BAD_BOLD if mark == "✖" else look.WARN_BOLD)
+    if topo.nics is None:
+        text.append("NICs: not read" + (f" ({'; '.join(topo.nics_unreadable)})" if topo.nics_unreadable else ""), style="dim")
+    elif not topo.nics:
+        text.append("NICs: none with a PCI function", style="dim")
+    else:
+        rdma = len(topo.matrix_nics())
+        shown = f"NIC0–NIC{rdma - 1} in topo -m" if rdma else "none RDMA, so none in topo -m"
+        text.append(
+            f"{len(nics)} NIC{'s' if len(nics) > 1 else ''} ({'all RDMA: ' if rdma == len(nics) else ''}{shown})", style="dim"
+        )
+    return text
+
+
 def machine_picture(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Text:
     """The machine as a picture: each NUMA node with its cores, its GPUs bracketed by PCIe switch and the
     NICs beside them (a NIC on a GPU's switch joins that switch's line; others get a line of their own),
@@ -225,29 +237,7 @@ def machine_picture(machine: MachineInfo, snapshot: Optional[Snapshot]) -> Text:
             text.append("  ".join(nics[k].name for k in apart[node]) + "\n", style=look.ACCENT)
         text.append("└\n", style="dim")
     text.append_text(nvlink_fabric(matrix, gpus))
-    peers = peers_of(list(gpus.values()))
-    marked = [(i, _gpu_mark(g, peers)[0]) for i, g in sorted(gpus.items()) if _gpu_mark(g, peers)[0]]
-    for i, mark in marked:
-        gpu = gpus[i]
-        why = (
-            ("lost" if gpu.lost else "NVLink link(s) down")
-            if mark == "✖"
-            else (
-                f"PCIe Gen{gpu.pcie.gen_current} x{gpu.pcie.width_current} of Gen{gpu.pcie.gen_max} x{gpu.pcie.width_max}"
-                + (" under load" if _pcie_why(gpu) == "under load" else f": {_pcie_why(gpu)}")
-            )
-        )
-        text.append(f"{mark} GPU{i}: {why}\n", style=look.BAD_BOLD if mark == "✖" else look.WARN_BOLD)
-    if topo.nics is None:
-        text.append("NICs: not read" + (f" ({'; '.join(topo.nics_unreadable)})" if topo.nics_unreadable else ""), style="dim")
-    elif not topo.nics:
-        text.append("NICs: none with a PCI function", style="dim")
-    else:
-        rdma = len(topo.matrix_nics())
-        shown = f"NIC0–NIC{rdma - 1} in topo -m" if rdma else "none RDMA, so none in topo -m"
-        text.append(
-            f"{len(nics)} NIC{'s' if len(nics) > 1 else ''} ({'all RDMA: ' if rdma == len(nics) else ''}{shown})", style="dim"
-        )
+    text.append_text(_picture_notes(topo, gpus))
     return text
 
 

@@ -10,9 +10,10 @@ import psutil
 
 from gputop.analysis.stack_classes import classify_main_thread, main_thread
 from gputop.collect.stacks import dump_stacks
-from gputop.commands.demo import DEMO_PROFILE, observe
+from gputop.commands.demo import observe
 from gputop.pipeline import Pipeline
 from gputop.sim.demo_launcher import DemoJob
+from gputop.sim.scenarios import DEMO_PROFILE
 
 
 class DemoJobs:

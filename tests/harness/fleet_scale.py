@@ -36,7 +36,7 @@ from gputop.history import History
 from gputop.model import Snapshot
 from gputop.sim.fake_nvml import ManualClock
 from gputop.sim.fake_sysfs import FakeNicTree
-from gputop.sim.profiles import parse_spec
+from gputop.sim.spec import parse_spec
 from tests.harness import histories as hb
 
 JOB = "llama-256"

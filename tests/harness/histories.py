@@ -705,8 +705,9 @@ class ScriptedSource:
         self.closed.set()
 
 
-def fixed_diagnose(history, bench):
-    """Stands in for diagnosis in screen tests, so pictures do not change when diagnosis rules do."""
+def fixed_diagnose(history, bench, trace=None, check=None):
+    """Stands in for diagnosis in screen tests, so pictures do not change when diagnosis rules do; the trace's and
+    the check's findings join it as they join the real diagnosis in `findings()`."""
     findings = [
         Finding(
             id="starvation",
@@ -731,4 +732,10 @@ def fixed_diagnose(history, bench):
             gpus=(7,),
         ),
     ]
+    if (trace is not None and trace.findings) or check is not None:
+        from gputop.analysis.diagnosis import verdict_line
+        from gputop.analysis.findings import with_extra_findings
+
+        joined = with_extra_findings(findings, trace, check)
+        return joined, verdict_line(joined, count_more=False)
     return findings, "Input-bound: rank 0 waits for data 62% of the time → DataLoader(num_workers=12, …)"

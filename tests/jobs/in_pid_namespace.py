@@ -17,7 +17,7 @@ from gputop.collect.gpu import GpuCollector, use_nvml_library
 from gputop.collect.job_tree import JobCollector, discover_jobs
 from gputop.report.job_json import job_json
 from gputop.sim.fake_nvml import FakeNvmlLibrary
-from gputop.sim.profiles import parse_spec
+from gputop.sim.spec import parse_spec
 from tests.harness.nvml import ScriptedLoad
 
 STUB = Path(__file__).with_name("rank_stub.py")

@@ -58,7 +58,7 @@ class HungSource:
 
 async def test_hung_poll_never_freezes_keys_or_quit():
     source = HungSource()
-    app = GputopApp(source, interval=0.01, diagnose=lambda h, b: ([], "ok"))
+    app = GputopApp(source, interval=0.01, diagnose=lambda h, b, t, c: ([], "ok"))
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_for(pilot, lambda: source.calls == 1, "the first poll to start")
@@ -98,7 +98,7 @@ class CountingSource(ScriptedSource):
 async def test_polls_never_overlap(close_sources):
     source = CountingSource(make_machine(), make_snapshots(40))
     close_sources(source)
-    app = GputopApp(source, interval=0.0001, diagnose=lambda h, b: ([], "ok"))
+    app = GputopApp(source, interval=0.0001, diagnose=lambda h, b, t, c: ([], "ok"))
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
     assert source.max_active == 1
@@ -130,7 +130,7 @@ async def test_pause_freezes_the_screen_and_says_so(close_sources):
 
     source = GatedSource(make_machine(), snapshots)
     close_sources(source)
-    app = GputopApp(source, interval=0.001, diagnose=lambda h, b: ([], "ok"))
+    app = GputopApp(source, interval=0.001, diagnose=lambda h, b, t, c: ([], "ok"))
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_for(pilot, lambda: app.snapshots_seen == 20, "20 snapshots")
@@ -323,7 +323,7 @@ async def test_exited_rank_shows_exited_and_keeps_last_stacks(close_sources):
     snaps.append(Snapshot(timestamp=SCREEN_T0 + 10, host=last.host, gpus=last.gpus, job=exited_job, simulated=True))
     source = ScriptedSource(machine, snaps)
     close_sources(source)
-    app = GputopApp(source, interval=0.001, diagnose=lambda h, b: ([], "ok"))
+    app = GputopApp(source, interval=0.001, diagnose=lambda h, b, t, c: ([], "ok"))
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
         await pilot.press("j")
@@ -566,7 +566,7 @@ async def test_replay_of_a_real_recording_keeps_every_sample_and_restarts_after_
     writer.close()
     clock = ManualClock(start=0.0)
     source = ReplaySource(path, speed=4.0, clock=clock)
-    app = GputopApp(source, interval=0.01, controls=source, diagnose=lambda h, b: ([], "ok"))
+    app = GputopApp(source, interval=0.01, controls=source, diagnose=lambda h, b, t, c: ([], "ok"))
     async with app.run_test(size=(120, 40)) as pilot:
         clock.advance(10.0)  # 40 s of recording at 4x
         await wait_for(pilot, lambda: len(app.history) == 41, "every sample of the first 40 s")
@@ -605,7 +605,7 @@ async def test_replay_shows_the_interpretation_the_recording_carries(tmp_path):
             writer.write(snap)
     clock = ManualClock(start=0.0)
     source = ReplaySource(path, speed=1.0, clock=clock)
-    app = GputopApp(source, interval=0.01, controls=source, diagnose=lambda h, b: ([], "ok"))
+    app = GputopApp(source, interval=0.01, controls=source, diagnose=lambda h, b, t, c: ([], "ok"))
     try:
         async with app.run_test(size=(160, 48)) as pilot:
             clock.advance(4.0)

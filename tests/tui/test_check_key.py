@@ -105,11 +105,11 @@ async def test_report_key_after_the_check_carries_its_infra_section(tmp_path, cl
 
 
 async def test_the_screen_the_r_report_and_gputop_report_give_the_same_findings(tmp_path, close_sources):
-    """Issue 22: one assembly (`analysis.diagnosis.findings`): the screen's verdict, the file `r` writes and
+    """Issue 22: one assembly (`analysis.findings.findings`): the screen's verdict, the file `r` writes and
     `gputop report` on the same history, trace and check list the same findings, trace and check included."""
     import re
 
-    from gputop.analysis.diagnosis import findings
+    from gputop.analysis.findings import findings
     from gputop.tracing import TraceResult
     from gputop.tui.app import _default_diagnose
     from tests.harness.machine_check import scripted_check

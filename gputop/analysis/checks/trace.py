@@ -254,14 +254,3 @@ def check_trace(trace: dict[str, Any]) -> list[Finding]:
     """Every trace finding for one trace result (``{"ranks": [...]}``)."""
     ranks = [r for r in trace.get("ranks") or () if r.get("phases")]
     return [f for check in TRACE_CHECKS for f in check(ranks)]
-
-
-def with_trace_findings(findings: Sequence[Finding], trace_findings: Sequence[Finding]) -> list[Finding]:
-    """The diagnosis' findings plus the trace's (`gputop report --trace`), ordered by severity; a trace
-    finding means the job is not "healthy", so that one goes."""
-    from gputop.analysis.diagnosis import SEVERITY_ORDER
-
-    if not trace_findings:
-        return list(findings)
-    kept = [f for f in findings if f.id != "healthy"]
-    return sorted([*kept, *trace_findings], key=lambda f: SEVERITY_ORDER.get(f.severity, 9))

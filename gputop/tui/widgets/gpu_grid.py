@@ -226,6 +226,16 @@ def spark_text(values: Sequence[Optional[float]]) -> str:
     return "".join(chars)
 
 
+def _compact_pcie(line: LineBuilder, gpu: GpuSample) -> None:
+    """A compact row's PCIe cell: the link's generation and width, "!" when it trained down."""
+    link = gpu.pcie
+    text = "n/a" if link.gen_current is None else f"G{link.gen_current}x{link.width_current}"
+    if pcie_flagged(gpu):
+        line.add((text + "!").rjust(7), look.WARN_BOLD)
+    else:
+        line.add(text.rjust(7))
+
+
 class GpuGrid(LineCanvas):
     """Cards (wide terminals) or one line per GPU (compact)."""
 
@@ -297,9 +307,8 @@ class GpuGrid(LineCanvas):
             return self.check_marks
         if self._counter_marks[0] != health:  # a replay decodes an equal window per snapshot
             from gputop.analysis.counter_health import as_check_report
-            from gputop.tui.check_screen import card_marks
 
-            self._counter_marks = (health, card_marks(as_check_report(health)))
+            self._counter_marks = (health, look.card_marks(as_check_report(health)))
         return {**self._counter_marks[1], **self.check_marks} if self.check_marks else self._counter_marks[1]
 
     def _problems(self, gpu: GpuSample) -> tuple[list[str], list[str]]:
@@ -408,6 +417,61 @@ class GpuGrid(LineCanvas):
             out.append(kept[1])
         return out
 
+    def _utilization_line(self, gpu: GpuSample, line: LineBuilder, spark: list[Optional[float]], w: int) -> None:
+        """The card's second line: the utilization sparkline and figure (GPM's beside it where there is room)."""
+        util = gpu.utilization_gpu
+        if gpu.mig is not None and util is None and not gpu.lost:  # no sparkline of nothing: say why
+            count = len(gpu.mig)
+            words = f"MIG, {count} instance{'s' if count != 1 else ''}, util not measured"
+            line.add(look.ellipsize(words, w), look.DIM)
+        else:
+            text = spark_text(spark)
+            # GPM beside GPU-Util (Hopper and newer): the sparkline's oldest cells give it room, if enough are left
+            gpm_text = None if gpu.lost else gpm_card_line(gpu)
+            if gpm_text is not None and len(text) - len(gpm_text) - 2 >= GPM_MIN_SPARK_CELLS:
+                text = text[len(gpm_text) + 2 :]
+            else:
+                gpm_text = None
+            line.add(text, look.DIM if gpu.lost else look.SPARK)
+            line.add(
+                " " + ("LOST" if gpu.lost else card_text("utilization", gpu)), look.BAD_BOLD if gpu.lost else util_style(util)
+            )
+            if gpm_text is not None:
+                line.add("  " + gpm_text, look.PLAIN)
+
+    def _lost_lines(self, gpu: GpuSample, lines: list[LineBuilder], w: int) -> None:
+        """A lost GPU's card below its sparkline: what happened, for how long, what to check."""
+        lines[2].add(look.ellipsize("not answering: fell off the bus", w), look.BAD)
+        lines[3].add(look.ellipsize("or was reset; check dmesg (Xid 79)", w), look.BAD)
+        since = lost_since(self.snapshots, gpu.index)
+        if since is not None:
+            lines[5].add(look.ellipsize(f"lost for {since:.0f} s", w), look.BAD_BOLD)
+        lines[6].add(look.ellipsize("last utilization kept above", w), look.DIM)
+
+    def _health_line(self, gpu: GpuSample, line: LineBuilder, problems: Optional[tuple[list[str], list[str]]], w: int) -> None:
+        """The card's last line: the throttle reasons, then its faults and warnings (or ECC's state) on the right."""
+        faults, warnings = problems if problems is not None else ([], [])  # None only for a lost GPU, drawn above
+        line.add("thr ", look.LABEL)
+        line.add(
+            card_text("throttle_reasons", gpu),
+            look.WARN if _is_slowdown(gpu) else look.PLAIN if active_throttles(gpu) else look.DIM,
+        )
+        health = [p for p in faults + warnings if p not in ("throttled", "PCIe down")]
+        if gpu.index in self.no_near_cpus:
+            health.append(NO_NEAR_CPUS_WORD)
+        mark = self._marks().get(gpu.index)
+        if mark is not None:
+            health.append(mark[0])
+            faults = faults + [mark[0]] if mark[1] else faults
+            if len(",".join(health)) + 2 > w - line.length:
+                health = [mark[0]]  # no room for all: the machine check's word is the one to keep
+        if health:
+            line.right(" " + ",".join(health), w, look.BAD_BOLD if faults else look.WARN)
+        elif gpu.ecc is None and gpu.remapped_rows is None:
+            line.right("ECC n/a", w, look.DIM)
+        else:
+            line.right("ECC ok", w, look.GOOD)
+
     def _card(self, gpu: GpuSample, w: int, spark: list[Optional[float]], per_cell: float) -> list[LineBuilder]:
         problems = None if gpu.lost else self._problems(gpu)
         symbol, word, state_style = self._state(gpu, problems)
@@ -421,33 +485,10 @@ class GpuGrid(LineCanvas):
             head.right(user, w, look.ACCENT)
         head.pad(w)
 
-        util = gpu.utilization_gpu
-        if gpu.mig is not None and util is None and not gpu.lost:  # no sparkline of nothing: say why
-            count = len(gpu.mig)
-            words = f"MIG, {count} instance{'s' if count != 1 else ''}, util not measured"
-            lines[1].add(look.ellipsize(words, w), look.DIM)
-        else:
-            text = spark_text(spark)
-            # GPM beside GPU-Util (Hopper and newer): the sparkline's oldest cells give it room, if enough are left
-            gpm_text = None if gpu.lost else gpm_card_line(gpu)
-            if gpm_text is not None and len(text) - len(gpm_text) - 2 >= GPM_MIN_SPARK_CELLS:
-                text = text[len(gpm_text) + 2 :]
-            else:
-                gpm_text = None
-            lines[1].add(text, look.DIM if gpu.lost else look.SPARK)
-            lines[1].add(
-                " " + ("LOST" if gpu.lost else card_text("utilization", gpu)), look.BAD_BOLD if gpu.lost else util_style(util)
-            )
-            if gpm_text is not None:
-                lines[1].add("  " + gpm_text, look.PLAIN)
+        self._utilization_line(gpu, lines[1], spark, w)
 
         if gpu.lost:
-            lines[2].add(look.ellipsize("not answering: fell off the bus", w), look.BAD)
-            lines[3].add(look.ellipsize("or was reset; check dmesg (Xid 79)", w), look.BAD)
-            since = lost_since(self.snapshots, gpu.index)
-            if since is not None:
-                lines[5].add(look.ellipsize(f"lost for {since:.0f} s", w), look.BAD_BOLD)
-            lines[6].add(look.ellipsize("last utilization kept above", w), look.DIM)
+            self._lost_lines(gpu, lines, w)
             for line in lines:
                 line.pad(w)
             return lines
@@ -485,28 +526,7 @@ class GpuGrid(LineCanvas):
         else:
             l5.add("n/a", look.DIM)
 
-        l6 = lines[6]
-        faults, warnings = problems if problems is not None else ([], [])  # None only for a lost GPU, drawn above
-        l6.add("thr ", look.LABEL)
-        l6.add(
-            card_text("throttle_reasons", gpu),
-            look.WARN if _is_slowdown(gpu) else look.PLAIN if active_throttles(gpu) else look.DIM,
-        )
-        health = [p for p in faults + warnings if p not in ("throttled", "PCIe down")]
-        if gpu.index in self.no_near_cpus:
-            health.append(NO_NEAR_CPUS_WORD)
-        mark = self._marks().get(gpu.index)
-        if mark is not None:
-            health.append(mark[0])
-            faults = faults + [mark[0]] if mark[1] else faults
-            if len(",".join(health)) + 2 > w - l6.length:
-                health = [mark[0]]  # no room for all: the machine check's word is the one to keep
-        if health:
-            l6.right(" " + ",".join(health), w, look.BAD_BOLD if faults else look.WARN)
-        elif gpu.ecc is None and gpu.remapped_rows is None:
-            l6.right("ECC n/a", w, look.DIM)
-        else:
-            l6.right("ECC ok", w, look.GOOD)
+        self._health_line(gpu, lines[6], problems, w)
         lines += self._mig_card_lines(gpu, w)
         for line in lines:
             line.pad(w)
@@ -522,6 +542,24 @@ class GpuGrid(LineCanvas):
             line.add(look.ellipsize(mig_instance_text(instance), max(0, w - 4)), look.PLAIN if busy else look.DIM)
             lines.append(line)
         return lines
+
+    def _compact_health(self, line: LineBuilder, gpu: GpuSample, problems: tuple[list[str], list[str]], show_pcie: bool) -> None:
+        """A compact row's health cell: its worst problem in one word (the machine check's, unless a worse fault
+        shows), or ok."""
+        faults, warnings = problems
+        throttles = active_throttles(gpu) if _is_slowdown(gpu) else []
+        # the slowdown's own reasons stand for the word "throttled", whatever its severity; a link trained down
+        # is the PCIe column's "!" where that column shows
+        elsewhere = ("throttled", "PCIe down") if show_pcie else ("throttled",)
+        problem = [f for f in faults if f not in elsewhere] + throttles + [w for w in warnings if w not in elsewhere]
+        mark = self._marks().get(gpu.index)
+        if mark is not None and (mark[1] or not faults):  # the machine check's word, unless a worse fault shows
+            problem = [mark[0].removeprefix("chk ")] + problem
+            faults = faults + [mark[0]] if mark[1] else faults
+        if problem:
+            line.add(" " + look.ellipsize(problem[0], 8).ljust(8), look.BAD_BOLD if faults else look.WARN_BOLD)
+        else:
+            line.add(" ok      ", look.GOOD)
 
     def _build_compact(self, gpus: Sequence[GpuSample], width: int) -> list[Strip]:
         # fixed columns: state(10) util(5) mem(8) temp(5) power(6) pcie(7) health(8) user(rest)
@@ -574,26 +612,8 @@ class GpuGrid(LineCanvas):
             if show_power:
                 line.add(("n/a" if gpu.power is None else f"{gpu.power:.0f}W").rjust(6))
             if show_pcie:
-                link = gpu.pcie
-                text = "n/a" if link.gen_current is None else f"G{link.gen_current}x{link.width_current}"
-                if pcie_flagged(gpu):
-                    line.add((text + "!").rjust(7), look.WARN_BOLD)
-                else:
-                    line.add(text.rjust(7))
-            faults, warnings = problems
-            throttles = active_throttles(gpu) if _is_slowdown(gpu) else []
-            # the slowdown's own reasons stand for the word "throttled", whatever its severity; a link trained down
-            # is the PCIe column's "!" where that column shows
-            elsewhere = ("throttled", "PCIe down") if show_pcie else ("throttled",)
-            problem = [f for f in faults if f not in elsewhere] + throttles + [w for w in warnings if w not in elsewhere]
-            mark = self._marks().get(gpu.index)
-            if mark is not None and (mark[1] or not faults):  # the machine check's word, unless a worse fault shows
-                problem = [mark[0].removeprefix("chk ")] + problem
-                faults = faults + [mark[0]] if mark[1] else faults
-            if problem:
-                line.add(" " + look.ellipsize(problem[0], 8).ljust(8), look.BAD_BOLD if faults else look.WARN_BOLD)
-            else:
-                line.add(" ok      ", look.GOOD)
+                _compact_pcie(line, gpu)
+            self._compact_health(line, gpu, problems, show_pcie)
             if show_user:
                 line.add(" " + look.ellipsize(self.gpu_users.get(gpu.index, ""), user_width - 1), look.ACCENT)
             lines.append(line.strip(width))
