@@ -343,6 +343,14 @@ def _num_workers(spec: Scenario, workers: Optional[int], config: DemoConfig) -> 
     return min(MAX_WORKERS, max(1, math.ceil(round(config.workers_needed * WORKER_MARGIN, 3))))
 
 
+def _loader_costs(cpus: int, ranks: int, slowness: float) -> tuple[int, int, float]:
+    """(batch size, image side, simulated storage ms a sample) for this machine.  The dataset's cost is fixed by
+    the defaults; --batch-size and --step-ms change the ratio, as they would."""
+    base_batch, side = loader_shape_for(cpus, ranks, slowness)
+    sample_ms = PREP_TO_STEP * DEFAULT_STEP_MS / base_batch
+    return base_batch, side, max(0.0, sample_ms - worker_ms_per_sample(side, base_batch, slowness))
+
+
 def resolve(
     scenario: str = DEFAULT_SCENARIO,
     *,
@@ -364,10 +372,7 @@ def resolve(
     ranks = gpus or DEFAULT_RANKS
     cpus = cpu_count or os.cpu_count() or 1
     slowness = cpu_slowness() if slowness is None else slowness
-    base_batch, side = loader_shape_for(cpus, ranks, slowness)
-    # the dataset's cost is fixed by the defaults; --batch-size and --step-ms change the ratio, as they would
-    sample_ms = PREP_TO_STEP * DEFAULT_STEP_MS / base_batch
-    storage_ms = max(0.0, sample_ms - worker_ms_per_sample(side, base_batch, slowness))
+    base_batch, side, storage_ms = _loader_costs(cpus, ranks, slowness)
     config = DemoConfig(
         scenario=scenario,
         ranks=ranks,
