@@ -101,9 +101,9 @@ class Replay:
             seen.append(f"{snap.timestamp - start:4.0f} s: {verdict_line(findings)}")
         raise AssertionError(f"{self.scenario}: no such verdict within {deadline_s:.0f} s of the loop:\n" + "\n".join(seen))
 
-    def util(self, gpu: int, last: Optional[int] = None, window: Optional[tuple[int, int]] = None) -> list[float]:
-        """The GPU's utilization in each snapshot: the last `last`, those in [start, stop), or all in the loop."""
-        snaps = self.snaps[-last:] if last else self.snaps[slice(*window)] if window else self.snaps[self.in_loop :]
+    def util(self, gpu: int, last: Optional[int] = None) -> list[float]:
+        """The GPU's utilization in each snapshot: the last `last`, or all in the loop."""
+        snaps = self.snaps[-last:] if last else self.snaps[self.in_loop :]
         return [g.utilization_gpu or 0.0 for s in snaps for g in s.gpus if g.index == gpu]
 
     def main_threads(self, pid: int) -> list[tuple[str, list[str], Optional[int]]]:
@@ -172,7 +172,8 @@ def test_the_recordings_are_of_the_demo_job_this_code_runs():
 def test_no_misfire_or_other_verdict_while_the_ranks_start_up(any_replay):
     """Attached from the job's start, as `gputop demo` is: while no rank has begun its loop (imports, the
     rendezvous, memory already taken at model.to(device), 0% utilization) the verdict is "starting up", never a
-    misfire (a 29 s start-up read "Silent misfire: GPUs hold memory at 0% utilization")."""
+    misfire (a 29 s start-up read "Silent misfire: GPUs hold memory at 0% utilization") nor a CPU, input or sync
+    verdict.  Only where the ranks put their memory is already true: every rank on GPU 0 (single-gpu)."""
     r = any_replay
     history = History(r.machine, capacity=len(r.snaps) + 1)
     for snap in r.snaps:
@@ -183,7 +184,10 @@ def test_no_misfire_or_other_verdict_while_the_ranks_start_up(any_replay):
     if not len(history):
         pytest.skip("the recording begins with a rank already in its loop")
     findings = diagnose(history)
-    assert findings[0].id == "collecting" and not severe(findings), verdict_line(findings)
+    placed = [f for f in findings if f.id == "misplacement"]
+    assert bool(placed) == (r.scenario == "single-gpu"), verdict_line(findings)
+    others = [f for f in findings if f not in placed]
+    assert not severe(others) and (not others or others[0].id == "collecting"), verdict_line(findings)
 
 
 # ----------------------------------------------------------------- the verdicts
@@ -268,12 +272,10 @@ def test_misfire_one_worker_of_the_stuck_rank_stays_inside_image_open():
     bytes), the same worker in every dump from the first that shows it; the other workers idle."""
     r = replay("misfire")
     stuck = r.pids[r.meta["hang_rank"]]
-    ranks = range(r.meta["ranks"])
-    # from when the hang shows (every rank's GPU at 0%, as the live test waited for), plus 5 s for the
-    # other workers to finish their prefetch
-    idle_at = next(i for i in range(r.in_loop, len(r.snaps)) if all(u == 0 for g in ranks for u in r.util(g, window=(i, i + 3))))
+    # the recording's last 10 s, well into the hang (the live test looked once every rank's GPU sat at 0% and
+    # the other workers had finished their prefetch)
     in_open: list[set[int]] = []
-    for snap in r.snaps[idle_at + 5 :]:
+    for snap in r.snaps[-10:]:
         job = snap.job
         rank = next((x for x in job.ranks if x.proc.pid == stuck), None) if job is not None else None
         if rank is None:
@@ -286,9 +288,7 @@ def test_misfire_one_worker_of_the_stuck_rank_stays_inside_image_open():
                 assert "JpegDataset.__getitem__" in [f.name for f in frames]
                 found.add(worker.pid)
         in_open.append(found)
-    seen = [found for found in in_open if found]
-    assert seen and all(found == seen[0] for found in seen) and len(seen[0]) == 1, seen[:3]
-    assert in_open[-1] == seen[0]  # still the same worker, still in the same read
+    assert len(in_open[0]) == 1 and all(found == in_open[0] for found in in_open), in_open  # the same worker throughout
 
 
 def test_single_gpu_is_every_rank_on_gpu0():
@@ -368,7 +368,8 @@ def test_eval_on_rank0_is_healthy_not_a_straggler_and_stays_so():
 def test_eval_on_rank0_the_others_wait_in_a_barrier():
     r = replay("eval-rank0")
     assert all(
-        any(state == COLLECTIVE and names[0] == "barrier" for state, names, _line in r.main_threads(pid)) for pid in r.pids[1:]
+        any(state == COLLECTIVE and names[0].rsplit(".", 1)[-1] == "barrier" for state, names, _line in r.main_threads(pid))
+        for pid in r.pids[1:]
     ), [r.main_threads(pid)[-3:] for pid in r.pids[1:]]
     # rank 0's GPU runs the evaluation at high power while the others spin in the barrier at low power
     assert any(

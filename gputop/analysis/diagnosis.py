@@ -64,7 +64,14 @@ from gputop.analysis.checks.remote import check_remote_wait
 from gputop.analysis.checks.straggler import check_straggler
 from gputop.analysis.checks.sync import check_sync_bound
 from gputop.analysis.numbers import mean, percentile
-from gputop.analysis.observations import BenchInput, Context, bench_dict, collect_gpu_observations, collect_rank_observations
+from gputop.analysis.observations import (
+    BenchInput,
+    Context,
+    bench_dict,
+    collect_gpu_observations,
+    collect_rank_observations,
+    job_loop_start,
+)
 from gputop.analysis.thresholds import (
     DIAGNOSIS_WINDOW_S,
     HANG_MIN_SECONDS,
@@ -128,12 +135,13 @@ def build_context(
     dts = [b - a for a, b in zip(times, times[1:]) if b > a]
     # live: the shares cover the last minute, so a phase that ended does not dilute this one; a report: all
     share_window = SHARE_WINDOW_S if window is not None and window > SHARE_WINDOW_S else None
+    ranks = collect_rank_observations(snaps, times[-1] - share_window if share_window else None)
     return Context(
         history=history,
         snaps=snaps,
-        ranks=collect_rank_observations(snaps, times[-1] - share_window if share_window else None),
+        ranks=ranks,
         share_window=share_window,
-        gpus=collect_gpu_observations(snaps),
+        gpus=collect_gpu_observations(snaps, util_from=job_loop_start(ranks)),
         bench=bench_dict(bench),
         duration=times[-1] - times[0],
         interval=statistics.median(dts) if dts else 1.0,

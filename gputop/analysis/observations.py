@@ -417,6 +417,12 @@ def collect_rank_observations(snaps: Sequence[Snapshot], share_since: Optional[f
     return ranks
 
 
+def job_loop_start(ranks: dict[int, RankObs]) -> Optional[float]:
+    """When the job's training loop began (its last rank's first step), None before any rank's did."""
+    starts = [r.loop_started for r in ranks.values() if r.loop_started is not None]
+    return max(starts) if starts else None
+
+
 def _start_loops_together(ranks: Sequence[RankObs]) -> None:
     """A job's loop begins when its last rank's does: until then the ranks already stepping wait in their
     first collective for the ones still starting (10-30 s on a busy box), and those waits are start-up skew,
@@ -478,7 +484,11 @@ class GpuObs:
         return used >= HELD_MEMORY_BYTES
 
 
-def collect_gpu_observations(snaps: Sequence[Snapshot]) -> dict[int, GpuObs]:
+def collect_gpu_observations(snaps: Sequence[Snapshot], util_from: Optional[float] = None) -> dict[int, GpuObs]:
+    """Per GPU: its samples over the snapshots.  Its utilization counts from `util_from` on (the job's loop; None:
+    all): before it, a job's GPUs idle through its start-up (imports, the rendezvous), which is no verdict's
+    evidence (the demo's first minute read "a sync in the loop, GPUs at 34%" where the loop ran them at 65%).
+    The samples themselves (XIDs, power, a lost GPU) are all kept."""
     gpus: dict[int, GpuObs] = {}
     for snap in snaps:
         present = set()
@@ -496,7 +506,7 @@ def collect_gpu_observations(snaps: Sequence[Snapshot]) -> dict[int, GpuObs]:
                 obs.util.append(None)
                 obs.memory.append(None)
                 continue
-            obs.util.append(g.utilization_gpu)
+            obs.util.append(g.utilization_gpu if util_from is None or snap.timestamp >= util_from else None)
             obs.memory.append(g.memory_used)
             if g.memory_total:
                 obs.memory_total = g.memory_total
