@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Collection, Optional, Sequence
 
-from gputop.analysis.advice import STACKS_HINT, WorkerAdvice, loader_code, suggested_workers
+from gputop.analysis.advice import STACKS_HINT, WorkerAdvice, loader_code, producer_bound, suggested_workers, workers_now
 from gputop.analysis.checks.hang import WORKER_TIMEOUT_FIX, StuckWorker, stuck_worker
 from gputop.analysis.numbers import Share, confidence_from, mean_share, measured_share, wilson_interval
 from gputop.analysis.observations import (
@@ -20,6 +20,7 @@ from gputop.analysis.observations import (
     frames_from,
     pooled_counts,
 )
+from gputop.analysis.prediction import Forecast, Unpredictable, core_use, predict_cheaper_input, predict_workers, step_rate
 from gputop.analysis.stack_classes import (
     IN_DATASET,
     INPUT_WAIT_STATES,
@@ -155,6 +156,7 @@ class Starvation:
     phases: tuple[InputPhase, ...]  # the input-bound ranks' one stretch of input each (all or none)
     stuck: Optional[StuckWorker]  # a dead or frozen worker the wait is for
     n_samples: int
+    prediction: Optional[Forecast] = None  # what the fix buys (None: the fix changes nothing to predict)
 
     @property
     def highly(self) -> bool:
@@ -242,7 +244,7 @@ def starvation(ctx: Context, *, exclude: Collection[int] = frozenset(), cpu_boun
     rec = bench_recommendation(ctx.bench)
     needed = ((ctx.bench or {}).get("recommendation", {}).get("workers_needed")) if rec else None
     advice = None if rec else suggested_workers(ctx, measured or ranks, job_share, gpu_idle_share(ctx))
-    return Starvation(
+    decided = Starvation(
         measured=tuple(measured),
         worst=worst,
         job_share=job_share,
@@ -263,6 +265,27 @@ def starvation(ctx: Context, *, exclude: Collection[int] = frozenset(), cpu_boun
         stuck=next((s for s in (stuck_worker(r) for r in ctx.ranks.values()) if s is not None), None),
         n_samples=n_samples,
     )
+    return replace(decided, prediction=starvation_forecast(ctx, decided, measured or ranks))
+
+
+def starvation_forecast(ctx: Context, d: Starvation, ranks: Sequence[RankObs]) -> Optional[Forecast]:
+    """What the starvation finding's fix buys: more workers (the advice, or the benchmark's count), or, with the
+    cores saturated, cheaper preprocessing.  None where the fix changes nothing (a one-off pause)."""
+    now = step_rate(ctx)
+    if d.one_pause:
+        return None
+    if d.stuck is not None:
+        return Unpredictable("the stuck worker fixed", "the job waits on one stuck worker, not for throughput", now)
+    idle = gpu_idle_share(ctx)
+    if d.cpu_bound:
+        change = "preprocessing made cheap (decoded samples cached)"
+        return predict_cheaper_input(d.job_share, idle, change).with_rate(now)
+    after = d.advice.workers if d.advice is not None else (d.bench_settings or {}).get("num_workers")
+    if not isinstance(after, int):
+        return Unpredictable("more workers", "no worker count was advised", now)
+    cpu = d.advice.bound == "cpu" if d.advice is not None else producer_bound(ranks)[0] == "cpu"
+    forecast = predict_workers(workers_now(ranks), after, d.job_share, cpu_bound=cpu, cores=core_use(ctx), gpu_idle=idle)
+    return forecast.with_rate(now)
 
 
 # ----------------------------------------------------------------- the starvation finding's wording
@@ -367,6 +390,8 @@ def _starvation_figures(d: Starvation) -> dict[str, Any]:
     else:
         workers = d.bench_settings.get("num_workers") if d.bench_settings else None
         figures["workers"] = {"num_workers": workers, "source": "active benchmark", "workers_needed": d.bench_workers_needed}
+    if d.prediction is not None:
+        figures["prediction"] = d.prediction.figures()
     return figures
 
 

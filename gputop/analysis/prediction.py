@@ -1,0 +1,456 @@
+"""What a fix buys: the steps/s a job would reach after a change, from what gputop measured, and what stops it.
+
+A change removes one cost; the job then runs as fast as the next bottleneck allows.  Each bound is a speed-up
+over the job now (a factor), computed from measured shares at their point and at both ends of their interval:
+
+- *the step's compute*: a rank that waits for data a share `f` of the time spends (1 − f) of it on the step
+  itself, which no loader change shortens: at most ×1/(1 − f).  Where the GPUs' busy share `u` is known, the
+  GPU work of a step bounds it too: ×1/u.
+- *the workers*: n workers that keep the rank waiting make a batch each per prep time, so n' make n'/n as
+  many (at num_workers=0 the rank prepares a batch in f of a step: n' workers make n'/f as many).
+- *the cores*: CPU-bound producers cannot decode faster than the cores the job may use allow.  The job's CPU
+  per step stays what it is, so the steps/s can grow at most by (cores it can get) ÷ (cores it uses now), the
+  cores it can get being what it uses now plus what the host leaves idle, capped by its cgroup.
+
+The prediction is the smallest bound (its name is `limited_by`), its range the smallest bound at each end.
+In steps/s where the job's step rate now is known (the job's own counters, the active benchmark's timed
+batches, the trace's steps), else as a factor over the rate now.  Where gputop cannot bound a change, it says
+so (`Unpredictable`, with the reason) rather than guessing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+
+from gputop.analysis.numbers import Share
+from gputop.analysis.thresholds import INTERVAL_Z
+
+if TYPE_CHECKING:
+    from gputop.analysis.observations import Context
+    from gputop.model import Finding
+
+COMPUTE = "the step's compute"
+GPU_WORK = "the GPUs' work per step"
+WORKERS = "the workers"
+CORES = "the cores"
+MEMORY_BANDWIDTH = "the GPUs' memory traffic"
+SLOW_RANK = "the other ranks' pace"
+MAX_SHARE = 0.98  # a share this close to 1 leaves no step to divide by: the bound is open at that end
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One limit on the speed-up: ×`factor` (`low`–`high` from the measured intervals; `high` None: open)."""
+
+    name: str
+    factor: float
+    low: float
+    high: Optional[float]
+    why: str  # the arithmetic, in words
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "limit": self.name,
+            "speedup": _round(self.factor),
+            "low": _round(self.low),
+            "high": _round(self.high),
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True)
+class StepRate:
+    """The job's steps per second per rank now, and where the figure comes from."""
+
+    value: float
+    source: str  # "the job's step counters", "timed batches (active benchmark)", "the trace's steps"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What `change` buys: the smallest of `bounds`, over the step rate `now` when it is known."""
+
+    change: str
+    bounds: tuple[Bound, ...]
+    assumes: str
+    now: Optional[StepRate] = None
+    epoch_batches: Optional[int] = None  # batches an epoch (the DataLoader's len), when known
+
+    @property
+    def limit(self) -> Bound:
+        return min(self.bounds, key=lambda b: b.factor)
+
+    @property
+    def limited_by(self) -> str:
+        return self.limit.name
+
+    @property
+    def factor(self) -> float:
+        return self.limit.factor
+
+    @property
+    def low(self) -> float:
+        return min(b.low for b in self.bounds)
+
+    @property
+    def high(self) -> Optional[float]:
+        highs = [b.high for b in self.bounds if b.high is not None]
+        return min(highs) if highs else None
+
+    def with_rate(self, now: Optional[StepRate], epoch_batches: Optional[int] = None) -> "Prediction":
+        return Prediction(self.change, self.bounds, self.assumes, now, epoch_batches or self.epoch_batches)
+
+    def after(self) -> Optional[tuple[float, float, Optional[float]]]:
+        """(steps/s after, low, high) when the rate now is known."""
+        if self.now is None:
+            return None
+        rate = self.now.value
+        return rate * self.factor, rate * self.low, None if self.high is None else rate * self.high
+
+    def figures(self) -> dict[str, Any]:
+        """`figures["prediction"]` of the finding whose fix this is."""
+        after = self.after()
+        out: dict[str, Any] = {
+            "change": self.change,
+            "steps_per_s_now": _round(self.now.value) if self.now else None,
+            "steps_per_s_after": _round(after[0]) if after else None,
+            "after_low": _round(after[1]) if after else None,
+            "after_high": _round(after[2]) if after else None,
+            "speedup": _round(self.factor),
+            "speedup_low": _round(self.low),
+            "speedup_high": _round(self.high),
+            "limited_by": self.limited_by,
+            "assumes": self.assumes,
+            "now_source": self.now.source if self.now else None,
+            "bounds": [b.to_dict() for b in self.bounds],
+            "epoch_batches": self.epoch_batches,
+            "text": self.text(),
+        }
+        if after and self.epoch_batches and self.now:
+            out["epoch_s_now"] = round(self.epoch_batches / self.now.value, 1)
+            out["epoch_s_after"] = round(self.epoch_batches / after[0], 1)
+        return out
+
+    def text(self) -> str:
+        """ "with num_workers=9: ~45 steps/s (38–47), limited by the step's compute; now 10"."""
+        after = self.after()
+        if after is None or self.now is None:
+            span = _span(self.low, self.high, "×")
+            return f"with {self.change}: ~×{_num(self.factor)} the steps/s now ({span}), limited by {self.limited_by}"
+        span = _span(after[1], after[2], "")
+        line = f"with {self.change}: ~{_num(after[0])} steps/s ({span}), limited by {self.limited_by}; now {_num(self.now.value)}"
+        if self.epoch_batches:
+            line += f"; an epoch {_duration(self.epoch_batches / self.now.value)} → {_duration(self.epoch_batches / after[0])}"
+        return line
+
+
+@dataclass(frozen=True)
+class Unpredictable:
+    """A change gputop cannot put a number on, and why."""
+
+    change: str
+    reason: str
+    now: Optional[StepRate] = field(default=None)
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "change": self.change,
+            "steps_per_s_now": _round(self.now.value) if self.now else None,
+            "steps_per_s_after": None,
+            "after_low": None,
+            "after_high": None,
+            "limited_by": None,
+            "assumes": None,
+            "reason": self.reason,
+            "text": self.text(),
+        }
+
+    def text(self) -> str:
+        return f"with {self.change}: no prediction ({self.reason})"
+
+    def with_rate(self, now: Optional[StepRate], epoch_batches: Optional[int] = None) -> "Unpredictable":
+        return Unpredictable(self.change, self.reason, now)
+
+
+Forecast = Union[Prediction, Unpredictable]
+
+
+def _round(value: Optional[float]) -> Optional[float]:
+    return None if value is None else round(value, 3)
+
+
+def _num(value: float) -> str:
+    """3 significant figures at most: 45, 4.6, 0.78."""
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.2g}" if value < 10 else f"{value:.0f}"
+
+
+def _span(low: float, high: Optional[float], unit: str) -> str:
+    """ "38–47", "×2.1–2.6", "at least 38" (open above), or one figure where both ends read the same."""
+    if high is None:
+        return f"at least {unit}{_num(low)}"
+    if _num(low) == _num(high):
+        return f"{unit}{_num(low)}"
+    return f"{unit}{_num(low)}–{_num(high)}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 600 else f"{seconds:.0f} s"
+
+
+# ----------------------------------------------------------------- the bounds
+
+
+def _over_one_minus(share: float) -> Optional[float]:
+    return None if share >= MAX_SHARE else 1.0 / (1.0 - share)
+
+
+def compute_bound(input_share: Share) -> Bound:
+    """The step without its wait for data: ×1/(1 − f), at f's point and both ends of its interval."""
+    point = _over_one_minus(input_share.point) or 1.0 / (1.0 - MAX_SHARE)
+    low = _over_one_minus(input_share.low) or point
+    why = f"1 ÷ (1 − {input_share.text()} waiting for data) = ×{_num(point)}"
+    return Bound(COMPUTE, point, min(low, point), _over_one_minus(input_share.high), why)
+
+
+def gpu_work_bound(gpu_idle: Share) -> Optional[Bound]:
+    """The GPUs' busy time a step: ×1/u, u = 1 − the idle share (None: the GPUs are as good as never busy)."""
+    busy = 1.0 - gpu_idle.point
+    if busy < 1.0 - MAX_SHARE:
+        return None
+    point = 1.0 / busy
+    low = 1.0 / max(1e-9, 1.0 - gpu_idle.low)
+    high = _over_one_minus(gpu_idle.high)
+    return Bound(GPU_WORK, point, low, high, f"1 ÷ the GPUs' {_pct(busy)} busy share = ×{_num(point)}")
+
+
+def workers_bound(workers_now: int, workers_after: int, input_share: Share) -> Bound:
+    """n' workers make n'/n the batches n make (each at the pace it keeps now); at num_workers=0 the rank's own
+    share f of a step in the dataset is one producer's prep: n'/f."""
+    if workers_now > 0:
+        factor = workers_after / workers_now
+        why = f"{workers_after} ÷ {workers_now} workers = ×{_num(factor)} the batches"
+        return Bound(WORKERS, factor, factor, factor, why)
+    point = workers_after / max(input_share.point, 1e-9)
+    low = workers_after / max(input_share.high, 1e-9)
+    high = workers_after / max(input_share.low, 1e-9)
+    why = f"{workers_after} workers ÷ the {input_share.text()} of a step the rank spends preparing a batch = ×{_num(point)}"
+    return Bound(WORKERS, point, low, high, why)
+
+
+@dataclass(frozen=True)
+class CoreUse:
+    """The job's CPU now, one reading a second: cores it used, cores it could get (idle added, cgroup-capped)."""
+
+    used: tuple[float, ...]
+    could: tuple[float, ...]
+    cap: float  # cores the job may use
+
+    def bound(self) -> Optional[Bound]:
+        """×(cores it could get ÷ cores it uses), mean and interval over the readings (None: too few, or unused)."""
+        ratios = [c / u for u, c in zip(self.used, self.could) if u > 0.05]
+        if len(ratios) < 3:
+            return None
+        point = statistics.fmean(ratios)
+        half = INTERVAL_Z * statistics.stdev(ratios) / math.sqrt(len(ratios))
+        used, could = statistics.fmean(self.used), statistics.fmean(self.could)
+        why = (
+            f"the job uses {used:.2f} cores and could get {could:.2f} (its own + the idle ones, at most {self.cap:g}): "
+            f"×{_num(point)} the CPU work a second ({len(ratios)} readings)"
+        )
+        return Bound(CORES, point, max(1.0, point - half), point + half, why)
+
+
+def _pct(share: float) -> str:
+    return f"{share:.0%}"
+
+
+# ----------------------------------------------------------------- the changes
+
+
+def predict_workers(
+    workers_now: int,
+    workers_after: int,
+    input_share: Share,
+    *,
+    cpu_bound: bool,
+    cores: Optional[CoreUse],
+    gpu_idle: Optional[Share] = None,
+) -> Forecast:
+    """num_workers n → n': bounded by the step's compute, the workers' pace, and (CPU-bound) the cores."""
+    change = f"num_workers={workers_after}"
+    if workers_after <= workers_now:
+        return Unpredictable(change, f"no more workers than the {workers_now} now")
+    bounds = [compute_bound(input_share), workers_bound(workers_now, workers_after, input_share)]
+    gpu = gpu_work_bound(gpu_idle) if gpu_idle is not None else None
+    if gpu is not None:
+        bounds.append(gpu)
+    assumes = "each worker keeps the pace it has now; the step's own time stays what it is"
+    if cpu_bound:
+        core_bound = cores.bound() if cores is not None else None
+        if core_bound is None:
+            return Unpredictable(change, "the workers compute, and the job's CPU use was not read often enough to bound them")
+        bounds.append(core_bound)
+        assumes += "; the CPU a step costs (decoding included) stays what it is"
+    return Prediction(change, tuple(bounds), assumes)
+
+
+def predict_cheaper_input(input_share: Share, gpu_idle: Optional[Share], change: str) -> Forecast:
+    """Preprocessing made (nearly) free (cached tensors): the steps go as fast as the GPUs' work allows; without
+    GPU readings, as the step's own host time allows."""
+    if gpu_idle is not None:
+        gpu = gpu_work_bound(gpu_idle)
+        if gpu is not None:
+            return Prediction(
+                change, (gpu,), "the host keeps up with the GPUs once the cores are free; the GPU work a step stays"
+            )
+    return Prediction(change, (compute_bound(input_share),), "the step's host time stays what it is")
+
+
+def predict_no_sync(sync_share: Share, gpu_idle: Optional[Share]) -> Forecast:
+    """A host-device sync removed: host and GPU overlap, so a step takes the longer of the two instead of their
+    sum: ×1/max(1 − s, u), s the share parked at the sync, u the GPUs' busy share."""
+    change = "the sync removed from the loop"
+    if gpu_idle is None:
+        return Unpredictable(change, "the GPUs' busy share is not known (no GPU readings)")
+    busy = 1.0 - gpu_idle.point
+    host = 1.0 - sync_share.point
+    point = 1.0 / max(host, busy, 1e-9)
+    low = 1.0 / max(1.0 - sync_share.low, 1.0 - gpu_idle.low, 1e-9)
+    high = 1.0 / max(1.0 - sync_share.high, 1.0 - gpu_idle.high, 1e-9)
+    why = (
+        f"1 ÷ max(host work {_pct(host)}, GPU work {_pct(busy)}) of a step, "
+        f"with {sync_share.text()} of it parked at the sync = ×{_num(point)}"
+    )
+    bound = Bound(COMPUTE if host >= busy else GPU_WORK, point, min(low, point), max(high, point), why)
+    return Prediction(change, (bound,), "the GPU work and the host work a step stay; they overlap once nothing syncs")
+
+
+def predict_straggler(wait_share: Share) -> Forecast:
+    """The slow rank brought to the others' pace: the others stop waiting for it in their collectives,
+    ×1/(1 − c), c their share in collectives."""
+    change = "the slow rank at the others' pace"
+    point = _over_one_minus(wait_share.point)
+    if point is None:
+        return Unpredictable(change, "the other ranks do nothing but wait: their own step is not measured")
+    low = _over_one_minus(wait_share.low) or point
+    why = f"1 ÷ (1 − the other ranks' {wait_share.text()} waiting in collectives) = ×{_num(point)}"
+    bound = Bound(SLOW_RANK, point, min(low, point), _over_one_minus(wait_share.high), why)
+    return Prediction(change, (bound,), "the slow rank, fixed, keeps the median rank's pace")
+
+
+def predict_restarts(stalled: Share) -> Forecast:
+    """persistent_workers=True: the seconds the GPUs sit collapsed at each epoch's worker restart come back:
+    ×1/(1 − the collapsed share)."""
+    change = "persistent_workers=True"
+    point = _over_one_minus(stalled.point)
+    if point is None:
+        return Unpredictable(change, "the GPUs are collapsed nearly all the time: the restarts are not the only stall")
+    why = f"1 ÷ (1 − the {stalled.text()} of seconds the GPUs sit collapsed) = ×{_num(point)}"
+    bound = Bound(COMPUTE, point, _over_one_minus(stalled.low) or point, _over_one_minus(stalled.high), why)
+    return Prediction(change, (bound,), "every collapse is an epoch's worker restart, and the steps between them keep pace")
+
+
+def predict_amp(dram: Sequence[float], busy: bool) -> Forecast:
+    """AMP (bf16 autocast) on memory-bound kernels: the bytes halve, so the DRAM-busy part of the time halves:
+    ×1/(1 − d/2), d the GPUs' DRAM-busy share (GPM) a second, mean and interval over the readings."""
+    change = "AMP (bf16 autocast)"
+    if not busy:
+        return Unpredictable(change, "the GPUs are not busy: the step waits on something else first")
+    values = [v for v in dram if v is not None]
+    if len(values) < 3:
+        return Unpredictable(change, "fewer than 3 GPM readings of the DRAM traffic")
+    d = statistics.fmean(values)
+    half = INTERVAL_Z * statistics.stdev(values) / math.sqrt(len(values))
+    lo_d, hi_d = max(0.0, d - half), min(1.0, d + half)
+
+    def gain(share: float) -> float:
+        return 1.0 / (1.0 - share / 2.0)
+
+    why = f"1 ÷ (1 − {_pct(d)} DRAM-busy ÷ 2) = ×{_num(gain(d))} ({len(values)} GPM readings)"
+    bound = Bound(MEMORY_BANDWIDTH, gain(d), gain(lo_d), gain(hi_d), why)
+    return Prediction(change, (bound,), "the step is the GPUs' work, and bf16 halves the bytes its kernels move")
+
+
+# ----------------------------------------------------------------- what the window measured
+
+
+def core_use(ctx: "Context") -> Optional[CoreUse]:
+    """The job's CPU a second over the window, start-up left out: the cores its processes used (ranks and
+    workers), and what it could get (those plus the host's idle cores, at most its cgroup's)."""
+    started = [r.loop_started for r in ctx.ranks.values() if r.loop_started is not None]
+    since = max(started) if started else None
+    cap = ctx.job_cores()
+    used: list[float] = []
+    could: list[float] = []
+    for snap in ctx.snaps:
+        job = snap.job
+        if job is None or not job.ranks or not snap.host.cpu_percent or (since is not None and snap.timestamp < since):
+            continue
+        if any(r.starting_up for r in job.ranks):
+            continue
+        procs = [p for r in job.ranks for p in (r.proc, *r.workers) if not p.exited]
+        if any(p.cpu_percent is None for p in procs):
+            continue
+        mine = sum(float(p.cpu_percent or 0.0) for p in procs) / 100.0
+        idle = sum(max(0.0, 100.0 - c) for c in snap.host.cpu_percent) / 100.0
+        used.append(mine)
+        could.append(min(cap, mine + idle))
+    return CoreUse(tuple(used), tuple(could), cap) if used else None
+
+
+def step_rate(ctx: "Context", trace: Optional[dict[str, Any]] = None) -> Optional[StepRate]:
+    """The job's steps/s per rank now, where something timed it: the active benchmark's timed batches, else the
+    trace's steps (the mean over its ranks).  None: only the shares are known (the prediction is then a factor)."""
+    consumption = (ctx.bench or {}).get("consumption")
+    if isinstance(consumption, dict) and consumption.get("batches_per_s"):
+        return StepRate(float(consumption["batches_per_s"]), "timed batches (active benchmark)")
+    rates = [float(r["steps_per_s"]) for r in (trace or {}).get("ranks") or () if r.get("steps_per_s")]
+    if rates:
+        return StepRate(statistics.fmean(rates), f"the trace's steps ({len(rates)} rank(s))")
+    return None
+
+
+def forecast_from(figures: dict[str, Any]) -> Forecast:
+    """A finding's `figures["prediction"]` read back (a report's JSON, or to put a rate under it)."""
+    now = (
+        StepRate(float(figures["steps_per_s_now"]), str(figures.get("now_source") or ""))
+        if figures.get("steps_per_s_now")
+        else None
+    )
+    if figures.get("reason") is not None or not figures.get("bounds"):
+        return Unpredictable(str(figures.get("change") or ""), str(figures.get("reason") or "no bound measured"), now)
+    bounds = tuple(
+        Bound(
+            str(b["limit"]),
+            float(b["speedup"]),
+            float(b["low"]),
+            None if b.get("high") is None else float(b["high"]),
+            str(b.get("why") or ""),
+        )
+        for b in figures["bounds"]
+    )
+    return Prediction(str(figures["change"]), bounds, str(figures.get("assumes") or ""), now, figures.get("epoch_batches"))
+
+
+def with_step_rate(
+    findings: Sequence["Finding"], now: Optional[StepRate], epoch_batches: Optional[int] = None
+) -> list["Finding"]:
+    """The findings with their predictions put in steps/s at the rate `now` (a rate measured after the diagnosis:
+    the trace's, the job's own counters); a prediction that already has a rate keeps it."""
+    if now is None:
+        return list(findings)
+    out = []
+    for f in findings:
+        figures = f.figures.get("prediction") if f.figures else None
+        if not isinstance(figures, dict) or figures.get("steps_per_s_now"):
+            out.append(f)
+            continue
+        rated = forecast_from(figures).with_rate(now, epoch_batches).figures()
+        out.append(dataclasses.replace(f, figures={**f.figures, "prediction": rated}))
+    return out

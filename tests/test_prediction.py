@@ -1,0 +1,128 @@
+"""What a fix buys (gputop/analysis/prediction.py): the bounds' arithmetic, and the predictions the findings carry,
+on hand-built histories."""
+
+from __future__ import annotations
+
+import pytest
+
+from gputop.analysis import prediction as p
+from gputop.analysis.diagnosis import diagnose
+from gputop.analysis.numbers import share_of
+from gputop.analysis.stack_classes import FORWARD_BACKWARD, IN_DATASET, WAITING_FOR_DATA
+from tests.harness.histories import RankSpec, Scenario, build
+
+
+def test_more_io_bound_workers_stop_at_the_steps_compute():
+    wait = share_of(600, 1000)  # 60% waiting for data
+    forecast = p.predict_workers(2, 9, wait, cpu_bound=False, cores=None)
+    assert isinstance(forecast, p.Prediction)
+    assert forecast.limited_by == p.COMPUTE  # 9/2 = x4.5 workers, but the step allows x2.5
+    assert forecast.factor == pytest.approx(1 / 0.4)
+    assert forecast.low <= forecast.factor <= forecast.high
+    rated = forecast.with_rate(p.StepRate(10.0, "counters")).figures()
+    assert rated["steps_per_s_after"] == pytest.approx(25.0)
+    assert rated["after_low"] < 25.0 < rated["after_high"]
+    assert rated["change"] == "num_workers=9" and rated["limited_by"] == "the step's compute"
+    assert rated["text"].startswith("with num_workers=9: ~25 steps/s (") and rated["text"].endswith("now 10")
+
+
+def test_too_few_workers_are_the_bound_themselves():
+    forecast = p.predict_workers(2, 3, share_of(600, 1000), cpu_bound=False, cores=None)
+    assert isinstance(forecast, p.Prediction)
+    assert (forecast.limited_by, forecast.factor) == (p.WORKERS, 1.5)
+
+
+def test_cpu_bound_workers_stop_at_what_the_cores_decode():
+    # the job uses ~0.9 of its 2 cores and nothing else runs: it can get 2, x2.2 the CPU work a second
+    cores = p.CoreUse(used=(0.9, 0.95, 0.85, 0.9), could=(2.0, 2.0, 2.0, 2.0), cap=2.0)
+    forecast = p.predict_workers(0, 12, share_of(800, 1000), cpu_bound=True, cores=cores)
+    assert isinstance(forecast, p.Prediction)
+    assert forecast.limited_by == p.CORES
+    assert forecast.factor == pytest.approx(2.0 / 0.9, rel=0.05)
+    # a busy box leaves no idle core: the cores bound says more workers buy nothing
+    busy = p.CoreUse(used=(0.9, 0.95, 0.85, 0.9), could=(0.9, 0.95, 0.85, 0.9), cap=2.0)
+    flat = p.predict_workers(0, 12, share_of(800, 1000), cpu_bound=True, cores=busy)
+    assert isinstance(flat, p.Prediction) and flat.factor == pytest.approx(1.0)
+
+
+def test_a_cpu_bound_loader_without_cpu_readings_is_not_guessed():
+    forecast = p.predict_workers(0, 12, share_of(800, 1000), cpu_bound=True, cores=None)
+    assert isinstance(forecast, p.Unpredictable)
+    assert forecast.figures()["steps_per_s_after"] is None and "CPU" in forecast.reason
+
+
+def test_removing_a_sync_overlaps_host_and_gpu():
+    # the host parks 40% of a step at the sync, the GPUs are busy 45%: max(60%, 45%) of a step remains
+    forecast = p.predict_no_sync(share_of(400, 1000), share_of(550, 1000))
+    assert isinstance(forecast, p.Prediction)
+    assert forecast.factor == pytest.approx(1 / 0.6) and forecast.limited_by == p.COMPUTE
+
+
+def test_amp_halves_the_dram_bound_part():
+    forecast = p.predict_amp([0.6, 0.62, 0.58, 0.6], busy=True)
+    assert isinstance(forecast, p.Prediction)
+    assert forecast.factor == pytest.approx(1 / 0.7, rel=0.01)
+    assert isinstance(p.predict_amp([0.6] * 5, busy=False), p.Unpredictable)
+
+
+def test_a_prediction_reads_back_from_its_figures_and_takes_a_rate_later():
+    forecast = p.predict_workers(2, 9, share_of(600, 1000), cpu_bound=False, cores=None)
+    figures = forecast.figures()
+    assert figures["steps_per_s_now"] is None and figures["speedup"] == pytest.approx(2.5)
+    back = p.forecast_from(figures).with_rate(p.StepRate(4.0, "trace"), epoch_batches=600)
+    rated = back.figures()
+    assert rated["steps_per_s_after"] == pytest.approx(10.0)
+    assert (rated["epoch_s_now"], rated["epoch_s_after"]) == (150.0, 60.0)
+    assert "an epoch 150 s → 60 s" in rated["text"]
+
+
+def _starved(worker_cpu: float, host_cpu: float, workers: int = 2) -> Scenario:
+    """One rank waiting for data 60% of the time (dense samples at 100 Hz), its workers at `worker_cpu`%."""
+    pids = tuple(range(2000, 2000 + workers))
+    return Scenario(
+        gpu_count=1,
+        cores=2,
+        util=lambda g, t: 40.0,
+        host_cpu=lambda c, t: host_cpu,
+        ranks=[
+            RankSpec(
+                pid=1000,
+                rank=0,
+                gpus=(0,),
+                state=lambda t: WAITING_FOR_DATA,
+                dense=lambda t: [(WAITING_FOR_DATA, 30), (FORWARD_BACKWARD, 20)] * 10,
+                workers=lambda t: pids,
+                worker_cpu=lambda t, w: worker_cpu,
+                cpu=lambda t: 10.0,
+            )
+        ],
+    )
+
+
+def test_the_starvation_finding_carries_its_prediction_io_bound():
+    found = {f.id: f for f in diagnose(build(_starved(worker_cpu=5.0, host_cpu=20.0)))}
+    pred = found["starvation"].figures["prediction"]
+    assert pred["change"].startswith("num_workers=")
+    assert pred["limited_by"] in (p.COMPUTE, p.GPU_WORK)
+    assert pred["speedup"] == pytest.approx(1 / 0.4, rel=0.05)
+
+
+def test_cpu_bound_workers_on_two_cores_are_bounded_by_what_the_cores_can_decode():
+    # one worker uses a core; half of the 2-core box idles: the job could get ~2 cores, not the 2.5x the step allows
+    found = {f.id: f for f in diagnose(build(_starved(worker_cpu=95.0, host_cpu=50.0, workers=1)))}
+    pred = found["starvation"].figures["prediction"]
+    assert pred["limited_by"] == p.CORES
+    assert pred["speedup"] == pytest.approx(2.0 / 1.05, rel=0.05)
+
+
+def test_with_every_core_busy_the_fix_is_cheaper_input_bounded_by_the_gpus():
+    found = {f.id: f for f in diagnose(build(_starved(worker_cpu=95.0, host_cpu=100.0)))}
+    pred = found["starvation"].figures["prediction"]
+    assert pred["change"].startswith("preprocessing made cheap")
+    assert pred["limited_by"] == p.GPU_WORK and pred["speedup"] == pytest.approx(2.5)  # the GPUs busy 40%
+
+
+def test_a_one_off_pause_carries_no_prediction():
+    ranks = [RankSpec(pid=1000, rank=0, gpus=(0,), state=lambda t: IN_DATASET if 20 <= t < 26 else FORWARD_BACKWARD)]
+    found = diagnose(build(Scenario(gpu_count=1, ranks=ranks, seconds=59)))
+    assert all("prediction" not in f.figures for f in found if f.id == "starvation" and "one" in f.summary.lower())
