@@ -65,6 +65,7 @@ from gputop.analysis.checks.straggler import check_straggler
 from gputop.analysis.checks.sync import check_sync_bound
 from gputop.analysis.numbers import mean, percentile
 from gputop.analysis.observations import BenchInput, Context, bench_dict, collect_gpu_observations, collect_rank_observations
+from gputop.analysis.prediction import step_rate_of_trace, with_step_rate
 from gputop.analysis.thresholds import (
     DIAGNOSIS_WINDOW_S,
     HANG_MIN_SECONDS,
@@ -241,6 +242,10 @@ def with_extra_findings(
 ) -> list[Finding]:
     """The diagnosis' findings joined by the trace's and the machine check's, when they ran (see `findings`)."""
     found = list(found)
+    if trace is not None:
+        # the trace timed the steps: the predictions made as factors get their steps/s
+        ranks = getattr(trace, "ranks", None)
+        found = with_step_rate(found, step_rate_of_trace(ranks) if isinstance(ranks, (list, tuple)) else None)
     if trace is not None and trace.findings:
         from gputop.analysis.checks.trace import with_trace_findings
 

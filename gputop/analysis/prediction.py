@@ -291,12 +291,14 @@ def predict_workers(
     if gpu is not None:
         bounds.append(gpu)
     assumes = "each worker keeps the pace it has now; the step's own time stays what it is"
-    if cpu_bound:
-        core_bound = cores.bound() if cores is not None else None
-        if core_bound is None:
-            return Unpredictable(change, "the workers compute, and the job's CPU use was not read often enough to bound them")
+    # Every batch costs CPU, decoded or read: the cores bound any loader.  Workers that sleep in the dataset
+    # cost little, so for them this bound sits high; for CPU-bound ones it is the one that holds.
+    core_bound = cores.bound() if cores is not None else None
+    if core_bound is None and cpu_bound:
+        return Unpredictable(change, "the workers compute, and the job's CPU use was not read often enough to bound them")
+    if core_bound is not None:
         bounds.append(core_bound)
-        assumes += "; the CPU a step costs (decoding included) stays what it is"
+        assumes += "; the CPU a step costs (decoding included) stays what it is, and other load leaves the cores it leaves now"
     return Prediction(change, tuple(bounds), assumes)
 
 
@@ -377,6 +379,12 @@ def predict_amp(dram: Sequence[float], busy: bool) -> Forecast:
     return Prediction(change, (bound,), "the step is the GPUs' work, and bf16 halves the bytes its kernels move")
 
 
+def prediction_line(figures: Optional[dict[str, Any]]) -> Optional[str]:
+    """A finding's prediction in words, from its figures (the report's and the TUI's line beside the fix)."""
+    predicted = (figures or {}).get("prediction")
+    return str(predicted["text"]) if isinstance(predicted, dict) and predicted.get("text") else None
+
+
 # ----------------------------------------------------------------- what the window measured
 
 
@@ -410,10 +418,13 @@ def step_rate(ctx: "Context", trace: Optional[dict[str, Any]] = None) -> Optiona
     consumption = (ctx.bench or {}).get("consumption")
     if isinstance(consumption, dict) and consumption.get("batches_per_s"):
         return StepRate(float(consumption["batches_per_s"]), "timed batches (active benchmark)")
-    rates = [float(r["steps_per_s"]) for r in (trace or {}).get("ranks") or () if r.get("steps_per_s")]
-    if rates:
-        return StepRate(statistics.fmean(rates), f"the trace's steps ({len(rates)} rank(s))")
-    return None
+    return step_rate_of_trace((trace or {}).get("ranks") or ())
+
+
+def step_rate_of_trace(ranks: Sequence[dict[str, Any]]) -> Optional[StepRate]:
+    """The trace's steps/s, the mean over its ranks (None: it timed no step)."""
+    rates = [float(r["steps_per_s"]) for r in ranks if isinstance(r, dict) and r.get("steps_per_s")]
+    return StepRate(statistics.fmean(rates), f"the trace's steps ({len(rates)} rank(s))") if rates else None
 
 
 def forecast_from(figures: dict[str, Any]) -> Forecast:
@@ -454,3 +465,30 @@ def with_step_rate(
         rated = forecast_from(figures).with_rate(now, epoch_batches).figures()
         out.append(dataclasses.replace(f, figures={**f.figures, "prediction": rated}))
     return out
+
+
+def config_forecast(config: dict[str, Any], consumption: Optional[dict[str, Any]]) -> Forecast:
+    """What one loader configuration the benchmark measured would give the training: the loader alone made
+    `batches_per_s` (its interval from the batches it timed), and the step outside the loader takes `step_s`,
+    so the training would step at the smaller of the two rates."""
+    change = f"num_workers={config.get('num_workers')}" + (
+        f", prefetch_factor={config['prefetch_factor']}" if config.get("prefetch_factor") else ""
+    )
+    rate = float(config.get("batches_per_s") or 0.0)
+    batches = int(config.get("batches") or 0)
+    consumed = float((consumption or {}).get("batches_per_s") or 0.0)
+    step_s = float((consumption or {}).get("step_s") or 0.0)
+    if not rate or batches < 2 or not consumed or step_s <= 0:
+        return Unpredictable(change, "the training's step time or this configuration's rate was not timed")
+    now = StepRate(consumed, "timed batches (active benchmark)")
+    half = INTERVAL_Z * rate / math.sqrt(batches)  # a count of batches in a window: Poisson's spread
+    loader = Bound(
+        WORKERS,
+        rate / consumed,
+        max(0.0, rate - half) / consumed,
+        (rate + half) / consumed,
+        f"the loader alone made {rate:.1f} batches/s ({batches} batches timed)",
+    )
+    step = 1.0 / step_s / consumed
+    compute = Bound(COMPUTE, step, step, step, f"1 ÷ the {step_s * 1000:.1f} ms step outside the loader")
+    return Prediction(change, (loader, compute), "the loader keeps the rate it had alone beside the training", now)

@@ -268,24 +268,40 @@ def starvation(ctx: Context, *, exclude: Collection[int] = frozenset(), cpu_boun
     return replace(decided, prediction=starvation_forecast(ctx, decided, measured or ranks))
 
 
+CACHED = "preprocessing made cheap (decoded samples cached)"
+
+
 def starvation_forecast(ctx: Context, d: Starvation, ranks: Sequence[RankObs]) -> Optional[Forecast]:
     """What the starvation finding's fix buys: more workers (the advice, or the benchmark's count), or, with the
     cores saturated, cheaper preprocessing.  None where the fix changes nothing (a one-off pause)."""
-    now = step_rate(ctx)
     if d.one_pause:
         return None
     if d.stuck is not None:
-        return Unpredictable("the stuck worker fixed", "the job waits on one stuck worker, not for throughput", now)
-    idle = gpu_idle_share(ctx)
+        return Unpredictable("the stuck worker fixed", "the job waits on one stuck worker, not for throughput", step_rate(ctx))
     if d.cpu_bound:
-        change = "preprocessing made cheap (decoded samples cached)"
-        return predict_cheaper_input(d.job_share, idle, change).with_rate(now)
+        return loader_forecast(ctx, ranks, d.job_share, None)
     after = d.advice.workers if d.advice is not None else (d.bench_settings or {}).get("num_workers")
     if not isinstance(after, int):
-        return Unpredictable("more workers", "no worker count was advised", now)
-    cpu = d.advice.bound == "cpu" if d.advice is not None else producer_bound(ranks)[0] == "cpu"
-    forecast = predict_workers(workers_now(ranks), after, d.job_share, cpu_bound=cpu, cores=core_use(ctx), gpu_idle=idle)
+        return Unpredictable("more workers", "no worker count was advised", step_rate(ctx))
+    return loader_forecast(ctx, ranks, d.job_share, after)
+
+
+def loader_forecast(ctx: Context, ranks: Sequence[RankObs], share: Share, workers_after: Optional[int]) -> Forecast:
+    """What a loader change buys these ranks, waiting for data `share` of the time: `workers_after` workers, or
+    (None) preprocessing made cheap.  In steps/s where the window timed the steps (`step_rate`)."""
+    now = step_rate(ctx)
+    idle = gpu_idle_share(ctx)
+    if workers_after is None:
+        return predict_cheaper_input(share, idle, CACHED).with_rate(now)
+    cpu = producer_bound(ranks)[0] == "cpu"
+    forecast = predict_workers(workers_now(ranks), workers_after, share, cpu_bound=cpu, cores=core_use(ctx), gpu_idle=idle)
     return forecast.with_rate(now)
+
+
+def measured_loader_forecast(ctx: Context, workers_after: Optional[int]) -> Optional[Forecast]:
+    """`loader_forecast` of the window's measured ranks at their pooled input share (None: none measured yet)."""
+    ranks = [r for r in ctx.ranks.values() if r.measured]
+    return loader_forecast(ctx, ranks, pooled_input_share(ranks), workers_after) if ranks else None
 
 
 # ----------------------------------------------------------------- the starvation finding's wording
