@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from gputop.analysis.numbers import Share
+from gputop.analysis.stack_classes import COLLECTIVE, FORWARD_BACKWARD, INPUT_WAIT_STATES
 from gputop.analysis.thresholds import INTERVAL_Z
 
 if TYPE_CHECKING:
-    from gputop.analysis.observations import Context
+    from gputop.analysis.observations import Context, RankObs, StateCounts
     from gputop.model import Finding
 
 COMPUTE = "the step's compute"
@@ -68,6 +69,13 @@ class StepRate:
 
     value: float
     source: str  # "the job's step counters", "timed batches (active benchmark)", "the trace's steps"
+    low: Optional[float] = None  # the interval of a rate counted from samples (None: timed, its point)
+    high: Optional[float] = None
+
+    def text(self) -> str:
+        if self.low is None or self.high is None or _num(self.low) == _num(self.high):
+            return _num(self.value)
+        return f"{_num(self.value)} ({_num(self.low)}–{_num(self.high)})"
 
 
 @dataclass(frozen=True)
@@ -108,8 +116,9 @@ class Prediction:
         """(steps/s after, low, high) when the rate now is known."""
         if self.now is None:
             return None
-        rate = self.now.value
-        return rate * self.factor, rate * self.low, None if self.high is None else rate * self.high
+        now = self.now
+        low, high = now.low if now.low is not None else now.value, now.high if now.high is not None else now.value
+        return now.value * self.factor, low * self.low, None if self.high is None else high * self.high
 
     def figures(self) -> dict[str, Any]:
         """`figures["prediction"]` of the finding whose fix this is."""
@@ -126,6 +135,8 @@ class Prediction:
             "limited_by": self.limited_by,
             "assumes": self.assumes,
             "now_source": self.now.source if self.now else None,
+            "now_low": _round(self.now.low) if self.now else None,
+            "now_high": _round(self.now.high) if self.now else None,
             "bounds": [b.to_dict() for b in self.bounds],
             "epoch_batches": self.epoch_batches,
             "text": self.text(),
@@ -142,7 +153,7 @@ class Prediction:
             span = _span(self.low, self.high, "×")
             return f"with {self.change}: ~×{_num(self.factor)} the steps/s now ({span}), limited by {self.limited_by}"
         span = _span(after[1], after[2], "")
-        line = f"with {self.change}: ~{_num(after[0])} steps/s ({span}), limited by {self.limited_by}; now {_num(self.now.value)}"
+        line = f"with {self.change}: ~{_num(after[0])} steps/s ({span}), limited by {self.limited_by}; now {self.now.text()} ({self.now.source})"
         if self.epoch_batches:
             line += f"; an epoch {_duration(self.epoch_batches / self.now.value)} → {_duration(self.epoch_batches / after[0])}"
         return line
@@ -359,8 +370,11 @@ def predict_restarts(stalled: Share) -> Forecast:
 
 
 def predict_amp(dram: Sequence[float], busy: bool) -> Forecast:
-    """AMP (bf16 autocast) on memory-bound kernels: the bytes halve, so the DRAM-busy part of the time halves:
-    ×1/(1 − d/2), d the GPUs' DRAM-busy share (GPM) a second, mean and interval over the readings."""
+    """AMP (bf16 autocast) on memory-bound kernels: what autocast runs in bf16 moves half the bytes, so the DRAM-busy
+    part of the time (d, GPM, one reading a GPU a second) shrinks by up to half: between ×1 (none of the traffic
+    halves) and ×1/(1 − d/2) (all of it does).  Which share halves is not measured: autocast makes the activations
+    bf16 while the weights, gradients and optimizer state stay fp32 in memory, so the point takes half of it:
+    ×1/(1 − d/4)."""
     change = "AMP (bf16 autocast)"
     if not busy:
         return Unpredictable(change, "the GPUs are not busy: the step waits on something else first")
@@ -369,14 +383,20 @@ def predict_amp(dram: Sequence[float], busy: bool) -> Forecast:
         return Unpredictable(change, "fewer than 3 GPM readings of the DRAM traffic")
     d = statistics.fmean(values)
     half = INTERVAL_Z * statistics.stdev(values) / math.sqrt(len(values))
-    lo_d, hi_d = max(0.0, d - half), min(1.0, d + half)
 
-    def gain(share: float) -> float:
-        return 1.0 / (1.0 - share / 2.0)
+    def gain(share: float, halved: float) -> float:
+        return 1.0 / (1.0 - share * halved / 2.0)
 
-    why = f"1 ÷ (1 − {_pct(d)} DRAM-busy ÷ 2) = ×{_num(gain(d))} ({len(values)} GPM readings)"
-    bound = Bound(MEMORY_BANDWIDTH, gain(d), gain(lo_d), gain(hi_d), why)
-    return Prediction(change, (bound,), "the step is the GPUs' work, and bf16 halves the bytes its kernels move")
+    why = (
+        f"1 ÷ (1 − {_pct(d)} DRAM-busy × half of the traffic halved ÷ 2) = ×{_num(gain(d, 0.5))}; "
+        f"×1 if none halves, ×{_num(gain(d, 1.0))} if all does ({len(values)} GPM readings)"
+    )
+    bound = Bound(MEMORY_BANDWIDTH, gain(d, 0.5), 1.0, gain(min(1.0, d + half), 1.0), why)
+    assumes = (
+        "the step is the GPUs' work; bf16 halves the bytes of the activations (about half the traffic), "
+        "not those of the fp32 weights, gradients and optimizer state; torch.compile's fusion is not counted"
+    )
+    return Prediction(change, (bound,), assumes)
 
 
 def prediction_line(figures: Optional[dict[str, Any]]) -> Optional[str]:
@@ -413,12 +433,57 @@ def core_use(ctx: "Context") -> Optional[CoreUse]:
 
 
 def step_rate(ctx: "Context", trace: Optional[dict[str, Any]] = None) -> Optional[StepRate]:
-    """The job's steps/s per rank now, where something timed it: the active benchmark's timed batches, else the
-    trace's steps (the mean over its ranks).  None: only the shares are known (the prediction is then a factor)."""
+    """The job's steps/s per rank now: the active benchmark's timed batches, else the trace's steps (the mean over
+    its ranks), else the steps counted in the ranks' dense samples (`sampled_step_rate`).  None: only the shares
+    are known (the prediction is then a factor)."""
     consumption = (ctx.bench or {}).get("consumption")
     if isinstance(consumption, dict) and consumption.get("batches_per_s"):
         return StepRate(float(consumption["batches_per_s"]), "timed batches (active benchmark)")
-    return step_rate_of_trace((trace or {}).get("ranks") or ())
+    return step_rate_of_trace((trace or {}).get("ranks") or ()) or sampled_step_rate(list(ctx.ranks.values()))
+
+
+STEP_STATES = (FORWARD_BACKWARD, COLLECTIVE)  # a step's pass through the model (DDP all-reduces inside backward)
+MIN_PHASE_SAMPLES = 2.0  # a phase shorter than this on average is missed too often to count steps by
+
+
+def _entries(counts: "StateCounts", states: Sequence[str]) -> tuple[int, int, int, float]:
+    """(entries into `states` from outside them, samples inside, samples outside, seconds) over the dense runs."""
+    entries = inside_n = outside_n = 0
+    seconds = 0.0
+    for runs, stretch in zip(counts.runs, counts.stretches):
+        previous: Optional[bool] = None
+        for state, n in runs:
+            inside = state in states
+            entries += int(inside and previous is False)
+            inside_n += n if inside else 0
+            outside_n += 0 if inside else n
+            previous = inside
+        seconds += sum(n for _, n in runs) / stretch.rate
+    return entries, inside_n, outside_n, seconds
+
+
+def sampled_step_rate(ranks: Sequence["RankObs"]) -> Optional[StepRate]:
+    """Steps/s counted in the ranks' dense samples (py-spy record), the mean over the ranks: a step passes once
+    through forward/backward, so the entries into it count the steps, and at num_workers=0 every step also
+    builds its batch in dataset code.  Counted only where both the phase and what lies between two of them last
+    MIN_PHASE_SAMPLES samples on average (shorter ones slip between samples); None where no rank allows it."""
+    rates: list[tuple[float, float, float]] = []
+    for r in ranks:
+        counts = r.counts
+        if not counts.dense or not r.measured:
+            continue
+        own_batches = not (r.worker_sets and r.worker_sets[-1][1])
+        for states in (STEP_STATES, INPUT_WAIT_STATES) if own_batches else (STEP_STATES,):
+            entries, inside, outside, seconds = _entries(counts, states)
+            if entries >= 5 and seconds > 0 and min(inside, outside) / entries >= MIN_PHASE_SAMPLES:
+                half = INTERVAL_Z * math.sqrt(entries)
+                rates.append((entries / seconds, (entries - half) / seconds, (entries + half) / seconds))
+                break
+    if not rates:
+        return None
+    n = len(rates)
+    value, low, high = (sum(r[i] for r in rates) / n for i in range(3))
+    return StepRate(value, f"steps counted in the dense samples ({n} rank(s))", max(0.0, low), high)
 
 
 def step_rate_of_trace(ranks: Sequence[dict[str, Any]]) -> Optional[StepRate]:
@@ -430,7 +495,12 @@ def step_rate_of_trace(ranks: Sequence[dict[str, Any]]) -> Optional[StepRate]:
 def forecast_from(figures: dict[str, Any]) -> Forecast:
     """A finding's `figures["prediction"]` read back (a report's JSON, or to put a rate under it)."""
     now = (
-        StepRate(float(figures["steps_per_s_now"]), str(figures.get("now_source") or ""))
+        StepRate(
+            float(figures["steps_per_s_now"]),
+            str(figures.get("now_source") or ""),
+            figures.get("now_low"),
+            figures.get("now_high"),
+        )
         if figures.get("steps_per_s_now")
         else None
     )
