@@ -101,10 +101,13 @@ def measure(name: str, seconds: float, tmp: Path) -> dict[str, Any]:
 
 def row(result: dict[str, Any]) -> str:
     p = result.get("predicted") or {}
-    after = p.get("steps_per_s_after")
-    if after is None:
+    if "achieved" not in result or p.get("speedup") is None:
         return f"{result['job']:<5} now {result['now']:.1f}  {result.get('note') or p.get('text')}"
-    low, high = p.get("after_low"), p.get("after_high")
+    after, low, high = p.get("steps_per_s_after"), p.get("after_low"), p.get("after_high")
+    if after is None:  # gputop counted no steps: its factor over the job's own rate
+        after, low = p["speedup"] * result["now"], p["speedup_low"] * result["now"]
+        high = None if p.get("speedup_high") is None else p["speedup_high"] * result["now"]
+        p = {**p, "steps_per_s_now": float("nan")}
     ratio = result["achieved"] / after
     inside = low <= result["achieved"] <= (high if high is not None else float("inf"))
     return (

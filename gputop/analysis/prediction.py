@@ -256,23 +256,37 @@ def workers_bound(workers_now: int, workers_after: int, input_share: Share) -> B
 
 @dataclass(frozen=True)
 class CoreUse:
-    """The job's CPU now, one reading a second: cores it used, cores it could get (idle added, cgroup-capped)."""
+    """The job's CPU now, one reading a second: the cores it used, what it could get at once (those plus the host's
+    idle cores), and how many other processes were runnable (the load average less the job's own busy cores)."""
 
     used: tuple[float, ...]
     could: tuple[float, ...]
-    cap: float  # cores the job may use
+    cap: float  # cores the job may use (its cgroup's, else the host's)
+    others: tuple[float, ...] = ()  # runnable processes not the job's, a reading
+    host_cores: float = 0.0
+    ranks: int = 1
 
-    def bound(self) -> Optional[Bound]:
-        """×(cores it could get ÷ cores it uses), mean and interval over the readings (None: too few, or unused)."""
-        ratios = [c / u for u, c in zip(self.used, self.could) if u > 0.05]
+    def _could(self, i: int, processes: Optional[int]) -> float:
+        """What the job could get at reading i with `processes` CPU-hungry processes: the idle cores, or, on a box
+        busy with other work, the fair share the kernel's scheduler gives them: cores × P ÷ (others + P)."""
+        if processes is None or not self.others or not self.host_cores:
+            return self.could[i]
+        fair = self.host_cores * processes / (self.others[i] + processes)
+        return min(self.cap, max(self.could[i], fair))
+
+    def bound(self, processes: Optional[int] = None) -> Optional[Bound]:
+        """×(cores it could get ÷ cores it uses), mean and interval over the readings (None: too few, or unused).
+        `processes`: the job's processes after the change (ranks and their workers)."""
+        could = [self._could(i, processes) for i in range(len(self.used))]
+        ratios = [c / u for u, c in zip(self.used, could) if u > 0.05]
         if len(ratios) < 3:
             return None
         point = statistics.fmean(ratios)
         half = INTERVAL_Z * statistics.stdev(ratios) / math.sqrt(len(ratios))
-        used, could = statistics.fmean(self.used), statistics.fmean(self.could)
         why = (
-            f"the job uses {used:.2f} cores and could get {could:.2f} (its own + the idle ones, at most {self.cap:g}): "
-            f"×{_num(point)} the CPU work a second ({len(ratios)} readings)"
+            f"the job uses {statistics.fmean(self.used):.2f} cores and could get {statistics.fmean(could):.2f} "
+            f"(the idle ones, or its fair share beside {statistics.fmean(self.others or (0.0,)):.1f} other runnable "
+            f"processes; at most {self.cap:g}): ×{_num(point)} the CPU work a second ({len(ratios)} readings)"
         )
         return Bound(CORES, point, max(1.0, point - half), point + half, why)
 
@@ -304,7 +318,8 @@ def predict_workers(
     assumes = "each worker keeps the pace it has now; the step's own time stays what it is"
     # Every batch costs CPU, decoded or read: the cores bound any loader.  Workers that sleep in the dataset
     # cost little, so for them this bound sits high; for CPU-bound ones it is the one that holds.
-    core_bound = cores.bound() if cores is not None else None
+    ranks = max(1, cores.ranks) if cores is not None else 1
+    core_bound = cores.bound(ranks * (1 + workers_after)) if cores is not None else None
     if core_bound is None and cpu_bound:
         return Unpredictable(change, "the workers compute, and the job's CPU use was not read often enough to bound them")
     if core_bound is not None:
@@ -416,6 +431,7 @@ def core_use(ctx: "Context") -> Optional[CoreUse]:
     cap = ctx.job_cores()
     used: list[float] = []
     could: list[float] = []
+    others: list[float] = []
     for snap in ctx.snaps:
         job = snap.job
         if job is None or not job.ranks or not snap.host.cpu_percent or (since is not None and snap.timestamp < since):
@@ -429,7 +445,9 @@ def core_use(ctx: "Context") -> Optional[CoreUse]:
         idle = sum(max(0.0, 100.0 - c) for c in snap.host.cpu_percent) / 100.0
         used.append(mine)
         could.append(min(cap, mine + idle))
-    return CoreUse(tuple(used), tuple(could), cap) if used else None
+        others.append(max(0.0, snap.host.load_average[0] - mine))
+    cores = float(len(ctx.snaps[-1].host.cpu_percent)) if ctx.snaps else 0.0
+    return CoreUse(tuple(used), tuple(could), cap, tuple(others), cores, len(ctx.ranks)) if used else None
 
 
 def step_rate(ctx: "Context", trace: Optional[dict[str, Any]] = None) -> Optional[StepRate]:
@@ -464,16 +482,18 @@ def _entries(counts: "StateCounts", states: Sequence[str]) -> tuple[int, int, in
 
 def sampled_step_rate(ranks: Sequence["RankObs"]) -> Optional[StepRate]:
     """Steps/s counted in the ranks' dense samples (py-spy record), the mean over the ranks: a step passes once
-    through forward/backward, so the entries into it count the steps, and at num_workers=0 every step also
-    builds its batch in dataset code.  Counted only where both the phase and what lies between two of them last
+    through forward/backward, so the entries into it count the steps; with one producer (num_workers 0 or 1) a
+    starved rank also waits once a step for its batch.  Counted only where both the phase and what lies between two of them last
     MIN_PHASE_SAMPLES samples on average (shorter ones slip between samples); None where no rank allows it."""
     rates: list[tuple[float, float, float]] = []
     for r in ranks:
         counts = r.counts
         if not counts.dense or not r.measured:
             continue
-        own_batches = not (r.worker_sets and r.worker_sets[-1][1])
-        for states in (STEP_STATES, INPUT_WAIT_STATES) if own_batches else (STEP_STATES,):
+        # one producer (the rank itself, or one worker) hands over one batch at a time: a starved rank waits for
+        # each.  Several workers may finish together and hand over a few at once: their waits count no steps.
+        one_producer = not (r.worker_sets and len(r.worker_sets[-1][1]) > 1)
+        for states in (STEP_STATES, INPUT_WAIT_STATES) if one_producer else (STEP_STATES,):
             entries, inside, outside, seconds = _entries(counts, states)
             if entries >= 5 and seconds > 0 and min(inside, outside) / entries >= MIN_PHASE_SAMPLES:
                 half = INTERVAL_Z * math.sqrt(entries)
