@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 from gputop.analysis.diagnosis import findings, verdict_line
+from gputop.analysis.prediction import StepRate, prediction_line, with_step_rate
 from gputop.commands.observing import StopSignals
 from gputop.errors import GputopError
 from gputop.history import History
@@ -137,6 +138,13 @@ def print_summary(summary: DemoSummary, out: TextIO) -> None:
     print(f"verdict: {verdict_line(summary.findings)}", file=out)
     for finding in summary.findings:
         print(f"finding: {finding.severity:<8} {finding.id:<14} {finding.title}", file=out)
+    # what each fix buys, at the steps/s the ranks' own counters measured (restart with the change to compare)
+    rate = sum(summary.steps_per_s) / len(summary.steps_per_s) if summary.steps_per_s else 0.0
+    now = StepRate(rate, "the job's step counters") if rate > 0 else None
+    for finding in with_step_rate(summary.findings, now):
+        line = prediction_line(finding.figures)
+        if line:
+            print(f"prediction: {finding.id:<14} {line}", file=out)
     out.flush()
 
 
