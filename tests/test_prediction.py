@@ -77,8 +77,10 @@ def test_a_prediction_reads_back_from_its_figures_and_takes_a_rate_later():
     assert "an epoch 150 s → 60 s" in rated["text"]
 
 
-def _starved(worker_cpu: float, host_cpu: float, workers: int = 2) -> Scenario:
-    """One rank waiting for data 60% of the time (dense samples at 100 Hz), its workers at `worker_cpu`%."""
+def _starved(worker_cpu: float, host_cpu: float, workers: int = 2, pattern: tuple[int, int] = (30, 20)) -> Scenario:
+    """One rank waiting for data 60% of the time (dense samples at 100 Hz: `pattern` samples waiting, then in the
+    step, over and over), its workers at `worker_cpu`%."""
+    wait, step = pattern
     pids = tuple(range(2000, 2000 + workers))
     return Scenario(
         gpu_count=1,
@@ -91,7 +93,7 @@ def _starved(worker_cpu: float, host_cpu: float, workers: int = 2) -> Scenario:
                 rank=0,
                 gpus=(0,),
                 state=lambda t: WAITING_FOR_DATA,
-                dense=lambda t: [(WAITING_FOR_DATA, 30), (FORWARD_BACKWARD, 20)] * 10,
+                dense=lambda t: [(WAITING_FOR_DATA, wait), (FORWARD_BACKWARD, step)] * (500 // (wait + step)),
                 workers=lambda t: pids,
                 worker_cpu=lambda t, w: worker_cpu,
                 cpu=lambda t: 10.0,
@@ -127,3 +129,63 @@ def test_a_one_off_pause_carries_no_prediction():
     ranks = [RankSpec(pid=1000, rank=0, gpus=(0,), state=lambda t: IN_DATASET if 20 <= t < 26 else FORWARD_BACKWARD)]
     found = diagnose(build(Scenario(gpu_count=1, ranks=ranks, seconds=59)))
     assert all("prediction" not in f.figures for f in found if f.id == "starvation" and "one" in f.summary.lower())
+
+
+def test_steps_are_counted_in_the_dense_samples_when_each_phase_lasts_a_few_samples():
+    # 100 Hz, 5 s stretches of 10 steps a second: 6 samples in the step, 4 waiting for the one worker's batch
+    found = {f.id: f for f in diagnose(build(_starved(worker_cpu=5.0, host_cpu=20.0, workers=1, pattern=(4, 6))))}
+    pred = found["starvation"].figures["prediction"]
+    assert pred["steps_per_s_now"] == pytest.approx(10.0, rel=0.05)
+    assert pred["now_low"] < 10.0 < pred["now_high"] and "dense samples" in pred["now_source"]
+    assert pred["steps_per_s_after"] == pytest.approx(10.0 / 0.6, rel=0.05)  # the step's compute: 6 of 10 samples
+
+
+def test_steps_are_not_counted_from_phases_that_slip_between_samples():
+    # a step of one sample and a wait of one: either may fall between two samples, so no count is given
+    found = {f.id: f for f in diagnose(build(_starved(worker_cpu=5.0, host_cpu=20.0, workers=1, pattern=(1, 1))))}
+    pred = found["starvation"].figures["prediction"]
+    assert pred["steps_per_s_now"] is None and pred["steps_per_s_after"] is None
+    assert pred["speedup"] is not None and "the steps/s now" in pred["text"]
+
+
+def test_the_fair_share_beside_other_work_raises_what_the_job_could_get():
+    # the box is busy with 6 other runnable processes: idle cores say the job can get nothing more, but 1 rank
+    # and 3 workers get 2 x 4/10 = 0.8 of the 2 cores against the 0.4 they use
+    cores = p.CoreUse((0.4,) * 4, (0.4,) * 4, cap=2.0, others=(6.0,) * 4, host_cores=2.0, ranks=1)
+    bound = cores.bound(4)
+    assert bound is not None and bound.factor == pytest.approx(2.0)
+    assert cores.bound(None) is not None and cores.bound(None).factor == pytest.approx(1.0)  # type: ignore[union-attr]
+
+
+def test_the_benchmark_predicts_each_configuration_it_measured():
+    consumption = {"batches_per_s": 10.0, "step_s": 0.025, "wait_fraction": 0.75}
+    slow = p.config_forecast({"num_workers": 2, "batches_per_s": 20.0, "batches": 100}, consumption)
+    fast = p.config_forecast({"num_workers": 8, "batches_per_s": 80.0, "batches": 400}, consumption)
+    assert isinstance(slow, p.Prediction) and isinstance(fast, p.Prediction)
+    assert (slow.limited_by, slow.figures()["steps_per_s_after"]) == (p.WORKERS, 20.0)
+    assert (fast.limited_by, fast.figures()["steps_per_s_after"]) == (p.COMPUTE, 40.0)  # 1 / 25 ms
+    assert isinstance(p.config_forecast({"num_workers": 2, "batches_per_s": 20.0}, None), p.Unpredictable)
+
+
+def test_the_report_shows_the_prediction_beside_the_fix():
+    from gputop.report.markdown import render_markdown
+
+    history = build(_starved(worker_cpu=5.0, host_cpu=20.0, workers=1, pattern=(4, 6)))
+    text = render_markdown(history, diagnose(history))
+    assert "**What it buys:** with num_workers=" in text and "limited by the step's compute" in text
+
+
+def test_the_tui_finding_card_shows_the_prediction():
+    from gputop.tui.screens import finding_text
+
+    finding = next(f for f in diagnose(build(_starved(worker_cpu=5.0, host_cpu=20.0))) if f.id == "starvation")
+    assert "Buys: with num_workers=" in finding_text(finding).plain
+
+
+def test_a_straggler_fixed_gives_back_the_others_wait_and_persistent_workers_the_collapses():
+    straggler = p.predict_straggler(share_of(300, 1000))  # the others wait for it 30% of the time
+    assert isinstance(straggler, p.Prediction) and straggler.factor == pytest.approx(1 / 0.7)
+    restarts = p.predict_restarts(share_of(6, 60))  # 6 of 60 seconds collapsed at the restarts
+    assert isinstance(restarts, p.Prediction) and restarts.factor == pytest.approx(1 / 0.9)
+    assert restarts.low <= restarts.factor <= restarts.high  # type: ignore[operator]
+    assert isinstance(p.predict_straggler(share_of(999, 1000)), p.Unpredictable)  # nothing but waiting: no step to keep
