@@ -266,29 +266,37 @@ class CoreUse:
     host_cores: float = 0.0
     ranks: int = 1
 
-    def _could(self, i: int, processes: Optional[int]) -> float:
-        """What the job could get at reading i with `processes` CPU-hungry processes: the idle cores, or, on a box
-        busy with other work, the fair share the kernel's scheduler gives them: cores × P ÷ (others + P)."""
+    def _fair(self, i: int, processes: Optional[int]) -> float:
+        """What the job could get at reading i with `processes` CPU-hungry processes on a box busy with other work,
+        if the scheduler shares the cores among processes: cores × P ÷ (others + P), at least the idle cores."""
         if processes is None or not self.others or not self.host_cores:
             return self.could[i]
-        fair = self.host_cores * processes / (self.others[i] + processes)
-        return min(self.cap, max(self.could[i], fair))
+        return min(self.cap, max(self.could[i], self.host_cores * processes / (self.others[i] + processes)))
 
     def bound(self, processes: Optional[int] = None) -> Optional[Bound]:
-        """×(cores it could get ÷ cores it uses), mean and interval over the readings (None: too few, or unused).
-        `processes`: the job's processes after the change (ranks and their workers)."""
-        could = [self._could(i, processes) for i in range(len(self.used))]
-        ratios = [c / u for u, c in zip(self.used, could) if u > 0.05]
-        if len(ratios) < 3:
+        """×(cores it could get ÷ cores it uses), over the readings (None: too few, or unused).  `processes`: the job's
+        processes after the change (ranks and their workers).
+
+        On a quiet box both readings of "could get" agree: the idle cores.  On a busy one they part: the kernel
+        shares the cores among processes (more workers, more share), but with autogroup (the default on many
+        distributions) among sessions first, and a job's workers share its session's part.  Which applies is not
+        measured, so the range spans both (idle cores only at its low end, the per-process share at its high) and
+        the point is their geometric middle."""
+        pairs = [(c / u, self._fair(i, processes) / u) for i, (u, c) in enumerate(zip(self.used, self.could)) if u > 0.05]
+        if len(pairs) < 3:
             return None
-        point = statistics.fmean(ratios)
-        half = INTERVAL_Z * statistics.stdev(ratios) / math.sqrt(len(ratios))
+        low_ratios, high_ratios = [a for a, _ in pairs], [b for _, b in pairs]
+        idle_only, fair = statistics.fmean(low_ratios), statistics.fmean(high_ratios)
+        point = math.sqrt(idle_only * fair)
+        low = idle_only - INTERVAL_Z * statistics.stdev(low_ratios) / math.sqrt(len(pairs))
+        high = fair + INTERVAL_Z * statistics.stdev(high_ratios) / math.sqrt(len(pairs))
         why = (
-            f"the job uses {statistics.fmean(self.used):.2f} cores and could get {statistics.fmean(could):.2f} "
-            f"(the idle ones, or its fair share beside {statistics.fmean(self.others or (0.0,)):.1f} other runnable "
-            f"processes; at most {self.cap:g}): ×{_num(point)} the CPU work a second ({len(ratios)} readings)"
+            f"the job uses {statistics.fmean(self.used):.2f} cores; it could get {statistics.fmean(self.could):.2f} "
+            f"(the idle ones) to {statistics.fmean(self.used) * fair:.2f} (its per-process share beside "
+            f"{statistics.fmean(self.others or (0.0,)):.1f} other runnable processes; at most {self.cap:g}): "
+            f"×{_num(idle_only)}–{_num(fair)}, ×{_num(point)} between ({len(pairs)} readings)"
         )
-        return Bound(CORES, point, max(1.0, point - half), point + half, why)
+        return Bound(CORES, point, max(1.0, low), max(point, high), why)
 
 
 def _pct(share: float) -> str:
