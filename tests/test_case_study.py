@@ -115,6 +115,25 @@ def test_a_stage_shows_the_prediction_the_stage_before_made_for_it():
     assert before.json(None)["predicted"] is None and before.json(None)["achieved_over_predicted"] is None
 
 
+def test_the_header_shows_each_stage_against_the_prediction_made_for_it():
+    from types import SimpleNamespace
+
+    from gputop.analysis.numbers import share_of
+    from gputop.analysis.prediction import StepRate, predict_workers
+
+    first, second = case_study.stages(2, 2.0)[:2]
+    forecast = predict_workers(0, 12, share_of(800, 1000), cpu_bound=False, cores=None).with_rate(StepRate(0.8, "counters"))
+    results = [
+        case_study.StageResult(first, 0.8, "CPU data loading", _finding("starvation"), "", True, 20.0, forecast),
+        case_study.StageResult(second, 3.6, "CPU preprocessing", _finding("cpu_bound"), "", True, 20.0),
+    ]
+    study = SimpleNamespace(results=results, pipeline=SimpleNamespace(machine=None), stages=[first, second])
+    source = case_study.CaseStudySource(study)  # type: ignore[arg-type]
+    assert source._narrate(None) == (
+        "case study done │ 1: 0.80 steps/s, CPU data loading · 2: 3.60 steps/s (predicted 4.00, ×0.9), CPU preprocessing"
+    )
+
+
 def test_one_machine_follows_the_jobs_and_its_gpm_counters_only_climb():
     from gputop.sim.load import FollowingLoad
 
