@@ -195,3 +195,14 @@ def test_a_straggler_fixed_gives_back_the_others_wait_and_persistent_workers_the
     assert isinstance(restarts, p.Prediction) and restarts.factor == pytest.approx(1 / 0.9)
     assert restarts.low <= restarts.factor <= restarts.high  # type: ignore[operator]
     assert isinstance(p.predict_straggler(share_of(999, 1000)), p.Unpredictable)  # nothing but waiting: no step to keep
+
+
+def test_the_epoch_length_comes_from_the_loader_the_benchmark_read():
+    from types import SimpleNamespace
+
+    settings = {"dataset_len": 1000, "batch_size": 64, "dataset_kind": "map", "sampler": "DistributedSampler"}
+    ctx = SimpleNamespace(bench={"settings": settings}, ranks={1: None, 2: None})
+    assert p.epoch_batches(ctx) == 8  # 500 samples a rank, 64 a batch: 7 full and one short
+    assert p.epoch_batches(SimpleNamespace(bench={"settings": {**settings, "drop_last": True}}, ranks={1: None, 2: None})) == 7
+    assert p.epoch_batches(SimpleNamespace(bench={"settings": {**settings, "dataset_kind": "iterable"}}, ranks={})) is None
+    assert p.epoch_batches(SimpleNamespace(bench=None, ranks={})) is None

@@ -590,3 +590,16 @@ def config_forecast(config: dict[str, Any], consumption: Optional[dict[str, Any]
     step = 1.0 / step_s / consumed
     compute = Bound(COMPUTE, step, step, step, f"1 ÷ the {step_s * 1000:.1f} ms step outside the loader")
     return Prediction(change, (loader, compute), "the loader keeps the rate it had alone beside the training", now)
+
+
+def epoch_batches(ctx: "Context") -> Optional[int]:
+    """Batches an epoch per rank, where the active benchmark read the DataLoader: its dataset's len over the batch
+    size (a DistributedSampler splits the dataset among the ranks).  None: not known (an iterable dataset, no
+    benchmark)."""
+    settings = (ctx.bench or {}).get("settings") or {}
+    length, batch = settings.get("dataset_len"), settings.get("batch_size")
+    if not isinstance(length, int) or not isinstance(batch, int) or batch <= 0 or settings.get("dataset_kind") == "iterable":
+        return None
+    if "Distributed" in str(settings.get("sampler") or ""):
+        length = math.ceil(length / max(1, len(ctx.ranks)))
+    return length // batch if settings.get("drop_last") else math.ceil(length / batch)

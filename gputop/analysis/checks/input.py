@@ -20,7 +20,15 @@ from gputop.analysis.observations import (
     frames_from,
     pooled_counts,
 )
-from gputop.analysis.prediction import Forecast, Unpredictable, core_use, predict_cheaper_input, predict_workers, step_rate
+from gputop.analysis.prediction import (
+    Forecast,
+    Unpredictable,
+    core_use,
+    epoch_batches,
+    predict_cheaper_input,
+    predict_workers,
+    step_rate,
+)
 from gputop.analysis.stack_classes import (
     IN_DATASET,
     INPUT_WAIT_STATES,
@@ -289,13 +297,13 @@ def starvation_forecast(ctx: Context, d: Starvation, ranks: Sequence[RankObs]) -
 def loader_forecast(ctx: Context, ranks: Sequence[RankObs], share: Share, workers_after: Optional[int]) -> Forecast:
     """What a loader change buys these ranks, waiting for data `share` of the time: `workers_after` workers, or
     (None) preprocessing made cheap.  In steps/s where the window timed the steps (`step_rate`)."""
-    now = step_rate(ctx)
+    now, epoch = step_rate(ctx), epoch_batches(ctx)
     idle = gpu_idle_share(ctx)
     if workers_after is None:
-        return predict_cheaper_input(share, idle, CACHED).with_rate(now)
+        return predict_cheaper_input(share, idle, CACHED).with_rate(now, epoch)
     cpu = producer_bound(ranks)[0] == "cpu"
     forecast = predict_workers(workers_now(ranks), workers_after, share, cpu_bound=cpu, cores=core_use(ctx), gpu_idle=idle)
-    return forecast.with_rate(now)
+    return forecast.with_rate(now, epoch)
 
 
 def measured_loader_forecast(ctx: Context, workers_after: Optional[int]) -> Optional[Forecast]:
