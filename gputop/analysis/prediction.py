@@ -472,27 +472,56 @@ STEP_STATES = (FORWARD_BACKWARD, COLLECTIVE)  # a step's pass through the model 
 MIN_PHASE_SAMPLES = 2.0  # a phase shorter than this on average is missed too often to count steps by
 
 
-def _entries(counts: "StateCounts", states: Sequence[str]) -> tuple[int, int, int, float]:
-    """(entries into `states` from outside them, samples inside, samples outside, seconds) over the dense runs."""
-    entries = inside_n = outside_n = 0
-    seconds = 0.0
+@dataclass
+class _Phases:
+    """Runs of in-`states` and out-of-`states` samples over a rank's dense stretches."""
+
+    entries: int = 0  # entries into the states from outside them
+    inside: int = 0  # samples inside, and the runs of one sample only
+    outside: int = 0
+    single_inside: int = 0
+    single_outside: int = 0
+    runs_outside: int = 0
+    seconds: float = 0.0
+
+    def countable(self) -> bool:
+        """Both phases last MIN_PHASE_SAMPLES on average, and few of their runs are a lone sample: a phase about a
+        sample long slips between samples now and then, merging two steps into one."""
+        if self.entries < 5 or self.seconds <= 0 or min(self.inside, self.outside) / self.entries < MIN_PHASE_SAMPLES:
+            return False
+        return max(self.single_inside / self.entries, self.single_outside / max(1, self.runs_outside)) <= MAX_LONE_RUNS
+
+
+MAX_LONE_RUNS = 0.2
+
+
+def _phases(counts: "StateCounts", states: Sequence[str]) -> _Phases:
+    out = _Phases()
     for runs, stretch in zip(counts.runs, counts.stretches):
-        previous: Optional[bool] = None
+        merged: list[tuple[bool, int]] = []  # runs of in/out, adjacent states of one side joined
         for state, n in runs:
             inside = state in states
-            entries += int(inside and previous is False)
-            inside_n += n if inside else 0
-            outside_n += 0 if inside else n
-            previous = inside
-        seconds += sum(n for _, n in runs) / stretch.rate
-    return entries, inside_n, outside_n, seconds
+            if merged and merged[-1][0] == inside:
+                merged[-1] = (inside, merged[-1][1] + n)
+            else:
+                merged.append((inside, n))
+        for k, (inside, n) in enumerate(merged):
+            out.entries += int(inside and k > 0)
+            out.single_inside += int(inside and k > 0 and n == 1)
+            out.inside += n if inside else 0
+            out.outside += 0 if inside else n
+            out.runs_outside += int(not inside)
+            out.single_outside += int(not inside and 0 < k < len(merged) - 1 and n == 1)
+        out.seconds += sum(n for _, n in runs) / stretch.rate
+    return out
 
 
 def sampled_step_rate(ranks: Sequence["RankObs"]) -> Optional[StepRate]:
     """Steps/s counted in the ranks' dense samples (py-spy record), the mean over the ranks: a step passes once
     through forward/backward, so the entries into it count the steps; with one producer (num_workers 0 or 1) a
     starved rank also waits once a step for its batch.  Counted only where both the phase and what lies between two of them last
-    MIN_PHASE_SAMPLES samples on average (shorter ones slip between samples); None where no rank allows it."""
+    MIN_PHASE_SAMPLES samples on average and are seldom a lone sample (`_Phases.countable`: shorter ones slip
+    between samples); None where no rank allows it."""
     rates: list[tuple[float, float, float]] = []
     for r in ranks:
         counts = r.counts
@@ -502,8 +531,9 @@ def sampled_step_rate(ranks: Sequence["RankObs"]) -> Optional[StepRate]:
         # each.  Several workers may finish together and hand over a few at once: their waits count no steps.
         one_producer = not (r.worker_sets and len(r.worker_sets[-1][1]) > 1)
         for states in (STEP_STATES, INPUT_WAIT_STATES) if one_producer else (STEP_STATES,):
-            entries, inside, outside, seconds = _entries(counts, states)
-            if entries >= 5 and seconds > 0 and min(inside, outside) / entries >= MIN_PHASE_SAMPLES:
+            phases = _phases(counts, states)
+            if phases.countable():
+                entries, seconds = phases.entries, phases.seconds
                 half = INTERVAL_Z * math.sqrt(entries)
                 rates.append((entries / seconds, (entries - half) / seconds, (entries + half) / seconds))
                 break
