@@ -159,6 +159,9 @@ def test_the_fair_share_beside_other_work_raises_what_the_job_could_get():
     assert bound.factor == pytest.approx(2**0.5)  # which one the scheduler applies (autogroup) is not measured
     unbounded = cores.bound(None)
     assert unbounded is not None and unbounded.factor == pytest.approx(1.0)
+    # a job using little CPU surely gets a session's share when it wants more: 2 cores / (3 others + 1) = 0.5
+    small = p.CoreUse((0.1,) * 4, (0.1,) * 4, cap=2.0, others=(3.0,) * 4, host_cores=2.0, ranks=1).bound(4)
+    assert small is not None and small.low == pytest.approx(5.0)
     # on a quiet box the two agree: the idle cores
     quiet = p.CoreUse((0.9,) * 4, (2.0,) * 4, cap=2.0, others=(0.0,) * 4, host_cores=2.0, ranks=1).bound(4)
     assert quiet is not None and quiet.factor == pytest.approx(2.0 / 0.9)

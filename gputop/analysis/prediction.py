@@ -273,6 +273,13 @@ class CoreUse:
             return self.could[i]
         return min(self.cap, max(self.could[i], self.host_cores * processes / (self.others[i] + processes)))
 
+    def _least(self, i: int) -> float:
+        """What the job surely gets at reading i: the idle cores, and at least its session's share with every other
+        runnable process a session of its own: cores ÷ (others + 1) (the scheduler's fairness at its top level)."""
+        if not self.others or not self.host_cores:
+            return self.could[i]
+        return min(self.cap, max(self.could[i], self.host_cores / (self.others[i] + 1.0)))
+
     def bound(self, processes: Optional[int] = None) -> Optional[Bound]:
         """×(cores it could get ÷ cores it uses), over the readings (None: too few, or unused).  `processes`: the job's
         processes after the change (ranks and their workers).
@@ -280,9 +287,9 @@ class CoreUse:
         On a quiet box both readings of "could get" agree: the idle cores.  On a busy one they part: the kernel
         shares the cores among processes (more workers, more share), but with autogroup (the default on many
         distributions) among sessions first, and a job's workers share its session's part.  Which applies is not
-        measured, so the range spans both (idle cores only at its low end, the per-process share at its high) and
-        the point is their geometric middle."""
-        pairs = [(c / u, self._fair(i, processes) / u) for i, (u, c) in enumerate(zip(self.used, self.could)) if u > 0.05]
+        measured, so the range spans both (at its low end the idle cores, or a session's share if more, at its high
+        end the per-process share) and the point is their geometric middle."""
+        pairs = [(self._least(i) / u, self._fair(i, processes) / u) for i, u in enumerate(self.used) if u > 0.05]
         if len(pairs) < 3:
             return None
         low_ratios, high_ratios = [a for a, _ in pairs], [b for _, b in pairs]
@@ -291,8 +298,8 @@ class CoreUse:
         low = idle_only - INTERVAL_Z * statistics.stdev(low_ratios) / math.sqrt(len(pairs))
         high = fair + INTERVAL_Z * statistics.stdev(high_ratios) / math.sqrt(len(pairs))
         why = (
-            f"the job uses {statistics.fmean(self.used):.2f} cores; it could get {statistics.fmean(self.could):.2f} "
-            f"(the idle ones) to {statistics.fmean(self.used) * fair:.2f} (its per-process share beside "
+            f"the job uses {statistics.fmean(self.used):.2f} cores; it could get {statistics.fmean(self.used) * idle_only:.2f} "
+            f"(the idle ones, or a session's share) to {statistics.fmean(self.used) * fair:.2f} (its per-process share beside "
             f"{statistics.fmean(self.others or (0.0,)):.1f} other runnable processes; at most {self.cap:g}): "
             f"×{_num(idle_only)}–{_num(fair)}, ×{_num(point)} between ({len(pairs)} readings)"
         )
