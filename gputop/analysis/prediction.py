@@ -8,9 +8,10 @@ over the job now (a factor), computed from measured shares at their point and at
   GPU work of a step bounds it too: ×1/u.
 - *the workers*: n workers that keep the rank waiting make a batch each per prep time, so n' make n'/n as
   many (at num_workers=0 the rank prepares a batch in f of a step: n' workers make n'/f as many).
-- *the cores*: CPU-bound producers cannot decode faster than the cores the job may use allow.  The job's CPU
-  per step stays what it is, so the steps/s can grow at most by (cores it can get) ÷ (cores it uses now), the
-  cores it can get being what it uses now plus what the host leaves idle, capped by its cgroup.
+- *the cores*: producers cannot decode faster than the cores the job may use allow.  The job's CPU per step
+  stays what it is, so the steps/s can grow at most by (cores it can get) ÷ (cores it uses now), capped by its
+  cgroup; what it can get on a busy box lies between the idle cores (or a session's share) and its per-process
+  fair share (`CoreUse.bound`).
 
 The prediction is the smallest bound (its name is `limited_by`), its range the smallest bound at each end.
 In steps/s where the job's step rate now is known (the job's own counters, the active benchmark's timed
@@ -322,7 +323,8 @@ def predict_workers(
     cores: Optional[CoreUse],
     gpu_idle: Optional[Share] = None,
 ) -> Forecast:
-    """num_workers n → n': bounded by the step's compute, the workers' pace, and (CPU-bound) the cores."""
+    """num_workers n → n': bounded by the step's compute, the GPUs' work, the workers' pace and the cores (a
+    CPU-bound loader without CPU readings is not predicted)."""
     change = f"num_workers={workers_after}"
     if workers_after <= workers_now:
         return Unpredictable(change, f"no more workers than the {workers_now} now")
