@@ -210,3 +210,15 @@ def test_the_epoch_length_comes_from_the_loader_the_benchmark_read():
     assert p.epoch_batches(SimpleNamespace(bench={"settings": {**settings, "drop_last": True}}, ranks={1: None, 2: None})) == 7
     assert p.epoch_batches(SimpleNamespace(bench={"settings": {**settings, "dataset_kind": "iterable"}}, ranks={})) is None
     assert p.epoch_batches(SimpleNamespace(bench=None, ranks={})) is None
+
+
+def test_the_jobs_own_counters_replace_steps_counted_in_samples():
+    history = build(_starved(worker_cpu=5.0, host_cpu=20.0, workers=1, pattern=(4, 6)))
+    found = [f for f in diagnose(history) if f.id == "starvation"]
+    counted = found[0].figures["prediction"]
+    assert "dense samples" in counted["now_source"]
+    kept = p.with_step_rate(found, p.StepRate(20.0, "the job's step counters"))[0].figures["prediction"]
+    assert kept["steps_per_s_now"] == counted["steps_per_s_now"]  # a rate already there stays...
+    timed = p.with_step_rate(found, p.StepRate(20.0, "the job's step counters"), timed=True)[0].figures["prediction"]
+    assert timed["steps_per_s_now"] == 20.0  # ...unless the job's own counters timed it
+    assert timed["steps_per_s_after"] == pytest.approx(20.0 * counted["speedup"], rel=0.01)

@@ -587,16 +587,17 @@ def forecast_from(figures: dict[str, Any]) -> Forecast:
 
 
 def with_step_rate(
-    findings: Sequence["Finding"], now: Optional[StepRate], epoch_batches: Optional[int] = None
+    findings: Sequence["Finding"], now: Optional[StepRate], epoch_batches: Optional[int] = None, *, timed: bool = False
 ) -> list["Finding"]:
     """The findings with their predictions put in steps/s at the rate `now` (a rate measured after the diagnosis:
-    the trace's, the job's own counters); a prediction that already has a rate keeps it."""
+    the trace's, the job's own counters); a prediction that already has a rate keeps it, unless `now` is `timed`
+    (the job's own counters: better than steps counted in samples)."""
     if now is None:
         return list(findings)
     out = []
     for f in findings:
         figures = f.figures.get("prediction") if f.figures else None
-        if not isinstance(figures, dict) or figures.get("steps_per_s_now"):
+        if not isinstance(figures, dict) or (figures.get("steps_per_s_now") and not timed):
             out.append(f)
             continue
         rated = forecast_from(figures).with_rate(now, epoch_batches).figures()

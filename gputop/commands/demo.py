@@ -141,7 +141,7 @@ def print_summary(summary: DemoSummary, out: TextIO) -> None:
     # what each fix buys, at the steps/s the ranks' own counters measured (restart with the change to compare)
     rate = sum(summary.steps_per_s) / len(summary.steps_per_s) if summary.steps_per_s else 0.0
     now = StepRate(rate, "the job's step counters") if rate > 0 else None
-    for finding in with_step_rate(summary.findings, now):
+    for finding in with_step_rate(summary.findings, now, timed=True):
         line = prediction_line(finding.figures)
         if line:
             print(f"prediction: {finding.id:<14} {line}", file=out)
