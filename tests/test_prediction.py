@@ -222,3 +222,20 @@ def test_the_jobs_own_counters_replace_steps_counted_in_samples():
     timed = p.with_step_rate(found, p.StepRate(20.0, "the job's step counters"), timed=True)[0].figures["prediction"]
     assert timed["steps_per_s_now"] == 20.0  # ...unless the job's own counters timed it
     assert timed["steps_per_s_after"] == pytest.approx(20.0 * counted["speedup"], rel=0.01)
+
+
+def test_the_traces_fp32_gemms_bound_what_amp_buys():
+    from gputop.analysis.checks.trace import check_amp
+
+    rank = {
+        "rank": 0,
+        "pid": 4242,
+        "steps_per_s": 10.0,
+        "gpu": {"compute_capability": 9, "gemm_time_s": 0.5, "fp32_gemm_time_s": 0.5, "span_s": 1.0, "busy": 0.9},
+    }
+    pred = check_amp([rank])[0].figures["prediction"]
+    # half the GPUs' time in fp32 GEMMs, 2-8x faster on the tensor cores: x1/(1 - 0.5 (1 - 1/k))
+    assert (pred["speedup_low"], pred["speedup_high"]) == (pytest.approx(4 / 3, rel=0.01), pytest.approx(16 / 9, rel=0.01))
+    assert pred["steps_per_s_now"] == 10.0 and pred["steps_per_s_after"] == pytest.approx(10 / (1 - 0.5 * 0.75), rel=0.01)
+    idle = p.predict_trace_amp(0.5, 1.0, 0.2, None)
+    assert isinstance(idle, p.Unpredictable)

@@ -431,6 +431,29 @@ def predict_amp(dram: Sequence[float], busy: bool) -> Forecast:
     return Prediction(change, (bound,), assumes)
 
 
+TENSOR_CORE_GEMM_GAIN = (2.0, 8.0)  # a GEMM on the tensor cores in bf16 against fp32 on the CUDA cores: 2x at least
+# (memory-bound shapes), 8x and more for large ones (A100: 312 against 19.5 TFLOPS peak, 16x)
+
+
+def predict_trace_amp(fp32_gemm_s: float, span_s: float, busy: float, now: Optional[StepRate]) -> Forecast:
+    """AMP from the trace: its fp32 GEMM kernels take a share g of the GPUs' time; on the tensor cores they run k
+    times faster, so a GPU-bound step takes 1 − g(1 − 1/k) of its time.  k is not measured: the range spans
+    TENSOR_CORE_GEMM_GAIN, the point is its geometric middle."""
+    change = "AMP (bf16 autocast)"
+    if span_s <= 0 or busy < 0.5:
+        return Unpredictable(change, "the GPUs are not busy: the step waits on something else first", now)
+    g = min(1.0, fp32_gemm_s / span_s)
+    low_k, high_k = TENSOR_CORE_GEMM_GAIN
+
+    def gain(k: float) -> float:
+        return 1.0 / (1.0 - g * (1.0 - 1.0 / k))
+
+    mid = math.sqrt(low_k * high_k)
+    why = f"fp32 GEMMs {_pct(g)} of the GPUs' time, {low_k:g}–{high_k:g}× faster on the tensor cores: ×{_num(gain(mid))}"
+    bound = Bound(GPU_WORK, gain(mid), gain(low_k), gain(high_k), why)
+    return Prediction(change, (bound,), "the step is the GPUs' work; the other kernels keep their time", now)
+
+
 def prediction_line(figures: Optional[dict[str, Any]]) -> Optional[str]:
     """A finding's prediction in words, from its figures (the report's and the TUI's line beside the fix)."""
     predicted = (figures or {}).get("prediction")
