@@ -169,11 +169,15 @@ class BenchResult:
                 + (f", start method {s['start_method']}" if s.get("start_method") else "")
             )
         if self.configs:
-            lines.append("Loader alone (new DataLoader, same dataset):")
+            rate = (self.consumption or {}).get("batches_per_s")
+            lines.append(
+                "Loader alone (new DataLoader, same dataset)"
+                + (f", and what each would give the training (now {rate:.2f} steps/s):" if rate else ":")
+            )
             for cfg in self.configs:
                 pf = cfg.get("prefetch_factor")
                 forecast = config_forecast(cfg, self.consumption)
-                buys = f"  → {forecast.text()}" if isinstance(forecast, Prediction) else ""
+                buys = f"  → training {forecast.brief()}" if isinstance(forecast, Prediction) else ""
                 lines.append(
                     f"  num_workers={cfg['num_workers']:<3} prefetch_factor={pf if pf is not None else '-':<4} "
                     f"pin_memory={str(bool(cfg.get('pin_memory'))):<5} {cfg.get('batches_per_s', 0):8.1f} batches/s{buys}"

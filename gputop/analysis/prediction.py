@@ -147,6 +147,14 @@ class Prediction:
             out["epoch_s_after"] = round(self.epoch_batches / after[0], 1)
         return out
 
+    def brief(self) -> str:
+        """ "~45 steps/s (38–47), limited by the step's compute" (a table's cell: the change and the rate now are
+        the row's)."""
+        after = self.after()
+        if after is None:
+            return f"~×{_num(self.factor)} ({_span(self.low, self.high, '×')}), limited by {self.limited_by}"
+        return f"~{_num(after[0])} steps/s ({_span(after[1], after[2], '')}), limited by {self.limited_by}"
+
     def text(self) -> str:
         """ "with num_workers=9: ~45 steps/s (38–47), limited by the step's compute; now 10"."""
         after = self.after()
