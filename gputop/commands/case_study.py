@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import statistics
 import sys
 import threading
 import time
@@ -36,7 +37,8 @@ from gputop.analysis.checks.input import measured_loader_forecast
 from gputop.analysis.checks.kernels import amp_forecast
 from gputop.analysis.diagnosis import build_context, verdict_line
 from gputop.analysis.diagnosis import findings as diagnose_all
-from gputop.analysis.prediction import Forecast, StepRate
+from gputop.analysis.observations import Context
+from gputop.analysis.prediction import Forecast, StepRate, core_use
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
@@ -87,6 +89,10 @@ class StageResult:
     settled: bool
     seconds: float
     forecast_next: Optional[Forecast] = None  # what this stage's measurements predict the next stage's change buys
+    # the cores the job used and the box's 1-min load over the stage: a prediction bounded by the cores holds while
+    # the rest of the box leaves the job what it left it (see docs/predictions.md)
+    cores_used: Optional[float] = None
+    load: Optional[float] = None
 
     def predicted(self, previous: Optional["StageResult"]) -> dict[str, Any]:
         """The prediction the stage before made for this stage, and achieved ÷ predicted."""
@@ -116,6 +122,8 @@ class StageResult:
             "settled": self.settled,
             "seconds": round(self.seconds, 1),
             **self.predicted(previous),
+            "cores_used": None if self.cores_used is None else round(self.cores_used, 2),
+            "load": None if self.load is None else round(self.load, 1),
         }
 
 
@@ -246,19 +254,28 @@ class StageWatch:
         steps_per_s = (sum(counts_end) - sum(self.counts_start)) / ranks / max(1e-9, seconds)
         words, finding = bottleneck(self.found or diagnose_all(self.history))
         settled_now = settled(self.words, seconds, self.min_s)
-        forecast = None
-        if next_stage is not None:
-            forecast = forecast_change(self.history, next_stage.change)
-            forecast = forecast.with_rate(StepRate(steps_per_s, "the job's step counters")) if forecast is not None else None
-        return StageResult(self.stage, steps_per_s, words, finding, verdict_line(self.found), settled_now, seconds, forecast)
+        ctx = build_context(self.history)
+        forecast = forecast_change(ctx, next_stage.change) if next_stage is not None and ctx is not None else None
+        forecast = forecast.with_rate(StepRate(steps_per_s, "the job's step counters")) if forecast is not None else None
+        use = core_use(ctx) if ctx is not None else None
+        loads = [s.host.load_average[0] for s in ctx.snaps] if ctx is not None else []
+        return StageResult(
+            self.stage,
+            steps_per_s,
+            words,
+            finding,
+            verdict_line(self.found),
+            settled_now,
+            seconds,
+            forecast,
+            statistics.fmean(use.used) if use is not None else None,
+            statistics.fmean(loads) if loads else None,
+        )
 
 
-def forecast_change(history: History, change: tuple[str, int]) -> Optional[Forecast]:
-    """What a stage's history predicts `change` buys: more workers, preprocessing made cheap, or AMP (see
+def forecast_change(ctx: Context, change: tuple[str, int]) -> Optional[Forecast]:
+    """What a stage's window predicts `change` buys: more workers, preprocessing made cheap, or AMP (see
     `Stage.change`), from the diagnosis' own measurements (`gputop.analysis.prediction`); None: nothing measured."""
-    ctx = build_context(history)
-    if ctx is None:
-        return None
     kind, value = change
     if kind == "workers":
         return measured_loader_forecast(ctx, value)
