@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 import psutil
 
 from gputop.analysis import loader_math
+from gputop.analysis.prediction import Prediction, config_forecast
 from gputop.collect import cgroup
 from gputop.collect.procfs import process_alive, read_stat
 from gputop.collect.sampler import PassiveResult, PassiveSampler
@@ -108,6 +109,7 @@ class BenchResult:
             "free_cores": self.free_cores,
             "ranks_on_host": self.ranks_on_host,
             "uses_cuda": self.uses_cuda,
+            "predictions": [config_forecast(c, self.consumption).figures() for c in self.configs],
         }
 
     @classmethod
@@ -167,12 +169,18 @@ class BenchResult:
                 + (f", start method {s['start_method']}" if s.get("start_method") else "")
             )
         if self.configs:
-            lines.append("Loader alone (new DataLoader, same dataset):")
+            rate = (self.consumption or {}).get("batches_per_s")
+            lines.append(
+                "Loader alone (new DataLoader, same dataset)"
+                + (f", and what each would give the training (now {rate:.2f} steps/s):" if rate else ":")
+            )
             for cfg in self.configs:
                 pf = cfg.get("prefetch_factor")
+                forecast = config_forecast(cfg, self.consumption)
+                buys = f"  → training {forecast.brief()}" if isinstance(forecast, Prediction) else ""
                 lines.append(
                     f"  num_workers={cfg['num_workers']:<3} prefetch_factor={pf if pf is not None else '-':<4} "
-                    f"pin_memory={str(bool(cfg.get('pin_memory'))):<5} {cfg.get('batches_per_s', 0):8.1f} batches/s"
+                    f"pin_memory={str(bool(cfg.get('pin_memory'))):<5} {cfg.get('batches_per_s', 0):8.1f} batches/s{buys}"
                 )
         ratio = self.producer_consumer_ratio
         if ratio is not None:

@@ -94,6 +94,44 @@ def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn)
     assert all(set(r) >= {"stage", "steps_per_s", "verdict", "finding", "fix"} for r in rows)
     steps = [r["steps_per_s"] for r in rows]
     assert steps == sorted(steps) and steps[0] < steps[-1], steps
+    # each stage after the first was predicted by the one before, from its own measurements (issue 37)
+    assert rows[0]["predicted"] is None
+    ratios = [r["achieved_over_predicted"] for r in rows[1:]]
+    assert all(r is not None and 0.8 <= r <= 1.25 for r in ratios), (ratios, [r["predicted"] for r in rows[1:]], box.since())
+
+
+def test_a_stage_shows_the_prediction_the_stage_before_made_for_it():
+    from gputop.analysis.numbers import share_of
+    from gputop.analysis.prediction import StepRate, predict_workers
+
+    first, second = case_study.stages(2, 2.0)[:2]
+    assert second.change == ("workers", case_study.ARTICLE_WORKERS) and first.change == ("", 0)
+    forecast = predict_workers(0, 12, share_of(800, 1000), cpu_bound=False, cores=None).with_rate(StepRate(0.8, "counters"))
+    before = case_study.StageResult(first, 0.8, "CPU data loading", _finding("starvation"), "", True, 20.0, forecast)
+    after = case_study.StageResult(second, 3.6, "CPU preprocessing", _finding("cpu_bound"), "", True, 20.0)
+    record = after.json(before)
+    assert record["predicted"]["steps_per_s_after"] == pytest.approx(4.0)  # x5 the 0.8: the step's compute
+    assert record["achieved_over_predicted"] == pytest.approx(0.9)
+    assert before.json(None)["predicted"] is None and before.json(None)["achieved_over_predicted"] is None
+
+
+def test_the_header_shows_each_stage_against_the_prediction_made_for_it():
+    from types import SimpleNamespace
+
+    from gputop.analysis.numbers import share_of
+    from gputop.analysis.prediction import StepRate, predict_workers
+
+    first, second = case_study.stages(2, 2.0)[:2]
+    forecast = predict_workers(0, 12, share_of(800, 1000), cpu_bound=False, cores=None).with_rate(StepRate(0.8, "counters"))
+    results = [
+        case_study.StageResult(first, 0.8, "CPU data loading", _finding("starvation"), "", True, 20.0, forecast),
+        case_study.StageResult(second, 3.6, "CPU preprocessing", _finding("cpu_bound"), "", True, 20.0),
+    ]
+    study = SimpleNamespace(results=results, pipeline=SimpleNamespace(machine=None), stages=[first, second])
+    source = case_study.CaseStudySource(study)  # type: ignore[arg-type]
+    assert source._narrate(None) == (
+        "case study done │ 1: 0.80 steps/s, CPU data loading · 2: 3.60 steps/s (predicted 4.00, ×0.9), CPU preprocessing"
+    )
 
 
 def test_one_machine_follows_the_jobs_and_its_gpm_counters_only_climb():

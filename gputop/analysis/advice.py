@@ -70,6 +70,11 @@ class WorkerAdvice:
         }
 
 
+def workers_now(ranks: Sequence[RankObs]) -> int:
+    """The ranks' DataLoader workers now (the most any rank has)."""
+    return max((len(r.worker_sets[-1][1]) if r.worker_sets else 0) for r in ranks) if ranks else 0
+
+
 def producer_bound(ranks: Sequence[RankObs]) -> tuple[str, str]:
     """("cpu" | "io", why): do the batch producers compute, or sleep inside the dataset (I/O)?
 
@@ -141,7 +146,7 @@ def workers_for(share: float, current: int) -> Optional[int]:
 def suggested_workers(ctx: Context, ranks: Sequence[RankObs], input_share: Share, gpu_idle: Optional[Share]) -> WorkerAdvice:
     """Workers per rank from the loader arithmetic at the input share's point and at both ends of its
     interval, capped, and that arithmetic as comment lines."""
-    current = max((len(r.worker_sets[-1][1]) if r.worker_sets else 0) for r in ranks) if ranks else 0
+    current = workers_now(ranks)
     share = input_share
     unit = "stack dumps" if share.source == "stack dumps" else f"samples, {share.source}"
     source = f"the {share.text()} input share of {share.n:,} {unit}"

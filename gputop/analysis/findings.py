@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, MutableMapping, Optional, Protocol, Sequence
 
 from gputop.analysis.diagnosis import diagnose
 from gputop.analysis.observations import BenchInput
+from gputop.analysis.prediction import step_rate_of_trace, with_step_rate
 from gputop.analysis.thresholds import DIAGNOSIS_WINDOW_S
 from gputop.history import History
 from gputop.model import LABEL_INFRA, SEVERITY_ORDER, Finding
@@ -50,6 +51,10 @@ def with_extra_findings(
 ) -> list[Finding]:
     """The diagnosis' findings joined by the trace's and the machine check's, when they ran (see `findings`)."""
     found = list(found)
+    if trace is not None:
+        # the trace timed the steps: the predictions made as factors get their steps/s
+        ranks = getattr(trace, "ranks", None)
+        found = with_step_rate(found, step_rate_of_trace(ranks) if isinstance(ranks, (list, tuple)) else None)
     if trace is not None and trace.findings:
         found = with_trace_findings(found, trace.findings)
     if check is not None:

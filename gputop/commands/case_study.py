@@ -26,14 +26,19 @@ from __future__ import annotations
 import json
 import os
 import queue
+import statistics
 import sys
 import threading
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, TextIO
 
-from gputop.analysis.diagnosis import verdict_line
+from gputop.analysis.checks.input import measured_loader_forecast
+from gputop.analysis.checks.kernels import amp_forecast
+from gputop.analysis.diagnosis import build_context, verdict_line
 from gputop.analysis.findings import findings as diagnose_all
+from gputop.analysis.observations import Context
+from gputop.analysis.prediction import Forecast, StepRate, core_use
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
@@ -69,6 +74,9 @@ class Stage:
     title: str
     config: DemoConfig
     short: str = ""  # the title in a few words (the TUI's header)
+    # what this stage changes over the one before, as the stage before predicts it: ("workers", 12),
+    # ("cache", 0): preprocessing made cheap, ("amp", 0); ("", 0): the first stage
+    change: tuple[str, int] = ("", 0)
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,21 @@ class StageResult:
     verdict: str  # the diagnosis' verdict line
     settled: bool
     seconds: float
+    forecast_next: Optional[Forecast] = None  # what this stage's measurements predict the next stage's change buys
+    # the cores the job used and the box's 1-min load over the stage: a prediction bounded by the cores holds while
+    # the rest of the box leaves the job what it left it (see docs/predictions.md)
+    cores_used: Optional[float] = None
+    load: Optional[float] = None
+
+    def predicted(self, previous: Optional["StageResult"]) -> dict[str, Any]:
+        """The prediction the stage before made for this stage, and achieved ÷ predicted."""
+        forecast = previous.forecast_next if previous is not None else None
+        if forecast is None:
+            return {"predicted": None, "achieved_over_predicted": None}
+        figures = forecast.figures()
+        after = figures.get("steps_per_s_after")
+        ratio = round(self.steps_per_s / after, 2) if after else None
+        return {"predicted": figures, "achieved_over_predicted": ratio}
 
     def json(self, previous: Optional["StageResult"]) -> dict[str, Any]:
         fix = self.finding.fix.splitlines()[0].strip() if self.finding.fix else ""
@@ -98,6 +121,9 @@ class StageResult:
             "summary": self.verdict,
             "settled": self.settled,
             "seconds": round(self.seconds, 1),
+            **self.predicted(previous),
+            "cores_used": None if self.cores_used is None else round(self.cores_used, 2),
+            "load": None if self.load is None else round(self.load, 1),
         }
 
 
@@ -142,9 +168,10 @@ def stages(ranks: int, cores: float, step_ms: float = DEFAULT_STEP_MS) -> list[S
             "num_workers=12, prefetch_factor=4, pin_memory, persistent_workers",
             second,
             "num_workers=12, prefetch 4, pinned, persistent",
+            ("workers", ARTICLE_WORKERS),
         ),
-        Stage(3, "preprocessed tensors cached in memory", third, "tensors cached in memory"),
-        Stage(4, "AMP (bf16 autocast) and torch.compile", fourth, "AMP and torch.compile"),
+        Stage(3, "preprocessed tensors cached in memory", third, "tensors cached in memory", ("cache", 0)),
+        Stage(4, "AMP (bf16 autocast) and torch.compile", fourth, "AMP and torch.compile", ("amp", 0)),
     ]
 
 
@@ -219,14 +246,44 @@ class StageWatch:
         elapsed = time.monotonic() - self.started
         return settled(self.words, elapsed, self.min_s) or elapsed >= self.max_s
 
-    def result(self) -> StageResult:
+    def result(self, next_stage: Optional[Stage] = None) -> StageResult:
+        """The stage as it went, with what its measurements predict `next_stage`'s change buys."""
         seconds = time.monotonic() - self.started
         counts_end = self.job.step_counts()
         ranks = max(1, len(counts_end))
         steps_per_s = (sum(counts_end) - sum(self.counts_start)) / ranks / max(1e-9, seconds)
         words, finding = bottleneck(self.found or diagnose_all(self.history))
         settled_now = settled(self.words, seconds, self.min_s)
-        return StageResult(self.stage, steps_per_s, words, finding, verdict_line(self.found), settled_now, seconds)
+        ctx = build_context(self.history)
+        forecast = forecast_change(ctx, next_stage.change) if next_stage is not None and ctx is not None else None
+        forecast = forecast.with_rate(StepRate(steps_per_s, "the job's step counters")) if forecast is not None else None
+        use = core_use(ctx) if ctx is not None else None
+        loads = [s.host.load_average[0] for s in ctx.snaps] if ctx is not None else []
+        return StageResult(
+            self.stage,
+            steps_per_s,
+            words,
+            finding,
+            verdict_line(self.found),
+            settled_now,
+            seconds,
+            forecast,
+            statistics.fmean(use.used) if use is not None else None,
+            statistics.fmean(loads) if loads else None,
+        )
+
+
+def forecast_change(ctx: Context, change: tuple[str, int]) -> Optional[Forecast]:
+    """What a stage's window predicts `change` buys: more workers, preprocessing made cheap, or AMP (see
+    `Stage.change`), from the diagnosis' own measurements (`gputop.analysis.prediction`); None: nothing measured."""
+    kind, value = change
+    if kind == "workers":
+        return measured_loader_forecast(ctx, value)
+    if kind == "cache":
+        return measured_loader_forecast(ctx, None)
+    if kind == "amp":
+        return amp_forecast(ctx)
+    return None
 
 
 class CaseStudy:
@@ -278,9 +335,11 @@ class CaseStudy:
         return self.watch
 
     def finish(self) -> StageResult:
-        """The watched stage's result (its job runs on until the next `begin` or `close`)."""
+        """The watched stage's result (its job runs on until the next `begin` or `close`), with its prediction
+        for the next stage's change."""
         assert self.watch is not None
-        result = self.watch.result()
+        following = [s for s in self.stages if s.number > self.watch.stage.number]
+        result = self.watch.result(following[0] if following else None)
         self.results.append(result)
         return result
 
@@ -326,7 +385,23 @@ def run_headless(study: CaseStudy, *, interval: float, out: TextIO, as_json: boo
                 file=out,
                 flush=True,
             )
+            if record["predicted"] is not None:
+                print(f"  predicted by stage {stage.number - 1}: {_against(record)}", file=out, flush=True)
+            if result.forecast_next is not None:
+                print(f"  predicts: {result.forecast_next.text()}", file=out, flush=True)
         previous = result
+
+
+def _against(record: dict[str, Any]) -> str:
+    """ "0.85 steps/s (0.8–0.9, limited by the cores); achieved ÷ predicted 0.92" from a stage's JSON."""
+    predicted = record["predicted"]
+    if predicted.get("steps_per_s_after") is None:
+        return predicted.get("text") or "no prediction"
+    return (
+        f"{predicted['steps_per_s_after']:.2f} steps/s ({predicted['after_low']:.2f}–"
+        + (f"{predicted['after_high']:.2f}" if predicted.get("after_high") is not None else "")
+        + f", limited by {predicted['limited_by']}); achieved ÷ predicted {record['achieved_over_predicted']}"
+    )
 
 
 class CaseStudySource:
@@ -369,11 +444,18 @@ class CaseStudySource:
         self.study.pipeline.focus_sampling(focused)
 
     def _narrate(self, stage: Optional[Stage], starting: bool = False) -> str:
-        done = " · ".join(f"{r.stage.number}: {r.steps_per_s:.2f} steps/s, {r.bottleneck}" for r in self.study.results)
+        done = " · ".join(self._stage_text(r, i) for i, r in enumerate(self.study.results))
         if stage is None:
             return f"case study done │ {done}"
         now = f"case study: stage {stage.number} of {len(self.study.stages)} — {stage.short or stage.title}"
         return now + (" (starting the job)" if starting else "") + (f" │ {done}" if done else "")
+
+    def _stage_text(self, result: StageResult, index: int) -> str:
+        """ "2: 0.78 steps/s (predicted 0.85, ×0.92), CPU preprocessing": the stage, and the stage before's prediction."""
+        record = result.predicted(self.study.results[index - 1] if index else None)
+        predicted = (record["predicted"] or {}).get("steps_per_s_after")
+        against = f" (predicted {predicted:.2f}, ×{record['achieved_over_predicted']})" if predicted else ""
+        return f"{result.stage.number}: {result.steps_per_s:.2f} steps/s{against}, {result.bottleneck}"
 
     def _drive(self) -> None:
         try:

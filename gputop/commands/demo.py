@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.findings import findings
+from gputop.analysis.prediction import StepRate, prediction_line, with_step_rate
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.signals import StopSignals
@@ -136,6 +137,13 @@ def print_summary(summary: DemoSummary, out: TextIO) -> None:
     print(f"verdict: {verdict_line(summary.findings)}", file=out)
     for finding in summary.findings:
         print(f"finding: {finding.severity:<8} {finding.id:<14} {finding.title}", file=out)
+    # what each fix buys, at the steps/s the ranks' own counters measured (restart with the change to compare)
+    rate = sum(summary.steps_per_s) / len(summary.steps_per_s) if summary.steps_per_s else 0.0
+    now = StepRate(rate, "the job's step counters") if rate > 0 else None
+    for finding in with_step_rate(summary.findings, now, timed=True):
+        line = prediction_line(finding.figures)
+        if line:
+            print(f"prediction: {finding.id:<14} {line}", file=out)
     out.flush()
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from gputop import gpu_fields, units
 from gputop.analysis.numbers import Share
+from gputop.analysis.prediction import prediction_line
 from gputop.history import History
 from gputop.model import Finding, Topology, from_jsonable
 from gputop.report.jsonreport import ReportedResult, report_data
@@ -78,6 +79,10 @@ def _findings(data: dict[str, Any]) -> list[str]:
             out.append("")
             if rest:
                 out += _fence("\n".join(rest), "python" if any("(" in r for r in rest) else "text")
+        buys = prediction_line(f.get("figures"))
+        if buys:
+            out.append(f"**What it buys:** {buys}")
+            out.append("")
     return out
 
 

@@ -17,6 +17,7 @@ from textual.widgets import ProgressBar, Static
 
 from gputop import units
 from gputop.analysis.gpu_health import NIC_RATE, NO_PEERS, NVLINK, Peers, Severity, judge_nics, judge_sample, peers_of
+from gputop.analysis.prediction import prediction_line
 from gputop.analysis.thresholds import PCIE_LOAD_UTILIZATION
 from gputop.model import NO_NEAR_CPUS, Finding, GpuSample, MachineInfo, Snapshot, Topology
 from gputop.tui import look
@@ -396,6 +397,10 @@ def finding_text(finding: Finding) -> Text:
     if finding.fix:
         text.append("\n  Fix: ", style="bold")
         text.append(finding.fix)
+    buys = prediction_line(finding.figures)
+    if buys:
+        text.append("\n  Buys: ", style="bold")
+        text.append(buys)
     return text
 
 

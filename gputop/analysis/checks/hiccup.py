@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Collection, Optional, Sequence, Union
 
 from gputop.analysis.advice import STACKS_HINT
-from gputop.analysis.numbers import Share, mean, percentile
+from gputop.analysis.numbers import Share, mean, percentile, share_of
 from gputop.analysis.observations import (
     EPOCH_START_FRAME_NAMES,
     WAIT_FRAMES,
@@ -19,6 +19,7 @@ from gputop.analysis.observations import (
     outer_frames,
     pooled_counts,
 )
+from gputop.analysis.prediction import Forecast, Unpredictable, predict_restarts, step_rate
 from gputop.analysis.stack_classes import COLLECTIVE, INPUT_WAIT_STATES, WAITING_FOR_DATA
 from gputop.analysis.thresholds import (
     COLLAPSE_HIGH,
@@ -247,7 +248,7 @@ def check_hiccup(
     decided = hiccup(ctx, exclude_gpus=exclude_gpus, max_period_s=max_period_s)
     if isinstance(decided, RestartStalls):
         return [restart_stalls_finding(decided)]
-    return [hiccup_finding(decided)] if decided is not None else []
+    return [hiccup_finding(decided, hiccup_forecast(ctx, decided))] if decided is not None else []
 
 
 def _swinging_gpus(ctx: Context, exclude_gpus: Collection[int]) -> list[GpuObs]:
@@ -387,7 +388,25 @@ def _cause_evidence(h: Hiccup) -> list[str]:
     return []
 
 
-def hiccup_finding(h: Hiccup) -> Finding:
+def collapsed_share(swings: Sequence[GpuObs]) -> Share:
+    """The share of the swinging GPUs' readings (one a second) that sit collapsed: under half the GPU's own p90."""
+    hits = total = 0
+    for o in swings:
+        top = percentile(o.util_values, 90) or 0.0
+        hits += sum(1 for u in o.util_values if u < top / 2)
+        total += len(o.util_values)
+    return share_of(hits, total, source="NVML utilization, 1 a second")
+
+
+def hiccup_forecast(ctx: Context, h: Hiccup) -> Optional[Forecast]:
+    """What keeping the workers alive buys (restarts only: the other causes' fixes are not one change)."""
+    if h.cause != "restarts":
+        return None
+    swings = [ctx.gpus[s.index] for s in h.swings if s.index in ctx.gpus]
+    return predict_restarts(collapsed_share(swings)).with_rate(step_rate(ctx))
+
+
+def hiccup_finding(h: Hiccup, forecast: Optional[Forecast] = None) -> Finding:
     """The hiccup finding's wording, made from the decision."""
     evidence = [
         f"GPU {o.index}: utilization p10 {o.p10:.0f}% / mean {o.mean:.0f}% / p90 {o.p90:.0f}%" for o in h.swings[:EVIDENCE_RANKS]
@@ -407,6 +426,7 @@ def hiccup_finding(h: Hiccup) -> Finding:
         fix=_HICCUP_FIXES[h.cause],
         gpus=tuple(o.index for o in h.swings),
         pids=h.pids,
+        figures={"prediction": forecast.figures()} if forecast is not None else {},
     )
 
 
@@ -421,4 +441,5 @@ def restart_stalls_finding(d: RestartStalls) -> Finding:
         evidence=tuple(_restart_evidence(d.restarts)),
         fix="keep the workers alive across epochs\nDataLoader(..., persistent_workers=True, prefetch_factor=4)",
         pids=d.pids,
+        figures={"prediction": Unpredictable("persistent_workers=True", "no GPU readings to time the stalls by").figures()},
     )

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Collection, Optional, Sequence
 
-from gputop.analysis.advice import STACKS_HINT, WorkerAdvice, loader_code, suggested_workers
+from gputop.analysis.advice import STACKS_HINT, WorkerAdvice, loader_code, producer_bound, suggested_workers, workers_now
 from gputop.analysis.checks.hang import WORKER_TIMEOUT_FIX, StuckWorker, stuck_worker
 from gputop.analysis.numbers import Share, confidence_from, mean_share, measured_share, wilson_interval
 from gputop.analysis.observations import (
@@ -19,6 +19,15 @@ from gputop.analysis.observations import (
     dense_counts,
     frames_from,
     pooled_counts,
+)
+from gputop.analysis.prediction import (
+    Forecast,
+    Unpredictable,
+    core_use,
+    epoch_batches,
+    predict_cheaper_input,
+    predict_workers,
+    step_rate,
 )
 from gputop.analysis.stack_classes import (
     IN_DATASET,
@@ -155,6 +164,7 @@ class Starvation:
     phases: tuple[InputPhase, ...]  # the input-bound ranks' one stretch of input each (all or none)
     stuck: Optional[StuckWorker]  # a dead or frozen worker the wait is for
     n_samples: int
+    prediction: Optional[Forecast] = None  # what the fix buys (None: the fix changes nothing to predict)
 
     @property
     def highly(self) -> bool:
@@ -242,7 +252,7 @@ def starvation(ctx: Context, *, exclude: Collection[int] = frozenset(), cpu_boun
     rec = bench_recommendation(ctx.bench)
     needed = ((ctx.bench or {}).get("recommendation", {}).get("workers_needed")) if rec else None
     advice = None if rec else suggested_workers(ctx, measured or ranks, job_share, gpu_idle_share(ctx))
-    return Starvation(
+    decided = Starvation(
         measured=tuple(measured),
         worst=worst,
         job_share=job_share,
@@ -263,6 +273,43 @@ def starvation(ctx: Context, *, exclude: Collection[int] = frozenset(), cpu_boun
         stuck=next((s for s in (stuck_worker(r) for r in ctx.ranks.values()) if s is not None), None),
         n_samples=n_samples,
     )
+    return replace(decided, prediction=starvation_forecast(ctx, decided, measured or ranks))
+
+
+CACHED = "preprocessing made cheap (decoded samples cached)"
+
+
+def starvation_forecast(ctx: Context, d: Starvation, ranks: Sequence[RankObs]) -> Optional[Forecast]:
+    """What the starvation finding's fix buys: more workers (the advice, or the benchmark's count), or, with the
+    cores saturated, cheaper preprocessing.  None where the fix changes nothing (a one-off pause)."""
+    if d.one_pause:
+        return None
+    if d.stuck is not None:
+        return Unpredictable("the stuck worker fixed", "the job waits on one stuck worker, not for throughput", step_rate(ctx))
+    if d.cpu_bound:
+        return loader_forecast(ctx, ranks, d.job_share, None)
+    after = d.advice.workers if d.advice is not None else (d.bench_settings or {}).get("num_workers")
+    if not isinstance(after, int):
+        return Unpredictable("more workers", "no worker count was advised", step_rate(ctx))
+    return loader_forecast(ctx, ranks, d.job_share, after)
+
+
+def loader_forecast(ctx: Context, ranks: Sequence[RankObs], share: Share, workers_after: Optional[int]) -> Forecast:
+    """What a loader change buys these ranks, waiting for data `share` of the time: `workers_after` workers, or
+    (None) preprocessing made cheap.  In steps/s where the window timed the steps (`step_rate`)."""
+    now, epoch = step_rate(ctx), epoch_batches(ctx)
+    idle = gpu_idle_share(ctx)
+    if workers_after is None:
+        return predict_cheaper_input(share, idle, CACHED).with_rate(now, epoch)
+    cpu = producer_bound(ranks)[0] == "cpu"
+    forecast = predict_workers(workers_now(ranks), workers_after, share, cpu_bound=cpu, cores=core_use(ctx), gpu_idle=idle)
+    return forecast.with_rate(now, epoch)
+
+
+def measured_loader_forecast(ctx: Context, workers_after: Optional[int]) -> Optional[Forecast]:
+    """`loader_forecast` of the window's measured ranks at their pooled input share (None: none measured yet)."""
+    ranks = [r for r in ctx.ranks.values() if r.measured]
+    return loader_forecast(ctx, ranks, pooled_input_share(ranks), workers_after) if ranks else None
 
 
 # ----------------------------------------------------------------- the starvation finding's wording
@@ -367,6 +414,8 @@ def _starvation_figures(d: Starvation) -> dict[str, Any]:
     else:
         workers = d.bench_settings.get("num_workers") if d.bench_settings else None
         figures["workers"] = {"num_workers": workers, "source": "active benchmark", "workers_needed": d.bench_workers_needed}
+    if d.prediction is not None:
+        figures["prediction"] = d.prediction.figures()
     return figures
 
 

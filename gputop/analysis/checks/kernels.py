@@ -16,11 +16,12 @@ their wording is made.  Every number is in `thresholds.py`, with its source.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from gputop.analysis.numbers import mean
 from gputop.analysis.observations import Context, GpuObs
+from gputop.analysis.prediction import Forecast, predict_amp, step_rate
 from gputop.analysis.thresholds import (
     EVIDENCE_RANKS,
     GPM_DRAM_BOUND,
@@ -139,11 +140,28 @@ def kernel_shapes(ctx: Context) -> list[KernelShape]:
 def check_kernels(ctx: Context) -> list[Finding]:
     """The GPM findings: one per kind, naming every GPU that shows it."""
     shapes = kernel_shapes(ctx)
-    return [
-        _finding(kind, [s.means for s in shapes if s.kind == kind])
-        for kind in (MEMORY_BOUND, NO_TENSOR_CORES)
-        if any(s.kind == kind for s in shapes)
+    found = []
+    for kind in (MEMORY_BOUND, NO_TENSOR_CORES):
+        means = [s.means for s in shapes if s.kind == kind]
+        if means:
+            finding = _finding(kind, means)
+            if kind == MEMORY_BOUND:  # what AMP buys there: the bytes halve
+                forecast = amp_forecast(ctx, [m.gpu for m in means])
+                finding = replace(finding, figures={**finding.figures, "prediction": forecast.figures()})
+            found.append(finding)
+    return found
+
+
+def amp_forecast(ctx: Context, gpus: Optional[Sequence[int]] = None) -> Forecast:
+    """What AMP buys GPUs whose kernels stream memory: the DRAM-busy share (GPM, one reading a GPU a second) halves.
+    `gpus`: these GPUs (default: the job's)."""
+    chosen = [o for o in ctx.focus_gpus() if gpus is None or o.index in gpus]
+    dram = [
+        s.gpm.dram_bandwidth / 100.0 for o in chosen for s in o.samples if s.gpm is not None and s.gpm.dram_bandwidth is not None
     ]
+    util = mean(o.mean_util for o in chosen if o.mean_util is not None)
+    # the step must be the GPUs' work for their kernels' speed to set its pace
+    return predict_amp(dram, busy=util is not None and util >= LOW_UTILIZATION).with_rate(step_rate(ctx))
 
 
 def _gpus_text(means: list[GpmMeans]) -> str:

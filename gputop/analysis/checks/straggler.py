@@ -7,7 +7,8 @@ from typing import Collection, Optional
 
 from gputop.analysis.checks.input import hot_worker_frames
 from gputop.analysis.numbers import confidence_from, mean
-from gputop.analysis.observations import WAIT_FRAMES, Context, RankObs, frames_from, outer_frames
+from gputop.analysis.observations import WAIT_FRAMES, Context, RankObs, frames_from, outer_frames, pooled_counts
+from gputop.analysis.prediction import Forecast, predict_straggler, step_rate
 from gputop.analysis.stack_classes import COLLECTIVE, EXPLICIT_SYNC, FORWARD_BACKWARD, IN_DATASET, WAITING_FOR_DATA
 from gputop.analysis.thresholds import (
     INPUT_BOUND_HIGH,
@@ -32,6 +33,7 @@ class Straggler:
     frames: tuple[str, ...]  # where the worst waits, then where the others wait
     hot_workers: Optional[str]  # the worst rank's workers' hottest frame, in words
     min_samples: int  # the fewest samples of any rank compared
+    prediction: Optional[Forecast] = None  # what the job gains at the other ranks' pace
 
 
 def check_straggler(ctx: Context, *, exclude: Collection[int] = frozenset()) -> list[Finding]:
@@ -71,6 +73,7 @@ def straggler(ctx: Context, *, exclude: Collection[int] = frozenset()) -> Option
         frames=frames,
         hot_workers=hot[0] if hot else None,
         min_samples=min(r.n for r in ranks),
+        prediction=predict_straggler(pooled_counts(fast).share(COLLECTIVE)).with_rate(step_rate(ctx)),
     )
 
 
@@ -99,4 +102,5 @@ def straggler_finding(d: Straggler) -> Finding:
         ),
         gpus=tuple(sorted(worst.gpus)),
         pids=tuple(r.pid for r in d.slow),
+        figures={"prediction": d.prediction.figures()} if d.prediction is not None else {},
     )

@@ -8,8 +8,9 @@ import re
 from dataclasses import dataclass
 from typing import Collection, Optional
 
-from gputop.analysis.numbers import mean
-from gputop.analysis.observations import Context, GpuObs, RankObs, StackSample, outer_frames
+from gputop.analysis.numbers import mean, mean_share
+from gputop.analysis.observations import Context, GpuObs, RankObs, StackSample, outer_frames, pooled_counts
+from gputop.analysis.prediction import Forecast, predict_no_sync, step_rate
 from gputop.analysis.stack_classes import EXPLICIT_SYNC, SyncPoint, format_frame, read_source_line, short_path, sync_point
 from gputop.analysis.thresholds import BUSY_UTILIZATION, EVIDENCE_RANKS, SYNC_BOUND_FRACTION
 from gputop.model import LABEL_CODE, Finding
@@ -49,6 +50,7 @@ class SyncBound:
     gpu_mean: Optional[float]
     site: Optional[tuple[SyncPoint, str]]  # the sync the worst rank's dumps name, with its line in words
     frames: tuple[str, ...]
+    prediction: Optional[Forecast] = None  # what removing the sync buys
 
 
 def check_sync_bound(ctx: Context, *, exclude: Collection[int] = frozenset()) -> list[Finding]:
@@ -73,7 +75,9 @@ def sync_bound(ctx: Context, *, exclude: Collection[int] = frozenset()) -> Optio
     else:
         sample = next((s for s in reversed(worst.samples) if s.state == EXPLICIT_SYNC and s.frames), None)
         frames = outer_frames(sample.frames, 3) if sample is not None else ()
-    return SyncBound(tuple(synced), worst, tuple(gpus), gpu_mean, found, frames)
+    idle = mean_share([1.0 - u / 100.0 for o in gpus for u in o.util_values], "NVML utilization, 1 a second")
+    forecast = predict_no_sync(pooled_counts(synced).share(EXPLICIT_SYNC), idle).with_rate(step_rate(ctx))
+    return SyncBound(tuple(synced), worst, tuple(gpus), gpu_mean, found, frames, forecast)
 
 
 def sync_bound_finding(d: SyncBound) -> Finding:
@@ -107,4 +111,5 @@ def sync_bound_finding(d: SyncBound) -> Finding:
         ),
         gpus=tuple(o.index for o in d.gpus),
         pids=tuple(r.pid for r in d.synced),
+        figures={"prediction": d.prediction.figures()} if d.prediction is not None else {},
     )

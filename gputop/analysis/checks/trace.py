@@ -14,9 +14,11 @@ article's, with the evidence that triggers it:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 from gputop.analysis import trace_summary
+from gputop.analysis.prediction import StepRate, predict_trace_amp
 from gputop.analysis.thresholds import (
     TRACE_COMM_HEAVY,
     TRACE_FP32_GEMM_SHARE,
@@ -115,7 +117,15 @@ def check_amp(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
         return []
     r, share, capability = max(hits, key=lambda h: h[1])
     dtype = "torch.bfloat16" if capability >= 8 else "torch.float16"
-    return _code_warning(
+    gpu = r.get("gpu") or {}
+    rate = float(r["steps_per_s"]) if r.get("steps_per_s") else None
+    forecast = predict_trace_amp(
+        float(gpu.get("fp32_gemm_time_s") or 0.0),
+        float(gpu.get("span_s") or 0.0),
+        float(gpu.get("busy") or 0.0),
+        StepRate(rate, "the trace's steps") if rate else None,
+    )
+    found = _code_warning(
         id="trace_amp",
         title="fp32 matrix multiplies on a GPU with tensor cores",
         confidence=0.7,
@@ -133,6 +143,7 @@ def check_amp(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
         ),
         ranks=[h[0] for h in hits],
     )
+    return [replace(f, figures={**f.figures, "prediction": forecast.figures()}) for f in found]
 
 
 def check_launch_bound(ranks: Sequence[dict[str, Any]]) -> list[Finding]:
