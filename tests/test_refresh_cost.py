@@ -151,9 +151,9 @@ def test_long_window_hiccup_search_runs_once_per_stride_over_fresh_copies_of_a_f
         calls = [0]
         real = diagnosis.collect_gpu_observations
 
-        def counting(snaps):
+        def counting(snaps, util_from=None):
             calls[0] += 1
-            return real(snaps)
+            return real(snaps, util_from=util_from)
 
         monkeypatch.setattr(diagnosis, "collect_gpu_observations", counting)
         diagnoses = 20
