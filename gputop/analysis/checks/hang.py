@@ -863,8 +863,10 @@ def _gpu_only_decision(ctx: Context, claimed: set[int]) -> GpuOnlyHangs:
         if not ctx.ranks and spin >= HANG_MIN_SECONDS:
             spinning.append((o, spin))
             continue
-        idle = _idle_in_loop(ctx, o, _trailing_idle_seconds(o))
-        if idle < HANG_MIN_SECONDS or not o.holds_memory(o.memory[-1] if o.memory else None):
+        # the diagnosis counts a GPU's utilization from the job's loop (`collect_gpu_observations`), so the
+        # idle time of a start-up already done is not in it; one still under way is judged here
+        idle = _trailing_idle_seconds(o)
+        if idle < HANG_MIN_SECONDS or not o.holds_memory(o.memory[-1] if o.memory else None) or _starting_up(ctx, o):
             continue
         was_busy = any(
             u is not None and u > LOW_UTILIZATION for u in o.util[: max(1, len(o.util) - int(idle / max(ctx.interval, 1e-3)))]
@@ -873,22 +875,14 @@ def _gpu_only_decision(ctx: Context, claimed: set[int]) -> GpuOnlyHangs:
     return GpuOnlyHangs(tuple(spinning), tuple(stuck), bool(ctx.ranks))
 
 
-def _idle_in_loop(ctx: Context, o: GpuObs, idle: float) -> float:
-    """The part of the GPU's trailing idle time that falls in its ranks' training loop.  A rank takes its memory
-    at `model.to(device)`, then waits for its peers in the rendezvous or starts its workers: 20-60 s at 0% on a
-    busy box, start-up, not a misfire (the demo's start-up read "Silent misfire: GPUs hold memory at 0%").  While
-    a holder still starts up none of it counts; one stuck there counts from when the collector gives up waiting
-    for its first step (STARTUP_GIVE_UP_S) and takes it as in its loop.  Processes gputop does not follow as
-    ranks: all of it."""
+def _starting_up(ctx: Context, o: GpuObs) -> bool:
+    """The GPU's memory is held by ranks gputop follows, one of them still in its start-up.  A rank takes its
+    memory at `model.to(device)`, then waits for its peers in the rendezvous or starts its workers: 20-60 s at 0%
+    on a busy box, not a misfire (the demo's start-up read "Silent misfire: GPUs hold memory at 0%").  One stuck
+    there is judged once the collector gives up waiting for its first step (STARTUP_GIVE_UP_S) and takes it as in
+    its loop."""
     ranks = [ctx.ranks.get(p) for p in o.process_pids]
-    if not ranks or any(r is None for r in ranks):
-        return idle
-    if any(r.starting_up for r in ranks if r is not None):
-        return 0.0
-    started = [r.loop_started for r in ranks if r is not None and r.loop_started is not None]
-    if len(started) < len(ranks):
-        return idle
-    return min(idle, ctx.snaps[-1].timestamp - max(started))
+    return bool(ranks) and all(r is not None for r in ranks) and any(r.starting_up for r in ranks if r is not None)
 
 
 def _gpu_only_hangs(ctx: Context, claimed: set[int]) -> list[Finding]:
