@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 import io
 import os
 
 import psutil
 
-from gputop.analysis.stack_classes import classify_main_thread, main_thread
+from gputop.analysis.stack_classes import classify_main_thread
 from gputop.collect.stacks import dump_stacks
 from gputop.commands.demo import observe
 from gputop.pipeline import Pipeline
@@ -43,21 +42,6 @@ def rank_pids(job: DemoJob) -> list[int]:
         if rank is not None:
             ranks[int(rank)] = child.pid
     return [ranks[r] for r in sorted(ranks)]
-
-
-def item_line() -> int:
-    """The line of `running_loss += loss.item()` in demo_job.py: where py-spy must show a parked host."""
-    from gputop.sim import demo_job
-
-    lines, first = inspect.getsourcelines(demo_job.train)
-    return first + next(i for i, text in enumerate(lines) if "running_loss += loss.item()" in text)
-
-
-def innermost(pid: int):
-    """(state, innermost frame) of the rank's main thread, from a real py-spy dump."""
-    stacks = dump_stacks([pid])[pid]
-    thread = main_thread(stacks)
-    return classify_main_thread(stacks), (thread.frames[0] if thread and thread.frames else None)
 
 
 def descendants(pid: int) -> list[int]:
@@ -100,10 +84,6 @@ def observe_quietly(job: DemoJob, pipeline: Pipeline, seconds: float, interval: 
     summary = observe(job, pipeline, interval=interval, seconds=seconds, out=out)
     assert summary.samples, out.getvalue()
     return summary
-
-
-def column(summary, gpu: int) -> list[float]:
-    return [row[gpu] for row in summary.samples]
 
 
 def dips(values: list[float], high: float = 70.0, low: float = 35.0) -> int:
