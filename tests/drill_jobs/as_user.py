@@ -54,6 +54,8 @@ PRELOAD = (
     "pwd",
     "grp",
     "gputop.commands.check",
+    "gputop.check_window",  # the check's window over a live pipeline (commands/check.py imports it on first use)
+    "gputop.collect.counters",  # ... and its counter reads
     "gputop.collect.sysfs",
     "gputop.analysis.machine_check",
     "gputop.report.writer",
