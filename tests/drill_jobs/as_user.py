@@ -21,6 +21,7 @@ PRELOAD = (
     "gputop.commands.bench",
     "gputop.bench",
     "gputop.inject.injector",
+    "gputop.inject.safepoint",  # the injector imports it on first use
     "gputop.pipeline",
     "gputop.collect.gpu",
     "gputop.collect.host",
