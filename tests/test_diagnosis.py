@@ -23,7 +23,7 @@ from gputop.analysis.stack_classes import (
     WAITING_FOR_DATA,
 )
 from gputop.history import History
-from gputop.model import LABEL_CODE, LABEL_INFRA, EccCounts, NvLinkLink, PcieLink, RemappedRows, XidEvent
+from gputop.model import LABEL_CODE, LABEL_INFRA, EccCounts, GpmMetrics, NvLinkLink, PcieLink, RemappedRows, XidEvent
 from tests.harness.histories import (
     WORKER_IDLE_FRAMES,
     WORKER_STUCK_FRAMES,
@@ -761,6 +761,26 @@ def test_ddp_misfire_folds_the_waiting_ranks_into_one_hang():
     assert top.frames[-1] == "ImageDataset.__getitem__ (dataset.py:44)"
     assert ids(severe(findings)) == ["hang"]
     assert "cpu_bound" not in ids(findings) and "low_utilization" not in ids(findings)
+
+
+def test_a_hang_on_busy_cores_is_not_read_as_ranks_waiting_for_a_core():
+    """The 8-rank nccl-hang demo on 2 cores: rank 3 stuck in its dataset code, the other ranks' GPUs spinning in
+    their all-reduce (GPU-Util 90%, the SMs idle) while 16 workers keep both cores busy.  The spinning GPUs are
+    the hang's, not GPUs starved of a core: the workers are noted, never a warning beside the hang."""
+    sc = misfire()
+    sc.cores = 2
+    sc.host_cpu = lambda c, t: 99.0
+    for i, r in enumerate(sc.ranks):
+        if i != 3:
+            r.state = lambda t: COLLECTIVE if t >= 22 else FORWARD_BACKWARD
+            r.cpu = lambda t: 0.0 if t >= 22 else 40.0
+    sc.util = lambda g, t: 0.0 if g == 3 and t >= 21 else 90.0
+    sc.gpu_extra = lambda g, t: {"gpm": GpmMetrics(sm_active=2.0 if t >= 21 else 70.0), "compute_capability": (9, 0)}
+    findings = diagnose(build(sc))
+    assert findings[0].id == "hang" and ids(severe(findings)) == ["hang"], [(f.id, f.severity, f.summary) for f in findings]
+    noted = [f for f in findings if f.id == "cpu_bound"]
+    assert noted and noted[0].severity == "info", noted
+    assert not any("wait for a core" in line for line in noted[0].evidence)
 
 
 def test_all_ranks_in_a_collective_name_the_rank_that_exited():

@@ -277,7 +277,7 @@ def _job_findings(ctx: Context, long_context: Callable[[], Optional[Context]]) -
         starvation = []
     findings += hiccups + starvation
     input_bound = any(f.id in ("starvation", "hiccup", "straggler") and f.severity in ("critical", "warning") for f in findings)
-    findings += check_cpu_bound(ctx, facts, input_bound=input_bound)
+    findings += check_cpu_bound(ctx, facts, input_bound=input_bound, hung_gpus=frozenset(hung_gpus))
     findings += check_sync_bound(ctx, exclude=hung_pids)
     return findings
 

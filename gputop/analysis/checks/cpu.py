@@ -8,7 +8,7 @@ from typing import Optional
 
 from gputop.analysis.advice import producer_bound, worker_cap
 from gputop.analysis.checks.kernels import busy, mean_sm_active
-from gputop.analysis.numbers import confidence_from
+from gputop.analysis.numbers import confidence_from, mean
 from gputop.analysis.observations import Context, RankObs, WorkerObs
 from gputop.analysis.stack_classes import IN_DATASET
 from gputop.analysis.thresholds import CORES_SATURATED_PERCENT, PROCESS_PINNED_PERCENT
@@ -90,7 +90,9 @@ class CpuBound:
     duration_s: float
 
 
-def check_cpu_bound(ctx: Context, facts: CpuFacts, *, input_bound: bool) -> list[Finding]:
+def check_cpu_bound(
+    ctx: Context, facts: CpuFacts, *, input_bound: bool, hung_gpus: frozenset[int] = frozenset()
+) -> list[Finding]:
     """Producers pinned with every core busy, or more workers than cores.
 
     It is a problem (warning) only while it costs GPU time: the job is input-bound, or the GPUs sit mostly idle
@@ -104,21 +106,28 @@ def check_cpu_bound(ctx: Context, facts: CpuFacts, *, input_bound: bool) -> list
         # imports, the model build and the workers' first prefetch take every core while the GPUs wait for the
         # first step: start-up's cost, not the loader's (the hiccup demo's 30 s start-up read "CPU oversubscribed")
         return []
-    idle = _gpus_idle_on_busy_cores(ctx, facts)
+    idle = _gpus_idle_on_busy_cores(ctx, facts, hung_gpus)
     bound = "cpu" if facts.cores_busy else producer_bound(ranks)[0]
     cap, cap_why = worker_cap(ctx, ranks, bound)
     return [cpu_bound_finding(CpuBound(facts, input_bound, idle, bound, cap, cap_why, ctx.duration))]
 
 
-def _gpus_idle_on_busy_cores(ctx: Context, facts: CpuFacts) -> Optional[float]:
+def _gpus_idle_on_busy_cores(ctx: Context, facts: CpuFacts, hung_gpus: frozenset[int]) -> Optional[float]:
     """The GPUs' mean utilization when they sit mostly idle while every core is busy, else None.
 
     More workers than cores can take the CPU from the training processes themselves: each worker gets its
     share and the ranks' forward, backward and optimizer wait for a core.  The ranks then never wait for
     data (the queue is full), yet the GPUs lose time all the same (the case study's stage 2 on a slow box:
-    24 workers on 2 cores, GPUs at 24%, data wait 5%)."""
-    util = ctx.focus_utilization() if facts.cores_busy and ctx.ranks else None
-    return util if util is not None and not busy(util, mean_sm_active(ctx.focus_gpus())) else None
+    24 workers on 2 cores, GPUs at 24%, data wait 5%).
+
+    The GPUs of a hang are left out: a rank stuck in its code holds its GPU idle and the others spin in their
+    collective (GPU-Util near 100%, the SMs idle), neither of which a free core would change (the 8-rank
+    nccl-hang demo read "GPUs at 86% while every core is busy: the training processes wait for a core")."""
+    if not (facts.cores_busy and ctx.ranks and ctx.have_gpu_data):
+        return None
+    gpus = [o for o in ctx.focus_gpus() if o.index not in hung_gpus]
+    util = mean(o.mean_util for o in gpus) if gpus else None
+    return util if util is not None and not busy(util, mean_sm_active(gpus)) else None
 
 
 def _cpu_evidence(d: CpuBound) -> list[str]:
