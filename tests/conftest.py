@@ -23,6 +23,7 @@ import pytest
 
 from tests.harness.attach import Observer
 from tests.harness.processes import Spawner
+from tests.harness.turns import Turns, turns_directory
 
 LANES = ("unit", "integration", "acceptance")
 UNIT_BUDGET_S = 2.0  # on the reference box of gputop.sim.cpu_speed; scaled by this box's slowness (`unit_budget_s`)
@@ -141,6 +142,27 @@ def pytest_runtest_makereport(item, call):
             f"(a ManualClock, a recorded history) or mark it integration (tests/conftest.py, lane_of)"
         )
     return report
+
+
+_TURNS: list[Turns] = []
+
+
+def needs_the_box_alone(item: pytest.Item) -> bool:
+    """An acceptance test (live jobs judged by rates, series and deadlines) or one marked ``alone`` runs with no
+    other test beside it when the suite runs side by side (tests/harness/turns.py)."""
+    return item.stash.get(_LANE, None) == "acceptance" or item.get_closest_marker("alone") is not None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # setup, call and teardown inside one turn: a module fixture's jobs start in its first test's setup
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is None:  # one process: nobody to share the CPUs with
+        return (yield)
+    if not _TURNS:
+        _TURNS.append(Turns(turns_directory(workerinput["testrunuid"])))
+    with _TURNS[0].turn(needs_the_box_alone(item)):
+        return (yield)
 
 
 # A shell starts a background job (`pytest &`, a CI step run in the background) with SIGINT ignored, and
