@@ -105,6 +105,8 @@ class Diagnosed(Message):
 
 
 class GputopApp(App[None]):
+    """The view and the keys over a `Monitor` (its `MonitorView`, and the background actions' `ActionsView`)."""
+
     CSS_PATH = "app.tcss"
     TITLE = "gputop"
     # seconds from the first snapshot to the first verdict: after the first frame is on screen, not inside it

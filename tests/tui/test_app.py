@@ -572,7 +572,9 @@ async def test_replay_of_a_real_recording_keeps_every_sample_and_restarts_after_
         await wait_for(pilot, lambda: len(app.monitor.history) == 41, "every sample of the first 40 s")
         assert [s.timestamp for s in app.monitor.history] == [SCREEN_T0 + i for i in range(41)]
         await pilot.press("left")  # back 10 s: the history starts over at 30 s
-        await wait_for(pilot, lambda: app.monitor.history.latest and app.monitor.history.latest.timestamp == SCREEN_T0 + 30, "the seek")
+        await wait_for(
+            pilot, lambda: app.monitor.history.latest and app.monitor.history.latest.timestamp == SCREEN_T0 + 30, "the seek"
+        )
         assert len(app.monitor.history) == 31
         await wait_for(pilot, lambda: "REPLAY 00:30/01:59 ×4" in app.query_one("#header").lines_text[0], "the header")
 

@@ -90,7 +90,9 @@ async def test_the_tui_follows_the_case_study_from_stage_1_to_stage_2(spawn):
 
             await wait_for(pilot, lambda: header.subtitle.startswith("case study: stage 1 of 4 — num_workers=0"), "stage 1")
             await wait_for(
-                pilot, lambda: app.monitor.verdict is not None and "GPUs 0, 1" in app.monitor.verdict.line, "the verdict on stage 1's job"
+                pilot,
+                lambda: app.monitor.verdict is not None and "GPUs 0, 1" in app.monitor.verdict.line,
+                "the verdict on stage 1's job",
             )
             assert "steps/s" not in header.subtitle  # nothing before stage 1
 

@@ -110,8 +110,8 @@ async def test_the_screen_the_r_report_and_gputop_report_give_the_same_findings(
     import re
 
     from gputop.analysis.findings import findings
-    from gputop.tracing import TraceResult
     from gputop.monitor import diagnose_with_findings
+    from gputop.tracing import TraceResult
     from tests.harness.machine_check import scripted_check
 
     app, source = build_app(10, tmp_path=tmp_path, with_job=True)

@@ -193,7 +193,9 @@ async def test_the_first_frame_draws_the_cpu_and_jobs_while_nvml_init_is_held(he
             assert app.monitor.reading_gpus and not any("GPU0" in line for line in grid.lines_text)
             held_nvml_init.release.set()
             await wait_for(pilot, lambda: any("GPU0" in line for line in grid.lines_text), "the GPU cards", timeout=30)
-            assert not app.monitor.reading_gpus and app.monitor.machine.gpu_count == 8 and len(app.monitor.history.latest.gpus) == 8
+            assert (
+                not app.monitor.reading_gpus and app.monitor.machine.gpu_count == 8 and len(app.monitor.history.latest.gpus) == 8
+            )
             assert "8× H100 80GB HBM3" in app.query_one(HeaderLine).lines_text[0]
             await wait_for(pilot, lambda: app.diagnoses_done >= 1, "the first verdict, once the GPUs are read")
     finally:
@@ -238,7 +240,9 @@ async def test_the_attached_jobs_tree_is_drawn_while_nvml_init_is_held(held_nvml
             assert f"{job.pid}" in jobs.title and [row.pid for row in jobs.rows][:1] == [job.pid]
             held_nvml_init.release.set()
             # the machine is adopted (reading_gpus False) with an empty history; the next poll fills it
-            await wait_for(pilot, lambda: not app.monitor.reading_gpus and app.monitor.history.latest is not None, "the GPUs", timeout=10)
+            await wait_for(
+                pilot, lambda: not app.monitor.reading_gpus and app.monitor.history.latest is not None, "the GPUs", timeout=10
+            )
             assert jobs.title.startswith("JOB ") and app.monitor.history.latest.job is not None  # the same job, now with GPUs
     finally:
         if app.monitor.wait_for_collector(5):
@@ -307,7 +311,9 @@ async def test_the_monitor_builds_its_pipeline_once_its_first_frame_is_drawn(mon
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             # the machine is adopted (reading_gpus False) with an empty history; the next poll fills it
-            await wait_for(pilot, lambda: not app.monitor.reading_gpus and app.monitor.history.latest is not None, "the GPUs", timeout=10)
+            await wait_for(
+                pilot, lambda: not app.monitor.reading_gpus and app.monitor.history.latest is not None, "the GPUs", timeout=10
+            )
         assert len(at_build) == 1 and at_build[0][:1], f"the build began before the first frame: {at_build}"
         assert " cores" in at_build[0][0]  # the heatmap, drawn from the first poll
     finally:

@@ -35,7 +35,9 @@ async def test_trace_key_asks_then_traces_the_job_and_adds_its_finding(close_sou
         await pilot.press("escape")
         await wait_for(
             pilot,
-            lambda: app.monitor.verdict is not None and any(f.id == "trace_communication" for f in app.monitor.verdict.findings or ()),
+            lambda: (
+                app.monitor.verdict is not None and any(f.id == "trace_communication" for f in app.monitor.verdict.findings or ())
+            ),
             "the trace's finding in the diagnosis",
         )
 
