@@ -126,7 +126,7 @@ class BackgroundActions:
 
     def __init__(self, monitor: Monitor, view: ActionsView) -> None:
         self.monitor = monitor
-        self.app = view
+        self.view = view
         self.trace_runner: TraceRunner = _run_trace
         self.machine_check: MachineCheck = _run_machine_check
         self.check_seconds: Optional[float] = None  # the check's window; None: check_screen.CHECK_SECONDS
@@ -148,7 +148,7 @@ class BackgroundActions:
             self._start(dialog, DialogTask("benchmark", "the loader benchmark", run, self.monitor.keep_bench))
 
         dialog = BenchScreen(*target, confirmed)
-        self.app.push_screen(dialog)
+        self.view.push_screen(dialog)
 
     def start_trace(self) -> None:
         """Key t: the trace of the attached job (every rank through its launcher), once the user says yes."""
@@ -167,14 +167,14 @@ class BackgroundActions:
             self._start(dialog, DialogTask("trace", "the trace", run, self.monitor.keep_trace))
 
         dialog = TraceScreen(*target, confirmed)
-        self.app.push_screen(dialog)
+        self.view.push_screen(dialog)
 
     def _attach_first(self) -> None:
-        self.app.notify("attach to a training job first (gputop --pid PID, or Enter on a process)", severity="warning")
+        self.view.notify("attach to a training job first (gputop --pid PID, or Enter on a process)", severity="warning")
 
     def _bench_target(self) -> Optional[tuple[int, str]]:
         snapshot = self.monitor.history.latest
-        row = self.app.selected_row()
+        row = self.view.selected_row()
         job = snapshot.job if snapshot else None
         if row is not None and row.kind == "rank":
             return row.pid, row.label.lstrip("├└│ ")
@@ -188,25 +188,25 @@ class BackgroundActions:
 
     def _start(self, dialog: "BenchScreen", task: DialogTask[R]) -> None:
         """Run `task` in a worker; its progress and result go to `dialog` while it is open."""
-        self.app.run_worker(lambda: self._run(dialog, task), thread=True, group=task.name, exclusive=True)
+        self.view.run_worker(lambda: self._run(dialog, task), thread=True, group=task.name, exclusive=True)
 
     def _run(self, dialog: "BenchScreen", task: DialogTask[R]) -> None:
-        app = self.app
+        view = self.view
 
         def progress(fraction: float, message: str) -> None:
             if dialog.is_mounted:
-                app.call_from_thread(dialog.show_progress, fraction, message)
+                view.call_from_thread(dialog.show_progress, fraction, message)
 
         try:
             result = task.run(progress)
         except ImportError:
-            app.call_from_thread(self._finished, dialog, task, None, f"{task.feature} is not available in this build")
+            view.call_from_thread(self._finished, dialog, task, None, f"{task.feature} is not available in this build")
         except GputopError as exc:
-            app.call_from_thread(self._finished, dialog, task, None, str(exc))
+            view.call_from_thread(self._finished, dialog, task, None, str(exc))
         except Exception as exc:  # a bug in a run must not take the monitor down
-            app.call_from_thread(self._finished, dialog, task, None, f"{task.name} failed: {type(exc).__name__}: {exc}")
+            view.call_from_thread(self._finished, dialog, task, None, f"{task.name} failed: {type(exc).__name__}: {exc}")
         else:
-            app.call_from_thread(self._finished, dialog, task, result, None)
+            view.call_from_thread(self._finished, dialog, task, result, None)
 
     def _finished(self, dialog: "BenchScreen", task: DialogTask[R], result: Optional[R], error: Optional[str]) -> None:
         if result is not None:
@@ -215,70 +215,70 @@ class BackgroundActions:
         if dialog.is_mounted:
             dialog.show_result(lines, error)
         elif error:
-            self.app.notify(error, title=task.name, severity="error", timeout=8)
+            self.view.notify(error, title=task.name, severity="error", timeout=8)
         else:
-            self.app.notify(lines[0] if lines else f"{task.name} done", title=task.name, timeout=8)
+            self.view.notify(lines[0] if lines else f"{task.name} done", title=task.name, timeout=8)
 
     # ------------------------------------------------------------------ machine check (key c)
     def start_check(self) -> None:
-        """`gputop check` over the live source: its window is the app's latest snapshot and those it takes
+        """`gputop check` over the live source: its window is the monitor's latest snapshot and those it takes
         while the check runs (nothing is polled twice)."""
         from gputop.tui.check_screen import CHECK_SECONDS, CheckScreen
 
-        if isinstance(self.app.screen, CheckScreen):
+        if isinstance(self.view.screen, CheckScreen):
             return
         if self.check_seconds is None:
             self.check_seconds = CHECK_SECONDS
         seconds = self.check_seconds
         screen = self._check_screen = CheckScreen(seconds)
-        self.app.push_screen(screen)
-        monitor, app = self.monitor, self.app
+        self.view.push_screen(screen)
+        monitor, view = self.monitor, self.view
         latest = monitor.history.latest
         start = latest.timestamp if latest is not None else float("-inf")
 
         def window() -> list[Snapshot]:
-            snapshots: list[Snapshot] = app.call_from_thread(lambda: [s for s in monitor.history if s.timestamp >= start])
+            snapshots: list[Snapshot] = view.call_from_thread(lambda: [s for s in monitor.history if s.timestamp >= start])
             return snapshots
 
         def run() -> None:
             try:
                 report = self.machine_check(monitor.source, window, monitor.collection_stopped, seconds)
             except GputopError as exc:
-                app.call_from_thread(self._check_done, None, str(exc))
+                view.call_from_thread(self._check_done, None, str(exc))
             except Exception as exc:  # a check bug must not take the monitor down
-                app.call_from_thread(self._check_done, None, f"the machine check failed: {type(exc).__name__}: {exc}")
+                view.call_from_thread(self._check_done, None, f"the machine check failed: {type(exc).__name__}: {exc}")
             else:
-                app.call_from_thread(self._check_done, report, None)
+                view.call_from_thread(self._check_done, report, None)
 
-        app.run_worker(run, thread=True, group="check", exclusive=True)
+        view.run_worker(run, thread=True, group="check", exclusive=True)
 
     def _check_done(self, report: Optional["CheckReport"], error: Optional[str]) -> None:
         screen = self._check_screen
         if report is not None:
             self.monitor.keep_check(report)
-            self.app.show_check_marks(report)
+            self.view.show_check_marks(report)
         if screen is not None and not screen.closed:  # (it may not be mounted yet: it shows what it got on mount)
             if report is not None:
                 screen.show_report(report)
             else:
                 screen.show_error(error or "")
         elif error:
-            self.app.notify(error, title="machine check", severity="error", timeout=8)
+            self.view.notify(error, title="machine check", severity="error", timeout=8)
         elif report is not None:
-            self.app.notify(report.summary, title="machine check", timeout=8)
+            self.view.notify(report.summary, title="machine check", timeout=8)
 
     # ------------------------------------------------------------------ report (key r)
     def write_report(self, directory: Optional[str]) -> None:
         """The markdown report of what the screen shows (its history, bench, trace and check) into
         `directory` (None: the working directory)."""
-        app, monitor = self.app, self.monitor
+        view, monitor = self.view, self.monitor
         if not len(monitor.history):
-            app.notify("nothing observed yet", severity="warning")
+            view.notify("nothing observed yet", severity="warning")
             return
         history = monitor.history.copy()  # the worker's own: the monitor keeps appending to its history
-        app.notify("writing the report…", timeout=2)
+        view.notify("writing the report…", timeout=2)
         bench, trace, check = monitor.bench, monitor.trace, monitor.check
-        app.run_worker(lambda: self._write(history, bench, trace, check, directory), thread=True, group="report")
+        view.run_worker(lambda: self._write(history, bench, trace, check, directory), thread=True, group="report")
 
     def _write(
         self,
@@ -288,7 +288,7 @@ class BackgroundActions:
         check: Optional["CheckReport"],
         directory: Optional[str],
     ) -> None:
-        app = self.app
+        view = self.view
         try:
             from gputop.report.markdown import render_markdown
             from gputop.report.writer import write_report
@@ -301,8 +301,8 @@ class BackgroundActions:
             )
             write_report(str(path), text)
         except ImportError:
-            app.call_from_thread(app.notify, "reports are not available in this build", severity="error")
+            view.call_from_thread(view.notify, "reports are not available in this build", severity="error")
         except (GputopError, OSError) as exc:
-            app.call_from_thread(app.notify, str(exc), title="report not written", severity="error", timeout=8)
+            view.call_from_thread(view.notify, str(exc), title="report not written", severity="error", timeout=8)
         else:
-            app.call_from_thread(app.notify, f"wrote {path}", title="report", timeout=8)
+            view.call_from_thread(view.notify, f"wrote {path}", title="report", timeout=8)
