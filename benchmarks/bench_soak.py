@@ -391,11 +391,11 @@ def tui(args: argparse.Namespace) -> int:
         return psutil.Process().memory_info().rss / MIB
 
     async def polls(pilot, app, count: int) -> None:
-        seen, done = app.history.latest, 0
+        seen, done = app.monitor.history.latest, 0
         while done < count:
             await pilot.pause(0.01)
-            if app.history.latest is not seen:
-                seen, done = app.history.latest, done + 1
+            if app.monitor.history.latest is not seen:
+                seen, done = app.monitor.history.latest, done + 1
 
     start: list[float] = []  # RSS after START_POLLS polls: the app as it starts, before the history grows
 
@@ -408,7 +408,7 @@ def tui(args: argparse.Namespace) -> int:
                 await polls(pilot, app, START_POLLS)
                 gc.collect()
                 start.append(rss())
-                while len(app.history) < app.history.capacity:
+                while len(app.monitor.history) < app.monitor.history.capacity:
                     await pilot.pause(0.2)
                 gc.collect()
                 rows.append((0, rss()))

@@ -125,15 +125,15 @@ async def shoot(out: Path, name: str, size: tuple[int, int], keys: list[str], se
     app = GputopApp(source, interval=0.001)
     try:
         async with app.run_test(size=size) as pilot:
-            while not (source.polls >= source.count and app.snapshots_seen >= source.count and app.diagnoses_done >= 1):
+            while not (source.polls >= source.count and app.monitor.snapshots_seen >= source.count and app.diagnoses_done >= 1):
                 await pilot.pause(0.05)
             # the header shows the interval the user would run with, not the script's fast-forward
-            app.interval = 1.0
+            app.monitor.interval = 1.0
             app.query_one("#header").set_state(interval=1.0, paused=False)
             app.actions.check_seconds = 0.5  # the stepped source stands still after its last poll: nothing to wait for
             for key in keys:
                 await pilot.press(key)
-            while "c" in keys and app.actions.check is None:
+            while "c" in keys and app.monitor.check is None:
                 await pilot.pause(0.05)
             await pilot.pause()
             return _save_svg(app, out, name)
@@ -154,9 +154,9 @@ async def shoot_trace(out: Path, seconds: int, profile: str) -> Path:
     app = GputopApp(source, interval=0.001)
     try:
         async with app.run_test(size=(160, 48)) as pilot:
-            while not (source.polls >= source.count and app.snapshots_seen >= source.count and app.diagnoses_done >= 1):
+            while not (source.polls >= source.count and app.monitor.snapshots_seen >= source.count and app.diagnoses_done >= 1):
                 await pilot.pause(0.05)
-            app.interval = 1.0
+            app.monitor.interval = 1.0
             app.query_one("#header").set_state(interval=1.0, paused=False)
             screen = TraceScreen(4037, "launcher 4030, 2 rank(s)", lambda _pid: None)
             await app.push_screen(screen)
@@ -235,7 +235,7 @@ async def _shoot_running_demo(out: Path, pipeline, scenario: str, expected_findi
     async with app.run_test(size=(160, 48)) as pilot:
         deadline = trained_from + DEMO_DEADLINE_S
         while True:
-            findings = app.verdict.findings if app.verdict is not None else None
+            findings = app.monitor.verdict.findings if app.monitor.verdict is not None else None
             settled = time.monotonic() - trained_from >= DEMO_SETTLE_S
             if settled and findings and findings[0].id == expected_finding and _names_collective(findings[0], scenario):
                 break
@@ -268,7 +268,7 @@ def _names_collective(finding, scenario: str) -> bool:
 
 
 def _rank0_state(app) -> Optional[str]:
-    latest = app.history.latest
+    latest = app.monitor.history.latest
     ranks = latest.job.ranks if latest is not None and latest.job is not None else ()
     return ranks[0].main_thread_state if ranks else None
 

@@ -662,13 +662,13 @@ def test_py_spy_hangs_tui_keeps_drawing_and_answering_keys(spawn, tmp_path):
 
     async def drill() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.snapshots_seen >= 3, "snapshots while py-spy hangs")
-            seen = app.snapshots_seen
+            await wait_for(pilot, lambda: app.monitor.snapshots_seen >= 3, "snapshots while py-spy hangs")
+            seen = app.monitor.snapshots_seen
             await pilot.press("question_mark")
             await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
             await pilot.press("escape")
             await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen), "help to close")
-            await wait_for(pilot, lambda: app.snapshots_seen > seen + 2, "more snapshots")
+            await wait_for(pilot, lambda: app.monitor.snapshots_seen > seen + 2, "more snapshots")
             t0 = time.monotonic()
             await pilot.press("q")
         assert time.monotonic() - t0 < 5
@@ -786,15 +786,15 @@ def test_tui_resized_to_20x5_and_back(tmp_path):
 
     async def drill() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.snapshots_seen >= 2, "the first snapshots")
+            await wait_for(pilot, lambda: app.monitor.snapshots_seen >= 2, "the first snapshots")
             await pilot.resize_terminal(20, 5)
             await wait_for(pilot, lambda: isinstance(app.screen, TooSmallScreen), "the too-small screen")
             text = str(app.screen.query_one("#too-small").render())
             assert "terminal too small" in text and "20×5" in text
-            seen = app.snapshots_seen
+            seen = app.monitor.snapshots_seen
             await pilot.resize_terminal(120, 40)
             await wait_for(pilot, lambda: not isinstance(app.screen, TooSmallScreen), "the main screen back")
-            await wait_for(pilot, lambda: app.snapshots_seen > seen + 2, "snapshots after the resize")
+            await wait_for(pilot, lambda: app.monitor.snapshots_seen > seen + 2, "snapshots after the resize")
             grid = app.query_one(GpuGrid)
             assert grid.region.width > 0 and grid.region.height > 0
             await pilot.resize_terminal(20, 5)

@@ -107,6 +107,7 @@ def test_headless_command_loads_neither_textual_nor_torch(command, spawn, tmp_pa
         "gputop.report.markdown",
         "gputop.report.jsonreport",
         "gputop.recording",
+        "gputop.monitor",  # the live monitor's state and work; its screen is gputop.tui.app
     ],
 )
 def test_the_core_imports_without_textual_or_torch(module, spawn):

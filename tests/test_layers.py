@@ -51,7 +51,9 @@ FLOORS: list[tuple[str, list[str]]] = [
     ),
     # what gputop writes down: reports, the Prometheus exporter, the advice already given
     ("report", ["gputop.report", "gputop.exporter", "gputop.advice_memory"]),
-    # the terminal UI
+    # the live monitor without its screen: collection, history, the diagnosis' schedule, the actions' results
+    ("monitor", ["gputop.monitor"]),
+    # the terminal UI, the view and the keys over the monitor
     ("tui", ["gputop.tui"]),
     # the commands, each of which may open the UI
     ("commands", ["gputop.commands"]),

@@ -1,11 +1,14 @@
 """The monitor's background actions: the loader benchmark (key b), the trace (t), the machine check (c) and
 the report (r), each with its confirmation, its progress and its result.
 
-`BackgroundActions` is the one helper the app hands these keys to.  Each action runs in an app worker
-thread, so the screen keeps drawing; closing a dialog does not stop its run: the result shows in the
-dialog while it is open, and as a notification otherwise.  The benchmark and the trace go through one
+`BackgroundActions` is the one helper the app hands these keys to.  It reads the monitor (`gputop.monitor`:
+its source, its history, its findings) and shows what it does through an `ActionsView` (the app is one: its
+dialogs, notifications and workers, the job panel's selected row, the cards' check marks).  Each action runs
+in a worker thread, so the screen keeps drawing; closing a dialog does not stop its run: the result shows in
+the dialog while it is open, and as a notification otherwise.  The benchmark and the trace go through one
 flow (`DialogTask`, `_start`): ask in a dialog, run with progress, keep the result, show it.  What an
-action found is kept here (`bench`, `trace`, `check`) and joins the app's diagnosis and the `r` report.
+action found is kept by the monitor (`Monitor.bench`, `trace`, `check`) and joins its diagnosis and the
+`r` report.
 
 The code behind each key is imported when the key is pressed: a monitor that is never asked for a
 benchmark does not pay its import time and memory at start (the first frame, the RSS bar).
@@ -22,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, Protocol, Se
 
 from gputop.errors import GputopError
 from gputop.history import History
-from gputop.model import Finding, Snapshot
+from gputop.model import Snapshot
+from gputop.monitor import Monitor
 from gputop.source import Source
 
 if TYPE_CHECKING:
@@ -30,8 +34,8 @@ if TYPE_CHECKING:
     from gputop.bench import BenchResult
     from gputop.tracing import TraceResult
     from gputop.tui.check_screen import CheckScreen
-    from gputop.tui.main_screen import MainScreen
     from gputop.tui.screens import BenchScreen
+    from gputop.tui.widgets.job_panel import JobRow
 
 BENCH_SECONDS = 15.0  # the loader benchmark's bound (its active sweep is fitted into it)
 
@@ -93,36 +97,16 @@ def _run_machine_check(
     return run_machine_check(source, window, stop, seconds)
 
 
-class ActionsHost(Protocol):
-    """What the actions read and call on the monitor (`GputopApp`): its source and history, the verdict's
-    assembly, and Textual's calls to show dialogs, notify and run workers."""
-
-    @property
-    def source(self) -> Source: ...
-
-    @property
-    def history(self) -> History: ...
-
-    @property
-    def main(self) -> "MainScreen": ...
+class ActionsView(Protocol):
+    """What the actions show through (`GputopApp`): Textual's calls to show dialogs, notify and run workers, the
+    screen on top, the job panel's selected row and the GPU cards' marks from a machine check."""
 
     @property
     def screen(self) -> Any: ...
 
-    @property
-    def collection_stopped(self) -> threading.Event: ...
+    def selected_row(self) -> "Optional[JobRow]": ...
 
-    def history_copy(self) -> History: ...
-
-    def diagnose_now(self) -> None: ...
-
-    def assess(
-        self,
-        history: History,
-        bench: "Optional[BenchResult]",
-        trace: "Optional[TraceResult]",
-        check: "Optional[CheckReport]",
-    ) -> tuple[list[Finding], str]: ...
+    def show_check_marks(self, report: "CheckReport") -> None: ...
 
     @property
     def notify(self) -> Callable[..., Any]: ...
@@ -138,16 +122,14 @@ class ActionsHost(Protocol):
 
 
 class BackgroundActions:
-    """Keys b, t, c and r for `app`, and what their runs found."""
+    """Keys b, t, c and r over `monitor`, shown through `view`; their results go to the monitor."""
 
-    def __init__(self, app: ActionsHost) -> None:
-        self.app = app
+    def __init__(self, monitor: Monitor, view: ActionsView) -> None:
+        self.monitor = monitor
+        self.view = view
         self.trace_runner: TraceRunner = _run_trace
         self.machine_check: MachineCheck = _run_machine_check
         self.check_seconds: Optional[float] = None  # the check's window; None: check_screen.CHECK_SECONDS
-        self.bench: Optional[BenchResult] = None  # the latest results: they join the diagnosis and the report
-        self.trace: Optional[TraceResult] = None
-        self.check: Optional[CheckReport] = None
         self._check_screen: Optional[CheckScreen] = None  # the check's dialog, once opened
 
     # ------------------------------------------------------------------ benchmark and trace: one flow
@@ -163,16 +145,16 @@ class BackgroundActions:
             def run(progress: Progress) -> "BenchResult":
                 return _run_benchmark(pid, seconds=BENCH_SECONDS, allow_inject=allow_inject, progress=progress)
 
-            self._start(dialog, DialogTask("benchmark", "the loader benchmark", run, self._keep_bench))
+            self._start(dialog, DialogTask("benchmark", "the loader benchmark", run, self.monitor.keep_bench))
 
         dialog = BenchScreen(*target, confirmed)
-        self.app.push_screen(dialog)
+        self.view.push_screen(dialog)
 
     def start_trace(self) -> None:
         """Key t: the trace of the attached job (every rank through its launcher), once the user says yes."""
         from gputop.tui.trace_screen import TRACE_SECONDS, TraceScreen, trace_target
 
-        snapshot = self.app.history.latest
+        snapshot = self.monitor.history.latest
         target = trace_target(snapshot.job if snapshot is not None else None)
         if target is None:
             self._attach_first()
@@ -182,17 +164,17 @@ class BackgroundActions:
             def run(progress: Progress) -> "TraceResult":
                 return self.trace_runner(pid, seconds=TRACE_SECONDS, progress=progress)
 
-            self._start(dialog, DialogTask("trace", "the trace", run, self._keep_trace))
+            self._start(dialog, DialogTask("trace", "the trace", run, self.monitor.keep_trace))
 
         dialog = TraceScreen(*target, confirmed)
-        self.app.push_screen(dialog)
+        self.view.push_screen(dialog)
 
     def _attach_first(self) -> None:
-        self.app.notify("attach to a training job first (gputop --pid PID, or Enter on a process)", severity="warning")
+        self.view.notify("attach to a training job first (gputop --pid PID, or Enter on a process)", severity="warning")
 
     def _bench_target(self) -> Optional[tuple[int, str]]:
-        snapshot = self.app.history.latest
-        row = self.app.main.selected
+        snapshot = self.monitor.history.latest
+        row = self.view.selected_row()
         job = snapshot.job if snapshot else None
         if row is not None and row.kind == "rank":
             return row.pid, row.label.lstrip("├└│ ")
@@ -204,110 +186,99 @@ class BackgroundActions:
             return row.pid, row.label
         return None
 
-    def _keep_bench(self, result: "BenchResult") -> None:
-        self.bench = result
-
-    def _keep_trace(self, result: "TraceResult") -> None:
-        self.trace = result
-
     def _start(self, dialog: "BenchScreen", task: DialogTask[R]) -> None:
         """Run `task` in a worker; its progress and result go to `dialog` while it is open."""
-        self.app.run_worker(lambda: self._run(dialog, task), thread=True, group=task.name, exclusive=True)
+        self.view.run_worker(lambda: self._run(dialog, task), thread=True, group=task.name, exclusive=True)
 
     def _run(self, dialog: "BenchScreen", task: DialogTask[R]) -> None:
-        app = self.app
+        view = self.view
 
         def progress(fraction: float, message: str) -> None:
             if dialog.is_mounted:
-                app.call_from_thread(dialog.show_progress, fraction, message)
+                view.call_from_thread(dialog.show_progress, fraction, message)
 
         try:
             result = task.run(progress)
         except ImportError:
-            app.call_from_thread(self._finished, dialog, task, None, f"{task.feature} is not available in this build")
+            view.call_from_thread(self._finished, dialog, task, None, f"{task.feature} is not available in this build")
         except GputopError as exc:
-            app.call_from_thread(self._finished, dialog, task, None, str(exc))
+            view.call_from_thread(self._finished, dialog, task, None, str(exc))
         except Exception as exc:  # a bug in a run must not take the monitor down
-            app.call_from_thread(self._finished, dialog, task, None, f"{task.name} failed: {type(exc).__name__}: {exc}")
+            view.call_from_thread(self._finished, dialog, task, None, f"{task.name} failed: {type(exc).__name__}: {exc}")
         else:
-            app.call_from_thread(self._finished, dialog, task, result, None)
+            view.call_from_thread(self._finished, dialog, task, result, None)
 
     def _finished(self, dialog: "BenchScreen", task: DialogTask[R], result: Optional[R], error: Optional[str]) -> None:
         if result is not None:
-            task.keep(result)
-            self.app.diagnose_now()
+            task.keep(result)  # (the monitor asks for a verdict with it)
         lines = list(result.summary_lines()) if result is not None else []
         if dialog.is_mounted:
             dialog.show_result(lines, error)
         elif error:
-            self.app.notify(error, title=task.name, severity="error", timeout=8)
+            self.view.notify(error, title=task.name, severity="error", timeout=8)
         else:
-            self.app.notify(lines[0] if lines else f"{task.name} done", title=task.name, timeout=8)
+            self.view.notify(lines[0] if lines else f"{task.name} done", title=task.name, timeout=8)
 
     # ------------------------------------------------------------------ machine check (key c)
     def start_check(self) -> None:
-        """`gputop check` over the live source: its window is the app's latest snapshot and those it takes
+        """`gputop check` over the live source: its window is the monitor's latest snapshot and those it takes
         while the check runs (nothing is polled twice)."""
         from gputop.tui.check_screen import CHECK_SECONDS, CheckScreen
 
-        if isinstance(self.app.screen, CheckScreen):
+        if isinstance(self.view.screen, CheckScreen):
             return
         if self.check_seconds is None:
             self.check_seconds = CHECK_SECONDS
         seconds = self.check_seconds
         screen = self._check_screen = CheckScreen(seconds)
-        self.app.push_screen(screen)
-        latest = self.app.history.latest
+        self.view.push_screen(screen)
+        monitor, view = self.monitor, self.view
+        latest = monitor.history.latest
         start = latest.timestamp if latest is not None else float("-inf")
-        app = self.app
 
         def window() -> list[Snapshot]:
-            snapshots: list[Snapshot] = app.call_from_thread(lambda: [s for s in app.history if s.timestamp >= start])
+            snapshots: list[Snapshot] = view.call_from_thread(lambda: [s for s in monitor.history if s.timestamp >= start])
             return snapshots
 
         def run() -> None:
             try:
-                report = self.machine_check(app.source, window, app.collection_stopped, seconds)
+                report = self.machine_check(monitor.source, window, monitor.collection_stopped, seconds)
             except GputopError as exc:
-                app.call_from_thread(self._check_done, None, str(exc))
+                view.call_from_thread(self._check_done, None, str(exc))
             except Exception as exc:  # a check bug must not take the monitor down
-                app.call_from_thread(self._check_done, None, f"the machine check failed: {type(exc).__name__}: {exc}")
+                view.call_from_thread(self._check_done, None, f"the machine check failed: {type(exc).__name__}: {exc}")
             else:
-                app.call_from_thread(self._check_done, report, None)
+                view.call_from_thread(self._check_done, report, None)
 
-        app.run_worker(run, thread=True, group="check", exclusive=True)
+        view.run_worker(run, thread=True, group="check", exclusive=True)
 
     def _check_done(self, report: Optional["CheckReport"], error: Optional[str]) -> None:
-        from gputop.tui.look import card_marks
-
         screen = self._check_screen
         if report is not None:
-            self.check = report
-            grid = self.app.main.grid
-            grid.check_marks = card_marks(report)
-            grid.redraw()
+            self.monitor.keep_check(report)
+            self.view.show_check_marks(report)
         if screen is not None and not screen.closed:  # (it may not be mounted yet: it shows what it got on mount)
             if report is not None:
                 screen.show_report(report)
             else:
                 screen.show_error(error or "")
         elif error:
-            self.app.notify(error, title="machine check", severity="error", timeout=8)
+            self.view.notify(error, title="machine check", severity="error", timeout=8)
         elif report is not None:
-            self.app.notify(report.summary, title="machine check", timeout=8)
+            self.view.notify(report.summary, title="machine check", timeout=8)
 
     # ------------------------------------------------------------------ report (key r)
     def write_report(self, directory: Optional[str]) -> None:
         """The markdown report of what the screen shows (its history, bench, trace and check) into
         `directory` (None: the working directory)."""
-        app = self.app
-        if not len(app.history):
-            app.notify("nothing observed yet", severity="warning")
+        view, monitor = self.view, self.monitor
+        if not len(monitor.history):
+            view.notify("nothing observed yet", severity="warning")
             return
-        history = app.history_copy()
-        app.notify("writing the report…", timeout=2)
-        bench, trace, check = self.bench, self.trace, self.check
-        app.run_worker(lambda: self._write(history, bench, trace, check, directory), thread=True, group="report")
+        history = monitor.history.copy()  # the worker's own: the monitor keeps appending to its history
+        view.notify("writing the report…", timeout=2)
+        bench, trace, check = monitor.bench, monitor.trace, monitor.check
+        view.run_worker(lambda: self._write(history, bench, trace, check, directory), thread=True, group="report")
 
     def _write(
         self,
@@ -317,21 +288,21 @@ class BackgroundActions:
         check: Optional["CheckReport"],
         directory: Optional[str],
     ) -> None:
-        app = self.app
+        view = self.view
         try:
             from gputop.report.markdown import render_markdown
             from gputop.report.writer import write_report
 
             # the findings the screen shows (same window, bench, trace and check), so the ticket agrees with it
-            findings, _line = app.assess(history, bench, trace, check)
+            findings, _line = self.monitor.assess(history, bench, trace, check)
             text = render_markdown(history, findings, bench=bench, command="gputop (TUI, key r)", infra=check, trace=trace)
             path = (
                 Path(directory or os.getcwd()) / f"gputop-report-{history.machine.hostname}-{time.strftime('%Y%m%d-%H%M%S')}.md"
             )
             write_report(str(path), text)
         except ImportError:
-            app.call_from_thread(app.notify, "reports are not available in this build", severity="error")
+            view.call_from_thread(view.notify, "reports are not available in this build", severity="error")
         except (GputopError, OSError) as exc:
-            app.call_from_thread(app.notify, str(exc), title="report not written", severity="error", timeout=8)
+            view.call_from_thread(view.notify, str(exc), title="report not written", severity="error", timeout=8)
         else:
-            app.call_from_thread(app.notify, f"wrote {path}", title="report", timeout=8)
+            view.call_from_thread(view.notify, f"wrote {path}", title="report", timeout=8)

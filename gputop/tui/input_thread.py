@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from textual.driver import Driver
+    from textual.drivers.linux_driver import LinuxDriver
 
 
 class _WakingEvent(threading.Event):
@@ -61,10 +62,6 @@ def quiet_driver(driver_class: type[Driver]) -> type[Driver]:
     if not _fits(driver_class):
         return driver_class
 
-    from textual._loop import loop_last
-    from textual._parser import ParseError
-    from textual._time import get_time
-    from textual._xterm_parser import XTermParser
     from textual.drivers.linux_driver import LinuxDriver
 
     class QuietLinuxDriver(LinuxDriver):  # `driver_class` is LinuxDriver (`_fits`)
@@ -84,58 +81,73 @@ def quiet_driver(driver_class: type[Driver]) -> type[Driver]:
         def run_input_thread(self) -> None:
             """Textual's LinuxDriver.run_input_thread, waiting on input, the ESC deadline or the stop pipe
             instead of waking every 0.1 s."""
-            selector = selectors.SelectSelector()
-            selector.register(self.fileno, selectors.EVENT_READ)
-            selector.register(self._wake_read, selectors.EVENT_READ)
-            fileno = self.fileno
-            wake_read = self._wake_read
-            EVENT_READ = selectors.EVENT_READ
-
-            parser = XTermParser(self._debug)
-            feed = parser.feed
-            tick = parser.tick
-
-            decode = getincrementaldecoder("utf-8")().decode
-            read = os.read
-
-            def next_wait() -> Optional[float]:
-                due = parser._timeout_time  # a lone ESC waits this long for the rest of a sequence
-                return None if due is None else max(0.0, due - get_time())
-
-            def process_selector_events(selector_events: list[tuple[selectors.SelectorKey, int]], final: bool = False) -> None:
-                events = []
-                for key, mask in selector_events:
-                    if key.fd == wake_read:
-                        try:
-                            while read(wake_read, 64):
-                                pass
-                        except OSError:  # drained (EAGAIN)
-                            pass
-                    else:
-                        events.append((key, mask))
-                for last, (_selector_key, mask) in loop_last(events):
-                    if mask & EVENT_READ:
-                        unicode_data = decode(read(fileno, 1024 * 4), final=final and last)
-                        if not unicode_data:
-                            # This can occur if the stdin is piped
-                            break
-                        for event in feed(unicode_data):
-                            self.process_message(event)
-                for event in tick():
-                    self.process_message(event)
-
-            try:
-                while not self.exit_event.is_set():
-                    process_selector_events(selector.select(next_wait()))
-                selector.unregister(self.fileno)
-                process_selector_events(selector.select(0.1), final=True)
-            finally:
-                selector.close()
-                try:
-                    for _event in feed(""):
-                        pass
-                except (EOFError, ParseError):
-                    pass
+            _run_quietly(self, self._wake_read)
 
     QuietLinuxDriver.__name__ = QuietLinuxDriver.__qualname__ = "QuietLinuxDriver"
     return QuietLinuxDriver
+
+
+def _drain(fd: int) -> None:
+    """Read a non-blocking pipe empty (the wake-ups written to it)."""
+    try:
+        while os.read(fd, 64):
+            pass
+    except OSError:  # drained (EAGAIN)
+        pass
+
+
+def _run_quietly(driver: LinuxDriver, wake_read: int) -> None:
+    """The body of LinuxDriver.run_input_thread for `driver`, line for line but for the wait: until input, the
+    parser's ESC deadline, or a byte on `wake_read` (the driver's exit event was set)."""
+    from textual._loop import loop_last
+    from textual._parser import ParseError
+    from textual._time import get_time
+    from textual._xterm_parser import XTermParser
+
+    selector = selectors.SelectSelector()
+    selector.register(driver.fileno, selectors.EVENT_READ)
+    selector.register(wake_read, selectors.EVENT_READ)
+    fileno = driver.fileno
+    EVENT_READ = selectors.EVENT_READ
+
+    parser = XTermParser(driver._debug)
+    feed = parser.feed
+    tick = parser.tick
+
+    decode = getincrementaldecoder("utf-8")().decode
+    read = os.read
+
+    def next_wait() -> Optional[float]:
+        due = parser._timeout_time  # a lone ESC waits this long for the rest of a sequence
+        return None if due is None else max(0.0, due - get_time())
+
+    def process_selector_events(selector_events: list[tuple[selectors.SelectorKey, int]], final: bool = False) -> None:
+        events = []
+        for key, mask in selector_events:
+            if key.fd == wake_read:
+                _drain(wake_read)
+            else:
+                events.append((key, mask))
+        for last, (_selector_key, mask) in loop_last(events):
+            if mask & EVENT_READ:
+                unicode_data = decode(read(fileno, 1024 * 4), final=final and last)
+                if not unicode_data:
+                    # This can occur if the stdin is piped
+                    break
+                for event in feed(unicode_data):
+                    driver.process_message(event)
+        for event in tick():
+            driver.process_message(event)
+
+    try:
+        while not driver.exit_event.is_set():
+            process_selector_events(selector.select(next_wait()))
+        selector.unregister(driver.fileno)
+        process_selector_events(selector.select(0.1), final=True)
+    finally:
+        selector.close()
+        try:
+            for _event in feed(""):
+                pass
+        except (EOFError, ParseError):
+            pass

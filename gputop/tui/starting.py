@@ -106,7 +106,7 @@ class StartingPipeline:
                 self._ended()
                 return
             pipeline = build(self._host, job)
-        except Exception as exc:  # raised by the next poll: the monitor ends with it (see GputopApp)
+        except Exception as exc:  # raised by the next poll: the monitor ends with it (Monitor._poll_failed)
             self._job = None
             if job is not None:
                 job.close()

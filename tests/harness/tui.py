@@ -31,7 +31,7 @@ async def settle(pilot, app: GputopApp, source: ScriptedSource, diagnosis: bool 
     """Wait until every scripted snapshot is on screen (and the first verdict, when asked)."""
     await wait_for(
         pilot,
-        lambda: source.exhausted and app.snapshots_seen == source.polls and (not diagnosis or app.diagnoses_done >= 1),
+        lambda: source.exhausted and app.monitor.snapshots_seen == source.polls and (not diagnosis or app.diagnoses_done >= 1),
         "the scripted snapshots to be drawn",
     )
     await pilot.pause()
@@ -91,7 +91,7 @@ TRACE_RANK = {
 async def run_the_check(pilot, app: GputopApp) -> None:
     """Key c: the (scripted) machine check runs; its dialog is closed again."""
     await pilot.press("c")
-    await wait_for(pilot, lambda: app.actions.check is not None, "the scripted check")
+    await wait_for(pilot, lambda: app.monitor.check is not None, "the scripted check")
     await pilot.press("escape")
 
 

@@ -66,7 +66,7 @@ async def test_hung_poll_never_freezes_keys_or_quit():
             await wait_for(pilot, lambda: type(app.screen).__name__ == "HelpScreen", "help to open")
             await pilot.press("escape")
             await pilot.press("p")
-            assert app.paused
+            assert app.monitor.paused
             assert "waiting for the first sample" in app.query_one(GpuGrid).lines_text[0]
             await pilot.press("q")
             await wait_for(pilot, lambda: not app.is_running, "the app to exit")
@@ -102,19 +102,19 @@ async def test_polls_never_overlap(close_sources):
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
     assert source.max_active == 1
-    assert len(app.history) == 40
+    assert len(app.monitor.history) == 40
 
 
 async def test_interval_keys_step_through_the_presets(close_sources):
     app, source = build_app(5)
     close_sources(source)
-    app.interval = 1.0
+    app.monitor.interval = 1.0
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
         await pilot.press("plus")
-        assert app.interval == 0.5
+        assert app.monitor.interval == 0.5
         await pilot.press("minus", "minus")
-        assert app.interval == 2.0
+        assert app.monitor.interval == 2.0
         assert "⟳ 2s" in app.query_one("#header").lines_text[0]
 
 
@@ -133,14 +133,14 @@ async def test_pause_freezes_the_screen_and_says_so(close_sources):
     app = GputopApp(source, interval=0.001, diagnose=lambda h, b, t, c: ([], "ok"))
     try:
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.snapshots_seen == 20, "20 snapshots")
+            await wait_for(pilot, lambda: app.monitor.snapshots_seen == 20, "20 snapshots")
             await pilot.press("p")
             frozen = app.query_one(GpuGrid).lines_text
             assert "PAUSED" in app.query_one("#header").lines_text[0]
             gate.set()
             await settle(pilot, app, source, diagnosis=False)
             assert app.query_one(GpuGrid).lines_text == frozen  # data kept coming; the screen did not move
-            assert len(app.history) == 30
+            assert len(app.monitor.history) == 30
             await pilot.press("p")
             await pilot.pause()
             assert "PAUSED" not in app.query_one("#header").lines_text[0]
@@ -276,17 +276,17 @@ async def test_xids_show_on_their_cards_and_in_the_verdict():
     app = GputopApp(source, interval=0.1)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.verdict is not None and app.snapshots_seen >= 2, "a verdict")
+            await wait_for(pilot, lambda: app.monitor.verdict is not None and app.monitor.snapshots_seen >= 2, "a verdict")
             cards = app.query_one(GpuGrid).lines_text
             fault_line = next(line for line in cards if "XID 79" in line)
             assert fault_line.index("XID 79") > 60  # GPU2's card: the third of four columns
             assert any("XID 31" in line for line in cards) and sum("XID" in line for line in cards) == 2
-            assert app.verdict.line.startswith("XID 79 on GPU 2: GPU has fallen off the bus")
-            assert "more" not in app.verdict.line  # the verdict widget says "+N more (f)" itself, once
-            assert {f.id for f in app.verdict.findings} >= {"xid", "xid_code"}
+            assert app.monitor.verdict.line.startswith("XID 79 on GPU 2: GPU has fallen off the bus")
+            assert "more" not in app.monitor.verdict.line  # the verdict widget says "+N more (f)" itself, once
+            assert {f.id for f in app.monitor.verdict.findings} >= {"xid", "xid_code"}
             await pilot.press("q")
     finally:
-        app.wait_for_collector()
+        app.monitor.wait_for_collector()
         source.close()
 
 
@@ -431,7 +431,7 @@ async def test_bench_modal_confirms_tier_and_shows_result(close_sources, monkeyp
         await wait_for(pilot, lambda: type(app.screen).__name__ == "BenchScreen", "the bench dialog")
         assert calls == []  # nothing runs before the user picks a tier
         await pilot.press("a")
-        await wait_for(pilot, lambda: app.actions.bench is not None, "the benchmark result")
+        await wait_for(pilot, lambda: app.monitor.bench is not None, "the benchmark result")
         await pilot.pause()
         body = str(app.screen.query_one("#bench-body").render())
         assert "num_workers=8" in body
@@ -569,11 +569,13 @@ async def test_replay_of_a_real_recording_keeps_every_sample_and_restarts_after_
     app = GputopApp(source, interval=0.01, controls=source, diagnose=lambda h, b, t, c: ([], "ok"))
     async with app.run_test(size=(120, 40)) as pilot:
         clock.advance(10.0)  # 40 s of recording at 4x
-        await wait_for(pilot, lambda: len(app.history) == 41, "every sample of the first 40 s")
-        assert [s.timestamp for s in app.history] == [SCREEN_T0 + i for i in range(41)]
+        await wait_for(pilot, lambda: len(app.monitor.history) == 41, "every sample of the first 40 s")
+        assert [s.timestamp for s in app.monitor.history] == [SCREEN_T0 + i for i in range(41)]
         await pilot.press("left")  # back 10 s: the history starts over at 30 s
-        await wait_for(pilot, lambda: app.history.latest and app.history.latest.timestamp == SCREEN_T0 + 30, "the seek")
-        assert len(app.history) == 31
+        await wait_for(
+            pilot, lambda: app.monitor.history.latest and app.monitor.history.latest.timestamp == SCREEN_T0 + 30, "the seek"
+        )
+        assert len(app.monitor.history) == 31
         await wait_for(pilot, lambda: "REPLAY 00:30/01:59 ×4" in app.query_one("#header").lines_text[0], "the header")
 
 
@@ -609,7 +611,7 @@ async def test_replay_shows_the_interpretation_the_recording_carries(tmp_path):
     try:
         async with app.run_test(size=(160, 48)) as pilot:
             clock.advance(4.0)
-            await wait_for(pilot, lambda: len(app.history) == 5, "the whole recording")
+            await wait_for(pilot, lambda: len(app.monitor.history) == 5, "the whole recording")
             await wait_for(pilot, lambda: app.query_one(JobPanel).rows, "the job tree")
             await pilot.pause()
             assert app.query_one(CpuHeatmap).job_cores == frozenset({77})  # not the processes' own cores

@@ -90,7 +90,9 @@ async def test_the_tui_follows_the_case_study_from_stage_1_to_stage_2(spawn):
 
             await wait_for(pilot, lambda: header.subtitle.startswith("case study: stage 1 of 4 — num_workers=0"), "stage 1")
             await wait_for(
-                pilot, lambda: app.verdict is not None and "GPUs 0, 1" in app.verdict.line, "the verdict on stage 1's job"
+                pilot,
+                lambda: app.monitor.verdict is not None and "GPUs 0, 1" in app.monitor.verdict.line,
+                "the verdict on stage 1's job",
             )
             assert "steps/s" not in header.subtitle  # nothing before stage 1
 
@@ -105,10 +107,10 @@ async def test_the_tui_follows_the_case_study_from_stage_1_to_stage_2(spawn):
             # the verdict follows the new job: its history started over, without stage 1's job in it
             await wait_for(
                 pilot,
-                lambda: in_stage_2() and app.verdict is not None and "GPUs 0, 1" not in app.verdict.line,
+                lambda: in_stage_2() and app.monitor.verdict is not None and "GPUs 0, 1" not in app.monitor.verdict.line,
                 "the verdict on stage 2's job",
             )
-            roots = {s.job.root_pid for s in app.history if s.job is not None}
+            roots = {s.job.root_pid for s in app.monitor.history if s.job is not None}
             assert roots == {jobs[2].launcher_pid}
             await wait_for(pilot, lambda: "GPUs 0, 1" not in app.main.verdict.text, "stage 2's verdict on screen")
             await pilot.press("q")

@@ -29,12 +29,12 @@ async def test_check_key_runs_the_check_on_the_live_machine():
     app.actions.check_seconds = 1.5
     try:
         async with app.run_test(size=(160, 48)) as pilot:
-            await wait_for(pilot, lambda: app.snapshots_seen >= 1, "the first sample")
+            await wait_for(pilot, lambda: app.monitor.snapshots_seen >= 1, "the first sample")
             await pilot.press("c")
             assert isinstance(app.screen, CheckScreen)
-            await wait_for(pilot, lambda: app.actions.check is not None, "the machine check", timeout=30)
+            await wait_for(pilot, lambda: app.monitor.check is not None, "the machine check", timeout=30)
             await pilot.pause()
-            report = app.actions.check
+            report = app.monitor.check
             assert report.exit_code == 3
             (failing,) = [r for r in report.results if r.status == "fail"]
             assert failing.id == "pcie.replay" and failing.gpus == (3,)
@@ -59,7 +59,7 @@ async def test_check_key_without_a_live_machine_says_why_not(close_sources):
         await wait_for(
             pilot, lambda: "a replay has no NVML" in (getattr(app.screen, "error", None) or ""), "the reason on the check screen"
         )
-        assert app.actions.check is None and app.query_one(GpuGrid).check_marks == {}
+        assert app.monitor.check is None and app.query_one(GpuGrid).check_marks == {}
 
 
 async def test_help_lists_the_check_key(close_sources):
@@ -79,7 +79,7 @@ async def test_compact_layout_marks_the_gpu_line(close_sources):
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot, app, source, diagnosis=False)
         await pilot.press("c")
-        await wait_for(pilot, lambda: app.actions.check is not None, "the scripted check")
+        await wait_for(pilot, lambda: app.monitor.check is not None, "the scripted check")
         await pilot.press("escape")
         grid = app.query_one(GpuGrid)
         assert grid.compact
@@ -110,13 +110,13 @@ async def test_the_screen_the_r_report_and_gputop_report_give_the_same_findings(
     import re
 
     from gputop.analysis.findings import findings
+    from gputop.monitor import diagnose_with_findings
     from gputop.tracing import TraceResult
-    from gputop.tui.app import _default_diagnose
     from tests.harness.machine_check import scripted_check
 
     app, source = build_app(10, tmp_path=tmp_path, with_job=True)
     close_sources(source)
-    app._diagnose = _default_diagnose  # the real diagnosis, as the monitor runs it
+    app.monitor.diagnose = diagnose_with_findings  # the real diagnosis, as the monitor runs it
     app.actions.machine_check = scripted_check("h100-sxm-8+nvlink-crc=2:7")
     app.actions.trace_runner = lambda pid, *, seconds, progress: TraceResult(
         target=f"PID {pid}", ranks=(TRACE_RANK,), findings=(TRACE_COMM_FINDING,), seconds=seconds
@@ -126,20 +126,20 @@ async def test_the_screen_the_r_report_and_gputop_report_give_the_same_findings(
         await run_the_check(pilot, app)
         await pilot.press("t")
         await pilot.press("y")
-        await wait_for(pilot, lambda: app.actions.trace is not None, "the scripted trace")
+        await wait_for(pilot, lambda: app.monitor.trace is not None, "the scripted trace")
         await pilot.press("escape")
         await wait_for(
             pilot,
             lambda: (
-                app.verdict is not None
-                and app.verdict.findings is not None
-                and any(f.id == TRACE_COMM_FINDING.id for f in app.verdict.findings)
-                and any(f.id.startswith("check.") for f in app.verdict.findings)
+                app.monitor.verdict is not None
+                and app.monitor.verdict.findings is not None
+                and any(f.id == TRACE_COMM_FINDING.id for f in app.monitor.verdict.findings)
+                and any(f.id.startswith("check.") for f in app.monitor.verdict.findings)
             ),
             "the trace's and the check's findings on screen",
         )
         path = await write_the_report(pilot, tmp_path)
-        screen = [f.title for f in app.verdict.findings]
-        command = [f.title for f in findings(app.history, None, app.actions.trace, app.actions.check, window=None)]
+        screen = [f.title for f in app.monitor.verdict.findings]
+        command = [f.title for f in findings(app.monitor.history, None, app.monitor.trace, app.monitor.check, window=None)]
     written = re.findall(r"^### \d+\. (.+)$", path.read_text(), flags=re.M)
     assert screen == written == command, (screen, written, command)

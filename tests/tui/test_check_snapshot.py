@@ -19,7 +19,7 @@ def _snap(snap_compare, size, *, close: bool):
     async def run_before(pilot):
         await settle(pilot, app, source)
         await pilot.press("c")
-        await wait_for(pilot, lambda: app.actions.check is not None, "the scripted check")
+        await wait_for(pilot, lambda: app.monitor.check is not None, "the scripted check")
         if close:
             await pilot.press("escape")
         await pilot.pause()

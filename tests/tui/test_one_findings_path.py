@@ -1,5 +1,5 @@
 """The TUI's verdict and its `r` report come from `findings()` (analysis/findings.py), the call `gputop report`
-and `gputop serve` make: one path, the counter watch's fallback included (issue 39).  The app's `assess` is what
+and `gputop serve` make: one path, the counter watch's fallback included (issue 39).  The monitor's `assess` is what
 both the verdict and the `r` report call."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_the_tuis_findings_are_findings_on_the_same_history_counter_watch_includ
             return findings(*args, **kwargs)
 
         monkeypatch.setattr(findings_module, "findings", spy)
-        on_screen, line = app.assess(history, None, None, None)
+        on_screen, line = app.monitor.assess(history, None, None, None)
         monkeypatch.undo()
     assert calls == [(history, None, None, None)]  # the app called findings(), and nothing of its own
     from_findings = findings(history, None, None, None)

@@ -69,7 +69,7 @@ def on_diagnosed(self, message, _orig=tui_app.GputopApp.on_diagnosed):
     _orig(self, message)
     if not seen:
         seen["at_first_verdict"] = sorted(sys.modules)
-        seen["snapshots"] = self.snapshots_seen
+        seen["snapshots"] = self.monitor.snapshots_seen
         seen["gc_enabled"] = gc.isenabled()
         self.action_help()
         seen["after_help_key"] = sorted(sys.modules)
@@ -110,11 +110,11 @@ async def test_the_prefetched_first_poll_is_drawn_by_the_first_frame(close_sourc
     )
     app = GputopApp(source, interval=0.001, diagnose=fixed_diagnose, poll_loop=loop)
     posted = []
-    post_batch = app._post_batch
-    app._post_batch = lambda batch: (posted.append(batch), post_batch(batch))  # the collector's way in
+    deliver = app.monitor._deliver
+    app.monitor._deliver = lambda batch: (posted.append(batch), deliver(batch))  # the collector's way in
     async with app.run_test(size=(120, 40)):
         # on the screen at mount, not delivered later by the collector through the message queue
-        assert app.snapshots_seen == 1 and app.history.latest is source._snapshots[0]
+        assert app.monitor.snapshots_seen == 1 and app.monitor.history.latest is source._snapshots[0]
         assert posted == []
         assert any(line.lstrip().startswith("GPU0") or " GPU0" in line for line in app.query_one("#gpus").lines_text)
 
@@ -125,10 +125,10 @@ def test_an_app_that_never_mounted_waits_for_the_prefetched_poll_before_its_sour
     loop.prefetch()
     app = GputopApp(source, interval=0.001, diagnose=fixed_diagnose, poll_loop=loop)  # never run: no collector
     try:
-        assert not app.wait_for_collector(0.05)  # the prefetched poll is still inside the source
+        assert not app.monitor.wait_for_collector(0.05)  # the prefetched poll is still inside the source
     finally:
         source.close()
-    assert app.wait_for_collector(5)
+    assert app.monitor.wait_for_collector(5)
 
 
 # ------------------------------------------------------------------ a first frame that never waits for NVML
@@ -183,22 +183,24 @@ async def test_the_first_frame_draws_the_cpu_and_jobs_while_nvml_init_is_held(he
                 "the first frame while nvmlInit is held",
                 timeout=HOLD_DEADLINE_S / 2,
             )
-            assert source.reading_gpus and app.reading_gpus  # nvmlInit has not returned
+            assert source.reading_gpus and app.monitor.reading_gpus  # nvmlInit has not returned
             assert heatmap.lines_text[0].lstrip().startswith(f"CPU {heatmap.host and len(heatmap.host.cpu_percent)} cores")
             assert jobs.title == "GPU PROCESSES"
             assert "reading GPUs…" in app.query_one(HeaderLine).lines_text[0]
             assert app.diagnoses_done == 0  # no verdict on a machine whose GPUs are not read yet
             # the pipeline's build reaches nvmlInit (after the first frame); the cards still wait for it
             await wait_for(pilot, held_nvml_init.entered.is_set, "the build to call nvmlInit", timeout=HOLD_DEADLINE_S / 2)
-            assert app.reading_gpus and not any("GPU0" in line for line in grid.lines_text)
+            assert app.monitor.reading_gpus and not any("GPU0" in line for line in grid.lines_text)
             held_nvml_init.release.set()
             await wait_for(pilot, lambda: any("GPU0" in line for line in grid.lines_text), "the GPU cards", timeout=30)
-            assert not app.reading_gpus and app.machine.gpu_count == 8 and len(app.history.latest.gpus) == 8
+            assert (
+                not app.monitor.reading_gpus and app.monitor.machine.gpu_count == 8 and len(app.monitor.history.latest.gpus) == 8
+            )
             assert "8× H100 80GB HBM3" in app.query_one(HeaderLine).lines_text[0]
             await wait_for(pilot, lambda: app.diagnoses_done >= 1, "the first verdict, once the GPUs are read")
     finally:
         held_nvml_init.release.set()
-        if app.wait_for_collector(5):
+        if app.monitor.wait_for_collector(5):
             source.close()
 
 
@@ -238,10 +240,12 @@ async def test_the_attached_jobs_tree_is_drawn_while_nvml_init_is_held(held_nvml
             assert f"{job.pid}" in jobs.title and [row.pid for row in jobs.rows][:1] == [job.pid]
             held_nvml_init.release.set()
             # the machine is adopted (reading_gpus False) with an empty history; the next poll fills it
-            await wait_for(pilot, lambda: not app.reading_gpus and app.history.latest is not None, "the GPUs", timeout=10)
-            assert jobs.title.startswith("JOB ") and app.history.latest.job is not None  # the same job, now with GPUs
+            await wait_for(
+                pilot, lambda: not app.monitor.reading_gpus and app.monitor.history.latest is not None, "the GPUs", timeout=10
+            )
+            assert jobs.title.startswith("JOB ") and app.monitor.history.latest.job is not None  # the same job, now with GPUs
     finally:
-        if app.wait_for_collector(5):
+        if app.monitor.wait_for_collector(5):
             source.close()
 
 
@@ -294,7 +298,7 @@ async def test_the_monitor_builds_its_pipeline_once_its_first_frame_is_drawn(mon
 
     class Recorded(pipeline_module.Pipeline):
         def __init__(self, *args, **kwargs):
-            at_build.append(list(apps[0].main.heatmap.lines_text) if apps and apps[0].snapshots_seen else [])
+            at_build.append(list(apps[0].main.heatmap.lines_text) if apps and apps[0].monitor.snapshots_seen else [])
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(pipeline_module, "Pipeline", Recorded)
@@ -307,11 +311,13 @@ async def test_the_monitor_builds_its_pipeline_once_its_first_frame_is_drawn(mon
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             # the machine is adopted (reading_gpus False) with an empty history; the next poll fills it
-            await wait_for(pilot, lambda: not app.reading_gpus and app.history.latest is not None, "the GPUs", timeout=10)
+            await wait_for(
+                pilot, lambda: not app.monitor.reading_gpus and app.monitor.history.latest is not None, "the GPUs", timeout=10
+            )
         assert len(at_build) == 1 and at_build[0][:1], f"the build began before the first frame: {at_build}"
         assert " cores" in at_build[0][0]  # the heatmap, drawn from the first poll
     finally:
-        if app.wait_for_collector(5):
+        if app.monitor.wait_for_collector(5):
             source.close()
 
 
@@ -335,5 +341,5 @@ async def test_a_terminal_too_small_for_the_monitor_still_releases_the_held_buil
             await wait_for(pilot, lambda: source.wait_built(0), "the build", timeout=30)
             assert source.failure is None
     finally:
-        if app.wait_for_collector(5):
+        if app.monitor.wait_for_collector(5):
             source.close()

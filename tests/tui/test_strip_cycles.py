@@ -49,5 +49,5 @@ async def test_the_frames_the_app_draws_leave_no_strip_in_a_cycle(close_sources)
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
-    assert app.snapshots_seen == 40
+    assert app.monitor.snapshots_seen == 40
     assert strips == 0

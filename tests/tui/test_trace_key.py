@@ -28,14 +28,16 @@ async def test_trace_key_asks_then_traces_the_job_and_adds_its_finding(close_sou
         await pilot.pause()
         assert calls == []  # nothing is injected before the user says yes
         await pilot.press("y")
-        await wait_for(pilot, lambda: app.actions.trace is not None, "the trace")
+        await wait_for(pilot, lambda: app.monitor.trace is not None, "the trace")
         assert calls == [(app.screen.pid, 5.0)]
         body = str(app.screen.query_one("#bench-body").render())
         assert "comm" in body and "41%" in body and "Communication takes 41%" in body
         await pilot.press("escape")
         await wait_for(
             pilot,
-            lambda: app.verdict is not None and any(f.id == "trace_communication" for f in app.verdict.findings or ()),
+            lambda: (
+                app.monitor.verdict is not None and any(f.id == "trace_communication" for f in app.monitor.verdict.findings or ())
+            ),
             "the trace's finding in the diagnosis",
         )
 
