@@ -149,9 +149,8 @@ def print_summary(summary: DemoSummary, out: TextIO) -> None:
 
 def run(args: Any) -> int:
     _check_demo_dependencies()
-    from gputop.pipeline import TUI_WATCH_FIRST_AFTER_S, WATCH_COUNTERS_S, Pipeline
+    from gputop.pipeline import demo_pipeline
     from gputop.sim.demo_launcher import DemoJob
-    from gputop.sim.scenarios import DEMO_PROFILE
 
     scenario = args.scenario
     if scenario == "case-study":  # four jobs one after another on one machine (gputop/commands/case_study.py)
@@ -174,14 +173,7 @@ def run(args: Any) -> int:
     with StopSignals(), job:
         try:
             launcher_pid = job.start()
-            pipeline = Pipeline(
-                simulate=DEMO_PROFILE,
-                pid=launcher_pid,
-                load_model=job.load_model(),
-                stack_interval=getattr(args, "stack_interval", 2.0),
-                watch_counters=WATCH_COUNTERS_S,
-                watch_first_after=TUI_WATCH_FIRST_AFTER_S,
-            )
+            pipeline = demo_pipeline(launcher_pid, job.load_model(), stack_interval=getattr(args, "stack_interval", 2.0))
         except KeyboardInterrupt:
             return 130
         if not args.no_tui:
