@@ -493,8 +493,8 @@ def _library_failing_init(code: int):
     from gputop.sim.fake_nvml import FakeNvmlLibrary
 
     class FailingInit(FakeNvmlLibrary):
-        def _build_symbols(self):
-            symbols = super()._build_symbols()
+        def _bind_symbols(self):
+            symbols = super()._bind_symbols()
 
             def nvmlInitWithFlags(flags):
                 return code

@@ -130,7 +130,7 @@ class _CountingNvml(FakeNvmlLibrary):
 
     calls: collections.Counter = collections.Counter()
 
-    def _build_symbols(self):
+    def _bind_symbols(self):
         def counted(name, fn):
             def call(*args):
                 _CountingNvml.calls[name] += 1
@@ -138,7 +138,7 @@ class _CountingNvml(FakeNvmlLibrary):
 
             return call
 
-        return {name: counted(name, fn) for name, fn in super()._build_symbols().items()}
+        return {name: counted(name, fn) for name, fn in super()._bind_symbols().items()}
 
 
 def test_a_steady_poll_of_eight_gpus_makes_few_nvml_calls_and_none_that_blocks(pipelines, monkeypatch):
