@@ -13,11 +13,15 @@ This module never imports pynvml: the numbers below are the C library's ABI
 
 What the simulated GPUs report follows a `SimSpec` (profile + faults) and a
 `LoadModel` (utilization, memory, processes, and optionally how hard the busy time
-works the GPU): power and temperature follow that load (utilization by default), clocks
-follow utilization; PCIe and NVLink traffic scale with it; the NVLink counters and the
-PCIe byte counters (Hopper profiles only, see `GpuModel.pcie_byte_counters`) are cumulative
-and only ever grow (a 32-bit PCIe counter wraps).  Every reading is a function of ``clock()``, so a
-controlled clock gives deterministic readings.
+works the GPU), computed in gputop/sim/gpu_physics.py: power and temperature follow that load
+(utilization by default), clocks follow utilization; PCIe and NVLink traffic scale with it; the NVLink
+counters and the PCIe byte counters (Hopper profiles only, see `GpuModel.pcie_byte_counters`) are
+cumulative and only ever grow (a 32-bit PCIe counter wraps).  Every reading is a function of ``clock()``,
+so a controlled clock gives deterministic readings.
+
+Each C function is a small module-level function, registered under its NVML name(s) (see "the symbol
+registry" below) and bound to one library when it is built; this module's symbol functions only translate
+between the C interface and the library's state.
 """
 
 from __future__ import annotations
