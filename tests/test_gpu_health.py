@@ -2,7 +2,7 @@
 report and the exporter, which must agree on the GPU and on its severity class.
 
 The fault list is read from `gputop.sim.profiles.FAULTS`, so a new fault is covered here without a new line.
-Each machine is the real pynvml wrappers over the fake library (`Pipeline(simulate=...)`) on a manual clock.
+Each machine is the real pynvml wrappers over the fake library (`Pipeline(SimulatedMachine(...))`) on a manual clock.
 
 The faults of `INFRA_FAULTS` live in what `gputop check` reads at the start and the end of its window (the
 GPUs' error counters, the kernel's AER counters and log, the topology), not in the samples.  The pipeline's
