@@ -161,6 +161,8 @@ class CounterCadence:
 
 
 class Pipeline:
+    """The live `Source`: a machine backend's readers, the jobs followed, the counter watch; one `Snapshot` a poll."""
+
     def __init__(
         self, backend: MachineBackend, *, follow: Following = Following(), watch: Optional[CounterCadence] = None
     ) -> None:

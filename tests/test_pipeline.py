@@ -13,9 +13,21 @@ from gputop.cli import build_parser
 from gputop.collect import gpu as gpu_collector
 from gputop.errors import GputopError, UsageError
 from gputop.model import HostSample, JobTree, Snapshot
-from gputop.pipeline import Following, Pipeline, following_pipeline, pipeline_from_args
+from gputop.pipeline import (
+    TUI_WATCH_FIRST_AFTER_S,
+    WATCH_COUNTERS_S,
+    CounterCadence,
+    Following,
+    Pipeline,
+    case_study_pipeline,
+    check_pipeline,
+    following_pipeline,
+    pipeline_from_args,
+    tui_pipeline,
+)
 from gputop.sim import fake_nvml
 from gputop.sim.fake_nvml import FakeNvmlLibrary, ManualClock
+from gputop.sim.scenarios import DEMO_PROFILE
 from tests.harness.memory import heap_growth_per_block
 from tests.harness.nvml import ScriptedLoad
 from tests.harness.processes import wait_until
@@ -245,6 +257,69 @@ def test_pipeline_from_args():
     p = pipeline_from_args(type("Args", (), {"simulate": "h100-sxm-8"})())
     p.close()
     assert p.machine.gpu_count == 8
+
+
+class _WatchedBackend:
+    """A simulated machine whose every hand-over to the pipeline is noted: the pipeline reads the machine only
+    through its backend's methods."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.asked = []
+        self.simulated, self.clock, self.host, self.nvml_library = inner.simulated, inner.clock, inner.host, inner.nvml_library
+
+    def fit_host(self, topology):
+        self.asked.append("fit_host")
+        self.inner.fit_host(topology)
+
+    def nic_topology(self, topology, bus_ids):
+        self.asked.append("nic_topology")
+        return self.inner.nic_topology(topology, bus_ids)
+
+    def nic_source(self):
+        self.asked.append("nic_source")
+        return self.inner.nic_source()
+
+    def host_source(self, root=None):
+        self.asked.append(f"host_source {root}")
+        return self.inner.host_source(root)
+
+
+def test_the_pipeline_reads_the_machine_through_its_backend(pipelines):
+    clock = ManualClock(500.0)
+    backend = _WatchedBackend(SimulatedMachine("h100-sxm-8", clock=clock))
+    p = pipelines(backend, watch=CounterCadence(60.0))
+    assert backend.asked == ["fit_host", "nic_topology", "nic_source", "host_source None"]
+    assert pynvml.nvmlLib is backend.nvml_library
+    assert p.machine.simulated == "h100-sxm-8" and p.machine.gpu_count == 8
+    assert p.poll().timestamp == 500.0  # the backend's clock stamps the snapshots
+    p.host_source("/tmp/elsewhere")
+    assert backend.asked[-1] == "host_source /tmp/elsewhere"
+
+
+def test_following_one_job_and_several_at_once_is_refused():
+    with pytest.raises(ValueError, match="not both"):
+        Following(pid=1, pids=[2])
+    with pytest.raises(ValueError, match="not both"):
+        Following(attached=RecordingJobCollector(), every_job=True)
+
+
+def test_the_named_factories_build_their_configurations(pipelines):
+    checking = check_pipeline("rtx-4090-2")
+    assert checking.counters is None and checking.followed is None and checking.job_collector is None
+    checking.close()
+    job = RecordingJobCollector()
+    tui = tui_pipeline("h100-sxm-8", FixedHost(), job, 1.5)
+    assert tui.job_collector is job and tui.host.hostname == "testbox"
+    assert tui.counters is not None and tui.counters.cadence == WATCH_COUNTERS_S
+    assert tui.counters._first_after == TUI_WATCH_FIRST_AFTER_S  # the first frames come first
+    tui.close()
+    assert job.closed
+    load = ScriptedLoad()
+    study = case_study_pipeline(load)
+    assert study.machine.simulated == DEMO_PROFILE and study.backend.library.load is load
+    assert study.job_collector is None and study.followed is None
+    study.close()
 
 
 def test_attach_follows_a_new_job_and_keeps_the_old_one_on_a_bad_pid(pipelines, spawn):
