@@ -1,4 +1,4 @@
-"""The counter watch's cost (`Pipeline(watch_counters=...)`, on by default in `gputop serve` and `record`).
+"""The counter watch's cost (`Pipeline(..., watch=CounterCadence(...))`, on by default in `gputop serve` and `record`).
 
     python benchmarks/bench_counters.py [--rounds 20]
 

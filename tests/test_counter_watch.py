@@ -1,4 +1,4 @@
-"""The pipeline's counter watch (`Pipeline(watch_counters=...)`, collect/counters.py): `gputop check`'s counter
+"""The pipeline's counter watch (`Pipeline(..., watch=CounterCadence(...))`, collect/counters.py): `gputop check`'s counter
 lines on a slow cadence, on the snapshots, in the exporter's health families and in recordings.
 
 The simulated machine is the real pynvml wrappers over the fake library and the real sysfs reader over the

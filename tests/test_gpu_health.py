@@ -6,7 +6,7 @@ Each machine is the real pynvml wrappers over the fake library (`Pipeline(Simula
 
 The faults of `INFRA_FAULTS` live in what `gputop check` reads at the start and the end of its window (the
 GPUs' error counters, the kernel's AER counters and log, the topology), not in the samples.  The pipeline's
-counter watch (`Pipeline(watch_counters=...)`) reads the same on its cadence and puts the check's verdict on
+counter watch (`Pipeline(..., watch=CounterCadence(...))`) reads the same on its cadence and puts the check's verdict on
 the snapshots (`Snapshot.counter_health`), so the exporter, the card without a check run and the findings
 without a check see them too.  A counter needs two readings to be seen climbing: the manual clock crosses
 the cadence twice within the polls (the first reading at the first poll, then every CADENCE seconds).
