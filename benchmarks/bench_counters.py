@@ -1,4 +1,4 @@
-"""The counter watch's cost (`Pipeline(watch_counters=...)`, on by default in `gputop serve` and `record`).
+"""The counter watch's cost (`Pipeline(..., watch=CounterCadence(...))`, on by default in `gputop serve` and `record`).
 
     python benchmarks/bench_counters.py [--rounds 20]
 
@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import emit_figure, machine_line, print_table
 
+from gputop.backend import SimulatedMachine
 from gputop.collect.sysfs import HostReader
-from gputop.pipeline import WATCH_COUNTERS_S, Pipeline
+from gputop.pipeline import WATCH_COUNTERS_S, CounterCadence, Pipeline
 from gputop.sim.fake_nvml import ManualClock
 
 SPEC = "h100-sxm-8+pcie-replay=3+kernel-xid=5:48"
@@ -37,8 +38,8 @@ def main() -> int:
     clock = ManualClock(1_700_000_000.0)
     polls: list[float] = []
     readings: list[float] = []
-    with Pipeline(simulate=SPEC, clock=clock, watch_counters=WATCH_COUNTERS_S) as pipeline:
-        pipeline.fake_library.pcie_latency_s = 0.0  # the same for both sides: NVML's own latency is not measured
+    with Pipeline(SimulatedMachine(SPEC, clock=clock), watch=CounterCadence(WATCH_COUNTERS_S)) as pipeline:
+        pipeline.backend.library.pcie_latency_s = 0.0  # the same for both sides: NVML's own latency is not measured
         watch = pipeline.counters
         assert watch is not None
         snap = pipeline.poll()  # the first reading

@@ -51,6 +51,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gputop.backend import SimulatedMachine  # noqa: E402
 from gputop.history import History  # noqa: E402
 from gputop.pipeline import Pipeline  # noqa: E402
 from gputop.sim.fake_nvml import ManualClock  # noqa: E402
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     clock = ManualClock(1_000_000.0)
-    with Pipeline(simulate=args.simulate, clock=clock) as pipeline:
+    with Pipeline(SimulatedMachine(args.simulate, clock=clock)) as pipeline:
         history = History(pipeline.machine, capacity=args.capacity)
         poll_into(pipeline, clock, history, 1)  # the collectors' first-poll state is not the history's
         tracemalloc.start()

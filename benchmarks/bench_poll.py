@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import emit_figure, interleave, machine_line
 
+from gputop.backend import SimulatedMachine
 from gputop.collect.gpu import GpuCollector
 from gputop.pipeline import Pipeline
 from gputop.sim.fake_nvml import PCIE_THROUGHPUT_LATENCY_S, FakeNvmlLibrary
@@ -70,7 +71,7 @@ def main() -> int:
         met=1 / old.ratio < 0.62,
     )
 
-    with Pipeline(simulate="h100-sxm-8") as pipeline:
+    with Pipeline(SimulatedMachine("h100-sxm-8")) as pipeline:
         pipeline.poll()
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         glimpse = pynvml.NVML_PCIE_UTIL_TX_BYTES

@@ -47,9 +47,10 @@ def main() -> int:
     args = parser.parse_args()
     seconds = 10.0 if args.quick else args.seconds
 
+    from gputop.backend import SimulatedMachine
     from gputop.commands.serve import start_exporting, stop_serving
     from gputop.exporter import Exporter
-    from gputop.pipeline import Pipeline
+    from gputop.pipeline import Following, Pipeline
     from gputop.source import PollLoop
 
     ready = Path(tempfile.mkdtemp(prefix="gputop-bench-serve-")) / "ready"
@@ -68,7 +69,7 @@ def main() -> int:
                 return 1
             time.sleep(0.1)
         pipeline = Pipeline(
-            simulate="h100-sxm-8", pids=[job.pid]
+            SimulatedMachine("h100-sxm-8"), follow=Following(pids=[job.pid])
         )  # serve's pipeline with --pid (the job's /proc scan is in the poll)
         exporter = Exporter(pipeline, interval=1.0, log=print)
         server = start_exporting(exporter, "127.0.0.1", 0)

@@ -58,6 +58,7 @@ import psutil
 from common import MIB, ProcessMeter, emit_figure, kill_group, machine_line, print_table, wait_for
 
 from gputop.analysis.diagnosis import diagnose
+from gputop.backend import SimulatedMachine
 from gputop.history import History
 from gputop.model import Snapshot
 from gputop.pipeline import Pipeline
@@ -75,8 +76,8 @@ class Refresher:
     """One pipeline with the sinks a refresh feeds (history, recording): what gputop does once a second."""
 
     def __init__(self, simulate: str, clock: ManualClock, rec_path: str) -> None:
-        self.pipeline = Pipeline(simulate=simulate, clock=clock)
-        self.pipeline.fake_library.pcie_latency_s = 0.0  # a sleep standing in for NVML's link sampling; no state
+        self.pipeline = Pipeline(SimulatedMachine(simulate, clock=clock))
+        self.pipeline.backend.library.pcie_latency_s = 0.0  # a sleep standing in for NVML's link sampling; no state
         self.history = History(self.pipeline.machine)  # the TUI's default capacity
         self.rec_path = rec_path
         self.writer = RecordingWriter(rec_path, self.pipeline.machine)

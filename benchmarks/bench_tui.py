@@ -155,8 +155,9 @@ sys.exit(main(sys.argv[1:]))
 # The collection alone, as gputop's TUI does it (one poll a second), to show what the screen itself costs.
 COLLECTOR_ONLY = r"""
 import sys, time
+from gputop.backend import SimulatedMachine
 from gputop.pipeline import Pipeline
-pipeline = Pipeline(simulate=sys.argv[1])
+pipeline = Pipeline(SimulatedMachine(sys.argv[1]))
 next_at = time.monotonic()
 while True:
     pipeline.poll()

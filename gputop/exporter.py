@@ -46,7 +46,7 @@ from gputop.analysis.gpu_health import (
     pcie_degraded,
     xid_severity,
 )
-from gputop.analysis.observations import StackSample, collect_rank_observations
+from gputop.analysis.observations import RankObs, StackSample, collect_rank_observations
 from gputop.analysis.stack_classes import (
     COLLECTIVE,
     EXPLICIT_SYNC,
@@ -149,6 +149,159 @@ def verdict_of(findings: Sequence[Finding]) -> str:
 
 
 # ----------------------------------------------------------------- the exporter
+
+
+@dataclass
+class _GpuMetrics:
+    """The GPU families one scrape fills, declared empty."""
+
+    xids: CounterMetricFamily
+    xid_info: GaugeMetricFamily
+    fabric_state: GaugeMetricFamily
+    fabric_health: GaugeMetricFamily
+    degraded: GaugeMetricFamily
+    generation: GaugeMetricFamily
+    width: GaugeMetricFamily
+    clock_events: GaugeMetricFamily
+    health: GaugeMetricFamily
+    problem: GaugeMetricFamily
+    readings: list[tuple[gpu_fields.GpuField, GaugeMetricFamily]]  # the gauges the table of GPU fields declares
+
+    @classmethod
+    def declared(cls) -> _GpuMetrics:
+        gpu_labels = ["gpu", "UUID", "Hostname"]
+        return cls(
+            xids=CounterMetricFamily(
+                "gputop_xid_events", "XID errors the driver reported since gputop started", labels=gpu_labels + ["xid"]
+            ),
+            xid_info=GaugeMetricFamily(
+                "gputop_xid_info",
+                "1 per XID code counted in gputop_xid_events: its meaning, severity and action from NVIDIA's XID"
+                " catalogue (bucket: the catalogue's immediate-action word)",
+                labels=["xid", "meaning", "severity", "bucket", "action", "Hostname"],
+            ),
+            fabric_state=GaugeMetricFamily(
+                "gputop_gpu_fabric_state",
+                "The GPU's NVSwitch fabric as the Fabric Manager trained it: 1 not started, 2 in progress, 3 completed"
+                " (no series: no NVSwitch fabric)",
+                labels=gpu_labels + ["clique", "status"],
+            ),
+            fabric_health=GaugeMetricFamily(
+                "gputop_gpu_fabric_health_mask",
+                "NVML's fabric health mask (2-bit fields, 1 = TRUE: degraded bandwidth bits 0-1, route recovery 2-3,"
+                " route unhealthy 4-5, access timeout recovery 6-7)",
+                labels=gpu_labels,
+            ),
+            degraded=GaugeMetricFamily(
+                "gputop_gpu_pcie_link_degraded", "1 when the PCIe link runs below its maximum under load", labels=gpu_labels
+            ),
+            generation=GaugeMetricFamily("gputop_gpu_pcie_link_generation", "PCIe link generation", labels=gpu_labels + ["kind"]),
+            width=GaugeMetricFamily("gputop_gpu_pcie_link_width", "PCIe link width (lanes)", labels=gpu_labels + ["kind"]),
+            clock_events=GaugeMetricFamily(
+                "gputop_gpu_clock_event_active",
+                "1 while this clock-event (throttle) reason is active",
+                labels=gpu_labels + ["reason"],
+            ),
+            health=GaugeMetricFamily(
+                "gputop_gpu_health",
+                "The GPU's health as the card, the diagnosis and gputop check judge it: 0 ok, 1 warning, 2 critical",
+                labels=gpu_labels,
+            ),
+            problem=GaugeMetricFamily(
+                "gputop_gpu_health_problem",
+                "1 per health rule the GPU breaks now (lost, ecc, remap, xid, slowdown, power_limit, pcie, nvlink, fabric; and"
+                " the counter checks: pcie.replay, pcie.aer, nvlink.errors, topology, memory.retired_pages), with its severity",
+                labels=gpu_labels + ["rule", "severity"],
+            ),
+            readings=[
+                (f, GaugeMetricFamily(*f.metric, labels=gpu_labels)) for f in gpu_fields.shown_in(gpu_fields.METRICS) if f.metric
+            ],
+        )
+
+    def families(self) -> list[Metric]:
+        """In the exporter's order (the DCGM readings, when exported, follow)."""
+        return [
+            self.xids, self.xid_info, self.degraded, self.generation, self.width, self.clock_events, self.health,
+            self.problem, self.fabric_state, self.fabric_health,
+        ]  # fmt: skip
+
+
+def _rank_gauge(name: str, documentation: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=["job", "rank", "Hostname"])
+
+
+@dataclass
+class _JobMetrics:
+    """The job and rank families one scrape fills, declared empty."""
+
+    job_info: InfoMetricFamily
+    rank_info: InfoMetricFamily
+    state: GaugeMetricFamily
+    wait_ratio: GaugeMetricFamily
+    wait_lower: GaugeMetricFamily
+    wait_upper: GaugeMetricFamily
+    wait_samples: GaugeMetricFamily
+    workers: GaugeMetricFamily
+    progress: GaugeMetricFamily
+    collective: GaugeMetricFamily
+    finding: GaugeMetricFamily
+    verdict: GaugeMetricFamily
+
+    @classmethod
+    def declared(cls) -> _JobMetrics:
+        window = f"{DATA_WAIT_WINDOW_S:.0f} s"
+        return cls(
+            job_info=InfoMetricFamily("gputop_job", "one training job (a launcher and its ranks)"),
+            rank_info=InfoMetricFamily("gputop_rank", "one rank process and its GPU"),
+            state=GaugeMetricFamily(
+                "gputop_rank_state",
+                "1 for what the rank's main thread does now, 0 for the other states",
+                labels=["job", "rank", "state", "Hostname"],
+            ),
+            wait_ratio=_rank_gauge(
+                "gputop_rank_data_wait_ratio",
+                f"share of the rank's main-thread samples of the last {window} that waited for data or loaded it",
+            ),
+            wait_lower=_rank_gauge("gputop_rank_data_wait_ratio_lower", "lower end of the data wait share's 95% interval"),
+            wait_upper=_rank_gauge("gputop_rank_data_wait_ratio_upper", "upper end of the data wait share's 95% interval"),
+            wait_samples=_rank_gauge(
+                "gputop_rank_state_samples",
+                f"main-thread samples the rank's shares of the last {window} rest on (start-up left out)",
+            ),
+            workers=_rank_gauge("gputop_dataloader_workers", "live DataLoader worker processes of the rank"),
+            progress=_rank_gauge(
+                "gputop_rank_last_progress_timestamp_seconds", "when the rank's main thread was last seen to move (Unix time)"
+            ),
+            collective=GaugeMetricFamily(
+                "gputop_rank_collective_seq",
+                "from the rank's flight recorder, per process group: the last collective it completed (state=completed) "
+                "and the first it waits in (state=pending), by collective_seq_id",
+                labels=["job", "rank", "process_group", "state", "op", "Hostname"],
+            ),
+            finding=GaugeMetricFamily(
+                "gputop_finding",
+                "1 while the diagnosis reports this finding, 0 after it cleared",
+                labels=["job", "kind", "severity", "label", "Hostname"],
+            ),
+            verdict=GaugeMetricFamily("gputop_verdict", "1 for the job's verdict now", labels=["job", "verdict", "Hostname"]),
+        )
+
+    def families(self) -> list[Metric]:
+        return [
+            self.job_info, self.rank_info, self.state, self.wait_ratio, self.wait_lower, self.wait_upper,
+            self.wait_samples, self.workers, self.progress, self.collective, self.finding, self.verdict,
+        ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _RankInJob:
+    """A rank as a scrape exports it: its job's label and its own, its job's tree, whether the diagnosis finds it hung."""
+
+    job: str
+    label: str
+    tree: JobTree
+    rank: Rank
+    hung: bool
 
 
 class Exporter:
@@ -277,50 +430,7 @@ class Exporter:
         """The GPUs' gauges; their health from the samples (the health module, over the live window the card
         and the diagnosis judge: `HEALTH_WINDOW_S`) and from the pipeline's counter watch
         (`Snapshot.counter_health`: `gputop check`'s counter lines, rule = the check's id)."""
-        gpu_labels = ["gpu", "UUID", "Hostname"]
-        xids = CounterMetricFamily(
-            "gputop_xid_events", "XID errors the driver reported since gputop started", labels=gpu_labels + ["xid"]
-        )
-        xid_info = GaugeMetricFamily(
-            "gputop_xid_info",
-            "1 per XID code counted in gputop_xid_events: its meaning, severity and action from NVIDIA's XID catalogue"
-            " (bucket: the catalogue's immediate-action word)",
-            labels=["xid", "meaning", "severity", "bucket", "action", "Hostname"],
-        )
-        fabric_state = GaugeMetricFamily(
-            "gputop_gpu_fabric_state",
-            "The GPU's NVSwitch fabric as the Fabric Manager trained it: 1 not started, 2 in progress, 3 completed"
-            " (no series: no NVSwitch fabric)",
-            labels=gpu_labels + ["clique", "status"],
-        )
-        fabric_health = GaugeMetricFamily(
-            "gputop_gpu_fabric_health_mask",
-            "NVML's fabric health mask (2-bit fields, 1 = TRUE: degraded bandwidth bits 0-1, route recovery 2-3,"
-            " route unhealthy 4-5, access timeout recovery 6-7)",
-            labels=gpu_labels,
-        )
-        degraded = GaugeMetricFamily(
-            "gputop_gpu_pcie_link_degraded", "1 when the PCIe link runs below its maximum under load", labels=gpu_labels
-        )
-        generation = GaugeMetricFamily("gputop_gpu_pcie_link_generation", "PCIe link generation", labels=gpu_labels + ["kind"])
-        width = GaugeMetricFamily("gputop_gpu_pcie_link_width", "PCIe link width (lanes)", labels=gpu_labels + ["kind"])
-        clock_events = GaugeMetricFamily(
-            "gputop_gpu_clock_event_active",
-            "1 while this clock-event (throttle) reason is active",
-            labels=gpu_labels + ["reason"],
-        )
-        health = GaugeMetricFamily(
-            "gputop_gpu_health",
-            "The GPU's health as the card, the diagnosis and gputop check judge it: 0 ok, 1 warning, 2 critical",
-            labels=gpu_labels,
-        )
-        problem = GaugeMetricFamily(
-            "gputop_gpu_health_problem",
-            "1 per health rule the GPU breaks now (lost, ecc, remap, xid, slowdown, power_limit, pcie, nvlink, fabric; and the"
-            " counter checks: pcie.replay, pcie.aer, nvlink.errors, topology, memory.retired_pages), with its severity",
-            labels=gpu_labels + ["rule", "severity"],
-        )
-        gpus = snap.gpus
+        metrics = _GpuMetrics.declared()
         # the snapshot itself, not a copy: the diagnosis' window holds the same objects, so the health module
         # judges each sample once for both (gpu_health._LAST_WINDOWS keys on identity)
         self._gpu_window.append(snap)
@@ -328,62 +438,69 @@ class Exporter:
             self._gpu_window.popleft()
         judged = judge_window(self._gpu_window)  # the one health judgement (analysis/gpu_health.py)
         counted = counter_problems(counter_health)  # gputop check's counter lines (analysis/counter_health.py)
-        readings = [  # the gauges the table of GPU fields declares
-            (f, GaugeMetricFamily(*f.metric, labels=gpu_labels)) for f in gpu_fields.shown_in(gpu_fields.METRICS) if f.metric
-        ]
-        for gpu in gpus:
+        for gpu in snap.gpus:
             labels = [str(gpu.index), gpu.uuid, self.hostname]
-            seen = self._xids_seen.get(gpu.index, frozenset())
-            now_held = frozenset(gpu.xids or ())
-            for event in now_held - seen:  # the collector keeps the newest few: count each one once
-                self._xid_counts[(str(gpu.index), gpu.uuid, str(event.code))] += 1
-            if gpu.xids is not None:
-                self._xids_seen[gpu.index] = now_held
+            self._count_xids(gpu)
             rules = rule_severities(judged.get(gpu.index), counted.get(gpu.index, {}))
-            health.add_metric(labels, float(max(rules.values(), default=Severity.OK)))
+            metrics.health.add_metric(labels, float(max(rules.values(), default=Severity.OK)))
             for rule, severity in rules.items():
-                problem.add_metric(labels + [rule, FINDING_SEVERITY[severity]], 1.0)
-            if gpu.lost:
-                continue
-            if gpu.fabric is not None:
-                status = "success" if not gpu.fabric.status else f"error {gpu.fabric.status}"
-                fabric_state.add_metric(labels + [str(gpu.fabric.clique_id), status], float(gpu.fabric.state))
-                if gpu.fabric.health_mask is not None:
-                    fabric_health.add_metric(labels, float(gpu.fabric.health_mask))
-            verdict = pcie_degraded(gpu)
-            if verdict is not None:
-                self._pcie_degraded[gpu.index] = verdict
-            if gpu.pcie.width_current is not None:
-                degraded.add_metric(labels, 1.0 if self._pcie_degraded.get(gpu.index, False) else 0.0)
-            for kind, gen, lanes in (
-                ("current", gpu.pcie.gen_current, gpu.pcie.width_current),
-                ("max", gpu.pcie.gen_max, gpu.pcie.width_max),
-            ):
-                if gen is not None:
-                    generation.add_metric(labels + [kind], gen)
-                if lanes is not None:
-                    width.add_metric(labels + [kind], lanes)
-            if gpu.throttle_reasons is not None:
-                active = set(gpu.throttle_reasons)
-                for reason in THROTTLE_REASONS:
-                    clock_events.add_metric(labels + [reason], 1.0 if reason in active else 0.0)
-            if self.dcgm_fields:
-                for reading, family in readings:
-                    value = reading.read(gpu)
-                    if value is not None:
-                        family.add_metric(labels, value)
+                metrics.problem.add_metric(labels + [rule, FINDING_SEVERITY[severity]], 1.0)
+            if not gpu.lost:
+                self._add_gpu_readings(metrics, gpu, labels)
+        self._add_xids(metrics)
+        families = metrics.families()
+        if self.dcgm_fields:
+            families += [family for _, family in metrics.readings]
+        return families + self._mig_families(snap.gpus)
+
+    def _count_xids(self, gpu: GpuSample) -> None:
+        """Count each XID the GPU reports once (the collector keeps the newest few, poll after poll)."""
+        seen = self._xids_seen.get(gpu.index, frozenset())
+        now_held = frozenset(gpu.xids or ())
+        for event in now_held - seen:
+            self._xid_counts[(str(gpu.index), gpu.uuid, str(event.code))] += 1
+        if gpu.xids is not None:
+            self._xids_seen[gpu.index] = now_held
+
+    def _add_xids(self, metrics: _GpuMetrics) -> None:
+        """The XIDs counted so far, and what each code means."""
         for (gpu_index, uuid, code), count in sorted(self._xid_counts.items()):
-            xids.add_metric([gpu_index, uuid, self.hostname, code], count)
+            metrics.xids.add_metric([gpu_index, uuid, self.hostname, code], count)
         for xid in sorted({int(code) for _, _, code in self._xid_counts}):
             m = meaning_of(xid)
-            xid_info.add_metric(
+            metrics.xid_info.add_metric(
                 [str(xid), m.meaning, FINDING_SEVERITY[xid_severity(xid)], m.bucket, m.action, self.hostname], 1.0
             )
-        families: list[Metric] = [xids, xid_info, degraded, generation, width, clock_events, health, problem]
-        families += [fabric_state, fabric_health]
+
+    def _add_gpu_readings(self, metrics: _GpuMetrics, gpu: GpuSample, labels: list[str]) -> None:
+        """A GPU that answers: its fabric, its PCIe link, its clock events, and (with the DCGM fields) its readings."""
+        if gpu.fabric is not None:
+            status = "success" if not gpu.fabric.status else f"error {gpu.fabric.status}"
+            metrics.fabric_state.add_metric(labels + [str(gpu.fabric.clique_id), status], float(gpu.fabric.state))
+            if gpu.fabric.health_mask is not None:
+                metrics.fabric_health.add_metric(labels, float(gpu.fabric.health_mask))
+        verdict = pcie_degraded(gpu)
+        if verdict is not None:
+            self._pcie_degraded[gpu.index] = verdict
+        if gpu.pcie.width_current is not None:
+            metrics.degraded.add_metric(labels, 1.0 if self._pcie_degraded.get(gpu.index, False) else 0.0)
+        for kind, gen, lanes in (
+            ("current", gpu.pcie.gen_current, gpu.pcie.width_current),
+            ("max", gpu.pcie.gen_max, gpu.pcie.width_max),
+        ):
+            if gen is not None:
+                metrics.generation.add_metric(labels + [kind], gen)
+            if lanes is not None:
+                metrics.width.add_metric(labels + [kind], lanes)
+        if gpu.throttle_reasons is not None:
+            active = set(gpu.throttle_reasons)
+            for reason in THROTTLE_REASONS:
+                metrics.clock_events.add_metric(labels + [reason], 1.0 if reason in active else 0.0)
         if self.dcgm_fields:
-            families += [family for _, family in readings]
-        return families + self._mig_families(gpus)
+            for reading, family in metrics.readings:
+                value = reading.read(gpu)
+                if value is not None:
+                    family.add_metric(labels, value)
 
     def _mig_families(self, gpus: Sequence[GpuSample]) -> list[Metric]:
         """Each MIG instance of a MIG-enabled GPU: what it is, its processes and (with the DCGM fields) its memory.
@@ -416,61 +533,13 @@ class Exporter:
         return [info, processes] + ([used, total] if self.dcgm_fields else [])
 
     def _job_families(self, snap: Snapshot, trees: list[JobTree]) -> list[Metric]:
-        h = self.hostname
-        job_info = InfoMetricFamily("gputop_job", "one training job (a launcher and its ranks)")
-        rank_info = InfoMetricFamily("gputop_rank", "one rank process and its GPU")
-        state = GaugeMetricFamily(
-            "gputop_rank_state",
-            "1 for what the rank's main thread does now, 0 for the other states",
-            labels=["job", "rank", "state", "Hostname"],
-        )
-        wait_ratio = GaugeMetricFamily(
-            "gputop_rank_data_wait_ratio",
-            f"share of the rank's main-thread samples of the last {DATA_WAIT_WINDOW_S:.0f} s that waited for data or loaded it",
-            labels=["job", "rank", "Hostname"],
-        )
-        wait_lower = GaugeMetricFamily(
-            "gputop_rank_data_wait_ratio_lower",
-            "lower end of the data wait share's 95% interval",
-            labels=["job", "rank", "Hostname"],
-        )
-        wait_upper = GaugeMetricFamily(
-            "gputop_rank_data_wait_ratio_upper",
-            "upper end of the data wait share's 95% interval",
-            labels=["job", "rank", "Hostname"],
-        )
-        wait_samples = GaugeMetricFamily(
-            "gputop_rank_state_samples",
-            f"main-thread samples the rank's shares of the last {DATA_WAIT_WINDOW_S:.0f} s rest on (start-up left out)",
-            labels=["job", "rank", "Hostname"],
-        )
-        workers = GaugeMetricFamily(
-            "gputop_dataloader_workers", "live DataLoader worker processes of the rank", labels=["job", "rank", "Hostname"]
-        )
-        progress = GaugeMetricFamily(
-            "gputop_rank_last_progress_timestamp_seconds",
-            "when the rank's main thread was last seen to move (Unix time)",
-            labels=["job", "rank", "Hostname"],
-        )
-        collective = GaugeMetricFamily(
-            "gputop_rank_collective_seq",
-            "from the rank's flight recorder, per process group: the last collective it completed (state=completed) "
-            "and the first it waits in (state=pending), by collective_seq_id",
-            labels=["job", "rank", "process_group", "state", "op", "Hostname"],
-        )
-        finding = GaugeMetricFamily(
-            "gputop_finding",
-            "1 while the diagnosis reports this finding, 0 after it cleared",
-            labels=["job", "kind", "severity", "label", "Hostname"],
-        )
-        verdict = GaugeMetricFamily("gputop_verdict", "1 for the job's verdict now", labels=["job", "verdict", "Hostname"])
-
+        metrics = _JobMetrics.declared()
         gpu_by_index = {g.index: g for g in snap.gpus}
         live_jobs: set[str] = set()
         live_ranks: set[tuple[str, int]] = set()
         live_pids: set[int] = set()
         for tree in trees:
-            job = job_label(tree, h)
+            job = job_label(tree, self.hostname)
             live_jobs.add(job)
             history = self._history(job)
             history.append(for_job(snap, tree))
@@ -478,73 +547,83 @@ class Exporter:
             # the shares as the diagnosis takes them: dense samples (or dumps), start-up left out, last minute
             observed = collect_rank_observations(history.window(DATA_WAIT_WINDOW_S), snap.timestamp - DATA_WAIT_WINDOW_S)
             hung = hung_pids(findings, tree)
-            world = max((r.world_size for r in tree.ranks if r.world_size), default=len(tree.ranks))
-            job_info.add_metric(
-                [],
-                {
-                    "job": job,
-                    "launcher_pid": str(tree.launcher.pid) if tree.launcher else "",
-                    "world_size": str(world),
-                    "nnodes": _first_said(r.nnodes for r in tree.ranks),
-                    "node_rank": _first_said(r.node_rank for r in tree.ranks),
-                    "Hostname": h,
-                },
-            )
+            metrics.job_info.add_metric([], self._job_described(job, tree))
             self._count_pyspy_errors(job, tree)
             live_pids.update(tree.stacks)
             for position, rank in enumerate(tree.ranks):
                 pid = rank.proc.pid
-                label = rank_label(rank, position)
                 live_ranks.add((job, pid))
-                devices: Sequence[tuple[Optional[int], Optional[int]]] = rank.devices or ((None, None),)
-                for index, instance in devices:
-                    gpu = gpu_by_index.get(index) if index is not None else None
-                    rank_info.add_metric(
-                        [],
-                        {
-                            "job": job,
-                            "rank": label,
-                            "local_rank": "" if rank.local_rank is None else str(rank.local_rank),
-                            "node": "" if rank.node_rank is None else str(rank.node_rank),
-                            "pid": str(pid),
-                            "gpu": "" if index is None else str(index),
-                            "mig_instance": "" if instance is None else str(instance),  # its GPU instance id (MIG)
-                            "UUID": gpu.uuid if gpu is not None else "",
-                            "Hostname": h,
-                        },
-                    )
-                track = self._track(job, rank, tree.stacks.get(pid), pid in hung)
-                current = "hung" if pid in hung else STATE_OF_CLASS.get(rank.main_thread_state or "")
-                for name in RANK_STATES:
-                    state.add_metric([job, label, name, h], 1.0 if name == current else 0.0)
-                obs = observed.get(pid)
-                if obs is not None and obs.n:
-                    share = obs.input_share
-                    for family, value in (
-                        (wait_ratio, share.point),
-                        (wait_lower, share.low),
-                        (wait_upper, share.high),
-                        (wait_samples, float(share.n)),
-                    ):
-                        family.add_metric([job, label, h], value)
-                if track.last_progress is not None:
-                    progress.add_metric([job, label, h], track.last_progress)
-                workers.add_metric([job, label, h], sum(1 for w in rank.workers if not w.exited))
-                record = next((r for r in tree.flight_records if r.pid == pid and r.error is None), None)
-                for group, state_name, entry in last_collectives(record) if record is not None else ():
-                    collective.add_metric([job, label, group, state_name, entry.op, h], float(entry.seq))
-            self._add_findings(finding, verdict, job, findings)
+                rank_in_job = _RankInJob(job, rank_label(rank, position), tree, rank, pid in hung)
+                self._add_rank(metrics, rank_in_job, gpu_by_index, observed.get(pid))
+            self._add_findings(metrics.finding, metrics.verdict, job, findings)
         if not trees:
             job = MACHINE_JOB
             live_jobs.add(job)
             history = self._history(job)
             history.append(for_job(snap, None))
-            self._add_findings(finding, verdict, job, self._diagnose(history))
+            self._add_findings(metrics.finding, metrics.verdict, job, self._diagnose(history))
         self._forget(live_jobs, live_ranks, live_pids)
-        return [
-            job_info, rank_info, state, wait_ratio, wait_lower, wait_upper, wait_samples, workers, progress, collective,
-            finding, verdict,
-        ]  # fmt: skip
+        return metrics.families()
+
+    def _job_described(self, job: str, tree: JobTree) -> dict[str, str]:
+        """gputop_job's labels: the job, its launcher, its size."""
+        world = max((r.world_size for r in tree.ranks if r.world_size), default=len(tree.ranks))
+        return {
+            "job": job,
+            "launcher_pid": str(tree.launcher.pid) if tree.launcher else "",
+            "world_size": str(world),
+            "nnodes": _first_said(r.nnodes for r in tree.ranks),
+            "node_rank": _first_said(r.node_rank for r in tree.ranks),
+            "Hostname": self.hostname,
+        }
+
+    def _add_rank(
+        self,
+        metrics: _JobMetrics,
+        one: _RankInJob,
+        gpu_by_index: dict[int, GpuSample],
+        obs: Optional[RankObs],
+    ) -> None:
+        """One rank's series: what it is and its GPUs, its state, its data wait share, its progress, its workers
+        and its last collectives."""
+        job, label, rank, h = one.job, one.label, one.rank, self.hostname
+        pid = rank.proc.pid
+        devices: Sequence[tuple[Optional[int], Optional[int]]] = rank.devices or ((None, None),)
+        for index, instance in devices:
+            gpu = gpu_by_index.get(index) if index is not None else None
+            metrics.rank_info.add_metric(
+                [],
+                {
+                    "job": job,
+                    "rank": label,
+                    "local_rank": "" if rank.local_rank is None else str(rank.local_rank),
+                    "node": "" if rank.node_rank is None else str(rank.node_rank),
+                    "pid": str(pid),
+                    "gpu": "" if index is None else str(index),
+                    "mig_instance": "" if instance is None else str(instance),  # its GPU instance id (MIG)
+                    "UUID": gpu.uuid if gpu is not None else "",
+                    "Hostname": h,
+                },
+            )
+        track = self._track(job, rank, one.tree.stacks.get(pid), one.hung)
+        current = "hung" if one.hung else STATE_OF_CLASS.get(rank.main_thread_state or "")
+        for name in RANK_STATES:
+            metrics.state.add_metric([job, label, name, h], 1.0 if name == current else 0.0)
+        if obs is not None and obs.n:
+            share = obs.input_share
+            for family, value in (
+                (metrics.wait_ratio, share.point),
+                (metrics.wait_lower, share.low),
+                (metrics.wait_upper, share.high),
+                (metrics.wait_samples, float(share.n)),
+            ):
+                family.add_metric([job, label, h], value)
+        if track.last_progress is not None:
+            metrics.progress.add_metric([job, label, h], track.last_progress)
+        metrics.workers.add_metric([job, label, h], sum(1 for w in rank.workers if not w.exited))
+        record = next((r for r in one.tree.flight_records if r.pid == pid and r.error is None), None)
+        for group, state_name, entry in last_collectives(record) if record is not None else ():
+            metrics.collective.add_metric([job, label, group, state_name, entry.op, h], float(entry.seq))
 
     def _history(self, job: str) -> History:
         history = self._histories.get(job)

@@ -782,7 +782,7 @@ class CheckResult:
 @dataclass(frozen=True, slots=True)
 class CounterHealth:
     """What the GPUs' error counters and the kernel's side (AER, kernel-log XIDs, topology) showed between
-    two readings `seconds` apart, the later at `timestamp` (`Pipeline(watch_counters=...)`,
+    two readings `seconds` apart, the later at `timestamp` (`Pipeline(watch=CounterCadence(...))`,
     `analysis/counter_health.py`): `gputop check`'s counter lines that warn or fail, none when all pass."""
 
     timestamp: float

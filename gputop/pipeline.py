@@ -3,15 +3,18 @@
 Every sink (TUI, report, recorder, `gputop snapshot`) gets its data here, real
 or simulated, so what the screen shows is what the report says.
 
-    pipeline = Pipeline(simulate="h100-sxm-8+thermal=2")   # or Pipeline() on a real machine
+    pipeline = Pipeline(SimulatedMachine("h100-sxm-8+thermal=2"))   # or Pipeline(RealMachine())
     pipeline.machine      # MachineInfo, read once
     pipeline.poll()       # Snapshot; blocking (NVML, psutil, /proc): call it from a worker thread
     pipeline.attach(pid)  # follow a job (Attachable); until then poll() groups GPU processes into jobs
     pipeline.close()
 
-    Pipeline(pids=[a, b])       # follow several jobs with their stacks (`serve`, `record`)
-    Pipeline(follow_all=True)   # follow every job on the GPUs with its stacks, as they come and go
-    Pipeline(watch_counters=60.0)  # read `gputop check`'s counters every 60 s onto Snapshot.counter_health
+    Pipeline(backend, follow=Following(pids=[a, b]))    # several jobs with their stacks (`serve`, `record`)
+    Pipeline(backend, follow=Following(every_job=True))  # every job on the GPUs with its stacks, as they come and go
+    Pipeline(backend, watch=CounterCadence(60.0))  # `gputop check`'s counters every 60 s onto Snapshot.counter_health
+
+The backend (backend.py) is the machine, real or simulated; the commands build their pipelines with the
+named factories at the end of this module.
 
 What a snapshot carries of the jobs, whichever way they are followed:
 - `Snapshot.job`: the one job followed with its stacks (attached, or the only one followed);
@@ -24,19 +27,19 @@ What a snapshot carries of the jobs, whichever way they are followed:
 from __future__ import annotations
 
 import argparse
-import time
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Optional, Sequence
 
+from gputop.backend import HostSampler, MachineBackend, SimulatedMachine, machine_backend
 from gputop.collect.gpu import GpuCollector, GpuUnavailableError
-from gputop.collect.host import HostCollector, numa_layout_from_affinity
-from gputop.collect.sysfs import HostReader, NicReader, NicSource
+from gputop.collect.sysfs import NicSource
 from gputop.errors import GputopError
 from gputop.model import GpuDetails, GpuSample, JobTree, MachineInfo, Snapshot, Topology
 
 if TYPE_CHECKING:
     from gputop.collect.counters import CounterWatch, HostSource
     from gputop.collect.job_tree import JobCollector
+    from gputop.sim.load import LoadModel
 
 # The counter watch of `serve`, `record`, the TUI and the demo (collect/counters.py): one reading of the GPUs'
 # error counters, the AER files and the kernel log a minute costs a few ms (benchmarks/bench_counters.py); a
@@ -129,120 +132,98 @@ class FollowedJobs:
         self._collectors.clear()
 
 
+@dataclass(frozen=True)
+class Following:
+    """Which jobs a pipeline follows with their stacks: the one job of `pid` (the TUI's; `attach()` swaps it) or
+    `attached`, one already started; else the jobs of `pids`, or with `every_job` every job on the GPUs
+    (`serve`, `record`).  None of them: poll() groups the GPU processes into jobs, without stacks."""
+
+    pid: Optional[int] = None
+    pids: Sequence[int] = ()
+    every_job: bool = False
+    stack_interval: float = 2.0
+    attached: Optional[JobCollector] = None
+
+    def __post_init__(self) -> None:
+        if (self.pid is not None or self.attached is not None) and (self.pids or self.every_job):
+            raise ValueError("follow one attached job (pid) or several (pids / every_job), not both")
+
+
+@dataclass(frozen=True)
+class CounterCadence:
+    """Every `every_s` seconds (on the pipeline's clock), read what `gputop check` reads at the ends of its window
+    (the GPUs' error counters, AER, the kernel log's XIDs) and put the check's verdict on that window on the
+    snapshots (`Snapshot.counter_health`; collect/counters.py); the first reading `first_after_s` seconds after
+    the first poll (the TUI draws its first frames first)."""
+
+    every_s: float
+    first_after_s: float = 0.0
+
+
 class Pipeline:
+    """The live `Source`: a machine backend's readers, the jobs followed, the counter watch; one `Snapshot` a poll."""
+
     def __init__(
-        self,
-        simulate: Optional[str] = None,
-        pid: Optional[int] = None,
-        *,
-        pids: Sequence[int] = (),
-        follow_all: bool = False,
-        load_model: Any = None,
-        job_collector: Any = None,
-        stack_interval: float = 2.0,
-        clock: Callable[[], float] = time.time,
-        host_collector: Any = None,
-        watch_counters: Optional[float] = None,
-        watch_first_after: float = 0.0,
+        self, backend: MachineBackend, *, follow: Following = Following(), watch: Optional[CounterCadence] = None
     ) -> None:
-        """`simulate`: a spec `PROFILE[+FAULT...]` (UsageError if bad) or None for the real driver.
-
-        `clock` stamps the snapshots.  With a custom clock the simulated GPUs run on it too
-        (otherwise they run on time.monotonic, the clock `LoadModel`s use), so a test that
-        controls the clock gets deterministic GPU readings.  `host_collector` replaces the
-        psutil collector (tests that need deterministic host numbers).
-
-        `pid`: attach to that job (the TUI's one job, `attach()` swaps it).  `pids`: follow those jobs,
-        each with its stacks; `follow_all`: follow every job on the GPUs so (`serve`, `record`).
-
-        `watch_counters`: every that many seconds (on the pipeline's clock), read what `gputop check`
-        reads at the ends of its window (the GPUs' error counters, AER, the kernel log's XIDs) and put the
-        check's verdict on that window on the snapshots (`Snapshot.counter_health`; collect/counters.py);
-        the first reading `watch_first_after` seconds after the first poll (the TUI draws its first frames first).
-        """
-        if pid is not None and (pids or follow_all):
-            raise ValueError("pass pid (one attached job) or pids / follow_all (followed jobs), not both")
-        self._clock = clock
-        self._stack_interval = stack_interval
-        self.simulated = simulate is not None
-        self.job_collector = job_collector
+        """Read the machine through `backend` (backend.py: the real one or a simulated one), follow the jobs of
+        `follow`, and watch the error counters at `watch`'s cadence (None: not watched)."""
+        self.backend = backend
+        self.simulated = backend.simulated is not None
+        self.host = backend.host
+        self._clock = backend.clock
+        self._stack_interval = follow.stack_interval
         self._stacks_wanted = True
         self._sampling_focused = False
-        self.followed: Optional[FollowedJobs] = None
-        self.gpu: Optional[GpuCollector] = None
-        self.fake_library = None
-        self.counters: Optional[CounterWatch] = None
-        self.nics: Optional[NicSource] = None  # the NIC ports each poll (collect/sysfs.NicReader)
         self._closed = False
-        spec = None
-        library = None
-        if self.simulated:
-            # imported here: a real run never loads the simulator
-            from gputop.sim.fake_nvml import FakeNvmlLibrary
-            from gputop.sim.spec import parse_spec
-            from gputop.sim.synthetic import SyntheticLoad
-
-            spec = parse_spec(simulate)  # a bad spec fails before anything is started
-            profile = spec.profile
-            load = load_model or SyntheticLoad(profile.gpu_count, profile.gpu.memory_total)
-            sim_clock = time.monotonic if clock is time.time else clock
-            library = self.fake_library = FakeNvmlLibrary(spec, load, clock=sim_clock)
-
-        self.host = host_collector if host_collector is not None else HostCollector()
+        self.job_collector: Optional[JobCollector] = follow.attached
+        self.followed: Optional[FollowedJobs] = None
+        self.counters: Optional[CounterWatch] = None
+        self.gpu: Optional[GpuCollector] = None
         gpu_error = None
         try:
-            self.gpu = GpuCollector(library=library)
+            self.gpu = GpuCollector(library=backend.nvml_library)
         except GpuUnavailableError as exc:
             gpu_error = str(exc)
-
-        topology = self.gpu.topology if self.gpu else None
-        if self.simulated and topology is not None and isinstance(self.host, HostCollector):
-            # the simulated GPUs' NUMA nodes are mapped onto this host's cores (see Profile.cpu_affinity);
-            # show the cores with the same layout so "rank on the GPU's NUMA node" stays consistent
-            self.host.core_numa = numa_layout_from_affinity(self.host.cpu_count, topology.cpu_affinity, topology.numa_node)
-        # the NICs, from /sys: the real one, or the simulated machine's, read by the same reader
-        topology, bus_ids = topology or Topology(), self.gpu.bus_ids if self.gpu else ()
-        if spec is not None:
-            from gputop.sim.fake_sysfs import nic_topology
-
-            topology = nic_topology(spec.profile, topology, bus_ids)
-        else:
-            topology = HostReader("/", use_dmesg=False).nic_topology(topology, bus_ids)
-        if spec is not None and self.fake_library is not None:
-            from gputop.sim.fake_sysfs import FakeNicTree
-
-            self.nics = FakeNicTree(spec, self.fake_library.elapsed, clock=clock)
-        elif spec is None:
-            self.nics = NicReader("/", clock=clock)
-        machine_kwargs: dict[str, Any] = {"topology": topology}
-        self.machine = MachineInfo(
-            hostname=getattr(self.host, "hostname", ""),
-            cpu_model=getattr(self.host, "cpu_model", ""),
-            cpu_count=getattr(self.host, "cpu_count", 0),
-            driver_version=self.gpu.driver_version if self.gpu else None,
-            cuda_version=self.gpu.cuda_version if self.gpu else None,
-            nvml_version=self.gpu.nvml_version if self.gpu else None,
-            gpu_error=gpu_error,
-            gpu_count=self.gpu.gpu_count if self.gpu else 0,
-            gpu_names=self.gpu.gpu_names if self.gpu else (),
-            simulated=spec.text if spec is not None else None,
-            **machine_kwargs,
-        )
-
+        self.machine = self._read_machine(gpu_error)
+        self.nics: Optional[NicSource] = backend.nic_source()  # the NIC ports each poll
         try:
-            if pid is not None and self.job_collector is None:
-                self.attach(pid)
-            elif pids or follow_all:
-                self.followed = FollowedJobs(pids, discover=follow_all, stack_interval=stack_interval)
-            if watch_counters is not None and self.gpu is not None:
+            self._follow(follow)
+            if watch is not None and self.gpu is not None:
                 from gputop.collect.counters import CounterWatch  # the check's rules: only where watched
 
                 self.counters = CounterWatch(
-                    self.gpu_details, self.host_source(), self.machine, watch_counters, first_after=watch_first_after
+                    self.gpu_details, self.host_source(), self.machine, watch.every_s, first_after=watch.first_after_s
                 )
         except BaseException:
             self.close()
             raise
+
+    def _read_machine(self, gpu_error: Optional[str]) -> MachineInfo:
+        """The machine's static side, read once: the host, the GPUs' driver and names, the topology with the NICs."""
+        gpu, host = self.gpu, self.host
+        if gpu is not None:
+            self.backend.fit_host(gpu.topology)
+        topology = self.backend.nic_topology(gpu.topology if gpu else Topology(), gpu.bus_ids if gpu else ())
+        return MachineInfo(
+            hostname=getattr(host, "hostname", ""),
+            cpu_model=getattr(host, "cpu_model", ""),
+            cpu_count=getattr(host, "cpu_count", 0),
+            driver_version=gpu.driver_version if gpu else None,
+            cuda_version=gpu.cuda_version if gpu else None,
+            nvml_version=gpu.nvml_version if gpu else None,
+            gpu_error=gpu_error,
+            gpu_count=gpu.gpu_count if gpu else 0,
+            gpu_names=gpu.gpu_names if gpu else (),
+            simulated=self.backend.simulated,
+            topology=topology,
+        )
+
+    def _follow(self, follow: Following) -> None:
+        if follow.pid is not None and follow.attached is None:
+            self.attach(follow.pid)
+        elif follow.pids or follow.every_job:
+            self.followed = FollowedJobs(follow.pids, discover=follow.every_job, stack_interval=follow.stack_interval)
 
     def attach(self, pid: int) -> None:
         """Follow the job behind `pid` from the next poll on (also Enter on a process in the TUI).
@@ -319,14 +300,7 @@ class Pipeline:
     def host_source(self, root: Optional[str] = None) -> HostSource:
         """The kernel's side of this machine (AER counters, the kernel log's XIDs): the simulated machine's tree
         under `--simulate`, else /sys and the kernel log under `root` (default /)."""
-        from gputop.collect.counters import HostSource
-
-        if self.fake_library is not None and root is None:
-            from gputop.sim.fake_sysfs import FakeHostTree
-
-            tree = FakeHostTree(self.fake_library.spec, self.fake_library.elapsed)
-            return HostSource(tree.read, tree.close)
-        return HostSource(HostReader(root or "/").read)
+        return self.backend.host_source(root)
 
     def gpu_details(self) -> tuple[GpuDetails, ...]:
         """Each GPU's identity, modes and error counters (`gputop check`'s start and end); () without a driver."""
@@ -348,11 +322,10 @@ class Pipeline:
 
 
 def pipeline_from_args(args: argparse.Namespace) -> Pipeline:
-    """Build the pipeline a subcommand asked for (uses args.simulate, args.pid, args.stack_interval if present)."""
+    """The pipeline of `snapshot` and `report`: the machine of args.simulate, the job of args.pid if given."""
     return Pipeline(
-        simulate=getattr(args, "simulate", None),
-        pid=getattr(args, "pid", None),
-        stack_interval=getattr(args, "stack_interval", 2.0),
+        machine_backend(getattr(args, "simulate", None)),
+        follow=Following(pid=getattr(args, "pid", None), stack_interval=getattr(args, "stack_interval", 2.0)),
     )
 
 
@@ -363,9 +336,42 @@ def following_pipeline(args: argparse.Namespace) -> Pipeline:
     cadence = getattr(args, "watch_counters", None)
     cadence = WATCH_COUNTERS_S if cadence is None else cadence
     return Pipeline(
-        simulate=getattr(args, "simulate", None),
-        pids=pids,
-        follow_all=not pids,
-        stack_interval=getattr(args, "stack_interval", 2.0),
-        watch_counters=cadence if cadence else None,  # 0: not watched
+        machine_backend(getattr(args, "simulate", None)),
+        follow=Following(pids=pids, every_job=not pids, stack_interval=getattr(args, "stack_interval", 2.0)),
+        watch=CounterCadence(cadence) if cadence else None,  # 0: not watched
     )
+
+
+def check_pipeline(simulate: Optional[str]) -> Pipeline:
+    """The pipeline of `gputop check`: the machine only, no job followed, the counters read by the check itself."""
+    return Pipeline(machine_backend(simulate))
+
+
+def tui_pipeline(simulate: Optional[str], host: HostSampler, attached: Optional[JobCollector], stack_interval: float) -> Pipeline:
+    """The TUI's pipeline, from the host collector and the attached job `StartingPipeline` started first; the
+    counters watched as `gputop check` and `gputop serve` read them, first once the first frames are drawn."""
+    return Pipeline(
+        machine_backend(simulate, host=host),
+        follow=Following(attached=attached, stack_interval=stack_interval),
+        watch=CounterCadence(WATCH_COUNTERS_S, first_after_s=TUI_WATCH_FIRST_AFTER_S),
+    )
+
+
+def demo_pipeline(launcher_pid: int, load: LoadModel, stack_interval: float = 2.0) -> Pipeline:
+    """`gputop demo`'s pipeline: the demo's simulated machine running the demo job's `load`, the job of
+    `launcher_pid` attached, the counters watched as in the TUI."""
+    from gputop.sim.scenarios import DEMO_PROFILE
+
+    return Pipeline(
+        SimulatedMachine(DEMO_PROFILE, load=load),
+        follow=Following(pid=launcher_pid, stack_interval=stack_interval),
+        watch=CounterCadence(WATCH_COUNTERS_S, first_after_s=TUI_WATCH_FIRST_AFTER_S),
+    )
+
+
+def case_study_pipeline(load: LoadModel, stack_interval: float = 2.0) -> Pipeline:
+    """The case study's pipeline: the demo's simulated machine under `load` (which follows each stage's job),
+    no job attached (the stage attaches its own)."""
+    from gputop.sim.scenarios import DEMO_PROFILE
+
+    return Pipeline(SimulatedMachine(DEMO_PROFILE, load=load), follow=Following(stack_interval=stack_interval))

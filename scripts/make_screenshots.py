@@ -110,11 +110,12 @@ def build_source(seconds: int, profile: str) -> SteppedSource:
     import gputop.collect.gpu as gpu_collector
 
     gpu_collector.possible_cpus = lambda path=None: HOST_CORES  # the affinity mask's size: the simulated host's CPUs
+    from gputop.backend import SimulatedMachine
     from gputop.pipeline import Pipeline
     from gputop.sim.fake_nvml import ManualClock
 
     clock = ManualClock(start=1_700_000_000.0)
-    pipeline = Pipeline(simulate=profile, clock=clock, host_collector=SimulatedHost())
+    pipeline = Pipeline(SimulatedMachine(profile, clock=clock, host=SimulatedHost()))
     return SteppedSource(pipeline, clock, seconds)
 
 
@@ -212,11 +213,12 @@ async def shoot_demo(out: Path, scenario: str, expected_finding: str, rank_state
     With `rank_state`, rank 0 is selected and the picture waits until its stack shows that state (the
     stack that proves the verdict); without, the launcher stays selected: every rank's state and the
     aggregate of the workers' stacks."""
-    from gputop.pipeline import Pipeline
+    from gputop.backend import SimulatedMachine
+    from gputop.pipeline import Following, Pipeline
     from gputop.sim.demo_launcher import DemoJob
 
     with DemoJob(scenario, cpu_count=MACHINE_CORES) as job:
-        pipeline = Pipeline(simulate="h100-sxm-8", pid=job.start(), load_model=job.load_model())
+        pipeline = Pipeline(SimulatedMachine("h100-sxm-8", load=job.load_model()), follow=Following(pid=job.start()))
         try:
             job.wait_until_training()
             return await _shoot_running_demo(out, pipeline, scenario, expected_finding, rank_state)

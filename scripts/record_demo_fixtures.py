@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gputop.analysis.thresholds import SHARE_WINDOW_S  # noqa: E402
-from gputop.pipeline import Pipeline  # noqa: E402
+from gputop.backend import SimulatedMachine  # noqa: E402
+from gputop.pipeline import Following, Pipeline  # noqa: E402
 from gputop.recording import VERSION, RecordingWriter  # noqa: E402
 from gputop.sim.demo_launcher import DemoJob  # noqa: E402
 from gputop.sim.scenarios import SCENARIOS  # noqa: E402
@@ -93,7 +94,7 @@ def record(scenario: str) -> Path:
     steps: list[tuple[float, list[int]]] = []
     job.start()
     try:
-        pipeline = Pipeline(simulate="h100-sxm-8", pid=job.launcher_pid, load_model=job.load_model())
+        pipeline = Pipeline(SimulatedMachine("h100-sxm-8", load=job.load_model()), follow=Following(pid=job.launcher_pid))
         try:
             with RecordingWriter(str(partial), pipeline.machine) as writer:
                 started = time.monotonic()

@@ -17,6 +17,7 @@ import pytest
 from gputop.analysis import gpu_health
 from gputop.analysis.findings import findings as assemble_findings
 from gputop.analysis.machine_check import EXIT_CONFIG, EXIT_HEALTHY, PASS, SKIP, WARN, CheckReport, CheckResult
+from gputop.backend import SimulatedMachine
 from gputop.collect import gpu as gpu_collector
 from gputop.history import History
 from gputop.model import MachineInfo, NvLinkLink, Snapshot
@@ -31,7 +32,7 @@ def capture(name: str) -> Path:
 
 
 def poll(name: str, polls: int = 1) -> tuple[MachineInfo, list[Snapshot]]:
-    with Pipeline(simulate=f"capture:{capture(name)}") as pipeline:
+    with Pipeline(SimulatedMachine(f"capture:{capture(name)}")) as pipeline:
         snaps = [pipeline.poll() for _ in range(polls)]
         return pipeline.machine, snaps
 

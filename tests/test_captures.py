@@ -18,6 +18,7 @@ from typing import Optional
 import pytest
 
 from gputop.analysis.machine_check import EXIT_CONFIG, EXIT_HEALTHY, CheckReport
+from gputop.backend import SimulatedMachine
 from gputop.check_window import Evidence
 from gputop.collect import gpu as gpu_collector
 from gputop.errors import UsageError
@@ -93,7 +94,7 @@ def test_capture_replays(folder: Path, tmp_path: Path, monkeypatch: pytest.Monke
     n = gpu_count(folder)
     # NVML fills the affinity mask only as far as the caller asks: the captured machine's possible CPUs
     possible_cpus_for(folder, tmp_path, monkeypatch)
-    with Pipeline(simulate=f"capture:{folder}") as pipeline:
+    with Pipeline(SimulatedMachine(f"capture:{folder}")) as pipeline:
         snapshot = pipeline.poll()
         machine = pipeline.machine
     assert len(snapshot.gpus) == n == machine.gpu_count
@@ -123,7 +124,7 @@ def test_an_old_driver_lacks_the_newer_symbols() -> None:
     spec = parse_spec(f"capture:{CAPTURES / 'quadro-p400-418'}")
     assert spec.profile.driver_version == "418.43"
     assert "nvmlDeviceGetMemoryInfo_v2" in spec.profile.capture.missing_symbols  # type: ignore[union-attr]
-    with Pipeline(simulate=spec.text) as pipeline:
+    with Pipeline(SimulatedMachine(spec.text)) as pipeline:
         gpu = pipeline.poll().gpus[0]
     assert gpu.memory_total == 1998 * 1024**2  # the capture's FB total, read through the v1 call
 
@@ -131,9 +132,9 @@ def test_an_old_driver_lacks_the_newer_symbols() -> None:
 def test_what_the_capture_reads_n_a_nvml_refuses() -> None:
     """Quadro P400 (418): power draw and limit N/A; A100 with MIG on: utilization N/A. gputop gets NOT_SUPPORTED
     for exactly those, and the numbers the captures do hold."""
-    with Pipeline(simulate=f"capture:{CAPTURES / 'quadro-p400-418'}") as pipeline:
+    with Pipeline(SimulatedMachine(f"capture:{CAPTURES / 'quadro-p400-418'}")) as pipeline:
         quadro = pipeline.poll().gpus[0]
-    with Pipeline(simulate=f"capture:{CAPTURES / 'a100-sxm4-80gb-535'}") as pipeline:
+    with Pipeline(SimulatedMachine(f"capture:{CAPTURES / 'a100-sxm4-80gb-535'}")) as pipeline:
         a100 = pipeline.poll().gpus[0]
     assert (quadro.power, quadro.power_limit) == (None, None)
     assert quadro.unavailable["power"] == quadro.unavailable["power_limit"] == "NotSupported"
@@ -141,9 +142,9 @@ def test_what_the_capture_reads_n_a_nvml_refuses() -> None:
     assert a100.utilization_gpu is None and a100.unavailable["utilization_gpu"] == "NotSupported"
     assert a100.power_limit == 500.0  # <gpu_power_readings><current_power_limit>500.00 W
     assert a100.ecc is not None and a100.ecc.volatile_uncorrected == 0  # ECC on, nothing counted
-    with Pipeline(simulate=f"capture:{CAPTURES / 'a100-sxm4-40gb-mig-510'}") as pipeline:
+    with Pipeline(SimulatedMachine(f"capture:{CAPTURES / 'a100-sxm4-40gb-mig-510'}")) as pipeline:
         mig = pipeline.poll().gpus[0]
-    with Pipeline(simulate=f"capture:{CAPTURES / 'tesla-p100-pcie-510'}") as pipeline:
+    with Pipeline(SimulatedMachine(f"capture:{CAPTURES / 'tesla-p100-pcie-510'}")) as pipeline:
         p100 = pipeline.poll().gpus[0]
     # MIG on R510: the volatile counters read N/A, the aggregate ones 0
     assert mig.ecc is not None and (mig.ecc.volatile_corrected, mig.ecc.aggregate_corrected) == (None, 0)
@@ -155,13 +156,13 @@ def test_what_the_capture_reads_n_a_nvml_refuses() -> None:
 def test_each_link_ends_where_the_matrix_says() -> None:
     """DGX-1's hybrid cube mesh: GPU 0's six links go to GPUs 1, 2 (one each), 3, 4 (two each), GPU to GPU; on
     an NVSwitch board (NV18 everywhere) every link ends at a switch."""
-    with Pipeline(simulate=f"capture:{CAPTURES / 'dgx1-v100-hybrid-cube-mesh'}") as pipeline:
+    with Pipeline(SimulatedMachine(f"capture:{CAPTURES / 'dgx1-v100-hybrid-cube-mesh'}")) as pipeline:
         gpus = pipeline.poll().gpus
     bus = [g.pci_bus_id for g in gpus]
     links = gpus[0].nvlink or ()
     assert sorted(bus.index(link.remote_bus_id or "") for link in links) == [1, 2, 3, 3, 4, 4]
     assert {link.remote_kind for link in links} == {"gpu"} and all(link.active for link in links)
-    with Pipeline(simulate=f"capture:{CAPTURES / 'hgx-h100-nv18-rail-nics'}") as pipeline:
+    with Pipeline(SimulatedMachine(f"capture:{CAPTURES / 'hgx-h100-nv18-rail-nics'}")) as pipeline:
         gpu = pipeline.poll().gpus[0]
     assert len(gpu.nvlink or ()) == 18 and {link.remote_kind for link in gpu.nvlink or ()} == {"switch"}
 
@@ -172,7 +173,7 @@ def test_an_affinity_printed_empty_is_an_empty_mask() -> None:
     board = parse_spec(f"capture:{CAPTURES / 'slurm-2gpu-empty-affinity'}").profile.capture
     assert board is not None
     assert [(g.cpu_affinity, g.numa_affinity) for g in board.gpus] == [((), ())] * 2
-    with Pipeline(simulate=f"capture:{CAPTURES / 'slurm-2gpu-empty-affinity'}") as pipeline:
+    with Pipeline(SimulatedMachine(f"capture:{CAPTURES / 'slurm-2gpu-empty-affinity'}")) as pipeline:
         topology = pipeline.machine.topology
     assert topology.cpu_affinity == ("", "") and topology.numa_node == (None, None)
     assert topology.gpus_without_near_cpus() == (0, 1)
@@ -194,7 +195,7 @@ WORKING = [f for f in FOLDERS if f.name not in NOT_KNOWN_WORKING]
 
 def check_capture(folder: Path) -> CheckReport:
     """`gputop check` on the captured machine: its start, two samples and its end (a window of 2 s)."""
-    with Pipeline(simulate=f"capture:{folder}") as pipeline:
+    with Pipeline(SimulatedMachine(f"capture:{folder}")) as pipeline:
         evidence = Evidence(pipeline)
         try:
             return evidence.finish([pipeline.poll(), pipeline.poll()], window=2.0)
@@ -226,10 +227,10 @@ def test_a_link_the_capture_shows_inactive_is_down(tmp_path: Path) -> None:
             for g in range(3)
         )
     )
-    with Pipeline(simulate=f"capture:{tmp_path}") as pipeline:
+    with Pipeline(SimulatedMachine(f"capture:{tmp_path}")) as pipeline:
         pipeline.poll()
         machine = pipeline.machine
-        library = pipeline.fake_library
+        library = pipeline.backend.library
     assert machine.gpu_names == ("NVIDIA RTX A6000",) * 3
     assert [list(r) for r in machine.topology.matrix] == [["X", "NV4", "NODE"], ["NV4", "X", "NODE"], ["NODE", "NODE", "X"]]
     assert library is not None
@@ -243,9 +244,9 @@ def test_issue_25_item_1_on_a_real_three_card_box(tmp_path: Path, monkeypatch: p
     the card's links (4, as its bridged peers list) inactive. gputop reads no bridge there, not links down, and
     compares GPU 2's row with no peer (issue 25 item 1, as on the constructed folder)."""
     folder = CAPTURES / "rtx-a6000x3-one-unbridged-siboehm"
-    with Pipeline(simulate=f"capture:{folder}") as pipeline:
+    with Pipeline(SimulatedMachine(f"capture:{folder}")) as pipeline:
         gpus = pipeline.poll().gpus
-        library = pipeline.fake_library
+        library = pipeline.backend.library
     assert library is not None
     assert [library.link_active(2, k) for k in range(4)] == [False] * 4
     assert [library.link_active(g, k) for g in (0, 1) for k in range(4)] == [True] * 8
@@ -276,7 +277,7 @@ def test_a_repaired_memory_fault_warns_and_nothing_else(tmp_path: Path, monkeypa
     it (not pending, no failure). gputop serves the captured Remapped Rows and warns of both (a repaired fault);
     the x1 PCIe link (the card's own maximum: its host traffic crosses NVLink-C2C) is not flagged."""
     folder = CAPTURES / "gh200-480gb-550-c2c"
-    with Pipeline(simulate=f"capture:{folder}") as pipeline:
+    with Pipeline(SimulatedMachine(f"capture:{folder}")) as pipeline:
         gpu = pipeline.poll().gpus[0]
     assert gpu.name == "NVIDIA GH200 480GB" and gpu.memory_total == 97871 * 1024**2
     assert gpu.remapped_rows is not None

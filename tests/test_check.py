@@ -25,6 +25,7 @@ import pytest
 
 from gputop import cli
 from gputop.analysis import machine_check as mc
+from gputop.backend import SimulatedMachine
 from gputop.collect.gpu import use_nvml_library
 from gputop.collect.sysfs import HostReader, _xids_from_dmesg
 from gputop.model import AllReduceResult, HostReadings, NicInfo, Topology
@@ -440,7 +441,7 @@ def test_nic_topology_unreadable_is_one_line(tmp_path):
 def test_simulated_dgx_has_a_rail_nic_per_gpu_and_its_recording_keeps_them(tmp_path):
     from gputop.recording import RecordingWriter, read_recording
 
-    with Pipeline(simulate="h100-sxm-8") as pipeline:
+    with Pipeline(SimulatedMachine("h100-sxm-8")) as pipeline:
         machine, snapshot = pipeline.machine, pipeline.poll()
     names, rows = machine.topology.full_matrix()
     assert names[8:] == tuple(f"NIC{k}" for k in range(8))
@@ -480,8 +481,8 @@ def test_dmesg_lines_parse_like_kmsg():
 
 def test_fake_host_tree_counters_climb_on_the_fake_clock():
     clock = ManualClock()
-    pipeline = Pipeline(simulate="h100-sxm-8+aer=2", clock=clock)
-    tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
+    pipeline = Pipeline(SimulatedMachine("h100-sxm-8+aer=2", clock=clock))
+    tree = FakeHostTree(pipeline.backend.library.spec, pipeline.backend.library.elapsed)
     try:
         bus = pipeline.machine.topology and [d.pci_bus_id for d in pipeline.gpu.details()]
         first = tree.read(bus).aer[bus[2]].correctable
@@ -499,7 +500,7 @@ def test_fake_host_tree_counters_climb_on_the_fake_clock():
 
 def test_details_through_the_real_pynvml_wrappers():
     clock = ManualClock()
-    pipeline = Pipeline(simulate="h100-sxm-8+nvlink-crc=3:5+retired-page=4+thermal=6+pcie-replay=1", clock=clock)
+    pipeline = Pipeline(SimulatedMachine("h100-sxm-8+nvlink-crc=3:5+retired-page=4+thermal=6+pcie-replay=1", clock=clock))
     try:
         first = pipeline.gpu.details()
         clock.advance(2)
@@ -521,7 +522,7 @@ def test_details_through_the_real_pynvml_wrappers():
 
 
 def test_refusals_become_not_available_with_the_reason():
-    pipeline = Pipeline(simulate="rtx-4090-2")
+    pipeline = Pipeline(SimulatedMachine("rtx-4090-2"))
     try:
         d = pipeline.gpu.details()
     finally:
@@ -535,7 +536,7 @@ def test_refusals_become_not_available_with_the_reason():
 
 def test_details_of_a_lost_gpu():
     clock = ManualClock()
-    pipeline = Pipeline(simulate="h100-sxm-8+gpu-lost=2@1", clock=clock)
+    pipeline = Pipeline(SimulatedMachine("h100-sxm-8+gpu-lost=2@1", clock=clock))
     try:
         clock.advance(2)
         d = pipeline.gpu.details()
@@ -547,8 +548,8 @@ def test_details_of_a_lost_gpu():
 
 def test_an_old_driver_without_the_new_symbols():
     """A symbol the library lacks is FunctionNotFound at the adapter, never an exception above it."""
-    pipeline = Pipeline(simulate="h100-sxm-8")
-    lib = pipeline.fake_library
+    pipeline = Pipeline(SimulatedMachine("h100-sxm-8"))
+    lib = pipeline.backend.library
     try:
         for name in ("nvmlDeviceGetViolationStatus", "nvmlDeviceGetPcieReplayCounter"):
             lib._symbols.pop(name)
@@ -582,10 +583,11 @@ def test_a_killed_simulated_pipelines_trees_are_removed_by_the_next_one(spawn):
     removes them, and leaves those of live processes alone."""
     child = spawn.python(
         "import sys\n"
+        "from gputop.backend import SimulatedMachine\n"
         "from gputop.pipeline import Pipeline\n"
-        "pipeline = Pipeline(simulate='h100-sxm-8')\n"
+        "pipeline = Pipeline(SimulatedMachine('h100-sxm-8'))\n"
         "pipeline.poll()\n"
-        "print(pipeline.fake_library.spec.profile.name, flush=True)\n"
+        "print(pipeline.backend.library.spec.profile.name, flush=True)\n"
         "sys.stdin.read()\n",
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -600,7 +602,7 @@ def test_a_killed_simulated_pipelines_trees_are_removed_by_the_next_one(spawn):
     child.wait(timeout=30)
     assert all(path.exists() for path in left)  # SIGKILL: no close, no exit handler ran
     clock = ManualClock()
-    pipeline = Pipeline(simulate="h100-sxm-8", clock=clock)
+    pipeline = Pipeline(SimulatedMachine("h100-sxm-8", clock=clock))
     try:
         assert not [path for path in left if path.exists()]
         assert list(base.glob(f"gputop-sim-*-{os.getpid()}-*"))  # this live process's trees stay

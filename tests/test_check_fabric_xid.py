@@ -12,6 +12,7 @@ from gputop.analysis import machine_check as mc
 from gputop.analysis.findings import findings as assemble_findings
 from gputop.analysis.gpu_health import FABRIC, Severity, fabric_health, judge_window
 from gputop.analysis.xids import CATALOGUE, meaning_of
+from gputop.backend import SimulatedMachine
 from gputop.model import FabricInfo
 from gputop.pipeline import Pipeline
 from gputop.report.jsonreport import report_data
@@ -21,7 +22,7 @@ from tests.test_gpu_health import observe
 def exported(spec: str, family: str) -> list[tuple[dict[str, str], float]]:
     from gputop.exporter import Exporter
 
-    with Pipeline(simulate=spec) as pipeline:
+    with Pipeline(SimulatedMachine(spec)) as pipeline:
         exporter = Exporter(pipeline, diagnose=lambda history: [], log=lambda line: None)
         exporter.update(pipeline.poll())
         return [(s.labels, s.value) for f in exporter.collect() if f.name == family for s in f.samples]

@@ -7,6 +7,7 @@ import re
 
 from gputop import cli
 from gputop.analysis.diagnosis import diagnose
+from gputop.backend import SimulatedMachine
 from gputop.history import History
 from gputop.pipeline import Pipeline
 from gputop.report.markdown import render_markdown
@@ -68,7 +69,7 @@ def test_report_from_snapshots_only_says_what_is_missing():
     """A report built from a recording has no NVML details or kernel log: the section says so and still
     gives the XIDs NVML reported, with their times, and the infrastructure findings."""
     clock = ManualClock()
-    pipeline = Pipeline(simulate="h100-sxm-8+xid=5:79@1+pcie-degraded=2", clock=clock)
+    pipeline = Pipeline(SimulatedMachine("h100-sxm-8+xid=5:79@1+pcie-degraded=2", clock=clock))
     history = History(pipeline.machine)
     try:
         for _ in range(6):

@@ -1,4 +1,4 @@
-"""The pipeline's counter watch (`Pipeline(watch_counters=...)`, collect/counters.py): `gputop check`'s counter
+"""The pipeline's counter watch (`Pipeline(..., watch=CounterCadence(...))`, collect/counters.py): `gputop check`'s counter
 lines on a slow cadence, on the snapshots, in the exporter's health families and in recordings.
 
 The simulated machine is the real pynvml wrappers over the fake library and the real sysfs reader over the
@@ -11,10 +11,11 @@ import json
 
 import pytest
 
+from gputop.backend import SimulatedMachine
 from gputop.cli import build_parser, main
 from gputop.exporter import Exporter
 from gputop.model import Snapshot, from_jsonable, to_jsonable
-from gputop.pipeline import WATCH_COUNTERS_S, Pipeline, following_pipeline
+from gputop.pipeline import WATCH_COUNTERS_S, CounterCadence, Pipeline, following_pipeline
 from gputop.recording import RecordingWriter, read_recording
 from gputop.sim.fake_nvml import ManualClock
 
@@ -40,8 +41,8 @@ def problems(exporter: Exporter) -> set[tuple[str, str, str]]:
 @pytest.fixture
 def watched():
     clock = ManualClock(1_700_000_000.0)
-    with Pipeline(simulate=SPEC, clock=clock, watch_counters=CADENCE) as pipeline:
-        pipeline.fake_library.pcie_latency_s = 0.0  # the fake's 20 ms PCIe sampling sleep is not under test
+    with Pipeline(SimulatedMachine(SPEC, clock=clock), watch=CounterCadence(CADENCE)) as pipeline:
+        pipeline.backend.library.pcie_latency_s = 0.0  # the fake's 20 ms PCIe sampling sleep is not under test
         yield pipeline, clock
 
 
@@ -71,8 +72,8 @@ def test_an_xid_both_sources_see_is_one_series():
     """NVML's XID event (the samples' rule) and the check's XID line (the watch's) name the same rule: one
     series per GPU and rule, or the exposition would repeat a label set."""
     clock = ManualClock(1_700_000_000.0)
-    with Pipeline(simulate="h100-sxm-8+xid=2:48", clock=clock, watch_counters=CADENCE) as pipeline:
-        pipeline.fake_library.pcie_latency_s = 0.0
+    with Pipeline(SimulatedMachine("h100-sxm-8+xid=2:48", clock=clock), watch=CounterCadence(CADENCE)) as pipeline:
+        pipeline.backend.library.pcie_latency_s = 0.0
         exporter = Exporter(pipeline, diagnose=lambda history: [], log=lambda line: None)
         for _ in range(2):
             snap = pipeline.poll()
@@ -90,7 +91,7 @@ def test_an_xid_both_sources_see_is_one_series():
 
 def test_unwatched_snapshots_carry_nothing():
     clock = ManualClock(1_700_000_000.0)
-    with Pipeline(simulate=SPEC, clock=clock) as pipeline:
+    with Pipeline(SimulatedMachine(SPEC, clock=clock)) as pipeline:
         assert pipeline.counters is None
         assert pipeline.poll().counter_health is None
 

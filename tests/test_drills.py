@@ -436,12 +436,13 @@ def test_dataloader_worker_dies_while_recording(spawn, tmp_path, job_survives):
 
 def test_gpu_lost_mid_run_pipeline_keeps_polling_and_diagnosis_names_it():
     from gputop.analysis.diagnosis import diagnose
+    from gputop.backend import SimulatedMachine
     from gputop.history import History
     from gputop.pipeline import Pipeline
     from gputop.sim.fake_nvml import ManualClock
 
     clock = ManualClock()
-    with Pipeline(simulate="h100-sxm-8+gpu-lost=3@5", clock=clock) as pipeline:
+    with Pipeline(SimulatedMachine("h100-sxm-8+gpu-lost=3@5", clock=clock)) as pipeline:
         history = History(pipeline.machine)
         for _ in range(4):
             clock.advance(1.0)
@@ -492,8 +493,8 @@ def _library_failing_init(code: int):
     from gputop.sim.fake_nvml import FakeNvmlLibrary
 
     class FailingInit(FakeNvmlLibrary):
-        def _build_symbols(self):
-            symbols = super()._build_symbols()
+        def _bind_symbols(self):
+            symbols = super()._bind_symbols()
 
             def nvmlInitWithFlags(flags):
                 return code
@@ -525,11 +526,12 @@ def test_nvml_init_fails_collector_raises_one_line():
 @pytest.mark.slow
 def test_nvml_init_fails_pipeline_still_samples_host_and_job(spawn, tmp_path, monkeypatch):
     import gputop.sim.fake_nvml as fake_nvml
-    from gputop.pipeline import Pipeline
+    from gputop.backend import SimulatedMachine
+    from gputop.pipeline import Following, Pipeline
 
     job = start_job(spawn, tmp_path, "--workers", "1")
     monkeypatch.setattr(fake_nvml, "FakeNvmlLibrary", _library_failing_init(_NvmlError.NO_PERMISSION))
-    with Pipeline(simulate="h100-sxm-8", pid=job.pid) as pipeline:
+    with Pipeline(SimulatedMachine("h100-sxm-8"), follow=Following(pid=job.pid)) as pipeline:
         assert pipeline.machine.gpu_error == "NVML failed to start (NoPermission: Insufficient Permissions)"
         snap = pipeline.poll()
         assert snap.gpus == () and snap.host.cpu_percent and snap.job.ranks[0].proc.pid == job.pid
@@ -648,7 +650,8 @@ def test_py_spy_killed_gives_one_line_error(spawn, tmp_path):
 
 @pytest.mark.slow
 def test_py_spy_hangs_tui_keeps_drawing_and_answering_keys(spawn, tmp_path):
-    from gputop.pipeline import Pipeline
+    from gputop.backend import SimulatedMachine
+    from gputop.pipeline import Following, Pipeline
     from gputop.tui.app import GputopApp
     from gputop.tui.screens import HelpScreen
     from tests.harness.tui import wait_for
@@ -657,7 +660,7 @@ def test_py_spy_hangs_tui_keeps_drawing_and_answering_keys(spawn, tmp_path):
     fake = install_fake_py_spy(tmp_path / "fakebin", "hang")
     dump = functools.partial(stacks_mod.dump_stacks, py_spy=str(fake), timeout=30.0)  # hangs for the whole test
     collector = JobCollector(job.pid, stack_interval=0.2, dump=dump)
-    pipeline = Pipeline(simulate="h100-sxm-8", job_collector=collector)
+    pipeline = Pipeline(SimulatedMachine("h100-sxm-8"), follow=Following(attached=collector))
     app = GputopApp(pipeline, interval=0.1)
 
     async def drill() -> None:
@@ -775,13 +778,14 @@ def test_report_onto_a_full_device_node_keeps_the_device(spawn, tmp_path):
 
 
 def test_tui_resized_to_20x5_and_back(tmp_path):
+    from gputop.backend import SimulatedMachine
     from gputop.pipeline import Pipeline
     from gputop.tui.app import GputopApp
     from gputop.tui.screens import TooSmallScreen
     from gputop.tui.widgets.gpu_grid import GpuGrid
     from tests.harness.tui import wait_for
 
-    pipeline = Pipeline(simulate="h100-sxm-8")
+    pipeline = Pipeline(SimulatedMachine("h100-sxm-8"))
     app = GputopApp(pipeline, interval=0.1)
 
     async def drill() -> None:

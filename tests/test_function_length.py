@@ -10,7 +10,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gputop"
 LONG_LINES = 60
-LONG_ALLOWED = 18
+LONG_ALLOWED = 6
 
 
 def long_functions() -> list[tuple[int, str]]:
@@ -25,7 +25,8 @@ def long_functions() -> list[tuple[int, str]]:
 
 
 def test_the_count_sees_a_long_function():
-    assert any(name.endswith(" _build_symbols") for _, name in long_functions())  # the fake NVML's 400-line factory
+    # the demo job's training loop (77 lines; its source is in the recorded fixtures' digest, so it stays as it is)
+    assert any("sim/demo_job.py:" in name and name.endswith(" train") for _, name in long_functions())
 
 
 def test_long_functions_do_not_grow_in_number():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gputop.collect.gpu import GpuCollector, use_nvml_library
-from gputop.sim import fake_nvml
+from gputop.sim import fake_nvml, gpu_physics
 from gputop.sim.fake_nvml import FakeNvmlLibrary, ManualClock
 from gputop.sim.spec import parse_spec
 from tests.harness.nvml import ScriptedLoad
@@ -96,7 +96,7 @@ def test_a_load_without_a_declared_mix_gets_the_default_share_of_its_busy_time(c
     gpu, _fake, _lib, clock = collector(load=ScriptedLoad(util=80.0))
     clock.advance(1.0)
     gpm = gpu.sample()[0].gpm
-    expected = [80.0 * share for share in fake_nvml.DEFAULT_ACTIVITY]
+    expected = [80.0 * share for share in gpu_physics.DEFAULT_ACTIVITY]
     assert [getattr(gpm, name) for name in GPM_FIELDS] == pytest.approx(expected)
 
 

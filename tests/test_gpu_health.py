@@ -2,11 +2,11 @@
 report and the exporter, which must agree on the GPU and on its severity class.
 
 The fault list is read from `gputop.sim.profiles.FAULTS`, so a new fault is covered here without a new line.
-Each machine is the real pynvml wrappers over the fake library (`Pipeline(simulate=...)`) on a manual clock.
+Each machine is the real pynvml wrappers over the fake library (`Pipeline(SimulatedMachine(...))`) on a manual clock.
 
 The faults of `INFRA_FAULTS` live in what `gputop check` reads at the start and the end of its window (the
 GPUs' error counters, the kernel's AER counters and log, the topology), not in the samples.  The pipeline's
-counter watch (`Pipeline(watch_counters=...)`) reads the same on its cadence and puts the check's verdict on
+counter watch (`Pipeline(..., watch=CounterCadence(...))`) reads the same on its cadence and puts the check's verdict on
 the snapshots (`Snapshot.counter_health`), so the exporter, the card without a check run and the findings
 without a check see them too.  A counter needs two readings to be seen climbing: the manual clock crosses
 the cadence twice within the polls (the first reading at the first poll, then every CADENCE seconds).
@@ -23,10 +23,11 @@ from gputop.analysis import gpu_health
 from gputop.analysis.findings import findings as assemble_findings
 from gputop.analysis.gpu_health import Severity
 from gputop.analysis.machine_check import FAIL, WARN, CheckInput, CheckReport, build_report
+from gputop.backend import SimulatedMachine
 from gputop.exporter import Exporter
 from gputop.history import History
 from gputop.model import EccCounts, GpuSample, RemappedRows, Snapshot
-from gputop.pipeline import Pipeline
+from gputop.pipeline import CounterCadence, Pipeline
 from gputop.report.jsonreport import report_data
 from gputop.sim.fake_nvml import ManualClock
 from gputop.sim.fake_sysfs import FakeHostTree
@@ -53,9 +54,9 @@ def observe(spec: str) -> tuple[History, CheckReport, dict[int, float]]:
     """POLLS snapshots of the simulated machine, `gputop check`'s report over them, and the exporter's
     gputop_gpu_health per GPU after a real update with each snapshot."""
     clock = ManualClock(1_700_000_000.0)
-    with Pipeline(simulate=spec, clock=clock, watch_counters=CADENCE) as pipeline:
-        pipeline.fake_library.pcie_latency_s = 0.0  # the fake's 20 ms PCIe sampling sleep is not under test
-        tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
+    with Pipeline(SimulatedMachine(spec, clock=clock), watch=CounterCadence(CADENCE)) as pipeline:
+        pipeline.backend.library.pcie_latency_s = 0.0  # the fake's 20 ms PCIe sampling sleep is not under test
+        tree = FakeHostTree(pipeline.backend.library.spec, pipeline.backend.library.elapsed)
         try:
             before = pipeline.gpu_details()
             bus = [d.pci_bus_id for d in before]

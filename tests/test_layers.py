@@ -44,10 +44,19 @@ FLOORS: list[tuple[str, list[str]]] = [
     ("collect", ["gputop.collect", "gputop.inject", "gputop.fleet"]),
     # the simulated machine and job: fakes of what collect reads (a fake /sys parses as the real one does)
     ("sim", ["gputop.sim."]),
-    # a source of snapshots built from the readers, real or simulated, and the measuring sessions over them
+    # the machine read, real or simulated (backend); a source of snapshots built from its readers, and the
+    # measuring sessions over them
     (
         "pipeline",
-        ["gputop.pipeline", "gputop.source", "gputop.bench", "gputop.tracing", "gputop.recording", "gputop.check_window"],
+        [
+            "gputop.backend",
+            "gputop.pipeline",
+            "gputop.source",
+            "gputop.bench",
+            "gputop.tracing",
+            "gputop.recording",
+            "gputop.check_window",
+        ],
     ),
     # what gputop writes down: reports, the Prometheus exporter, the advice already given
     ("report", ["gputop.report", "gputop.exporter", "gputop.advice_memory"]),

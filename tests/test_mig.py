@@ -393,11 +393,12 @@ def test_the_exporter_lists_each_instance_with_its_processes_and_memory(dcgm_fie
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
+    from gputop.backend import SimulatedMachine
     from gputop.exporter import Exporter
     from gputop.model import GpuProcess
     from gputop.pipeline import Pipeline
 
-    with Pipeline(simulate="a100-sxm-4-mig") as pipeline:
+    with Pipeline(SimulatedMachine("a100-sxm-4-mig")) as pipeline:
         snap = pipeline.poll()
         machine = pipeline.machine
     gpu0 = snap.gpus[0]

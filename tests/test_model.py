@@ -133,9 +133,10 @@ def test_unknown_keys_from_newer_writers_are_ignored():
 
 
 def test_realistic_simulated_snapshot_roundtrips():
+    from gputop.backend import SimulatedMachine
     from gputop.pipeline import Pipeline
 
-    with Pipeline(simulate="h100-sxm-8+ecc=1+gpu-lost=2@0") as pipeline:
+    with Pipeline(SimulatedMachine("h100-sxm-8+ecc=1+gpu-lost=2@0")) as pipeline:
         snap = pipeline.poll()
         machine = pipeline.machine
     assert roundtrip(Snapshot, snap) == snap

@@ -21,6 +21,7 @@ from gputop import cli
 from gputop.analysis import machine_check as mc
 from gputop.analysis.findings import findings as assemble_findings
 from gputop.analysis.gpu_health import NIC_DOWN, NIC_ERRORS, NIC_RATE, Severity, judge_nics
+from gputop.backend import SimulatedMachine
 from gputop.collect.sysfs import IB_DATA_WORD_BYTES, HeldFiles, NicReader
 from gputop.exporter import Exporter
 from gputop.history import History
@@ -51,8 +52,8 @@ def check_cli(capsys, *args: str) -> tuple[int, str]:
 def polled(spec: str, polls: int = 3, step: float = 3.0) -> tuple[Pipeline, list[Snapshot]]:
     """`polls` snapshots of the simulated machine `step` s apart on a ManualClock (the caller closes it)."""
     clock = ManualClock(1_700_000_000.0)
-    pipeline = Pipeline(simulate=spec, clock=clock)
-    pipeline.fake_library.pcie_latency_s = 0.0  # the fake's PCIe sampling sleep is not under test
+    pipeline = Pipeline(SimulatedMachine(spec, clock=clock))
+    pipeline.backend.library.pcie_latency_s = 0.0  # the fake's PCIe sampling sleep is not under test
     snaps = []
     for _ in range(polls):
         snaps.append(pipeline.poll())

@@ -8,13 +8,26 @@ import ctypes.util
 import pynvml
 import pytest
 
+from gputop.backend import RealMachine, SimulatedMachine
 from gputop.cli import build_parser
 from gputop.collect import gpu as gpu_collector
 from gputop.errors import GputopError, UsageError
 from gputop.model import HostSample, JobTree, Snapshot
-from gputop.pipeline import Pipeline, following_pipeline, pipeline_from_args
+from gputop.pipeline import (
+    TUI_WATCH_FIRST_AFTER_S,
+    WATCH_COUNTERS_S,
+    CounterCadence,
+    Following,
+    Pipeline,
+    case_study_pipeline,
+    check_pipeline,
+    following_pipeline,
+    pipeline_from_args,
+    tui_pipeline,
+)
 from gputop.sim import fake_nvml
 from gputop.sim.fake_nvml import FakeNvmlLibrary, ManualClock
+from gputop.sim.scenarios import DEMO_PROFILE
 from tests.harness.memory import heap_growth_per_block
 from tests.harness.nvml import ScriptedLoad
 from tests.harness.processes import wait_until
@@ -62,7 +75,7 @@ def pipelines():
 
 
 def test_simulated_pipeline_is_labelled(pipelines):
-    p = pipelines(simulate="h100-sxm-8+thermal=2")
+    p = pipelines(SimulatedMachine("h100-sxm-8+thermal=2"))
     assert p.simulated is True
     m = p.machine
     assert m.simulated == "h100-sxm-8+thermal=2"
@@ -79,7 +92,7 @@ def test_simulated_pipeline_is_labelled(pipelines):
 
 
 def test_simulated_numa_layout_is_shown_on_the_host_cores(pipelines):
-    p = pipelines(simulate="h100-sxm-8")
+    p = pipelines(SimulatedMachine("h100-sxm-8"))
     snap = p.poll()
     topo = p.machine.topology
     for gpu in range(8):
@@ -89,19 +102,19 @@ def test_simulated_numa_layout_is_shown_on_the_host_cores(pipelines):
 
 def test_bad_spec_is_a_usage_error_and_starts_nothing():
     with pytest.raises(UsageError, match="unknown profile 'h200'.*h100-sxm-8, rtx-4090-2"):
-        Pipeline(simulate="h200")
+        Pipeline(SimulatedMachine("h200"))
     with pytest.raises(UsageError, match="gpu-lost needs IDX@SECONDS"):
-        Pipeline(simulate="h100-sxm-8+gpu-lost=3")
+        Pipeline(SimulatedMachine("h100-sxm-8+gpu-lost=3"))
     with pytest.raises(UsageError, match="unknown fault 'meltdown'"):
-        Pipeline(simulate="rtx-4090-2+meltdown")
+        Pipeline(SimulatedMachine("rtx-4090-2+meltdown"))
     with pytest.raises(UsageError, match="rtx-4090-2 has no NVLink"):
-        Pipeline(simulate="rtx-4090-2+nvlink-down=0")
+        Pipeline(SimulatedMachine("rtx-4090-2+nvlink-down=0"))
     assert pynvml.nvmlLib is None
 
 
 def test_load_model_drives_the_gpus(pipelines):
     load = ScriptedLoad(util={i: 10.0 * i for i in range(8)}, memory=5 * 1024**3, processes={6: [(31337, 1024**3)]})
-    snap = pipelines(simulate="h100-sxm-8", load_model=load).poll()
+    snap = pipelines(SimulatedMachine("h100-sxm-8", load=load)).poll()
     assert [g.utilization_gpu for g in snap.gpus] == [10.0 * i for i in range(8)]
     assert snap.gpus[6].processes[0].pid == 31337
     assert all(g.memory_used == 5 * 1024**3 for g in snap.gpus)
@@ -110,7 +123,7 @@ def test_load_model_drives_the_gpus(pipelines):
 def test_custom_clock_makes_snapshots_deterministic(pipelines):
     def run():
         clock = ManualClock(2000.0)
-        p = pipelines(simulate="h100-sxm-8+ecc=3", clock=clock, host_collector=FixedHost())
+        p = pipelines(SimulatedMachine("h100-sxm-8+ecc=3", clock=clock, host=FixedHost()))
         out = []
         for _ in range(3):
             clock.advance(1.0)
@@ -129,7 +142,7 @@ class _CountingNvml(FakeNvmlLibrary):
 
     calls: collections.Counter = collections.Counter()
 
-    def _build_symbols(self):
+    def _bind_symbols(self):
         def counted(name, fn):
             def call(*args):
                 _CountingNvml.calls[name] += 1
@@ -137,7 +150,7 @@ class _CountingNvml(FakeNvmlLibrary):
 
             return call
 
-        return {name: counted(name, fn) for name, fn in super()._build_symbols().items()}
+        return {name: counted(name, fn) for name, fn in super()._bind_symbols().items()}
 
 
 def test_a_steady_poll_of_eight_gpus_makes_few_nvml_calls_and_none_that_blocks(pipelines, monkeypatch):
@@ -150,7 +163,7 @@ def test_a_steady_poll_of_eight_gpus_makes_few_nvml_calls_and_none_that_blocks(p
     # the slow fields' re-read (every 5 s of time.monotonic()) would land among the polls on a loaded box
     monkeypatch.setattr(gpu_collector, "SLOW_FIELDS_PERIOD_S", 1e9)
     clock = ManualClock(1000.0)
-    p = pipelines(simulate="h100-sxm-8", clock=clock)
+    p = pipelines(SimulatedMachine("h100-sxm-8", clock=clock))
     p.poll()
     per_poll = []
     for _ in range(7):
@@ -166,8 +179,8 @@ def test_a_steady_poll_of_eight_gpus_makes_few_nvml_calls_and_none_that_blocks(p
 
 @pytest.mark.slow
 def test_memory_stays_flat_over_many_polls(pipelines):
-    p = pipelines(simulate="h100-sxm-8+nvlink-down=1+ecc=2")
-    p.fake_library.pcie_latency_s = 0.0
+    p = pipelines(SimulatedMachine("h100-sxm-8+nvlink-down=1+ecc=2"))
+    p.backend.library.pcie_latency_s = 0.0
 
     def settle():
         # a read that overran the sample timeout under load still holds its allocations: let it finish
@@ -184,7 +197,7 @@ def test_memory_stays_flat_over_many_polls(pipelines):
 def test_job_collector_gets_the_gpus_and_the_time(pipelines):
     job = RecordingJobCollector()
     clock = ManualClock(50.0)
-    p = pipelines(simulate="rtx-4090-2", pid=1234, job_collector=job, clock=clock)
+    p = pipelines(SimulatedMachine("rtx-4090-2", clock=clock), follow=Following(pid=1234, attached=job))
     snap = p.poll()
     assert snap.job == JobTree(root_pid=1234)
     gpus, now = job.calls[0]
@@ -195,7 +208,7 @@ def test_job_collector_gets_the_gpus_and_the_time(pipelines):
 
 @no_driver_here
 def test_no_driver_leaves_everything_else_working(pipelines):
-    p = pipelines()
+    p = pipelines(RealMachine())
     assert p.simulated is False
     assert p.machine.gpu_error == "no NVIDIA driver found (libnvidia-ml.so.1 is not loadable)"
     assert p.machine.gpu_count == 0 and p.machine.simulated is None
@@ -206,16 +219,16 @@ def test_no_driver_leaves_everything_else_working(pipelines):
 
 @no_driver_here
 def test_a_simulation_does_not_leak_into_a_later_real_pipeline(pipelines):
-    sim = pipelines(simulate="h100-sxm-8")
+    sim = pipelines(SimulatedMachine("h100-sxm-8"))
     assert len(sim.poll().gpus) == 8
-    real = pipelines()  # the simulated one is still open
+    real = pipelines(RealMachine())  # the simulated one is still open
     assert real.machine.gpu_error is not None and real.poll().gpus == ()
     assert len(sim.poll().gpus) == 8  # and the simulation still works
 
 
 def test_two_simulated_machines_in_one_process_take_turns(pipelines):
-    big = pipelines(simulate="h100-sxm-8+thermal=1")
-    small = pipelines(simulate="rtx-4090-2")
+    big = pipelines(SimulatedMachine("h100-sxm-8+thermal=1"))
+    small = pipelines(SimulatedMachine("rtx-4090-2"))
     for _ in range(2):
         assert [g.name for g in big.poll().gpus] == ["NVIDIA H100 80GB HBM3"] * 8
         small_gpus = small.poll().gpus
@@ -226,8 +239,8 @@ def test_two_simulated_machines_in_one_process_take_turns(pipelines):
 
 
 def test_close_is_idempotent_and_uninstalls_the_fake():
-    with Pipeline(simulate="rtx-4090-2") as p:
-        assert pynvml.nvmlLib is p.fake_library
+    with Pipeline(SimulatedMachine("rtx-4090-2")) as p:
+        assert pynvml.nvmlLib is p.backend.library
     p.close()
     assert pynvml.nvmlLib is None
 
@@ -246,8 +259,71 @@ def test_pipeline_from_args():
     assert p.machine.gpu_count == 8
 
 
+class _WatchedBackend:
+    """A simulated machine whose every hand-over to the pipeline is noted: the pipeline reads the machine only
+    through its backend's methods."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.asked = []
+        self.simulated, self.clock, self.host, self.nvml_library = inner.simulated, inner.clock, inner.host, inner.nvml_library
+
+    def fit_host(self, topology):
+        self.asked.append("fit_host")
+        self.inner.fit_host(topology)
+
+    def nic_topology(self, topology, bus_ids):
+        self.asked.append("nic_topology")
+        return self.inner.nic_topology(topology, bus_ids)
+
+    def nic_source(self):
+        self.asked.append("nic_source")
+        return self.inner.nic_source()
+
+    def host_source(self, root=None):
+        self.asked.append(f"host_source {root}")
+        return self.inner.host_source(root)
+
+
+def test_the_pipeline_reads_the_machine_through_its_backend(pipelines):
+    clock = ManualClock(500.0)
+    backend = _WatchedBackend(SimulatedMachine("h100-sxm-8", clock=clock))
+    p = pipelines(backend, watch=CounterCadence(60.0))
+    assert backend.asked == ["fit_host", "nic_topology", "nic_source", "host_source None"]
+    assert pynvml.nvmlLib is backend.nvml_library
+    assert p.machine.simulated == "h100-sxm-8" and p.machine.gpu_count == 8
+    assert p.poll().timestamp == 500.0  # the backend's clock stamps the snapshots
+    p.host_source("/tmp/elsewhere")
+    assert backend.asked[-1] == "host_source /tmp/elsewhere"
+
+
+def test_following_one_job_and_several_at_once_is_refused():
+    with pytest.raises(ValueError, match="not both"):
+        Following(pid=1, pids=[2])
+    with pytest.raises(ValueError, match="not both"):
+        Following(attached=RecordingJobCollector(), every_job=True)
+
+
+def test_the_named_factories_build_their_configurations(pipelines):
+    checking = check_pipeline("rtx-4090-2")
+    assert checking.counters is None and checking.followed is None and checking.job_collector is None
+    checking.close()
+    job = RecordingJobCollector()
+    tui = tui_pipeline("h100-sxm-8", FixedHost(), job, 1.5)
+    assert tui.job_collector is job and tui.host.hostname == "testbox"
+    assert tui.counters is not None and tui.counters.cadence == WATCH_COUNTERS_S
+    assert tui.counters._first_after == TUI_WATCH_FIRST_AFTER_S  # the first frames come first
+    tui.close()
+    assert job.closed
+    load = ScriptedLoad()
+    study = case_study_pipeline(load)
+    assert study.machine.simulated == DEMO_PROFILE and study.backend.library.load is load
+    assert study.job_collector is None and study.followed is None
+    study.close()
+
+
 def test_attach_follows_a_new_job_and_keeps_the_old_one_on_a_bad_pid(pipelines, spawn):
-    p = pipelines(simulate="rtx-4090-2")
+    p = pipelines(SimulatedMachine("rtx-4090-2"))
     assert p.poll().job is None
     child = spawn.python("import time\nwhile True: time.sleep(0.1)")
     p.attach(child.pid)
@@ -261,7 +337,7 @@ def test_gpu_processes_are_grouped_into_jobs_in_the_snapshot_until_a_job_is_atta
     # a real process stands behind the fake GPU's process list, so /proc discovery finds it
     proc = spawn.python("import time; time.sleep(60)")
     load = ScriptedLoad(processes={2: [(proc.pid, 1 << 30)]})
-    p = pipelines(simulate="h100-sxm-8", load_model=load)
+    p = pipelines(SimulatedMachine("h100-sxm-8", load=load))
     snap = p.poll()
     assert snap.job is None
     assert [[r.proc.pid for r in tree.ranks] for tree in snap.jobs] == [[proc.pid]]
@@ -284,7 +360,7 @@ def test_followed_jobs_go_to_the_snapshot_one_in_job_several_in_jobs_and_an_exit
     finally:
         one.close()
 
-    both = pipelines(simulate="rtx-4090-2", pids=[second.pid, first.pid])
+    both = pipelines(SimulatedMachine("rtx-4090-2"), follow=Following(pids=[second.pid, first.pid]))
     snap = both.poll()
     assert snap.job is None and [t.root_pid for t in snap.jobs] == [second.pid, first.pid]
     first.kill()
@@ -293,4 +369,6 @@ def test_followed_jobs_go_to_the_snapshot_one_in_job_several_in_jobs_and_an_exit
         assert [(t.root_pid, t.exited) for t in both.poll().jobs] == [(second.pid, False), (first.pid, True)]
 
     with pytest.raises(GputopError, match="no process with PID"):
-        pipelines(simulate="rtx-4090-2", pids=[second.pid, 2**22 + 12345])  # above pid_max: never a process
+        pipelines(
+            SimulatedMachine("rtx-4090-2"), follow=Following(pids=[second.pid, 2**22 + 12345])
+        )  # above pid_max: never a process

@@ -15,6 +15,7 @@ import pytest
 
 from gputop.analysis import gpu_health
 from gputop.analysis.gpu_health import NO_PEERS, GpuHealth, Peers, judge_gpu_window, judge_sample, judge_window, peers_of
+from gputop.backend import SimulatedMachine
 from gputop.gpu_fields import card_text
 from gputop.model import GpuSample, NvLinkLink, NvLinks, Snapshot
 from gputop.pipeline import Pipeline
@@ -30,8 +31,8 @@ SPEC = "h100-sxm-8+nvlink-down=1+pcie-degraded=2+thermal=5"
 @pytest.fixture(scope="module")
 def snapshots() -> list[Snapshot]:
     clock = ManualClock(1_700_000_000.0)
-    with Pipeline(simulate=SPEC, clock=clock) as pipeline:
-        pipeline.fake_library.pcie_latency_s = 0.0  # the fake's 20 ms PCIe sampling sleep is not under test
+    with Pipeline(SimulatedMachine(SPEC, clock=clock)) as pipeline:
+        pipeline.backend.library.pcie_latency_s = 0.0  # the fake's 20 ms PCIe sampling sleep is not under test
         out = []
         for _ in range(40):
             clock.advance(1.0)
@@ -142,8 +143,8 @@ def test_long_window_hiccup_search_runs_once_per_stride_over_fresh_copies_of_a_f
     from gputop.history import History
 
     clock = ManualClock(1_700_000_000.0)
-    with Pipeline(simulate="h100-sxm-8", clock=clock) as pipeline:
-        pipeline.fake_library.pcie_latency_s = 0.0
+    with Pipeline(SimulatedMachine("h100-sxm-8", clock=clock)) as pipeline:
+        pipeline.backend.library.pcie_latency_s = 0.0
         live = History(pipeline.machine, capacity=int(3 * HICCUP_MAX_PERIOD_S) + 20)
         for _ in range(live.capacity):
             clock.advance(1.0)

@@ -142,10 +142,11 @@ def get(url: str, accept: Optional[str] = None) -> str:
 
 
 def simulated_exporter(spec: str) -> Exporter:
+    from gputop.backend import SimulatedMachine
     from gputop.pipeline import Pipeline
 
-    pipeline = Pipeline(simulate=spec)
-    pipeline.fake_library.pcie_latency_s = 0.0  # the fake's 20 ms per PCIe read only slows the test
+    pipeline = Pipeline(SimulatedMachine(spec))
+    pipeline.backend.library.pcie_latency_s = 0.0  # the fake's 20 ms per PCIe read only slows the test
     return Exporter(pipeline, interval=1.0, log=lambda line: None)
 
 
@@ -670,14 +671,15 @@ PROMETHEUS = shutil.which("prometheus")
 def test_without_pid_every_gpu_process_is_a_job_followed_with_its_stacks(spawn):
     """serve's pipeline (`following_pipeline` without --pid): every job on the (simulated) GPUs, each
     followed with its stacks in the snapshot the exporter reads; a job that leaves the GPUs is dropped."""
-    from gputop.pipeline import Pipeline
+    from gputop.backend import SimulatedMachine
+    from gputop.pipeline import Following, Pipeline
     from tests.harness.nvml import ScriptedLoad
 
     first = spawn.python("import time\nwhile True: time.sleep(0.05)")
     second = spawn.python("import threading\nthreading.Event().wait()")
     load = ScriptedLoad(processes={0: [(first.pid, 1 << 30)], 1: [(second.pid, 1 << 30)]})
-    pipeline = Pipeline(simulate="h100-sxm-8", load_model=load, follow_all=True, stack_interval=0.5)
-    pipeline.fake_library.pcie_latency_s = 0.0  # the fake's 20 ms per PCIe read only slows the test
+    pipeline = Pipeline(SimulatedMachine("h100-sxm-8", load=load), follow=Following(every_job=True, stack_interval=0.5))
+    pipeline.backend.library.pcie_latency_s = 0.0  # the fake's 20 ms per PCIe read only slows the test
     exporter = Exporter(pipeline, interval=1.0, log=lambda line: None)
     try:
 

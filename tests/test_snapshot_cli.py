@@ -257,10 +257,11 @@ def _nvidia_smi_topo_m(rows: dict[str, list[str]], legend: list[str]) -> str:
 
 def test_gpu_check_compares_the_topology_with_nvidia_smi(tmp_path):
     """scripts/gpu_check.sh's topo-m step: the simulated DGX's matrix read back from nvidia-smi's layout."""
+    from gputop.backend import SimulatedMachine
     from gputop.model import to_jsonable
     from gputop.pipeline import Pipeline
 
-    with Pipeline(simulate="h100-sxm-8") as pipeline:
+    with Pipeline(SimulatedMachine("h100-sxm-8")) as pipeline:
         topology = pipeline.machine.topology
     names, rows = topology.full_matrix()
     (tmp_path / "real.json").write_text(json.dumps({"topology": to_jsonable(topology)}))

@@ -44,7 +44,7 @@ from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
 from gputop.sim.cpu_speed import cpu_slowness
 from gputop.sim.load import FollowingLoad, JobLoad
-from gputop.sim.scenarios import DEFAULT_BATCH, DEFAULT_STEP_MS, DEMO_PROFILE, DemoConfig, resolve
+from gputop.sim.scenarios import DEFAULT_BATCH, DEFAULT_STEP_MS, DemoConfig, resolve
 
 if TYPE_CHECKING:
     from gputop.pipeline import Pipeline
@@ -300,14 +300,14 @@ class CaseStudy:
         max_stage_s: float = MAX_STAGE_S,
         stack_interval: float = 2.0,
     ) -> None:
-        from gputop.pipeline import Pipeline
+        from gputop.pipeline import case_study_pipeline
 
         self.stages = list(stage_list)
         self.results: list[StageResult] = []
         self._start_job = start_job
         self._bounds = (min_stage_s, max_stage_s)
         self.load = FollowingLoad()
-        self.pipeline = Pipeline(simulate=DEMO_PROFILE, load_model=self.load, stack_interval=stack_interval)
+        self.pipeline = case_study_pipeline(self.load, stack_interval=stack_interval)
         self.job: Optional[StageJob] = None
         self.watch: Optional[StageWatch] = None
         self._lock = threading.Lock()  # a poll, and a switch of the job under the GPUs, one at a time

@@ -35,10 +35,10 @@ MIN_WINDOW_S = 1.0
 
 def collect(args: argparse.Namespace, *, started: Optional[float] = None) -> CheckReport:
     """Run the window and the checks (also what the TUI's hotkey runs, in a worker thread)."""
-    from gputop.pipeline import Pipeline
+    from gputop.pipeline import check_pipeline
 
     started = time.monotonic() if started is None else started
-    pipeline = Pipeline(simulate=getattr(args, "simulate", None))
+    pipeline = check_pipeline(getattr(args, "simulate", None))
     try:
         evidence = Evidence(pipeline, getattr(args, "host_root", None))
         try:

@@ -15,7 +15,7 @@ import importlib.util
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.findings import findings
@@ -27,6 +27,7 @@ from gputop.tui.demo import run_tui
 
 if TYPE_CHECKING:
     from gputop.model import Finding
+    from gputop.source import Batch
 
     pass
 
@@ -61,6 +62,43 @@ def _format_util(value: Optional[float]) -> str:
     return "  --" if value is None else f"{value:4.0f}"
 
 
+class _UtilizationRows:
+    """Prints one row per interval: each GPU's utilization and the ranks' steps per second (the first reading
+    only sets the baseline of the utilization window); keeps the rows in the summary and the snapshots in the
+    history; raises GputopError once the job failed."""
+
+    def __init__(
+        self, job: Any, history: History, summary: DemoSummary, elapsed: Callable[[], float], out: TextIO, counts: Any
+    ) -> None:
+        self.job, self.history, self.summary, self.elapsed, self.out = job, history, summary, elapsed, out
+        self.counts_last = counts  # the ranks' step counts when the observation began
+        self.last = time.monotonic()
+        self.baseline = True
+
+    def __call__(self, batch: Batch) -> None:
+        for taken in batch.snapshots:
+            self.history.append(taken)
+        if self.baseline:
+            self.baseline = False
+            return
+        snapshot = batch.snapshots[-1]
+        now = time.monotonic()
+        counts = self.job.step_counts()
+        row = tuple(g.utilization_gpu if not g.lost else None for g in snapshot.gpus)
+        self.summary.samples.append(row)
+        rate = sum(counts) - sum(self.counts_last)
+        per_rank = rate / max(1, len(counts)) / max(1e-9, now - self.last)
+        print(
+            f"{self.elapsed():5.1f}s  " + "".join(f"{_format_util(u):>6}" for u in row) + f"  {per_rank:7.2f}",
+            file=self.out,
+            flush=True,
+        )
+        self.last, self.counts_last = now, counts
+        failure = self.job.failure()
+        if failure:
+            raise GputopError(failure)
+
+
 def observe(
     job: Any,
     source: Any,
@@ -74,7 +112,7 @@ def observe(
     Runs `seconds` (None: until KeyboardInterrupt) after every rank took its first step; the job's
     startup (importing torch, rendezvous) is not part of the observation.
     """
-    from gputop.source import Batch, PollLoop
+    from gputop.source import PollLoop
 
     print(f"waiting for {job.config.ranks} ranks to start (importing torch, rendezvous)...", file=out, flush=True)
     summary = DemoSummary(startup_s=job.wait_until_training())
@@ -87,34 +125,8 @@ def observe(
     )
     history = History(source.machine)
     loop = PollLoop(source, interval, seconds=seconds)
-    counts_start = counts_last = job.step_counts()
-    last = time.monotonic()
-    baseline = True
-
-    def show(batch: Batch) -> None:
-        nonlocal counts_last, last, baseline
-        for taken in batch.snapshots:
-            history.append(taken)
-        if baseline:  # the first reading only sets the baseline of the utilization window
-            baseline = False
-            return
-        snapshot = batch.snapshots[-1]
-        now = time.monotonic()
-        counts = job.step_counts()
-        row = tuple(g.utilization_gpu if not g.lost else None for g in snapshot.gpus)
-        summary.samples.append(row)
-        rate = sum(counts) - sum(counts_last)
-        per_rank = rate / max(1, len(counts)) / max(1e-9, now - last)
-        print(
-            f"{loop.elapsed():5.1f}s  " + "".join(f"{_format_util(u):>6}" for u in row) + f"  {per_rank:7.2f}",
-            file=out,
-            flush=True,
-        )
-        last, counts_last = now, counts
-        failure = job.failure()
-        if failure:
-            raise GputopError(failure)
-
+    counts_start = job.step_counts()
+    show = _UtilizationRows(job, history, summary, loop.elapsed, out, counts_start)
     try:
         loop.run(show)
     except KeyboardInterrupt:
@@ -149,9 +161,8 @@ def print_summary(summary: DemoSummary, out: TextIO) -> None:
 
 def run(args: Any) -> int:
     _check_demo_dependencies()
-    from gputop.pipeline import TUI_WATCH_FIRST_AFTER_S, WATCH_COUNTERS_S, Pipeline
+    from gputop.pipeline import demo_pipeline
     from gputop.sim.demo_launcher import DemoJob
-    from gputop.sim.scenarios import DEMO_PROFILE
 
     scenario = args.scenario
     if scenario == "case-study":  # four jobs one after another on one machine (gputop/commands/case_study.py)
@@ -174,14 +185,7 @@ def run(args: Any) -> int:
     with StopSignals(), job:
         try:
             launcher_pid = job.start()
-            pipeline = Pipeline(
-                simulate=DEMO_PROFILE,
-                pid=launcher_pid,
-                load_model=job.load_model(),
-                stack_interval=getattr(args, "stack_interval", 2.0),
-                watch_counters=WATCH_COUNTERS_S,
-                watch_first_after=TUI_WATCH_FIRST_AFTER_S,
-            )
+            pipeline = demo_pipeline(launcher_pid, job.load_model(), stack_interval=getattr(args, "stack_interval", 2.0))
         except KeyboardInterrupt:
             return 130
         if not args.no_tui:

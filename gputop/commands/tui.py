@@ -53,16 +53,9 @@ def starting_pipeline(args: argparse.Namespace) -> "StartingPipeline":
         parse_spec(simulate)  # a bad spec is the command's one line before any frame (the build waits for one)
 
     def build(host: "HostCollector", job: "Optional[JobCollector]") -> "Pipeline":
-        from gputop.pipeline import TUI_WATCH_FIRST_AFTER_S, WATCH_COUNTERS_S, Pipeline  # (pynvml loads on this thread too)
+        from gputop.pipeline import tui_pipeline  # (pynvml loads on this thread too)
 
-        return Pipeline(
-            simulate=simulate,
-            stack_interval=stack_interval,
-            host_collector=host,
-            job_collector=job,
-            watch_counters=WATCH_COUNTERS_S,  # the cards show what `gputop check` and `gputop serve` would
-            watch_first_after=TUI_WATCH_FIRST_AFTER_S,
-        )
+        return tui_pipeline(simulate, host, job, stack_interval)
 
     # held until the first frame is on the terminal (GputopApp._release_pipeline): see starting.py
     return StartingPipeline(build, pid=getattr(args, "pid", None), stack_interval=stack_interval, simulated=simulate, held=True)

@@ -52,6 +52,8 @@ def nic_rows(snaps: Sequence[Snapshot]) -> Optional[list[dict[str, Any]]]:
 
 
 def infra_data(history: History, findings: Sequence[Finding], check: Optional[CheckReport]) -> dict[str, Any]:
+    """The "For the infra team" section: `gputop check`'s report when there is one, else what the snapshots and
+    the findings say (a report from a recording)."""
     snaps = list(history)
     if check is not None:
         data = report_jsonable(check)
@@ -60,9 +62,13 @@ def infra_data(history: History, findings: Sequence[Finding], check: Optional[Ch
         data["missing"] = None
         data["nics"] = nic_rows(snaps)
         return data
+    return _from_findings(history, snaps, findings)
+
+
+def _gpu_identities(snaps: Sequence[Snapshot]) -> list[dict[str, Any]]:
+    """The GPUs of the latest snapshot, as the check lists them (what a snapshot does not hold: None)."""
     latest = snaps[-1] if snaps else None
-    m = history.machine
-    gpus = [
+    return [
         {
             "index": g.index,
             "name": g.name,
@@ -75,6 +81,10 @@ def infra_data(history: History, findings: Sequence[Finding], check: Optional[Ch
         }
         for g in (latest.gpus if latest else ())
     ]
+
+
+def _xid_lines(snaps: Sequence[Snapshot]) -> list[str]:
+    """Each distinct XID the snapshots saw, per GPU, as the check's kernel-log lines read."""
     xids = []
     for index in sorted({g.index for s in snaps for g in s.gpus}):
         for event in distinct_xids(g for s in snaps for g in s.gpus if g.index == index):
@@ -83,7 +93,12 @@ def infra_data(history: History, findings: Sequence[Finding], check: Optional[Ch
                 f"{utc_time(event.timestamp)}  GPU {index}  XID {event.code}: {meaning.meaning} [NVML event]"
                 f" action {meaning.advice}"
             )
-    failing = [
+    return xids
+
+
+def _failing_findings(findings: Sequence[Finding]) -> list[dict[str, Any]]:
+    """The infrastructure findings, as failing checks."""
+    return [
         {
             "id": f.id,
             "title": f.title,
@@ -97,6 +112,13 @@ def infra_data(history: History, findings: Sequence[Finding], check: Optional[Ch
         for f in findings
         if f.label == LABEL_INFRA
     ]
+
+
+def _from_findings(history: History, snaps: Sequence[Snapshot], findings: Sequence[Finding]) -> dict[str, Any]:
+    m = history.machine
+    gpus = _gpu_identities(snaps)
+    failing = _failing_findings(findings)
+    xids = _xid_lines(snaps)
     return {
         "source": "findings",
         "machine": {

@@ -22,7 +22,7 @@ from gputop.analysis.numbers import mean, percentile
 from gputop.analysis.observations import RankObs, collect_rank_observations
 from gputop.analysis.stack_classes import aggregate_worker_leaves, format_frame
 from gputop.history import History
-from gputop.model import Finding, Frame, GpuSample, Snapshot, device_label, to_jsonable
+from gputop.model import Finding, Frame, GpuSample, MachineInfo, Snapshot, device_label, to_jsonable
 from gputop.report.infra import infra_data
 from gputop.report.redact import redact_cmdline, redact_jsonable, redact_text
 
@@ -262,68 +262,88 @@ def report_data(
     `recording` (report --from): what the whole recording spans; `observed` is the part reported on."""
     snaps = list(history)
     m = history.machine
-    latest = snaps[-1] if snaps else None
     indices = sorted({g.index for s in snaps for g in s.gpus})
-    judged = judge_window(snaps)
-    latest_counters = next((s.counter_health for s in reversed(snaps) if s.counter_health is not None), None)
-    counted = counter_problems(latest_counters)
-    host_cpu = [statistics.fmean(s.host.cpu_percent) for s in snaps if s.host.cpu_percent]
-    bench_part = None
-    if bench is not None:
-        to_dict = getattr(bench, "to_dict", None)
-        lines = getattr(bench, "summary_lines", None)
-        bench_part = {
-            "result": to_dict() if callable(to_dict) else (bench if isinstance(bench, dict) else None),
-            "summary": list(lines()) if callable(lines) else [],
-        }
-    trace_part = None
-    if trace is not None:
-        trace_part = {"result": trace.to_dict(), "summary": trace.summary_lines()}
     data = {
         "gputop": {"version": __version__, "command": _command_text(command), "python": platform.python_version()},
         "generated": generated if generated is not None else time.time(),
         "verdict": verdict_line(findings),
-        "observed": {
-            "start": snaps[0].timestamp if snaps else None,
-            "end": snaps[-1].timestamp if snaps else None,
-            "seconds": round(snaps[-1].timestamp - snaps[0].timestamp, 1) if snaps else 0.0,
-            "snapshots": len(snaps),
-            "simulated": m.simulated,
-        },
-        "machine": {
-            "hostname": m.hostname,
-            "cpu_model": m.cpu_model,
-            "cpu_count": m.cpu_count,
-            "memory_total": latest.host.memory_total if latest else None,
-            "driver_version": m.driver_version,
-            "cuda_version": m.cuda_version,
-            "nvml_version": m.nvml_version,
-            "gpu_count": m.gpu_count,
-            "gpu_names": list(m.gpu_names),
-            "gpu_error": m.gpu_error,
-            "simulated": m.simulated,
-        },
+        "observed": _observed(snaps, m),
+        "machine": _machine(snaps, m),
         "topology": to_jsonable(m.topology),
-        "health": [_health(snaps, i, judged.get(i), counted.get(i, {})) for i in indices],
+        "health": _gpu_health(snaps, indices),
         "gpus": [_gpu_stats(snaps, i) for i in indices],
-        "host": {
-            "cpu_percent": _stats(host_cpu, 0.0, 100.0),
-            "cores": len(latest.host.cpu_percent) if latest else m.cpu_count,
-            "memory_used": latest.host.memory_used if latest else None,
-            "memory_total": latest.host.memory_total if latest else None,
-            "load_average": list(latest.host.load_average) if latest else None,
-            "iowait_percent": mean(s.host.iowait_percent for s in snaps),
-        },
+        "host": _host(snaps, m),
         "job": _job(snaps),
         "stacks": _stacks(snaps),
         "findings": [to_jsonable(f) for f in findings],
-        "benchmark": bench_part,
-        "trace": trace_part,
+        "benchmark": _benchmark(bench),
+        "trace": {"result": trace.to_dict(), "summary": trace.summary_lines()} if trace is not None else None,
         "recording": dict(recording) if recording is not None else None,
         "infra": infra_data(history, findings, infra),
     }
     redacted: dict[str, Any] = redact_jsonable(data)
     return redacted
+
+
+def _observed(snaps: Sequence[Snapshot], m: MachineInfo) -> dict[str, Any]:
+    """The span the report covers."""
+    return {
+        "start": snaps[0].timestamp if snaps else None,
+        "end": snaps[-1].timestamp if snaps else None,
+        "seconds": round(snaps[-1].timestamp - snaps[0].timestamp, 1) if snaps else 0.0,
+        "snapshots": len(snaps),
+        "simulated": m.simulated,
+    }
+
+
+def _machine(snaps: Sequence[Snapshot], m: MachineInfo) -> dict[str, Any]:
+    latest = snaps[-1] if snaps else None
+    return {
+        "hostname": m.hostname,
+        "cpu_model": m.cpu_model,
+        "cpu_count": m.cpu_count,
+        "memory_total": latest.host.memory_total if latest else None,
+        "driver_version": m.driver_version,
+        "cuda_version": m.cuda_version,
+        "nvml_version": m.nvml_version,
+        "gpu_count": m.gpu_count,
+        "gpu_names": list(m.gpu_names),
+        "gpu_error": m.gpu_error,
+        "simulated": m.simulated,
+    }
+
+
+def _gpu_health(snaps: Sequence[Snapshot], indices: Sequence[int]) -> list[dict[str, Any]]:
+    """Each GPU's health: from the samples (the health module) and the counter watch's last verdict."""
+    judged = judge_window(snaps)
+    latest_counters = next((s.counter_health for s in reversed(snaps) if s.counter_health is not None), None)
+    counted = counter_problems(latest_counters)
+    return [_health(snaps, i, judged.get(i), counted.get(i, {})) for i in indices]
+
+
+def _host(snaps: Sequence[Snapshot], m: MachineInfo) -> dict[str, Any]:
+    latest = snaps[-1] if snaps else None
+    host_cpu = [statistics.fmean(s.host.cpu_percent) for s in snaps if s.host.cpu_percent]
+    return {
+        "cpu_percent": _stats(host_cpu, 0.0, 100.0),
+        "cores": len(latest.host.cpu_percent) if latest else m.cpu_count,
+        "memory_used": latest.host.memory_used if latest else None,
+        "memory_total": latest.host.memory_total if latest else None,
+        "load_average": list(latest.host.load_average) if latest else None,
+        "iowait_percent": mean(s.host.iowait_percent for s in snaps),
+    }
+
+
+def _benchmark(bench: Optional[ReportedResult | dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The benchmark's result and its text (a `ReportedResult`, or a result already as data)."""
+    if bench is None:
+        return None
+    to_dict = getattr(bench, "to_dict", None)
+    lines = getattr(bench, "summary_lines", None)
+    return {
+        "result": to_dict() if callable(to_dict) else (bench if isinstance(bench, dict) else None),
+        "summary": list(lines()) if callable(lines) else [],
+    }
 
 
 def render_json(

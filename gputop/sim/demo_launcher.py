@@ -8,7 +8,7 @@ Two sides, both free of torch (gputop itself never imports it):
 
       with DemoJob("tuned", gpus=4) as job:
           launcher_pid = job.start()
-          pipeline = Pipeline(simulate="h100-sxm-8", pid=launcher_pid, load_model=job.load_model())
+          pipeline = demo_pipeline(launcher_pid, job.load_model())
 
   `stop()` signals the whole group (SIGTERM, then SIGKILL after a deadline), waits until no
   process of it is left and removes the directory.  It is safe to call twice.

@@ -36,7 +36,7 @@ class LoadModel(Protocol):
     # Optional: `power_load(gpu, now) -> float`, 0..1, how hard the busy time works the GPU (power and
     # heat); a load model without it draws power in proportion to utilization.
     # Optional: `activity_seconds(gpu, now) -> tuple[float, ...]`, the GPM counters (the kernels' `KernelMix`
-    # integrated over time); without it the fake NVML counts `fake_nvml.DEFAULT_ACTIVITY` of the busy time.
+    # integrated over time); without it the fake NVML counts `gpu_physics.DEFAULT_ACTIVITY` of the busy time.
 
 
 class JobLoad(LoadModel, Protocol):

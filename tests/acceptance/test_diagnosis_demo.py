@@ -16,7 +16,8 @@ import pytest
 
 from gputop.analysis.diagnosis import severe, verdict_line
 from gputop.analysis.stack_classes import IN_DATASET
-from gputop.pipeline import Pipeline
+from gputop.backend import SimulatedMachine
+from gputop.pipeline import Following, Pipeline
 from gputop.sim.demo_launcher import DemoJob
 from tests.harness.attach import Observer
 from tests.harness.box_load import BoxLoad
@@ -47,7 +48,7 @@ def _start_training(scenario: str) -> DemoJob:
 
 def _attach(job: DemoJob) -> Observer:
     """Polled once a second like the TUI does, on the simulated 8-GPU machine the demo drives."""
-    pipeline = Pipeline(simulate="h100-sxm-8", pid=job.launcher_pid, load_model=job.load_model())
+    pipeline = Pipeline(SimulatedMachine("h100-sxm-8", load=job.load_model()), follow=Following(pid=job.launcher_pid))
     return Observer(job.launcher_pid, pipeline=pipeline)
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Optional
 
 from gputop.analysis.diagnosis import diagnose
+from gputop.backend import RealMachine
 from gputop.history import History
-from gputop.pipeline import Pipeline
+from gputop.pipeline import Following, Pipeline
 
 VERDICT_DEADLINE_S = 30.0  # every attach test's verdict bar (issues 11 and 12)
 STACK_INTERVAL_S = 0.5
@@ -20,7 +21,7 @@ class Observer:
 
     def __init__(self, pid: int, *, pipeline: Optional[Pipeline] = None) -> None:
         # a ready-made pipeline (the demo's simulated machine, say) instead of the plain attach one
-        self.pipeline = pipeline or Pipeline(pid=pid, stack_interval=STACK_INTERVAL_S)
+        self.pipeline = pipeline or Pipeline(RealMachine(), follow=Following(pid=pid, stack_interval=STACK_INTERVAL_S))
         self.history = History(self.pipeline.machine)
         self.findings: list = []
 

@@ -8,9 +8,10 @@ import os
 import psutil
 
 from gputop.analysis.stack_classes import classify_main_thread
+from gputop.backend import SimulatedMachine
 from gputop.collect.stacks import dump_stacks
 from gputop.commands.demo import observe
-from gputop.pipeline import Pipeline
+from gputop.pipeline import Following, Pipeline
 from gputop.sim.demo_launcher import DemoJob
 from gputop.sim.scenarios import DEMO_PROFILE
 
@@ -24,7 +25,7 @@ class DemoJobs:
     def start(self, scenario: str, **kwargs) -> tuple[DemoJob, Pipeline]:
         job = DemoJob(scenario, **kwargs)
         launcher = job.start()
-        pipeline = Pipeline(simulate=DEMO_PROFILE, pid=launcher, load_model=job.load_model())
+        pipeline = Pipeline(SimulatedMachine(DEMO_PROFILE, load=job.load_model()), follow=Following(pid=launcher))
         self.started.append((job, pipeline))
         return job, pipeline
 

@@ -403,12 +403,13 @@ def record(path, machine_info: MachineInfo, snaps: Sequence[Snapshot]):
 
 def simulated_history(spec: str, seconds: int = 60) -> History:
     """Poll a simulated machine once per (fake) second: the real pynvml wrappers over the fake library."""
+    from gputop.backend import SimulatedMachine
     from gputop.pipeline import Pipeline
     from gputop.sim.fake_nvml import ManualClock
 
     clock = ManualClock(1_700_000_000.0)
-    with Pipeline(simulate=spec, clock=clock) as pipeline:
-        pipeline.fake_library.pcie_latency_s = 0.0  # the fake's 20 ms PCIe sampling sleep is not under test
+    with Pipeline(SimulatedMachine(spec, clock=clock)) as pipeline:
+        pipeline.backend.library.pcie_latency_s = 0.0  # the fake's 20 ms PCIe sampling sleep is not under test
         hist = History(pipeline.machine, capacity=seconds + 1)
         for _ in range(seconds + 1):
             hist.append(pipeline.poll())

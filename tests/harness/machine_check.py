@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from gputop.analysis.machine_check import CheckInput, build_report
+from gputop.backend import SimulatedMachine
 from gputop.pipeline import Pipeline
 from gputop.sim.fake_nvml import ManualClock
 from gputop.sim.fake_sysfs import FakeHostTree
@@ -14,8 +15,8 @@ def simulated_check_input(spec: str = "h100-sxm-8", seconds: float = 5.0) -> Che
     """What `gputop check` collects on a simulated machine, on a clock the caller never waits for: GPU details
     and the fake kernel tree read, two polls `seconds` apart on a ManualClock, read again."""
     clock = ManualClock()
-    pipeline = Pipeline(simulate=spec, clock=clock)
-    tree = FakeHostTree(pipeline.fake_library.spec, pipeline.fake_library.elapsed)
+    pipeline = Pipeline(SimulatedMachine(spec, clock=clock))
+    tree = FakeHostTree(pipeline.backend.library.spec, pipeline.backend.library.elapsed)
     try:
         before = pipeline.gpu_details()
         bus = [d.pci_bus_id for d in before]

@@ -270,9 +270,10 @@ async def test_gpu_lost_mid_run_is_shown_as_lost(close_sources):
 
 
 async def test_xids_show_on_their_cards_and_in_the_verdict():
+    from gputop.backend import SimulatedMachine
     from gputop.pipeline import Pipeline
 
-    source = Pipeline(simulate="h100-sxm-8+xid=2:79+xid=4:31")
+    source = Pipeline(SimulatedMachine("h100-sxm-8+xid=2:79+xid=4:31"))
     app = GputopApp(source, interval=0.1)
     try:
         async with app.run_test(size=(120, 40)) as pilot:

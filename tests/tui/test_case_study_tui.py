@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gputop.commands import case_study
-from gputop.sim.fake_nvml import DEFAULT_ACTIVITY
+from gputop.sim.gpu_physics import DEFAULT_ACTIVITY
 from gputop.tui.app import GputopApp
 from tests.harness.tui import wait_for
 

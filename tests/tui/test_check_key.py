@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gputop.backend import SimulatedMachine
 from gputop.pipeline import Pipeline
 from gputop.tui.app import GputopApp
 from gputop.tui.check_screen import CheckScreen
@@ -24,7 +25,7 @@ from tests.harness.tui import (
 async def test_check_key_runs_the_check_on_the_live_machine():
     """End to end over a real simulated pipeline: the real pynvml wrappers, the fake kernel tree, the app's
     own collector feeding the check's window."""
-    source = Pipeline(simulate="h100-sxm-8+pcie-replay=3")
+    source = Pipeline(SimulatedMachine("h100-sxm-8+pcie-replay=3"))
     app = GputopApp(source, interval=0.2)
     app.actions.check_seconds = 1.5
     try:

@@ -7,8 +7,9 @@ from __future__ import annotations
 from gputop.analysis import findings as findings_module
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.findings import findings
+from gputop.backend import SimulatedMachine
 from gputop.history import History
-from gputop.pipeline import Pipeline
+from gputop.pipeline import CounterCadence, Pipeline
 from gputop.sim.fake_nvml import ManualClock
 from gputop.tui.app import GputopApp
 
@@ -18,8 +19,10 @@ CADENCE = 60.0
 def test_the_tuis_findings_are_findings_on_the_same_history_counter_watch_included(monkeypatch):
     clock = ManualClock(1_700_000_000.0)
     # a replay counter climbing on GPU 3 and an XID in the kernel log: only the counter watch sees them
-    with Pipeline(simulate="h100-sxm-8+pcie-replay=3+kernel-xid=5:48", clock=clock, watch_counters=CADENCE) as pipeline:
-        pipeline.fake_library.pcie_latency_s = 0.0
+    with Pipeline(
+        SimulatedMachine("h100-sxm-8+pcie-replay=3+kernel-xid=5:48", clock=clock), watch=CounterCadence(CADENCE)
+    ) as pipeline:
+        pipeline.backend.library.pcie_latency_s = 0.0
         history = History(pipeline.machine, capacity=10)
         for _ in range(3):
             history.append(pipeline.poll())

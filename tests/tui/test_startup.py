@@ -142,8 +142,8 @@ class _HeldInitNvml(FakeNvmlLibrary):
     entered = threading.Event()
     release = threading.Event()
 
-    def _build_symbols(self):
-        symbols = super()._build_symbols()
+    def _bind_symbols(self):
+        symbols = super()._bind_symbols()
         init = symbols["nvmlInitWithFlags"]
 
         def held(flags):
