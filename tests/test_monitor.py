@@ -10,6 +10,7 @@ from typing import Callable, Optional
 
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.findings import findings
+from gputop.backend import SimulatedMachine
 from gputop.history import History
 from gputop.model import LABEL_CODE, Finding, MachineInfo, Snapshot
 from gputop.monitor import DIAGNOSE_EVERY, DIAGNOSE_EVERY_WITHOUT_JOB, Monitor, Verdict
@@ -137,8 +138,8 @@ def test_with_a_job_every_tick_renews_the_verdict_from_the_history_as_it_was_ask
 def test_the_verdict_is_findings_on_the_simulated_machine_and_an_actions_result_joins_it_at_once():
     clock = ManualClock(1_700_000_000.0)
     view = RecordingView()
-    with Pipeline(simulate="h100-sxm-8+kernel-xid=5:48", clock=clock) as pipeline:
-        pipeline.fake_library.pcie_latency_s = 0.0
+    with Pipeline(SimulatedMachine("h100-sxm-8+kernel-xid=5:48", clock=clock)) as pipeline:
+        pipeline.backend.library.pcie_latency_s = 0.0
         monitor = Monitor(pipeline, view, interval=1.0, clock=clock)
         for _ in range(5):
             monitor.receive([pipeline.poll()], reset=False)
