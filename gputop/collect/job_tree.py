@@ -467,7 +467,7 @@ class JobCollector:
         native_dump: Optional[Callable[[int], ProcessStacks]] = stacks_mod.dump_native,
         native_after: float = NATIVE_AFTER_S,
         sampler: Optional[StateSampler] = None,
-        recorder_read: Optional[fr_read.Reader] = fr_read.read_in_process,
+        recorder_read: Optional[fr_read.Reader] = fr_read.read_live,
     ) -> None:
         """Attach to the job `pid` belongs to.  `stacks_enabled=False`: never run py-spy (no thread);
         `stacks_wanted`: the initial state of the switch; `dump`: the stack reader (default: py-spy, a
@@ -475,8 +475,9 @@ class JobCollector:
         `native_dump`: what takes the one native dump of a process frozen for `native_after` seconds
         (None: never pause a process); `sampler`: what samples the ranks' main threads densely (default:
         py-spy record, when stacks come from py-spy; none when `dump` replaces py-spy); `recorder_read`: what
-        reads the flight recorder from inside a rank that has it on but writes no dump, once a rank has stood
-        still `LIVE_READ_AFTER_S` (None, or $GPUTOP_NO_RECORDER_READ set: never inject)."""
+        reads the flight recorder of a rank that has it on but writes no dump, once a rank has stood still
+        `LIVE_READ_AFTER_S`: through its debug server, else from inside it (None: never read live;
+        $GPUTOP_NO_RECORDER_READ set: never inject)."""
         if pid <= 0:
             raise GputopError(f"{pid} is not a process id (it must be positive)")
         self.pid = pid
@@ -506,8 +507,7 @@ class JobCollector:
         self._stacks_enabled = stacks_enabled
         self._startup = StartupWatch()
         self._recorders = FlightRecorderReader()
-        live = recorder_read is not None and not fr_read.reads_turned_off()
-        self._live_recorders = fr_read.LiveRecorderReads(recorder_read) if recorder_read is not None and live else None
+        self._live_recorders = fr_read.LiveRecorderReads(recorder_read) if recorder_read is not None else None
         self._sampler = _state_sampler(sampler, stacks_enabled and dump is None, stacks_wanted)
         if stacks_enabled:
             self._learn_role_of_root(root)
