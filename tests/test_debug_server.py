@@ -141,3 +141,13 @@ def test_a_job_without_the_server_is_read_in_process_as_before(spawn, tmp_path):
     record = fr_read.read_live(ranks[2][0], 2)
     assert record.error is None and record.channel == CHANNEL_IN_PROCESS, record
     assert max(e.seq for e in record.entries) == 3, record.entries  # rank 2 stopped before the 4th
+
+
+@pytest.mark.integration
+def test_a_trace_says_in_one_line_why_the_debug_server_does_not_profile(stand_in):
+    from gputop.tracing import _debug_server_notes
+
+    (note,) = _debug_server_notes([(os.getpid(), 0)])
+    assert note.startswith(f"torch's debug server runs in PID {os.getpid()}; its torch_profile is not used"), note
+    assert "SIGABRT" in note and "\n" not in note
+    assert _debug_server_notes([(os.getppid(), None)]) == []  # pytest's parent runs none
