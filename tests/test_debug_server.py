@@ -12,14 +12,17 @@ import os
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from gputop.analysis.stack_classes import main_thread
 from gputop.collect import debug_server
+from gputop.collect.job_tree import JobCollector
 from gputop.inject import fr_read, injector
-from gputop.model import CHANNEL_DEBUG_SERVER, CHANNEL_IN_PROCESS
+from gputop.model import CHANNEL_DEBUG_SERVER, CHANNEL_IN_PROCESS, ProcessStacks
 from tests.harness.processes import free_port, run_gputop
 from tests.harness.train_jobs import START_TIMEOUT_S, wait_ready
 
@@ -86,6 +89,41 @@ def test_a_process_without_a_server_is_found_without_one_and_the_answer_is_cache
         assert cache.find(os.getpid()) is None  # cached: not probed again before recheck_s
 
 
+def test_faulthandler_text_parses_into_stacks_without_the_server_thread():
+    text = (
+        "Current thread 0x00007f8d80b0d6c0 (most recent call first):\n  <no Python frame>\n\n"
+        "Thread 0x00007f8d90000700 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n\n'
+        "Thread 0x00007f8da6643b80 (most recent call first):\n"
+        '  File "/job/train.py", line 65 in load_next_shard\n  File "/job/train.py", line 90 in main\n'
+    )
+    parsed = debug_server.parse_traceback(7, text, 1.0)
+    assert parsed.error is None and [t.thread_id for t in parsed.threads] == [0x7F8D90000700, 0x7F8DA6643B80]
+    main = main_thread(parsed)
+    assert main is not None and [(f.name, f.line) for f in main.frames] == [("load_next_shard", 65), ("main", 90)]
+    assert debug_server.parse_traceback(7, "garbage", 1.0).error is not None
+
+
+def _stacks_through_the_server_where_py_spy_fails(launcher: int, stuck_rank: int) -> None:
+    """A collector whose py-spy is refused on every process (as under ptrace_scope=3, which root here cannot be
+    shown): the ranks' stacks come from their servers, rank 2's main thread in its own code."""
+
+    def refused(pids: list[int]) -> dict[int, ProcessStacks]:
+        return {
+            pid: ProcessStacks(pid=pid, timestamp=time.time(), error="py-spy: Permission denied (os error 13)") for pid in pids
+        }
+
+    collector = JobCollector(launcher, stacks_enabled=False, dump=refused, native_dump=None, recorder_read=None)
+    try:
+        collector.refresh_stacks(full=True)
+        stacks = collector.collect().stacks
+    finally:
+        collector.close()
+    assert stacks[stuck_rank].error is None, stacks[stuck_rank]
+    main = main_thread(stacks[stuck_rank])
+    assert main is not None and "load_next_shard" in [f.name for f in main.frames[:3]], main  # under Event.wait
+
+
 def _job(spawn, tmp_path: Path, *, server: bool) -> tuple:
     """3 gloo ranks with the recorder on and no dump file; rank 2 stops in its own code before the 4th
     all-reduce; `server`: every rank runs torch's debug server."""
@@ -114,6 +152,7 @@ def test_a_hang_is_named_through_the_debug_servers_with_nothing_injected(spawn, 
         raise AssertionError("the read injected into a rank that runs a debug server")
 
     monkeypatch.setattr(injector, "inject_agent", no_injection)
+    _stacks_through_the_server_where_py_spy_fails(proc.pid, ranks[2][0])
     record = fr_read.read_live(ranks[0][0], 0)
     assert record.error is None and record.channel == CHANNEL_DEBUG_SERVER, record
     assert any(e.seq == 4 and not e.done and e.op == "gloo:all_reduce" for e in record.entries), record.entries

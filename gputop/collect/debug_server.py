@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from typing import Optional
 
 from gputop.collect.procfs import read_environ, read_stat
 from gputop.errors import GputopError
+from gputop.model import Frame, ProcessStacks, ThreadStack
 
 PING_TIMEOUT_S = 0.5  # a C++ handler answers in microseconds; a port that is not HTTP holds the connection
 CALL_TIMEOUT_S = 5.0
@@ -42,6 +44,10 @@ MAX_ANSWER_BYTES = 64 << 20
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp6's st column
 _V6_ANY = "0" * 32  # :: as /proc/net/tcp6 writes it: what `_WorkerServer("::", port)` binds
 _EPHEMERAL_DEFAULT = (32768, 60999)
+
+
+_THREAD_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 
 
 class DebugServerError(GputopError):
@@ -210,3 +216,41 @@ def call_rank(pid: int, handler: str, query: str = "", timeout: float = CALL_TIM
     except DebugServerError:
         SERVERS.forget(server)
         raise
+
+
+def parse_traceback(pid: int, text: str, timestamp: float) -> ProcessStacks:
+    """``dump_traceback``'s answer (faulthandler's text: each thread newest first, its frames innermost first)
+    as py-spy's stacks.  The "Current thread" is the server's own handler thread: left out.  faulthandler
+    names no thread and says nothing of idleness; the main thread is the last listed, as with py-spy's text."""
+    threads: list[ThreadStack] = []
+    frames: list[Frame] = []
+    header: Optional[tuple[bool, int]] = None
+
+    def close() -> None:
+        if header is not None and not header[0]:
+            threads.append(ThreadStack(header[1], None, None, bool(frames), False, tuple(frames)))
+
+    for line in text.splitlines():
+        head = _THREAD_HEADER.match(line)
+        frame = _FRAME.match(line) if head is None else None
+        if head is not None:
+            close()
+            header, frames = (head.group(1) == "Current thread", int(head.group(2), 16)), []
+        elif frame is not None and header is not None:
+            frames.append(Frame(name=frame.group(3), filename=frame.group(1), line=int(frame.group(2))))
+    close()
+    if not threads:
+        return ProcessStacks(pid=pid, timestamp=timestamp, error=f"the debug server of PID {pid} gave no thread's stack")
+    return ProcessStacks(pid=pid, timestamp=timestamp, threads=tuple(threads))
+
+
+def stacks(pid: int) -> Optional[ProcessStacks]:
+    """The rank's Python stacks from its debug server (``dump_traceback``); None when it runs none or the call
+    failed.  Only where py-spy cannot read the rank: the handler takes the GIL and runs faulthandler inside
+    the job, where py-spy reads its memory from outside; and py-spy gives thread names and idleness."""
+    asked = time.time()
+    try:
+        answer = call_rank(pid, "dump_traceback")
+    except DebugServerError:
+        return None
+    return None if answer is None else parse_traceback(pid, answer.decode(errors="replace"), asked)

@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Optional
 import psutil
 
 from gputop.analysis.stack_classes import classify_main_thread, runs_worker_loop
+from gputop.collect import debug_server
 from gputop.collect import stacks as stacks_mod
 from gputop.collect.cgroup import job_limits
 from gputop.collect.flight_recorder import FlightRecorderReader
@@ -664,7 +665,7 @@ class JobCollector:
         with self._lock:
             self._stack_pids = [t.key[0] for t in ranks + others]
         pids = [t.key[0] for t in chosen]
-        fresh = self._dump(pids) if pids else {}
+        fresh = self._with_server_stacks(ranks, self._dump(pids) if pids else {})
         job_gone = not self._root_alive()
         with self._lock:
             for pid, new in fresh.items():
@@ -689,6 +690,18 @@ class JobCollector:
             self._watch_freezes(ranks + others, chosen, fresh)
             self._read_recorders_if_stuck(ranks, fresh)
         self._dumped.set()
+
+    def _with_server_stacks(self, ranks: list[Tracked], fresh: dict[int, ProcessStacks]) -> dict[int, ProcessStacks]:
+        """A rank py-spy could not read (ptrace refused, py-spy missing) that runs torch's debug server: its
+        stacks from the server's ``dump_traceback`` instead (`debug_server.stacks` says why only then)."""
+        failed = [t.key[0] for t in ranks if t.key[0] in fresh and fresh[t.key[0]].error is not None]
+        for pid in failed:
+            if not process_alive(pid):
+                continue
+            served = debug_server.stacks(pid)
+            if served is not None and served.error is None:
+                fresh[pid] = served
+        return fresh
 
     def _learn_role_of_root(self, root: Tracked) -> None:
         """Attached to a multiprocessing child that torch did not name: if it is a DataLoader worker, the job
