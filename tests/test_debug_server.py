@@ -190,3 +190,15 @@ def test_a_trace_says_in_one_line_why_the_debug_server_does_not_profile(stand_in
     assert note.startswith(f"torch's debug server runs in PID {os.getpid()}; its torch_profile is not used"), note
     assert "SIGABRT" in note and "\n" not in note
     assert _debug_server_notes([(os.getppid(), None)]) == []  # pytest's parent runs none
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_gputop_trace_of_a_job_with_the_server_injects_and_says_why_in_one_note(spawn, tmp_path):
+    from tests.test_trace import run_trace_json, start_torchrun
+
+    job, _log = start_torchrun(spawn, tmp_path, "--debug-server")
+    result = run_trace_json(spawn, job.pid, tmp_path / "out", "--seconds", "2")
+    assert [r["rank"] for r in result["ranks"]] == [0, 1], result["notes"]  # traced, by the injected agent
+    said = [n for n in result["notes"] if n.startswith("torch's debug server runs in PIDs ")]
+    assert len(said) == 1 and "torch_profile is not used" in said[0] and "SIGABRT" in said[0], result["notes"]
