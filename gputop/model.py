@@ -708,7 +708,7 @@ class CollectiveEntry:
 
 @dataclass(frozen=True, slots=True)
 class FlightRecord:
-    """One rank's flight recorder as last read from the dump its job writes (gputop.collect.flight_recorder)."""
+    """One rank's flight recorder as last read: from the dump its job writes, its debug server, or inside it."""
 
     pid: int
     rank: Optional[int]
@@ -718,6 +718,12 @@ class FlightRecord:
     entries: tuple[CollectiveEntry, ...] = ()
     groups: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (group name, its global ranks) from pg_config
     error: Optional[str] = None  # why there is nothing to read (one line)
+    channel: str = ""  # how it was read: CHANNEL_DUMP, CHANNEL_DEBUG_SERVER or CHANNEL_IN_PROCESS
+
+
+CHANNEL_DUMP = "dump file"  # the file the job writes (gputop.collect.flight_recorder)
+CHANNEL_DEBUG_SERVER = "debug server"  # the job's torch.distributed.debug server (gputop.collect.debug_server)
+CHANNEL_IN_PROCESS = "in-process read"  # an injected agent's read (gputop.inject.fr_read)
 
 
 @dataclass(frozen=True, slots=True)

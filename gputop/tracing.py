@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from gputop.analysis import stack_classes, trace_summary
 from gputop.analysis.checks.trace import check_trace
+from gputop.collect import debug_server
 from gputop.errors import GputopError, UsageError
 from gputop.inject import injector
 from gputop.model import Finding, ThreadProgress
@@ -39,6 +40,12 @@ EXPORT_GRACE_S = 30.0  # writing a busy 10 s trace can take a while on a loaded 
 # PENDING_STOP_S), inside EXPORT_GRACE_S.
 START_BOUND_S = 20.0
 TRACE_SUFFIX = ".pt.trace.json.gz"  # what TensorBoard's profiler plugin and HTA look for
+# Why a job's own debug server does not trace it (docs/trace.md has the measurement)
+DEBUG_SERVER_NOTE = (
+    "torch's debug server runs in {pids}; its torch_profile is not used: it runs the profiler from the server's"
+    " thread (profile_all_threads), and a job that returned from main during it died with SIGABRT 6 times in 6;"
+    " gputop injects its agent, which starts and stops the profiler on the training thread"
+)
 
 
 @dataclass(frozen=True)
@@ -245,7 +252,7 @@ def run_trace(
     out_dir = _output_dir(out_dir)
     config = {"seconds": window, "steps": steps or 0, "with_stack": with_stack, "start_bound_s": START_BOUND_S}
     runs: dict[int, tuple[injector.Target, injector.RunDir]] = {}
-    notes: list[str] = []
+    notes = _debug_server_notes(ranks)
     held = contextlib.ExitStack()  # each rank's injection lock, until its agent has answered
     try:
         for rank_pid, _rank in ranks:
@@ -285,6 +292,15 @@ def run_trace(
         out_dir=out_dir,
         seconds=time.monotonic() - started,
     )
+
+
+def _debug_server_notes(ranks: Sequence[tuple[int, Optional[int]]]) -> list[str]:
+    """One line when ranks run torch's debug server: why its profiler is not used (the trace injects anyway)."""
+    served = [p for p, _rank in ranks if debug_server.find(p) is not None]
+    if not served:
+        return []
+    pids = f"PID {served[0]}" if len(served) == 1 else "PIDs " + ", ".join(str(p) for p in served)
+    return [DEBUG_SERVER_NOTE.format(pids=pids)]
 
 
 def name_sync_lines(summary: dict[str, Any], pid: Optional[int]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import pickle
 from typing import Any, Optional
 
 from gputop.collect.procfs import read_environ
-from gputop.model import CollectiveEntry, FlightRecord
+from gputop.model import CHANNEL_DUMP, CollectiveEntry, FlightRecord
 
 BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 DUMP_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
@@ -104,7 +104,9 @@ def _groups(pg_config: Any, entries: list[CollectiveEntry]) -> tuple[tuple[str, 
     return tuple(sorted(out.items()))
 
 
-def parse_dump(data: bytes, *, pid: int = 0, rank: Optional[int] = None, source: str = "", written: float = 0.0) -> FlightRecord:
+def parse_dump(
+    data: bytes, *, pid: int = 0, rank: Optional[int] = None, source: str = "", written: float = 0.0, channel: str = CHANNEL_DUMP
+) -> FlightRecord:
     """A flight recorder dump (pickle or JSON) as gputop keeps it; its `error` says what was wrong with it."""
     try:
         if data[:1] == b"{":
@@ -115,13 +117,14 @@ def parse_dump(data: bytes, *, pid: int = 0, rank: Optional[int] = None, source:
             raise ValueError("no entries")
         all_entries = [_entry(e, {}) for e in raw.get("entries", []) if isinstance(e, dict)]
     except (pickle.UnpicklingError, ValueError, EOFError, TypeError, KeyError, IndexError, AttributeError) as exc:
-        return FlightRecord(pid, rank, source, written, error=f"{source or 'the dump'} is not a flight recorder dump ({exc})")
+        why = f"{source or 'the dump'} is not a flight recorder dump ({exc})"
+        return FlightRecord(pid, rank, source, written, error=why, channel=channel)
     kept: list[CollectiveEntry] = []
     for group in sorted({e.process_group for e in all_entries}):
         mine = sorted((e for e in all_entries if e.process_group == group and e.seq > 0), key=lambda e: e.seq)
         first_pending = next((i for i, e in enumerate(mine) if not e.done), len(mine))
         kept += mine[max(0, first_pending - KEEP_DONE) :][:KEEP_ENTRIES]
-    return FlightRecord(pid, rank, source, written, tuple(kept), _groups(raw.get("pg_config"), all_entries))
+    return FlightRecord(pid, rank, source, written, tuple(kept), _groups(raw.get("pg_config"), all_entries), channel=channel)
 
 
 class FlightRecorderReader:
@@ -147,7 +150,8 @@ class FlightRecorderReader:
     ) -> Optional[FlightRecord]:
         """The rank's record (None: its recorder is off); a rank that exited keeps its last one.  A dump older
         than the rank (`started`, its start time) is an earlier run's left in the same place: not read.  With no
-        dump file, `live` (an in-process read, `gputop.inject.fr_read`) stands in for it."""
+        dump file, `live` (a read through the rank's debug server or from inside it, `gputop.inject.fr_read`) stands
+        in for it."""
         env = read_environ(pid)
         if env is None:
             cached = self._cache.get(pid)

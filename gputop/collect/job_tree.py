@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Optional
 import psutil
 
 from gputop.analysis.stack_classes import classify_main_thread, runs_worker_loop
+from gputop.collect import debug_server
 from gputop.collect import stacks as stacks_mod
 from gputop.collect.cgroup import job_limits
 from gputop.collect.flight_recorder import FlightRecorderReader
@@ -467,7 +468,7 @@ class JobCollector:
         native_dump: Optional[Callable[[int], ProcessStacks]] = stacks_mod.dump_native,
         native_after: float = NATIVE_AFTER_S,
         sampler: Optional[StateSampler] = None,
-        recorder_read: Optional[fr_read.Reader] = fr_read.read_in_process,
+        recorder_read: Optional[fr_read.Reader] = fr_read.read_live,
     ) -> None:
         """Attach to the job `pid` belongs to.  `stacks_enabled=False`: never run py-spy (no thread);
         `stacks_wanted`: the initial state of the switch; `dump`: the stack reader (default: py-spy, a
@@ -475,8 +476,9 @@ class JobCollector:
         `native_dump`: what takes the one native dump of a process frozen for `native_after` seconds
         (None: never pause a process); `sampler`: what samples the ranks' main threads densely (default:
         py-spy record, when stacks come from py-spy; none when `dump` replaces py-spy); `recorder_read`: what
-        reads the flight recorder from inside a rank that has it on but writes no dump, once a rank has stood
-        still `LIVE_READ_AFTER_S` (None, or $GPUTOP_NO_RECORDER_READ set: never inject)."""
+        reads the flight recorder of a rank that has it on but writes no dump, once a rank has stood still
+        `LIVE_READ_AFTER_S`: through its debug server, else from inside it (None: never read live;
+        $GPUTOP_NO_RECORDER_READ set: never inject)."""
         if pid <= 0:
             raise GputopError(f"{pid} is not a process id (it must be positive)")
         self.pid = pid
@@ -506,8 +508,7 @@ class JobCollector:
         self._stacks_enabled = stacks_enabled
         self._startup = StartupWatch()
         self._recorders = FlightRecorderReader()
-        live = recorder_read is not None and not fr_read.reads_turned_off()
-        self._live_recorders = fr_read.LiveRecorderReads(recorder_read) if recorder_read is not None and live else None
+        self._live_recorders = fr_read.LiveRecorderReads(recorder_read) if recorder_read is not None else None
         self._sampler = _state_sampler(sampler, stacks_enabled and dump is None, stacks_wanted)
         if stacks_enabled:
             self._learn_role_of_root(root)
@@ -664,7 +665,7 @@ class JobCollector:
         with self._lock:
             self._stack_pids = [t.key[0] for t in ranks + others]
         pids = [t.key[0] for t in chosen]
-        fresh = self._dump(pids) if pids else {}
+        fresh = self._with_server_stacks(ranks, self._dump(pids) if pids else {})
         job_gone = not self._root_alive()
         with self._lock:
             for pid, new in fresh.items():
@@ -689,6 +690,18 @@ class JobCollector:
             self._watch_freezes(ranks + others, chosen, fresh)
             self._read_recorders_if_stuck(ranks, fresh)
         self._dumped.set()
+
+    def _with_server_stacks(self, ranks: list[Tracked], fresh: dict[int, ProcessStacks]) -> dict[int, ProcessStacks]:
+        """A rank py-spy could not read (ptrace refused, py-spy missing) that runs torch's debug server: its
+        stacks from the server's ``dump_traceback`` instead (`debug_server.stacks` says why only then)."""
+        failed = [t.key[0] for t in ranks if t.key[0] in fresh and fresh[t.key[0]].error is not None]
+        for pid in failed:
+            if not process_alive(pid):
+                continue
+            served = debug_server.stacks(pid)
+            if served is not None and served.error is None:
+                fresh[pid] = served
+        return fresh
 
     def _learn_role_of_root(self, root: Tracked) -> None:
         """Attached to a multiprocessing child that torch did not name: if it is a DataLoader worker, the job

@@ -1,6 +1,10 @@
-"""Read a rank's flight recorder from inside it, for a job that turned the recorder on but writes no dump file.
+"""Read a rank's flight recorder live, for a job that turned the recorder on but writes no dump file.
 
-The read injects `gputop.inject.fr_agent` under the injection's rules (`gputop.inject.injector`): one
+A rank that runs PyTorch's debug server (``torch.distributed.debug.start_debug_server()``) is asked through it
+(``fr_trace_json`` over loopback HTTP, `gputop.collect.debug_server`) and nothing is injected, whatever the
+answer: the job chose that channel.  Only a rank without one is read from inside (`read_live`).
+
+The in-process read injects `gputop.inject.fr_agent` under the injection's rules (`gputop.inject.injector`): one
 injection into a process at a time (`InjectionLock`), a stopped or exited process or another user's refused
 in one line, the agent's thread started by the safe-point injector from a thread parked at a safe point (so
 it runs while the main thread waits in a collective, sleeps, or blocks in a read), a bootstrap that failed
@@ -20,10 +24,11 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
+from gputop.collect import debug_server
 from gputop.collect.flight_recorder import MAX_DUMP_BYTES, parse_dump
 from gputop.errors import GputopError
 from gputop.inject import injector
-from gputop.model import FlightRecord
+from gputop.model import CHANNEL_DEBUG_SERVER, CHANNEL_IN_PROCESS, FlightRecord
 
 FR_AGENT_FILES = ("inject/fr_agent.py", "inject/agent.py")
 ANSWER_S = 5.0  # the read itself takes milliseconds; this bounds a thread the job could not schedule
@@ -31,6 +36,7 @@ REREAD_S = 60.0  # a rank's recorder is read again at most this often while the 
 RETRY_S = 10.0  # ... and a read that failed (no safe thread in time on a loaded box), this often
 
 OFF_VAR = "GPUTOP_NO_RECORDER_READ"  # set (to anything but "" or "0"): gputop never injects to read a recorder
+# (a rank's debug server is still asked: that is no injection)
 
 Reader = Callable[[int, Optional[int]], FlightRecord]
 
@@ -42,6 +48,31 @@ def reads_turned_off() -> bool:
 
 def source_of(pid: int) -> str:
     return f"an in-process read of PID {pid}"
+
+
+def read_live(pid: int, rank: Optional[int]) -> FlightRecord:
+    """The rank's flight recorder: through its debug server when it runs one (nothing injected), else from
+    inside it (unless `OFF_VAR` turned that off)."""
+    server = debug_server.find(pid)
+    if server is not None:
+        return read_through_debug_server(server, rank)
+    if reads_turned_off():
+        return FlightRecord(
+            pid, rank, source_of(pid), error=f"in-process reads are turned off (${OFF_VAR}) and the rank runs no debug server"
+        )
+    return read_in_process(pid, rank)
+
+
+def read_through_debug_server(server: debug_server.DebugServer, rank: Optional[int]) -> FlightRecord:
+    """``fr_trace_json`` from the rank's debug server; the record's `error` says why not."""
+    source = server.describe()
+    asked = time.time()
+    try:
+        data = debug_server.call(server, "fr_trace_json")
+    except debug_server.DebugServerError as exc:
+        debug_server.SERVERS.forget(server)
+        return FlightRecord(server.pid, rank, source, error=str(exc), channel=CHANNEL_DEBUG_SERVER)
+    return parse_dump(data, pid=server.pid, rank=rank, source=source, written=asked, channel=CHANNEL_DEBUG_SERVER)
 
 
 def read_in_process(pid: int, rank: Optional[int], results_root: Optional[tuple[str, str]] = None) -> FlightRecord:
@@ -81,14 +112,14 @@ def _answer(pid: int, rank: Optional[int], run: injector.RunDir, at_injection: f
     data = injector.read_private_bytes(run.host_path, str(answer.get("file") or ""), MAX_DUMP_BYTES)
     if not data:
         return FlightRecord(pid, rank, source, error=f"in-process read of PID {pid}: the agent handed back no recorder")
-    return parse_dump(data[:MAX_DUMP_BYTES], pid=pid, rank=rank, source=source, written=at_injection)
+    return parse_dump(data[:MAX_DUMP_BYTES], pid=pid, rank=rank, source=source, written=at_injection, channel=CHANNEL_IN_PROCESS)
 
 
 class LiveRecorderReads:
     """The collector's in-process reads: started in the background (one thread a rank, never two at once for the
     same rank), each rank read at most once per `every_s`; the latest record of each rank kept for `get`."""
 
-    def __init__(self, read: Reader = read_in_process, every_s: float = REREAD_S, retry_s: float = RETRY_S) -> None:
+    def __init__(self, read: Reader = read_live, every_s: float = REREAD_S, retry_s: float = RETRY_S) -> None:
         self._read = read
         self._every_s = every_s
         self._retry_s = retry_s

@@ -13,6 +13,10 @@ Every rank all-reduces a tensor of ``--numel`` floats once a step (``--step-ms``
 - ``exit``: it exits with status 3 (``--exit-status``);
 - ``none``: nothing breaks (a healthy job).
 
+``--debug-server``: every rank starts PyTorch's debug server (``torch.distributed.debug.start_debug_server``,
+its worker server on an ephemeral port; rank 0's web frontend on ``--frontend-port``, where its optional
+dependencies are installed) and writes its worker port into its ``--ready`` record.
+
 ``--finish-steps N``: after the break every rank all-reduces N more times and exits 0 (else until killed).
 
 ``--dump-every S``: a thread of each rank writes its flight recorder (``_dump_fr_trace``, a pickle, the
@@ -71,6 +75,18 @@ def load_next_shard(how: str = "event", release: str | None = None) -> None:
         threading.Event().wait()
 
 
+def start_debug_server(frontend_port: int) -> int:
+    """The debug server on this rank; its worker server's port.  Rank 0's web frontend needs tabulate, jinja2
+    and aiohttp, which torch does not install: without them only the worker servers run (gputop needs no more)."""
+    import torch.distributed.debug as debug
+
+    try:
+        debug.start_debug_server(port=frontend_port)
+    except ImportError:
+        pass  # raised after the worker server started, before the frontend did
+    return int(debug._WORKER_SERVER.port)  # type: ignore[union-attr]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=("stuck", "mismatch", "size", "exit", "none"), default="stuck")
@@ -86,10 +102,13 @@ def main() -> None:
     parser.add_argument("--stuck-in", choices=("event", "sleep", "read"), default="event", help="how the stuck rank waits")
     parser.add_argument("--release", default=None, help="stuck: what lets it go (a file for sleep, a FIFO for read)")
     parser.add_argument("--finish-steps", type=int, default=0, help="after the break, all-reduce this often and exit 0")
+    parser.add_argument("--debug-server", action="store_true", help="start torch.distributed.debug's server on every rank")
+    parser.add_argument("--frontend-port", type=int, default=25999)
     args = parser.parse_args()
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
     rank = dist.get_rank()
+    worker_port = start_debug_server(args.frontend_port) if args.debug_server else None
     prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
     dump_path = f"{prefix}{rank}" if args.dump_every and prefix else None
     if dump_path:
@@ -99,7 +118,9 @@ def main() -> None:
         dist.all_reduce(grads)
         time.sleep(args.step_ms / 1000.0)
     if args.ready:
-        write_atomically(f"{args.ready}.{os.getpid()}", json.dumps({"pid": os.getpid(), "rank": rank}).encode())
+        write_atomically(
+            f"{args.ready}.{os.getpid()}", json.dumps({"pid": os.getpid(), "rank": rank, "worker_port": worker_port}).encode()
+        )
     odd = rank == args.odd_rank
     if odd and args.case != "none":
         time.sleep(args.hold_s)  # the others are in the next all-reduce by now, and their dumps say so

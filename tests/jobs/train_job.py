@@ -323,6 +323,17 @@ def become(user: str) -> None:
 # ----------------------------------------------------------------- the loops
 
 
+def start_debug_server() -> None:
+    """torch.distributed.debug's servers (a worker server on this rank).  Rank 0's web frontend needs
+    tabulate, jinja2 and aiohttp, which torch does not install: without them only the worker servers run."""
+    import torch.distributed.debug as debug
+
+    try:
+        debug.start_debug_server(port=0)
+    except ImportError:
+        pass  # raised after the worker server started
+
+
 def train(rank: int, args: argparse.Namespace) -> None:
     """The plain loop: one rank (under torchrun, a gloo group that all-reduces the gradients)."""
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -335,6 +346,8 @@ def train(rank: int, args: argparse.Namespace) -> None:
 
         dist.init_process_group("nccl" if cuda else "gloo")
         rank = dist.get_rank()
+        if args.debug_server:
+            start_debug_server()
     thread_tid = start_idle_thread(args.idle_thread) if args.idle_thread else 0
     model = build_model(args).to(device) if cuda else build_model(args)
     optimizer = TimedSGD(model.parameters(), lr=0.01, step_s=args.optimizer_ms / 1000.0, how=args.spend)
@@ -546,6 +559,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     launch.add_argument("--hang-rank", type=int, default=None, metavar="R", help="this rank stops training ...")
     launch.add_argument("--hang-rank-after-s", type=float, default=20.0, metavar="S", help="... after S seconds")
     launch.add_argument("--max-seconds", type=float, default=None, help="the process ends itself after this")
+    launch.add_argument("--debug-server", action="store_true", help="under torchrun: torch.distributed.debug's server")
     launch.add_argument("--idle-thread", default=None, metavar="NAME", help="start an idle thread of this name")
     launch.add_argument("--become", default=None, metavar="USER", help="after importing torch, drop to this user (root only)")
     out = p.add_argument_group("outputs")

@@ -347,16 +347,22 @@ def with_collective(ctx: Context, finding: Finding) -> Finding:
     waits = align(records)
     wait = next((w for w in waits if w.broken), None)
     if wait is not None:
-        return _from_recorder(ctx, finding, wait)
+        return _from_recorder(ctx, finding, wait, _channels(records))
     return _from_stacks(ctx, finding, records)
 
 
-def _from_recorder(ctx: Context, finding: Finding, wait: CollectiveWait) -> Finding:
+def _channels(records: Sequence[FlightRecord]) -> list[str]:
+    """How the readable records were read (a dump file, the ranks' debug servers, an in-process read)."""
+    return sorted({r.channel for r in records if r.error is None and r.channel})
+
+
+def _from_recorder(ctx: Context, finding: Finding, wait: CollectiveWait, channels: list[str]) -> Finding:
     """The hang finding with the aligned recorders' collective: who waits in it, who does not and where."""
     now = ctx.snaps[-1].timestamp
-    figures = {"source": "flight recorder", **wait.figures(now)}
+    figures = {"source": "flight recorder", "read_through": channels, **wait.figures(now)}
     where: dict[str, Optional[str]] = {}
-    lines = [f"flight recorder: {wait.line()}"]
+    through = f" (read from: {', '.join(channels)})" if channels else ""
+    lines = [f"flight recorder: {wait.line()}{through}"]
     for r in list(wait.missing) + sorted(wait.mismatched) + sorted(wait.other_sizes):
         frame, line = _where_now(ctx, r)
         where[str(r)] = frame
