@@ -145,6 +145,17 @@ def pytest_runtest_makereport(item, call):
 
 
 _TURNS: list[Turns] = []
+SIDE_BY_SIDE_WORKERS = 3  # most integration tests wait (a job's start, a report's window): three overlap on 2 cores
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): the whole suite, or a folder of it, runs side by side; a run that names
+    test files or tests runs in this process (three workers' start-up would cost more than they save).
+    PYTEST_XDIST_AUTO_NUM_WORKERS still decides where it is set (``=0``: one process)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    named = [arg.split("::")[0] for arg in config.args]
+    return 0 if any(not Path(arg).is_dir() for arg in named) else SIDE_BY_SIDE_WORKERS
 
 
 def needs_the_box_alone(item: pytest.Item) -> bool:

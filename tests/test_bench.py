@@ -34,6 +34,7 @@ def _gputop(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 # ------------------------------------------------------------------------------------ accuracy
 
 
+@pytest.mark.alone  # rates against the truth: the CPU it gets is the bar
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_active_benchmark_matches_the_truth_and_its_advice_removes_the_wait(spawn, tmp_path):

@@ -338,6 +338,20 @@ def test_nccl_hang_names_the_rank_and_its_stuck_worker():
     _nothing_else_severe(findings)
 
 
+def test_nccl_hang_read_from_the_recorder_does_not_ask_to_turn_the_recorder_on():
+    """The demo runs with the flight recorder on and gputop reads it: the fix asks only for its dump at the
+    timeout, not for TORCH_NCCL_TRACE_BUFFER_SIZE again."""
+    r = replay("nccl-hang")
+
+    def from_recorder(fs: list[Finding]) -> bool:
+        return fs[0].id == "hang" and (fs[0].figures.get("collective") or {}).get("source") == "flight recorder"
+
+    _i, findings = r.first(from_recorder, deadline_s=90.0)
+    fix = findings[0].fix
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in fix and "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in fix, fix
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" in fix
+
+
 def test_nccl_hang_other_gpus_spin_at_low_power_with_hosts_parked_at_item():
     r = replay("nccl-hang")
     stuck = r.meta["hang_rank"]

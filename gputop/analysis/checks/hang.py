@@ -224,10 +224,15 @@ class _Hung:
     finding: Finding  # its wording
 
 
+RECORDER_FIX = (
+    "export TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1  # flight recorder: each rank's last collectives\n"
+)
+# with the recorder already on (gputop read it): only the dump when the watchdog fires is left to ask for
+RECORDER_ON_FIX = "export TORCH_NCCL_DUMP_ON_TIMEOUT=1  # the flight recorder is on: each rank dumps it when the timeout fires\n"
 NCCL_FIX = (
     "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # the watchdog aborts the job with an error instead of hanging\n"
-    "export TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1  # flight recorder: each rank's last collectives\n"
-    "export NCCL_DEBUG=INFO  # NCCL logs which peer it waits for\n"
+    + RECORDER_FIX
+    + "export NCCL_DEBUG=INFO  # NCCL logs which peer it waits for\n"
     "dist.init_process_group(..., timeout=datetime.timedelta(minutes=5))  # default 10 min"
 )
 WORKER_TIMEOUT_FIX = "DataLoader(..., timeout=120)  # raise instead of waiting forever on one worker"
@@ -389,6 +394,7 @@ def _from_recorder(ctx: Context, finding: Finding, wait: CollectiveWait, channel
         summary=f"{finding.summary} — {head}",
         evidence=tuple(lines) + finding.evidence,
         figures={**finding.figures, "collective": figures},
+        fix=finding.fix.replace(RECORDER_FIX, RECORDER_ON_FIX),  # it is on: gputop just read it
     )
 
 
