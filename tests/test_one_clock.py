@@ -19,7 +19,7 @@ import pytest
 
 from gputop.analysis.findings import findings
 from gputop.analysis.stack_classes import IDLE_OTHER
-from gputop.backend import SimulatedMachine
+from gputop.backend import RealMachine, SimulatedMachine
 from gputop.clock import REAL_CLOCK, Clock, clock_of
 from gputop.collect import host as host_collector
 from gputop.collect.job_tree import JobCollector
@@ -133,10 +133,19 @@ def _utc(timestamp: float, form: str) -> str:
 
 def test_the_backends_clock_is_the_real_pair_or_one_manual_clock():
     assert clock_of(REAL_CLOCK.wall) is REAL_CLOCK  # the real machine: time.time stamps, time.monotonic times
+    assert RealMachine().clock is REAL_CLOCK and REAL_CLOCK == Clock(time.time, time.monotonic)
     manual = ManualClock(5.0)
     assert clock_of(manual) == Clock(wall=manual, elapsed=manual)
     machine = SimulatedMachine("rtx-4090-2", clock=manual)
     assert machine.clock == Clock(manual, manual) and machine.library.clock is manual
+    with Pipeline(machine) as pipeline:
+        manual.advance(42.0)
+        assert [d.timestamp for d in pipeline.gpu_details()] == [47.0, 47.0]  # `gputop check`'s readings
+        source = pipeline.host_source()
+        try:
+            assert source.read([]).timestamp == 47.0  # the AER and kernel-log side
+        finally:
+            source.close()
 
 
 def test_a_ranks_eager_sampling_ends_after_a_minute_of_the_clock_and_its_failed_stretch_is_stamped_on_it(tmp_path):
