@@ -5,7 +5,7 @@ A backend hands the pipeline what differs between the two, and nothing else:
 - the host collector (CPU, memory) and how its cores are laid out against the GPUs' NUMA nodes;
 - the NICs: their topology beside the GPUs, and the source their ports are read from each poll;
 - the kernel's side (AER counters, the kernel log's XIDs) that `gputop check` and the counter watch read;
-- the clock both the snapshots and (simulated) the GPUs run on.
+- the clock (gputop/clock.py) the snapshots, every reader and (simulated) the GPUs run on.
 
 The pipeline is the same code over either (pipeline.py has no `if simulated`); the simulator is imported
 only by `SimulatedMachine`, so a real run never loads it.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
+from gputop.clock import Clock, clock_of
 from gputop.collect.host import HostCollector, numa_layout_from_affinity
 from gputop.collect.sysfs import HostReader, NicReader, NicSource
 from gputop.model import HostSample, Topology
@@ -46,7 +47,7 @@ class MachineBackend(Protocol):
     def simulated(self) -> Optional[str]: ...  # the simulation's spec text; None on the real machine
 
     @property
-    def clock(self) -> Callable[[], float]: ...  # stamps the snapshots
+    def clock(self) -> Clock: ...  # stamps the snapshots and times the readers (gputop/clock.py)
 
     @property
     def host(self) -> HostSampler: ...
@@ -67,10 +68,10 @@ class MachineBackend(Protocol):
         """The kernel's side: AER counters and the kernel log's XIDs (under `root`'s /sys and log if given)."""
 
 
-def real_host_source(root: Optional[str]) -> HostSource:
+def real_host_source(root: Optional[str], clock: Clock) -> HostSource:
     from gputop.collect.counters import HostSource  # the check's rules: only where the counters are read
 
-    return HostSource(HostReader(root or "/").read)
+    return HostSource(HostReader(root or "/", clock=clock.wall).read)
 
 
 class RealMachine:
@@ -80,8 +81,8 @@ class RealMachine:
     nvml_library: object = None
 
     def __init__(self, *, clock: Callable[[], float] = time.time, host: Optional[HostSampler] = None) -> None:
-        self.clock = clock
-        self.host: HostSampler = host if host is not None else HostCollector()
+        self.clock = clock_of(clock)
+        self.host: HostSampler = host if host is not None else HostCollector(self.clock.elapsed)
 
     def fit_host(self, topology: Topology) -> None:
         pass  # the host's own layout, read from /sys
@@ -90,10 +91,10 @@ class RealMachine:
         return HostReader("/", use_dmesg=False).nic_topology(topology, bus_ids)
 
     def nic_source(self) -> NicSource:
-        return NicReader("/", clock=self.clock)
+        return NicReader("/", clock=self.clock.wall)
 
     def host_source(self, root: Optional[str] = None) -> HostSource:
-        return real_host_source(root)
+        return real_host_source(root, self.clock)
 
 
 class SimulatedMachine:
@@ -101,9 +102,11 @@ class SimulatedMachine:
     fake NVML library under the real pynvml wrappers, the fake /sys the real readers parse, and this host's
     CPU and memory.
 
-    `load`: what the GPUs run (default a synthetic load).  `clock` stamps the snapshots; with a custom clock
-    the simulated GPUs run on it too (otherwise on time.monotonic, the clock `LoadModel`s use), so a test that
-    controls the clock gets deterministic GPU readings.  `host` replaces the psutil collector."""
+    `load`: what the GPUs run (default a synthetic load).  `clock` is the time now: with a custom clock (a test's
+    `ManualClock`) the simulated GPUs, the snapshots' stamps and every reader's cadence run on it alone
+    (gputop/clock.py), so a test that controls the clock gets deterministic readings and builds minutes of
+    history in milliseconds; by default the GPUs run on time.monotonic (the clock `LoadModel`s use) and the
+    stamps on time.time.  `host` replaces the psutil collector."""
 
     def __init__(
         self,
@@ -119,12 +122,10 @@ class SimulatedMachine:
 
         self.spec: SimSpec = parse_spec(spec)  # a bad spec fails before anything is started
         profile = self.spec.profile
-        self.clock = clock
+        self.clock = clock_of(clock)
         gpu_load = load if load is not None else SyntheticLoad(profile.gpu_count, profile.gpu.memory_total)
-        self.library: FakeNvmlLibrary = FakeNvmlLibrary(
-            self.spec, gpu_load, clock=time.monotonic if clock is time.time else clock
-        )
-        self.host: HostSampler = host if host is not None else HostCollector()
+        self.library: FakeNvmlLibrary = FakeNvmlLibrary(self.spec, gpu_load, clock=self.clock.elapsed)
+        self.host: HostSampler = host if host is not None else HostCollector(self.clock.elapsed)
 
     @property
     def simulated(self) -> Optional[str]:
@@ -148,15 +149,15 @@ class SimulatedMachine:
     def nic_source(self) -> NicSource:
         from gputop.sim.fake_sysfs import FakeNicTree
 
-        return FakeNicTree(self.spec, self.library.elapsed, clock=self.clock)
+        return FakeNicTree(self.spec, self.library.elapsed, clock=self.clock.wall)
 
     def host_source(self, root: Optional[str] = None) -> HostSource:
         if root is not None:
-            return real_host_source(root)
+            return real_host_source(root, self.clock)
         from gputop.collect.counters import HostSource
         from gputop.sim.fake_sysfs import FakeHostTree
 
-        tree = FakeHostTree(self.spec, self.library.elapsed)
+        tree = FakeHostTree(self.spec, self.library.elapsed, clock=self.clock.wall)
         return HostSource(tree.read, tree.close)
 
 

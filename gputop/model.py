@@ -364,7 +364,7 @@ class NicPortSample:
     rx_bytes_per_s: Optional[float] = None
     tx_bytes_per_s: Optional[float] = None
     errors: dict[str, int] = field(default_factory=dict)  # the error counters by their sysfs name, cumulative
-    errors_at: float = 0.0  # time.time() the error counters were read (a slower cadence than traffic)
+    errors_at: float = 0.0  # when the error counters were read, on the pipeline's clock (a slower cadence than traffic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,7 +457,7 @@ class GpuDetails:
     uuid: str
     name: str
     pci_bus_id: str
-    timestamp: float = 0.0  # time.time() of the reading
+    timestamp: float = 0.0  # when read, on the pipeline's clock (gputop/clock.py: time.time() on the real machine)
     lost: bool = False
     serial: Optional[str] = None
     vbios: Optional[str] = None

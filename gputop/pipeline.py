@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from gputop.backend import HostSampler, MachineBackend, SimulatedMachine, machine_backend
+from gputop.clock import REAL_CLOCK, Clock
 from gputop.collect.gpu import GpuCollector, GpuUnavailableError
 from gputop.collect.sysfs import NicSource
 from gputop.errors import GputopError
@@ -59,9 +60,16 @@ class FollowedJobs:
     ends on it); a discovered one is handed over once so marked, and then no longer followed."""
 
     def __init__(
-        self, pids: Sequence[int] = (), *, discover: bool = False, stack_interval: float = 2.0, stacks_wanted: bool = True
+        self,
+        pids: Sequence[int] = (),
+        *,
+        discover: bool = False,
+        stack_interval: float = 2.0,
+        stacks_wanted: bool = True,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         self.discover = discover
+        self.clock = clock
         self.stack_interval = stack_interval
         self._stacks_wanted = stacks_wanted
         self._focused = False
@@ -77,7 +85,7 @@ class FollowedJobs:
     def _follow(self, pid: int) -> JobCollector:
         from gputop.collect.job_tree import JobCollector  # /proc and py-spy: only where jobs are followed
 
-        collector = JobCollector(pid, stack_interval=self.stack_interval, stacks_wanted=self._stacks_wanted)
+        collector = JobCollector(pid, stack_interval=self.stack_interval, stacks_wanted=self._stacks_wanted, clock=self.clock)
         collector.focus_sampling(self._focused)
         return collector
 
@@ -182,7 +190,7 @@ class Pipeline:
         self.gpu: Optional[GpuCollector] = None
         gpu_error = None
         try:
-            self.gpu = GpuCollector(library=backend.nvml_library)
+            self.gpu = GpuCollector(library=backend.nvml_library, clock=self._clock)
         except GpuUnavailableError as exc:
             gpu_error = str(exc)
         self.machine = self._read_machine(gpu_error)
@@ -223,7 +231,9 @@ class Pipeline:
         if follow.pid is not None and follow.attached is None:
             self.attach(follow.pid)
         elif follow.pids or follow.every_job:
-            self.followed = FollowedJobs(follow.pids, discover=follow.every_job, stack_interval=follow.stack_interval)
+            self.followed = FollowedJobs(
+                follow.pids, discover=follow.every_job, stack_interval=follow.stack_interval, clock=self._clock
+            )
 
     def attach(self, pid: int) -> None:
         """Follow the job behind `pid` from the next poll on (also Enter on a process in the TUI).
@@ -232,7 +242,7 @@ class Pipeline:
         """
         from gputop.collect.job_tree import JobCollector  # the attach side; only needed with a PID
 
-        new = JobCollector(pid, stack_interval=self._stack_interval, stacks_wanted=self._stacks_wanted)
+        new = JobCollector(pid, stack_interval=self._stack_interval, stacks_wanted=self._stacks_wanted, clock=self._clock)
         new.focus_sampling(self._sampling_focused)
         old, self.job_collector = self.job_collector, new  # one assignment: poll() sees old or new
         if old is not None:
@@ -268,7 +278,7 @@ class Pipeline:
         """One sample of everything. Per-field and per-GPU failures arrive as None / lost, never as exceptions."""
         gpus = self.gpu.sample() if self.gpu is not None else ()
         host = self.host.sample()
-        now = self._clock()
+        now = self._clock.wall()
         job_collector = self.job_collector  # read once: attach() may swap it from another thread
         job = job_collector.collect(gpus, now) if job_collector is not None else None
         jobs: tuple[JobTree, ...] = ()

@@ -11,6 +11,7 @@ import time
 import pynvml
 import pytest
 
+from gputop.clock import clock_of
 from gputop.collect.gpu import (
     GpuCollector,
     NoDriverError,
@@ -49,14 +50,17 @@ class Wrapped:
 
 @pytest.fixture
 def collector():
-    """make(spec, load=..., clock=..., wrap=...) -> (GpuCollector, fake); closed at teardown."""
+    """make(spec, load=..., clock=..., wrap=...) -> (GpuCollector, fake); closed at teardown.  The fake and the
+    collector run on the one clock (a ManualClock unless given), as a simulated machine's do."""
     made = []
 
     def make(spec="h100-sxm-8", load=None, clock=None, pcie_latency_s=0.0, wrap=None, fake_options=None, **kwargs):
+        clock = clock or ManualClock()
+        kwargs.setdefault("clock", clock_of(clock))
         fake = FakeNvmlLibrary(
             parse_spec(spec),
             load or ScriptedLoad(util=80.0),
-            clock=clock or ManualClock(),
+            clock=clock,
             pcie_latency_s=pcie_latency_s,
             **(fake_options or {}),
         )
@@ -286,13 +290,12 @@ def test_transient_error_is_asked_again(collector):
     assert lib.counts["nvmlDeviceGetPowerUsage"] == 16
 
 
-def test_the_power_limit_is_read_with_the_slow_fields_and_its_refusal_carried_between(collector, monkeypatch):
+def test_the_power_limit_is_read_with_the_slow_fields_and_its_refusal_carried_between(collector):
     """The enforced power limit moves only when someone sets it: read every SLOW_FIELDS_PERIOD_S, and between two
     reads every sample carries the last value, or the last refusal's reason."""
     from gputop.collect import gpu as gpu_module
 
-    now = [1000.0]
-    monkeypatch.setattr(gpu_module.time, "monotonic", lambda: now[0])
+    clock = ManualClock(1000.0)
     answers = [pynvml.NVML_ERROR_UNKNOWN] * 8  # the first read of each GPU fails, for a while
 
     def flaky_limit(handle, out):
@@ -305,15 +308,15 @@ def test_the_power_limit_is_read_with_the_slow_fields_and_its_refusal_carried_be
         fake = lib
         return Wrapped(lib, nvmlDeviceGetEnforcedPowerLimit=flaky_limit)
 
-    gpu, lib = collector("h100-sxm-8", wrap=wrap)
+    gpu, lib = collector("h100-sxm-8", wrap=wrap, clock=clock)
     first = gpu.sample()
-    now[0] += 1.0
+    clock.advance(1.0)
     second = gpu.sample()
     assert lib.counts["nvmlDeviceGetEnforcedPowerLimit"] == 8  # once per GPU in the period
     assert all(s.power_limit is None and s.unavailable["power_limit"] == "Unknown" for s in first + second)
-    now[0] += gpu_module.SLOW_FIELDS_PERIOD_S
+    clock.advance(gpu_module.SLOW_FIELDS_PERIOD_S)
     third = gpu.sample()
-    now[0] += 1.0
+    clock.advance(1.0)
     fourth = gpu.sample()
     assert lib.counts["nvmlDeviceGetEnforcedPowerLimit"] == 16
     assert all(s.power_limit == 700.0 and "power_limit" not in s.unavailable for s in third + fourth)

@@ -34,6 +34,7 @@ FLOORS: list[tuple[str, list[str]]] = [
             "gputop.history",
             "gputop.heap",
             "gputop.signals",
+            "gputop.clock",
             "gputop.sim",
         ],
     ),

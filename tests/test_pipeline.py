@@ -160,7 +160,8 @@ def test_a_steady_poll_of_eight_gpus_makes_few_nvml_calls_and_none_that_blocks(p
     (names, wiring, the slow fields, re-read every few seconds) are not repeated."""
     monkeypatch.setattr(fake_nvml, "FakeNvmlLibrary", _CountingNvml)
     monkeypatch.setattr(_CountingNvml, "calls", collections.Counter())
-    # the slow fields' re-read (every 5 s of time.monotonic()) would land among the polls on a loaded box
+    # the slow fields' re-read (every 5 s of the clock) would land on the fifth poll: counted apart
+    # (test_gpu_collector.py, tests/test_one_clock.py)
     monkeypatch.setattr(gpu_collector, "SLOW_FIELDS_PERIOD_S", 1e9)
     clock = ManualClock(1000.0)
     p = pipelines(SimulatedMachine("h100-sxm-8", clock=clock))

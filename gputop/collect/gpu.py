@@ -75,6 +75,7 @@ from typing import Any, Callable, Optional
 import pynvml
 
 from gputop.analysis.gpu_health import PCIE_LANE_BYTES_PER_S
+from gputop.clock import REAL_CLOCK, Clock
 from gputop.errors import GputopError
 from gputop.model import (
     THROTTLE_REASONS,
@@ -499,7 +500,7 @@ class _NvLink:
 class _SlowFields:
     """Readings re-read every SLOW_FIELDS_PERIOD_S (see there), with the refusals seen when they were read."""
 
-    due: float = -math.inf  # time.monotonic() of the next read
+    due: float = -math.inf  # when the next read is due, on the collector's elapsed clock
     link_states: dict[int, Any] = field(default_factory=dict)  # link -> nvmlDeviceGetNvLinkState (None: refused)
     link_unavailable: dict[str, str] = field(default_factory=dict)  # "nvlink.N" -> reason
     ecc: Optional[EccCounts] = None
@@ -663,9 +664,13 @@ _LIBRARY_LOCK = threading.RLock()
 class GpuCollector:
     """Reads every GPU NVML shows."""
 
-    def __init__(self, *, library: Any = None, sample_timeout_s: float = DEFAULT_SAMPLE_TIMEOUT_S) -> None:
-        """`library`: a fake NVML library to install below pynvml (simulation); None reads the real driver."""
+    def __init__(
+        self, *, library: Any = None, sample_timeout_s: float = DEFAULT_SAMPLE_TIMEOUT_S, clock: Clock = REAL_CLOCK
+    ) -> None:
+        """`library`: a fake NVML library to install below pynvml (simulation); None reads the real driver.
+        `clock`: stamps the XIDs and the details, and times the slow fields' re-reads (the backend's)."""
         self.sample_timeout_s = sample_timeout_s
+        self.clock = clock
         self._library = library
         with _LIBRARY_LOCK:
             if library is not None:
@@ -853,8 +858,9 @@ class GpuCollector:
             return None
 
     @staticmethod
-    def _read_xids(gpu: _Gpu, r: _Reading) -> Optional[tuple[XidEvent, ...]]:
-        """Take what the driver queued since the last sample (never waits) and return the newest kept."""
+    def _read_xids(gpu: _Gpu, r: _Reading, now: Callable[[], float]) -> Optional[tuple[XidEvent, ...]]:
+        """Take what the driver queued since the last sample (never waits) and return the newest kept, each
+        stamped `now()` as it is taken (NVML gives no time)."""
         if gpu.xid_events is None:
             return None
         for _ in range(XID_EVENTS_PER_SAMPLE):  # an XID storm must not keep one sample reading forever
@@ -868,7 +874,7 @@ class GpuCollector:
                 r.unavailable["xids.read"] = reason_of(exc)  # keep what we have; ask again next sample
                 break
             if event.eventType & pynvml.nvmlEventTypeXidCriticalError:
-                gpu.xids.append(XidEvent(timestamp=time.time(), code=int(event.eventData)))
+                gpu.xids.append(XidEvent(timestamp=now(), code=int(event.eventData)))
         return tuple(gpu.xids)
 
     @staticmethod
@@ -1064,7 +1070,7 @@ class GpuCollector:
     ) -> GpuSample:
         """Every reading; PCIe traffic from the counters, or from `throughput` (the fallback's TX and RX bytes/s and
         refusals) when the GPU refused them."""
-        now = time.monotonic()
+        now = self.clock.elapsed()
         refresh_slow = now >= gpu.slow.due
         util = r.get("utilization", pynvml.nvmlDeviceGetUtilizationRates)
         if util is None:
@@ -1099,7 +1105,7 @@ class GpuCollector:
             throttle_reasons=throttle,
             **self._read_health(gpu, r, refresh_slow),
             processes=self._read_processes(r),
-            xids=self._read_xids(gpu, r),
+            xids=self._read_xids(gpu, r, self.clock.wall),
             gpm=self._read_gpm(gpu, r),
             compute_capability=gpu.compute_capability,
             unavailable=r.unavailable,
@@ -1413,7 +1419,7 @@ class GpuCollector:
 
     def _read_details(self, gpu: _Gpu) -> GpuDetails:
         identity = functools.partial(
-            GpuDetails, index=gpu.index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id, timestamp=time.time()
+            GpuDetails, index=gpu.index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id, timestamp=self.clock.wall()
         )
         if gpu.handle is None:
             reason = gpu.static_unavailable["gpu"]

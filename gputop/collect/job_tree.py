@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Optional
 import psutil
 
 from gputop.analysis.stack_classes import classify_main_thread, runs_worker_loop
+from gputop.clock import REAL_CLOCK, Clock
 from gputop.collect import debug_server
 from gputop.collect import stacks as stacks_mod
 from gputop.collect.cgroup import job_limits
@@ -441,15 +442,29 @@ def _no_process_error(pid: int) -> GputopError:
     return GputopError(f"no process with PID {pid} (it may have exited; check with `ps -p {pid}`)")
 
 
-def _state_sampler(given: Optional[StateSampler], py_spy_stacks: bool, wanted: bool) -> Optional[StateSampler]:
+def _state_sampler(given: Optional[StateSampler], py_spy_stacks: bool, wanted: bool, clock: Clock) -> Optional[StateSampler]:
     """The sampler given, else py-spy's where stacks come from py-spy (without py-spy the dumps say why)."""
     sampler = given
     if given is None and py_spy_stacks:
         py_spy = stacks_mod.find_py_spy()
-        sampler = StateSampler(py_spy) if py_spy else None
+        sampler = StateSampler(py_spy, clock) if py_spy else None
     if sampler is not None:
         sampler.set_wanted(wanted)
     return sampler
+
+
+def _stack_readers(
+    dump: Optional[Callable[[list[int]], dict[int, ProcessStacks]]],
+    native_dump: Optional[Callable[[int], ProcessStacks]],
+    clock: Clock,
+) -> tuple[Callable[[list[int]], dict[int, ProcessStacks]], Optional[Callable[[int], ProcessStacks]]]:
+    """The dump and the native dump given, else py-spy's (a few dumps at a time: each is CPU work, and on a small
+    machine the job needs the cores), stamped on the pipeline's clock (py-spy's, its stretches' and the
+    start-up's stamps all come from `clock`: gputop/clock.py)."""
+    if native_dump is stacks_mod.dump_native:
+        native_dump = functools.partial(stacks_mod.dump_native, clock=clock.wall)
+    default = functools.partial(stacks_mod.dump_stacks, max_parallel=stacks_mod.background_parallelism(), clock=clock.wall)
+    return dump or default, native_dump
 
 
 class JobCollector:
@@ -469,16 +484,17 @@ class JobCollector:
         native_after: float = NATIVE_AFTER_S,
         sampler: Optional[StateSampler] = None,
         recorder_read: Optional[fr_read.Reader] = fr_read.read_live,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         """Attach to the job `pid` belongs to.  `stacks_enabled=False`: never run py-spy (no thread);
-        `stacks_wanted`: the initial state of the switch; `dump`: the stack reader (default: py-spy, a
-        few at a time: each dump is CPU work, and on a small machine the job needs the cores);
+        `stacks_wanted`: the initial state of the switch; `dump`: the stack reader (default: py-spy, see
+        `_stack_readers`);
         `native_dump`: what takes the one native dump of a process frozen for `native_after` seconds
         (None: never pause a process); `sampler`: what samples the ranks' main threads densely (default:
         py-spy record, when stacks come from py-spy; none when `dump` replaces py-spy); `recorder_read`: what
         reads the flight recorder of a rank that has it on but writes no dump, once a rank has stood still
         `LIVE_READ_AFTER_S`: through its debug server, else from inside it (None: never read live;
-        $GPUTOP_NO_RECORDER_READ set: never inject)."""
+        $GPUTOP_NO_RECORDER_READ set: never inject); `clock`: the pipeline's."""
         if pid <= 0:
             raise GputopError(f"{pid} is not a process id (it must be positive)")
         self.pid = pid
@@ -489,9 +505,8 @@ class JobCollector:
             raise _no_process_error(pid)
         self._root_key: ProcKey = root.key
         self._root_start_ticks = root.start_ticks
-        self._dump = dump or functools.partial(stacks_mod.dump_stacks, max_parallel=stacks_mod.background_parallelism())
+        self._dump, self._native_dump = _stack_readers(dump, native_dump, clock)
         self._schedule = StackSchedule()
-        self._native_dump = native_dump
         self._freezes = FreezeWatch(native_after)
         self._lock = threading.Lock()
         self._stacks: dict[int, ProcessStacks] = {}
@@ -506,10 +521,10 @@ class JobCollector:
         self._dumped = threading.Event()  # set after the first stack refresh finished
         self._stacks_wanted = stacks_wanted
         self._stacks_enabled = stacks_enabled
-        self._startup = StartupWatch()
+        self._startup = StartupWatch(clock.wall)
         self._recorders = FlightRecorderReader()
         self._live_recorders = fr_read.LiveRecorderReads(recorder_read) if recorder_read is not None else None
-        self._sampler = _state_sampler(sampler, stacks_enabled and dump is None, stacks_wanted)
+        self._sampler = _state_sampler(sampler, stacks_enabled and dump is None, stacks_wanted, clock)
         if stacks_enabled:
             self._learn_role_of_root(root)
         self.collect(())  # learn the job's PIDs before the first dump

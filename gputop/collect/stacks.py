@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from gputop.collect.procfs import process_alive, read_progress, read_status_field
 from gputop.model import Frame, ProcessStacks, ThreadStack
@@ -289,9 +289,11 @@ def dump_one(
     timeout: float = DEFAULT_TIMEOUT,
     attempts: int = DEFAULT_ATTEMPTS,
     native: bool = False,
+    clock: Callable[[], float] = time.time,
 ) -> ProcessStacks:
-    """Dump one PID, retrying torn reads, within `timeout` seconds in all; the process's progress counters
-    are read right after a dump that worked.
+    """Dump one PID, retrying torn reads, within `timeout` seconds in all (real seconds: py-spy takes them);
+    the process's progress counters are read right after a dump that worked.  The dump is stamped `clock()`
+    as it starts (the pipeline's clock: gputop/clock.py).
 
     `native`: ``py-spy dump --native`` (C/C++ frames too), which pauses the target while it unwinds (it
     cannot be combined with ``--nonblocking``): one attempt only, for a process that is not moving anyway."""
@@ -304,7 +306,7 @@ def dump_one(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        started = time.time()
+        started = clock()
         try:
             result = subprocess.run(argv, capture_output=True, timeout=remaining, env=env, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
@@ -335,15 +337,17 @@ def dump_one(
             last_error = f"py-spy kept failing: {_py_spy_error_line(stderr)}"
             continue
         return ProcessStacks(pid=pid, timestamp=started, native=native, error=classify_failure(pid, stderr))
-    return ProcessStacks(pid=pid, timestamp=time.time(), native=native, error=last_error)
+    return ProcessStacks(pid=pid, timestamp=clock(), native=native, error=last_error)
 
 
-def dump_native(pid: int, *, py_spy: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> ProcessStacks:
+def dump_native(
+    pid: int, *, py_spy: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT, clock: Callable[[], float] = time.time
+) -> ProcessStacks:
     """One ``py-spy dump --native`` of `pid` (pauses it for the unwind, typically well under a second)."""
     py_spy = py_spy or find_py_spy()
     if py_spy is None:
-        return ProcessStacks(pid=pid, timestamp=time.time(), native=True, error=_py_spy_missing())
-    return dump_one(pid, py_spy=py_spy, timeout=timeout, native=True)
+        return ProcessStacks(pid=pid, timestamp=clock(), native=True, error=_py_spy_missing())
+    return dump_one(pid, py_spy=py_spy, timeout=timeout, native=True, clock=clock)
 
 
 def usable_cpus() -> int:
@@ -369,6 +373,7 @@ def dump_stacks(
     attempts: int = DEFAULT_ATTEMPTS,
     parallel: bool = True,
     max_parallel: Optional[int] = None,
+    clock: Callable[[], float] = time.time,
 ) -> dict[int, ProcessStacks]:
     """Stacks of every PID, dumped concurrently (one py-spy per PID); never raises for a PID's failure.
 
@@ -376,18 +381,18 @@ def dump_stacks(
     work, 6-14 ms, most of it py-spy reading the target's libpython symbol tables (an unstripped
     libpython with a full .symtab costs about twice a distribution's stripped one), so more at once
     would not finish sooner (3, 4 or 17 at once on 2 cores: the same); it would only crowd out the job.  `parallel=False` runs the same dumps one after
-    another (the benchmark's baseline).
+    another (the benchmark's baseline).  `clock` stamps the dumps (see `dump_one`).
     """
     pids = list(dict.fromkeys(int(p) for p in pids))
     if not pids:
         return {}
     py_spy = py_spy or find_py_spy()
     if py_spy is None:
-        now = time.time()
+        now = clock()
         return {pid: ProcessStacks(pid=pid, timestamp=now, error=_py_spy_missing()) for pid in pids}
 
     def one(pid: int) -> ProcessStacks:
-        return dump_one(pid, py_spy=py_spy, timeout=timeout, attempts=attempts)
+        return dump_one(pid, py_spy=py_spy, timeout=timeout, attempts=attempts, clock=clock)
 
     if not parallel or len(pids) == 1:
         return {pid: one(pid) for pid in pids}

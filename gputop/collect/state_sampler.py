@@ -43,6 +43,7 @@ from gputop.analysis.stack_classes import (
     classify_thread,
     read_source_line,
 )
+from gputop.clock import REAL_CLOCK, Clock
 from gputop.collect.stacks import classify_failure, record_errors, usable_cpus
 from gputop.model import Frame, StateSamples, ThreadStack
 
@@ -212,7 +213,7 @@ class _RankRecorder:
         self.stopped = False
         self.running = False  # a stretch is being recorded
         self.finished = 0  # stretches ended so far (flush() waits for this to move)
-        self.followed_at = time.monotonic()
+        self.followed_at = owner.clock.elapsed()
         self.thread = threading.Thread(target=self._loop, name=f"gputop-sampler-{pid}", daemon=True)
         self.thread.start()
 
@@ -272,11 +273,14 @@ class _RankRecorder:
         except OSError as exc:  # closed meanwhile (its folder gone), or /tmp full
             if self.stopped or self.owner.closed:
                 return None
-            return StateSamples(self.pid, time.time(), time.time(), rate, error=f"cannot write py-spy's output: {exc.strerror}")
+            now = self.owner.clock.wall()
+            return StateSamples(self.pid, now, now, rate, error=f"cannot write py-spy's output: {exc.strerror}")
         os.close(fd)
         err_path = out + ".err"
         argv = _record_argv(self.owner.py_spy, self.pid, rate, out)
-        started = time.time()
+        # the stretch is stamped on the pipeline's clock; py-spy's cost is measured over the real seconds it ran
+        stamp = self.owner.clock.wall
+        started, ran_from = stamp(), time.monotonic()
         try:
             with open(err_path, "wb") as err:
                 try:
@@ -288,14 +292,14 @@ class _RankRecorder:
                         env=dict(os.environ, RUST_BACKTRACE="0"),
                     )
                 except OSError as exc:
-                    return StateSamples(self.pid, started, time.time(), rate, error=f"cannot run py-spy: {exc.strerror}")
+                    return StateSamples(self.pid, started, stamp(), rate, error=f"cannot run py-spy: {exc.strerror}")
                 cut_short = self.cut.wait(budget.stretch_s)
                 self.cut.clear()
-                ended = time.time()
+                ended, ran_s = stamp(), time.monotonic() - ran_from
                 if proc.poll() is None:
                     cpu = _cpu_seconds(proc.pid)
-                    if cpu is not None and ended - started >= MIN_COSTED_S:
-                        self.owner.measured_cost(cpu, rate * (ended - started))
+                    if cpu is not None and ran_s >= MIN_COSTED_S:
+                        self.owner.measured_cost(cpu, rate * ran_s)
                     proc.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
                 try:
                     proc.wait(FLUSH_TIMEOUT_S)
@@ -318,10 +322,12 @@ class StateSampler:
 
     `follow(pids)` sets the ranks (recorders start and stop with them); `wanted` pauses it all (the
     stacks switch); `focus(True)` raises the rate (a report, the findings screen); `flush()` ends the
-    running stretches now and waits for them, so a report's last seconds are in it."""
+    running stretches now and waits for them, so a report's last seconds are in it.  `clock` stamps the
+    stretches and times each rank's eager start (the pipeline's: gputop/clock.py); py-spy runs in real time."""
 
-    def __init__(self, py_spy: str) -> None:
+    def __init__(self, py_spy: str, clock: Clock = REAL_CLOCK) -> None:
         self.py_spy = py_spy
+        self.clock = clock
         self.tmpdir = tempfile.mkdtemp(prefix="gputop-states-")
         self.closed = False
         self.wanted = True
@@ -351,7 +357,7 @@ class StateSampler:
     def budget_for(self, recorder: _RankRecorder) -> SamplingBudget:
         """FOCUSED while someone reads the shares closely, or while this rank's loop is not yet seen (for
         EAGER_S after gputop began to follow it); BACKGROUND otherwise."""
-        eager = recorder.pid in self.starting and time.monotonic() - recorder.followed_at < EAGER_S
+        eager = recorder.pid in self.starting and self.clock.elapsed() - recorder.followed_at < EAGER_S
         return FOCUSED if self.focused or eager else BACKGROUND
 
     def follow(self, pids: list[int], starting: frozenset[int] = frozenset()) -> None:

@@ -52,8 +52,11 @@ def _reason(exc: OSError) -> str:
 class HostReader:
     """Reads `HostReadings` under `root`; `read()` may be called again (a check reads at start and end)."""
 
-    def __init__(self, root: str | os.PathLike[str] = "/", *, use_dmesg: Optional[bool] = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str] = "/", *, use_dmesg: Optional[bool] = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.root = Path(root)
+        self.clock = clock  # stamps the readings (the pipeline's clock: gputop/clock.py)
         # `dmesg` reads the running kernel's log whatever `root` says: only on the real root
         self.use_dmesg = (self.root == Path("/")) if use_dmesg is None else use_dmesg
 
@@ -65,7 +68,7 @@ class HostReader:
         aer = self.read_aer(gpu_bus_ids, unreadable)
         xids, records = self.read_kernel_xids(unreadable)
         return HostReadings(
-            timestamp=time.time(),
+            timestamp=self.clock(),
             kernel=self._first_line(self.path("proc", "sys", "kernel", "osrelease")),
             driver_module=self._first_line(self.path("sys", "module", "nvidia", "version")),
             aer=aer,

@@ -151,7 +151,9 @@ _GPM_INDEX = {metric[0]: i for i, metric in enumerate(GPM_METRICS)}
 
 
 class ManualClock:
-    """A clock that only moves when told to: pass it as `clock` for deterministic simulated readings."""
+    """A clock that only moves when told to: pass it as `clock` for deterministic simulated readings.  Given to
+    `SimulatedMachine(clock=...)` it is the one clock of the whole machine: the fake NVML, every reader's cadence
+    and every stamp a history records run on it (gputop/clock.py)."""
 
     def __init__(self, start: float = 1000.0) -> None:
         self.now = float(start)

@@ -288,13 +288,14 @@ def nic_topology(profile: Profile, topology: Topology, gpu_bus_ids: tuple[Option
 
 
 class FakeHostTree:
-    def __init__(self, spec: SimSpec, elapsed: Callable[[], float]) -> None:
+    def __init__(self, spec: SimSpec, elapsed: Callable[[], float], clock: Callable[[], float] = time.time) -> None:
         self.spec = spec
         self.elapsed = elapsed
+        self.clock = clock  # the pipeline's wall clock: the kernel log's times and the readings' stamps
         self.root = _private_tree("host")
         self._remove_tree = weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
-        self.boot = time.time() - UPTIME_S
-        self._reader = HostReader(self.root, use_dmesg=False)
+        self.boot = clock() - UPTIME_S
+        self._reader = HostReader(self.root, use_dmesg=False, clock=clock)
         _PciTree(self.root, spec.profile)
         self._write_static()
 
@@ -308,7 +309,7 @@ class FakeHostTree:
         self._write("proc/stat", f"cpu  0 0 0 0 0 0 0 0 0 0\nbtime {int(self.boot)}\n")
         self._write("sys/module/nvidia/version", profile.driver_version + "\n")
         self._write_counters()
-        since_boot_us = int((time.time() - self.boot) * 1e6)  # the XIDs happened just now
+        since_boot_us = int((self.clock() - self.boot) * 1e6)  # the XIDs happened just now
         records = [f"6,1,0,-;Linux version {KERNEL_RELEASE} (simulated by gputop)"]
         for seq, (gpu, code) in enumerate(self.spec.faults.infra.kernel_xids, start=2):
             text = _XID_TEXTS.get(code, "simulated error.")
