@@ -164,6 +164,14 @@ def needs_the_box_alone(item: pytest.Item) -> bool:
     return item.stash.get(_LANE, None) == "acceptance" or item.get_closest_marker("alone") is not None
 
 
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):
+        # a side-by-side worker has no terminal, yet runs with COLUMNS=80 LINES=24 in its environment; every TUI
+        # a test starts in a pty of its own would take them over the pty's size (rich reads them first)
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     # setup, call and teardown inside one turn: a module fixture's jobs start in its first test's setup
