@@ -239,3 +239,44 @@ def test_the_traces_fp32_gemms_bound_what_amp_buys():
     assert pred["steps_per_s_now"] == 10.0 and pred["steps_per_s_after"] == pytest.approx(10 / (1 - 0.5 * 0.75), rel=0.01)
     idle = p.predict_trace_amp(0.5, 1.0, 0.2, None)
     assert isinstance(idle, p.Unpredictable)
+
+
+def test_the_water_level_is_what_one_more_hungry_group_gets():
+    assert p.water_level(2.0, ()) == pytest.approx(2.0)  # alone: every core
+    assert p.water_level(2.0, (0.6, 0.6, 0.6)) == pytest.approx(0.5)  # four groups wanting more: a quarter each
+    assert p.water_level(2.0, (0.05, 1.5)) == pytest.approx((2.0 - 0.05) / 2)  # the small one keeps its 0.05
+    assert p.water_level(2.0, (0.2, 0.3)) == pytest.approx(1.5)  # both under the share: the job gets the rest
+
+
+def test_with_autogroup_the_jobs_session_gets_its_share_however_many_workers_it_adds():
+    # stage 1 of the case study on the shared box (measured): the job used ~0.45 cores beside three sessions using
+    # ~0.5 each, the box full.  Per process, 26 processes would take most of the box; per session (autogroup on),
+    # the job's session gets a quarter of it: stage 2 got 0.5-0.57 cores
+    readings = 5
+    cores = p.CoreUse(
+        (0.45,) * readings,
+        (0.45,) * readings,
+        cap=2.0,
+        others=(6.0,) * readings,
+        host_cores=2.0,
+        ranks=2,
+        sessions=((0.55, 0.5, 0.45),) * readings,
+    )
+    bound = cores.bound(26)
+    assert bound is not None and "sessions" in bound.why
+    assert bound.low == pytest.approx(0.5 / 0.45)  # an equal share beside 3 busy sessions: 0.5 cores
+    assert bound.factor * 0.45 == pytest.approx((0.5 * p.water_level(2.0, (0.55, 0.5, 0.45))) ** 0.5)
+    assert bound.factor * 0.45 < 0.6  # not the 1.6 cores of the per-process share
+    # a quiet box: the other sessions hardly use the cores, the job gets what is idle
+    quiet = p.CoreUse((0.9,) * readings, (1.95,) * readings, cap=2.0, host_cores=2.0, sessions=((0.05,),) * readings)
+    bound = quiet.bound(26)
+    assert bound is not None and bound.factor == pytest.approx(1.95 / 0.9, rel=0.01)
+
+
+def test_other_sessions_leave_out_the_jobs_own_and_count_what_no_session_accounts_for():
+    from gputop.model import HostSample
+
+    host = HostSample(cpu_percent=(100.0, 100.0), sessions=(7, 8, 9), session_cores=(0.5, 0.6, 0.5))
+    assert p.other_sessions(host, {8}) == pytest.approx((0.5, 0.5, 0.4))  # 2 cores busy, 1.6 in sessions
+    assert p.other_sessions(host, set()) == ()  # the job's session not known: per process, as before
+    assert p.other_sessions(HostSample(cpu_percent=(50.0,)), {8}) == ()  # autogroup off: no sessions read
