@@ -77,7 +77,9 @@ def test_a_prediction_reads_back_from_its_figures_and_takes_a_rate_later():
     assert "an epoch 150 s → 60 s" in rated["text"]
 
 
-def _starved(worker_cpu: float, host_cpu: float, workers: int = 2, pattern: tuple[int, int] = (30, 20)) -> Scenario:
+def _starved(
+    worker_cpu: float, host_cpu: float, workers: int = 2, pattern: tuple[int, int] = (30, 20), worker_state: str = "S"
+) -> Scenario:
     """One rank waiting for data 60% of the time (dense samples at 100 Hz: `pattern` samples waiting, then in the
     step, over and over), its workers at `worker_cpu`%."""
     wait, step = pattern
@@ -96,6 +98,7 @@ def _starved(worker_cpu: float, host_cpu: float, workers: int = 2, pattern: tupl
                 dense=lambda t: [(WAITING_FOR_DATA, wait), (FORWARD_BACKWARD, step)] * (500 // (wait + step)),
                 workers=lambda t: pids,
                 worker_cpu=lambda t, w: worker_cpu,
+                worker_state=lambda t, w: worker_state,
                 cpu=lambda t: 10.0,
             )
         ],
@@ -280,3 +283,12 @@ def test_other_sessions_leave_out_the_jobs_own_and_count_what_no_session_account
     assert p.other_sessions(host, {8}) == pytest.approx((0.5, 0.5, 0.4))  # 2 cores busy, 1.6 in sessions
     assert p.other_sessions(host, set()) == ()  # the job's session not known: per process, as before
     assert p.other_sessions(HostSample(cpu_percent=(50.0,)), {8}) == ()  # autogroup off: no sessions read
+
+
+def test_a_worker_runnable_most_of_the_time_computes_however_little_of_a_core_a_busy_box_gives_it():
+    # a busy box gives the computing worker a third of a core; it waits for the rest runnable (R), not asleep (S)
+    computing = {f.id: f for f in diagnose(build(_starved(worker_cpu=30.0, host_cpu=100.0, workers=1, worker_state="R")))}
+    workers = computing["starvation"].figures["workers"]
+    assert workers["bound"] == "cpu" and workers["num_workers"] <= 2  # 2 cores: not the 9-11 of an I/O-bound count
+    sleeping = {f.id: f for f in diagnose(build(_starved(worker_cpu=30.0, host_cpu=100.0, workers=1, worker_state="S")))}
+    assert sleeping["starvation"].figures["workers"]["bound"] == "io"
