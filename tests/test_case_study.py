@@ -99,10 +99,10 @@ def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn)
     ratios = [r["achieved_over_predicted"] for r in rows[1:]]
     print(f"\nachieved / predicted, stages 2-4: {ratios}; {box.since()}")
     assert all(r is not None for r in ratios), (ratios, [r["predicted"] for r in rows[1:]])
-    # stages 3 and 4 (cheaper preprocessing, AMP) within issue 37's band; stage 2 (12 workers on 2 cores) is not
-    # yet: its achieved ÷ predicted read 0.32-1.05 across runs (0.73 on a 40%-idle box), so it is printed, not
-    # asserted, until the model knows what the workers take from the ranks' own compute (issue 37 stays open)
-    assert all(0.8 <= r <= 1.25 for r in ratios[1:]), (ratios, [r["predicted"] for r in rows[1:]], box.since())
+    # stages 2-4 within issue 37's band.  Stage 2's prediction is bounded by the cores its session can get beside the
+    # other sessions (autogroup): it holds while they keep what they used in stage 1, so a failure names the load
+    loads = [(r["stage"], r["load"], r["cores_used"]) for r in rows]  # each stage's 1-min load and the job's cores
+    assert all(0.8 <= r <= 1.25 for r in ratios), (ratios, loads, [r["predicted"] for r in rows[1:]], box.since())
 
 
 def test_a_stage_shows_the_prediction_the_stage_before_made_for_it():
