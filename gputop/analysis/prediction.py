@@ -290,6 +290,7 @@ class CoreUse:
     host_cores: float = 0.0
     ranks: int = 1
     sessions: tuple[tuple[float, ...], ...] = ()  # a reading: the cores each session not the job's used (autogroup)
+    rank_used: tuple[float, ...] = ()  # a reading: the cores the ranks themselves used (their workers left out)
 
     def _fair(self, i: int, processes: Optional[int]) -> float:
         """What the job could get at reading i with `processes` CPU-hungry processes on a box busy with other work,
@@ -320,7 +321,7 @@ class CoreUse:
             return [self._session_ends(i) for i in range(len(self.used))]
         return [(self._least(i), self._fair(i, processes)) for i in range(len(self.used))]
 
-    def bound(self, processes: Optional[int] = None) -> Optional[Bound]:
+    def bound(self, processes: Optional[int] = None, *, ranks_only: bool = False) -> Optional[Bound]:
         """×(cores it could get ÷ cores it uses), over the readings (None: too few, or unused).  `processes`: the job's
         processes after the change (ranks and their workers).
 
@@ -329,9 +330,13 @@ class CoreUse:
         sessions first, and a job's added workers share its session's part: the range is `_session_ends`.
         Without it (or not measured) it shares them among processes (more workers, more share): the range spans
         the idle cores, or a session's share if more, to the per-process share.  The point is the range's
-        geometric middle."""
+        geometric middle.  `ranks_only`: a change that leaves the ranks' own CPU alone (the workers' goes): over the
+        cores the ranks use."""
         ends = self._ends(processes)
-        pairs = [(lo / u, hi / u) for (lo, hi), u in zip(ends, self.used) if u > 0.05]
+        uses = self.rank_used if ranks_only else self.used
+        if len(uses) != len(ends):
+            return None
+        pairs = [(lo / u, hi / u) for (lo, hi), u in zip(ends, uses) if u > 0.05]
         if len(pairs) < 3:
             return None
         low_ratios, high_ratios = [a for a, _ in pairs], [b for _, b in pairs]
@@ -339,7 +344,7 @@ class CoreUse:
         point = math.sqrt(least * most)
         low = least - INTERVAL_Z * statistics.stdev(low_ratios) / math.sqrt(len(pairs))
         high = most + INTERVAL_Z * statistics.stdev(high_ratios) / math.sqrt(len(pairs))
-        used = statistics.fmean(self.used)
+        used = statistics.fmean(uses)
         if self.sessions:
             busy = statistics.fmean(sum(1 for c in s if c >= HUNGRY_SESSION_CORES) for s in self.sessions)
             ends_text = (
@@ -352,7 +357,8 @@ class CoreUse:
                 f"beside {statistics.fmean(self.others or (0.0,)):.1f} other runnable processes)"
             )
         why = (
-            f"the job uses {used:.2f} cores; it could get {ends_text}; at most {self.cap:g}: "
+            f"{'the ranks themselves use' if ranks_only else 'the job uses'} {used:.2f} cores; it could get {ends_text}; "
+            f"at most {self.cap:g}: "
             f"×{_num(least)}–{_num(most)}, ×{_num(point)} between ({len(pairs)} readings)"
         )
         return Bound(CORES, point, max(1.0, low), max(point, high), why)
@@ -396,16 +402,19 @@ def predict_workers(
     return Prediction(change, tuple(bounds), assumes)
 
 
-def predict_cheaper_input(input_share: Share, gpu_idle: Optional[Share], change: str) -> Forecast:
-    """Preprocessing made (nearly) free (cached tensors): the steps go as fast as the GPUs' work allows; without
-    GPU readings, as the step's own host time allows."""
-    if gpu_idle is not None:
-        gpu = gpu_work_bound(gpu_idle)
-        if gpu is not None:
-            return Prediction(
-                change, (gpu,), "the host keeps up with the GPUs once the cores are free; the GPU work a step stays"
-            )
-    return Prediction(change, (compute_bound(input_share),), "the step's host time stays what it is")
+def predict_cheaper_input(
+    input_share: Share, gpu_idle: Optional[Share], change: str, cores: Optional[CoreUse] = None
+) -> Forecast:
+    """Preprocessing made (nearly) free (cached tensors): the steps go as fast as the GPUs' work allows, and as the
+    cores allow the ranks' own CPU a step (the workers' decoding gone); without GPU readings, as the step's own
+    host time allows."""
+    gpu = gpu_work_bound(gpu_idle) if gpu_idle is not None else None
+    if gpu is None:
+        return Prediction(change, (compute_bound(input_share),), "the step's host time stays what it is")
+    ranks = cores.bound(ranks_only=True) if cores is not None else None
+    bounds = (gpu,) if ranks is None else (gpu, ranks)
+    assumes = "the host keeps up with the GPUs once the cores are free; the GPU work a step stays"
+    return Prediction(change, bounds, assumes + ("" if ranks is None else "; so does the ranks' own CPU a step"))
 
 
 def predict_no_sync(sync_share: Share, gpu_idle: Optional[Share]) -> Forecast:
@@ -525,6 +534,7 @@ def core_use(ctx: "Context") -> Optional[CoreUse]:
     could: list[float] = []
     others: list[float] = []
     sessions: list[tuple[float, ...]] = []
+    rank_used: list[float] = []
     for snap in ctx.snaps:
         job = snap.job
         if job is None or not job.ranks or not snap.host.cpu_percent or (since is not None and snap.timestamp < since):
@@ -537,12 +547,15 @@ def core_use(ctx: "Context") -> Optional[CoreUse]:
         mine = sum(float(p.cpu_percent or 0.0) for p in procs) / 100.0
         idle = sum(max(0.0, 100.0 - c) for c in snap.host.cpu_percent) / 100.0
         used.append(mine)
+        rank_used.append(sum(float(r.proc.cpu_percent or 0.0) for r in job.ranks if not r.proc.exited) / 100.0)
         could.append(min(cap, mine + idle))
         others.append(max(0.0, snap.host.load_average[0] - mine))
         sessions.append(other_sessions(snap.host, {p.session for p in procs if p.session is not None}))
     cores = float(len(ctx.snaps[-1].host.cpu_percent)) if ctx.snaps else 0.0
     by_session = tuple(sessions) if all(sessions) else ()  # (every reading knows the sessions, or none is used)
-    return CoreUse(tuple(used), tuple(could), cap, tuple(others), cores, len(ctx.ranks), by_session) if used else None
+    if not used:
+        return None
+    return CoreUse(tuple(used), tuple(could), cap, tuple(others), cores, len(ctx.ranks), by_session, tuple(rank_used))
 
 
 def other_sessions(host: "HostSample", job_sessions: set[int]) -> tuple[float, ...]:
