@@ -292,3 +292,13 @@ def test_a_worker_runnable_most_of_the_time_computes_however_little_of_a_core_a_
     assert workers["bound"] == "cpu" and workers["num_workers"] <= 2  # 2 cores: not the 9-11 of an I/O-bound count
     sleeping = {f.id: f for f in diagnose(build(_starved(worker_cpu=30.0, host_cpu=100.0, workers=1, worker_state="S")))}
     assert sleeping["starvation"].figures["workers"]["bound"] == "io"
+
+
+def test_cached_preprocessing_is_bounded_by_what_the_ranks_themselves_use_of_the_cores():
+    # the GPUs are busy 20% (x5), but the ranks' own work uses 0.5 of the 2 cores they could have: x4
+    cores = p.CoreUse((1.9,) * 4, (2.0,) * 4, cap=2.0, host_cores=2.0, rank_used=(0.5,) * 4)
+    forecast = p.predict_cheaper_input(share_of(800, 1000), share_of(800, 1000), "cached", cores)
+    assert isinstance(forecast, p.Prediction) and forecast.limited_by == p.CORES
+    assert forecast.factor == pytest.approx(4.0) and "ranks themselves" in forecast.limit.why
+    alone = p.predict_cheaper_input(share_of(800, 1000), share_of(800, 1000), "cached")
+    assert isinstance(alone, p.Prediction) and alone.limited_by == p.GPU_WORK and alone.factor == pytest.approx(5.0)
