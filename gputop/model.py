@@ -551,6 +551,10 @@ class HostSample:
     swap_total: int = 0
     swap_used: int = 0
     load_average: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # where the kernel shares the cores among sessions first (autogroup): the cores each session used since the last
+    # sample (those that used at least SESSION_MIN_CORES), the two tuples side by side; () where it does not
+    sessions: tuple[int, ...] = ()
+    session_cores: tuple[float, ...] = ()
 
 
 # --------------------------------------------------------------------- job
@@ -573,6 +577,7 @@ class ProcInfo:
     tracer: Optional[str] = None
     # a zombie's exit status as waitpid(2) words it (/proc/PID/stat field 52); None where not readable
     exit_status: Optional[int] = None
+    session: Optional[int] = None  # its session id (with autogroup, the kernel's first level of CPU sharing)
 
 
 @dataclass(frozen=True, slots=True)

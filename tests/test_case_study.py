@@ -99,10 +99,10 @@ def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn)
     ratios = [r["achieved_over_predicted"] for r in rows[1:]]
     print(f"\nachieved / predicted, stages 2-4: {ratios}; {box.since()}")
     assert all(r is not None for r in ratios), (ratios, [r["predicted"] for r in rows[1:]])
-    # stages 3 and 4 (cheaper preprocessing, AMP) within issue 37's band; stage 2 (12 workers on 2 cores) is not
-    # yet: its achieved ÷ predicted read 0.32-1.05 across runs (0.73 on a 40%-idle box), so it is printed, not
-    # asserted, until the model knows what the workers take from the ranks' own compute (issue 37 stays open)
-    assert all(0.8 <= r <= 1.25 for r in ratios[1:]), (ratios, [r["predicted"] for r in rows[1:]], box.since())
+    # stages 2-4 within issue 37's band.  Stage 2's prediction is bounded by the cores its session can get beside the
+    # other sessions (autogroup): it holds while they keep what they used in stage 1, so a failure names the load
+    loads = [(r["stage"], r["load"], r["cores_used"]) for r in rows]  # each stage's 1-min load and the job's cores
+    assert all(0.8 <= r <= 1.25 for r in ratios), (ratios, loads, [r["predicted"] for r in rows[1:]], box.since())
 
 
 def test_a_stage_shows_the_prediction_the_stage_before_made_for_it():
@@ -195,3 +195,38 @@ def test_a_source_that_starts_over_resets_its_readers_history_once():
     assert [loop.next_batch().reset for _ in range(2)] == [False, False]
     source.generation += 1  # the next stage's job: its history starts over
     assert [loop.next_batch().reset for _ in range(2)] == [True, False]
+
+
+class _CountedJob:
+    """A stage's job reduced to its step counters (the watch reads nothing else before a stage ends)."""
+
+    launcher_pid = 1
+
+    def __init__(self) -> None:
+        self.counts = [0, 0]
+
+    def step_counts(self) -> list[int]:
+        return list(self.counts)
+
+    def failure(self) -> None:
+        return None
+
+
+def test_a_stage_is_measured_from_the_end_of_its_loaders_start_up():
+    from tests.harness.histories import machine, make_snapshots
+
+    first, second = case_study.stages(2, 2.0)[:2]
+    assert case_study.warm_up_steps(first.config) == 0  # num_workers=0: nothing handed out at once
+    assert case_study.warm_up_steps(second.config) == 12 * 4  # 12 workers, prefetch 4
+    job = _CountedJob()
+    watch = case_study.StageWatch(second, machine(gpus=2, cores=2), job, min_s=0.0)
+    snapshots = make_snapshots(3, gpus=2, cores=2)
+    job.counts = [47, 60]  # rank 0 is one step short of its loader's start-up
+    watch.observe(snapshots[0])
+    assert not watch.warm and watch.counts_start == [0, 0]
+    job.counts = [48, 61]
+    watch.observe(snapshots[1])
+    assert watch.warm and watch.counts_start == [48, 61] and len(watch.history) == 1  # watched from here, afresh
+    job.counts = [50, 63]
+    watch.observe(snapshots[2])
+    assert watch.counts_start == [48, 61]

@@ -258,3 +258,36 @@ def test_a_crashed_rank_ends_the_demo_with_one_line(spawn, tmp_path):
     finally:
         os.unlink(log)
     assert [p for p in pids if alive(p)] == []
+
+
+def test_the_starved_demo_with_the_advised_workers_shows_the_prediction_beside_what_it_achieved(monkeypatch, tmp_path):
+    import io
+
+    from gputop.commands import demo as demo_command
+    from gputop.model import Finding
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    predicted = {"change": "num_workers=3", "speedup": 2.8, "speedup_low": 2.4, "speedup_high": 3.1}
+    bounds = [{"limit": "the step's compute", "speedup": 2.8, "low": 2.4, "high": 3.1, "why": ""}]
+    starved = Finding(
+        id="starvation",
+        title="starved",
+        severity="critical",
+        confidence=0.9,
+        label="",
+        summary="",
+        fix="raise num_workers",
+        figures={"prediction": {**predicted, "bounds": bounds, "assumes": ""}},
+    )
+    first = demo_command.DemoSummary(startup_s=1.0, seconds=45.0, steps_per_s=(1.7, 1.7), findings=[starved])
+    out = io.StringIO()
+    demo_command.check_fix(first, "starved", 2, None, out)
+    assert out.getvalue() == ""  # nothing to check yet: the prediction is kept (x2.8 the 1.7 steps/s: 4.76)
+    fixed = demo_command.DemoSummary(startup_s=1.0, seconds=45.0, steps_per_s=(4.6, 4.8), findings=[])
+    demo_command.check_fix(fixed, "starved", 2, 3, out)
+    line = out.getvalue()
+    assert line.startswith("fix checked: num_workers=3, predicted by the run before it: ~4.76 steps/s (4.08–5.27")
+    assert "achieved 4.70: achieved ÷ predicted 0.99, inside the range" in line
+    out = io.StringIO()
+    demo_command.check_fix(fixed, "starved", 2, 5, out)  # another count than the one predicted: nothing to compare
+    assert out.getvalue() == ""

@@ -77,7 +77,9 @@ def test_a_prediction_reads_back_from_its_figures_and_takes_a_rate_later():
     assert "an epoch 150 s → 60 s" in rated["text"]
 
 
-def _starved(worker_cpu: float, host_cpu: float, workers: int = 2, pattern: tuple[int, int] = (30, 20)) -> Scenario:
+def _starved(
+    worker_cpu: float, host_cpu: float, workers: int = 2, pattern: tuple[int, int] = (30, 20), worker_state: str = "S"
+) -> Scenario:
     """One rank waiting for data 60% of the time (dense samples at 100 Hz: `pattern` samples waiting, then in the
     step, over and over), its workers at `worker_cpu`%."""
     wait, step = pattern
@@ -96,6 +98,7 @@ def _starved(worker_cpu: float, host_cpu: float, workers: int = 2, pattern: tupl
                 dense=lambda t: [(WAITING_FOR_DATA, wait), (FORWARD_BACKWARD, step)] * (500 // (wait + step)),
                 workers=lambda t: pids,
                 worker_cpu=lambda t, w: worker_cpu,
+                worker_state=lambda t, w: worker_state,
                 cpu=lambda t: 10.0,
             )
         ],
@@ -239,3 +242,63 @@ def test_the_traces_fp32_gemms_bound_what_amp_buys():
     assert pred["steps_per_s_now"] == 10.0 and pred["steps_per_s_after"] == pytest.approx(10 / (1 - 0.5 * 0.75), rel=0.01)
     idle = p.predict_trace_amp(0.5, 1.0, 0.2, None)
     assert isinstance(idle, p.Unpredictable)
+
+
+def test_the_water_level_is_what_one_more_hungry_group_gets():
+    assert p.water_level(2.0, ()) == pytest.approx(2.0)  # alone: every core
+    assert p.water_level(2.0, (0.6, 0.6, 0.6)) == pytest.approx(0.5)  # four groups wanting more: a quarter each
+    assert p.water_level(2.0, (0.05, 1.5)) == pytest.approx((2.0 - 0.05) / 2)  # the small one keeps its 0.05
+    assert p.water_level(2.0, (0.2, 0.3)) == pytest.approx(1.5)  # both under the share: the job gets the rest
+
+
+def test_with_autogroup_the_jobs_session_gets_its_share_however_many_workers_it_adds():
+    # stage 1 of the case study on the shared box (measured): the job used ~0.45 cores beside three sessions using
+    # ~0.5 each, the box full.  Per process, 26 processes would take most of the box; per session (autogroup on),
+    # the job's session gets a quarter of it: stage 2 got 0.5-0.57 cores
+    readings = 5
+    cores = p.CoreUse(
+        (0.45,) * readings,
+        (0.45,) * readings,
+        cap=2.0,
+        others=(6.0,) * readings,
+        host_cores=2.0,
+        ranks=2,
+        sessions=((0.55, 0.5, 0.45),) * readings,
+    )
+    bound = cores.bound(26)
+    assert bound is not None and "sessions" in bound.why
+    assert bound.low == pytest.approx(0.5 / 0.45)  # an equal share beside 3 busy sessions: 0.5 cores
+    assert bound.factor * 0.45 == pytest.approx((0.5 * p.water_level(2.0, (0.55, 0.5, 0.45))) ** 0.5)
+    assert bound.factor * 0.45 < 0.6  # not the 1.6 cores of the per-process share
+    # a quiet box: the other sessions hardly use the cores, the job gets what is idle
+    quiet = p.CoreUse((0.9,) * readings, (1.95,) * readings, cap=2.0, host_cores=2.0, sessions=((0.05,),) * readings)
+    bound = quiet.bound(26)
+    assert bound is not None and bound.factor == pytest.approx(1.95 / 0.9, rel=0.01)
+
+
+def test_other_sessions_leave_out_the_jobs_own_and_count_what_no_session_accounts_for():
+    from gputop.model import HostSample
+
+    host = HostSample(cpu_percent=(100.0, 100.0), sessions=(7, 8, 9), session_cores=(0.5, 0.6, 0.5))
+    assert p.other_sessions(host, {8}) == pytest.approx((0.5, 0.5, 0.4))  # 2 cores busy, 1.6 in sessions
+    assert p.other_sessions(host, set()) == ()  # the job's session not known: per process, as before
+    assert p.other_sessions(HostSample(cpu_percent=(50.0,)), {8}) == ()  # autogroup off: no sessions read
+
+
+def test_a_worker_runnable_most_of_the_time_computes_however_little_of_a_core_a_busy_box_gives_it():
+    # a busy box gives the computing worker a third of a core; it waits for the rest runnable (R), not asleep (S)
+    computing = {f.id: f for f in diagnose(build(_starved(worker_cpu=30.0, host_cpu=100.0, workers=1, worker_state="R")))}
+    workers = computing["starvation"].figures["workers"]
+    assert workers["bound"] == "cpu" and workers["num_workers"] <= 2  # 2 cores: not the 9-11 of an I/O-bound count
+    sleeping = {f.id: f for f in diagnose(build(_starved(worker_cpu=30.0, host_cpu=100.0, workers=1, worker_state="S")))}
+    assert sleeping["starvation"].figures["workers"]["bound"] == "io"
+
+
+def test_cached_preprocessing_is_bounded_by_what_the_ranks_themselves_use_of_the_cores():
+    # the GPUs are busy 20% (x5), but the ranks' own work uses 0.5 of the 2 cores they could have: x4
+    cores = p.CoreUse((1.9,) * 4, (2.0,) * 4, cap=2.0, host_cores=2.0, rank_used=(0.5,) * 4)
+    forecast = p.predict_cheaper_input(share_of(800, 1000), share_of(800, 1000), "cached", cores)
+    assert isinstance(forecast, p.Prediction) and forecast.limited_by == p.CORES
+    assert forecast.factor == pytest.approx(4.0) and "ranks themselves" in forecast.limit.why
+    alone = p.predict_cheaper_input(share_of(800, 1000), share_of(800, 1000), "cached")
+    assert isinstance(alone, p.Prediction) and alone.limited_by == p.GPU_WORK and alone.factor == pytest.approx(5.0)

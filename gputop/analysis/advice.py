@@ -10,7 +10,13 @@ from gputop.analysis.loader_math import MARGIN as LOADER_MARGIN
 from gputop.analysis.loader_math import workers_needed
 from gputop.analysis.numbers import Share, percentile
 from gputop.analysis.observations import Context, RankObs
-from gputop.analysis.thresholds import IO_BOUND_CPU_PERCENT, IO_MEMORY_SHARE, MAX_IO_WORKERS, MIN_STEP_SHARE
+from gputop.analysis.thresholds import (
+    CPU_BOUND_RUNNABLE_SHARE,
+    IO_BOUND_CPU_PERCENT,
+    IO_MEMORY_SHARE,
+    MAX_IO_WORKERS,
+    MIN_STEP_SHARE,
+)
 from gputop.units import gib
 
 ESTIMATE_SOURCE = "estimate from the shares"  # `figures["workers"]["source"]` of the advice made here
@@ -79,14 +85,14 @@ def producer_bound(ranks: Sequence[RankObs]) -> tuple[str, str]:
     """("cpu" | "io", why): do the batch producers compute, or sleep inside the dataset (I/O)?
 
     A producer in `__getitem__` that uses a core is CPU-bound; one that sits there at little CPU waits on
-    storage or the network.  The producers are the workers, or the rank itself at num_workers=0."""
-    worker_cpu = [
-        c
-        for r in ranks
-        for w in r.workers.values()
-        if w.pid in (r.worker_sets[-1][1] if r.worker_sets else ())
-        for c in w.cpu[-10:]
-    ]
+    storage or the network, unless it is runnable most of the time (a busy box gives a computing worker a
+    fraction of a core: it waits for the rest runnable, not asleep).  The producers are the workers, or the
+    rank itself at num_workers=0."""
+    current = [w for r in ranks for w in r.workers.values() if w.pid in (r.worker_sets[-1][1] if r.worker_sets else ())]
+    worker_cpu = [c for w in current for c in w.cpu[-10:]]
+    # a py-spy dump stops a process for a moment (t): neither running nor asleep
+    states = [s for w in current for s in w.states[-10:] if s not in ("t", "T")]
+    runnable = sum(1 for s in states if s == "R") / len(states) if states else 0.0
     if worker_cpu:
         cpu = percentile(worker_cpu, 50) or 0.0
         who = "the workers"
@@ -95,6 +101,8 @@ def producer_bound(ranks: Sequence[RankObs]) -> tuple[str, str]:
         who = "the rank (num_workers=0)"
     if cpu >= IO_BOUND_CPU_PERCENT:
         return "cpu", f"{who} use {cpu:.0f}% of a core: CPU-bound"
+    if worker_cpu and runnable >= CPU_BOUND_RUNNABLE_SHARE:
+        return "cpu", f"{who} use {cpu:.0f}% of a core, runnable {runnable:.0%} of the time (waiting for a core): CPU-bound"
     return "io", f"{who} use {cpu:.0f}% of a core while in the dataset: waiting on I/O"
 
 

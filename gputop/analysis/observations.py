@@ -138,6 +138,7 @@ class WorkerObs:
     pid: int
     samples: list[StackSample] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)  # its /proc state a snapshot (R: running, or waiting for a core)
     last: Optional[ProcInfo] = None
     last_stacks: Optional[ProcessStacks] = None
     native: tuple[str, ...] = ()  # C/C++ frames of its latest `py-spy dump --native` (a freeze), innermost first
@@ -446,6 +447,7 @@ def _observe_worker(obs: RankObs, w: ProcInfo, job: JobTree) -> None:
     wobs.native = native_frames(job.native_stacks.get(w.pid))
     if w.cpu_percent is not None and not w.exited:
         wobs.cpu.append(w.cpu_percent)
+        wobs.states.append(w.state)
     ws = job.stacks.get(w.pid)
     if ws is not None and not ws.error and ws.threads:
         if not wobs.samples or ws.timestamp > wobs.samples[-1].timestamp:

@@ -33,7 +33,7 @@ from gputop.analysis.thresholds import INTERVAL_Z
 
 if TYPE_CHECKING:
     from gputop.analysis.observations import Context, RankObs, StateCounts
-    from gputop.model import Finding
+    from gputop.model import Finding, HostSample
 
 COMPUTE = "the step's compute"
 GPU_WORK = "the GPUs' work per step"
@@ -263,10 +263,25 @@ def workers_bound(workers_now: int, workers_after: int, input_share: Share) -> B
     return Bound(WORKERS, point, low, high, why)
 
 
+HUNGRY_SESSION_CORES = 0.1  # a session using this much of the cores is counted as one that wants its share
+
+
+def water_level(cores: float, others: Sequence[float]) -> float:
+    """What one more CPU-hungry group gets where the cores are shared equally among groups and each other group
+    keeps what it uses now if that is less: the level L with L + Σ min(other, L) = cores."""
+    rest = sorted(others)
+    for k in range(len(rest) + 1):  # the k smallest keep their use; the others and the newcomer share the rest
+        level = (cores - sum(rest[:k])) / (1 + len(rest) - k)
+        if k == len(rest) or level <= rest[k]:
+            return max(0.0, level)
+    return 0.0  # (not reached: the last k always returns)
+
+
 @dataclass(frozen=True)
 class CoreUse:
     """The job's CPU now, one reading a second: the cores it used, what it could get at once (those plus the host's
-    idle cores), and how many other processes were runnable (the load average less the job's own busy cores)."""
+    idle cores), how many other processes were runnable (the load average less the job's own busy cores), and,
+    where the kernel shares the cores among sessions first (autogroup), the cores each other session used."""
 
     used: tuple[float, ...]
     could: tuple[float, ...]
@@ -274,6 +289,8 @@ class CoreUse:
     others: tuple[float, ...] = ()  # runnable processes not the job's, a reading
     host_cores: float = 0.0
     ranks: int = 1
+    sessions: tuple[tuple[float, ...], ...] = ()  # a reading: the cores each session not the job's used (autogroup)
+    rank_used: tuple[float, ...] = ()  # a reading: the cores the ranks themselves used (their workers left out)
 
     def _fair(self, i: int, processes: Optional[int]) -> float:
         """What the job could get at reading i with `processes` CPU-hungry processes on a box busy with other work,
@@ -289,28 +306,60 @@ class CoreUse:
             return self.could[i]
         return min(self.cap, max(self.could[i], self.host_cores / (self.others[i] + 1.0)))
 
-    def bound(self, processes: Optional[int] = None) -> Optional[Bound]:
+    def _session_ends(self, i: int) -> tuple[float, float]:
+        """(least, most) the job's session gets at reading i where the cores go to sessions first, however many
+        processes each has: at most the water level over what the other sessions use now (each keeps its use
+        where that is under an equal share); at least an equal share beside every session busy now
+        (HUNGRY_SESSION_CORES), as if each wanted more than it got; never less than the idle cores."""
+        others = self.sessions[i]
+        most = min(self.cap, max(self.could[i], water_level(self.host_cores, others)))
+        hungry = sum(1 for c in others if c >= HUNGRY_SESSION_CORES)
+        return min(most, max(self.could[i], self.host_cores / (hungry + 1))), most
+
+    def _ends(self, processes: Optional[int]) -> list[tuple[float, float]]:
+        if self.sessions and len(self.sessions) == len(self.used) and self.host_cores:
+            return [self._session_ends(i) for i in range(len(self.used))]
+        return [(self._least(i), self._fair(i, processes)) for i in range(len(self.used))]
+
+    def bound(self, processes: Optional[int] = None, *, ranks_only: bool = False) -> Optional[Bound]:
         """×(cores it could get ÷ cores it uses), over the readings (None: too few, or unused).  `processes`: the job's
         processes after the change (ranks and their workers).
 
-        On a quiet box both readings of "could get" agree: the idle cores.  On a busy one they part: the kernel
-        shares the cores among processes (more workers, more share), but with autogroup (the default on many
-        distributions) among sessions first, and a job's workers share its session's part.  Which applies is not
-        measured, so the range spans both (at its low end the idle cores, or a session's share if more, at its high
-        end the per-process share) and the point is their geometric middle."""
-        pairs = [(self._least(i) / u, self._fair(i, processes) / u) for i, u in enumerate(self.used) if u > 0.05]
+        On a quiet box every reading of "could get" agrees: the idle cores.  On a busy one it depends on how the
+        kernel shares the cores.  With autogroup (on by default on many distributions) it shares them among
+        sessions first, and a job's added workers share its session's part: the range is `_session_ends`.
+        Without it (or not measured) it shares them among processes (more workers, more share): the range spans
+        the idle cores, or a session's share if more, to the per-process share.  The point is the range's
+        geometric middle.  `ranks_only`: a change that leaves the ranks' own CPU alone (the workers' goes): over the
+        cores the ranks use."""
+        ends = self._ends(processes)
+        uses = self.rank_used if ranks_only else self.used
+        if len(uses) != len(ends):
+            return None
+        pairs = [(lo / u, hi / u) for (lo, hi), u in zip(ends, uses) if u > 0.05]
         if len(pairs) < 3:
             return None
         low_ratios, high_ratios = [a for a, _ in pairs], [b for _, b in pairs]
-        idle_only, fair = statistics.fmean(low_ratios), statistics.fmean(high_ratios)
-        point = math.sqrt(idle_only * fair)
-        low = idle_only - INTERVAL_Z * statistics.stdev(low_ratios) / math.sqrt(len(pairs))
-        high = fair + INTERVAL_Z * statistics.stdev(high_ratios) / math.sqrt(len(pairs))
+        least, most = statistics.fmean(low_ratios), statistics.fmean(high_ratios)
+        point = math.sqrt(least * most)
+        low = least - INTERVAL_Z * statistics.stdev(low_ratios) / math.sqrt(len(pairs))
+        high = most + INTERVAL_Z * statistics.stdev(high_ratios) / math.sqrt(len(pairs))
+        used = statistics.fmean(uses)
+        if self.sessions:
+            busy = statistics.fmean(sum(1 for c in s if c >= HUNGRY_SESSION_CORES) for s in self.sessions)
+            ends_text = (
+                f"{used * least:.2f} (an equal share beside {busy:.1f} busy sessions) to {used * most:.2f} (the other "
+                f"sessions keeping what they use now; the cores go to sessions first, autogroup)"
+            )
+        else:
+            ends_text = (
+                f"{used * least:.2f} (the idle ones, or a session's share) to {used * most:.2f} (its per-process share "
+                f"beside {statistics.fmean(self.others or (0.0,)):.1f} other runnable processes)"
+            )
         why = (
-            f"the job uses {statistics.fmean(self.used):.2f} cores; it could get {statistics.fmean(self.used) * idle_only:.2f} "
-            f"(the idle ones, or a session's share) to {statistics.fmean(self.used) * fair:.2f} (its per-process share beside "
-            f"{statistics.fmean(self.others or (0.0,)):.1f} other runnable processes; at most {self.cap:g}): "
-            f"×{_num(idle_only)}–{_num(fair)}, ×{_num(point)} between ({len(pairs)} readings)"
+            f"{'the ranks themselves use' if ranks_only else 'the job uses'} {used:.2f} cores; it could get {ends_text}; "
+            f"at most {self.cap:g}: "
+            f"×{_num(least)}–{_num(most)}, ×{_num(point)} between ({len(pairs)} readings)"
         )
         return Bound(CORES, point, max(1.0, low), max(point, high), why)
 
@@ -353,16 +402,19 @@ def predict_workers(
     return Prediction(change, tuple(bounds), assumes)
 
 
-def predict_cheaper_input(input_share: Share, gpu_idle: Optional[Share], change: str) -> Forecast:
-    """Preprocessing made (nearly) free (cached tensors): the steps go as fast as the GPUs' work allows; without
-    GPU readings, as the step's own host time allows."""
-    if gpu_idle is not None:
-        gpu = gpu_work_bound(gpu_idle)
-        if gpu is not None:
-            return Prediction(
-                change, (gpu,), "the host keeps up with the GPUs once the cores are free; the GPU work a step stays"
-            )
-    return Prediction(change, (compute_bound(input_share),), "the step's host time stays what it is")
+def predict_cheaper_input(
+    input_share: Share, gpu_idle: Optional[Share], change: str, cores: Optional[CoreUse] = None
+) -> Forecast:
+    """Preprocessing made (nearly) free (cached tensors): the steps go as fast as the GPUs' work allows, and as the
+    cores allow the ranks' own CPU a step (the workers' decoding gone); without GPU readings, as the step's own
+    host time allows."""
+    gpu = gpu_work_bound(gpu_idle) if gpu_idle is not None else None
+    if gpu is None:
+        return Prediction(change, (compute_bound(input_share),), "the step's host time stays what it is")
+    ranks = cores.bound(ranks_only=True) if cores is not None else None
+    bounds = (gpu,) if ranks is None else (gpu, ranks)
+    assumes = "the host keeps up with the GPUs once the cores are free; the GPU work a step stays"
+    return Prediction(change, bounds, assumes + ("" if ranks is None else "; so does the ranks' own CPU a step"))
 
 
 def predict_no_sync(sync_share: Share, gpu_idle: Optional[Share]) -> Forecast:
@@ -473,13 +525,16 @@ def prediction_line(figures: Optional[dict[str, Any]]) -> Optional[str]:
 
 def core_use(ctx: "Context") -> Optional[CoreUse]:
     """The job's CPU a second over the window, start-up left out: the cores its processes used (ranks and
-    workers), and what it could get (those plus the host's idle cores, at most its cgroup's)."""
+    workers), what it could get (those plus the host's idle cores, at most its cgroup's), and the cores the other
+    sessions used (`other_sessions`)."""
     started = [r.loop_started for r in ctx.ranks.values() if r.loop_started is not None]
     since = max(started) if started else None
     cap = ctx.job_cores()
     used: list[float] = []
     could: list[float] = []
     others: list[float] = []
+    sessions: list[tuple[float, ...]] = []
+    rank_used: list[float] = []
     for snap in ctx.snaps:
         job = snap.job
         if job is None or not job.ranks or not snap.host.cpu_percent or (since is not None and snap.timestamp < since):
@@ -492,10 +547,25 @@ def core_use(ctx: "Context") -> Optional[CoreUse]:
         mine = sum(float(p.cpu_percent or 0.0) for p in procs) / 100.0
         idle = sum(max(0.0, 100.0 - c) for c in snap.host.cpu_percent) / 100.0
         used.append(mine)
+        rank_used.append(sum(float(r.proc.cpu_percent or 0.0) for r in job.ranks if not r.proc.exited) / 100.0)
         could.append(min(cap, mine + idle))
         others.append(max(0.0, snap.host.load_average[0] - mine))
+        sessions.append(other_sessions(snap.host, {p.session for p in procs if p.session is not None}))
     cores = float(len(ctx.snaps[-1].host.cpu_percent)) if ctx.snaps else 0.0
-    return CoreUse(tuple(used), tuple(could), cap, tuple(others), cores, len(ctx.ranks)) if used else None
+    by_session = tuple(sessions) if all(sessions) else ()  # (every reading knows the sessions, or none is used)
+    if not used:
+        return None
+    return CoreUse(tuple(used), tuple(could), cap, tuple(others), cores, len(ctx.ranks), by_session, tuple(rank_used))
+
+
+def other_sessions(host: "HostSample", job_sessions: set[int]) -> tuple[float, ...]:
+    """The cores each session not the job's used (the host's busy time no session accounts for, processes born and
+    gone between two readings, as one more); () where the host did not read sessions or the job's are not known."""
+    if not host.sessions or not job_sessions:
+        return ()
+    cores = [c for s, c in zip(host.sessions, host.session_cores) if s not in job_sessions]
+    unaccounted = sum(host.cpu_percent) / 100.0 - sum(host.session_cores)
+    return tuple(cores + ([unaccounted] if unaccounted >= HUNGRY_SESSION_CORES else []))
 
 
 def step_rate(ctx: "Context", trace: Optional[dict[str, Any]] = None) -> Optional[StepRate]:

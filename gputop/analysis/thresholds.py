@@ -121,6 +121,10 @@ LONG_WINDOW_STRIDE_S = 5.0
 # its own RSS: they get at most half the memory the job may still take, and never more than 32 per rank
 # (loader_math.HARD_MAX_WORKERS, the ceiling `gputop bench` sweeps to).
 IO_BOUND_CPU_PERCENT = 50.0
+# ... unless it wants a core more than it gets one: on a busy box a computing worker gets a third of a core and
+# waits for the rest runnable (/proc state R), where one waiting on I/O sleeps (S, D).  Runnable in this share of
+# the snapshots (the last ten), it computes, whatever its CPU.
+CPU_BOUND_RUNNABLE_SHARE = 0.5
 # A step share under 1% (the rank was hardly ever caught stepping) is too small to divide by: the advice
 # is then "at least N", N from the share's interval, and `gputop bench` measures the rest.
 MIN_STEP_SHARE = 0.01

@@ -160,6 +160,14 @@ def read_tracer(pid: int) -> Optional[str]:
     return f"PID {tracer} ({stat.comm})" if stat is not None else f"PID {tracer}"
 
 
+def _session_of(pid: int) -> Optional[int]:
+    """The process's session id (None: gone)."""
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
 def read_exit_status(pid: int) -> Optional[int]:
     """A zombie's exit status as waitpid(2) gives it (/proc/PID/stat field 52, Linux 3.5+; 0 while it runs); None
     where unreadable."""
@@ -421,6 +429,7 @@ class ProcessTable:
             exited=status == psutil.STATUS_ZOMBIE,
             tracer=read_tracer(tracked.key[0]) if letter in ("T", "t") else None,
             exit_status=read_exit_status(tracked.key[0]) if letter == "Z" else None,
+            session=_session_of(tracked.key[0]),
         )
         tracked.last = info
         return info

@@ -7,8 +7,9 @@ Four jobs, one after another, on the simulated 8-GPU machine; each is the articl
 3. the preprocessed tensors cached in memory: the GPUs busy and DRAM-bound, no tensor cores (22 min);
 4. AMP (bf16 autocast) and `torch.compile`: busy, a small communication share (18 min).
 
-Each stage runs until gputop's verdict settles (the same bottleneck `SETTLE_POLLS` polls in a row, after at least
-`MIN_STAGE_S`), then the next starts.  The bottleneck is read from the diagnosis of that stage's own history
+Each stage is watched from the end of its loader's start-up (`warm_up_steps`: the batches the DataLoader hands its
+workers at once, taken by every rank) until gputop's verdict settles (the same bottleneck `SETTLE_POLLS` polls in a
+row, after at least `MIN_STAGE_S`), then the next starts.  The bottleneck is read from the diagnosis of that stage's own history
 (`bottleneck`), never from the stage's name, and said in the article's words; its fix is the finding's.  The
 simulated costs are chosen so that the step times go as the article's epochs (72 : 31 : 22 : 18): stage 1's rank
 prepares a batch in 72/22 of a GPU step, stage 2's workers get the cores' share that makes one every 31/22, stage
@@ -218,10 +219,20 @@ def start_demo_job(stage: Stage) -> StageJob:
     return job
 
 
+def warm_up_steps(config: DemoConfig) -> int:
+    """Steps a rank takes before its loader runs as it will: the batches its DataLoader hands its workers at once
+    (num_workers × prefetch_factor).  Measured on the 2-core box, stage 2 (2 ranks, 12 workers each, prefetch 4)
+    made 1.5 and 1.7 steps/s a rank over its first two 12 s windows and 2.75 and 2.6 over the next two, at the same
+    cores: its first ~40 steps a rank cost the CPU of later ones and ran at 0.6 of their pace (see
+    docs/predictions.md).  0 with num_workers=0."""
+    return (config.num_workers or 0) * (config.prefetch_factor or 2)
+
+
 class StageWatch:
-    """One stage's job watched from its first training step: a history of its own, the article's name for the
-    verdict at every poll, the steps its ranks take.  `observe` says when the stage is done: its verdict
-    `settled`, or `max_s` passed.  The headless run and the TUI both end a stage by it."""
+    """One stage's job watched from the end of its loader's start-up (`warm_up_steps` a rank after its first
+    step): a history of its own, the article's name for the verdict at every poll, the steps its ranks take.
+    `observe` says when the stage is done: its verdict `settled`, or `max_s` passed since the first step.  The
+    headless run and the TUI both end a stage by it."""
 
     def __init__(
         self, stage: Stage, machine: MachineInfo, job: StageJob, *, min_s: float = MIN_STAGE_S, max_s: float = MAX_STAGE_S
@@ -229,22 +240,39 @@ class StageWatch:
         self.stage = stage
         self.job = job
         self.min_s, self.max_s = min_s, max_s
+        self.machine = machine
         self.history = History(machine)
         self.words: list[str] = []
         self.found: list[Finding] = []
-        self.started = time.monotonic()
-        self.counts_start = job.step_counts()
+        self.begun = self.started = time.monotonic()
+        self.counts_first = self.counts_start = job.step_counts()
+        self.warm_steps = warm_up_steps(stage.config)
+        self.warm = self.warm_steps == 0
+
+    def _warm_up_over(self) -> bool:
+        """Whether every rank has taken its loader's start-up steps now (then the watch starts over from here)."""
+        if self.warm:
+            return False
+        counts = self.job.step_counts()
+        if not counts or any(now - first < self.warm_steps for now, first in zip(counts, self.counts_first)):
+            return False
+        self.warm = True
+        self.history = History(self.machine)
+        self.words, self.found = [], []
+        self.started, self.counts_start = time.monotonic(), counts
+        return True
 
     def observe(self, snapshot: Snapshot) -> bool:
         """Take one poll's snapshot; True once the stage is done.  GputopError if the job failed."""
+        self._warm_up_over()
         self.history.append(snapshot)
         self.found = diagnose_all(self.history)
         self.words.append(bottleneck(self.found)[0])
         failure = self.job.failure()
         if failure:
             raise GputopError(failure)
-        elapsed = time.monotonic() - self.started
-        return settled(self.words, elapsed, self.min_s) or elapsed >= self.max_s
+        now = time.monotonic()
+        return (self.warm and settled(self.words, now - self.started, self.min_s)) or now - self.begun >= self.max_s
 
     def result(self, next_stage: Optional[Stage] = None) -> StageResult:
         """The stage as it went, with what its measurements predict `next_stage`'s change buys."""

@@ -3,7 +3,8 @@
 Starts the demo job (`gputop.sim.demo_launcher.DemoJob`), builds a simulated pipeline
 whose GPUs are driven by the job's busy board, and runs the TUI on it; with `--no-tui`
 it prints one line of per-GPU utilization per interval and a summary instead, ending with
-the verdict line and one line per finding (so a script can check any scenario).  Every
+the verdict line and one line per finding (so a script can check any scenario), and with `--workers N` the
+prediction the run before made for that fix beside what this run achieved (`check_fix`).  Every
 process the demo started is stopped on `q`, ctrl+c and SIGTERM/SIGHUP; if gputop is
 killed outright, the job's parent-death signals take it down (see `demo_launcher`).
 gputop never imports torch: the job runs in other processes.
@@ -12,16 +13,20 @@ gputop never imports torch: the job runs in other processes.
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
+from gputop import advice_memory
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.findings import findings
 from gputop.analysis.prediction import StepRate, prediction_line, with_step_rate
 from gputop.errors import GputopError
 from gputop.history import History
+from gputop.report.writer import write_report
 from gputop.signals import StopSignals
 from gputop.tui.demo import run_tui
 
@@ -159,6 +164,51 @@ def print_summary(summary: DemoSummary, out: TextIO) -> None:
     out.flush()
 
 
+def _fixes_path() -> str:
+    """Beside the advice memory: the demo's last predictions, one a scenario and GPU count."""
+    return os.path.join(os.path.dirname(advice_memory.default_path()), "demo-fixes.json")
+
+
+def _read_fixes() -> dict[str, Any]:
+    try:
+        with open(_fixes_path(), encoding="utf-8") as f:
+            raw = json.load(f)
+        return raw if isinstance(raw, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def check_fix(summary: DemoSummary, scenario: str, gpus: int, workers: Optional[int], out: TextIO) -> None:
+    """The one fix the starved demo checks: a run whose prediction said what `num_workers=N` buys is kept (per
+    scenario and GPU count); a later run with `--workers N` prints that prediction beside the steps/s it achieved."""
+    key = f"{scenario}/{gpus}"
+    fixes = _read_fixes()
+    before = fixes.get(key)
+    rate = sum(summary.steps_per_s) / len(summary.steps_per_s) if summary.steps_per_s else 0.0
+    if isinstance(before, dict) and workers is not None and before.get("change") == f"num_workers={workers}" and rate > 0:
+        after, low, high = before.get("steps_per_s_after"), before.get("after_low"), before.get("after_high")
+        if after:
+            inside = low is not None and low <= rate <= (high if high is not None else float("inf"))
+            print(
+                f"fix checked: {before['change']}, predicted by the run before it: ~{after:.2f} steps/s "
+                f"({low:.2f}–{'' if high is None else f'{high:.2f}'}, limited by {before.get('limited_by')}); "
+                f"achieved {rate:.2f}: achieved ÷ predicted {rate / after:.2f}, {'inside' if inside else 'outside'} "
+                f"the range",
+                file=out,
+            )
+    now = StepRate(rate, "the job's step counters") if rate > 0 else None
+    for finding in with_step_rate(summary.findings, now, timed=True):
+        predicted = finding.figures.get("prediction") if finding.figures else None
+        if finding.id == "starvation" and isinstance(predicted, dict) and predicted.get("steps_per_s_after"):
+            fixes[key] = {k: predicted.get(k) for k in ("change", "steps_per_s_after", "after_low", "after_high", "limited_by")}
+            try:
+                os.makedirs(os.path.dirname(_fixes_path()), exist_ok=True)
+                write_report(_fixes_path(), json.dumps(fixes))
+            except (OSError, GputopError):
+                pass  # a read-only home: the next run has nothing to check against
+            break
+
+
 def run(args: Any) -> int:
     _check_demo_dependencies()
     from gputop.pipeline import demo_pipeline
@@ -202,4 +252,5 @@ def run(args: Any) -> int:
         finally:
             pipeline.close()
         print_summary(summary, out)
+        check_fix(summary, scenario, job.config.ranks, args.workers, out)
         return 0

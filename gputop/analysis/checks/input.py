@@ -300,7 +300,7 @@ def loader_forecast(ctx: Context, ranks: Sequence[RankObs], share: Share, worker
     now, epoch = step_rate(ctx), epoch_batches(ctx)
     idle = gpu_idle_share(ctx)
     if workers_after is None:
-        return predict_cheaper_input(share, idle, CACHED).with_rate(now, epoch)
+        return predict_cheaper_input(share, idle, CACHED, core_use(ctx)).with_rate(now, epoch)
     cpu = producer_bound(ranks)[0] == "cpu"
     forecast = predict_workers(workers_now(ranks), workers_after, share, cpu_bound=cpu, cores=core_use(ctx), gpu_idle=idle)
     return forecast.with_rate(now, epoch)

@@ -1,0 +1,35 @@
+"""Issue 37's check, live: a 12 s report's advice and prediction for a starved job, against the steps/s the job
+achieves once restarted with the advice (tests/harness/fix_outcome.py).  Two jobs of known cost: an I/O-bound
+loader, whose fix the step bounds, and a CPU-bound one, which the box's cores bound.
+
+About 40 s a job (start, 12 s report, restart, 12 s count).  The box is shared: a failure says how busy it was
+over the check (the CPU-bound job's prediction holds while the other sessions keep what they used)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.harness.fix_outcome import measure
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", ["io", "cpu"])
+def test_the_job_restarted_with_the_advice_achieves_what_the_report_predicted(job, spawn, tmp_path):
+    def stop(proc):  # the job and its workers (its process group); the fixture reaps whatever is left at teardown
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    outcome = measure(job, 12.0, tmp_path, spawn, stop)
+    print("\n" + outcome.row())
+    assert outcome.achieved is not None and outcome.after, outcome.row()
+    if job == "io":
+        assert outcome.predicted["limited_by"] in ("the step's compute", "the workers"), outcome.row()
+    else:
+        assert outcome.predicted["limited_by"] == "the cores", outcome.row()
+        assert outcome.advice is not None and outcome.advice <= 2, outcome.row()  # two cores: at most 2 computing workers
+    assert outcome.ratio is not None and 0.8 <= outcome.ratio <= 1.2, outcome.row()
+    assert outcome.in_range, outcome.row()
