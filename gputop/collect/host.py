@@ -89,6 +89,10 @@ def _percent(part: float, whole: float) -> float:
 
 AUTOGROUP_SWITCH = "/proc/sys/kernel/sched_autogroup_enabled"
 SESSION_MIN_CORES = 0.02  # a session that used less is left out of a sample (idle shells, daemons)
+# Every process's stat is read once a reading: ~40 µs a process, so a big box's thousands (kernel threads
+# included) cost a tenth of a core at one reading a second.  Autogroup's shares move over seconds; the
+# sessions' cores are read at most this often and the last reading is repeated between.
+SESSION_EVERY_S = 5.0
 
 
 def autogroup_enabled(path: str = AUTOGROUP_SWITCH) -> bool:
@@ -112,6 +116,7 @@ class SessionCpu:
         self._ticks = float(os.sysconf("SC_CLK_TCK"))
         self._at = clock()
         self._last = self._read()
+        self._kept: Optional[tuple[tuple[int, ...], tuple[float, ...]]] = None
 
     def _read(self) -> dict[int, tuple[int, int]]:
         """pid -> (session, CPU ticks)."""
@@ -128,8 +133,12 @@ class SessionCpu:
         return out
 
     def sample(self) -> tuple[tuple[int, ...], tuple[float, ...]]:
-        """(sessions, the cores each used since the last reading), sessions that used SESSION_MIN_CORES or more."""
-        at, now = self._clock(), self._read()
+        """(sessions, the cores each used since the last reading), sessions that used SESSION_MIN_CORES or more;
+        within SESSION_EVERY_S of the last reading, that reading's again."""
+        at = self._clock()
+        if self._kept is not None and 0 <= at - self._at < SESSION_EVERY_S:
+            return self._kept
+        now = self._read()
         seconds = at - self._at
         ticks: dict[int, int] = {}
         for pid, (session, spent) in now.items():
@@ -141,7 +150,8 @@ class SessionCpu:
             return (), ()
         cores = sorted((s, t / self._ticks / seconds) for s, t in ticks.items())
         kept = [(s, c) for s, c in cores if c >= SESSION_MIN_CORES]
-        return tuple(s for s, _ in kept), tuple(round(c, 3) for _, c in kept)
+        self._kept = tuple(s for s, _ in kept), tuple(round(c, 3) for _, c in kept)
+        return self._kept
 
 
 # Swap is read every SWAP_EVERY_S, not every poll: psutil.swap_memory() parses /proc/vmstat as well as
