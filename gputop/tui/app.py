@@ -163,6 +163,7 @@ class GputopApp(App[None]):
             starting=source if isinstance(source, StartingPipeline) else None,
         )
         self.start_error: Optional[BaseException] = None  # why the source could not start (run_app raises it)
+        self._leaving = False  # a stop signal or q asked the monitor to end (a start failing after it is not an error)
         self.sub_title = subtitle or ""
         # replay controls: the source's own when it is a recording (tests may hand in others)
         self.controls = controls if controls is not None else (source if isinstance(source, Seekable) else None)
@@ -246,6 +247,7 @@ class GputopApp(App[None]):
                 pass
 
     def _exit_on_signal(self, sig: int) -> None:
+        self._leaving = True
         self.monitor.stop()
         self.exit(return_code=128 + sig)  # the shell's code for a process a signal ended
 
@@ -338,6 +340,10 @@ class GputopApp(App[None]):
 
     # ------------------------------------------------------------------ snapshot -> screen
     def on_could_not_start(self, message: CouldNotStart) -> None:
+        if self._leaving:
+            # a stop signal or q closed the pipeline while it was still being built: its build then fails, and
+            # that is the way out already taken (a SIGHUP during start-up exited 1 instead of 129)
+            return
         self.start_error = message.error  # run_app raises it once the terminal is restored: the command's one line
         self.exit(return_code=1)
 
@@ -441,6 +447,7 @@ class GputopApp(App[None]):
 
     # ------------------------------------------------------------------ the monitor's own keys
     async def action_quit(self) -> None:
+        self._leaving = True
         self.monitor.stop()
         self.exit()
 
