@@ -218,7 +218,8 @@ async def shoot_demo(out: Path, scenario: str, expected_finding: str, rank_state
     from gputop.sim.demo_launcher import DemoJob
 
     with DemoJob(scenario, cpu_count=MACHINE_CORES) as job:
-        pipeline = Pipeline(SimulatedMachine("h100-sxm-8", load=job.load_model()), follow=Following(pid=job.start()))
+        launcher_pid = job.start()  # first: the load model is the started job's
+        pipeline = Pipeline(SimulatedMachine("h100-sxm-8", load=job.load_model()), follow=Following(pid=launcher_pid))
         try:
             job.wait_until_training()
             return await _shoot_running_demo(out, pipeline, scenario, expected_finding, rank_state)
