@@ -56,4 +56,21 @@ def test_a_unit_test_over_its_budget_fails_and_an_integration_one_does_not(spawn
     out, _ = proc.communicate(timeout=120)
     assert "1 failed, 1 passed" in out, out[-3000:]
     assert "FAILED tests/test_lanes.py::test_sample_unit_test_that_takes_longer_than_the_budget" in out, out[-3000:]
-    assert f"({UNIT_BUDGET_S:.0f} s on the reference box, scaled to this one's speed): make it cheaper" in out, out[-3000:]
+    assert f"({UNIT_BUDGET_S:.0f} s on the reference box, scaled to this one's speed; " in out, out[-3000:]
+    assert "x the reference): make it cheaper" in out, out[-3000:]  # the box read again before failing it
+
+
+def test_a_unit_test_over_its_budget_on_a_box_slower_now_than_at_the_start_passes_and_only_then(spawn):
+    """The budget is read again before a test fails it: where the box runs the same workload 8 times slower now
+    than the reference (other load thrashing its caches), the sample's wait of its start budget + 0.5 s is inside
+    16 s; the integration sample is not judged.  Without the second reading it fails (the test above)."""
+    proc = spawn(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "sample", __file__],
+        env={**os.environ, "GPUTOP_LANE_SAMPLES": "1", "GPUTOP_LANE_SLOWNESS_NOW": "8"},
+        cwd=str(TESTS.parent),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out, _ = proc.communicate(timeout=120)
+    assert "2 passed" in out and "failed" not in out, out[-3000:]

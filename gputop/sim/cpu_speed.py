@@ -22,7 +22,7 @@ RUNS = 5
 _PAYLOAD = bytes(range(256)) * 64  # 16 KiB that compress a little, as JPEG entropy data do not
 
 
-def _workload() -> float:
+def workload_s() -> float:
     """Seconds on the clock for a fixed mix of interpreted Python and C.  The clock, not the thread's CPU time:
     a VM's stolen time slows the loader as much as a slow core does, and only the clock sees it."""
     start = time.perf_counter()
@@ -37,8 +37,8 @@ def _workload() -> float:
 def measured_slowness() -> float:
     """This machine's time for the workload against the reference box's (2.0: half as fast), unrounded: the
     median of a few runs, so one preemption does not make the box look slow."""
-    _workload()  # the first run pays for cold caches
-    return statistics.median(_workload() for _ in range(RUNS)) / REFERENCE_WORKLOAD_S
+    workload_s()  # the first run pays for cold caches
+    return statistics.median(workload_s() for _ in range(RUNS)) / REFERENCE_WORKLOAD_S
 
 
 def cpu_slowness() -> float:

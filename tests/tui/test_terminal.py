@@ -134,7 +134,8 @@ def test_a_stop_signal_ends_the_monitor_as_q_does(spawn, sig):
                 pass
     finally:
         os.close(master)
-    assert proc.wait(timeout=20) == 128 + getattr(signal, sig)
+    code = proc.wait(timeout=20)
+    assert code == 128 + getattr(signal, sig), f"exit {code}; the terminal's last output: {out[-1500:]!r}"
     assert b"\x1b[?1049l" in out  # Textual left the alternate screen: the user's terminal is back
     assert not any(os.path.exists(tree) for tree in trees)
 
