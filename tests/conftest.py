@@ -186,10 +186,13 @@ def pytest_xdist_auto_num_workers(config):
     return 0 if any(not Path(arg).is_dir() for arg in named) else SIDE_BY_SIDE_WORKERS
 
 
-def needs_the_box_alone(item: pytest.Item) -> bool:
-    """An acceptance test (live jobs judged by rates, series and deadlines) or one marked ``alone`` runs with no
-    other test beside it when the suite runs side by side (tests/harness/turns.py)."""
-    return item.stash.get(_LANE, None) == "acceptance" or item.get_closest_marker("alone") is not None
+def slots_of(item: pytest.Item) -> int:
+    """How many of the run's side-by-side slots a test takes while it runs (tests/harness/turns.py): all of them
+    when marked ``alone`` (its bar is the CPU it gets), two for an acceptance test (live jobs judged by shares and
+    verdicts: one shared test beside it, never another acceptance test), one for the rest."""
+    if item.get_closest_marker("alone") is not None:
+        return SIDE_BY_SIDE_WORKERS
+    return 2 if item.stash.get(_LANE, None) == "acceptance" else 1
 
 
 def pytest_configure(config):
@@ -207,8 +210,8 @@ def pytest_runtest_protocol(item, nextitem):
     if workerinput is None:  # one process: nobody to share the CPUs with
         return (yield)
     if not _TURNS:
-        _TURNS.append(Turns(turns_directory(workerinput["testrunuid"])))
-    with _TURNS[0].turn(needs_the_box_alone(item)):
+        _TURNS.append(Turns(turns_directory(workerinput["testrunuid"]), slots=SIDE_BY_SIDE_WORKERS))
+    with _TURNS[0].turn(min(slots_of(item), _TURNS[0].slots)):
         return (yield)
 
 

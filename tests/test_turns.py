@@ -6,6 +6,8 @@ import fcntl
 import threading
 import time
 
+import pytest
+
 from tests.harness.turns import Turns
 
 DEADLINE_S = 10.0
@@ -35,22 +37,22 @@ def test_an_alone_turn_waits_for_the_shared_ones_and_the_next_waits_for_it(tmp_p
     release_alone = threading.Event()
 
     def run_alone():
-        with alone.turn(alone=True):
+        with alone.turn(3):
             order.append("alone")
             release_alone.wait(DEADLINE_S)
 
     def run_later():
-        with later.turn(alone=False):
+        with later.turn(1):
             order.append("later")
 
     try:
-        with shared.turn(alone=False):
-            with Turns(tmp_path).turn(alone=False):  # shared turns run side by side
-                order.append("two shared at once")
+        with shared.turn(1):
+            with Turns(tmp_path).turn(1), Turns(tmp_path).turn(1):  # three shared turns run side by side
+                order.append("three shared at once")
             first = threading.Thread(target=run_alone)
             first.start()
             _wait_for(lambda: _held(tmp_path / "gate"), "the alone test waits at the gate, holding it")
-            assert order == ["two shared at once"]  # it has not started beside a shared test
+            assert order == ["three shared at once"]  # it has not started beside a shared test
         _wait_for(lambda: order[-1:] == ["alone"], "the alone test starts once the shared one ended")
         second = threading.Thread(target=run_later)
         second.start()
@@ -60,8 +62,60 @@ def test_an_alone_turn_waits_for_the_shared_ones_and_the_next_waits_for_it(tmp_p
         release_alone.set()
         first.join(DEADLINE_S)
         second.join(DEADLINE_S)
-        assert order == ["two shared at once", "alone", "later"]
+        assert order == ["three shared at once", "alone", "later"]
     finally:
         release_alone.set()
         for turns in (shared, alone, later):
             turns.close()
+
+
+def test_an_acceptance_turn_runs_beside_one_shared_test_never_two_nor_another_acceptance_test(tmp_path):
+    workers = [Turns(tmp_path) for _ in range(4)]
+    running: list[str] = []
+    most_beside: list[int] = []
+    lock = threading.Lock()
+    release = {name: threading.Event() for name in ("acceptance", "shared1", "shared2", "acceptance2")}
+
+    def run(turns: Turns, name: str, weight: int) -> None:
+        with turns.turn(weight):
+            with lock:
+                running.append(name)
+                most_beside.append(len(running))
+            release[name].wait(DEADLINE_S)
+            with lock:
+                running.remove(name)
+
+    threads = []
+    try:
+        for turns, name, weight in zip(workers, release, (2, 1, 1, 2)):
+            threads.append(threading.Thread(target=run, args=(turns, name, weight)))
+            threads[-1].start()
+            if name == "shared1":
+                _wait_for(lambda: running == ["acceptance", "shared1"], "one shared test beside the acceptance test")
+        _wait_for(lambda: _held(tmp_path / "gate"), "the second shared test waits, holding the gate")
+        assert running == ["acceptance", "shared1"]  # not a third beside them: the acceptance test takes two slots
+        release["shared1"].set()
+        _wait_for(lambda: running == ["acceptance", "shared2"], "the waiting shared test takes the freed slot")
+        release["acceptance"].set()
+        # the second acceptance test needs two slots: the first's two free, it starts beside shared2
+        _wait_for(lambda: sorted(running) == ["acceptance2", "shared2"], "the second acceptance test starts")
+        release["shared2"].set()
+        release["acceptance2"].set()
+        for thread in threads:
+            thread.join(DEADLINE_S)
+        assert max(most_beside) == 2 and not running
+    finally:
+        for event in release.values():
+            event.set()
+        for turns in workers:
+            turns.close()
+
+
+def test_a_turn_takes_one_to_all_of_the_slots(tmp_path):
+    turns = Turns(tmp_path)
+    try:
+        with pytest.raises(ValueError, match="1 to 3 slots, not 4"):
+            with turns.turn(4):
+                pass
+    finally:
+        turns.close()

@@ -25,6 +25,7 @@ def _steps_per_s(job: DemoJob, sample) -> tuple[float, object]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # the benchmark's rates and the tuned run's wait: the CPU it gets is the bar
 @pytest.mark.timeout(600)
 def test_recommended_workers_remove_the_wait_on_the_starved_demo(tmp_path):
     root = str(tmp_path / "results")

@@ -1,46 +1,79 @@
 """Turns at the box's CPUs for tests run side by side (pytest-xdist's workers).
 
 Most integration tests wait: for a job to start, a py-spy round, a 12 s report window.  Side by side they
-overlap their waits.  A test whose bar depends on the CPU it gets (a rate measured against the truth, a
-statistical series, a deadline that includes a torch import) must not share the cores with another test's
-jobs: marked ``alone``, it waits until the tests running beside it end, and runs with none beside it.
+overlap their waits.  A test whose bar depends on the CPU it gets must not share the cores with more than its
+bar allows, so every test takes a number of the run's slots (one per worker) for as long as it runs:
 
-A readers-writer lock over two files (`fcntl.flock`, one open file description per worker process): a shared
-test holds the turn lock shared, an ``alone`` test holds it exclusive.  Every test passes through a gate first
-and an ``alone`` test keeps the gate until it has its turn, so a stream of shared tests cannot starve it.
-Outside xdist (one process) there is nobody to share with and `turn` costs two uncontended flocks.
+- a shared test takes one: three run side by side;
+- an acceptance test (live jobs judged by their shares and verdicts; the jobs mostly sleep) takes two: at most
+  one shared test runs beside it, and never another acceptance test;
+- a test marked ``alone`` (a rate measured against the truth, a CPU-bound job's bound, a deadline that includes a
+  torch import) takes them all: it runs with none beside it.
+
+The slots are lock files (`fcntl.flock`, one open file description per worker process).  A test takes the gate
+first and keeps it until it holds all the slots it needs, taking each as it frees: a test waiting for three
+slots holds those it has, so a stream of one-slot tests cannot starve it, and only the gate's holder takes
+slots, so two tests each holding part of what they need cannot wait on each other.  Outside xdist (one
+process) there is nobody to share with and the conftest takes no turn.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
 
+SLOT_POLL_S = 0.05  # how often the gate's holder looks for a freed slot (flock cannot wait on any of several)
+
 
 class Turns:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, slots: int = 3) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self._gate: IO[str] = open(directory / "gate", "a+")
-        self._turn: IO[str] = open(directory / "turn", "a+")
+        self._slots: list[IO[str]] = [open(directory / f"slot{i}", "a+") for i in range(slots)]
+        self._idle = threading.Event()  # never set: the poll's wait
+
+    @property
+    def slots(self) -> int:
+        return len(self._slots)
 
     @contextmanager
-    def turn(self, alone: bool) -> Iterator[None]:
-        fcntl.flock(self._gate, fcntl.LOCK_EX)
+    def turn(self, weight: int) -> Iterator[None]:
+        """Hold `weight` slots (1 to all of them) from when they are free until the block ends."""
+        if not 1 <= weight <= len(self._slots):
+            raise ValueError(f"a turn takes 1 to {len(self._slots)} slots, not {weight}")
+        held: list[IO[str]] = []
         try:
-            fcntl.flock(self._turn, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(self._gate, fcntl.LOCK_UN)
-        try:
+            fcntl.flock(self._gate, fcntl.LOCK_EX)
+            try:
+                while len(held) < weight:
+                    for slot in self._slots:
+                        if slot not in held and len(held) < weight and _take(slot):
+                            held.append(slot)
+                    if len(held) < weight:
+                        self._idle.wait(SLOT_POLL_S)
+            finally:
+                fcntl.flock(self._gate, fcntl.LOCK_UN)
             yield
         finally:
-            fcntl.flock(self._turn, fcntl.LOCK_UN)
+            for slot in held:
+                fcntl.flock(slot, fcntl.LOCK_UN)
 
     def close(self) -> None:
         self._gate.close()
-        self._turn.close()
+        for slot in self._slots:
+            slot.close()
+
+
+def _take(slot: IO[str]) -> bool:
+    try:
+        fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def turns_directory(run_id: str) -> Path:
