@@ -223,6 +223,18 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _hang_up_ignored(signum, frame) -> None:
+    """SIGHUP, ignored as `nohup` asked, in this process only (see below)."""
+
+
+# `nohup python -m pytest` (or `nohup .ci/run`) ignores SIGHUP, and every process the tests start would inherit
+# that: the TUI's stop-signal test then sends a SIGHUP that nothing hears, and the monitor exits only when the
+# test closes its terminal (code 1, not 129).  A Python handler that does nothing keeps this run up on a hang-up,
+# as nohup asked, while the children get SIGHUP's default, as they do when started from a terminal.
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, _hang_up_ignored)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def advice_memory_of_this_run(tmp_path_factory):
     """gputop keeps the workers it advised per job under $XDG_STATE_HOME (gputop/advice_memory.py): the tests
