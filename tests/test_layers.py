@@ -13,6 +13,7 @@ Run it as a script (`python tests/test_layers.py`) to print the circles and the 
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 from typing import Optional
@@ -104,6 +105,7 @@ def imported(module: str, node: ast.Import | ast.ImportFrom, is_package: bool, m
     return found
 
 
+@functools.lru_cache(maxsize=1)  # one parse of the package for the module's tests (each ~1.3 CPU-s alone)
 def import_graph() -> dict[str, set[str]]:
     modules = all_modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
