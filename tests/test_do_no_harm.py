@@ -307,7 +307,14 @@ def test_a_job_with_a_private_tmp_is_traced_through_its_own_root(spawn, tmp_path
     """Slurm's job_container/tmpfs and systemd's PrivateTmp give the job a /tmp of its own under the same root:
     the agent's files must be written where the job sees them (/proc/PID/root/tmp/...)."""
     outside = Path(tempfile.mkdtemp(dir="/dev/shm"))  # the test's /tmp is not the job's (nor a clone under /tmp)
-    request.addfinalizer(lambda: shutil.rmtree(outside, ignore_errors=True))
+    started = []
+
+    def remove_outside() -> None:  # the job first: removed under a live job, its next counter write raised
+        for proc in started:
+            spawn.reap(proc)
+        shutil.rmtree(outside, ignore_errors=True)
+
+    request.addfinalizer(remove_outside)
     ready = outside / "count"
     job_file = outside / "harm_job.py"
     shutil.copy(Path(__file__).resolve().parent / "jobs" / "harm_job.py", job_file)
@@ -325,6 +332,7 @@ def test_a_job_with_a_private_tmp_is_traced_through_its_own_root(spawn, tmp_path
             str(ready),
         ]
     )
+    started.append(job)
     wait_until(lambda: ready.exists() and int(ready.read_text()) > 0, timeout=120, what="the job to step")
     assert injector.inspect_target(job.pid).foreign_root
     ran = run_gputop(spawn, "trace", "--pid", str(job.pid), "--seconds", "1", "-o", str(tmp_path / "out"), "--json")
