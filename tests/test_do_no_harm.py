@@ -80,7 +80,9 @@ def test_a_stopped_job_is_refused_in_one_line_and_left_stopped(spawn, tmp_path, 
 # ------------------------------------------------------------------ threads that hold a lock the call needs
 
 LOCK_HOLDERS = Path(__file__).resolve().parent / "jobs" / "lock_holders.c"
-PARK_MS = 8000  # long enough for the refusal (the injector looks for 3 s), short enough to see the job go on
+# The park's cap: the test ends it sooner, once it has seen the refusal ($LOCK_HOLDERS_RELEASE), so a loaded box
+# that is slow to start the job cannot end the park before the injector has looked
+PARK_MS = 60000
 
 FORK_JOB = """
 import ctypes, os, sys, time
@@ -127,12 +129,15 @@ def test_a_thread_parked_inside_fork_or_dlopen_is_never_borrowed(spawn, tmp_path
     safe point; its stack says it is inside fork's at-fork handlers or ld.so's constructors, where it holds the
     locks that malloc and pthread_create take.  The injector refuses, and the job goes on when the park ends."""
     library = _build(tmp_path, where, *defines)
-    ready = tmp_path / "ready"
-    job = spawn([sys.executable, "-c", source.format(park_ms=PARK_MS), str(library), str(ready)])
+    ready, release = tmp_path / "ready", tmp_path / "release"
+    env = dict(os.environ, LOCK_HOLDERS_RELEASE=str(release))
+    job = spawn([sys.executable, "-c", source.format(park_ms=PARK_MS), str(library), str(ready)], env=env)
     wait_until(lambda: ready.exists() and _parked_in_futex(job.pid), timeout=30, what=f"the job to park inside {where}")
     with pytest.raises(safepoint.Refused) as refused:
         safepoint.inject(job.pid, "pass", find_bound=1.0)
     assert why in str(refused.value), str(refused.value)
+    assert not Path(f"{ready}.after").exists()  # still parked: the refusal was of the parked thread
+    release.touch()
     wait_until(lambda: Path(f"{ready}.after").exists(), timeout=30, what=f"the job to leave {where} and go on")
     assert job.poll() is None
 
@@ -302,7 +307,14 @@ def test_a_job_with_a_private_tmp_is_traced_through_its_own_root(spawn, tmp_path
     """Slurm's job_container/tmpfs and systemd's PrivateTmp give the job a /tmp of its own under the same root:
     the agent's files must be written where the job sees them (/proc/PID/root/tmp/...)."""
     outside = Path(tempfile.mkdtemp(dir="/dev/shm"))  # the test's /tmp is not the job's (nor a clone under /tmp)
-    request.addfinalizer(lambda: shutil.rmtree(outside, ignore_errors=True))
+    started = []
+
+    def remove_outside() -> None:  # the job first: removed under a live job, its next counter write raised
+        for proc in started:
+            spawn.reap(proc)
+        shutil.rmtree(outside, ignore_errors=True)
+
+    request.addfinalizer(remove_outside)
     ready = outside / "count"
     job_file = outside / "harm_job.py"
     shutil.copy(Path(__file__).resolve().parent / "jobs" / "harm_job.py", job_file)
@@ -320,6 +332,7 @@ def test_a_job_with_a_private_tmp_is_traced_through_its_own_root(spawn, tmp_path
             str(ready),
         ]
     )
+    started.append(job)
     wait_until(lambda: ready.exists() and int(ready.read_text()) > 0, timeout=120, what="the job to step")
     assert injector.inspect_target(job.pid).foreign_root
     ran = run_gputop(spawn, "trace", "--pid", str(job.pid), "--seconds", "1", "-o", str(tmp_path / "out"), "--json")

@@ -38,7 +38,7 @@ from gputop.errors import GputopError
 from gputop.recording import ReplaySource, read_recording
 from tests.harness import train_jobs
 from tests.harness.box_load import BoxLoad
-from tests.harness.processes import Ran, wait_until
+from tests.harness.processes import Ran, Spawner, wait_until
 from tests.harness.processes import run_gputop as gputop
 
 REPO = Path(__file__).resolve().parent.parent
@@ -108,6 +108,24 @@ def start_job(
         timeout=90,
     )
     return Job(proc, steps, tmp_path / f"{name}.log")
+
+
+@pytest.fixture(scope="module")
+def module_spawn():
+    """`spawn` for the jobs a module's tests share: every process is killed and reaped when the module ends."""
+    spawner = Spawner()
+    try:
+        yield spawner
+    finally:
+        spawner.reap_all()
+
+
+@pytest.fixture(scope="module")
+def target_job(module_spawn, tmp_path_factory) -> Job:
+    """A root drill job with 1 worker, shared by the drills that only read it or are refused before they touch it
+    (one torch start instead of eight).  Each still ends with `assert_trains`: a drill that harmed it fails there,
+    and so would every later one."""
+    return start_job(module_spawn, tmp_path_factory.mktemp("target"), "--workers", "1")
 
 
 def start_gputop(spawn, *args: str, env: Optional[dict] = None) -> subprocess.Popen:
@@ -432,259 +450,6 @@ def test_dataloader_worker_dies_while_recording(spawn, tmp_path, job_survives):
     assert rec.returncode == 0 and b"Traceback" not in err, err
 
 
-# ----------------------------------------------------------------------------- GPUs and NVML
-
-
-def test_gpu_lost_mid_run_pipeline_keeps_polling_and_diagnosis_names_it():
-    from gputop.analysis.diagnosis import diagnose
-    from gputop.backend import SimulatedMachine
-    from gputop.history import History
-    from gputop.pipeline import Pipeline
-    from gputop.sim.fake_nvml import ManualClock
-
-    clock = ManualClock()
-    with Pipeline(SimulatedMachine("h100-sxm-8+gpu-lost=3@5", clock=clock)) as pipeline:
-        history = History(pipeline.machine)
-        for _ in range(4):
-            clock.advance(1.0)
-            snap = pipeline.poll()
-            history.append(snap)
-            assert not any(g.lost for g in snap.gpus)
-        for _ in range(5):
-            clock.advance(1.0)
-            snap = pipeline.poll()
-            history.append(snap)
-        gpu3 = snap.gpus[3]
-        assert gpu3.lost and gpu3.unavailable.get("gpu") == "GpuIsLost" and gpu3.utilization_gpu is None
-        others = [g for g in snap.gpus if g.index != 3]
-        assert len(others) == 7 and all(not g.lost and g.utilization_gpu is not None for g in others)
-    lost = [f for f in diagnose(history, window=None) if f.id == "gpu_lost"]
-    assert lost and lost[0].gpus == (3,) and "infrastructure" in lost[0].label.lower()
-
-
-@pytest.mark.slow
-def test_gpu_lost_mid_run_report_command(spawn, tmp_path):
-    out = tmp_path / "lost.json"
-    ran = gputop(
-        spawn,
-        "report",
-        "--simulate",
-        "h100-sxm-8+gpu-lost=3@1",
-        "--seconds",
-        "3",
-        "--interval",
-        "0.5",
-        "--format",
-        "json",
-        "-o",
-        str(out),
-    )
-    assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
-    report = json.loads(out.read_text())
-    assert [f["gpus"] for f in report["findings"] if f["id"] == "gpu_lost"] == [[3]]
-
-
-class _NvmlError:
-    NO_PERMISSION = 4
-    DRIVER_NOT_LOADED = 9
-
-
-def _library_failing_init(code: int):
-    """The simulated library, except that NVML's init returns `code` (as a broken driver install does)."""
-    from gputop.sim.fake_nvml import FakeNvmlLibrary
-
-    class FailingInit(FakeNvmlLibrary):
-        def _bind_symbols(self):
-            symbols = super()._bind_symbols()
-
-            def nvmlInitWithFlags(flags):
-                return code
-
-            def nvmlInit_v2():
-                return code
-
-            symbols.update(nvmlInitWithFlags=nvmlInitWithFlags, nvmlInit_v2=nvmlInit_v2)
-            return symbols
-
-    return FailingInit
-
-
-def test_nvml_init_fails_collector_raises_one_line():
-    from gputop.collect.gpu import GpuCollector, GpuUnavailableError, NoDriverError
-    from gputop.sim.spec import parse_spec
-    from gputop.sim.synthetic import SyntheticLoad
-
-    spec = parse_spec("h100-sxm-8")
-    load = SyntheticLoad(8, spec.profile.gpu.memory_total)
-    with pytest.raises(GpuUnavailableError) as failed:
-        GpuCollector(library=_library_failing_init(_NvmlError.NO_PERMISSION)(spec, load))
-    assert str(failed.value) == "NVML failed to start (NoPermission: Insufficient Permissions)"
-    with pytest.raises(NoDriverError) as failed:
-        GpuCollector(library=_library_failing_init(_NvmlError.DRIVER_NOT_LOADED)(spec, load))
-    assert str(failed.value) == "no NVIDIA driver found (the NVIDIA kernel driver is not loaded)"
-
-
-@pytest.mark.slow
-def test_nvml_init_fails_pipeline_still_samples_host_and_job(spawn, tmp_path, monkeypatch):
-    import gputop.sim.fake_nvml as fake_nvml
-    from gputop.backend import SimulatedMachine
-    from gputop.pipeline import Following, Pipeline
-
-    job = start_job(spawn, tmp_path, "--workers", "1")
-    monkeypatch.setattr(fake_nvml, "FakeNvmlLibrary", _library_failing_init(_NvmlError.NO_PERMISSION))
-    with Pipeline(SimulatedMachine("h100-sxm-8"), follow=Following(pid=job.pid)) as pipeline:
-        assert pipeline.machine.gpu_error == "NVML failed to start (NoPermission: Insufficient Permissions)"
-        snap = pipeline.poll()
-        assert snap.gpus == () and snap.host.cpu_percent and snap.job.ranks[0].proc.pid == job.pid
-    job.assert_trains()
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(has_nvidia_driver(), reason="this machine has an NVIDIA driver: the no-driver path cannot run")
-def test_no_driver_snapshot_and_record_work_without_gpus(spawn, tmp_path):
-    ran = gputop(spawn, "snapshot", "--json")
-    assert ran.rc == 0 and ran.err == "no NVIDIA driver found (libnvidia-ml.so.1 is not loadable)\n", ran.err
-    data = json.loads(ran.out)
-    assert data["gpus"] == [] and data["machine"]["gpu_error"].startswith("no NVIDIA driver found")
-    assert data["host"]["cpu_percent"]
-    table = gputop(spawn, "snapshot")
-    assert table.rc == 0 and table.err == "" and "no NVIDIA driver found" in table.out
-    rec = tmp_path / "nodriver.gputop"
-    ran = gputop(spawn, "record", "-o", str(rec), "--seconds", "1", "--interval", "0.5")
-    assert ran.rc == 0 and len(snapshots(rec)) >= 2, ran.err
-
-
-# ----------------------------------------------------------------------------- py-spy hangs or dies
-
-
-@pytest.mark.slow
-def test_py_spy_hangs_collect_stays_fast_and_hung_py_spy_is_killed(spawn, tmp_path, monkeypatch):
-    job = start_job(spawn, tmp_path, "--workers", "2")
-    fake = install_fake_py_spy(tmp_path / "fakebin", "hang")
-    started_log = tmp_path / "py-spy-pids"
-    monkeypatch.setenv("FAKE_PY_SPY_LOG", str(started_log))
-    dump = functools.partial(stacks_mod.dump_stacks, py_spy=str(fake), timeout=1.0)
-    collector = JobCollector(job.pid, stack_interval=0.2, dump=dump)
-    try:
-        worst = 0.0
-        deadline = time.monotonic() + 30
-        while True:
-            t0 = time.monotonic()
-            tree = collector.collect()
-            worst = max(worst, time.monotonic() - t0)
-            stacks = tree.stacks.get(job.pid)
-            if stacks is not None and stacks.error:
-                break
-            assert time.monotonic() < deadline, "no timeout reported for the hung py-spy"
-            time.sleep(0.05)  # the collect() cadence under test (the app polls; this is not synchronisation)
-        assert stacks.error == f"py-spy took longer than 1s on PID {job.pid}; will retry"
-        assert worst < 0.5, f"collect() took {worst:.2f} s while py-spy hung"
-        assert len(tree.ranks[0].workers) == 2  # the /proc side keeps working
-    finally:
-        t0 = time.monotonic()
-        collector.close()
-        assert time.monotonic() - t0 < 2.5
-    hung = [int(p) for p in started_log.read_text().split()]
-    assert hung
-    wait_until(lambda: all_dead(hung), timeout=10, what="every hung py-spy to be killed at its timeout")
-    job.assert_trains()
-
-
-@pytest.mark.alone  # bounded time from the hang
-@pytest.mark.slow
-def test_py_spy_hangs_record_and_snapshot_commands_end_in_bounded_time(spawn, tmp_path):
-    job = start_job(spawn, tmp_path, "--workers", "1")
-    bindir = tmp_path / "venv" / "bin"
-    install_fake_py_spy(bindir, "hang")
-    python = interpreter_beside(bindir)  # so gputop finds the fake first, next to its interpreter
-    log = tmp_path / "py-spy-pids"
-    env = dict(os.environ, FAKE_PY_SPY_LOG=str(log))
-    rec = tmp_path / "hung.gputop"
-    box, t0 = BoxLoad(), time.monotonic()
-    ran = gputop(
-        spawn,
-        "record",
-        "--pid",
-        str(job.pid),
-        "-o",
-        str(rec),
-        "--seconds",
-        "5",
-        "--interval",
-        "0.5",
-        python=python,
-        env=env,
-        timeout=60,
-    )
-    took = time.monotonic() - t0
-    assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
-    assert took < 5 + 8, f"record --seconds 5 took {took:.1f} s with a hung py-spy; {box.since()}"
-    assert recorded_stacks(rec, job.pid).error == f"py-spy took longer than 3s on PID {job.pid}; will retry"
-    assert len(snapshots(rec)) >= 8, "the 0.5 s snapshots kept coming while py-spy hung"
-    hung = [int(p) for p in log.read_text().split()]
-    # gputop has exited: a py-spy it was still waiting on must not stay behind
-    wait_until(lambda: all_dead(hung), timeout=10, what="the hung py-spy processes to be gone after gputop exited")
-
-    box, t0 = BoxLoad(), time.monotonic()
-    ran = gputop(spawn, "snapshot", "--pid", str(job.pid), "--json", python=python, env=env, timeout=60)
-    took = time.monotonic() - t0
-    assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
-    assert took < 12, f"snapshot took {took:.1f} s with a hung py-spy; {box.since()}"
-    hung = [int(p) for p in log.read_text().split()]
-    wait_until(lambda: all_dead(hung), timeout=10, what="the hung py-spy processes to be gone")
-    job.assert_trains()
-    stacks = snapshot_stacks(json.loads(ran.out), job.pid)
-    assert stacks["error"] == f"py-spy took longer than 3s on PID {job.pid}; will retry"
-
-
-@pytest.mark.slow
-def test_py_spy_killed_gives_one_line_error(spawn, tmp_path):
-    job = start_job(spawn, tmp_path, "--workers", "0")
-    fake = install_fake_py_spy(tmp_path / "fakebin", "killed")
-    t0 = time.monotonic()
-    result = stacks_mod.dump_stacks([job.pid], py_spy=str(fake), timeout=3.0)[job.pid]
-    assert time.monotonic() - t0 < 3.5
-    assert result.threads == () and result.error and "\n" not in result.error
-    assert result.error.startswith("py-spy"), result.error
-    job.assert_trains()
-    assert result.error == "py-spy was killed by signal 9 (SIGKILL)", result.error
-
-
-@pytest.mark.slow
-def test_py_spy_hangs_tui_keeps_drawing_and_answering_keys(spawn, tmp_path):
-    from gputop.backend import SimulatedMachine
-    from gputop.pipeline import Following, Pipeline
-    from gputop.tui.app import GputopApp
-    from gputop.tui.screens import HelpScreen
-    from tests.harness.tui import wait_for
-
-    job = start_job(spawn, tmp_path, "--workers", "1")
-    fake = install_fake_py_spy(tmp_path / "fakebin", "hang")
-    dump = functools.partial(stacks_mod.dump_stacks, py_spy=str(fake), timeout=30.0)  # hangs for the whole test
-    collector = JobCollector(job.pid, stack_interval=0.2, dump=dump)
-    pipeline = Pipeline(SimulatedMachine("h100-sxm-8"), follow=Following(attached=collector))
-    app = GputopApp(pipeline, interval=0.1)
-
-    async def drill() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.monitor.snapshots_seen >= 3, "snapshots while py-spy hangs")
-            seen = app.monitor.snapshots_seen
-            await pilot.press("question_mark")
-            await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
-            await pilot.press("escape")
-            await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen), "help to close")
-            await wait_for(pilot, lambda: app.monitor.snapshots_seen > seen + 2, "more snapshots")
-            t0 = time.monotonic()
-            await pilot.press("q")
-        assert time.monotonic() - t0 < 5
-
-    try:
-        asyncio.run(drill())
-    finally:
-        pipeline.close()
-    job.assert_trains()
-
-
 # ----------------------------------------------------------------------------- disk full / unwritable
 
 
@@ -814,57 +579,256 @@ def test_tui_resized_to_20x5_and_back(tmp_path):
         pipeline.close()
 
 
-# ----------------------------------------------------------------------------- locale and non-ASCII
+# ----------------------------------------------------------------------------- GPUs and NVML
 
 
-THREAD_NAME = "загрузчик"
+def test_gpu_lost_mid_run_pipeline_keeps_polling_and_diagnosis_names_it():
+    from gputop.analysis.diagnosis import diagnose
+    from gputop.backend import SimulatedMachine
+    from gputop.history import History
+    from gputop.pipeline import Pipeline
+    from gputop.sim.fake_nvml import ManualClock
 
-
-def c_locale_env(strict_ascii: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONIOENCODING", "PYTHONUTF8") and not k.startswith("LC_")}
-    env.update(LANG="C", LC_ALL="C")
-    if strict_ascii:  # no PEP 538 coercion to C.UTF-8, no UTF-8 mode: stdout really is ASCII
-        env.update(PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
-    return env
-
-
-@pytest.fixture
-def non_ascii_job(spawn, tmp_path):
-    home = tmp_path / "данные обучения"
-    home.mkdir()
-    script = home / "обучение.py"
-    shutil.copyfile(train_jobs.JOB, script)
-    return start_job(spawn, tmp_path, "--workers", "1", "--idle-thread", THREAD_NAME, script=script, state_dir=home)
+    clock = ManualClock()
+    with Pipeline(SimulatedMachine("h100-sxm-8+gpu-lost=3@5", clock=clock)) as pipeline:
+        history = History(pipeline.machine)
+        for _ in range(4):
+            clock.advance(1.0)
+            snap = pipeline.poll()
+            history.append(snap)
+            assert not any(g.lost for g in snap.gpus)
+        for _ in range(5):
+            clock.advance(1.0)
+            snap = pipeline.poll()
+            history.append(snap)
+        gpu3 = snap.gpus[3]
+        assert gpu3.lost and gpu3.unavailable.get("gpu") == "GpuIsLost" and gpu3.utilization_gpu is None
+        others = [g for g in snap.gpus if g.index != 3]
+        assert len(others) == 7 and all(not g.lost and g.utilization_gpu is not None for g in others)
+    lost = [f for f in diagnose(history, window=None) if f.id == "gpu_lost"]
+    assert lost and lost[0].gpus == (3,) and "infrastructure" in lost[0].label.lower()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strict_ascii", [False, True], ids=["LANG=C", "LANG=C-no-coercion"])
-def test_non_utf8_locale_non_ascii_paths_and_thread_names(spawn, tmp_path, non_ascii_job, strict_ascii):
-    job = non_ascii_job
-    env = c_locale_env(strict_ascii)
-    rec = tmp_path / "запись.gputop"
-    ran = gputop(spawn, "record", "--pid", str(job.pid), "-o", str(rec), "--seconds", "3", "--interval", "0.5", env=env)
+def test_gpu_lost_mid_run_report_command(spawn, tmp_path):
+    out = tmp_path / "lost.json"
+    ran = gputop(
+        spawn,
+        "report",
+        "--simulate",
+        "h100-sxm-8+gpu-lost=3@1",
+        "--seconds",
+        "3",
+        "--interval",
+        "0.5",
+        "--format",
+        "json",
+        "-o",
+        str(out),
+    )
     assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
-    stacks = recorded_stacks(rec, job.pid)
-    assert stacks.error is None and THREAD_NAME in [t.thread_name for t in stacks.threads]
-    assert any("данные обучения/обучение.py" in f.filename for t in stacks.threads for f in t.frames)
+    report = json.loads(out.read_text())
+    assert [f["gpus"] for f in report["findings"] if f["id"] == "gpu_lost"] == [[3]]
 
-    table = gputop(spawn, "snapshot", "--pid", str(job.pid), env=env)
-    assert table.rc == 0 and "Traceback" not in table.err and f"job {job.pid}" in table.out, table.err
 
-    ran = gputop(spawn, "snapshot", "--pid", str(job.pid), "--json", env=env)
-    assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
+class _NvmlError:
+    NO_PERMISSION = 4
+    DRIVER_NOT_LOADED = 9
+
+
+def _library_failing_init(code: int):
+    """The simulated library, except that NVML's init returns `code` (as a broken driver install does)."""
+    from gputop.sim.fake_nvml import FakeNvmlLibrary
+
+    class FailingInit(FakeNvmlLibrary):
+        def _bind_symbols(self):
+            symbols = super()._bind_symbols()
+
+            def nvmlInitWithFlags(flags):
+                return code
+
+            def nvmlInit_v2():
+                return code
+
+            symbols.update(nvmlInitWithFlags=nvmlInitWithFlags, nvmlInit_v2=nvmlInit_v2)
+            return symbols
+
+    return FailingInit
+
+
+def test_nvml_init_fails_collector_raises_one_line():
+    from gputop.collect.gpu import GpuCollector, GpuUnavailableError, NoDriverError
+    from gputop.sim.spec import parse_spec
+    from gputop.sim.synthetic import SyntheticLoad
+
+    spec = parse_spec("h100-sxm-8")
+    load = SyntheticLoad(8, spec.profile.gpu.memory_total)
+    with pytest.raises(GpuUnavailableError) as failed:
+        GpuCollector(library=_library_failing_init(_NvmlError.NO_PERMISSION)(spec, load))
+    assert str(failed.value) == "NVML failed to start (NoPermission: Insufficient Permissions)"
+    with pytest.raises(NoDriverError) as failed:
+        GpuCollector(library=_library_failing_init(_NvmlError.DRIVER_NOT_LOADED)(spec, load))
+    assert str(failed.value) == "no NVIDIA driver found (the NVIDIA kernel driver is not loaded)"
+
+
+@pytest.mark.slow
+def test_nvml_init_fails_pipeline_still_samples_host_and_job(target_job, monkeypatch):
+    import gputop.sim.fake_nvml as fake_nvml
+    from gputop.backend import SimulatedMachine
+    from gputop.pipeline import Following, Pipeline
+
+    job = target_job
+    monkeypatch.setattr(fake_nvml, "FakeNvmlLibrary", _library_failing_init(_NvmlError.NO_PERMISSION))
+    with Pipeline(SimulatedMachine("h100-sxm-8"), follow=Following(pid=job.pid)) as pipeline:
+        assert pipeline.machine.gpu_error == "NVML failed to start (NoPermission: Insufficient Permissions)"
+        snap = pipeline.poll()
+        assert snap.gpus == () and snap.host.cpu_percent and snap.job.ranks[0].proc.pid == job.pid
+    job.assert_trains()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(has_nvidia_driver(), reason="this machine has an NVIDIA driver: the no-driver path cannot run")
+def test_no_driver_snapshot_and_record_work_without_gpus(spawn, tmp_path):
+    ran = gputop(spawn, "snapshot", "--json")
+    assert ran.rc == 0 and ran.err == "no NVIDIA driver found (libnvidia-ml.so.1 is not loadable)\n", ran.err
     data = json.loads(ran.out)
-    cmdline = " ".join(data["job"]["ranks"][0]["proc"]["cmdline"])
-    assert "данные обучения/обучение.py" in cmdline, cmdline
-    threads = snapshot_stacks(data, job.pid)["threads"]
-    assert THREAD_NAME in [t["thread_name"] for t in threads]
+    assert data["gpus"] == [] and data["machine"]["gpu_error"].startswith("no NVIDIA driver found")
+    assert data["host"]["cpu_percent"]
+    table = gputop(spawn, "snapshot")
+    assert table.rc == 0 and table.err == "" and "no NVIDIA driver found" in table.out
+    rec = tmp_path / "nodriver.gputop"
+    ran = gputop(spawn, "record", "-o", str(rec), "--seconds", "1", "--interval", "0.5")
+    assert ran.rc == 0 and len(snapshots(rec)) >= 2, ran.err
 
-    report = gputop(spawn, "report", "--pid", str(job.pid), "--seconds", "2", "--interval", "0.5", env=env)
-    assert "Traceback" not in report.err, report.err
-    # the report is UTF-8 whatever the locale ('·', sparklines), with the job's non-ASCII path as typed
-    assert report.rc == 0 and report.out.startswith("#") and f"{job.pid}" in report.out, report.err
-    assert "·" in report.out and "данные обучения/обучение.py" in report.out, report.out[-3000:]
+
+# ----------------------------------------------------------------------------- py-spy hangs or dies
+
+
+@pytest.mark.slow
+def test_py_spy_hangs_collect_stays_fast_and_hung_py_spy_is_killed(spawn, tmp_path, monkeypatch):
+    job = start_job(spawn, tmp_path, "--workers", "2")
+    fake = install_fake_py_spy(tmp_path / "fakebin", "hang")
+    started_log = tmp_path / "py-spy-pids"
+    monkeypatch.setenv("FAKE_PY_SPY_LOG", str(started_log))
+    dump = functools.partial(stacks_mod.dump_stacks, py_spy=str(fake), timeout=1.0)
+    collector = JobCollector(job.pid, stack_interval=0.2, dump=dump)
+    try:
+        worst = 0.0
+        deadline = time.monotonic() + 30
+        while True:
+            t0 = time.monotonic()
+            tree = collector.collect()
+            worst = max(worst, time.monotonic() - t0)
+            stacks = tree.stacks.get(job.pid)
+            if stacks is not None and stacks.error:
+                break
+            assert time.monotonic() < deadline, "no timeout reported for the hung py-spy"
+            time.sleep(0.05)  # the collect() cadence under test (the app polls; this is not synchronisation)
+        assert stacks.error == f"py-spy took longer than 1s on PID {job.pid}; will retry"
+        assert worst < 0.5, f"collect() took {worst:.2f} s while py-spy hung"
+        assert len(tree.ranks[0].workers) == 2  # the /proc side keeps working
+    finally:
+        t0 = time.monotonic()
+        collector.close()
+        assert time.monotonic() - t0 < 2.5
+    hung = [int(p) for p in started_log.read_text().split()]
+    assert hung
+    wait_until(lambda: all_dead(hung), timeout=10, what="every hung py-spy to be killed at its timeout")
+    job.assert_trains()
+
+
+@pytest.mark.alone  # bounded time from the hang
+@pytest.mark.slow
+def test_py_spy_hangs_record_and_snapshot_commands_end_in_bounded_time(spawn, tmp_path, target_job):
+    job = target_job
+    bindir = tmp_path / "venv" / "bin"
+    install_fake_py_spy(bindir, "hang")
+    python = interpreter_beside(bindir)  # so gputop finds the fake first, next to its interpreter
+    log = tmp_path / "py-spy-pids"
+    env = dict(os.environ, FAKE_PY_SPY_LOG=str(log))
+    rec = tmp_path / "hung.gputop"
+    box, t0 = BoxLoad(), time.monotonic()
+    ran = gputop(
+        spawn,
+        "record",
+        "--pid",
+        str(job.pid),
+        "-o",
+        str(rec),
+        "--seconds",
+        "5",
+        "--interval",
+        "0.5",
+        python=python,
+        env=env,
+        timeout=60,
+    )
+    took = time.monotonic() - t0
+    assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
+    assert took < 5 + 8, f"record --seconds 5 took {took:.1f} s with a hung py-spy; {box.since()}"
+    assert recorded_stacks(rec, job.pid).error == f"py-spy took longer than 3s on PID {job.pid}; will retry"
+    assert len(snapshots(rec)) >= 8, "the 0.5 s snapshots kept coming while py-spy hung"
+    hung = [int(p) for p in log.read_text().split()]
+    # gputop has exited: a py-spy it was still waiting on must not stay behind
+    wait_until(lambda: all_dead(hung), timeout=10, what="the hung py-spy processes to be gone after gputop exited")
+
+    box, t0 = BoxLoad(), time.monotonic()
+    ran = gputop(spawn, "snapshot", "--pid", str(job.pid), "--json", python=python, env=env, timeout=60)
+    took = time.monotonic() - t0
+    assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
+    assert took < 12, f"snapshot took {took:.1f} s with a hung py-spy; {box.since()}"
+    hung = [int(p) for p in log.read_text().split()]
+    wait_until(lambda: all_dead(hung), timeout=10, what="the hung py-spy processes to be gone")
+    job.assert_trains()
+    stacks = snapshot_stacks(json.loads(ran.out), job.pid)
+    assert stacks["error"] == f"py-spy took longer than 3s on PID {job.pid}; will retry"
+
+
+@pytest.mark.slow
+def test_py_spy_killed_gives_one_line_error(tmp_path, target_job):
+    job = target_job  # the fake py-spy only needs a live PID to be asked about
+    fake = install_fake_py_spy(tmp_path / "fakebin", "killed")
+    t0 = time.monotonic()
+    result = stacks_mod.dump_stacks([job.pid], py_spy=str(fake), timeout=3.0)[job.pid]
+    assert time.monotonic() - t0 < 3.5
+    assert result.threads == () and result.error and "\n" not in result.error
+    assert result.error.startswith("py-spy"), result.error
+    job.assert_trains()
+    assert result.error == "py-spy was killed by signal 9 (SIGKILL)", result.error
+
+
+@pytest.mark.slow
+def test_py_spy_hangs_tui_keeps_drawing_and_answering_keys(tmp_path, target_job):
+    from gputop.backend import SimulatedMachine
+    from gputop.pipeline import Following, Pipeline
+    from gputop.tui.app import GputopApp
+    from gputop.tui.screens import HelpScreen
+    from tests.harness.tui import wait_for
+
+    job = target_job
+    fake = install_fake_py_spy(tmp_path / "fakebin", "hang")
+    dump = functools.partial(stacks_mod.dump_stacks, py_spy=str(fake), timeout=30.0)  # hangs for the whole test
+    collector = JobCollector(job.pid, stack_interval=0.2, dump=dump)
+    pipeline = Pipeline(SimulatedMachine("h100-sxm-8"), follow=Following(attached=collector))
+    app = GputopApp(pipeline, interval=0.1)
+
+    async def drill() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.monitor.snapshots_seen >= 3, "snapshots while py-spy hangs")
+            seen = app.monitor.snapshots_seen
+            await pilot.press("question_mark")
+            await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen), "help to close")
+            await wait_for(pilot, lambda: app.monitor.snapshots_seen > seen + 2, "more snapshots")
+            t0 = time.monotonic()
+            await pilot.press("q")
+        assert time.monotonic() - t0 < 5
+
+    try:
+        asyncio.run(drill())
+    finally:
+        pipeline.close()
     job.assert_trains()
 
 
@@ -914,8 +878,8 @@ def test_root_gputop_reads_another_users_job(spawn, tmp_path, world_dir):
 
 @pytest.mark.slow
 @needs_root
-def test_gputop_as_another_user_is_refused_with_the_reason(spawn, tmp_path, world_dir):
-    job = start_job(spawn, tmp_path, "--workers", "1")  # a root job
+def test_gputop_as_another_user_is_refused_with_the_reason(spawn, world_dir, target_job):
+    job = target_job  # a root job
     bindir = world_dir / "bin"
     py_spy_for_everyone(bindir)
     python = interpreter_beside(bindir)  # gputop "installed" where nobody can read it: py-spy is found beside it
@@ -959,10 +923,10 @@ def test_gputop_as_another_user_is_refused_with_the_reason(spawn, tmp_path, worl
 @pytest.mark.slow
 @needs_root
 @pytest.mark.parametrize("plant", ["directory", "file", "open-mode"])
-def test_results_directory_owned_by_someone_else_is_refused(spawn, tmp_path, plant):
+def test_results_directory_owned_by_someone_else_is_refused(tmp_path, plant, target_job):
     from gputop.bench import run_benchmark
 
-    job = start_job(spawn, tmp_path, "--workers", "1")
+    job = target_job
     base = tmp_path / "gputop-bench-0"
     base.mkdir(mode=0o700)
     nobody = pwd.getpwnam(NOBODY)
@@ -989,4 +953,60 @@ def test_results_directory_owned_by_someone_else_is_refused(spawn, tmp_path, pla
     assert str(refused.value) == expected
     assert time.monotonic() - t0 < 5, "refused before sampling or injecting anything"
     assert sorted(p.name for p in base.iterdir()) == (["run-planted"] if plant == "file" else [])
+    job.assert_trains()
+
+
+# ----------------------------------------------------------------------------- locale and non-ASCII
+
+
+THREAD_NAME = "загрузчик"
+
+
+def c_locale_env(strict_ascii: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONIOENCODING", "PYTHONUTF8") and not k.startswith("LC_")}
+    env.update(LANG="C", LC_ALL="C")
+    if strict_ascii:  # no PEP 538 coercion to C.UTF-8, no UTF-8 mode: stdout really is ASCII
+        env.update(PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
+    return env
+
+
+@pytest.fixture(scope="module")
+def non_ascii_job(module_spawn, tmp_path_factory):
+    """Shared by both locales (one torch start, not two); each test ends with `assert_trains`."""
+    directory = tmp_path_factory.mktemp("non-ascii")
+    home = directory / "данные обучения"
+    home.mkdir()
+    script = home / "обучение.py"
+    shutil.copyfile(train_jobs.JOB, script)
+    return start_job(module_spawn, directory, "--workers", "1", "--idle-thread", THREAD_NAME, script=script, state_dir=home)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strict_ascii", [False, True], ids=["LANG=C", "LANG=C-no-coercion"])
+def test_non_utf8_locale_non_ascii_paths_and_thread_names(spawn, tmp_path, non_ascii_job, strict_ascii):
+    job = non_ascii_job
+    env = c_locale_env(strict_ascii)
+    rec = tmp_path / "запись.gputop"
+    ran = gputop(spawn, "record", "--pid", str(job.pid), "-o", str(rec), "--seconds", "3", "--interval", "0.5", env=env)
+    assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
+    stacks = recorded_stacks(rec, job.pid)
+    assert stacks.error is None and THREAD_NAME in [t.thread_name for t in stacks.threads]
+    assert any("данные обучения/обучение.py" in f.filename for t in stacks.threads for f in t.frames)
+
+    table = gputop(spawn, "snapshot", "--pid", str(job.pid), env=env)
+    assert table.rc == 0 and "Traceback" not in table.err and f"job {job.pid}" in table.out, table.err
+
+    ran = gputop(spawn, "snapshot", "--pid", str(job.pid), "--json", env=env)
+    assert ran.rc == 0 and "Traceback" not in ran.err, ran.err
+    data = json.loads(ran.out)
+    cmdline = " ".join(data["job"]["ranks"][0]["proc"]["cmdline"])
+    assert "данные обучения/обучение.py" in cmdline, cmdline
+    threads = snapshot_stacks(data, job.pid)["threads"]
+    assert THREAD_NAME in [t["thread_name"] for t in threads]
+
+    report = gputop(spawn, "report", "--pid", str(job.pid), "--seconds", "2", "--interval", "0.5", env=env)
+    assert "Traceback" not in report.err, report.err
+    # the report is UTF-8 whatever the locale ('·', sparklines), with the job's non-ASCII path as typed
+    assert report.rc == 0 and report.out.startswith("#") and f"{job.pid}" in report.out, report.err
+    assert "·" in report.out and "данные обучения/обучение.py" in report.out, report.out[-3000:]
     job.assert_trains()

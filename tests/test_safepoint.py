@@ -4,6 +4,7 @@ job whose main thread lives in the allocator), and a helper killed at any moment
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import json
 import os
@@ -268,12 +269,6 @@ def test_killing_the_helper_at_any_phase_leaves_the_target_running(spawn, tmp_pa
     assert _moves(read)
 
 
-def _allocating_job(spawn, tmp_path, name: str, *options: str, ranks: int = 1):
-    prefix = tmp_path / f"{name}.steps"
-    proc, records = train_jobs.start(spawn, tmp_path, name, *options, "--step-log", str(prefix), ranks=ranks, torchrun=ranks > 1)
-    return {pid: size_counter(Path(f"{prefix}.{r['rank']}")) for pid, r in records.items()}
-
-
 @pytest.mark.acceptance  # a soak
 @pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane
 def test_100_injections_into_a_torch_job_living_in_the_allocator(spawn, tmp_path):
@@ -287,48 +282,62 @@ def test_100_injections_into_a_torch_job_living_in_the_allocator(spawn, tmp_path
     assert tally.slowest_s < safepoint.FIND_BOUND_S + safepoint.CALL_BOUND_S
 
 
-@pytest.mark.acceptance  # the injection soak
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_1000_injections_and_200_into_each_kind_of_job_harm_none(spawn, tmp_path):
-    """The issue's bar: 1,000 into its allocating job (a DataLoader with num_workers=0), all into one process,
-    and 200 each into a job with 2 workers and a 2-rank torchrun job; and 50 each into a
-    Lightning Trainer and an HF Trainer (2 persistent workers each), as users run them."""
-    jobs = [
-        ("alloc", None, 1, 1000),  # issue 26's own job (tests/jobs/harm_job.py), all into one process
-        ("workers2", ("--workers", "2", "--batch-size", "64"), 1, 200),
-        ("torchrun2", ALLOCATING, 2, 100),  # 100 into each rank
-        ("lightning", "lightning", 1, 50),
-        ("hf", "hf", 1, 50),
-    ]
+def _start_soak_job(spawn, tmp_path: Path, name: str, options, ranks: int):
+    """One job of the soak, once it steps: (its process, {pid: its step counter} of each rank)."""
+    if options is None:
+        pid, progress = start_allocating_job(spawn, tmp_path, name)
+        return next(p for p in spawn.procs if p.pid == pid), {pid: progress}
+    if isinstance(options, str):  # a framework's own loop: it counts steps, it logs no losses
+        proc, records = train_jobs.start(
+            spawn,
+            tmp_path,
+            name,
+            *("--framework", options, "--workers", "2", "--persistent", "--sample-ms", "2"),
+            *("--progress", str(tmp_path / f"{name}.count")),
+        )
+        return proc, {pid: step_counter(tmp_path / f"{name}.count") for pid in records}
+    prefix = tmp_path / f"{name}.steps"
+    proc, records = train_jobs.start(spawn, tmp_path, name, *options, "--step-log", str(prefix), ranks=ranks, torchrun=ranks > 1)
+    return proc, {pid: size_counter(Path(f"{prefix}.{r['rank']}")) for pid, r in records.items()}
+
+
+def _soak(spawn, tmp_path: Path, jobs) -> None:
+    """Each job in turn: started, hammered, its lines counted, and stopped (so it burns no CPU beside the next)."""
     for name, options, ranks, each in jobs:
-        if options is None:
-            started = dict([start_allocating_job(spawn, tmp_path, name)])
-        elif isinstance(options, str):  # a framework's own loop: it counts steps, it logs no losses
-            _proc, records = train_jobs.start(
-                spawn,
-                tmp_path,
-                name,
-                "--framework",
-                options,
-                "--workers",
-                "2",
-                "--persistent",
-                "--sample-ms",
-                "2",
-                "--progress",
-                str(tmp_path / f"{name}.count"),
-            )
-            started = {pid: step_counter(tmp_path / f"{name}.count") for pid in records}
-        else:
-            started = _allocating_job(spawn, tmp_path, name, *options, ranks=ranks)
+        proc, started = _start_soak_job(spawn, tmp_path, name, options, ranks)
         for pid, progress in started.items():
             tally = hammer(pid, each, progress, tmp_path / name)
             assert not tally.harmed, (name, tally)
             assert tally.ran + sum(tally.refused.values()) == each, (name, tally)
             assert tally.failed_calls == 0, (name, tally)
             assert tally.slowest_s < safepoint.FIND_BOUND_S + safepoint.CALL_BOUND_S, (name, tally)
+            print(f"{name} PID {pid}: {tally.ran} of {each} ran, the slowest injection {tally.slowest_s:.3f} s")
         wait_until(lambda: markers(tmp_path / name) >= 0.9 * each * ranks, timeout=30, what=f"{name}'s lines to run")
+        assert proc.poll() is None, f"{name} exited"
+        spawn.reap(proc)
+
+
+@pytest.mark.acceptance  # the injection soak
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_1000_injections_and_200_into_each_kind_of_job_harm_none(spawn, tmp_path):
+    """The issue's bar: 1,000 into its allocating job (a DataLoader with num_workers=0), all into one process,
+    and 200 each into a job with 2 workers and a 2-rank torchrun job; and 50 each into a
+    Lightning Trainer and an HF Trainer (2 persistent workers each), as users run them.  Two lanes side by side,
+    the allocating job's 1,000 beside the other four in turn: the injections wait on the job (a stop, a step), so
+    two lanes use both cores.  The bound on each injection is seconds; one takes tens of ms on a loaded box."""
+    lanes = [
+        [("alloc", None, 1, 1000)],  # issue 26's own job (tests/jobs/harm_job.py), all into one process
+        [
+            ("workers2", ("--workers", "2", "--batch-size", "64"), 1, 200),
+            ("torchrun2", ALLOCATING, 2, 100),  # 100 into each rank
+            ("lightning", "lightning", 1, 50),
+            ("hf", "hf", 1, 50),
+        ],
+    ]
+    with concurrent.futures.ThreadPoolExecutor(len(lanes)) as pool:
+        for done in [pool.submit(_soak, spawn, tmp_path, lane) for lane in lanes]:
+            done.result()  # a lane's failed assertion fails the test
 
 
 @pytest.mark.slow  # spawns processes for over a second: the full suite, not the quick lane

@@ -8,6 +8,7 @@ starts gputop's real bootstrap, whose agent file leaves a file of its own, so a 
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -46,18 +47,39 @@ class Tally:
 def start_allocating_job(
     spawn, directory: Path, name: str, workers: int = 0, seconds: float = 0.0
 ) -> tuple[int, Callable[[], int]]:
-    """tests/jobs/harm_job.py as issue 26's job (num_workers=0, 64 small tensors a batch), once it has taken steps: (pid, its step counter).
-    With `seconds` the job returns from main after that long in its loop; its stderr is in NAME.err."""
+    """tests/jobs/harm_job.py as issue 26's job (num_workers=0, 64 small tensors a batch), once it has taken steps:
+    (pid, its step count, read from its step word: every step, not every 20th).  With `seconds` the job returns
+    from main after that long in its loop; its stderr is in NAME.err."""
     counter = directory / f"{name}.count"
+    word = directory / f"{name}.word"
+    word.write_bytes(bytes(8))  # made here, so that it can be mapped before the job has started
     proc = spawn(
-        [sys.executable, ALLOCATING_JOB, str(counter), "--workers", str(workers), "--seconds", str(seconds)],
+        [
+            sys.executable,
+            ALLOCATING_JOB,
+            str(counter),
+            "--workers",
+            str(workers),
+            "--seconds",
+            str(seconds),
+            "--step-word",
+            str(word),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=open(directory / f"{name}.err", "w"),
     )
-    read = step_counter(counter)
+    read = step_word(word)
     wait_until(lambda: read() > 0 or proc.poll() is not None, timeout=120, what=f"{name} to take steps")
     assert proc.poll() is None, (directory / f"{name}.err").read_text()[-2000:]
     return proc.pid, read
+
+
+def step_word(path: Path) -> Callable[[], int]:
+    """The step count harm_job.py stores with --step-word: one native 8-byte word of `path`, mapped shared (the
+    job's page), read with one aligned load, so a read never sees half of a store."""
+    with open(path, "rb") as f:
+        word = memoryview(mmap.mmap(f.fileno(), 8, access=mmap.ACCESS_READ)).cast("q")
+    return lambda: int(word[0])
 
 
 def step_counter(path: Path) -> Callable[[], int]:
@@ -89,14 +111,13 @@ MARKER_AGENT = "import os, uuid\nopen(os.path.join({!r}, uuid.uuid4().hex), 'w')
 
 def hammer(pid: int, count: int, progress: Callable[[], int], marker_dir: Path) -> Tally:
     """`count` injections of gputop's real bootstrap (bootstrap_code) into `pid`, checking after each that
-    the job takes another step."""
+    the job takes another step (`progress`: a counter that moves every step or few)."""
     tally = Tally()
     marker_dir.mkdir(parents=True, exist_ok=True)
     agent = marker_dir.parent / f"{marker_dir.name}-agent.py"
     agent.write_text(MARKER_AGENT.format(str(marker_dir)))
     bootstrap = bootstrap_code(str(agent), thread_name="gputop-test-agent")
     for i in range(count):
-        before = progress()
         started = time.monotonic()
         try:
             outcome = safepoint.inject(pid, bootstrap)
@@ -106,6 +127,9 @@ def hammer(pid: int, count: int, progress: Callable[[], int], marker_dir: Path) 
         except safepoint.Refused as exc:
             tally.refused[str(exc)] += 1
         tally.slowest_s = max(tally.slowest_s, time.monotonic() - started)
+        # counted once the injection is over: the step waited for ends after it (the borrowed thread is often
+        # not the one that steps, so the job steps during the injection too; those steps prove nothing)
+        before = progress()
         try:
             wait_until(
                 lambda: progress() > before or not process_alive(pid),

@@ -60,6 +60,7 @@ class Spawner:
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
+        self._reaped: list[subprocess.Popen] = []
 
     def __call__(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
         kwargs.setdefault("start_new_session", True)
@@ -74,38 +75,46 @@ class Spawner:
 
     def reap_all(self) -> None:
         for proc in self.procs:
-            # Launchers such as torchrun start each rank in a session of its own, out of reach of the
-            # group kill below; take the whole tree while the launcher still holds it together. Each
-            # multiprocessing resource tracker is spared until the rest is dead: it then unlinks the named
-            # semaphores of its job's spawn-context queues and exits. Killed with the rest, it left them in
-            # /dev/shm for good (two for every torch.multiprocessing.spawn job).
-            descendants = _descendants(proc.pid)
-            trackers = [d for d in descendants if _is_resource_tracker(d)]
-            for descendant in descendants:
-                if descendant not in trackers:
-                    try:
-                        descendant.kill()
-                    except psutil.Error:
-                        pass
-            if proc.poll() is None:
+            self.reap(proc)
+
+    def reap(self, proc: subprocess.Popen) -> None:
+        """Kill and reap one process this spawner started, with its whole tree (a test done with a job stops its
+        CPU use there, not at teardown); teardown's `reap_all` passes over it."""
+        if proc in self._reaped:  # its PID (and group ID) may be another process's by now
+            return
+        self._reaped.append(proc)
+        # Launchers such as torchrun start each rank in a session of its own, out of reach of the
+        # group kill below; take the whole tree while the launcher still holds it together. Each
+        # multiprocessing resource tracker is spared until the rest is dead: it then unlinks the named
+        # semaphores of its job's spawn-context queues and exits. Killed with the rest, it left them in
+        # /dev/shm for good (two for every torch.multiprocessing.spawn job).
+        descendants = _descendants(proc.pid)
+        trackers = [d for d in descendants if _is_resource_tracker(d)]
+        for descendant in descendants:
+            if descendant not in trackers:
                 try:
-                    if trackers:
-                        proc.kill()  # the leader alone: the group kill below comes after the trackers are done
-                    else:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
+                    descendant.kill()
+                except psutil.Error:
                     pass
+        if proc.poll() is None:
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-            psutil.wait_procs(trackers, timeout=10)
-            # the group may hold grandchildren (DataLoader workers) even after the leader exited
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
+                if trackers:
+                    proc.kill()  # the leader alone: the group kill below comes after the trackers are done
+                else:
+                    os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        psutil.wait_procs(trackers, timeout=10)
+        # the group may hold grandchildren (DataLoader workers) even after the leader exited
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _is_resource_tracker(process: psutil.Process) -> bool:

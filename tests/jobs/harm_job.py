@@ -1,6 +1,6 @@
 """A torch training job built to meet each of issue 34's harms, for scripts/harm_drill.py and the tests.
 
-    python tests/jobs/harm_job.py COUNTER [--workers N] [--seconds S] [--refork] [--signals LIB]
+    python tests/jobs/harm_job.py COUNTER [--workers N] [--seconds S] [--refork] [--signals LIB] [--step-word FILE]
 
 The main thread trains a Linear model on small tensors drawn from a DataLoader, batches of 64 (num_workers=0 by
 default: the main thread is inside torch's C++ and the allocator nearly all the time; issue 26's job, on which
@@ -9,10 +9,14 @@ taken, replaced atomically every 20 steps, and with --signals the number of SIGR
 the C handler of LIB (tests/jobs/lock_holders.c) as ``STEPS SIGNALS``.
 --seconds S: return from main after S seconds (exit status 0), as a job that reaches its last step does.
 --refork: 2 workers, not persistent, 8-batch epochs: the main thread forks new workers every few hundred ms.
+--step-word FILE: the step count after every step, as one 8-byte word of FILE mapped shared (tests/harness/
+injection.py, StepWord): a store to memory, no syscall, so the main thread stays in the allocator, and a test
+that waits for "another step" sees it within a step (~1 ms), not within 20.
 """
 
 import argparse
 import ctypes
+import mmap
 import os
 import signal
 import time
@@ -40,7 +44,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.0)
     parser.add_argument("--refork", action="store_true")
     parser.add_argument("--signals", default=None, metavar="LIB")
+    parser.add_argument("--step-word", default=None, metavar="FILE")
     args = parser.parse_args()
+    word = None
+    if args.step_word:
+        with open(args.step_word, "r+b") as f:  # the test made it, 8 zero bytes: mapped, the file may close
+            word = memoryview(mmap.mmap(f.fileno(), 8)).cast("q")  # native: one aligned 8-byte store, never torn
     counted = None
     if args.signals:
         counted = ctypes.CDLL(args.signals)
@@ -60,6 +69,8 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             step += 1
+            if word is not None:
+                word[0] = step
             if step % 20 == 0 or counted is not None or args.refork:  # a slow loop says every step
                 with open(args.counter + ".tmp", "w") as f:
                     f.write(f"{step} {counted.signals_received()}" if counted is not None else str(step))
