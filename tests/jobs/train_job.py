@@ -20,7 +20,8 @@ process, so losses depend on the loader's seeds too; with ``--seed`` they are bi
 
 The step.  ``--forward-ms``/``--backward-ms`` are spent inside a custom autograd Function,
 ``--optimizer-ms`` inside the optimizer's ``step`` (so a profiler sees each phase where it belongs),
-``--step-ms`` asleep after it (the simulated GPU).  ``--repeat K`` feeds the batch K times over (real
+``--step-ms`` asleep after it (the simulated GPU); with ``--framework hf``, ``--gpu-ms`` instead makes each
+step last at least that long from its batch on, as a GPU overlapping the host's queued work does.  ``--repeat K`` feeds the batch K times over (real
 compute: a compute-bound job), ``--width``/``--layers`` size the model: an MLP, or with ``--model conv`` a
 small CNN over 3x64x64 images of 10 classes.  ``--device cuda`` trains on the rank's GPU (scripts/gpu_check.sh);
 ``--sync-every-step`` reads the loss back each step, as most loops do (on CUDA: a host-device sync).
@@ -447,8 +448,16 @@ def run_hf(args: argparse.Namespace) -> None:
     outputs = Outputs(args, rank_from_env(), 0)
 
     class Done(TrainerCallback):
+        began = 0.0
+
+        def on_step_begin(self, *_args, **_kwargs):
+            self.began = time.perf_counter()  # the batch is in hand: the step (and the simulated GPU) starts
+
         def on_step_end(self, *_args, **_kwargs):
             spend(args.step_ms / 1000.0, "sleep")  # --step-ms: the simulated GPU, as in the plain loop
+            # --gpu-ms: a GPU that runs the step's kernels while the host queues them, so the step takes
+            # max(the host's work, the GPU's): the host's Python, slowed by a busy box, hides under it
+            spend(self.began + args.gpu_ms / 1000.0 - time.perf_counter(), "sleep")
             outputs.done()
 
     # built from a config: nothing is downloaded
@@ -540,6 +549,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     step.add_argument("--backward-ms", type=float, default=0.0)
     step.add_argument("--optimizer-ms", type=float, default=0.0)
     step.add_argument("--step-ms", type=float, default=0.0, help="asleep after each step (the simulated GPU)")
+    step.add_argument(
+        "--gpu-ms", type=float, default=0.0, help="hf: a step lasts at least this long (a GPU overlapping the host's work)"
+    )
     step.add_argument("--comm-floats", type=int, default=0, help="all-reduce this many more floats a step")
     step.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: run until killed)")
     step.add_argument("--seed", type=int, default=1234)
