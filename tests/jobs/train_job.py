@@ -21,9 +21,9 @@ process, so losses depend on the loader's seeds too; with ``--seed`` they are bi
 The step.  ``--forward-ms``/``--backward-ms`` are spent inside a custom autograd Function,
 ``--optimizer-ms`` inside the optimizer's ``step`` (so a profiler sees each phase where it belongs),
 ``--step-ms`` asleep after it (the simulated GPU); with ``--framework hf``, ``--gpu-ms`` instead makes each
-step last at least that long from its batch on, as a GPU overlapping the host's queued work does.  ``--repeat K`` feeds the batch K times over (real
-compute: a compute-bound job), ``--width``/``--layers`` size the model: an MLP, or with ``--model conv`` a
-small CNN over 3x64x64 images of 10 classes.  ``--device cuda`` trains on the rank's GPU (scripts/gpu_check.sh);
+step last at least that long from its batch on, as a GPU overlapping the host's queued work does.
+``--repeat K`` feeds the batch K times over (real compute: a compute-bound job), ``--width``/``--layers``
+size the model: an MLP, or with ``--model conv`` a small CNN over 3x64x64 images of 10 classes.  ``--device cuda`` trains on the rank's GPU (scripts/gpu_check.sh);
 ``--sync-every-step`` reads the loss back each step, as most loops do (on CUDA: a host-device sync).
 ``--hang-rank R --hang-rank-after-s S``: rank R stops in plain Python after S seconds, outside any
 collective, so its peers wait in the all-reduce.  ``--max-seconds S``: the process ends itself after S.
@@ -74,6 +74,13 @@ def spend(seconds: float, how: str) -> None:
         time.sleep(seconds)
     else:
         spin(seconds, time.thread_time if how == "cpu" else time.perf_counter)
+
+
+def simulated_gpu(began: float, args: argparse.Namespace) -> None:
+    """--gpu-ms: a GPU that runs the step's kernels while the host queues them, so the step takes max(the host's
+    work, the GPU's) from `began` (perf_counter when the batch was in hand): the host's Python, slowed by a busy
+    box, hides under it."""
+    spend(began + args.gpu_ms / 1000.0 - time.perf_counter(), "sleep")
 
 
 def rank_from_env() -> int:
@@ -455,9 +462,7 @@ def run_hf(args: argparse.Namespace) -> None:
 
         def on_step_end(self, *_args, **_kwargs):
             spend(args.step_ms / 1000.0, "sleep")  # --step-ms: the simulated GPU, as in the plain loop
-            # --gpu-ms: a GPU that runs the step's kernels while the host queues them, so the step takes
-            # max(the host's work, the GPU's): the host's Python, slowed by a busy box, hides under it
-            spend(self.began + args.gpu_ms / 1000.0 - time.perf_counter(), "sleep")
+            simulated_gpu(self.began, args)
             outputs.done()
 
     # built from a config: nothing is downloaded
