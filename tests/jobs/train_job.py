@@ -23,8 +23,9 @@ The step.  ``--forward-ms``/``--backward-ms`` are spent inside a custom autograd
 ``--step-ms`` asleep after it (the simulated GPU); with ``--framework hf``, ``--gpu-ms`` instead makes each
 step last at least that long from its batch on, as a GPU overlapping the host's queued work does.
 ``--repeat K`` feeds the batch K times over (real compute: a compute-bound job), ``--width``/``--layers``
-size the model: an MLP, or with ``--model conv`` a small CNN over 3x64x64 images of 10 classes.  ``--device cuda`` trains on the rank's GPU (scripts/gpu_check.sh);
-``--sync-every-step`` reads the loss back each step, as most loops do (on CUDA: a host-device sync).
+size the model: an MLP, or with ``--model conv`` a small CNN over 3x64x64 images of 10 classes.
+``--device cuda`` trains on the rank's GPU (scripts/gpu_check.sh); ``--sync-every-step`` reads the loss back
+each step, as most loops do (on CUDA: a host-device sync).
 ``--hang-rank R --hang-rank-after-s S``: rank R stops in plain Python after S seconds, outside any
 collective, so its peers wait in the all-reduce.  ``--max-seconds S``: the process ends itself after S.
 
