@@ -20,8 +20,8 @@ process, so losses depend on the loader's seeds too; with ``--seed`` they are bi
 
 The step.  ``--forward-ms``/``--backward-ms`` are spent inside a custom autograd Function,
 ``--optimizer-ms`` inside the optimizer's ``step`` (so a profiler sees each phase where it belongs),
-``--step-ms`` asleep after it (the simulated GPU); with ``--framework hf``, ``--gpu-ms`` instead makes each
-step last at least that long from its batch on, as a GPU overlapping the host's queued work does.
+``--step-ms`` asleep after it (the simulated GPU); ``--gpu-ms`` instead makes each step (plain, lightning, hf)
+last at least that long from its batch on, as a GPU overlapping the host's queued work does.
 ``--repeat K`` feeds the batch K times over (real compute: a compute-bound job), ``--width``/``--layers``
 size the model: an MLP, or with ``--model conv`` a small CNN over 3x64x64 images of 10 classes.
 ``--device cuda`` trains on the rank's GPU (scripts/gpu_check.sh); ``--sync-every-step`` reads the loss back
@@ -397,6 +397,7 @@ def train(rank: int, args: argparse.Namespace) -> None:
                 t5 = time.time()
                 if args.step_ms:
                     time.sleep(args.step_ms / 1000.0)  # the simulated GPU
+                simulated_gpu(asked + wait_s, args)
                 if args.sync_every_step:
                     loss.item()  # the host waits for the step's end
                 if rank == args.hang_rank and time.monotonic() - started > args.hang_rank_after_s:
@@ -428,7 +429,11 @@ def run_lightning(args: argparse.Namespace) -> None:
         def training_step(self, batch, batch_idx):
             return batch_loss(self.net, *batch, args)
 
+        def on_train_batch_start(self, batch, batch_idx) -> None:
+            self.began = time.perf_counter()  # the batch is in hand: the step (and the simulated GPU) starts
+
         def on_train_batch_end(self, out, batch, batch_idx) -> None:
+            simulated_gpu(self.began, args)
             outputs.done()
 
         def configure_optimizers(self):
@@ -556,7 +561,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     step.add_argument("--optimizer-ms", type=float, default=0.0)
     step.add_argument("--step-ms", type=float, default=0.0, help="asleep after each step (the simulated GPU)")
     step.add_argument(
-        "--gpu-ms", type=float, default=0.0, help="hf: a step lasts at least this long (a GPU overlapping the host's work)"
+        "--gpu-ms", type=float, default=0.0, help="a step lasts at least this long (a GPU overlapping the host's work)"
     )
     step.add_argument("--comm-floats", type=int, default=0, help="all-reduce this many more floats a step")
     step.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: run until killed)")
