@@ -20,10 +20,12 @@ process, so losses depend on the loader's seeds too; with ``--seed`` they are bi
 
 The step.  ``--forward-ms``/``--backward-ms`` are spent inside a custom autograd Function,
 ``--optimizer-ms`` inside the optimizer's ``step`` (so a profiler sees each phase where it belongs),
-``--step-ms`` asleep after it (the simulated GPU).  ``--repeat K`` feeds the batch K times over (real
-compute: a compute-bound job), ``--width``/``--layers`` size the model: an MLP, or with ``--model conv`` a
-small CNN over 3x64x64 images of 10 classes.  ``--device cuda`` trains on the rank's GPU (scripts/gpu_check.sh);
-``--sync-every-step`` reads the loss back each step, as most loops do (on CUDA: a host-device sync).
+``--step-ms`` asleep after it (the simulated GPU); ``--gpu-ms`` instead makes each step (plain, lightning, hf)
+last at least that long from its batch on, as a GPU overlapping the host's queued work does.
+``--repeat K`` feeds the batch K times over (real compute: a compute-bound job), ``--width``/``--layers``
+size the model: an MLP, or with ``--model conv`` a small CNN over 3x64x64 images of 10 classes.
+``--device cuda`` trains on the rank's GPU (scripts/gpu_check.sh); ``--sync-every-step`` reads the loss back
+each step, as most loops do (on CUDA: a host-device sync).
 ``--hang-rank R --hang-rank-after-s S``: rank R stops in plain Python after S seconds, outside any
 collective, so its peers wait in the all-reduce.  ``--max-seconds S``: the process ends itself after S.
 
@@ -73,6 +75,13 @@ def spend(seconds: float, how: str) -> None:
         time.sleep(seconds)
     else:
         spin(seconds, time.thread_time if how == "cpu" else time.perf_counter)
+
+
+def simulated_gpu(began: float, args: argparse.Namespace) -> None:
+    """--gpu-ms: a GPU that runs the step's kernels while the host queues them, so the step takes max(the host's
+    work, the GPU's) from `began` (perf_counter when the batch was in hand): the host's Python, slowed by a busy
+    box, hides under it."""
+    spend(began + args.gpu_ms / 1000.0 - time.perf_counter(), "sleep")
 
 
 def rank_from_env() -> int:
@@ -388,6 +397,7 @@ def train(rank: int, args: argparse.Namespace) -> None:
                 t5 = time.time()
                 if args.step_ms:
                     time.sleep(args.step_ms / 1000.0)  # the simulated GPU
+                simulated_gpu(asked + wait_s, args)
                 if args.sync_every_step:
                     loss.item()  # the host waits for the step's end
                 if rank == args.hang_rank and time.monotonic() - started > args.hang_rank_after_s:
@@ -419,7 +429,11 @@ def run_lightning(args: argparse.Namespace) -> None:
         def training_step(self, batch, batch_idx):
             return batch_loss(self.net, *batch, args)
 
+        def on_train_batch_start(self, batch, batch_idx) -> None:
+            self.began = time.perf_counter()  # the batch is in hand: the step (and the simulated GPU) starts
+
         def on_train_batch_end(self, out, batch, batch_idx) -> None:
+            simulated_gpu(self.began, args)
             outputs.done()
 
         def configure_optimizers(self):
@@ -447,8 +461,14 @@ def run_hf(args: argparse.Namespace) -> None:
     outputs = Outputs(args, rank_from_env(), 0)
 
     class Done(TrainerCallback):
+        began = 0.0
+
+        def on_step_begin(self, *_args, **_kwargs):
+            self.began = time.perf_counter()  # the batch is in hand: the step (and the simulated GPU) starts
+
         def on_step_end(self, *_args, **_kwargs):
             spend(args.step_ms / 1000.0, "sleep")  # --step-ms: the simulated GPU, as in the plain loop
+            simulated_gpu(self.began, args)
             outputs.done()
 
     # built from a config: nothing is downloaded
@@ -540,6 +560,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     step.add_argument("--backward-ms", type=float, default=0.0)
     step.add_argument("--optimizer-ms", type=float, default=0.0)
     step.add_argument("--step-ms", type=float, default=0.0, help="asleep after each step (the simulated GPU)")
+    step.add_argument(
+        "--gpu-ms", type=float, default=0.0, help="a step lasts at least this long (a GPU overlapping the host's work)"
+    )
     step.add_argument("--comm-floats", type=int, default=0, help="all-reduce this many more floats a step")
     step.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: run until killed)")
     step.add_argument("--seed", type=int, default=1234)
