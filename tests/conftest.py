@@ -15,8 +15,11 @@ for a fixture starting real processes (`INTEGRATION_FIXTURES`), one marked ``slo
 ``-m "not slow"``): every acceptance test is also ``slow``.
 """
 
+import json
 import os
 import signal
+import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -203,16 +206,46 @@ def pytest_configure(config):
             os.environ.pop(name, None)
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--test-costs",
+        metavar="FILE",
+        help="append one JSON line a test to FILE: its lane, its wall seconds (setup, call and teardown), the "
+        "seconds it waited for its side-by-side turn, and its CPU seconds (this process's and its reaped "
+        "children's); scripts/test_costs.py sums them per lane",
+    )
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     # setup, call and teardown inside one turn: a module fixture's jobs start in its first test's setup
     workerinput = getattr(item.config, "workerinput", None)
-    if workerinput is None:  # one process: nobody to share the CPUs with
-        return (yield)
-    if not _TURNS:
+    asked = item.config.getoption("--test-costs", None)
+    before, asked_at = os.times(), time.monotonic()
+    if workerinput is not None and not _TURNS:
         _TURNS.append(Turns(turns_directory(workerinput["testrunuid"]), slots=SIDE_BY_SIDE_WORKERS))
-    with _TURNS[0].turn(min(slots_of(item), _TURNS[0].slots)):
-        return (yield)
+    turn = _TURNS[0].turn(min(slots_of(item), _TURNS[0].slots)) if workerinput is not None else nullcontext()
+    with turn:  # one process: nobody to share the CPUs with, no turn
+        started = time.monotonic()
+        try:
+            return (yield)
+        finally:
+            if asked:
+                _write_costs(asked, item, before, asked_at, started)
+
+
+def _write_costs(path: str, item: pytest.Item, before: os.times_result, asked_at: float, started: float) -> None:
+    after = os.times()
+    line = {
+        "test": item.nodeid,
+        "lane": item.stash.get(_LANE, None),
+        "wall_s": round(time.monotonic() - started, 3),
+        "turn_wait_s": round(started - asked_at, 3),
+        "cpu_s": round(after.user - before.user + after.system - before.system, 3),
+        "children_cpu_s": round(after.children_user - before.children_user + after.children_system - before.children_system, 3),
+    }
+    with open(path, "a") as f:  # one short append a test: the side-by-side workers' lines do not interleave
+        f.write(json.dumps(line) + "\n")
 
 
 # A shell starts a background job (`pytest &`, a CI step run in the background) with SIGINT ignored, and
