@@ -128,6 +128,15 @@ def test_with_every_core_busy_the_fix_is_cheaper_input_bounded_by_the_gpus():
     assert pred["limited_by"] == p.GPU_WORK and pred["speedup"] == pytest.approx(2.5)  # the GPUs busy 40%
 
 
+def test_cached_input_leaves_the_host_time_between_the_gpus_work_and_the_step_now():
+    # the ranks wait for data 10% of the step, the GPUs are busy 60%: 30% is the host's own (all-reduce, its CPU,
+    # waits for a core).  All of it going gives x1/0.6, none of it x1/0.9; the point is their geometric middle.
+    forecast = p.predict_cheaper_input(share_of(100, 1000), share_of(400, 1000), "cached")
+    assert isinstance(forecast, p.Prediction) and forecast.limited_by == p.GPU_AND_HOST
+    assert forecast.factor == pytest.approx((1 / 0.9 / 0.6) ** 0.5)
+    assert forecast.low <= 1 / 0.9 and forecast.high is not None and forecast.high >= 1 / 0.6
+
+
 def test_a_one_off_pause_carries_no_prediction():
     ranks = [RankSpec(pid=1000, rank=0, gpus=(0,), state=lambda t: IN_DATASET if 20 <= t < 26 else FORWARD_BACKWARD)]
     found = diagnose(build(Scenario(gpu_count=1, ranks=ranks, seconds=59)))
