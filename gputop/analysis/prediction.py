@@ -412,30 +412,28 @@ def predict_cheaper_input(
     gpu = gpu_work_bound(gpu_idle) if gpu_idle is not None else None
     if gpu is None:
         return Prediction(change, (compute_bound(input_share),), "the step's host time stays what it is")
-    step = cached_step_bound(input_share, gpu)
     ranks = cores.bound(ranks_only=True) if cores is not None else None
-    bounds = (step,) if ranks is None else (step, ranks)
-    assumes = "the GPU work a step stays; the host's own time a step (1 − input − GPU busy) shrinks by at most all of it"
-    return Prediction(change, bounds, assumes + ("" if ranks is None else "; so does the ranks' own CPU a step"))
+    if ranks is None:
+        return Prediction(change, (gpu,), "the host keeps up with the GPUs once the cores are free; the GPU work a step stays")
+    assumes = "the GPU work a step and the ranks' own CPU a step stay; the ranks' host work and the GPUs' take turns"
+    return Prediction(change, (cached_step_bound(gpu, ranks),), assumes)
 
 
-def cached_step_bound(input_share: Share, gpu: Bound) -> Bound:
-    """The step once its input is free: the GPUs' work (u of the step now) plus the host's own time that does not
-    overlap it (1 − f − u: the ranks' CPU, the all-reduce, waits for a core, waits for the slowest rank).  Measured
-    on the 2-core box (8 ranks, gloo): after caching the GPUs were busy 74% of the step, not 100%: that host time
-    stays in part, shrunk because the workers no longer crowd the cores (the ranks waited 62 ms a step for a core
-    beside their workers, 31 ms after).  How much it shrinks is not measured: between nothing (×1/(1 − f), the step's
-    compute) and all of it (×1/u, the GPUs' work); the point is the geometric middle."""
-    compute = compute_bound(input_share)
-    if compute.factor >= gpu.factor * (1.0 - 1e-9):  # (f + u ≥ 1: no host time between the two) the GPUs' work alone
-        return gpu
-    point = math.sqrt(compute.factor * gpu.factor)
+def cached_step_bound(gpu: Bound, ranks: Bound) -> Bound:
+    """The step once its input is free: the GPUs' work and the ranks' own host work, in turn.  The ranks' CPU a step
+    (`ranks`: ×C/r, the cores the job can get over those the ranks use now) takes a share h = r/C of the step now
+    on those cores; with DDP every rank starts it at once, after the all-reduce, and (gloo, or a sync in the loop) the
+    GPUs wait for it: the step goes to u + h of its time, ×1/(u + h).  Measured on the 2-core box at 8 ranks: the GPUs'
+    work alone (×1/u) predicted 1.3 times the steps/s cached input reached, whose GPUs were busy 74% of the step.
+    At most ×1/max(u, h) (host and GPU overlapped: CUDA without a sync), the range's top."""
+    point = 1.0 / (1.0 / gpu.factor + 1.0 / ranks.factor)
+    low = 1.0 / (1.0 / gpu.low + 1.0 / ranks.low)
+    highs = [b for b in (gpu.high, ranks.high) if b is not None]
     why = (
-        f"the GPUs' work and the host's own time: between ×{_num(compute.factor)} (the host's {_pct(max(0.0, 1.0 - input_share.point - 1.0 / gpu.factor))} "
-        f"of the step stays; 1 ÷ (1 − {input_share.text()} waiting for data)) and ×{_num(gpu.factor)} (it all goes: {gpu.why}), "
-        f"×{_num(point)} between"
+        f"the GPUs' work ({_pct(1.0 / gpu.factor)} of the step now) and then the ranks' own host work ({_pct(1.0 / ranks.factor)} "
+        f"of it on the cores the job can get: {ranks.why}): 1 ÷ their sum = ×{_num(point)}"
     )
-    return Bound(GPU_AND_HOST, point, min(compute.low, point), None if gpu.high is None else max(gpu.high, point), why)
+    return Bound(GPU_AND_HOST, point, min(low, point), max(min(highs), point) if len(highs) == 2 else None, why)
 
 
 def predict_no_sync(sync_share: Share, gpu_idle: Optional[Share]) -> Forecast:
