@@ -5,7 +5,8 @@ over the job now (a factor), computed from measured shares at their point and at
 
 - *the step's compute*: a rank that waits for data a share `f` of the time spends (1 − f) of it on the step
   itself, which no loader change shortens: at most ×1/(1 − f).  Where the GPUs' busy share `u` is known, the
-  GPU work of a step bounds it too: ×1/u.
+  GPU work of a step bounds it too: ×1/u.  Input made free (cached): the GPUs' work and the ranks' own host work
+  take turns, ×1/(u + r/C) (`cached_step_bound`).
 - *the workers*: n workers that keep the rank waiting make a batch each per prep time, so n' make n'/n as
   many (at num_workers=0 the rank prepares a batch in f of a step: n' workers make n'/f as many).
 - *the cores*: producers cannot decode faster than the cores the job may use allow.  The job's CPU per step
