@@ -288,11 +288,31 @@ def test_with_autogroup_the_jobs_session_gets_its_share_however_many_workers_it_
     assert bound is not None and bound.factor == pytest.approx(1.95 / 0.9, rel=0.01)
 
 
-def test_other_sessions_leave_out_the_jobs_own_and_count_what_no_session_accounts_for():
+def test_cores_no_session_accounts_for_stay_with_whoever_used_them():
+    # the full box measured: the job 0.39 cores, two busy sessions 0.2 each, ~1.2 cores of short-lived processes (each
+    # in a session of its own) that no reading counts: the job's session got 0.25 cores with 24 workers, not the
+    # 0.67 of an equal share beside the two sessions seen
+    readings = 5
+    cores = p.CoreUse(
+        (0.39,) * readings,
+        (0.39,) * readings,
+        cap=2.0,
+        host_cores=2.0,
+        sessions=((0.2, 0.2),) * readings,
+        unattributed=(1.2,) * readings,
+    )
+    bound = cores.bound(26)
+    assert bound is not None
+    assert bound.low == pytest.approx(1.0)  # an equal share of the 0.8 cores left beside 2 sessions (0.27): the idle 0
+    assert bound.factor * 0.39 == pytest.approx((0.39 * p.water_level(0.8, (0.2, 0.2))) ** 0.5)
+
+
+def test_other_sessions_leave_out_the_jobs_own_and_what_no_session_accounts_for_is_counted_apart():
     from gputop.model import HostSample
 
     host = HostSample(cpu_percent=(100.0, 100.0), sessions=(7, 8, 9), session_cores=(0.5, 0.6, 0.5))
-    assert p.other_sessions(host, {8}) == pytest.approx((0.5, 0.5, 0.4))  # 2 cores busy, 1.6 in sessions
+    assert p.other_sessions(host, {8}) == pytest.approx((0.5, 0.5))
+    assert p.unattributed_cores(host) == pytest.approx(0.4)  # 2 cores busy, 1.6 in sessions
     assert p.other_sessions(host, set()) == ()  # the job's session not known: per process, as before
     assert p.other_sessions(HostSample(cpu_percent=(50.0,)), {8}) == ()  # autogroup off: no sessions read
 
