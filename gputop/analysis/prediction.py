@@ -562,6 +562,7 @@ def core_use(ctx: "Context") -> Optional[CoreUse]:
     sessions: list[tuple[float, ...]] = []
     rank_used: list[float] = []
     unattributed: list[float] = []
+    read_sessions = True  # every reading read the sessions (a reading may find no other session busy)
     for snap in ctx.snaps:
         job = snap.job
         if job is None or not job.ranks or not snap.host.cpu_percent or (since is not None and snap.timestamp < since):
@@ -577,10 +578,12 @@ def core_use(ctx: "Context") -> Optional[CoreUse]:
         rank_used.append(sum(float(r.proc.cpu_percent or 0.0) for r in job.ranks if not r.proc.exited) / 100.0)
         could.append(min(cap, mine + idle))
         others.append(max(0.0, snap.host.load_average[0] - mine))
-        sessions.append(other_sessions(snap.host, {p.session for p in procs if p.session is not None}))
+        job_sessions = {p.session for p in procs if p.session is not None}
+        read_sessions = read_sessions and bool(snap.host.sessions) and bool(job_sessions)
+        sessions.append(other_sessions(snap.host, job_sessions))
         unattributed.append(unattributed_cores(snap.host))
     cores = float(len(ctx.snaps[-1].host.cpu_percent)) if ctx.snaps else 0.0
-    by_session = tuple(sessions) if all(sessions) else ()  # (every reading knows the sessions, or none is used)
+    by_session = tuple(sessions) if read_sessions else ()  # (every reading knows the sessions, or none is used)
     if not used:
         return None
     kept = tuple(unattributed) if by_session else ()
