@@ -99,10 +99,15 @@ def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn)
     ratios = [r["achieved_over_predicted"] for r in rows[1:]]
     print(f"\nachieved / predicted, stages 2-4: {ratios}; {box.since()}")
     assert all(r is not None for r in ratios), (ratios, [r["predicted"] for r in rows[1:]])
-    # stages 3-4 within issue 37's band.  Stage 2's prediction is bounded by the cores its session can get beside the
-    # other sessions (autogroup): on the quiet 2-core box it read 0.80 and 0.84 (the band's edge), 1.16 and 1.51 on a
-    # busy one, so it is printed above, not asserted, until its model holds (issue 37 stays open for it)
-    loads = [(r["stage"], r["load"], r["cores_used"]) for r in rows]  # each stage's 1-min load and the job's cores
+    # stages 3-4 within issue 37's band.  Stage 2's prediction is bounded by the cores the job can get beside the rest
+    # of the box (other sessions, gputop, short-lived processes) and holds while that rest uses what it used in stage
+    # 1.  Measured: the job's CPU a step held (within 5%) and the ratio followed the rest (0.97 with it steady; 0.71-0.88
+    # when it grew 0.17-0.43 cores; 3.96 when it shrank 1 core); on a full box 0.76 with the rest steady, 0.41, and 0.81
+    # once the cores no session accounts for were kept apart (the CPU a step then rose 29%): not a bar this shared box
+    # can hold, so it is printed with the rest's cores (docs/predictions.md)
+    loads = [(r["stage"], r["load"], r["cores_used"], r["measured"]) for r in rows]  # what each stage measured
+    rest = [(r["measured"] or {}).get("rest_cores") for r in rows[:2]]
+    print(f"stage 2: the rest of the box used {rest[0]} cores in stage 1, {rest[1]} in stage 2")
     assert all(0.8 <= r <= 1.25 for r in ratios[1:]), (ratios, loads, [r["predicted"] for r in rows[1:]], box.since())
 
 

@@ -121,11 +121,23 @@ def test_cpu_bound_workers_on_two_cores_are_bounded_by_what_the_cores_can_decode
     assert pred["speedup"] == pytest.approx(2.0 / 1.05, rel=0.05)
 
 
-def test_with_every_core_busy_the_fix_is_cheaper_input_bounded_by_the_gpus():
+def test_with_every_core_busy_the_fix_is_cheaper_input_bounded_by_the_gpus_and_the_ranks_host_work():
     found = {f.id: f for f in diagnose(build(_starved(worker_cpu=95.0, host_cpu=100.0)))}
     pred = found["starvation"].figures["prediction"]
     assert pred["change"].startswith("preprocessing made cheap")
-    assert pred["limited_by"] == p.GPU_WORK and pred["speedup"] == pytest.approx(2.5)  # the GPUs busy 40%
+    # the GPUs busy 40% of the step, then the ranks' own 0.1 cores of the 2 they can get (5%): x1/0.45, not x1/0.4
+    assert pred["limited_by"] == p.GPU_AND_HOST and pred["speedup"] == pytest.approx(1 / 0.45, rel=0.01)
+
+
+def test_cached_input_runs_the_gpus_work_and_the_ranks_own_host_work_in_turn():
+    # the GPUs are busy 60% of the step; the ranks use 0.2 of the 1.6 cores the job can get: their host work takes
+    # 12.5% of the step on those cores.  In turn (the all-reduce lines the ranks up, the GPUs wait for the launch):
+    # x1/(0.6 + 0.125); overlapped at most x1/0.6
+    cores = p.CoreUse((1.0,) * 4, (1.6,) * 4, cap=2.0, host_cores=2.0, rank_used=(0.2,) * 4)
+    forecast = p.predict_cheaper_input(share_of(100, 1000), share_of(400, 1000), "cached", cores)
+    assert isinstance(forecast, p.Prediction) and forecast.limited_by == p.GPU_AND_HOST
+    assert forecast.factor == pytest.approx(1 / (0.6 + 0.125), rel=0.01)
+    assert forecast.high is not None and forecast.high >= 1 / 0.6 * 0.99
 
 
 def test_a_one_off_pause_carries_no_prediction():
@@ -276,11 +288,31 @@ def test_with_autogroup_the_jobs_session_gets_its_share_however_many_workers_it_
     assert bound is not None and bound.factor == pytest.approx(1.95 / 0.9, rel=0.01)
 
 
-def test_other_sessions_leave_out_the_jobs_own_and_count_what_no_session_accounts_for():
+def test_cores_no_session_accounts_for_stay_with_whoever_used_them():
+    # the full box measured: the job 0.39 cores, two busy sessions 0.2 each, ~1.2 cores of short-lived processes (each
+    # in a session of its own) that no reading counts: the job's session got 0.25 cores with 24 workers, not the
+    # 0.67 of an equal share beside the two sessions seen
+    readings = 5
+    cores = p.CoreUse(
+        (0.39,) * readings,
+        (0.39,) * readings,
+        cap=2.0,
+        host_cores=2.0,
+        sessions=((0.2, 0.2),) * readings,
+        unattributed=(1.2,) * readings,
+    )
+    bound = cores.bound(26)
+    assert bound is not None
+    assert bound.low == pytest.approx(1.0)  # an equal share of the 0.8 cores left beside 2 sessions (0.27): the idle 0
+    assert bound.factor * 0.39 == pytest.approx((0.39 * p.water_level(0.8, (0.2, 0.2))) ** 0.5)
+
+
+def test_other_sessions_leave_out_the_jobs_own_and_what_no_session_accounts_for_is_counted_apart():
     from gputop.model import HostSample
 
     host = HostSample(cpu_percent=(100.0, 100.0), sessions=(7, 8, 9), session_cores=(0.5, 0.6, 0.5))
-    assert p.other_sessions(host, {8}) == pytest.approx((0.5, 0.5, 0.4))  # 2 cores busy, 1.6 in sessions
+    assert p.other_sessions(host, {8}) == pytest.approx((0.5, 0.5))
+    assert p.unattributed_cores(host) == pytest.approx(0.4)  # 2 cores busy, 1.6 in sessions
     assert p.other_sessions(host, set()) == ()  # the job's session not known: per process, as before
     assert p.other_sessions(HostSample(cpu_percent=(50.0,)), {8}) == ()  # autogroup off: no sessions read
 
@@ -295,10 +327,10 @@ def test_a_worker_runnable_most_of_the_time_computes_however_little_of_a_core_a_
 
 
 def test_cached_preprocessing_is_bounded_by_what_the_ranks_themselves_use_of_the_cores():
-    # the GPUs are busy 20% (x5), but the ranks' own work uses 0.5 of the 2 cores they could have: x4
+    # the GPUs are busy 20% (x5), and the ranks' own work uses 0.5 of the 2 cores they could have (x4): in turn, x1/0.45
     cores = p.CoreUse((1.9,) * 4, (2.0,) * 4, cap=2.0, host_cores=2.0, rank_used=(0.5,) * 4)
     forecast = p.predict_cheaper_input(share_of(800, 1000), share_of(800, 1000), "cached", cores)
-    assert isinstance(forecast, p.Prediction) and forecast.limited_by == p.CORES
-    assert forecast.factor == pytest.approx(4.0) and "ranks themselves" in forecast.limit.why
+    assert isinstance(forecast, p.Prediction) and forecast.limited_by == p.GPU_AND_HOST
+    assert forecast.factor == pytest.approx(1 / (0.2 + 0.25)) and "ranks themselves" in forecast.limit.why
     alone = p.predict_cheaper_input(share_of(800, 1000), share_of(800, 1000), "cached")
     assert isinstance(alone, p.Prediction) and alone.limited_by == p.GPU_WORK and alone.factor == pytest.approx(5.0)

@@ -34,12 +34,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, TextIO
 
-from gputop.analysis.checks.input import measured_loader_forecast
+from gputop.analysis.checks.input import gpu_idle_share, measured_loader_forecast
 from gputop.analysis.checks.kernels import amp_forecast
 from gputop.analysis.diagnosis import build_context, verdict_line
 from gputop.analysis.findings import findings as diagnose_all
-from gputop.analysis.observations import Context
-from gputop.analysis.prediction import Forecast, StepRate, core_use
+from gputop.analysis.observations import Context, pooled_counts
+from gputop.analysis.prediction import CoreUse, Forecast, StepRate, core_use
 from gputop.errors import GputopError
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
@@ -94,6 +94,10 @@ class StageResult:
     # the rest of the box leaves the job what it left it (see docs/predictions.md)
     cores_used: Optional[float] = None
     load: Optional[float] = None
+    # what the stage measured, for reading a ratio: shares of the ranks' time by state (dense samples), the GPUs'
+    # busy share, the job's CPU-seconds a rank-step (its cores over its steps: not the box's load), the cores the rest
+    # of the box used, gputop's own cores
+    measured: Optional[dict[str, Any]] = None
 
     def predicted(self, previous: Optional["StageResult"]) -> dict[str, Any]:
         """The prediction the stage before made for this stage, and achieved ÷ predicted."""
@@ -125,6 +129,7 @@ class StageResult:
             **self.predicted(previous),
             "cores_used": None if self.cores_used is None else round(self.cores_used, 2),
             "load": None if self.load is None else round(self.load, 1),
+            "measured": self.measured,
         }
 
 
@@ -245,6 +250,7 @@ class StageWatch:
         self.words: list[str] = []
         self.found: list[Finding] = []
         self.begun = self.started = time.monotonic()
+        self.own_cpu = _own_cpu_s()
         self.counts_first = self.counts_start = job.step_counts()
         self.warm_steps = warm_up_steps(stage.config)
         self.warm = self.warm_steps == 0
@@ -260,6 +266,7 @@ class StageWatch:
         self.history = History(self.machine)
         self.words, self.found = [], []
         self.started, self.counts_start = time.monotonic(), counts
+        self.own_cpu = _own_cpu_s()
         return True
 
     def observe(self, snapshot: Snapshot) -> bool:
@@ -287,6 +294,8 @@ class StageWatch:
         forecast = forecast.with_rate(StepRate(steps_per_s, "the job's step counters")) if forecast is not None else None
         use = core_use(ctx) if ctx is not None else None
         loads = [s.host.load_average[0] for s in ctx.snaps] if ctx is not None else []
+        measured = stage_measures(ctx, use, steps_per_s * ranks) if ctx is not None else {}
+        measured["gputop_cores"] = round((_own_cpu_s() - self.own_cpu) / max(1e-9, seconds), 3)
         return StageResult(
             self.stage,
             steps_per_s,
@@ -298,7 +307,33 @@ class StageWatch:
             forecast,
             statistics.fmean(use.used) if use is not None else None,
             statistics.fmean(loads) if loads else None,
+            measured,
         )
+
+
+def _own_cpu_s() -> float:
+    """gputop's own CPU-seconds so far: this process and its reaped children (py-spy)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def stage_measures(ctx: Context, use: Optional[CoreUse], job_steps_per_s: float) -> dict[str, Any]:
+    """The window's figures a prediction rests on, for the stage's JSON (`StageResult.measured`)."""
+    ranks = [r for r in ctx.ranks.values() if r.measured]
+    pooled = pooled_counts(ranks) if ranks else None
+    idle = gpu_idle_share(ctx)
+    out: dict[str, Any] = {
+        "shares": {s: round(c / pooled.n, 3) for s, c in pooled.counts.most_common()} if pooled and pooled.n else {},
+        "samples": pooled.n if pooled else 0,
+        "gpu_busy": None if idle is None else round(1.0 - idle.point, 3),
+    }
+    if use is not None and job_steps_per_s > 0:
+        out["cpu_s_per_step"] = round(statistics.fmean(use.used) / job_steps_per_s, 4)
+        # the cores the rest of the box used (other sessions, gputop, short-lived processes): a prediction bounded by
+        # the cores holds while this stays what it was in the window that made it
+        out["rest_cores"] = round(use.host_cores - statistics.fmean(use.could), 3) if use.host_cores else None
+        out["rank_cpu_s_per_step"] = round(statistics.fmean(use.rank_used) / job_steps_per_s, 4) if use.rank_used else None
+    return out
 
 
 def forecast_change(ctx: Context, change: tuple[str, int]) -> Optional[Forecast]:
