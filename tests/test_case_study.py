@@ -76,6 +76,7 @@ def test_a_verdict_settles_when_it_holds_for_a_few_polls():
 
 @pytest.mark.acceptance  # four live jobs, one after another
 @pytest.mark.slow
+@pytest.mark.alone  # stage 2 is CPU-bound: the cores it gets are its bound, and its prediction
 def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn):
     """Four real jobs (2 ranks each, to fit the box), one after another; one JSON object per stage."""
     box = BoxLoad()
