@@ -47,7 +47,7 @@ def test_sample_integration_test_that_takes_as_long():
 def test_a_unit_test_over_its_budget_fails_and_an_integration_one_does_not(spawn):
     proc = spawn(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0", "-k", "sample", __file__],
-        env={**os.environ, "GPUTOP_LANE_SAMPLES": "1"},
+        env={**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "GPUTOP_LANE_SAMPLES": "1"},
         cwd=str(TESTS.parent),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -66,7 +66,11 @@ def test_a_unit_test_over_its_budget_on_a_box_slower_now_than_at_the_start_passe
     16 s; the integration sample is not judged.  Without the second reading it fails (the test above)."""
     proc = spawn(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "sample", __file__],
-        env={**os.environ, "GPUTOP_LANE_SAMPLES": "1", "GPUTOP_LANE_SLOWNESS_NOW": "8"},
+        env={
+            **{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+            "GPUTOP_LANE_SAMPLES": "1",
+            "GPUTOP_LANE_SLOWNESS_NOW": "8",
+        },
         cwd=str(TESTS.parent),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
