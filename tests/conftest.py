@@ -133,9 +133,7 @@ def slowness_now() -> float:
     """The box's slowness at this moment, on the same workload as `unit_budget_s`, counting only the time this
     thread ran (its waits for a CPU left out, as a test's are): a box whose other load thrashes the caches and
     the memory bus runs the same code slower while it runs.  The median of five, as measured_slowness."""
-    import statistics
-
-    from gputop.sim.cpu_speed import REFERENCE_WORKLOAD_S, RUNS, workload_s
+    from gputop.sim.cpu_speed import measured_slowness, workload_s
 
     if os.environ.get("GPUTOP_LANE_SLOWNESS_NOW"):  # tests/test_lanes.py: a box read as slow, on purpose
         return float(os.environ["GPUTOP_LANE_SLOWNESS_NOW"])
@@ -145,8 +143,7 @@ def slowness_now() -> float:
         took = workload_s()
         return took - (_cpu_wait_s() - waited)
 
-    ran_s()  # cold caches
-    return statistics.median(ran_s() for _ in range(RUNS)) / REFERENCE_WORKLOAD_S
+    return measured_slowness(ran_s)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -224,7 +221,7 @@ def pytest_runtest_protocol(item, nextitem):
     before, asked_at = os.times(), time.monotonic()
     if workerinput is not None and not _TURNS:
         _TURNS.append(Turns(turns_directory(workerinput["testrunuid"]), slots=SIDE_BY_SIDE_WORKERS))
-    turn = _TURNS[0].turn(min(slots_of(item), _TURNS[0].slots)) if workerinput is not None else nullcontext()
+    turn = _TURNS[0].turn(slots_of(item)) if workerinput is not None else nullcontext()
     with turn:  # one process: nobody to share the CPUs with, no turn
         started = time.monotonic()
         try:
