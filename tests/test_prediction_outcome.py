@@ -17,9 +17,15 @@ import pytest
 from tests.harness.fix_outcome import measure
 
 
-@pytest.mark.alone  # the cores it gets are the CPU-bound job's bound
 @pytest.mark.slow
-@pytest.mark.parametrize("job", ["io", "cpu"])
+@pytest.mark.parametrize(
+    "job",
+    [
+        # a live job whose loader sleeps: an acceptance test's turn (one shared test beside it, tests/harness/turns.py)
+        pytest.param("io", marks=pytest.mark.acceptance),
+        pytest.param("cpu", marks=pytest.mark.alone),  # the cores it gets are the CPU-bound job's bound
+    ],
+)
 def test_the_job_restarted_with_the_advice_achieves_what_the_report_predicted(job, spawn, tmp_path):
     def stop(proc):  # the job and its workers (its process group); the fixture reaps whatever is left at teardown
         if proc.poll() is None:

@@ -427,6 +427,17 @@ class _LastWindows:
 _LAST_WINDOWS = _LastWindows()
 
 
+def judged_snapshots_kept() -> int:
+    """How many judged snapshots the last two windows keep (their bound: two windows' worth)."""
+    return sum(len(window) for window in _LAST_WINDOWS.judged)
+
+
+def forget_judged_windows() -> None:
+    """Drop the kept judgements (the next window is judged whole): a heap measurement's settle, since what they
+    hold follows the windows' content (how many problems each GPU had), not the number of calls."""
+    _LAST_WINDOWS.judged = ()
+
+
 def _judged(snap: Snapshot, previous: Sequence[Mapping[int, tuple[Snapshot, JudgedSnapshot]]]) -> JudgedSnapshot:
     for window in previous:
         kept = window.get(id(snap))

@@ -493,6 +493,13 @@ def run_hf(args: argparse.Namespace) -> None:
 def run_deepspeed(args: argparse.Namespace) -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no CUDA here: DeepSpeed's CPU accelerator, gloo/shm comms
     import deepspeed
+    import deepspeed.ops
+
+    # DeepSpeed's CPU accelerator JIT-compiles its shared-memory all-reduce (g++, ~85 s on 2 cores) on the first
+    # run on a machine; a job on GPUs never builds it, and one rank has nothing to reduce, so the job says the op
+    # is unavailable and TorchBackend keeps gloo, as it does wherever the op cannot be built.  Set before the
+    # first read of the table, which would otherwise probe every op with the compiler.
+    deepspeed.ops.__dict__.setdefault("__compatible_ops__", {})["deepspeed_shm_comm"] = False
 
     outputs = Outputs(args, rank_from_env(), 0)
     model = build_model(args)
