@@ -169,7 +169,7 @@ def test_lightning_two_devices_straggler_only_when_there_is_one(job, observe, mo
             timeout=VERDICT_DEADLINE_S,
             interval=STACK_INTERVAL_S,
             what="a straggler finding",
-            state=lambda: verdict_line(obs.findings),
+            state=lambda: f"{verdict_line(obs.findings)}; ranks: {obs.ranks_seen()}",
         )
         straggler = next(f for f in obs.findings if f.id == "straggler")
         assert j.rank_pids[1] in straggler.pids, (straggler.pids, j.rank_pids)

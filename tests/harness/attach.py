@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from gputop.analysis.diagnosis import diagnose
+from gputop.analysis.diagnosis import build_context, diagnose
 from gputop.backend import RealMachine
 from gputop.history import History
 from gputop.pipeline import Following, Pipeline
@@ -32,6 +32,18 @@ class Observer:
 
     def close(self) -> None:
         self.pipeline.close()
+
+    def ranks_seen(self) -> str:
+        """Each rank as the diagnosis sees it (samples, input share, its three commonest states): what a failed
+        wait for a finding that compares ranks prints beside the verdict."""
+        ctx = build_context(self.history)
+        if ctx is None:
+            return "no snapshot yet"
+        return "; ".join(
+            f"{r.label}: {r.n} samples{'' if r.measured else ' (too few)'}, input {r.input_fraction:.2f}, "
+            + ", ".join(f"{state} {count}" for state, count in r.states.most_common(3))
+            for r in ctx.ranks.values()
+        )
 
 
 def dumps_of(obs: Observer, pid: int) -> int:
