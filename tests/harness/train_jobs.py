@@ -40,8 +40,8 @@ FRAMEWORK_MODES = {
     "tuned": ("--features", "64", "--width", "1024", "--layers", "2", "--repeat", "512"),
     "hang": ("--hang-after", "8", "--ready-after", "1"),  # a hung job takes only a couple of steps
     # rank 1 holds rank 0 up.  Rank 0's own wait for data is the batch's hand-over, which must stay under the 5%
-    # "fed" line for a straggler to be named: at 40 ms a sample (80 ms a step) it read 4% on a quiet box and over 5%
-    # on a busy one (rank 1 alone input-bound, no straggler); at 80 ms the hand-over is half that share
+    # "fed" line for a straggler to be named: at 40 ms a sample (80 ms a step) it read 4% on a quiet box, and a run
+    # on a busy one named rank 1 input-bound and no straggler; at 80 ms rank 0 reads 2%
     "straggler": ("--sample-ms", "80", "--slow-rank", "1"),
 }
 HF_TUNED = ("--width", "256", "--layers", "4", "--batch-size", "32")  # GPT-2's n_embd, n_layer
