@@ -153,7 +153,6 @@ class Stages:
 
     ready: dict[str, threading.Event]
     benched: dict[str, threading.Event]
-    bench_window: threading.Event = field(default_factory=threading.Event)  # every job ready
     bench_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -184,7 +183,7 @@ def _run_series(spawn: Spawner, tmp_path, name: str, stages: Stages) -> Series:
         series.pid, series.started_s = proc.pid, time.monotonic() - t0
         stages.ready[name].set()
         if benchmarked:
-            stages.bench_window.wait(START_DEADLINE_S + GPUTOP_TIMEOUT_S)
+            stages.wait_all(stages.ready, START_DEADLINE_S)  # no benchmark beside a job importing its framework
             with stages.bench_lock:
                 series.bench = _json(
                     run_gputop(spawn, "bench", "--pid", str(proc.pid), "--yes", "--json", timeout=GPUTOP_TIMEOUT_S, cwd=REPO),
@@ -220,8 +219,6 @@ def series(tmp_path_factory) -> dict[str, Series]:
         with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="series") as pool:
             stages = Stages.of(names, JOBS)
             futures = {name: pool.submit(_run_series, spawn, tmp, name, stages) for name in names}
-            stages.wait_all(stages.ready, START_DEADLINE_S)  # no benchmark beside a job importing its framework
-            stages.bench_window.set()
             finished = {name: future.result() for name, future in futures.items()}
         wall = time.monotonic() - t0
     finally:
