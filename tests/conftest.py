@@ -19,8 +19,8 @@ import json
 import os
 import signal
 import time
-from contextlib import nullcontext
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -213,6 +213,11 @@ def pytest_addoption(parser):
     )
 
 
+def keeps_turn(item: pytest.Item, nextitem: Optional[pytest.Item]) -> bool:
+    """Whether a worker keeps its slots from `item` to `nextitem`: both ``alone`` (tests/harness/turns.py)."""
+    return nextitem is not None and slots_of(item) == slots_of(nextitem) == SIDE_BY_SIDE_WORKERS
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     # setup, call and teardown inside one turn: a module fixture's jobs start in its first test's setup
@@ -221,14 +226,17 @@ def pytest_runtest_protocol(item, nextitem):
     before, asked_at = os.times(), time.monotonic()
     if workerinput is not None and not _TURNS:
         _TURNS.append(Turns(turns_directory(workerinput["testrunuid"]), slots=SIDE_BY_SIDE_WORKERS))
-    turn = _TURNS[0].turn(slots_of(item)) if workerinput is not None else nullcontext()
-    with turn:  # one process: nobody to share the CPUs with, no turn
-        started = time.monotonic()
-        try:
-            return (yield)
-        finally:
-            if asked:
-                _write_costs(asked, item, before, asked_at, started)
+    turns = _TURNS[0] if workerinput is not None else None  # one process: nobody to share the CPUs with, no turn
+    if turns is not None:
+        turns.hold(slots_of(item))
+    started = time.monotonic()
+    try:
+        return (yield)
+    finally:
+        if turns is not None and not keeps_turn(item, nextitem):
+            turns.release()
+        if asked:
+            _write_costs(asked, item, before, asked_at, started)
 
 
 def _write_costs(path: str, item: pytest.Item, before: os.times_result, asked_at: float, started: float) -> None:

@@ -119,3 +119,59 @@ def test_a_turn_takes_one_to_all_of_the_slots(tmp_path):
                 pass
     finally:
         turns.close()
+
+
+def test_a_worker_keeps_its_alone_turn_from_one_alone_test_to_the_next(tmp_path):
+    """A run of alone tests (a module's tests over one fixture's series) keeps the slots between them: a shared test
+    queued meanwhile runs after the run, not between two of its tests, and it gets in once the worker holds fewer."""
+    alone, shared = Turns(tmp_path), Turns(tmp_path)
+    order: list[str] = []
+
+    def run_shared():
+        with shared.turn(1):
+            order.append("shared")
+
+    waiting = threading.Thread(target=run_shared)
+    try:
+        alone.hold(3)
+        order.append("alone 1")
+        waiting.start()
+        _wait_for(lambda: _held(tmp_path / "gate"), "the shared test waits at the gate")
+        alone.hold(3)  # the next alone test: it holds enough already and does not touch the gate
+        order.append("alone 2")
+        assert alone.held == 3 and order == ["alone 1", "alone 2"]
+        alone.hold(2)  # an acceptance test next: one slot let go, and the waiting shared test takes it
+        _wait_for(lambda: order[-1:] == ["shared"], "the shared test runs beside the acceptance test")
+        assert alone.held == 2
+        alone.release()
+        assert alone.held == 0
+        waiting.join(DEADLINE_S)
+    finally:
+        alone.release()
+        waiting.join(DEADLINE_S)
+        for turns in (alone, shared):
+            turns.close()
+
+
+class _Item:
+    """What `slots_of` reads of a collected test: its ``alone`` marker and its lane."""
+
+    def __init__(self, lane: str, alone: bool = False) -> None:
+        from tests.conftest import _LANE
+
+        self.alone = alone
+        self.stash = pytest.Stash()
+        self.stash[_LANE] = lane
+
+    def get_closest_marker(self, name: str):
+        return object() if name == "alone" and self.alone else None
+
+
+def test_only_an_alone_test_followed_by_another_keeps_its_turn():
+    from tests.conftest import keeps_turn
+
+    alone, alone_next = _Item("acceptance", alone=True), _Item("integration", alone=True)
+    acceptance, shared = _Item("acceptance"), _Item("integration")
+    assert keeps_turn(alone, alone_next)  # type: ignore[arg-type]
+    for item, nextitem in ((alone, acceptance), (alone, shared), (alone, None), (acceptance, acceptance), (shared, shared)):
+        assert not keeps_turn(item, nextitem)  # type: ignore[arg-type]

@@ -13,8 +13,10 @@ bar allows, so every test takes a number of the run's slots (one per worker) for
 The slots are lock files (`fcntl.flock`, one open file description per worker process).  A test takes the gate
 first and keeps it until it holds all the slots it needs, taking each as it frees: a test waiting for three
 slots holds those it has, so a stream of one-slot tests cannot starve it, and only the gate's holder takes
-slots, so two tests each holding part of what they need cannot wait on each other.  Outside xdist (one
-process) there is nobody to share with and the conftest takes no turn.
+slots, so two tests each holding part of what they need cannot wait on each other.  A worker whose next test is
+also ``alone`` keeps all the slots from one to the next (a module's tests reading one fixture's series, say):
+let go, the shared tests queued meanwhile would take them, and each of its tests would wait for the box to drain
+again.  Outside xdist (one process) there is nobody to share with and the conftest takes no turn.
 """
 
 from __future__ import annotations
@@ -34,35 +36,56 @@ class Turns:
         directory.mkdir(parents=True, exist_ok=True)
         self._gate: IO[str] = open(directory / "gate", "a+")
         self._slots: list[IO[str]] = [open(directory / f"slot{i}", "a+") for i in range(slots)]
+        self._held: list[IO[str]] = []
         self._idle = threading.Event()  # never set: the poll's wait
 
     @property
     def slots(self) -> int:
         return len(self._slots)
 
+    @property
+    def held(self) -> int:
+        """How many slots this worker holds now (between tests too, when it keeps its turn)."""
+        return len(self._held)
+
+    def hold(self, weight: int) -> None:
+        """Hold exactly `weight` slots (1 to all of them): more are taken through the gate as they free, extras are
+        let go at once.  A worker that already holds enough does not touch the gate: a run of ``alone`` tests keeps
+        its turn from one test to the next, so the tests others queued meanwhile cannot slip in between them (each
+        would cost a wait for everything beside to drain again)."""
+        if not 1 <= weight <= len(self._slots):
+            raise ValueError(f"a turn takes 1 to {len(self._slots)} slots, not {weight}")
+        while len(self._held) > weight:
+            fcntl.flock(self._held.pop(), fcntl.LOCK_UN)
+        if len(self._held) == weight:
+            return
+        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        try:
+            while len(self._held) < weight:
+                for slot in self._slots:
+                    if slot not in self._held and len(self._held) < weight and _take(slot):
+                        self._held.append(slot)
+                if len(self._held) < weight:
+                    self._idle.wait(SLOT_POLL_S)
+        finally:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+
+    def release(self) -> None:
+        """Let go of every slot held."""
+        while self._held:
+            fcntl.flock(self._held.pop(), fcntl.LOCK_UN)
+
     @contextmanager
     def turn(self, weight: int) -> Iterator[None]:
         """Hold `weight` slots (1 to all of them) from when they are free until the block ends."""
-        if not 1 <= weight <= len(self._slots):
-            raise ValueError(f"a turn takes 1 to {len(self._slots)} slots, not {weight}")
-        held: list[IO[str]] = []
+        self.hold(weight)
         try:
-            fcntl.flock(self._gate, fcntl.LOCK_EX)
-            try:
-                while len(held) < weight:
-                    for slot in self._slots:
-                        if slot not in held and len(held) < weight and _take(slot):
-                            held.append(slot)
-                    if len(held) < weight:
-                        self._idle.wait(SLOT_POLL_S)
-            finally:
-                fcntl.flock(self._gate, fcntl.LOCK_UN)
             yield
         finally:
-            for slot in held:
-                fcntl.flock(slot, fcntl.LOCK_UN)
+            self.release()
 
     def close(self) -> None:
+        self.release()
         self._gate.close()
         for slot in self._slots:
             slot.close()
