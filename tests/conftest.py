@@ -19,12 +19,14 @@ import json
 import os
 import signal
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import pytest
 
 from tests.harness.attach import Observer
+from tests.harness.cpu_priority import CpuPriority
 from tests.harness.processes import Spawner
 from tests.harness.turns import Turns, turns_directory
 
@@ -173,6 +175,7 @@ def pytest_runtest_makereport(item, call):
 
 
 _TURNS: list[Turns] = []
+_PRIORITY: list[Optional[CpuPriority]] = []  # this worker's, once it knows whether the kernel offers one
 SIDE_BY_SIDE_WORKERS = 3  # most integration tests wait (a job's start, a report's window): three overlap on 2 cores
 
 
@@ -186,13 +189,22 @@ def pytest_xdist_auto_num_workers(config):
     return 0 if any(not Path(arg).is_dir() for arg in named) else SIDE_BY_SIDE_WORKERS
 
 
-def slots_of(item: pytest.Item) -> int:
-    """How many of the run's side-by-side slots a test takes while it runs (tests/harness/turns.py): all of them
-    when marked ``alone`` (its bar is the CPU it gets), two for an acceptance test (live jobs judged by shares and
-    verdicts: one shared test beside it, never another acceptance test), one for the rest."""
-    if item.get_closest_marker("alone") is not None:
-        return SIDE_BY_SIDE_WORKERS
-    return 2 if item.stash.get(_LANE, None) == "acceptance" else 1
+def turn_of(item: pytest.Item, prioritized: bool) -> tuple[int, bool]:
+    """(slots, measured): how many of the run's side-by-side slots a test takes while it runs, and whether it takes
+    the measured turn (one acceptance or alone test at a time; tests/harness/turns.py).
+
+    - ``alone`` (its bar is the CPU it gets, or a deadline): all the slots, nothing beside it.  One marked
+      ``alone(unless_prioritized=True)`` (its bar needs the CPU it asks for, not the box's other readings) takes
+      the measured turn and one slot where the shared tests run at a lower priority, as an acceptance test;
+    - acceptance (live jobs judged by shares and verdicts): one slot where the shared tests beside it run at a lower
+      CPU priority (`prioritized`, tests/harness/cpu_priority.py), else two (one shared test beside it);
+    - the rest: one slot, at the lower priority where there is one."""
+    alone = item.get_closest_marker("alone")
+    if alone is not None:
+        return (1, True) if prioritized and alone.kwargs.get("unless_prioritized") else (SIDE_BY_SIDE_WORKERS, True)
+    if item.stash.get(_LANE, None) == "acceptance":
+        return (1 if prioritized else 2), True
+    return 1, False
 
 
 def pytest_configure(config):
@@ -213,9 +225,10 @@ def pytest_addoption(parser):
     )
 
 
-def keeps_turn(item: pytest.Item, nextitem: Optional[pytest.Item]) -> bool:
+def keeps_turn(item: pytest.Item, nextitem: Optional[pytest.Item], prioritized: bool) -> bool:
     """Whether a worker keeps its slots from `item` to `nextitem`: both ``alone`` (tests/harness/turns.py)."""
-    return nextitem is not None and slots_of(item) == slots_of(nextitem) == SIDE_BY_SIDE_WORKERS
+    alone = (SIDE_BY_SIDE_WORKERS, True)
+    return nextitem is not None and turn_of(item, prioritized) == turn_of(nextitem, prioritized) == alone
 
 
 @pytest.hookimpl(wrapper=True)
@@ -226,17 +239,54 @@ def pytest_runtest_protocol(item, nextitem):
     before, asked_at = os.times(), time.monotonic()
     if workerinput is not None and not _TURNS:
         _TURNS.append(Turns(turns_directory(workerinput["testrunuid"]), slots=SIDE_BY_SIDE_WORKERS))
+        _PRIORITY.append(CpuPriority.for_run(workerinput["testrunuid"]))
     turns = _TURNS[0] if workerinput is not None else None  # one process: nobody to share the CPUs with, no turn
+    priority = _PRIORITY[0] if _PRIORITY else None
     if turns is not None:
-        turns.hold(slots_of(item))
+        slots, measured = turn_of(item, priority is not None)
+        turns.hold(slots, measured)
+        if priority is not None:
+            # what the test starts from here on inherits it: a measured test's jobs at full weight, a shared
+            # test's in the group beside them
+            if measured:
+                priority.restore()
+            else:
+                priority.lower()
     started = time.monotonic()
     try:
         return (yield)
     finally:
-        if turns is not None and not keeps_turn(item, nextitem):
+        if turns is not None and not keeps_turn(item, nextitem, priority is not None):
             turns.release()
         if asked:
             _write_costs(asked, item, before, asked_at, started)
+
+
+def pytest_unconfigure(config):
+    if _PRIORITY and _PRIORITY[0] is not None:
+        _PRIORITY[0].remove()  # the last worker out removes the group
+
+
+@pytest.fixture(scope="session")
+def box_to_itself():
+    """`with box_to_itself():` a block of a measured test that needs every slot (no test beside it, at any
+    priority): a benchmark whose cap counts the box's idle cores.  A no-op outside xdist, or where the test
+    holds every slot already."""
+
+    @contextmanager
+    def block() -> Iterator[None]:
+        turns = _TURNS[0] if _TURNS else None
+        if turns is None or turns.held == turns.slots:
+            yield
+            return
+        held, measured = turns.held, turns.measuring
+        turns.hold(turns.slots, measured)
+        try:
+            yield
+        finally:
+            turns.hold(held, measured)
+
+    return block
 
 
 def _write_costs(path: str, item: pytest.Item, before: os.times_result, asked_at: float, started: float) -> None:

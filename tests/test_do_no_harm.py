@@ -171,7 +171,7 @@ while True:
 """
 
 
-@pytest.mark.alone  # injections within their bound while signals arrive
+@pytest.mark.alone(unless_prioritized=True)  # injections within their bound while signals arrive
 @pytest.mark.skipif(not shutil.which("cc"), reason="no C compiler to build tests/jobs/lock_holders.c")
 @pytest.mark.slow
 @pytest.mark.timeout(180)

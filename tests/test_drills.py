@@ -358,7 +358,7 @@ def test_job_sigkilled_during_a_stack_refresh_keeps_last_stacks(spawn, tmp_path)
     assert kept.threads, "stacks from before the kill are kept"
 
 
-@pytest.mark.alone  # a deadline from the kill
+@pytest.mark.alone(unless_prioritized=True)  # a deadline from the kill
 @pytest.mark.slow
 def test_job_sigkilled_during_an_active_benchmark(spawn, tmp_path):
     job = start_job(spawn, tmp_path, "--workers", "2", "--sample-ms", "30")
@@ -737,7 +737,7 @@ def test_py_spy_hangs_collect_stays_fast_and_hung_py_spy_is_killed(spawn, tmp_pa
     job.assert_trains()
 
 
-@pytest.mark.alone  # bounded time from the hang
+@pytest.mark.alone(unless_prioritized=True)  # bounded time from the hang
 @pytest.mark.slow
 def test_py_spy_hangs_record_and_snapshot_commands_end_in_bounded_time(spawn, tmp_path, target_job):
     job = target_job

@@ -63,7 +63,7 @@ def run_trace_json(spawn, pid: int, out: Path, *extra: str) -> dict:
     return json.loads(ran.out)
 
 
-@pytest.mark.alone  # phase shares against the truth
+@pytest.mark.alone(unless_prioritized=True)  # phase shares against the truth
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_rank_gloo_job_phases_match_the_truth(spawn, tmp_path):
@@ -97,7 +97,7 @@ def test_two_rank_gloo_job_phases_match_the_truth(spawn, tmp_path):
     assert sorted(TraceAnalysis(trace_dir=str(tmp_path / "out")).t.traces) == [0, 1]
 
 
-@pytest.mark.alone  # phase shares decide the finding
+@pytest.mark.alone(unless_prioritized=True)  # phase shares decide the finding
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_communication_heavy_job_gets_the_communication_finding(spawn, tmp_path):

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import fcntl
+import os
 import threading
 import time
+from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -29,6 +32,16 @@ def _held(path) -> bool:
             return True
         fcntl.flock(probe, fcntl.LOCK_UN)
         return False
+
+
+def _waited_on(path) -> bool:
+    """Whether some process is blocked waiting for `path`'s flock (a waiter's line in /proc/locks has "->")."""
+    inode = os.stat(path).st_ino
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "->" in fields and fields[fields.index("->") + 1] == "FLOCK" and fields[-3].split(":")[-1] == str(inode):
+            return True
+    return False
 
 
 def test_an_alone_turn_waits_for_the_shared_ones_and_the_next_waits_for_it(tmp_path):
@@ -154,24 +167,125 @@ def test_a_worker_keeps_its_alone_turn_from_one_alone_test_to_the_next(tmp_path)
 
 
 class _Item:
-    """What `slots_of` reads of a collected test: its ``alone`` marker and its lane."""
+    """What `turn_of` reads of a collected test: its ``alone`` marker (and the marker's arguments) and its lane."""
 
-    def __init__(self, lane: str, alone: bool = False) -> None:
+    def __init__(self, lane: str, alone: Optional[dict] = None) -> None:
         from tests.conftest import _LANE
 
-        self.alone = alone
+        self.alone = None if alone is None else pytest.mark.alone(**alone).mark
         self.stash = pytest.Stash()
         self.stash[_LANE] = lane
 
     def get_closest_marker(self, name: str):
-        return object() if name == "alone" and self.alone else None
+        return self.alone if name == "alone" else None
+
+
+@pytest.mark.parametrize("prioritized", [True, False], ids=["shared-tests-at-lower-priority", "no-priority"])
+def test_each_lane_takes_its_turn(prioritized):
+    from tests.conftest import turn_of
+
+    assert turn_of(_Item("integration", alone={}), prioritized) == (3, True)  # type: ignore[arg-type]
+    series = _Item("acceptance", alone={"unless_prioritized": True})
+    assert turn_of(series, prioritized) == ((1, True) if prioritized else (3, True))  # type: ignore[arg-type]
+    deadline = _Item("integration", alone={"unless_prioritized": True})  # measured at full priority, not shared
+    assert turn_of(deadline, prioritized) == turn_of(series, prioritized)  # type: ignore[arg-type]
+    assert turn_of(_Item("acceptance"), prioritized) == ((1, True) if prioritized else (2, True))  # type: ignore[arg-type]
+    assert turn_of(_Item("integration"), prioritized) == turn_of(_Item("unit"), prioritized) == (1, False)  # type: ignore[arg-type]
 
 
 def test_only_an_alone_test_followed_by_another_keeps_its_turn():
     from tests.conftest import keeps_turn
 
-    alone, alone_next = _Item("acceptance", alone=True), _Item("integration", alone=True)
+    alone, alone_next = _Item("acceptance", alone={}), _Item("integration", alone={})
     acceptance, shared = _Item("acceptance"), _Item("integration")
-    assert keeps_turn(alone, alone_next)  # type: ignore[arg-type]
+    assert keeps_turn(alone, alone_next, True) and keeps_turn(alone, alone_next, False)  # type: ignore[arg-type]
     for item, nextitem in ((alone, acceptance), (alone, shared), (alone, None), (acceptance, acceptance), (shared, shared)):
-        assert not keeps_turn(item, nextitem)  # type: ignore[arg-type]
+        assert not keeps_turn(item, nextitem, True)  # type: ignore[arg-type]
+    series = _Item("acceptance", alone={"unless_prioritized": True})
+    assert keeps_turn(series, series, False) and not keeps_turn(series, series, True)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)  # a waiter wrongly holding the gate would block the shared turn for good
+def test_one_measured_test_at_a_time_and_one_waiting_holds_up_no_shared_test(tmp_path):
+    """Two acceptance tests (one slot and the measured turn each, the shared tests at a lower priority) never run
+    together; the second waits for the measured turn before the gate, so shared tests still start beside the first."""
+    first, second, shared = Turns(tmp_path), Turns(tmp_path), Turns(tmp_path)
+    running: list[str] = []
+    release_first = threading.Event()
+
+    def run(turns: Turns, name: str, weight: int, measured: bool, until: Optional[threading.Event] = None) -> None:
+        with turns.turn(weight, measured):
+            running.append(name)
+            if until is not None:
+                until.wait(DEADLINE_S)
+            running.remove(name)
+
+    threads = [
+        threading.Thread(target=run, args=(first, "first", 1, True, release_first)),
+        threading.Thread(target=run, args=(second, "second", 1, True)),
+    ]
+    try:
+        threads[0].start()
+        _wait_for(lambda: running == ["first"], "the first acceptance test runs")
+        threads[1].start()
+        _wait_for(lambda: _waited_on(tmp_path / "measured"), "the second waits for the measured turn")
+        assert not _held(tmp_path / "gate")  # waiting before the gate, not in it
+        with shared.turn(1):  # a shared test starts beside the first acceptance test
+            assert running == ["first"]
+        release_first.set()
+        for thread in threads:
+            thread.join(DEADLINE_S)
+        assert not running and not first.measuring and not second.measuring
+    finally:
+        release_first.set()
+        for turns in (first, second, shared):
+            turns.close()
+
+
+_PRIORITY_CHILD = """
+import json, os, subprocess, sys
+from tests.harness.cpu_priority import CpuPriority, in_group
+priority = CpuPriority.for_run(sys.argv[1])
+if priority is None:
+    print(json.dumps(None)); sys.exit()
+priority.lower()
+lowered = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+priority.restore()
+measured = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+seen = {"shares": (priority.shared / "cpu.shares").read_text().strip(),
+        "lowered_child": in_group(lowered.pid, priority.shared), "measured_child": in_group(measured.pid, priority.shared),
+        "self": in_group(os.getpid(), priority.shared)}
+for child in (lowered, measured):
+    child.communicate(b"")
+priority.remove()
+seen["removed"] = not priority.shared.exists()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.integration  # a real cgroup, and processes started in it
+def test_a_shared_tests_processes_run_in_the_low_priority_group_and_a_measured_tests_do_not(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.harness.cpu_priority import SHARED_TESTS_SHARES
+
+    run = subprocess.run(
+        [sys.executable, "-c", _PRIORITY_CHILD, f"check-{os.getpid()}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    if seen is None:
+        pytest.skip("no writable cgroup v1 cpu controller here: the suite keeps its exclusive turns")
+    assert seen == {
+        "shares": str(SHARED_TESTS_SHARES),
+        "lowered_child": True,  # started while lowered: in the group for good
+        "measured_child": False,
+        "self": False,  # restored
+        "removed": True,
+    }

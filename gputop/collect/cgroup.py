@@ -86,7 +86,7 @@ def read_cgroup_paths(pid: int, proc: str = "/proc") -> tuple[Optional[str], dic
     return v2, v1
 
 
-def _directory(mount: Mount, path: str) -> Optional[str]:
+def cgroup_directory(mount: Mount, path: str) -> Optional[str]:
     """Where the cgroup `path` lies under `mount`; None if the mount does not reach it (another container's)."""
     root = mount.root.rstrip("/")
     if root and path != root and not path.startswith(root + "/"):
@@ -177,7 +177,7 @@ def limits_of(v2_path: Optional[str], v1_paths: dict[str, str], *, mounts: tuple
     cpuset_sizes: list[Optional[float]] = []
     memories: list[Optional[float]] = []
     if v2_mount is not None and v2_path is not None:
-        directory = _directory(v2_mount, v2_path)
+        directory = cgroup_directory(v2_mount, v2_path)
         if directory is not None:
             chain = _ancestors(directory, v2_mount.point)
             cpu_quotas += [_v2_quota(_read(os.path.join(d, "cpu.max"))) for d in chain]
@@ -185,12 +185,12 @@ def limits_of(v2_path: Optional[str], v1_paths: dict[str, str], *, mounts: tuple
             cpuset_sizes.append(count_cpus(_read(os.path.join(directory, "cpuset.cpus.effective"))))
     for controller, reader in (("cpu", _v1_quota), ("memory", _v1_memory)):
         mount, path = v1_mounts.get(controller), v1_paths.get(controller)
-        directory = _directory(mount, path) if mount and path is not None else None
+        directory = cgroup_directory(mount, path) if mount and path is not None else None
         if directory is not None and mount is not None:
             values = [reader(d) for d in _ancestors(directory, mount.point)]
             (cpu_quotas if controller == "cpu" else memories).extend(values)
     mount, path = v1_mounts.get("cpuset"), v1_paths.get("cpuset")
-    directory = _directory(mount, path) if mount and path is not None else None
+    directory = cgroup_directory(mount, path) if mount and path is not None else None
     if directory is not None:
         cpuset_sizes.append(count_cpus(_read(os.path.join(directory, "cpuset.effective_cpus"))))
     memory = _smallest(memories)

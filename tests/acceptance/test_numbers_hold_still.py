@@ -17,7 +17,8 @@ then its reports one after another: the series share the wall clock, not a job o
 their data and steps (the steady ones through a simulated GPU, --gpu-ms, so their steps do not slow with the
 box).  The benchmarks run one at a time once all five jobs are ready, with no other test beside them (each
 benchmark's cap counts the box's idle cores: a job importing Lightning, or another test, left "0.0 idle cores"
-and cut one need to its cap), and the reports once all three are done.  No other test runs beside the module.
+and cut one need to its cap), and the reports once all three are done.  The reports run beside shared tests only
+where those run at a lower CPU priority (tests/harness/cpu_priority.py); elsewhere nothing runs beside the module.
 
 Issue 11's bar: two slow but steady loaders (num_workers 0 and 2, tests/harness/train_jobs.py DIAGNOSIS_MODES
 slow0 and slow2), each watched by its own 10 reports in a row beside the others', are input-bound in every one
@@ -154,6 +155,7 @@ class Stages:
     ready: dict[str, threading.Event]
     benched: dict[str, threading.Event]
     bench_lock: threading.Lock = field(default_factory=threading.Lock)
+    box_to_itself: threading.Event = field(default_factory=threading.Event)  # the benchmarks' window: no test beside
 
     @classmethod
     def of(cls, names, benchmarked) -> "Stages":
@@ -184,6 +186,7 @@ def _run_series(spawn: Spawner, tmp_path, name: str, stages: Stages) -> Series:
         stages.ready[name].set()
         if benchmarked:
             stages.wait_all(stages.ready, START_DEADLINE_S)  # no benchmark beside a job importing its framework
+            stages.box_to_itself.wait(START_DEADLINE_S + GPUTOP_TIMEOUT_S)  # nor beside another test
             with stages.bench_lock:
                 series.bench = _json(
                     run_gputop(spawn, "bench", "--pid", str(proc.pid), "--yes", "--json", timeout=GPUTOP_TIMEOUT_S, cwd=REPO),
@@ -206,9 +209,10 @@ def _run_series(spawn: Spawner, tmp_path, name: str, stages: Stages) -> Series:
 
 
 @pytest.fixture(scope="module")
-def series(tmp_path_factory) -> dict[str, Series]:
+def series(tmp_path_factory, box_to_itself) -> dict[str, Series]:
     """The five series side by side (three benchmarked, two slow loaders); every job and gputop process is reaped
-    before the tests look."""
+    before the tests look.  The benchmarks run with no other test beside them (`box_to_itself`); the reports beside
+    the shared tests where those run at a lower CPU priority (tests/harness/cpu_priority.py), else alone too."""
     for module in ("lightning", "transformers"):
         pytest.importorskip(module, reason=f"{module} is in the test extra (pip install -e '.[test]')")
     tmp = tmp_path_factory.mktemp("steady")
@@ -219,6 +223,10 @@ def series(tmp_path_factory) -> dict[str, Series]:
         with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="series") as pool:
             stages = Stages.of(names, JOBS)
             futures = {name: pool.submit(_run_series, spawn, tmp, name, stages) for name in names}
+            stages.wait_all(stages.ready, START_DEADLINE_S)
+            with box_to_itself():
+                stages.box_to_itself.set()
+                stages.wait_all(stages.benched, len(JOBS) * GPUTOP_TIMEOUT_S)
             finished = {name: future.result() for name, future in futures.items()}
         wall = time.monotonic() - t0
     finally:
@@ -237,11 +245,13 @@ def _complete(s: Series) -> None:
 
 # A test's time includes the module fixture's 4 minutes when it is the first to run.
 TIMEOUT = pytest.mark.timeout(900)
-# Alone when the suite runs side by side (tests/harness/turns.py): each benchmark's cap counts the box's idle
-# cores (a test beside it left 0.0 idle and cut plain's need of ~9 to the cap), and the reports' shares follow the
-# box's load: with a shared test beside the five series (the box 7% idle, load 13.8) plain's reports read inputs
-# 0.57-0.68 against the benchmark's 0.70, and its need of 9 fell outside 2 of 10 stated ranges.
-pytestmark = [pytest.mark.slow, pytest.mark.alone, TIMEOUT]  # every test here reads the same series
+# Side by side (tests/harness/turns.py): each benchmark's cap counts the box's idle cores (a test beside it left
+# 0.0 idle and cut plain's need of ~9 to the cap), so the benchmarks have the box to themselves (`box_to_itself`).
+# The reports' shares follow the CPU the jobs get: with a shared test beside the five series at the same priority
+# (the box 7% idle, load 13.8) plain's reports read inputs 0.57-0.68 against the benchmark's 0.70, and its need of
+# 9 fell outside 2 of 10 stated ranges.  So the reports run beside shared tests only where those run at a lower
+# CPU priority (tests/harness/cpu_priority.py); elsewhere the whole module runs alone.
+pytestmark = [pytest.mark.slow, pytest.mark.alone(unless_prioritized=True), TIMEOUT]  # every test reads one series
 
 
 @pytest.mark.parametrize("name", JOBS)

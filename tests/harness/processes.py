@@ -117,9 +117,19 @@ class Spawner:
             pass
 
 
+EXEC_SETTLE_S = 5.0  # how long a process caught in the middle of its exec may take to show its command line
+
+
 def _is_resource_tracker(process: psutil.Process) -> bool:
+    # A process caught in the middle of its exec shows an empty command line: a job reaped ~70 ms after it started
+    # its tracker (a loaded box) killed it in that window, and its semaphores stayed in /dev/shm
+    deadline = time.monotonic() + EXEC_SETTLE_S
     try:
-        return "multiprocessing.resource_tracker" in " ".join(process.cmdline())
+        while not (cmdline := process.cmdline()) and process.status() != psutil.STATUS_ZOMBIE:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)  # a poll on the process's own state, bounded by the deadline above
+        return "multiprocessing.resource_tracker" in " ".join(cmdline)
     except psutil.Error:
         return False
 

@@ -23,7 +23,7 @@ from gputop.tui.screens import link_style, topology_matrix
 
 # a real terminal read against a deadline: the first frame includes the monitor's start, which a box busy with
 # other tests' jobs delays past it (tests/harness/turns.py)
-pytestmark = pytest.mark.alone
+pytestmark = pytest.mark.alone(unless_prioritized=True)
 
 
 def _read_until(master: int, needle: bytes, timeout: float) -> bytes:
