@@ -246,10 +246,12 @@ def pytest_runtest_protocol(item, nextitem):
         slots, measured = turn_of(item, priority is not None)
         turns.hold(slots, measured)
         if priority is not None:
-            # what the test starts from here on inherits it: a measured test's jobs at full weight, a shared
-            # test's in the group beside them
-            if measured:
+            # what the test starts from here on inherits the group: an alone test's jobs among the box's sessions
+            # (nothing beside them), a measured test's in its group, a shared test's in the group beside it
+            if slots == turns.slots:
                 priority.restore()
+            elif measured:
+                priority.measure()
             else:
                 priority.lower()
     started = time.monotonic()

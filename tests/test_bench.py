@@ -308,6 +308,7 @@ def test_bench_result_round_trips_and_summarises():
 # ------------------------------------------------------------------------------------ offline
 
 
+@pytest.mark.alone(unless_prioritized=True)  # rates against the truth: 10 batches/s a worker (ci7 read 7.9 beside a busy test)
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_offline_loader_sweep(tmp_path):
@@ -342,7 +343,9 @@ def test_offline_loader_sweep(tmp_path):
     ],
 )
 def test_offline_refusals_are_one_line(spec, code, message):
-    done = _gputop("bench", "--loader", spec, "--seconds", "8")
+    # the bound covers the helper's torch import: 8 s was hit by a helper a busy box held for longer (ci7), and the
+    # refusal became "no result within 8s"; each refusal comes at once after the import
+    done = _gputop("bench", "--loader", spec, "--seconds", "60", timeout=120)
     assert done.returncode == code
     output = done.stdout if code == 0 else done.stderr
     assert message in output

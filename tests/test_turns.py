@@ -248,28 +248,28 @@ from tests.harness.cpu_priority import CpuPriority, in_group
 priority = CpuPriority.for_run(sys.argv[1])
 if priority is None:
     print(json.dumps(None)); sys.exit()
-priority.lower()
-lowered = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-priority.restore()
-measured = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-seen = {"shares": (priority.shared / "cpu.shares").read_text().strip(),
-        "lowered_child": in_group(lowered.pid, priority.shared), "measured_child": in_group(measured.pid, priority.shared),
-        "self": in_group(os.getpid(), priority.shared)}
-for child in (lowered, measured):
+children = {}
+for name, move in (("shared", priority.lower), ("measured", priority.measure), ("alone", priority.restore)):
+    move()
+    children[name] = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+seen = {"shares": [(g / "cpu.shares").read_text().strip() for g in (priority.measured, priority.shared)]}
+seen.update({name: [in_group(child.pid, g) for g in (priority.measured, priority.shared)] for name, child in children.items()})
+seen["self"] = [in_group(os.getpid(), g) for g in (priority.measured, priority.shared)]
+for child in children.values():
     child.communicate(b"")
 priority.remove()
-seen["removed"] = not priority.shared.exists()
+seen["removed"] = not priority.measured.exists() and not priority.shared.exists()
 print(json.dumps(seen))
 """
 
 
 @pytest.mark.integration  # a real cgroup, and processes started in it
-def test_a_shared_tests_processes_run_in_the_low_priority_group_and_a_measured_tests_do_not(tmp_path):
+def test_each_test_starts_its_processes_in_its_own_priority_group(tmp_path):
     import json
     import subprocess
     import sys
 
-    from tests.harness.cpu_priority import SHARED_TESTS_SHARES
+    from tests.harness.cpu_priority import MEASURED_SHARES, SHARED_SHARES
 
     run = subprocess.run(
         [sys.executable, "-c", _PRIORITY_CHILD, f"check-{os.getpid()}"],
@@ -283,9 +283,11 @@ def test_a_shared_tests_processes_run_in_the_low_priority_group_and_a_measured_t
     if seen is None:
         pytest.skip("no writable cgroup v1 cpu controller here: the suite keeps its exclusive turns")
     assert seen == {
-        "shares": str(SHARED_TESTS_SHARES),
-        "lowered_child": True,  # started while lowered: in the group for good
-        "measured_child": False,
-        "self": False,  # restored
+        "shares": [str(MEASURED_SHARES), str(SHARED_SHARES)],
+        # [in the measured group, in the shared group]: each child stays where it started, whatever its parent does
+        "shared": [False, True],
+        "measured": [True, False],
+        "alone": [False, False],
+        "self": [False, False],  # back where it was
         "removed": True,
     }

@@ -1,12 +1,20 @@
-"""A lower CPU priority for the shared tests while the suite runs side by side (tests/harness/turns.py).
+"""CPU priority for the tests run side by side (tests/harness/turns.py): the measured test first, the shared ones
+in what it leaves.
 
 An acceptance test's live jobs are judged by their shares of time and their verdicts; a test beside it that
 wants the same cores slows them.  Excluding the others costs the run their time; here they run beside it with
-less weight instead: every process a shared test starts (and the pytest worker while it runs one) sits in one
-cgroup whose cpu.shares is `SHARED_TESTS_SHARES`.  The kernel gives each session (autogroup) of the root group
-1024, so while the acceptance test's job wants every core the shared tests together get a fifth of the box beside
-one of its busy sessions (a ninth beside two), and every core it leaves idle.  They still move (their waits have deadlines; an idle-class
-group would stop them outright while a job computes).
+less weight instead.  Two cgroups in the v1 cpu hierarchy, one run's each:
+
+- the measured test's (cpu.shares `MEASURED_SHARES`): the pytest worker while it runs an acceptance test, and
+  every process it starts meanwhile;
+- the shared tests' (`SHARED_SHARES`): the workers while they run shared tests, and what those start.
+
+The kernel shares a contended core between the two groups by their shares, however many processes or sessions
+each holds: the measured test gets four fifths of the box when it wants all of it, the shared tests together the
+other fifth (their waits have deadlines: a shared test that imports torch still does so in seconds), and each
+gets every core the other leaves idle.  An ``alone`` test runs back in the worker's own cgroup with nothing
+beside it, where the kernel shares the cores among sessions (autogroup) as on a user's box: the case study's and
+the CPU-bound prediction's bound is that model.
 
 Where the kernel offers no writable cgroup v1 cpu controller (not root, cgroup v2 only, a container without it)
 `CpuPriority.for_run` returns None and the conftest keeps the exclusive turns: an acceptance test then takes two
@@ -21,7 +29,8 @@ from typing import Optional
 
 from gputop.collect import cgroup
 
-SHARED_TESTS_SHARES = 256  # cpu.shares of the shared tests' group; a session (autogroup) of the root group: 1024
+MEASURED_SHARES = 1024  # cpu.shares of the measured test's group (a session of the root group weighs the same)
+SHARED_SHARES = 256  # the shared tests' group: a fifth of a contended box beside the measured test
 GROUP_PREFIX = "gputop-tests-"
 
 
@@ -37,10 +46,11 @@ def _own_cpu_directory(pid: int) -> Optional[Path]:
 
 
 class CpuPriority:
-    """One run's group for the shared tests, and this process's way in and out of it."""
+    """One run's two groups, and this process's way between them and back to where it was."""
 
-    def __init__(self, home: Path, shared: Path) -> None:
-        self.home = home  # where this process was: back here for a measured test
+    def __init__(self, home: Path, measured: Path, shared: Path) -> None:
+        self.home = home  # where this process was: back here for an alone test
+        self.measured = measured
         self.shared = shared
 
     @classmethod
@@ -48,33 +58,46 @@ class CpuPriority:
         home = _own_cpu_directory(os.getpid())
         if home is None:
             return None
-        if home.name.startswith(GROUP_PREFIX):  # a worker started while its parent sat in the group
+        if home.name.startswith(GROUP_PREFIX):  # a worker started while its parent sat in one of the groups
             home = home.parent
-        shared = home / f"{GROUP_PREFIX}{run_id}"
         if not os.access(home / "cgroup.procs", os.W_OK):
             return None
+        groups = {name: home / f"{GROUP_PREFIX}{run_id}-{name}" for name in ("measured", "shared")}
         try:
-            shared.mkdir(exist_ok=True)
-            (shared / "cpu.shares").write_text(str(SHARED_TESTS_SHARES))
+            for name, shares in (("measured", MEASURED_SHARES), ("shared", SHARED_SHARES)):
+                groups[name].mkdir(exist_ok=True)
+                (groups[name] / "cpu.shares").write_text(str(shares))
         except OSError:
             return None
-        return cls(home, shared)
+        return cls(home, groups["measured"], groups["shared"])
+
+    def _enter(self, group: Path) -> None:
+        """This process, and every process it starts from now on, into `group` (what it started before stays)."""
+        (group / "cgroup.procs").write_text(str(os.getpid()))
 
     def lower(self) -> None:
-        """This process, and every process it starts from now on, into the shared tests' group."""
-        (self.shared / "cgroup.procs").write_text(str(os.getpid()))
+        """Into the shared tests' group."""
+        self._enter(self.shared)
+
+    def measure(self) -> None:
+        """Into the measured test's group."""
+        self._enter(self.measured)
 
     def restore(self) -> None:
-        """This process back where it was; what it started while lowered stays there."""
-        (self.home / "cgroup.procs").write_text(str(os.getpid()))
+        """Back where this process was (an alone test: the kernel's sessions, nothing beside)."""
+        self._enter(self.home)
 
     def remove(self) -> None:
-        """The group gone, once nothing is left in it (a process some test leaked keeps it; it is harmless)."""
+        """The groups gone, once nothing is left in them (a process some test leaked keeps one; it is harmless)."""
         try:
             self.restore()
-            self.shared.rmdir()
         except OSError:
-            pass
+            return
+        for group in (self.measured, self.shared):
+            try:
+                group.rmdir()
+            except OSError:
+                pass
 
 
 def in_group(pid: int, group: Path) -> bool:
