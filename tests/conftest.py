@@ -27,6 +27,7 @@ import pytest
 
 from tests.harness.attach import Observer
 from tests.harness.cpu_priority import CpuPriority
+from tests.harness.measured_chain import plan_path, write_plan
 from tests.harness.processes import Spawner
 from tests.harness.turns import Turns, turns_directory
 
@@ -220,8 +221,8 @@ def pytest_addoption(parser):
         "--test-costs",
         metavar="FILE",
         help="append one JSON line a test to FILE: its lane, its wall seconds (setup, call and teardown), the "
-        "seconds it waited for its side-by-side turn, and its CPU seconds (this process's and its reaped "
-        "children's); scripts/test_costs.py sums them per lane",
+        "seconds it waited for its side-by-side turn, its CPU seconds (this process's and its reaped "
+        "children's), when it ended and on which worker; scripts/test_costs.py sums them per lane",
     )
 
 
@@ -237,9 +238,8 @@ def pytest_runtest_protocol(item, nextitem):
     workerinput = getattr(item.config, "workerinput", None)
     asked = item.config.getoption("--test-costs", None)
     before, asked_at = os.times(), time.monotonic()
-    if workerinput is not None and not _TURNS:
-        _TURNS.append(Turns(turns_directory(workerinput["testrunuid"]), slots=SIDE_BY_SIDE_WORKERS))
-        _PRIORITY.append(CpuPriority.for_run(workerinput["testrunuid"]))
+    if workerinput is not None:
+        _join_run(workerinput["testrunuid"])
     turns = _TURNS[0] if workerinput is not None else None  # one process: nobody to share the CPUs with, no turn
     priority = _PRIORITY[0] if _PRIORITY else None
     if turns is not None:
@@ -264,9 +264,42 @@ def pytest_runtest_protocol(item, nextitem):
             _write_costs(asked, item, before, asked_at, started)
 
 
+def _join_run(run_id: str) -> None:
+    """A worker's turns and CPU priority, once."""
+    if not _TURNS:
+        _TURNS.append(Turns(turns_directory(run_id), slots=SIDE_BY_SIDE_WORKERS))
+        _PRIORITY.append(CpuPriority.for_run(run_id))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist tells the controller this worker has collected
+def pytest_collection_finish(session):
+    workerinput = getattr(session.config, "workerinput", None)
+    if workerinput is None:
+        return
+    _join_run(workerinput["testrunuid"])
+    prioritized = _PRIORITY[0] is not None
+    turns = {item.nodeid: turn_of(item, prioritized) for item in session.items}
+    write_plan(
+        plan_path(os.getppid()),  # the controller started the workers
+        {nodeid: slots == SIDE_BY_SIDE_WORKERS for nodeid, (slots, measured) in turns.items() if measured},
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Side by side, one worker runs the measured tests one after another (tests/harness/measured_chain.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.harness.measured_chain import MeasuredChainScheduling
+
+    return MeasuredChainScheduling(config, log)
+
+
 def pytest_unconfigure(config):
     if _PRIORITY and _PRIORITY[0] is not None:
-        _PRIORITY[0].remove()  # the last worker out removes the group
+        _PRIORITY[0].remove()  # the last worker out removes the groups
+    if not hasattr(config, "workerinput"):
+        plan_path(os.getpid()).unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
@@ -300,6 +333,8 @@ def _write_costs(path: str, item: pytest.Item, before: os.times_result, asked_at
         "turn_wait_s": round(started - asked_at, 3),
         "cpu_s": round(after.user - before.user + after.system - before.system, 3),
         "children_cpu_s": round(after.children_user - before.children_user + after.children_system - before.children_system, 3),
+        "ended_at": round(time.time(), 3),  # a timeline of the run: which tests ran beside which
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
     }
     with open(path, "a") as f:  # one short append a test: the side-by-side workers' lines do not interleave
         f.write(json.dumps(line) + "\n")
