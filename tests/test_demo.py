@@ -140,6 +140,7 @@ def test_the_monitor_side_never_imports_torch():
 # ----------------------------------------------------------------------------- the scenarios, live
 
 
+@pytest.mark.alone(unless_prioritized=True)  # utilization against a bar: the ranks' CPU drives it (ci11 read 48% starved)
 @pytest.mark.slow
 def test_tuned_keeps_the_gpus_busy(demo):
     job, pipeline = demo("tuned", gpus=2)
@@ -214,6 +215,7 @@ def _start_cli(spawn, tmp_path, *args):
     return proc, out_path
 
 
+@pytest.mark.alone(unless_prioritized=True)  # utilization against a bar, as above (ci11: 50% starved)
 @pytest.mark.slow
 def test_cli_headless_runs_for_the_given_seconds(spawn, tmp_path):
     proc, out_path = _start_cli(spawn, tmp_path, "--scenario", "tuned", "--seconds", "3", "--interval", "0.5")

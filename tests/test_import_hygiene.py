@@ -20,12 +20,22 @@ from tests.harness.processes import free_port
 from tests.harness.train_jobs import REPO
 
 # After main() returns: the exit code and every top-level package that was imported, as JSON in argv[1].
-# A command that runs until a signal (serve) is sent SIGTERM after STOP_AFTER_S seconds.
+# A command that runs until a signal (serve) is sent SIGTERM once it listens on STOP_WHEN_LISTENING (host:port):
+# a timer of 3 s from the start killed a serve a busy box had not yet brought that far (ci11, rc -15).
 PROBE = """
-import json, os, signal, sys, threading
+import json, os, signal, socket, sys, threading, time
 from gputop.cli import main
-if os.environ.get("STOP_AFTER_S"):
-    threading.Timer(float(os.environ["STOP_AFTER_S"]), os.kill, (os.getpid(), signal.SIGTERM)).start()
+def stop_once_listening(host, port):
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGTERM)
+if os.environ.get("STOP_WHEN_LISTENING"):
+    threading.Thread(target=stop_once_listening, args=os.environ["STOP_WHEN_LISTENING"].rsplit(":", 1), daemon=True).start()
 rc = main(sys.argv[2:])
 with open(sys.argv[1], "w") as out:
     json.dump({"rc": rc, "modules": sorted({m.split(".")[0] for m in sys.modules})}, out)
@@ -49,14 +59,14 @@ HEADLESS = {
     # summarising a trace file needs no torch (the agent, inside the job, is the only part that does)
     "trace": (["--from", "{repo}/tests/fixtures/traces/hta_alexnet_a100.json.gz", "--json"], {0}),
 }
-STOP_AFTER_S = {"serve": 3.0}
+STOPPED_ONCE_LISTENING = {"serve"}
 # Commands that are the UI itself, or run a torch job as a child (the monitor side still never imports torch).
 INTERACTIVE = {"tui", "demo", "replay", "fleet"}
 
 
-def probe(spawn, tmp_path, argv: list[str], timeout: float = 120, stop_after: Optional[float] = None) -> dict:
+def probe(spawn, tmp_path, argv: list[str], timeout: float = 120, stop_when_listening: Optional[str] = None) -> dict:
     out_file = tmp_path / "probe.json"
-    env = {**os.environ, **({"STOP_AFTER_S": str(stop_after)} if stop_after else {})}
+    env = {**os.environ, **({"STOP_WHEN_LISTENING": stop_when_listening} if stop_when_listening else {})}
     proc = spawn(
         [sys.executable, "-c", PROBE, str(out_file), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=env
     )
@@ -90,7 +100,8 @@ def test_headless_command_loads_neither_textual_nor_torch(command, spawn, tmp_pa
     args, ok_codes = HEADLESS[command]
     pid = spawn.python(BUSY_PYTHON).pid if any("{pid}" in a for a in args) else 0
     argv = [command, *(a.format(tmp=tmp_path, pid=pid, port=free_port(), repo=REPO) for a in args)]
-    result = probe(spawn, tmp_path, argv, stop_after=STOP_AFTER_S.get(command))
+    listen = argv[argv.index("--listen") + 1] if command in STOPPED_ONCE_LISTENING else None
+    result = probe(spawn, tmp_path, argv, stop_when_listening=listen)
     assert result["rc"] in ok_codes, f"gputop {' '.join(argv)} exited {result['rc']}: {result['stderr'][-2000:]}"
     assert "internal error" not in result["stderr"]
     loaded = set(result["modules"])
