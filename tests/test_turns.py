@@ -273,6 +273,7 @@ def test_each_test_starts_its_processes_in_its_own_priority_group(tmp_path):
 
     run = subprocess.run(
         [sys.executable, "-c", _PRIORITY_CHILD, f"check-{os.getpid()}"],
+        env=dict(os.environ, GPUTOP_TEST_CPU_PRIORITY="1"),
         capture_output=True,
         text=True,
         timeout=60,
