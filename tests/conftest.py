@@ -27,7 +27,7 @@ import pytest
 
 from tests.harness.attach import Observer
 from tests.harness.cpu_priority import CpuPriority
-from tests.harness.measured_chain import plan_path, write_plan
+from tests.harness.measured_chain import plan_path, remove_plan, write_plan
 from tests.harness.processes import Spawner
 from tests.harness.turns import Turns, turns_directory
 
@@ -299,7 +299,7 @@ def pytest_unconfigure(config):
     if _PRIORITY and _PRIORITY[0] is not None:
         _PRIORITY[0].remove()  # the last worker out removes the groups
     if not hasattr(config, "workerinput"):
-        plan_path(os.getpid()).unlink(missing_ok=True)
+        remove_plan(os.getpid())
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
-from tests.harness.measured_chain import MEASURED_UNIT, MeasuredChainScheduling, plan_path, write_plan
+from tests.harness.measured_chain import MEASURED_UNIT, MeasuredChainScheduling, plan_path, remove_plan, write_plan
 
 COLLECTION = [
     "tests/acceptance/test_frameworks.py::test_a",
@@ -68,7 +68,7 @@ def test_the_measured_tests_go_first_to_one_worker_alone_ones_at_their_head_the_
         for tests in others:  # every other unit is one file's tests
             assert len({test.split("::")[0] for test in tests}) == 1, tests
     finally:
-        scheduler.remove_plan()
+        remove_plan(os.getpid())
     assert not plan_path(os.getpid()).exists()
 
 

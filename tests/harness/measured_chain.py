@@ -37,6 +37,11 @@ def write_plan(path: Path, measured: dict[str, bool]) -> None:
     os.replace(partial, path)
 
 
+def remove_plan(controller_pid: int) -> None:
+    """The plan gone, at the controller's end (the scheduler reads it once)."""
+    plan_path(controller_pid).unlink(missing_ok=True)
+
+
 class MeasuredChainScheduling(LoadFileScheduling):
     def __init__(self, config: Any, log: Any = None) -> None:
         super().__init__(config, log)
@@ -62,6 +67,3 @@ class MeasuredChainScheduling(LoadFileScheduling):
             self.workqueue[MEASURED_UNIT] = dict(ordered)
             self.workqueue.move_to_end(MEASURED_UNIT, last=False)
         super()._assign_work_unit(node)
-
-    def remove_plan(self) -> None:
-        self._plan_path.unlink(missing_ok=True)
