@@ -287,7 +287,6 @@ def test_a_helper_stopped_after_the_switch_says_the_call_still_runs(spawn, tmp_p
     thread finishes the call by itself, and the line says so instead of "nothing was injected"."""
     job = _sleeper(spawn, tmp_path)
     target = injector.inspect_target(job.pid)
-    monkeypatch.setattr(injector, "HELPER_TIMEOUT", 15.0)  # room for the helper's start on a busy box
     monkeypatch.setenv("GPUTOP_SAFEPOINT_PAUSE_AT", "switched")  # the helper waits there to be killed
     with pytest.raises(GputopError) as said:
         injector._safepoint_inject(target, "pass")
@@ -298,6 +297,25 @@ def test_a_helper_stopped_after_the_switch_says_the_call_still_runs(spawn, tmp_p
         injector._safepoint_inject(target, "pass")
     assert "nothing was injected" in str(said.value), str(said.value)
     assert job.poll() is None
+
+
+@pytest.mark.timeout(60)
+def test_a_helper_that_does_not_start_is_stopped_on_its_own_deadline(spawn, tmp_path, monkeypatch):
+    """The helper's start and the injection have deadlines of their own: a start slowed by a busy box no longer
+    eats the call's time, and a helper that never starts is stopped before it touches a thread."""
+    job = _sleeper(spawn, tmp_path)
+    target = injector.inspect_target(job.pid)
+    monkeypatch.setattr(injector, "HELPER_START_TIMEOUT", 2.0)
+    monkeypatch.setenv("GPUTOP_SAFEPOINT_PAUSE_AT", "starting")  # the helper waits there to be killed
+    with pytest.raises(GputopError) as said:
+        injector._safepoint_inject(target, "pass")
+    assert str(said.value) == (
+        f"the injection helper for PID {job.pid} did not start within 2s (a busy box?); it was stopped before it "
+        "touched a thread, and the job left running; nothing was injected"
+    )
+    assert job.poll() is None
+    monkeypatch.delenv("GPUTOP_SAFEPOINT_PAUSE_AT")
+    injector._safepoint_inject(target, "pass")  # and the next one runs: nothing was left half-done
 
 
 @pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0, reason="needs unshare and root for a private /tmp")

@@ -246,6 +246,7 @@ def test_killing_the_helper_at_any_phase_leaves_the_target_running(spawn, tmp_pa
     # the line makes syscalls while it runs (the "calling" pause waits for one with the call under way)
     helper = _helper(proc.pid, f"__import__('time').sleep(0.2); open({str(marker)!r}, 'w').close()", phase)
     try:
+        assert json.loads(helper.stdout.readline()) == {"started": True}  # gputop's deadline counts from here
         said = [json.loads(helper.stdout.readline())]
         while "switched" in said[-1]:  # said as the registers switch, so that a killer knows the call runs
             said.append(json.loads(helper.stdout.readline()))

@@ -100,12 +100,18 @@ def test_an_acceptance_turn_runs_beside_one_shared_test_never_two_nor_another_ac
 
     threads = []
     try:
+        # each started once the one before is in (or waits at the gate): threads started together take the gate
+        # in any order
+        started_when = {
+            "acceptance": (lambda: running == ["acceptance"], "the acceptance test's turn"),
+            "shared1": (lambda: running == ["acceptance", "shared1"], "one shared test beside the acceptance test"),
+            "shared2": (lambda: _held(tmp_path / "gate"), "the second shared test waits, holding the gate"),
+            "acceptance2": (lambda: True, ""),
+        }
         for turns, name, weight in zip(workers, release, (2, 1, 1, 2)):
             threads.append(threading.Thread(target=run, args=(turns, name, weight)))
             threads[-1].start()
-            if name == "shared1":
-                _wait_for(lambda: running == ["acceptance", "shared1"], "one shared test beside the acceptance test")
-        _wait_for(lambda: _held(tmp_path / "gate"), "the second shared test waits, holding the gate")
+            _wait_for(*started_when[name])
         assert running == ["acceptance", "shared1"]  # not a third beside them: the acceptance test takes two slots
         release["shared1"].set()
         _wait_for(lambda: running == ["acceptance", "shared2"], "the waiting shared test takes the freed slot")
@@ -273,7 +279,6 @@ def test_each_test_starts_its_processes_in_its_own_priority_group(tmp_path):
 
     run = subprocess.run(
         [sys.executable, "-c", _PRIORITY_CHILD, f"check-{os.getpid()}"],
-        env=dict(os.environ, GPUTOP_TEST_CPU_PRIORITY="1"),
         capture_output=True,
         text=True,
         timeout=60,
@@ -292,3 +297,42 @@ def test_each_test_starts_its_processes_in_its_own_priority_group(tmp_path):
         "self": [False, False],  # back where it was
         "removed": True,
     }
+
+
+_REMOVED_CHILD = """
+import json, sys
+from tests.harness.cpu_priority import CpuPriority, in_group
+first, second = CpuPriority.for_run(sys.argv[1]), CpuPriority.for_run(sys.argv[1])
+if first is None:
+    print(json.dumps(None)); sys.exit()
+first.remove()  # a worker that ends first, while the other sits in neither group
+second.lower()
+seen = {"shares": (second.shared / "cpu.shares").read_text().strip(), "in": in_group(__import__("os").getpid(), second.shared)}
+second.remove()
+seen["removed"] = not second.measured.exists() and not second.shared.exists()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.integration  # a real cgroup
+def test_a_group_removed_by_the_first_worker_out_is_made_again_for_the_others(tmp_path):
+    """Each worker removes the run's groups as it ends; a worker that ends first removes them while they are
+    empty, and the others must still enter them (an xdist worker crashed on a missing cgroup.procs)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.harness.cpu_priority import SHARED_SHARES
+
+    run = subprocess.run(
+        [sys.executable, "-c", _REMOVED_CHILD, f"removed-{os.getpid()}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    if seen is None:
+        pytest.skip("no writable cgroup v1 cpu controller here: the suite keeps its exclusive turns")
+    assert seen == {"shares": str(SHARED_SHARES), "in": True, "removed": True}

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shutil
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +52,13 @@ BOOTSTRAP_ERROR = "bootstrap-error.txt"  # beside the agent file: what the injec
 VERSION_TIMEOUT = 5.0
 INJECT_TIMEOUT = 10.0
 MAX_RESULT_BYTES = 256 << 20  # an agent's JSON answer (a sweep, a trace's result) is far smaller
-HELPER_TIMEOUT = 12.0  # the safe-point helper's own bounds (3 s to find a thread, 5 s for the call) plus its start
+# The safe-point helper's deadlines, counted in two parts.  Its start (an interpreter, pyelftools) takes a fraction
+# of a second on a quiet box and several on a loaded one; until it says it started it has touched no thread, so
+# a kill then costs the job nothing.  From then on: its own bounds (3 s to find a thread, 5 s for the call) and
+# room for its ELF reads and its exit.  One bound over both (12 s) let a slow start eat the call's time: a helper
+# started on a starved box was killed while the call it had begun ran on (a CI run, stop 45).
+HELPER_START_TIMEOUT = 30.0
+HELPER_TIMEOUT = 12.0
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _VERSION_RE = re.compile(r"^Python v(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
@@ -468,28 +476,23 @@ def _safepoint_inject(target: Target, code: str) -> None:
         "--call-seconds",
         f"{safepoint.CALL_BOUND_S:g}",
     ]
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=HELPER_TIMEOUT,
-            stdin=subprocess.DEVNULL,
-            cwd="/",
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired as exc:  # subprocess killed it: the job goes on (see safepoint's docstring)
-        said = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        switched = next((line["switched"] for line in _json_lines(said) if "switched" in line), None)
+    said, returncode, stderr = _run_helper(argv)
+    if returncode is None:  # past a deadline, killed: the job goes on (see safepoint's docstring)
+        switched = next((line["switched"] for line in said if "switched" in line), None)
         if switched:
             raise GputopError(safepoint.SWITCHED_TIMEOUT.format(tid=switched, pid=target.pid)) from None
+        if not any(line.get("started") for line in said):
+            raise GputopError(
+                f"the injection helper for PID {target.pid} did not start within {HELPER_START_TIMEOUT:g}s (a busy "
+                "box?); it was stopped before it touched a thread, and the job left running; nothing was injected"
+            )
         raise GputopError(
             f"the injection into PID {target.pid} did not finish within {HELPER_TIMEOUT:g}s; the helper was stopped "
             "before it touched a thread, and the job left running; nothing was injected"
-        ) from None
-    answer = _last_json_line(proc.stdout)
-    if answer is None:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        )
+    answer = said[-1] if said else None
+    if answer is None or "ran" not in answer and "refused" not in answer:
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
         raise GputopError(f"the injection helper for PID {target.pid} failed: {last[:200]}")
     if answer.get("refused"):
         text = answer["refused"]
@@ -500,6 +503,50 @@ def _safepoint_inject(target: Target, code: str) -> None:
         raise GputopError(text)
     if answer.get("reason") or not answer.get("ran"):  # no thread started, or the call outlived its bound
         raise GputopError(f"PID {target.pid}: {answer.get('reason') or 'nothing was injected'}")
+
+
+def _run_helper(argv: list[str]) -> tuple[list[dict[str, Any]], Optional[int], str]:
+    """Run the safe-point helper under its two deadlines: the JSON lines it printed, its exit status (None when
+    it was killed past a deadline) and its standard error."""
+    with tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            cwd="/",
+            start_new_session=True,
+        )
+        lines: "queue.Queue[Optional[str]]" = queue.Queue()
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        reader = threading.Thread(target=read, name="gputop-helper-output", daemon=True)
+        reader.start()
+        said: list[dict[str, Any]] = []
+        deadline = time.monotonic() + HELPER_START_TIMEOUT
+        killed = False
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                proc.kill()  # our own child, by its handle
+                killed = True
+                break
+            if line is None:
+                break
+            said += _json_lines(line)
+            if said and said[-1].get("started"):
+                deadline = time.monotonic() + HELPER_TIMEOUT
+        returncode = proc.wait()
+        reader.join()
+        stderr.seek(0)
+        return said, None if killed else returncode, stderr.read()
 
 
 def _json_lines(text: str) -> list[dict[str, Any]]:
@@ -513,11 +560,6 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
         if isinstance(answer, dict):
             found.append(answer)
     return found
-
-
-def _last_json_line(text: str) -> Optional[dict[str, Any]]:
-    found = _json_lines(text)
-    return found[-1] if found else None
 
 
 # ------------------------------------------------------------------------------- a job that stopped

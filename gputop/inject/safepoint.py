@@ -1001,6 +1001,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     def switched(tid: int) -> None:  # said at once, so a gputop that kills us past its deadline knows the state
         print(json.dumps({"switched": tid}), flush=True)
 
+    _pause("starting", pause_at)
+    print(json.dumps({"started": True}), flush=True)  # gputop's deadline for the rest counts from here
     try:
         out = inject(args.pid, args.code, args.find_seconds, args.call_seconds, pause_at, on_switch=switched)
         answer = {

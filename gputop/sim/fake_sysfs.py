@@ -50,7 +50,7 @@ def _memory_backed_tmp() -> Optional[str]:
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
 
-_TREE_PREFIX = "gputop-sim-"
+TREE_PREFIX = "gputop-sim-"
 
 
 def _private_tree(kind: str) -> Path:
@@ -60,7 +60,7 @@ def _private_tree(kind: str) -> Path:
     new one first removes this user's trees whose process is gone: none pile up in /dev/shm's memory."""
     base = _memory_backed_tmp() or tempfile.gettempdir()
     _remove_orphaned_trees(base)
-    return Path(tempfile.mkdtemp(prefix=f"{_TREE_PREFIX}{kind}-{os.getpid()}-", dir=base))
+    return Path(tempfile.mkdtemp(prefix=f"{TREE_PREFIX}{kind}-{os.getpid()}-", dir=base))
 
 
 def _remove_orphaned_trees(base: str) -> None:
@@ -69,9 +69,9 @@ def _remove_orphaned_trees(base: str) -> None:
     except OSError:
         return
     for entry in entries:
-        if not entry.name.startswith(_TREE_PREFIX):
+        if not entry.name.startswith(TREE_PREFIX):
             continue
-        parts = entry.name[len(_TREE_PREFIX) :].split("-")
+        parts = entry.name[len(TREE_PREFIX) :].split("-")
         if len(parts) < 3 or not parts[1].isdigit():
             continue  # named before trees carried their PID
         try:
