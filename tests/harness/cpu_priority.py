@@ -62,6 +62,9 @@ class CpuPriority:
         self.home = home  # where this process was: back here for an alone test
         self.measured = measured
         self.shared = shared
+        # the group this process was last put in: the write is skipped when a test's group is the one before's
+        # (most tests in a row); unknown at first (a worker may start inside a group of its parent's)
+        self._current: Optional[Path] = None
 
     @classmethod
     def for_run(cls, run_id: str) -> Optional["CpuPriority"]:
@@ -84,6 +87,8 @@ class CpuPriority:
 
     def _enter(self, group: Path) -> None:
         """This process, and every process it starts from now on, into `group` (what it started before stays)."""
+        if group == self._current:  # (a group with this process in it cannot be removed)
+            return
         try:
             (group / "cgroup.procs").write_text(str(os.getpid()))
         except FileNotFoundError:
@@ -91,6 +96,7 @@ class CpuPriority:
                 raise
             _make_group(group)  # a worker that ended first removed it while it was empty
             (group / "cgroup.procs").write_text(str(os.getpid()))
+        self._current = group
 
     def lower(self) -> None:
         """Into the shared tests' group."""
