@@ -14,6 +14,8 @@ from gputop.model import Finding
 from gputop.sim import scenarios
 from tests.harness.box_load import BoxLoad
 
+STEADY_REST_CORES = 0.25  # how far the rest of the box may move between stages 1 and 2 for stage 2's bar to apply
+
 
 def _finding(finding_id: str, severity: str = "warning") -> Finding:
     return Finding(
@@ -77,7 +79,7 @@ def test_a_verdict_settles_when_it_holds_for_a_few_polls():
 @pytest.mark.acceptance  # four live jobs, one after another
 @pytest.mark.slow
 @pytest.mark.alone  # stage 2 is CPU-bound: the cores it gets are its bound, and its prediction
-def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn):
+def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn, tmp_path):
     """Four real jobs (2 ranks each, to fit the box), one after another; one JSON object per stage."""
     box = BoxLoad()
     proc = spawn.python(
@@ -100,16 +102,21 @@ def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn)
     ratios = [r["achieved_over_predicted"] for r in rows[1:]]
     print(f"\nachieved / predicted, stages 2-4: {ratios}; {box.since()}")
     assert all(r is not None for r in ratios), (ratios, [r["predicted"] for r in rows[1:]])
-    # stages 3-4 within issue 37's band.  Stage 2's prediction is bounded by the cores the job can get beside the rest
+    # Stages 3-4 within issue 37's band.  Stage 2's prediction is bounded by the cores the job can get beside the rest
     # of the box (other sessions, gputop, short-lived processes) and holds while that rest uses what it used in stage
-    # 1.  Measured: the job's CPU a step held (within 5%) and the ratio followed the rest (0.97 with it steady; 0.71-0.88
-    # when it grew 0.17-0.43 cores; 3.96 when it shrank 1 core); on a full box 0.76 with the rest steady, 0.41, and 0.81
-    # once the cores no session accounts for were kept apart (the CPU a step then rose 29%): not a bar this shared box
-    # can hold, so it is printed with the rest's cores (docs/predictions.md)
+    # 1.  Measured: the job's CPU a step held (within 5%) and the ratio followed the rest (0.86-1.05 with it steady
+    # and under a core; 0.71-0.88 when it grew 0.17-0.43 cores; 3.96 when it shrank 1 core); on a full box 0.76 with
+    # the rest steady, 0.41, and 0.81 once the cores no session accounts for were kept apart (the CPU a step then rose
+    # 29%) (docs/predictions.md).  So stage 2 is held to the band where its assumption held: the rest of the box used
+    # under a core in stage 1 and moved by at most STEADY_REST_CORES; otherwise the test says what the rest did.
     loads = [(r["stage"], r["load"], r["cores_used"], r["measured"]) for r in rows]  # what each stage measured
+    (tmp_path / "stages.json").write_text(json.dumps(rows))  # kept with the run's basetemp, for a look afterwards
     rest = [(r["measured"] or {}).get("rest_cores") for r in rows[:2]]
     print(f"stage 2: the rest of the box used {rest[0]} cores in stage 1, {rest[1]} in stage 2")
-    assert all(0.8 <= r <= 1.25 for r in ratios[1:]), (ratios, loads, [r["predicted"] for r in rows[1:]], box.since())
+    held = None not in rest and rest[0] < 1.0 and abs(rest[1] - rest[0]) <= STEADY_REST_CORES
+    bars = ratios if held else ratios[1:]
+    print(f"stage 2 {'held to the band' if held else 'not held to it: the rest of the box did not stay as it was'}")
+    assert all(0.8 <= r <= 1.25 for r in bars), (ratios, rest, loads, [r["predicted"] for r in rows[1:]], box.since())
 
 
 def test_a_stage_shows_the_prediction_the_stage_before_made_for_it():
