@@ -21,8 +21,10 @@ from tests.harness.fix_outcome import measure
 @pytest.mark.parametrize(
     "job",
     [
-        # a live job whose loader sleeps: an acceptance test's turn (one shared test beside it, tests/harness/turns.py)
-        pytest.param("io", marks=pytest.mark.acceptance),
+        # a live job whose loader sleeps.  Alone too: the prediction's cores bound reads the box, and beside shared
+        # tests at a lower CPU priority (tests/harness/cpu_priority.py) the job gets more than the sessions model gives
+        # it (a CI run: limited by the cores, 32.7 predicted, 42.4 achieved)
+        pytest.param("io", marks=[pytest.mark.acceptance, pytest.mark.alone]),
         pytest.param("cpu", marks=pytest.mark.alone),  # the cores it gets are the CPU-bound job's bound
     ],
 )
