@@ -36,6 +36,7 @@ def test_the_job_restarted_with_the_advice_achieves_what_the_report_predicted(jo
 
     outcome = measure(job, 12.0, tmp_path, spawn, stop)
     print("\n" + outcome.row())
+    (tmp_path / "outcome.txt").write_text(outcome.row() + "\n")  # kept with the run's basetemp, for a look afterwards
     assert outcome.achieved is not None and outcome.after, outcome.row()
     if job == "io":
         assert outcome.predicted["limited_by"] in ("the step's compute", "the workers"), outcome.row()

@@ -137,13 +137,14 @@ def test_the_window_and_the_card_build_no_nvlink_objects(snapshots, monkeypatch)
 def test_long_window_hiccup_search_runs_once_per_stride_over_fresh_copies_of_a_full_history(monkeypatch):
     """The TUI diagnoses a fresh copy of its history each time, and a full history drops its first sample each
     poll: the 600 s window's observations must still be built once per LONG_WINDOW_STRIDE_S, not each time.
-    Counts collect_gpu_observations' calls (one per window built)."""
+    Counts collect_gpu_observations' calls (one per window built).  Two GPUs, not eight: the count does not depend
+    on them, and eight made it a unit test near its 2 s budget (2.31 s in a CI run beside the measured tests)."""
     from gputop.analysis import diagnosis
     from gputop.analysis.thresholds import HICCUP_MAX_PERIOD_S, LONG_WINDOW_STRIDE_S
     from gputop.history import History
 
     clock = ManualClock(1_700_000_000.0)
-    with Pipeline(SimulatedMachine("h100-sxm-8", clock=clock)) as pipeline:
+    with Pipeline(SimulatedMachine("rtx-4090-2", clock=clock)) as pipeline:
         pipeline.backend.library.pcie_latency_s = 0.0
         live = History(pipeline.machine, capacity=int(3 * HICCUP_MAX_PERIOD_S) + 20)
         for _ in range(live.capacity):
