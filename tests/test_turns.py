@@ -279,6 +279,7 @@ def test_each_test_starts_its_processes_in_its_own_priority_group(tmp_path):
 
     run = subprocess.run(
         [sys.executable, "-c", _PRIORITY_CHILD, f"check-{os.getpid()}"],
+        env=dict(os.environ, GPUTOP_TEST_CPU_PRIORITY="1"),
         capture_output=True,
         text=True,
         timeout=60,
@@ -326,6 +327,7 @@ def test_a_group_removed_by_the_first_worker_out_is_made_again_for_the_others(tm
 
     run = subprocess.run(
         [sys.executable, "-c", _REMOVED_CHILD, f"removed-{os.getpid()}"],
+        env=dict(os.environ, GPUTOP_TEST_CPU_PRIORITY="1"),
         capture_output=True,
         text=True,
         timeout=60,
