@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "gputop"
 
 # The floors, lowest first, read from what the code is.  A module's floor is its longest prefix in this table;
@@ -185,6 +187,7 @@ def test_every_module_has_a_floor():
     assert not homeless, f"give {homeless} a floor in FLOORS"
 
 
+@pytest.mark.integration  # parses the whole package, as ruff and mypy read it (~1.4 s of CPU, near the unit budget)
 def test_the_graph_sees_lazy_and_type_only_imports():
     # the pipeline loads the job collector only inside functions and names it under TYPE_CHECKING: both count
     graph = import_graph()
