@@ -50,6 +50,7 @@ INTEGRATION_MODULES = frozenset(
         "test_demo_cuda.py",
         "test_drills.py",
         "test_fleet.py",
+        "test_fleet_scale.py",  # a 64- and 256-node fleet's series, built once for the module: ~3 s in its first test
         "test_function_length.py",  # parses the whole package, as ruff and mypy read it: 1.3 s of CPU, 2.02 s in a CI run
         "test_harness.py",
         "test_heap.py",

@@ -44,7 +44,6 @@ def test_the_queries_per_refresh_do_not_grow_with_the_nodes():
     assert len(asked[64]) < 25, asked[64]
 
 
-@pytest.mark.integration  # a 64-node fleet's series built and read: 0.8 s of CPU in CI, 3.0 s in a unit-lane run
 def test_every_outlier_is_named_with_its_node_and_rank():
     fleet = fs.Fleet.of(64)
     view = fleet_view(fleet_prom(64))
