@@ -248,6 +248,28 @@ def test_one_measured_test_at_a_time_and_one_waiting_holds_up_no_shared_test(tmp
             turns.close()
 
 
+def _run_priority_child(script: str, tag: str) -> dict:
+    """What `script` saw of the run's cgroups, run in a process of its own with the priority on (it moves itself
+    between groups); skips where the kernel offers no writable cgroup v1 cpu controller."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", script, f"{tag}-{os.getpid()}"],
+        env=dict(os.environ, GPUTOP_TEST_CPU_PRIORITY="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    if seen is None:
+        pytest.skip("no writable cgroup v1 cpu controller here: the suite keeps its exclusive turns")
+    return seen
+
+
 _PRIORITY_CHILD = """
 import json, os, subprocess, sys
 from tests.harness.cpu_priority import CpuPriority, in_group
@@ -271,24 +293,9 @@ print(json.dumps(seen))
 
 @pytest.mark.integration  # a real cgroup, and processes started in it
 def test_each_test_starts_its_processes_in_its_own_priority_group(tmp_path):
-    import json
-    import subprocess
-    import sys
-
     from tests.harness.cpu_priority import MEASURED_SHARES, SHARED_SHARES
 
-    run = subprocess.run(
-        [sys.executable, "-c", _PRIORITY_CHILD, f"check-{os.getpid()}"],
-        env=dict(os.environ, GPUTOP_TEST_CPU_PRIORITY="1"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    assert run.returncode == 0, run.stderr
-    seen = json.loads(run.stdout)
-    if seen is None:
-        pytest.skip("no writable cgroup v1 cpu controller here: the suite keeps its exclusive turns")
+    seen = _run_priority_child(_PRIORITY_CHILD, "check")
     assert seen == {
         "shares": [str(MEASURED_SHARES), str(SHARED_SHARES)],
         # [in the measured group, in the shared group]: each child stays where it started, whatever its parent does
@@ -319,22 +326,7 @@ print(json.dumps(seen))
 def test_a_group_removed_by_the_first_worker_out_is_made_again_for_the_others(tmp_path):
     """Each worker removes the run's groups as it ends; a worker that ends first removes them while they are
     empty, and the others must still enter them (an xdist worker crashed on a missing cgroup.procs)."""
-    import json
-    import subprocess
-    import sys
-
     from tests.harness.cpu_priority import SHARED_SHARES
 
-    run = subprocess.run(
-        [sys.executable, "-c", _REMOVED_CHILD, f"removed-{os.getpid()}"],
-        env=dict(os.environ, GPUTOP_TEST_CPU_PRIORITY="1"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    assert run.returncode == 0, run.stderr
-    seen = json.loads(run.stdout)
-    if seen is None:
-        pytest.skip("no writable cgroup v1 cpu controller here: the suite keeps its exclusive turns")
+    seen = _run_priority_child(_REMOVED_CHILD, "removed")
     assert seen == {"shares": str(SHARED_SHARES), "in": True, "removed": True}

@@ -545,6 +545,8 @@ def _run_helper(argv: list[str]) -> tuple[list[dict[str, Any]], Optional[int], s
                 deadline = time.monotonic() + HELPER_TIMEOUT
         returncode = proc.wait()
         reader.join()
+        while killed and (rest := lines.get()) is not None:  # said between the deadline and the kill ("switched")
+            said += _json_lines(rest)
         stderr.seek(0)
         return said, None if killed else returncode, stderr.read()
 
