@@ -252,7 +252,10 @@ def pytest_runtest_protocol(item, nextitem):
             # (nothing beside them), a measured test's in its group, a shared test's in the group beside it
             if slots == turns.slots:
                 priority.restore()
-            elif measured:
+            elif measured or item.stash.get(_LANE, None) == "unit":
+                # a unit test beside a measured one (a file that mixes lanes; the unit-only files run before the
+                # chain, tests/harness/measured_chain.py): seconds of pure code whose budget the starved group's
+                # fifth of the box would break; as much weight as the measured test, for those seconds
                 priority.measure()
             else:
                 priority.lower()
@@ -263,7 +266,9 @@ def pytest_runtest_protocol(item, nextitem):
         if turns is not None and not keeps_turn(item, nextitem, priority is not None):
             turns.release()
         if asked:
-            _write_costs(asked, item, before, asked_at, started)
+            _write_costs(
+                asked, item, before, asked_at, started, measured=turns is not None and turn_of(item, priority is not None)[1]
+            )
 
 
 def _join_run(run_id: str) -> None:
@@ -284,6 +289,7 @@ def pytest_collection_finish(session):
     write_plan(
         plan_path(os.getppid()),  # the controller started the workers
         {nodeid: slots == SIDE_BY_SIDE_WORKERS for nodeid, (slots, measured) in turns.items() if measured},
+        [item.nodeid for item in session.items if item.stash.get(_LANE, None) == "unit"],
     )
 
 
@@ -326,7 +332,7 @@ def box_to_itself():
     return block
 
 
-def _write_costs(path: str, item: pytest.Item, before: os.times_result, asked_at: float, started: float) -> None:
+def _write_costs(path: str, item: pytest.Item, before: os.times_result, asked_at: float, started: float, measured: bool) -> None:
     after = os.times()
     line = {
         "test": item.nodeid,
@@ -337,6 +343,7 @@ def _write_costs(path: str, item: pytest.Item, before: os.times_result, asked_at
         "children_cpu_s": round(after.children_user - before.children_user + after.children_system - before.children_system, 3),
         "ended_at": round(time.time(), 3),  # a timeline of the run: which tests ran beside which
         "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+        "measured": measured,  # in the measured chain (scripts/test_costs.py --file-costs leaves those out)
     }
     with open(path, "a") as f:  # one short append a test: the side-by-side workers' lines do not interleave
         f.write(json.dumps(line) + "\n")

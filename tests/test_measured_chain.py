@@ -1,11 +1,21 @@
-"""tests/harness/measured_chain.py: side by side, the measured tests go to one worker as one chain, alone ones first."""
+"""tests/harness/measured_chain.py: side by side, the unit files first, then the measured tests to one worker as one
+chain (alone ones first), then the other files, the longest first."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
-from tests.harness.measured_chain import MEASURED_UNIT, MeasuredChainScheduling, plan_path, remove_plan, write_plan
+from tests.harness.measured_chain import (
+    MEASURED_UNIT,
+    MeasuredChainScheduling,
+    hand_out_order,
+    plan_path,
+    read_file_costs,
+    remove_plan,
+    write_plan,
+)
 
 COLLECTION = [
     "tests/acceptance/test_frameworks.py::test_a",
@@ -27,6 +37,9 @@ MEASURED = {  # nodeid: alone
 }
 
 
+SENT: list[list[str]] = []  # what every worker was sent, in order
+
+
 class _Worker:
     """What the scheduler asks of a worker: take these tests, stop when there is no more."""
 
@@ -36,15 +49,21 @@ class _Worker:
 
     def send_runtest_some(self, indexes: list[int]) -> None:
         self.sent.append([COLLECTION[i] for i in indexes])
+        SENT.append(self.sent[-1])
 
     def shutdown(self) -> None:
         self.shutting_down = True
 
 
-def _scheduler(plan: dict) -> tuple[MeasuredChainScheduling, list[_Worker]]:
+UNIT = ["tests/test_bench.py::test_unit_1", "tests/test_bench.py::test_unit_2", "tests/test_case_study.py::test_rule"]
+UNIT += [f"tests/test_model.py::test_{i}" for i in (1, 2, 3)]
+
+
+def _scheduler(plan: dict, unit: tuple = ()) -> tuple[MeasuredChainScheduling, list[_Worker]]:
     config = SimpleNamespace(getvalue=lambda name: {"tx": ["3*popen"]}[name], option=SimpleNamespace(loadscopereorder=True))
     scheduler = MeasuredChainScheduling(config)
-    write_plan(plan_path(os.getpid()), plan)  # as the workers do once they have collected
+    SENT.clear()
+    write_plan(plan_path(os.getpid()), plan, list(unit))  # as the workers do once they have collected
     workers = [_Worker(f"gw{i}") for i in range(3)]
     for worker in workers:
         scheduler.add_node(worker)
@@ -52,21 +71,24 @@ def _scheduler(plan: dict) -> tuple[MeasuredChainScheduling, list[_Worker]]:
     return scheduler, workers
 
 
-def test_the_measured_tests_go_first_to_one_worker_alone_ones_at_their_head_the_rest_by_file():
-    scheduler, workers = _scheduler(MEASURED)
+def test_the_measured_tests_go_to_one_worker_after_the_unit_files_alone_ones_at_their_head_the_rest_by_file():
+    scheduler, workers = _scheduler(MEASURED, tuple(UNIT))
     try:
         scheduler.schedule()
-        first = workers[0].sent[0]
-        assert first == [
+        sent = [tests for tests in SENT if tests]  # every unit handed out, in the order it was
+        chain = [
             "tests/test_bench.py::test_accuracy",  # the alone ones first, each file's tests in their order
             "tests/test_case_study.py::test_live",
             "tests/acceptance/test_frameworks.py::test_a",
             "tests/acceptance/test_frameworks.py::test_b",
         ]
-        others = [tests for worker in workers[1:] for tests in worker.sent]
-        assert sorted(test for tests in others for test in tests) == sorted(set(COLLECTION) - set(MEASURED))
-        for tests in others:  # every other unit is one file's tests
-            assert len({test.split("::")[0] for test in tests}) == 1, tests
+        assert chain in sent, sent
+        # every file left with unit tests only (test_bench's and test_case_study's measured tests are in the chain)
+        # before it, each whole
+        assert sorted(test for tests in sent[: sent.index(chain)] for test in tests) == sorted(UNIT), sent
+        assert sorted(test for tests in sent for test in tests) == sorted(COLLECTION)
+        for tests in sent:  # every other unit is one file's tests
+            assert tests == chain or len({test.split("::")[0] for test in tests}) == 1, tests
     finally:
         remove_plan(os.getpid())
     assert not plan_path(os.getpid()).exists()
@@ -80,3 +102,34 @@ def test_without_a_plan_it_hands_out_whole_files():
     assert MEASURED_UNIT not in scheduler.workqueue
     assert sorted(test for tests in units for test in tests) == sorted(COLLECTION)
     assert all(len({test.split("::")[0] for test in tests}) == 1 for tests in units)
+
+
+def test_after_the_chain_the_longest_file_goes_first_and_a_file_without_a_cost_is_guessed_by_its_tests():
+    units = {
+        "tests/test_model.py": {"tests/test_model.py::test_1": False},
+        MEASURED_UNIT: {"tests/test_case_study.py::test_live": False},
+        "tests/test_short.py": {"tests/test_short.py::test_1": False},
+        "tests/test_long.py": {"tests/test_long.py::test_1": False},
+        "tests/test_new.py": {f"tests/test_new.py::test_{i}": False for i in range(2)},  # 2 shared tests: 6 s guessed
+        "tests/test_new_units.py": {"tests/test_new_units.py::test_1": False, "tests/test_new_units.py::test_2": False},
+    }
+    unit = {"tests/test_model.py::test_1", "tests/test_new_units.py::test_1"}
+    costs = {"tests/test_short.py": 2.0, "tests/test_long.py": 90.0, "tests/test_model.py": 0.5}
+    assert hand_out_order(units, unit, costs) == [
+        "tests/test_model.py",
+        MEASURED_UNIT,
+        "tests/test_long.py",
+        "tests/test_new.py",
+        "tests/test_new_units.py",  # one unit test (0.1 s) and one shared (3 s)
+        "tests/test_short.py",
+    ]
+
+
+def test_the_committed_costs_name_test_files_that_exist(tmp_path):
+    costs = read_file_costs()
+    assert costs and all(seconds >= 0 for seconds in costs.values())
+    root = Path(__file__).resolve().parent.parent
+    missing = [name for name in costs if not (root / name).is_file()]
+    assert not missing, f"tests/harness/file_costs.json names files that are gone: {missing} (scripts/test_costs.py --file-costs)"
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    assert read_file_costs(tmp_path / "bad.json") == read_file_costs(tmp_path / "absent.json") == {}

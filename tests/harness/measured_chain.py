@@ -1,16 +1,25 @@
-"""One worker runs the measured tests one after another; the others run the shared ones beside them.
+"""The order a side-by-side run hands out its tests: the unit files first, then the measured chain on one worker,
+the other files longest first.
 
 The measured tests (acceptance and ``alone``, tests/harness/turns.py) take the measured turn, one at a time: they
 form a chain as long as their sum (~16 minutes on the 2-core box), and the run cannot end before it does.  Spread
 over whole files as pytest-xdist's ``loadfile`` hands them out, the chain stalled whenever no worker had a measured
 test next (all three in files of shared tests) and grew by the unit and shared tests of its files.  Here the
-measured tests of every file form one work unit, handed first to one worker (the ``alone`` ones at its head, while
-the others start on files of quick unit tests, so the box drains quickly for them); every other test goes by
-file, as ``loadfile``.
+measured tests of every file form one work unit, handed to one worker (the ``alone`` ones at its head); every other
+test goes by file, as ``loadfile``, in this order:
 
-The controller does not collect tests; each worker writes which of its collected tests are measured (`write_plan`,
-at the end of its collection) to a file the controller's scheduler reads once every worker has collected.
-Without that file (one process, another ``--dist``) nothing changes.
+1. the files of unit tests only (~1 CPU-minute in all), on every worker at once, before the first measured test
+   starts: beside a measured test the shared tests run at a fifth of the box (tests/harness/cpu_priority.py), and
+   a unit test's 2 s budget (tests/conftest.py) would then measure the starved box;
+2. the measured chain, to the first worker that asks after them;
+3. the other files, the longest first (`FILE_COSTS`: their shared tests' seconds in a recent run, written by
+   ``scripts/test_costs.py --file-costs``; a file not in it is guessed from its count of tests).  xdist's own order
+   (the most tests first) handed out a 9-test file of 163 s near the end, and the run waited ~3 minutes for it
+   after everything else was done.
+
+The controller does not collect tests; each worker writes which of its collected tests are measured and which
+are unit tests (`write_plan`, at the end of its collection) to a file the controller's scheduler reads once every
+worker has collected.  Without that file (one process, another ``--dist``) nothing changes.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from typing import Any, Optional
 from xdist.scheduler import LoadFileScheduling
 
 MEASURED_UNIT = "measured tests"
+FILE_COSTS = Path(__file__).with_name("file_costs.json")  # {test file: its shared tests' wall seconds}
+GUESS_S = {"unit": 0.1, "shared": 3.0}  # a file not in FILE_COSTS: seconds a test, by whether it is a unit test
 
 
 def plan_path(controller_pid: int) -> Path:
@@ -30,10 +41,11 @@ def plan_path(controller_pid: int) -> Path:
     return Path(os.environ.get("TMPDIR", "/tmp")) / f"gputop-test-plan-{os.geteuid()}-{controller_pid}.json"
 
 
-def write_plan(path: Path, measured: dict[str, bool]) -> None:
-    """{nodeid: alone} for each measured test, written whole (every worker writes the same)."""
+def write_plan(path: Path, measured: dict[str, bool], unit: Optional[list[str]] = None) -> None:
+    """{nodeid: alone} for each measured test and the unit tests' nodeids, written whole (every worker writes the
+    same)."""
     partial = path.with_name(f"{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps(measured))
+    partial.write_text(json.dumps({"measured": measured, "unit": unit or []}))
     os.replace(partial, path)
 
 
@@ -42,28 +54,56 @@ def remove_plan(controller_pid: int) -> None:
     plan_path(controller_pid).unlink(missing_ok=True)
 
 
+def read_file_costs(path: Path = FILE_COSTS) -> dict[str, float]:
+    try:
+        costs = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(name): float(seconds) for name, seconds in costs.items()} if isinstance(costs, dict) else {}
+
+
+def hand_out_order(units: dict[str, dict[str, bool]], unit_tests: set[str], costs: dict[str, float]) -> list[str]:
+    """The work units (test files, and `MEASURED_UNIT`) in the order they are handed out (the module docstring):
+    unit-only files as collected, the measured chain, the rest by their cost, the longest first (ties as
+    collected)."""
+
+    def cost(scope: str) -> float:
+        if scope in costs:
+            return costs[scope]
+        return sum(GUESS_S["unit" if nodeid in unit_tests else "shared"] for nodeid in units[scope])
+
+    names = [scope for scope in units if scope != MEASURED_UNIT]
+    unit_only = [scope for scope in names if all(nodeid in unit_tests for nodeid in units[scope])]
+    rest = sorted((scope for scope in names if scope not in unit_only), key=lambda scope: -cost(scope))
+    return [*unit_only, *([MEASURED_UNIT] if MEASURED_UNIT in units else []), *rest]
+
+
 class MeasuredChainScheduling(LoadFileScheduling):
     def __init__(self, config: Any, log: Any = None) -> None:
         super().__init__(config, log)
-        self.plan: dict[str, bool] = {}
+        self.plan: dict[str, bool] = {}  # {nodeid: alone} of the measured tests
+        self.unit_tests: set[str] = set()
         self._plan_path = plan_path(os.getpid())
+        self._ordered = False
 
     def schedule(self) -> None:
         if self.collection is None:  # the first call, once every worker has collected
             try:
-                self.plan = json.loads(self._plan_path.read_text())
-            except (OSError, ValueError):
-                self.plan = {}
+                plan = json.loads(self._plan_path.read_text())
+                self.plan, self.unit_tests = dict(plan["measured"]), set(plan["unit"])
+            except (OSError, ValueError, KeyError, TypeError):
+                self.plan, self.unit_tests = {}, set()
         super().schedule()
 
     def _split_scope(self, nodeid: str) -> str:
         return MEASURED_UNIT if nodeid in self.plan else super()._split_scope(nodeid)
 
     def _assign_work_unit(self, node: Any) -> None:
-        chain: Optional[dict[str, bool]] = self.workqueue.get(MEASURED_UNIT)
-        if chain is not None:
-            # first out, the alone tests at its head (a stable sort: each file's tests stay in their order)
-            ordered = sorted(chain.items(), key=lambda item: not self.plan.get(item[0], False))
-            self.workqueue[MEASURED_UNIT] = dict(ordered)
-            self.workqueue.move_to_end(MEASURED_UNIT, last=False)
+        if not self._ordered and self.plan:  # the first call: xdist has just built the queue
+            self._ordered = True
+            chain = self.workqueue.get(MEASURED_UNIT)
+            if chain is not None:  # the alone tests at its head (a stable sort: each file's tests stay in their order)
+                self.workqueue[MEASURED_UNIT] = dict(sorted(chain.items(), key=lambda item: not self.plan.get(item[0], False)))
+            for scope in hand_out_order(dict(self.workqueue), self.unit_tests, read_file_costs()):
+                self.workqueue.move_to_end(scope)
         super()._assign_work_unit(node)
