@@ -76,6 +76,22 @@ def test_a_verdict_settles_when_it_holds_for_a_few_polls():
     assert not case_study.settled([case_study.COLLECTING] * 50, case_study.MAX_STAGE_S - 1)
 
 
+def test_a_check_names_what_the_cores_bound_assumed_and_the_next_window_measured_otherwise():
+    before = {"cpu_s_per_step": 0.2861, "rest_cores": 0.123}
+    assert case_study.assumptions_moved(before, {"cpu_s_per_step": 0.30, "rest_cores": 0.30}) == []  # +5%, +0.18 cores
+    assert case_study.assumptions_moved(before, {"cpu_s_per_step": 0.3467, "rest_cores": 0.202}) == [
+        "the job's CPU a step rose 21% (0.286 → 0.347 CPU-s)"
+    ]
+    assert case_study.assumptions_moved(
+        {"cpu_s_per_step": 0.3, "rest_cores": 1.5}, {"cpu_s_per_step": 0.2, "rest_cores": 0.5}
+    ) == [
+        "the job's CPU a step fell 33% (0.300 → 0.200 CPU-s)",
+        "the rest of the box left cores (1.50 → 0.50)",
+    ]
+    assert case_study.assumptions_moved(None, {"cpu_s_per_step": 0.3}) == []  # nothing measured before: nothing to say
+    assert case_study.assumptions_moved({"rest_cores": None}, {"rest_cores": 0.9}) == []
+
+
 @pytest.mark.acceptance  # four live jobs, one after another
 @pytest.mark.slow
 @pytest.mark.alone  # stage 2 is CPU-bound: the cores it gets are its bound, and its prediction
@@ -116,7 +132,17 @@ def test_the_case_study_gives_the_four_verdicts_in_order_and_rising_steps(spawn,
     held = None not in rest and rest[0] < 1.0 and abs(rest[1] - rest[0]) <= STEADY_REST_CORES
     bars = ratios if held else ratios[1:]
     print(f"stage 2 {'held to the band' if held else 'not held to it: the rest of the box did not stay as it was'}")
-    assert all(0.8 <= r <= 1.25 for r in bars), (ratios, rest, loads, [r["predicted"] for r in rows[1:]], box.since())
+    # The cores bound also assumes the job's CPU a step stays; on this 2-core VM it rose 10-21% from stage 1 (0.6
+    # cores) to stage 2 (1.8: each core slower with both busy), and the ratio with it (0.78 at +21%).  Where it moved,
+    # the check must say so (`assumptions_moved`), and the model is held to the band on what was measured: the ratio
+    # times the CPU a step's change (the cores bound scales with it).
+    cpu = [(r["measured"] or {}).get("cpu_s_per_step") for r in rows[:2]]
+    moved = rows[1]["assumptions_moved"]
+    print(f"stage 2: the job's CPU a step {cpu[0]} → {cpu[1]}; the check named as moved: {moved}")
+    if held and None not in cpu and abs(cpu[1] / cpu[0] - 1) > case_study.CPU_PER_STEP_MOVED:
+        assert any("CPU a step" in m for m in moved), (moved, cpu)
+        bars = [ratios[0] * cpu[1] / cpu[0], *ratios[1:]]
+    assert all(0.8 <= r <= 1.25 for r in bars), (ratios, bars, rest, cpu, loads, [r["predicted"] for r in rows[1:]], box.since())
 
 
 def test_a_stage_shows_the_prediction_the_stage_before_made_for_it():

@@ -39,6 +39,7 @@ from gputop.analysis.checks.kernels import amp_forecast
 from gputop.analysis.diagnosis import build_context, verdict_line
 from gputop.analysis.findings import findings as diagnose_all
 from gputop.analysis.observations import Context, pooled_counts
+from gputop.analysis.prediction import CORES as CORES_BOUND
 from gputop.analysis.prediction import CoreUse, Forecast, StepRate, core_use
 from gputop.errors import GputopError
 from gputop.history import History
@@ -52,6 +53,9 @@ if TYPE_CHECKING:
 
 ARTICLE_MINUTES = (72.0, 31.0, 22.0, 18.0)  # an epoch at each stage, in the article's table
 ARTICLE_WORKERS = 12  # the article's stage 2 DataLoader
+# what a prediction bounded by the cores assumes stays put, and how far it may move before the check says it did
+CPU_PER_STEP_MOVED = 0.08  # the job's CPU a rank-step, as a share: it held within 5% where the cores stayed idle
+REST_CORES_MOVED = 0.25  # the cores the rest of the box used
 MIN_STAGE_S = 20.0  # stacks for a share (5 dumps at 2 s) and GPM means (5 samples) with room to spare
 MAX_STAGE_S = 150.0  # a verdict that never settles is reported as it stands
 SETTLE_POLLS = 5
@@ -100,14 +104,16 @@ class StageResult:
     measured: Optional[dict[str, Any]] = None
 
     def predicted(self, previous: Optional["StageResult"]) -> dict[str, Any]:
-        """The prediction the stage before made for this stage, and achieved ÷ predicted."""
+        """The prediction the stage before made for this stage, achieved ÷ predicted, and what the prediction
+        assumed that moved between the window that made it and this stage's (`assumptions_moved`)."""
         forecast = previous.forecast_next if previous is not None else None
-        if forecast is None:
-            return {"predicted": None, "achieved_over_predicted": None}
+        if forecast is None or previous is None:
+            return {"predicted": None, "achieved_over_predicted": None, "assumptions_moved": []}
         figures = forecast.figures()
         after = figures.get("steps_per_s_after")
         ratio = round(self.steps_per_s / after, 2) if after else None
-        return {"predicted": figures, "achieved_over_predicted": ratio}
+        moved = assumptions_moved(previous.measured, self.measured) if figures.get("limited_by") == CORES_BOUND else []
+        return {"predicted": figures, "achieved_over_predicted": ratio, "assumptions_moved": moved}
 
     def json(self, previous: Optional["StageResult"]) -> dict[str, Any]:
         fix = self.finding.fix.splitlines()[0].strip() if self.finding.fix else ""
@@ -131,6 +137,26 @@ class StageResult:
             "load": None if self.load is None else round(self.load, 1),
             "measured": self.measured,
         }
+
+
+def assumptions_moved(before: Optional[dict[str, Any]], after: Optional[dict[str, Any]]) -> list[str]:
+    """What a prediction bounded by the cores assumes ("the CPU a step costs stays what it is, and other load leaves
+    the cores it leaves now") and the next window measured otherwise: the job's CPU a step moved by more than
+    `CPU_PER_STEP_MOVED`, or the rest of the box's cores by more than `REST_CORES_MOVED`.  Each in words, for a
+    check that missed: on a 2-core VM the CPU a step rose 10-21% when the job went from 0.6 to 1.8 cores (each core
+    slower with both busy), which the cores bound does not foresee (docs/predictions.md)."""
+    before, after = before or {}, after or {}
+    moved = []
+    cpu = before.get("cpu_s_per_step"), after.get("cpu_s_per_step")
+    if None not in cpu and cpu[0] and abs(cpu[1] / cpu[0] - 1) > CPU_PER_STEP_MOVED:
+        change = cpu[1] / cpu[0] - 1
+        moved.append(
+            f"the job's CPU a step {'rose' if change > 0 else 'fell'} {abs(change):.0%} ({cpu[0]:.3f} → {cpu[1]:.3f} CPU-s)"
+        )
+    rest = before.get("rest_cores"), after.get("rest_cores")
+    if None not in rest and abs(rest[1] - rest[0]) > REST_CORES_MOVED:
+        moved.append(f"the rest of the box {'took' if rest[1] > rest[0] else 'left'} cores ({rest[0]:.2f} → {rest[1]:.2f})")
+    return moved
 
 
 def stages(ranks: int, cores: float, step_ms: float = DEFAULT_STEP_MS) -> list[Stage]:
@@ -464,6 +490,7 @@ def _against(record: dict[str, Any]) -> str:
         f"{predicted['steps_per_s_after']:.2f} steps/s ({predicted['after_low']:.2f}–"
         + (f"{predicted['after_high']:.2f}" if predicted.get("after_high") is not None else "")
         + f", limited by {predicted['limited_by']}); achieved ÷ predicted {record['achieved_over_predicted']}"
+        + (f"; assumed, and moved: {'; '.join(record['assumptions_moved'])}" if record.get("assumptions_moved") else "")
     )
 
 
