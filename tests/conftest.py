@@ -179,7 +179,10 @@ def pytest_runtest_makereport(item, call):
 
 _TURNS: list[Turns] = []
 _PRIORITY: list[Optional[CpuPriority]] = []  # this worker's, once it knows whether the kernel offers one
-SIDE_BY_SIDE_WORKERS = 3  # most integration tests wait (a job's start, a report's window): three overlap on 2 cores
+# Most integration tests wait (a job's start, a report's window): 1.2-1.4 of the 2 cores were busy on average with
+# three workers, and the shared tests (48 CPU-s of test_fleet.py in 214 s) held the run up after the measured chain
+# (ci21): a fourth worker runs a third shared test beside the chain, in the shared group's fifth of the box
+SIDE_BY_SIDE_WORKERS = 4
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -200,13 +203,13 @@ def turn_of(item: pytest.Item, prioritized: bool) -> tuple[int, bool]:
       ``alone(unless_prioritized=True)`` (its bar needs the CPU it asks for, not the box's other readings) takes
       the measured turn and one slot where the shared tests run at a lower priority, as an acceptance test;
     - acceptance (live jobs judged by shares and verdicts): one slot where the shared tests beside it run at a lower
-      CPU priority (`prioritized`, tests/harness/cpu_priority.py), else two (one shared test beside it);
+      CPU priority (`prioritized`, tests/harness/cpu_priority.py), else all but one (one shared test beside it);
     - the rest: one slot, at the lower priority where there is one."""
     alone = item.get_closest_marker("alone")
     if alone is not None:
         return (1, True) if prioritized and alone.kwargs.get("unless_prioritized") else (SIDE_BY_SIDE_WORKERS, True)
     if item.stash.get(_LANE, None) == "acceptance":
-        return (1 if prioritized else 2), True
+        return (1 if prioritized else SIDE_BY_SIDE_WORKERS - 1), True
     return 1, False
 
 

@@ -136,9 +136,11 @@ def test_the_nccl_hang_names_the_collective_from_the_ranks_flight_recorders(demo
 # ----------------------------------------------------------------------------- the headless verdict
 
 
+@pytest.mark.alone(unless_prioritized=True)  # the tuned demo's verdict: its ranks' CPU drives it (ci21 read input-bound)
 @pytest.mark.slow
 def test_headless_demo_ends_with_the_verdict_and_the_findings(spawn, tmp_path):
-    """`gputop demo --no-tui --seconds N` ends with the verdict line and one line per finding, for scripts."""
+    """`gputop demo --no-tui --seconds N` ends with the verdict line, one line per finding, then one line per
+    prediction (a finding's fix and what it buys), for scripts."""
     import sys
 
     out_path = tmp_path / "out.txt"
@@ -167,7 +169,10 @@ def test_headless_demo_ends_with_the_verdict_and_the_findings(spawn, tmp_path):
     verdicts = [i for i, line in enumerate(lines) if line.startswith("verdict: ")]
     assert len(verdicts) == 1, lines
     tail = lines[verdicts[0] + 1 :]
-    assert tail and all(re.match(r"finding: (critical|warning|info) +\S+ +\S", line) for line in tail), tail
+    findings = [line for line in tail if re.match(r"finding: (critical|warning|info) +\S+ +\S", line)]
+    predictions = [line for line in tail if re.match(r"prediction: \S+ +\S", line)]
+    assert findings and tail == findings + predictions, tail  # the findings first, then the predictions
+    assert {line.split()[1] for line in predictions} <= {line.split()[2] for line in findings}, tail
     assert lines[verdicts[0]].startswith("verdict: Healthy"), lines[verdicts[0]]
     assert re.match(r"finding: info +healthy +Healthy", tail[0]), tail
     launcher = int(re.search(r"launcher PID (\d+)", "\n".join(lines)).group(1))

@@ -874,3 +874,40 @@ def test_prometheus_scrapes_serve_next_to_an_input_bound_job(spawn, tmp_path):
     _out, err = serve.communicate(timeout=30)
     assert serve.returncode == 0 and "Traceback" not in err, err
     assert prometheus.poll() is None, prometheus.stderr.read().decode()[-2000:]
+
+
+def test_a_stop_closes_the_pipeline_only_once_the_poll_in_progress_has_ended():
+    """A CI run's `serve` stopped while a poll that had found a new job added its collector, and close() walked the
+    collectors meanwhile: "dictionary changed size during iteration".  The stop waits for the poll thread first."""
+    import threading
+
+    from gputop.commands.serve import stop_serving
+
+    events: list[str] = []
+    polling, release = threading.Event(), threading.Event()
+
+    class Loop:
+        def stop(self) -> None:
+            events.append("loop stopped")
+
+    class Pipeline:
+        def close(self) -> None:
+            events.append("pipeline closed")
+
+    def poll() -> None:
+        polling.set()
+        release.wait(30)
+        events.append("poll ended")
+
+    collecting = threading.Thread(target=poll)
+    collecting.start()
+    polling.wait(30)
+    stopping = threading.Thread(target=stop_serving, args=(Loop(), None, Pipeline(), collecting))
+    stopping.start()
+    wait_until(lambda: events == ["loop stopped"], timeout=30, what="the stop to begin")
+    stopping.join(0.2)  # a stop that does not wait would have closed the pipeline by now
+    assert events == ["loop stopped"] and stopping.is_alive()
+    release.set()
+    stopping.join(30)
+    collecting.join(30)
+    assert events == ["loop stopped", "poll ended", "pipeline closed"]

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 from gputop.errors import GputopError, UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:9401"
+STOP_POLL_S = 30.0  # how long a stop waits for the poll in progress (a py-spy round on a busy box) to end
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -101,11 +102,20 @@ def start_exporting(exporter: "Exporter", host: str, port: int) -> "WSGIServer":
     return start_server(host, port, registry)
 
 
-def stop_serving(loop: "Optional[PollLoop]", server: "Optional[WSGIServer]", pipeline: "Optional[Pipeline]") -> None:
-    """Take down what serving started, in order (whatever got started: None is skipped): the poll loop, the
-    HTTP server, the pipeline (with the followed jobs' stack samplers)."""
+def stop_serving(
+    loop: "Optional[PollLoop]",
+    server: "Optional[WSGIServer]",
+    pipeline: "Optional[Pipeline]",
+    collecting: Optional[threading.Thread] = None,
+) -> None:
+    """Take down what serving started, in order (whatever got started: None is skipped): the poll loop and the
+    thread running it, the HTTP server, the pipeline (with the followed jobs' stack samplers)."""
     if loop is not None:
         loop.stop()
+    if collecting is not None:
+        # the poll in progress ends before the pipeline under it is closed: a poll that found a new job adds its
+        # collector while close() walks them (a CI run's "dictionary changed size during iteration")
+        collecting.join(timeout=STOP_POLL_S)
     if server is not None:
         server.shutdown()
         server.server_close()
@@ -123,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     pipeline = following_pipeline(args)
     server = None
     loop: Optional[PollLoop] = None
+    thread: Optional[threading.Thread] = None
     try:
         exporter = Exporter(
             pipeline, interval=args.interval, dcgm_fields=args.dcgm_fields, hostname=getattr(args, "hostname", None), log=log
@@ -143,9 +154,8 @@ def run(args: argparse.Namespace) -> int:
         thread = threading.Thread(target=loop.run, args=(exporter.deliver,), name="gputop-serve-collect", daemon=True)
         thread.start()
         _wait_for_signal(loop)
-        thread.join(timeout=max(5.0, 2 * args.interval))
     finally:
-        stop_serving(loop, server, pipeline)
+        stop_serving(loop, server, pipeline, thread)
     return 0
 
 
