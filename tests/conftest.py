@@ -179,10 +179,10 @@ def pytest_runtest_makereport(item, call):
 
 _TURNS: list[Turns] = []
 _PRIORITY: list[Optional[CpuPriority]] = []  # this worker's, once it knows whether the kernel offers one
-# Most integration tests wait (a job's start, a report's window): 1.2-1.4 of the 2 cores were busy on average with
-# three workers, and the shared tests (48 CPU-s of test_fleet.py in 214 s) held the run up after the measured chain
-# (ci21): a fourth worker runs a third shared test beside the chain, in the shared group's fifth of the box
-SIDE_BY_SIDE_WORKERS = 4
+# Most integration tests wait (a job's start, a report's window): three overlap on 2 cores.  A fourth worker (a third
+# shared test beside the chain) made the run slower, not faster (ci22: 20:44 against 19:52, 9% more CPU): with the
+# CPU priority on the shared tests are bound by the shared group's CPU, not by their waits
+SIDE_BY_SIDE_WORKERS = 3
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -147,15 +147,16 @@ def assumptions_moved(before: Optional[dict[str, Any]], after: Optional[dict[str
     slower with both busy), which the cores bound does not foresee (docs/predictions.md)."""
     before, after = before or {}, after or {}
     moved = []
-    cpu = before.get("cpu_s_per_step"), after.get("cpu_s_per_step")
-    if None not in cpu and cpu[0] and abs(cpu[1] / cpu[0] - 1) > CPU_PER_STEP_MOVED:
-        change = cpu[1] / cpu[0] - 1
+    cpu_before, cpu_after = before.get("cpu_s_per_step"), after.get("cpu_s_per_step")
+    if cpu_before and cpu_after is not None and abs(cpu_after / cpu_before - 1) > CPU_PER_STEP_MOVED:
+        change = cpu_after / cpu_before - 1
         moved.append(
-            f"the job's CPU a step {'rose' if change > 0 else 'fell'} {abs(change):.0%} ({cpu[0]:.3f} → {cpu[1]:.3f} CPU-s)"
+            f"the job's CPU a step {'rose' if change > 0 else 'fell'} {abs(change):.0%} ({cpu_before:.3f} → {cpu_after:.3f} CPU-s)"
         )
-    rest = before.get("rest_cores"), after.get("rest_cores")
-    if None not in rest and abs(rest[1] - rest[0]) > REST_CORES_MOVED:
-        moved.append(f"the rest of the box {'took' if rest[1] > rest[0] else 'left'} cores ({rest[0]:.2f} → {rest[1]:.2f})")
+    rest_before, rest_after = before.get("rest_cores"), after.get("rest_cores")
+    if rest_before is not None and rest_after is not None and abs(rest_after - rest_before) > REST_CORES_MOVED:
+        took = "took" if rest_after > rest_before else "left"
+        moved.append(f"the rest of the box {took} cores ({rest_before:.2f} → {rest_after:.2f})")
     return moved
 
 
