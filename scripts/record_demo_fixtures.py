@@ -17,7 +17,6 @@ the code runs).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import hashlib
 import json
@@ -37,6 +36,7 @@ from gputop.pipeline import Following, Pipeline  # noqa: E402
 from gputop.recording import VERSION, RecordingWriter  # noqa: E402
 from gputop.sim.demo_launcher import DemoJob  # noqa: E402
 from gputop.sim.scenarios import SCENARIOS  # noqa: E402
+from tests.harness.replay import record_named  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "recordings"
 RANKS = 4  # as the live demo tests: 4 ranks start faster on a small box than 8; the profiles are the same
@@ -140,16 +140,7 @@ def record(scenario: str) -> Path:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="default: all of " + ", ".join(SCENARIOS))
-    args = parser.parse_args()
-    unknown = [s for s in args.scenarios if s not in SCENARIOS]
-    if unknown:
-        parser.error(f"no scenario {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
-    FIXTURES.mkdir(parents=True, exist_ok=True)
-    for scenario in args.scenarios or SCENARIOS:
-        record(scenario)
-    return 0
+    return record_named(__doc__ or "", "scenario", list(SCENARIOS), record)
 
 
 if __name__ == "__main__":

@@ -293,6 +293,7 @@ def pytest_collection_finish(session):
         plan_path(os.getppid()),  # the controller started the workers
         {nodeid: slots == SIDE_BY_SIDE_WORKERS for nodeid, (slots, measured) in turns.items() if measured},
         [item.nodeid for item in session.items if item.stash.get(_LANE, None) == "unit"],
+        units_first=prioritized,
     )
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 import functools
 import json
 import statistics
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -30,34 +28,22 @@ from gputop.analysis.diagnosis import diagnose, severe, verdict_line
 from gputop.analysis.stack_classes import COLLECTIVE, IN_DATASET, WAITING_FOR_DATA, classify_main_thread, main_thread
 from gputop.analysis.thresholds import SHARE_WINDOW_S
 from gputop.history import History
-from gputop.model import LABEL_CODE, Finding, MachineInfo, Snapshot
-from gputop.recording import VERSION, read_recording
+from gputop.model import LABEL_CODE, Finding
+from gputop.recording import VERSION
 from gputop.sim import scenarios
 from tests.harness.demo import dips
+from tests.harness.replay import FIXTURES, VERDICT_DEADLINE_S, Replay, load_script
 
 REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "tests" / "fixtures" / "recordings"
-VERDICT_DEADLINE_S = 30.0  # every attach test's verdict bar (issues 11 and 12)
 RERECORD = "python scripts/record_demo_fixtures.py"
 
 
 def _recorder():
-    """scripts/record_demo_fixtures.py as a module (its source digest and item line are the fixtures' keys)."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import record_demo_fixtures
-    finally:
-        sys.path.pop(0)
-    return record_demo_fixtures
+    """scripts/record_demo_fixtures.py as a module (its digests are the fixtures' keys)."""
+    return load_script("record_demo_fixtures")
 
 
-@dataclass
-class Replay:
-    scenario: str
-    meta: dict
-    machine: MachineInfo
-    snaps: list[Snapshot]
-
+class DemoReplay(Replay):
     @functools.cached_property
     def in_loop(self) -> int:
         """The index of the first snapshot in which every rank is in its training loop (the live tests attach then)."""
@@ -66,7 +52,7 @@ class Replay:
             found = snap.job.ranks if snap.job is not None else ()
             if len(found) == ranks and all(r.loop_started is not None for r in found):
                 return i
-        raise AssertionError(f"{self.scenario}: no snapshot with all {ranks} ranks in their loop")
+        raise AssertionError(f"{self.name}: no snapshot with all {ranks} ranks in their loop")
 
     @property
     def pids(self) -> list[int]:
@@ -75,31 +61,11 @@ class Replay:
         assert job is not None
         return [r.proc.pid for r in sorted(job.ranks, key=lambda r: r.rank if r.rank is not None else -1)]
 
-    def history(self, until: int) -> History:
-        history = History(self.machine, capacity=len(self.snaps) + 1)
-        for snap in self.snaps[: until + 1]:
-            history.append(snap)
-        return history
-
-    def diagnosed(self, until: int) -> list[Finding]:
-        return diagnose(self.history(until))
-
     def first(self, wanted: Callable[[list[Finding]], bool], deadline_s: float = VERDICT_DEADLINE_S) -> tuple[int, list[Finding]]:
         """The first snapshot (from the one every rank is in its loop, for `deadline_s` of them) whose
         findings are `wanted`, and those findings; fails naming each verdict seen on the way."""
-        history = self.history(self.in_loop - 1)
-        start = self.snaps[self.in_loop].timestamp
-        seen: list[str] = []
-        for i in range(self.in_loop, len(self.snaps)):
-            snap = self.snaps[i]
-            if snap.timestamp - start > deadline_s:
-                break
-            history.append(snap)
-            findings = diagnose(history)
-            if wanted(findings):
-                return i, findings
-            seen.append(f"{snap.timestamp - start:4.0f} s: {verdict_line(findings)}")
-        raise AssertionError(f"{self.scenario}: no such verdict within {deadline_s:.0f} s of the loop:\n" + "\n".join(seen))
+        i, findings, _history = self.first_from(self.in_loop, lambda fs, _h: wanted(fs), deadline_s)
+        return i, findings
 
     def util(self, gpu: int, last: Optional[int] = None) -> list[float]:
         """The GPU's utilization in each snapshot: the last `last`, or all in the loop."""
@@ -122,16 +88,12 @@ class Replay:
 
 
 @functools.lru_cache(maxsize=None)
-def replay(scenario: str) -> Replay:
-    path = FIXTURES / f"demo-{scenario}.gputop"
-    meta = json.loads(path.with_suffix(".json").read_text())
-    machine, snaps, warning = read_recording(str(path))
-    assert warning is None, warning
-    return Replay(scenario, meta, machine, snaps)
+def replay(scenario: str) -> DemoReplay:
+    return DemoReplay.read(f"demo-{scenario}")
 
 
 @pytest.fixture(scope="module", params=sorted(scenarios.SCENARIOS))
-def any_replay(request) -> Replay:
+def any_replay(request) -> DemoReplay:
     return replay(request.param)
 
 
@@ -185,7 +147,7 @@ def test_no_misfire_or_other_verdict_while_the_ranks_start_up(any_replay):
         pytest.skip("the recording begins with a rank already in its loop")
     findings = diagnose(history)
     placed = [f for f in findings if f.id == "misplacement"]
-    assert bool(placed) == (r.scenario == "single-gpu"), verdict_line(findings)
+    assert bool(placed) == (r.name == "demo-single-gpu"), verdict_line(findings)
     others = [f for f in findings if f not in placed]
     assert not severe(others) and (not others or others[0].id == "collecting"), verdict_line(findings)
 

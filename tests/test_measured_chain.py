@@ -115,6 +115,14 @@ def test_after_the_chain_the_longest_file_goes_first_and_a_file_without_a_cost_i
     }
     unit = {"tests/test_model.py::test_1", "tests/test_new_units.py::test_1"}
     costs = {"tests/test_short.py": 2.0, "tests/test_long.py": 90.0, "tests/test_model.py": 0.5}
+    assert hand_out_order(units, unit, costs, units_first=False) == [
+        MEASURED_UNIT,
+        "tests/test_long.py",
+        "tests/test_new.py",
+        "tests/test_new_units.py",
+        "tests/test_short.py",
+        "tests/test_model.py",  # without the CPU priority a unit file goes by its cost too
+    ]
     assert hand_out_order(units, unit, costs) == [
         "tests/test_model.py",
         MEASURED_UNIT,

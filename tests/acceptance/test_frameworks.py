@@ -1,11 +1,16 @@
-"""gputop on the frameworks people train with: real Lightning, transformers + Accelerate, torchdata jobs.
+"""gputop on the frameworks people train with, live: real Lightning, transformers + Accelerate, torchdata and
+DeepSpeed jobs, one attach each.
 
-CPU only, nothing downloaded (tiny models from configs), 2 DataLoader workers per rank.  Each job runs
-in one of four modes (tests/jobs/train_job.py --framework, tests/harness/train_jobs.py FRAMEWORK_MODES):
-starved, tuned, hang, straggler.  gputop attaches
-through its real pipeline (/proc discovery, py-spy dumps, progress counters) and the verdict must come
-within 30 s of attaching: starved reads input-bound, tuned reads healthy, a hung worker reads as a
+CPU only, nothing downloaded (tiny models from configs), 2 DataLoader workers per rank.  Each job runs in one of four
+modes (tests/jobs/train_job.py --framework, tests/harness/train_jobs.py FRAMEWORK_CASES): starved, tuned, hang,
+straggler.  gputop attaches through its real pipeline (/proc discovery, py-spy dumps, progress counters) and the
+verdict must come within 30 s of attaching: starved reads input-bound, tuned reads healthy, a hung worker reads as a
 hang, and a straggler is named only when there really is one.
+
+Every case's verdict is checked by replaying a recording of this same attach on the live job
+(tests/test_framework_replays.py, issue 38's verdicts by replay); here one live attach per framework stays, each on
+the path a replay cannot show: the Lightning job from either rank's PID, the transformers job from the torchrun
+launcher's, torchdata and DeepSpeed in the modes whose verdict a busy box cannot move (input-bound, a hang).
 """
 
 from __future__ import annotations
@@ -127,14 +132,6 @@ def assert_reads(mode: str, obs: Observer, pid: int) -> None:
 # ----------------------------------------------------------------- Lightning Trainer.fit
 
 
-@pytest.mark.parametrize("mode", ["starved", "tuned", "hang"])
-def test_lightning_one_device(job, observe, mode):
-    needs("lightning")
-    j = job("lightning", mode)
-    obs = observe(j.rank_pids[0])
-    assert_reads(mode, obs, j.rank_pids[0])
-
-
 def _ranks_with_workers(obs: Observer) -> dict[int, int]:
     tree = obs.history.latest.job if obs.history.latest else None
     return {r.proc.pid: len(r.workers) for r in tree.ranks} if tree else {}
@@ -158,36 +155,7 @@ def test_lightning_two_devices_shows_both_ranks_from_either_pid(job, observe):
         obs.close()
 
 
-@pytest.mark.parametrize("mode", ["tuned", "straggler"])
-def test_lightning_two_devices_straggler_only_when_there_is_one(job, observe, mode):
-    needs("lightning")
-    j = job("lightning", mode, "--devices", "2", ranks=2)
-    obs = observe(j.rank_pids[0])
-    if mode == "straggler":
-        wait_until(
-            lambda: "straggler" in [f.id for f in obs.step()],
-            timeout=VERDICT_DEADLINE_S,
-            interval=STACK_INTERVAL_S,
-            what="a straggler finding",
-            state=lambda: f"{verdict_line(obs.findings)}; ranks: {obs.ranks_seen()}",
-        )
-        straggler = next(f for f in obs.findings if f.id == "straggler")
-        assert j.rank_pids[1] in straggler.pids, (straggler.pids, j.rank_pids)
-    else:
-        assert_healthy(obs, j.rank_pids[0])
-        assert "straggler" not in [f.id for f in obs.findings], verdict_line(obs.findings)
-
-
 # ----------------------------------------------------------------- transformers Trainer (Accelerate)
-
-
-@pytest.mark.parametrize("mode", ["starved", "tuned", "hang"])
-def test_hf_trainer(job, observe, tmp_path, mode):
-    needs("transformers")
-    needs("accelerate")
-    j = job("hf", mode, "--output-dir", str(tmp_path / "out"))
-    obs = observe(j.rank_pids[0])
-    assert_reads(mode, obs, j.rank_pids[0])
 
 
 def test_hf_trainer_iterable_dataset_dispatcher_is_input_bound_not_a_straggler(job, observe, tmp_path):
@@ -205,7 +173,7 @@ def test_hf_trainer_iterable_dataset_dispatcher_is_input_bound_not_a_straggler(j
 # ----------------------------------------------------------------- torchdata StatefulDataLoader
 
 
-@pytest.mark.parametrize("mode", ["starved", "tuned", "hang"])
+@pytest.mark.parametrize("mode", ["starved"])  # tuned and hang: tests/test_framework_replays.py
 def test_torchdata_stateful_dataloader(job, observe, mode):
     needs("torchdata")
     j = job("torchdata", mode)
@@ -216,7 +184,7 @@ def test_torchdata_stateful_dataloader(job, observe, mode):
 # ----------------------------------------------------------------- DeepSpeed (CPU accelerator)
 
 
-@pytest.mark.parametrize("mode", ["starved", "tuned", "hang"])
+@pytest.mark.parametrize("mode", ["hang"])  # starved and tuned: tests/test_framework_replays.py
 def test_deepspeed_engine(job, observe, mode):
     needs("deepspeed")
     j = job("deepspeed", mode, torchrun=True)  # deepspeed.initialize wants a launcher's env

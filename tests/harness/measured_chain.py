@@ -8,9 +8,10 @@ test next (all three in files of shared tests) and grew by the unit and shared t
 measured tests of every file form one work unit, handed to one worker (the ``alone`` ones at its head); every other
 test goes by file, as ``loadfile``, in this order:
 
-1. the files of unit tests only (~1 CPU-minute in all), on every worker at once, before the first measured test
-   starts: beside a measured test the shared tests run at a fifth of the box (tests/harness/cpu_priority.py), and
-   a unit test's 2 s budget (tests/conftest.py) would then measure the starved box;
+1. where the shared tests run at a lower CPU priority (tests/harness/cpu_priority.py), the files of unit tests
+   only (~1 CPU-minute in all), on every worker at once, before the first measured test starts: beside a measured
+   test the shared tests get a fifth of the box, and a unit test's 2 s budget (tests/conftest.py) would then
+   measure the starved box (elsewhere they go by their cost, with the rest: after the chain has started);
 2. the measured chain, to the first worker that asks after them;
 3. the other files, the longest first (`FILE_COSTS`: their shared tests' seconds in a recent run, written by
    ``scripts/test_costs.py --file-costs``; a file not in it is guessed from its count of tests).  xdist's own order
@@ -41,11 +42,11 @@ def plan_path(controller_pid: int) -> Path:
     return Path(os.environ.get("TMPDIR", "/tmp")) / f"gputop-test-plan-{os.geteuid()}-{controller_pid}.json"
 
 
-def write_plan(path: Path, measured: dict[str, bool], unit: Optional[list[str]] = None) -> None:
-    """{nodeid: alone} for each measured test and the unit tests' nodeids, written whole (every worker writes the
-    same)."""
+def write_plan(path: Path, measured: dict[str, bool], unit: Optional[list[str]] = None, units_first: bool = True) -> None:
+    """{nodeid: alone} for each measured test, the unit tests' nodeids and whether their files go first (where the
+    shared tests run at a lower CPU priority), written whole (every worker writes the same)."""
     partial = path.with_name(f"{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps({"measured": measured, "unit": unit or []}))
+    partial.write_text(json.dumps({"measured": measured, "unit": unit or [], "units_first": units_first}))
     os.replace(partial, path)
 
 
@@ -62,10 +63,12 @@ def read_file_costs(path: Path = FILE_COSTS) -> dict[str, float]:
     return {str(name): float(seconds) for name, seconds in costs.items()} if isinstance(costs, dict) else {}
 
 
-def hand_out_order(units: dict[str, dict[str, bool]], unit_tests: set[str], costs: dict[str, float]) -> list[str]:
+def hand_out_order(
+    units: dict[str, dict[str, bool]], unit_tests: set[str], costs: dict[str, float], units_first: bool = True
+) -> list[str]:
     """The work units (test files, and `MEASURED_UNIT`) in the order they are handed out (the module docstring):
-    unit-only files as collected, the measured chain, the rest by their cost, the longest first (ties as
-    collected)."""
+    with `units_first`, the unit-only files as collected; the measured chain; the rest by their cost, the longest
+    first (ties as collected)."""
 
     def cost(scope: str) -> float:
         if scope in costs:
@@ -73,7 +76,7 @@ def hand_out_order(units: dict[str, dict[str, bool]], unit_tests: set[str], cost
         return sum(GUESS_S["unit" if nodeid in unit_tests else "shared"] for nodeid in units[scope])
 
     names = [scope for scope in units if scope != MEASURED_UNIT]
-    unit_only = [scope for scope in names if all(nodeid in unit_tests for nodeid in units[scope])]
+    unit_only = [scope for scope in names if units_first and all(nodeid in unit_tests for nodeid in units[scope])]
     rest = sorted((scope for scope in names if scope not in unit_only), key=lambda scope: -cost(scope))
     return [*unit_only, *([MEASURED_UNIT] if MEASURED_UNIT in units else []), *rest]
 
@@ -83,6 +86,7 @@ class MeasuredChainScheduling(LoadFileScheduling):
         super().__init__(config, log)
         self.plan: dict[str, bool] = {}  # {nodeid: alone} of the measured tests
         self.unit_tests: set[str] = set()
+        self.units_first = True
         self._plan_path = plan_path(os.getpid())
         self._ordered = False
 
@@ -91,6 +95,7 @@ class MeasuredChainScheduling(LoadFileScheduling):
             try:
                 plan = json.loads(self._plan_path.read_text())
                 self.plan, self.unit_tests = dict(plan["measured"]), set(plan["unit"])
+                self.units_first = bool(plan.get("units_first", True))
             except (OSError, ValueError, KeyError, TypeError):
                 self.plan, self.unit_tests = {}, set()
         super().schedule()
@@ -104,6 +109,6 @@ class MeasuredChainScheduling(LoadFileScheduling):
             chain = self.workqueue.get(MEASURED_UNIT)
             if chain is not None:  # the alone tests at its head (a stable sort: each file's tests stay in their order)
                 self.workqueue[MEASURED_UNIT] = dict(sorted(chain.items(), key=lambda item: not self.plan.get(item[0], False)))
-            for scope in hand_out_order(dict(self.workqueue), self.unit_tests, read_file_costs()):
+            for scope in hand_out_order(dict(self.workqueue), self.unit_tests, read_file_costs(), self.units_first):
                 self.workqueue.move_to_end(scope)
         super()._assign_work_unit(node)

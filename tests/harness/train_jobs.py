@@ -119,6 +119,39 @@ def framework_options(framework: str, mode: str) -> list[str]:
     return [*base, "--workers", "2", "--persistent", "--ready-after", str(FRAMEWORK_WARM_STEPS), *FRAMEWORK_MODES[mode], *tuned]
 
 
+@dataclass(frozen=True)
+class FrameworkCase:
+    """One framework job of the framework tests: the live ones (tests/acceptance/test_frameworks.py) and the
+    recordings their replays read (scripts/record_framework_fixtures.py, tests/test_framework_replays.py)."""
+
+    framework: str  # lightning, hf, torchdata, deepspeed
+    mode: str  # FRAMEWORK_MODES
+    options: tuple[str, ...] = ()
+    ranks: int = 1
+    torchrun: bool = False  # deepspeed.initialize wants a launcher's env; Accelerate's dispatcher two ranks
+    attach: str = "rank0"  # the PID gputop is given: rank 0's, or the launcher's
+
+
+FRAMEWORK_CASES = {
+    **{f"lightning-{mode}": FrameworkCase("lightning", mode) for mode in ("starved", "tuned", "hang")},
+    **{
+        f"lightning-2-{mode}": FrameworkCase("lightning", mode, ("--devices", "2"), ranks=2)
+        for mode in ("starved", "tuned", "straggler")
+    },
+    **{f"hf-{mode}": FrameworkCase("hf", mode) for mode in ("starved", "tuned", "hang")},
+    # two ranks and an IterableDataset: Accelerate's DataLoaderDispatcher has rank 0 read every batch and broadcast it
+    "hf-iterable-starved": FrameworkCase("hf", "starved", ("--iterable",), ranks=2, torchrun=True, attach="launcher"),
+    **{f"torchdata-{mode}": FrameworkCase("torchdata", mode) for mode in ("starved", "tuned", "hang")},
+    **{f"deepspeed-{mode}": FrameworkCase("deepspeed", mode, torchrun=True) for mode in ("starved", "tuned", "hang")},
+}
+
+
+def case_options(case: FrameworkCase, out_dir: Optional[Path] = None) -> list[str]:
+    """The job's options for `case`; a transformers Trainer writes (nothing, here) under `out_dir`."""
+    output = ["--output-dir", str(out_dir / "hf-out")] if case.framework == "hf" and out_dir is not None else []
+    return [*framework_options(case.framework, case.mode), *case.options, *output]
+
+
 # ----------------------------------------------------------------- ready records
 
 
