@@ -15,6 +15,7 @@ that re-records them) when the job's source, a case's options or the recording f
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 
@@ -39,7 +40,9 @@ def _recorder():
 
 @functools.lru_cache(maxsize=None)
 def replay(case: str) -> Replay:
-    return Replay.read(f"framework-{case}")
+    r = Replay.read(f"framework-{case}")
+    assert r.meta["snapshots"] == len(r.snaps), f"framework-{case}: the recording lost snapshots ({r.meta['snapshots']} written)"
+    return r
 
 
 def rank_pid(r: Replay, rank: int) -> int:
@@ -88,14 +91,14 @@ def test_the_recordings_are_of_the_jobs_this_code_starts():
         framework = case.framework
         path = FIXTURES / f"framework-{name}.gputop"
         assert path.exists(), f"no recording of {name}: run `{RERECORD} {name}`"
-        meta = replay(name).meta
+        meta = json.loads(path.with_suffix(".json").read_text())  # the JSON alone: each replay reads its recording
         stale = {
             "recording format": (meta["recording_version"], VERSION),
             "job source and options": (meta["source_digest"], digest),
         }
         changed = {what: pair for what, pair in stale.items() if pair[0] != pair[1]}
         assert not changed, f"the {name} recording is stale ({changed}): run `{RERECORD}`"
-        assert meta["snapshots"] == len(replay(name).snaps) and meta["versions"][PACKAGE.get(framework, framework)], meta
+        assert meta["versions"][PACKAGE.get(framework, framework)], meta
 
 
 @pytest.mark.parametrize("name", ONE_RANK)

@@ -4,6 +4,7 @@ chain (alone ones first), then the other files, the longest first."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -141,3 +142,22 @@ def test_the_committed_costs_name_test_files_that_exist(tmp_path):
     assert not missing, f"tests/harness/file_costs.json names files that are gone: {missing} (scripts/test_costs.py --file-costs)"
     (tmp_path / "bad.json").write_text("[1, 2]")
     assert read_file_costs(tmp_path / "bad.json") == read_file_costs(tmp_path / "absent.json") == {}
+
+
+def test_file_costs_sum_each_files_shared_tests_and_leave_the_chain_out():
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    try:
+        import test_costs
+    finally:
+        sys.path.pop(0)
+    rows = [
+        {"test": "tests/test_a.py::test_1", "lane": "integration", "wall_s": 2.0, "measured": False},
+        {"test": "tests/test_a.py::test_2", "lane": "integration", "wall_s": 30.0, "measured": True},  # in the chain
+        {"test": "tests/test_b.py::test_1", "lane": "unit", "wall_s": 0.25, "measured": False},
+        {"test": "tests/test_b.py::test_2", "lane": "unit", "wall_s": 0.25, "measured": False},
+        {"test": "tests/test_c.py::test_1", "lane": "acceptance", "wall_s": 9.0},  # an older line: by its lane
+        {"test": "tests/test_c.py::test_2", "lane": "integration", "wall_s": 5.0},
+    ]
+    costs = test_costs.file_costs(rows)
+    assert costs == {"tests/test_c.py": 5.0, "tests/test_a.py": 2.0, "tests/test_b.py": 0.5}
+    assert list(costs) == ["tests/test_c.py", "tests/test_a.py", "tests/test_b.py"]  # the longest first
