@@ -48,6 +48,7 @@ PASSIVE_SHARE = 0.3  # of the time bound, for py-spy and the consumption window 
 PASSIVE_MIN_S, PASSIVE_MAX_S = 1.0, 5.0
 PASSIVE_ONLY_MAX_S = 6.0
 AGENT_START_GRACE_S = 0.5  # the agent's window outlasts py-spy's, so the sweep starts after sampling
+PLAN_WAIT_MAX_S = 10.0  # the agent's wait for gputop's plan, at most: then gputop has gone away
 RESERVE_S = 1.5  # injection, fork, reading results: kept out of the sweep's share
 ANSWER_GRACE_S = 3.0  # past the bound before we stop waiting for the agent
 SLOWDOWN_NOTE = 0.9  # the issue's bar: the job keeps >= 90% of its steps/s during the sweep
@@ -346,10 +347,15 @@ def _active_target(rank_pid: int, seconds: float, notes: list[str]) -> Optional[
 
 def _agent_config(seconds: float, passive_s: float) -> dict[str, float]:
     """How long the agent measures the loader's consumption, waits for the plan, sweeps and runs each config."""
+    sweep_s = max(1.0, seconds - passive_s - AGENT_START_GRACE_S - RESERVE_S)
     return {
         "consumption_seconds": passive_s + AGENT_START_GRACE_S,
-        "plan_wait_seconds": 2.0,
-        "sweep_seconds": max(1.0, seconds - passive_s - AGENT_START_GRACE_S - RESERVE_S),
+        # gputop writes the plan once it has read its own sampling, which on a busy box ends seconds after the
+        # agent's window: a 2 s wait gave up and skipped the sweep (a CI run at a fifth of 2 cores).  The wait costs
+        # the job nothing (a thread looking for a file), and a late plan shortens the sweep by as much (its
+        # sweep_seconds count to gputop's deadline): so the agent waits as long as the sweep would have run
+        "plan_wait_seconds": min(PLAN_WAIT_MAX_S, sweep_s),
+        "sweep_seconds": sweep_s,
         "config_seconds": 3.0,
     }
 

@@ -184,3 +184,18 @@ def test_the_sweep_sizes_itself_from_the_memory_gputop_read_for_the_job():
         rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     assert agent._memory_worker_cap(memory_free=4 * rss) == 1  # half of four processes' worth, less the sweep's own
     assert agent._memory_worker_cap(memory_free=10**15) == host  # more room than the host has: the host's figure
+
+
+def test_the_agent_waits_for_a_late_plan_as_long_as_its_sweep_would_have_run():
+    """gputop's plan comes once it has read its own sampling; on a busy box that ended seconds after the agent's
+    window, and a 2 s wait skipped the sweep ("gputop sent no plan").  The agent now waits as long as the sweep had
+    (a late plan shortens the sweep by as much), at most PLAN_WAIT_MAX_S when gputop has gone away."""
+    from gputop import bench
+
+    for seconds in (12.0, 15.0, 60.0):
+        passive = bench._passive_seconds(seconds, active=True)
+        config = bench._agent_config(seconds, passive)
+        assert config["plan_wait_seconds"] == min(bench.PLAN_WAIT_MAX_S, config["sweep_seconds"])
+        # the whole bound still holds: window, wait and sweep within the seconds asked for
+        assert config["consumption_seconds"] + config["sweep_seconds"] <= seconds
+    assert bench._agent_config(12.0, bench._passive_seconds(12.0, active=True))["plan_wait_seconds"] > 2.0

@@ -19,9 +19,9 @@ the CPU-bound prediction's bound is that model.
 Off unless GPUTOP_TEST_CPU_PRIORITY=1.  A shared test must meet its bounds with a fifth of the box, and with the
 priority on each clean-clone run has found another that does not, each fixed at its cause (a rate bar slowed by the
 starved box, a unit test near its budget, a torch import within 8 s, a utilization bar, a `serve` stopped by a
-timer, the safe-point helper's start inside the call's deadline, a race in `serve`'s stop); on 2026-12-07 ci23 still
-failed three (an in-process flight-recorder read, a job noticing its dead worker within 60 s, a benchmark that found
-no idle core for its sweep): see docs/development.md.  Where it is on, the unit-only files run before the measured
+timer, the safe-point helper's start inside the call's deadline, a race in `serve`'s stop, the benchmark agent's
+2 s wait for a late plan); on 2026-12-07 ci23 also failed an in-process flight-recorder read inside a 12 s report and
+a job noticing its dead worker within 60 s: see docs/development.md.  Where it is on, the unit-only files run before the measured
 chain starts (tests/harness/measured_chain.py), and a unit test of a mixed file runs in the measured group: a unit
 test's budget is its own code's time, not the starved group's.
 Where it is off, or the kernel offers no writable cgroup v1 cpu controller (not root, cgroup v2 only, a container without it)
