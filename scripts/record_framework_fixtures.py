@@ -38,9 +38,8 @@ from gputop.recording import VERSION, RecordingWriter  # noqa: E402
 from tests.harness import train_jobs  # noqa: E402
 from tests.harness.attach import STACK_INTERVAL_S  # noqa: E402
 from tests.harness.processes import Spawner  # noqa: E402
-from tests.harness.replay import record_named  # noqa: E402
+from tests.harness.replay import FIXTURES, record_named  # noqa: E402
 
-FIXTURES = REPO / "tests" / "fixtures" / "recordings"
 RECORD_S = 36.0  # the live tests' 30 s verdict deadline, and the verdict seen to hold a little past it
 START_DEADLINE_S = 180.0  # importing lightning/transformers on 2 cores is slow; not part of any bar
 PACKAGES = ("torch", "lightning", "transformers", "accelerate", "torchdata", "deepspeed")

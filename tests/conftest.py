@@ -247,6 +247,7 @@ def pytest_runtest_protocol(item, nextitem):
         _join_run(workerinput["testrunuid"])
     turns = _TURNS[0] if workerinput is not None else None  # one process: nobody to share the CPUs with, no turn
     priority = _PRIORITY[0] if _PRIORITY else None
+    measured = False
     if turns is not None:
         slots, measured = turn_of(item, priority is not None)
         turns.hold(slots, measured)
@@ -269,9 +270,7 @@ def pytest_runtest_protocol(item, nextitem):
         if turns is not None and not keeps_turn(item, nextitem, priority is not None):
             turns.release()
         if asked:
-            _write_costs(
-                asked, item, before, asked_at, started, measured=turns is not None and turn_of(item, priority is not None)[1]
-            )
+            _write_costs(asked, item, before, asked_at, started, measured)
 
 
 def _join_run(run_id: str) -> None:

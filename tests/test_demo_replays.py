@@ -31,8 +31,9 @@ from gputop.history import History
 from gputop.model import LABEL_CODE, Finding
 from gputop.recording import VERSION
 from gputop.sim import scenarios
+from tests.harness.attach import VERDICT_DEADLINE_S
 from tests.harness.demo import dips
-from tests.harness.replay import FIXTURES, VERDICT_DEADLINE_S, Replay, load_script
+from tests.harness.replay import FIXTURES, Replay, load_script
 
 REPO = Path(__file__).resolve().parent.parent
 RERECORD = "python scripts/record_demo_fixtures.py"

@@ -24,13 +24,13 @@ from gputop.analysis.stack_classes import WAITING_FOR_RANK0_DATA
 from gputop.history import History
 from gputop.model import Finding
 from gputop.recording import VERSION
+from tests.harness.attach import HEALTHY_DUMPS, dumps_of, ranks_with_workers
 from tests.harness.replay import FIXTURES, Replay, load_script
 from tests.harness.train_jobs import FRAMEWORK_CASES
 
 RERECORD = "python scripts/record_framework_fixtures.py"
 SEVERE = ("critical", "warning")
 PACKAGE = {"hf": "transformers"}  # a framework's package, where the two names differ
-HEALTHY_DUMPS = 12  # distinct dumps of rank 0 before a healthy verdict counts (4 s of the loop's dense samples)
 
 
 def _recorder():
@@ -47,11 +47,6 @@ def replay(case: str) -> Replay:
 
 def rank_pid(r: Replay, rank: int) -> int:
     return int(r.meta["ranks"][str(rank)])
-
-
-def dumps_of(history: History, pid: int) -> int:
-    """How many distinct stack dumps of `pid` the history holds."""
-    return len({s.job.stacks[pid].timestamp for s in history if s.job and pid in s.job.stacks and not s.job.stacks[pid].error})
 
 
 def _ids(findings: list[Finding]) -> list[str]:
@@ -113,15 +108,10 @@ def test_a_one_rank_job_reads_as_its_mode_within_30_s_of_attaching(name):
         healthy(r)
 
 
-def _ranks_with_workers(history: History) -> dict[int, int]:
-    tree = history.latest.job if history.latest else None
-    return {rank.proc.pid: len(rank.workers) for rank in tree.ranks} if tree else {}
-
-
 def test_lightning_two_devices_shows_both_ranks_with_their_workers_and_reads_input_bound():
     r = replay("lightning-2-starved")
     expected = {rank_pid(r, 0): 2, rank_pid(r, 1): 2}
-    r.first_from(0, lambda _fs, h: _ranks_with_workers(h) == expected)
+    r.first_from(0, lambda _fs, h: ranks_with_workers(h) == expected)
     input_bound(r)
 
 

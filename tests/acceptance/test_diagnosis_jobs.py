@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from gputop.analysis.diagnosis import severe, verdict_line
-from tests.harness.attach import VERDICT_DEADLINE_S, dumps_of
+from tests.harness.attach import HEALTHY_DUMPS, VERDICT_DEADLINE_S, dumps_of
 from tests.harness.processes import wait_until
 from tests.harness.train_jobs import start_diagnosis_job
 
@@ -68,7 +68,7 @@ def test_compute_bound_job_is_healthy_not_input_bound(observe, spawn, tmp_path):
     # enough distinct dumps for the input fraction to count (MIN_STACK_SAMPLES and then some), and the verdict past
     # "collecting" (it waits for 4 s of the loop's dense samples, which a loaded box may take longer to gather)
     wait_until(
-        lambda: obs.step() and dumps_of(obs, proc.pid) >= 12 and obs.findings[0].id != "collecting",
+        lambda: obs.step() and dumps_of(obs.history, proc.pid) >= HEALTHY_DUMPS and obs.findings[0].id != "collecting",
         timeout=VERDICT_DEADLINE_S,
         interval=0.3,
         what="12 stack dumps and a verdict",

@@ -24,7 +24,7 @@ import pytest
 from gputop.analysis.diagnosis import verdict_line
 from gputop.analysis.stack_classes import WAITING_FOR_RANK0_DATA
 from tests.harness import train_jobs
-from tests.harness.attach import STACK_INTERVAL_S, VERDICT_DEADLINE_S, Observer, dumps_of
+from tests.harness.attach import HEALTHY_DUMPS, STACK_INTERVAL_S, VERDICT_DEADLINE_S, Observer, dumps_of, ranks_with_workers
 from tests.harness.processes import wait_until
 
 pytestmark = pytest.mark.slow
@@ -97,7 +97,7 @@ def assert_healthy(obs: Observer, pid: int) -> None:
     # enough distinct dumps for the input fraction to count and a verdict past "collecting" (4 s of the loop's dense
     # samples, which a loaded box may take longer to gather), then nothing severe
     wait_until(
-        lambda: obs.step() and dumps_of(obs, pid) >= 12 and obs.findings[0].id != "collecting",
+        lambda: obs.step() and dumps_of(obs.history, pid) >= HEALTHY_DUMPS and obs.findings[0].id != "collecting",
         timeout=VERDICT_DEADLINE_S,
         interval=STACK_INTERVAL_S,
         what="12 stack dumps and a verdict",
@@ -132,11 +132,6 @@ def assert_reads(mode: str, obs: Observer, pid: int) -> None:
 # ----------------------------------------------------------------- Lightning Trainer.fit
 
 
-def _ranks_with_workers(obs: Observer) -> dict[int, int]:
-    tree = obs.history.latest.job if obs.history.latest else None
-    return {r.proc.pid: len(r.workers) for r in tree.ranks} if tree else {}
-
-
 def test_lightning_two_devices_shows_both_ranks_from_either_pid(job, observe):
     needs("lightning")
     j = job("lightning", "starved", "--devices", "2", ranks=2)
@@ -146,10 +141,10 @@ def test_lightning_two_devices_shows_both_ranks_from_either_pid(job, observe):
     for attach_to in (0, 1):
         obs = observe(j.rank_pids[attach_to])
         wait_until(
-            lambda: obs.step() is not None and _ranks_with_workers(obs) == expected,
+            lambda: obs.step() is not None and ranks_with_workers(obs.history) == expected,
             timeout=VERDICT_DEADLINE_S,
             interval=STACK_INTERVAL_S,
-            what=f"from rank {attach_to}'s PID: both ranks with 2 workers each (seen {_ranks_with_workers(obs)})",
+            what=f"from rank {attach_to}'s PID: both ranks with 2 workers each (seen {ranks_with_workers(obs.history)})",
         )
         assert_input_bound(obs)
         obs.close()

@@ -14,6 +14,7 @@ from gputop.pipeline import Following, Pipeline
 
 VERDICT_DEADLINE_S = 30.0  # every attach test's verdict bar (issues 11 and 12)
 STACK_INTERVAL_S = 0.5
+HEALTHY_DUMPS = 12  # distinct dumps of a rank before a healthy verdict counts (4 s of the loop's dense samples)
 
 
 class Observer:
@@ -46,7 +47,12 @@ class Observer:
         )
 
 
-def dumps_of(obs: Observer, pid: int) -> int:
-    """How many distinct stack dumps of `pid` the observer has seen."""
-    snaps = list(obs.history)
-    return len({s.job.stacks[pid].timestamp for s in snaps if s.job and pid in s.job.stacks and not s.job.stacks[pid].error})
+def dumps_of(history: History, pid: int) -> int:
+    """How many distinct stack dumps of `pid` a history holds (an Observer's, or a replay's)."""
+    return len({s.job.stacks[pid].timestamp for s in history if s.job and pid in s.job.stacks and not s.job.stacks[pid].error})
+
+
+def ranks_with_workers(history: History) -> dict[int, int]:
+    """{rank PID: its DataLoader workers} in the latest snapshot's job tree ({} before there is one)."""
+    tree = history.latest.job if history.latest else None
+    return {rank.proc.pid: len(rank.workers) for rank in tree.ranks} if tree else {}

@@ -15,10 +15,10 @@ from gputop.analysis.diagnosis import diagnose, verdict_line
 from gputop.history import History
 from gputop.model import Finding, MachineInfo, Snapshot
 from gputop.recording import read_recording
+from tests.harness.attach import VERDICT_DEADLINE_S
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "recordings"
-VERDICT_DEADLINE_S = 30.0  # every attach test's verdict bar (issues 11 and 12)
 
 
 @dataclass
