@@ -1,18 +1,19 @@
 #!/usr/bin/env python
 """Record gputop attached to each framework job once into tests/fixtures/recordings/, for the replay tests.
 
-    python scripts/record_framework_fixtures.py                  # every case (about 10 minutes on 2 cores)
+    python scripts/record_framework_fixtures.py                  # every case (about 13 minutes on 2 cores)
     python scripts/record_framework_fixtures.py lightning-hang   # just these
 
 Each case is a live job of the frameworks people train with (real Lightning, transformers + Accelerate, torchdata,
 DeepSpeed; CPU only, nothing downloaded: tests/jobs/train_job.py) in one of its modes (starved, tuned, hang,
-straggler; tests/harness/train_jobs.py FRAMEWORK_CASES), started as the live tests start it and, once ready,
-watched by gputop's real attach pipeline (/proc discovery, py-spy dumps every 0.5 s, progress counters) as
-`tests/harness/attach.py`'s Observer watches it, for `RECORD_S`: past the 30 s verdict deadline.  gputop's own
-`RecordingWriter` writes every poll.  Beside each recording a small JSON says what the replays need (each rank's
-PID, the PID attached to, the framework versions, the recording format, the digest of the job's source and of the
-options the case starts it with, the box's load meanwhile).  `tests/test_framework_replays.py` fails, naming this
-script, when the job's source, its options or the recording format changed since.
+straggler), or the plain loop in one of the diagnosis modes (starved, starved0, hang, compute): tests/harness/
+train_jobs.py FRAMEWORK_CASES.  Each is started as the live tests start it and, once ready, watched by gputop's real
+attach pipeline (/proc discovery, py-spy dumps every 0.5 s, progress counters) as `tests/harness/attach.py`'s
+Observer watches it, for `RECORD_S`: past the 30 s verdict deadline.  gputop's own `RecordingWriter` writes every
+poll.  Beside each recording a small JSON says what the replays need (each rank's PID, the PID attached to, the
+framework versions, the recording format, the digest of the job's source and of the options the case starts it
+with, the box's load meanwhile, why it showed no GPU).  `tests/test_framework_replays.py` fails, naming this script,
+when the job's source, a case's options or the recording format changed since.
 
 Run it on a quiet box: the recordings are the verdicts' evidence, and a busy box records a busy box.
 """
@@ -45,11 +46,12 @@ START_DEADLINE_S = 180.0  # importing lightning/transformers on 2 cores is slow;
 PACKAGES = ("torch", "lightning", "transformers", "accelerate", "torchdata", "deepspeed")
 
 
-def source_digest() -> str:
-    """The job's source and every option a case starts it with: a change to either makes the recordings stale."""
+def source_digest(name: str) -> str:
+    """The job's source and the options case `name` starts it with: a change to either makes its recording stale
+    (a case added or changed leaves the others' recordings as they are)."""
+    case = train_jobs.FRAMEWORK_CASES[name]
     digest = hashlib.sha256((REPO / "tests/jobs/train_job.py").read_bytes())
-    for name, case in sorted(train_jobs.FRAMEWORK_CASES.items()):
-        digest.update(json.dumps([name, train_jobs.case_options(case), case.ranks, case.torchrun]).encode())
+    digest.update(json.dumps([name, train_jobs.case_options(case), case.ranks, case.torchrun]).encode())
     return digest.hexdigest()[:16]
 
 
@@ -80,6 +82,7 @@ def record(name: str) -> Path:
             ranks = {record["rank"]: pid for pid, record in records.items()}
             attached = proc.pid if case.attach == "launcher" else ranks[0]
             pipeline = Pipeline(RealMachine(), follow=Following(pid=attached, stack_interval=STACK_INTERVAL_S))
+            machine_gpu_error = pipeline.machine.gpu_error
             try:
                 with RecordingWriter(str(partial), pipeline.machine) as writer:
                     started = tick = time.monotonic()
@@ -106,10 +109,11 @@ def record(name: str) -> Path:
         "snapshots": count,
         "versions": {package: _version(package) for package in PACKAGES},
         "recording_version": VERSION,
-        "source_digest": source_digest(),
+        "source_digest": source_digest(name),
         "recorded": datetime.date.today().isoformat(),
         "load_average": {"min": round(min(loads), 2), "max": round(max(loads), 2)},
         "cpus": os.cpu_count(),
+        "gpu_error": machine_gpu_error,  # why the box showed no GPU (None: it had one); the no-GPU verdicts rest on it
     }
     path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"{name}: {count} snapshots, {path.stat().st_size // 1024} KiB, load {meta['load_average']}", flush=True)

@@ -15,6 +15,7 @@ for a fixture starting real processes (`INTEGRATION_FIXTURES`), one marked ``slo
 ``-m "not slow"``): every acceptance test is also ``slow``.
 """
 
+import functools
 import json
 import os
 import signal
@@ -204,13 +205,27 @@ def turn_of(item: pytest.Item, prioritized: bool) -> tuple[int, bool]:
       the measured turn and one slot where the shared tests run at a lower priority, as an acceptance test;
     - acceptance (live jobs judged by shares and verdicts): one slot where the shared tests beside it run at a lower
       CPU priority (`prioritized`, tests/harness/cpu_priority.py), else all but one (one shared test beside it);
-    - the rest: one slot, at the lower priority where there is one."""
+    - the rest: one slot, at the lower priority where there is one.
+
+    One marked ``alone(then_acceptance=True)`` starts alone and lowers its own turn to an acceptance test's once
+    its measured part is done (the `lower_turn` fixture); it ends the chain's head (tests/harness/measured_chain.py)."""
     alone = item.get_closest_marker("alone")
     if alone is not None:
         return (1, True) if prioritized and alone.kwargs.get("unless_prioritized") else (SIDE_BY_SIDE_WORKERS, True)
     if item.stash.get(_LANE, None) == "acceptance":
-        return (1 if prioritized else SIDE_BY_SIDE_WORKERS - 1), True
+        return acceptance_slots(prioritized), True
     return 1, False
+
+
+def acceptance_slots(prioritized: bool) -> int:
+    """An acceptance test's slots: one where the shared tests beside it run at a lower CPU priority, else all but
+    one (one shared test beside it)."""
+    return 1 if prioritized else SIDE_BY_SIDE_WORKERS - 1
+
+
+def lowers_its_turn(item: pytest.Item) -> bool:
+    alone = item.get_closest_marker("alone")
+    return alone is not None and bool(alone.kwargs.get("then_acceptance"))
 
 
 def pytest_configure(config):
@@ -293,6 +308,7 @@ def pytest_collection_finish(session):
         {nodeid: slots == SIDE_BY_SIDE_WORKERS for nodeid, (slots, measured) in turns.items() if measured},
         [item.nodeid for item in session.items if item.stash.get(_LANE, None) == "unit"],
         units_first=prioritized,
+        head_last=[item.nodeid for item in session.items if lowers_its_turn(item)],
     )
 
 
@@ -333,6 +349,24 @@ def box_to_itself():
             turns.hold(held, measured)
 
     return block
+
+
+@pytest.fixture
+def lower_turn(request):
+    """`lower_turn()`: from here to its end, an ``alone(then_acceptance=True)`` test runs as an acceptance test
+    (the measured turn, one shared test beside it, or two at a lower CPU priority): its measured part is done, and
+    what is left (live jobs that barely use the CPU, whose verdicts an acceptance test's turn keeps) need not hold
+    the box idle.  A no-op outside xdist, or for a test not so marked."""
+
+    return functools.partial(lower_to_acceptance, request.node)
+
+
+def lower_to_acceptance(item: pytest.Item) -> None:
+    """`lower_turn`'s work: this worker's turn for `item` lowered to an acceptance test's, if it is so marked."""
+    turns = _TURNS[0] if _TURNS else None
+    if turns is None or not turns.measuring or not lowers_its_turn(item):
+        return
+    turns.hold(acceptance_slots(bool(_PRIORITY and _PRIORITY[0] is not None)), measured=True)
 
 
 def _write_costs(path: str, item: pytest.Item, before: os.times_result, asked_at: float, started: float, measured: bool) -> None:

@@ -7,8 +7,9 @@ rank: tests/jobs/train_job.py), in each mode of tests/harness/train_jobs.py FRAM
 they are ready for 36 s: /proc discovery, py-spy dumps every 0.5 s, progress counters.  Replayed a poll at a time
 through the diagnosis, each must read as the live tests asked, within 30 s of attaching: starved input-bound and no
 straggler, tuned healthy with nothing severe once 12 dumps are in, a hung worker a hang in `__getitem__`, and a
-straggler named only when there is one.  One live attach per framework stays in
-tests/acceptance/test_frameworks.py; `test_the_recordings_are_of_the_jobs_this_code_starts` fails (naming the script
+straggler named only when there is one.  The plain loop (no framework, no GPU data at all) in the diagnosis modes
+too: starved and starved0 input-bound (highly) in their own words, a hung worker a hang on its rank, compute-bound
+healthy.  One live attach per framework stays in tests/acceptance/test_frameworks.py; `test_the_recordings_are_of_the_jobs_this_code_starts` fails (naming the script
 that re-records them) when the job's source, a case's options or the recording format changed.
 """
 
@@ -19,7 +20,7 @@ import json
 
 import pytest
 
-from gputop.analysis.diagnosis import verdict_line
+from gputop.analysis.diagnosis import severe, verdict_line
 from gputop.analysis.stack_classes import WAITING_FOR_RANK0_DATA
 from gputop.history import History
 from gputop.model import Finding
@@ -75,13 +76,14 @@ def hang(r: Replay) -> list[Finding]:
     return findings
 
 
-ONE_RANK = [name for name, case in FRAMEWORK_CASES.items() if case.ranks == 1]
+ONE_RANK = [name for name, case in FRAMEWORK_CASES.items() if case.ranks == 1 and case.framework != "plain"]
+PLAIN = [name for name, case in FRAMEWORK_CASES.items() if case.framework == "plain"]
 
 
 def test_the_recordings_are_of_the_jobs_this_code_starts():
     """Every case has a recording, in this gputop's recording format, of the job's current source started with the
     case's current options: else the replays test a job the code no longer runs."""
-    digest = _recorder().source_digest()
+    recorder = _recorder()
     for name, case in FRAMEWORK_CASES.items():
         framework = case.framework
         path = FIXTURES / f"framework-{name}.gputop"
@@ -89,11 +91,11 @@ def test_the_recordings_are_of_the_jobs_this_code_starts():
         meta = json.loads(path.with_suffix(".json").read_text())  # the JSON alone: each replay reads its recording
         stale = {
             "recording format": (meta["recording_version"], VERSION),
-            "job source and options": (meta["source_digest"], digest),
+            "job source and options": (meta["source_digest"], recorder.source_digest(name)),
         }
         changed = {what: pair for what, pair in stale.items() if pair[0] != pair[1]}
-        assert not changed, f"the {name} recording is stale ({changed}): run `{RERECORD}`"
-        assert meta["versions"][PACKAGE.get(framework, framework)], meta
+        assert not changed, f"the {name} recording is stale ({changed}): run `{RERECORD} {name}`"
+        assert meta["versions"][PACKAGE.get(framework, "torch" if framework == "plain" else framework)], meta
 
 
 @pytest.mark.parametrize("name", ONE_RANK)
@@ -136,3 +138,43 @@ def test_hf_iterable_dataset_dispatcher_is_input_bound_not_a_straggler():
     rank1 = rank_pid(r, 1)
     states = {rank.main_thread_state for s in history if s.job for rank in s.job.ranks if rank.proc.pid == rank1}
     assert WAITING_FOR_RANK0_DATA in states, states
+
+
+# ----------------------------------------------------------------- the plain loop (no framework, no GPU)
+# What the live diagnosis-job tests (tests/acceptance/test_diagnosis_jobs.py, until these replays) asked of the plain
+# loop: the stack and CPU findings on their own, with no GPU data at all, each verdict within 30 s of attaching.  The
+# live attach path stays in tests/acceptance/test_frameworks.py.
+
+
+@pytest.mark.parametrize("name", PLAIN)
+def test_the_plain_loop_was_recorded_with_no_gpu_data_at_all(name):
+    """The premise of the plain loop's verdicts: the box showed no GPU (no driver), so they rest on stacks and CPU."""
+    r = replay(name)
+    assert r.meta["gpu_error"], r.meta
+    assert r.snaps and not any(snap.gpus for snap in r.snaps)
+
+
+@pytest.mark.parametrize("name, words", [("plain-starved", "waits for data"), ("plain-starved0", "in dataset code")])
+def test_a_starved_plain_loop_is_input_bound_highly(name, words):
+    r = replay(name)
+    _i, findings, _h = r.first_from(0, lambda fs, _h: fs[0].id == "starvation" and fs[0].severity == "critical")
+    top = findings[0]
+    assert "Input-bound (highly)" in top.summary and words in top.summary, top.summary
+    assert "num_workers" in top.fix
+    assert any("Samples.__getitem__" in f or "__next__" in f for f in top.frames), top.frames
+    assert _ids(severe(findings)) == ["starvation"], verdict_line(findings)
+
+
+def test_a_hung_worker_of_the_plain_loop_is_a_hang_with_its_frame():
+    r = replay("plain-hang")
+    _i, findings, _h = r.first_from(0, lambda fs, _h: fs[0].id == "hang")
+    top = findings[0]
+    assert top.severity == "critical" and "a DataLoader worker is stuck in dataset code" in top.summary, top.summary
+    assert any(f.startswith("Samples.__getitem__ (train_job.py:") for f in top.frames), top.frames
+    assert top.pids == (rank_pid(r, 0),)
+    assert _ids(severe(findings)) == ["hang"], verdict_line(findings)
+
+
+def test_a_compute_bound_plain_loop_is_healthy_not_input_bound():
+    findings = healthy(replay("plain-compute"))
+    assert "not input-bound" in findings[0].summary, findings[0].summary

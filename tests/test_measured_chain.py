@@ -60,11 +60,11 @@ UNIT = ["tests/test_bench.py::test_unit_1", "tests/test_bench.py::test_unit_2", 
 UNIT += [f"tests/test_model.py::test_{i}" for i in (1, 2, 3)]
 
 
-def _scheduler(plan: dict, unit: tuple = ()) -> tuple[MeasuredChainScheduling, list[_Worker]]:
+def _scheduler(plan: dict, unit: tuple = (), head_last: tuple = ()) -> tuple[MeasuredChainScheduling, list[_Worker]]:
     config = SimpleNamespace(getvalue=lambda name: {"tx": ["3*popen"]}[name], option=SimpleNamespace(loadscopereorder=True))
     scheduler = MeasuredChainScheduling(config)
     SENT.clear()
-    write_plan(plan_path(os.getpid()), plan, list(unit))  # as the workers do once they have collected
+    write_plan(plan_path(os.getpid()), plan, list(unit), head_last=list(head_last))  # as the workers do once collected
     workers = [_Worker(f"gw{i}") for i in range(3)]
     for worker in workers:
         scheduler.add_node(worker)
@@ -93,6 +93,24 @@ def test_the_measured_tests_go_to_one_worker_after_the_unit_files_alone_ones_at_
     finally:
         remove_plan(os.getpid())
     assert not plan_path(os.getpid()).exists()
+
+
+def test_an_alone_test_that_lowers_its_turn_ends_the_head_of_the_chain():
+    """An ``alone(then_acceptance=True)`` test (the case study) goes after the other alone tests: lowered, it hands
+    over to the acceptance tests, which need no more than it then holds."""
+    live, accuracy = "tests/test_case_study.py::test_live", "tests/test_bench.py::test_accuracy"
+    scheduler, _workers = _scheduler(MEASURED, tuple(UNIT), head_last=(accuracy,))
+    try:
+        scheduler.schedule()
+        chain = next(tests for tests in SENT if accuracy in tests)
+        assert chain == [
+            live,
+            accuracy,
+            "tests/acceptance/test_frameworks.py::test_a",
+            "tests/acceptance/test_frameworks.py::test_b",
+        ]
+    finally:
+        remove_plan(os.getpid())
 
 
 def test_without_a_plan_it_hands_out_whole_files():

@@ -201,6 +201,25 @@ def test_each_lane_takes_its_turn(prioritized):
     assert turn_of(_Item("integration"), prioritized) == turn_of(_Item("unit"), prioritized) == (1, False)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("prioritized", [True, False], ids=["shared-tests-at-lower-priority", "no-priority"])
+def test_an_alone_test_marked_then_acceptance_lowers_its_turn_to_an_acceptance_tests(tmp_path, monkeypatch, prioritized):
+    import tests.conftest as conftest
+
+    turns = Turns(tmp_path, slots=conftest.SIDE_BY_SIDE_WORKERS)
+    monkeypatch.setattr(conftest, "_TURNS", [turns])
+    monkeypatch.setattr(conftest, "_PRIORITY", [object() if prioritized else None])
+    case_study, plain = _Item("acceptance", alone={"then_acceptance": True}), _Item("acceptance", alone={})
+    try:
+        assert conftest.turn_of(case_study, prioritized) == (conftest.SIDE_BY_SIDE_WORKERS, True)  # type: ignore[arg-type]
+        turns.hold(conftest.SIDE_BY_SIDE_WORKERS, measured=True)
+        conftest.lower_to_acceptance(plain)  # type: ignore[arg-type]
+        assert turns.held == conftest.SIDE_BY_SIDE_WORKERS  # not so marked: it keeps the box
+        conftest.lower_to_acceptance(case_study)  # type: ignore[arg-type]
+        assert (turns.held, turns.measuring) == (conftest.turn_of(_Item("acceptance"), prioritized)[0], True)  # type: ignore[arg-type]
+    finally:
+        turns.close()
+
+
 def test_only_an_alone_test_followed_by_another_keeps_its_turn():
     from tests.conftest import keeps_turn
 

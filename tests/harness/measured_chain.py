@@ -5,7 +5,8 @@ The measured tests (acceptance and ``alone``, tests/harness/turns.py) take the m
 form a chain as long as their sum (~16 minutes on the 2-core box), and the run cannot end before it does.  Spread
 over whole files as pytest-xdist's ``loadfile`` hands them out, the chain stalled whenever no worker had a measured
 test next (all three in files of shared tests) and grew by the unit and shared tests of its files.  Here the
-measured tests of every file form one work unit, handed to one worker (the ``alone`` ones at its head); every other
+measured tests of every file form one work unit, handed to one worker (the ``alone`` ones at its head, ending with
+those that lower their own turn part-way, ``alone(then_acceptance=True)``); every other
 test goes by file, as ``loadfile``, in this order:
 
 1. where the shared tests run at a lower CPU priority (tests/harness/cpu_priority.py), the files of unit tests
@@ -42,11 +43,19 @@ def plan_path(controller_pid: int) -> Path:
     return Path(os.environ.get("TMPDIR", "/tmp")) / f"gputop-test-plan-{os.geteuid()}-{controller_pid}.json"
 
 
-def write_plan(path: Path, measured: dict[str, bool], unit: Optional[list[str]] = None, units_first: bool = True) -> None:
-    """{nodeid: alone} for each measured test, the unit tests' nodeids and whether their files go first (where the
-    shared tests run at a lower CPU priority), written whole (every worker writes the same)."""
+def write_plan(
+    path: Path,
+    measured: dict[str, bool],
+    unit: Optional[list[str]] = None,
+    units_first: bool = True,
+    head_last: Optional[list[str]] = None,
+) -> None:
+    """{nodeid: alone} for each measured test, the unit tests' nodeids, whether their files go first (where the
+    shared tests run at a lower CPU priority) and the alone tests that end the chain's head (`head_last`: those that
+    lower their own turn once their measured part is done), written whole (every worker writes the same)."""
     partial = path.with_name(f"{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps({"measured": measured, "unit": unit or [], "units_first": units_first}))
+    plan = {"measured": measured, "unit": unit or [], "units_first": units_first, "head_last": head_last or []}
+    partial.write_text(json.dumps(plan))
     os.replace(partial, path)
 
 
@@ -87,6 +96,7 @@ class MeasuredChainScheduling(LoadFileScheduling):
         self.plan: dict[str, bool] = {}  # {nodeid: alone} of the measured tests
         self.unit_tests: set[str] = set()
         self.units_first = True
+        self.head_last: set[str] = set()  # alone tests that lower their turn part-way: the last of the chain's head
         self._plan_path = plan_path(os.getpid())
         self._ordered = False
 
@@ -96,9 +106,17 @@ class MeasuredChainScheduling(LoadFileScheduling):
                 plan = json.loads(self._plan_path.read_text())
                 self.plan, self.unit_tests = dict(plan["measured"]), set(plan["unit"])
                 self.units_first = bool(plan.get("units_first", True))
+                self.head_last = set(plan.get("head_last", ()))
             except (OSError, ValueError, KeyError, TypeError):
-                self.plan, self.unit_tests = {}, set()
+                self.plan, self.unit_tests, self.head_last = {}, set(), set()
         super().schedule()
+
+    def _chain_place(self, item: tuple[str, Any]) -> tuple[bool, bool]:
+        """The alone tests first, ending with those that lower their own turn part-way (`head_last`): once lowered,
+        the chain's next test (an acceptance one) finds the slots it needs already held, where an alone test would
+        wait for the shared test let in beside to end."""
+        nodeid = item[0]
+        return not self.plan.get(nodeid, False), nodeid in self.head_last
 
     def _split_scope(self, nodeid: str) -> str:
         return MEASURED_UNIT if nodeid in self.plan else super()._split_scope(nodeid)
@@ -108,7 +126,7 @@ class MeasuredChainScheduling(LoadFileScheduling):
             self._ordered = True
             chain = self.workqueue.get(MEASURED_UNIT)
             if chain is not None:  # the alone tests at its head (a stable sort: each file's tests stay in their order)
-                self.workqueue[MEASURED_UNIT] = dict(sorted(chain.items(), key=lambda item: not self.plan.get(item[0], False)))
+                self.workqueue[MEASURED_UNIT] = dict(sorted(chain.items(), key=self._chain_place))
             for scope in hand_out_order(dict(self.workqueue), self.unit_tests, read_file_costs(), self.units_first):
                 self.workqueue.move_to_end(scope)
         super()._assign_work_unit(node)

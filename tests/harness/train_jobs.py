@@ -124,8 +124,8 @@ class FrameworkCase:
     """One framework job of the framework tests: the live ones (tests/acceptance/test_frameworks.py) and the
     recordings their replays read (scripts/record_framework_fixtures.py, tests/test_framework_replays.py)."""
 
-    framework: str  # lightning, hf, torchdata, deepspeed
-    mode: str  # FRAMEWORK_MODES
+    framework: str  # lightning, hf, torchdata, deepspeed; "plain": the plain loop, no framework
+    mode: str  # FRAMEWORK_MODES (the plain loop's: DIAGNOSIS_MODES)
     options: tuple[str, ...] = ()
     ranks: int = 1
     torchrun: bool = False  # deepspeed.initialize wants a launcher's env; Accelerate's dispatcher two ranks
@@ -143,11 +143,15 @@ FRAMEWORK_CASES = {
     "hf-iterable-starved": FrameworkCase("hf", "starved", ("--iterable",), ranks=2, torchrun=True, attach="launcher"),
     **{f"torchdata-{mode}": FrameworkCase("torchdata", mode) for mode in ("starved", "tuned", "hang")},
     **{f"deepspeed-{mode}": FrameworkCase("deepspeed", mode, torchrun=True) for mode in ("starved", "tuned", "hang")},
+    # the plain loop in the diagnosis modes, started as `start_diagnosis_job` starts it (ready at its first step)
+    **{f"plain-{mode}": FrameworkCase("plain", mode) for mode in ("starved", "starved0", "hang", "compute")},
 }
 
 
 def case_options(case: FrameworkCase, out_dir: Optional[Path] = None) -> list[str]:
     """The job's options for `case`; a transformers Trainer writes (nothing, here) under `out_dir`."""
+    if case.framework == "plain":
+        return [*DIAGNOSIS_MODES[case.mode], *case.options]
     output = ["--output-dir", str(out_dir / "hf-out")] if case.framework == "hf" and out_dir is not None else []
     return [*framework_options(case.framework, case.mode), *case.options, *output]
 
