@@ -80,7 +80,7 @@ def record(name: str) -> Path:
                 timeout=START_DEADLINE_S,
             )
             ranks = {record["rank"]: pid for pid, record in records.items()}
-            attached = proc.pid if case.attach == "launcher" else ranks[0]
+            attached = proc.pid if case.attach == "launcher" else ranks[int(case.attach.removeprefix("rank"))]
             pipeline = Pipeline(RealMachine(), follow=Following(pid=attached, stack_interval=STACK_INTERVAL_S))
             machine_gpu_error = pipeline.machine.gpu_error
             try:

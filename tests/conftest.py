@@ -204,7 +204,9 @@ def turn_of(item: pytest.Item, prioritized: bool) -> tuple[int, bool]:
       ``alone(unless_prioritized=True)`` (its bar needs the CPU it asks for, not the box's other readings) takes
       the measured turn and one slot where the shared tests run at a lower priority, as an acceptance test;
     - acceptance (live jobs judged by shares and verdicts): one slot where the shared tests beside it run at a lower
-      CPU priority (`prioritized`, tests/harness/cpu_priority.py), else all but one (one shared test beside it);
+      CPU priority (`prioritized`, tests/harness/cpu_priority.py), else all but one (one shared test beside it).
+      One marked ``load_tolerant`` (a verdict more load can only confirm: a hang, a starved loader) takes one slot
+      either way;
     - the rest: one slot, at the lower priority where there is one.
 
     One marked ``alone(then_acceptance=True)`` starts alone and lowers its own turn to an acceptance test's once
@@ -213,7 +215,7 @@ def turn_of(item: pytest.Item, prioritized: bool) -> tuple[int, bool]:
     if alone is not None:
         return (1, True) if prioritized and alone.kwargs.get("unless_prioritized") else (SIDE_BY_SIDE_WORKERS, True)
     if item.stash.get(_LANE, None) == "acceptance":
-        return acceptance_slots(prioritized), True
+        return (1 if item.get_closest_marker("load_tolerant") else acceptance_slots(prioritized)), True
     return 1, False
 
 

@@ -110,8 +110,11 @@ def test_a_one_rank_job_reads_as_its_mode_within_30_s_of_attaching(name):
         healthy(r)
 
 
-def test_lightning_two_devices_shows_both_ranks_with_their_workers_and_reads_input_bound():
-    r = replay("lightning-2-starved")
+@pytest.mark.parametrize("name, attached_rank", [("lightning-2-starved", 0), ("lightning-2-starved-rank1", 1)])
+def test_lightning_two_devices_shows_both_ranks_with_their_workers_and_reads_input_bound(name, attached_rank):
+    """From either rank's PID (a DDP job without a launcher): both ranks with their two workers, input-bound."""
+    r = replay(name)
+    assert r.meta["attached"] == rank_pid(r, attached_rank)
     expected = {rank_pid(r, 0): 2, rank_pid(r, 1): 2}
     r.first_from(0, lambda _fs, h: ranks_with_workers(h) == expected)
     input_bound(r)

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gputop.analysis.gpu_health import forget_judged_windows, judged_snapshots_kept
 from gputop.analysis.stack_classes import COLLECTIVE, FORWARD_BACKWARD, IN_DATASET, OPTIMIZER_STEP, WAITING_FOR_DATA
 from gputop.cli import build_parser, main
-from gputop.collect.stacks import PtraceFacts, error_reason, permission_advice
+from gputop.collect.stacks import PtraceFacts, error_reason, find_py_spy, permission_advice
 from gputop.commands.serve import DEFAULT_LISTEN, is_loopback, parse_listen, start_server
 from gputop.errors import UsageError
 from gputop.exporter import DATA_WAIT_WINDOW_S, RANK_STATES, Exporter
@@ -736,7 +736,9 @@ def test_serve_as_another_user_counts_and_says_the_refusal(spawn, tmp_path):
         bindir = world / "bin"
         bindir.mkdir(mode=0o755)
         py_spy = bindir / "py-spy"  # beside the interpreter gputop believes it runs from, readable by nobody
-        shutil.copyfile(shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"), py_spy)
+        # the binary gputop itself would run (beside this interpreter), not a PATH entry: that may be a version
+        # manager's shim, a script that finds the binary through its owner's home
+        shutil.copyfile(find_py_spy() or str(Path(sys.executable).parent / "py-spy"), py_spy)
         py_spy.chmod(0o755)
         (bindir / "python").symlink_to(os.path.realpath(sys.executable))
         port = free_port()

@@ -352,6 +352,8 @@ class GputopApp(App[None]):
 
     def _adopt_machine(self, machine: MachineInfo) -> None:
         """The GPUs are read: their machine replaces the host-only one the start-up frames were drawn for."""
+        if not self.screen_stack:
+            return  # shutting down: q (or the end of a test) came as the GPUs were read, and the screens are gone
         if self.monitor.adopt_machine(machine):
             self.main.set_machine(machine)
             self._apply_size(self.size.width, self.size.height)

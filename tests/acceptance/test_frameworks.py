@@ -8,9 +8,11 @@ verdict must come within 30 s of attaching: starved reads input-bound, tuned rea
 hang, and a straggler is named only when there really is one.
 
 Every case's verdict is checked by replaying a recording of this same attach on the live job
-(tests/test_framework_replays.py, issue 38's verdicts by replay); here one live attach per framework stays, each on
-the path a replay cannot show: the Lightning job from either rank's PID, the transformers job from the torchrun
-launcher's, torchdata and DeepSpeed in the modes whose verdict a busy box cannot move (input-bound, a hang).
+(tests/test_framework_replays.py, issue 38's verdicts by replay), the Lightning job from either rank's PID and the
+transformers job from the torchrun launcher's included.  Here one live attach and verdict stays, on today's framework
+versions, in the modes whose verdict more load can only confirm (`load_tolerant`: input-bound, a hang): torchdata
+starved and DeepSpeed hung.  Lightning's and Accelerate's live jobs are found from every rank's PID and from the
+launcher in tests/test_launchers.py.
 """
 
 from __future__ import annotations
@@ -22,9 +24,8 @@ from pathlib import Path
 import pytest
 
 from gputop.analysis.diagnosis import verdict_line
-from gputop.analysis.stack_classes import WAITING_FOR_RANK0_DATA
 from tests.harness import train_jobs
-from tests.harness.attach import HEALTHY_DUMPS, STACK_INTERVAL_S, VERDICT_DEADLINE_S, Observer, dumps_of, ranks_with_workers
+from tests.harness.attach import HEALTHY_DUMPS, STACK_INTERVAL_S, VERDICT_DEADLINE_S, Observer, dumps_of
 from tests.harness.processes import wait_until
 
 pytestmark = pytest.mark.slow
@@ -129,45 +130,10 @@ def assert_reads(mode: str, obs: Observer, pid: int) -> None:
         assert_healthy(obs, pid)
 
 
-# ----------------------------------------------------------------- Lightning Trainer.fit
-
-
-def test_lightning_two_devices_shows_both_ranks_from_either_pid(job, observe):
-    needs("lightning")
-    j = job("lightning", "starved", "--devices", "2", ranks=2)
-    expected = {pid: 2 for pid in j.rank_pids.values()}
-    # one job, attached from each rank's PID in turn: each attach starts from nothing (a new pipeline and
-    # history), and the first is closed before the second starts, so its py-spy dumps do not overlap
-    for attach_to in (0, 1):
-        obs = observe(j.rank_pids[attach_to])
-        wait_until(
-            lambda: obs.step() is not None and ranks_with_workers(obs.history) == expected,
-            timeout=VERDICT_DEADLINE_S,
-            interval=STACK_INTERVAL_S,
-            what=f"from rank {attach_to}'s PID: both ranks with 2 workers each (seen {ranks_with_workers(obs.history)})",
-        )
-        assert_input_bound(obs)
-        obs.close()
-
-
-# ----------------------------------------------------------------- transformers Trainer (Accelerate)
-
-
-def test_hf_trainer_iterable_dataset_dispatcher_is_input_bound_not_a_straggler(job, observe, tmp_path):
-    # Two ranks and an IterableDataset: Accelerate's DataLoaderDispatcher has rank 0 read every batch
-    # and broadcast it; rank 1 waits in that broadcast.  That is rank 0's input pipeline starving both.
-    needs("transformers")
-    needs("accelerate")
-    j = job("hf", "starved", "--iterable", "--output-dir", str(tmp_path / "out"), ranks=2, torchrun=True)
-    obs = observe(j.proc.pid)  # the torchrun launcher
-    assert_input_bound(obs)
-    rank1_states = {r.main_thread_state for s in obs.history if s.job for r in s.job.ranks if r.proc.pid == j.rank_pids[1]}
-    assert WAITING_FOR_RANK0_DATA in rank1_states, rank1_states
-
-
 # ----------------------------------------------------------------- torchdata StatefulDataLoader
 
 
+@pytest.mark.load_tolerant
 @pytest.mark.parametrize("mode", ["starved"])  # tuned and hang: tests/test_framework_replays.py
 def test_torchdata_stateful_dataloader(job, observe, mode):
     needs("torchdata")
@@ -179,6 +145,7 @@ def test_torchdata_stateful_dataloader(job, observe, mode):
 # ----------------------------------------------------------------- DeepSpeed (CPU accelerator)
 
 
+@pytest.mark.load_tolerant
 @pytest.mark.parametrize("mode", ["hang"])  # starved and tuned: tests/test_framework_replays.py
 def test_deepspeed_engine(job, observe, mode):
     needs("deepspeed")

@@ -129,7 +129,7 @@ class FrameworkCase:
     options: tuple[str, ...] = ()
     ranks: int = 1
     torchrun: bool = False  # deepspeed.initialize wants a launcher's env; Accelerate's dispatcher two ranks
-    attach: str = "rank0"  # the PID gputop is given: rank 0's, or the launcher's
+    attach: str = "rank0"  # the PID gputop is given: a rank's ("rank0", "rank1"), or the launcher's
 
 
 FRAMEWORK_CASES = {
@@ -138,6 +138,8 @@ FRAMEWORK_CASES = {
         f"lightning-2-{mode}": FrameworkCase("lightning", mode, ("--devices", "2"), ranks=2)
         for mode in ("starved", "tuned", "straggler")
     },
+    # the same starved job, attached from rank 1's PID: a DDP job without a launcher is found whole from either rank
+    "lightning-2-starved-rank1": FrameworkCase("lightning", "starved", ("--devices", "2"), ranks=2, attach="rank1"),
     **{f"hf-{mode}": FrameworkCase("hf", mode) for mode in ("starved", "tuned", "hang")},
     # two ranks and an IterableDataset: Accelerate's DataLoaderDispatcher has rank 0 read every batch and broadcast it
     "hf-iterable-starved": FrameworkCase("hf", "starved", ("--iterable",), ranks=2, torchrun=True, attach="launcher"),

@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -327,6 +328,20 @@ def test_a_held_build_that_is_never_released_ends_with_its_source():
     source = StartingPipeline(lambda host, job: built.append(1), held=True)
     source.close()
     assert source.wait_built(5) and built == [] and source.pipeline is None and source.failure is None
+
+
+def test_the_gpus_read_as_the_monitor_closes_are_dropped_without_a_traceback():
+    """q pressed as the starting pipeline reads the GPUs: its MachineKnown reaches an app whose screens are gone
+    (ci27: an IndexError out of `main` when a test ended its app as the build finished)."""
+    from gputop.tui.app import MachineKnown
+
+    source = starting_pipeline(argparse.Namespace(simulate="h100-sxm-8", pid=None, stack_interval=2.0))
+    try:
+        app = GputopApp(source, interval=0.2, diagnose=fixed_diagnose)
+        assert not app.screen_stack  # never started, or closed: no screen to draw the machine on
+        app.on_machine_known(MachineKnown(replace(app.monitor.machine)))  # the GPUs' machine, not the host-only one
+    finally:
+        source.close()
 
 
 async def test_a_terminal_too_small_for_the_monitor_still_releases_the_held_build():
