@@ -97,7 +97,7 @@ def test_the_measured_tests_go_to_one_worker_after_the_unit_files_alone_ones_at_
 
 def test_an_alone_test_that_lowers_its_turn_ends_the_head_of_the_chain():
     """An ``alone(then_acceptance=True)`` test (the case study) goes after the other alone tests: lowered, it hands
-    over to the acceptance tests, which need no more than it then holds."""
+    over to the acceptance tests, which need no more slots than it then held."""
     live, accuracy = "tests/test_case_study.py::test_live", "tests/test_bench.py::test_accuracy"
     scheduler, _workers = _scheduler(MEASURED, tuple(UNIT), head_last=(accuracy,))
     try:

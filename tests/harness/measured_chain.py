@@ -112,9 +112,9 @@ class MeasuredChainScheduling(LoadFileScheduling):
         super().schedule()
 
     def _chain_place(self, item: tuple[str, Any]) -> tuple[bool, bool]:
-        """The alone tests first, ending with those that lower their own turn part-way (`head_last`): once lowered,
-        the chain's next test (an acceptance one) finds the slots it needs already held, where an alone test would
-        wait for the shared test let in beside to end."""
+        """The alone tests first, ending with those that lower their own turn part-way (`head_last`): the chain's next
+        test is then an acceptance one, which needs no more slots than the lowered test held and finds them free at
+        once, where an alone test would wait for the shared test let in beside it to end."""
         nodeid = item[0]
         return not self.plan.get(nodeid, False), nodeid in self.head_last
 
