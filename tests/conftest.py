@@ -356,7 +356,7 @@ def box_to_itself():
 @pytest.fixture
 def lower_turn(request):
     """`lower_turn()`: from here to its end, an ``alone(then_acceptance=True)`` test runs as an acceptance test
-    (the measured turn, one shared test beside it, or two at a lower CPU priority): its measured part is done, and
+    (the measured turn, one shared test beside it): its measured part is done, and
     what is left (live jobs that barely use the CPU, whose verdicts an acceptance test's turn keeps) need not hold
     the box idle.  A no-op outside xdist, or for a test not so marked."""
 
@@ -364,11 +364,14 @@ def lower_turn(request):
 
 
 def lower_to_acceptance(item: pytest.Item) -> None:
-    """`lower_turn`'s work: this worker's turn for `item` lowered to an acceptance test's, if it is so marked."""
+    """`lower_turn`'s work: this worker's turn for `item` lowered, if it is so marked, to an acceptance test's where
+    there is no CPU priority: one shared test beside it.  Where there is, the same: the test's processes run among
+    the box's sessions (it began alone), not in the measured group, and two shared tests beside the case study's
+    stage 3 at the lower priority still made it read "CPU preprocessing" (ci31, load 10.6)."""
     turns = _TURNS[0] if _TURNS else None
     if turns is None or not turns.measuring or not lowers_its_turn(item):
         return
-    turns.hold(acceptance_slots(bool(_PRIORITY and _PRIORITY[0] is not None)), measured=True)
+    turns.hold(acceptance_slots(prioritized=False), measured=True)
 
 
 def _write_costs(path: str, item: pytest.Item, before: os.times_result, asked_at: float, started: float, measured: bool) -> None:
