@@ -311,6 +311,7 @@ def pytest_collection_finish(session):
         [item.nodeid for item in session.items if item.stash.get(_LANE, None) == "unit"],
         units_first=prioritized,
         head_last=[item.nodeid for item in session.items if lowers_its_turn(item)],
+        chain_last=[nodeid for nodeid, (slots, measured) in turns.items() if measured and slots < acceptance_slots(prioritized)],
     )
 
 

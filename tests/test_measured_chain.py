@@ -60,11 +60,14 @@ UNIT = ["tests/test_bench.py::test_unit_1", "tests/test_bench.py::test_unit_2", 
 UNIT += [f"tests/test_model.py::test_{i}" for i in (1, 2, 3)]
 
 
-def _scheduler(plan: dict, unit: tuple = (), head_last: tuple = ()) -> tuple[MeasuredChainScheduling, list[_Worker]]:
+def _scheduler(
+    plan: dict, unit: tuple = (), head_last: tuple = (), chain_last: tuple = ()
+) -> tuple[MeasuredChainScheduling, list[_Worker]]:
     config = SimpleNamespace(getvalue=lambda name: {"tx": ["3*popen"]}[name], option=SimpleNamespace(loadscopereorder=True))
     scheduler = MeasuredChainScheduling(config)
     SENT.clear()
-    write_plan(plan_path(os.getpid()), plan, list(unit), head_last=list(head_last))  # as the workers do once collected
+    # as the workers do once collected
+    write_plan(plan_path(os.getpid()), plan, list(unit), head_last=list(head_last), chain_last=list(chain_last))
     workers = [_Worker(f"gw{i}") for i in range(3)]
     for worker in workers:
         scheduler.add_node(worker)
@@ -108,6 +111,24 @@ def test_an_alone_test_that_lowers_its_turn_ends_the_head_of_the_chain():
             accuracy,
             "tests/acceptance/test_frameworks.py::test_a",
             "tests/acceptance/test_frameworks.py::test_b",
+        ]
+    finally:
+        remove_plan(os.getpid())
+
+
+def test_the_acceptance_tests_that_take_fewer_slots_end_the_chain():
+    """A ``load_tolerant`` test takes one slot and lets two shared tests in: an acceptance test after it would wait for
+    one of them to end, so those go last (each file's tests in their order)."""
+    tolerant = "tests/acceptance/test_frameworks.py::test_a"
+    scheduler, _workers = _scheduler(MEASURED, tuple(UNIT), chain_last=(tolerant,))
+    try:
+        scheduler.schedule()
+        chain = next(tests for tests in SENT if tolerant in tests)
+        assert chain == [
+            "tests/test_bench.py::test_accuracy",
+            "tests/test_case_study.py::test_live",
+            "tests/acceptance/test_frameworks.py::test_b",
+            tolerant,
         ]
     finally:
         remove_plan(os.getpid())

@@ -116,19 +116,25 @@ def with_workers(options: Sequence[str], workers: int) -> tuple[str, ...]:
     return tuple(out)
 
 
-def measure(name: str, seconds: float, tmp: Path, start: Start, stop: Stop) -> Outcome:
-    """Report on the job as it is, restart it with the advice, and count what it achieves."""
+def measure(
+    name: str, seconds: float, tmp: Path, start: Start, stop: Stop, reported: Callable[[], None] = lambda: None
+) -> Outcome:
+    """Report on the job as it is, restart it with the advice, and count what it achieves.  `reported` is called
+    once the report is read (or failed), before the restart: what comes after it only counts steps."""
     box = BoxLoad()
     tmp.mkdir(parents=True, exist_ok=True)
     options = JOBS[name]
     progress = tmp / f"{name}.progress"
-    job = _running(start, options, progress, f"{name}: first steps")
     try:
-        t0, s0 = time.monotonic(), steps(progress) or 0
-        found = report(job.pid, seconds)
-        now = ((steps(progress) or 0) - s0) / (time.monotonic() - t0)
+        job = _running(start, options, progress, f"{name}: first steps")
+        try:
+            t0, s0 = time.monotonic(), steps(progress) or 0
+            found = report(job.pid, seconds)
+            now = ((steps(progress) or 0) - s0) / (time.monotonic() - t0)
+        finally:
+            stop(job)
     finally:
-        stop(job)
+        reported()
     starved = next((f for f in found["findings"] if f["id"] == "starvation"), None)
     if starved is None:
         return Outcome(name, now, note="no starvation finding: " + found.get("verdict", ""), box=box.since())

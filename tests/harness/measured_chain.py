@@ -7,7 +7,9 @@ over whole files as pytest-xdist's ``loadfile`` hands them out, the chain stalle
 test next (all three in files of shared tests) and grew by the unit and shared tests of its files.  Here the
 measured tests of every file form one work unit, handed to one worker (the ``alone`` ones at its head, ending with
 those that lower their own turn part-way, ``alone(then_acceptance=True)``); every other
-test goes by file, as ``loadfile``, in this order:
+test goes by file, as ``loadfile``, in this order.  The chain's acceptance tests end with those marked
+``load_tolerant``, which take one slot and let two shared tests in: an acceptance test after one waits for
+one of them to end (ci33: 13 s and 7 s), a shared test after the chain does not:
 
 1. where the shared tests run at a lower CPU priority (tests/harness/cpu_priority.py), the files of unit tests
    only (~1 CPU-minute in all), on every worker at once, before the first measured test starts: beside a measured
@@ -49,12 +51,20 @@ def write_plan(
     unit: Optional[list[str]] = None,
     units_first: bool = True,
     head_last: Optional[list[str]] = None,
+    chain_last: Optional[list[str]] = None,
 ) -> None:
     """{nodeid: alone} for each measured test, the unit tests' nodeids, whether their files go first (where the
-    shared tests run at a lower CPU priority) and the alone tests that end the chain's head (`head_last`: those that
-    lower their own turn once their measured part is done), written whole (every worker writes the same)."""
+    shared tests run at a lower CPU priority), the alone tests that end the chain's head (`head_last`: those that
+    lower their own turn once their measured part is done) and the acceptance tests that end the chain
+    (`chain_last`: those that take fewer slots than the others), written whole (every worker writes the same)."""
     partial = path.with_name(f"{path.name}.{os.getpid()}")
-    plan = {"measured": measured, "unit": unit or [], "units_first": units_first, "head_last": head_last or []}
+    plan = {
+        "measured": measured,
+        "unit": unit or [],
+        "units_first": units_first,
+        "head_last": head_last or [],
+        "chain_last": chain_last or [],
+    }
     partial.write_text(json.dumps(plan))
     os.replace(partial, path)
 
@@ -97,6 +107,7 @@ class MeasuredChainScheduling(LoadFileScheduling):
         self.unit_tests: set[str] = set()
         self.units_first = True
         self.head_last: set[str] = set()  # alone tests that lower their turn part-way: the last of the chain's head
+        self.chain_last: set[str] = set()  # acceptance tests with fewer slots than the others: the chain's end
         self._plan_path = plan_path(os.getpid())
         self._ordered = False
 
@@ -107,16 +118,18 @@ class MeasuredChainScheduling(LoadFileScheduling):
                 self.plan, self.unit_tests = dict(plan["measured"]), set(plan["unit"])
                 self.units_first = bool(plan.get("units_first", True))
                 self.head_last = set(plan.get("head_last", ()))
+                self.chain_last = set(plan.get("chain_last", ()))
             except (OSError, ValueError, KeyError, TypeError):
-                self.plan, self.unit_tests, self.head_last = {}, set(), set()
+                self.plan, self.unit_tests, self.head_last, self.chain_last = {}, set(), set(), set()
         super().schedule()
 
-    def _chain_place(self, item: tuple[str, Any]) -> tuple[bool, bool]:
+    def _chain_place(self, item: tuple[str, Any]) -> tuple[bool, bool, bool]:
         """The alone tests first, ending with those that lower their own turn part-way (`head_last`): the chain's next
         test is then an acceptance one, which needs no more slots than the lowered test held and finds them free at
-        once, where an alone test would wait for the shared test let in beside it to end."""
+        once, where an alone test would wait for the shared test let in beside it to end.  Likewise the acceptance
+        tests end with those that take fewer slots (`chain_last`): no acceptance test waits after one."""
         nodeid = item[0]
-        return not self.plan.get(nodeid, False), nodeid in self.head_last
+        return not self.plan.get(nodeid, False), nodeid in self.head_last, nodeid in self.chain_last
 
     def _split_scope(self, nodeid: str) -> str:
         return MEASURED_UNIT if nodeid in self.plan else super()._split_scope(nodeid)
