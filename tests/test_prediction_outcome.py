@@ -19,6 +19,7 @@ import os
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Union
 
 import pytest
 
@@ -36,8 +37,16 @@ def _stop(proc) -> None:
     proc.wait(timeout=30)
 
 
+def _outcome_or_error(call: Callable[[], Outcome]) -> Union[Outcome, Exception]:
+    """One job's outcome, or why it has none: each test fails on its own job's error, as when they ran apart."""
+    try:
+        return call()
+    except Exception as exc:
+        return exc
+
+
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory) -> dict[str, Outcome]:
+def outcomes(tmp_path_factory) -> dict[str, Union[Outcome, Exception]]:
     """Both jobs' outcomes: the I/O-bound job's report alone, then the CPU-bound job beside the I/O-bound one's
     restart and count (the module docstring says why that overlap cannot change what is asserted)."""
     tmp = tmp_path_factory.mktemp("outcome")
@@ -47,12 +56,21 @@ def outcomes(tmp_path_factory) -> dict[str, Outcome]:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="outcome-io") as pool:
             io = pool.submit(measure, "io", SECONDS, tmp / "io", spawn, _stop, io_reported.set)
             io_reported.wait(OVERLAP_WAIT_S)
-            found = {"cpu": measure("cpu", SECONDS, tmp / "cpu", spawn, _stop), "io": io.result()}
+            cpu = _outcome_or_error(lambda: measure("cpu", SECONDS, tmp / "cpu", spawn, _stop))
+            found = {"cpu": cpu, "io": _outcome_or_error(io.result)}
     finally:
         spawn.reap_all()
-    for outcome in found.values():
-        print("\n" + outcome.row())
-    (tmp / "outcome.txt").write_text("".join(o.row() + "\n" for o in found.values()))  # kept with the basetemp
+    rows = [o.row() if isinstance(o, Outcome) else f"{name:<4} {type(o).__name__}: {o}" for name, o in found.items()]
+    for row in rows:
+        print("\n" + row)
+    (tmp / "outcome.txt").write_text("".join(row + "\n" for row in rows))  # kept with the basetemp
+    return found
+
+
+def _outcome(outcomes: dict[str, Union[Outcome, Exception]], name: str) -> Outcome:
+    found = outcomes[name]
+    if isinstance(found, Exception):
+        raise found
     return found
 
 
@@ -70,13 +88,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(600)]
 
 @pytest.mark.acceptance
 def test_the_io_bound_job_restarted_with_the_advice_achieves_what_the_report_predicted(outcomes):
-    outcome = outcomes["io"]
+    outcome = _outcome(outcomes, "io")
     _measured(outcome)
     assert outcome.predicted["limited_by"] in ("the step's compute", "the workers"), outcome.row()
 
 
 def test_the_cpu_bound_job_restarted_with_the_advice_achieves_what_the_report_predicted(outcomes):
-    outcome = outcomes["cpu"]
+    outcome = _outcome(outcomes, "cpu")
     _measured(outcome)
     assert outcome.predicted["limited_by"] == "the cores", outcome.row()
     assert outcome.advice is not None and outcome.advice <= 2, outcome.row()  # two cores: at most 2 computing workers
