@@ -186,11 +186,41 @@ def test_live_reads_run_once_per_rank_at_a_time_and_say_why_a_read_failed():
     reads = LiveRecorderReads(read, every_s=3600, retry_s=0)
     assert reads.request([(1, 0), (2, 1)]) == [1, 2]
     assert reads.request([(1, 0), (2, 1)]) == []  # still running: never two reads of one rank at once
-    go.set()
-    wait_until(lambda: not reads.busy(), what="the reads to end")
+    assert not reads.wait_idle(0.05) and reads.busy()  # a report's end waits for them, bounded
+    threading.Timer(0.2, go.set).start()
+    assert reads.wait_idle(30) and not reads.busy()  # ... and goes on as the last one lands
     assert reads.get(1).error is None and "OSError: boom" in reads.get(2).error
     assert reads.request([(1, 0)]) == [] and sorted(calls) == [1, 2]  # read within every_s: not again
     assert reads.request([(2, 1)]) == [2]  # a failed read is tried again after retry_s
     wait_until(lambda: not reads.busy(), what="the retry to end")
     reads.forget_except({1})
     assert reads.get(2) is None and reads.request([(2, 1)]) == [2]
+
+
+def test_a_reports_end_lets_the_recorder_reads_in_flight_land():
+    # `gputop report` flushes before its last poll: a rank whose read is a moment from answering is named from
+    # its recorder, not "no recorder read" (each rank is read on its own thread and they land apart on a busy box)
+    import threading
+
+    from gputop.collect.job_tree import JobCollector
+
+    go = threading.Event()
+
+    def read(pid, rank):
+        go.wait(30)
+        return FlightRecord(pid, rank, "in-process")
+
+    job = JobCollector(os.getpid(), stacks_enabled=False, dump=lambda pids: {}, native_dump=None, recorder_read=read)
+    try:
+        reads = job._live_recorders
+        assert reads is not None and reads.request([(12345, 2)]) == [12345]
+        flushed = threading.Thread(target=job.flush_samples)
+        flushed.start()
+        flushed.join(0.2)
+        assert flushed.is_alive() and reads.get(12345) is None  # the report's end waits for the read ...
+        go.set()
+        flushed.join(30)
+        assert not flushed.is_alive() and reads.get(12345).error is None  # ... and goes on once it has landed
+    finally:
+        go.set()
+        job.close()

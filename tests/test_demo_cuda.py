@@ -128,10 +128,14 @@ def test_the_nccl_hang_names_the_collective_from_the_ranks_flight_recorders(demo
     def named():
         top = obs.step()[0]
         c = top.figures.get("collective") or {}
-        return top.id == "hang" and c.get("source") == "flight recorder" and c.get("missing") == [culprit] and c
+        # every rank accounted for: each rank's recorder is read on its own thread, and until a read lands the
+        # rank is `unknown` ("no recorder read"), neither entered nor missing (ci41 stopped at one such frame)
+        read = c.get("source") == "flight recorder" and not c.get("unknown")
+        return top.id == "hang" and read and c.get("missing") == [culprit] and c
 
-    c = wait_until(named, timeout=240, interval=1.0, what="the hang's collective from the recorders",
-                   state=lambda: [(f.id, f.summary) for f in obs.findings[:1]])  # fmt: skip
+    c = wait_until(named, timeout=240, interval=1.0, what="the hang's collective from every rank's recorder",
+                   state=lambda: [(f.id, f.summary, (f.figures.get("collective") or {}).get("unknown"))
+                                  for f in obs.findings[:1]])  # fmt: skip
     assert c["op"] == "gloo:all_reduce" and c["seq"] > 0 and c["entered"] == [r for r in range(3) if r != culprit], c
     assert c["timeout_ms"] == job.config.collective_timeout_s * 1000  # the simulated watchdog's, as NCCL's is
     assert "flight recorder: gloo:all_reduce #" in "\n".join(obs.findings[0].evidence)

@@ -554,9 +554,12 @@ class JobCollector:
             self._sampler.focus(focused)
 
     def flush_samples(self) -> None:
-        """End the running dense stretches now, so the next `collect()` carries them (a report's end)."""
+        """End the running dense stretches now and let the recorder reads in flight land (at most
+        `fr_read.LAND_S`), so the next `collect()` carries them (a report's end)."""
         if self._sampler is not None:
             self._sampler.flush()
+        if self._live_recorders is not None:
+            self._live_recorders.wait_idle(fr_read.LAND_S)
 
     @property
     def root_key(self) -> ProcKey:

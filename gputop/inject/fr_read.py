@@ -14,7 +14,8 @@ failure comes back as the record's one-line `error`, never raised: the hang find
 and says why the recorder was not read.
 
 `LiveRecorderReads` runs these reads in the background for the collector, once per rank per `REREAD_S` (a
-failed one again after `RETRY_S`).
+failed one again after `RETRY_S`); a report's end lets the reads in flight land (`wait_idle`, at most `LAND_S`),
+so the ticket does not call a rank unread a second before its read answers.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ FR_AGENT_FILES = ("inject/fr_agent.py", "inject/agent.py")
 ANSWER_S = 5.0  # the read itself takes milliseconds; this bounds a thread the job could not schedule
 REREAD_S = 60.0  # a rank's recorder is read again at most this often while the job still looks stuck
 RETRY_S = 10.0  # ... and a read that failed (no safe thread in time on a loaded box), this often
+LAND_S = 2 * ANSWER_S  # a report's end waits at most this long for the reads in flight (the injection, then the answer)
 
 OFF_VAR = "GPUTOP_NO_RECORDER_READ"  # set (to anything but "" or "0"): gputop never injects to read a recorder
 # (a rank's debug server is still asked: that is no injection)
@@ -124,6 +126,7 @@ class LiveRecorderReads:
         self._every_s = every_s
         self._retry_s = retry_s
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified as each read ends
         self._records: dict[int, FlightRecord] = {}
         self._started: dict[int, float] = {}  # pid -> monotonic time its latest read started
         self._running: set[int] = set()
@@ -155,6 +158,7 @@ class LiveRecorderReads:
         with self._lock:
             self._records[pid] = record
             self._running.discard(pid)
+            self._idle.notify_all()
 
     def get(self, pid: int) -> Optional[FlightRecord]:
         with self._lock:
@@ -163,6 +167,11 @@ class LiveRecorderReads:
     def busy(self) -> bool:
         with self._lock:
             return bool(self._running)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no read is in flight, at most `timeout` s; whether none is."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._running, timeout)
 
     def forget_except(self, pids: set[int]) -> None:
         with self._lock:
