@@ -87,3 +87,17 @@ def test_the_process_list_names_the_mig_instance_a_process_runs_on():
     snapshot = _mig_snapshots()[-1]
     rows = {row.pid: row.gpus for row in gpu_process_rows(dataclasses.replace(snapshot, job=None, jobs=()))}
     assert rows == {4242: "GPU0/GI1", 4243: "GPU0/GI3", 4244: "GPU1/GI1", 1003: "GPU2", 1004: "GPU3"}
+
+
+def test_the_process_list_says_what_the_snapshot_holds_not_what_this_machines_proc_holds():
+    # the list shows only when no NVML PID is in a job here (a container's other namespace, a replay): a local
+    # process under the same number is another process (ci42: the snapshot above read "python -m pytest" for
+    # its scripted PIDs, an xdist worker that happened to hold 4242)
+    import os
+
+    from gputop.tui.widgets.job_panel import gpu_process_rows
+
+    gpu = dataclasses.replace(make_snapshots(1, gpus=1, cores=8)[0].gpus[0], processes=(GpuProcess(os.getpid(), GIB),))
+    snapshot = dataclasses.replace(make_snapshots(1, gpus=1, cores=8)[0], gpus=(gpu,), job=None, jobs=())
+    (row,) = gpu_process_rows(snapshot)
+    assert (row.pid, row.gpus, row.extra, row.note) == (os.getpid(), "GPU0", "1.0G", ""), row

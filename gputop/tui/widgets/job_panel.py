@@ -134,7 +134,11 @@ def _rank_row(rank: Rank, branch: str, job_root: Optional[int], fold_workers: bo
 
 
 def gpu_process_rows(snapshot: Snapshot) -> list[JobRow]:
-    """Flat NVML process list: one row per PID with the GPUs it holds memory on."""
+    """Flat NVML process list: one row per PID with the GPUs it holds memory on.
+
+    Shown only when no GPU process could be placed in a job: in a container, NVML's PIDs are another PID
+    namespace's, and in a replay another machine's, so this machine's /proc under the same number is some
+    other process (or none); the row says only what the snapshot holds."""
     by_pid: dict[int, list[tuple[int, Optional[int]]]] = {}
     instances: dict[tuple[int, int], int] = {}  # (pid, GPU) -> the GPU instance NVML lists it on (MIG)
     for gpu in snapshot.gpus:
@@ -154,22 +158,11 @@ def gpu_process_rows(snapshot: Snapshot) -> list[JobRow]:
                 label=f"pid {pid}",
                 gpus=",".join(device_label(g, instances.get((pid, g))) for g, _ in entries),
                 extra=units.short_bytes(sum(memory)) if memory else "n/a",
-                note=_proc_cmdline(pid),
+                note="",  # the snapshot holds no command for it (the docstring says why)
                 job_root=pid,
             )
         )
     return rows
-
-
-def _proc_cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
-    except OSError:
-        return ""
-    if argv:
-        argv[0] = os.path.basename(argv[0])
-    return " ".join(argv)
 
 
 class JobPanel(LineCanvas, can_focus=True):
