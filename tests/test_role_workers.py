@@ -60,3 +60,36 @@ def test_stateful_dataloader_workers_are_found_by_their_stacks_from_rank_and_wor
     finally:
         for collector in made:
             collector.close()
+
+
+@pytest.mark.parametrize("torn", [0, 1, 2])
+def test_attached_to_a_worker_its_role_survives_a_torn_first_dump(spawn, torn):
+    # a real forked pair (the child keeps its parent's command line, as a forked DataLoader worker does); the
+    # dumps stand in for py-spy: the first `torn` ones lose the worker loop's frame (a `--nonblocking` read of a
+    # stack while it changed), then the worker loop.  Attached to the child, the job is its parent's at once.
+    import subprocess
+    import sys
+
+    from gputop.model import Frame
+    from tests.harness.histories import stacks_of, worker_busy_frames
+
+    code = "import os, sys, time\nif os.fork() == 0:\n    print(os.getpid(), flush=True)\ntime.sleep(120)\n"
+    parent = spawn([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    child = int(parent.stdout.readline())  # the fixture reaps the parent; the child is ended below, by its PID
+    dumps: list[int] = []
+
+    def dump(pids):
+        dumps.append(len(pids))
+        frames = worker_busy_frames() if len(dumps) > torn else [Frame("decode", "/job/dataset.py", 20)]
+        return {pid: stacks_of(pid, frames, 0.0) for pid in pids}
+
+    try:
+        job = JobCollector(child, stacks_wanted=False, dump=dump, native_dump=None, recorder_read=None)
+        try:
+            tree = job.collect()
+            assert [r.proc.pid for r in tree.ranks] == [parent.pid] and [w.pid for w in tree.ranks[0].workers] == [child]
+            assert len(dumps) == torn + 1, dumps  # no dump after the one that showed the loop
+        finally:
+            job.close()
+    finally:
+        psutil.Process(child).kill()

@@ -467,6 +467,12 @@ def _stack_readers(
     return dump or default, native_dump
 
 
+# Attached to a multiprocessing child: dumps of it (~12 ms each) before deciding it runs no worker loop.  One
+# `--nonblocking` dump can fail or read a stack torn while it changed, and a worker taken for the job would show
+# a job of one worker until the stack thread's first round (ci44, on a loaded box).
+ROLE_DUMPS_AT_ATTACH = 3
+
+
 class JobCollector:
     """Attached to one job.  `collect()` is cheap (/proc via psutil); py-spy runs in a background thread
     every `stack_interval` seconds while `stacks_wanted` is True, and `collect()` returns its latest result.
@@ -727,7 +733,10 @@ class JobCollector:
         parent = self._scanner.table.get(root.ppid) if root.ppid > 1 else None
         if parent is None or self._scanner.is_worker(root) or not is_mp_child(parent, root):
             return
-        self._learn_roles([root], [root], self._dump([root.key[0]]))
+        for _ in range(ROLE_DUMPS_AT_ATTACH):
+            self._learn_roles([root], [root], self._dump([root.key[0]]))
+            if root.key in self._scanner.role_workers:
+                return
 
     def _learn_roles(self, live: list[Tracked], dumped: list[Tracked], fresh: dict[int, ProcessStacks]) -> None:
         """A process whose main thread runs the DataLoader worker loop is a worker, whatever its name."""
