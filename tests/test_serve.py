@@ -595,13 +595,13 @@ def test_no_such_pid_is_one_line_and_exit_1(capsys):
     assert err.count("\n") == 1 and "no process with PID 4194303" in err
 
 
-@pytest.mark.slow  # the quick lane's tests/test_import_hygiene.py runs serve the same way
-def test_serve_never_imports_textual_or_torch(spawn):
-    """The whole command (collect, bind, serve, stop) with its wait for a signal cut short."""
+def _serve_in_a_child(spawn, patch: str) -> tuple[int, str, str]:
+    """`gputop serve --simulate` on a free loopback port in a child whose `gputop.commands.serve` was patched by
+    `patch` (Python source); (exit code, what it printed after main() returned it, stderr)."""
     code = (
-        "import socket, sys\n"
+        "import os, signal, socket, sys\n"
         "from gputop.commands import serve\n"
-        "serve._wait_for_signal = lambda stop: None  # return at once instead of serving until SIGTERM\n"
+        f"{patch}\n"
         "from gputop.cli import main\n"
         "with socket.socket() as s:\n"
         "    s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]\n"
@@ -610,8 +610,30 @@ def test_serve_never_imports_textual_or_torch(spawn):
     )
     proc = spawn.python(code, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=120)
-    assert out == "0 []\n" and proc.returncode == 0, err
+    return proc.returncode, out, err
+
+
+@pytest.mark.slow  # the quick lane's tests/test_import_hygiene.py runs serve the same way
+def test_serve_never_imports_textual_or_torch(spawn):
+    """The whole command (collect, bind, serve, stop) with its wait for a signal cut short."""
+    rc, out, err = _serve_in_a_child(spawn, "serve._wait_for_signal = lambda *args: None  # return at once, no SIGTERM")
+    assert out == "0 []\n" and rc == 0, err
     assert "serving metrics for every job on the GPUs on http://127.0.0.1:" in err
+
+
+def test_a_sigterm_the_moment_serve_listens_ends_it_cleanly(spawn):
+    """systemd's stop (or a test's) may come as soon as the port answers: serve's handlers are in place before it
+    listens, so it stops through its clean stop and exits 0 (ci50: killed by the default action, rc -15)."""
+    patch = (
+        "listen = serve.start_exporting\n"
+        "def listen_then_stopped(*args, **kwargs):\n"
+        "    server = listen(*args, **kwargs)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)  # at once: before serve has logged or polled\n"
+        "    return server\n"
+        "serve.start_exporting = listen_then_stopped"
+    )
+    rc, out, err = _serve_in_a_child(spawn, patch)
+    assert (rc, out) == (0, "0 []\n"), err[-2000:]
 
 
 # ----------------------------------------------------------------- speed and memory

@@ -138,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
         exporter = Exporter(
             pipeline, interval=args.interval, dcgm_fields=args.dcgm_fields, hostname=getattr(args, "hostname", None), log=log
         )
+        # just before it listens (Ctrl-C still interrupts the start): a SIGTERM as soon as the port answers
+        # (systemd's stop, a test) ends serve through its clean stop, not the default action (ci50: rc -15)
+        stop = _stop_on_signals()
         server = start_exporting(exporter, host, port)
         if pipeline.machine.gpu_error:
             log(f"no GPU readings: {pipeline.machine.gpu_error}; job metrics are still served")
@@ -153,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         loop = PollLoop(pipeline, args.interval, on_error=exporter.failed)
         thread = threading.Thread(target=loop.run, args=(exporter.deliver,), name="gputop-serve-collect", daemon=True)
         thread.start()
-        _wait_for_signal(loop)
+        _wait_for_signal(loop, stop)
     finally:
         stop_serving(loop, server, pipeline, thread)
     return 0
@@ -163,13 +166,20 @@ def _log(line: str) -> None:
     print(f"gputop serve: {line}", file=sys.stderr, flush=True)
 
 
-def _wait_for_signal(loop: "PollLoop") -> None:
-    """Until SIGTERM (systemd's stop) or SIGINT (Ctrl-C) stops the poll loop."""
+def _stop_on_signals() -> threading.Event:
+    """An event SIGTERM (systemd's stop) or SIGINT (Ctrl-C) sets from now on."""
+    stop = threading.Event()
 
     def handle(_signum: int, _frame: Any) -> None:
-        loop.stop()
+        stop.set()
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
-    while not loop.stop_event.wait(1.0):
+    return stop
+
+
+def _wait_for_signal(loop: "PollLoop", stop: threading.Event) -> None:
+    """Until a stop signal (`_stop_on_signals`) or the poll loop ends."""
+    while not (stop.wait(1.0) or loop.stop_event.is_set()):
         pass
+    loop.stop()
