@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 history = observe(pipeline, args.seconds, args.interval, progress=Progress(sys.stderr, "observing"))
                 if args.pid:
-                    pipeline.flush_samples()  # the stretch still running holds the report's last seconds; a recorder read, its answer
+                    pipeline.flush_samples()  # the stretch still running holds the report's last seconds; a recorder read in flight, its answer
                     history.append(pipeline.poll())
                 infra = evidence.finish(history)
             finally:

@@ -181,5 +181,4 @@ def _stop_on_signals() -> threading.Event:
 def _wait_for_signal(loop: "PollLoop", stop: threading.Event) -> None:
     """Until a stop signal (`_stop_on_signals`) or the poll loop ends."""
     while not (stop.wait(1.0) or loop.stop_event.is_set()):
-        pass
-    loop.stop()
+        pass  # the caller's `stop_serving` stops the loop

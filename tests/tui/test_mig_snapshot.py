@@ -97,7 +97,8 @@ def test_the_process_list_says_what_the_snapshot_holds_not_what_this_machines_pr
 
     from gputop.tui.widgets.job_panel import gpu_process_rows
 
-    gpu = dataclasses.replace(make_snapshots(1, gpus=1, cores=8)[0].gpus[0], processes=(GpuProcess(os.getpid(), GIB),))
-    snapshot = dataclasses.replace(make_snapshots(1, gpus=1, cores=8)[0], gpus=(gpu,), job=None, jobs=())
+    (snapshot,) = make_snapshots(1, gpus=1, cores=8)
+    gpu = dataclasses.replace(snapshot.gpus[0], processes=(GpuProcess(os.getpid(), GIB),))
+    snapshot = dataclasses.replace(snapshot, gpus=(gpu,), job=None, jobs=())
     (row,) = gpu_process_rows(snapshot)
     assert (row.pid, row.gpus, row.extra, row.note) == (os.getpid(), "GPU0", "1.0G", ""), row
